@@ -1,0 +1,62 @@
+"""Carriers between the engine front end, the engine core and the scheduler (vLLM v1 names)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from cadence.sampling_params import SamplingParams
+from cadence.scheduler.request import FinishReason
+
+__all__ = [
+    "EngineCoreOutput",
+    "EngineCoreOutputs",
+    "EngineCoreRequest",
+    "FinishReason",
+    "SchedulerStats",
+]
+
+
+@dataclass
+class EngineCoreRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None = None
+    arrival_time: float = field(default_factory=time.time)
+    priority: int = 0
+
+
+@dataclass
+class EngineCoreOutput:
+    request_id: str
+    new_token_ids: list[int]
+    # Rows parallel to new_token_ids: [(token_id, logprob), ...] sampled token first, then top-N;
+    # with the sampled token's rank. None when the request did not ask for logprobs.
+    new_logprobs: list[tuple[list[int], list[float], int]] | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class SchedulerStats:
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0  # fraction of KV blocks in use, 0..1
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache (cumulative)
+    prefix_cache_hits: int = 0  # of which found (cumulative)
+    num_preemptions: int = 0  # cumulative
+
+
+@dataclass
+class EngineCoreOutputs:
+    outputs: list[EngineCoreOutput] = field(default_factory=list)
+    scheduler_stats: SchedulerStats | None = None
+    # Requests that finished in the engine core this step (for front ends that track them).
+    finished_requests: set[str] = field(default_factory=set)
+    timestamp: float = field(default_factory=time.monotonic)

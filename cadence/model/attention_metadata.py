@@ -1,0 +1,61 @@
+"""The contract between the model runner, the model and the attention backends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Describes one forward pass over a flat batch of T tokens from B sequences.
+
+    Sequence ``i`` owns tokens ``query_start_loc[i]:query_start_loc[i+1]``; after this pass it has
+    ``seq_lens[i]`` tokens in total, so its queries sit at positions
+    ``seq_lens[i] - query_len_i ... seq_lens[i] - 1``. Tokens past ``num_actual_tokens`` are
+    padding (CUDA-graph buckets): their slot is the reserved dummy slot and their output is unused.
+    A padded sequence has ``seq_lens == 0`` and an empty query range.
+    """
+
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: torch.Tensor  # [B + 1] int32, on the model's device
+    seq_lens: torch.Tensor  # [B] int32, on the model's device
+    block_tables: torch.Tensor  # [B, max_blocks_per_seq] int32, on the model's device
+    slot_mapping: torch.Tensor  # [T] int64: block_id * block_size + offset of each token
+    # Host copies (numpy-backed CPU tensors) for backends that loop on the host.
+    query_start_loc_cpu: torch.Tensor | None = None
+    seq_lens_cpu: torch.Tensor | None = None
+
+    @property
+    def num_seqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1
+
+
+class AttentionBackend(Protocol):
+    """Writes this pass's K/V into the paged cache, then attends.
+
+    ``kv_cache`` is one layer's cache, ``[2, num_blocks, block_size, num_kv_heads, head_dim]``
+    (index 0 = keys, 1 = values). q is ``[T, num_heads, head_dim]``, k and v are
+    ``[T, num_kv_heads, head_dim]``; the result is ``[T, num_heads, head_dim]``.
+    Causal within each sequence; grouped-query attention when num_heads > num_kv_heads.
+    """
+
+    name: str
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor: ...

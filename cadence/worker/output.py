@@ -1,0 +1,51 @@
+"""What the model runner hands back each step (vLLM v1 ``ModelRunnerOutput``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass
+class LogprobsLists:
+    """Per row: token ids and logprobs (the sampled token first, then the top-N most likely)
+    and the rank of the sampled token (1 = most likely)."""
+
+    logprob_token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    sampled_token_ranks: list[int]
+
+
+@dataclass
+class ModelRunnerOutput:
+    # Requests of this step in the runner's row order.
+    req_ids: list[str]
+    req_id_to_index: dict[str, int]
+    # Per request: [token] if it sampled this step, [] if it did not (a partial prefill chunk).
+    sampled_token_ids: list[list[int]]
+    # Rows parallel to req_ids (empty lists for rows that did not sample); None when no request
+    # of this step asked for logprobs.
+    logprobs: LogprobsLists | None = None
+    num_nans: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls) -> ModelRunnerOutput:
+        return cls([], {}, [])
+
+
+class AsyncModelRunnerOutput(Protocol):
+    """A step's output whose device-to-host copy may still be in flight."""
+
+    def get_output(self) -> ModelRunnerOutput:
+        """Wait for this step's copy (and only that) and return the host-side output."""
+        ...
+
+
+@dataclass
+class ReadyOutput:
+    """An output that is already on the host (CPU backend, or an empty step)."""
+
+    output: ModelRunnerOutput
+
+    def get_output(self) -> ModelRunnerOutput:
+        return self.output
