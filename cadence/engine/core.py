@@ -1,0 +1,172 @@
+"""EngineCore: the scheduler and the model runner in one loop (vLLM v1 ``EngineCore``)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+
+import torch
+
+from cadence.core_types import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from cadence.engine.engine_args import EngineArgs
+from cadence.model.registry import ModelSpec, resolve_model
+from cadence.scheduler.async_scheduler import AsyncScheduler
+from cadence.scheduler.kv_cache_manager import make_block_hasher
+from cadence.scheduler.output import SchedulerOutput
+from cadence.scheduler.request import Request, RequestStatus
+from cadence.scheduler.scheduler import Scheduler
+from cadence.worker.model_runner import ModelRunner
+from cadence.worker.output import AsyncModelRunnerOutput
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device == "cuda" else torch.float32
+    return _DTYPES[dtype]
+
+
+def make_attention_backend(device: str):
+    if device == "cuda":
+        try:
+            from cadence.model.triton_attention import TritonAttentionBackend
+
+            return TritonAttentionBackend()
+        except ImportError:  # pragma: no cover - depends on the install
+            logger.warning("Triton attention unavailable; using the torch reference backend")
+    from cadence.model.attention import TorchAttentionBackend
+
+    return TorchAttentionBackend()
+
+
+class EngineCore:
+    def __init__(self, args: EngineArgs, spec: ModelSpec | None = None) -> None:
+        from cadence.model.loader import build_model
+
+        self.args = args
+        self.spec = spec or resolve_model(args.model, args.max_model_len)
+        self.config = args.create_engine_config(self.spec.max_model_len)
+        cfg = self.config
+        device = torch.device(cfg.device)
+        self.dtype = resolve_dtype(cfg.model.dtype, cfg.device)
+        torch.manual_seed(args.seed)
+        model = build_model(self.spec, self.dtype, device, cfg.model.load_format,
+                            make_attention_backend(cfg.device), args.seed)
+        self.runner = ModelRunner(cfg, self.spec, model, self.dtype, device)
+        self.num_kv_blocks = self.runner.determine_num_kv_blocks()
+        self.runner.initialize_kv_cache(self.num_kv_blocks)
+
+        sched_cls = AsyncScheduler if cfg.scheduler.async_scheduling else Scheduler
+        self.scheduler: Scheduler = sched_cls(cfg.scheduler, cfg.cache, self.num_kv_blocks)
+        self._block_hasher = (make_block_hasher(cfg.cache.block_size)
+                              if cfg.cache.enable_prefix_caching else None)
+        self.batch_queue_size = cfg.scheduler.max_concurrent_batches
+        self.batch_queue: deque[tuple[AsyncModelRunnerOutput, SchedulerOutput]] = deque()
+        logger.info(
+            "Engine: model=%s arch=%s device=%s dtype=%s max_model_len=%d max_num_seqs=%d "
+            "max_num_batched_tokens=%d kv_blocks=%d block_size=%d prefix_caching=%s policy=%s",
+            cfg.model.model, self.spec.architecture, cfg.device, self.dtype,
+            cfg.scheduler.max_model_len, cfg.scheduler.max_num_seqs,
+            cfg.scheduler.max_num_batched_tokens, self.num_kv_blocks, cfg.cache.block_size,
+            cfg.cache.enable_prefix_caching, cfg.scheduler.policy)
+        logger.info("Asynchronous scheduling is %s.",
+                    "enabled" if cfg.scheduler.async_scheduling else "disabled")
+
+    # Properties the front ends read ----------------------------------------------------------
+    @property
+    def max_model_len(self) -> int:
+        return self.config.scheduler.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.spec.hf_config.vocab_size)
+
+    @property
+    def block_size(self) -> int:
+        return self.config.cache.block_size
+
+    @property
+    def num_free_kv_blocks(self) -> int:
+        return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    # Requests --------------------------------------------------------------------------------
+    def validate_request(self, req: EngineCoreRequest) -> None:
+        """Checks that need the engine's state; raises ValueError naming the parameter."""
+        if self.config.scheduler.policy == "fcfs" and req.priority != 0:
+            raise ValueError(
+                "priority: a non-default priority requires scheduling_policy='priority' "
+                f"(got priority={req.priority} with the fcfs policy)."
+            )
+        max_tokens = req.sampling_params.max_tokens or 0
+        total = len(req.prompt_token_ids) + max_tokens
+        usable = self.num_kv_blocks - 1  # block 0 is the reserved null block
+        if math.ceil(total / self.block_size) > usable:
+            raise ValueError(
+                f"max_tokens: the request needs {total} tokens of KV cache but the whole cache "
+                f"holds {usable * self.block_size} tokens; reduce the prompt or max_tokens."
+            )
+
+    def add_request(self, req: EngineCoreRequest) -> None:
+        self.validate_request(req)
+        self.scheduler.add_request(Request(
+            request_id=req.request_id,
+            prompt_token_ids=req.prompt_token_ids,
+            sampling_params=req.sampling_params,
+            eos_token_id=req.eos_token_id,
+            arrival_time=req.arrival_time,
+            priority=req.priority,
+            block_hasher=self._block_hasher,
+        ))
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        # Idempotent: unknown and already-finished ids are ignored by the scheduler.
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def has_work(self) -> bool:
+        return (self.scheduler.has_unfinished_requests()
+                or self.scheduler.has_finished_requests() or bool(self.batch_queue))
+
+    def make_stats(self) -> SchedulerStats:
+        return self.scheduler.make_stats()
+
+    # Steps -----------------------------------------------------------------------------------
+    @property
+    def step_fn(self):
+        return self.step_with_batch_queue if self.batch_queue_size > 1 else self.step
+
+    def step(self) -> tuple[EngineCoreOutputs, bool]:
+        """Schedule, run, sample, then update: one synchronous step."""
+        if not (self.scheduler.has_unfinished_requests()
+                or self.scheduler.has_finished_requests()):
+            return EngineCoreOutputs(), False
+        so = self.scheduler.schedule()
+        output = self.runner.execute_model(so).get_output()
+        outs = self.scheduler.update_from_output(so, output)
+        return outs, so.total_num_scheduled_tokens > 0
+
+    def step_with_batch_queue(self) -> tuple[EngineCoreOutputs | None, bool]:
+        """Launch batch N+1 before consuming batch N; block only on the oldest batch."""
+        queue = self.batch_queue
+        executed = False
+        if self.scheduler.has_unfinished_requests() or self.scheduler.has_finished_requests():
+            so = self.scheduler.schedule()
+            pending = self.runner.execute_model(so)
+            executed = so.total_num_scheduled_tokens > 0
+            queue.appendleft((pending, so))
+            if executed and len(queue) < self.batch_queue_size:
+                return None, True
+        elif not queue:
+            return None, False
+        pending, so = queue.pop()
+        outs = self.scheduler.update_from_output(so, pending.get_output())
+        return outs, executed
+
+    def shutdown(self) -> None:
+        self.batch_queue.clear()
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()

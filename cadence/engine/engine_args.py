@@ -1,0 +1,108 @@
+"""EngineArgs: every knob LLM(...), AsyncLLM and `cadence serve` accept, resolved into configs."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+from cadence.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from cadence.envs import read_envs
+
+logger = logging.getLogger(__name__)
+
+_DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
+
+@dataclass
+class EngineArgs:
+    model: str = "tiny"
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    enforce_eager: bool = False
+    async_scheduling: bool | None = None
+    scheduling_policy: str = "fcfs"
+    load_format: str = "auto"
+    enable_prefix_caching: bool = True
+    skip_tokenizer_init: bool = False
+    seed: int = 0
+    num_gpu_blocks_override: int | None = None
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    device: str = "auto"
+
+    def resolve_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolve_async_scheduling(self) -> bool:
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        env = read_envs().async_scheduling
+        return True if env is None else env
+
+    def create_engine_config(self, max_model_len: int) -> EngineConfig:
+        """``max_model_len`` is the resolved context length (the model registry decides it)."""
+        batched = self.max_num_batched_tokens or max(_DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                                                     min(max_model_len, 16384))
+        return EngineConfig(
+            model=ModelConfig(model=self.model, dtype=self.dtype, load_format=self.load_format,
+                              seed=self.seed, skip_tokenizer_init=self.skip_tokenizer_init,
+                              max_model_len=max_model_len),
+            cache=CacheConfig(block_size=self.block_size,
+                              enable_prefix_caching=self.enable_prefix_caching,
+                              num_gpu_blocks_override=self.num_gpu_blocks_override,
+                              gpu_memory_utilization=self.gpu_memory_utilization),
+            scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs,
+                                      max_num_batched_tokens=batched,
+                                      max_model_len=max_model_len,
+                                      policy=self.scheduling_policy,
+                                      async_scheduling=self.resolve_async_scheduling()),
+            device=self.resolve_device(),
+            enforce_eager=self.enforce_eager,
+        )
+
+    # CLI ------------------------------------------------------------------------------------
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
+        d = EngineArgs()
+        if model_positional:
+            parser.add_argument("model", nargs="?", default=d.model,
+                                help="HF model directory, a shape preset, or 'tiny' (default)")
+        else:
+            parser.add_argument("--model", default=d.model,
+                                help="HF model directory, a shape preset, or 'tiny' (default)")
+        parser.add_argument("--dtype", default=d.dtype,
+                            choices=["auto", "float32", "float16", "bfloat16"])
+        parser.add_argument("--max-model-len", type=int, default=None)
+        parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+        parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+        parser.add_argument("--enforce-eager", action="store_true")
+        parser.add_argument("--async-scheduling", dest="async_scheduling",
+                            action="store_true", default=None)
+        parser.add_argument("--no-async-scheduling", dest="async_scheduling",
+                            action="store_false")
+        parser.add_argument("--scheduling-policy", default=d.scheduling_policy,
+                            choices=["fcfs", "priority"])
+        parser.add_argument("--load-format", default=d.load_format,
+                            choices=["auto", "dummy", "safetensors"])
+        parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
+                            action="store_false", default=True)
+        parser.add_argument("--skip-tokenizer-init", action="store_true")
+        parser.add_argument("--seed", type=int, default=d.seed)
+        parser.add_argument("--num-gpu-blocks-override", type=int, default=None)
+        parser.add_argument("--gpu-memory-utilization", type=float,
+                            default=d.gpu_memory_utilization)
+        parser.add_argument("--block-size", type=int, default=d.block_size)
+        parser.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"])
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in vars(ns).items() if k in names})

@@ -1,0 +1,47 @@
+"""What the front ends (LLM, AsyncLLM, the server) share: tokenizer and input processing."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cadence.engine.input_processor import InputProcessor
+
+if TYPE_CHECKING:
+    from cadence.engine.core import EngineCore
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Frontend:
+    tokenizer: Any | None  # a transformers tokenizer, None with skip_tokenizer_init
+    input_processor: InputProcessor
+    max_model_len: int
+    model_name: str
+
+
+def load_tokenizer(path: str | None) -> Any | None:
+    if path is None:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_frontend(core: EngineCore) -> Frontend:
+    spec = core.spec
+    skip = core.config.model.skip_tokenizer_init or spec.tokenizer_path is None
+    if spec.tokenizer_path is None and not core.config.model.skip_tokenizer_init:
+        logger.info("Model %s ships no tokenizer: token-id prompts only.", core.config.model.model)
+    tokenizer = None if skip else load_tokenizer(spec.tokenizer_path)
+    processor = InputProcessor(
+        tokenizer,
+        vocab_size=core.vocab_size,
+        max_model_len=core.max_model_len,
+        eos_token_ids=list(spec.eos_token_ids),
+        num_kv_blocks=core.num_kv_blocks,
+        block_size=core.block_size,
+    )
+    return Frontend(tokenizer, processor, core.max_model_len, core.config.model.model)

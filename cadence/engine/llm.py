@@ -1,0 +1,97 @@
+"""LLM: offline batched generation (vLLM's ``LLM``)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from cadence.core_types import EngineCoreRequest
+from cadence.engine.core import EngineCore
+from cadence.engine.engine_args import EngineArgs
+from cadence.engine.frontend import load_frontend
+from cadence.engine.output_processor import OutputProcessor
+from cadence.outputs import RequestOutput
+from cadence.sampling_params import SamplingParams
+
+PromptType = str | dict[str, Any]
+
+
+class LLM:
+    """Generate for a list of prompts; returns one ``RequestOutput`` per prompt, in order."""
+
+    def __init__(self, model: str = "tiny", **kwargs: Any) -> None:
+        self.args = EngineArgs(model=model, **kwargs)
+        self.engine_core = EngineCore(self.args)
+        self.frontend = load_frontend(self.engine_core)
+        self.output_processor = OutputProcessor(self.frontend.tokenizer)
+        self._counter = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.frontend.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        n = len(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = ([sampling_params] * n if isinstance(sampling_params, SamplingParams)
+                  else list(sampling_params))
+        if len(params) != n:
+            raise ValueError(
+                f"sampling_params: got {len(params)} for {n} prompts; pass one or one per prompt."
+            )
+        priorities = [0] * n if priority is None else list(priority)
+        if len(priorities) != n:
+            raise ValueError(f"priority: got {len(priorities)} values for {n} prompts.")
+
+        # Validate everything before anything is scheduled.
+        requests: list[tuple[EngineCoreRequest, str | None]] = []
+        for prompt, p, prio in zip(prompts, params, priorities):
+            req_id = str(next(self._counter))
+            req, text = self.frontend.input_processor.process(req_id, prompt, p, priority=prio)
+            self.engine_core.validate_request(req)
+            requests.append((req, text))
+        order = {req.request_id: i for i, (req, _) in enumerate(requests)}
+        for req, text in requests:
+            self.output_processor.add_request(req, text)
+            self.engine_core.add_request(req)
+        return self._run_engine(order, use_tqdm)
+
+    def _run_engine(self, order: dict[str, int], use_tqdm: bool) -> list[RequestOutput]:
+        results: list[RequestOutput | None] = [None] * len(order)
+        core = self.engine_core
+        step = core.step_fn
+        bar = tqdm(total=len(order), desc="Processed prompts", disable=not use_tqdm,
+                   dynamic_ncols=True)
+        try:
+            while self.output_processor.has_unfinished_requests():
+                outputs, _ = step()
+                if outputs is None or not outputs.outputs:
+                    continue
+                processed = self.output_processor.process_outputs(outputs.outputs)
+                if processed.reqs_to_abort:
+                    core.abort_requests(processed.reqs_to_abort)
+                for out in processed.request_outputs:
+                    if out.finished and out.request_id in order:
+                        results[order[out.request_id]] = out
+                        bar.update(1)
+        except BaseException:
+            # Leave no request behind in the engine if generation is interrupted.
+            pending = [r for r in order if results[order[r]] is None]
+            core.abort_requests(pending)
+            self.output_processor.abort_requests(pending)
+            raise
+        finally:
+            bar.close()
+        return [r for r in results if r is not None]

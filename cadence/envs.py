@@ -1,0 +1,34 @@
+"""Every environment switch cadence reads, in one place."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+def _flag(name: str) -> bool | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Envs:
+    # Overrides the default of async scheduling (on) when async_scheduling is not given.
+    async_scheduling: bool | None
+    # Where the built-in tiny model is written on first use.
+    cache_dir: str
+    # Emit NVTX ranges around engine phases (schedule, prepare, forward, sample, copy, update).
+    nvtx: bool
+    log_level: str
+
+
+def read_envs() -> Envs:
+    return Envs(
+        async_scheduling=_flag("CADENCE_ASYNC_SCHEDULING"),
+        cache_dir=os.environ.get("CADENCE_CACHE_DIR")
+        or os.path.join(os.path.expanduser("~"), ".cache", "cadence"),
+        nvtx=bool(_flag("CADENCE_NVTX")),
+        log_level=os.environ.get("CADENCE_LOG_LEVEL", "INFO"),
+    )

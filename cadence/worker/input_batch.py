@@ -1,0 +1,178 @@
+"""The runner's persistent per-request state and the host-side preparation of one step's inputs.
+
+Every request the runner knows holds one *slot* from the moment it is added until it finishes
+or is preempted. The slot indexes every per-request array here and the GPU-resident
+``last_sampled_tokens``; slots never move, so a decode row reaches its last sampled token through
+the request-index indirection of the combine kernel, and freeing a request is O(1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cadence.sampling_params import SamplingParams
+from cadence.scheduler.output import SchedulerOutput
+
+
+@dataclass
+class StepInputs:
+    """Host arrays for one step, in batch-row order (row b = the b-th scheduled request)."""
+
+    req_ids: list[str]
+    slots: np.ndarray  # [B] int32
+    input_ids: np.ndarray  # [T] int64 (rows fed from the GPU hold a stale value; combine fixes)
+    positions: np.ndarray  # [T] int64
+    slot_mapping: np.ndarray  # [T] int64
+    query_start_loc: np.ndarray  # [B + 1] int32
+    seq_lens: np.ndarray  # [B] int32
+    block_tables: np.ndarray  # [B, max_blocks] int32
+    last_token_index: np.ndarray  # [B] int32: flat index of each row's last token
+    use_sampled: np.ndarray  # [B] int32: 1 if the row's last input is the last sampled token
+    sample_rows: np.ndarray  # [R] int32: the rows that sample this step
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.query_start_loc[-1])
+
+
+class InputBatch:
+    def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_req: int,
+                 block_size: int) -> None:
+        self.max_num_reqs = max_num_reqs
+        self.max_model_len = max_model_len
+        self.block_size = block_size
+        self.max_blocks_per_req = max_blocks_per_req
+
+        self.req_id_to_slot: dict[str, int] = {}
+        self.slot_req_ids: list[str | None] = [None] * max_num_reqs
+        self._free_slots = list(range(max_num_reqs - 1, -1, -1))
+
+        self.token_ids = np.zeros((max_num_reqs, max_model_len), dtype=np.int64)
+        # Tokens whose ids the host knows (prompt + outputs handed over on (re)admission).
+        self.num_known = np.zeros(max_num_reqs, dtype=np.int64)
+        # Tokens of the sequence including every one this runner sampled (even still on device).
+        self.num_tokens = np.zeros(max_num_reqs, dtype=np.int64)
+        self.num_prompt = np.zeros(max_num_reqs, dtype=np.int64)
+        self.block_table = np.zeros((max_num_reqs, max_blocks_per_req), dtype=np.int32)
+        self.num_blocks = np.zeros(max_num_reqs, dtype=np.int32)
+        self.params: list[SamplingParams | None] = [None] * max_num_reqs
+
+    # Membership ------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.req_id_to_slot)
+
+    def add(self, req_id: str, prompt: list[int], outputs: list[int], params: SamplingParams,
+            block_ids: list[int]) -> int:
+        if req_id in self.req_id_to_slot:
+            raise RuntimeError(f"request {req_id!r} is already in the batch")
+        slot = self._free_slots.pop()
+        self.req_id_to_slot[req_id] = slot
+        self.slot_req_ids[slot] = req_id
+        n = len(prompt) + len(outputs)
+        self.token_ids[slot, : len(prompt)] = prompt
+        self.token_ids[slot, len(prompt) : n] = outputs
+        self.num_known[slot] = n
+        self.num_tokens[slot] = n
+        self.num_prompt[slot] = len(prompt)
+        self.num_blocks[slot] = 0
+        self.append_blocks(slot, block_ids)
+        self.params[slot] = params
+        return slot
+
+    def remove(self, req_id: str) -> int | None:
+        slot = self.req_id_to_slot.pop(req_id, None)
+        if slot is None:
+            return None
+        self.slot_req_ids[slot] = None
+        self.params[slot] = None
+        self._free_slots.append(slot)
+        return slot
+
+    def append_blocks(self, slot: int, block_ids: list[int]) -> None:
+        start = int(self.num_blocks[slot])
+        end = start + len(block_ids)
+        self.block_table[slot, start:end] = block_ids
+        self.num_blocks[slot] = end
+
+    def record_host_tokens(self, slot: int, start: int, token_ids: list[int]) -> None:
+        """The host learned sampled ids (consumed step output) for positions start..."""
+        end = start + len(token_ids)
+        if end > self.max_model_len:
+            return
+        self.token_ids[slot, start:end] = token_ids
+        self.num_known[slot] = max(int(self.num_known[slot]), end)
+
+    # Per-step preparation --------------------------------------------------------------------
+    def apply(self, so: SchedulerOutput) -> None:
+        """Bring the persistent state up to date with one scheduler output."""
+        for req_id in so.finished_req_ids:
+            self.remove(req_id)
+        for req_id in so.preempted_req_ids:
+            self.remove(req_id)
+        for new in so.scheduled_new_reqs:
+            self.remove(new.req_id)  # resumed after preemption: its old state is stale
+            self.add(new.req_id, new.prompt_token_ids, new.output_token_ids,
+                     new.sampling_params, new.block_ids)
+        cached = so.scheduled_cached_reqs
+        for req_id, new_blocks in zip(cached.req_ids, cached.new_block_ids):
+            if new_blocks:
+                self.append_blocks(self.req_id_to_slot[req_id], new_blocks)
+
+    def prepare(self, so: SchedulerOutput) -> StepInputs:
+        req_ids: list[str] = []
+        computed: list[int] = []
+        for new in so.scheduled_new_reqs:
+            req_ids.append(new.req_id)
+            computed.append(new.num_computed_tokens)
+        cached = so.scheduled_cached_reqs
+        req_ids.extend(cached.req_ids)
+        computed.extend(cached.num_computed_tokens)
+
+        b = len(req_ids)
+        slots = np.fromiter((self.req_id_to_slot[r] for r in req_ids), dtype=np.int32, count=b)
+        start = np.asarray(computed, dtype=np.int64)
+        n = np.fromiter((so.num_scheduled_tokens[r] for r in req_ids), dtype=np.int64, count=b)
+        end = start + n
+        qsl = np.zeros(b + 1, dtype=np.int32)
+        np.cumsum(n, out=qsl[1:])
+        t = int(qsl[-1])
+
+        row_of_token = np.repeat(np.arange(b), n)
+        positions = np.arange(t, dtype=np.int64) - np.repeat(qsl[:-1], n) + start[row_of_token]
+        tok_slots = slots[row_of_token]
+        # Positions the host does not know read a stale id here; only a row's last token can be
+        # unknown (the token sampled one step before), and combine overwrites it on device.
+        input_ids = self.token_ids[tok_slots, np.minimum(positions, self.max_model_len - 1)]
+        blk = self.block_table[tok_slots, positions // self.block_size].astype(np.int64)
+        slot_mapping = blk * self.block_size + positions % self.block_size
+
+        last_token_index = (qsl[1:] - 1).astype(np.int32)
+        use_sampled = (end - 1 >= self.num_known[slots]).astype(np.int32)
+        sample_mask = end >= self.num_tokens[slots]
+        sample_rows = np.nonzero(sample_mask)[0].astype(np.int32)
+        self.num_tokens[slots[sample_rows]] += 1
+
+        max_blocks = int(self.num_blocks[slots].max()) if b else 0
+        return StepInputs(
+            req_ids=req_ids,
+            slots=slots,
+            input_ids=input_ids,
+            positions=positions,
+            slot_mapping=slot_mapping,
+            query_start_loc=qsl,
+            seq_lens=end.astype(np.int32),
+            block_tables=self.block_table[slots, : max(max_blocks, 1)],
+            last_token_index=last_token_index,
+            use_sampled=use_sampled,
+            sample_rows=sample_rows,
+            max_query_len=int(n.max()) if b else 0,
+            max_seq_len=int(end.max()) if b else 0,
+        )
