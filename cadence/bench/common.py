@@ -1,0 +1,77 @@
+"""Shared pieces of the offline benchmarks: workload, roofline, reporting."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+# Measured on one H200 (sum-reduction read bandwidth); the roofline of a memory-bound step.
+H200_READ_BANDWIDTH = 4.11e12
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except Exception:
+        return "unknown"
+
+
+def device_name() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    import platform
+
+    return f"cpu ({platform.processor() or platform.machine()})"
+
+
+def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(10, max(11, vocab - 1), size=(n, length)).tolist()
+
+
+def weight_bytes(model) -> int:
+    """Bytes a decode step must read: every parameter except the input embedding table
+    (only a few rows of it are touched), unless it is tied to the output head."""
+    total = 0
+    seen: set[int] = set()
+    for name, p in model.named_parameters():
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        if "embed_tokens" in name and not getattr(model, "tied", False):
+            continue
+        total += p.numel() * p.element_size()
+    return total
+
+
+def kv_bytes_per_token(model, dtype_size: int) -> int:
+    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * dtype_size
+
+
+@dataclass
+class Record:
+    bench: str
+    model: str
+    device: str
+    commit: str
+    date: str
+    figures: dict
+
+    def dump(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")

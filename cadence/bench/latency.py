@@ -1,0 +1,104 @@
+"""`cadence bench latency`: ms per decode step at fixed batch sizes, against the roofline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from cadence.bench.common import (
+    H200_READ_BANDWIDTH,
+    Record,
+    device_name,
+    git_commit,
+    kv_bytes_per_token,
+    median,
+    now,
+    random_prompts,
+    weight_bytes,
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from cadence.engine.engine_args import EngineArgs
+
+    p = argparse.ArgumentParser(prog="cadence bench latency")
+    EngineArgs.add_cli_args(p)
+    p.add_argument("--batch-sizes", default="1,8,32")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--bandwidth", type=float, default=H200_READ_BANDWIDTH,
+                   help="measured read bandwidth (bytes/s) for the roofline")
+    p.add_argument("--json-out", default=None)
+    return p
+
+
+def run_batch(core, batch: int, input_len: int, output_len: int, seed: int) -> list[float]:
+    """One round: `batch` requests prefilled together then decoded; returns decode step times."""
+    from cadence.core_types import EngineCoreRequest
+    from cadence.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    for i, prompt in enumerate(random_prompts(batch, input_len, core.vocab_size, seed)):
+        core.add_request(EngineCoreRequest(f"b{batch}-{seed}-{i}", prompt, params))
+    stamps: list[float] = []
+    step = core.step_fn
+    while core.has_work():
+        outs, _ = step()
+        if outs is not None and outs.outputs:
+            stamps.append(time.perf_counter())
+    # stamps[0] closes the prefill step; every later one closes one decode step.
+    return [b - a for a, b in zip(stamps[1:], stamps[2:])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cadence.engine.core import EngineCore
+    from cadence.engine.engine_args import EngineArgs
+
+    ns = _parser().parse_args(argv)
+    batches = [int(x) for x in ns.batch_sizes.split(",")]
+    args = EngineArgs.from_cli_args(ns)
+    args.max_num_seqs = max(batches)
+    args.max_model_len = args.max_model_len or ns.input_len + ns.output_len + 16
+    args.max_num_batched_tokens = args.max_num_batched_tokens or max(
+        8192, max(batches) * ns.input_len)
+    args.skip_tokenizer_init = True
+    core = EngineCore(args)
+    model = core.runner.model
+    wbytes = weight_bytes(model)
+    kv_tok = kv_bytes_per_token(model, core.dtype.itemsize)
+    results = []
+    for batch in batches:
+        run_batch(core, batch, ns.input_len, min(ns.output_len, 8), seed=99)  # warm-up
+        times: list[float] = []
+        for r in range(ns.repeats):
+            times.extend(run_batch(core, batch, ns.input_len, ns.output_len, seed=r))
+        step_s = median(times)
+        avg_ctx = ns.input_len + ns.output_len / 2
+        bytes_step = wbytes + batch * avg_ctx * kv_tok
+        roofline_s = bytes_step / ns.bandwidth
+        row = {
+            "batch": batch,
+            "decode_ms_per_step": round(step_s * 1e3, 4),
+            "tokens_per_s": round(batch / step_s, 1),
+            "bytes_per_step": int(bytes_step),
+            "achieved_read_GBps": round(bytes_step / step_s / 1e9, 1),
+            "roofline_ms": round(roofline_s * 1e3, 4),
+            "ratio_to_roofline": round(roofline_s / step_s, 4),
+            "steps_measured": len(times),
+            "kernels_per_step": core.runner.kernels_per_step(batch)
+            if hasattr(core.runner, "kernels_per_step") else None,
+        }
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    rec = Record("latency", args.model, device_name(), git_commit(), now(), {
+        "input_len": ns.input_len, "output_len": ns.output_len, "dtype": str(core.dtype),
+        "enforce_eager": args.enforce_eager, "async_scheduling": core.batch_queue_size > 1,
+        "weight_bytes": wbytes, "results": results})
+    print(rec.dump())
+    if ns.json_out:
+        with open(ns.json_out, "w") as f:
+            f.write(rec.dump() + "\n")
+    core.shutdown()
+    return 0

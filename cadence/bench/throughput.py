@@ -1,0 +1,52 @@
+"""`cadence bench throughput`: offline generation of many requests, tokens per second."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from cadence.bench.common import Record, device_name, git_commit, now, random_prompts
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cadence.engine.engine_args import EngineArgs
+    from cadence.engine.llm import LLM
+    from cadence.sampling_params import SamplingParams
+
+    p = argparse.ArgumentParser(prog="cadence bench throughput")
+    EngineArgs.add_cli_args(p)
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--json-out", default=None)
+    ns = p.parse_args(argv)
+    args = EngineArgs.from_cli_args(ns)
+    args.skip_tokenizer_init = True
+    args.max_model_len = args.max_model_len or ns.input_len + ns.output_len + 16
+    llm = LLM(**vars(args))
+    core = llm.engine_core
+    prompts = [{"prompt_token_ids": t}
+               for t in random_prompts(ns.num_prompts, ns.input_len, core.vocab_size)]
+    params = SamplingParams(temperature=0.0, max_tokens=ns.output_len, ignore_eos=True)
+    llm.generate(prompts[: min(4, len(prompts))], SamplingParams(max_tokens=4), use_tqdm=False)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    gen = sum(len(o.outputs[0].token_ids) for o in outs)
+    figures = {
+        "num_prompts": ns.num_prompts, "input_len": ns.input_len, "output_len": ns.output_len,
+        "elapsed_s": round(elapsed, 3),
+        "requests_per_s": round(len(outs) / elapsed, 3),
+        "output_tokens_per_s": round(gen / elapsed, 1),
+        "total_tokens_per_s": round((gen + ns.num_prompts * ns.input_len) / elapsed, 1),
+        "async_scheduling": core.batch_queue_size > 1,
+        "enforce_eager": args.enforce_eager,
+    }
+    rec = Record("throughput", args.model, device_name(), git_commit(), now(), figures)
+    print(json.dumps(figures))
+    print(rec.dump())
+    if ns.json_out:
+        with open(ns.json_out, "w") as f:
+            f.write(rec.dump() + "\n")
+    return 0
