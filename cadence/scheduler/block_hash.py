@@ -1,0 +1,53 @@
+"""Prefix-cache block hashes: sha256 of (parent hash, the block's token ids), chained per request.
+
+Two requests share a cached block only when every token before and inside it is identical, so
+the hash of block ``i`` covers the whole prefix ``[0, (i + 1) * block_size)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cadence.scheduler.request import Request
+
+# Parent of a request's first block. Fixed, so hashes are stable across processes and runs.
+ROOT_HASH = hashlib.sha256(b"cadence.prefix-cache.root").digest()
+
+
+def hash_block_tokens(parent_hash: bytes, token_ids: Sequence[int]) -> bytes:
+    """Hash one full block: the parent's digest followed by the ids as little-endian int64."""
+    payload = struct.pack(f"<{len(token_ids)}q", *token_ids)
+    return hashlib.sha256(parent_hash + payload).digest()
+
+
+def make_block_hasher(
+    block_size: int, root_hash: bytes = ROOT_HASH
+) -> Callable[[Request], list[bytes]]:
+    """Return the hasher to pass as ``Request(block_hasher=...)``.
+
+    Called whenever the request's tokens grow, it returns the hashes of the blocks that became
+    full since the last call (possibly none), chained to ``request.block_hashes[-1]``.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be at least 1, got {block_size}.")
+
+    def hasher(request: Request) -> list[bytes]:
+        hashes = request.block_hashes
+        start = len(hashes) * block_size
+        tokens = request.all_token_ids
+        num_tokens = len(tokens)
+        if num_tokens - start < block_size:
+            return []
+        parent = hashes[-1] if hashes else root_hash
+        new_hashes: list[bytes] = []
+        while start + block_size <= num_tokens:
+            parent = hash_block_tokens(parent, tokens[start : start + block_size])
+            new_hashes.append(parent)
+            start += block_size
+        return new_hashes
+
+    return hasher

@@ -1,0 +1,176 @@
+"""Per-request KV block tables over the block pool, with prefix caching (vLLM v1
+``KVCacheManager`` for one full-attention group)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cadence.scheduler.block_hash import hash_block_tokens, make_block_hasher
+from cadence.scheduler.block_pool import BlockPool, KVCacheBlock
+from cadence.scheduler.request import Request
+
+__all__ = [
+    "KVCacheManager",
+    "PrefixCacheStats",
+    "hash_block_tokens",
+    "make_block_hasher",
+]
+
+_NO_BLOCKS: list[KVCacheBlock] = []
+
+
+@dataclass
+class PrefixCacheStats:
+    """Cumulative prefix-cache lookups of admitted requests, counted in tokens."""
+
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+
+
+class KVCacheManager:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool,
+        max_model_len: int,
+    ) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.max_model_len = max_model_len
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # How many leading blocks of each request are registered in the prefix cache.
+        self.num_cached_block: dict[str, int] = {}
+        self.prefix_cache_stats = PrefixCacheStats()
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the usable KV blocks held by requests, 0..1."""
+        return self.block_pool.get_usage()
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.block_pool.num_blocks - 1
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """Longest run of cached full blocks matching the request's prefix, and its token count.
+
+        The last token is never a hit (its logits are needed), so a fully cached prompt still
+        recomputes its last block.
+        """
+        if not self.enable_caching:
+            return [], 0
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        pool = self.block_pool
+        hits: list[KVCacheBlock] = []
+        for block_hash in request.block_hashes[:max_hit_blocks]:
+            block = pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    def record_prefix_cache_lookup(self, request: Request, num_hit_tokens: int) -> None:
+        """Count one admitted request's lookup (the scheduler calls this once per admission)."""
+        if not self.enable_caching:
+            return
+        stats = self.prefix_cache_stats
+        stats.requests += 1
+        stats.queries += request.num_tokens
+        stats.hits += num_hit_tokens
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: list[KVCacheBlock] | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> list[KVCacheBlock] | None:
+        """Make room for ``num_new_tokens`` more tokens after the computed ones.
+
+        ``new_computed_blocks`` are prefix-cache hits (``num_new_computed_tokens`` tokens) taken
+        on this call. Returns the newly allocated blocks (possibly empty), or None when the pool
+        cannot supply them; in that case nothing changes.
+        """
+        if num_new_tokens <= 0:
+            raise ValueError(f"num_new_tokens must be positive, got {num_new_tokens}.")
+        hits = new_computed_blocks if new_computed_blocks is not None else _NO_BLOCKS
+        req_id = request.request_id
+        req_blocks = self.req_to_blocks.get(req_id)
+        num_held = len(req_blocks) if req_blocks is not None else 0
+        num_computed = request.num_computed_tokens + num_new_computed_tokens
+        num_slots = num_computed + num_new_tokens + num_lookahead_tokens
+        if num_slots > self.max_model_len:
+            num_slots = self.max_model_len
+        num_new_blocks = -(-num_slots // self.block_size) - num_held - len(hits)
+        pool = self.block_pool
+        # Hits sitting in the free queue are counted: touching them takes them out of it.
+        num_evictable_hits = sum(1 for block in hits if block.ref_cnt == 0)
+        if num_new_blocks + num_evictable_hits > pool.free_block_queue.num_free_blocks:
+            return None
+
+        if req_blocks is None:
+            req_blocks = self.req_to_blocks[req_id] = []
+        if hits:
+            pool.touch(hits)
+            req_blocks.extend(hits)
+            # Hits are already registered in the cache; only later blocks need caching.
+            self.num_cached_block[req_id] = len(req_blocks)
+        new_blocks = pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
+        if new_blocks:
+            req_blocks.extend(new_blocks)
+
+        if self.enable_caching:
+            # Only tokens whose ids are known can be hashed: never past request.num_tokens.
+            num_known = num_computed + num_new_tokens
+            if num_known > request.num_tokens:
+                num_known = request.num_tokens
+            self.cache_blocks(request, num_known)
+        return new_blocks
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Register the request's blocks that are full within its first ``num_computed_tokens``."""
+        if not self.enable_caching:
+            return
+        req_id = request.request_id
+        num_full = num_computed_tokens // self.block_size
+        num_cached = self.num_cached_block.get(req_id, 0)
+        if num_full <= num_cached:
+            return
+        blocks = self.req_to_blocks.get(req_id)
+        if blocks is None:
+            return
+        if num_full > len(blocks):
+            num_full = len(blocks)
+        self.block_pool.cache_full_blocks(blocks, request.block_hashes, num_cached, num_full)
+        self.num_cached_block[req_id] = num_full
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail first, so its last blocks are evicted first."""
+        req_id = request.request_id
+        blocks = self.req_to_blocks.pop(req_id, None)
+        self.num_cached_block.pop(req_id, None)
+        if blocks:
+            self.block_pool.free_blocks(reversed(blocks))
+
+    def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
+        return self.req_to_blocks.get(request_id, _NO_BLOCKS)
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [block.block_id for block in self.req_to_blocks.get(request_id, _NO_BLOCKS)]
+
+    def get_num_common_prefix_blocks(self, request_id: str) -> int:
+        """Leading blocks of ``request_id`` shared by every request that holds blocks."""
+        num_holders = len(self.req_to_blocks)
+        count = 0
+        for block in self.req_to_blocks.get(request_id, _NO_BLOCKS):
+            if block.ref_cnt != num_holders:
+                break
+            count += 1
+        return count
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()

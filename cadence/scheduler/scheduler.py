@@ -1,0 +1,416 @@
+"""The scheduler: which requests run this step, with how many tokens (vLLM v1 ``Scheduler``).
+
+There is no prefill or decode phase: every request has ``num_computed_tokens`` and a number of
+known tokens, and each step gives requests token budget so the first catches up with the second.
+That one rule covers chunked prefill, prefix-cache hits, resumption after preemption and decode.
+``num_computed_tokens`` advances when a step is scheduled, not when its output arrives, so a
+request can be scheduled again before the previous step's output is back (async scheduling).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from cadence.config import CacheConfig, SchedulerConfig
+from cadence.core_types import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from cadence.scheduler.block_pool import KVCacheBlock
+from cadence.scheduler.kv_cache_manager import KVCacheManager
+from cadence.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
+from cadence.scheduler.request import Request, RequestStatus
+from cadence.scheduler.request_queue import create_request_queue
+from cadence.scheduler.stop import check_stop
+from cadence.worker.output import ModelRunnerOutput
+
+_RUNNING = RequestStatus.RUNNING
+_PREEMPTED = RequestStatus.PREEMPTED
+
+
+def _victim_key(request: Request) -> tuple[int, float]:
+    return request.priority, request.arrival_time
+
+
+class Scheduler:
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        num_kv_blocks: int,
+    ) -> None:
+        self.scheduler_config = scheduler_config
+        self.cache_config = cache_config
+        self.max_num_running_reqs = scheduler_config.max_num_seqs
+        self.max_num_scheduled_tokens = scheduler_config.max_num_batched_tokens
+        self.max_model_len = scheduler_config.max_model_len
+        self.enable_chunked_prefill = scheduler_config.enable_chunked_prefill
+        self.policy = scheduler_config.policy
+        self.block_size = cache_config.block_size
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks=num_kv_blocks,
+            block_size=cache_config.block_size,
+            enable_caching=cache_config.enable_prefix_caching,
+            max_model_len=scheduler_config.max_model_len,
+        )
+
+        self.requests: dict[str, Request] = {}
+        self.waiting = create_request_queue(self.policy)
+        self.running: list[Request] = []
+        # Finished or aborted since the previous schedule(): the runner drops their state.
+        self.finished_req_ids: set[str] = set()
+        # Finished or aborted since the previous update_from_output(): for the front end.
+        self._finished_since_output: set[str] = set()
+        # Preempted outside schedule() (forced prefix-cache reset): reported by the next step.
+        self._preempted_outside_step: set[str] = set()
+        self.num_preemptions = 0
+
+    # Requests --------------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already scheduled.")
+        if request.num_prompt_tokens >= self.max_model_len:
+            raise ValueError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"the prompt has {request.num_prompt_tokens} tokens."
+            )
+        if request.max_tokens is None:
+            request.max_tokens = self.max_model_len - request.num_prompt_tokens
+        self.waiting.add_request(request)
+        self.requests[request.request_id] = request
+
+    def finish_requests(
+        self, request_ids: str | Iterable[str], finished_status: RequestStatus
+    ) -> None:
+        """Finish requests from outside (abort). Unknown or already finished ids are ignored."""
+        if not RequestStatus.is_finished(finished_status):
+            raise ValueError(f"{finished_status!r} is not a finished status.")
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        to_finish: list[Request] = []
+        running_to_remove: set[Request] = set()
+        waiting_to_remove: list[Request] = []
+        for req_id in dict.fromkeys(request_ids):
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished():
+                continue
+            to_finish.append(request)
+            if request.status == _RUNNING:
+                running_to_remove.add(request)
+            else:
+                waiting_to_remove.append(request)
+        if running_to_remove:
+            self.running = [r for r in self.running if r not in running_to_remove]
+        if waiting_to_remove:
+            self.waiting.remove_requests(waiting_to_remove)
+        for request in to_finish:
+            request.status = finished_status
+            self._free_request(request)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.get_num_unfinished_requests() > 0
+
+    def has_finished_requests(self) -> bool:
+        return len(self.finished_req_ids) > 0
+
+    def has_requests(self) -> bool:
+        """Work left for schedule(): unfinished requests, or finished ids to report."""
+        return self.has_unfinished_requests() or self.has_finished_requests()
+
+    def get_request_counts(self) -> tuple[int, int]:
+        """(running, waiting)."""
+        return len(self.running), len(self.waiting)
+
+    # Scheduling ------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        kv = self.kv_cache_manager
+        running = self.running
+        token_budget = self.max_num_scheduled_tokens
+        last_position = self.max_model_len - 1
+        num_scheduled_tokens: dict[str, int] = {}
+        new_blocks_of: dict[str, list[KVCacheBlock]] = {}
+        scheduled_running: list[Request] = []
+        scheduled_new: list[Request] = []
+        preempted: list[Request] = []
+
+        # Running requests first, in order.
+        req_index = 0
+        while req_index < len(running) and token_budget > 0:
+            request = running[req_index]
+            num_computed = request.num_computed_tokens
+            placeholders = request.num_output_placeholders
+            if (
+                placeholders > 0
+                and num_computed + 2 - placeholders
+                >= request.num_prompt_tokens + request.max_tokens
+            ):
+                # Async: the tokens in flight already reach max_tokens; no wasted step.
+                req_index += 1
+                continue
+            num_new = request.num_tokens_with_spec + placeholders - num_computed
+            if num_new > token_budget:
+                num_new = token_budget
+            # Input positions stay below max_model_len - 1: a token sampled there is the last.
+            if num_new > last_position - num_computed:
+                num_new = last_position - num_computed
+            if num_new <= 0:
+                req_index += 1
+                continue
+
+            while True:
+                new_blocks = kv.allocate_slots(request, num_new)
+                if new_blocks is not None:
+                    break
+                if self.policy == "priority":
+                    victim = max(running, key=_victim_key)
+                    victim_index = running.index(victim)
+                    del running[victim_index]
+                    if victim_index < req_index:
+                        req_index -= 1
+                        victim_tokens = num_scheduled_tokens.pop(victim.request_id, None)
+                        if victim_tokens is not None:
+                            token_budget += victim_tokens
+                            del new_blocks_of[victim.request_id]
+                            scheduled_running.remove(victim)
+                else:
+                    victim = running.pop()
+                self._preempt_request(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                break
+
+            scheduled_running.append(request)
+            num_scheduled_tokens[request.request_id] = num_new
+            new_blocks_of[request.request_id] = new_blocks
+            token_budget -= num_new
+            req_index += 1
+
+        # Then waiting requests, unless this step had to preempt: waiting never preempts running.
+        if not preempted:
+            waiting = self.waiting
+            while waiting and token_budget > 0 and len(running) < self.max_num_running_reqs:
+                request = waiting.peek_request()
+                if request.num_output_placeholders > 0:
+                    # Preempted with a token still in flight: resume once it has arrived, or
+                    # the recomputation would sample that position a second time.
+                    break
+                hits, num_hit_tokens = kv.get_computed_blocks(request)
+                num_new = request.num_tokens - num_hit_tokens
+                if num_new > token_budget:
+                    if not self.enable_chunked_prefill:
+                        break
+                    num_new = token_budget
+                new_blocks = kv.allocate_slots(request, num_new, num_hit_tokens, hits)
+                if new_blocks is None:
+                    break
+                waiting.pop_request()
+                running.append(request)
+                scheduled_new.append(request)
+                kv.record_prefix_cache_lookup(request, num_hit_tokens)
+                num_scheduled_tokens[request.request_id] = num_new
+                token_budget -= num_new
+                request.status = _RUNNING
+                request.num_computed_tokens = num_hit_tokens
+                if request.num_cached_tokens < 0:
+                    request.num_cached_tokens = num_hit_tokens
+
+        output = self._make_output(scheduled_new, scheduled_running, new_blocks_of, preempted)
+        output.num_scheduled_tokens = num_scheduled_tokens
+        output.total_num_scheduled_tokens = self.max_num_scheduled_tokens - token_budget
+        self._update_after_schedule(scheduled_new, scheduled_running, num_scheduled_tokens)
+        return output
+
+    def _make_output(
+        self,
+        scheduled_new: list[Request],
+        scheduled_running: list[Request],
+        new_blocks_of: dict[str, list[KVCacheBlock]],
+        preempted: list[Request],
+    ) -> SchedulerOutput:
+        kv = self.kv_cache_manager
+        new_reqs = [
+            NewRequestData(
+                req_id=req.request_id,
+                prompt_token_ids=req.prompt_token_ids,
+                output_token_ids=list(req.output_token_ids),
+                sampling_params=req.sampling_params,
+                block_ids=kv.get_block_ids(req.request_id),
+                num_computed_tokens=req.num_computed_tokens,
+            )
+            for req in scheduled_new
+        ]
+        cached = CachedRequestData()
+        req_ids = cached.req_ids
+        new_block_ids = cached.new_block_ids
+        num_computed = cached.num_computed_tokens
+        for req in scheduled_running:
+            req_id = req.request_id
+            req_ids.append(req_id)
+            blocks = new_blocks_of[req_id]
+            new_block_ids.append([b.block_id for b in blocks] if blocks else None)
+            num_computed.append(req.num_computed_tokens)
+
+        preempted_ids = {req.request_id for req in preempted}
+        if self._preempted_outside_step:
+            preempted_ids |= self._preempted_outside_step
+            self._preempted_outside_step = set()
+        finished = self.finished_req_ids
+        self.finished_req_ids = set()
+        running = self.running
+        return SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens={},
+            total_num_scheduled_tokens=0,
+            finished_req_ids=finished,
+            preempted_req_ids=preempted_ids,
+            num_common_prefix_blocks=(
+                kv.get_num_common_prefix_blocks(running[0].request_id) if running else 0
+            ),
+        )
+
+    def _update_after_schedule(
+        self,
+        scheduled_new: list[Request],
+        scheduled_running: list[Request],
+        num_scheduled_tokens: dict[str, int],
+    ) -> None:
+        # The output above carries the pre-step counts; advancing now lets the next schedule()
+        # continue a chunked prefill before this step's output is back.
+        for request in scheduled_running:
+            request.num_computed_tokens += num_scheduled_tokens[request.request_id]
+        for request in scheduled_new:
+            request.num_computed_tokens += num_scheduled_tokens[request.request_id]
+
+    def _preempt_request(self, request: Request) -> None:
+        """Recompute-style preemption; the caller has removed it from ``running``."""
+        assert request.status == _RUNNING, f"only running requests are preempted: {request}"
+        self.kv_cache_manager.free(request)
+        request.status = _PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend_request(request)
+
+    # Step output -----------------------------------------------------------------------------
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> EngineCoreOutputs:
+        sampled = model_runner_output.sampled_token_ids
+        index_of = model_runner_output.req_id_to_index
+        logprobs = model_runner_output.logprobs
+        requests = self.requests
+        outputs: list[EngineCoreOutput] = []
+        stopped_running: set[Request] = set()
+        stopped_preempted: set[Request] = set()
+
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = requests.get(req_id)
+            if request is None or request.status > _PREEMPTED:
+                # Finished or aborted while this step was running: its tokens are dropped.
+                continue
+            row = index_of.get(req_id)
+            if row is None or not sampled:
+                continue
+            new_token_ids = sampled[row]
+            if not new_token_ids:
+                continue  # a partial prefill chunk samples nothing
+
+            status_before = request.status
+            new_token_ids, stopped = self._update_request_with_output(request, new_token_ids)
+            finish_reason = None
+            if stopped:
+                finish_reason = request.get_finished_reason()
+                self._free_request(request)
+                if status_before == _RUNNING:
+                    stopped_running.add(request)
+                else:
+                    stopped_preempted.add(request)
+            elif not new_token_ids:
+                continue
+
+            new_logprobs = None
+            if (
+                logprobs is not None
+                and len(new_token_ids) == 1
+                and request.sampling_params.logprobs is not None
+            ):
+                new_logprobs = [
+                    (
+                        logprobs.logprob_token_ids[row],
+                        logprobs.logprobs[row],
+                        logprobs.sampled_token_ranks[row],
+                    )
+                ]
+            outputs.append(
+                EngineCoreOutput(
+                    request_id=req_id,
+                    new_token_ids=new_token_ids,
+                    new_logprobs=new_logprobs,
+                    finish_reason=finish_reason,
+                    stop_reason=request.stop_reason,
+                    num_cached_tokens=max(request.num_cached_tokens, 0),
+                )
+            )
+
+        if stopped_running:
+            self.running = [r for r in self.running if r not in stopped_running]
+        if stopped_preempted:
+            self.waiting.remove_requests(stopped_preempted)
+
+        finished = self._finished_since_output
+        self._finished_since_output = set()
+        return EngineCoreOutputs(
+            outputs=outputs, scheduler_stats=self.make_stats(), finished_requests=finished
+        )
+
+    def _update_request_with_output(
+        self, request: Request, new_token_ids: list[int]
+    ) -> tuple[list[int], bool]:
+        """Append sampled tokens one by one, stopping at the first that ends the request."""
+        max_model_len = self.max_model_len
+        for num_kept, token_id in enumerate(new_token_ids, 1):
+            request.append_output_token_ids(token_id)
+            if check_stop(request, max_model_len):
+                if num_kept < len(new_token_ids):
+                    new_token_ids = new_token_ids[:num_kept]
+                return new_token_ids, True
+        return new_token_ids, False
+
+    def _free_request(self, request: Request) -> None:
+        assert request.is_finished()
+        req_id = request.request_id
+        self.kv_cache_manager.free(request)
+        del self.requests[req_id]
+        self.finished_req_ids.add(req_id)
+        self._finished_since_output.add(req_id)
+
+    # Stats and maintenance -------------------------------------------------------------------
+    def make_stats(self) -> SchedulerStats:
+        kv = self.kv_cache_manager
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=kv.usage,
+            prefix_cache_queries=kv.prefix_cache_stats.queries,
+            prefix_cache_hits=kv.prefix_cache_stats.hits,
+            num_preemptions=self.num_preemptions,
+        )
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget all cached prefixes. Fails (False) while a request holds blocks, unless
+        ``reset_running_requests`` preempts every running request first."""
+        if reset_running_requests:
+            # Preempt from the back so the requests come back in their running order.
+            while self.running:
+                request = self.running.pop()
+                self._preempt_request(request)
+                self._preempted_outside_step.add(request.request_id)
+                # The request restarts from the tokens known now and samples the position in
+                # flight again, so the in-flight token must be dropped when it arrives.
+                if request.num_output_placeholders > 0:
+                    request.discard_latest_async_tokens = True
+                request.num_output_placeholders = 0
+        return self.kv_cache_manager.reset_prefix_cache()
