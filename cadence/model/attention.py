@@ -1,0 +1,88 @@
+"""The plain-torch reference attention backend over the paged KV cache.
+
+It loops over sequences on the host (reading the ``*_cpu`` copies of the metadata), so it is not
+CUDA-graph capturable; faster backends are checked against it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cadence.model.attention_metadata import AttentionMetadata
+
+
+def write_kv_cache(
+    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Store each token's key and value at its slot; tokens with a negative slot are skipped."""
+    num_kv_heads, head_dim = kv_cache.shape[-2:]
+    key_cache = kv_cache[0].view(-1, num_kv_heads, head_dim)
+    value_cache = kv_cache[1].view(-1, num_kv_heads, head_dim)
+    slots = slot_mapping[: k.shape[0]]
+    keep = slots >= 0
+    if not bool(keep.all()):
+        slots, k, v = slots[keep], k[keep], v[keep]
+    key_cache.index_copy_(0, slots, k.to(key_cache.dtype))
+    value_cache.index_copy_(0, slots, v.to(value_cache.dtype))
+
+
+class TorchAttentionBackend:
+    """Causal grouped-query attention, one batched matmul pair per sequence, softmax in float32."""
+
+    name = "torch"
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        write_kv_cache(k, v, kv_cache, metadata.slot_mapping)
+        num_tokens, num_heads, head_dim = q.shape
+        block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+        group = num_heads // num_kv_heads
+        out = torch.zeros_like(q)
+
+        starts = _host_list(metadata.query_start_loc_cpu, metadata.query_start_loc)
+        seq_lens = _host_list(metadata.seq_lens_cpu, metadata.seq_lens)
+        for i, seq_len in enumerate(seq_lens):
+            start, end = starts[i], starts[i + 1]
+            query_len = end - start
+            if query_len == 0 or seq_len == 0:
+                continue
+            num_blocks = -(-seq_len // block_size)
+            blocks = metadata.block_tables[i, :num_blocks].long()
+            # [num_blocks, block_size, kv_heads, d] -> [kv_heads, seq_len, d]
+            keys = kv_cache[0, blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
+            values = kv_cache[1, blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
+            keys = keys.transpose(0, 1).float()
+            values = values.transpose(0, 1).float()
+            # Query heads h*group ... h*group+group-1 share kv head h: [kv_heads, group*q_len, d].
+            queries = (
+                q[start:end]
+                .view(query_len, num_kv_heads, group, head_dim)
+                .permute(1, 2, 0, 3)
+                .reshape(num_kv_heads, group * query_len, head_dim)
+                .float()
+            )
+            scores = torch.bmm(queries, keys.transpose(1, 2)) * scale
+            q_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)
+            k_pos = torch.arange(seq_len, device=q.device)
+            future = (k_pos[None, :] > q_pos[:, None]).repeat(group, 1)
+            scores.masked_fill_(future, float("-inf"))
+            probs = torch.softmax(scores, dim=-1)
+            attended = torch.bmm(probs, values)  # [kv_heads, group*q_len, d]
+            out[start:end] = (
+                attended.view(num_kv_heads, group, query_len, head_dim)
+                .permute(2, 0, 1, 3)
+                .reshape(query_len, num_heads, head_dim)
+                .to(q.dtype)
+            )
+        return out
+
+
+def _host_list(host: torch.Tensor | None, device_tensor: torch.Tensor) -> list[int]:
+    return (host if host is not None else device_tensor.cpu()).tolist()

@@ -1,0 +1,189 @@
+"""One decoder-only transformer for the Llama, Qwen2 and Qwen3 families.
+
+Construction allocates parameters on the current default device (use ``with torch.device(...)``);
+``build_model`` in :mod:`cadence.model.loader` builds on the meta device and materializes the
+weights directly on the target device and dtype. The forward pass has no host synchronization and
+no data-dependent Python control flow, so it can be captured in a CUDA graph, provided the
+attention backend itself is capturable.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PretrainedConfig
+
+from cadence.model.arch import DecoderArch
+from cadence.model.attention_metadata import AttentionBackend, AttentionMetadata
+from cadence.model.layers import RMSNorm, silu_and_mul
+from cadence.model.rope import RopeParams, RotaryEmbedding, apply_rotary
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, arch: DecoderArch, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.num_heads = arch.num_heads
+        self.num_kv_heads = arch.num_kv_heads
+        self.head_dim = arch.head_dim
+        self.q_size = arch.q_size
+        self.kv_size = arch.kv_size
+        self.scale = arch.head_dim**-0.5
+        self.backend = backend
+        # Rows: [q | k | v], in that order (the loader fills the slices).
+        self.qkv_proj = nn.Linear(arch.hidden_size, arch.q_size + 2 * arch.kv_size, arch.qkv_bias)
+        self.o_proj = nn.Linear(arch.q_size, arch.hidden_size, bias=arch.o_bias)
+        self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
+        self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
+        out = self.backend.forward(q, k, v, kv_cache, attn, self.scale)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, arch: DecoderArch) -> None:
+        super().__init__()
+        # Rows: [gate | up].
+        self.gate_up_proj = nn.Linear(
+            arch.hidden_size, 2 * arch.intermediate_size, bias=arch.mlp_bias
+        )
+        self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=arch.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, arch: DecoderArch, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.self_attn = SelfAttention(arch, backend)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.mlp = MLP(arch)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, arch: DecoderArch, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(arch, backend) for _ in range(arch.num_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """``hidden = model(input_ids [T], positions [T], attn)``; ``compute_logits(hidden_rows)``.
+
+    Parameter names follow the HF checkpoints' (``model.layers.N.self_attn...``) except for the
+    fused ``qkv_proj`` and ``gate_up_proj``. With tied embeddings there is no ``lm_head``.
+    """
+
+    def __init__(self, hf_config: PretrainedConfig, attn_backend: AttentionBackend) -> None:
+        super().__init__()
+        self.arch = DecoderArch.from_hf_config(hf_config)
+        self.attn_backend = attn_backend
+        self.model = DecoderModel(self.arch, attn_backend)
+        self.lm_head = (
+            None
+            if self.arch.tie_word_embeddings
+            else nn.Linear(self.arch.hidden_size, self.arch.vocab_size, bias=False)
+        )
+        self.rotary_emb = RotaryEmbedding(
+            RopeParams.from_hf_config(hf_config),
+            self.arch.head_dim,
+            self.arch.max_position_embeddings,
+        )
+        self._kv_caches: list[torch.Tensor] = []
+
+    @property
+    def num_layers(self) -> int:
+        return self.arch.num_layers
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.arch.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.arch.head_dim
+
+    @property
+    def vocab_size(self) -> int:
+        return self.arch.vocab_size
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int, int]:
+        """The shape of one layer's cache: ``[2, num_blocks, block_size, kv_heads, head_dim]``."""
+        return (2, num_blocks, block_size, self.arch.num_kv_heads, self.arch.head_dim)
+
+    def kv_cache_bytes_per_block(self, block_size: int, dtype: torch.dtype) -> int:
+        """Bytes one block takes over all layers (for sizing the cache from free memory)."""
+        per_layer = 2 * block_size * self.arch.num_kv_heads * self.arch.head_dim
+        return per_layer * self.arch.num_layers * torch.empty((), dtype=dtype).element_size()
+
+    def bind_kv_caches(self, kv_caches: list[torch.Tensor]) -> None:
+        if len(kv_caches) != self.num_layers:
+            raise ValueError(f"expected {self.num_layers} KV caches, got {len(kv_caches)}.")
+        for i, cache in enumerate(kv_caches):
+            if (
+                cache.dim() != 5
+                or cache.shape[0] != 2
+                or tuple(cache.shape[3:])
+                != (
+                    self.num_kv_heads,
+                    self.head_dim,
+                )
+            ):
+                raise ValueError(
+                    f"KV cache {i} has shape {tuple(cache.shape)}; expected "
+                    f"{self.kv_cache_shape(-1, -1)} with any num_blocks and block_size."
+                )
+        self._kv_caches = list(kv_caches)
+
+    @torch.no_grad()
+    def reset_buffers(self) -> None:
+        """Recompute non-persistent buffers (needed after ``to_empty``)."""
+        self.rotary_emb.reset_table()
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
+    ) -> torch.Tensor:
+        if not self._kv_caches:
+            raise RuntimeError("bind_kv_caches() must be called before the first forward.")
+        cos, sin = self.rotary_emb.lookup(positions)
+        x = self.model.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.model.layers, self._kv_caches, strict=True):
+            x = layer(x, cos, sin, kv_cache, attn)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        """``[N, hidden] -> [N, vocab]`` float32 logits."""
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden_rows, weight).float()

@@ -1,0 +1,176 @@
+"""Build a CausalLM and fill its weights from safetensors checkpoints, or with dummy values."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+from safetensors import safe_open
+
+from cadence.model.arch import DecoderArch
+from cadence.model.attention_metadata import AttentionBackend
+from cadence.model.decoder import CausalLM
+from cadence.model.registry import ModelSpec
+
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+_DUMMY_STD = 0.02
+_SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def build_model(
+    spec: ModelSpec,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    load_format: str,
+    attn_backend: AttentionBackend,
+    seed: int,
+) -> CausalLM:
+    """Allocate the model once, directly on ``device`` in ``dtype``, then fill its weights."""
+    check_load_format(spec, load_format)
+    device = torch.device(device)
+    with torch.device("meta"):
+        model = CausalLM(spec.hf_config, attn_backend)
+    model = model.to(dtype=dtype).to_empty(device=device)
+    model.reset_buffers()
+    if load_format == "dummy":
+        init_dummy_weights(model, seed)
+    else:
+        assert spec.path is not None
+        load_safetensors(model, spec.path)
+    return model.eval().requires_grad_(False)
+
+
+def check_load_format(spec: ModelSpec, load_format: str) -> None:
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}.")
+    if spec.is_preset and load_format != "dummy":
+        raise ValueError(
+            f"load_format={load_format!r} needs weights, but this model is a shape preset "
+            "without weights; use load_format='dummy'."
+        )
+
+
+@torch.no_grad()
+def init_dummy_weights(model: CausalLM, seed: int) -> None:
+    """Seeded random weights generated on the parameters' device: N(0, 0.02) for matrices and
+    embeddings, ones for norm weights, zeros for biases."""
+    generators: dict[torch.device, torch.Generator] = {}
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        elif name.endswith(".bias"):
+            param.zero_()
+        else:
+            gen = generators.get(param.device)
+            if gen is None:
+                gen = generators[param.device] = torch.Generator(param.device).manual_seed(seed)
+            param.normal_(0.0, _DUMMY_STD, generator=gen)
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where one checkpoint tensor goes: a parameter and the row range inside it."""
+
+    param: str
+    row_start: int
+    num_rows: int | None  # None: the whole parameter
+
+
+def checkpoint_files(path: str) -> list[str]:
+    """The safetensors files of a checkpoint directory (sharded index or single file)."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            weight_map: dict[str, str] = json.load(f)["weight_map"]
+        return [os.path.join(path, name) for name in sorted(set(weight_map.values()))]
+    single = os.path.join(path, "model.safetensors")
+    if os.path.isfile(single):
+        return [single]
+    found = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not found:
+        raise ValueError(f"no safetensors weights (*.safetensors) found in {path!r}.")
+    return [os.path.join(path, name) for name in found]
+
+
+def checkpoint_names(arch: DecoderArch) -> dict[str, _Target]:
+    """Every tensor a checkpoint of this architecture must hold, mapped to its destination."""
+    names: dict[str, _Target] = {
+        "model.embed_tokens.weight": _Target("model.embed_tokens.weight", 0, None)
+    }
+    names["model.norm.weight"] = _Target("model.norm.weight", 0, None)
+    if not arch.tie_word_embeddings:
+        names["lm_head.weight"] = _Target("lm_head.weight", 0, None)
+    qkv_rows = {"q": (0, arch.q_size), "k": (arch.q_size, arch.kv_size)}
+    qkv_rows["v"] = (arch.q_size + arch.kv_size, arch.kv_size)
+    mlp_rows = {
+        "gate": (0, arch.intermediate_size),
+        "up": (arch.intermediate_size, arch.intermediate_size),
+    }
+    for i in range(arch.num_layers):
+        layer = f"model.layers.{i}"
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            names[f"{layer}.{norm}.weight"] = _Target(f"{layer}.{norm}.weight", 0, None)
+        if arch.qk_norm:
+            for norm in ("q_norm", "k_norm"):
+                full = f"{layer}.self_attn.{norm}.weight"
+                names[full] = _Target(full, 0, None)
+        qkv_suffixes = ("weight", "bias") if arch.qkv_bias else ("weight",)
+        for shard, (start, rows) in qkv_rows.items():
+            for suffix in qkv_suffixes:
+                target = f"{layer}.self_attn.qkv_proj.{suffix}"
+                names[f"{layer}.self_attn.{shard}_proj.{suffix}"] = _Target(target, start, rows)
+        for suffix in ("weight", "bias") if arch.o_bias else ("weight",):
+            full = f"{layer}.self_attn.o_proj.{suffix}"
+            names[full] = _Target(full, 0, None)
+        mlp_suffixes = ("weight", "bias") if arch.mlp_bias else ("weight",)
+        for shard, (start, rows) in mlp_rows.items():
+            for suffix in mlp_suffixes:
+                target = f"{layer}.mlp.gate_up_proj.{suffix}"
+                names[f"{layer}.mlp.{shard}_proj.{suffix}"] = _Target(target, start, rows)
+        for suffix in mlp_suffixes:
+            full = f"{layer}.mlp.down_proj.{suffix}"
+            names[full] = _Target(full, 0, None)
+    return names
+
+
+@torch.no_grad()
+def load_safetensors(model: CausalLM, path: str) -> None:
+    """Copy every checkpoint tensor into the already-allocated parameters, one at a time.
+
+    Files are memory-mapped; no full host copy of the checkpoint is made.
+    """
+    params = dict(model.named_parameters())
+    expected = checkpoint_names(model.arch)
+    loaded: set[str] = set()
+    for file in checkpoint_files(path):
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if name.endswith(_SKIPPED_SUFFIXES):
+                    continue
+                if name == "lm_head.weight" and model.arch.tie_word_embeddings:
+                    continue  # some tied checkpoints still store the (identical) head
+                target = expected.get(name)
+                if target is None:
+                    raise ValueError(
+                        f"unexpected tensor {name!r} in {os.path.basename(file)} for "
+                        f"{model.arch.architecture}."
+                    )
+                param = params[target.param]
+                dest = (
+                    param
+                    if target.num_rows is None
+                    else param.narrow(0, target.row_start, target.num_rows)
+                )
+                found = tuple(f.get_slice(name).get_shape())
+                if found != tuple(dest.shape):
+                    raise ValueError(
+                        f"tensor {name!r} has shape {list(found)}; expected {list(dest.shape)}."
+                    )
+                dest.copy_(f.get_tensor(name))
+                loaded.add(name)
+    missing = [name for name in expected if name not in loaded]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ValueError(f"checkpoint {path!r} is missing tensor {missing[0]!r}{more}.")

@@ -1,0 +1,105 @@
+"""Resolve a ``model`` argument (``"tiny"``, a preset name or an HF directory) into a ModelSpec."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import AutoConfig, PretrainedConfig
+
+from cadence.model.arch import DecoderArch
+from cadence.model.presets import PRESETS, preset_config
+
+TINY_MODEL = "tiny"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    hf_config: PretrainedConfig
+    path: str | None  # HF directory with weights and tokenizer; None for presets
+    tokenizer_path: str | None  # None when there is no tokenizer (presets, weight-only dirs)
+    architecture: str
+    max_model_len: int
+    eos_token_ids: list[int]
+    is_preset: bool
+
+
+def resolve_model(model: str, max_model_len: int | None = None) -> ModelSpec:
+    """Resolve ``model`` without any network access.
+
+    ``"tiny"`` is the built-in model (generated on first use), a preset name gives a config
+    without weights, anything else must be a local HF directory with a ``config.json``.
+    """
+    if model == TINY_MODEL:
+        from cadence.model.tiny import ensure_tiny_model
+
+        return _resolve_directory(str(ensure_tiny_model()), max_model_len)
+    if model in PRESETS:
+        config = preset_config(model)
+        arch = DecoderArch.from_hf_config(config)
+        return ModelSpec(
+            hf_config=config,
+            path=None,
+            tokenizer_path=None,
+            architecture=arch.architecture,
+            max_model_len=_resolve_max_model_len(max_model_len, arch.max_position_embeddings),
+            eos_token_ids=_as_id_list(config.eos_token_id),
+            is_preset=True,
+        )
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise ValueError(
+            f"model {model!r} is neither a local model directory nor a known name "
+            f"(known: {', '.join([TINY_MODEL, *PRESETS])}); models are never downloaded."
+        )
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model directory {model!r} has no config.json.")
+    return _resolve_directory(str(path), max_model_len)
+
+
+def _resolve_directory(path: str, max_model_len: int | None) -> ModelSpec:
+    config = AutoConfig.from_pretrained(path)
+    arch = DecoderArch.from_hf_config(config)
+    has_tokenizer = any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES)
+    return ModelSpec(
+        hf_config=config,
+        path=path,
+        tokenizer_path=path if has_tokenizer else None,
+        architecture=arch.architecture,
+        max_model_len=_resolve_max_model_len(max_model_len, arch.max_position_embeddings),
+        eos_token_ids=_eos_token_ids(path, config),
+        is_preset=False,
+    )
+
+
+def _resolve_max_model_len(requested: int | None, max_position_embeddings: int) -> int:
+    if requested is None:
+        return max_position_embeddings
+    if requested < 1:
+        raise ValueError(f"max_model_len must be at least 1, got {requested}.")
+    if requested > max_position_embeddings:
+        raise ValueError(
+            f"max_model_len ({requested}) is larger than the model's "
+            f"max_position_embeddings ({max_position_embeddings})."
+        )
+    return requested
+
+
+def _eos_token_ids(path: str, config: PretrainedConfig) -> list[int]:
+    generation_config = os.path.join(path, "generation_config.json")
+    if os.path.isfile(generation_config):
+        with open(generation_config, encoding="utf-8") as f:
+            eos = json.load(f).get("eos_token_id")
+        if eos is not None:
+            return _as_id_list(eos)
+    return _as_id_list(getattr(config, "eos_token_id", None))
+
+
+def _as_id_list(value: int | list[int] | None) -> list[int]:
+    if value is None:
+        return []
+    ids = [value] if isinstance(value, int) else list(value)
+    return list(dict.fromkeys(int(i) for i in ids))
