@@ -1,0 +1,220 @@
+"""Incremental detokenization and stop strings for one request (vLLM v1 semantics).
+
+Text is produced token by token from a small window of token ids: the tokens of the last
+emitted chunk (context) plus the tokens not yet emitted. New text is released only when the
+window's decoding grew and does not end in U+FFFD, so a character whose UTF-8 bytes are spread
+over several tokens is never emitted half-way. Invariant: ``output_text`` only ever grows, except
+when a stop string truncates it; streamed deltas therefore always concatenate to the final text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cadence.core_types import EngineCoreRequest
+
+__all__ = [
+    "DecodeFn",
+    "IncrementalDetokenizer",
+    "TextDecoder",
+    "find_stop_string",
+    "make_decode_fn",
+]
+
+REPLACEMENT_CHAR = "\ufffd"
+# Prompt tokens used as decoding context: enough for spacing / merges, small for speed.
+_MIN_CONTEXT, _MAX_CONTEXT = 4, 24
+# Held-back tokens after which text is emitted anyway (a byte run that never completes, or a
+# long run of skipped special tokens); bounds the window each step decodes.
+_MAX_PENDING = 16
+
+DecodeFn = Callable[[list[int], bool], str]
+
+
+def make_decode_fn(tokenizer: Any) -> DecodeFn:
+    """``decode(ids, skip_special_tokens)`` for a HF tokenizer or a ``tokenizers.Tokenizer``.
+
+    Fast tokenizers are decoded by their Rust backend directly (no clean-up of spaces), which is
+    several times cheaper per call than ``PreTrainedTokenizerFast.decode``.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(
+        tokenizer, "_tokenizer", None
+    )
+    if backend is None and type(tokenizer).__module__.startswith("tokenizers"):
+        backend = tokenizer
+    if backend is not None and hasattr(backend, "decode"):
+        rust = backend
+
+        def decode_fast(ids: list[int], skip_special_tokens: bool) -> str:
+            return rust.decode(ids, skip_special_tokens=skip_special_tokens)
+
+        return decode_fast
+
+    def decode_slow(ids: list[int], skip_special_tokens: bool) -> str:
+        return tokenizer.decode(
+            ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
+        )
+
+    return decode_slow
+
+
+class TextDecoder:
+    """Turns a stream of token ids into a stream of complete-character text chunks."""
+
+    def __init__(
+        self, decode: DecodeFn, prompt_token_ids: list[int], skip_special_tokens: bool = True
+    ) -> None:
+        self._decode = decode
+        self._skip = skip_special_tokens
+        self._ids = self._prompt_context(prompt_token_ids)
+        self._prefix = self._decode(self._ids, self._skip) if self._ids else ""
+        self._prefix_index = len(self._ids)
+
+    def _prompt_context(self, prompt: list[int]) -> list[int]:
+        if len(prompt) <= _MIN_CONTEXT:
+            return list(prompt)
+        for n in range(_MIN_CONTEXT, min(len(prompt), _MAX_CONTEXT) + 1):
+            suffix = prompt[-n:]
+            if REPLACEMENT_CHAR not in self._decode(suffix, self._skip):
+                return list(suffix)
+        return list(prompt[-_MIN_CONTEXT:])
+
+    def step(self, token_id: int) -> str:
+        """Add one token; return the text it completes ("" while a character is incomplete)."""
+        self._ids.append(token_id)
+        text = self._decode(self._ids, self._skip)
+        pending = len(self._ids) - self._prefix_index
+        if len(text) > len(self._prefix) and not text.endswith(REPLACEMENT_CHAR):
+            return self._advance(text)
+        if pending >= _MAX_PENDING:
+            return self._advance(text)
+        return ""
+
+    def flush(self) -> str:
+        """Emit whatever is held back (an incomplete character decodes to U+FFFD)."""
+        if len(self._ids) == self._prefix_index:
+            return ""
+        return self._advance(self._decode(self._ids, self._skip))
+
+    def _advance(self, text: str) -> str:
+        new_text = text[len(self._prefix) :]
+        # The tokens just emitted become the context of the next chunk.
+        self._ids = self._ids[self._prefix_index :]
+        self._prefix = self._decode(self._ids, self._skip)
+        self._prefix_index = len(self._ids)
+        return new_text
+
+
+def find_stop_string(
+    text: str, new_char_count: int, stop: list[str], include_in_output: bool
+) -> tuple[str, int] | None:
+    """Find a stop string that overlaps the last ``new_char_count`` characters of ``text``.
+
+    Returns (stop string, length to truncate the text to), with -1 for "no truncation". When
+    several stop strings match, the one that starts first wins (the first listed on a tie).
+    """
+    if new_char_count <= 0 or not stop:
+        return None
+    best: tuple[int, str] | None = None
+    for s in stop:
+        start = max(0, len(text) - new_char_count - len(s) + 1)
+        idx = text.find(s, start)
+        if idx != -1 and (best is None or idx < best[0]):
+            best = (idx, s)
+    if best is None:
+        return None
+    idx, s = best
+    if include_in_output:
+        end = idx + len(s)
+        return s, (-1 if end >= len(text) else end)
+    return s, idx
+
+
+class IncrementalDetokenizer:
+    """Per-request output state: token ids, text, and stop-string detection.
+
+    Without a tokenizer (``skip_tokenizer_init``) only token ids are tracked and text stays "".
+    """
+
+    def __init__(self, tokenizer: Any | None, request: EngineCoreRequest) -> None:
+        params = request.sampling_params
+        self.token_ids: list[int] = []
+        self.output_text = ""
+        self.stop: list[str] = list(params.stop or []) if tokenizer is not None else []
+        self.include_stop_str_in_output = params.include_stop_str_in_output
+        self.min_tokens = params.min_tokens
+        # Characters held back while streaming, so a stop string still being formed is never
+        # streamed and then taken back.
+        if self.stop and not self.include_stop_str_in_output:
+            self.stop_buffer_length = max(len(s) for s in self.stop) - 1
+        else:
+            self.stop_buffer_length = 0
+        self._sent_offset = 0
+        self._decoder: TextDecoder | None = None
+        if tokenizer is not None:
+            self._decoder = TextDecoder(
+                make_decode_fn(tokenizer), request.prompt_token_ids, params.skip_special_tokens
+            )
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids
+
+    def update(
+        self, new_token_ids: list[int], stop_terminated: bool, finished: bool = False
+    ) -> str | None:
+        """Add new tokens, detokenize them and look for stop strings.
+
+        ``stop_terminated``: the engine core stopped the request on the last of these tokens (EOS
+        or a stop token id); its text is left out unless ``include_stop_str_in_output``.
+        ``finished``: no more tokens will come, so held-back bytes are flushed.
+        Returns the stop string that ended the request, if any (the text is truncated there).
+        """
+        if self._decoder is None:
+            self.token_ids.extend(new_token_ids)
+            return None
+        skipped: int | None = None
+        if stop_terminated and new_token_ids and not self.include_stop_str_in_output:
+            skipped = new_token_ids[-1]
+            new_token_ids = new_token_ids[:-1]
+
+        check_from = len(self.output_text)
+        for tok in new_token_ids:
+            self.token_ids.append(tok)
+            self.output_text += self._decoder.step(tok)
+            if self.min_tokens and len(self.token_ids) <= self.min_tokens:
+                # vLLM: stop strings inside the first min_tokens tokens do not count.
+                check_from = len(self.output_text)
+        if finished:
+            self.output_text += self._decoder.flush()
+        if skipped is not None:
+            self.token_ids.append(skipped)
+
+        if not self.stop or len(self.token_ids) <= self.min_tokens:
+            return None
+        found = find_stop_string(
+            self.output_text,
+            len(self.output_text) - check_from,
+            self.stop,
+            self.include_stop_str_in_output,
+        )
+        if found is None:
+            return None
+        stop_string, truncate_to = found
+        if truncate_to != -1:
+            self.output_text = self.output_text[:truncate_to]
+        return stop_string
+
+    def get_next_output_text(self, finished: bool, delta: bool) -> str:
+        """The text to report now: everything (``delta=False``) or what is new since the last
+        call. While unfinished, the last ``stop_buffer_length`` characters are held back."""
+        hold = 0 if finished else self.stop_buffer_length
+        end = max(len(self.output_text) - hold, 0)
+        if not delta:
+            return self.output_text[:end]
+        if end <= self._sent_offset:
+            return ""
+        text = self.output_text[self._sent_offset : end]
+        self._sent_offset = end
+        return text

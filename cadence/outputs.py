@@ -1,0 +1,105 @@
+"""What a caller gets back for a request (vLLM's ``RequestOutput`` shape)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["CompletionOutput", "Logprob", "RequestMetrics", "RequestOutput", "SampleLogprobs"]
+
+
+@dataclass
+class Logprob:
+    logprob: float
+    rank: int | None = None  # 1 = most likely
+    decoded_token: str | None = None
+
+
+# One dict per generated token: the sampled token and the top-N, each by token id.
+SampleLogprobs = list[dict[int, Logprob]]
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None = None
+    logprobs: SampleLogprobs | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps of one request, all from ``time.monotonic()``."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+    num_generation_tokens: int = 0
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def e2e_latency(self) -> float | None:
+        if self.finished_time is None:
+            return None
+        return self.finished_time - self.arrival_time
+
+    @property
+    def mean_time_per_output_token(self) -> float | None:
+        if self.first_token_time is None or self.last_token_time is None:
+            return None
+        if self.num_generation_tokens < 2:
+            return None
+        decode = self.last_token_time - self.first_token_time
+        return decode / (self.num_generation_tokens - 1)
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int] | None
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int | None = None
+    metrics: RequestMetrics | None = None
+    prompt_logprobs: None = field(default=None, repr=False)  # not supported; kept for shape
+
+    def add(self, next_output: RequestOutput, aggregate: bool) -> None:
+        """Merge a later output of the same request into this one.
+
+        ``aggregate`` (DELTA outputs): text is appended, token ids and logprobs extended, and
+        the latest cumulative logprob, finish reason and stop reason win. Otherwise the later
+        completion replaces the earlier one.
+        """
+        self.finished |= next_output.finished
+        self.num_cached_tokens = next_output.num_cached_tokens
+        self.metrics = next_output.metrics
+        for nxt in next_output.outputs:
+            for i, cur in enumerate(self.outputs):
+                if cur.index != nxt.index:
+                    continue
+                if aggregate:
+                    cur.text += nxt.text
+                    cur.token_ids = [*cur.token_ids, *nxt.token_ids]
+                    if nxt.logprobs:
+                        cur.logprobs = [*(cur.logprobs or []), *nxt.logprobs]
+                    cur.cumulative_logprob = nxt.cumulative_logprob
+                    cur.finish_reason = nxt.finish_reason
+                    cur.stop_reason = nxt.stop_reason
+                else:
+                    self.outputs[i] = nxt
+                break
+            else:
+                self.outputs.append(nxt)

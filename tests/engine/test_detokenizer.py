@@ -1,0 +1,274 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from cadence.core_types import EngineCoreRequest
+from cadence.engine.detokenizer import (
+    IncrementalDetokenizer,
+    TextDecoder,
+    find_stop_string,
+    make_decode_fn,
+)
+from cadence.sampling_params import SamplingParams
+
+CORPUS = [
+    "hello world, the quick brown fox jumps over the lazy dog.",
+    "the world is wide and the stop sign is red. STOP here, or stop there.",
+    "emoji 😀 😁 😂 smile 😀😀 and more text",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    """A tiny byte-level BPE: CJK characters stay split into single-byte tokens."""
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=330,
+        special_tokens=["<|eos|>", "<|pad|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tk.train_from_iterator(CORPUS, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|eos|>")
+
+
+def byte_ids(tok: PreTrainedTokenizerFast, text: str) -> list[int]:
+    """One token per UTF-8 byte of ``text`` (every multi-byte character is split)."""
+    table = _bytes_to_unicode()
+    return [tok.convert_tokens_to_ids(table[b]) for b in text.encode("utf-8")]
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2's byte -> printable character map used by the ByteLevel pre-tokenizer.
+    bs = list(range(ord("!"), ord("~") + 1))
+    bs += list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = list(bs)
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
+
+
+def _request(prompt: list[int], **kw: object) -> EngineCoreRequest:
+    return EngineCoreRequest("r", prompt, SamplingParams(**kw))  # type: ignore[arg-type]
+
+
+def _stream(
+    detok: IncrementalDetokenizer, ids: list[int], chunks: int = 1, stop_terminated: bool = False
+) -> tuple[list[str], str | None]:
+    """Feed ``ids`` ``chunks`` at a time as DELTA; return the deltas and the stop string."""
+    deltas, stop = [], None
+    for i in range(0, len(ids), chunks):
+        last = i + chunks >= len(ids)
+        stop = detok.update(ids[i : i + chunks], stop_terminated and last, finished=last)
+        done = last or stop is not None
+        deltas.append(detok.get_next_output_text(done, delta=True))
+        if stop is not None:
+            break
+    return deltas, stop
+
+
+def test_ascii_deltas_concatenate_to_decode(tokenizer: PreTrainedTokenizerFast) -> None:
+    prompt = tokenizer.encode("the quick")
+    ids = tokenizer.encode(" brown fox jumps over the lazy dog, hello world.")
+    detok = IncrementalDetokenizer(tokenizer, _request(prompt))
+    deltas, _ = _stream(detok, ids)
+    assert "".join(deltas) == tokenizer.decode(ids) == detok.output_text
+    assert detok.output_token_ids == ids
+
+
+@pytest.mark.parametrize("text", ["你好😀世界", "a😀b", "日本語のテキスト 😂 ok", "é"])
+@pytest.mark.parametrize("chunks", [1, 2, 3])
+def test_multibyte_never_broken_mid_stream(
+    tokenizer: PreTrainedTokenizerFast, text: str, chunks: int
+) -> None:
+    ids = byte_ids(tokenizer, text)
+    assert len(ids) > len(text)  # really split into byte tokens
+    detok = IncrementalDetokenizer(tokenizer, _request(tokenizer.encode("hello")))
+    deltas, _ = _stream(detok, ids, chunks=chunks)
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == text
+    # A 4-byte emoji split in single bytes yields nothing until its last byte arrives.
+    if chunks == 1 and text == "a😀b":
+        assert deltas == ["a", "", "", "", "😀", "b"]
+
+
+def test_bpe_tokens_straddling_characters(tokenizer: PreTrainedTokenizerFast) -> None:
+    text = " 😀😁😂 smile 😀 你好"
+    ids = tokenizer.encode(text)
+    detok = IncrementalDetokenizer(tokenizer, _request(tokenizer.encode("emoji")))
+    deltas, _ = _stream(detok, ids)
+    assert "".join(deltas) == text
+    assert all("\ufffd" not in d for d in deltas)
+
+
+def test_random_byte_splits_round_trip(tokenizer: PreTrainedTokenizerFast) -> None:
+    rng = random.Random(0)
+    alphabet = "ab 你好😀é€ world"
+    for _ in range(30):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 20)))
+        ids = byte_ids(tokenizer, text)
+        detok = IncrementalDetokenizer(tokenizer, _request([5, 6, 7]))
+        deltas, _ = _stream(detok, ids, chunks=rng.randint(1, 4))
+        assert "".join(deltas) == text
+        assert all("\ufffd" not in d for d in deltas)
+
+
+def test_incomplete_character_at_the_end_is_flushed(tokenizer: PreTrainedTokenizerFast) -> None:
+    ids = byte_ids(tokenizer, "ok😀")[:-1]  # the emoji's last byte never comes
+    detok = IncrementalDetokenizer(tokenizer, _request([5]))
+    deltas, _ = _stream(detok, ids)
+    assert deltas[:2] == ["o", "k"]
+    assert "".join(deltas) == tokenizer.decode(ids) == "ok\ufffd"
+
+
+def test_skip_special_tokens(tokenizer: PreTrainedTokenizerFast) -> None:
+    eos = tokenizer.convert_tokens_to_ids("<|eos|>")
+    ids = tokenizer.encode("hello") + [eos] + tokenizer.encode(" world")
+    skip = IncrementalDetokenizer(tokenizer, _request([5], skip_special_tokens=True))
+    keep = IncrementalDetokenizer(tokenizer, _request([5], skip_special_tokens=False))
+    assert "".join(_stream(skip, ids)[0]) == "hello world"
+    assert "".join(_stream(keep, ids)[0]) == "hello<|eos|> world"
+
+
+def test_long_run_of_skipped_special_tokens(tokenizer: PreTrainedTokenizerFast) -> None:
+    pad = tokenizer.convert_tokens_to_ids("<|pad|>")
+    ids = tokenizer.encode("hi") + [pad] * 100 + tokenizer.encode(" there")
+    detok = IncrementalDetokenizer(tokenizer, _request([5]))
+    assert "".join(_stream(detok, ids)[0]) == "hi there"
+
+
+def test_prompt_context_keeps_the_leading_space() -> None:
+    # Metaspace decoding drops the space of a sequence's first word; the prompt gives context.
+    vocab = {"[UNK]": 0, "▁hello": 1, "▁world": 2, "▁again": 3}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Metaspace()
+    tk.decoder = decoders.Metaspace()
+    assert tk.decode([2]) == "world"
+    detok = IncrementalDetokenizer(tk, _request([1]))
+    assert "".join(_stream(detok, [2, 3])[0]) == " world again"
+
+
+def test_text_decoder_with_slow_decode_fn(tokenizer: PreTrainedTokenizerFast) -> None:
+    calls: list[list[int]] = []
+
+    def decode(ids: list[int], skip: bool) -> str:
+        calls.append(list(ids))
+        return tokenizer.decode(ids, skip_special_tokens=skip)
+
+    dec = TextDecoder(decode, tokenizer.encode("x"), skip_special_tokens=True)
+    out = "".join(dec.step(t) for t in byte_ids(tokenizer, "€uro")) + dec.flush()
+    assert out == "€uro"
+    assert max(len(c) for c in calls) <= 6  # the window stays small
+    assert make_decode_fn(tokenizer)([72, 73], True) == tokenizer.decode([72, 73])
+
+
+def test_stop_string_spanning_tokens(tokenizer: PreTrainedTokenizerFast) -> None:
+    ids = tokenizer.encode("the stop sign is red")
+    detok = IncrementalDetokenizer(tokenizer, _request([5], stop=["sign"]))
+    deltas, stop = _stream(detok, ids)
+    assert stop == "sign"
+    assert detok.output_text == "the stop "
+    assert "".join(deltas) == "the stop "
+
+
+def test_stop_string_split_across_single_byte_tokens(tokenizer: PreTrainedTokenizerFast) -> None:
+    ids = byte_ids(tokenizer, "ab😀cd")
+    detok = IncrementalDetokenizer(tokenizer, _request([5], stop=["😀c"]))
+    deltas, stop = _stream(detok, ids)
+    assert stop == "😀c"
+    assert "".join(deltas) == detok.output_text == "ab"
+
+
+def test_include_stop_str_in_output(tokenizer: PreTrainedTokenizerFast) -> None:
+    ids = tokenizer.encode("hello world, the quick")
+    detok = IncrementalDetokenizer(
+        tokenizer, _request([5], stop=["wor"], include_stop_str_in_output=True)
+    )
+    deltas, stop = _stream(detok, ids)
+    assert stop == "wor"
+    assert detok.output_text == "hello wor"
+    assert "".join(deltas) == "hello wor"
+
+
+def test_multiple_stop_strings_earliest_wins(tokenizer: PreTrainedTokenizerFast) -> None:
+    ids = tokenizer.encode("the quick brown fox jumps")
+    detok = IncrementalDetokenizer(tokenizer, _request([5], stop=["fox", "quick", "zzz"]))
+    deltas, stop = _stream(detok, ids, chunks=len(ids))  # everything in one step
+    assert stop == "quick"
+    assert "".join(deltas) == "the "
+
+
+def test_streaming_never_takes_back_a_stop_string(tokenizer: PreTrainedTokenizerFast) -> None:
+    text = "hello STOP there"
+    ids = byte_ids(tokenizer, text)
+    detok = IncrementalDetokenizer(tokenizer, _request([5], stop=["STOP", "lo S"]))
+    streamed = ""
+    stop = None
+    for i, tok in enumerate(ids):
+        stop = detok.update([tok], False, finished=i == len(ids) - 1)
+        streamed += detok.get_next_output_text(stop is not None, delta=True)
+        assert "S" not in streamed  # nothing of a forming stop string was ever sent
+        if stop:
+            break
+    assert stop == "lo S"
+    assert streamed == detok.output_text == "hel"
+
+
+def test_cumulative_text_holds_back_the_stop_buffer(tokenizer: PreTrainedTokenizerFast) -> None:
+    detok = IncrementalDetokenizer(tokenizer, _request([5], stop=["xyz!"]))
+    detok.update(tokenizer.encode("hello world"), False)
+    assert detok.get_next_output_text(False, delta=False) == "hello wo"
+    assert detok.get_next_output_text(True, delta=False) == "hello world"
+
+
+def test_stop_token_text_is_left_out(tokenizer: PreTrainedTokenizerFast) -> None:
+    ids = tokenizer.encode("hello world")
+    out = IncrementalDetokenizer(tokenizer, _request([5]))
+    _stream(out, ids, stop_terminated=True)
+    assert out.output_text == tokenizer.decode(ids[:-1])
+    assert out.output_token_ids == ids  # the token id itself is still reported
+    kept = IncrementalDetokenizer(tokenizer, _request([5], include_stop_str_in_output=True))
+    _stream(kept, ids, stop_terminated=True)
+    assert kept.output_text == "hello world"
+
+
+def test_stop_strings_ignored_within_min_tokens(tokenizer: PreTrainedTokenizerFast) -> None:
+    ids = byte_ids(tokenizer, "ab ab ab")
+    detok = IncrementalDetokenizer(tokenizer, _request([5], stop=["ab"], min_tokens=3))
+    deltas, stop = _stream(detok, ids)
+    assert stop == "ab"
+    assert "".join(deltas) == "ab "  # the first "ab" lies within min_tokens
+
+
+def test_without_tokenizer_only_ids_are_tracked() -> None:
+    detok = IncrementalDetokenizer(None, _request([1, 2]))
+    assert detok.update([3, 4], False) is None
+    assert detok.output_token_ids == [3, 4]
+    assert detok.get_next_output_text(True, delta=True) == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "new", "stop", "include", "expected"),
+    [
+        ("hello world", 5, ["wor"], False, ("wor", 6)),
+        ("hello world", 5, ["wor"], True, ("wor", 9)),
+        ("hello world", 3, ["world"], True, ("world", -1)),
+        ("hello world", 2, ["hello"], False, None),  # entirely in old text: already checked
+        ("hello world", 0, ["world"], False, None),
+        ("abcabc", 3, ["c", "bc"], False, ("bc", 4)),
+    ],
+)
+def test_find_stop_string(
+    text: str, new: int, stop: list[str], include: bool, expected: tuple[str, int] | None
+) -> None:
+    assert find_stop_string(text, new, stop, include) == expected
