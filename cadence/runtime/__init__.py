@@ -1,0 +1,65 @@
+"""Low-level GPU runtime on ``cuda.bindings.runtime``, plus a CPU backend with the same contract.
+
+Nothing here imports cuda-python until a CUDA object is created, so a CPU-only install works.
+See ``docs/runtime.md``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cadence.runtime.cpu import CpuBuffer, CpuDevice, CpuEvent, CpuStream
+from cadence.runtime.errors import CudaError, check
+from cadence.runtime.slot_pool import Slot, SlotPool, SlotPoolExhausted
+
+if TYPE_CHECKING:
+    from cadence.runtime.buffers import DeviceBuffer, PinnedBuffer
+    from cadence.runtime.device import Device, DeviceProperties
+    from cadence.runtime.event import Event
+    from cadence.runtime.stream import Stream
+
+__all__ = [
+    "CpuBuffer",
+    "CpuDevice",
+    "CpuEvent",
+    "CpuStream",
+    "CudaError",
+    "Device",
+    "DeviceBuffer",
+    "DeviceProperties",
+    "Event",
+    "PinnedBuffer",
+    "Slot",
+    "SlotPool",
+    "SlotPoolExhausted",
+    "Stream",
+    "check",
+    "dump_graph_dot",
+    "get_device",
+    "graph_kernel_count",
+    "graph_node_counts",
+    "launch_graph",
+]
+
+_LAZY = {
+    "Device": "cadence.runtime.device",
+    "DeviceProperties": "cadence.runtime.device",
+    "get_device": "cadence.runtime.device",
+    "Stream": "cadence.runtime.stream",
+    "Event": "cadence.runtime.event",
+    "PinnedBuffer": "cadence.runtime.buffers",
+    "DeviceBuffer": "cadence.runtime.buffers",
+    "launch_graph": "cadence.runtime.graph_launch",
+    "graph_node_counts": "cadence.runtime.graph_launch",
+    "graph_kernel_count": "cadence.runtime.graph_launch",
+    "dump_graph_dot": "cadence.runtime.graph_launch",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cadence.runtime' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,216 @@
+"""Launchers for the combine and scatter kernels over a runner's persistent buffers.
+
+``NumbaTokenKernels`` builds the Numba device-array views of the torch tensors once, at
+construction (building them per call costs ~150 us), and launches on a runtime stream through
+``numba.cuda.external_stream``. ``HostTokenKernels`` runs the numpy references with the same
+interface (the CPU backend). Both read the row counts from the 1-element int32 tensors in
+``TokenBuffers`` at launch time, so the runner writes the counts into those tensors (as part of
+its input upload) and a captured graph replays with whatever counts they hold.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from cadence.numba_kernels.reference import combine_reference, scatter_reference
+
+if TYPE_CHECKING:
+    from cadence.runtime.interfaces import StreamLike
+
+
+@dataclass
+class TokenBuffers:
+    """The runner's persistent tensors the kernels read and write (all on one device).
+
+    Row ``b`` of ``req_indices`` / ``last_token_index`` / ``use_sampled`` / ``sampled`` is the
+    ``b``-th request of the step; ``req_indices[b]`` is its row in ``last_sampled``.
+    """
+
+    input_ids: torch.Tensor  # [max_num_tokens] int64
+    last_sampled: torch.Tensor  # [max_num_reqs] int64, GPU-resident last sampled token per request
+    req_indices: torch.Tensor  # [max_rows] int32
+    last_token_index: torch.Tensor  # [max_rows] int32, flat token index of the row's last token
+    use_sampled: torch.Tensor  # [max_rows] int8 or int32, 1 for decode rows, 0 for prefill rows
+    num_reqs: torch.Tensor  # [1] int32, rows of this step (combine)
+    sampled: torch.Tensor  # [max_rows] int64, the sampler's output per row
+    num_sampled: torch.Tensor | None = None  # [1] int32 rows to scatter; None: use num_reqs
+
+    def __post_init__(self) -> None:
+        rows = self.req_indices.shape[0]
+        for name in ("last_token_index", "use_sampled", "sampled"):
+            if getattr(self, name).shape[0] != rows:
+                raise ValueError(f"{name} must have {rows} rows like req_indices")
+        expected = {
+            "input_ids": torch.int64,
+            "last_sampled": torch.int64,
+            "sampled": torch.int64,
+            "req_indices": torch.int32,
+            "last_token_index": torch.int32,
+            "num_reqs": torch.int32,
+        }
+        for name, dtype in expected.items():
+            if getattr(self, name).dtype != dtype:
+                raise TypeError(f"{name} must be {dtype}, got {getattr(self, name).dtype}")
+        if self.use_sampled.dtype not in (torch.int8, torch.int32):
+            raise TypeError(f"use_sampled must be int8 or int32, got {self.use_sampled.dtype}")
+        for name in ("num_reqs", "num_sampled"):
+            t = getattr(self, name)
+            if t is not None and (t.numel() != 1 or t.dtype != torch.int32):
+                raise ValueError(f"{name} must be a 1-element int32 tensor")
+        for name, t in vars(self).items():
+            if t is not None and not t.is_contiguous():
+                raise ValueError(f"{name} must be contiguous")
+
+    @property
+    def rows(self) -> int:
+        return self.req_indices.shape[0]
+
+    @property
+    def scatter_count(self) -> torch.Tensor:
+        return self.num_reqs if self.num_sampled is None else self.num_sampled
+
+
+class HostTokenKernels:
+    """The kernels as numpy loops over CPU tensors (synchronous; the stream is ignored)."""
+
+    def __init__(self, buffers: TokenBuffers) -> None:
+        self.buffers = buffers
+        b = buffers
+        self._np = {
+            name: getattr(b, name).numpy()
+            for name in (
+                "input_ids",
+                "last_sampled",
+                "req_indices",
+                "last_token_index",
+                "use_sampled",
+                "sampled",
+                "num_reqs",
+            )
+        }
+        self._scatter_count = b.scatter_count.numpy()
+
+    def combine(self, stream: StreamLike | None = None) -> None:
+        a = self._np
+        combine_reference(
+            a["input_ids"],
+            a["last_sampled"],
+            a["req_indices"],
+            a["last_token_index"],
+            a["use_sampled"],
+            a["num_reqs"],
+        )
+
+    def scatter(self, stream: StreamLike | None = None) -> None:
+        a = self._np
+        scatter_reference(a["sampled"], a["req_indices"], a["last_sampled"], self._scatter_count)
+
+
+def _device_view(t: torch.Tensor, simulator: bool) -> Any:
+    if simulator:
+        if t.is_cuda:
+            raise ValueError("the Numba simulator runs on host tensors")
+        return t.numpy()
+    if not t.is_cuda:
+        raise ValueError("NumbaTokenKernels needs CUDA tensors (use HostTokenKernels on CPU)")
+    from numba import cuda
+
+    return cuda.as_cuda_array(t)
+
+
+class NumbaTokenKernels:
+    """combine/scatter as Numba CUDA kernels over views built once from ``buffers``.
+
+    Each launch covers all ``buffers.rows`` rows with a fixed grid; the counts are read on the
+    device. Launches may be captured into a CUDA graph (they are plain kernel launches on the
+    given stream), and the captured kernels see later counts and contents of the buffers.
+    """
+
+    def __init__(self, buffers: TokenBuffers, threads_per_block: int | None = None) -> None:
+        import numba
+        from numba import cuda
+
+        from cadence.numba_kernels import kernels
+
+        self.buffers = buffers
+        self._cuda = cuda
+        self.simulator = bool(numba.config.ENABLE_CUDASIM)
+        b = buffers
+        view = {
+            name: _device_view(getattr(b, name), self.simulator)
+            for name in (
+                "input_ids",
+                "last_sampled",
+                "req_indices",
+                "last_token_index",
+                "use_sampled",
+                "sampled",
+                "num_reqs",
+            )
+        }
+        self._combine_args = (
+            view["input_ids"],
+            view["last_sampled"],
+            view["req_indices"],
+            view["last_token_index"],
+            view["use_sampled"],
+            view["num_reqs"],
+        )
+        scatter_count = _device_view(b.scatter_count, self.simulator)
+        self._scatter_args = (
+            view["sampled"],
+            view["req_indices"],
+            view["last_sampled"],
+            scatter_count,
+        )
+        self.threads = threads_per_block or kernels.THREADS_PER_BLOCK
+        self.blocks = max(1, -(-b.rows // self.threads))
+        self._combine_kernel = self._specialize(kernels.combine_kernel, self._combine_args)
+        self._scatter_kernel = self._specialize(kernels.scatter_kernel, self._scatter_args)
+        # One configured launcher per stream handle, built on first use of that stream.
+        self._configured: dict[int, tuple[Any, Any]] = {}
+
+    def _specialize(self, kernel: Any, args: tuple[Any, ...]) -> Any:
+        if self.simulator:
+            return kernel
+        # Compiles now and fixes the signature: later calls skip type dispatch.
+        return kernel.specialize(*args)
+
+    def _launchers(self, stream: StreamLike | None) -> tuple[Any, Any]:
+        ptr = 0 if stream is None else stream.ptr
+        found = self._configured.get(ptr)
+        if found is None:
+            if self.simulator:
+                nb_stream: Any = 0
+            elif ptr == 0:
+                nb_stream = self._cuda.default_stream()
+            else:
+                nb_stream = self._cuda.external_stream(ptr)
+            with warnings.catch_warnings():
+                # A one- or two-block grid is right for a few hundred rows.
+                warnings.filterwarnings("ignore", message=".*under-utilization.*")
+                found = (
+                    self._combine_kernel[self.blocks, self.threads, nb_stream],
+                    self._scatter_kernel[self.blocks, self.threads, nb_stream],
+                )
+            self._configured[ptr] = found
+        return found
+
+    def combine(self, stream: StreamLike | None = None) -> None:
+        """Decode rows take their input id from ``last_sampled`` (async on ``stream``)."""
+        self._launchers(stream)[0](*self._combine_args)
+
+    def scatter(self, stream: StreamLike | None = None) -> None:
+        """Write ``sampled`` into ``last_sampled`` by request index (async on ``stream``)."""
+        self._launchers(stream)[1](*self._scatter_args)
+
+
+def make_token_kernels(buffers: TokenBuffers) -> NumbaTokenKernels | HostTokenKernels:
+    """Numba kernels for CUDA tensors, the numpy references for CPU tensors."""
+    if buffers.input_ids.is_cuda:
+        return NumbaTokenKernels(buffers)
+    return HostTokenKernels(buffers)

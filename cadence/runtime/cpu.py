@@ -1,0 +1,183 @@
+"""The CPU backend: the runtime's contract degenerated to synchronous host work.
+
+Events are complete as soon as they are recorded, copies happen at once, streams are ordering-
+free, and buffers are plain host memory. Code written against the CUDA backend runs unchanged.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import numpy as np
+import torch
+
+from cadence.runtime.interfaces import EventLike, StreamLike
+from cadence.runtime.slot_pool import SlotPool
+from cadence.runtime.views import numpy_view, torch_view
+
+
+class CpuEvent:
+    def __init__(self, timing: bool = False) -> None:
+        self.timing = timing
+        self.handle = None
+        self._time: float | None = None
+        self.closed = False
+
+    def record(self, stream: StreamLike) -> CpuEvent:
+        self._time = time.perf_counter()
+        return self
+
+    def wait(self, stream: StreamLike) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_ms(self, end: EventLike) -> float:
+        if not (self.timing and end.timing):
+            raise ValueError("elapsed_ms needs two events created with timing=True")
+        end_time = getattr(end, "_time", None)
+        if self._time is None or end_time is None:
+            raise ValueError("elapsed_ms needs both events recorded")
+        return (end_time - self._time) * 1e3
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self) -> CpuEvent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class CpuStream:
+    def __init__(self, priority: int | None = None) -> None:
+        self.priority = priority
+        self.handle = None
+        self.ptr = 0
+        self.closed = False
+
+    @property
+    def torch(self) -> Any:
+        return None
+
+    def context(self) -> AbstractContextManager[Any]:
+        return nullcontext()
+
+    def wait(self, other: EventLike | StreamLike) -> None:
+        return None
+
+    def record(self, event: EventLike | None = None) -> EventLike:
+        ev = event if event is not None else CpuEvent()
+        ev.record(self)
+        return ev
+
+    def copy_async(self, dst: int, src: int, nbytes: int) -> None:
+        if nbytes:
+            ctypes.memmove(dst, src, nbytes)
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self) -> CpuStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class CpuBuffer:
+    """Plain host memory standing in for both pinned and device buffers."""
+
+    def __init__(self, nbytes: int) -> None:
+        if nbytes < 1:
+            raise ValueError(f"nbytes must be at least 1, got {nbytes}")
+        self.nbytes = nbytes
+        self._flat = torch.empty(nbytes, dtype=torch.uint8)
+        self.ptr = self._flat.data_ptr()
+        self.closed = False
+
+    def numpy(
+        self, dtype: Any = np.uint8, shape: tuple[int, ...] | None = None, offset: int = 0
+    ) -> np.ndarray:
+        self._check_open()
+        return numpy_view(self._flat.numpy(), dtype, shape, offset)
+
+    def torch(
+        self,
+        dtype: torch.dtype = torch.uint8,
+        shape: tuple[int, ...] | None = None,
+        offset: int = 0,
+    ) -> torch.Tensor:
+        self._check_open()
+        return torch_view(self._flat, dtype, shape, offset)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ValueError("the buffer is closed")
+
+    def close(self) -> None:
+        # Views keep the tensor's storage alive, so closing only forbids new views.
+        self.closed = True
+
+    def __enter__(self) -> CpuBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class CpuDevice:
+    kind = "cpu"
+    index = 0
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def select(self) -> CpuDevice:
+        return self
+
+    def mem_get_info(self) -> tuple[int, int]:
+        import os
+
+        pages = os.sysconf("SC_PHYS_PAGES")
+        free_pages = os.sysconf("SC_AVPHYS_PAGES")
+        page = os.sysconf("SC_PAGE_SIZE")
+        return free_pages * page, pages * page
+
+    def create_stream(self, priority: int | None = None) -> CpuStream:
+        return CpuStream(priority)
+
+    def create_event(self, timing: bool = False) -> CpuEvent:
+        return CpuEvent(timing)
+
+    def alloc_pinned(self, nbytes: int) -> CpuBuffer:
+        return CpuBuffer(nbytes)
+
+    def alloc_device(self, nbytes: int) -> CpuBuffer:
+        return CpuBuffer(nbytes)
+
+    def create_slot_pool(
+        self, num_slots: int, capacity: int, dtype: torch.dtype = torch.int64
+    ) -> SlotPool:
+        return SlotPool(self, num_slots, capacity, dtype)
+
+    def synchronize(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return "CpuDevice()"

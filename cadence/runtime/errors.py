@@ -1,0 +1,54 @@
+"""CUDA runtime errors: every failing call raises ``CudaError`` naming the call and the error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CudaError(RuntimeError):
+    """A CUDA runtime call returned an error code."""
+
+    def __init__(self, call: str, code: int, name: str, description: str = "") -> None:
+        self.call = call
+        self.code = code
+        self.name = name
+        self.description = description
+        detail = f": {description}" if description else ""
+        super().__init__(f"{call} failed with {name} ({code}){detail}")
+
+
+def _describe(err: Any) -> tuple[int, str, str]:
+    code = int(err)
+    name = getattr(err, "name", None) or f"cudaError({code})"
+    description = ""
+    try:
+        from cuda.bindings import runtime
+
+        status, text = runtime.cudaGetErrorString(err)
+        if int(status) == 0 and text:
+            description = text.decode() if isinstance(text, bytes) else str(text)
+    except Exception:  # the description is a courtesy; never mask the original error
+        pass
+    return code, name, description
+
+
+def raise_for(err: Any, call: str) -> None:
+    """Raise ``CudaError`` for a non-success error code."""
+    code, name, description = _describe(err)
+    raise CudaError(call, code, name, description)
+
+
+def check(result: tuple[Any, ...], call: str) -> Any:
+    """Unpack a ``cuda.bindings`` result tuple ``(err, *values)``.
+
+    Raises ``CudaError`` when ``err`` is not ``cudaSuccess``; otherwise returns ``None`` for no
+    values, the value itself for one, and the tuple of values for several.
+    """
+    err = result[0]
+    if err:
+        raise_for(err, call)
+    if len(result) == 1:
+        return None
+    if len(result) == 2:
+        return result[1]
+    return result[1:]

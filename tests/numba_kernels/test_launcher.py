@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cadence.numba_kernels.launcher import HostTokenKernels, TokenBuffers, make_token_kernels
+from tests.numba_kernels.batches import Batch, combine_loop, random_batch, scatter_loop
+
+
+def _buffers(b: Batch, device: str = "cpu") -> TokenBuffers:
+    t = {k: torch.from_numpy(v.copy()).to(device) for k, v in vars(b).items()}
+    return TokenBuffers(
+        input_ids=t["input_ids"],
+        last_sampled=t["last_sampled"],
+        req_indices=t["req_indices"],
+        last_token_index=t["last_token_index"],
+        use_sampled=t["use_sampled"],
+        num_reqs=t["count"],
+        sampled=t["sampled"],
+    )
+
+
+def _load(bufs: TokenBuffers, b: Batch) -> None:
+    for name, value in vars(b).items():
+        getattr(bufs, "num_reqs" if name == "count" else name).copy_(torch.from_numpy(value))
+
+
+def test_host_kernels_follow_the_buffers_across_steps() -> None:
+    rng = np.random.default_rng(0)
+    first = random_batch(rng)
+    bufs = _buffers(first)
+    kernels = make_token_kernels(bufs)
+    assert isinstance(kernels, HostTokenKernels)
+    for step in range(5):
+        b = first if step == 0 else random_batch(rng)
+        _load(bufs, b)
+        kernels.combine()
+        kernels.scatter()
+        np.testing.assert_array_equal(bufs.input_ids.numpy(), combine_loop(b))
+        np.testing.assert_array_equal(bufs.last_sampled.numpy(), scatter_loop(b))
+
+
+def test_separate_scatter_count() -> None:
+    b = random_batch(np.random.default_rng(3))
+    b.count[0] = 10
+    bufs = _buffers(b)
+    bufs.num_sampled = torch.tensor([4], dtype=torch.int32)
+    HostTokenKernels(bufs).scatter()
+    b.count[0] = 4
+    np.testing.assert_array_equal(bufs.last_sampled.numpy(), scatter_loop(b))
+
+
+def test_buffer_validation() -> None:
+    b = random_batch(np.random.default_rng(1))
+    good = _buffers(b)
+    with pytest.raises(TypeError, match="req_indices"):
+        TokenBuffers(**{**vars(good), "req_indices": good.req_indices.long()})
+    with pytest.raises(ValueError, match="sampled"):
+        TokenBuffers(**{**vars(good), "sampled": good.sampled[:-1]})
+    with pytest.raises(ValueError, match="num_reqs"):
+        TokenBuffers(**{**vars(good), "num_reqs": torch.zeros(2, dtype=torch.int32)})
+
+
+@pytest.mark.gpu
+def test_numba_launcher_on_runtime_stream_and_inside_a_captured_graph() -> None:
+    from cadence.numba_kernels.launcher import NumbaTokenKernels
+    from cadence.runtime import get_device, launch_graph
+
+    dev = get_device("cuda")
+    main = dev.create_stream()
+    rng = np.random.default_rng(7)
+    first = random_batch(rng, rows=200, max_reqs=256)
+    bufs = _buffers(first, "cuda")
+    kernels = make_token_kernels(bufs)
+    assert isinstance(kernels, NumbaTokenKernels)
+
+    # Eager on the runtime stream.
+    kernels.combine(main)
+    kernels.scatter(main)
+    main.synchronize()
+    np.testing.assert_array_equal(bufs.input_ids.cpu().numpy(), combine_loop(first))
+    np.testing.assert_array_equal(bufs.last_sampled.cpu().numpy(), scatter_loop(first))
+
+    # Captured once, replayed with new buffer contents and counts.
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(main.torch):
+        graph.capture_begin(capture_error_mode="thread_local")
+        kernels.combine(main)
+        kernels.scatter(main)
+        graph.capture_end()
+    graph.instantiate()
+    for _ in range(4):
+        b = random_batch(rng, rows=200, max_reqs=256)
+        with main.context():
+            _load(bufs, b)
+        launch_graph(graph.raw_cuda_graph_exec(), main)
+        main.synchronize()
+        np.testing.assert_array_equal(bufs.input_ids.cpu().numpy(), combine_loop(b))
+        np.testing.assert_array_equal(bufs.last_sampled.cpu().numpy(), scatter_loop(b))
+    graph.reset()
+    main.close()
