@@ -1,0 +1,241 @@
+"""``cadence bench serve``: load an OpenAI-compatible server with streaming completions.
+
+For each concurrency level, ``--num-prompts`` requests of ``--input-len`` prompt tokens and
+``--output-len`` generated tokens run with at most that many in flight; the report gives TTFT,
+TPOT and ITL percentiles and request / token throughput as JSON, like vLLM's ``bench serve``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    prompt_len: int
+    output_tokens: int = 0
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+def make_prompts(kind: str, num: int, input_len: int, seed: int) -> list[Any]:
+    """Prompts of exactly ``input_len`` tokens (token-id prompts) or ~that many words."""
+    rng = random.Random(seed)
+    if kind == "tokens":
+        # Ids in a range every real vocabulary covers; each prompt differs (no prefix-cache hits).
+        return [[rng.randrange(10, 250) for _ in range(input_len)] for _ in range(num)]
+    words = ["alpha", "beta", "gamma", "delta", "sigma", "omega", "kappa", "theta"]
+    return [" ".join(rng.choice(words) for _ in range(input_len)) for _ in range(num)]
+
+
+def _parse_sse_data(line: str) -> str | None:
+    if not line.startswith("data:"):
+        return None
+    return line[len("data:") :].strip()
+
+
+async def run_one(
+    client: httpx.AsyncClient, url: str, payload: dict[str, Any], prompt_len: int
+) -> RequestResult:
+    result = RequestResult(ok=False, prompt_len=prompt_len)
+    start = time.perf_counter()
+    last = start
+    chunks = 0
+    try:
+        async with client.stream("POST", url, json=payload) as resp:
+            if resp.status_code != 200:
+                body = await resp.aread()
+                result.error = f"HTTP {resp.status_code}: {body[:200]!r}"
+                return result
+            async for line in resp.aiter_lines():
+                data = _parse_sse_data(line)
+                if not data:
+                    continue
+                if data == "[DONE]":
+                    break
+                msg = json.loads(data)
+                if "error" in msg:
+                    result.error = str(msg["error"])
+                    return result
+                if msg.get("usage"):
+                    result.output_tokens = msg["usage"].get("completion_tokens", 0)
+                choices = msg.get("choices") or []
+                if not choices or not choices[0].get("text"):
+                    continue
+                now = time.perf_counter()
+                if chunks == 0:
+                    result.ttft = now - start
+                else:
+                    result.itl.append(now - last)
+                last = now
+                chunks += 1
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        result.error = repr(exc)
+        return result
+    result.latency = time.perf_counter() - start
+    if result.output_tokens == 0:
+        result.output_tokens = chunks  # the endpoint gave no usage: one token per chunk
+    result.ok = chunks > 0
+    return result
+
+
+def _pct(values: list[float], p: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    k = (len(s) - 1) * p / 100.0
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summarize(results: list[RequestResult], duration: float, concurrency: int) -> dict[str, Any]:
+    ok = [r for r in results if r.ok]
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_len for r in ok)
+    tpots = [
+        (r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1
+    ]
+    itls = [v for r in ok for v in r.itl]
+    report: dict[str, Any] = {
+        "concurrency": concurrency,
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "duration_s": duration,
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
+        "request_throughput": len(ok) / duration if duration else 0.0,
+        "output_throughput": out_tokens / duration if duration else 0.0,
+        "total_token_throughput": (in_tokens + out_tokens) / duration if duration else 0.0,
+    }
+    for name, values in (
+        ("ttft", [r.ttft for r in ok]),
+        ("tpot", tpots),
+        ("itl", itls),
+        ("e2el", [r.latency for r in ok]),
+    ):
+        report[f"mean_{name}_ms"] = statistics.fmean(values) * 1e3 if values else 0.0
+        for p in PERCENTILES:
+            report[f"p{p}_{name}_ms"] = _pct(values, p) * 1e3
+    errors = sorted({r.error for r in results if not r.ok})
+    if errors:
+        report["errors"] = errors[:5]
+    return report
+
+
+async def run_level(args: argparse.Namespace, concurrency: int, prompts: list[Any]) -> dict[str, Any]:
+    url = args.base_url.rstrip("/") + "/v1/completions"
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    sem = asyncio.Semaphore(concurrency)
+    input_lens = [len(p) if isinstance(p, list) else args.input_len for p in prompts]
+
+    async with httpx.AsyncClient(timeout=args.timeout, limits=limits, headers=headers) as client:
+
+        async def task(prompt: Any, prompt_len: int) -> RequestResult:
+            payload = {
+                "model": args.model,
+                "prompt": prompt,
+                "max_tokens": args.output_len,
+                "min_tokens": args.output_len,
+                "ignore_eos": True,
+                "temperature": 0.0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            async with sem:
+                return await run_one(client, url, payload, prompt_len)
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(task(p, n) for p, n in zip(prompts, input_lens, strict=True)))
+        duration = time.perf_counter() - start
+    return summarize(list(results), duration, concurrency)
+
+
+async def _resolve_model(args: argparse.Namespace) -> str:
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    async with httpx.AsyncClient(timeout=30.0, headers=headers) as client:
+        resp = await client.get(args.base_url.rstrip("/") + "/v1/models")
+        resp.raise_for_status()
+        return resp.json()["data"][0]["id"]
+
+
+async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    if args.model is None:
+        args.model = await _resolve_model(args)
+    levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
+    reports = []
+    for level in levels:
+        prompts = make_prompts(args.prompt_kind, args.num_prompts, args.input_len, args.seed + level)
+        if args.warmup:
+            await run_level(args, min(level, len(prompts)), prompts[: min(level, args.warmup)])
+        report = await run_level(args, level, prompts)
+        report.update(
+            model=args.model,
+            base_url=args.base_url,
+            num_prompts=args.num_prompts,
+            input_len=args.input_len,
+            output_len=args.output_len,
+        )
+        reports.append(report)
+        print(json.dumps(report), flush=True)
+    return reports
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000")
+    parser.add_argument("--model", default=None, help="default: the first of /v1/models")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument(
+        "--prompt-kind",
+        choices=("tokens", "text"),
+        default="tokens",
+        help="tokens: exact-length token-id prompts; text: random words",
+    )
+    parser.add_argument("--warmup", type=int, default=1, help="warm-up requests per level")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--json-out", default=None, help="write all reports to this file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = add_cli_args(argparse.ArgumentParser(prog="cadence bench serve", description=__doc__))
+    args = parser.parse_args(argv)
+    return run_from_args(args)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    reports = asyncio.run(run(args))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"reports": reports, "args": _plain(vars(args))}, f, indent=2)
+    failed = sum(r["failed"] for r in reports)
+    if failed:
+        print(f"{failed} request(s) failed", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _plain(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if isinstance(v, (str, int, float, bool, type(None)))}
+
+
+__all__ = ["RequestResult", "add_cli_args", "asdict", "main", "make_prompts", "summarize"]

@@ -1,0 +1,273 @@
+"""AsyncLLM: the asyncio front end of the engine (vLLM v1 ``AsyncLLM``).
+
+``generate()`` validates and tokenizes a prompt on the event loop, registers a per-request
+``RequestOutputCollector`` with the ``OutputProcessor`` and hands the request to the engine core
+thread. One background output-handler task moves engine outputs through the output processor
+(detokenization, stop strings) into the collectors, and aborts in the core the requests that a
+stop string finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator, Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from cadence.core_types import EngineCoreOutputs, SchedulerStats
+from cadence.engine.core_client import EngineCoreClient, EngineDeadError, InprocEngineCoreClient
+from cadence.engine.core_proc import EngineCoreLike
+from cadence.engine.engine_args import EngineArgs, load_frontend
+from cadence.engine.output_processor import OutputProcessor, RequestOutputCollector
+from cadence.metrics import IterationStats, RequestTiming, StatLogger
+from cadence.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from cadence.outputs import RequestOutput
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AsyncLLM", "EngineDeadError", "PromptType"]
+
+PromptType = str | dict[str, Any]
+
+# Engine outputs processed between two yields to the event loop (vLLM's output chunk size).
+OUTPUT_CHUNK_SIZE = 128
+
+
+class AsyncLLM:
+    """Serve requests from one engine core thread to many asyncio consumers."""
+
+    def __init__(
+        self,
+        args: EngineArgs | None = None,
+        *,
+        log_requests: bool = False,
+        core_factory: Callable[[], EngineCoreLike] | None = None,
+    ) -> None:
+        from cadence.engine.core import EngineCore
+
+        self.args = args if args is not None else EngineArgs()
+        self.log_requests = log_requests
+        frontend = load_frontend(self.args)
+        self.tokenizer = frontend.tokenizer
+        self.input_processor = frontend.input_processor
+        self.model_name: str = frontend.model_name
+        self.max_model_len: int = frontend.max_model_len
+        self.scheduling_policy: str = self.args.scheduling_policy
+        self.output_processor = OutputProcessor(self.tokenizer)
+
+        args_ = self.args
+        factory = core_factory if core_factory is not None else (lambda: EngineCore(args_))
+        self.engine_core: EngineCoreClient = InprocEngineCoreClient(factory)
+        self.num_kv_blocks: int = self.engine_core.call_utility("num_kv_blocks")
+        self.block_size: int = self.engine_core.call_utility("block_size")
+        self.input_processor.num_kv_blocks = self.num_kv_blocks
+        self.input_processor.block_size = self.block_size
+
+        self.stat_loggers: list[StatLogger] = []
+        self.last_scheduler_stats: SchedulerStats | None = None
+        self._timings: dict[str, RequestTiming] = {}
+        self.output_handler: asyncio.Task[None] | None = None
+        self._handler_loop: asyncio.AbstractEventLoop | None = None
+        try:
+            asyncio.get_running_loop()
+            self._run_output_handler()
+        except RuntimeError:  # built outside an event loop: start on the first request
+            pass
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs, *, log_requests: bool = False) -> AsyncLLM:
+        return cls(args, log_requests=log_requests)
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def is_running(self) -> bool:
+        return self.output_handler is None or not self.output_handler.done()
+
+    @property
+    def errored(self) -> bool:
+        return self.engine_core.errored or not self.is_running
+
+    async def check_health(self) -> None:
+        if self.errored:
+            raise EngineDeadError()
+
+    def add_stat_logger(self, stat_logger: StatLogger) -> None:
+        self.stat_loggers.append(stat_logger)
+
+    # -- requests ----------------------------------------------------------------------------
+    async def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        sampling_params: SamplingParams,
+        *,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> RequestOutputCollector:
+        """Validate, tokenize and enqueue one request; return the collector of its outputs."""
+        if self.errored:
+            raise EngineDeadError()
+        if priority != 0 and self.scheduling_policy != "priority":
+            raise ValueError(
+                f"priority: got priority {priority} but priority scheduling is not enabled "
+                "(start the engine with scheduling_policy='priority')."
+            )
+        request, prompt_text = self.input_processor.process(
+            request_id, prompt, sampling_params, arrival_time=arrival_time, priority=priority
+        )
+        self._run_output_handler()
+        collector = RequestOutputCollector(sampling_params.output_kind)
+        self.output_processor.add_request(request, prompt_text, collector)
+        self._timings[request_id] = RequestTiming(time.monotonic(), len(request.prompt_token_ids))
+        try:
+            self.engine_core.add_request(request)
+        except EngineDeadError:
+            self.output_processor.abort_requests([request_id])
+            self._timings.pop(request_id, None)
+            raise
+        if self.log_requests:
+            logger.info("Added request %s.", request_id)
+        return collector
+
+    async def generate(
+        self,
+        prompt: PromptType,
+        sampling_params: SamplingParams,
+        request_id: str,
+        *,
+        priority: int = 0,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Yield the outputs of one request until it finishes.
+
+        Invalid input raises ``ValueError`` before anything is scheduled. If the consumer
+        cancels or closes the generator, the request is aborted in the engine.
+        """
+        collector = await self.add_request(request_id, prompt, sampling_params, priority=priority)
+        outputs = self.outputs(request_id, collector)
+        try:
+            async for out in outputs:
+                yield out
+        finally:
+            await outputs.aclose()
+
+    async def outputs(
+        self, request_id: str, collector: RequestOutputCollector
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Yield what ``collector`` (from ``add_request``) receives until the request finishes;
+        abort the request if the consumer cancels or closes this generator first."""
+        try:
+            finished = False
+            while not finished:
+                # Take what is there without a task switch; wait only when the slot is empty.
+                out = collector.get_nowait() or await collector.get()
+                finished = out.finished
+                yield out
+        except (asyncio.CancelledError, GeneratorExit):
+            self.abort_nowait([request_id])
+            if self.log_requests:
+                logger.info("Request %s aborted by its consumer.", request_id)
+            raise
+
+    async def abort(self, request_id: str | Iterable[str]) -> None:
+        """Abort requests: each one's consumer gets a final ``finish_reason="abort"`` output."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        self.abort_nowait(ids)
+        if self.log_requests:
+            logger.info("Aborted request(s) %s.", ",".join(ids))
+
+    def abort_nowait(self, request_ids: list[str]) -> None:
+        """``abort`` without awaiting: usable while an async generator is being closed."""
+        known = self.output_processor.abort_requests(request_ids)
+        for rid in request_ids:
+            self._timings.pop(rid, None)
+        self.engine_core.abort_requests(list(dict.fromkeys([*request_ids, *known])))
+
+    # -- output handler ----------------------------------------------------------------------
+    def _run_output_handler(self) -> None:
+        if self.output_handler is not None:
+            return
+        self._handler_loop = asyncio.get_running_loop()
+        self.output_handler = asyncio.create_task(self._output_handler(), name="output-handler")
+
+    async def _output_handler(self) -> None:
+        try:
+            while True:
+                outputs = await self.engine_core.get_output_async()
+                self._process_engine_outputs(outputs)
+                for start in range(OUTPUT_CHUNK_SIZE, len(outputs.outputs), OUTPUT_CHUNK_SIZE):
+                    await asyncio.sleep(0)  # let consumers run between large chunks
+                    self._process_engine_outputs(outputs, start)
+        except asyncio.CancelledError:
+            self.output_processor.propagate_error(EngineDeadError("The engine was shut down."))
+            raise
+        except Exception as exc:
+            if not isinstance(exc, EngineDeadError):
+                logger.exception("AsyncLLM output handler failed.")
+            self.output_processor.propagate_error(
+                exc if isinstance(exc, EngineDeadError) else EngineDeadError(repr(exc))
+            )
+
+    def _process_engine_outputs(self, outputs: EngineCoreOutputs, start: int = 0) -> None:
+        chunk = outputs.outputs[start : start + OUTPUT_CHUNK_SIZE]
+        processed = self.output_processor.process_outputs(chunk)
+        if processed.reqs_to_abort:
+            self.engine_core.abort_requests(processed.reqs_to_abort)
+        iteration = self._update_timings(outputs, chunk, set(processed.reqs_to_abort))
+        if start == 0 and outputs.scheduler_stats is not None:
+            self.last_scheduler_stats = outputs.scheduler_stats
+        for stat_logger in self.stat_loggers:
+            stat_logger.record(outputs.scheduler_stats if start == 0 else None, iteration)
+
+    def _update_timings(
+        self, outputs: EngineCoreOutputs, chunk: list[Any], stopped_by_string: set[str]
+    ) -> IterationStats:
+        it = IterationStats()
+        now = outputs.timestamp
+        for eco in chunk:
+            timing = self._timings.get(eco.request_id)
+            if timing is None:
+                continue
+            it.update_from_output(timing, len(eco.new_token_ids), now)
+            if eco.finished or eco.request_id in stopped_by_string:
+                reason = str(eco.finish_reason) if eco.finished else "stop"
+                it.update_from_finished(timing, reason, now)
+                del self._timings[eco.request_id]
+        return it
+
+    # -- utilities ---------------------------------------------------------------------------
+    async def get_scheduler_stats(self) -> SchedulerStats:
+        """Fresh scheduler statistics, taken between two engine steps."""
+        stats: SchedulerStats = await self.engine_core.call_utility_async("make_stats")
+        self.last_scheduler_stats = stats
+        return stats
+
+    async def do_log_stats(self) -> None:
+        """Push fresh scheduler statistics to every stat logger (e.g. before a scrape)."""
+        stats = await self.get_scheduler_stats()
+        for stat_logger in self.stat_loggers:
+            stat_logger.record(stats, None)
+
+    async def get_num_free_kv_blocks(self) -> int:
+        return await self.engine_core.call_utility_async("num_free_kv_blocks")
+
+    async def call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return await self.engine_core.call_utility_async(method, *args, **kwargs)
+
+    def shutdown(self, timeout: float | None = 10.0) -> None:
+        """Stop the engine core thread; consumers still waiting get ``EngineDeadError``."""
+        self.engine_core.shutdown(timeout)
+        handler = self.output_handler
+        if handler is not None and not handler.done():
+            loop = self._handler_loop
+            if loop is not None and not loop.is_closed():
+                try:
+                    running = asyncio.get_running_loop()
+                except RuntimeError:
+                    running = None
+                if running is loop:
+                    handler.cancel()
+                else:
+                    loop.call_soon_threadsafe(handler.cancel)

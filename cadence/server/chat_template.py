@@ -1,0 +1,56 @@
+"""Turn chat messages into prompt token ids through the tokenizer's chat template."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cadence.server.protocol import ChatMessage, ParamError
+
+# Used only when the tokenizer ships no template (the built-in byte-level model): ChatML.
+_CHATML_START = "<|im_start|>"
+_CHATML_END = "<|im_end|>"
+
+
+def _chatml(messages: list[dict[str, str]], add_generation_prompt: bool, continue_final: bool) -> str:
+    parts = []
+    for i, m in enumerate(messages):
+        last = i == len(messages) - 1
+        end = "" if (continue_final and last) else f"{_CHATML_END}\n"
+        parts.append(f"{_CHATML_START}{m['role']}\n{m['content']}{end}")
+    if add_generation_prompt:
+        parts.append(f"{_CHATML_START}assistant\n")
+    return "".join(parts)
+
+
+def render_chat(
+    tokenizer: Any,
+    messages: list[ChatMessage],
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
+    """Prompt token ids of a conversation. Template errors are ``ParamError("messages")``."""
+    if tokenizer is None:
+        raise ParamError("messages", "chat requires a tokenizer; the server runs without one.")
+    if continue_final_message and messages[-1].role != "assistant":
+        raise ParamError(
+            "continue_final_message",
+            "continue_final_message requires the last message to be from the assistant.",
+        )
+    conversation = [{"role": m.role, "content": m.text()} for m in messages]
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            text = tokenizer.apply_chat_template(
+                conversation,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                **(chat_template_kwargs or {}),
+            )
+        except Exception as exc:  # jinja errors, template-level raise_exception()
+            raise ParamError("messages", f"chat template rendering failed: {exc}") from exc
+    else:
+        text = _chatml(conversation, add_generation_prompt, continue_final_message)
+    # The template already holds every special token it wants (BOS included).
+    return list(tokenizer.encode(text, add_special_tokens=False))

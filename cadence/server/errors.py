@@ -1,0 +1,90 @@
+"""OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+import json
+from http import HTTPStatus
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.responses import JSONResponse
+
+
+class APIError(Exception):
+    """An error answered to the client; ``type`` is the error class name, as vLLM sends it."""
+
+    status_code: int = HTTPStatus.INTERNAL_SERVER_ERROR
+    type: str = "InternalServerError"
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": int(self.status_code),
+            }
+        }
+
+    def sse_frame(self) -> str:
+        return f"data: {json.dumps(self.body())}\n\n"
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=int(self.status_code))
+
+
+class BadRequestError(APIError):
+    status_code = HTTPStatus.BAD_REQUEST
+    type = "BadRequestError"
+
+
+class AuthenticationError(APIError):
+    status_code = HTTPStatus.UNAUTHORIZED
+    type = "AuthenticationError"
+
+
+class NotFoundError(APIError):
+    status_code = HTTPStatus.NOT_FOUND
+    type = "NotFoundError"
+
+
+class RequestTooLargeError(APIError):
+    status_code = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+    type = "RequestTooLargeError"
+
+
+class InternalServerError(APIError):
+    pass
+
+
+class ServiceUnavailableError(APIError):
+    status_code = HTTPStatus.SERVICE_UNAVAILABLE
+    type = "ServiceUnavailableError"
+
+
+def from_validation_error(exc: ValidationError) -> BadRequestError:
+    """The first schema error, naming its field (dotted path, list indices included)."""
+    first = exc.errors()[0]
+    loc = [str(p) for p in first.get("loc", ())]
+    # Union members show up as extra path parts ("str", "list[int]"): keep the field path.
+    path = [p for p in loc if p.isidentifier() or p.isdigit()]
+    path = [p for p in path if p not in _PYDANTIC_TYPE_TAGS]
+    param = ".".join(path) or None
+    msg = first.get("msg", "invalid value")
+    value = first.get("input")
+    detail = f"{param}: {msg}" if param else msg
+    if param and first.get("type") != "missing" and _short(value):
+        detail += f" (got {value!r})"
+    return BadRequestError(detail, param)
+
+
+_PYDANTIC_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "function-after"}
+
+
+def _short(value: Any) -> bool:
+    return isinstance(value, (int, float, str, bool)) and len(repr(value)) <= 80

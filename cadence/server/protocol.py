@@ -1,0 +1,308 @@
+"""OpenAI-compatible request and response schemas (vLLM's field names and extensions)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cadence.sampling_params import RequestOutputKind, SamplingParams
+
+MAX_LOGPROBS = 20
+
+
+class ParamError(ValueError):
+    """An invalid request parameter, found after schema validation."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class OpenAIModel(BaseModel):
+    # Unknown fields are ignored, as vLLM and OpenAI do.
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(OpenAIModel):
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
+
+
+class _SamplingRequest(OpenAIModel):
+    """Fields shared by completions and chat completions."""
+
+    model: str | None = None
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = None
+    min_tokens: int = Field(default=0, ge=0)
+    n: int = 1
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    priority: int = 0
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    def _check_common(self) -> None:
+        if self.n != 1:
+            raise ParamError("n", f"n: only n=1 is supported, got {self.n}.")
+        if self.top_k is not None and (self.top_k == 0 or self.top_k < -1):
+            raise ParamError("top_k", f"top_k must be -1 (disable) or at least 1, got {self.top_k}.")
+        if self.stream_options is not None and not self.stream:
+            raise ParamError("stream_options", "stream_options can only be set when stream=true.")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise ParamError(name, f"{name} is not supported; leave it at 0.")
+        if self.logit_bias:
+            raise ParamError("logit_bias", "logit_bias is not supported.")
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if any(s == "" for s in stops):
+            raise ParamError("stop", "stop cannot contain an empty string.")
+        if any(t < 0 for t in self.stop_token_ids or []):
+            raise ParamError("stop_token_ids", "stop_token_ids must be non-negative.")
+
+    def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        kind = RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=-1 if self.top_k is None else self.top_k,
+            seed=self.seed,
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            logprobs=logprobs,
+            skip_special_tokens=self.skip_special_tokens,
+            output_kind=kind,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and bool(
+            self.stream_options and self.stream_options.continuous_usage_stats
+        )
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def check(self) -> None:
+        """Semantic checks beyond the schema; raise ``ParamError`` naming the parameter."""
+        self._check_common()
+        if self.echo:
+            raise ParamError("echo", "echo is not supported.")
+        if self.best_of is not None and self.best_of != 1:
+            raise ParamError("best_of", f"best_of: only best_of=1 is supported, got {self.best_of}.")
+        if self.suffix:
+            raise ParamError("suffix", "suffix is not supported.")
+        if isinstance(self.prompt, list) and len(self.prompt) == 0:
+            raise ParamError("prompt", "prompt must not be empty.")
+
+    def prompts(self) -> list[str | dict[str, Any]]:
+        """The request's prompts, each as ``AsyncLLM.generate`` takes it."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, int) for x in p):
+            return [{"prompt_token_ids": list(p)}]
+        return [x if isinstance(x, str) else {"prompt_token_ids": list(x)} for x in p]
+
+    def to_sampling_params(self) -> SamplingParams:
+        return self._sampling_params(self.max_tokens, self.logprobs)
+
+
+class TextContentPart(OpenAIModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(OpenAIModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ResponseFormat(OpenAIModel):
+    type: str = "text"
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage]
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    response_format: ResponseFormat | None = None
+
+    def check(self) -> None:
+        """Semantic checks beyond the schema; raise ``ParamError`` naming the parameter."""
+        self._check_common()
+        if not self.messages:
+            raise ParamError("messages", "messages must contain at least one message.")
+        if self.top_logprobs and not self.logprobs:
+            raise ParamError("top_logprobs", "when using top_logprobs, logprobs must be true.")
+        if self.tools:
+            raise ParamError("tools", "tool calling is not supported.")
+        if self.response_format is not None and self.response_format.type != "text":
+            raise ParamError("response_format", "only response_format type 'text' is supported.")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ParamError(
+                "continue_final_message",
+                "continue_final_message and add_generation_prompt cannot both be true.",
+            )
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        # max_completion_tokens supersedes the deprecated max_tokens, as in OpenAI's API.
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+    def to_sampling_params(self) -> SamplingParams:
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self._sampling_params(self.requested_max_tokens, logprobs)
+
+
+# -- responses ---------------------------------------------------------------------------------
+class UsageInfo(OpenAIModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class CompletionLogProbs(OpenAIModel):
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionResponseChoice(OpenAIModel):
+    index: int
+    text: str
+    logprobs: CompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(OpenAIModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionResponseChoice]
+    usage: UsageInfo | None = None
+
+
+class CompletionStreamResponse(CompletionResponse):
+    pass
+
+
+class ChatLogProb(OpenAIModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatLogProbsContent(ChatLogProb):
+    top_logprobs: list[ChatLogProb] = Field(default_factory=list)
+
+
+class ChatLogProbs(OpenAIModel):
+    content: list[ChatLogProbsContent] | None = None
+
+
+class ChatResponseMessage(OpenAIModel):
+    role: str = "assistant"
+    content: str | None = None
+
+
+class ChatCompletionResponseChoice(OpenAIModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(OpenAIModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatCompletionResponseChoice]
+    usage: UsageInfo
+
+
+class DeltaMessage(OpenAIModel):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatCompletionStreamChoice(OpenAIModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionStreamResponse(OpenAIModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatCompletionStreamChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(OpenAIModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "cadence"
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(OpenAIModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard] = Field(default_factory=list)

@@ -1,0 +1,175 @@
+"""Shared plumbing of the OpenAI endpoints: model check, request start, error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from cadence.engine.core_client import EngineDeadError
+from cadence.sampling_params import SamplingParams
+from cadence.server.errors import APIError, BadRequestError, InternalServerError, NotFoundError
+
+if TYPE_CHECKING:
+    from cadence.engine.async_llm import AsyncLLM
+    from cadence.engine.output_processor import RequestOutputCollector
+    from cadence.outputs import Logprob, RequestOutput
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DONE_FRAME = "data: [DONE]\n\n"
+# JSON has no -inf; vLLM clamps to this floor as well.
+LOGPROB_FLOOR = -9999.0
+
+_CONTEXT_LENGTH = re.compile(r"maximum context length", re.IGNORECASE)
+_LEADING_PARAM = re.compile(r"^\s*`?([a-z_][a-z0-9_]*)`?\s*(?::|must|cannot|should|is|are)\b")
+
+
+@dataclass
+class StartedRequest:
+    """A request accepted by the engine, with its output collector."""
+
+    request_id: str
+    collector: RequestOutputCollector
+    index: int = 0
+
+
+class OpenAIServing:
+    def __init__(self, engine: AsyncLLM, served_model_name: str) -> None:
+        self.engine = engine
+        self.served_model_name = served_model_name
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in (self.served_model_name, self.engine.model_name):
+            raise NotFoundError(f"The model `{model}` does not exist.", param="model")
+
+    async def start(
+        self,
+        request_id: str,
+        prompt: str | dict[str, Any],
+        params: SamplingParams,
+        *,
+        priority: int,
+        prompt_param: str,
+        max_tokens_param: str,
+        index: int = 0,
+    ) -> StartedRequest:
+        """Validate and enqueue one prompt; invalid input becomes a 400 naming the parameter."""
+        try:
+            collector = await self.engine.add_request(
+                request_id, prompt, params.clone(), priority=priority
+            )
+        except EngineDeadError as exc:
+            raise InternalServerError(f"The engine is not running: {exc}") from exc
+        except ValueError as exc:
+            raise to_bad_request(exc, prompt_param, max_tokens_param) from exc
+        return StartedRequest(request_id, collector, index)
+
+    def outputs(self, started: StartedRequest) -> AsyncGenerator[RequestOutput, None]:
+        return self.engine.outputs(started.request_id, started.collector)
+
+    async def final_output(self, started: StartedRequest) -> RequestOutput:
+        """The last output of a FINAL_ONLY request (aborted if the caller is cancelled)."""
+        final: RequestOutput | None = None
+        gen = self.outputs(started)
+        try:
+            async for out in gen:
+                final = out
+        finally:
+            await gen.aclose()
+        assert final is not None
+        return final
+
+    def abort(self, request_ids: list[str]) -> None:
+        # Idempotent; used when a response ends before its requests did.
+        self.engine.abort_nowait(request_ids)
+
+
+def to_bad_request(exc: ValueError, prompt_param: str, max_tokens_param: str) -> BadRequestError:
+    message = str(exc)
+    param = getattr(exc, "param", None)
+    if param is None:
+        if _CONTEXT_LENGTH.search(message):
+            # "... (P in the messages, K in the completion)": the completion part is at fault
+            # unless the prompt alone fills the context.
+            param = max_tokens_param if "completion" in message else prompt_param
+        elif (m := _LEADING_PARAM.match(message)) is not None:
+            param = m.group(1)
+        if param in ("prompt", "prompt_token_ids"):
+            param = prompt_param
+        if param == "max_tokens":
+            param = max_tokens_param
+    return BadRequestError(message, param)
+
+
+def stream_error_frame(exc: BaseException) -> str:
+    """An SSE frame for an error raised after the stream started."""
+    if isinstance(exc, APIError):
+        return exc.sse_frame()
+    if isinstance(exc, EngineDeadError):
+        return InternalServerError(f"The engine died: {exc}").sse_frame()
+    logger.exception("Error while streaming a response.", exc_info=exc)
+    return InternalServerError(f"Internal error while streaming: {exc!r}").sse_frame()
+
+
+def clamp_logprob(value: float) -> float:
+    return LOGPROB_FLOOR if math.isinf(value) or math.isnan(value) else max(value, LOGPROB_FLOOR)
+
+
+def token_text(token_id: int, lp: Logprob) -> str:
+    return lp.decoded_token if lp.decoded_token is not None else f"token_id:{token_id}"
+
+
+def top_by_rank(row: dict[int, Logprob], n: int) -> list[tuple[int, Logprob]]:
+    """The ``n`` most likely entries of one logprobs row, most likely first."""
+    if n <= 0:
+        return []
+    return sorted(row.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else 1 << 30)[:n]
+
+
+async def merge_async_iterators(
+    *iterators: AsyncIterator[T],
+) -> AsyncGenerator[tuple[int, T], None]:
+    """Interleave several async iterators as items come: yields ``(index, item)``.
+
+    Closing or cancelling the merged generator cancels every pump, which closes the sources.
+    """
+    if len(iterators) == 1:
+        async for item in iterators[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue[tuple[int, T] | tuple[int, BaseException] | None] = asyncio.Queue()
+    _end = object()
+
+    async def pump(i: int, it: AsyncIterator[T]) -> None:
+        try:
+            async for item in it:
+                await queue.put((i, item))
+        except Exception as exc:
+            await queue.put((i, exc))
+        finally:
+            await queue.put((i, _end))  # type: ignore[arg-type]
+
+    tasks = [asyncio.ensure_future(pump(i, it)) for i, it in enumerate(iterators)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            entry = await queue.get()
+            assert entry is not None
+            i, item = entry
+            if item is _end:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item  # type: ignore[misc]
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

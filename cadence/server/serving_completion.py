@@ -1,0 +1,162 @@
+"""POST /v1/completions."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING
+
+from cadence.server.protocol import (
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionStreamResponse,
+    UsageInfo,
+    random_id,
+)
+from cadence.server.serving import (
+    DONE_FRAME,
+    OpenAIServing,
+    StartedRequest,
+    clamp_logprob,
+    merge_async_iterators,
+    stream_error_frame,
+    token_text,
+    top_by_rank,
+)
+
+if TYPE_CHECKING:
+    from cadence.outputs import CompletionOutput, Logprob
+
+
+def completion_logprobs(
+    token_ids: list[int], rows: list[dict[int, Logprob]], num: int, offset: int
+) -> CompletionLogProbs:
+    """OpenAI legacy logprobs: the sampled token plus the ``num`` most likely per position."""
+    out = CompletionLogProbs()
+    for tid, row in zip(token_ids, rows, strict=False):
+        sampled = row.get(tid)
+        text = token_text(tid, sampled) if sampled is not None else f"token_id:{tid}"
+        out.tokens.append(text)
+        out.token_logprobs.append(clamp_logprob(sampled.logprob) if sampled is not None else None)
+        top = {token_text(t, lp): clamp_logprob(lp.logprob) for t, lp in top_by_rank(row, num)}
+        if sampled is not None:
+            top.setdefault(text, clamp_logprob(sampled.logprob))
+        out.top_logprobs.append(top)
+        out.text_offset.append(offset)
+        offset += len(text)
+    return out
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    async def start_all(self, request: CompletionRequest, base_id: str) -> list[StartedRequest]:
+        prompts = request.prompts()
+        params = request.to_sampling_params()
+        started: list[StartedRequest] = []
+        try:
+            for i, prompt in enumerate(prompts):
+                rid = base_id if len(prompts) == 1 else f"{base_id}-{i}"
+                started.append(
+                    await self.start(
+                        rid,
+                        prompt,
+                        params,
+                        priority=request.priority,
+                        prompt_param="prompt",
+                        max_tokens_param="max_tokens",
+                        index=i,
+                    )
+                )
+        except BaseException:
+            self.abort([s.request_id for s in started])
+            raise
+        return started
+
+    async def create(self, request: CompletionRequest) -> CompletionResponse:
+        base_id = random_id("cmpl")
+        started = await self.start_all(request, base_id)
+        choices: list[CompletionResponseChoice] = []
+        usage = UsageInfo()
+        try:
+            for s in started:
+                final = await self.final_output(s)
+                c = final.outputs[0]
+                lps = None
+                if request.logprobs is not None and c.logprobs is not None:
+                    lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs, 0)
+                choices.append(
+                    CompletionResponseChoice(
+                        index=s.index,
+                        text=c.text,
+                        logprobs=lps,
+                        finish_reason=c.finish_reason,
+                        stop_reason=c.stop_reason,
+                    )
+                )
+                usage.prompt_tokens += len(final.prompt_token_ids or [])
+                usage.completion_tokens += len(c.token_ids)
+        except BaseException:
+            self.abort([s.request_id for s in started])  # the others of a multi-prompt request
+            raise
+        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+        return CompletionResponse(
+            id=base_id, model=self.served_model_name, choices=choices, usage=usage
+        )
+
+    async def stream(
+        self, request: CompletionRequest, started: list[StartedRequest], base_id: str
+    ) -> AsyncGenerator[str, None]:
+        """SSE frames of a streamed completion; always ends with ``[DONE]``."""
+        n = len(started)
+        prompt_tokens = [0] * n
+        completion_tokens = [0] * n
+        offsets = [0] * n
+        finished = [False] * n
+        merged = merge_async_iterators(*(self.outputs(s) for s in started))
+        try:
+            async for i, out in merged:
+                c: CompletionOutput = out.outputs[0]
+                prompt_tokens[i] = len(out.prompt_token_ids or [])
+                completion_tokens[i] += len(c.token_ids)
+                finished[i] = out.finished
+                lps = None
+                if request.logprobs is not None and c.logprobs is not None and c.token_ids:
+                    lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs, offsets[i])
+                offsets[i] += len(c.text)
+                if not c.text and not out.finished and lps is None:
+                    continue  # nothing visible yet (held back for a possible stop string)
+                chunk = CompletionStreamResponse(
+                    id=base_id,
+                    model=self.served_model_name,
+                    choices=[
+                        CompletionResponseChoice(
+                            index=started[i].index,
+                            text=c.text,
+                            logprobs=lps,
+                            finish_reason=c.finish_reason if out.finished else None,
+                            stop_reason=c.stop_reason if out.finished else None,
+                        )
+                    ],
+                )
+                if request.continuous_usage:
+                    chunk.usage = _usage(prompt_tokens[i], completion_tokens[i])
+                yield f"data: {chunk.model_dump_json()}\n\n"
+            if request.include_usage:
+                final = CompletionStreamResponse(
+                    id=base_id,
+                    model=self.served_model_name,
+                    choices=[],
+                    usage=_usage(sum(prompt_tokens), sum(completion_tokens)),
+                )
+                yield f"data: {final.model_dump_json()}\n\n"
+        except Exception as exc:
+            yield stream_error_frame(exc)
+        finally:
+            await merged.aclose()
+            unfinished = [s.request_id for s, f in zip(started, finished, strict=True) if not f]
+            self.abort(unfinished)
+        yield DONE_FRAME
+
+
+def _usage(prompt: int, completion: int) -> UsageInfo:
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
