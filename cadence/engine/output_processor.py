@@ -1,0 +1,331 @@
+"""Engine-core outputs -> ``RequestOutput``s: detokenize, stop strings, logprobs, metrics, and
+the per-request single-slot collectors that hand outputs to ``generate()`` (vLLM v1 semantics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from cadence.core_types import EngineCoreOutput, EngineCoreRequest, FinishReason
+from cadence.engine.detokenizer import IncrementalDetokenizer, make_decode_fn
+from cadence.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from cadence.sampling_params import RequestOutputKind
+
+__all__ = [
+    "FinishedRequestStats",
+    "IterationStats",
+    "OutputProcessor",
+    "OutputProcessorOutput",
+    "RequestOutputCollector",
+]
+
+
+class RequestOutputCollector:
+    """A single slot between the output processor (producer) and one ``generate()`` (consumer).
+
+    When the producer gets ahead, DELTA outputs are merged into the waiting one (text appended,
+    token ids and logprobs extended, latest finish reason); other kinds replace it. An exception
+    always takes the slot, and is never replaced by a later output.
+    """
+
+    def __init__(
+        self, output_kind: RequestOutputKind = RequestOutputKind.DELTA, request_id: str = ""
+    ) -> None:
+        self.aggregate = output_kind == RequestOutputKind.DELTA
+        self.request_id = request_id
+        self.output: RequestOutput | Exception | None = None
+        self.ready = asyncio.Event()
+        self._lock = threading.Lock()
+        # Loop (and its thread) of the consumer, so a producer on another thread wakes it safely.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        try:
+            self._bind(asyncio.get_running_loop())
+        except RuntimeError:
+            pass  # made outside a loop: bound by the first get()
+
+    def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._loop_thread = threading.get_ident()
+
+    def put(self, output: RequestOutput | Exception) -> None:
+        with self._lock:
+            if self.output is None or isinstance(output, Exception):
+                self.output = output
+            elif isinstance(self.output, RequestOutput):
+                self.output.add(output, aggregate=self.aggregate)
+        self._wake()
+
+    def _wake(self) -> None:
+        loop = self._loop
+        if loop is not None and threading.get_ident() != self._loop_thread:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self.ready.set)
+            return
+        self.ready.set()
+
+    async def get(self) -> RequestOutput:
+        """Wait for an output; raises the exception stored by ``put`` instead, if any."""
+        if self._loop is None:
+            self._bind(asyncio.get_running_loop())
+        while True:
+            out = self._take()
+            if out is not None:
+                return out
+            await self.ready.wait()
+
+    def get_nowait(self) -> RequestOutput | None:
+        """The waiting output, or None; raises a stored exception."""
+        return self._take()
+
+    def _take(self) -> RequestOutput | None:
+        with self._lock:
+            out = self.output
+            self.output = None
+            self.ready.clear()
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+
+@dataclass
+class FinishedRequestStats:
+    request_id: str
+    finish_reason: str
+    e2e_latency: float
+    num_prompt_tokens: int
+    num_generation_tokens: int
+
+
+@dataclass
+class IterationStats:
+    """What one ``process_outputs`` call observed, for metrics (seconds, monotonic clock)."""
+
+    num_prompt_tokens: int = 0  # prompts of requests that got their first token now
+    num_generation_tokens: int = 0
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    inter_token_latencies: list[float] = field(default_factory=list)
+    finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+
+
+@dataclass
+class OutputProcessorOutput:
+    request_outputs: list[RequestOutput]
+    # Requests finished here (stop strings) but still running in the engine core.
+    reqs_to_abort: list[str]
+    iteration_stats: IterationStats = field(default_factory=IterationStats)
+
+
+class _RequestState:
+    def __init__(
+        self,
+        request: EngineCoreRequest,
+        prompt: str | None,
+        tokenizer: Any | None,
+        queue: RequestOutputCollector | None,
+        arrival_time: float,
+    ) -> None:
+        params = request.sampling_params
+        self.request_id = request.request_id
+        self.prompt = prompt
+        self.prompt_token_ids = request.prompt_token_ids
+        self.output_kind = params.output_kind
+        self.queue = queue
+        self.detokenizer = IncrementalDetokenizer(tokenizer, request)
+        self.decode = make_decode_fn(tokenizer) if tokenizer is not None else None
+        self.num_logprobs = params.logprobs
+        self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
+        self.num_cached_tokens = 0
+        self.metrics = RequestMetrics(arrival_time=arrival_time)
+
+    def update_logprobs(self, output: EngineCoreOutput) -> int:
+        """Append this output's logprob rows; returns how many were added."""
+        if self.logprobs is None or not output.new_logprobs:
+            return 0
+        assert self.num_logprobs is not None and self.cumulative_logprob is not None
+        n = self.num_logprobs + 1
+        for ids, lps, rank in output.new_logprobs:
+            ids, lps = ids[:n], lps[:n]
+            row: dict[int, Logprob] = {ids[0]: Logprob(lps[0], rank, self._decode_one(ids[0]))}
+            for i in range(1, len(ids)):
+                if ids[i] not in row:
+                    row[ids[i]] = Logprob(lps[i], i, self._decode_one(ids[i]))
+            self.logprobs.append(row)
+            self.cumulative_logprob += lps[0]
+        return len(output.new_logprobs)
+
+    def _decode_one(self, token_id: int) -> str | None:
+        if self.decode is None:
+            return None
+        return self.decode([token_id], False)
+
+    def make_output(
+        self,
+        new_token_ids: list[int],
+        num_new_logprobs: int,
+        finish_reason: FinishReason | None,
+        stop_reason: int | str | None,
+    ) -> RequestOutput | None:
+        finished = finish_reason is not None
+        if not finished and self.output_kind == RequestOutputKind.FINAL_ONLY:
+            return None
+        delta = self.output_kind == RequestOutputKind.DELTA
+        text = self.detokenizer.get_next_output_text(finished, delta)
+        logprobs = self.logprobs
+        if delta:
+            token_ids = list(new_token_ids)
+            if logprobs is not None:
+                logprobs = logprobs[len(logprobs) - num_new_logprobs :]
+        else:
+            # Copies: an output handed out must not change when later tokens arrive.
+            token_ids = list(self.detokenizer.output_token_ids)
+            if logprobs is not None:
+                logprobs = list(logprobs)
+        completion = CompletionOutput(
+            index=0,
+            text=text,
+            token_ids=token_ids,
+            cumulative_logprob=self.cumulative_logprob,
+            logprobs=logprobs,
+            finish_reason=str(finish_reason) if finished else None,
+            stop_reason=stop_reason if finished else None,
+        )
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            outputs=[completion],
+            finished=finished,
+            num_cached_tokens=self.num_cached_tokens,
+            metrics=dataclasses.replace(self.metrics),
+        )
+
+
+class OutputProcessor:
+    """Turns ``EngineCoreOutput``s into ``RequestOutput``s; one state per unfinished request."""
+
+    def __init__(self, tokenizer: Any | None) -> None:
+        self.tokenizer = tokenizer
+        self.request_states: dict[str, _RequestState] = {}
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.request_states)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.request_states)
+
+    def is_request_active(self, request_id: str) -> bool:
+        return request_id in self.request_states
+
+    def add_request(
+        self,
+        request: EngineCoreRequest,
+        prompt: str | None,
+        queue: RequestOutputCollector | None = None,
+    ) -> None:
+        """Track a new request. Its metrics' arrival time is now (monotonic clock)."""
+        if request.request_id in self.request_states:
+            raise ValueError(f"Request id {request.request_id} already running.")
+        self.request_states[request.request_id] = _RequestState(
+            request, prompt, self.tokenizer, queue, time.monotonic()
+        )
+
+    def abort_requests(self, request_ids: list[str]) -> list[str]:
+        """Forget the given requests; returns those that were unfinished (to abort in the
+        engine core). A request with a collector gets a final output, finish_reason "abort"."""
+        aborted: list[str] = []
+        now = time.monotonic()
+        for request_id in request_ids:
+            state = self.request_states.pop(request_id, None)
+            if state is None:
+                continue
+            aborted.append(request_id)
+            state.metrics.finished_time = now
+            if state.queue is not None:
+                state.detokenizer.update([], stop_terminated=False, finished=True)
+                out = state.make_output([], 0, FinishReason.ABORT, None)
+                if out is not None:
+                    state.queue.put(out)
+        return aborted
+
+    def propagate_error(self, exc: Exception) -> None:
+        """Hand ``exc`` to every waiting consumer (e.g. the engine died)."""
+        for state in self.request_states.values():
+            if state.queue is not None:
+                state.queue.put(exc)
+
+    def process_outputs(
+        self, outputs: list[EngineCoreOutput], engine_core_timestamp: float | None = None
+    ) -> OutputProcessorOutput:
+        """Detokenize and check stop strings, then put each request's output into its collector
+        (or return it when it has none). Requests finished by a stop string go into
+        ``reqs_to_abort`` so that the engine core frees them."""
+        now = time.monotonic() if engine_core_timestamp is None else engine_core_timestamp
+        request_outputs: list[RequestOutput] = []
+        reqs_to_abort: list[str] = []
+        stats = IterationStats()
+        for eco in outputs:
+            state = self.request_states.get(eco.request_id)
+            if state is None:
+                continue  # already aborted or finished
+            new_ids = eco.new_token_ids
+            finish_reason = eco.finish_reason
+            stop_reason = eco.stop_reason
+            state.num_cached_tokens = eco.num_cached_tokens
+            if new_ids:
+                self._record_tokens(state, len(new_ids), now, stats)
+
+            stop_string = state.detokenizer.update(
+                new_ids,
+                stop_terminated=finish_reason == FinishReason.STOP,
+                finished=finish_reason is not None,
+            )
+            if stop_string is not None:
+                finish_reason = FinishReason.STOP
+                stop_reason = stop_string
+            num_new_logprobs = state.update_logprobs(eco)
+
+            finished = finish_reason is not None
+            if finished:
+                state.metrics.finished_time = now
+            if new_ids or finished:
+                out = state.make_output(new_ids, num_new_logprobs, finish_reason, stop_reason)
+                if out is not None:
+                    if state.queue is not None:
+                        state.queue.put(out)
+                    else:
+                        request_outputs.append(out)
+            if finished:
+                assert finish_reason is not None
+                del self.request_states[eco.request_id]
+                if not eco.finished:
+                    reqs_to_abort.append(eco.request_id)
+                stats.finished_requests.append(
+                    FinishedRequestStats(
+                        request_id=eco.request_id,
+                        finish_reason=str(finish_reason),
+                        e2e_latency=now - state.metrics.arrival_time,
+                        num_prompt_tokens=len(state.prompt_token_ids),
+                        num_generation_tokens=state.metrics.num_generation_tokens,
+                    )
+                )
+        return OutputProcessorOutput(request_outputs, reqs_to_abort, stats)
+
+    @staticmethod
+    def _record_tokens(state: _RequestState, n: int, now: float, stats: IterationStats) -> None:
+        m = state.metrics
+        if m.first_token_time is None:
+            m.first_token_time = now
+            stats.time_to_first_tokens.append(now - m.arrival_time)
+            stats.num_prompt_tokens += len(state.prompt_token_ids)
+        elif m.last_token_time is not None:
+            stats.inter_token_latencies.append(now - m.last_token_time)
+        m.last_token_time = now
+        m.num_generation_tokens += n
+        stats.num_generation_tokens += n

@@ -1,0 +1,389 @@
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from cadence.core_types import EngineCoreOutput, EngineCoreRequest, FinishReason
+from cadence.engine.output_processor import OutputProcessor, RequestOutputCollector
+from cadence.outputs import CompletionOutput, RequestOutput
+from cadence.sampling_params import RequestOutputKind, SamplingParams
+
+CORPUS = [
+    "hello world, the quick brown fox jumps over the lazy dog.",
+    "the world is wide and the stop sign is red. stop here, or stop there.",
+]
+DELTA, CUMULATIVE, FINAL_ONLY = (
+    RequestOutputKind.DELTA,
+    RequestOutputKind.CUMULATIVE,
+    RequestOutputKind.FINAL_ONLY,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|eos|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tk.train_from_iterator(CORPUS, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|eos|>")
+
+
+# Collector (ported from vLLM's tests/v1/engine/test_output_processor.py) ------------------------
+
+
+def _ro(idx: int, n: int, text: str = "a") -> RequestOutput:
+    last = idx == n - 1
+    return RequestOutput(
+        request_id="my-request-id",
+        prompt=None,
+        prompt_token_ids=[1, 2, 3],
+        outputs=[
+            CompletionOutput(
+                index=0,
+                text=text,
+                token_ids=[idx],
+                cumulative_logprob=idx + 1.0,
+                logprobs=[{idx: None}],  # type: ignore[dict-item]
+                finish_reason="length" if last else None,
+            )
+        ],
+        finished=last,
+    )
+
+
+async def test_request_output_collector() -> None:
+    n = 3
+    collector = RequestOutputCollector(DELTA, request_id="my-request-id-int")
+
+    # Put then get.
+    collector.put(_ro(0, n))
+    output = await collector.get()
+    assert not collector.ready.is_set()
+    assert collector.output is None
+    assert output.outputs[0].text == "a"
+    assert output.outputs[0].token_ids == [0]
+
+    # Two puts then get: merged.
+    for i in range(2):
+        collector.put(_ro(i, n))
+    output = await collector.get()
+    assert not collector.ready.is_set() and collector.output is None
+    assert not output.finished
+    assert output.outputs[0].text == "aa"
+    assert output.outputs[0].token_ids == [0, 1]
+    assert output.outputs[0].logprobs is not None and len(output.outputs[0].logprobs) == 2
+    assert output.outputs[0].cumulative_logprob == 2.0  # the latest one
+
+    # All three, including the finished one.
+    for i in range(3):
+        collector.put(_ro(i, n))
+    output = await collector.get()
+    assert output.finished
+    assert output.outputs[0].finish_reason == "length"
+    assert output.outputs[0].text == "aaa"
+    assert output.outputs[0].token_ids == [0, 1, 2]
+    assert output.outputs[0].cumulative_logprob == 3.0
+
+
+async def test_cumulative_output_collector_replaces_by_index() -> None:
+    collector = RequestOutputCollector(CUMULATIVE, request_id="r")
+    first = RequestOutput(
+        "r", None, [1], [CompletionOutput(0, "a", [0]), CompletionOutput(1, "b", [1])], False
+    )
+    second = RequestOutput(
+        "r", None, [1], [CompletionOutput(0, "ab", [0, 1]), CompletionOutput(2, "c", [2])], False
+    )
+    collector.put(first)
+    collector.put(second)
+    result = await collector.get()
+    by_index = {c.index: c for c in result.outputs}
+    assert sorted(by_index) == [0, 1, 2]
+    assert by_index[0].text == "ab" and by_index[0].token_ids == [0, 1]
+    assert by_index[1].text == "b" and by_index[1].token_ids == [1]
+    assert by_index[2].text == "c"
+
+
+async def test_get_nowait_and_final_only() -> None:
+    collector = RequestOutputCollector(FINAL_ONLY)
+    assert collector.get_nowait() is None
+    collector.put(_ro(0, 3, text="x"))
+    collector.put(_ro(2, 3, text="xyz"))  # not merged: replaced
+    out = collector.get_nowait()
+    assert out is not None and out.outputs[0].text == "xyz" and out.finished
+    assert collector.get_nowait() is None
+
+
+async def test_get_waits_for_put() -> None:
+    collector = RequestOutputCollector(DELTA)
+    task = asyncio.create_task(collector.get())
+    await asyncio.sleep(0.01)
+    assert not task.done()
+    collector.put(_ro(0, 2))
+    out = await asyncio.wait_for(task, 1.0)
+    assert out.outputs[0].token_ids == [0]
+
+
+async def test_exception_is_raised_and_never_replaced() -> None:
+    collector = RequestOutputCollector(DELTA)
+    collector.put(_ro(0, 2))
+    collector.put(RuntimeError("engine dead"))
+    collector.put(_ro(1, 2))  # an output never hides the error
+    with pytest.raises(RuntimeError, match="engine dead"):
+        await collector.get()
+    collector.put(ValueError("again"))
+    with pytest.raises(ValueError):
+        collector.get_nowait()
+
+
+async def test_put_from_another_thread_wakes_the_consumer() -> None:
+    collector = RequestOutputCollector(DELTA)
+    task = asyncio.create_task(collector.get())
+    await asyncio.sleep(0.01)
+    thread = threading.Thread(target=collector.put, args=(_ro(0, 2),))
+    thread.start()
+    out = await asyncio.wait_for(task, 2.0)
+    thread.join()
+    assert out.outputs[0].token_ids == [0]
+
+
+# OutputProcessor ---------------------------------------------------------------------------------
+
+
+def _req(rid: str, prompt: list[int], **kw: object) -> EngineCoreRequest:
+    return EngineCoreRequest(rid, prompt, SamplingParams(**kw))  # type: ignore[arg-type]
+
+
+def _run(
+    proc: OutputProcessor,
+    tokens: dict[str, list[int]],
+    finish: dict[str, FinishReason] | None = None,
+) -> tuple[list[RequestOutput], list[str]]:
+    """Feed one token per step per request (mock engine core); the last one finishes."""
+    finish = finish or {}
+    outs: list[RequestOutput] = []
+    aborts: list[str] = []
+    step = 0
+    while any(step < len(t) for t in tokens.values()):
+        batch = []
+        for rid, toks in tokens.items():
+            if step < len(toks):
+                last = step == len(toks) - 1
+                reason = finish.get(rid, FinishReason.LENGTH) if last else None
+                batch.append(EngineCoreOutput(rid, [toks[step]], finish_reason=reason))
+        res = proc.process_outputs(batch)
+        outs.extend(res.request_outputs)
+        aborts.extend(res.reqs_to_abort)
+        step += 1
+    return outs, aborts
+
+
+@pytest.mark.parametrize("kind", [DELTA, CUMULATIVE, FINAL_ONLY])
+def test_output_kinds(tokenizer: PreTrainedTokenizerFast, kind: RequestOutputKind) -> None:
+    proc = OutputProcessor(tokenizer)
+    texts = {"a": " the quick brown fox", "b": " hello world, the lazy dog."}
+    tokens = {rid: tokenizer.encode(t) for rid, t in texts.items()}
+    for rid in tokens:
+        proc.add_request(_req(rid, [5, 6], output_kind=kind), prompt="xy")
+    outs, aborts = _run(proc, tokens)
+    assert not aborts and not proc.has_unfinished_requests()
+    for rid, text in texts.items():
+        mine = [o for o in outs if o.request_id == rid]
+        assert mine[-1].finished and all(not o.finished for o in mine[:-1])
+        assert mine[-1].outputs[0].finish_reason == "length"
+        assert mine[-1].prompt == "xy" and mine[-1].prompt_token_ids == [5, 6]
+        if kind == DELTA:
+            assert len(mine) == len(tokens[rid])
+            assert "".join(o.outputs[0].text for o in mine) == text
+            assert [t for o in mine for t in o.outputs[0].token_ids] == tokens[rid]
+        elif kind == CUMULATIVE:
+            assert len(mine) == len(tokens[rid])
+            assert mine[-1].outputs[0].text == text
+            assert mine[0].outputs[0].token_ids == tokens[rid][:1]  # not mutated later
+            assert all(
+                mine[i + 1].outputs[0].text.startswith(mine[i].outputs[0].text)
+                for i in range(len(mine) - 1)
+            )
+        else:
+            assert len(mine) == 1
+            assert mine[0].outputs[0].text == text
+            assert mine[0].outputs[0].token_ids == tokens[rid]
+
+
+def test_stop_string_finishes_and_aborts_in_engine(tokenizer: PreTrainedTokenizerFast) -> None:
+    proc = OutputProcessor(tokenizer)
+    tokens = tokenizer.encode(" the stop sign is red")
+    proc.add_request(_req("s", [5], stop=["sign", "red"], output_kind=DELTA), None)
+    proc.add_request(_req("o", [5], output_kind=DELTA), None)
+    outs, aborts = _run(proc, {"s": tokens, "o": tokens})
+    mine = [o for o in outs if o.request_id == "s"]
+    assert aborts == ["s"]
+    final = mine[-1]
+    assert final.finished and final.outputs[0].finish_reason == "stop"
+    assert final.outputs[0].stop_reason == "sign"
+    assert "".join(o.outputs[0].text for o in mine) == " the stop "
+    other = "".join(o.outputs[0].text for o in outs if o.request_id == "o")
+    assert other == " the stop sign is red"  # the other request is unaffected
+    assert not proc.has_unfinished_requests()
+
+
+def test_stop_string_included_and_cumulative(tokenizer: PreTrainedTokenizerFast) -> None:
+    proc = OutputProcessor(tokenizer)
+    tokens = tokenizer.encode(" hello world, the quick")
+    proc.add_request(_req("s", [5], stop=["world"], include_stop_str_in_output=True), None)
+    outs, aborts = _run(proc, {"s": tokens})
+    assert aborts == ["s"]
+    assert outs[-1].outputs[0].text == " hello world"
+    assert outs[-1].outputs[0].stop_reason == "world"
+
+
+def test_stop_token_from_engine(tokenizer: PreTrainedTokenizerFast) -> None:
+    proc = OutputProcessor(tokenizer)
+    tokens = tokenizer.encode(" hello world")
+    proc.add_request(_req("t", [5], stop_token_ids=[tokens[-1]]), None)
+    eco = [EngineCoreOutput("t", tokens, finish_reason=FinishReason.STOP, stop_reason=tokens[-1])]
+    res = proc.process_outputs(eco)
+    assert res.reqs_to_abort == []  # the engine core already finished it
+    out = res.request_outputs[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == tokens[-1]
+    assert out.text == tokenizer.decode(tokens[:-1]) and out.token_ids == tokens
+
+
+def test_outputs_for_unknown_or_finished_requests_are_ignored(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    proc = OutputProcessor(tokenizer)
+    proc.add_request(_req("x", [5]), None)
+    proc.process_outputs([EngineCoreOutput("x", [72], finish_reason=FinishReason.LENGTH)])
+    res = proc.process_outputs([EngineCoreOutput("x", [73]), EngineCoreOutput("nope", [1])])
+    assert res.request_outputs == [] and res.reqs_to_abort == []
+    proc.add_request(_req("y", [5]), None)
+    with pytest.raises(ValueError, match="already running"):
+        proc.add_request(_req("y", [5]), None)
+
+
+def test_logprobs_rows(tokenizer: PreTrainedTokenizerFast) -> None:
+    proc = OutputProcessor(tokenizer)
+    proc.add_request(_req("l", [5], logprobs=1, output_kind=DELTA), None)
+    a, b, c = tokenizer.encode("hello")[0], tokenizer.encode(" world")[0], 72
+    # Engine rows carry the batch's max (2) top logprobs; this request asked for 1.
+    rows = [([a, c, a], [-0.5, -0.1, -0.5], 2), ([b, b, c], [-0.2, -0.2, -1.5], 1)]
+    res = proc.process_outputs([EngineCoreOutput("l", [a, b], new_logprobs=rows)])
+    out = res.request_outputs[0].outputs[0]
+    assert out.logprobs is not None and len(out.logprobs) == 2
+    first, second = out.logprobs
+    assert list(first) == [a, c]
+    assert first[a].logprob == -0.5 and first[a].rank == 2
+    assert first[a].decoded_token == tokenizer.decode([a])
+    assert first[c].rank == 1 and first[c].decoded_token == tokenizer.decode([c])
+    assert list(second) == [b] and second[b].rank == 1
+    assert math.isclose(out.cumulative_logprob or 0.0, -0.7)
+
+    rows2 = [([c, a], [-3.0, -0.1], 5)]
+    res = proc.process_outputs(
+        [EngineCoreOutput("l", [c], finish_reason=FinishReason.LENGTH, new_logprobs=rows2)]
+    )
+    out = res.request_outputs[0].outputs[0]
+    assert out.logprobs is not None and len(out.logprobs) == 1  # DELTA: only the new row
+    assert out.logprobs[0][c].rank == 5
+    assert math.isclose(out.cumulative_logprob or 0.0, -3.7)
+
+
+def test_no_logprobs_requested(tokenizer: PreTrainedTokenizerFast) -> None:
+    proc = OutputProcessor(tokenizer)
+    proc.add_request(_req("n", [5]), None)
+    out = proc.process_outputs([EngineCoreOutput("n", [72], finish_reason=FinishReason.LENGTH)])
+    completion = out.request_outputs[0].outputs[0]
+    assert completion.logprobs is None and completion.cumulative_logprob is None
+
+
+async def test_collectors_abort_and_errors(tokenizer: PreTrainedTokenizerFast) -> None:
+    proc = OutputProcessor(tokenizer)
+    queues = {rid: RequestOutputCollector(DELTA, rid) for rid in ("a", "b", "c")}
+    for rid, q in queues.items():
+        proc.add_request(_req(rid, [5], output_kind=DELTA, stop=["zzz"]), None, queue=q)
+    tokens = tokenizer.encode(" hello world")
+    res = proc.process_outputs([EngineCoreOutput(rid, tokens) for rid in queues])
+    assert res.request_outputs == []  # they went to the collectors
+    first = queues["a"].get_nowait()
+    assert first is not None and first.outputs[0].text == " hello wor"  # 2 chars held back
+
+    assert proc.abort_requests(["a", "missing"]) == ["a"]
+    final = await queues["a"].get()
+    assert final.finished and final.outputs[0].finish_reason == "abort"
+    assert final.outputs[0].text == "ld"  # the held-back text is released at the end
+    assert proc.get_num_unfinished_requests() == 2
+
+    proc.propagate_error(RuntimeError("boom"))
+    for rid in ("b", "c"):
+        with pytest.raises(RuntimeError, match="boom"):
+            await queues[rid].get()
+
+
+async def test_abort_final_only_gets_everything(tokenizer: PreTrainedTokenizerFast) -> None:
+    proc = OutputProcessor(tokenizer)
+    q = RequestOutputCollector(FINAL_ONLY, "f")
+    proc.add_request(_req("f", [5], output_kind=FINAL_ONLY), None, queue=q)
+    tokens = tokenizer.encode(" the lazy dog")
+    proc.process_outputs([EngineCoreOutput("f", tokens)])
+    assert q.get_nowait() is None
+    proc.abort_requests(["f"])
+    out = await q.get()
+    assert out.finished and out.outputs[0].text == " the lazy dog"
+    assert out.outputs[0].token_ids == tokens and out.outputs[0].finish_reason == "abort"
+
+
+def test_without_tokenizer() -> None:
+    proc = OutputProcessor(None)
+    proc.add_request(_req("n", [1, 2], logprobs=0), None)
+    rows = [([7], [-0.3], 1), ([8], [-0.4], 2)]
+    res = proc.process_outputs(
+        [EngineCoreOutput("n", [7, 8], finish_reason=FinishReason.LENGTH, new_logprobs=rows)]
+    )
+    out = res.request_outputs[0].outputs[0]
+    assert out.text == "" and out.token_ids == [7, 8]
+    assert out.logprobs is not None and out.logprobs[1][8].decoded_token is None
+
+
+def test_metrics_and_iteration_stats(tokenizer: PreTrainedTokenizerFast) -> None:
+    proc = OutputProcessor(tokenizer)
+    proc.add_request(_req("m", [5, 6, 7]), None)
+    arrival = proc.request_states["m"].metrics.arrival_time
+    s1 = proc.process_outputs([EngineCoreOutput("m", [72])], engine_core_timestamp=arrival + 1.0)
+    assert s1.iteration_stats.time_to_first_tokens == [1.0]
+    assert s1.iteration_stats.num_prompt_tokens == 3
+    s2 = proc.process_outputs([EngineCoreOutput("m", [73])], engine_core_timestamp=arrival + 1.5)
+    assert s2.iteration_stats.inter_token_latencies == [0.5]
+    s3 = proc.process_outputs(
+        [EngineCoreOutput("m", [74, 75], finish_reason=FinishReason.LENGTH)],
+        engine_core_timestamp=arrival + 2.5,
+    )
+    metrics = s3.request_outputs[0].metrics
+    assert metrics is not None
+    assert metrics.time_to_first_token == 1.0 and metrics.e2e_latency == 2.5
+    assert metrics.num_generation_tokens == 4
+    assert metrics.mean_time_per_output_token == pytest.approx(0.5)
+    (fin,) = s3.iteration_stats.finished_requests
+    assert fin.finish_reason == "length" and fin.num_generation_tokens == 4
+    assert s3.iteration_stats.num_generation_tokens == 2
+
+
+def test_multibyte_delta_streaming(tokenizer: PreTrainedTokenizerFast) -> None:
+    proc = OutputProcessor(tokenizer)
+    text = " 你好 😀 world"
+    tokens = tokenizer.encode(text)
+    assert len(tokens) > 8
+    proc.add_request(_req("u", [5], output_kind=DELTA), None)
+    outs, _ = _run(proc, {"u": tokens})
+    assert all("\ufffd" not in o.outputs[0].text for o in outs)
+    assert "".join(o.outputs[0].text for o in outs) == text
