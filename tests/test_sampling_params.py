@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import pytest
+
+from cadence.sampling_params import RequestOutputKind, SamplingParams
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"temperature": "1"}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_p": float("nan")}, "top_p"),
+        ({"top_k": 0}, "top_k"),
+        ({"top_k": -2}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -5}, "max_tokens"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
+        ({"logprobs": -1}, "logprobs"),
+        ({"logprobs": 1.5}, "logprobs"),
+        ({"stop": ["ok", ""]}, "stop"),
+        ({"stop": ["ok", 3]}, "stop"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"seed": 1.5}, "seed"),
+        ({"n": 2}, "n"),
+    ],
+)
+def test_bad_values_name_the_parameter(kwargs: dict[str, object], param: str) -> None:
+    with pytest.raises(ValueError, match=rf"\b{param}\b"):
+        SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+def test_defaults_and_normalisation() -> None:
+    p = SamplingParams(stop="###", stop_token_ids=[7])
+    assert p.stop == ["###"]
+    assert p.all_stop_token_ids == {7}
+    assert p.output_kind == RequestOutputKind.CUMULATIVE
+    assert not p.greedy
+    assert SamplingParams(stop=None).stop == []
+    assert SamplingParams(stop=("a", "b")).stop == ["a", "b"]
+
+
+def test_greedy_resets_top_k_and_top_p() -> None:
+    p = SamplingParams(temperature=0.0, top_k=5, top_p=0.3)
+    assert p.greedy and p.top_k == -1 and p.top_p == 1.0
+    tiny = SamplingParams(temperature=1e-7)
+    assert tiny.greedy and tiny.temperature == 0.0
+
+
+def test_valid_edge_values() -> None:
+    SamplingParams(top_p=1.0, top_k=-1, max_tokens=None, logprobs=0, min_tokens=0)
+    SamplingParams(top_k=1, seed=-3, min_tokens=4, max_tokens=4)
+
+
+def test_clone_is_independent() -> None:
+    p = SamplingParams(stop=["a"], stop_token_ids=[1])
+    q = p.clone()
+    q.stop.append("b")  # type: ignore[union-attr]
+    q.all_stop_token_ids.add(99)
+    assert p.stop == ["a"] and p.all_stop_token_ids == {1}
