@@ -1,0 +1,198 @@
+"""Turns a user prompt and sampling parameters into a validated ``EngineCoreRequest``.
+
+Everything that can be wrong with a request is found here, before it reaches the scheduler:
+each problem raises ``InputValidationError`` (a ``ValueError``) naming the parameter.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from cadence.core_types import EngineCoreRequest
+from cadence.sampling_params import SamplingParams
+
+__all__ = ["InputProcessor", "InputValidationError", "PromptType"]
+
+PromptType = str | Mapping[str, Any]
+
+
+class InputValidationError(ValueError):
+    """A request the engine cannot serve; ``parameter`` names the offending request field."""
+
+    def __init__(self, message: str, parameter: str, value: object = None) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+        self.value = value
+
+
+class _Tokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+
+class InputProcessor:
+    def __init__(
+        self,
+        tokenizer: _Tokenizer | None,
+        vocab_size: int,
+        max_model_len: int,
+        eos_token_ids: list[int],
+        num_kv_blocks: int | None = None,
+        block_size: int = 16,
+        max_logprobs: int = 20,
+    ) -> None:
+        if vocab_size < 1 or max_model_len < 1 or block_size < 1:
+            raise ValueError("vocab_size, max_model_len and block_size must be positive.")
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.eos_token_ids = list(eos_token_ids)
+        self.num_kv_blocks = num_kv_blocks
+        self.block_size = block_size
+        self.max_logprobs = max_logprobs
+
+    def process(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> tuple[EngineCoreRequest, str | None]:
+        """Validate and tokenize. Returns the engine request and the prompt text (None when the
+        prompt was given as token ids). The caller's ``params`` is never modified."""
+        prompt_text, token_ids = self._parse_prompt(prompt)
+        self._validate_token_ids(token_ids)
+        params = params.clone()
+        self._validate_params(params)
+        params.max_tokens = self._resolve_max_tokens(len(token_ids), params.max_tokens)
+
+        if not params.ignore_eos:
+            params.all_stop_token_ids |= set(self.eos_token_ids)
+        params.all_stop_token_ids |= set(params.stop_token_ids or [])
+
+        request = EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=token_ids,
+            sampling_params=params,
+            eos_token_id=self.eos_token_ids[0] if self.eos_token_ids else None,
+            arrival_time=time.time() if arrival_time is None else arrival_time,
+            priority=priority,
+        )
+        return request, prompt_text
+
+    # Prompt ------------------------------------------------------------------------------------
+    def _parse_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self._tokenize(prompt)
+        if not isinstance(prompt, Mapping):
+            raise InputValidationError(
+                "prompt must be a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}, "
+                f"got {type(prompt).__name__}.",
+                "prompt",
+            )
+        if "prompt_token_ids" in prompt:
+            ids = prompt["prompt_token_ids"]
+            if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+                raise InputValidationError(
+                    "prompt_token_ids must be a list of integers.", "prompt_token_ids"
+                )
+            if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+                raise InputValidationError(
+                    "prompt_token_ids must be a list of integers.", "prompt_token_ids"
+                )
+            text = prompt.get("prompt")
+            return (text if isinstance(text, str) else None), [int(t) for t in ids]
+        if "prompt" in prompt:
+            text = prompt["prompt"]
+            if not isinstance(text, str):
+                raise InputValidationError("prompt must be a string.", "prompt")
+            return text, self._tokenize(text)
+        raise InputValidationError(
+            "A dict prompt needs a 'prompt' or a 'prompt_token_ids' key.", "prompt"
+        )
+
+    def _tokenize(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise InputValidationError(
+                "Text prompts need a tokenizer, and this engine was started with "
+                "skip_tokenizer_init=True; pass {'prompt_token_ids': [...]} instead.",
+                "prompt",
+            )
+        if not text:
+            raise InputValidationError("The prompt cannot be empty.", "prompt")
+        return list(self.tokenizer.encode(text))
+
+    def _validate_token_ids(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise InputValidationError("The prompt cannot be empty.", "prompt")
+        bad = next((t for t in token_ids if t < 0 or t >= self.vocab_size), None)
+        if bad is not None:
+            raise InputValidationError(
+                f"Token id {bad} is out of vocabulary (vocabulary size {self.vocab_size}).",
+                "prompt_token_ids",
+                bad,
+            )
+
+    # Sampling parameters -------------------------------------------------------------------------
+    def _validate_params(self, params: SamplingParams) -> None:
+        if params.stop and self.tokenizer is None:
+            raise InputValidationError(
+                "Stop strings need a tokenizer, and this engine was started with "
+                "skip_tokenizer_init=True; use stop_token_ids instead.",
+                "stop",
+            )
+        if params.logprobs is not None and params.logprobs > self.max_logprobs:
+            raise InputValidationError(
+                f"Requested sample logprobs of {params.logprobs}, which is greater than max "
+                f"allowed: {self.max_logprobs}",
+                "logprobs",
+                params.logprobs,
+            )
+
+    def _resolve_max_tokens(self, num_prompt: int, max_tokens: int | None) -> int:
+        limit = self.max_model_len
+        if num_prompt >= limit:
+            raise InputValidationError(
+                f"This model's maximum context length is {limit} tokens. However, your request "
+                f"has {num_prompt} input tokens. Please reduce the length of the input messages.",
+                "prompt",
+                num_prompt,
+            )
+        fit = self._kv_token_capacity()
+        if fit is not None and num_prompt + 1 > fit:
+            raise InputValidationError(
+                f"The prompt has {num_prompt} tokens but the KV cache holds at most {fit} tokens "
+                f"per request (prompt + max_tokens). Please reduce the length of the prompt.",
+                "prompt",
+                num_prompt,
+            )
+        if max_tokens is None:
+            # Unset: as many as the context (and the KV cache) allow.
+            return min(limit, fit if fit is not None else limit) - num_prompt
+        if num_prompt + max_tokens > limit:
+            raise InputValidationError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{num_prompt + max_tokens} tokens ({num_prompt} in the messages, {max_tokens} in "
+                "the completion). Please reduce the length of the messages or completion.",
+                "max_tokens",
+                max_tokens,
+            )
+        if fit is not None and num_prompt + max_tokens > fit:
+            blocks = math.ceil((num_prompt + max_tokens) / self.block_size)
+            raise InputValidationError(
+                f"The request needs {blocks} KV cache blocks ({num_prompt} prompt + {max_tokens} "
+                f"completion tokens) but the KV cache holds at most {fit} tokens per request. "
+                f"Please reduce max_tokens to at most {fit - num_prompt} or shorten the prompt.",
+                "max_tokens",
+                max_tokens,
+            )
+        return max_tokens
+
+    def _kv_token_capacity(self) -> int | None:
+        # One block stays reserved (the padding / null block), so a request may use the rest.
+        if self.num_kv_blocks is None:
+            return None
+        return max(self.num_kv_blocks - 1, 0) * self.block_size

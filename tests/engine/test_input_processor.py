@@ -1,0 +1,152 @@
+from __future__ import annotations
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from cadence.engine.input_processor import InputProcessor, InputValidationError
+from cadence.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=280,
+        special_tokens=["<|eos|>", "<|end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tk.train_from_iterator(["hello world, hello there"], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|eos|>")
+
+
+def _proc(tokenizer: PreTrainedTokenizerFast | None, **kw: object) -> InputProcessor:
+    args: dict[str, object] = {"vocab_size": 280, "max_model_len": 64, "eos_token_ids": [0, 1]}
+    args.update(kw)
+    return InputProcessor(tokenizer, **args)  # type: ignore[arg-type]
+
+
+def test_text_prompt(tokenizer: PreTrainedTokenizerFast) -> None:
+    params = SamplingParams(max_tokens=5, stop_token_ids=[9])
+    req, text = _proc(tokenizer).process("r1", "hello world", params, arrival_time=3.0, priority=2)
+    assert text == "hello world"
+    assert req.prompt_token_ids == tokenizer.encode("hello world")
+    assert req.request_id == "r1" and req.arrival_time == 3.0 and req.priority == 2
+    assert req.eos_token_id == 0
+    assert req.sampling_params.all_stop_token_ids == {0, 1, 9}
+    assert req.sampling_params.max_tokens == 5
+    # The caller's params are untouched.
+    assert params.all_stop_token_ids == {9}
+    assert req.sampling_params is not params
+
+
+def test_token_and_dict_prompts(tokenizer: PreTrainedTokenizerFast) -> None:
+    proc = _proc(tokenizer)
+    req, text = proc.process("a", {"prompt_token_ids": [3, 4, 5]}, SamplingParams())
+    assert req.prompt_token_ids == [3, 4, 5] and text is None
+    req, text = proc.process("b", {"prompt": "hello"}, SamplingParams())
+    assert text == "hello" and req.prompt_token_ids == tokenizer.encode("hello")
+
+
+def test_ignore_eos_keeps_only_stop_token_ids(tokenizer: PreTrainedTokenizerFast) -> None:
+    req, _ = _proc(tokenizer).process(
+        "r", "hi", SamplingParams(ignore_eos=True, stop_token_ids=[7])
+    )
+    assert req.sampling_params.all_stop_token_ids == {7}
+    assert req.eos_token_id == 0
+
+
+def test_max_tokens_none_resolves_to_the_rest_of_the_context(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    req, _ = _proc(tokenizer).process(
+        "r", {"prompt_token_ids": [3] * 10}, SamplingParams(max_tokens=None)
+    )
+    assert req.sampling_params.max_tokens == 54
+    # With a small KV cache the default is capped to what fits: (5 - 1) blocks * 4 tokens.
+    proc = _proc(tokenizer, num_kv_blocks=5, block_size=4)
+    req, _ = proc.process("r", {"prompt_token_ids": [3] * 10}, SamplingParams(max_tokens=None))
+    assert req.sampling_params.max_tokens == 6
+
+
+@pytest.mark.parametrize(
+    ("prompt", "param", "message"),
+    [
+        ("", "prompt", "cannot be empty"),
+        ({"prompt": ""}, "prompt", "cannot be empty"),
+        ({"prompt_token_ids": []}, "prompt", "cannot be empty"),
+        ({"prompt_token_ids": [1, 280]}, "prompt_token_ids", "Token id 280 is out of vocabulary"),
+        ({"prompt_token_ids": [-1]}, "prompt_token_ids", "Token id -1"),
+        ({"prompt_token_ids": [1, "2"]}, "prompt_token_ids", "list of integers"),
+        ({"prompt_token_ids": "123"}, "prompt_token_ids", "list of integers"),
+        ({"prompt": 5}, "prompt", "must be a string"),
+        ({"text": "hi"}, "prompt", "'prompt' or a 'prompt_token_ids'"),
+        (42, "prompt", "must be a string"),
+    ],
+)
+def test_bad_prompts(
+    tokenizer: PreTrainedTokenizerFast, prompt: object, param: str, message: str
+) -> None:
+    with pytest.raises(InputValidationError, match=message) as info:
+        _proc(tokenizer).process("r", prompt, SamplingParams())  # type: ignore[arg-type]
+    assert info.value.parameter == param
+    assert isinstance(info.value, ValueError)
+
+
+def test_prompt_plus_max_tokens_over_context(tokenizer: PreTrainedTokenizerFast) -> None:
+    with pytest.raises(InputValidationError) as info:
+        _proc(tokenizer).process("r", {"prompt_token_ids": [3] * 40}, SamplingParams(max_tokens=30))
+    assert str(info.value) == (
+        "This model's maximum context length is 64 tokens. However, you requested 70 tokens "
+        "(40 in the messages, 30 in the completion). Please reduce the length of the messages "
+        "or completion."
+    )
+    assert info.value.parameter == "max_tokens"
+    # Exactly at the limit is fine.
+    _proc(tokenizer).process("r", {"prompt_token_ids": [3] * 40}, SamplingParams(max_tokens=24))
+
+
+@pytest.mark.parametrize("length", [64, 100])
+def test_prompt_alone_too_long(tokenizer: PreTrainedTokenizerFast, length: int) -> None:
+    with pytest.raises(InputValidationError, match="maximum context length is 64") as info:
+        _proc(tokenizer).process("r", {"prompt_token_ids": [3] * length}, SamplingParams())
+    assert f"{length} input tokens" in str(info.value)
+    assert info.value.parameter == "prompt"
+
+
+def test_request_larger_than_the_kv_cache(tokenizer: PreTrainedTokenizerFast) -> None:
+    proc = _proc(tokenizer, num_kv_blocks=4, block_size=4)  # 3 usable blocks: 12 tokens
+    proc.process("ok", {"prompt_token_ids": [3] * 8}, SamplingParams(max_tokens=4))
+    with pytest.raises(InputValidationError, match="at most 12 tokens") as info:
+        proc.process("r", {"prompt_token_ids": [3] * 8}, SamplingParams(max_tokens=5))
+    assert info.value.parameter == "max_tokens"
+    assert "at most 4" in str(info.value)
+    with pytest.raises(InputValidationError, match="at most 12 tokens") as info:
+        proc.process("r", {"prompt_token_ids": [3] * 12}, SamplingParams(max_tokens=None))
+    assert info.value.parameter == "prompt"
+
+
+def test_too_many_logprobs(tokenizer: PreTrainedTokenizerFast) -> None:
+    with pytest.raises(InputValidationError, match="max allowed: 20") as info:
+        _proc(tokenizer).process("r", "hi", SamplingParams(logprobs=21))
+    assert info.value.parameter == "logprobs"
+
+
+def test_without_tokenizer() -> None:
+    proc = _proc(None)
+    req, text = proc.process("r", {"prompt_token_ids": [1, 2]}, SamplingParams())
+    assert text is None and req.prompt_token_ids == [1, 2]
+    with pytest.raises(InputValidationError, match="skip_tokenizer_init") as info:
+        proc.process("r", "hello", SamplingParams())
+    assert info.value.parameter == "prompt"
+    with pytest.raises(InputValidationError, match="stop_token_ids instead") as info:
+        proc.process("r", {"prompt_token_ids": [1]}, SamplingParams(stop=["x"]))
+    assert info.value.parameter == "stop"
+
+
+def test_no_eos_ids() -> None:
+    req, _ = _proc(None, eos_token_ids=[]).process("r", {"prompt_token_ids": [1]}, SamplingParams())
+    assert req.eos_token_id is None and req.sampling_params.all_stop_token_ids == set()
