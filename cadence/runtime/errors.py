@@ -32,9 +32,21 @@ def _describe(err: Any) -> tuple[int, str, str]:
     return code, name, description
 
 
+def _clear_last_error() -> None:
+    # cudart keeps a failed call's code as the thread's "last error" until it is read; torch's
+    # launch checks read it, so a stale code would surface there. Sticky errors stay regardless.
+    try:
+        from cuda.bindings import runtime
+
+        runtime.cudaGetLastError()
+    except Exception:
+        pass
+
+
 def raise_for(err: Any, call: str) -> None:
-    """Raise ``CudaError`` for a non-success error code."""
+    """Raise ``CudaError`` for a non-success error code (clearing cudart's last-error state)."""
     code, name, description = _describe(err)
+    _clear_last_error()
     raise CudaError(call, code, name, description)
 
 

@@ -72,6 +72,7 @@ def test_numba_launcher_on_runtime_stream_and_inside_a_captured_graph() -> None:
     rng = np.random.default_rng(7)
     first = random_batch(rng, rows=200, max_reqs=256)
     bufs = _buffers(first, "cuda")
+    torch.cuda.synchronize()  # made on torch's stream, which main does not wait for
     kernels = make_token_kernels(bufs)
     assert isinstance(kernels, NumbaTokenKernels)
 
