@@ -39,12 +39,14 @@ class AsyncScheduler(Scheduler):
             request.discard_latest_async_tokens = False
             return [], False
         status_before = request.status
-        new_token_ids, stopped = super()._update_request_with_output(request, new_token_ids)
-        request.num_output_placeholders -= len(new_token_ids)
-        assert request.num_output_placeholders >= 0
+        new_token_ids, stopped = Scheduler._update_request_with_output(self, request, new_token_ids)
+        placeholders = request.num_output_placeholders - len(new_token_ids)
+        assert placeholders >= 0
+        request.num_output_placeholders = placeholders
         if status_before == _RUNNING:
             # Only blocks whose tokens are all known (none in flight) can be hashed.
-            self.kv_cache_manager.cache_blocks(
-                request, request.num_computed_tokens - request.num_output_placeholders
-            )
+            num_known = request.num_computed_tokens - placeholders
+            kv = self.kv_cache_manager
+            if num_known // self.block_size > kv.num_cached_block.get(request.request_id, 0):
+                kv.cache_blocks(request, num_known)
         return new_token_ids, stopped

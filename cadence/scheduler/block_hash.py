@@ -37,17 +37,18 @@ def make_block_hasher(
 
     def hasher(request: Request) -> list[bytes]:
         hashes = request.block_hashes
-        start = len(hashes) * block_size
         tokens = request.all_token_ids
-        num_tokens = len(tokens)
-        if num_tokens - start < block_size:
+        start = len(hashes) * block_size
+        if len(tokens) - start < block_size:
             return []
         parent = hashes[-1] if hashes else root_hash
         new_hashes: list[bytes] = []
-        while start + block_size <= num_tokens:
-            parent = hash_block_tokens(parent, tokens[start : start + block_size])
+        end = start + block_size
+        while end <= len(tokens):
+            parent = hash_block_tokens(parent, tokens[start:end])
             new_hashes.append(parent)
-            start += block_size
+            start = end
+            end += block_size
         return new_hashes
 
     return hasher

@@ -97,18 +97,26 @@ class KVCacheManager:
         """
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens must be positive, got {num_new_tokens}.")
-        hits = new_computed_blocks if new_computed_blocks is not None else _NO_BLOCKS
         req_id = request.request_id
         req_blocks = self.req_to_blocks.get(req_id)
-        num_held = len(req_blocks) if req_blocks is not None else 0
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         num_slots = num_computed + num_new_tokens + num_lookahead_tokens
         if num_slots > self.max_model_len:
             num_slots = self.max_model_len
-        num_new_blocks = -(-num_slots // self.block_size) - num_held - len(hits)
+        num_required = -(-num_slots // self.block_size)
         pool = self.block_pool
-        # Hits sitting in the free queue are counted: touching them takes them out of it.
-        num_evictable_hits = sum(1 for block in hits if block.ref_cnt == 0)
+
+        if new_computed_blocks:
+            hits = new_computed_blocks
+            # Hits sitting in the free queue count: touching them takes them out of it.
+            num_evictable_hits = 0
+            for block in hits:
+                if block.ref_cnt == 0:
+                    num_evictable_hits += 1
+        else:
+            hits = _NO_BLOCKS
+            num_evictable_hits = 0
+        num_new_blocks = num_required - len(hits) - (len(req_blocks) if req_blocks else 0)
         if num_new_blocks + num_evictable_hits > pool.free_block_queue.num_free_blocks:
             return None
 
@@ -117,18 +125,22 @@ class KVCacheManager:
         if hits:
             pool.touch(hits)
             req_blocks.extend(hits)
-            # Hits are already registered in the cache; only later blocks need caching.
+            # Hits are registered in the cache already; caching resumes after them.
             self.num_cached_block[req_id] = len(req_blocks)
-        new_blocks = pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
-        if new_blocks:
+        if num_new_blocks > 0:
+            new_blocks = pool.get_new_blocks(num_new_blocks)
             req_blocks.extend(new_blocks)
+        else:
+            new_blocks = []
 
         if self.enable_caching:
             # Only tokens whose ids are known can be hashed: never past request.num_tokens.
             num_known = num_computed + num_new_tokens
-            if num_known > request.num_tokens:
-                num_known = request.num_tokens
-            self.cache_blocks(request, num_known)
+            num_tokens = request.num_tokens
+            if num_known > num_tokens:
+                num_known = num_tokens
+            if num_known // self.block_size > self.num_cached_block.get(req_id, 0):
+                self.cache_blocks(request, num_known)
         return new_blocks
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
@@ -157,7 +169,7 @@ class KVCacheManager:
             self.block_pool.free_blocks(reversed(blocks))
 
     def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
-        return self.req_to_blocks.get(request_id, _NO_BLOCKS)
+        return self.req_to_blocks.get(request_id) or []
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self.req_to_blocks.get(request_id, _NO_BLOCKS)]

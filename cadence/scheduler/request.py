@@ -104,11 +104,15 @@ class Request:
         return len(self._output_token_ids)
 
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
+        # Runs once per request per step in update_from_output: kept free of extra calls.
         if isinstance(token_ids, int):
-            token_ids = [token_ids]
-        self._output_token_ids.extend(token_ids)
-        self._all_token_ids.extend(token_ids)
-        self.update_block_hashes()
+            self._output_token_ids.append(token_ids)
+            self._all_token_ids.append(token_ids)
+        else:
+            self._output_token_ids.extend(token_ids)
+            self._all_token_ids.extend(token_ids)
+        if self._block_hasher is not None:
+            self.block_hashes.extend(self._block_hasher(self))
 
     def update_block_hashes(self) -> None:
         if self._block_hasher is not None:

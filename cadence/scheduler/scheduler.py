@@ -23,6 +23,7 @@ from cadence.worker.output import ModelRunnerOutput
 
 _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
+_NO_NEW_BLOCKS: list[KVCacheBlock] = []  # shared, never mutated
 
 
 def _victim_key(request: Request) -> tuple[int, float]:
@@ -132,6 +133,10 @@ class Scheduler:
         scheduled_running: list[Request] = []
         scheduled_new: list[Request] = []
         preempted: list[Request] = []
+        req_to_blocks = kv.req_to_blocks
+        num_cached_block = kv.num_cached_block
+        block_size = self.block_size
+        caching = kv.enable_caching
 
         # Running requests first, in order.
         req_index = 0
@@ -157,10 +162,21 @@ class Scheduler:
                 req_index += 1
                 continue
 
-            while True:
+            # Fast path (most decode steps): the held blocks already have the slots and no block
+            # becomes full, so allocate_slots would change nothing.
+            end = num_computed + num_new
+            blocks = req_to_blocks.get(request.request_id)
+            if (
+                blocks is not None
+                and end <= len(blocks) * block_size
+                and (
+                    not caching or end // block_size <= num_cached_block.get(request.request_id, 0)
+                )
+            ):
+                new_blocks = _NO_NEW_BLOCKS
+            else:
                 new_blocks = kv.allocate_slots(request, num_new)
-                if new_blocks is not None:
-                    break
+            while new_blocks is None:
                 if self.policy == "priority":
                     victim = max(running, key=_victim_key)
                     victim_index = running.index(victim)
@@ -178,6 +194,7 @@ class Scheduler:
                 preempted.append(victim)
                 if victim is request:
                     break
+                new_blocks = kv.allocate_slots(request, num_new)
             if new_blocks is None:
                 break
 
@@ -305,6 +322,7 @@ class Scheduler:
         outputs: list[EngineCoreOutput] = []
         stopped_running: set[Request] = set()
         stopped_preempted: set[Request] = set()
+        update = self._update_request_with_output
 
         for req_id in scheduler_output.num_scheduled_tokens:
             request = requests.get(req_id)
@@ -312,14 +330,14 @@ class Scheduler:
                 # Finished or aborted while this step was running: its tokens are dropped.
                 continue
             row = index_of.get(req_id)
-            if row is None or not sampled:
+            if row is None:
                 continue
             new_token_ids = sampled[row]
             if not new_token_ids:
                 continue  # a partial prefill chunk samples nothing
 
             status_before = request.status
-            new_token_ids, stopped = self._update_request_with_output(request, new_token_ids)
+            new_token_ids, stopped = update(request, new_token_ids)
             finish_reason = None
             if stopped:
                 finish_reason = request.get_finished_reason()
@@ -344,14 +362,16 @@ class Scheduler:
                         logprobs.sampled_token_ranks[row],
                     )
                 ]
+            # Positional: (request_id, new_token_ids, new_logprobs, finish_reason, stop_reason,
+            # num_cached_tokens); this loop runs once per request per step.
             outputs.append(
                 EngineCoreOutput(
-                    request_id=req_id,
-                    new_token_ids=new_token_ids,
-                    new_logprobs=new_logprobs,
-                    finish_reason=finish_reason,
-                    stop_reason=request.stop_reason,
-                    num_cached_tokens=max(request.num_cached_tokens, 0),
+                    req_id,
+                    new_token_ids,
+                    new_logprobs,
+                    finish_reason,
+                    request.stop_reason,
+                    request.num_cached_tokens,
                 )
             )
 
@@ -371,12 +391,13 @@ class Scheduler:
     ) -> tuple[list[int], bool]:
         """Append sampled tokens one by one, stopping at the first that ends the request."""
         max_model_len = self.max_model_len
+        if len(new_token_ids) == 1:
+            request.append_output_token_ids(new_token_ids[0])
+            return new_token_ids, check_stop(request, max_model_len)
         for num_kept, token_id in enumerate(new_token_ids, 1):
             request.append_output_token_ids(token_id)
             if check_stop(request, max_model_len):
-                if num_kept < len(new_token_ids):
-                    new_token_ids = new_token_ids[:num_kept]
-                return new_token_ids, True
+                return new_token_ids[:num_kept], True
         return new_token_ids, False
 
     def _free_request(self, request: Request) -> None:

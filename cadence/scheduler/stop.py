@@ -10,26 +10,26 @@ from cadence.scheduler.request import Request, RequestStatus
 
 def check_stop(request: Request, max_model_len: int) -> bool:
     """Set the request's finished status and return True if its last token ends it."""
-    num_output = len(request.output_token_ids)
+    output = request.output_token_ids
+    num_output = len(output)
     params = request.sampling_params
-    if num_output < params.min_tokens:
-        # min_tokens defers EOS, stop ids and max_tokens, but never the context-length limit:
-        # a request at max_model_len cannot be scheduled again.
-        if request.num_tokens >= max_model_len:
+    # min_tokens defers EOS, stop ids and max_tokens, but never the context-length limit: a
+    # request at max_model_len cannot be scheduled again.
+    if num_output >= params.min_tokens:
+        last_token_id = output[-1]
+        if last_token_id == request.eos_token_id and not params.ignore_eos:
+            request.status = RequestStatus.FINISHED_STOPPED
+            return True
+        stop_token_ids = params.stop_token_ids
+        if stop_token_ids and last_token_id in stop_token_ids:
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = last_token_id
+            return True
+        max_tokens = request.max_tokens
+        if max_tokens is not None and num_output >= max_tokens:
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED
             return True
-        return False
-
-    last_token_id = request.output_token_ids[-1]
-    if not params.ignore_eos and last_token_id == request.eos_token_id:
-        request.status = RequestStatus.FINISHED_STOPPED
-        return True
-    if params.stop_token_ids and last_token_id in params.stop_token_ids:
-        request.status = RequestStatus.FINISHED_STOPPED
-        request.stop_reason = last_token_id
-        return True
-    max_tokens = request.max_tokens
-    if request.num_tokens >= max_model_len or (max_tokens is not None and num_output >= max_tokens):
+    if request.num_prompt_tokens + num_output >= max_model_len:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False
