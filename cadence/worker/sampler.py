@@ -16,6 +16,7 @@ from cadence.sampling_params import SamplingParams
 from cadence.worker.output import LogprobsLists
 
 _SAMPLING_EPS = 1e-5
+_MAX_FAST_TOP_K = 1024  # above this a full sort is as cheap as torch.topk
 _MASK64 = (1 << 64) - 1
 
 
@@ -32,6 +33,9 @@ class SamplingMetadata:
     max_num_logprobs: int | None = None  # None: no row wants logprobs
     # row -> ids masked to -inf (min_tokens: the stop/eos ids while output count < min_tokens)
     banned_token_ids: dict[int, list[int]] = field(default_factory=dict)
+    # Host-side hint: every non-greedy row has a top-k of at most this. Lets the sampler take
+    # the top-k candidates instead of sorting the whole vocabulary (same tokens, much faster).
+    max_top_k: int | None = None
 
     @classmethod
     def from_params(
@@ -57,8 +61,12 @@ class SamplingMetadata:
         if any(p.top_p < 1.0 for p in params):
             top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
         top_k = None
+        max_top_k = None
         if any(p.top_k > 0 for p in params):
             top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device)
+            random_ks = [p.top_k for p, g in zip(params, greedy, strict=True) if not g]
+            if random_ks and min(random_ks) > 0:
+                max_top_k = max(random_ks)
         wanted = [p.logprobs for p in params if p.logprobs is not None]
         banned: dict[int, list[int]] = {}
         for row, (p, n_out) in enumerate(zip(params, num_output_tokens, strict=True)):
@@ -73,6 +81,7 @@ class SamplingMetadata:
             generators=dict(generators or {}),
             max_num_logprobs=max(wanted) if wanted else None,
             banned_token_ids=banned,
+            max_top_k=max_top_k,
         )
 
 
@@ -148,9 +157,12 @@ class Sampler:
         is_greedy = temp < _SAMPLING_EPS
         # Greedy rows take the argmax below; dividing them by 1 keeps their logits finite.
         logits.div_(torch.where(is_greedy, torch.ones_like(temp), temp).unsqueeze(1))
-        logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
-        probs = logits.softmax(dim=-1)
-        random = exponential_race(probs, md.generators)
+        kmax = md.max_top_k
+        if md.top_k is not None and kmax is not None and 0 < kmax <= _MAX_FAST_TOP_K:
+            random = sample_from_top_k(logits, md.top_k, kmax, md.top_p, md.generators)
+        else:
+            logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
+            random = exponential_race(logits.softmax(dim=-1), md.generators)
         if greedy is None:
             return random
         return torch.where(is_greedy, greedy, random)
@@ -213,6 +225,46 @@ def exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator]
     # Hazard: an exact 0 draw would give 0/0 = NaN on masked entries, and argmax picks NaN.
     q.clamp_(min=torch.finfo(q.dtype).tiny)
     return probs.div(q).argmax(dim=-1)
+
+
+def sample_from_top_k(
+    logits: torch.Tensor,
+    top_k: torch.Tensor,
+    kmax: int,
+    top_p: torch.Tensor | None,
+    generators: dict[int, torch.Generator],
+) -> torch.Tensor:
+    """Top-k (then top-p) sampling over the ``kmax`` best candidates of each row.
+
+    Same distribution as ``apply_top_k_top_p`` + ``exponential_race`` when every row's top-k is
+    at most ``kmax`` (rows with top-k off use ``kmax``). Seeded rows draw noise for the whole
+    vocabulary, as the full path does, so their tokens do not depend on ``kmax`` (the batch).
+    """
+    vocab = logits.shape[-1]
+    kmax = min(kmax, vocab)
+    vals, idx = logits.topk(kmax, dim=-1)  # descending
+    k = top_k.to(device=logits.device, dtype=torch.int64)
+    k = torch.where((k <= 0) | (k > kmax), torch.full_like(k, kmax), k)
+    pos = torch.arange(kmax, device=logits.device)
+    vals = vals.masked_fill(pos.unsqueeze(0) >= k.unsqueeze(1), float("-inf"))
+    if top_p is not None:
+        probs = vals.softmax(dim=-1)
+        mass_above = probs.cumsum(dim=-1) - probs
+        # Keep a candidate while the mass of better ones is below p (the best always stays).
+        drop = mass_above >= top_p.to(device=logits.device, dtype=torch.float32).unsqueeze(1)
+        drop[:, 0] = False
+        vals = vals.masked_fill(drop, float("-inf"))
+    probs = vals.softmax(dim=-1)
+    q = torch.empty_like(probs)
+    if len(generators) < probs.shape[0]:
+        q.exponential_()
+    for row, gen in generators.items():
+        full = torch.empty(vocab, dtype=probs.dtype, device=probs.device)
+        full.exponential_(generator=gen)
+        q[row] = full.gather(0, idx[row])
+    q.clamp_(min=torch.finfo(q.dtype).tiny)
+    choice = probs.div(q).argmax(dim=-1, keepdim=True)
+    return idx.gather(1, choice).squeeze(1)
 
 
 def gather_logprobs(logprobs: torch.Tensor, k: int, sampled: torch.Tensor) -> LogprobsTensors:

@@ -24,6 +24,7 @@ def _md(
     generators: dict[int, torch.Generator] | None = None,
     max_num_logprobs: int | None = None,
     banned: dict[int, list[int]] | None = None,
+    fast: bool = False,
 ) -> SamplingMetadata:
     temps = [temperature] * n if isinstance(temperature, float) else temperature
     greedy = [t == 0.0 for t in temps]
@@ -36,6 +37,7 @@ def _md(
         generators=generators or {},
         max_num_logprobs=max_num_logprobs,
         banned_token_ids=banned or {},
+        max_top_k=max(top_k) if fast and top_k else None,
     )
 
 
@@ -87,9 +89,10 @@ def test_seed_generator_is_deterministic_and_step_dependent() -> None:
     seed_generator(g1, -1, 0)
 
 
-def test_top_k_1_equals_greedy() -> None:
+@pytest.mark.parametrize("fast", [False, True])
+def test_top_k_1_equals_greedy(fast: bool) -> None:
     logits = torch.randn(32, VOCAB, generator=torch.Generator().manual_seed(0))
-    res = Sampler()(logits, _md(32, temperature=1.7, top_k=[1] * 32))
+    res = Sampler()(logits, _md(32, temperature=1.7, top_k=[1] * 32, fast=fast))
     assert torch.equal(res.sampled_token_ids, logits.argmax(dim=-1))
 
 
@@ -115,9 +118,10 @@ def _draws(logits_row: torch.Tensor, n: int, **kw: object) -> torch.Tensor:
     return Sampler()(logits_row.repeat(n, 1), _md(n, **kw)).sampled_token_ids  # type: ignore[arg-type]
 
 
-def test_top_k_never_samples_outside_the_top_k() -> None:
+@pytest.mark.parametrize("fast", [False, True])
+def test_top_k_never_samples_outside_the_top_k(fast: bool) -> None:
     row = _step_logits(1) * 3
-    draws = _draws(row, 5000, temperature=1.0, top_k=[5] * 5000)
+    draws = _draws(row, 5000, temperature=1.0, top_k=[5] * 5000, fast=fast)
     allowed = set(row.topk(5).indices.tolist())
     seen = set(draws.tolist())
     assert seen <= allowed
@@ -145,10 +149,11 @@ def test_top_p_never_samples_outside_the_nucleus() -> None:
     assert set(draws.tolist()) <= allowed
 
 
-def test_top_k_then_top_p_and_temperature() -> None:
+@pytest.mark.parametrize("fast", [False, True])
+def test_top_k_then_top_p_and_temperature(fast: bool) -> None:
     row = _step_logits(3) * 3
     temp = 0.7
-    draws = _draws(row, 4000, temperature=temp, top_k=[8] * 4000, top_p=[0.5] * 4000)
+    draws = _draws(row, 4000, temperature=temp, top_k=[8] * 4000, top_p=[0.5] * 4000, fast=fast)
     scaled = row / temp
     top8 = scaled.topk(8)
     masked = torch.full_like(scaled, float("-inf"))
@@ -163,6 +168,28 @@ def test_frequencies_follow_the_tempered_distribution() -> None:
     freq = torch.bincount(draws, minlength=6).double() / n
     expected = torch.softmax(row.double() / 0.8, dim=-1)
     assert torch.allclose(freq, expected, atol=0.015)
+
+
+@pytest.mark.parametrize("top_p", [None, 0.7])
+def test_top_k_fast_path_matches_the_full_sort(top_p: float | None) -> None:
+    """Seeded rows: the top-k candidate path and the full-vocabulary path pick the same token,
+    whatever the batch's largest top-k."""
+    n = 64
+    logits = torch.randn(n, VOCAB, generator=torch.Generator().manual_seed(11)) * 2
+    ks = [1 + (i % 9) for i in range(n)]
+    temps = [0.0 if i % 7 == 0 else 0.9 for i in range(n)]
+    ps = None if top_p is None else [top_p] * n
+    results = []
+    for fast, extra_k in [(False, 0), (True, 0), (True, 20)]:
+        gens = {i: torch.Generator() for i in range(n)}
+        for i, g in gens.items():
+            seed_generator(g, 100 + i, 3)
+        md = _md(n, temperature=temps, top_k=ks, top_p=ps, generators=gens, fast=fast)
+        if extra_k:
+            md.max_top_k = max(ks) + extra_k
+        results.append(Sampler()(logits, md).sampled_token_ids)
+    assert torch.equal(results[0], results[1])
+    assert torch.equal(results[0], results[2])
 
 
 def test_top_p_keeps_at_least_one_token() -> None:
@@ -241,6 +268,7 @@ def test_metadata_from_params() -> None:
     ]
     params[0].all_stop_token_ids |= {2}
     md = SamplingMetadata.from_params(params, num_output_tokens=[2, 0, 1])
+    assert md.max_top_k is None  # row 2 samples without top-k
     assert not md.all_greedy and not md.all_random
     assert md.temperature is not None and md.temperature.tolist() == pytest.approx([0, 0.8, 1])
     assert md.top_k is not None and md.top_k.tolist() == [-1, 5, -1]
@@ -248,6 +276,9 @@ def test_metadata_from_params() -> None:
     assert md.max_num_logprobs == 4
     # Row 0 is below min_tokens: its stop ids are banned; row 2 has reached min_tokens.
     assert md.banned_token_ids == {0: [2, 9]}
+
+    topk = [SamplingParams(temperature=0.0), SamplingParams(top_k=7), SamplingParams(top_k=3)]
+    assert SamplingMetadata.from_params(topk, [0, 0, 0]).max_top_k == 7
 
     greedy = SamplingMetadata.from_params([SamplingParams(temperature=0.0)], [0])
     assert greedy.all_greedy and greedy.temperature is None
