@@ -7,22 +7,17 @@ in one process.
 
 from __future__ import annotations
 
-import collections
-from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from cadence.core_types import SchedulerStats
 
-__all__ = [
-    "CONTENT_TYPE_LATEST",
-    "IterationStats",
-    "PrometheusStatLogger",
-    "RequestTiming",
-    "StatLogger",
-]
+if TYPE_CHECKING:
+    from cadence.engine.output_processor import IterationStats
+
+__all__ = ["CONTENT_TYPE_LATEST", "PrometheusStatLogger", "StatLogger"]
 
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0]
 TTFT_BUCKETS += [7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
@@ -30,47 +25,6 @@ ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0
 ITL_BUCKETS += [0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
 E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0]
 E2E_BUCKETS += [120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
-
-
-@dataclass
-class RequestTiming:
-    """Front-end timing state of one request (``time.monotonic`` seconds)."""
-
-    arrival_time: float
-    num_prompt_tokens: int
-    first_token_time: float | None = None
-    last_token_time: float | None = None
-    num_generation_tokens: int = 0
-
-
-@dataclass
-class IterationStats:
-    """What one batch of engine outputs did, as seen by the front end."""
-
-    num_prompt_tokens: int = 0
-    num_generation_tokens: int = 0
-    time_to_first_tokens: list[float] = field(default_factory=list)
-    inter_token_latencies: list[float] = field(default_factory=list)
-    e2e_latencies: list[float] = field(default_factory=list)
-    finished_reasons: collections.Counter[str] = field(default_factory=collections.Counter)
-
-    def update_from_output(self, timing: RequestTiming, num_new_tokens: int, now: float) -> None:
-        """Account ``num_new_tokens`` tokens that reached the front end at ``now``."""
-        if num_new_tokens <= 0:
-            return
-        if timing.first_token_time is None:
-            timing.first_token_time = now
-            self.num_prompt_tokens += timing.num_prompt_tokens
-            self.time_to_first_tokens.append(now - timing.arrival_time)
-        elif timing.last_token_time is not None:
-            self.inter_token_latencies.append((now - timing.last_token_time) / num_new_tokens)
-        timing.last_token_time = now
-        timing.num_generation_tokens += num_new_tokens
-        self.num_generation_tokens += num_new_tokens
-
-    def update_from_finished(self, timing: RequestTiming, reason: str, now: float) -> None:
-        self.e2e_latencies.append(now - timing.arrival_time)
-        self.finished_reasons[reason] += 1
 
 
 class StatLogger(Protocol):
@@ -137,7 +91,7 @@ class PrometheusStatLogger:
         ).labels(m)
         self._model_name = model_name
         # Cumulative scheduler counters arrive as totals; counters only take increments.
-        self._last_totals = (0, 0, 0)
+        self._last_totals: tuple[int, int, int] = (0, 0, 0)
 
     def record(
         self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None
@@ -149,10 +103,15 @@ class PrometheusStatLogger:
             self.kv_cache_usage.set(s.kv_cache_usage)
             totals = (s.num_preemptions, s.prefix_cache_queries, s.prefix_cache_hits)
             counters = (self.num_preemptions, self.prefix_cache_queries, self.prefix_cache_hits)
-            for c, new, old in zip(counters, totals, self._last_totals, strict=True):
+            last = self._last_totals
+            for c, new, old in zip(counters, totals, last, strict=True):
                 if new > old:
                     c.inc(new - old)
-            self._last_totals = tuple(max(n, o) for n, o in zip(totals, self._last_totals))  # type: ignore[assignment]
+            self._last_totals = (
+                max(totals[0], last[0]),
+                max(totals[1], last[1]),
+                max(totals[2], last[2]),
+            )
         if iteration_stats is not None:
             it = iteration_stats
             if it.num_prompt_tokens:
@@ -163,10 +122,9 @@ class PrometheusStatLogger:
                 self.time_to_first_token.observe(v)
             for v in it.inter_token_latencies:
                 self.inter_token_latency.observe(v)
-            for v in it.e2e_latencies:
-                self.e2e_request_latency.observe(v)
-            for reason, n in it.finished_reasons.items():
-                self._request_success.labels(self._model_name, reason).inc(n)
+            for fin in it.finished_requests:
+                self.e2e_request_latency.observe(fin.e2e_latency)
+                self._request_success.labels(self._model_name, fin.finish_reason).inc()
 
     def exposition(self) -> bytes:
         """The registry in Prometheus text format."""

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from cadence.core_types import EngineCoreOutputs, SchedulerStats
+from cadence.core_types import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from cadence.engine.core_client import EngineCoreClient, EngineDeadError, InprocEngineCoreClient
 from cadence.engine.core_proc import EngineCoreLike
-from cadence.engine.engine_args import EngineArgs, load_frontend
+from cadence.engine.engine_args import EngineArgs
+from cadence.engine.frontend import load_frontend
 from cadence.engine.output_processor import OutputProcessor, RequestOutputCollector
-from cadence.metrics import IterationStats, RequestTiming, StatLogger
+from cadence.metrics import StatLogger
 from cadence.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -46,29 +46,35 @@ class AsyncLLM:
         log_requests: bool = False,
         core_factory: Callable[[], EngineCoreLike] | None = None,
     ) -> None:
+        """Start the engine core thread (built there from ``args``, or by ``core_factory``)."""
         from cadence.engine.core import EngineCore
 
         self.args = args if args is not None else EngineArgs()
         self.log_requests = log_requests
-        frontend = load_frontend(self.args)
+        args_ = self.args
+        factory = core_factory if core_factory is not None else (lambda: EngineCore(args_))
+        client = InprocEngineCoreClient(factory)
+        self.engine_core: EngineCoreClient = client
+        # In process, the front end reads the core's read-only facts (model, sizes) directly.
+        core: Any = client.proc.engine_core
+        self._validate_in_core: Callable[[EngineCoreRequest], None] | None = getattr(
+            core, "validate_request", None
+        )
+        try:
+            frontend = load_frontend(core)
+        except BaseException:
+            client.shutdown()
+            raise
         self.tokenizer = frontend.tokenizer
         self.input_processor = frontend.input_processor
         self.model_name: str = frontend.model_name
         self.max_model_len: int = frontend.max_model_len
-        self.scheduling_policy: str = self.args.scheduling_policy
+        self.num_kv_blocks: int = core.num_kv_blocks
+        self.block_size: int = core.block_size
         self.output_processor = OutputProcessor(self.tokenizer)
-
-        args_ = self.args
-        factory = core_factory if core_factory is not None else (lambda: EngineCore(args_))
-        self.engine_core: EngineCoreClient = InprocEngineCoreClient(factory)
-        self.num_kv_blocks: int = self.engine_core.call_utility("num_kv_blocks")
-        self.block_size: int = self.engine_core.call_utility("block_size")
-        self.input_processor.num_kv_blocks = self.num_kv_blocks
-        self.input_processor.block_size = self.block_size
 
         self.stat_loggers: list[StatLogger] = []
         self.last_scheduler_stats: SchedulerStats | None = None
-        self._timings: dict[str, RequestTiming] = {}
         self.output_handler: asyncio.Task[None] | None = None
         self._handler_loop: asyncio.AbstractEventLoop | None = None
         try:
@@ -110,23 +116,18 @@ class AsyncLLM:
         """Validate, tokenize and enqueue one request; return the collector of its outputs."""
         if self.errored:
             raise EngineDeadError()
-        if priority != 0 and self.scheduling_policy != "priority":
-            raise ValueError(
-                f"priority: got priority {priority} but priority scheduling is not enabled "
-                "(start the engine with scheduling_policy='priority')."
-            )
         request, prompt_text = self.input_processor.process(
             request_id, prompt, sampling_params, arrival_time=arrival_time, priority=priority
         )
+        if self._validate_in_core is not None:
+            self._validate_in_core(request)  # policy and whole-KV-cache fit
         self._run_output_handler()
-        collector = RequestOutputCollector(sampling_params.output_kind)
+        collector = RequestOutputCollector(request.sampling_params.output_kind, request_id)
         self.output_processor.add_request(request, prompt_text, collector)
-        self._timings[request_id] = RequestTiming(time.monotonic(), len(request.prompt_token_ids))
         try:
             self.engine_core.add_request(request)
         except EngineDeadError:
             self.output_processor.abort_requests([request_id])
-            self._timings.pop(request_id, None)
             raise
         if self.log_requests:
             logger.info("Added request %s.", request_id)
@@ -181,8 +182,6 @@ class AsyncLLM:
     def abort_nowait(self, request_ids: list[str]) -> None:
         """``abort`` without awaiting: usable while an async generator is being closed."""
         known = self.output_processor.abort_requests(request_ids)
-        for rid in request_ids:
-            self._timings.pop(rid, None)
         self.engine_core.abort_requests(list(dict.fromkeys([*request_ids, *known])))
 
     # -- output handler ----------------------------------------------------------------------
@@ -212,30 +211,14 @@ class AsyncLLM:
 
     def _process_engine_outputs(self, outputs: EngineCoreOutputs, start: int = 0) -> None:
         chunk = outputs.outputs[start : start + OUTPUT_CHUNK_SIZE]
-        processed = self.output_processor.process_outputs(chunk)
+        processed = self.output_processor.process_outputs(chunk, outputs.timestamp)
         if processed.reqs_to_abort:
             self.engine_core.abort_requests(processed.reqs_to_abort)
-        iteration = self._update_timings(outputs, chunk, set(processed.reqs_to_abort))
-        if start == 0 and outputs.scheduler_stats is not None:
-            self.last_scheduler_stats = outputs.scheduler_stats
+        scheduler_stats = outputs.scheduler_stats if start == 0 else None
+        if scheduler_stats is not None:
+            self.last_scheduler_stats = scheduler_stats
         for stat_logger in self.stat_loggers:
-            stat_logger.record(outputs.scheduler_stats if start == 0 else None, iteration)
-
-    def _update_timings(
-        self, outputs: EngineCoreOutputs, chunk: list[Any], stopped_by_string: set[str]
-    ) -> IterationStats:
-        it = IterationStats()
-        now = outputs.timestamp
-        for eco in chunk:
-            timing = self._timings.get(eco.request_id)
-            if timing is None:
-                continue
-            it.update_from_output(timing, len(eco.new_token_ids), now)
-            if eco.finished or eco.request_id in stopped_by_string:
-                reason = str(eco.finish_reason) if eco.finished else "stop"
-                it.update_from_finished(timing, reason, now)
-                del self._timings[eco.request_id]
-        return it
+            stat_logger.record(scheduler_stats, processed.iteration_stats)
 
     # -- utilities ---------------------------------------------------------------------------
     async def get_scheduler_stats(self) -> SchedulerStats:

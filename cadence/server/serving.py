@@ -28,7 +28,7 @@ DONE_FRAME = "data: [DONE]\n\n"
 LOGPROB_FLOOR = -9999.0
 
 _CONTEXT_LENGTH = re.compile(r"maximum context length", re.IGNORECASE)
-_LEADING_PARAM = re.compile(r"^\s*`?([a-z_][a-z0-9_]*)`?\s*(?::|must|cannot|should|is|are)\b")
+_LEADING_PARAM = re.compile(r"^\s*`?([a-z_][a-z0-9_]*)`?(?::|\s+(?:must|cannot|should|is|are)\b)")
 
 
 @dataclass
@@ -93,7 +93,7 @@ class OpenAIServing:
 
 def to_bad_request(exc: ValueError, prompt_param: str, max_tokens_param: str) -> BadRequestError:
     message = str(exc)
-    param = getattr(exc, "param", None)
+    param = getattr(exc, "parameter", None) or getattr(exc, "param", None)
     if param is None:
         if _CONTEXT_LENGTH.search(message):
             # "... (P in the messages, K in the completion)": the completion part is at fault

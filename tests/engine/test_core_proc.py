@@ -1,0 +1,262 @@
+"""EngineCoreProc and the in-process client, over the real engine core with the tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from cadence.core_types import EngineCoreOutputs, EngineCoreRequest
+from cadence.engine.core import EngineCore
+from cadence.engine.core_client import EngineDeadError, InprocEngineCoreClient
+from cadence.engine.core_proc import EngineCoreProc, OutputQueue
+from cadence.engine.engine_args import EngineArgs
+from cadence.sampling_params import SamplingParams
+
+PROMPT = [72, 101, 278, 111, 295, 121, 290, 346]
+
+
+def tiny_args(**kw: Any) -> EngineArgs:
+    base: dict[str, Any] = dict(
+        model="tiny", max_model_len=256, num_gpu_blocks_override=128, async_scheduling=False
+    )
+    base.update(kw)
+    return EngineArgs(**base)
+
+
+def make_request(
+    rid: str, max_tokens: int = 8, prompt: list[int] | None = None
+) -> EngineCoreRequest:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+    return EngineCoreRequest(rid, list(prompt or PROMPT), params, eos_token_id=None)
+
+
+class InstrumentedCore(EngineCore):
+    """The real core, counting steps and optionally failing at a given step."""
+
+    def __init__(self, args: EngineArgs, fail_at_step: int | None = None) -> None:
+        super().__init__(args)
+        self.steps = 0
+        self.fail_at_step = fail_at_step
+        self.step_thread: int | None = None
+        self.shut_down = False
+
+    @property
+    def step_fn(self):
+        inner = super().step_fn
+
+        def counted():
+            self.steps += 1
+            self.step_thread = threading.get_ident()
+            if self.fail_at_step is not None and self.steps >= self.fail_at_step:
+                raise RuntimeError("injected engine failure")
+            return inner()
+
+        return counted
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+        super().shutdown()
+
+    def hold(self, entered: threading.Event, release: threading.Event) -> None:
+        """A utility that keeps the loop busy until ``release`` is set."""
+        entered.set()
+        assert release.wait(10)
+
+
+def collect(
+    client: InprocEngineCoreClient, done: set[str], timeout: float = 30.0
+) -> dict[str, list[int]]:
+    """Read outputs until every id in ``done`` has finished; tokens per request."""
+    tokens: dict[str, list[int]] = {}
+    pending = set(done)
+    deadline = time.monotonic() + timeout
+    while pending:
+        assert time.monotonic() < deadline, f"requests never finished: {pending}"
+        outs = client.get_output(timeout=max(0.01, deadline - time.monotonic()))
+        for o in outs.outputs:
+            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+            if o.finished:
+                pending.discard(o.request_id)
+    return tokens
+
+
+@pytest.fixture(scope="module")
+def args() -> EngineArgs:
+    return tiny_args()
+
+
+def test_generates_in_engine_thread_and_matches_offline(args: EngineArgs) -> None:
+    cores: list[InstrumentedCore] = []
+
+    def factory() -> InstrumentedCore:
+        cores.append(InstrumentedCore(args))
+        return cores[-1]
+
+    client = InprocEngineCoreClient(factory)
+    try:
+        client.add_request(make_request("a", 8))
+        client.add_request(make_request("b", 5))
+        tokens = collect(client, {"a", "b"})
+        assert len(tokens["a"]) == 8 and len(tokens["b"]) == 5
+        # Same prompt, greedy: b is a prefix of a.
+        assert tokens["a"][:5] == tokens["b"]
+        assert cores[0].step_thread == client.proc._thread.ident
+        assert cores[0].step_thread != threading.get_ident()
+    finally:
+        client.shutdown()
+    # Offline, on a core of its own: the same tokens.
+    core = EngineCore(args)
+    core.add_request(make_request("a", 8))
+    offline: list[int] = []
+    while core.has_work():
+        outs, _ = core.step_fn()
+        for o in (outs or EngineCoreOutputs()).outputs:
+            offline.extend(o.new_token_ids)
+    core.shutdown()
+    assert offline == tokens["a"]
+
+
+def test_blocks_when_idle_instead_of_spinning(args: EngineArgs) -> None:
+    holder: list[InstrumentedCore] = []
+    client = InprocEngineCoreClient(lambda: holder.append(InstrumentedCore(args)) or holder[-1])
+    try:
+        client.add_request(make_request("a", 4))
+        collect(client, {"a"})
+        time.sleep(0.05)  # the last step's bookkeeping (finished ids) may take one more step
+        steps = holder[0].steps
+        time.sleep(0.3)
+        assert holder[0].steps == steps, "the loop stepped while it had no work"
+        # A new request wakes it up at once.
+        client.add_request(make_request("b", 2))
+        assert len(collect(client, {"b"}, timeout=10)["b"]) == 2
+    finally:
+        client.shutdown()
+
+
+def test_abort_is_applied_before_the_next_update(args: EngineArgs) -> None:
+    client = InprocEngineCoreClient(lambda: InstrumentedCore(args))
+    try:
+        # Hold the loop inside a utility call while an ADD and its ABORT are queued: both are
+        # drained before the next step, so the request never yields a token.
+        entered, release = threading.Event(), threading.Event()
+        holder = threading.Thread(target=client.call_utility, args=("hold", entered, release))
+        holder.start()
+        assert entered.wait(10)
+        client.add_request(make_request("never", 50))
+        client.abort_requests(["never"])
+        client.add_request(make_request("other", 3))
+        release.set()
+        holder.join(10)
+        tokens = collect(client, {"other"})
+        assert "never" not in tokens
+        # Aborting a running request stops it at once, and is idempotent.
+        client.add_request(make_request("long", 200))
+        got = 0
+        while got < 3:
+            outs = client.get_output(timeout=10)
+            got += sum(len(o.new_token_ids) for o in outs.outputs if o.request_id == "long")
+        client.abort_requests(["long"])
+        client.abort_requests(["long", "unknown-id"])
+        stats = client.call_utility("make_stats")
+        assert stats.num_running_reqs == 0 and stats.num_waiting_reqs == 0
+        num_kv_blocks = client.call_utility("num_kv_blocks")
+        assert client.call_utility("num_free_kv_blocks") == num_kv_blocks - 1
+    finally:
+        client.shutdown()
+
+
+def test_utility_calls_run_between_steps(args: EngineArgs) -> None:
+    client = InprocEngineCoreClient(lambda: EngineCore(args))
+    try:
+        assert client.call_utility("max_model_len") == 256
+        free = client.call_utility("num_free_kv_blocks")
+        client.add_request(make_request("a", 30))
+        client.get_output(timeout=10)
+        assert client.call_utility("num_free_kv_blocks") < free
+        with pytest.raises(AttributeError):
+            client.call_utility("no_such_method")
+
+        async def from_asyncio() -> Any:
+            return await client.call_utility_async("make_stats")
+
+        stats = asyncio.run(from_asyncio())
+        assert stats.num_running_reqs + stats.num_waiting_reqs <= 1
+        assert client.proc.is_alive
+    finally:
+        client.shutdown()
+
+
+def test_crash_reaches_every_waiter_as_engine_dead(args: EngineArgs) -> None:
+    holder: list[InstrumentedCore] = []
+    client = InprocEngineCoreClient(
+        lambda: holder.append(InstrumentedCore(args, fail_at_step=3)) or holder[-1]
+    )
+    try:
+        client.add_request(make_request("a", 50))
+        with pytest.raises(EngineDeadError) as info:
+            collect(client, {"a"}, timeout=10)
+        assert "injected engine failure" in str(info.value)
+        assert client.errored
+        client.proc._thread.join(5)
+        assert not client.proc._thread.is_alive()
+        assert holder[0].shut_down
+        # Everything after death fails fast instead of hanging.
+        with pytest.raises(EngineDeadError):
+            client.get_output(timeout=1)
+        with pytest.raises(EngineDeadError):
+            client.add_request(make_request("b"))
+        with pytest.raises(EngineDeadError):
+            client.call_utility("make_stats")
+        client.abort_requests(["a"])  # cleanup paths never raise
+    finally:
+        client.shutdown()
+
+
+def test_startup_error_is_raised_by_the_constructor() -> None:
+    def broken() -> EngineCore:
+        raise ValueError("bad engine configuration")
+
+    with pytest.raises(ValueError, match="bad engine configuration"):
+        EngineCoreProc(broken)
+
+
+def test_shutdown_joins_the_thread_and_fails_pending_work(args: EngineArgs) -> None:
+    holder: list[InstrumentedCore] = []
+    client = InprocEngineCoreClient(lambda: holder.append(InstrumentedCore(args)) or holder[-1])
+    client.add_request(make_request("a", 200))
+    client.get_output(timeout=10)
+    client.shutdown(timeout=10)
+    assert not client.proc._thread.is_alive()
+    assert holder[0].shut_down
+    assert client.errored
+    with pytest.raises(EngineDeadError):
+        while True:  # drains what was produced before the stop, then reports it
+            client.get_output(timeout=5)
+    client.shutdown()  # idempotent
+
+
+def test_output_queue_wakes_an_asyncio_consumer_from_another_thread() -> None:
+    q = OutputQueue()
+
+    async def consume() -> list[Any]:
+        got = []
+        for _ in range(3):
+            got.append(await asyncio.wait_for(q.get_async(), timeout=5))
+        return got
+
+    def produce() -> None:
+        for i in range(3):
+            time.sleep(0.02)
+            q.put(EngineCoreOutputs(finished_requests={str(i)}))
+
+    t = threading.Thread(target=produce)
+    t.start()
+    got = asyncio.run(consume())
+    t.join()
+    assert [next(iter(o.finished_requests)) for o in got] == ["0", "1", "2"]
+    with pytest.raises(Exception):
+        q.get(timeout=0.01)

@@ -1,0 +1,77 @@
+"""A real uvicorn server on 127.0.0.1 (free port) in a background thread, over the tiny model."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import uvicorn
+
+from cadence.engine.async_llm import AsyncLLM
+from cadence.engine.engine_args import EngineArgs
+from cadence.server.app import build_app
+
+API_KEY = "test-key"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    engine: AsyncLLM
+    server: uvicorn.Server
+    thread: threading.Thread
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        self.engine.shutdown()
+
+
+def start_server(engine: AsyncLLM, **app_kwargs: Any) -> RunningServer:
+    port = free_port()
+    app = build_app(engine, **app_kwargs)
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        timeout_graceful_shutdown=2,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.01)
+    return RunningServer(engine, server, thread, port)
+
+
+def tiny_args(**kwargs: Any) -> EngineArgs:
+    base: dict[str, Any] = dict(model="tiny", max_model_len=512, num_gpu_blocks_override=512)
+    base.update(kwargs)
+    return EngineArgs(**base)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    running = start_server(AsyncLLM(tiny_args()))
+    yield running
+    running.stop()
