@@ -1,0 +1,165 @@
+"""Shared helpers for the model tests: tiny HF checkpoints and hand-built paged batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+
+from cadence.model.attention import TorchAttentionBackend
+from cadence.model.attention_metadata import AttentionMetadata
+from cadence.model.decoder import CausalLM
+from cadence.model.loader import build_model
+from cadence.model.registry import resolve_model
+
+VOCAB = 128
+BLOCK_SIZE = 4
+NUM_BLOCKS = 48
+DUMMY_SLOT = 0  # block 0 is never handed to a sequence; padding tokens write here
+
+
+def hf_config(family: str, tie: bool) -> transformers.PretrainedConfig:
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        eos_token_id=2,
+        tie_word_embeddings=tie,
+    )
+    if family == "llama":
+        return transformers.LlamaConfig(
+            **common,
+            rope_theta=10000.0,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            architectures=["LlamaForCausalLM"],
+        )
+    if family == "llama-bias":
+        return transformers.LlamaConfig(
+            **common, attention_bias=True, mlp_bias=True, architectures=["LlamaForCausalLM"]
+        )
+    if family == "qwen2":
+        return transformers.Qwen2Config(**common, architectures=["Qwen2ForCausalLM"])
+    if family == "qwen3":
+        # head_dim * num_heads != hidden_size, as in the real Qwen3 models.
+        return transformers.Qwen3Config(**common, head_dim=32, architectures=["Qwen3ForCausalLM"])
+    raise ValueError(family)
+
+
+def make_hf_model(family: str, tie: bool, seed: int = 0) -> transformers.PreTrainedModel:
+    """A float32 random HF model with weights large enough that mistakes show in the logits."""
+    config = hf_config(family, tie)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * noise)
+            elif name.endswith("bias"):
+                p.copy_(0.2 * noise)
+            else:
+                p.copy_(0.15 * noise)
+    return model.eval()
+
+
+def save_hf_model(model: transformers.PreTrainedModel, path: Path, **kwargs: object) -> Path:
+    model.save_pretrained(path, **kwargs)
+    return path
+
+
+def load_ours(path: Path, dtype: torch.dtype = torch.float32) -> CausalLM:
+    spec = resolve_model(str(path))
+    model = build_model(spec, dtype, "cpu", "auto", TorchAttentionBackend(), seed=0)
+    model.bind_kv_caches(new_kv_caches(model, dtype))
+    return model
+
+
+def new_kv_caches(model: CausalLM, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    shape = model.kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE)
+    # NaN-filled: reading a slot that was never written poisons the result.
+    return [torch.full(shape, float("nan"), dtype=dtype) for _ in range(model.num_layers)]
+
+
+@torch.no_grad()
+def hf_logits(model: transformers.PreTrainedModel, tokens: list[int]) -> torch.Tensor:
+    return model(torch.tensor([tokens])).logits[0].float()
+
+
+@dataclass
+class Chunk:
+    """One sequence's part of a forward pass: ``tokens`` at positions ``start, start + 1, ...``."""
+
+    tokens: list[int]
+    start: int
+    block_table: list[int]
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    metadata: AttentionMetadata
+
+
+def make_batch(chunks: list[Chunk], num_padding_tokens: int = 0) -> Batch:
+    """A flat batch as the model runner would build it; padding adds one empty sequence whose
+    tokens write to the dummy slot (the CUDA-graph layout)."""
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    starts = [0]
+    seq_lens: list[int] = []
+    for chunk in chunks:
+        for offset, token in enumerate(chunk.tokens):
+            pos = chunk.start + offset
+            ids.append(token)
+            positions.append(pos)
+            slots.append(chunk.block_table[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE)
+        starts.append(len(ids))
+        seq_lens.append(chunk.start + len(chunk.tokens))
+    num_actual = len(ids)
+    tables = [c.block_table for c in chunks]
+    if num_padding_tokens:
+        ids += [0] * num_padding_tokens
+        positions += [0] * num_padding_tokens
+        slots += [DUMMY_SLOT] * num_padding_tokens
+        starts.append(num_actual)  # the padding sequence has an empty query range
+        seq_lens.append(0)
+        tables.append([])
+    width = max(len(t) for t in tables)
+    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    query_lens = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    query_start_loc = torch.tensor(starts, dtype=torch.int32)
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
+    metadata = AttentionMetadata(
+        num_actual_tokens=num_actual,
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens_t,
+        block_tables=block_tables,
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        query_start_loc_cpu=query_start_loc.clone(),
+        seq_lens_cpu=seq_lens_t.clone(),
+    )
+    return Batch(torch.tensor(ids), torch.tensor(positions), metadata)
+
+
+@torch.no_grad()
+def run_ours(model: CausalLM, batch: Batch) -> torch.Tensor:
+    hidden = model(batch.input_ids, batch.positions, batch.metadata)
+    return model.compute_logits(hidden[: batch.metadata.num_actual_tokens])

@@ -1,0 +1,139 @@
+"""Our CausalLM, loaded from an HF checkpoint, gives transformers' logits over the paged cache."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from cadence.model.attention import TorchAttentionBackend
+from cadence.model.decoder import CausalLM
+from tests.model.helpers import (
+    VOCAB,
+    Chunk,
+    hf_config,
+    hf_logits,
+    load_ours,
+    make_batch,
+    make_hf_model,
+    run_ours,
+    save_hf_model,
+)
+
+ATOL = 1e-4
+LENGTHS = (5, 11, 17)
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        ("llama", False),
+        ("llama-bias", True),
+        ("qwen2", True),
+        ("qwen3", False),
+        ("qwen3", True),
+    ],
+    ids=lambda p: f"{p[0]}-{'tied' if p[1] else 'untied'}",
+)
+def models(request, tmp_path_factory):
+    family, tie = request.param
+    hf = make_hf_model(family, tie)
+    path = save_hf_model(hf, tmp_path_factory.mktemp(family))
+    return hf, path
+
+
+def _prompts(seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(VOCAB) for _ in range(n)] for n in LENGTHS]
+
+
+def _block_tables(seed: int, num_seqs: int, blocks_each: int) -> list[list[int]]:
+    """Disjoint, shuffled (so non-contiguous) block tables; block 0 stays the dummy block."""
+    pool = list(range(1, 1 + num_seqs * blocks_each))
+    random.Random(seed).shuffle(pool)
+    return [pool[i * blocks_each : (i + 1) * blocks_each] for i in range(num_seqs)]
+
+
+def _assert_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
+    assert ref.abs().max() > 1.0  # the logits carry signal: a wrong model cannot pass by accident
+    torch.testing.assert_close(ours, ref, atol=ATOL, rtol=0)
+
+
+def test_batched_prefill_matches_transformers(models):
+    hf, path = models
+    model = load_ours(path)
+    prompts = _prompts(0)
+    tables = _block_tables(0, len(prompts), 6)
+    batch = make_batch([Chunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)])
+    logits = run_ours(model, batch)
+    expected = torch.cat([hf_logits(hf, p) for p in prompts])
+    _assert_close(logits, expected)
+
+
+def test_chunked_prefill_attends_to_cached_first_chunk(models):
+    hf, path = models
+    model = load_ours(path)
+    prompts = _prompts(1)
+    tables = _block_tables(1, len(prompts), 6)
+    splits = [2, 6, 9]  # the second chunks start mid-block
+    first = make_batch(
+        [Chunk(p[:s], 0, t) for p, s, t in zip(prompts, splits, tables, strict=True)]
+    )
+    run_ours(model, first)
+    second = make_batch(
+        [Chunk(p[s:], s, t) for p, s, t in zip(prompts, splits, tables, strict=True)]
+    )
+    logits = run_ours(model, second)
+    expected = torch.cat([hf_logits(hf, p)[s:] for p, s in zip(prompts, splits, strict=True)])
+    _assert_close(logits, expected)
+
+
+def test_decode_step_over_paged_cache_with_padding(models):
+    hf, path = models
+    model = load_ours(path)
+    prompts = _prompts(2)
+    tables = _block_tables(2, len(prompts), 6)
+    run_ours(model, make_batch([Chunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)]))
+    next_tokens = [7, 8, 9]
+    chunks = [
+        Chunk([tok], len(p), t) for p, tok, t in zip(prompts, next_tokens, tables, strict=True)
+    ]
+    for step in range(2):  # two decode steps, the second one padded like a CUDA-graph bucket
+        batch = make_batch(chunks, num_padding_tokens=3 * step)
+        assert batch.metadata.is_decode_only
+        logits = run_ours(model, batch)
+        expected = torch.stack(
+            [
+                hf_logits(hf, p + [tok] * (step + 1))[-1]
+                for p, tok in zip(prompts, next_tokens, strict=True)
+            ]
+        )
+        _assert_close(logits, expected)
+        chunks = [Chunk(c.tokens, c.start + 1, c.block_table) for c in chunks]
+
+
+def test_meta_construction_and_shapes():
+    config = hf_config("qwen3", tie=False)
+    with torch.device("meta"):
+        model = CausalLM(config, TorchAttentionBackend())
+    assert model.num_layers == 2 and model.num_kv_heads == 2 and model.head_dim == 32
+    assert model.kv_cache_shape(10, 16) == (2, 10, 16, 2, 32)
+    assert model.kv_cache_bytes_per_block(16, torch.bfloat16) == 2 * 16 * 2 * 32 * 2 * 2
+    qkv = model.model.layers[0].self_attn.qkv_proj.weight
+    assert tuple(qkv.shape) == (4 * 32 + 2 * 2 * 32, 64) and qkv.is_meta
+    assert tuple(model.model.layers[0].mlp.gate_up_proj.weight.shape) == (2 * 96, 64)
+
+
+def test_forward_needs_bound_caches_of_the_right_shape(models):
+    _, path = models
+    model = load_ours(path)
+    with pytest.raises(ValueError, match="expected 2 KV caches"):
+        model.bind_kv_caches([torch.zeros(model.kv_cache_shape(4, 4))])
+    bad = [torch.zeros(2, 4, 4, model.num_kv_heads + 1, model.head_dim)] * model.num_layers
+    with pytest.raises(ValueError, match="KV cache 0 has shape"):
+        model.bind_kv_caches(bad)
+    unbound = CausalLM(hf_config("llama", tie=False), TorchAttentionBackend())
+    batch = make_batch([Chunk([1, 2], 0, [1])])
+    with pytest.raises(RuntimeError, match="bind_kv_caches"):
+        unbound(batch.input_ids, batch.positions, batch.metadata)

@@ -1,0 +1,180 @@
+"""Loading safetensors checkpoints (single and sharded), dummy weights and the loader's errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from cadence.model.attention import TorchAttentionBackend
+from cadence.model.loader import build_model, checkpoint_files, checkpoint_names
+from cadence.model.registry import resolve_model
+from tests.model.helpers import (
+    VOCAB,
+    Chunk,
+    hf_logits,
+    load_ours,
+    make_batch,
+    make_hf_model,
+    run_ours,
+    save_hf_model,
+)
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory):
+    hf = make_hf_model("qwen2", tie=False, seed=3)
+    return hf, save_hf_model(hf, tmp_path_factory.mktemp("qwen2"))
+
+
+def _rewrite(path, edit) -> None:
+    file = os.path.join(path, "model.safetensors")
+    tensors = load_file(file)
+    edit(tensors)
+    save_file(tensors, file, {"format": "pt"})
+
+
+def _copy_checkpoint(src, dst) -> None:
+    for name in os.listdir(src):
+        with open(os.path.join(src, name), "rb") as f, open(os.path.join(dst, name), "wb") as g:
+            g.write(f.read())
+
+
+def test_sharded_checkpoint_loads_like_transformers(tmp_path):
+    hf = make_hf_model("qwen3", tie=True, seed=5)
+    save_hf_model(hf, tmp_path, max_shard_size="40KB")
+    files = checkpoint_files(str(tmp_path))
+    assert len(files) > 2 and (tmp_path / "model.safetensors.index.json").is_file()
+    model = load_ours(tmp_path)
+    tokens = [random.Random(0).randrange(VOCAB) for _ in range(9)]
+    logits = run_ours(model, make_batch([Chunk(tokens, 0, [3, 1, 2])]))
+    torch.testing.assert_close(logits, hf_logits(hf, tokens), atol=1e-4, rtol=0)
+
+
+def test_weights_land_in_fused_parameters(qwen2):
+    hf, path = qwen2
+    model = load_ours(path)
+    ours = dict(model.named_parameters())
+    theirs = dict(hf.named_parameters())
+    q, k, v = (theirs[f"model.layers.1.self_attn.{n}_proj.weight"] for n in "qkv")
+    assert torch.equal(ours["model.layers.1.self_attn.qkv_proj.weight"], torch.cat([q, k, v]))
+    qb, kb, vb = (theirs[f"model.layers.1.self_attn.{n}_proj.bias"] for n in "qkv")
+    assert torch.equal(ours["model.layers.1.self_attn.qkv_proj.bias"], torch.cat([qb, kb, vb]))
+    gate, up = (theirs[f"model.layers.0.mlp.{n}_proj.weight"] for n in ("gate", "up"))
+    assert torch.equal(ours["model.layers.0.mlp.gate_up_proj.weight"], torch.cat([gate, up]))
+    assert torch.equal(ours["lm_head.weight"], theirs["lm_head.weight"])
+    assert not any(p.requires_grad for p in model.parameters())
+
+
+def test_tied_checkpoint_has_no_lm_head_and_may_carry_one(tmp_path):
+    hf = make_hf_model("llama", tie=True, seed=6)
+    save_hf_model(hf, tmp_path)
+    assert "lm_head.weight" not in load_file(tmp_path / "model.safetensors")
+    model = load_ours(tmp_path)
+    assert model.lm_head is None
+    hidden = torch.randn(3, 64)
+    expected = hidden @ hf.get_input_embeddings().weight.detach().T
+    torch.testing.assert_close(model.compute_logits(hidden), expected)
+    # A tied checkpoint that stores the head anyway, plus a stale rotary buffer: both ignored.
+    _rewrite(
+        tmp_path,
+        lambda t: t.update(
+            {
+                "lm_head.weight": torch.zeros(VOCAB, 64),
+                "model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(8),
+            }
+        ),
+    )
+    assert torch.equal(
+        load_ours(tmp_path).model.embed_tokens.weight, model.model.embed_tokens.weight
+    )
+
+
+def test_missing_tensor_is_named(qwen2, tmp_path):
+    _copy_checkpoint(qwen2[1], tmp_path)
+    _rewrite(tmp_path, lambda t: t.pop("model.layers.1.self_attn.k_proj.bias"))
+    with pytest.raises(
+        ValueError, match=r"missing tensor 'model\.layers\.1\.self_attn\.k_proj\.bias'"
+    ):
+        load_ours(tmp_path)
+
+
+def test_misshaped_tensor_is_named_with_both_shapes(qwen2, tmp_path):
+    _copy_checkpoint(qwen2[1], tmp_path)
+    _rewrite(
+        tmp_path, lambda t: t.update({"model.layers.0.mlp.up_proj.weight": torch.zeros(95, 64)})
+    )
+    with pytest.raises(ValueError) as err:
+        load_ours(tmp_path)
+    message = str(err.value)
+    assert "model.layers.0.mlp.up_proj.weight" in message
+    assert "[95, 64]" in message and "[96, 64]" in message
+
+
+def test_unexpected_tensor_is_named(qwen2, tmp_path):
+    _copy_checkpoint(qwen2[1], tmp_path)
+    _rewrite(tmp_path, lambda t: t.update({"model.layers.0.extra.weight": torch.zeros(2)}))
+    with pytest.raises(ValueError, match=r"unexpected tensor 'model\.layers\.0\.extra\.weight'"):
+        load_ours(tmp_path)
+
+
+def test_directory_without_safetensors(qwen2, tmp_path):
+    with open(os.path.join(qwen2[1], "config.json")) as f:
+        config = json.load(f)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="no safetensors"):
+        load_ours(tmp_path)
+
+
+def test_dummy_weights_are_seeded_and_sane(qwen2):
+    spec = resolve_model(str(qwen2[1]))
+
+    def build(seed: int):
+        return build_model(spec, torch.float32, "cpu", "dummy", TorchAttentionBackend(), seed)
+
+    a, b, c = build(1), build(1), build(2)
+    for (name, pa), pb, pc in zip(
+        a.named_parameters(), b.parameters(), c.parameters(), strict=True
+    ):
+        assert torch.equal(pa, pb), name
+        if name.endswith("norm.weight"):
+            assert torch.equal(pa, torch.ones_like(pa))
+        elif name.endswith("bias"):
+            assert torch.equal(pa, torch.zeros_like(pa))
+        else:
+            assert not torch.equal(pa, pc) and 0.01 < pa.std() < 0.03, name
+
+
+def test_bfloat16_build_keeps_rope_table_and_weights_in_dtype(qwen2):
+    spec = resolve_model(str(qwen2[1]))
+    model = build_model(spec, torch.bfloat16, "cpu", "auto", TorchAttentionBackend(), 0)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    table = model.rotary_emb.cos_sin
+    assert table.dtype == torch.bfloat16 and torch.equal(
+        table[0, :8], torch.ones(8, dtype=table.dtype)
+    )
+
+
+def test_presets_need_dummy_load_format():
+    spec = resolve_model("qwen3-0.6b")
+    for load_format in ("auto", "safetensors"):
+        with pytest.raises(ValueError, match="load_format"):
+            build_model(spec, torch.float32, "cpu", load_format, TorchAttentionBackend(), 0)
+    with pytest.raises(ValueError, match="load_format"):
+        build_model(spec, torch.float32, "cpu", "pt", TorchAttentionBackend(), 0)
+
+
+def test_checkpoint_names_cover_every_parameter_once(qwen2):
+    model = load_ours(qwen2[1])
+    targets = checkpoint_names(model.arch)
+    rows: dict[str, int] = {}
+    for target in targets.values():
+        shape = dict(model.named_parameters())[target.param].shape
+        rows[target.param] = rows.get(target.param, 0) + (target.num_rows or shape[0])
+    params = dict(model.named_parameters())
+    assert set(rows) == set(params)
+    assert all(rows[name] == p.shape[0] for name, p in params.items())

@@ -1,0 +1,124 @@
+"""resolve_model: presets, HF directories, the tiny model and the errors for bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from cadence.model.attention import TorchAttentionBackend
+from cadence.model.decoder import CausalLM
+from cadence.model.registry import resolve_model
+from tests.model.helpers import hf_config
+
+# Published parameter counts of the real models (tied embeddings counted once).
+PRESET_PARAMS = {
+    "qwen3-0.6b": 596_049_920,
+    "qwen2.5-0.5b": 494_032_768,
+    "llama3.2-1b": 1_235_814_400,
+    "llama3-8b": 8_030_261_248,
+}
+
+
+def _count_from_shapes(config: transformers.PretrainedConfig) -> int:
+    h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    d = getattr(config, "head_dim", None) or h // heads
+    qwen2 = config.model_type == "qwen2"
+    layer = h * d * (heads + 2 * kv) + heads * d * h + 3 * h * i + 2 * h
+    layer += d * (heads + 2 * kv) if qwen2 else 0  # q/k/v biases
+    layer += 2 * d if config.model_type == "qwen3" else 0  # q/k norms
+    embeddings = v * h * (1 if config.tie_word_embeddings else 2)
+    return config.num_hidden_layers * layer + embeddings + h
+
+
+@pytest.mark.parametrize("name", sorted(PRESET_PARAMS))
+def test_presets_have_the_real_parameter_counts(name):
+    spec = resolve_model(name)
+    assert spec.is_preset and spec.path is None and spec.tokenizer_path is None
+    assert spec.max_model_len == spec.hf_config.max_position_embeddings
+    assert _count_from_shapes(spec.hf_config) == PRESET_PARAMS[name]
+    with torch.device("meta"):  # shapes only, nothing allocated
+        model = CausalLM(spec.hf_config, TorchAttentionBackend())
+    assert sum(p.numel() for p in model.parameters()) == PRESET_PARAMS[name]
+
+
+def test_preset_details():
+    llama1b = resolve_model("llama3.2-1b", max_model_len=4096)
+    assert llama1b.architecture == "LlamaForCausalLM" and llama1b.max_model_len == 4096
+    assert llama1b.hf_config.rope_parameters["rope_type"] == "llama3"
+    assert resolve_model("qwen3-0.6b").eos_token_ids == [151645]
+    assert resolve_model("qwen2.5-0.5b").architecture == "Qwen2ForCausalLM"
+    assert resolve_model("llama3-8b").hf_config.tie_word_embeddings is False
+
+
+def test_directory_with_generation_config(tmp_path):
+    hf_config("qwen3", tie=False).save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 2, 5]}))
+    spec = resolve_model(str(tmp_path), max_model_len=100)
+    assert spec.architecture == "Qwen3ForCausalLM" and not spec.is_preset
+    assert spec.path == str(tmp_path) and spec.tokenizer_path is None  # no tokenizer files
+    assert spec.max_model_len == 100 and spec.eos_token_ids == [5, 2]
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert resolve_model(str(tmp_path)).tokenizer_path == str(tmp_path)
+
+
+def test_eos_falls_back_to_config_and_max_len_to_positions(tmp_path):
+    hf_config("llama", tie=False).save_pretrained(tmp_path)
+    spec = resolve_model(str(tmp_path))
+    assert spec.eos_token_ids == [2] and spec.max_model_len == 256
+
+
+def test_architecture_from_model_type_when_architectures_is_missing(tmp_path):
+    config = hf_config("qwen2", tie=False)
+    config.architectures = None
+    config.save_pretrained(tmp_path)
+    assert resolve_model(str(tmp_path)).architecture == "Qwen2ForCausalLM"
+
+
+def test_max_model_len_above_positions_is_rejected():
+    with pytest.raises(ValueError, match="max_model_len"):
+        resolve_model("llama3-8b", max_model_len=8193)
+    with pytest.raises(ValueError, match="max_model_len"):
+        resolve_model("llama3-8b", max_model_len=0)
+
+
+def test_missing_path_and_unknown_name(tmp_path):
+    with pytest.raises(ValueError, match="model"):
+        resolve_model(str(tmp_path / "nope"))
+    with pytest.raises(ValueError, match="never downloaded"):
+        resolve_model("Qwen/Qwen3-0.6B")
+    with pytest.raises(ValueError, match="config.json"):
+        resolve_model(str(tmp_path))
+
+
+def test_unsupported_architecture_names_it_and_the_supported_ones(tmp_path):
+    transformers.GPT2Config(architectures=["GPT2LMHeadModel"]).save_pretrained(tmp_path)
+    with pytest.raises(ValueError) as err:
+        resolve_model(str(tmp_path))
+    message = str(err.value)
+    assert "GPT2LMHeadModel" in message
+    assert all(a in message for a in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"))
+
+
+def test_unsupported_features_are_rejected(tmp_path):
+    config = hf_config("qwen2", tie=False)
+    config.use_sliding_window = True
+    config.save_pretrained(tmp_path / "sliding")
+    with pytest.raises(ValueError, match="use_sliding_window"):
+        resolve_model(str(tmp_path / "sliding"))
+    config = hf_config("llama", tie=False)
+    config.hidden_act = "gelu"
+    config.save_pretrained(tmp_path / "gelu")
+    with pytest.raises(ValueError, match="hidden_act"):
+        resolve_model(str(tmp_path / "gelu"))
+
+
+def test_tiny_resolves_to_its_cache_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("CADENCE_CACHE_DIR", str(tmp_path))
+    spec = resolve_model("tiny")
+    assert spec.path == str(tmp_path / "tiny-v1") == spec.tokenizer_path
+    assert spec.architecture == "Qwen3ForCausalLM" and not spec.is_preset
+    assert spec.max_model_len == 2048 and spec.eos_token_ids == [637]

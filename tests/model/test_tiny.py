@@ -1,0 +1,130 @@
+"""The built-in tiny model: deterministic, a real tokenizer, loadable by transformers and by us."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import transformers
+
+from cadence.model import tiny
+from cadence.model.bpe import symbol_bytes
+from tests.model.helpers import Chunk, load_ours, make_batch, run_ours
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return tiny.ensure_tiny_model(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dir):
+    return transformers.AutoTokenizer.from_pretrained(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_dir):
+    return transformers.AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+
+
+def _printable(text: str) -> bool:
+    return all(ch.isprintable() or ch in "\n\t" for ch in text)
+
+
+def test_directory_is_complete_and_reused(tiny_dir):
+    assert sorted(os.listdir(tiny_dir)) == sorted(tiny.REQUIRED_FILES)
+    stamp = os.stat(tiny_dir / "model.safetensors").st_mtime_ns
+    assert tiny.ensure_tiny_model(tiny_dir.parent) == tiny_dir
+    assert os.stat(tiny_dir / "model.safetensors").st_mtime_ns == stamp
+    assert os.listdir(tiny_dir.parent) == [tiny.TINY_DIR_NAME]  # no temporary leftovers
+
+
+def test_two_builds_are_byte_identical(tiny_dir, tmp_path):
+    tiny.write_tiny_model(tmp_path)
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / name).read_bytes() == (tiny_dir / name).read_bytes(), name
+
+
+def test_incomplete_directory_is_reported(tmp_path):
+    (tmp_path / tiny.TINY_DIR_NAME).mkdir()
+    with pytest.raises(ValueError, match="not a complete tiny model"):
+        tiny.ensure_tiny_model(tmp_path)
+
+
+def test_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
+    def broken(dest):
+        (dest / "config.json").write_text("{}")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tiny, "write_tiny_model", broken)
+    with pytest.raises(OSError, match="disk full"):
+        tiny.ensure_tiny_model(tmp_path)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["The morning was cold and clear.", "naïve café — 日本語, emoji 🙂 and\ttabs\nnewlines"],
+)
+def test_tokenizer_round_trip(tokenizer, text):
+    ids = tokenizer(text)["input_ids"]
+    assert len(ids) < len(text.encode()) or not text.isascii()  # merges compress English
+    assert tokenizer.decode(ids) == text
+    assert all(0 <= i < tiny.VOCAB_SIZE - len(tiny.SPECIAL_TOKENS) for i in ids)
+
+
+def test_special_tokens_and_chat_template(tokenizer):
+    assert len(tokenizer) == tiny.VOCAB_SIZE
+    assert tokenizer.eos_token == "<|endoftext|>" and tokenizer.eos_token_id == 637
+    assert tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"]) == [638, 639]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
+    )
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    assert ids[0] == 638 and ids.count(639) == 2
+
+
+def test_unprintable_tokens_have_zero_lm_head_rows(hf_model):
+    mask = tiny.printable_token_mask(tiny.build_tokenizer())
+    for byte in (0x00, 0x1B, 0x7F, 0x80, 0xC3, 0xFF):  # control, continuation and lead bytes
+        assert not mask[byte]
+    assert mask[ord("a")] and mask[ord(" ")] and mask[ord("\n")] and mask[637]
+    assert not mask[638] and not mask[639]
+    head = hf_model.lm_head.weight.detach()
+    assert torch.equal(head[~mask], torch.zeros_like(head[~mask]))
+    assert (head[mask].abs().sum(-1) > 0).all()
+    assert int(mask.sum()) > 400
+
+
+def test_generation_is_printable(tokenizer, hf_model):
+    prompt = tokenizer("The river", return_tensors="pt")
+    with torch.no_grad():
+        greedy = hf_model.generate(**prompt, do_sample=False, max_new_tokens=32)
+    text = tokenizer.decode(greedy[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert text and _printable(text)
+    # Temperature-1 sampling: the probability mass on unprintable tokens stays tiny everywhere.
+    ids = tokenizer(" ".join(["The town was quiet again."] * 8), return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        probs = hf_model(ids).logits[0].softmax(-1)
+    mask = tiny.printable_token_mask(tiny.build_tokenizer())
+    assert probs[:, ~mask].sum(-1).max() < 0.01
+
+
+def test_our_model_matches_transformers_on_tiny(tiny_dir, hf_model, tokenizer):
+    tokens = tokenizer("A computer is a machine that follows instructions.")["input_ids"]
+    model = load_ours(tiny_dir)
+    logits = run_ours(model, make_batch([Chunk(tokens, 0, list(range(1, 1 + len(tokens))))]))
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([tokens])).logits[0]
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+
+
+def test_every_regular_token_is_a_byte_string(tokenizer):
+    vocab = tiny.build_tokenizer().get_vocab(with_added_tokens=False)
+    assert sorted(vocab.values()) == list(range(tiny.VOCAB_SIZE - len(tiny.SPECIAL_TOKENS)))
+    assert all(len(symbol_bytes(token)) >= 1 for token in vocab)
