@@ -136,7 +136,7 @@ class BlockPool:
     def get_usage(self) -> float:
         """Fraction of usable blocks (the null block excluded) that are held by requests."""
         total = self.num_blocks - 1
-        return 1.0 - self.free_block_queue.num_free_blocks / total
+        return (total - self.free_block_queue.num_free_blocks) / total
 
     def get_cached_block(self, block_hash: bytes) -> KVCacheBlock | None:
         cached = self.cached_block_hash_to_block.get(block_hash)

@@ -79,9 +79,7 @@ def create_requests(
     return requests
 
 
-def runner_output(
-    req_ids: list[str], sampled_token_ids: list[list[int]]
-) -> ModelRunnerOutput:
+def runner_output(req_ids: list[str], sampled_token_ids: list[list[int]]) -> ModelRunnerOutput:
     return ModelRunnerOutput(
         req_ids=list(req_ids),
         req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
