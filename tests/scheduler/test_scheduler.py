@@ -206,8 +206,8 @@ def test_stop_via_max_model_len():
     steps = 0
     while scheduler.has_unfinished_requests():
         output = scheduler.schedule()
-        # Input positions never reach max_model_len - 1.
-        for req_id, n in output.num_scheduled_tokens.items():
+        # num_computed_tokens already counts this step: input positions stay <= 14 - 2.
+        for req_id in output.num_scheduled_tokens:
             assert scheduler.requests[req_id].num_computed_tokens <= 14 - 1
         eco = scheduler.update_from_output(output, output_for(output, token_id=5))
         steps += 1
