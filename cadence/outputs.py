@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 __all__ = ["CompletionOutput", "Logprob", "RequestMetrics", "RequestOutput", "SampleLogprobs"]
 
 
-@dataclass
+@dataclass(slots=True)
 class Logprob:
     logprob: float
     rank: int | None = None  # 1 = most likely
@@ -18,7 +18,7 @@ class Logprob:
 SampleLogprobs = list[dict[int, Logprob]]
 
 
-@dataclass
+@dataclass(slots=True)
 class CompletionOutput:
     index: int
     text: str
@@ -32,7 +32,7 @@ class CompletionOutput:
         return self.finish_reason is not None
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestMetrics:
     """Timestamps of one request, all from ``time.monotonic()``."""
 
@@ -42,6 +42,16 @@ class RequestMetrics:
     last_token_time: float | None = None
     finished_time: float | None = None
     num_generation_tokens: int = 0
+
+    def copy(self) -> RequestMetrics:
+        return RequestMetrics(
+            self.arrival_time,
+            self.first_scheduled_time,
+            self.first_token_time,
+            self.last_token_time,
+            self.finished_time,
+            self.num_generation_tokens,
+        )
 
     @property
     def time_to_first_token(self) -> float | None:

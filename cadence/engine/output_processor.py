@@ -5,7 +5,6 @@ the per-request single-slot collectors that hand outputs to ``generate()`` (vLLM
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -121,6 +120,20 @@ class OutputProcessorOutput:
     iteration_stats: IterationStats = field(default_factory=IterationStats)
 
 
+class _TokenTextCache:
+    """Text of single tokens (for logprobs), decoded once per token id."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._decode = make_decode_fn(tokenizer)
+        self._texts: dict[int, str] = {}
+
+    def get(self, token_id: int) -> str:
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self._decode([token_id], False)
+        return text
+
+
 class _RequestState:
     def __init__(
         self,
@@ -129,6 +142,7 @@ class _RequestState:
         tokenizer: Any | None,
         queue: RequestOutputCollector | None,
         arrival_time: float,
+        token_text: _TokenTextCache | None,
     ) -> None:
         params = request.sampling_params
         self.request_id = request.request_id
@@ -137,7 +151,7 @@ class _RequestState:
         self.output_kind = params.output_kind
         self.queue = queue
         self.detokenizer = IncrementalDetokenizer(tokenizer, request)
-        self.decode = make_decode_fn(tokenizer) if tokenizer is not None else None
+        self.token_text = token_text
         self.num_logprobs = params.logprobs
         self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
@@ -161,9 +175,7 @@ class _RequestState:
         return len(output.new_logprobs)
 
     def _decode_one(self, token_id: int) -> str | None:
-        if self.decode is None:
-            return None
-        return self.decode([token_id], False)
+        return None if self.token_text is None else self.token_text.get(token_id)
 
     def make_output(
         self,
@@ -203,7 +215,7 @@ class _RequestState:
             outputs=[completion],
             finished=finished,
             num_cached_tokens=self.num_cached_tokens,
-            metrics=dataclasses.replace(self.metrics),
+            metrics=self.metrics.copy(),
         )
 
 
@@ -213,6 +225,7 @@ class OutputProcessor:
     def __init__(self, tokenizer: Any | None) -> None:
         self.tokenizer = tokenizer
         self.request_states: dict[str, _RequestState] = {}
+        self._token_text = _TokenTextCache(tokenizer) if tokenizer is not None else None
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.request_states)
@@ -233,7 +246,7 @@ class OutputProcessor:
         if request.request_id in self.request_states:
             raise ValueError(f"Request id {request.request_id} already running.")
         self.request_states[request.request_id] = _RequestState(
-            request, prompt, self.tokenizer, queue, time.monotonic()
+            request, prompt, self.tokenizer, queue, time.monotonic(), self._token_text
         )
 
     def abort_requests(self, request_ids: list[str]) -> list[str]:
