@@ -1,0 +1,558 @@
+"""Triton attention over the paged KV cache: fused KV store, paged decode, varlen prefill.
+
+Cache layout ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (0 = keys, 1 = values),
+any strides with a contiguous last dimension. Every kernel takes its per-sequence data from
+device tensors (``seq_lens``, ``query_start_loc``, ``block_tables``, ``slot_mapping``); the host
+only reads shapes and ``max_query_len``, so the decode path is CUDA-graph capturable.
+
+Decode: one program per (sequence, kv head, split) handles all query heads of its group (GQA)
+with a tensor-core dot; short batches split each sequence's context into ``num_splits`` chunks
+(split-K) whose partial results a second kernel merges. The split count depends only on shapes
+(batch, kv heads, block-table width) and the device, never on sequence lengths.
+Prefill: a causal flash-attention per (query tile, sequence, query head) reading keys and
+values from the cache, queries at positions ``seq_len - query_len ...``.
+
+Padding sequences (``seq_len == 0`` or an empty query range) read nothing and write nothing:
+their output rows are left unspecified (the reference backend zeroes them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cadence.model.attention_metadata import AttentionMetadata
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU installs
+    triton = None
+    tl = None
+
+_LOG2E = 1.4426950408889634
+_MAX_SPLITS = 64
+_MIN_TOKENS_PER_SPLIT = 128
+
+
+if triton is not None:
+
+    @triton.jit
+    def _store_kv_kernel(
+        k_ptr,
+        v_ptr,
+        cache_ptr,
+        slot_ptr,
+        stride_kt,
+        stride_kh,
+        stride_vt,
+        stride_vh,
+        stride_c0,
+        stride_c1,
+        stride_c2,
+        stride_c3,
+        NUM_KV_HEADS: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        PAGE: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
+        t = tl.program_id(0).to(tl.int64)
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        offs_h = tl.arange(0, BLOCK_H)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_DIM) & (slot >= 0)
+        safe = tl.maximum(slot, 0)
+        dst = (safe // PAGE) * stride_c1 + (safe % PAGE) * stride_c2
+        dst = dst + offs_h[:, None] * stride_c3 + offs_d[None, :]
+        k = tl.load(
+            k_ptr + t * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask
+        )
+        v = tl.load(
+            v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask
+        )
+        tl.store(cache_ptr + dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(cache_ptr + stride_c0 + dst, v.to(cache_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _decode_kernel(
+        q_ptr,
+        cache_ptr,
+        out_ptr,
+        part_acc_ptr,
+        part_ml_ptr,
+        seq_lens_ptr,
+        qsl_ptr,
+        bt_ptr,
+        stride_qt,
+        stride_qh,
+        stride_ot,
+        stride_oh,
+        stride_c0,
+        stride_c1,
+        stride_c2,
+        stride_c3,
+        stride_bt,
+        qk_scale,
+        num_splits,
+        NUM_HEADS: tl.constexpr,
+        GROUP: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        PAGE: tl.constexpr,
+        BLOCK_G: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        SPLIT: tl.constexpr,
+        IEEE: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+        seq_len = tl.load(seq_lens_ptr + b)
+        q_tok = tl.load(qsl_ptr + b).to(tl.int64)
+        q_end = tl.load(qsl_ptr + b + 1)
+        valid = (q_end > q_tok) & (seq_len > 0)
+        per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+        start = split * per_split
+        end = tl.minimum(start + per_split, seq_len)
+        end = tl.where(valid, end, start)
+
+        offs_g = tl.arange(0, BLOCK_G)
+        offs_d = tl.arange(0, BLOCK_D)
+        heads = kvh * GROUP + offs_g
+        gmask = offs_g < GROUP
+        dmask = offs_d < HEAD_DIM
+        qmask = gmask[:, None] & dmask[None, :] & valid
+        q = tl.load(
+            q_ptr + q_tok * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+            mask=qmask,
+            other=0.0,
+        )
+        q = q.to(cache_ptr.dtype.element_ty)
+
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+        head_off = kvh.to(tl.int64) * stride_c3
+        for n0 in range(start, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            nmask = offs_n < end
+            page = tl.load(bt_row + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
+            kv_off = page * stride_c1 + (offs_n % PAGE).to(tl.int64) * stride_c2 + head_off
+            kvmask = nmask[:, None] & dmask[None, :]
+            k = tl.load(cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = tl.where(nmask[None, :], s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(
+                cache_ptr + stride_c0 + kv_off[:, None] + offs_d[None, :], mask=kvmask, other=0.0
+            )
+            if IEEE:
+                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+
+        if SPLIT:
+            row = (b * NUM_HEADS + heads).to(tl.int64) * num_splits + split
+            tl.store(
+                part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
+                acc,
+                mask=gmask[:, None] & dmask[None, :],
+            )
+            tl.store(part_ml_ptr + row * 2, m_i, mask=gmask)
+            tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=gmask)
+        else:
+            l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+            out = acc / l_safe[:, None]
+            tl.store(
+                out_ptr + q_tok * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                out.to(out_ptr.dtype.element_ty),
+                mask=qmask,
+            )
+
+    @triton.jit
+    def _merge_splits_kernel(
+        part_acc_ptr,
+        part_ml_ptr,
+        out_ptr,
+        seq_lens_ptr,
+        qsl_ptr,
+        stride_ot,
+        stride_oh,
+        num_splits,
+        NUM_HEADS: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        seq_len = tl.load(seq_lens_ptr + b)
+        q_tok = tl.load(qsl_ptr + b).to(tl.int64)
+        q_end = tl.load(qsl_ptr + b + 1)
+        valid = (q_end > q_tok) & (seq_len > 0)
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_d = tl.arange(0, BLOCK_D)
+        smask = offs_s < num_splits
+        dmask = offs_d < HEAD_DIM
+        row = (b * NUM_HEADS + h).to(tl.int64) * num_splits + offs_s
+        m = tl.load(part_ml_ptr + row * 2, mask=smask, other=float("-inf"))
+        l_part = tl.load(part_ml_ptr + row * 2 + 1, mask=smask, other=0.0)
+        m_max = tl.max(m, 0)
+        m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+        w = tl.exp2(m - m_max)
+        acc = tl.load(
+            part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=smask[:, None] & dmask[None, :],
+            other=0.0,
+        )
+        denom = tl.sum(l_part * w, 0)
+        denom = tl.where(denom > 0.0, denom, 1.0)
+        out = tl.sum(acc * w[:, None], 0) / denom
+        tl.store(
+            out_ptr + q_tok * stride_ot + h * stride_oh + offs_d,
+            out.to(out_ptr.dtype.element_ty),
+            mask=dmask & valid,
+        )
+
+    @triton.jit
+    def _prefill_kernel(
+        q_ptr,
+        cache_ptr,
+        out_ptr,
+        seq_lens_ptr,
+        qsl_ptr,
+        bt_ptr,
+        stride_qt,
+        stride_qh,
+        stride_ot,
+        stride_oh,
+        stride_c0,
+        stride_c1,
+        stride_c2,
+        stride_c3,
+        stride_bt,
+        qk_scale,
+        GROUP: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        PAGE: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        IEEE: tl.constexpr,
+    ):
+        pid_m = tl.program_id(0)
+        b = tl.program_id(1)
+        h = tl.program_id(2)
+        kvh = h // GROUP
+        seq_len = tl.load(seq_lens_ptr + b)
+        q_start = tl.load(qsl_ptr + b)
+        q_len = tl.load(qsl_ptr + b + 1) - q_start
+        ctx = seq_len - q_len
+        m_lo = pid_m * BLOCK_M
+        active = (m_lo < q_len) & (seq_len > 0)
+        offs_m = m_lo + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        mmask = (offs_m < q_len) & active
+        dmask = offs_d < HEAD_DIM
+        # Rows past the query range see every key (finite numbers) and are never stored.
+        q_pos = tl.where(mmask, ctx + offs_m, seq_len - 1)
+        rows = (q_start + offs_m).to(tl.int64)
+        q = tl.load(
+            q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+            mask=mmask[:, None] & dmask[None, :],
+            other=0.0,
+        )
+        q = q.to(cache_ptr.dtype.element_ty)
+        kv_end = tl.minimum(seq_len, ctx + m_lo + BLOCK_M)
+        kv_end = tl.where(active, kv_end, 0)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+        head_off = kvh.to(tl.int64) * stride_c3
+        for n0 in range(0, kv_end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            nmask = offs_n < kv_end
+            page = tl.load(bt_row + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
+            kv_off = page * stride_c1 + (offs_n % PAGE).to(tl.int64) * stride_c2 + head_off
+            kvmask = nmask[:, None] & dmask[None, :]
+            k = tl.load(cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            keep = nmask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+            s = tl.where(keep, s * qk_scale, float("-inf"))
+            # Key 0 is in the first tile and visible to every row, so m_new is finite.
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(
+                cache_ptr + stride_c0 + kv_off[:, None] + offs_d[None, :], mask=kvmask, other=0.0
+            )
+            if IEEE:
+                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+        out = acc / l_safe[:, None]
+        tl.store(
+            out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=mmask[:, None] & dmask[None, :],
+        )
+
+
+def _require_triton() -> None:
+    if triton is None:
+        raise ImportError("TritonAttentionBackend needs triton (shipped with torch's CUDA builds)")
+
+
+def _pow2(n: int, floor: int = 1) -> int:
+    return max(floor, 1 << max(0, n - 1).bit_length())
+
+
+def _check_cache(kv_cache: torch.Tensor) -> None:
+    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2 or kv_cache.stride(-1) != 1:
+        raise ValueError(
+            "kv_cache must be [2, num_blocks, block_size, num_kv_heads, head_dim] with a "
+            f"contiguous last dimension, got shape {tuple(kv_cache.shape)}"
+        )
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def store_kv_cache(
+    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Write token ``t``'s key and value at ``slot_mapping[t]`` (``block * block_size + offset``);
+    tokens with a negative slot are skipped. One program per token of ``k``."""
+    _require_triton()
+    _check_cache(kv_cache)
+    k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    _store_kv_kernel[(num_tokens,)](
+        k,
+        v,
+        kv_cache,
+        slot_mapping,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        PAGE=kv_cache.shape[2],
+        BLOCK_H=_pow2(num_kv_heads),
+        BLOCK_D=_pow2(head_dim),
+        num_warps=1 if num_kv_heads * head_dim <= 512 else 4,
+    )
+
+
+def choose_num_splits(
+    num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int, block_n: int = 64
+) -> int:
+    """Split-K factor for decode: enough programs to cover the SMs about twice, at least
+    ``_MIN_TOKENS_PER_SPLIT`` context tokens per split, a power of two (few compiled variants).
+
+    Depends on shapes only (``max_context`` is the block table's capacity, not a sequence
+    length), so a graph captured with it stays right for every later sequence length."""
+    programs = num_seqs * num_kv_heads
+    if programs >= num_sms:
+        return 1
+    want = -(-2 * num_sms // programs)
+    cap = max(1, max_context // max(_MIN_TOKENS_PER_SPLIT, block_n))
+    splits = min(want, cap, _MAX_SPLITS)
+    return 1 if splits <= 1 else 1 << (splits.bit_length() - 1)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    out: torch.Tensor,
+    num_sms: int,
+    num_splits: int | None = None,
+) -> None:
+    """Decode (one query token per sequence) attention into ``out`` [T, num_heads, head_dim]."""
+    _require_triton()
+    _check_cache(kv_cache)
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads, page = kv_cache.shape[3], kv_cache.shape[2]
+    group = num_heads // num_kv_heads
+    num_seqs = metadata.seq_lens.shape[0]
+    block_tables = metadata.block_tables
+    if num_splits is None:
+        max_context = block_tables.shape[1] * page
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, num_sms)
+    fp32 = kv_cache.dtype == torch.float32
+    block_n = 32 if fp32 else 64
+    split = num_splits > 1
+    if split:
+        part_acc = torch.empty(
+            (num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+        )
+        part_ml = torch.empty(
+            (num_seqs, num_heads, num_splits, 2), dtype=torch.float32, device=q.device
+        )
+    else:
+        part_acc = part_ml = out  # unused
+    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q,
+        kv_cache,
+        out,
+        part_acc,
+        part_ml,
+        metadata.seq_lens,
+        metadata.query_start_loc,
+        block_tables,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
+        block_tables.stride(0),
+        scale * _LOG2E,
+        num_splits,
+        NUM_HEADS=num_heads,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        PAGE=page,
+        BLOCK_G=_pow2(group, 16),
+        BLOCK_D=_pow2(head_dim, 16),
+        BLOCK_N=block_n,
+        SPLIT=split,
+        IEEE=fp32,
+        num_warps=4,
+        num_stages=2,
+    )
+    if split:
+        _merge_splits_kernel[(num_seqs, num_heads)](
+            part_acc,
+            part_ml,
+            out,
+            metadata.seq_lens,
+            metadata.query_start_loc,
+            out.stride(0),
+            out.stride(1),
+            num_splits,
+            NUM_HEADS=num_heads,
+            HEAD_DIM=head_dim,
+            BLOCK_S=_pow2(num_splits),
+            BLOCK_D=_pow2(head_dim),
+            num_warps=1 if head_dim <= 64 else 2,
+        )
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """Causal varlen attention of any batch (prefill, chunked prefill, mixed) into ``out``."""
+    _require_triton()
+    _check_cache(kv_cache)
+    if metadata.max_query_len <= 0:
+        return
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads, page = kv_cache.shape[3], kv_cache.shape[2]
+    num_seqs = metadata.seq_lens.shape[0]
+    fp32 = kv_cache.dtype == torch.float32
+    block_d = _pow2(head_dim, 16)
+    block_m = 32 if fp32 and block_d > 64 else 64
+    block_n = 32 if fp32 else 64
+    grid = (triton.cdiv(metadata.max_query_len, block_m), num_seqs, num_heads)
+    _prefill_kernel[grid](
+        q,
+        kv_cache,
+        out,
+        metadata.seq_lens,
+        metadata.query_start_loc,
+        metadata.block_tables,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
+        metadata.block_tables.stride(0),
+        scale * _LOG2E,
+        GROUP=num_heads // num_kv_heads,
+        HEAD_DIM=head_dim,
+        PAGE=page,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        IEEE=fp32,
+        num_warps=4,
+        num_stages=2,
+    )
+
+
+class TritonAttentionBackend:
+    """``AttentionBackend`` on Triton kernels: store K/V, then decode or varlen prefill."""
+
+    name = "triton"
+
+    def __init__(self) -> None:
+        _require_triton()
+        self._num_sms: dict[int, int] = {}
+
+    def num_sms(self, device: torch.device) -> int:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        found = self._num_sms.get(index)
+        if found is None:
+            found = torch.cuda.get_device_properties(index).multi_processor_count
+            self._num_sms[index] = found
+        return found
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} kv heads")
+        store_kv_cache(k, v, kv_cache, metadata.slot_mapping)
+        q = _last_dim_contiguous(q)
+        out = torch.empty_like(q)
+        if metadata.is_decode_only:
+            paged_decode_attention(q, kv_cache, metadata, scale, out, self.num_sms(q.device))
+        else:
+            paged_prefill_attention(q, kv_cache, metadata, scale, out)
+        return out

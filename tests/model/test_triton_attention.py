@@ -1,0 +1,263 @@
+"""The Triton attention backend against the torch reference backend on random paged batches.
+
+On a GPU: bf16 and fp32, decode (split-K and not) and varlen prefill, GQA, odd lengths, block
+boundaries, padding sequences, and decode inside a captured CUDA graph. Without a GPU, when
+triton is installed, the same cases run in fp32 through Triton's interpreter in a subprocess
+(``python tests/model/test_triton_attention.py`` with ``TRITON_INTERPRET=1``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+if __name__ == "__main__":  # the interpreter driver: before triton is imported
+    os.environ["TRITON_INTERPRET"] = "1"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from cadence.model.attention import TorchAttentionBackend  # noqa: E402
+from cadence.model.attention_metadata import AttentionMetadata  # noqa: E402
+
+DUMMY_BLOCK = 0  # never given to a sequence; padding tokens write its first slot
+
+
+@dataclass
+class Case:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cache: torch.Tensor
+    metadata: AttentionMetadata
+    scale: float
+
+
+def make_case(
+    seqs: list[tuple[int, int]],
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    page: int,
+    dtype: torch.dtype,
+    device: str,
+    num_padding: int = 0,
+    padding_slot: int = DUMMY_BLOCK,
+    seed: int = 0,
+    num_blocks: int | None = None,
+    width: int | None = None,
+) -> Case:
+    """``seqs`` = [(seq_len after this pass, query_len)]; ``num_padding`` padding sequences
+    (seq_len 0, empty query range), each with one padding token at ``padding_slot``.
+    Cache slots no sequence owns hold NaN, so any stray read shows in the output."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [-(-s // page) for s, _ in seqs]
+    num_blocks = num_blocks or 1 + sum(blocks_per_seq) + 3
+    order = (1 + torch.randperm(num_blocks - 1, generator=gen)).tolist()
+    width = width or max(blocks_per_seq) + 1
+    tables = torch.zeros(len(seqs) + num_padding, width, dtype=torch.int32)
+    cache = torch.full((2, num_blocks, page, kv_heads, head_dim), float("nan"))
+    slots: list[int] = []
+    used = 0
+    for i, ((seq_len, q_len), nb) in enumerate(zip(seqs, blocks_per_seq, strict=True)):
+        row = order[used : used + nb]
+        used += nb
+        junk = torch.randint(0, num_blocks, (width - nb,), generator=gen).tolist()
+        tables[i] = torch.tensor(row + junk, dtype=torch.int32)
+        for pos in range(seq_len):
+            block, off = row[pos // page], pos % page
+            if pos < seq_len - q_len:  # context written by earlier passes
+                cache[:, block, off] = torch.randn(2, kv_heads, head_dim, generator=gen)
+            else:
+                slots.append(block * page + off)
+    num_tokens = len(slots)
+    slots += [padding_slot] * num_padding
+    total = num_tokens + num_padding
+    q = torch.randn(total, heads, head_dim, generator=gen)
+    k = torch.randn(total, kv_heads, head_dim, generator=gen)
+    v = torch.randn(total, kv_heads, head_dim, generator=gen)
+    q_lens = [ql for _, ql in seqs] + [0] * num_padding
+    starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    seq_lens = torch.tensor([s for s, _ in seqs] + [0] * num_padding, dtype=torch.int32)
+    md = AttentionMetadata(
+        num_actual_tokens=num_tokens,
+        max_query_len=max(q_lens),
+        max_seq_len=int(seq_lens.max()),
+        query_start_loc=starts.to(device),
+        seq_lens=seq_lens.to(device),
+        block_tables=tables.to(device),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64).to(device),
+        query_start_loc_cpu=starts,
+        seq_lens_cpu=seq_lens,
+    )
+    return Case(
+        q.to(device, dtype), k.to(device, dtype), v.to(device, dtype),
+        cache.to(device, dtype), md, head_dim**-0.5,
+    )  # fmt: skip
+
+
+def reference(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    cache = case.cache.clone()
+    out = TorchAttentionBackend().forward(case.q, case.k, case.v, cache, case.metadata, case.scale)
+    return out, cache
+
+
+def assert_matches(case: Case, out: torch.Tensor, cache: torch.Tensor) -> None:
+    want, want_cache = reference(case)
+    n = case.metadata.num_actual_tokens
+    got, ref = out[:n].double(), want[:n].double()
+    assert torch.isfinite(got).all()
+    rel = float((got - ref).norm() / ref.norm())
+    tol = 1e-5 if case.q.dtype == torch.float32 else 1e-2
+    assert rel < tol, f"relative error {rel:.2e}"
+    atol = 1e-4 if case.q.dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got, ref, atol=atol, rtol=atol)
+    # Identical stores everywhere but the dummy block (several padding tokens race there).
+    torch.testing.assert_close(cache[:, 1:], want_cache[:, 1:], equal_nan=True, atol=0, rtol=0)
+
+
+DECODE_SEQS = [(1, 1), (15, 1), (16, 1), (17, 1), (64, 1), (200, 1), (333, 1)]
+PREFILL_SEQS = [(1, 1), (17, 17), (40, 7), (16, 16), (33, 1), (130, 70), (65, 64)]
+
+
+def run_decode(device: str, dtype: torch.dtype, page: int, splits: int | None) -> None:
+    from cadence.model.triton_attention import paged_decode_attention, store_kv_cache
+
+    case = make_case(DECODE_SEQS, 8, 2, 64, page, dtype, device, num_padding=3)
+    cache = case.cache.clone()
+    store_kv_cache(case.k, case.v, cache, case.metadata.slot_mapping)
+    out = torch.full_like(case.q, float("nan"))  # every real row must be written
+    paged_decode_attention(case.q, cache, case.metadata, case.scale, out, 132, splits)
+    assert_matches(case, out, cache)
+
+
+def run_prefill(device: str, dtype: torch.dtype, heads: int, kv_heads: int, dim: int) -> None:
+    from cadence.model.triton_attention import TritonAttentionBackend
+
+    case = make_case(PREFILL_SEQS, heads, kv_heads, dim, 16, dtype, device, 1, padding_slot=-1)
+    cache = case.cache.clone()
+    out = TritonAttentionBackend().forward(case.q, case.k, case.v, cache, case.metadata, case.scale)
+    assert_matches(case, out, cache)
+
+
+# ---- CPU: Triton's interpreter, in a subprocess (the interpreter mode is process-wide) ----
+
+
+def test_kernels_in_triton_interpreter() -> None:
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    if torch.cuda.is_available():
+        pytest.skip("the GPU tests run the compiled kernels")
+    proc = subprocess.run(
+        [sys.executable, __file__], capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, TRITON_INTERPRET="1"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "interpreted cases ok" in proc.stdout
+
+
+def test_split_choice_depends_on_shapes_only() -> None:
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    from cadence.model.triton_attention import choose_num_splits
+
+    assert choose_num_splits(1, 8, 4096, 132) == 32
+    assert choose_num_splits(1, 8, 256, 132) == 2
+    assert choose_num_splits(1, 8, 64, 132) == 1
+    assert choose_num_splits(32, 8, 4096, 132) == 1
+    assert choose_num_splits(4, 8, 4096, 132) == 8
+    for b in range(1, 40):
+        s = choose_num_splits(b, 2, 8192, 132)
+        assert s & (s - 1) == 0 and 1 <= s <= 64
+
+
+# ---- GPU ----
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("dtype", "page"), [(torch.float32, 16), (torch.bfloat16, 32)])
+@pytest.mark.parametrize("splits", [None, 1, 3])
+def test_decode_matches_reference(dtype: torch.dtype, page: int, splits: int | None) -> None:
+    run_decode("cuda", dtype, page, splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(16, 8, 128), (4, 4, 80)])
+def test_prefill_matches_reference(dtype: torch.dtype, heads: int, kv_heads: int, dim: int) -> None:
+    run_prefill("cuda", dtype, heads, kv_heads, dim)
+
+
+@pytest.mark.gpu
+def test_qwen3_decode_shapes_bf16() -> None:
+    from cadence.model.triton_attention import TritonAttentionBackend
+
+    gen = torch.Generator().manual_seed(5)
+    seqs = [(int(n), 1) for n in torch.randint(1, 1500, (33,), generator=gen)]
+    case = make_case(seqs, 16, 8, 128, 16, torch.bfloat16, "cuda", num_padding=2, seed=5)
+    cache = case.cache.clone()
+    out = TritonAttentionBackend().forward(case.q, case.k, case.v, cache, case.metadata, case.scale)
+    assert_matches(case, out, cache)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_replays_inside_a_cuda_graph(dtype: torch.dtype) -> None:
+    from cadence.model.triton_attention import TritonAttentionBackend
+
+    backend = TritonAttentionBackend()
+    seqs = [(20, 1), (47, 1), (16, 1)]
+    shape = {"num_blocks": 24, "width": 6}
+    static = make_case(seqs, 8, 2, 64, 16, dtype, "cuda", 1, seed=1, **shape)
+    cache = static.cache.clone()
+    md = static.metadata
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        backend.forward(static.q, static.k, static.v, cache.clone(), md, static.scale)  # warm-up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = backend.forward(static.q, static.k, static.v, cache, md, static.scale)
+    for step in range(3):
+        grown = [(s + step * 9, 1) for s, _ in seqs]  # longer contexts than at capture
+        case = make_case(grown, 8, 2, 64, 16, dtype, "cuda", 1, seed=10 + step, **shape)
+        # Same shapes: copy the new step into the captured buffers, then replay.
+        for name in ("q", "k", "v", "cache"):
+            getattr(static, name).copy_(getattr(case, name))
+        cache.copy_(case.cache)
+        for name in ("seq_lens", "block_tables", "slot_mapping", "query_start_loc"):
+            getattr(md, name).copy_(getattr(case.metadata, name))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_matches(case, out, cache)
+
+
+def _patch_interpreter_scalar_index() -> None:
+    """Triton 3.6's interpreter holds scalars as 1-element arrays and turns them into loop
+    bounds with ``int(array)``, which numpy >= 2.4 refuses for arrays that are not 0-d."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):  # type: ignore[no-untyped-def]
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).flat[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
+if __name__ == "__main__":
+    _patch_interpreter_scalar_index()
+    run_decode("cpu", torch.float32, 16, None)
+    run_decode("cpu", torch.float32, 16, 1)
+    run_decode("cpu", torch.float32, 8, 3)
+    run_prefill("cpu", torch.float32, 4, 2, 32)
+    run_prefill("cpu", torch.float32, 3, 3, 24)
+    print("interpreted cases ok")
