@@ -96,42 +96,40 @@ def checkpoint_files(path: str) -> list[str]:
 
 def checkpoint_names(arch: DecoderArch) -> dict[str, _Target]:
     """Every tensor a checkpoint of this architecture must hold, mapped to its destination."""
-    names: dict[str, _Target] = {
-        "model.embed_tokens.weight": _Target("model.embed_tokens.weight", 0, None)
-    }
-    names["model.norm.weight"] = _Target("model.norm.weight", 0, None)
+    names: dict[str, _Target] = {}
+
+    def whole(name: str) -> None:
+        names[name] = _Target(name, 0, None)
+
+    def fused(prefix: str, dest: str, shards: dict[str, tuple[int, int]], bias: bool) -> None:
+        for suffix in ("weight", "bias") if bias else ("weight",):
+            for shard, (start, rows) in shards.items():
+                names[f"{prefix}.{shard}_proj.{suffix}"] = _Target(
+                    f"{prefix}.{dest}.{suffix}", start, rows
+                )
+
+    q, kv, inter = arch.q_size, arch.kv_size, arch.intermediate_size
+    qkv_rows = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}
+    gate_up_rows = {"gate": (0, inter), "up": (inter, inter)}
+    whole("model.embed_tokens.weight")
+    whole("model.norm.weight")
     if not arch.tie_word_embeddings:
-        names["lm_head.weight"] = _Target("lm_head.weight", 0, None)
-    qkv_rows = {"q": (0, arch.q_size), "k": (arch.q_size, arch.kv_size)}
-    qkv_rows["v"] = (arch.q_size + arch.kv_size, arch.kv_size)
-    mlp_rows = {
-        "gate": (0, arch.intermediate_size),
-        "up": (arch.intermediate_size, arch.intermediate_size),
-    }
+        whole("lm_head.weight")
     for i in range(arch.num_layers):
         layer = f"model.layers.{i}"
-        for norm in ("input_layernorm", "post_attention_layernorm"):
-            names[f"{layer}.{norm}.weight"] = _Target(f"{layer}.{norm}.weight", 0, None)
+        whole(f"{layer}.input_layernorm.weight")
+        whole(f"{layer}.post_attention_layernorm.weight")
         if arch.qk_norm:
-            for norm in ("q_norm", "k_norm"):
-                full = f"{layer}.self_attn.{norm}.weight"
-                names[full] = _Target(full, 0, None)
-        qkv_suffixes = ("weight", "bias") if arch.qkv_bias else ("weight",)
-        for shard, (start, rows) in qkv_rows.items():
-            for suffix in qkv_suffixes:
-                target = f"{layer}.self_attn.qkv_proj.{suffix}"
-                names[f"{layer}.self_attn.{shard}_proj.{suffix}"] = _Target(target, start, rows)
-        for suffix in ("weight", "bias") if arch.o_bias else ("weight",):
-            full = f"{layer}.self_attn.o_proj.{suffix}"
-            names[full] = _Target(full, 0, None)
-        mlp_suffixes = ("weight", "bias") if arch.mlp_bias else ("weight",)
-        for shard, (start, rows) in mlp_rows.items():
-            for suffix in mlp_suffixes:
-                target = f"{layer}.mlp.gate_up_proj.{suffix}"
-                names[f"{layer}.mlp.{shard}_proj.{suffix}"] = _Target(target, start, rows)
-        for suffix in mlp_suffixes:
-            full = f"{layer}.mlp.down_proj.{suffix}"
-            names[full] = _Target(full, 0, None)
+            whole(f"{layer}.self_attn.q_norm.weight")
+            whole(f"{layer}.self_attn.k_norm.weight")
+        fused(f"{layer}.self_attn", "qkv_proj", qkv_rows, arch.qkv_bias)
+        whole(f"{layer}.self_attn.o_proj.weight")
+        if arch.o_bias:
+            whole(f"{layer}.self_attn.o_proj.bias")
+        fused(f"{layer}.mlp", "gate_up_proj", gate_up_rows, arch.mlp_bias)
+        whole(f"{layer}.mlp.down_proj.weight")
+        if arch.mlp_bias:
+            whole(f"{layer}.mlp.down_proj.bias")
     return names
 
 
@@ -146,7 +144,7 @@ def load_safetensors(model: CausalLM, path: str) -> None:
     loaded: set[str] = set()
     for file in checkpoint_files(path):
         with safe_open(file, framework="pt", device="cpu") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+            for name in f.keys():
                 if name.endswith(_SKIPPED_SUFFIXES):
                     continue
                 if name == "lm_head.weight" and model.arch.tie_word_embeddings:

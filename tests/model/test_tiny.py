@@ -63,6 +63,21 @@ def test_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
+def test_losing_a_race_keeps_the_winners_directory(tmp_path, monkeypatch):
+    real_write = tiny.write_tiny_model
+
+    def racing(dest):
+        real_write(dest)
+        winner = tmp_path / "winner"  # another process finishes first
+        winner.mkdir()
+        real_write(winner)
+        os.rename(winner, tmp_path / tiny.TINY_DIR_NAME)
+
+    monkeypatch.setattr(tiny, "write_tiny_model", racing)
+    assert tiny.ensure_tiny_model(tmp_path) == tmp_path / tiny.TINY_DIR_NAME
+    assert os.listdir(tmp_path) == [tiny.TINY_DIR_NAME]
+
+
 @pytest.mark.parametrize(
     "text",
     ["The morning was cold and clear.", "naïve café — 日本語, emoji 🙂 and\ttabs\nnewlines"],
