@@ -14,11 +14,16 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
 from cadence.model.attention_metadata import AttentionMetadata
-from cadence.model.triton_attention import TritonAttentionBackend, choose_num_splits
+from cadence.model.triton_attention import (
+    TritonAttentionBackend,
+    choose_num_splits,
+    paged_decode_attention,
+)
 
 HEADS, KV_HEADS, DIM, PAGE = 16, 8, 128, 16
 HBM_READ_TBPS = 4.11  # measured on the H200 (docs/perf.md, DESIGN.md)
@@ -44,6 +49,63 @@ def make_metadata(batch: int, ctx: int, num_blocks: int, gen: torch.Generator) -
     )
 
 
+def time_graph(
+    fn: Callable[[], None], stream: torch.cuda.Stream, rotations: int, replays: int
+) -> tuple[float, float]:
+    """Median device time per rotation of a graph of ``fn`` (and the replays' relative spread)."""
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / rotations)
+    graph.reset()
+    us = statistics.median(times)
+    return us, (max(times) - min(times)) / us
+
+
+def bench_prefill(batch: int, prompt: int, backend: TritonAttentionBackend) -> dict[str, float]:
+    gen = torch.Generator().manual_seed(batch + prompt)
+    blocks = batch * prompt // PAGE
+    cache = torch.randn(2, blocks + 1, PAGE, KV_HEADS, DIM, dtype=torch.bfloat16, device="cuda")
+    tables = (torch.randperm(blocks, generator=gen) + 1).view(batch, -1).int()
+    pos = torch.arange(prompt)
+    slots = (tables.long()[:, pos // PAGE] * PAGE + pos % PAGE).reshape(-1)
+    qsl = torch.arange(batch + 1, dtype=torch.int32) * prompt
+    seq_lens = torch.full((batch,), prompt, dtype=torch.int32)
+    md = AttentionMetadata(
+        batch * prompt, prompt, prompt, qsl.cuda(), seq_lens.cuda(), tables.cuda(),
+        slots.cuda(), qsl, seq_lens,
+    )  # fmt: skip
+    tokens = batch * prompt
+    q = torch.randn(tokens, HEADS, DIM, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(tokens, KV_HEADS, DIM, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn_like(k)
+    for _ in range(3):
+        backend.forward(q, k, v, cache, md, DIM**-0.5)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(10):
+        start.record()
+        backend.forward(q, k, v, cache, md, DIM**-0.5)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    us = statistics.median(times)
+    flops = 2 * 2 * HEADS * DIM * batch * prompt * (prompt + 1) / 2  # causal QK^T and PV
+    return {"batch": batch, "prompt": prompt, "us": us, "tflops": flops / (us * 1e-6) / 1e12}
+
+
 def bench(batch: int, ctx: int, backend: TritonAttentionBackend, replays: int) -> dict[str, float]:
     gen = torch.Generator().manual_seed(batch * 7919 + ctx)
     kv_bytes = batch * ctx * KV_HEADS * DIM * 2 * 2  # K and V, bf16
@@ -66,42 +128,38 @@ def bench(batch: int, ctx: int, backend: TritonAttentionBackend, replays: int) -
     with torch.cuda.stream(stream):
         run_all()
     torch.cuda.synchronize()
-    # Host cost of one eager call (Triton launch path), for reference.
+    # Wall time of one eager call: the Triton launch path's host cost, or the GPU time if larger.
     t0 = time.perf_counter()
     for _ in range(50):
         backend.forward(q, k, v, cache, metas[0], scale)
     torch.cuda.synchronize()
-    eager_host_us = (time.perf_counter() - t0) / 50 * 1e6
+    eager_us = (time.perf_counter() - t0) / 50 * 1e6
 
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        run_all()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(3):
-        graph.replay()
-    for _ in range(replays):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / rotations)
-    us = statistics.median(times)
-    spread = (max(times) - min(times)) / us
-    gbps = kv_bytes / (us * 1e-6) / 1e9
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    graph.reset()
+    splits = choose_num_splits(batch, KV_HEADS, ctx, num_sms)
+    alt = splits * 2 if splits > 1 else 2
+    out = torch.empty_like(q)
+
+    def run_alt() -> None:
+        for md in metas:
+            paged_decode_attention(q, cache, md, scale, out, num_sms, alt, k, v)
+
+    us, spread = time_graph(run_all, stream, rotations, replays)
+    alt_us, _ = time_graph(run_alt, stream, rotations, replays)
+    gbps = kv_bytes / (us * 1e-6) / 1e9
     return {
         "batch": batch,
         "context": ctx,
-        "splits": choose_num_splits(batch, KV_HEADS, ctx, num_sms),
+        "splits": splits,
+        "alt_splits": alt,
+        "alt_us_per_call": alt_us,
         "rotations": rotations,
         "us_per_call": us,
         "spread": spread,
         "kv_mb": kv_bytes / 1e6,
         "gb_per_s": gbps,
         "fraction_of_hbm": gbps / (HBM_READ_TBPS * 1e3),
-        "eager_host_us": eager_host_us,
+        "eager_us": eager_us,
     }
 
 
@@ -116,7 +174,9 @@ def main() -> None:
         for ctx in (256, 1024, 4096):
             rows.append(bench(batch, ctx, backend, args.replays))
             torch.cuda.empty_cache()
+    prefill = [bench_prefill(b, p, backend) for b, p in ((1, 4096), (8, 512), (32, 128))]
     info = {
+        "prefill": prefill,
         "device": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d"),
@@ -126,13 +186,17 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(info, f, indent=2)
     print(f"{info['device']}, decode attention, 16q/8kv heads, d=128, bf16, block 16")
-    print("batch  ctx   splits  us/call  KV MB    GB/s   of HBM  spread  eager host us")
+    print("batch  ctx   splits  us/call  KV MB    GB/s   of HBM  spread eager us (splits: us)")
     for r in rows:
         print(
             f"{r['batch']:5d} {r['context']:5d} {r['splits']:6d} {r['us_per_call']:8.2f}"
             f" {r['kv_mb']:7.1f} {r['gb_per_s']:7.0f} {r['fraction_of_hbm']:7.0%}"
-            f" {r['spread']:6.1%} {r['eager_host_us']:9.1f}"
+            f" {r['spread']:6.1%} {r['eager_us']:8.1f}"
+            f"  ({r['alt_splits']}: {r['alt_us_per_call']:.2f})"
         )
+    print("prefill (store + causal attention), bf16: batch x prompt, us, TFLOP/s")
+    for r in info["prefill"]:
+        print(f"{r['batch']:5d} x {r['prompt']:5d} {r['us']:9.1f} {r['tflops']:7.1f}")
 
 
 if __name__ == "__main__":

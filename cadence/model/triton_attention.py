@@ -6,7 +6,8 @@ device tensors (``seq_lens``, ``query_start_loc``, ``block_tables``, ``slot_mapp
 only reads shapes and ``max_query_len``, so the decode path is CUDA-graph capturable.
 
 Decode: one program per (sequence, kv head, split) handles all query heads of its group (GQA)
-with a tensor-core dot; short batches split each sequence's context into ``num_splits`` chunks
+with a tensor-core dot, and also stores the sequence's new K/V (no separate store launch); short
+batches split each sequence's context into ``num_splits`` chunks
 (split-K) whose partial results a second kernel merges. The split count depends only on shapes
 (batch, kv heads, block-table width) and the device, never on sequence lengths.
 Prefill: a causal flash-attention per (query tile, sequence, query head) reading keys and
@@ -80,11 +81,18 @@ if triton is not None:
         out_ptr,
         part_acc_ptr,
         part_ml_ptr,
+        k_ptr,
+        v_ptr,
+        slot_ptr,
         seq_lens_ptr,
         qsl_ptr,
         bt_ptr,
         stride_qt,
         stride_qh,
+        stride_kt,
+        stride_kh,
+        stride_vt,
+        stride_vh,
         stride_ot,
         stride_oh,
         stride_c0,
@@ -102,6 +110,7 @@ if triton is not None:
         BLOCK_D: tl.constexpr,
         BLOCK_N: tl.constexpr,
         SPLIT: tl.constexpr,
+        STORE: tl.constexpr,
         IEEE: tl.constexpr,
     ):
         b = tl.program_id(0)
@@ -134,6 +143,21 @@ if triton is not None:
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
         bt_row = bt_ptr + b.to(tl.int64) * stride_bt
         head_off = kvh.to(tl.int64) * stride_c3
+        if STORE:
+            # The split holding the new token (position seq_len - 1) writes its K/V for this kv
+            # head, then reads it back in the loop below like any other cached token.
+            owner = (seq_len - 1 >= start) & (seq_len - 1 < end)
+            slot = tl.load(slot_ptr + q_tok, mask=owner, other=-1).to(tl.int64)
+            smask = dmask & owner & (slot >= 0)
+            safe = tl.maximum(slot, 0)
+            dst = (safe // PAGE) * stride_c1 + (safe % PAGE) * stride_c2 + head_off + offs_d
+            kvh64 = kvh.to(tl.int64)
+            k_new = tl.load(k_ptr + q_tok * stride_kt + kvh64 * stride_kh + offs_d, mask=smask)
+            v_new = tl.load(v_ptr + q_tok * stride_vt + kvh64 * stride_vh + offs_d, mask=smask)
+            tl.store(cache_ptr + dst, k_new.to(cache_ptr.dtype.element_ty), mask=smask)
+            tl.store(cache_ptr + stride_c0 + dst, v_new.to(cache_ptr.dtype.element_ty), mask=smask)
+            # Global writes become visible to the other threads of the program at the barrier.
+            tl.debug_barrier()
         for n0 in range(start, end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             nmask = offs_n < end
@@ -374,15 +398,16 @@ def store_kv_cache(
 def choose_num_splits(
     num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int, block_n: int = 64
 ) -> int:
-    """Split-K factor for decode: enough programs to cover the SMs about twice, at least
-    ``_MIN_TOKENS_PER_SPLIT`` context tokens per split, a power of two (few compiled variants).
+    """Split-K factor for decode. Without splitting, ``num_seqs * num_kv_heads`` programs run;
+    below two waves over the SMs, split until about four waves, with at least
+    ``_MIN_TOKENS_PER_SPLIT`` context tokens per split; a power of two (few merge variants).
 
     Depends on shapes only (``max_context`` is the block table's capacity, not a sequence
     length), so a graph captured with it stays right for every later sequence length."""
     programs = num_seqs * num_kv_heads
-    if programs >= num_sms:
+    if programs >= 2 * num_sms:
         return 1
-    want = -(-2 * num_sms // programs)
+    want = -(-4 * num_sms // programs)
     cap = max(1, max_context // max(_MIN_TOKENS_PER_SPLIT, block_n))
     splits = min(want, cap, _MAX_SPLITS)
     return 1 if splits <= 1 else 1 << (splits.bit_length() - 1)
@@ -396,10 +421,21 @@ def paged_decode_attention(
     out: torch.Tensor,
     num_sms: int,
     num_splits: int | None = None,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
 ) -> None:
-    """Decode (one query token per sequence) attention into ``out`` [T, num_heads, head_dim]."""
+    """Decode (one query token per sequence) attention into ``out`` [T, num_heads, head_dim].
+
+    With ``k`` and ``v`` given, each sequence's new key and value are first written to the cache
+    at ``metadata.slot_mapping`` inside the same kernel (no separate store launch); tokens that
+    belong to no sequence (padding) are not written."""
     _require_triton()
     _check_cache(kv_cache)
+    store = k is not None and v is not None
+    if store:
+        k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
+    else:
+        k = v = q  # unused
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, page = kv_cache.shape[3], kv_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -426,11 +462,18 @@ def paged_decode_attention(
         out,
         part_acc,
         part_ml,
+        k,
+        v,
+        metadata.slot_mapping,
         metadata.seq_lens,
         metadata.query_start_loc,
         block_tables,
         q.stride(0),
         q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
         out.stride(0),
         out.stride(1),
         kv_cache.stride(0),
@@ -448,6 +491,7 @@ def paged_decode_attention(
         BLOCK_D=_pow2(head_dim, 16),
         BLOCK_N=block_n,
         SPLIT=split,
+        STORE=store,
         IEEE=fp32,
         num_warps=4,
         num_stages=2,
@@ -548,11 +592,12 @@ class TritonAttentionBackend:
         num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
         if num_heads % num_kv_heads:
             raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} kv heads")
-        store_kv_cache(k, v, kv_cache, metadata.slot_mapping)
         q = _last_dim_contiguous(q)
         out = torch.empty_like(q)
         if metadata.is_decode_only:
-            paged_decode_attention(q, kv_cache, metadata, scale, out, self.num_sms(q.device))
+            sms = self.num_sms(q.device)
+            paged_decode_attention(q, kv_cache, metadata, scale, out, sms, k=k, v=v)
         else:
+            store_kv_cache(k, v, kv_cache, metadata.slot_mapping)
             paged_prefill_attention(q, kv_cache, metadata, scale, out)
         return out

@@ -125,14 +125,18 @@ DECODE_SEQS = [(1, 1), (15, 1), (16, 1), (17, 1), (64, 1), (200, 1), (333, 1)]
 PREFILL_SEQS = [(1, 1), (17, 17), (40, 7), (16, 16), (33, 1), (130, 70), (65, 64)]
 
 
-def run_decode(device: str, dtype: torch.dtype, page: int, splits: int | None) -> None:
+def run_decode(device: str, dtype: torch.dtype, page: int, splits: int | None, fused: bool) -> None:
     from cadence.model.triton_attention import paged_decode_attention, store_kv_cache
 
     case = make_case(DECODE_SEQS, 8, 2, 64, page, dtype, device, num_padding=3)
     cache = case.cache.clone()
-    store_kv_cache(case.k, case.v, cache, case.metadata.slot_mapping)
     out = torch.full_like(case.q, float("nan"))  # every real row must be written
-    paged_decode_attention(case.q, cache, case.metadata, case.scale, out, 132, splits)
+    md = case.metadata
+    if fused:
+        paged_decode_attention(case.q, cache, md, case.scale, out, 132, splits, case.k, case.v)
+    else:
+        store_kv_cache(case.k, case.v, cache, md.slot_mapping)
+        paged_decode_attention(case.q, cache, md, case.scale, out, 132, splits)
     assert_matches(case, out, cache)
 
 
@@ -169,8 +173,9 @@ def test_split_choice_depends_on_shapes_only() -> None:
     assert choose_num_splits(1, 8, 4096, 132) == 32
     assert choose_num_splits(1, 8, 256, 132) == 2
     assert choose_num_splits(1, 8, 64, 132) == 1
-    assert choose_num_splits(32, 8, 4096, 132) == 1
-    assert choose_num_splits(4, 8, 4096, 132) == 8
+    assert choose_num_splits(32, 8, 4096, 132) == 2
+    assert choose_num_splits(33, 8, 4096, 132) == 1
+    assert choose_num_splits(4, 8, 4096, 132) == 16
     for b in range(1, 40):
         s = choose_num_splits(b, 2, 8192, 132)
         assert s & (s - 1) == 0 and 1 <= s <= 64
@@ -181,9 +186,11 @@ def test_split_choice_depends_on_shapes_only() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("dtype", "page"), [(torch.float32, 16), (torch.bfloat16, 32)])
-@pytest.mark.parametrize("splits", [None, 1, 3])
-def test_decode_matches_reference(dtype: torch.dtype, page: int, splits: int | None) -> None:
-    run_decode("cuda", dtype, page, splits)
+@pytest.mark.parametrize(("splits", "fused"), [(None, True), (1, False), (1, True), (3, True)])
+def test_decode_matches_reference(
+    dtype: torch.dtype, page: int, splits: int | None, fused: bool
+) -> None:
+    run_decode("cuda", dtype, page, splits, fused)
 
 
 @pytest.mark.gpu
@@ -255,9 +262,10 @@ def _patch_interpreter_scalar_index() -> None:
 
 if __name__ == "__main__":
     _patch_interpreter_scalar_index()
-    run_decode("cpu", torch.float32, 16, None)
-    run_decode("cpu", torch.float32, 16, 1)
-    run_decode("cpu", torch.float32, 8, 3)
+    run_decode("cpu", torch.float32, 16, None, True)
+    run_decode("cpu", torch.float32, 16, 1, False)
+    run_decode("cpu", torch.float32, 16, 1, True)
+    run_decode("cpu", torch.float32, 8, 3, True)
     run_prefill("cpu", torch.float32, 4, 2, 32)
     run_prefill("cpu", torch.float32, 3, 3, 24)
     print("interpreted cases ok")
