@@ -55,7 +55,7 @@ _EMBED_STD = 0.1
 # writes it (row 0 of o_proj and down_proj is zero). After the final norm it is positive, so
 # column 0 of lm_head works as a per-token bias that favours printable tokens.
 _BIAS_CHANNEL_VALUE = 0.4
-_PRINTABLE_BIAS = 1.0
+_PRINTABLE_BIAS = 2.0
 _PRINTABLE_STD = 0.2
 
 

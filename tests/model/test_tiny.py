@@ -127,7 +127,7 @@ def test_generation_is_printable(tokenizer, hf_model):
     with torch.no_grad():
         probs = hf_model(ids).logits[0].softmax(-1)
     mask = tiny.printable_token_mask(tiny.build_tokenizer())
-    assert probs[:, ~mask].sum(-1).max() < 0.01
+    assert probs[:, ~mask].sum(-1).max() < 1e-3
 
 
 def test_our_model_matches_transformers_on_tiny(tiny_dir, hf_model, tokenizer):
