@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,6 +27,18 @@ def tiny_args(**kw: Any) -> EngineArgs:
     )
     base.update(kw)
     return EngineArgs(**base)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Iterator[None]:
+    # The engine thread and the event loop share 2 cores: intra-op worker threads would spin
+    # against them (steps become ~50x slower under load), as vLLM's tests also avoid.
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def make_request(
@@ -258,5 +272,5 @@ def test_output_queue_wakes_an_asyncio_consumer_from_another_thread() -> None:
     got = asyncio.run(consume())
     t.join()
     assert [next(iter(o.finished_requests)) for o in got] == ["0", "1", "2"]
-    with pytest.raises(Exception):
+    with pytest.raises(queue.Empty):
         q.get(timeout=0.01)

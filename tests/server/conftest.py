@@ -70,6 +70,18 @@ def tiny_args(**kwargs: Any) -> EngineArgs:
     return EngineArgs(**base)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Iterator[None]:
+    # The engine thread and the event loop share 2 cores: intra-op worker threads would spin
+    # against them (steps become ~50x slower under load), as vLLM's tests also avoid.
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
     running = start_server(AsyncLLM(tiny_args()))

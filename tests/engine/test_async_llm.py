@@ -1,0 +1,400 @@
+"""AsyncLLM on the tiny model; the first six tests are vLLM's ``tests/v1/engine/test_async_llm.py``
+cases with the same structure and expectations, scaled to the tiny model (n=1 only: parallel
+sampling is not supported, so vLLM's n=3 rows run with n=1)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cadence.engine.async_llm import AsyncLLM
+from cadence.engine.core import EngineCore
+from cadence.engine.core_client import EngineDeadError
+from cadence.engine.engine_args import EngineArgs
+from cadence.outputs import RequestOutput
+from cadence.sampling_params import RequestOutputKind, SamplingParams
+
+TEXT_PROMPT = "Hello my name is Robert and"
+
+
+def tiny_args(**kw: Any) -> EngineArgs:
+    base: dict[str, Any] = dict(
+        model="tiny", max_model_len=512, num_gpu_blocks_override=1024, async_scheduling=False
+    )
+    base.update(kw)
+    return EngineArgs(**base)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Iterator[None]:
+    # The engine thread and the event loop share 2 cores: intra-op worker threads would spin
+    # against them (steps become ~50x slower under load), as vLLM's tests also avoid.
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def engine(request: pytest.FixtureRequest) -> Iterator[AsyncLLM]:
+    kw = getattr(request, "param", {})
+    llm = AsyncLLM.from_engine_args(tiny_args(**kw))
+    yield llm
+    llm.shutdown()
+
+
+async def generate(
+    engine: AsyncLLM,
+    request_id: str,
+    prompt: Any,
+    output_kind: RequestOutputKind,
+    max_tokens: int,
+    cancel_after: int | None = None,
+    progress: dict[str, int] | None = None,
+) -> tuple[int, str]:
+    # Ensure generate doesn't complete too fast for the cancellation tests.
+    await asyncio.sleep(0.2)
+    count = 0
+    params = SamplingParams(
+        max_tokens=max_tokens, ignore_eos=True, output_kind=output_kind, temperature=0.5, seed=33
+    )
+    async for out in engine.generate(request_id=request_id, prompt=prompt, sampling_params=params):
+        num_tokens = sum(len(o.token_ids) for o in out.outputs)
+        if output_kind == RequestOutputKind.DELTA:
+            count += num_tokens
+        else:
+            count = num_tokens
+        if progress is not None:
+            progress[request_id] = count
+        if cancel_after is not None and count >= cancel_after:
+            return count, request_id
+        await asyncio.sleep(0.0)
+    return count, request_id
+
+
+KINDS = [RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY]
+
+
+@pytest.mark.parametrize(
+    "output_kind,num_requests,engine",
+    [
+        (RequestOutputKind.DELTA, 100, {}),
+        (RequestOutputKind.FINAL_ONLY, 100, {}),
+        (RequestOutputKind.DELTA, 32, {"async_scheduling": True}),
+    ],
+    indirect=["engine"],
+)
+async def test_load(output_kind: RequestOutputKind, num_requests: int, engine: AsyncLLM) -> None:
+    num_expected_tokens = 10
+    tasks = [
+        asyncio.create_task(
+            generate(engine, f"request-{i}", TEXT_PROMPT, output_kind, num_expected_tokens)
+        )
+        for i in range(num_requests)
+    ]
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    for task in pending:
+        task.cancel()
+    assert not pending
+    for task in done:
+        num_generated_tokens, request_id = await task
+        assert num_generated_tokens == num_expected_tokens, request_id
+    assert not engine.output_processor.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("output_kind", KINDS)
+async def test_abort(output_kind: RequestOutputKind, engine: AsyncLLM) -> None:
+    num_requests, num_expected_tokens, num_expected_tokens_long = 32, 16, 300
+    ids_to_abort = range(1, 32, 8)
+    tasks: list[asyncio.Task[tuple[int, str]]] = []
+    for idx in range(num_requests):
+        max_tokens = num_expected_tokens_long if idx in ids_to_abort else num_expected_tokens
+        tasks.append(
+            asyncio.create_task(
+                generate(engine, f"request-{idx}", TEXT_PROMPT, output_kind, max_tokens)
+            )
+        )
+    # The API server cancels requests when their clients disconnect.
+    for idx in ids_to_abort:
+        tasks[idx].cancel()
+        await asyncio.sleep(0.1)
+    for idx, task in enumerate(tasks):
+        if idx in ids_to_abort:
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            num_generated_tokens, request_id = await task
+            assert num_generated_tokens == num_expected_tokens, request_id
+    assert not engine.output_processor.has_unfinished_requests()
+    # Another generation with a reused request id works.
+    count, _ = await generate(
+        engine, f"request-{ids_to_abort[0]}", TEXT_PROMPT, output_kind, num_expected_tokens
+    )
+    assert count == num_expected_tokens
+    assert not engine.output_processor.has_unfinished_requests()
+    stats = await engine.get_scheduler_stats()
+    assert (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
+
+
+@pytest.mark.parametrize("output_kind", KINDS)
+async def test_multi_abort(output_kind: RequestOutputKind, engine: AsyncLLM) -> None:
+    num_requests, num_expected_tokens, num_expected_tokens_long = 24, 16, 300
+    ids_to_abort = [5, 10, 15, 20]
+    request_ids = [f"request-{i}" for i in range(num_requests)]
+    tasks = [
+        asyncio.create_task(
+            generate(
+                engine,
+                rid,
+                TEXT_PROMPT,
+                output_kind,
+                num_expected_tokens_long if idx in ids_to_abort else num_expected_tokens,
+            )
+        )
+        for idx, rid in enumerate(request_ids)
+    ]
+    # Let the requests start (vLLM sleeps 0.5 s; here: until each one to abort has tokens, so
+    # that a slow machine cannot make the check below flaky).
+    to_abort = [request_ids[i] for i in ids_to_abort]
+    states = engine.output_processor.request_states
+    for _ in range(3000):
+        if all(rid in states and states[rid].metrics.num_generation_tokens for rid in to_abort):
+            break
+        await asyncio.sleep(0.01)
+    await engine.abort(to_abort)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    for idx, result in enumerate(results):
+        assert isinstance(result, tuple), f"request {idx} failed: {result!r}"
+        num_generated_tokens, request_id = result
+        if idx in ids_to_abort:
+            # Aborted requests end with partial results.
+            assert 0 < num_generated_tokens < num_expected_tokens_long, request_id
+        else:
+            assert num_generated_tokens == num_expected_tokens, request_id
+    assert not engine.output_processor.has_unfinished_requests()
+
+
+async def test_finished_flag(engine: AsyncLLM) -> None:
+    params = SamplingParams(
+        max_tokens=40, output_kind=RequestOutputKind.DELTA, temperature=1.0, seed=33
+    )
+    outputs = [
+        out
+        async for out in engine.generate(
+            request_id="request-33", prompt=TEXT_PROMPT, sampling_params=params
+        )
+    ]
+    assert len(outputs) > 1
+    assert all(not out.finished for out in outputs[:-1])
+    assert outputs[-1].finished
+
+
+async def test_mid_stream_cancellation(engine: AsyncLLM) -> None:
+    num_requests, num_tokens, num_expected_tokens = 32, 300, 8
+    request_ids = [f"request-{i}" for i in range(num_requests)]
+    tasks = [
+        asyncio.create_task(
+            generate(
+                engine,
+                rid,
+                TEXT_PROMPT,
+                RequestOutputKind.DELTA,
+                num_tokens,
+                cancel_after=num_expected_tokens,
+            )
+        )
+        for rid in request_ids
+    ]
+    results = await asyncio.gather(*tasks)
+    for num_generated_tokens, request_id in results:
+        # DELTA outputs merged while the consumer lagged may overshoot by a few tokens.
+        assert num_expected_tokens <= num_generated_tokens < num_tokens, request_id
+    assert not engine.output_processor.has_unfinished_requests()
+    count, _ = await generate(
+        engine, request_ids[0], TEXT_PROMPT, RequestOutputKind.DELTA, num_expected_tokens
+    )
+    assert count == num_expected_tokens
+    assert not engine.output_processor.has_unfinished_requests()
+    # The cancelled requests were aborted in the engine core too, and freed their blocks.
+    stats = await engine.get_scheduler_stats()
+    assert (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
+    assert await engine.get_num_free_kv_blocks() == engine.num_kv_blocks - 1
+
+
+@pytest.mark.parametrize("output_kind", KINDS)
+async def test_abort_final_output(output_kind: RequestOutputKind, engine: AsyncLLM) -> None:
+    request_id = "test-abort-final-output"
+    params = SamplingParams(
+        max_tokens=400, ignore_eos=True, output_kind=output_kind, temperature=0.5, seed=42
+    )
+    outputs: list[RequestOutput] = []
+
+    async def collect() -> RequestOutput | None:
+        final = None
+        async for out in engine.generate(TEXT_PROMPT, params, request_id):
+            if not out.finished:
+                outputs.append(out)
+            final = out
+        return final
+
+    generated = asyncio.create_task(collect())
+    await asyncio.sleep(0.5)
+    await engine.abort(request_id)
+    final = await generated
+    assert final is not None and final.finished
+    assert len(final.outputs) == 1
+    assert final.outputs[0].finish_reason == "abort"
+    assert final.outputs[0].stop_reason is None
+    assert final.num_cached_tokens is not None and final.num_cached_tokens >= 0
+    if output_kind == RequestOutputKind.DELTA:
+        assert sum(len(o.outputs[0].token_ids) for o in outputs) > 0
+    else:
+        assert outputs == []
+        assert 0 < len(final.outputs[0].token_ids) < 400
+    assert not engine.output_processor.has_unfinished_requests()
+
+
+# -- beyond vLLM's cases -----------------------------------------------------------------------
+async def test_invalid_input_raises_before_scheduling(engine: AsyncLLM) -> None:
+    bad: list[tuple[Any, SamplingParams, dict[str, Any], str]] = [
+        ("x" * 600, SamplingParams(max_tokens=4), {}, "maximum context length"),
+        (TEXT_PROMPT, SamplingParams(max_tokens=10_000), {}, "maximum context length"),
+        ({"prompt_token_ids": [1, 10_000]}, SamplingParams(), {}, "out of vocabulary"),
+        ("", SamplingParams(), {}, "empty"),
+        (TEXT_PROMPT, SamplingParams(), {"priority": 2}, "priority"),
+    ]
+    for i, (prompt, params, kw, match) in enumerate(bad):
+        with pytest.raises(ValueError, match=match):
+            async for _ in engine.generate(prompt, params, f"bad-{i}", **kw):
+                pass
+    assert not engine.output_processor.has_unfinished_requests()
+    stats = await engine.get_scheduler_stats()
+    assert (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
+    # A duplicate id of a running request is refused too, without disturbing the first one.
+    params = SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.0)
+    first = engine.generate(TEXT_PROMPT, params, "dup")
+    out = await first.__anext__()
+    with pytest.raises(ValueError, match="already running"):
+        async for _ in engine.generate(TEXT_PROMPT, params, "dup"):
+            pass
+    async for later in first:
+        out = later
+    assert out.finished and out.outputs[0].finish_reason == "length"
+
+
+async def test_stop_string_finishes_and_frees_the_request_in_the_core(engine: AsyncLLM) -> None:
+    greedy = SamplingParams(
+        max_tokens=40, ignore_eos=True, temperature=0.0, output_kind=RequestOutputKind.DELTA
+    )
+    full = ""
+    async for out in engine.generate(TEXT_PROMPT, greedy, "full"):
+        full += out.outputs[0].text
+    stop = full[10:14]
+    cut = full.index(stop)  # the first occurrence ends the text
+    params = SamplingParams(
+        max_tokens=40,
+        ignore_eos=True,
+        temperature=0.0,
+        stop=[stop],
+        output_kind=RequestOutputKind.DELTA,
+    )
+    text, final = "", None
+    async for final in engine.generate(TEXT_PROMPT, params, "stopped"):
+        text += final.outputs[0].text
+    assert final is not None and final.finished
+    assert final.outputs[0].finish_reason == "stop"
+    assert final.outputs[0].stop_reason == stop
+    assert text == full[:cut]
+    # The output handler aborted it in the core: nothing left running, every block free.
+    for _ in range(100):
+        stats = await engine.get_scheduler_stats()
+        if stats.num_running_reqs == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert stats.num_running_reqs == 0
+    assert await engine.get_num_free_kv_blocks() == engine.num_kv_blocks - 1
+
+
+async def test_greedy_tokens_match_the_offline_engine(engine: AsyncLLM) -> None:
+    params = SamplingParams(
+        max_tokens=16, ignore_eos=True, temperature=0.0, output_kind=RequestOutputKind.DELTA
+    )
+    streamed: list[int] = []
+    async for out in engine.generate(TEXT_PROMPT, params, "a"):
+        streamed.extend(out.outputs[0].token_ids)
+    from cadence.engine.llm import LLM
+
+    offline = LLM(**{k: v for k, v in vars(tiny_args()).items() if k != "model"}, model="tiny")
+    final_only = SamplingParams(max_tokens=16, ignore_eos=True, temperature=0.0)
+    ref = offline.generate([TEXT_PROMPT], final_only, use_tqdm=False)[0].outputs[0].token_ids
+    assert streamed == list(ref)
+
+
+class FailingCore(EngineCore):
+    """The real core, failing once it has stepped ``fail_at`` times."""
+
+    def __init__(self, args: EngineArgs, fail_at: int) -> None:
+        super().__init__(args)
+        self.fail_at = fail_at
+        self.steps = 0
+
+    @property
+    def step_fn(self):
+        inner = super().step_fn
+
+        def step():
+            self.steps += 1
+            if self.steps >= self.fail_at:
+                raise RuntimeError("injected engine failure")
+            return inner()
+
+        return step
+
+
+async def test_engine_crash_fails_every_request_with_engine_dead() -> None:
+    args = tiny_args()
+    llm = AsyncLLM(args, core_factory=lambda: FailingCore(args, fail_at=6))
+    try:
+        params = SamplingParams(max_tokens=200, ignore_eos=True, temperature=0.0)
+
+        async def run(i: int) -> int:
+            n = 0
+            async for out in llm.generate(TEXT_PROMPT, params, f"r{i}"):
+                n += len(out.outputs[0].token_ids)
+            return n
+
+        results = await asyncio.wait_for(
+            asyncio.gather(*(run(i) for i in range(8)), return_exceptions=True), timeout=30
+        )
+        assert all(isinstance(r, EngineDeadError) for r in results), results
+        assert llm.errored and not llm.is_running
+        with pytest.raises(EngineDeadError):
+            await llm.check_health()
+        with pytest.raises(EngineDeadError):
+            async for _ in llm.generate(TEXT_PROMPT, params, "after"):
+                pass
+    finally:
+        llm.shutdown()
+
+
+async def test_shutdown_ends_waiting_requests(engine: AsyncLLM) -> None:
+    params = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.0)
+    got: list[int] = []
+
+    async def run() -> None:
+        async for out in engine.generate(TEXT_PROMPT, params, "long"):
+            got.extend(out.outputs[0].token_ids)
+
+    task = asyncio.create_task(run())
+    while len(got) < 3:
+        await asyncio.sleep(0.01)
+    engine.shutdown()
+    with pytest.raises(EngineDeadError):
+        await asyncio.wait_for(task, timeout=10)
+    assert not engine.engine_core.proc._thread.is_alive()
+    assert engine.errored
