@@ -120,7 +120,8 @@ def main() -> None:
         token_kernels.combine(main_stream)
     combine_us = (time.perf_counter() - t0) * 1e3
     main_stream.synchronize()
-    print(f"combine launch (specialized kernel, cached views): {combine_us:.1f} us of host time")
+    path = "direct kernel launch" if token_kernels.direct_launch else "dispatcher"
+    print(f"combine launch ({path}, cached views): {combine_us:.1f} us of host time")
 
     # Results to the host: replay with new inputs, then stage the row sums through a slot.
     pool = dev.create_slot_pool(num_slots=2, capacity=rows, dtype=torch.float32)

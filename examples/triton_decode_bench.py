@@ -91,17 +91,9 @@ def bench_prefill(batch: int, prompt: int, backend: TritonAttentionBackend) -> d
     q = torch.randn(tokens, HEADS, DIM, dtype=torch.bfloat16, device="cuda")
     k = torch.randn(tokens, KV_HEADS, DIM, dtype=torch.bfloat16, device="cuda")
     v = torch.randn_like(k)
-    for _ in range(3):
-        backend.forward(q, k, v, cache, md, DIM**-0.5)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(10):
-        start.record()
-        backend.forward(q, k, v, cache, md, DIM**-0.5)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    us = statistics.median(times)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    us, _ = time_graph(lambda: backend.forward(q, k, v, cache, md, DIM**-0.5), stream, 1, 10)
     flops = 2 * 2 * HEADS * DIM * batch * prompt * (prompt + 1) / 2  # causal QK^T and PV
     return {"batch": batch, "prompt": prompt, "us": us, "tflops": flops / (us * 1e-6) / 1e12}
 

@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - CPU installs
 
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 64
-_MIN_TOKENS_PER_SPLIT = 128
+_MIN_TOKENS_PER_SPLIT = 64
 
 
 if triton is not None:

@@ -11,6 +11,7 @@ its input upload) and a captured graph replays with whatever counts they hold.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -171,8 +172,9 @@ class NumbaTokenKernels:
         self.blocks = max(1, -(-b.rows // self.threads))
         self._combine_kernel = self._specialize(kernels.combine_kernel, self._combine_args)
         self._scatter_kernel = self._specialize(kernels.scatter_kernel, self._scatter_args)
-        # One configured launcher per stream handle, built on first use of that stream.
-        self._configured: dict[int, tuple[Any, Any]] = {}
+        # One pair of bound launchers per stream handle, built on first use of that stream.
+        self._configured: dict[int, tuple[Callable[[], None], ...]] = {}
+        self.direct_launch = False
 
     def _specialize(self, kernel: Any, args: tuple[Any, ...]) -> Any:
         if self.simulator:
@@ -180,7 +182,7 @@ class NumbaTokenKernels:
         # Compiles now and fixes the signature: later calls skip type dispatch.
         return kernel.specialize(*args)
 
-    def _launchers(self, stream: StreamLike | None) -> tuple[Any, Any]:
+    def _launchers(self, stream: StreamLike | None) -> tuple[Callable[[], None], ...]:
         ptr = 0 if stream is None else stream.ptr
         found = self._configured.get(ptr)
         if found is None:
@@ -194,19 +196,35 @@ class NumbaTokenKernels:
                 # A one- or two-block grid is right for a few hundred rows.
                 warnings.filterwarnings("ignore", message=".*under-utilization.*")
                 found = (
-                    self._combine_kernel[self.blocks, self.threads, nb_stream],
-                    self._scatter_kernel[self.blocks, self.threads, nb_stream],
+                    self._bind(self._combine_kernel, nb_stream, self._combine_args),
+                    self._bind(self._scatter_kernel, nb_stream, self._scatter_args),
                 )
             self._configured[ptr] = found
         return found
 
+    def _bind(self, dispatcher: Any, nb_stream: Any, args: tuple[Any, ...]) -> Callable[[], None]:
+        configured = dispatcher[self.blocks, self.threads, nb_stream]
+        overloads = getattr(dispatcher, "overloads", None)
+        if self.simulator or not overloads or len(overloads) != 1:
+            return lambda: configured(*args)
+        # The specialized dispatcher has one compiled kernel: launch it directly, skipping the
+        # dispatcher's per-call argument typing (what its own call() does for a specialized
+        # dispatcher, minus the bookkeeping that only launch-config-sensitive kernels need).
+        kernel = next(iter(overloads.values()))
+        launch = getattr(kernel, "launch", None)
+        dims = (configured.griddim, configured.blockdim, configured.stream, configured.sharedmem)
+        if launch is None:
+            return lambda: configured(*args)
+        self.direct_launch = True
+        return lambda: launch(args, *dims)
+
     def combine(self, stream: StreamLike | None = None) -> None:
         """Decode rows take their input id from ``last_sampled`` (async on ``stream``)."""
-        self._launchers(stream)[0](*self._combine_args)
+        self._launchers(stream)[0]()
 
     def scatter(self, stream: StreamLike | None = None) -> None:
         """Write ``sampled`` into ``last_sampled`` by request index (async on ``stream``)."""
-        self._launchers(stream)[1](*self._scatter_args)
+        self._launchers(stream)[1]()
 
 
 def make_token_kernels(buffers: TokenBuffers) -> NumbaTokenKernels | HostTokenKernels:

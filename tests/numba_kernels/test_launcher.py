@@ -80,6 +80,7 @@ def test_numba_launcher_on_runtime_stream_and_inside_a_captured_graph() -> None:
     kernels.combine(main)
     kernels.scatter(main)
     main.synchronize()
+    assert kernels.direct_launch  # the compiled kernel is launched without per-call dispatch
     np.testing.assert_array_equal(bufs.input_ids.cpu().numpy(), combine_loop(first))
     np.testing.assert_array_equal(bufs.last_sampled.cpu().numpy(), scatter_loop(first))
 
