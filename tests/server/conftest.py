@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,8 +15,6 @@ import uvicorn
 from cadence.engine.async_llm import AsyncLLM
 from cadence.engine.engine_args import EngineArgs
 from cadence.server.app import build_app
-
-API_KEY = "test-key"
 
 
 def free_port() -> int:
@@ -65,7 +63,9 @@ def start_server(engine: AsyncLLM, **app_kwargs: Any) -> RunningServer:
 
 
 def tiny_args(**kwargs: Any) -> EngineArgs:
-    base: dict[str, Any] = dict(model="tiny", max_model_len=512, num_gpu_blocks_override=512)
+    base: dict[str, Any] = dict(
+        model="tiny", max_model_len=512, num_gpu_blocks_override=512, async_scheduling=False
+    )
     base.update(kwargs)
     return EngineArgs(**base)
 
@@ -84,6 +84,32 @@ def _one_torch_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    running = start_server(AsyncLLM(tiny_args()))
+    """The shared server: tiny model, fcfs, synchronous scheduling, 1 MiB body limit."""
+    running = start_server(AsyncLLM(tiny_args()), max_request_body_bytes=1 << 20)
     yield running
     running.stop()
+
+
+ServerFactory = Callable[..., RunningServer]
+
+
+@pytest.fixture
+def server_factory() -> Iterator[ServerFactory]:
+    """Start extra servers: ``server_factory(engine_kwargs..., app_kwargs={...})``."""
+    started: list[RunningServer] = []
+
+    def make(
+        *,
+        app_kwargs: dict[str, Any] | None = None,
+        core_factory: Callable[[EngineArgs], Any] | None = None,
+        **engine_kwargs: Any,
+    ) -> RunningServer:
+        args = tiny_args(**engine_kwargs)
+        factory = (lambda: core_factory(args)) if core_factory is not None else None
+        running = start_server(AsyncLLM(args, core_factory=factory), **(app_kwargs or {}))
+        started.append(running)
+        return running
+
+    yield make
+    for running in started:
+        running.stop()

@@ -1,0 +1,193 @@
+"""The OpenAI API through the official ``openai`` client, against a real uvicorn server."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+PROMPT = "Hello my name is Robert and"
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+
+
+def prompt_len(server, text: str) -> int:
+    return len(server.engine.tokenizer.encode(text))
+
+
+def test_models_health_version(server, client: openai.OpenAI) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+    assert models.data[0].max_model_len == 512  # type: ignore[attr-defined]
+    assert httpx.get(server.base_url + "/health").status_code == 200
+    version = httpx.get(server.base_url + "/version").json()["version"]
+    assert version and isinstance(version, str)
+
+
+def test_completion_greedy_stream_equals_non_stream(server, client: openai.OpenAI) -> None:
+    kw = dict(
+        model="tiny", prompt=PROMPT, max_tokens=24, temperature=0.0, extra_body={"ignore_eos": True}
+    )
+    full = client.completions.create(**kw)
+    choice = full.choices[0]
+    assert choice.finish_reason == "length"
+    assert full.usage is not None
+    n_prompt = prompt_len(server, PROMPT)
+    assert (full.usage.prompt_tokens, full.usage.completion_tokens) == (n_prompt, 24)
+    assert full.usage.total_tokens == n_prompt + 24
+    assert full.id.startswith("cmpl-") and full.object == "text_completion"
+
+    chunks = list(
+        client.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    )
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == choice.text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
+    # The usage chunk comes last, with no choices; the others carry no usage.
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (n_prompt, 24)
+    assert all(c.usage is None for c in chunks[:-1])
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_completion_token_prompt_and_batch(server, client: openai.OpenAI) -> None:
+    ids = server.engine.tokenizer.encode(PROMPT)
+    by_text = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0)
+    by_ids = client.completions.create(model="tiny", prompt=ids, max_tokens=8, temperature=0)
+    assert by_ids.choices[0].text == by_text.choices[0].text
+    batch = client.completions.create(
+        model="tiny", prompt=[PROMPT, "The capital of France"], max_tokens=5, temperature=0
+    )
+    assert [c.index for c in batch.choices] == [0, 1]
+    assert batch.choices[0].text == by_text.choices[0].text[: len(batch.choices[0].text)]
+    assert batch.usage is not None and batch.usage.completion_tokens == 10
+
+
+def test_completion_stop_seed_and_logprobs(server, client: openai.OpenAI) -> None:
+    base = client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=30, temperature=0, extra_body={"ignore_eos": True}
+    )
+    text = base.choices[0].text
+    stop = text[8:11]
+    stopped = client.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        max_tokens=30,
+        temperature=0,
+        stop=[stop],
+        extra_body={"ignore_eos": True},
+    )
+    assert stopped.choices[0].text == text[: text.index(stop)]
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].stop_reason == stop  # type: ignore[attr-defined]
+
+    seeded = [
+        client.completions.create(
+            model="tiny", prompt=PROMPT, max_tokens=12, temperature=1.0, seed=7
+        )
+        .choices[0]
+        .text
+        for _ in range(2)
+    ]
+    assert seeded[0] == seeded[1]
+
+    lp = client.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        max_tokens=6,
+        temperature=0,
+        logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
+    logprobs = lp.choices[0].logprobs
+    assert logprobs is not None and logprobs.tokens is not None
+    assert len(logprobs.tokens) == 6 and "".join(logprobs.tokens) == lp.choices[0].text
+    assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(6)]
+    for tok, tok_lp, top in zip(
+        logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True
+    ):
+        # Greedy: the sampled token is the most likely one, listed among the top 3.
+        assert 3 <= len(top) <= 4 and tok in top and top[tok] == pytest.approx(tok_lp)
+        assert tok_lp == pytest.approx(max(top.values()))
+
+
+def test_chat_stream_equals_non_stream_with_logprobs(server, client: openai.OpenAI) -> None:
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Say something."},
+    ]
+    kw = dict(
+        model="tiny",
+        messages=messages,
+        temperature=0.0,
+        max_completion_tokens=20,
+        extra_body={"ignore_eos": True},
+    )
+    full = client.chat.completions.create(**kw, logprobs=True, top_logprobs=2)
+    msg = full.choices[0].message
+    assert msg.role == "assistant" and msg.content
+    assert full.choices[0].finish_reason == "length"
+    ids = server.engine.tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    n_prompt = len(server.engine.tokenizer.encode(ids, add_special_tokens=False))
+    assert full.usage is not None
+    assert (full.usage.prompt_tokens, full.usage.completion_tokens) == (n_prompt, 20)
+    content = full.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == 20
+    assert "".join(c.token for c in content) == msg.content
+    for c in content:
+        assert len(c.top_logprobs) == 2 and c.top_logprobs[0].token == c.token
+        assert c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob
+        assert bytes(c.bytes or []) == c.token.encode()
+
+    chunks = list(
+        client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == msg.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 20
+    # The deprecated max_tokens works too; max_completion_tokens wins when both are given.
+    legacy = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        temperature=0.0,
+        max_tokens=5,
+        extra_body={"ignore_eos": True},
+    )
+    assert legacy.usage is not None and legacy.usage.completion_tokens == 5
+    both = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        temperature=0.0,
+        max_tokens=5,
+        max_completion_tokens=7,
+        extra_body={"ignore_eos": True},
+    )
+    assert both.usage is not None and both.usage.completion_tokens == 7
+
+
+def test_continuous_usage_stats(server) -> None:
+    body = {
+        "model": "tiny",
+        "prompt": PROMPT,
+        "max_tokens": 6,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    with httpx.stream("POST", server.base_url + "/v1/completions", json=body) as r:
+        lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
+    counts = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
+    assert counts == sorted(counts) and counts[-1] == 6
