@@ -101,10 +101,11 @@ def to_bad_request(exc: ValueError, prompt_param: str, max_tokens_param: str) ->
             param = max_tokens_param if "completion" in message else prompt_param
         elif (m := _LEADING_PARAM.match(message)) is not None:
             param = m.group(1)
-        if param in ("prompt", "prompt_token_ids"):
-            param = prompt_param
-        if param == "max_tokens":
-            param = max_tokens_param
+    # Engine-side names -> the names of this endpoint's request body.
+    if param in ("prompt", "prompt_token_ids"):
+        param = prompt_param
+    elif param == "max_tokens":
+        param = max_tokens_param
     return BadRequestError(message, param)
 
 

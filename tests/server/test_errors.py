@@ -1,0 +1,172 @@
+"""Every bad input gets an OpenAI-style error naming the parameter; the server keeps serving."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from cadence.server.errors import BadRequestError, from_validation_error
+from cadence.server.protocol import CompletionRequest
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+MSG = [{"role": "user", "content": "hi"}]
+
+# (route, JSON body, expected status, expected param, a fragment of the message)
+CASES: list[tuple[str, Any, int, str | None, str]] = [
+    (COMPLETIONS, {}, 400, "prompt", "required"),
+    (COMPLETIONS, {"prompt": 5}, 400, "prompt", ""),
+    (COMPLETIONS, {"prompt": "x", "max_tokens": "many"}, 400, "max_tokens", "integer"),
+    (COMPLETIONS, {"prompt": "x", "temperature": "hot"}, 400, "temperature", "number"),
+    (COMPLETIONS, {"prompt": "x", "stream": "maybe"}, 400, "stream", "boolean"),
+    (COMPLETIONS, {"prompt": "x", "stop": 3}, 400, "stop", ""),
+    (COMPLETIONS, {"model": "gpt-9", "prompt": "x"}, 404, "model", "does not exist"),
+    (COMPLETIONS, {"prompt": "x", "max_tokens": -3}, 400, "max_tokens", "greater than"),
+    (COMPLETIONS, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "greater than"),
+    (
+        COMPLETIONS,
+        {"prompt": "x", "max_tokens": 100000},
+        400,
+        "max_tokens",
+        "maximum context length is 512 tokens",
+    ),
+    (COMPLETIONS, {"prompt": "x", "temperature": -0.5}, 400, "temperature", "greater than"),
+    (COMPLETIONS, {"prompt": "x", "top_p": 0}, 400, "top_p", "greater than"),
+    (COMPLETIONS, {"prompt": "x", "top_p": 1.5}, 400, "top_p", "less than"),
+    (COMPLETIONS, {"prompt": "x", "top_k": 0}, 400, "top_k", "top_k"),
+    (COMPLETIONS, {"prompt": "word " * 600}, 400, "prompt", "maximum context length is 512 tokens"),
+    (COMPLETIONS, {"prompt": ""}, 400, "prompt", "empty"),
+    (COMPLETIONS, {"prompt": []}, 400, "prompt", "empty"),
+    (COMPLETIONS, {"prompt": [1, 2, 99999]}, 400, "prompt", "99999"),
+    (COMPLETIONS, {"prompt": "x", "n": 2}, 400, "n", "n=1"),
+    (COMPLETIONS, {"prompt": "x", "best_of": 3}, 400, "best_of", "best_of"),
+    (COMPLETIONS, {"prompt": "x", "echo": True}, 400, "echo", "echo"),
+    (COMPLETIONS, {"prompt": "x", "logprobs": 50}, 400, "logprobs", "less than"),
+    (COMPLETIONS, {"prompt": "x", "priority": 5}, 400, "priority", "priority"),
+    (COMPLETIONS, {"prompt": "x", "stop": [""]}, 400, "stop", "empty"),
+    (
+        COMPLETIONS,
+        {"prompt": "x", "stream_options": {"include_usage": True}},
+        400,
+        "stream_options",
+        "stream",
+    ),
+    (
+        COMPLETIONS,
+        {"prompt": "x", "presence_penalty": 0.5},
+        400,
+        "presence_penalty",
+        "not supported",
+    ),
+    (COMPLETIONS, ["not", "an", "object"], 400, None, "JSON object"),
+    (CHAT, {"messages": []}, 400, "messages", "at least one"),
+    (CHAT, {}, 400, "messages", "required"),
+    (CHAT, {"messages": "hi"}, 400, "messages", "list"),
+    (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role", ""),
+    (CHAT, {"messages": [{"content": "hi"}]}, 400, "messages.0.role", "required"),
+    (CHAT, {"model": "other", "messages": MSG}, 404, "model", "does not exist"),
+    (CHAT, {"messages": MSG, "n": 3}, 400, "n", "n=1"),
+    (
+        CHAT,
+        {"messages": MSG, "max_completion_tokens": 100000},
+        400,
+        "max_completion_tokens",
+        "maximum context length",
+    ),
+    (CHAT, {"messages": MSG, "max_tokens": -1}, 400, "max_tokens", "greater than"),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": "word " * 600}]},
+        400,
+        "messages",
+        "maximum context length",
+    ),
+    (CHAT, {"messages": MSG, "top_logprobs": 3}, 400, "top_logprobs", "logprobs must be true"),
+    (
+        CHAT,
+        {"messages": MSG, "logprobs": True, "top_logprobs": 21},
+        400,
+        "top_logprobs",
+        "less than",
+    ),
+    (CHAT, {"messages": MSG, "temperature": -1}, 400, "temperature", "greater than"),
+    (CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools", "not supported"),
+    (CHAT, {"messages": MSG, "priority": -1}, 400, "priority", "priority"),
+]
+
+
+def check_error(resp: httpx.Response, status: int, param: str | None, fragment: str) -> None:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"}
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == status
+    assert err["param"] == param, err
+    assert err["type"] == {400: "BadRequestError", 404: "NotFoundError"}.get(status, err["type"])
+    assert fragment.lower() in err["message"].lower(), err["message"]
+
+
+@pytest.mark.parametrize("route,body,status,param,fragment", CASES)
+def test_bad_input(
+    server, route: str, body: Any, status: int, param: str | None, fragment: str
+) -> None:
+    payloads = [body]
+    if isinstance(body, dict) and not {"stream", "stream_options"} & set(body):
+        payloads.append({**body, "stream": True})  # streamed requests are refused up front too
+    for payload in payloads:
+        resp = httpx.post(server.base_url + route, json=payload, timeout=30)
+        check_error(resp, status, param, fragment)
+
+
+def test_invalid_json_and_oversized_body(server) -> None:
+    resp = httpx.post(
+        server.base_url + COMPLETIONS,
+        content=b'{"prompt": "x",',
+        headers={"content-type": "application/json"},
+    )
+    check_error(resp, 400, None, "invalid json")
+    resp = httpx.post(server.base_url + COMPLETIONS, content=b"\xff\xfe", timeout=30)
+    check_error(resp, 400, None, "invalid json")
+    big = {"prompt": "x" * (2 << 20)}  # the test server's limit is 1 MiB
+    resp = httpx.post(server.base_url + COMPLETIONS, json=big, timeout=30)
+    assert resp.status_code == 413
+    assert resp.json()["error"]["type"] == "RequestTooLargeError"
+    assert resp.json()["error"]["code"] == 413
+
+
+def test_unknown_route_and_method(server) -> None:
+    resp = httpx.get(server.base_url + "/v1/nothing-here")
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == 404
+    resp = httpx.get(server.base_url + COMPLETIONS)
+    assert resp.status_code == 405 and resp.json()["error"]["code"] == 405
+
+
+def test_server_keeps_serving_after_bad_inputs(server) -> None:
+    for route, body, *_ in CASES:
+        httpx.post(server.base_url + route, json=body, timeout=30)
+    assert httpx.get(server.base_url + "/health").status_code == 200
+    ok = httpx.post(
+        server.base_url + COMPLETIONS,
+        json={"prompt": "Hello", "max_tokens": 3, "temperature": 0},
+        timeout=30,
+    )
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+    stats = server.engine.engine_core.call_utility("make_stats")
+    assert (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
+    assert not server.engine.output_processor.has_unfinished_requests()
+
+
+def test_validation_error_names_nested_fields() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as info:
+        CompletionRequest.model_validate(
+            {"prompt": "x", "stream_options": {"include_usage": "often"}}
+        )
+    err = from_validation_error(info.value)
+    assert isinstance(err, BadRequestError)
+    assert err.param == "stream_options.include_usage"
+    assert err.body()["error"]["code"] == 400
