@@ -111,45 +111,45 @@ def check_error(resp: httpx.Response, status: int, param: str | None, fragment: 
 
 @pytest.mark.parametrize("route,body,status,param,fragment", CASES)
 def test_bad_input(
-    server, route: str, body: Any, status: int, param: str | None, fragment: str
+    http: httpx.Client, route: str, body: Any, status: int, param: str | None, fragment: str
 ) -> None:
     payloads = [body]
     if isinstance(body, dict) and not {"stream", "stream_options"} & set(body):
         payloads.append({**body, "stream": True})  # streamed requests are refused up front too
     for payload in payloads:
-        resp = httpx.post(server.base_url + route, json=payload, timeout=30)
+        resp = http.post(route, json=payload, timeout=30)
         check_error(resp, status, param, fragment)
 
 
-def test_invalid_json_and_oversized_body(server) -> None:
-    resp = httpx.post(
-        server.base_url + COMPLETIONS,
+def test_invalid_json_and_oversized_body(http: httpx.Client) -> None:
+    resp = http.post(
+        COMPLETIONS,
         content=b'{"prompt": "x",',
         headers={"content-type": "application/json"},
     )
     check_error(resp, 400, None, "invalid json")
-    resp = httpx.post(server.base_url + COMPLETIONS, content=b"\xff\xfe", timeout=30)
+    resp = http.post(COMPLETIONS, content=b"\xff\xfe", timeout=30)
     check_error(resp, 400, None, "invalid json")
     big = {"prompt": "x" * (2 << 20)}  # the test server's limit is 1 MiB
-    resp = httpx.post(server.base_url + COMPLETIONS, json=big, timeout=30)
+    resp = http.post(COMPLETIONS, json=big, timeout=30)
     assert resp.status_code == 413
     assert resp.json()["error"]["type"] == "RequestTooLargeError"
     assert resp.json()["error"]["code"] == 413
 
 
-def test_unknown_route_and_method(server) -> None:
-    resp = httpx.get(server.base_url + "/v1/nothing-here")
+def test_unknown_route_and_method(http: httpx.Client) -> None:
+    resp = http.get("/v1/nothing-here")
     assert resp.status_code == 404 and resp.json()["error"]["code"] == 404
-    resp = httpx.get(server.base_url + COMPLETIONS)
+    resp = http.get(COMPLETIONS)
     assert resp.status_code == 405 and resp.json()["error"]["code"] == 405
 
 
-def test_server_keeps_serving_after_bad_inputs(server) -> None:
+def test_server_keeps_serving_after_bad_inputs(server, http: httpx.Client) -> None:
     for route, body, *_ in CASES:
-        httpx.post(server.base_url + route, json=body, timeout=30)
-    assert httpx.get(server.base_url + "/health").status_code == 200
-    ok = httpx.post(
-        server.base_url + COMPLETIONS,
+        http.post(route, json=body, timeout=30)
+    assert http.get("/health").status_code == 200
+    ok = http.post(
+        COMPLETIONS,
         json={"prompt": "Hello", "max_tokens": 3, "temperature": 0},
         timeout=30,
     )
