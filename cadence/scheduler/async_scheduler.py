@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from cadence.scheduler.request import Request, RequestStatus
 from cadence.scheduler.scheduler import Scheduler
+from cadence.scheduler.stop import check_stop
 
 _RUNNING = RequestStatus.RUNNING
 
@@ -39,7 +40,11 @@ class AsyncScheduler(Scheduler):
             request.discard_latest_async_tokens = False
             return [], False
         status_before = request.status
-        new_token_ids, stopped = Scheduler._update_request_with_output(self, request, new_token_ids)
+        if len(new_token_ids) == 1:  # the per-step case, without the base class's extra call
+            request.append_output_token_ids(new_token_ids[0])
+            stopped = check_stop(request, self.max_model_len)
+        else:
+            new_token_ids, stopped = super()._update_request_with_output(request, new_token_ids)
         placeholders = request.num_output_placeholders - len(new_token_ids)
         assert placeholders >= 0
         request.num_output_placeholders = placeholders
