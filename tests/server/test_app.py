@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import httpx
 import openai
@@ -191,3 +193,128 @@ def test_continuous_usage_stats(server) -> None:
     chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
     counts = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
     assert counts == sorted(counts) and counts[-1] == 6
+
+
+def test_api_key_protects_v1_routes(server_factory) -> None:
+    srv = server_factory(app_kwargs={"api_key": "sesame"})
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}):
+            resp = http.get("/v1/models", headers=headers)
+            assert resp.status_code == 401
+            err = resp.json()["error"]
+            assert err["code"] == 401 and err["type"] == "AuthenticationError"
+            resp = http.post("/v1/completions", json={"prompt": "x"}, headers=headers)
+            assert resp.status_code == 401
+        # Health and metrics stay open, as in vLLM.
+        assert http.get("/health").status_code == 200
+        assert http.get("/metrics").status_code == 200
+    good = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="sesame", max_retries=0)
+    out = good.completions.create(model="tiny", prompt=PROMPT, max_tokens=3)
+    assert out.usage is not None and out.usage.completion_tokens == 3
+    bad = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.completions.create(model="tiny", prompt=PROMPT, max_tokens=3)
+
+
+def metric_values(text: str) -> dict[str, float]:
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def test_metrics_count_exactly(server, client: openai.OpenAI) -> None:
+    before = metric_values(httpx.get(server.base_url + "/metrics").text)
+    outs = [
+        client.completions.create(
+            model="tiny",
+            prompt=PROMPT,
+            max_tokens=n,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        for n in (3, 7)
+    ]
+    resp = httpx.get(server.base_url + "/metrics")
+    assert resp.headers["content-type"].startswith("text/plain")
+    after = metric_values(resp.text)
+    label = '{model_name="tiny"}'
+
+    def delta(name: str) -> float:
+        return after[name + label] - before.get(name + label, 0.0)
+
+    assert delta("cadence:prompt_tokens_total") == sum(o.usage.prompt_tokens for o in outs)
+    assert delta("cadence:generation_tokens_total") == 10
+    assert delta("cadence:time_to_first_token_seconds_count") == 2
+    assert delta("cadence:e2e_request_latency_seconds_count") == 2
+    # One inter-token gap per token after the first.
+    assert delta("cadence:inter_token_latency_seconds_count") == (3 - 1) + (7 - 1)
+    assert after["cadence:num_requests_running" + label] == 0
+    assert after["cadence:num_requests_waiting" + label] == 0
+    assert after["cadence:kv_cache_usage_perc" + label] == 0
+    success = 'cadence:request_success_total{finished_reason="length",model_name="tiny"}'
+    assert after[success] - before.get(success, 0.0) == 2
+
+
+def test_metrics_gauges_while_busy(server) -> None:
+    body = {
+        "prompt": PROMPT,
+        "max_tokens": 480,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    break
+            values = metric_values(http.get("/metrics").text)
+    label = '{model_name="tiny"}'
+    assert values["cadence:num_requests_running" + label] == 1, values
+    assert 0 < values["cadence:kv_cache_usage_perc" + label] < 1
+
+
+def test_priority_through_http(server_factory) -> None:
+    """With one sequence slot, queued requests run by priority (lower first), then arrival."""
+    srv = server_factory(scheduling_policy="priority", max_num_seqs=1)
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def run(name: str, priority: int, max_tokens: int) -> None:
+        with httpx.Client(base_url=srv.base_url, timeout=60) as http:
+            resp = http.post(
+                "/v1/completions",
+                json={
+                    "prompt": PROMPT,
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "priority": priority,
+                },
+            )
+        assert resp.status_code == 200, resp.text
+        with lock:
+            order.append(name)
+
+    blocker = threading.Thread(target=run, args=("blocker", 0, 120))
+    blocker.start()
+    engine = srv.engine.engine_core
+    deadline = time.monotonic() + 10
+    while engine.call_utility("make_stats").num_running_reqs == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    queued = [("low", 5), ("high", -3), ("mid", 1), ("high2", -3)]
+    threads = []
+    for name, prio in queued:
+        t = threading.Thread(target=run, args=(name, prio, 4))
+        t.start()
+        threads.append(t)
+        while engine.call_utility("make_stats").num_waiting_reqs < len(threads):
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+    for t in [blocker, *threads]:
+        t.join(60)
+    assert order == ["blocker", "high", "high2", "mid", "low"]
