@@ -148,6 +148,10 @@ def check_step(scheduler: Scheduler, so: SchedulerOutput, forced_reset: bool) ->
         assert request.status == RequestStatus.RUNNING
         # num_computed_tokens already includes this step; input positions < max_model_len - 1.
         assert request.num_computed_tokens <= MAX_MODEL_LEN - 1
+    if not cfg.enable_chunked_prefill:
+        for new in so.scheduled_new_reqs:
+            num_known = len(new.prompt_token_ids) + len(new.output_token_ids)
+            assert new.num_computed_tokens + counts[new.req_id] == num_known
     check_blocks(scheduler)
 
 
@@ -167,11 +171,19 @@ def check_blocks(scheduler: Scheduler) -> None:
         assert len(set(map(id, blocks))) == len(blocks), f"{req_id} holds a block twice"
 
 
-def run_simulation(policy: str, async_scheduling: bool, seed: int, num_steps: int) -> None:
+def run_simulation(
+    policy: str,
+    async_scheduling: bool,
+    seed: int,
+    num_steps: int,
+    enable_chunked_prefill: bool = True,
+) -> None:
     rng = random.Random(seed)
     scheduler = create_scheduler(
         max_num_seqs=6,
-        max_num_batched_tokens=32,
+        # Without chunked prefill the budget must hold a whole max_model_len prompt.
+        max_num_batched_tokens=32 if enable_chunked_prefill else MAX_MODEL_LEN,
+        enable_chunked_prefill=enable_chunked_prefill,
         max_model_len=MAX_MODEL_LEN,
         num_blocks=24,
         block_size=BLOCK_SIZE,
@@ -271,3 +283,7 @@ def run_simulation(policy: str, async_scheduling: bool, seed: int, num_steps: in
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 def test_random_workload(policy: str, async_scheduling: bool):
     run_simulation(policy, async_scheduling, seed=1234, num_steps=1500)
+
+
+def test_random_workload_without_chunked_prefill():
+    run_simulation("fcfs", True, seed=99, num_steps=1500, enable_chunked_prefill=False)
