@@ -14,10 +14,12 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from cadence.bench.common import git_commit, now
 
 PERCENTILES = (50, 90, 99)
 
@@ -107,9 +109,7 @@ def summarize(results: list[RequestResult], duration: float, concurrency: int) -
     ok = [r for r in results if r.ok]
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_len for r in ok)
-    tpots = [
-        (r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1
-    ]
+    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
     itls = [v for r in ok for v in r.itl]
     report: dict[str, Any] = {
         "concurrency": concurrency,
@@ -137,7 +137,9 @@ def summarize(results: list[RequestResult], duration: float, concurrency: int) -
     return report
 
 
-async def run_level(args: argparse.Namespace, concurrency: int, prompts: list[Any]) -> dict[str, Any]:
+async def run_level(
+    args: argparse.Namespace, concurrency: int, prompts: list[Any]
+) -> dict[str, Any]:
     url = args.base_url.rstrip("/") + "/v1/completions"
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -161,7 +163,9 @@ async def run_level(args: argparse.Namespace, concurrency: int, prompts: list[An
                 return await run_one(client, url, payload, prompt_len)
 
         start = time.perf_counter()
-        results = await asyncio.gather(*(task(p, n) for p, n in zip(prompts, input_lens, strict=True)))
+        results = await asyncio.gather(
+            *(task(p, n) for p, n in zip(prompts, input_lens, strict=True))
+        )
         duration = time.perf_counter() - start
     return summarize(list(results), duration, concurrency)
 
@@ -180,11 +184,15 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     reports = []
     for level in levels:
-        prompts = make_prompts(args.prompt_kind, args.num_prompts, args.input_len, args.seed + level)
+        prompts = make_prompts(
+            args.prompt_kind, args.num_prompts, args.input_len, args.seed + level
+        )
         if args.warmup:
             await run_level(args, min(level, len(prompts)), prompts[: min(level, args.warmup)])
         report = await run_level(args, level, prompts)
         report.update(
+            commit=git_commit(),
+            date=now(),
             model=args.model,
             base_url=args.base_url,
             num_prompts=args.num_prompts,
@@ -238,4 +246,4 @@ def _plain(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if isinstance(v, (str, int, float, bool, type(None)))}
 
 
-__all__ = ["RequestResult", "add_cli_args", "asdict", "main", "make_prompts", "summarize"]
+__all__ = ["RequestResult", "add_cli_args", "main", "make_prompts", "summarize"]

@@ -54,18 +54,6 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def add_bench_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``serve`` on the ``cadence bench`` subparsers (dispatch: ``args.func``)."""
-    from cadence.bench import serve as bench_serve
-
-    parser = subparsers.add_parser(
-        "serve", help="benchmark an OpenAI-compatible server", description=bench_serve.__doc__
-    )
-    bench_serve.add_cli_args(parser)
-    parser.set_defaults(func=bench_serve.run_from_args)
-    return parser
-
-
 def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
     if ns.model_tag is not None:
         ns.model = ns.model_tag
@@ -78,9 +66,8 @@ def run_serve(ns: argparse.Namespace) -> int:
     from cadence.engine.async_llm import AsyncLLM
     from cadence.server.app import DEFAULT_MAX_REQUEST_BODY_BYTES, build_app
 
-    logging.basicConfig(
-        level=ns.log_level.upper(), format="%(levelname)s %(asctime)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(ns.log_level.upper())
     args = engine_args_from(ns)
     logger.info("Engine arguments: %s", args)
     engine = AsyncLLM(args, log_requests=ns.enable_log_requests)

@@ -1,0 +1,105 @@
+"""``cadence serve`` argument handling, and ``cadence bench serve`` against a live server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from cadence.bench import serve as bench_serve
+from cadence.cli import build_parser
+from cadence.server.cli import add_serve_args, engine_args_from
+
+
+def test_serve_parses_vllm_flags_and_positional_model() -> None:
+    ns = build_parser().parse_args(
+        [
+            "serve",
+            "/models/qwen3",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "9001",
+            "--api-key",
+            "k",
+            "--max-model-len",
+            "1024",
+            "--max-num-seqs",
+            "8",
+            "--max-num-batched-tokens",
+            "2048",
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--scheduling-policy",
+            "priority",
+            "--load-format",
+            "dummy",
+            "--no-async-scheduling",
+        ]
+    )
+    assert ns.func.__name__ == "run_serve"
+    assert (ns.host, ns.port, ns.api_key) == ("0.0.0.0", 9001, "k")
+    args = engine_args_from(ns)
+    assert args.model == "/models/qwen3"
+    assert (args.max_model_len, args.max_num_seqs, args.max_num_batched_tokens) == (1024, 8, 2048)
+    assert (args.dtype, args.enforce_eager, args.scheduling_policy) == ("float32", True, "priority")
+    assert (args.load_format, args.async_scheduling) == ("dummy", False)
+
+
+def test_serve_defaults_to_the_tiny_model() -> None:
+    ns = add_serve_args(argparse.ArgumentParser()).parse_args([])
+    args = engine_args_from(ns)
+    assert args.model == "tiny" and ns.host == "127.0.0.1" and ns.port == 8000
+    assert ns.api_key is None
+
+
+def test_bench_serve_reports_latency_and_throughput(server, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "bench.json"
+    rc = bench_serve.main(
+        [
+            "--base-url",
+            server.base_url,
+            "--concurrency",
+            "1,4",
+            "--num-prompts",
+            "4",
+            "--input-len",
+            "12",
+            "--output-len",
+            "8",
+            "--json-out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    reports = json.loads(out.read_text())["reports"]
+    assert [r["concurrency"] for r in reports] == [1, 4]
+    for r in reports:
+        assert (r["completed"], r["failed"]) == (4, 0)
+        assert r["model"] == "tiny"
+        assert r["total_input_tokens"] == 4 * 12
+        assert r["total_output_tokens"] == 4 * 8
+        assert r["request_throughput"] > 0 and r["output_throughput"] > 0
+        for name in ("ttft", "tpot", "itl", "e2el"):
+            assert 0 < r[f"p50_{name}_ms"] <= r[f"p90_{name}_ms"] <= r[f"p99_{name}_ms"]
+        assert r["p99_ttft_ms"] < r["p50_e2el_ms"] * 4
+    # One JSON line per level on stdout.
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("{")]
+    assert [json.loads(ln)["concurrency"] for ln in lines] == [1, 4]
+
+
+def test_bench_summary_percentiles() -> None:
+    results = [
+        bench_serve.RequestResult(
+            ok=True, prompt_len=4, output_tokens=3, ttft=t, latency=t + 0.2, itl=[0.1, 0.1]
+        )
+        for t in (0.1, 0.2, 0.3, 0.4)
+    ]
+    results.append(bench_serve.RequestResult(ok=False, prompt_len=4, error="HTTP 500"))
+    report = bench_serve.summarize(results, duration=2.0, concurrency=2)
+    assert (report["completed"], report["failed"]) == (4, 1)
+    assert report["p50_ttft_ms"] == 250.0
+    assert abs(report["mean_tpot_ms"] - 100.0) < 1e-9
+    assert report["output_throughput"] == 6.0
+    assert report["errors"] == ["HTTP 500"]
