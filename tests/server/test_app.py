@@ -299,7 +299,7 @@ def test_priority_through_http(server_factory) -> None:
         with lock:
             order.append(name)
 
-    blocker = threading.Thread(target=run, args=("blocker", 0, 120))
+    blocker = threading.Thread(target=run, args=("blocker", 0, 480))
     blocker.start()
     engine = srv.engine.engine_core
     deadline = time.monotonic() + 10
@@ -313,7 +313,7 @@ def test_priority_through_http(server_factory) -> None:
         t.start()
         threads.append(t)
         while engine.call_utility("make_stats").num_waiting_reqs < len(threads):
-            assert time.monotonic() < deadline
+            assert time.monotonic() < deadline, "the queued requests never waited together"
             time.sleep(0.005)
     for t in [blocker, *threads]:
         t.join(60)
