@@ -102,9 +102,13 @@ def run_serve(ns: argparse.Namespace) -> int:
                 port=ns.port,
                 log_level=ns.log_level,
                 timeout_graceful_shutdown=5,
+                lifespan="off",
             )
         )
-        asyncio.run(server.serve())
+        try:
+            asyncio.run(server.serve())
+        except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled gracefully
+            logger.info("Interrupted; shutting down.")
     finally:
         engine.shutdown()
     return 0

@@ -398,3 +398,17 @@ async def test_shutdown_ends_waiting_requests(engine: AsyncLLM) -> None:
         await asyncio.wait_for(task, timeout=10)
     assert not engine.engine_core.proc._thread.is_alive()
     assert engine.errored
+
+
+async def test_closing_the_generator_aborts_the_request(engine: AsyncLLM) -> None:
+    params = SamplingParams(
+        max_tokens=400, ignore_eos=True, temperature=0.0, output_kind=RequestOutputKind.DELTA
+    )
+    gen = engine.generate(TEXT_PROMPT, params, "closed")
+    for _ in range(3):
+        await gen.__anext__()
+    await gen.aclose()
+    assert not engine.output_processor.has_unfinished_requests()
+    stats = await engine.get_scheduler_stats()  # the abort was queued before this call
+    assert (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
+    assert await engine.get_num_free_kv_blocks() == engine.num_kv_blocks - 1
