@@ -11,7 +11,9 @@ _CHATML_START = "<|im_start|>"
 _CHATML_END = "<|im_end|>"
 
 
-def _chatml(messages: list[dict[str, str]], add_generation_prompt: bool, continue_final: bool) -> str:
+def _chatml(
+    messages: list[dict[str, str]], add_generation_prompt: bool, continue_final: bool
+) -> str:
     parts = []
     for i, m in enumerate(messages):
         last = i == len(messages) - 1

@@ -62,7 +62,9 @@ class _SamplingRequest(OpenAIModel):
         if self.n != 1:
             raise ParamError("n", f"n: only n=1 is supported, got {self.n}.")
         if self.top_k is not None and (self.top_k == 0 or self.top_k < -1):
-            raise ParamError("top_k", f"top_k must be -1 (disable) or at least 1, got {self.top_k}.")
+            raise ParamError(
+                "top_k", f"top_k must be -1 (disable) or at least 1, got {self.top_k}."
+            )
         if self.stream_options is not None and not self.stream:
             raise ParamError("stream_options", "stream_options can only be set when stream=true.")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -119,7 +121,9 @@ class CompletionRequest(_SamplingRequest):
         if self.echo:
             raise ParamError("echo", "echo is not supported.")
         if self.best_of is not None and self.best_of != 1:
-            raise ParamError("best_of", f"best_of: only best_of=1 is supported, got {self.best_of}.")
+            raise ParamError(
+                "best_of", f"best_of: only best_of=1 is supported, got {self.best_of}."
+            )
         if self.suffix:
             raise ParamError("suffix", "suffix is not supported.")
         if isinstance(self.prompt, list) and len(self.prompt) == 0:

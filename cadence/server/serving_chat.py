@@ -157,7 +157,9 @@ class OpenAIServingChat(OpenAIServing):
                     lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0)
                 if not c.text and not finished and lps is None:
                     continue  # nothing visible yet (held back for a possible stop string)
-                usage = _usage(prompt_tokens, completion_tokens) if request.continuous_usage else None
+                usage = (
+                    _usage(prompt_tokens, completion_tokens) if request.continuous_usage else None
+                )
                 yield self._frame(
                     rid,
                     DeltaMessage(content=c.text),
@@ -184,4 +186,6 @@ class OpenAIServingChat(OpenAIServing):
 
 
 def _usage(prompt: int, completion: int) -> UsageInfo:
-    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    return UsageInfo(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    )

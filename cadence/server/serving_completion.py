@@ -159,4 +159,6 @@ class OpenAIServingCompletion(OpenAIServing):
 
 
 def _usage(prompt: int, completion: int) -> UsageInfo:
-    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    return UsageInfo(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    )

@@ -77,7 +77,9 @@ class EventStreamResponse:
             try:
                 await send({"type": "http.response.start", "status": 200, "headers": raw_headers})
                 async for frame in self.frames:
-                    await send({"type": "http.response.body", "body": frame.encode(), "more_body": True})
+                    await send(
+                        {"type": "http.response.body", "body": frame.encode(), "more_body": True}
+                    )
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             finally:
                 aclose = getattr(self.frames, "aclose", None)
