@@ -8,6 +8,7 @@ import time
 
 import httpx
 import openai
+import pytest
 
 PROMPT = "Hello my name is Robert and"
 
@@ -101,7 +102,12 @@ def count_engine_tokens(server, monkeypatch) -> dict[str, int]:
     return counts
 
 
-def test_client_disconnect_aborts_the_request_and_frees_its_blocks(server, monkeypatch) -> None:
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_client_disconnect_aborts_the_request_and_frees_its_blocks(
+    server, server_factory, monkeypatch, async_scheduling: bool
+) -> None:
+    if async_scheduling:
+        server = server_factory(async_scheduling=True)
     free_before = server.engine.engine_core.call_utility("num_free_kv_blocks")
     body = {
         "model": "tiny",
