@@ -190,6 +190,11 @@ async def _api_error(request: Request, exc: Exception) -> Response:
     return exc.response()
 
 
+async def _param_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ParamError)
+    return BadRequestError(str(exc), exc.param).response()
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     err = APIError(str(exc.detail), None)
@@ -226,6 +231,7 @@ def build_app(
         routes=routes,
         exception_handlers={
             APIError: _api_error,
+            ParamError: _param_error,
             HTTPException: _http_error,
             Exception: _unexpected_error,
         },

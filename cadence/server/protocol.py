@@ -16,7 +16,7 @@ MAX_LOGPROBS = 20
 class ParamError(ValueError):
     """An invalid request parameter, found after schema validation."""
 
-    def __init__(self, param: str, message: str) -> None:
+    def __init__(self, param: str | None, message: str) -> None:
         super().__init__(message)
         self.param = param
 
@@ -80,6 +80,17 @@ class _SamplingRequest(OpenAIModel):
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         kind = RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY
+        try:
+            return self._make_sampling_params(kind, max_tokens, logprobs)
+        except ValueError as exc:  # combinations the schema cannot see (min_tokens > max_tokens)
+            message = str(exc)
+            first_word = message.split(" ", 1)[0]
+            param = first_word if first_word in type(self).model_fields else None
+            raise ParamError(param, message) from exc
+
+    def _make_sampling_params(
+        self, kind: RequestOutputKind, max_tokens: int | None, logprobs: int | None
+    ) -> SamplingParams:
         return SamplingParams(
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,

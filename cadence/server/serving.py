@@ -62,9 +62,8 @@ class OpenAIServing:
     ) -> StartedRequest:
         """Validate and enqueue one prompt; invalid input becomes a 400 naming the parameter."""
         try:
-            collector = await self.engine.add_request(
-                request_id, prompt, params.clone(), priority=priority
-            )
+            # The input processor works on a copy of ``params``: one object serves many prompts.
+            collector = await self.engine.add_request(request_id, prompt, params, priority=priority)
         except EngineDeadError as exc:
             raise InternalServerError(f"The engine is not running: {exc}") from exc
         except ValueError as exc:

@@ -94,6 +94,20 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     (CHAT, {"messages": MSG, "temperature": -1}, 400, "temperature", "greater than"),
     (CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools", "not supported"),
     (CHAT, {"messages": MSG, "priority": -1}, 400, "priority", "priority"),
+    (
+        COMPLETIONS,
+        {"prompt": "x", "max_tokens": 2, "min_tokens": 5},
+        400,
+        "min_tokens",
+        "max_tokens",
+    ),
+    (
+        CHAT,
+        {"messages": MSG, "continue_final_message": True, "add_generation_prompt": False},
+        400,
+        "continue_final_message",
+        "assistant",
+    ),
 ]
 
 
