@@ -181,8 +181,10 @@ class AsyncLLM:
 
     def abort_nowait(self, request_ids: list[str]) -> None:
         """``abort`` without awaiting: usable while an async generator is being closed."""
-        known = self.output_processor.abort_requests(request_ids)
-        self.engine_core.abort_requests(list(dict.fromkeys([*request_ids, *known])))
+        # Ids the output processor no longer tracks (finished by a stop string a moment ago)
+        # may still be in the core: abort every given id there; the core ignores unknown ones.
+        self.output_processor.abort_requests(request_ids)
+        self.engine_core.abort_requests(list(request_ids))
 
     # -- output handler ----------------------------------------------------------------------
     def _run_output_handler(self) -> None:
@@ -218,7 +220,10 @@ class AsyncLLM:
         if scheduler_stats is not None:
             self.last_scheduler_stats = scheduler_stats
         for stat_logger in self.stat_loggers:
-            stat_logger.record(scheduler_stats, processed.iteration_stats)
+            try:
+                stat_logger.record(scheduler_stats, processed.iteration_stats)
+            except Exception:  # metrics must never take serving down
+                logger.exception("Stat logger %r failed.", stat_logger)
 
     # -- utilities ---------------------------------------------------------------------------
     async def get_scheduler_stats(self) -> SchedulerStats:
