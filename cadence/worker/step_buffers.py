@@ -72,7 +72,7 @@ class StepBuffers:
         b, t = inp.num_reqs, inp.num_tokens
         rows = padded_rows or b
         tokens = t + (rows - b)  # padding rows carry one token each
-        nb = self.max_blocks if padded_rows else inp.block_tables.shape[1]
+        nb = inp.block_tables.shape[1]  # columns this step uses; later ones are never read
 
         def put(name: str, values: np.ndarray, n: int, pad: int = 0) -> None:
             arr = staging[name][1]
@@ -106,6 +106,7 @@ class StepBuffers:
                                              non_blocking=True)
         event.record(self.main)
 
+        # A graph was captured over the full block-table width: pass that view to match.
         md = self.metadata(tokens, rows, inp.max_query_len,
                            self.max_blocks if padded_rows else nb, inp.max_seq_len)
         md.query_start_loc_cpu = torch.from_numpy(qsl[: rows + 1].copy())
