@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import random
 import statistics
 import sys
@@ -182,6 +183,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.model is None:
         args.model = await _resolve_model(args)
     levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
+    commit, date = git_commit(), now()
     reports = []
     for level in levels:
         prompts = make_prompts(
@@ -191,8 +193,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             await run_level(args, min(level, len(prompts)), prompts[: min(level, args.warmup)])
         report = await run_level(args, level, prompts)
         report.update(
-            commit=git_commit(),
-            date=now(),
+            commit=commit,
+            date=date,
             model=args.model,
             base_url=args.base_url,
             num_prompts=args.num_prompts,
@@ -232,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     reports = asyncio.run(run(args))
     if args.json_out:
         with open(args.json_out, "w") as f:
