@@ -1,0 +1,1 @@
+"""Trace scripts: torch-profiler capture, Nsight Systems wrapper, GPU gap summarizer."""
