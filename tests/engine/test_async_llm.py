@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from cadence.engine.async_llm import AsyncLLM
+from cadence.engine import AsyncLLM, EngineDeadError  # the public import path
 from cadence.engine.core import EngineCore
-from cadence.engine.core_client import EngineDeadError
 from cadence.engine.engine_args import EngineArgs
 from cadence.outputs import RequestOutput
 from cadence.sampling_params import RequestOutputKind, SamplingParams
