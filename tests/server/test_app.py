@@ -318,3 +318,24 @@ def test_priority_through_http(server_factory) -> None:
     for t in [blocker, *threads]:
         t.join(60)
     assert order == ["blocker", "high", "high2", "mid", "low"]
+
+
+def test_batched_prompts_stream(server, client: openai.OpenAI) -> None:
+    prompts = [PROMPT, "The capital of France"]
+    kw = dict(
+        model="tiny", prompt=prompts, max_tokens=6, temperature=0.0, extra_body={"ignore_eos": True}
+    )
+    full = client.completions.create(**kw)
+    chunks = list(
+        client.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    )
+    texts = ["", ""]
+    finished = [0, 0]
+    for c in chunks[:-1]:
+        (choice,) = c.choices
+        texts[choice.index] += choice.text
+        finished[choice.index] += choice.finish_reason is not None
+    assert texts == [c.text for c in full.choices]
+    assert finished == [1, 1]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens  # type: ignore[union-attr]
