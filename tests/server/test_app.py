@@ -339,3 +339,22 @@ def test_batched_prompts_stream(server, client: openai.OpenAI) -> None:
     assert finished == [1, 1]
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
     assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens  # type: ignore[union-attr]
+
+
+def test_without_tokenizer_token_prompts_only(server_factory) -> None:
+    srv = server_factory(skip_tokenizer_init=True)
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        ok = http.post(
+            "/v1/completions",
+            json={"prompt": [72, 101, 278], "max_tokens": 3, "logprobs": 1, "ignore_eos": True},
+        )
+        assert ok.status_code == 200, ok.text
+        choice = ok.json()["choices"][0]
+        assert choice["text"] == "" and len(choice["logprobs"]["tokens"]) == 3
+        assert all(t.startswith("token_id:") for t in choice["logprobs"]["tokens"])
+        text = http.post("/v1/completions", json={"prompt": "hello", "max_tokens": 3})
+        assert text.status_code == 400 and text.json()["error"]["param"] == "prompt"
+        chat = http.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
+        )
+        assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages"
