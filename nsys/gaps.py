@@ -6,8 +6,12 @@ Input: a torch-profiler Chrome trace (``.json`` or ``.json.gz``, as written by
 ``engine_step``. A GPU activity (kernel, memcpy, memset) belongs to the step whose host range
 contains the CUDA API call that launched it (matched by correlation id), so work launched in step
 k and run after step k returned on the host still counts for step k; work launched outside every
-step is ignored. Traces without any correlation ids fall back to GPU start times: an activity
-belongs to the last step that began before it.
+step is ignored. When the launch call is not in the trace (the torch profiler keeps only some
+driver-API calls: graph launches through cuda-python are dropped), the host op the activity is
+linked to ("External id") stands in for it; failing that, the activity takes the step of the
+closest earlier linked activity on its stream. Traces with no links at all fall back to GPU
+start times: an activity belongs to the last step that began before it. ``attribution`` counts
+the activities found each way.
 
 Definitions (all in microseconds):
 - host_us: duration of the step's host range.
@@ -151,6 +155,55 @@ def _steps(events: list[dict], step_name: str) -> list[StepFigures]:
     return [StepFigures(i, float(e["ts"]), float(e["dur"])) for i, e in enumerate(marks)]
 
 
+def _stream(event: dict) -> tuple[Any, Any]:
+    args = event.get("args") or {}
+    return args.get("device"), args.get("stream", event.get("tid"))
+
+
+def _external_id(event: dict) -> int | None:
+    value = (event.get("args") or {}).get("External id")
+    return int(value) if value else None  # 0 means "no linked op"
+
+
+# How a GPU activity found its step (the keys of the ``attribution`` figure).
+BY_LAUNCH, BY_OP, BY_STREAM, BY_TIME = "launch", "op", "stream_order", "start_time"
+
+
+def _attribute(
+    gpu_events: list[dict],
+    launch_ts: dict[int, float],
+    op_ts: dict[int, float],
+    index: _StepIndex,
+) -> list[tuple[int | None, str | None]]:
+    """(step index or None, how it was found) for every GPU activity."""
+    if not any(_correlation(e) is not None or _external_id(e) for e in gpu_events):
+        # No link to the host at all: the last step that began before the activity started.
+        return [(index.last_started(float(e["ts"])), BY_TIME) for e in gpu_events]
+    owners: list[tuple[int | None, str | None]] = []
+    for e in gpu_events:
+        host_ts = launch_ts.get(_correlation(e))  # type: ignore[arg-type]
+        if host_ts is not None:
+            owners.append((index.containing(host_ts), BY_LAUNCH))
+            continue
+        # The torch profiler drops most driver-API calls (graph launches through cuda-python,
+        # for one) but still links their GPU work to the innermost host op around the call.
+        host_ts = op_ts.get(_external_id(e))  # type: ignore[arg-type]
+        owners.append((index.containing(host_ts), BY_OP) if host_ts is not None else (None, None))
+    # Still unlinked (the launch preceded the capture, or the exporter kept no link): a stream
+    # runs its work in launch order, so the activity takes the step of the closest earlier
+    # linked activity on its stream, and no step when none precedes it.
+    order = sorted(range(len(gpu_events)), key=lambda k: float(gpu_events[k]["ts"]))
+    last_on_stream: dict[tuple[Any, Any], int | None] = {}
+    for k in order:
+        key = _stream(gpu_events[k])
+        step, how = owners[k]
+        if how is not None:
+            last_on_stream[key] = step
+        elif key in last_on_stream:
+            owners[k] = (last_on_stream[key], BY_STREAM)
+    return owners
+
+
 def _is_sync(event: dict) -> bool:
     return _category(event) in ("cuda_runtime", "cuda_driver") and "Synchronize" in str(
         event.get("name", "")
@@ -166,6 +219,7 @@ def summarize(trace: str | Path | dict | list, step_name: str = STEP_NAME) -> di
     index = _StepIndex(steps)
 
     launch_ts: dict[int, float] = {}
+    op_ts: dict[int, float] = {}
     gpu_events: list[dict] = []
     phase_durs: dict[str, list[float]] = {}
     for e in events:
@@ -178,6 +232,9 @@ def summarize(trace: str | Path | dict | list, step_name: str = STEP_NAME) -> di
         corr = _correlation(e)
         if corr is not None:
             launch_ts[corr] = float(e["ts"])
+        ext = _external_id(e)
+        if ext is not None and cat in ("cpu_op", "user_annotation"):
+            op_ts.setdefault(ext, float(e["ts"]))
         name = e.get("name")
         if name in PHASES and index.containing(float(e["ts"])) is not None:
             phase_durs.setdefault(name, []).append(float(e["dur"]))
@@ -187,20 +244,14 @@ def summarize(trace: str | Path | dict | list, step_name: str = STEP_NAME) -> di
                 steps[i].syncs += 1
                 steps[i].sync_us += float(e["dur"])
 
-    # Time-based attribution only for traces that carry no correlation ids at all: an id whose
-    # launch is missing (work launched before the capture began) must not land in step 0.
-    correlated = any(_correlation(e) is not None for e in gpu_events)
-    for e in gpu_events:
-        start = float(e["ts"])
-        if correlated:
-            corr = _correlation(e)
-            host_ts = launch_ts.get(corr) if corr is not None else None
-            i = index.containing(host_ts) if host_ts is not None else None
-        else:
-            i = index.last_started(start)
+    owners = _attribute(gpu_events, launch_ts, op_ts, index)
+    attribution = {BY_LAUNCH: 0, BY_OP: 0, BY_STREAM: 0, BY_TIME: 0, "none": 0}
+    for e, (i, how) in zip(gpu_events, owners):
+        attribution[how if i is not None and how is not None else "none"] += 1
         if i is None:
             continue
         step = steps[i]
+        start = float(e["ts"])
         step.intervals.append((start, start + float(e["dur"])))
         cat = _category(e)
         step.kernels += cat in _KERNEL_CATS
@@ -212,7 +263,10 @@ def summarize(trace: str | Path | dict | list, step_name: str = STEP_NAME) -> di
             step.gpu_busy_us = union_length(step.intervals)
             step.gpu_start_us = min(s for s, _ in step.intervals)
             step.gpu_end_us = max(e for _, e in step.intervals)
-    return _report(steps, phase_durs, has_gpu=bool(gpu_events))
+    out = _report(steps, phase_durs, has_gpu=bool(gpu_events))
+    # GPU activities per way of finding their step; "none": launched outside every step.
+    out["attribution"] = attribution
+    return out
 
 
 def _report(

@@ -31,7 +31,9 @@ def _columns(con: sqlite3.Connection, table: str) -> set[str]:
     return {row[1] for row in con.execute(f"PRAGMA table_info({table})")}
 
 
-def _event(cat: str, name: str, start: int, end: int, tid: Any, corr: Any = None) -> dict:
+def _event(
+    cat: str, name: str, start: int, end: int, tid: Any, corr: Any = None, stream: Any = None
+) -> dict:
     event: dict[str, Any] = {
         "ph": "X",
         "cat": cat,
@@ -41,8 +43,13 @@ def _event(cat: str, name: str, start: int, end: int, tid: Any, corr: Any = None
         "pid": 0,
         "tid": tid,
     }
+    args: dict[str, Any] = {}
     if corr is not None:
-        event["args"] = {"correlation": int(corr)}
+        args["correlation"] = int(corr)
+    if stream is not None:
+        args["stream"] = stream
+    if args:
+        event["args"] = args
     return event
 
 
@@ -93,5 +100,5 @@ def _read(con: sqlite3.Connection) -> list[dict]:
         rows = con.execute(f"SELECT start, end, correlationId, {name_col}, {stream} FROM {table}")
         for start, end, corr, name_id, stream_id in rows:
             name = strings.get(name_id, cat) if name_col != "NULL" else cat
-            events.append(_event(cat, name, start, end, f"stream {stream_id}", corr))
+            events.append(_event(cat, name, start, end, f"stream {stream_id}", corr, stream_id))
     return events

@@ -12,9 +12,12 @@ from nsys.gaps import main, summarize, union_length
 # Launch calls (correlation ids) sit inside the steps; the GPU runs each one later.
 #   S0: c1 kernel [15, 60], c2 kernel [60, 105] (runs past the host end of S0),
 #       c3 memcpy [85, 95] on the copy stream (overlaps c2)  -> busy 90, span [15, 105]
-#   S1: c4 kernel [115, 150], c5 kernel [160, 190], c6 memcpy [190, 195] -> busy 70, [115, 195]
+#   S1: c4 kernel [115, 150], c77 kernel [152, 158] (its launch is missing from the trace),
+#       c5 kernel [160, 190], c6 memcpy [190, 195]          -> busy 76, span [115, 195]
 #   S2: c7 kernel [230, 260], c8 kernel [262, 280]                       -> busy 48, [230, 280]
-# Gaps: 115 - 105 = 10 and 230 - 195 = 35. Window [15, 280] = 265, busy 208.
+# Gaps: 115 - 105 = 10 and 230 - 195 = 35. Window [15, 280] = 265, busy 214.
+# The Chrome trace adds to S2 a kernel k_op [260, 262] linked only through its host op: S2 busy
+# 50 and busy 216 in all.
 LAUNCHES = [  # (correlation, host ts, name)
     (1, 10, "cudaLaunchKernel"),
     (2, 20, "cuLaunchKernel"),
@@ -30,6 +33,7 @@ GPU = [  # (correlation, cat, start, end, stream)
     (2, "kernel", 60, 105, 7),
     (3, "gpu_memcpy", 85, 95, 20),
     (4, "kernel", 115, 150, 7),
+    (77, "kernel", 152, 158, 7),  # launch not in the trace: S1, after c4 on its stream
     (5, "kernel", 160, 190, 7),
     (6, "gpu_memcpy", 190, 195, 20),
     (7, "kernel", 230, 260, 7),
@@ -49,9 +53,9 @@ def synthetic_trace(correlated: bool = True) -> dict:
         {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}},
         # Warm-up work launched before the first step: not counted anywhere.
         _x("cuda_runtime", "cudaLaunchKernel", -50, 2, correlation=99),
-        _x("kernel", "warmup", -40, 10, **({"correlation": 99} if correlated else {})),
+        _x("kernel", "warmup", -40, 10, stream=7, **({"correlation": 99} if correlated else {})),
         # Launched before the capture began (its launch call is not in the trace).
-        _x("kernel", "orphan", 120, 2, **({"correlation": 98} if correlated else {})),
+        _x("kernel", "early", -30, 5, stream=7, **({"correlation": 98} if correlated else {})),
     ]
     for i, start in enumerate((0, 100, 200)):
         events.append(_x("user_annotation", "engine_step", start, 100))
@@ -60,6 +64,11 @@ def synthetic_trace(correlated: bool = True) -> dict:
         events.append(_x("cpu_op", "schedule", start + 1, 5 + i))
         events.append(_x("cpu_op", "aten::mm", start + 40, 3))
     events.append(_x("cpu_op", "update", 190, 8))
+    # A driver-API launch the profiler dropped, inside an op it kept: S2 through the op's id
+    # (in the uncorrelated variant, through its start time).
+    events.append(_x("cpu_op", "launch_graph", 225, 2, **{"External id": 500}))
+    links = {"correlation": 76, "External id": 500} if correlated else {}
+    events.append(_x("kernel", "k_op", 260, 2, stream=7, **links))
     events.append(_x("cuda_runtime", "cudaEventSynchronize", 180, 7, correlation=50))
     for corr, ts, name in LAUNCHES:
         events.append(_x("cuda_runtime", name, ts, 1, correlation=corr))
@@ -80,13 +89,21 @@ def test_correlated_steps_busy_gaps_kernels() -> None:
     s = summarize(synthetic_trace())
     assert s["num_steps"] == 3 and s["has_gpu"]
     steps = s["steps"]
-    assert [st["gpu_busy_us"] for st in steps] == [90, 70, 48]
+    assert [st["gpu_busy_us"] for st in steps] == [90, 76, 50]
     assert [(st["gpu_start_us"], st["gpu_end_us"]) for st in steps] == [
         (15, 105),
         (115, 195),
         (230, 280),
     ]
-    assert [st["kernels"] for st in steps] == [2, 2, 2]
+    assert [st["kernels"] for st in steps] == [2, 3, 3]
+    # c77 by stream order; the warm-up kernels ("warmup", "early") belong to no step.
+    assert s["attribution"] == {
+        "launch": 8,
+        "op": 1,
+        "stream_order": 1,
+        "start_time": 0,
+        "none": 2,
+    }
     assert [st["memcpys"] for st in steps] == [1, 1, 0]
     assert [st["host_us"] for st in steps] == [100, 100, 100]
     assert s["gaps_us"] == [10, 35]
@@ -94,8 +111,8 @@ def test_correlated_steps_busy_gaps_kernels() -> None:
     assert s["gap_us"]["p90"] == pytest.approx(32.5)
     assert s["gap_us"]["max"] == 35
     assert s["gpu_window_us"] == 265
-    assert s["gpu_idle_fraction"] == pytest.approx(1 - 208 / 265)
-    assert s["kernels_per_step"]["p50"] == 2
+    assert s["gpu_idle_fraction"] == pytest.approx(1 - 216 / 265)
+    assert s["kernels_per_step"]["p50"] == 3
     assert [st["syncs"] for st in steps] == [0, 1, 0]
     assert steps[1]["sync_us"] == 7
     assert s["phases_us"]["schedule"]["count"] == 3
@@ -110,22 +127,22 @@ def test_overlapping_steps_have_zero_gap() -> None:
             e["ts"], e["dur"] = 100, 50
     s = summarize(trace)
     assert s["gaps_us"] == [0.0, 35]
-    assert s["steps"][1]["gpu_busy_us"] == 50 + 30 + 5
+    assert s["steps"][1]["gpu_busy_us"] == 50 + 6 + 30 + 5
 
 
 def test_uncorrelated_trace_falls_back_to_gpu_start_times() -> None:
     s = summarize(synthetic_trace(correlated=False))
-    # By start time c2 [60, 105] still belongs to S0, the warm-up kernel (before S0) to none,
-    # and the orphan [120, 122] to S1, where it overlaps c4.
-    assert [st["kernels"] for st in s["steps"]] == [2, 3, 2]
-    assert [st["gpu_busy_us"] for st in s["steps"]] == [90, 70, 48]
+    # By start time c2 [60, 105] still belongs to S0 and the warm-up kernels (before S0) to none.
+    assert [st["kernels"] for st in s["steps"]] == [2, 3, 3]
+    assert [st["gpu_busy_us"] for st in s["steps"]] == [90, 76, 50]
     assert s["gaps_us"] == [10, 35]
+    assert s["attribution"]["start_time"] == 10 and s["attribution"]["none"] == 2
 
 
 def test_step_without_gpu_work_is_skipped_in_gaps() -> None:
     trace = synthetic_trace()
     trace["traceEvents"] = [
-        e for e in trace["traceEvents"] if e.get("name") not in ("k4", "k5", "k6")
+        e for e in trace["traceEvents"] if e.get("name") not in ("k4", "k77", "k5", "k6")
     ]
     s = summarize(trace)
     assert s["steps"][1]["gpu_busy_us"] is None and s["steps"][1]["kernels"] == 0
@@ -213,9 +230,9 @@ def test_nsys_sqlite_export_gives_the_same_figures(tmp_path) -> None:
     _nsys_db(path)
     s = summarize(path)
     assert s["num_steps"] == 3
-    assert [st["gpu_busy_us"] for st in s["steps"]] == [90, 70, 48]
-    assert [st["kernels"] for st in s["steps"]] == [2, 2, 2]
+    assert [st["gpu_busy_us"] for st in s["steps"]] == [90, 76, 48]
+    assert [st["kernels"] for st in s["steps"]] == [2, 3, 2]
     assert [st["memcpys"] for st in s["steps"]] == [1, 1, 0]
     assert s["gaps_us"] == [10, 35]
-    assert s["gpu_idle_fraction"] == pytest.approx(1 - 208 / 265)
+    assert s["gpu_idle_fraction"] == pytest.approx(1 - 214 / 265)
     assert s["steps"][1]["syncs"] == 1 and s["steps"][1]["sync_us"] == 7
