@@ -11,6 +11,7 @@ import abc
 import asyncio
 import queue
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from cadence.core_types import EngineCoreOutputs, EngineCoreRequest
@@ -121,7 +122,9 @@ class InprocEngineCoreClient(EngineCoreClient):
     async def get_output_async(self) -> EngineCoreOutputs:
         return self._unwrap(await self.proc.output_queue.get_async())
 
-    def _submit_utility(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]):
+    def _submit_utility(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Future[Any]:
         self._check_alive()
         call = UtilityCall(method, args, kwargs)
         self.proc.send(RequestType.UTILITY, call)
