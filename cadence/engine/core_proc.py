@@ -187,6 +187,11 @@ class EngineCoreProc:
         return self._core
 
     @property
+    def thread(self) -> threading.Thread:
+        """The thread that builds and steps the core."""
+        return self._thread
+
+    @property
     def error(self) -> BaseException | None:
         return self._error
 

@@ -395,7 +395,7 @@ async def test_shutdown_ends_waiting_requests(engine: AsyncLLM) -> None:
     engine.shutdown()
     with pytest.raises(EngineDeadError):
         await asyncio.wait_for(task, timeout=10)
-    assert not engine.engine_core.proc._thread.is_alive()
+    assert not engine.engine_core.proc.thread.is_alive()
     assert engine.errored
 
 

@@ -118,7 +118,7 @@ def test_generates_in_engine_thread_and_matches_offline(args: EngineArgs) -> Non
         assert len(tokens["a"]) == 8 and len(tokens["b"]) == 5
         # Same prompt, greedy: b is a prefix of a.
         assert tokens["a"][:5] == tokens["b"]
-        assert cores[0].step_thread == client.proc._thread.ident
+        assert cores[0].step_thread == client.proc.thread.ident
         assert cores[0].step_thread != threading.get_ident()
     finally:
         client.shutdown()
@@ -215,8 +215,8 @@ def test_crash_reaches_every_waiter_as_engine_dead(args: EngineArgs) -> None:
             collect(client, {"a"}, timeout=10)
         assert "injected engine failure" in str(info.value)
         assert client.errored
-        client.proc._thread.join(5)
-        assert not client.proc._thread.is_alive()
+        client.proc.thread.join(5)
+        assert not client.proc.thread.is_alive()
         assert holder[0].shut_down
         # Everything after death fails fast instead of hanging.
         with pytest.raises(EngineDeadError):
@@ -244,7 +244,7 @@ def test_shutdown_joins_the_thread_and_fails_pending_work(args: EngineArgs) -> N
     client.add_request(make_request("a", 200))
     client.get_output(timeout=10)
     client.shutdown(timeout=10)
-    assert not client.proc._thread.is_alive()
+    assert not client.proc.thread.is_alive()
     assert holder[0].shut_down
     assert client.errored
     with pytest.raises(EngineDeadError):

@@ -87,5 +87,5 @@ def test_clean_shutdown(server_factory) -> None:
         assert ok.status_code == 200
     srv.stop()
     assert not srv.thread.is_alive()
-    assert not srv.engine.engine_core.proc._thread.is_alive()
+    assert not srv.engine.engine_core.proc.thread.is_alive()
     assert srv.engine.errored
