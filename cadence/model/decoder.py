@@ -16,8 +16,9 @@ from transformers import PretrainedConfig
 
 from cadence.model.arch import DecoderArch
 from cadence.model.attention_metadata import AttentionBackend, AttentionMetadata
+from cadence.model.fused_ops import qk_norm_rope
 from cadence.model.layers import RMSNorm, silu_and_mul
-from cadence.model.rope import RopeParams, RotaryEmbedding, apply_rotary
+from cadence.model.rope import RopeParams, RotaryEmbedding
 
 
 class SelfAttention(nn.Module):
@@ -39,8 +40,8 @@ class SelfAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
         kv_cache: torch.Tensor,
         attn: AttentionMetadata,
     ) -> torch.Tensor:
@@ -50,10 +51,11 @@ class SelfAttention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
+            q_weight, k_weight, eps = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
+        else:
+            q_weight = k_weight = None
+            eps = 0.0
+        q, k = qk_norm_rope(q, k, positions, cos_sin, q_weight, k_weight, eps)
         out = self.backend.forward(q, k, v, kv_cache, attn, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
@@ -82,13 +84,22 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
         kv_cache: torch.Tensor,
         attn: AttentionMetadata,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` is the previous layer's MLP output, added to ``residual`` here (the first layer
+        gets the embeddings and no residual). Returns this layer's MLP output and residual."""
+        if residual is None:
+            residual = x
+            h = self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm.add_and_norm(x, residual)
+        h = self.self_attn(h, positions, cos_sin, kv_cache, attn)
+        h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
+        return self.mlp(h), residual
 
 
 class DecoderModel(nn.Module):
@@ -177,11 +188,14 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         if not self._kv_caches:
             raise RuntimeError("bind_kv_caches() must be called before the first forward.")
-        cos, sin = self.rotary_emb.lookup(positions)
+        cos_sin = self.rotary_emb.cos_sin
         x = self.model.embed_tokens(input_ids)
+        residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.model.layers, self._kv_caches, strict=True):
-            x = layer(x, cos, sin, kv_cache, attn)
-        return self.model.norm(x)
+            x, residual = layer(x, residual, positions, cos_sin, kv_cache, attn)
+        if residual is None:
+            return self.model.norm(x)
+        return self.model.norm.add_and_norm(x, residual)[0]
 
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """``[N, hidden] -> [N, vocab]`` float32 logits."""

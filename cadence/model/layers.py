@@ -1,17 +1,25 @@
-"""Small building blocks of the decoder: RMSNorm and the SwiGLU activation."""
+"""Small building blocks of the decoder: RMSNorm and the SwiGLU activation.
+
+Both run the fused kernels of :mod:`cadence.model.fused_ops` on CUDA and transformers' plain
+torch arithmetic elsewhere.
+"""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from cadence.model import fused_ops
+from cadence.model.fused_ops import silu_and_mul
+
+__all__ = ["RMSNorm", "silu_and_mul"]
 
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm over the last dimension, computed in float32.
 
     The arithmetic matches transformers' (normalize in float32, cast back, then scale), so the
-    result is bit-identical in float32 and rounding-identical in half precision.
+    torch path is bit-identical in float32 and rounding-identical in half precision.
     """
 
     def __init__(self, hidden_size: int, eps: float) -> None:
@@ -20,15 +28,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return fused_ops.rms_norm(x, self.weight, self.eps)
+
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(residual + x), residual + x)``: the normed input and the new residual."""
+        return fused_ops.add_rms_norm(x, residual, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
-
-
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """SwiGLU on a fused ``[..., 2 * d]`` gate/up projection: ``silu(gate) * up``."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up

@@ -107,8 +107,15 @@ class RotaryEmbedding(nn.Module):
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin ``[T, 1, head_dim // 2]`` for the given positions (broadcast over heads)."""
-        cos, sin = self.cos_sin.index_select(0, positions).unsqueeze(1).chunk(2, dim=-1)
-        return cos, sin
+        return lookup_cos_sin(self.cos_sin, positions)
+
+
+def lookup_cos_sin(
+    cos_sin: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of a ``[max_positions, head_dim]`` table as cos and sin ``[T, 1, head_dim // 2]``."""
+    cos, sin = cos_sin.index_select(0, positions).unsqueeze(1).chunk(2, dim=-1)
+    return cos, sin
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
