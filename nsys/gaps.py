@@ -45,6 +45,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from nsys.nsys_sqlite import load_nsys_sqlite  # noqa: E402
 
 STEP_NAME = "engine_step"
+# cadence.profiling.PHASES, repeated so that this script needs neither torch nor cadence.
 PHASES = ("schedule", "prepare", "forward", "replay", "sample", "copy", "update")
 _GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
 _KERNEL_CATS = {"kernel"}
