@@ -12,6 +12,7 @@ import torch
 from cadence.core_types import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from cadence.engine.engine_args import EngineArgs
 from cadence.model.registry import ModelSpec, resolve_model
+from cadence.profiling import nvtx_range
 from cadence.scheduler.async_scheduler import AsyncScheduler
 from cadence.scheduler.kv_cache_manager import make_block_hasher
 from cadence.scheduler.output import SchedulerOutput
@@ -150,9 +151,11 @@ class EngineCore:
         if not (self.scheduler.has_unfinished_requests()
                 or self.scheduler.has_finished_requests()):
             return EngineCoreOutputs(), False
-        so = self.scheduler.schedule()
-        output = self.runner.execute_model(so).get_output()
-        outs = self.scheduler.update_from_output(so, output)
+        with nvtx_range("schedule"):
+            so = self.scheduler.schedule()
+        pending = self.runner.execute_model(so)
+        with nvtx_range("update"):
+            outs = self.scheduler.update_from_output(so, pending.get_output())
         return outs, so.total_num_scheduled_tokens > 0
 
     def step_with_batch_queue(self) -> tuple[EngineCoreOutputs | None, bool]:
@@ -160,7 +163,8 @@ class EngineCore:
         queue = self.batch_queue
         executed = False
         if self.scheduler.has_unfinished_requests() or self.scheduler.has_finished_requests():
-            so = self.scheduler.schedule()
+            with nvtx_range("schedule"):
+                so = self.scheduler.schedule()
             pending = self.runner.execute_model(so)
             executed = so.total_num_scheduled_tokens > 0
             queue.appendleft((pending, so))
@@ -169,7 +173,8 @@ class EngineCore:
         elif not queue:
             return None, False
         pending, so = queue.pop()
-        outs = self.scheduler.update_from_output(so, pending.get_output())
+        with nvtx_range("update"):
+            outs = self.scheduler.update_from_output(so, pending.get_output())
         return outs, executed
 
     def shutdown(self) -> None:

@@ -18,6 +18,7 @@ import torch
 
 from cadence.config import EngineConfig
 from cadence.numba_kernels.launcher import TokenBuffers, make_token_kernels
+from cadence.profiling import nvtx_range
 from cadence.runtime import get_device
 from cadence.scheduler.output import SchedulerOutput
 from cadence.worker.async_output import OutputCopier
@@ -205,40 +206,45 @@ class ModelRunner:
 
     def _execute(self, so: SchedulerOutput) -> AsyncModelRunnerOutput:
         batch = self.input_batch
-        batch.apply(so)
-        for slot in [s for s in self.generators if batch.slot_req_ids[s] is None]:
-            del self.generators[slot]
-        if so.total_num_scheduled_tokens == 0:
-            return ReadyOutput(ModelRunnerOutput.empty())
-        inp = batch.prepare(so)
-        b, rows = inp.num_reqs, inp.sample_rows
-        req_ids = inp.req_ids
+        with nvtx_range("prepare"):
+            batch.apply(so)
+            for slot in [s for s in self.generators if batch.slot_req_ids[s] is None]:
+                del self.generators[slot]
+            if so.total_num_scheduled_tokens == 0:
+                return ReadyOutput(ModelRunnerOutput.empty())
+            inp = batch.prepare(so)
+            b, rows = inp.num_reqs, inp.sample_rows
+            req_ids = inp.req_ids
 
-        bucket = None
-        if self.graphs is not None and inp.max_query_len == 1 and len(rows) == b:
-            bucket = self.graphs.bucket_for(b)
-        md = self.buffers.upload(inp, padded_rows=bucket)
+            bucket = None
+            if self.graphs is not None and inp.max_query_len == 1 and len(rows) == b:
+                bucket = self.graphs.bucket_for(b)
+            md = self.buffers.upload(inp, padded_rows=bucket)
         if bucket is not None:
-            logits = self.graphs.replay(bucket)[:b]
+            with nvtx_range("replay"):
+                logits = self.graphs.replay(bucket)[:b]
         else:
-            self.combine_kernel.combine(self.main)
-            t = inp.num_tokens
-            hidden = self.model(self.buffers.input_ids[:t], self.buffers.positions[:t], md)
-            if len(rows) == 0:
-                out = ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)},
-                                        [[] for _ in req_ids])
-                return ReadyOutput(out)
-            if len(rows) == b:
-                index = self.buffers.last_token_index[:b].long()
-            else:
-                index = self.buffers.last_token_index[:b][torch.from_numpy(rows).long().to(
-                    self.device)].long()
-            logits = self.model.compute_logits(hidden[index])
-        sampled = self.sampler(logits, self._sampling_metadata(inp))
-        n = len(rows)
-        self.sampled[:n].copy_(sampled.sampled_token_ids)
-        self.scatter_kernel.scatter(self.main)
-        return self.copier.start(req_ids, rows, self.sampled, n, sampled.logprobs)
+            with nvtx_range("forward"):
+                self.combine_kernel.combine(self.main)
+                t = inp.num_tokens
+                hidden = self.model(self.buffers.input_ids[:t], self.buffers.positions[:t], md)
+                if len(rows) == 0:
+                    out = ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)},
+                                            [[] for _ in req_ids])
+                    return ReadyOutput(out)
+                if len(rows) == b:
+                    index = self.buffers.last_token_index[:b].long()
+                else:
+                    index = self.buffers.last_token_index[:b][torch.from_numpy(rows).long().to(
+                        self.device)].long()
+                logits = self.model.compute_logits(hidden[index])
+        with nvtx_range("sample"):
+            sampled = self.sampler(logits, self._sampling_metadata(inp))
+            n = len(rows)
+            self.sampled[:n].copy_(sampled.sampled_token_ids)
+            self.scatter_kernel.scatter(self.main)
+        with nvtx_range("copy"):
+            return self.copier.start(req_ids, rows, self.sampled, n, sampled.logprobs)
 
     def close(self) -> None:
         if self.graphs is not None:
