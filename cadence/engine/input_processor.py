@@ -71,6 +71,10 @@ class InputProcessor:
 
         if not params.ignore_eos:
             params.all_stop_token_ids |= set(self.eos_token_ids)
+            # The scheduler stops on eos_token_id (the first) and stop_token_ids: the other end
+            # ids of the generation config (e.g. <|eot_id|> beside <|end_of_text|>) go there.
+            extra = [t for t in self.eos_token_ids[1:] if t not in params.stop_token_ids]
+            params.stop_token_ids = list(params.stop_token_ids) + extra
         params.all_stop_token_ids |= set(params.stop_token_ids or [])
 
         request = EngineCoreRequest(

@@ -164,41 +164,26 @@ class ModelRunner:
     # Step ------------------------------------------------------------------------------------
     def _sampling_metadata(self, inp: StepInputs) -> SamplingMetadata:
         batch = self.input_batch
-        slots = inp.slots[inp.sample_rows]
+        slots = inp.slots[inp.sample_rows].tolist()
         params = [batch.params[s] for s in slots]
-        all_greedy = all(p.greedy for p in params)
+        # Index of the token being sampled among each request's outputs.
+        out_index = (batch.num_tokens[slots] - 1 - batch.num_prompt[slots]).tolist()
         generators: dict[int, torch.Generator] = {}
-        banned: dict[int, list[int]] = {}
-        max_logprobs: int | None = None
-        for row, (slot, p) in enumerate(zip(slots.tolist(), params)):
-            # Index of the token being sampled among the request's outputs.
-            out_index = int(batch.num_tokens[slot] - 1 - batch.num_prompt[slot])
+        for row, (slot, p) in enumerate(zip(slots, params)):
             if p.seed is not None and not p.greedy:
                 gen = self.generators.get(slot)
                 if gen is None:
                     gen = self.generators[slot] = torch.Generator(device=self.device)
-                seed_generator(gen, p.seed, out_index)
+                seed_generator(gen, p.seed, out_index[row])
                 generators[row] = gen
-            if out_index < p.min_tokens and p.all_stop_token_ids:
-                banned[row] = sorted(p.all_stop_token_ids)
-            if p.logprobs is not None:
-                max_logprobs = max(max_logprobs or 0, p.logprobs)
-        if all_greedy:
-            temperature = top_p = top_k = None
-            all_random = False
-        else:
-            temps = np.array([p.temperature for p in params], dtype=np.float32)
-            all_random = bool((temps > 0.0).all())
-            # NOTE: small per-step host->device tensors, only when some row samples randomly.
-            temperature = torch.from_numpy(temps).to(self.device, non_blocking=True)
-            tp = np.array([p.top_p for p in params], dtype=np.float32)
-            tk = np.array([p.top_k for p in params], dtype=np.int64)
-            top_p = torch.from_numpy(tp).to(self.device) if (tp < 1.0).any() else None
-            top_k = torch.from_numpy(tk).to(self.device) if (tk > 0).any() else None
-        return SamplingMetadata(temperature=temperature, all_greedy=all_greedy,
-                                all_random=all_random, top_p=top_p, top_k=top_k,
-                                generators=generators, max_num_logprobs=max_logprobs,
-                                banned_token_ids=banned)
+        md = SamplingMetadata.from_params(params, out_index, generators, device="cpu")
+        if self.device.type == "cuda":
+            # NOTE: pinned, non-blocking copies: a pageable copy would wait for the GPU.
+            for name in ("temperature", "top_p", "top_k"):
+                t = getattr(md, name)
+                if t is not None:
+                    setattr(md, name, t.pin_memory().to(self.device, non_blocking=True))
+        return md
 
     def execute_model(self, so: SchedulerOutput) -> AsyncModelRunnerOutput:
         with self.main.context(), torch.inference_mode():

@@ -150,3 +150,17 @@ def test_without_tokenizer() -> None:
 def test_no_eos_ids() -> None:
     req, _ = _proc(None, eos_token_ids=[]).process("r", {"prompt_token_ids": [1]}, SamplingParams())
     assert req.eos_token_id is None and req.sampling_params.all_stop_token_ids == set()
+
+
+def test_extra_eos_ids_become_stop_token_ids():
+    from cadence.engine.input_processor import InputProcessor
+    from cadence.sampling_params import SamplingParams
+
+    proc = InputProcessor(None, vocab_size=100, max_model_len=64, eos_token_ids=[2, 7, 9])
+    req, _ = proc.process("a", {"prompt_token_ids": [5, 6]}, SamplingParams(max_tokens=4))
+    assert req.eos_token_id == 2
+    assert req.sampling_params.stop_token_ids == [7, 9]
+    assert req.sampling_params.all_stop_token_ids == {2, 7, 9}
+    req, _ = proc.process("b", {"prompt_token_ids": [5, 6]},
+                          SamplingParams(max_tokens=4, ignore_eos=True))
+    assert req.sampling_params.stop_token_ids == []
