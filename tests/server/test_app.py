@@ -268,10 +268,13 @@ def test_metrics_gauges_while_busy(server) -> None:
     }
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
         with http.stream("POST", "/v1/completions", json=body) as r:
-            for line in r.iter_lines():
+            # Keep the iterator: a dropped one is closed, and so is the connection (an abort).
+            lines = r.iter_lines()
+            for line in lines:
                 if line.startswith("data: "):
                     break
             values = metric_values(http.get("/metrics").text)
+            assert any(ln == "data: [DONE]" for ln in lines)  # it ran to the end
     label = '{model_name="tiny"}'
     assert values["cadence:num_requests_running" + label] == 1, values
     assert 0 < values["cadence:kv_cache_usage_perc" + label] < 1

@@ -124,7 +124,8 @@ def test_client_disconnect_aborts_the_request_and_frees_its_blocks(
     chunks = 0
     with httpx.Client(timeout=30) as http:
         with http.stream("POST", server.base_url + "/v1/completions", json=body) as r:
-            for line in r.iter_lines():
+            lines = r.iter_lines()  # kept: dropping it would close the connection here
+            for line in lines:
                 if line.startswith("data: ") and line != "data: [DONE]":
                     chunk = json.loads(line[6:])
                     chunks += 1
