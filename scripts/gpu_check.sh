@@ -1,18 +1,64 @@
 #!/usr/bin/env bash
-# The GPU suite and the headline benchmarks, in one go, on a CUDA machine.
-#   scripts/gpu_check.sh OUT_DIR [tests|bench|all] [extra pytest args...]
+# The GPU suite and the headline benchmarks in one go, on a CUDA machine.
+#   scripts/gpu_check.sh OUT_DIR [all|tests|latency|trace|serve]...
+# Writes logs and JSON into OUT_DIR; every section runs even if an earlier one failed.
 set -uo pipefail
-out=${1:-out}; what=${2:-all}; shift 2 || true
+out=${1:-out}; shift || true
+sections=${*:-all}
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-if [ "$what" = tests ] || [ "$what" = all ]; then
-  python -m pytest -m gpu -q -rs "$@" 2>&1 | tee "$out/gpu_tests.log"
+want() { [[ " $sections " == *" all "* || " $sections " == *" $1 "* ]]; }
+command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+read -r -a model <<< "${MODEL_ARGS:---model qwen3-0.6b --load-format dummy}"
+
+if want tests; then
+  timeout 240 python -m pytest -m gpu -q -rs -p no:cacheprovider 2>&1 | tail -40 \
+    | tee "$out/gpu_tests.log"
 fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
-  for mode in "" "--no-async-scheduling" "--enforce-eager"; do
-    tag=$(echo "graphs-async${mode}" | tr -d ' ')
-    python -m cadence bench latency --model qwen3-0.6b --load-format dummy \
-      --batch-sizes 1,8,32,128 --input-len 128 --output-len 256 --repeats 2 $mode \
-      --json-out "$out/latency${tag}.json" 2>&1 | grep -v "^20..-" | tee -a "$out/bench.log"
+
+if want latency; then
+  for mode in async sync eager; do
+    case $mode in
+      async) flags=();; sync) flags=(--no-async-scheduling);; eager) flags=(--enforce-eager);;
+    esac
+    timeout 150 python -m cadence bench latency "${model[@]}" "${flags[@]}" \
+      --batch-sizes 1,8,32,128 --input-len 128 --output-len 256 --repeats 2 \
+      --json-out "$out/latency_$mode.json" 2>&1 | grep '^{"batch"' | sed "s/^/$mode /" \
+      | tee -a "$out/latency.log"
+  done
+fi
+
+if want trace; then
+  for bs in ${TRACE_BATCHES:-1 32 128}; do
+    for mode in async sync; do
+      flag=--async-scheduling; [ $mode = sync ] && flag=--no-async-scheduling
+      timeout 90 python nsys/torch_trace.py "${model[@]}" $flag --batch-size "$bs" \
+        --input-len 128 --steps 40 --warmup-steps 10 --out "/tmp/trace_${bs}_$mode.json" \
+        --summary-out "$out/gaps_${bs}_$mode.json" > /dev/null 2>&1 || echo "trace $bs $mode failed"
+      python - "$out/gaps_${bs}_$mode.json" "$bs" "$mode" <<'PY' | tee -a "$out/trace.log"
+import json, sys
+s = json.load(open(sys.argv[1]))
+g = s.get("gap_us") or {}
+print(f"batch {sys.argv[2]} {sys.argv[3]}: steps={s['num_steps']} gap_p50={g.get('p50')} "
+      f"gap_p90={g.get('p90')} busy_p50={(s.get('gpu_busy_us') or {}).get('p50')} "
+      f"host_p50={(s.get('host_us') or {}).get('p50')} kernels={s.get('kernels_per_step')} "
+      f"idle={s.get('gpu_idle_fraction')} attribution={s.get('attribution')}")
+PY
+    done
+  done
+fi
+
+if want serve; then
+  port=8011
+  for mode in async sync; do
+    flag=--async-scheduling; [ $mode = sync ] && flag=--no-async-scheduling
+    python -m cadence serve "${model[@]}" $flag --port $port --max-model-len 1024 \
+      --max-num-seqs 64 > "$out/serve_$mode.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 120); do curl -sf "http://127.0.0.1:$port/health" > /dev/null && break; sleep 1; done
+    timeout 150 python -m cadence bench serve --base-url "http://127.0.0.1:$port" \
+      --concurrency 1,32 --num-prompts 32 --input-len 128 --output-len 128 \
+      --prompt-kind tokens --json-out "$out/serve_bench_$mode.json" 2>&1 | tail -4 \
+      | sed "s/^/$mode /" | tee -a "$out/serve.log"
+    kill $pid; wait $pid 2>/dev/null
   done
 fi
