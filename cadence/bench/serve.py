@@ -78,7 +78,7 @@ async def run_one(
                 if msg.get("usage"):
                     result.output_tokens = msg["usage"].get("completion_tokens", 0)
                 choices = msg.get("choices") or []
-                if not choices or not choices[0].get("text"):
+                if not choices or not (choices[0].get("text") or choices[0].get("token_ids")):
                     continue
                 now = time.perf_counter()
                 if chunks == 0:

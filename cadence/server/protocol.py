@@ -122,6 +122,7 @@ class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=1)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    return_token_ids: bool = False
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
@@ -236,6 +237,9 @@ class CompletionResponseChoice(OpenAIModel):
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # The generated ids (of this chunk when streaming): with return_token_ids, or always when
+    # the server has no tokenizer (its text is then empty).
+    token_ids: list[int] | None = None
 
 
 class CompletionResponse(OpenAIModel):

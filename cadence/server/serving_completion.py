@@ -91,6 +91,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         logprobs=lps,
                         finish_reason=c.finish_reason,
                         stop_reason=c.stop_reason,
+                        token_ids=list(c.token_ids) if self._with_ids(request) else None,
                     )
                 )
                 usage.prompt_tokens += len(final.prompt_token_ids or [])
@@ -102,6 +103,9 @@ class OpenAIServingCompletion(OpenAIServing):
         return CompletionResponse(
             id=base_id, model=self.served_model_name, choices=choices, usage=usage
         )
+
+    def _with_ids(self, request: CompletionRequest) -> bool:
+        return request.return_token_ids or self.engine.tokenizer is None
 
     async def stream(
         self, request: CompletionRequest, started: list[StartedRequest], base_id: str
@@ -123,7 +127,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 if request.logprobs is not None and c.logprobs is not None and c.token_ids:
                     lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs, offsets[i])
                 offsets[i] += len(c.text)
-                if not c.text and not out.finished and lps is None:
+                ids = list(c.token_ids) if self._with_ids(request) else None
+                if not c.text and not ids and not out.finished and lps is None:
                     continue  # nothing visible yet (held back for a possible stop string)
                 chunk = CompletionStreamResponse(
                     id=base_id,
@@ -135,6 +140,7 @@ class OpenAIServingCompletion(OpenAIServing):
                             logprobs=lps,
                             finish_reason=c.finish_reason if out.finished else None,
                             stop_reason=c.stop_reason if out.finished else None,
+                            token_ids=ids,
                         )
                     ],
                 )

@@ -355,6 +355,17 @@ def test_without_tokenizer_token_prompts_only(server_factory) -> None:
         choice = ok.json()["choices"][0]
         assert choice["text"] == "" and len(choice["logprobs"]["tokens"]) == 3
         assert all(t.startswith("token_id:") for t in choice["logprobs"]["tokens"])
+        assert len(choice["token_ids"]) == 3
+        # Streaming without a tokenizer still sends one chunk per token, carrying its id.
+        body = {"prompt": [72, 101, 278], "max_tokens": 5, "ignore_eos": True, "stream": True}
+        ids: list[int] = []
+        chunks = 0
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    ids += json.loads(line[6:])["choices"][0]["token_ids"]
+                    chunks += 1
+        assert len(ids) == 5 and chunks >= 2
         text = http.post("/v1/completions", json={"prompt": "hello", "max_tokens": 3})
         assert text.status_code == 400 and text.json()["error"]["param"] == "prompt"
         chat = http.post(
