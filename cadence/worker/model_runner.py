@@ -97,10 +97,9 @@ class ModelRunner:
         scratch = [torch.zeros(self.model.kv_cache_shape(2, self.block_size), dtype=self.dtype,
                                device=self.device) for _ in range(self.model.num_layers)]
         self.model.bind_kv_caches(scratch)
-        n = self.max_num_tokens
-        # Sequences of at most max_model_len tokens; no KV write (slot -1), all reading block 0.
-        lens = [min(self.max_model_len, n - i) for i in range(0, n, self.max_model_len)]
-        rows = len(lens)
+        # No KV write (slot -1); every sequence reads block 0 of the scratch cache.
+        lens = largest_step_layout(self.max_num_tokens, self.max_num_reqs, self.max_model_len)
+        n, rows = sum(lens), len(lens)
         qsl = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
         seq_lens = torch.tensor(lens, dtype=torch.int32)
         buf = self.buffers
@@ -236,3 +235,10 @@ class ModelRunner:
             self.graphs.close()
             self.graphs = None
         self.copier.close()
+
+
+def largest_step_layout(max_num_tokens: int, max_num_seqs: int, max_model_len: int) -> list[int]:
+    """Sequence lengths of the largest step the scheduler can send: its token budget, split into
+    at most ``max_num_seqs`` sequences of at most ``max_model_len`` tokens."""
+    n = min(max_num_tokens, max_num_seqs * max_model_len)
+    return [min(max_model_len, n - i) for i in range(0, n, max_model_len)]
