@@ -135,7 +135,8 @@ class InputProcessor:
         bad = next((t for t in token_ids if t < 0 or t >= self.vocab_size), None)
         if bad is not None:
             raise InputValidationError(
-                f"Token id {bad} is out of vocabulary (vocabulary size {self.vocab_size}).",
+                f"prompt_token_ids: token id {bad} is out of vocabulary "
+                f"(vocabulary size {self.vocab_size}).",
                 "prompt_token_ids",
                 bad,
             )

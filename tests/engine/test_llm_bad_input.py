@@ -1,0 +1,76 @@
+"""Every bad input is a ValueError naming the parameter, raised before anything is scheduled;
+the engine keeps serving afterwards and holds no KV blocks for the rejected requests."""
+
+from __future__ import annotations
+
+import pytest
+
+from cadence import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM("tiny", max_model_len=128, num_gpu_blocks_override=8, max_num_seqs=4,
+               device="cpu")
+
+
+GOOD = SamplingParams(temperature=0.0, max_tokens=4)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "needle"),
+    [
+        ("", GOOD, "prompt"),
+        ({"prompt_token_ids": []}, GOOD, "prompt"),
+        ({"prompt_token_ids": [1, 2, 100000]}, GOOD, "100000"),
+        ({"prompt_token_ids": [1, -3]}, GOOD, "prompt_token_ids"),
+        ("hello " * 10, SamplingParams(max_tokens=127), "maximum context length is 128"),
+        ({"prompt_token_ids": [5] * 128}, GOOD, "maximum context length"),
+        # Fits the context (100 + 20 <= 128) but not the whole KV cache (7 usable blocks).
+        ({"prompt_token_ids": [5] * 100}, SamplingParams(max_tokens=20), "KV cache"),
+    ],
+)
+def test_bad_prompts_raise_before_scheduling(llm, prompt, params, needle):
+    free = llm.engine_core.num_free_kv_blocks
+    # A good prompt in the same call must not be scheduled either.
+    with pytest.raises(ValueError, match=needle):
+        llm.generate(["fine", prompt], params, use_tqdm=False)
+    assert llm.engine_core.scheduler.get_num_unfinished_requests() == 0
+    assert llm.engine_core.num_free_kv_blocks == free
+    out = llm.generate(["still serving"], GOOD, use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        (dict(temperature=-0.5), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_k=0), "top_k"),
+        (dict(top_k=-2), "top_k"),
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(min_tokens=5, max_tokens=2), "min_tokens"),
+    ],
+)
+def test_bad_sampling_params(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        SamplingParams(**kwargs)
+
+
+def test_priority_needs_the_priority_policy(llm):
+    with pytest.raises(ValueError, match="priority"):
+        llm.generate(["a"], GOOD, priority=[1], use_tqdm=False)
+
+
+def test_bad_models(tmp_path):
+    with pytest.raises(ValueError, match="model"):
+        LLM(str(tmp_path / "missing"))
+    (tmp_path / "config.json").write_text(
+        '{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}')
+    with pytest.raises(ValueError, match="GPT2LMHeadModel"):
+        LLM(str(tmp_path))
+    with pytest.raises(ValueError, match="load_format"):
+        LLM("qwen3-0.6b")  # a shape preset has no weights: only load_format="dummy"
+    with pytest.raises(ValueError, match="scheduling_policy"):
+        LLM("tiny", scheduling_policy="lifo")
