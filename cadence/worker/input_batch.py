@@ -1,9 +1,11 @@
 """The runner's persistent per-request state and the host-side preparation of one step's inputs.
 
-Every request the runner knows holds one *slot* from the moment it is added until it finishes
-or is preempted. The slot indexes every per-request array here and the GPU-resident
-``last_sampled_tokens``; slots never move, so a decode row reaches its last sampled token through
-the request-index indirection of the combine kernel, and freeing a request is O(1).
+Every request the runner knows holds one row (*slot*) from the moment it is added until it
+finishes or is preempted; it keeps that row across steps. The slot indexes every per-request
+array here and the GPU-resident ``last_sampled`` tokens, which the combine kernel reaches through
+the step's request-index indirection. Rows stay condensed in ``[0, len(batch))``: removing a
+request moves the last row into the hole, and the moves are handed to the runner
+(``take_moves``) so it can move the device-resident state the same way, in stream order.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ class InputBatch:
 
         self.req_id_to_slot: dict[str, int] = {}
         self.slot_req_ids: list[str | None] = [None] * max_num_reqs
-        self._free_slots = list(range(max_num_reqs - 1, -1, -1))
+        # Row moves since the last take_moves(): final destination -> original source row.
+        self._moves: dict[int, int] = {}
 
         self.token_ids = np.zeros((max_num_reqs, max_model_len), dtype=np.int64)
         # Tokens whose ids the host knows (prompt + outputs handed over on (re)admission).
@@ -73,7 +76,10 @@ class InputBatch:
             block_ids: list[int]) -> int:
         if req_id in self.req_id_to_slot:
             raise RuntimeError(f"request {req_id!r} is already in the batch")
-        slot = self._free_slots.pop()
+        slot = len(self.req_id_to_slot)
+        if slot >= self.max_num_reqs:
+            raise RuntimeError(f"the batch holds at most {self.max_num_reqs} requests")
+        self._moves.pop(slot, None)  # a fresh request: nothing of the old row is kept
         self.req_id_to_slot[req_id] = slot
         self.slot_req_ids[slot] = req_id
         n = len(prompt) + len(outputs)
@@ -91,10 +97,33 @@ class InputBatch:
         slot = self.req_id_to_slot.pop(req_id, None)
         if slot is None:
             return None
-        self.slot_req_ids[slot] = None
-        self.params[slot] = None
-        self._free_slots.append(slot)
+        last = len(self.req_id_to_slot)  # the row that moves into the hole
+        if slot != last:
+            self._move_row(last, slot)
+        self.slot_req_ids[last] = None
+        self.params[last] = None
+        self._moves.pop(last, None)
         return slot
+
+    def _move_row(self, src: int, dst: int) -> None:
+        req_id = self.slot_req_ids[src]
+        assert req_id is not None
+        n = int(self.num_known[src])
+        self.token_ids[dst, :n] = self.token_ids[src, :n]
+        nb = int(self.num_blocks[src])
+        self.block_table[dst, :nb] = self.block_table[src, :nb]
+        for arr in (self.num_known, self.num_tokens, self.num_prompt, self.num_blocks):
+            arr[dst] = arr[src]
+        self.params[dst] = self.params[src]
+        self.slot_req_ids[dst] = req_id
+        self.req_id_to_slot[req_id] = dst
+        self._moves[dst] = self._moves.pop(src, src)
+
+    def take_moves(self) -> tuple[list[int], list[int]]:
+        """Row moves since the last call as (sources, destinations), to apply at once."""
+        moves = [(src, dst) for dst, src in self._moves.items() if src != dst]
+        self._moves.clear()
+        return [m[0] for m in moves], [m[1] for m in moves]
 
     def append_blocks(self, slot: int, block_ids: list[int]) -> None:
         start = int(self.num_blocks[slot])

@@ -57,7 +57,7 @@ class ModelRunner:
         self.input_batch = InputBatch(self.max_num_reqs, self.max_model_len,
                                       self.max_blocks_per_req, self.block_size)
         self.sampler = Sampler()
-        self.generators: dict[int, torch.Generator] = {}
+        self.generators: dict[str, torch.Generator] = {}  # by request id
         self.kv_caches: list[torch.Tensor] = []
         self.buffers = StepBuffers(self.rt, self.main, self.max_num_tokens, self.max_num_reqs,
                                    self.max_blocks_per_req, device)
@@ -170,9 +170,10 @@ class ModelRunner:
         generators: dict[int, torch.Generator] = {}
         for row, (slot, p) in enumerate(zip(slots, params)):
             if p.seed is not None and not p.greedy:
-                gen = self.generators.get(slot)
+                req_id = batch.slot_req_ids[slot]
+                gen = self.generators.get(req_id)
                 if gen is None:
-                    gen = self.generators[slot] = torch.Generator(device=self.device)
+                    gen = self.generators[req_id] = torch.Generator(device=self.device)
                 seed_generator(gen, p.seed, out_index[row])
                 generators[row] = gen
         md = SamplingMetadata.from_params(params, out_index, generators, device="cpu")
@@ -184,6 +185,13 @@ class ModelRunner:
                     setattr(md, name, t.pin_memory().to(self.device, non_blocking=True))
         return md
 
+    def _index(self, values: list[int]) -> torch.Tensor:
+        t = torch.tensor(values, dtype=torch.int64)
+        if self.device.type == "cuda":
+            # NOTE: pinned and non-blocking: a pageable copy would wait for the GPU.
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t
+
     def execute_model(self, so: SchedulerOutput) -> AsyncModelRunnerOutput:
         with self.main.context(), torch.inference_mode():
             return self._execute(so)
@@ -192,8 +200,14 @@ class ModelRunner:
         batch = self.input_batch
         with nvtx_range("prepare"):
             batch.apply(so)
-            for slot in [s for s in self.generators if batch.slot_req_ids[s] is None]:
-                del self.generators[slot]
+            src, dst = batch.take_moves()
+            if src:
+                # Condensed rows carry their device-resident last token along (stream-ordered
+                # after the scatter of the step that wrote it).
+                src_t, dst_t = self._index(src), self._index(dst)
+                self.last_sampled[dst_t] = self.last_sampled[src_t]
+            for req_id in [r for r in self.generators if r not in batch.req_id_to_slot]:
+                del self.generators[req_id]
             if so.total_num_scheduled_tokens == 0:
                 return ReadyOutput(ModelRunnerOutput.empty())
             inp = batch.prepare(so)
