@@ -1,0 +1,321 @@
+"""The Triton kernels behind ``triton_attention``: KV store, paged decode, split merge, prefill.
+
+Launch them through ``cadence.model.triton_attention``, which checks shapes and picks grids.
+Importing this module without Triton installed defines nothing.
+"""
+
+from __future__ import annotations
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU installs
+    triton = None
+    tl = None
+
+_store_kv_kernel = _decode_kernel = _merge_splits_kernel = _prefill_kernel = None
+
+if triton is not None:
+
+    @triton.jit
+    def _store_kv_kernel(
+        k_ptr,
+        v_ptr,
+        cache_ptr,
+        slot_ptr,
+        stride_kt,
+        stride_kh,
+        stride_vt,
+        stride_vh,
+        stride_c0,
+        stride_c1,
+        stride_c2,
+        stride_c3,
+        NUM_KV_HEADS: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        PAGE: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
+        t = tl.program_id(0).to(tl.int64)
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        offs_h = tl.arange(0, BLOCK_H)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_DIM) & (slot >= 0)
+        safe = tl.maximum(slot, 0)
+        dst = (safe // PAGE) * stride_c1 + (safe % PAGE) * stride_c2
+        dst = dst + offs_h[:, None] * stride_c3 + offs_d[None, :]
+        k = tl.load(
+            k_ptr + t * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask
+        )
+        v = tl.load(
+            v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask
+        )
+        tl.store(cache_ptr + dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(cache_ptr + stride_c0 + dst, v.to(cache_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _decode_kernel(
+        q_ptr,
+        cache_ptr,
+        out_ptr,
+        part_acc_ptr,
+        part_ml_ptr,
+        k_ptr,
+        v_ptr,
+        slot_ptr,
+        seq_lens_ptr,
+        qsl_ptr,
+        bt_ptr,
+        stride_qt,
+        stride_qh,
+        stride_kt,
+        stride_kh,
+        stride_vt,
+        stride_vh,
+        stride_ot,
+        stride_oh,
+        stride_c0,
+        stride_c1,
+        stride_c2,
+        stride_c3,
+        stride_bt,
+        qk_scale,
+        num_splits,
+        NUM_HEADS: tl.constexpr,
+        GROUP: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        PAGE: tl.constexpr,
+        BLOCK_G: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        SPLIT: tl.constexpr,
+        STORE: tl.constexpr,
+        IEEE: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+        seq_len = tl.load(seq_lens_ptr + b)
+        q_tok = tl.load(qsl_ptr + b).to(tl.int64)
+        q_end = tl.load(qsl_ptr + b + 1)
+        valid = (q_end > q_tok) & (seq_len > 0)
+        per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+        start = split * per_split
+        end = tl.minimum(start + per_split, seq_len)
+        end = tl.where(valid, end, start)
+
+        offs_g = tl.arange(0, BLOCK_G)
+        offs_d = tl.arange(0, BLOCK_D)
+        heads = kvh * GROUP + offs_g
+        gmask = offs_g < GROUP
+        dmask = offs_d < HEAD_DIM
+        qmask = gmask[:, None] & dmask[None, :] & valid
+        q = tl.load(
+            q_ptr + q_tok * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+            mask=qmask,
+            other=0.0,
+        )
+        q = q.to(cache_ptr.dtype.element_ty)
+
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+        head_off = kvh.to(tl.int64) * stride_c3
+        if STORE:
+            # The split holding the new token (position seq_len - 1) writes its K/V for this kv
+            # head, then reads it back in the loop below like any other cached token.
+            owner = (seq_len - 1 >= start) & (seq_len - 1 < end)
+            slot = tl.load(slot_ptr + q_tok, mask=owner, other=-1).to(tl.int64)
+            smask = dmask & owner & (slot >= 0)
+            safe = tl.maximum(slot, 0)
+            dst = (safe // PAGE) * stride_c1 + (safe % PAGE) * stride_c2 + head_off + offs_d
+            kvh64 = kvh.to(tl.int64)
+            k_new = tl.load(k_ptr + q_tok * stride_kt + kvh64 * stride_kh + offs_d, mask=smask)
+            v_new = tl.load(v_ptr + q_tok * stride_vt + kvh64 * stride_vh + offs_d, mask=smask)
+            tl.store(cache_ptr + dst, k_new.to(cache_ptr.dtype.element_ty), mask=smask)
+            tl.store(cache_ptr + stride_c0 + dst, v_new.to(cache_ptr.dtype.element_ty), mask=smask)
+            # Global writes become visible to the other threads of the program at the barrier.
+            tl.debug_barrier()
+        for n0 in range(start, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            nmask = offs_n < end
+            page = tl.load(bt_row + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
+            kv_off = page * stride_c1 + (offs_n % PAGE).to(tl.int64) * stride_c2 + head_off
+            kvmask = nmask[:, None] & dmask[None, :]
+            k = tl.load(cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = tl.where(nmask[None, :], s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(
+                cache_ptr + stride_c0 + kv_off[:, None] + offs_d[None, :], mask=kvmask, other=0.0
+            )
+            if IEEE:
+                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+
+        if SPLIT:
+            row = (b * NUM_HEADS + heads).to(tl.int64) * num_splits + split
+            tl.store(
+                part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
+                acc,
+                mask=gmask[:, None] & dmask[None, :],
+            )
+            tl.store(part_ml_ptr + row * 2, m_i, mask=gmask)
+            tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=gmask)
+        else:
+            l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+            out = acc / l_safe[:, None]
+            tl.store(
+                out_ptr + q_tok * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                out.to(out_ptr.dtype.element_ty),
+                mask=qmask,
+            )
+
+    @triton.jit
+    def _merge_splits_kernel(
+        part_acc_ptr,
+        part_ml_ptr,
+        out_ptr,
+        seq_lens_ptr,
+        qsl_ptr,
+        stride_ot,
+        stride_oh,
+        num_splits,
+        NUM_HEADS: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        seq_len = tl.load(seq_lens_ptr + b)
+        q_tok = tl.load(qsl_ptr + b).to(tl.int64)
+        q_end = tl.load(qsl_ptr + b + 1)
+        valid = (q_end > q_tok) & (seq_len > 0)
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_d = tl.arange(0, BLOCK_D)
+        smask = offs_s < num_splits
+        dmask = offs_d < HEAD_DIM
+        row = (b * NUM_HEADS + h).to(tl.int64) * num_splits + offs_s
+        m = tl.load(part_ml_ptr + row * 2, mask=smask, other=float("-inf"))
+        l_part = tl.load(part_ml_ptr + row * 2 + 1, mask=smask, other=0.0)
+        m_max = tl.max(m, 0)
+        m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+        w = tl.exp2(m - m_max)
+        acc = tl.load(
+            part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=smask[:, None] & dmask[None, :],
+            other=0.0,
+        )
+        denom = tl.sum(l_part * w, 0)
+        denom = tl.where(denom > 0.0, denom, 1.0)
+        out = tl.sum(acc * w[:, None], 0) / denom
+        tl.store(
+            out_ptr + q_tok * stride_ot + h * stride_oh + offs_d,
+            out.to(out_ptr.dtype.element_ty),
+            mask=dmask & valid,
+        )
+
+    @triton.jit
+    def _prefill_kernel(
+        q_ptr,
+        cache_ptr,
+        out_ptr,
+        seq_lens_ptr,
+        qsl_ptr,
+        bt_ptr,
+        stride_qt,
+        stride_qh,
+        stride_ot,
+        stride_oh,
+        stride_c0,
+        stride_c1,
+        stride_c2,
+        stride_c3,
+        stride_bt,
+        qk_scale,
+        GROUP: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        PAGE: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        IEEE: tl.constexpr,
+    ):
+        pid_m = tl.program_id(0)
+        b = tl.program_id(1)
+        h = tl.program_id(2)
+        kvh = h // GROUP
+        seq_len = tl.load(seq_lens_ptr + b)
+        q_start = tl.load(qsl_ptr + b)
+        q_len = tl.load(qsl_ptr + b + 1) - q_start
+        ctx = seq_len - q_len
+        m_lo = pid_m * BLOCK_M
+        active = (m_lo < q_len) & (seq_len > 0)
+        offs_m = m_lo + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        mmask = (offs_m < q_len) & active
+        dmask = offs_d < HEAD_DIM
+        # Rows past the query range see every key (finite numbers) and are never stored.
+        q_pos = tl.where(mmask, ctx + offs_m, seq_len - 1)
+        rows = (q_start + offs_m).to(tl.int64)
+        q = tl.load(
+            q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+            mask=mmask[:, None] & dmask[None, :],
+            other=0.0,
+        )
+        q = q.to(cache_ptr.dtype.element_ty)
+        kv_end = tl.minimum(seq_len, ctx + m_lo + BLOCK_M)
+        kv_end = tl.where(active, kv_end, 0)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+        head_off = kvh.to(tl.int64) * stride_c3
+        for n0 in range(0, kv_end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            nmask = offs_n < kv_end
+            page = tl.load(bt_row + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
+            kv_off = page * stride_c1 + (offs_n % PAGE).to(tl.int64) * stride_c2 + head_off
+            kvmask = nmask[:, None] & dmask[None, :]
+            k = tl.load(cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            keep = nmask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+            s = tl.where(keep, s * qk_scale, float("-inf"))
+            # Key 0 is in the first tile and visible to every row, so m_new is finite.
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(
+                cache_ptr + stride_c0 + kv_off[:, None] + offs_d[None, :], mask=kvmask, other=0.0
+            )
+            if IEEE:
+                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+        out = acc / l_safe[:, None]
+        tl.store(
+            out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=mmask[:, None] & dmask[None, :],
+        )
