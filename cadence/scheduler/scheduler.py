@@ -53,6 +53,8 @@ class Scheduler:
         )
 
         self.requests: dict[str, Request] = {}
+        # id(SchedulerOutput) -> {req_id: Request} of steps not yet consumed (update_from_output).
+        self._scheduled_in: dict[int, dict[str, Request]] = {}
         self.waiting = create_request_queue(self.policy)
         self.running: list[Request] = []
         # Finished or aborted since the previous schedule(): the runner drops their state.
@@ -237,6 +239,11 @@ class Scheduler:
         output.num_scheduled_tokens = num_scheduled_tokens
         output.total_num_scheduled_tokens = self.max_num_scheduled_tokens - token_budget
         self._update_after_schedule(scheduled_new, scheduled_running, num_scheduled_tokens)
+        # The request objects this step serves: an id aborted and re-added while the step is in
+        # flight names a new request, which must not receive the old one's token.
+        self._scheduled_in[id(output)] = {
+            r.request_id: r for r in (*scheduled_running, *scheduled_new)
+        }
         return output
 
     def _make_output(
@@ -324,11 +331,14 @@ class Scheduler:
         stopped_preempted: set[Request] = set()
         update = self._update_request_with_output
 
+        scheduled = self._scheduled_in.pop(id(scheduler_output), None)
         for req_id in scheduler_output.num_scheduled_tokens:
             request = requests.get(req_id)
             if request is None or request.status > _PREEMPTED:
                 # Finished or aborted while this step was running: its tokens are dropped.
                 continue
+            if scheduled is not None and scheduled.get(req_id) is not request:
+                continue  # the id was aborted and reused while this step ran
             row = index_of.get(req_id)
             if row is None:
                 continue

@@ -341,3 +341,23 @@ def test_preempted_request_waits_for_its_token_in_flight():
     out = scheduler.schedule()
     assert out.num_scheduled_tokens == {"1": 9}
     assert out.scheduled_new_reqs[0].output_token_ids == [1, 1]
+
+
+def test_reused_request_id_does_not_take_the_old_requests_token():
+    """Abort "a" while its step is in flight, add a new "a": the old step's token is dropped."""
+    from cadence.scheduler.request import RequestStatus
+    from tests.scheduler.factories import create_requests, create_scheduler, output_for
+
+    scheduler = create_scheduler(async_scheduling=True)
+    old = create_requests(1, num_tokens=20, req_ids=["a"])[0]
+    scheduler.add_request(old)
+    first = scheduler.schedule()
+    scheduler.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+    new = create_requests(1, num_tokens=20, req_ids=["a"], starting_idx=7)[0]
+    scheduler.add_request(new)
+    second = scheduler.schedule()
+    outs = scheduler.update_from_output(first, output_for(first, token_id=284))
+    assert all(o.request_id != "a" or not o.new_token_ids for o in outs.outputs)
+    assert new.output_token_ids == []
+    outs = scheduler.update_from_output(second, output_for(second, token_id=5))
+    assert new.output_token_ids == [5]
