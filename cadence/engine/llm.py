@@ -29,6 +29,10 @@ class LLM:
         self.output_processor = OutputProcessor(self.frontend.tokenizer)
         self._counter = itertools.count()
 
+    def shutdown(self) -> None:
+        """Wait for the device and free the engine's streams, buffers and graphs."""
+        self.engine_core.shutdown()
+
     def get_tokenizer(self) -> Any:
         return self.frontend.tokenizer
 

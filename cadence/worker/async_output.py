@@ -67,9 +67,10 @@ class OutputCopier:
         self.pool.release(pending.slot)
         lp = pending.logprobs
         if lp is not None:
-            # NOTE: logprobs are rare and larger; they are moved synchronously at consume time.
-            lp = (lp.logprob_token_ids.tolist(), lp.logprobs.tolist(),
-                  lp.sampled_token_ranks.tolist())
+            # NOTE: logprobs are rare and larger; they are read synchronously at consume time,
+            # after fetch() waited on this step's copy (so the sampler that made them is done).
+            lists = lp.tolists()
+            lp = (lists.logprob_token_ids, lists.logprobs, lists.sampled_token_ranks)
         return build_output(pending.req_ids, pending.rows, sampled, lp)
 
     def close(self) -> None:

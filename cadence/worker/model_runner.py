@@ -129,6 +129,10 @@ class ModelRunner:
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
                           for _ in range(self.model.num_layers)]
         self.model.bind_kv_caches(self.kv_caches)
+        if self.device.type == "cuda":
+            # NOTE: deliberate start-up sync: the cache and the persistent buffers were zeroed on
+            # torch's default stream, which our non-blocking main stream does not wait for.
+            torch.cuda.synchronize(self.device)
         logger.info("KV cache: %d blocks of %d tokens (%.3f GiB)", num_blocks, self.block_size,
                     num_blocks * self.kv_block_bytes() / 2**30)
 
@@ -230,11 +234,7 @@ class ModelRunner:
                     out = ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)},
                                             [[] for _ in req_ids])
                     return ReadyOutput(out)
-                if len(rows) == b:
-                    index = self.buffers.last_token_index[:b].long()
-                else:
-                    index = self.buffers.last_token_index[:b][torch.from_numpy(rows).long().to(
-                        self.device)].long()
+                index = self.buffers.logits_index[: len(rows)].long()
                 logits = self.model.compute_logits(hidden[index])
         with nvtx_range("sample"):
             sampled = self.sampler(logits, self._sampling_metadata(inp))
@@ -245,10 +245,17 @@ class ModelRunner:
             return self.copier.start(req_ids, rows, self.sampled, n, sampled.logprobs)
 
     def close(self) -> None:
+        if self.copier is None:
+            return
+        self.main.synchronize()  # NOTE: a replay or copy may still be running
         if self.graphs is not None:
             self.graphs.close()
             self.graphs = None
         self.copier.close()
+        self.copier = None
+        self.buffers.close()
+        self.main.close()
+        self.copy.close()
 
 
 def largest_step_layout(max_num_tokens: int, max_num_seqs: int, max_model_len: int) -> list[int]:

@@ -179,9 +179,11 @@ def apply_banned_tokens(logits: torch.Tensor, banned: dict[int, list[int]]) -> N
                 rows.append(row)
                 cols.append(tok)
     if rows:
-        idx_r = torch.tensor(rows, dtype=torch.int64, device=logits.device)
-        idx_c = torch.tensor(cols, dtype=torch.int64, device=logits.device)
-        logits.index_put_((idx_r, idx_c), torch.tensor(float("-inf"), device=logits.device))
+        idx = torch.tensor([rows, cols], dtype=torch.int64)
+        if logits.is_cuda:
+            # NOTE: pinned and non-blocking: a pageable copy would wait for the GPU.
+            idx = idx.pin_memory().to(logits.device, non_blocking=True)
+        logits.index_put_((idx[0], idx[1]), logits.new_full((), float("-inf")))
 
 
 def apply_top_k_top_p(

@@ -18,7 +18,8 @@ from cadence.worker.input_batch import StepInputs
 
 _NUM_STAGING_SETS = 3
 _INT64 = ("input_ids", "positions", "slot_mapping")
-_INT32_ROWS = ("seq_lens", "req_slots", "last_token_index", "use_sampled", "sample_slots")
+_INT32_ROWS = ("seq_lens", "req_slots", "last_token_index", "use_sampled", "sample_slots",
+               "logits_index")
 
 
 class StepBuffers:
@@ -46,7 +47,10 @@ class StepBuffers:
         self.last_token_index = dev(max_num_reqs, torch.int32)
         self.use_sampled = dev(max_num_reqs, torch.int32)
         self.sample_slots = dev(max_num_reqs, torch.int32)
+        self.logits_index = dev(max_num_reqs, torch.int32)  # flat token index of sampling rows
         self.block_tables = dev(max_num_reqs, torch.int32, max_blocks)
+        # Packed [rows, columns-used] upload area; a device copy scatters it into block_tables.
+        self._block_tables_flat = dev(max_num_reqs * max_blocks, torch.int32)
         self.counts = dev(2, torch.int32)  # [rows to combine, rows to scatter]
 
         self._sets = []
@@ -54,7 +58,7 @@ class StepBuffers:
             s = {name: host(max_num_tokens, torch.int64) for name in _INT64}
             s.update({name: host(max_num_reqs, torch.int32) for name in _INT32_ROWS})
             s["query_start_loc"] = host(max_num_reqs + 1, torch.int32)
-            s["block_tables"] = host(max_num_reqs, torch.int32, max_blocks)
+            s["block_tables"] = host(max_num_reqs * max_blocks, torch.int32)
             s["counts"] = host(2, torch.int32)
             s = {k: (v, v.numpy()) for k, v in s.items()}
             self._sets.append((s, rt.create_event()))
@@ -90,7 +94,8 @@ class StepBuffers:
         put("last_token_index", inp.last_token_index, rows)
         put("use_sampled", inp.use_sampled, rows)
         put("sample_slots", inp.slots[inp.sample_rows], len(inp.sample_rows))
-        staging["block_tables"][1][:b, :nb] = inp.block_tables[:, :nb]
+        put("logits_index", inp.last_token_index[inp.sample_rows], len(inp.sample_rows))
+        staging["block_tables"][1][: b * nb] = inp.block_tables[:, :nb].ravel()
         staging["counts"][1][:] = (b, len(inp.sample_rows))
 
         with self.main.context():
@@ -99,11 +104,15 @@ class StepBuffers:
                             ("slot_mapping", tokens), ("query_start_loc", rows + 1),
                             ("seq_lens", rows), ("req_slots", rows),
                             ("last_token_index", rows), ("use_sampled", rows),
-                            ("sample_slots", len(inp.sample_rows)), ("counts", 2)):
+                            ("sample_slots", len(inp.sample_rows)),
+                            ("logits_index", len(inp.sample_rows)), ("counts", 2)):
                 if n:
                     getattr(self, name)[:n].copy_(staging[name][0][:n], non_blocking=True)
-            self.block_tables[:b, :nb].copy_(staging["block_tables"][0][:b, :nb],
-                                             non_blocking=True)
+            # NOTE: a contiguous upload, then a device-side strided copy: a strided host->device
+            # copy would go through an unpinned temporary.
+            flat = self._block_tables_flat[: b * nb]
+            flat.copy_(staging["block_tables"][0][: b * nb], non_blocking=True)
+            self.block_tables[:b, :nb].copy_(flat.view(b, nb))
         event.record(self.main)
 
         # A graph was captured over the full block-table width: pass that view to match.
@@ -136,3 +145,9 @@ class StepBuffers:
             self.seq_lens[:rows].zero_()
             self.use_sampled[:rows].zero_()
             self.counts.zero_()
+
+    def close(self) -> None:
+        for _, event in self._sets:
+            event.synchronize()
+            event.close()
+        self._sets = []

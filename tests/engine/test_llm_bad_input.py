@@ -74,3 +74,11 @@ def test_bad_models(tmp_path):
         LLM("qwen3-0.6b")  # a shape preset has no weights: only load_format="dummy"
     with pytest.raises(ValueError, match="scheduling_policy"):
         LLM("tiny", scheduling_policy="lifo")
+
+
+def test_shutdown_is_idempotent():
+    llm = LLM("tiny", device="cpu", max_num_seqs=2)
+    out = llm.generate(["x"], GOOD, use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4
+    llm.shutdown()
+    llm.shutdown()
