@@ -210,6 +210,10 @@ class AsyncLLM:
             self.output_processor.propagate_error(
                 exc if isinstance(exc, EngineDeadError) else EngineDeadError(repr(exc))
             )
+            if not isinstance(exc, EngineDeadError):
+                # Nobody collects the core's outputs any more: stop it rather than let it run
+                # its requests for no one.
+                await asyncio.to_thread(self.engine_core.shutdown)
 
     def _process_engine_outputs(self, outputs: EngineCoreOutputs, start: int = 0) -> None:
         chunk = outputs.outputs[start : start + OUTPUT_CHUNK_SIZE]

@@ -411,3 +411,24 @@ async def test_closing_the_generator_aborts_the_request(engine: AsyncLLM) -> Non
     stats = await engine.get_scheduler_stats()  # the abort was queued before this call
     assert (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
     assert await engine.get_num_free_kv_blocks() == engine.num_kv_blocks - 1
+
+
+async def test_output_handler_failure_stops_the_core() -> None:
+    llm = AsyncLLM(tiny_args())
+    try:
+        def broken(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("detokenizer exploded")
+
+        llm.output_processor.process_outputs = broken  # type: ignore[method-assign]
+        params = SamplingParams(max_tokens=50, ignore_eos=True, temperature=0.0)
+        with pytest.raises(EngineDeadError):
+            async for _ in llm.generate(TEXT_PROMPT, params, "x"):
+                pass
+        for _ in range(100):  # the core thread is stopped, not left running for no one
+            if not llm.engine_core.proc.is_alive:
+                break
+            await asyncio.sleep(0.05)
+        assert not llm.engine_core.proc.is_alive
+        assert llm.errored
+    finally:
+        llm.shutdown()
