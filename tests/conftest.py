@@ -26,13 +26,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="session")
 def single_thread_torch():
     """The tests multiply tiny matrices: one intra-op thread is faster, and immune to the
-    spin-wait slowdowns of a busy 2-core machine."""
+    spin-wait slowdowns of a busy 2-core machine (engine threads of servers that outlive a test
+    would otherwise spin against the event loop)."""
     import torch
 
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+

@@ -135,8 +135,7 @@ class EngineCore:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
     def has_work(self) -> bool:
-        return (self.scheduler.has_unfinished_requests()
-                or self.scheduler.has_finished_requests() or bool(self.batch_queue))
+        return self.scheduler.has_requests() or bool(self.batch_queue)
 
     def make_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
@@ -148,8 +147,7 @@ class EngineCore:
 
     def step(self) -> tuple[EngineCoreOutputs, bool]:
         """Schedule, run, sample, then update: one synchronous step."""
-        if not (self.scheduler.has_unfinished_requests()
-                or self.scheduler.has_finished_requests()):
+        if not self.scheduler.has_requests():
             return EngineCoreOutputs(), False
         with nvtx_range("schedule"):
             so = self.scheduler.schedule()
@@ -162,7 +160,7 @@ class EngineCore:
         """Launch batch N+1 before consuming batch N; block only on the oldest batch."""
         queue = self.batch_queue
         executed = False
-        if self.scheduler.has_unfinished_requests() or self.scheduler.has_finished_requests():
+        if self.scheduler.has_requests():
             with nvtx_range("schedule"):
                 so = self.scheduler.schedule()
             pending = self.runner.execute_model(so)

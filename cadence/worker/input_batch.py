@@ -131,14 +131,6 @@ class InputBatch:
         self.block_table[slot, start:end] = block_ids
         self.num_blocks[slot] = end
 
-    def record_host_tokens(self, slot: int, start: int, token_ids: list[int]) -> None:
-        """The host learned sampled ids (consumed step output) for positions start..."""
-        end = start + len(token_ids)
-        if end > self.max_model_len:
-            return
-        self.token_ids[slot, start:end] = token_ids
-        self.num_known[slot] = max(int(self.num_known[slot]), end)
-
     # Per-step preparation --------------------------------------------------------------------
     def apply(self, so: SchedulerOutput) -> None:
         """Bring the persistent state up to date with one scheduler output."""

@@ -15,28 +15,15 @@ from cadence.engine.core import EngineCore
 from cadence.engine.engine_args import EngineArgs
 from cadence.outputs import RequestOutput
 from cadence.sampling_params import RequestOutputKind, SamplingParams
+from tests.tiny import tiny_args as shared_tiny_args
 
 TEXT_PROMPT = "Hello my name is Robert and"
 
 
 def tiny_args(**kw: Any) -> EngineArgs:
-    base: dict[str, Any] = dict(
-        model="tiny", max_model_len=512, num_gpu_blocks_override=1024, async_scheduling=False
-    )
-    base.update(kw)
-    return EngineArgs(**base)
+    return shared_tiny_args(**{**dict(max_model_len=512, num_gpu_blocks_override=1024), **kw})
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    # The engine thread and the event loop share 2 cores: intra-op worker threads would spin
-    # against them (steps become ~50x slower under load), as vLLM's tests also avoid.
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import asyncio
 import queue
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,28 +16,15 @@ from cadence.engine.core_client import EngineDeadError, InprocEngineCoreClient
 from cadence.engine.core_proc import EngineCoreProc, OutputQueue
 from cadence.engine.engine_args import EngineArgs
 from cadence.sampling_params import SamplingParams
+from tests.tiny import tiny_args as shared_tiny_args
 
 PROMPT = [72, 101, 278, 111, 295, 121, 290, 346]
 
 
 def tiny_args(**kw: Any) -> EngineArgs:
-    base: dict[str, Any] = dict(
-        model="tiny", max_model_len=256, num_gpu_blocks_override=128, async_scheduling=False
-    )
-    base.update(kw)
-    return EngineArgs(**base)
+    return shared_tiny_args(**{**dict(max_model_len=256, num_gpu_blocks_override=128), **kw})
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    # The engine thread and the event loop share 2 cores: intra-op worker threads would spin
-    # against them (steps become ~50x slower under load), as vLLM's tests also avoid.
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def make_request(

@@ -16,6 +16,7 @@ import uvicorn
 from cadence.engine.async_llm import AsyncLLM
 from cadence.engine.engine_args import EngineArgs
 from cadence.server.app import build_app
+from tests.tiny import tiny_args as shared_tiny_args
 
 
 def free_port() -> int:
@@ -63,24 +64,10 @@ def start_server(engine: AsyncLLM, **app_kwargs: Any) -> RunningServer:
     return RunningServer(engine, server, thread, port)
 
 
-def tiny_args(**kwargs: Any) -> EngineArgs:
-    base: dict[str, Any] = dict(
-        model="tiny", max_model_len=512, num_gpu_blocks_override=512, async_scheduling=False
-    )
-    base.update(kwargs)
-    return EngineArgs(**base)
+def tiny_args(**kw: Any) -> EngineArgs:
+    return shared_tiny_args(**{**dict(max_model_len=512, num_gpu_blocks_override=512), **kw})
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    # The engine thread and the event loop share 2 cores: intra-op worker threads would spin
-    # against them (steps become ~50x slower under load), as vLLM's tests also avoid.
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
