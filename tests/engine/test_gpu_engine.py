@@ -57,9 +57,11 @@ def test_greedy_matches_transformers_on_gpu(tmp_path):
     prompts = [p["prompt_token_ids"] for p in _prompts(6, VOCAB, seed=7)]
     expected = hf_greedy(model, prompts, 32)
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
-    for async_scheduling in (False, True):
+    # Plain, then chunked prefill (mixed prefill/decode steps, rows that do not sample).
+    for async_scheduling, chunk in ((False, None), (True, None), (True, 16), (False, 16)):
         llm = _llm(model=str(tmp_path), dtype="float32", skip_tokenizer_init=True,
-                   max_model_len=256, max_num_seqs=8, async_scheduling=async_scheduling)
+                   max_model_len=256, max_num_seqs=8, async_scheduling=async_scheduling,
+                   max_num_batched_tokens=chunk)
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in outs] == expected
         _free(llm)
