@@ -3,7 +3,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from cadence.core_types import EngineCoreRequest
@@ -14,6 +14,7 @@ from cadence.engine.detokenizer import (
     make_decode_fn,
 )
 from cadence.sampling_params import SamplingParams
+from tests.tokenizers_helper import byte_level_tokenizer
 
 CORPUS = [
     "hello world, the quick brown fox jumps over the lazy dog.",
@@ -25,17 +26,7 @@ CORPUS = [
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerFast:
     """A tiny byte-level BPE: CJK characters stay split into single-byte tokens."""
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=330,
-        special_tokens=["<|eos|>", "<|pad|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tk.train_from_iterator(CORPUS, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|eos|>")
+    return byte_level_tokenizer(CORPUS, vocab_size=330, special_tokens=["<|eos|>", "<|pad|>"])
 
 
 def byte_ids(tok: PreTrainedTokenizerFast, text: str) -> list[int]:

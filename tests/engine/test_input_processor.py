@@ -1,26 +1,18 @@
 from __future__ import annotations
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from cadence.engine.input_processor import InputProcessor, InputValidationError
 from cadence.sampling_params import SamplingParams
+from tests.tokenizers_helper import byte_level_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerFast:
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=280,
-        special_tokens=["<|eos|>", "<|end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+    return byte_level_tokenizer(
+        ["hello world, hello there"], vocab_size=280, special_tokens=["<|eos|>", "<|end|>"]
     )
-    tk.train_from_iterator(["hello world, hello there"], trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|eos|>")
 
 
 def _proc(tokenizer: PreTrainedTokenizerFast | None, **kw: object) -> InputProcessor:

@@ -5,13 +5,13 @@ import math
 import threading
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from cadence.core_types import EngineCoreOutput, EngineCoreRequest, FinishReason
 from cadence.engine.output_processor import OutputProcessor, RequestOutputCollector
 from cadence.outputs import CompletionOutput, RequestOutput
 from cadence.sampling_params import RequestOutputKind, SamplingParams
+from tests.tokenizers_helper import byte_level_tokenizer
 
 CORPUS = [
     "hello world, the quick brown fox jumps over the lazy dog.",
@@ -26,17 +26,7 @@ DELTA, CUMULATIVE, FINAL_ONLY = (
 
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerFast:
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<|eos|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tk.train_from_iterator(CORPUS, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|eos|>")
+    return byte_level_tokenizer(CORPUS, vocab_size=300, special_tokens=["<|eos|>"])
 
 
 # Collector (ported from vLLM's tests/v1/engine/test_output_processor.py) ------------------------
