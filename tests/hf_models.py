@@ -3,14 +3,64 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+if TYPE_CHECKING:
+    import transformers
+
 VOCAB = 256
 
+# Transformers writes rope_theta into the scaling dict a config is given: pass a copy.
+LLAMA3_ROPE_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 
-def _common() -> dict:
-    return dict(
+
+def hf_config(
+    family: str, tie: bool, llama_rope_theta: float, **fields: Any
+) -> transformers.PretrainedConfig:
+    """A config of ``family`` with the sizes and token ids in ``fields``.
+
+    "llama" has llama3 rope scaling over ``llama_rope_theta``, "llama-bias" attention and MLP
+    biases, "qwen3" a head_dim such that head_dim * num_heads != hidden_size, as in the real
+    Qwen3 models.
+    """
+    import transformers
+
+    fields["tie_word_embeddings"] = tie
+    if family == "llama":
+        return transformers.LlamaConfig(
+            **fields,
+            rope_theta=llama_rope_theta,
+            rope_scaling=dict(LLAMA3_ROPE_SCALING),
+            architectures=["LlamaForCausalLM"],
+        )
+    if family == "llama-bias":
+        return transformers.LlamaConfig(
+            **fields, attention_bias=True, mlp_bias=True, architectures=["LlamaForCausalLM"]
+        )
+    if family == "qwen2":
+        return transformers.Qwen2Config(**fields, architectures=["Qwen2ForCausalLM"])
+    if family == "qwen3":
+        return transformers.Qwen3Config(**fields, head_dim=32, architectures=["Qwen3ForCausalLM"])
+    raise ValueError(family)
+
+
+def build_hf_model(arch: str, path: Path, tie: bool = False, seed: int = 0):
+    """Build, save and return a random HF causal LM of the given family."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = hf_config(
+        arch,
+        tie,
+        llama_rope_theta=500000.0,
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=128,
@@ -23,29 +73,7 @@ def _common() -> dict:
         eos_token_id=2,
         pad_token_id=0,
     )
-
-
-def build_hf_model(arch: str, path: Path, tie: bool = False, seed: int = 0):
-    """Build, save and return a random HF causal LM of the given family."""
-    import transformers
-
-    torch.manual_seed(seed)
-    if arch == "llama":
-        cfg = transformers.LlamaConfig(
-            **_common(), tie_word_embeddings=tie,
-            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
-            rope_theta=500000.0,
-        )
-        model = transformers.LlamaForCausalLM(cfg)
-    elif arch == "qwen2":
-        cfg = transformers.Qwen2Config(**_common(), tie_word_embeddings=tie)
-        model = transformers.Qwen2ForCausalLM(cfg)
-    elif arch == "qwen3":
-        cfg = transformers.Qwen3Config(**_common(), head_dim=32, tie_word_embeddings=tie)
-        model = transformers.Qwen3ForCausalLM(cfg)
-    else:
-        raise ValueError(arch)
+    model = getattr(transformers, cfg.architectures[0])(cfg)
     # Random init is small; scale weights up a little so logits are well separated.
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -63,8 +91,14 @@ def hf_greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list
     for p in prompts:
         ids = torch.tensor([p])
         with torch.no_grad():
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                                 eos_token_id=None, pad_token_id=0)
-        out.append(gen[0, len(p):].tolist())
+            gen = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        out.append(gen[0, len(p) :].tolist())
     return out

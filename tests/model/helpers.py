@@ -13,6 +13,7 @@ from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.decoder import CausalLM
 from cadence.model.loader import build_model
 from cadence.model.registry import resolve_model
+from tests.hf_models import hf_config as shared_hf_config
 
 VOCAB = 128
 BLOCK_SIZE = 4
@@ -21,7 +22,10 @@ DUMMY_SLOT = 0  # block 0 is never handed to a sequence; padding tokens write he
 
 
 def hf_config(family: str, tie: bool) -> transformers.PretrainedConfig:
-    common = dict(
+    return shared_hf_config(
+        family,
+        tie,
+        llama_rope_theta=10000.0,
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=96,
@@ -31,31 +35,7 @@ def hf_config(family: str, tie: bool) -> transformers.PretrainedConfig:
         max_position_embeddings=256,
         rms_norm_eps=1e-6,
         eos_token_id=2,
-        tie_word_embeddings=tie,
     )
-    if family == "llama":
-        return transformers.LlamaConfig(
-            **common,
-            rope_theta=10000.0,
-            rope_scaling={
-                "rope_type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 64,
-            },
-            architectures=["LlamaForCausalLM"],
-        )
-    if family == "llama-bias":
-        return transformers.LlamaConfig(
-            **common, attention_bias=True, mlp_bias=True, architectures=["LlamaForCausalLM"]
-        )
-    if family == "qwen2":
-        return transformers.Qwen2Config(**common, architectures=["Qwen2ForCausalLM"])
-    if family == "qwen3":
-        # head_dim * num_heads != hidden_size, as in the real Qwen3 models.
-        return transformers.Qwen3Config(**common, head_dim=32, architectures=["Qwen3ForCausalLM"])
-    raise ValueError(family)
 
 
 def make_hf_model(family: str, tie: bool, seed: int = 0) -> transformers.PreTrainedModel:

@@ -14,6 +14,7 @@ from cadence.model import fused_ops
 from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.decoder import CausalLM
 from cadence.model.rope import RopeParams, RotaryEmbedding
+from tests.hf_models import LLAMA3_ROPE_SCALING
 from tests.model.helpers import Chunk, hf_config, make_batch, new_kv_caches
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -118,13 +119,7 @@ def test_qk_norm_rope_reference_matches_transformers(norm):
         num_attention_heads=4,
         max_position_embeddings=512,
         rope_theta=500000.0,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64,
-        },
+        rope_scaling=dict(LLAMA3_ROPE_SCALING),
     )
     table = RotaryEmbedding(RopeParams.from_hf_config(config), 64, 512).cos_sin
     positions = torch.tensor([0, 5, 63, 300, 511])

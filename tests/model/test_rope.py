@@ -10,14 +10,7 @@ import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from cadence.model.rope import RopeParams, RotaryEmbedding, apply_rotary, inverse_frequencies
-
-LLAMA3_SCALING = {
-    "rope_type": "llama3",
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 64,
-}
+from tests.hf_models import LLAMA3_ROPE_SCALING
 
 
 def _llama(**kwargs: object) -> transformers.LlamaConfig:
@@ -28,7 +21,7 @@ def _llama(**kwargs: object) -> transformers.LlamaConfig:
 
 
 @pytest.mark.parametrize(
-    "scaling", [None, {"rope_type": "linear", "factor": 4.0}, LLAMA3_SCALING], ids=str
+    "scaling", [None, {"rope_type": "linear", "factor": 4.0}, LLAMA3_ROPE_SCALING], ids=str
 )
 def test_inverse_frequencies_match_transformers(scaling):
     config = _llama(rope_theta=50000.0, rope_scaling=scaling)
@@ -42,7 +35,7 @@ def test_inverse_frequencies_match_transformers(scaling):
 
 
 def test_llama3_scaling_touches_all_three_bands():
-    params = RopeParams.from_hf_config(_llama(rope_theta=10000.0, rope_scaling=LLAMA3_SCALING))
+    params = RopeParams.from_hf_config(_llama(rope_theta=10000.0, rope_scaling=LLAMA3_ROPE_SCALING))
     plain = inverse_frequencies(RopeParams(theta=10000.0), 64)
     scaled = inverse_frequencies(params, 64)
     ratio = plain / scaled
@@ -82,7 +75,7 @@ def test_unsupported_rope_type_is_named():
 def test_rotation_matches_transformers_apply_rotary():
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-    config = _llama(rope_theta=500000.0, rope_scaling=LLAMA3_SCALING)
+    config = _llama(rope_theta=500000.0, rope_scaling=LLAMA3_ROPE_SCALING)
     rope = RotaryEmbedding(RopeParams.from_hf_config(config), 64, 512)
     positions = torch.tensor([0, 5, 63, 300, 511])
     gen = torch.Generator().manual_seed(0)
