@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -93,6 +93,19 @@ class Batch:
     input_ids: torch.Tensor
     positions: torch.Tensor
     metadata: AttentionMetadata
+
+
+def cuda_args(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """The forward pass's arguments on the GPU (the metadata's host copies stay on the host)."""
+    md = batch.metadata
+    metadata = replace(
+        md,
+        query_start_loc=md.query_start_loc.cuda(),
+        seq_lens=md.seq_lens.cuda(),
+        block_tables=md.block_tables.cuda(),
+        slot_mapping=md.slot_mapping.cuda(),
+    )
+    return batch.input_ids.cuda(), batch.positions.cuda(), metadata
 
 
 def make_batch(chunks: list[Chunk], num_padding_tokens: int = 0) -> Batch:

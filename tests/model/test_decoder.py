@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 
 import pytest
 import torch
 
 from cadence.model.attention import TorchAttentionBackend
-from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.decoder import CausalLM
 from cadence.model.loader import build_model
 from cadence.model.registry import resolve_model
 from tests.model.helpers import (
     VOCAB,
     Chunk,
+    cuda_args,
     hf_config,
     hf_logits,
     load_ours,
@@ -166,16 +165,6 @@ class _GraphSafeDecodeAttention:
         return torch.einsum("bhk,bkhd->bhd", probs, values.float()).to(q.dtype)
 
 
-def _to_cuda(md: AttentionMetadata) -> AttentionMetadata:
-    return replace(
-        md,
-        query_start_loc=md.query_start_loc.cuda(),
-        seq_lens=md.seq_lens.cuda(),
-        block_tables=md.block_tables.cuda(),
-        slot_mapping=md.slot_mapping.cuda(),
-    )
-
-
 @pytest.mark.gpu
 def test_cuda_bf16_and_graph_captured_decode(tmp_path):
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -191,7 +180,7 @@ def test_cuda_bf16_and_graph_captured_decode(tmp_path):
         model = build_model(spec, dtype, "cuda", "auto", TorchAttentionBackend(), 0)
         model.bind_kv_caches([c.cuda() for c in new_kv_caches(model, dtype)])
         with torch.no_grad():
-            hidden = model(batch.input_ids.cuda(), batch.positions.cuda(), _to_cuda(batch.metadata))
+            hidden = model(*cuda_args(batch))
             logits = model.compute_logits(hidden).cpu()
         torch.testing.assert_close(logits, expected, atol=atol, rtol=0)
 
@@ -201,7 +190,7 @@ def test_cuda_bf16_and_graph_captured_decode(tmp_path):
     for layer in model.model.layers:
         layer.self_attn.backend = backend
     step = make_batch([Chunk([5], len(p), t) for p, t in zip(prompts, tables, strict=True)], 1)
-    ids, pos, md = step.input_ids.cuda(), step.positions.cuda(), _to_cuda(step.metadata)
+    ids, pos, md = cuda_args(step)
     caches = [c.clone() for c in model._kv_caches]
     with torch.no_grad():
         eager = model.compute_logits(model(ids, pos, md))

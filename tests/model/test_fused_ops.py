@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 import transformers
@@ -11,11 +9,10 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from cadence.model import fused_ops
-from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.decoder import CausalLM
 from cadence.model.rope import RopeParams, RotaryEmbedding
 from tests.hf_models import LLAMA3_ROPE_SCALING
-from tests.model.helpers import Chunk, hf_config, make_batch, new_kv_caches
+from tests.model.helpers import Chunk, cuda_args, hf_config, make_batch, new_kv_caches
 
 DTYPES = [torch.float32, torch.bfloat16]
 LLAMA3 = RopeParams(
@@ -190,16 +187,6 @@ def _decode_model(num_layers: int, dtype: torch.dtype) -> tuple[CausalLM, list[t
     return model, caches
 
 
-def _to_cuda(md: AttentionMetadata) -> AttentionMetadata:
-    return replace(
-        md,
-        query_start_loc=md.query_start_loc.cuda(),
-        seq_lens=md.seq_lens.cuda(),
-        block_tables=md.block_tables.cuda(),
-        slot_mapping=md.slot_mapping.cuda(),
-    )
-
-
 @pytest.mark.gpu
 def test_decode_graph_is_small_and_replays_the_eager_step():
     from cadence.runtime.graph_launch import graph_kernel_count
@@ -210,9 +197,9 @@ def test_decode_graph_is_small_and_replays_the_eager_step():
     prompts = [[3, 4, 5, 6, 7], [9, 10], [11, 12, 13, 14, 15, 16, 17, 18]]
     prefill = make_batch([Chunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)])
     step = make_batch([Chunk([5], len(p), t) for p, t in zip(prompts, tables, strict=True)], 1)
-    ids, pos, md = step.input_ids.cuda(), step.positions.cuda(), _to_cuda(step.metadata)
+    ids, pos, md = cuda_args(step)
     with torch.no_grad():
-        model(prefill.input_ids.cuda(), prefill.positions.cuda(), _to_cuda(prefill.metadata))
+        model(*cuda_args(prefill))
         saved = [c.clone() for c in caches]
         eager = model(ids, pos, md).clone()
         side = torch.cuda.Stream()
