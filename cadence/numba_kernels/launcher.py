@@ -75,40 +75,44 @@ class TokenBuffers:
         return self.num_reqs if self.num_sampled is None else self.num_sampled
 
 
+def _kernel_args(
+    buffers: TokenBuffers, convert: Callable[[torch.Tensor], Any]
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The combine and scatter arguments in kernel order, each buffer converted once."""
+    names = (
+        "input_ids",
+        "last_sampled",
+        "req_indices",
+        "last_token_index",
+        "use_sampled",
+        "sampled",
+        "num_reqs",
+    )
+    a = {name: convert(getattr(buffers, name)) for name in names}
+    combine = (
+        a["input_ids"],
+        a["last_sampled"],
+        a["req_indices"],
+        a["last_token_index"],
+        a["use_sampled"],
+        a["num_reqs"],
+    )
+    scatter = (a["sampled"], a["req_indices"], a["last_sampled"], convert(buffers.scatter_count))
+    return combine, scatter
+
+
 class HostTokenKernels:
     """The kernels as numpy loops over CPU tensors (synchronous; the stream is ignored)."""
 
     def __init__(self, buffers: TokenBuffers) -> None:
         self.buffers = buffers
-        b = buffers
-        self._np = {
-            name: getattr(b, name).numpy()
-            for name in (
-                "input_ids",
-                "last_sampled",
-                "req_indices",
-                "last_token_index",
-                "use_sampled",
-                "sampled",
-                "num_reqs",
-            )
-        }
-        self._scatter_count = b.scatter_count.numpy()
+        self._combine_args, self._scatter_args = _kernel_args(buffers, torch.Tensor.numpy)
 
     def combine(self, stream: StreamLike | None = None) -> None:
-        a = self._np
-        combine_reference(
-            a["input_ids"],
-            a["last_sampled"],
-            a["req_indices"],
-            a["last_token_index"],
-            a["use_sampled"],
-            a["num_reqs"],
-        )
+        combine_reference(*self._combine_args)
 
     def scatter(self, stream: StreamLike | None = None) -> None:
-        a = self._np
-        scatter_reference(a["sampled"], a["req_indices"], a["last_sampled"], self._scatter_count)
+        scatter_reference(*self._scatter_args)
 
 
 def _device_view(t: torch.Tensor, simulator: bool) -> Any:
@@ -140,36 +144,11 @@ class NumbaTokenKernels:
         self.buffers = buffers
         self._cuda = cuda
         self.simulator = bool(numba.config.ENABLE_CUDASIM)
-        b = buffers
-        view = {
-            name: _device_view(getattr(b, name), self.simulator)
-            for name in (
-                "input_ids",
-                "last_sampled",
-                "req_indices",
-                "last_token_index",
-                "use_sampled",
-                "sampled",
-                "num_reqs",
-            )
-        }
-        self._combine_args = (
-            view["input_ids"],
-            view["last_sampled"],
-            view["req_indices"],
-            view["last_token_index"],
-            view["use_sampled"],
-            view["num_reqs"],
-        )
-        scatter_count = _device_view(b.scatter_count, self.simulator)
-        self._scatter_args = (
-            view["sampled"],
-            view["req_indices"],
-            view["last_sampled"],
-            scatter_count,
+        self._combine_args, self._scatter_args = _kernel_args(
+            buffers, lambda t: _device_view(t, self.simulator)
         )
         self.threads = threads_per_block or kernels.THREADS_PER_BLOCK
-        self.blocks = max(1, -(-b.rows // self.threads))
+        self.blocks = max(1, -(-buffers.rows // self.threads))
         self._combine_kernel = self._specialize(kernels.combine_kernel, self._combine_args)
         self._scatter_kernel = self._specialize(kernels.scatter_kernel, self._scatter_args)
         # One pair of bound launchers per stream handle, built on first use of that stream.
