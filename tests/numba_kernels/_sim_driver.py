@@ -13,26 +13,22 @@ os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
-from cadence.numba_kernels.launcher import NumbaTokenKernels, TokenBuffers  # noqa: E402
-from tests.numba_kernels.batches import combine_loop, random_batch, scatter_loop  # noqa: E402
+from cadence.numba_kernels.launcher import NumbaTokenKernels  # noqa: E402
+from tests.numba_kernels.batches import (  # noqa: E402
+    combine_loop,
+    load_batch,
+    random_batch,
+    scatter_loop,
+    token_buffers,
+)
 
 
 def check_launcher(seed: int, use_dtype: type) -> None:
     rng = np.random.default_rng(seed)
     b = random_batch(rng, rows=40, max_reqs=50, use_dtype=use_dtype)
     want_ids, want_last = combine_loop(b), scatter_loop(b)
-    t = {k: torch.from_numpy(v.copy()) for k, v in vars(b).items()}
-    bufs = TokenBuffers(
-        input_ids=t["input_ids"],
-        last_sampled=t["last_sampled"],
-        req_indices=t["req_indices"],
-        last_token_index=t["last_token_index"],
-        use_sampled=t["use_sampled"],
-        num_reqs=t["count"],
-        sampled=t["sampled"],
-    )
+    bufs = token_buffers(b)
     kernels = NumbaTokenKernels(bufs, threads_per_block=16)  # several blocks
     assert kernels.simulator and kernels.blocks == 3
     kernels.combine()
@@ -41,8 +37,7 @@ def check_launcher(seed: int, use_dtype: type) -> None:
     np.testing.assert_array_equal(bufs.last_sampled.numpy(), want_last, err_msg=f"scatter {seed}")
     # The same views serve a later step: new contents and count, no rebuild.
     b2 = random_batch(rng, rows=40, max_reqs=50, use_dtype=use_dtype)
-    for name, value in vars(b2).items():
-        getattr(bufs, "num_reqs" if name == "count" else name).copy_(torch.from_numpy(value))
+    load_batch(bufs, b2)
     kernels.combine()
     kernels.scatter()
     np.testing.assert_array_equal(bufs.input_ids.numpy(), combine_loop(b2), err_msg=f"2: {seed}")

@@ -1,10 +1,13 @@
-"""Random mixed prefill/decode batches for the token-kernel tests (numpy only)."""
+"""Random mixed prefill/decode batches for the token-kernel tests, and the buffers they fill."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+
+from cadence.numba_kernels.launcher import TokenBuffers
 
 
 @dataclass
@@ -61,3 +64,23 @@ def scatter_loop(b: Batch) -> np.ndarray:
     for i in range(int(b.count[0])):
         out[b.req_indices[i]] = b.sampled[i]
     return out
+
+
+def token_buffers(b: Batch, device: str = "cpu") -> TokenBuffers:
+    """Kernel buffers holding a copy of ``b`` (``count`` becomes ``num_reqs``)."""
+    t = {k: torch.from_numpy(v.copy()).to(device) for k, v in vars(b).items()}
+    return TokenBuffers(
+        input_ids=t["input_ids"],
+        last_sampled=t["last_sampled"],
+        req_indices=t["req_indices"],
+        last_token_index=t["last_token_index"],
+        use_sampled=t["use_sampled"],
+        num_reqs=t["count"],
+        sampled=t["sampled"],
+    )
+
+
+def load_batch(bufs: TokenBuffers, b: Batch) -> None:
+    """Copy a batch of the same shapes into existing buffers, as a later step would."""
+    for name, value in vars(b).items():
+        getattr(bufs, "num_reqs" if name == "count" else name).copy_(torch.from_numpy(value))

@@ -5,36 +5,24 @@ import pytest
 import torch
 
 from cadence.numba_kernels.launcher import HostTokenKernels, TokenBuffers, make_token_kernels
-from tests.numba_kernels.batches import Batch, combine_loop, random_batch, scatter_loop
-
-
-def _buffers(b: Batch, device: str = "cpu") -> TokenBuffers:
-    t = {k: torch.from_numpy(v.copy()).to(device) for k, v in vars(b).items()}
-    return TokenBuffers(
-        input_ids=t["input_ids"],
-        last_sampled=t["last_sampled"],
-        req_indices=t["req_indices"],
-        last_token_index=t["last_token_index"],
-        use_sampled=t["use_sampled"],
-        num_reqs=t["count"],
-        sampled=t["sampled"],
-    )
-
-
-def _load(bufs: TokenBuffers, b: Batch) -> None:
-    for name, value in vars(b).items():
-        getattr(bufs, "num_reqs" if name == "count" else name).copy_(torch.from_numpy(value))
+from tests.numba_kernels.batches import (
+    combine_loop,
+    load_batch,
+    random_batch,
+    scatter_loop,
+    token_buffers,
+)
 
 
 def test_host_kernels_follow_the_buffers_across_steps() -> None:
     rng = np.random.default_rng(0)
     first = random_batch(rng)
-    bufs = _buffers(first)
+    bufs = token_buffers(first)
     kernels = make_token_kernels(bufs)
     assert isinstance(kernels, HostTokenKernels)
     for step in range(5):
         b = first if step == 0 else random_batch(rng)
-        _load(bufs, b)
+        load_batch(bufs, b)
         kernels.combine()
         kernels.scatter()
         np.testing.assert_array_equal(bufs.input_ids.numpy(), combine_loop(b))
@@ -44,7 +32,7 @@ def test_host_kernels_follow_the_buffers_across_steps() -> None:
 def test_separate_scatter_count() -> None:
     b = random_batch(np.random.default_rng(3))
     b.count[0] = 10
-    bufs = _buffers(b)
+    bufs = token_buffers(b)
     bufs.num_sampled = torch.tensor([4], dtype=torch.int32)
     HostTokenKernels(bufs).scatter()
     b.count[0] = 4
@@ -53,7 +41,7 @@ def test_separate_scatter_count() -> None:
 
 def test_buffer_validation() -> None:
     b = random_batch(np.random.default_rng(1))
-    good = _buffers(b)
+    good = token_buffers(b)
     with pytest.raises(TypeError, match="req_indices"):
         TokenBuffers(**{**vars(good), "req_indices": good.req_indices.long()})
     with pytest.raises(ValueError, match="sampled"):
@@ -71,7 +59,7 @@ def test_numba_launcher_on_runtime_stream_and_inside_a_captured_graph() -> None:
     main = dev.create_stream()
     rng = np.random.default_rng(7)
     first = random_batch(rng, rows=200, max_reqs=256)
-    bufs = _buffers(first, "cuda")
+    bufs = token_buffers(first, "cuda")
     torch.cuda.synchronize()  # made on torch's stream, which main does not wait for
     kernels = make_token_kernels(bufs)
     assert isinstance(kernels, NumbaTokenKernels)
@@ -96,7 +84,7 @@ def test_numba_launcher_on_runtime_stream_and_inside_a_captured_graph() -> None:
     for _ in range(4):
         b = random_batch(rng, rows=200, max_reqs=256)
         with main.context():
-            _load(bufs, b)
+            load_batch(bufs, b)
         launch_graph(graph.raw_cuda_graph_exec(), main)
         main.synchronize()
         np.testing.assert_array_equal(bufs.input_ids.cpu().numpy(), combine_loop(b))
