@@ -3,6 +3,9 @@ test_priority_scheduling_* cases and ..._preemption_and_resumption_when_out_of_k
 
 from __future__ import annotations
 
+import pytest
+
+from cadence.scheduler.output import SchedulerOutput
 from cadence.scheduler.request import RequestStatus
 from cadence.scheduler.scheduler import Scheduler
 from tests.scheduler.factories import create_requests, create_scheduler, runner_output
@@ -46,40 +49,35 @@ def _new_ids(output) -> list[str]:
     return [req.req_id for req in output.scheduled_new_reqs]
 
 
-def test_priority_scheduling_basic_ordering():
-    scheduler = create_scheduler_with_priority()
-    requests = create_requests_with_priority(
-        num_requests=3, priorities=[2, 0, 1], arrival_times=[1.0, 2.0, 3.0]
-    )
-    for request in requests:
+def _add_and_schedule(
+    scheduler: Scheduler, priorities: list[int], arrival_times: list[float]
+) -> SchedulerOutput:
+    """Add request ``"i"`` with ``priorities[i]`` and ``arrival_times[i]``, then schedule once."""
+    for request in create_requests_with_priority(len(priorities), priorities, arrival_times):
         scheduler.add_request(request)
-    output = scheduler.schedule()
-    assert len(output.scheduled_new_reqs) == 3
-    assert _new_ids(output) == ["1", "2", "0"]
+    return scheduler.schedule()
 
 
-def test_priority_scheduling_arrival_time_tiebreaker():
-    scheduler = create_scheduler_with_priority()
-    requests = create_requests_with_priority(
-        num_requests=3, priorities=[1, 1, 1], arrival_times=[3.0, 1.0, 2.0]
-    )
-    for request in requests:
-        scheduler.add_request(request)
-    output = scheduler.schedule()
-    assert len(output.scheduled_new_reqs) == 3
-    assert _new_ids(output) == ["1", "2", "0"]
-
-
-def test_priority_scheduling_mixed_priority_and_arrival():
-    scheduler = create_scheduler_with_priority()
-    requests = create_requests_with_priority(
-        num_requests=4, priorities=[2, 1, 1, 0], arrival_times=[1.0, 3.0, 2.0, 4.0]
-    )
-    for request in requests:
-        scheduler.add_request(request)
-    output = scheduler.schedule()
-    assert len(output.scheduled_new_reqs) == 4
-    assert _new_ids(output) == ["3", "2", "1", "0"]
+@pytest.mark.parametrize(
+    "priorities,arrival_times,expected",
+    [
+        pytest.param([2, 0, 1], [1.0, 2.0, 3.0], ["1", "2", "0"], id="basic_ordering"),
+        pytest.param([1, 1, 1], [3.0, 1.0, 2.0], ["1", "2", "0"], id="arrival_time_tiebreaker"),
+        pytest.param(
+            [2, 1, 1, 0],
+            [1.0, 3.0, 2.0, 4.0],
+            ["3", "2", "1", "0"],
+            id="mixed_priority_and_arrival",
+        ),
+        pytest.param([1, 1, 1, 1], [4.0, 1.0, 3.0, 2.0], ["1", "3", "2", "0"], id="fcfs_fallback"),
+    ],
+)
+def test_priority_scheduling_order(
+    priorities: list[int], arrival_times: list[float], expected: list[str]
+):
+    output = _add_and_schedule(create_scheduler_with_priority(), priorities, arrival_times)
+    assert len(output.scheduled_new_reqs) == len(expected)
+    assert _new_ids(output) == expected
 
 
 def test_priority_scheduling_preemption():
@@ -136,12 +134,7 @@ def test_priority_scheduling_no_preemption_when_space_available():
 
 def test_priority_scheduling_preemption_victim_selection():
     scheduler = create_scheduler_with_priority(max_num_seqs=1)
-    requests = create_requests_with_priority(
-        num_requests=3, priorities=[3, 2, 0], arrival_times=[1.0, 2.0, 3.0], num_tokens=10
-    )
-    for request in requests:
-        scheduler.add_request(request)
-    output = scheduler.schedule()
+    output = _add_and_schedule(scheduler, [3, 2, 0], [1.0, 2.0, 3.0])
     assert _new_ids(output) == ["2"]
     assert len(scheduler.waiting) == 2
     waiting = list(scheduler.waiting)
@@ -151,12 +144,7 @@ def test_priority_scheduling_preemption_victim_selection():
 
 def test_priority_scheduling_equal_priority_preemption():
     scheduler = create_scheduler_with_priority(max_num_seqs=1)
-    requests = create_requests_with_priority(
-        num_requests=3, priorities=[2, 2, 2], arrival_times=[3.0, 1.0, 2.0], num_tokens=10
-    )
-    for request in requests:
-        scheduler.add_request(request)
-    output = scheduler.schedule()
+    output = _add_and_schedule(scheduler, [2, 2, 2], [3.0, 1.0, 2.0])
     assert _new_ids(output) == ["1"]
     waiting = list(scheduler.waiting)
     assert [r.arrival_time for r in waiting] == [2.0, 3.0]
@@ -165,12 +153,7 @@ def test_priority_scheduling_equal_priority_preemption():
 
 def test_priority_scheduling_waiting_queue_order():
     scheduler = create_scheduler_with_priority(max_num_seqs=1)
-    requests = create_requests_with_priority(
-        num_requests=4, priorities=[3, 1, 2, 0], arrival_times=[1.0, 2.0, 3.0, 4.0]
-    )
-    for request in requests:
-        scheduler.add_request(request)
-    output = scheduler.schedule()
+    output = _add_and_schedule(scheduler, [3, 1, 2, 0], [1.0, 2.0, 3.0, 4.0])
     assert _new_ids(output) == ["3"]
     assert len(scheduler.waiting) == 3
     waiting = list(scheduler.waiting)
@@ -178,25 +161,9 @@ def test_priority_scheduling_waiting_queue_order():
     assert [r.priority for r in waiting] == [1, 2, 3]
 
 
-def test_priority_scheduling_fcfs_fallback():
-    scheduler = create_scheduler_with_priority()
-    requests = create_requests_with_priority(
-        num_requests=4, priorities=[1, 1, 1, 1], arrival_times=[4.0, 1.0, 3.0, 2.0]
-    )
-    for request in requests:
-        scheduler.add_request(request)
-    output = scheduler.schedule()
-    assert _new_ids(output) == ["1", "3", "2", "0"]
-
-
 def test_priority_scheduling_with_limited_slots():
     scheduler = create_scheduler_with_priority(max_num_seqs=2, max_num_batched_tokens=1000)
-    requests = create_requests_with_priority(
-        num_requests=4, priorities=[3, 1, 2, 0], arrival_times=[1.0, 2.0, 3.0, 4.0]
-    )
-    for request in requests:
-        scheduler.add_request(request)
-    output = scheduler.schedule()
+    output = _add_and_schedule(scheduler, [3, 1, 2, 0], [1.0, 2.0, 3.0, 4.0])
     assert len(output.scheduled_new_reqs) == 2
     assert set(_new_ids(output)) == {"3", "1"}
     waiting = list(scheduler.waiting)
