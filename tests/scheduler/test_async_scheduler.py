@@ -8,7 +8,8 @@ from collections import deque
 import pytest
 
 from cadence.scheduler.output import SchedulerOutput
-from cadence.scheduler.request import FinishReason, RequestStatus
+from cadence.scheduler.request import FinishReason, Request, RequestStatus
+from cadence.scheduler.scheduler import Scheduler
 from tests.scheduler.factories import (
     EOS_TOKEN_ID,
     assert_scheduler_empty,
@@ -100,19 +101,25 @@ def test_preempt():
     _abort_in_order(preempt=True)
 
 
-def test_prefix_caching_for_prefill_dedup():
-    CHUNK_SIZE = 1000
-    BLOCK_SIZE = 16
-    num_prompt_tokens = 100
-    scheduler = create_scheduler(
+CHUNK_SIZE = 1000
+BLOCK_SIZE = 16
+NUM_PROMPT_TOKENS = 100
+
+
+def _prefix_caching_scheduler() -> Scheduler:
+    return create_scheduler(
         async_scheduling=True,
         max_num_batched_tokens=CHUNK_SIZE,
         enable_prefix_caching=True,
         block_size=BLOCK_SIZE,
     )
+
+
+def test_prefix_caching_for_prefill_dedup():
+    scheduler = _prefix_caching_scheduler()
     requests = create_requests(
         num_requests=5,
-        num_tokens=num_prompt_tokens,
+        num_tokens=NUM_PROMPT_TOKENS,
         max_tokens=3,
         same_prompt=True,
         block_size=BLOCK_SIZE,
@@ -128,8 +135,8 @@ def test_prefix_caching_for_prefill_dedup():
     # Prefix caching de-duplicates the prompts within one step: every block but the last is
     # shared between the two requests.
     assert len(sched_output.num_scheduled_tokens) == 2
-    assert sched_output.num_scheduled_tokens[req0.request_id] == num_prompt_tokens
-    assert sched_output.num_scheduled_tokens[req1.request_id] == num_prompt_tokens % BLOCK_SIZE
+    assert sched_output.num_scheduled_tokens[req0.request_id] == NUM_PROMPT_TOKENS
+    assert sched_output.num_scheduled_tokens[req1.request_id] == NUM_PROMPT_TOKENS % BLOCK_SIZE
 
     sched_outputs.append(scheduler.schedule())
     while sched_outputs:
@@ -145,25 +152,17 @@ def test_prefix_caching_for_prefill_dedup():
             if added_req:
                 assert (
                     sched_output.num_scheduled_tokens[added_req.request_id]
-                    == num_prompt_tokens % BLOCK_SIZE
+                    == NUM_PROMPT_TOKENS % BLOCK_SIZE
                 )
     assert scheduler.get_num_unfinished_requests() == 0
 
 
 def test_prefix_caching_for_multi_turn():
-    CHUNK_SIZE = 1000
-    BLOCK_SIZE = 16
-    num_prompt_tokens = 100
     num_output_tokens = 200
-    scheduler = create_scheduler(
-        async_scheduling=True,
-        max_num_batched_tokens=CHUNK_SIZE,
-        enable_prefix_caching=True,
-        block_size=BLOCK_SIZE,
-    )
+    scheduler = _prefix_caching_scheduler()
     requests = create_requests(
         num_requests=5,
-        num_tokens=num_prompt_tokens,
+        num_tokens=NUM_PROMPT_TOKENS,
         max_tokens=num_output_tokens,
         block_size=BLOCK_SIZE,
     )
@@ -288,15 +287,24 @@ def test_forced_reset_discards_the_token_in_flight():
     assert req.output_token_ids == [5, 6] and req.num_output_placeholders == 0
 
 
-def test_preempted_request_keeps_its_token_in_flight_and_resumes_after_it():
+def _two_steps_on_a_full_pool() -> tuple[
+    Scheduler, Request, Request, SchedulerOutput, SchedulerOutput
+]:
+    """Two 7-token requests take 2 blocks each of a 4-block pool (out0); position 7 still fits
+    both (out1). Both steps are in flight: no output has come back."""
     scheduler = create_scheduler(
         async_scheduling=True, num_blocks=5, block_size=4, enable_prefix_caching=False
     )
     req0, req1 = create_requests(num_requests=2, num_tokens=7, max_tokens=5, block_size=4)
     scheduler.add_request(req0)
     scheduler.add_request(req1)
-    out0 = scheduler.schedule()  # 2 blocks each: the pool is full
-    out1 = scheduler.schedule()  # position 7 fits both; step in flight for both
+    out0 = scheduler.schedule()
+    out1 = scheduler.schedule()
+    return scheduler, req0, req1, out0, out1
+
+
+def test_preempted_request_keeps_its_token_in_flight_and_resumes_after_it():
+    scheduler, req0, req1, out0, out1 = _two_steps_on_a_full_pool()
     assert out1.num_scheduled_tokens == {"0": 1, "1": 1}
     scheduler.update_from_output(out0, output_for(out0))
     out2 = scheduler.schedule()  # req0 needs a third block: req1 is preempted
@@ -323,14 +331,7 @@ def test_preempted_request_keeps_its_token_in_flight_and_resumes_after_it():
 def test_preempted_request_waits_for_its_token_in_flight():
     """A preempted request is not resumed while a token it sampled is still in flight: the
     recomputation would sample that position a second time."""
-    scheduler = create_scheduler(
-        async_scheduling=True, num_blocks=5, block_size=4, enable_prefix_caching=False
-    )
-    req0, req1 = create_requests(num_requests=2, num_tokens=7, max_tokens=5, block_size=4)
-    scheduler.add_request(req0)
-    scheduler.add_request(req1)
-    out0 = scheduler.schedule()
-    out1 = scheduler.schedule()
+    scheduler, req0, req1, out0, out1 = _two_steps_on_a_full_pool()
     scheduler.update_from_output(out0, output_for(out0))
     scheduler.schedule()  # preempts req1 while out1 (with req1's token) is in flight
     scheduler.finish_requests("0", RequestStatus.FINISHED_ABORTED)
@@ -345,9 +346,6 @@ def test_preempted_request_waits_for_its_token_in_flight():
 
 def test_reused_request_id_does_not_take_the_old_requests_token():
     """Abort "a" while its step is in flight, add a new "a": the old step's token is dropped."""
-    from cadence.scheduler.request import RequestStatus
-    from tests.scheduler.factories import create_requests, create_scheduler, output_for
-
     scheduler = create_scheduler(async_scheduling=True)
     old = create_requests(1, num_tokens=20, req_ids=["a"])[0]
     scheduler.add_request(old)
