@@ -11,6 +11,14 @@ import openai
 import pytest
 
 PROMPT = "Hello my name is Robert and"
+# Far longer than any test waits for: the request is still running when it is dropped.
+LONG_COMPLETION = {
+    "model": "tiny",
+    "prompt": PROMPT,
+    "max_tokens": 400,
+    "temperature": 0.0,
+    "ignore_eos": True,
+}
 
 
 def engine_stats(server):
@@ -25,6 +33,17 @@ def wait_idle(server, timeout: float = 10.0):
             return stats
         assert time.monotonic() < deadline, f"engine still busy: {stats}"
         time.sleep(0.01)
+
+
+def free_kv_blocks(server) -> int:
+    return server.engine.engine_core.call_utility("num_free_kv_blocks")
+
+
+def assert_released(server, free_before: int) -> None:
+    """Once the engine is idle, every KV block is free again and no request is left."""
+    wait_idle(server)
+    assert free_kv_blocks(server) == free_before
+    assert not server.engine.output_processor.has_unfinished_requests()
 
 
 def test_chunks_arrive_as_tokens_are_generated(server) -> None:
@@ -108,15 +127,8 @@ def test_client_disconnect_aborts_the_request_and_frees_its_blocks(
 ) -> None:
     if async_scheduling:
         server = server_factory(async_scheduling=True)
-    free_before = server.engine.engine_core.call_utility("num_free_kv_blocks")
-    body = {
-        "model": "tiny",
-        "prompt": PROMPT,
-        "max_tokens": 400,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "stream": True,
-    }
+    free_before = free_kv_blocks(server)
+    body = {**LONG_COMPLETION, "stream": True}
     # Make sure the handler picks the counting wrapper up before the request starts.
     httpx.post(server.base_url + "/v1/completions", json={**body, "stream": False, "max_tokens": 1})
     counts = count_engine_tokens(server, monkeypatch)
@@ -135,31 +147,20 @@ def test_client_disconnect_aborts_the_request_and_frees_its_blocks(
             rid = chunk["id"]
             at_close = counts[rid]  # tokens the engine had produced for it by now
         # Leaving the blocks closes the connection mid-stream.
-    wait_idle(server)
-    assert server.engine.engine_core.call_utility("num_free_kv_blocks") == free_before
-    assert not server.engine.output_processor.has_unfinished_requests()
+    assert_released(server, free_before)
     # The engine stopped within a few steps of the disconnect, far from the 400 tokens.
     assert at_close <= counts[rid] < at_close + 40, (at_close, counts[rid])
 
 
 def test_disconnect_while_waiting_for_a_non_streamed_answer(server) -> None:
-    free_before = server.engine.engine_core.call_utility("num_free_kv_blocks")
-    body = {
-        "model": "tiny",
-        "prompt": PROMPT,
-        "max_tokens": 400,
-        "temperature": 0.0,
-        "ignore_eos": True,
-    }
+    free_before = free_kv_blocks(server)
     try:
-        httpx.post(server.base_url + "/v1/completions", json=body, timeout=0.3)
+        httpx.post(server.base_url + "/v1/completions", json=LONG_COMPLETION, timeout=0.3)
     except httpx.TimeoutException:
         pass
     else:
         raise AssertionError("the request should still have been running")
-    wait_idle(server)
-    assert server.engine.engine_core.call_utility("num_free_kv_blocks") == free_before
-    assert not server.engine.output_processor.has_unfinished_requests()
+    assert_released(server, free_before)
 
 
 def test_sse_frames_format(server) -> None:
