@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -27,6 +28,9 @@ from cadence.worker.output import AsyncModelRunnerOutput, ModelRunnerOutput, Rea
 from cadence.worker.sampler import Sampler, SamplingMetadata, seed_generator
 from cadence.worker.step_buffers import StepBuffers
 
+if TYPE_CHECKING:
+    from cadence.model.registry import ModelSpec
+
 logger = logging.getLogger(__name__)
 
 # Host memory the CPU backend gives the KV cache when no block count is forced.
@@ -34,7 +38,8 @@ _CPU_KV_CACHE_BYTES = 1 << 30
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, spec, model: torch.nn.Module, dtype: torch.dtype,
+    def __init__(self, config: EngineConfig, spec: ModelSpec, model: torch.nn.Module,
+                 dtype: torch.dtype,
                  device: torch.device) -> None:
         self.config = config
         self.spec = spec
