@@ -64,3 +64,35 @@ def test_greedy_matches_transformers(checkpoint, config, async_scheduling):
         assert [o.outputs[0].token_ids for o in again] == expected
         assert llm.engine_core.make_stats().prefix_cache_hits > 0
         assert any(o.num_cached_tokens > 0 for o in again)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_eos_stops_like_transformers(tmp_path, async_scheduling):
+    """EOS taken from the checkpoint's generation config ends requests exactly where transformers
+    stops; with async scheduling the step already launched past EOS emits nothing."""
+    import torch
+
+    model = build_hf_model("qwen3", tmp_path)
+    prompts = _prompts()
+    eos = hf_greedy(model, prompts, 24)[0][6]  # a token greedy decoding really produces
+    model.config.eos_token_id = eos
+    model.generation_config.eos_token_id = eos
+    model.save_pretrained(tmp_path)
+    expected = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        with torch.no_grad():
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=24, eos_token_id=eos, pad_token_id=0)
+        expected.append(gen[0, len(p):].tolist())
+    assert any(len(e) < 24 for e in expected)
+
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, max_num_seqs=8, max_model_len=256,
+              async_scheduling=async_scheduling)
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    for out, exp in zip(outs, expected):
+        completion = out.outputs[0]
+        assert completion.token_ids == exp
+        stopped = exp[-1] == eos
+        assert completion.finish_reason == ("stop" if stopped else "length")
