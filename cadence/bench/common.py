@@ -38,18 +38,11 @@ def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[
 
 
 def weight_bytes(model) -> int:
-    """Bytes a decode step must read: every parameter except the input embedding table
-    (only a few rows of it are touched), unless it is tied to the output head."""
-    total = 0
-    seen: set[int] = set()
-    for name, p in model.named_parameters():
-        if p.data_ptr() in seen:
-            continue
-        seen.add(p.data_ptr())
-        if "embed_tokens" in name and not getattr(model, "tied", False):
-            continue
-        total += p.numel() * p.element_size()
-    return total
+    """Bytes a decode step must read: every parameter except the input embedding table (only a
+    few rows of it are touched), unless it is tied to the output head, which reads all of it."""
+    tied = model.lm_head is None
+    return sum(p.numel() * p.element_size() for name, p in model.named_parameters()
+               if tied or "embed_tokens" not in name)
 
 
 def kv_bytes_per_token(model, dtype_size: int) -> int:
