@@ -350,17 +350,18 @@ def test_metrics_and_iteration_stats(tokenizer: PreTrainedTokenizerFast) -> None
     proc.add_request(_req("m", [5, 6, 7]), None)
     arrival = proc.request_states["m"].metrics.arrival_time
     s1 = proc.process_outputs([EngineCoreOutput("m", [72])], engine_core_timestamp=arrival + 1.0)
-    assert s1.iteration_stats.time_to_first_tokens == [1.0]
+    assert s1.iteration_stats.time_to_first_tokens == [pytest.approx(1.0)]
     assert s1.iteration_stats.num_prompt_tokens == 3
     s2 = proc.process_outputs([EngineCoreOutput("m", [73])], engine_core_timestamp=arrival + 1.5)
-    assert s2.iteration_stats.inter_token_latencies == [0.5]
+    assert s2.iteration_stats.inter_token_latencies == [pytest.approx(0.5)]
     s3 = proc.process_outputs(
         [EngineCoreOutput("m", [74, 75], finish_reason=FinishReason.LENGTH)],
         engine_core_timestamp=arrival + 2.5,
     )
     metrics = s3.request_outputs[0].metrics
     assert metrics is not None
-    assert metrics.time_to_first_token == 1.0 and metrics.e2e_latency == 2.5
+    assert metrics.time_to_first_token == pytest.approx(1.0)
+    assert metrics.e2e_latency == pytest.approx(2.5)
     assert metrics.num_generation_tokens == 4
     assert metrics.mean_time_per_output_token == pytest.approx(0.5)
     (fin,) = s3.iteration_stats.finished_requests
