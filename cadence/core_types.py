@@ -37,6 +37,8 @@ class EngineCoreOutput:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    # Why the request failed (finish_reason ERROR only).
+    error: str | None = None
 
     @property
     def finished(self) -> bool:

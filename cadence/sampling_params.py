@@ -21,7 +21,7 @@ class SamplingParams:
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1  # -1 (or 0 in vLLM < 0.9 style is rejected here): no top-k
+    top_k: int = -1  # -1 or 0: no top-k (normalised to -1); at or above the vocabulary: none
     seed: int | None = None
     max_tokens: int | None = 16
     min_tokens: int = 0
@@ -44,6 +44,11 @@ class SamplingParams:
             self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids or [])
         self._verify()
+        if self.top_k == 0:
+            self.top_k = -1  # vLLM: 0 disables top-k, as -1 does
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            # Dividing logits by a tiny temperature overflows float32 (vLLM clamps the same way).
+            self.temperature = MIN_TEMPERATURE if self.temperature >= _SAMPLING_EPS else 0.0
         if self.temperature < _SAMPLING_EPS:
             # Greedy: other knobs are meaningless; normalise them (vLLM does the same).
             self.temperature = 0.0
@@ -60,10 +65,12 @@ class SamplingParams:
             raise ValueError(f"temperature must be finite, got {self.temperature!r}.")
         if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}.")
-        if not _is_int(self.top_k) or self.top_k < -1 or self.top_k == 0:
-            raise ValueError(f"top_k must be -1 (disable), or at least 1, got {self.top_k!r}.")
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}.")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(
+                f"top_k must be -1 or 0 (disable), or at least 1, got {self.top_k!r}."
+            )
+        if self.seed is not None and not (_is_int(self.seed) and INT64_MIN <= self.seed <= INT64_MAX):
+            raise ValueError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}.")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens!r}.")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
@@ -81,8 +88,10 @@ class SamplingParams:
             raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}.")
         if any(not s for s in self.stop):
             raise ValueError("stop cannot contain an empty string.")
-        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be non-negative, got {self.stop_token_ids}.")
+        if any(not _is_int(t) or not 0 <= t <= INT64_MAX for t in self.stop_token_ids):
+            raise ValueError(
+                f"stop_token_ids must be non-negative 64-bit integers, got {self.stop_token_ids}."
+            )
 
     @property
     def greedy(self) -> bool:
@@ -95,6 +104,10 @@ class SamplingParams:
 
 
 _SAMPLING_EPS = 1e-5
+# Smallest non-greedy temperature; smaller ones are raised to it (vLLM's ``_MAX_TEMP``).
+MIN_TEMPERATURE = 1e-2
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
 
 
 def _is_int(x: object) -> bool:

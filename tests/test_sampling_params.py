@@ -15,7 +15,6 @@ from cadence.sampling_params import RequestOutputKind, SamplingParams
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_p": float("nan")}, "top_p"),
-        ({"top_k": 0}, "top_k"),
         ({"top_k": -2}, "top_k"),
         ({"top_k": 2.5}, "top_k"),
         ({"max_tokens": 0}, "max_tokens"),
@@ -29,6 +28,8 @@ from cadence.sampling_params import RequestOutputKind, SamplingParams
         ({"stop": ["ok", 3]}, "stop"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
         ({"seed": 1.5}, "seed"),
+        ({"seed": 1 << 63}, "seed"),
+        ({"stop_token_ids": [1 << 64]}, "stop_token_ids"),
         ({"n": 2}, "n"),
     ],
 )
@@ -52,6 +53,16 @@ def test_greedy_resets_top_k_and_top_p() -> None:
     assert p.greedy and p.top_k == -1 and p.top_p == 1.0
     tiny = SamplingParams(temperature=1e-7)
     assert tiny.greedy and tiny.temperature == 0.0
+
+
+def test_top_k_zero_is_off_and_tiny_temperatures_are_raised() -> None:
+    # vLLM: top_k 0 disables top-k like -1; temperatures in (eps, 0.01) become 0.01.
+    assert SamplingParams(top_k=0).top_k == -1
+    assert SamplingParams(top_k=1 << 70).top_k == 1 << 70  # the vocabulary bound is the engine's
+    assert SamplingParams(temperature=1e-3).temperature == 0.01
+    assert SamplingParams(temperature=0.5).temperature == 0.5
+    assert SamplingParams(seed=-(1 << 63)).seed == -(1 << 63)
+    assert SamplingParams(seed=(1 << 63) - 1).seed == (1 << 63) - 1
 
 
 def test_valid_edge_values() -> None:

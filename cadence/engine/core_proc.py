@@ -274,11 +274,13 @@ class EngineCoreProc:
     def _add(self, core: EngineCoreLike, request: EngineCoreRequest) -> None:
         try:
             core.add_request(request)
-        except ValueError as exc:
-            # The front end validates first; a request the core still refuses ends at once
-            # (aborted) instead of taking the whole engine down.
-            logger.warning("Engine core rejected request %s: %s", request.request_id, exc)
-            out = EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ABORT)
+        except Exception as exc:
+            # The front end validates first; a request the core still refuses fails alone
+            # instead of taking the whole engine down.
+            logger.warning("Engine core refused request %s: %r", request.request_id, exc)
+            out = EngineCoreOutput(
+                request.request_id, [], finish_reason=FinishReason.ERROR, error=str(exc)
+            )
             self.output_queue.put(
                 EngineCoreOutputs(outputs=[out], finished_requests={request.request_id})
             )

@@ -12,9 +12,22 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from cadence.core_types import EngineCoreRequest
-from cadence.sampling_params import SamplingParams
+from cadence.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 
-__all__ = ["InputProcessor", "InputValidationError", "PromptType"]
+__all__ = [
+    "MAX_STOP_STRINGS",
+    "MAX_STOP_STRING_CHARS",
+    "MAX_STOP_TOKEN_IDS",
+    "InputProcessor",
+    "InputValidationError",
+    "PromptType",
+]
+
+# Caps on what one request may ask for (docs/serving.md): every stop string is matched against
+# every new piece of text, and every stop id against every new token.
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 512
+MAX_STOP_TOKEN_IDS = 256
 
 PromptType = str | Mapping[str, Any]
 
@@ -63,11 +76,31 @@ class InputProcessor:
     ) -> tuple[EngineCoreRequest, str | None]:
         """Validate and tokenize. Returns the engine request and the prompt text (None when the
         prompt was given as token ids). The caller's ``params`` is never modified."""
-        prompt_text, token_ids = self._parse_prompt(prompt)
-        self._validate_token_ids(token_ids)
+        if not isinstance(params, SamplingParams):
+            raise InputValidationError(
+                f"sampling_params must be a SamplingParams, got {type(params).__name__}.",
+                "sampling_params",
+            )
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InputValidationError(
+                f"priority must be an integer, got {priority!r}.", "priority", priority
+            )
+        if not INT64_MIN <= priority <= INT64_MAX:
+            raise InputValidationError(
+                f"priority must fit in 64 bits, got {priority}.", "priority", priority
+            )
         params = params.clone()
         self._validate_params(params)
+        prompt_text, token_ids = self._parse_prompt(prompt)
+        self._validate_token_ids(token_ids)
         params.max_tokens = self._resolve_max_tokens(len(token_ids), params.max_tokens)
+        if params.min_tokens > params.max_tokens:
+            raise InputValidationError(
+                f"min_tokens must be at most max_tokens ({params.max_tokens} for this prompt), "
+                f"got {params.min_tokens}.",
+                "min_tokens",
+                params.min_tokens,
+            )
 
         if not params.ignore_eos:
             params.all_stop_token_ids |= set(self.eos_token_ids)
@@ -143,6 +176,28 @@ class InputProcessor:
 
     # Sampling parameters -------------------------------------------------------------------------
     def _validate_params(self, params: SamplingParams) -> None:
+        """Request-independent bounds; normalises top_k at or above the vocabulary to off."""
+        if params.top_k >= self.vocab_size:
+            params.top_k = -1  # vLLM: a top-k covering the whole vocabulary is no top-k
+        stops = params.stop or []
+        if len(stops) > MAX_STOP_STRINGS:
+            raise InputValidationError(
+                f"stop: at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}.",
+                "stop",
+            )
+        longest = max((len(s) for s in stops), default=0)
+        if longest > MAX_STOP_STRING_CHARS:
+            raise InputValidationError(
+                f"stop: a stop string may have at most {MAX_STOP_STRING_CHARS} characters, "
+                f"got one of {longest}.",
+                "stop",
+            )
+        if len(params.stop_token_ids or []) > MAX_STOP_TOKEN_IDS:
+            raise InputValidationError(
+                f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} ids are allowed, "
+                f"got {len(params.stop_token_ids or [])}.",
+                "stop_token_ids",
+            )
         if params.stop and self.tokenizer is None:
             raise InputValidationError(
                 "Stop strings need a tokenizer, and this engine was started with "

@@ -5,6 +5,7 @@ the per-request single-slot collectors that hand outputs to ``generate()`` (vLLM
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,8 +21,20 @@ __all__ = [
     "IterationStats",
     "OutputProcessor",
     "OutputProcessorOutput",
+    "RequestFailedError",
     "RequestOutputCollector",
 ]
+
+logger = logging.getLogger(__name__)
+
+
+class RequestFailedError(RuntimeError):
+    """One request failed inside the engine; the engine and every other request go on."""
+
+    def __init__(self, request_id: str, reason: str) -> None:
+        super().__init__(f"Request {request_id} failed in the engine: {reason}")
+        self.request_id = request_id
+        self.reason = reason
 
 
 class RequestOutputCollector:
@@ -287,48 +300,109 @@ class OutputProcessor:
             state = self.request_states.get(eco.request_id)
             if state is None:
                 continue  # already aborted or finished
-            new_ids = eco.new_token_ids
-            finish_reason = eco.finish_reason
-            stop_reason = eco.stop_reason
-            state.num_cached_tokens = eco.num_cached_tokens
-            if new_ids:
-                self._record_tokens(state, len(new_ids), now, stats)
-
-            stop_string = state.detokenizer.update(
-                new_ids,
-                stop_terminated=finish_reason == FinishReason.STOP,
-                finished=finish_reason is not None,
-            )
-            if stop_string is not None:
-                finish_reason = FinishReason.STOP
-                stop_reason = stop_string
-            num_new_logprobs = state.update_logprobs(eco)
-
-            finished = finish_reason is not None
-            if finished:
-                state.metrics.finished_time = now
-            if new_ids or finished:
-                out = state.make_output(new_ids, num_new_logprobs, finish_reason, stop_reason)
-                if out is not None:
-                    if state.queue is not None:
-                        state.queue.put(out)
-                    else:
-                        request_outputs.append(out)
-            if finished:
-                assert finish_reason is not None
-                del self.request_states[eco.request_id]
+            if eco.finish_reason == FinishReason.ERROR:
+                reason = eco.error or "unknown error"
+                self._fail(state, reason, now, request_outputs, stats)
+                continue
+            try:
+                self._process_one(state, eco, now, request_outputs, reqs_to_abort, stats)
+            except Exception as exc:
+                # A fault in one request's output (a detokenizer error) fails that request only.
+                logger.exception("Output processing failed for request %s.", eco.request_id)
+                self._fail(state, f"output processing failed: {exc!r}", now, request_outputs, stats)
                 if not eco.finished:
                     reqs_to_abort.append(eco.request_id)
-                stats.finished_requests.append(
-                    FinishedRequestStats(
-                        request_id=eco.request_id,
-                        finish_reason=str(finish_reason),
-                        e2e_latency=now - state.metrics.arrival_time,
-                        num_prompt_tokens=len(state.prompt_token_ids),
-                        num_generation_tokens=state.metrics.num_generation_tokens,
-                    )
-                )
         return OutputProcessorOutput(request_outputs, reqs_to_abort, stats)
+
+    def _process_one(
+        self,
+        state: _RequestState,
+        eco: EngineCoreOutput,
+        now: float,
+        request_outputs: list[RequestOutput],
+        reqs_to_abort: list[str],
+        stats: IterationStats,
+    ) -> None:
+        new_ids = eco.new_token_ids
+        finish_reason = eco.finish_reason
+        stop_reason = eco.stop_reason
+        state.num_cached_tokens = eco.num_cached_tokens
+        if new_ids:
+            self._record_tokens(state, len(new_ids), now, stats)
+
+        stop_string = state.detokenizer.update(
+            new_ids,
+            stop_terminated=finish_reason == FinishReason.STOP,
+            finished=finish_reason is not None,
+        )
+        if stop_string is not None:
+            finish_reason = FinishReason.STOP
+            stop_reason = stop_string
+        num_new_logprobs = state.update_logprobs(eco)
+
+        finished = finish_reason is not None
+        if finished:
+            state.metrics.finished_time = now
+        if new_ids or finished:
+            out = state.make_output(new_ids, num_new_logprobs, finish_reason, stop_reason)
+            if out is not None:
+                if state.queue is not None:
+                    state.queue.put(out)
+                else:
+                    request_outputs.append(out)
+        if finished:
+            assert finish_reason is not None
+            del self.request_states[eco.request_id]
+            if not eco.finished:
+                reqs_to_abort.append(eco.request_id)
+            stats.finished_requests.append(self._finished_stats(state, finish_reason, now))
+
+    def _fail(
+        self,
+        state: _RequestState,
+        reason: str,
+        now: float,
+        request_outputs: list[RequestOutput],
+        stats: IterationStats,
+    ) -> None:
+        """End one request with an error: its consumer gets ``RequestFailedError`` (offline
+        callers an output with finish_reason "error")."""
+        self.request_states.pop(state.request_id, None)
+        state.metrics.finished_time = now
+        if state.queue is not None:
+            state.queue.put(RequestFailedError(state.request_id, reason))
+        else:
+            # No detokenizing here: it may be what failed. The text is what was delivered.
+            request_outputs.append(
+                RequestOutput(
+                    request_id=state.request_id,
+                    prompt=state.prompt,
+                    prompt_token_ids=state.prompt_token_ids,
+                    outputs=[
+                        CompletionOutput(
+                            0,
+                            "",
+                            list(state.detokenizer.output_token_ids),
+                            finish_reason=str(FinishReason.ERROR),
+                        )
+                    ],
+                    finished=True,
+                    metrics=state.metrics.copy(),
+                )
+            )
+        stats.finished_requests.append(self._finished_stats(state, FinishReason.ERROR, now))
+
+    @staticmethod
+    def _finished_stats(
+        state: _RequestState, finish_reason: FinishReason, now: float
+    ) -> FinishedRequestStats:
+        return FinishedRequestStats(
+            request_id=state.request_id,
+            finish_reason=str(finish_reason),
+            e2e_latency=now - state.metrics.arrival_time,
+            num_prompt_tokens=len(state.prompt_token_ids),
+            num_generation_tokens=state.metrics.num_generation_tokens,
+        )
 
     @staticmethod
     def _record_tokens(state: _RequestState, n: int, now: float, stats: IterationStats) -> None:

@@ -16,7 +16,7 @@ from cadence.core_types import EngineCoreOutput, EngineCoreOutputs, SchedulerSta
 from cadence.scheduler.block_pool import KVCacheBlock
 from cadence.scheduler.kv_cache_manager import KVCacheManager
 from cadence.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
-from cadence.scheduler.request import Request, RequestStatus
+from cadence.scheduler.request import FinishReason, Request, RequestStatus
 from cadence.scheduler.request_queue import create_request_queue
 from cadence.scheduler.stop import check_stop
 from cadence.worker.output import ModelRunnerOutput
@@ -389,12 +389,22 @@ class Scheduler:
             self.running = [r for r in self.running if r not in stopped_running]
         if stopped_preempted:
             self.waiting.remove_requests(stopped_preempted)
+        if model_runner_output.failed_requests:
+            outputs.extend(self._fail_requests(model_runner_output.failed_requests))
 
         finished = self._finished_since_output
         self._finished_since_output = set()
         return EngineCoreOutputs(
             outputs=outputs, scheduler_stats=self.make_stats(), finished_requests=finished
         )
+
+    def _fail_requests(self, failed: dict[str, str]) -> list[EngineCoreOutput]:
+        """Finish requests the runner refused with an error; the rest of the batch goes on."""
+        live = [r for r in failed if r in self.requests]
+        self.finish_requests(live, RequestStatus.FINISHED_ERROR)
+        return [
+            EngineCoreOutput(r, [], finish_reason=FinishReason.ERROR, error=failed[r]) for r in live
+        ]
 
     def _update_request_with_output(
         self, request: Request, new_token_ids: list[int]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -111,12 +112,7 @@ class OpenAIServer:
             raise RequestTooLargeError(
                 f"Request body too large: the limit is {limit} bytes.", param=None
             )
-        try:
-            data = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise BadRequestError(f"Invalid JSON in request body: {exc}", param=None) from exc
-        if not isinstance(data, dict):
-            raise BadRequestError("The request body must be a JSON object.", param=None)
+        data = parse_json_body(bytes(body))
         try:
             parsed = model.model_validate(data)
         except ValidationError as exc:
@@ -183,6 +179,60 @@ class OpenAIServer:
             except Exception:  # the engine died during the scrape: serve what we have
                 logger.warning("Could not refresh scheduler stats for /metrics.")
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+# A JSON string escape of a UTF-16 surrogate; a lone one decodes to a str that cannot be encoded.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json_body(body: bytes) -> dict[str, Any]:
+    """A request body as a JSON object; anything else is a 400 (never a 500)."""
+    try:
+        data = json.loads(body, parse_constant=_reject_constant)
+    except RecursionError as exc:
+        raise BadRequestError("Invalid JSON in request body: nested too deeply.", None) from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, the int digit limit
+        raise BadRequestError(f"Invalid JSON in request body: {exc}", param=None) from exc
+    if not isinstance(data, dict):
+        raise BadRequestError("The request body must be a JSON object.", param=None)
+    if _SURROGATE_ESCAPE.search(body) is not None:
+        _check_encodable(data, "")
+    return data
+
+
+def _check_encodable(value: Any, path: str) -> None:
+    """Every string and key must be valid Unicode (no lone surrogates); names the field."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            if not _encodable(item):
+                raise BadRequestError(
+                    f"{where or 'body'}: invalid Unicode (a lone surrogate) in a string.",
+                    where or None,
+                )
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                if not _encodable(key):
+                    raise BadRequestError(
+                        f"{where or 'body'}: invalid Unicode (a lone surrogate) in a key.",
+                        where or None,
+                    )
+                stack.append((sub, f"{where}.{key}" if where else key))
+        elif isinstance(item, list):
+            stack.extend((sub, f"{where}.{i}") for i, sub in enumerate(item))
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

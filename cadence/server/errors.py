@@ -7,7 +7,7 @@ from http import HTTPStatus
 from typing import Any
 
 from pydantic import ValidationError
-from starlette.responses import JSONResponse
+from starlette.responses import Response
 
 
 class APIError(Exception):
@@ -34,8 +34,13 @@ class APIError(Exception):
     def sse_frame(self) -> str:
         return f"data: {json.dumps(self.body())}\n\n"
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=int(self.status_code))
+    def response(self) -> Response:
+        # ASCII-escaped: a message may echo user text, which must never fail to encode.
+        return Response(
+            json.dumps(self.body()).encode("ascii"),
+            status_code=int(self.status_code),
+            media_type="application/json",
+        )
 
 
 class BadRequestError(APIError):

@@ -4,13 +4,37 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cadence.sampling_params import RequestOutputKind, SamplingParams
+from cadence.sampling_params import INT64_MAX, INT64_MIN, RequestOutputKind, SamplingParams
 
 MAX_LOGPROBS = 20
+# Prompts one completions request may carry (each becomes an engine request).
+MAX_PROMPTS_PER_REQUEST = 1024
+# chat_template_kwargs may not override what the server passes to the template itself.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "chat_template",
+        "tokenize",
+        "tokenizer",
+        "add_generation_prompt",
+        "continue_final_message",
+        "return_dict",
+        "return_tensors",
+        "return_assistant_tokens_mask",
+        "padding",
+        "truncation",
+        "max_length",
+        "tools",
+        "documents",
+    }
+)
+
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 
 
 class ParamError(ValueError):
@@ -26,8 +50,8 @@ def random_id(prefix: str) -> str:
 
 
 class OpenAIModel(BaseModel):
-    # Unknown fields are ignored, as vLLM and OpenAI do.
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields are ignored, as vLLM and OpenAI do. NaN and infinities are no numbers here.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class StreamOptions(OpenAIModel):
@@ -41,10 +65,10 @@ class _SamplingRequest(OpenAIModel):
     model: str | None = None
     temperature: float | None = Field(default=None, ge=0.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = None
+    top_k: int | None = Field(default=None, ge=-1)
     min_tokens: int = Field(default=0, ge=0)
     n: int = 1
-    seed: int | None = None
+    seed: Int64 | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     stream: bool = False
@@ -52,7 +76,7 @@ class _SamplingRequest(OpenAIModel):
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    priority: int = 0
+    priority: Int64 = 0
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
     logit_bias: dict[str, float] | None = None
@@ -61,10 +85,6 @@ class _SamplingRequest(OpenAIModel):
     def _check_common(self) -> None:
         if self.n != 1:
             raise ParamError("n", f"n: only n=1 is supported, got {self.n}.")
-        if self.top_k is not None and (self.top_k == 0 or self.top_k < -1):
-            raise ParamError(
-                "top_k", f"top_k must be -1 (disable) or at least 1, got {self.top_k}."
-            )
         if self.stream_options is not None and not self.stream:
             raise ParamError("stream_options", "stream_options can only be set when stream=true.")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -75,8 +95,6 @@ class _SamplingRequest(OpenAIModel):
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(s == "" for s in stops):
             raise ParamError("stop", "stop cannot contain an empty string.")
-        if any(t < 0 for t in self.stop_token_ids or []):
-            raise ParamError("stop_token_ids", "stop_token_ids must be non-negative.")
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         kind = RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY
@@ -140,6 +158,16 @@ class CompletionRequest(_SamplingRequest):
             raise ParamError("suffix", "suffix is not supported.")
         if isinstance(self.prompt, list) and len(self.prompt) == 0:
             raise ParamError("prompt", "prompt must not be empty.")
+        if (
+            isinstance(self.prompt, list)
+            and not isinstance(self.prompt[0], int)
+            and len(self.prompt) > MAX_PROMPTS_PER_REQUEST
+        ):
+            raise ParamError(
+                "prompt",
+                f"a request may carry at most {MAX_PROMPTS_PER_REQUEST} prompts, "
+                f"got {len(self.prompt)}.",
+            )
 
     def prompts(self) -> list[str | dict[str, Any]]:
         """The request's prompts, each as ``AsyncLLM.generate`` takes it."""
@@ -199,6 +227,12 @@ class ChatCompletionRequest(_SamplingRequest):
             raise ParamError("tools", "tool calling is not supported.")
         if self.response_format is not None and self.response_format.type != "text":
             raise ParamError("response_format", "only response_format type 'text' is supported.")
+        reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(self.chat_template_kwargs or {}))
+        if reserved:
+            raise ParamError(
+                "chat_template_kwargs",
+                f"chat_template_kwargs cannot set {', '.join(reserved)}.",
+            )
         if self.continue_final_message and self.add_generation_prompt:
             raise ParamError(
                 "continue_final_message",

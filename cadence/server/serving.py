@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from cadence.engine.core_client import EngineDeadError
+from cadence.engine.output_processor import RequestFailedError
 from cadence.sampling_params import SamplingParams
 from cadence.server.errors import APIError, BadRequestError, InternalServerError, NotFoundError
 
@@ -80,6 +81,8 @@ class OpenAIServing:
         try:
             async for out in gen:
                 final = out
+        except RequestFailedError as exc:
+            raise InternalServerError(str(exc)) from exc
         finally:
             await gen.aclose()
         assert final is not None
@@ -114,6 +117,8 @@ def stream_error_frame(exc: BaseException) -> str:
         return exc.sse_frame()
     if isinstance(exc, EngineDeadError):
         return InternalServerError(f"The engine died: {exc}").sse_frame()
+    if isinstance(exc, RequestFailedError):
+        return InternalServerError(str(exc)).sse_frame()
     logger.exception("Error while streaming a response.", exc_info=exc)
     return InternalServerError(f"Internal error while streaming: {exc!r}").sse_frame()
 

@@ -17,6 +17,8 @@ import numpy as np
 from cadence.sampling_params import SamplingParams
 from cadence.scheduler.output import SchedulerOutput
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 
 @dataclass
 class StepInputs:
@@ -67,6 +69,12 @@ class InputBatch:
         self.block_table = np.zeros((max_num_reqs, max_blocks_per_req), dtype=np.int32)
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int32)
         self.params: list[SamplingParams | None] = [None] * max_num_reqs
+        # Numeric sampling parameters per row, converted (and so checked) once on admission.
+        self.temperature = np.zeros(max_num_reqs, dtype=np.float32)
+        self.top_p = np.ones(max_num_reqs, dtype=np.float32)
+        self.top_k = np.full(max_num_reqs, -1, dtype=np.int64)
+        # Requests refused on admission since the last take_failed(): id -> reason.
+        self._failed: dict[str, str] = {}
 
     # Membership ------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -79,10 +87,17 @@ class InputBatch:
         slot = len(self.req_id_to_slot)
         if slot >= self.max_num_reqs:
             raise RuntimeError(f"the batch holds at most {self.max_num_reqs} requests")
+        n = len(prompt) + len(outputs)
+        if n > self.max_model_len:
+            raise ValueError(f"{n} tokens exceed max_model_len={self.max_model_len}")
+        # Conversions that fail for out-of-range values fail here, before the row is taken.
+        temperature = np.float32(min(params.temperature, _FLOAT32_MAX))  # huge: ~uniform
+        top_p = np.float32(params.top_p)
+        top_k = np.int64(params.top_k)
         self._moves.pop(slot, None)  # a fresh request: nothing of the old row is kept
         self.req_id_to_slot[req_id] = slot
         self.slot_req_ids[slot] = req_id
-        n = len(prompt) + len(outputs)
+        self.temperature[slot], self.top_p[slot], self.top_k[slot] = temperature, top_p, top_k
         self.token_ids[slot, : len(prompt)] = prompt
         self.token_ids[slot, len(prompt) : n] = outputs
         self.num_known[slot] = n
@@ -112,7 +127,8 @@ class InputBatch:
         self.token_ids[dst, :n] = self.token_ids[src, :n]
         nb = int(self.num_blocks[src])
         self.block_table[dst, :nb] = self.block_table[src, :nb]
-        for arr in (self.num_known, self.num_tokens, self.num_prompt, self.num_blocks):
+        for arr in (self.num_known, self.num_tokens, self.num_prompt, self.num_blocks,
+                    self.temperature, self.top_p, self.top_k):
             arr[dst] = arr[src]
         self.params[dst] = self.params[src]
         self.slot_req_ids[dst] = req_id
@@ -140,12 +156,23 @@ class InputBatch:
             self.remove(req_id)
         for new in so.scheduled_new_reqs:
             self.remove(new.req_id)  # resumed after preemption: its old state is stale
-            self.add(new.req_id, new.prompt_token_ids, new.output_token_ids,
-                     new.sampling_params, new.block_ids)
+            try:
+                self.add(new.req_id, new.prompt_token_ids, new.output_token_ids,
+                         new.sampling_params, new.block_ids)
+            except (ValueError, TypeError, OverflowError) as exc:
+                # The request's own content is at fault: it fails alone, the step goes on.
+                self.remove(new.req_id)
+                self._failed[new.req_id] = f"{type(exc).__name__}: {exc}"
         cached = so.scheduled_cached_reqs
+        slot_of = self.req_id_to_slot
         for req_id, new_blocks in zip(cached.req_ids, cached.new_block_ids):
-            if new_blocks:
-                self.append_blocks(self.req_id_to_slot[req_id], new_blocks)
+            if new_blocks and req_id in slot_of:
+                self.append_blocks(slot_of[req_id], new_blocks)
+
+    def take_failed(self) -> dict[str, str]:
+        """Requests refused on admission since the last call (id -> reason)."""
+        failed, self._failed = self._failed, {}
+        return failed
 
     def prepare(self, so: SchedulerOutput) -> StepInputs:
         req_ids: list[str] = []
@@ -158,7 +185,15 @@ class InputBatch:
         computed.extend(cached.num_computed_tokens)
 
         b = len(req_ids)
-        slots = np.fromiter((self.req_id_to_slot[r] for r in req_ids), dtype=np.int32, count=b)
+        slot_of = self.req_id_to_slot
+        slots = np.fromiter((slot_of.get(r, -1) for r in req_ids), dtype=np.int32, count=b)
+        if b and slots.min() < 0:
+            # Requests refused on admission (this step or one still in flight) run no tokens.
+            known = np.nonzero(slots >= 0)[0]
+            req_ids = [req_ids[i] for i in known]
+            computed = [computed[i] for i in known]
+            slots = slots[known]
+            b = len(req_ids)
         start = np.asarray(computed, dtype=np.int64)
         n = np.fromiter((so.num_scheduled_tokens[r] for r in req_ids), dtype=np.int64, count=b)
         end = start + n

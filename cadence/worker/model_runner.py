@@ -24,8 +24,13 @@ from cadence.runtime import get_device
 from cadence.scheduler.output import SchedulerOutput
 from cadence.worker.async_output import OutputCopier
 from cadence.worker.input_batch import InputBatch, StepInputs
-from cadence.worker.output import AsyncModelRunnerOutput, ModelRunnerOutput, ReadyOutput
-from cadence.worker.sampler import Sampler, SamplingMetadata, seed_generator
+from cadence.worker.output import (
+    AsyncModelRunnerOutput,
+    ModelRunnerOutput,
+    ReadyOutput,
+    WithFailedRequests,
+)
+from cadence.worker.sampler import Sampler, SamplingMetadata, SamplingRows, seed_generator
 from cadence.worker.step_buffers import StepBuffers
 
 if TYPE_CHECKING:
@@ -185,7 +190,8 @@ class ModelRunner:
                     gen = self.generators[req_id] = torch.Generator(device=self.device)
                 seed_generator(gen, p.seed, out_index[row])
                 generators[row] = gen
-        md = SamplingMetadata.from_params(params, out_index, generators, device="cpu")
+        rows = SamplingRows(batch.temperature[slots], batch.top_p[slots], batch.top_k[slots])
+        md = SamplingMetadata.from_rows(params, rows, out_index, generators, device="cpu")
         if self.device.type == "cuda":
             # NOTE: pinned, non-blocking copies: a pageable copy would wait for the GPU.
             for name in ("temperature", "top_p", "top_k"):
@@ -203,7 +209,12 @@ class ModelRunner:
 
     def execute_model(self, so: SchedulerOutput) -> AsyncModelRunnerOutput:
         with self.main.context(), torch.inference_mode():
-            return self._execute(so)
+            out = self._execute(so)
+        failed = self.input_batch.take_failed()
+        if failed:
+            logger.warning("Requests refused by the model runner: %s", failed)
+            return WithFailedRequests(out, failed)
+        return out
 
     def _execute(self, so: SchedulerOutput) -> AsyncModelRunnerOutput:
         batch = self.input_batch
@@ -220,6 +231,8 @@ class ModelRunner:
             if so.total_num_scheduled_tokens == 0:
                 return ReadyOutput(ModelRunnerOutput.empty())
             inp = batch.prepare(so)
+            if inp.num_tokens == 0:  # every scheduled request was refused on admission
+                return ReadyOutput(ModelRunnerOutput.empty())
             b, rows = inp.num_reqs, inp.sample_rows
             req_ids = inp.req_ids
 

@@ -27,6 +27,9 @@ class ModelRunnerOutput:
     # of this step asked for logprobs.
     logprobs: LogprobsLists | None = None
     num_nans: dict[str, int] = field(default_factory=dict)
+    # Requests the runner refused (their own content was at fault): id -> reason. The
+    # scheduler finishes each with an error; every other request of the step goes on.
+    failed_requests: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> ModelRunnerOutput:
@@ -49,3 +52,16 @@ class ReadyOutput:
 
     def get_output(self) -> ModelRunnerOutput:
         return self.output
+
+
+@dataclass
+class WithFailedRequests:
+    """A step's output plus the requests the runner refused while preparing it."""
+
+    inner: AsyncModelRunnerOutput
+    failed: dict[str, str]
+
+    def get_output(self) -> ModelRunnerOutput:
+        out = self.inner.get_output()
+        out.failed_requests.update(self.failed)
+        return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from cadence.sampling_params import SamplingParams
@@ -50,23 +51,35 @@ class SamplingMetadata:
         ``generators`` maps a row to its generator (already seeded for this step, see
         ``seed_generator``); rows without one draw from the global generator.
         """
-        temps = [p.temperature for p in params]
-        greedy = [t < _SAMPLING_EPS for t in temps]
-        all_greedy = all(greedy)
-        all_random = not any(greedy)
+        rows = SamplingRows.of(params)
+        return cls.from_rows(params, rows, num_output_tokens, generators, device)
+
+    @classmethod
+    def from_rows(
+        cls,
+        params: Sequence[SamplingParams],
+        rows: SamplingRows,
+        num_output_tokens: Sequence[int],
+        generators: dict[int, torch.Generator] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> SamplingMetadata:
+        """``from_params`` with the numeric parameters already gathered into ``rows``."""
+        greedy = rows.temperature < _SAMPLING_EPS
+        all_greedy = bool(greedy.all())
+        all_random = not bool(greedy.any())
         temperature = None
         if not all_greedy:
-            temperature = torch.tensor(temps, dtype=torch.float32, device=device)
+            temperature = torch.from_numpy(rows.temperature).to(device)
         top_p = None
-        if any(p.top_p < 1.0 for p in params):
-            top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
+        if bool((rows.top_p < 1.0).any()):
+            top_p = torch.from_numpy(rows.top_p).to(device)
         top_k = None
         max_top_k = None
-        if any(p.top_k > 0 for p in params):
-            top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device)
-            random_ks = [p.top_k for p, g in zip(params, greedy, strict=True) if not g]
-            if random_ks and min(random_ks) > 0:
-                max_top_k = max(random_ks)
+        if bool((rows.top_k > 0).any()):
+            top_k = torch.from_numpy(rows.top_k).to(device)
+            random_ks = rows.top_k[~greedy]
+            if random_ks.size and int(random_ks.min()) > 0:
+                max_top_k = int(random_ks.max())
         wanted = [p.logprobs for p in params if p.logprobs is not None]
         banned: dict[int, list[int]] = {}
         for row, (p, n_out) in enumerate(zip(params, num_output_tokens, strict=True)):
@@ -82,6 +95,23 @@ class SamplingMetadata:
             max_num_logprobs=max(wanted) if wanted else None,
             banned_token_ids=banned,
             max_top_k=max_top_k,
+        )
+
+
+@dataclass
+class SamplingRows:
+    """The numeric sampling parameters of N rows, as the sampler's dtypes."""
+
+    temperature: np.ndarray  # [N] float32
+    top_p: np.ndarray  # [N] float32
+    top_k: np.ndarray  # [N] int64, -1 = off
+
+    @classmethod
+    def of(cls, params: Sequence[SamplingParams]) -> SamplingRows:
+        return cls(
+            temperature=np.array([p.temperature for p in params], dtype=np.float32),
+            top_p=np.array([p.top_p for p in params], dtype=np.float32),
+            top_k=np.array([p.top_k for p in params], dtype=np.int64),
         )
 
 

@@ -35,7 +35,32 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     (COMPLETIONS, {"prompt": "x", "temperature": -0.5}, 400, "temperature", "greater than"),
     (COMPLETIONS, {"prompt": "x", "top_p": 0}, 400, "top_p", "greater than"),
     (COMPLETIONS, {"prompt": "x", "top_p": 1.5}, 400, "top_p", "less than"),
-    (COMPLETIONS, {"prompt": "x", "top_k": 0}, 400, "top_k", "top_k"),
+    (COMPLETIONS, {"prompt": "x", "top_k": -2}, 400, "top_k", "greater than"),
+    (COMPLETIONS, {"prompt": "x", "seed": 1 << 64}, 400, "seed", "less than"),
+    (COMPLETIONS, {"prompt": "x", "seed": -(1 << 63) - 1}, 400, "seed", "greater than"),
+    (COMPLETIONS, {"prompt": "x", "priority": 1 << 63}, 400, "priority", "less than"),
+    (COMPLETIONS, {"prompt": "x", "stop_token_ids": [1 << 64]}, 400, "stop_token_ids", "64-bit"),
+    (COMPLETIONS, {"prompt": "x", "stop_token_ids": [-1]}, 400, "stop_token_ids", "64-bit"),
+    (COMPLETIONS, {"prompt": "x", "stop": ["a"] * 65}, 400, "stop", "at most 64"),
+    (COMPLETIONS, {"prompt": "x", "stop": ["a" * 513]}, 400, "stop", "at most 512"),
+    (
+        COMPLETIONS,
+        {"prompt": "x", "stop_token_ids": list(range(257))},
+        400,
+        "stop_token_ids",
+        "at most 256",
+    ),
+    (COMPLETIONS, {"prompt": [[1]] * 1025}, 400, "prompt", "at most 1024"),
+    (COMPLETIONS, {"prompt": [1, 2, 1 << 80]}, 400, "prompt", "out of vocabulary"),
+    (COMPLETIONS, {"prompt": "x", "min_tokens": 1 << 70}, 400, "min_tokens", "max_tokens"),
+    (CHAT, {"messages": MSG, "min_tokens": 600}, 400, "min_tokens", "max_tokens"),
+    (
+        CHAT,
+        {"messages": MSG, "chat_template_kwargs": {"tokenize": True}},
+        400,
+        "chat_template_kwargs",
+        "tokenize",
+    ),
     (COMPLETIONS, {"prompt": "word " * 600}, 400, "prompt", "maximum context length is 512 tokens"),
     (COMPLETIONS, {"prompt": ""}, 400, "prompt", "empty"),
     (COMPLETIONS, {"prompt": []}, 400, "prompt", "empty"),
@@ -184,3 +209,67 @@ def test_validation_error_names_nested_fields() -> None:
     assert isinstance(err, BadRequestError)
     assert err.param == "stream_options.include_usage"
     assert err.body()["error"]["code"] == 400
+
+
+# Bodies that once raised inside the engine thread or the JSON parser: each must be a 400.
+RAW_BODIES: list[tuple[bytes, str | None, str]] = [
+    (b"[" * 100_000 + b"]" * 100_000, None, "nested too deeply"),
+    (b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", None, "invalid json"),
+    (b'{"prompt": "x", "temperature": NaN}', None, "invalid json"),
+    (b'{"prompt": "x", "top_p": Infinity}', None, "invalid json"),
+    (b'{"prompt": "\\ud800 lone"}', "prompt", "surrogate"),
+    (b'{"prompt": ["ok", "\\udc00"]}', "prompt.1", "surrogate"),
+    (b'{"messages": [{"role": "user", "content": "\\ud83d"}]}', "messages.0.content", "surrogate"),
+    (b'{"model": "\\ud800", "prompt": "x"}', "model", "surrogate"),
+    (b'{"prompt": "x", "\\udfff": 1}', None, "surrogate"),
+]
+
+
+@pytest.mark.parametrize("raw,param,fragment", RAW_BODIES)
+def test_malformed_bodies_are_400(http: httpx.Client, raw: bytes, param: str | None,
+                                  fragment: str) -> None:
+    route = CHAT if b"messages" in raw else COMPLETIONS
+    resp = http.post(route, content=raw, headers={"content-type": "application/json"})
+    check_error(resp, 400, param, fragment)
+
+
+def test_unknown_model_name_with_odd_text_is_echoed_safely(http: httpx.Client) -> None:
+    name = 'é"<>\\\u2028 \U0001f600'
+    resp = http.post(COMPLETIONS, json={"model": name, "prompt": "x"})
+    check_error(resp, 404, "model", "does not exist")
+    assert name in resp.json()["error"]["message"]
+
+
+def test_out_of_range_top_k_means_no_top_k(server, http: httpx.Client) -> None:
+    # Once a request killed the engine; vLLM: top_k at or above the vocabulary is no top-k.
+    vocab = server.engine.input_processor.vocab_size
+    for top_k in (1 << 70, vocab, vocab + 1, 0, -1):
+        body = {"prompt": "Hello", "max_tokens": 3, "top_k": top_k, "seed": 7}
+        resp = http.post(COMPLETIONS, json=body)
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["usage"]["completion_tokens"] == 3
+    ref = http.post(COMPLETIONS, json={"prompt": "Hello", "max_tokens": 3, "seed": 7}).json()
+    same = http.post(COMPLETIONS, json={"prompt": "Hello", "max_tokens": 3, "seed": 7,
+                                        "top_k": 1 << 70}).json()
+    assert same["choices"][0]["text"] == ref["choices"][0]["text"]
+    assert http.get("/health").status_code == 200
+
+
+def test_extreme_numbers_in_every_field_never_5xx(server, http: httpx.Client) -> None:
+    huge, tiny = 1 << 200, -(1 << 200)
+    fields = ["max_tokens", "min_tokens", "top_k", "seed", "n", "priority", "logprobs",
+              "best_of", "temperature", "top_p", "presence_penalty", "frequency_penalty"]
+    for field in fields:
+        for value in (huge, tiny, 1e308, -1e308, 5e-324, 2**63, 2**64 - 1, -(2**63)):
+            for route, base in ((COMPLETIONS, {"prompt": "Hi"}), (CHAT, {"messages": MSG})):
+                for stream in (False, True):
+                    body = {**base, field: value, "max_tokens": 2, "stream": stream}
+                    if field == "max_tokens":
+                        body[field] = value
+                    resp = http.post(route, json=body)
+                    assert resp.status_code < 500, (field, value, resp.text)
+    assert http.get("/health").status_code == 200
+    stats = server.engine.engine_core.call_utility("make_stats")
+    assert (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
+    core = server.engine.engine_core.proc.engine_core
+    assert core.num_free_kv_blocks == core.num_kv_blocks - 1
