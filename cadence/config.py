@@ -80,6 +80,27 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class GraphConfig:
+    """Which steps replay as CUDA graphs.
+
+    Decode steps (one token per request) replay a graph per batch-size bucket; mixed steps
+    (any prefill) replay a graph per token-count bucket up to ``max_capture_tokens`` (0: mixed
+    steps run eagerly). ``emulate`` runs the same bucketing and padding on a device without
+    graphs (every "replay" re-runs the step eagerly on the padded buffers): a test aid.
+    """
+
+    enforce_eager: bool = False
+    max_capture_tokens: int = 2048
+    emulate: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_capture_tokens < 0:
+            raise ValueError(
+                f"max_capture_tokens must be at least 0, got {self.max_capture_tokens}."
+            )
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine core needs, resolved (no 'auto' left except in model.dtype)."""
 
@@ -87,8 +108,19 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: str = "cpu"
-    enforce_eager: bool = False
+    graphs: GraphConfig = field(default_factory=GraphConfig)
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}.")
+
+    @property
+    def enforce_eager(self) -> bool:
+        return self.graphs.enforce_eager
+
+    @property
+    def use_graphs(self) -> bool:
+        """Whether the runner captures graphs (or emulates them) at start-up."""
+        if self.graphs.enforce_eager:
+            return False
+        return self.device == "cuda" or self.graphs.emulate

@@ -61,7 +61,7 @@ class EngineCore:
         self.runner = ModelRunner(cfg, self.spec, model, self.dtype, device)
         self.num_kv_blocks = self.runner.determine_num_kv_blocks()
         self.runner.initialize_kv_cache(self.num_kv_blocks)
-        if cfg.device == "cuda" and not cfg.enforce_eager:
+        if cfg.use_graphs:
             self.runner.capture_graphs()
 
         sched_cls = AsyncScheduler if cfg.scheduler.async_scheduling else Scheduler

@@ -7,12 +7,13 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from cadence.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from cadence.config import CacheConfig, EngineConfig, GraphConfig, ModelConfig, SchedulerConfig
 from cadence.envs import read_envs
 
 logger = logging.getLogger(__name__)
 
 _DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+_DEFAULT_MAX_CAPTURE_TOKENS = 2048
 
 
 @dataclass
@@ -23,6 +24,10 @@ class EngineArgs:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     enforce_eager: bool = False
+    # Mixed (prefill) steps up to this many tokens replay CUDA graphs; 0: only decode graphs.
+    # None: min(max_num_batched_tokens, 2048).
+    max_capture_tokens: int | None = None
+    emulate_graphs: bool = False  # test aid: bucketing and padding without CUDA graphs
     async_scheduling: bool | None = None
     scheduling_policy: str = "fcfs"
     load_format: str = "auto"
@@ -65,8 +70,18 @@ class EngineArgs:
                                       policy=self.scheduling_policy,
                                       async_scheduling=self.resolve_async_scheduling()),
             device=self.resolve_device(),
-            enforce_eager=self.enforce_eager,
+            graphs=GraphConfig(enforce_eager=self.enforce_eager,
+                               max_capture_tokens=self.resolve_max_capture_tokens(batched),
+                               emulate=self.emulate_graphs),
         )
+
+    def resolve_max_capture_tokens(self, max_num_batched_tokens: int) -> int:
+        if self.max_capture_tokens is not None:
+            if self.max_capture_tokens < 0:
+                raise ValueError("max_capture_tokens must be at least 0, "
+                                 f"got {self.max_capture_tokens}.")
+            return min(self.max_capture_tokens, max_num_batched_tokens)
+        return min(_DEFAULT_MAX_CAPTURE_TOKENS, max_num_batched_tokens)
 
     # CLI ------------------------------------------------------------------------------------
     @staticmethod
@@ -83,7 +98,11 @@ class EngineArgs:
         parser.add_argument("--max-model-len", type=int, default=None)
         parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
         parser.add_argument("--max-num-batched-tokens", type=int, default=None)
-        parser.add_argument("--enforce-eager", action="store_true")
+        parser.add_argument("--enforce-eager", action="store_true",
+                            help="run every step eagerly (no CUDA graphs)")
+        parser.add_argument("--max-capture-tokens", type=int, default=None,
+                            help="capture mixed prefill/decode steps as CUDA graphs up to this "
+                                 "many tokens; 0 = decode graphs only (default: 2048)")
         parser.add_argument("--async-scheduling", dest="async_scheduling",
                             action="store_true", default=None)
         parser.add_argument("--no-async-scheduling", dest="async_scheduling",

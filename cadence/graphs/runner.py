@@ -1,4 +1,5 @@
-"""Decode graphs per batch-size bucket: warm up, capture largest first, replay by bucket."""
+"""Graphs per bucket (decode batch sizes, mixed-step token counts): warm up, capture largest
+first, replay by bucket."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ class CaptureReport:
     kernels: dict[int, int] = field(default_factory=dict)  # per size (empty when eager)
 
 
-class DecodeGraphRunner:
+class GraphRunner:
     """Owns one captured step per size.
 
     ``step(num_rows)`` must read only static input buffers and write static outputs (or return
@@ -45,6 +46,7 @@ class DecodeGraphRunner:
         self.backend = backend
         self.warmup_iters = warmup_iters
         self._graphs: dict[int, CapturedStep] = {}
+        self.num_replays = 0  # over all sizes since capture
 
     @property
     def captured(self) -> bool:
@@ -79,6 +81,7 @@ class DecodeGraphRunner:
         if graph is None:
             raise KeyError(f"no graph captured for size {size} (sizes: {self.sizes})")
         graph.replay()
+        self.num_replays += 1
         return graph.output
 
     def output(self, size: int) -> Any:
@@ -100,8 +103,12 @@ class DecodeGraphRunner:
         self._graphs.clear()
         self.backend.close()
 
-    def __enter__(self) -> DecodeGraphRunner:
+    def __enter__(self) -> GraphRunner:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# The decode graphs were the first user; the name stays for existing callers.
+DecodeGraphRunner = GraphRunner

@@ -1,4 +1,5 @@
-"""Batch-size buckets for decode graphs (vLLM's capture-size list)."""
+"""Buckets for CUDA graphs: batch sizes of decode steps (vLLM's capture-size list) and token
+counts of mixed prefill/decode steps."""
 
 from __future__ import annotations
 
@@ -19,6 +20,27 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
     sizes = [s for s in pattern if s <= max_num_seqs]
     if sizes[-1] != max_num_seqs:
         sizes.append(max_num_seqs)
+    return sizes
+
+
+def token_capture_sizes(max_tokens: int, min_tokens: int = 16) -> list[int]:
+    """Token counts of mixed-step graphs, ascending, up to ``max_tokens`` (appended exactly).
+
+    Steps of 16 tokens up to 256, then eight sizes per doubling (at most 12.5% of a step is
+    padding above 256 tokens): 272 graphs would be needed at 16-token granularity up to 4096,
+    this list has 48. Empty when ``max_tokens`` < ``min_tokens`` (no mixed graphs).
+    """
+    if max_tokens < min_tokens:
+        return []
+    sizes = list(range(min_tokens, min(max_tokens, 256) + 1, 16))
+    size, step = 256, 32
+    while size + step <= max_tokens:
+        size += step
+        sizes.append(size)
+        if size & (size - 1) == 0:  # a power of two: the next doubling has coarser steps
+            step *= 2
+    if sizes[-1] != max_tokens:
+        sizes.append(max_tokens)
     return sizes
 
 

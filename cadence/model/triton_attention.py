@@ -10,8 +10,10 @@ with a tensor-core dot, and also stores the sequence's new K/V (no separate stor
 batches split each sequence's context into ``num_splits`` chunks
 (split-K) whose partial results a second kernel merges. The split count depends only on shapes
 (batch, kv heads, block-table width) and the device, never on sequence lengths.
-Prefill: a causal flash-attention per (query tile, sequence, query head) reading keys and
-values from the cache, queries at positions ``seq_len - query_len ...``.
+Varlen (prefill, chunked prefill, mixed batches): a causal flash-attention per (query block of
+one sequence, kv head) over all query heads of the group, reading keys and values from the
+cache, queries at positions ``seq_len - query_len ...``; its grid depends on the token and
+sequence counts only, so a mixed step is CUDA-graph capturable too.
 
 Padding sequences (``seq_len == 0`` or an empty query range) read nothing and write nothing:
 their output rows are left unspecified (the reference backend zeroes them).
@@ -25,8 +27,8 @@ from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.triton_attention_kernels import (
     _decode_kernel,
     _merge_splits_kernel,
-    _prefill_kernel,
     _store_kv_kernel,
+    _varlen_kernel,
 )
 
 try:
@@ -214,27 +216,37 @@ def paged_decode_attention(
         )
 
 
-def paged_prefill_attention(
+def varlen_block_q(group: int, fp32: bool) -> int:
+    """Query tokens per program of the varlen kernel: a tile of 64 rows (32 in float32) holds
+    ``block_q`` tokens times the group's query heads (padded to a power of two)."""
+    return max(1, (32 if fp32 else 64) // _pow2(group))
+
+
+def paged_varlen_attention(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
     metadata: AttentionMetadata,
     scale: float,
     out: torch.Tensor,
 ) -> None:
-    """Causal varlen attention of any batch (prefill, chunked prefill, mixed) into ``out``."""
+    """Causal varlen attention of any batch (prefill, chunked prefill, mixed) into ``out``.
+
+    The grid depends only on the number of tokens and sequences (``q.shape[0]`` and
+    ``seq_lens.shape[0]``), never on their lengths, so one launch serves every batch that pads
+    to the same shapes (CUDA graphs of mixed steps). Padding tokens and sequences with
+    ``seq_len == 0`` or an empty query range produce no output."""
     _require_triton()
     _check_cache(kv_cache)
-    if metadata.max_query_len <= 0:
-        return
-    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, page = kv_cache.shape[3], kv_cache.shape[2]
     num_seqs = metadata.seq_lens.shape[0]
+    if num_tokens == 0 or num_seqs == 0:
+        return
+    group = num_heads // num_kv_heads
     fp32 = kv_cache.dtype == torch.float32
-    block_d = _pow2(head_dim, 16)
-    block_m = 32 if fp32 and block_d > 64 else 64
-    block_n = 32 if fp32 else 64
-    grid = (triton.cdiv(metadata.max_query_len, block_m), num_seqs, num_heads)
-    _prefill_kernel[grid](
+    block_q = varlen_block_q(group, fp32)
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    _varlen_kernel[grid](
         q,
         kv_cache,
         out,
@@ -251,12 +263,14 @@ def paged_prefill_attention(
         kv_cache.stride(3),
         metadata.block_tables.stride(0),
         scale * _LOG2E,
-        GROUP=num_heads // num_kv_heads,
+        num_seqs,
+        GROUP=group,
+        GROUP_P=_pow2(group),
         HEAD_DIM=head_dim,
         PAGE=page,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_D=block_d,
+        BLOCK_Q=block_q,
+        BLOCK_N=32 if fp32 else 64,
+        BLOCK_D=_pow2(head_dim, 16),
         IEEE=fp32,
         num_warps=4,
         num_stages=2,
@@ -299,5 +313,5 @@ class TritonAttentionBackend:
             paged_decode_attention(q, kv_cache, metadata, scale, out, sms, k=k, v=v)
         else:
             store_kv_cache(k, v, kv_cache, metadata.slot_mapping)
-            paged_prefill_attention(q, kv_cache, metadata, scale, out)
+            paged_varlen_attention(q, kv_cache, metadata, scale, out)
         return out

@@ -1,4 +1,4 @@
-"""The Triton kernels behind ``triton_attention``: KV store, paged decode, split merge, prefill.
+"""The Triton kernels behind ``triton_attention``: KV store, paged decode, split merge, varlen.
 
 Launch them through ``cadence.model.triton_attention``, which checks shapes and picks grids.
 Importing this module without Triton installed defines nothing.
@@ -13,7 +13,7 @@ except ImportError:  # pragma: no cover - CPU installs
     triton = None
     tl = None
 
-_store_kv_kernel = _decode_kernel = _merge_splits_kernel = _prefill_kernel = None
+_store_kv_kernel = _decode_kernel = _merge_splits_kernel = _varlen_kernel = None
 
 if triton is not None:
 
@@ -228,7 +228,7 @@ if triton is not None:
         )
 
     @triton.jit
-    def _prefill_kernel(
+    def _varlen_kernel(
         q_ptr,
         cache_ptr,
         out_ptr,
@@ -245,39 +245,58 @@ if triton is not None:
         stride_c3,
         stride_bt,
         qk_scale,
+        num_seqs,
         GROUP: tl.constexpr,
+        GROUP_P: tl.constexpr,
         HEAD_DIM: tl.constexpr,
         PAGE: tl.constexpr,
-        BLOCK_M: tl.constexpr,
+        BLOCK_Q: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_D: tl.constexpr,
         IEEE: tl.constexpr,
     ):
-        pid_m = tl.program_id(0)
-        b = tl.program_id(1)
-        h = tl.program_id(2)
-        kvh = h // GROUP
-        seq_len = tl.load(seq_lens_ptr + b)
+        # Program (pid, kvh) covers BLOCK_Q query tokens of one sequence times the GROUP query
+        # heads of kv head kvh. Sequence b's query blocks are numbered from
+        # qsl[b] // BLOCK_Q + b upwards: strictly increasing in b, and never more than
+        # num_tokens // BLOCK_Q + num_seqs in all, so the grid depends on shapes only.
+        BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_P
+        pid = tl.program_id(0)
+        kvh = tl.program_id(1)
+        lo = 0
+        hi = num_seqs
+        while lo < hi:  # the last sequence whose first block is at or before pid
+            mid = (lo + hi) // 2
+            if tl.load(qsl_ptr + mid) // BLOCK_Q + mid <= pid:
+                lo = mid + 1
+            else:
+                hi = mid
+        b = lo - 1
         q_start = tl.load(qsl_ptr + b)
         q_len = tl.load(qsl_ptr + b + 1) - q_start
+        seq_len = tl.load(seq_lens_ptr + b)
+        qb = pid - (q_start // BLOCK_Q + b)
+        if (qb * BLOCK_Q >= q_len) | (seq_len <= 0):
+            return  # past the sequence's queries, or a padding sequence
         ctx = seq_len - q_len
-        m_lo = pid_m * BLOCK_M
-        active = (m_lo < q_len) & (seq_len > 0)
-        offs_m = m_lo + tl.arange(0, BLOCK_M)
+
+        offs_m = tl.arange(0, BLOCK_M)
+        q_idx = qb * BLOCK_Q + offs_m // GROUP_P
+        g = offs_m % GROUP_P
         offs_d = tl.arange(0, BLOCK_D)
-        mmask = (offs_m < q_len) & active
         dmask = offs_d < HEAD_DIM
-        # Rows past the query range see every key (finite numbers) and are never stored.
-        q_pos = tl.where(mmask, ctx + offs_m, seq_len - 1)
-        rows = (q_start + offs_m).to(tl.int64)
+        rmask = (q_idx < q_len) & (g < GROUP)
+        rows = (q_start + q_idx).to(tl.int64)
+        heads = kvh * GROUP + g
+        mask2 = rmask[:, None] & dmask[None, :]
         q = tl.load(
-            q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-            mask=mmask[:, None] & dmask[None, :],
+            q_ptr + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+            mask=mask2,
             other=0.0,
         )
         q = q.to(cache_ptr.dtype.element_ty)
-        kv_end = tl.minimum(seq_len, ctx + m_lo + BLOCK_M)
-        kv_end = tl.where(active, kv_end, 0)
+        # Rows outside the query range see every key (finite numbers) and are never stored.
+        q_pos = tl.where(rmask, ctx + q_idx, seq_len - 1)
+        kv_end = tl.minimum(seq_len, ctx + (qb + 1) * BLOCK_Q)
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -315,7 +334,7 @@ if triton is not None:
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
         out = acc / l_safe[:, None]
         tl.store(
-            out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+            out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
             out.to(out_ptr.dtype.element_ty),
-            mask=mmask[:, None] & dmask[None, :],
+            mask=mask2,
         )

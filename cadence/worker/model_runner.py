@@ -84,7 +84,9 @@ class ModelRunner:
         self.scatter_kernel = make_token_kernels(TokenBuffers(req_indices=buf.sample_slots,
                                                               **common))
         self.copier = OutputCopier(self.rt, self.main, self.copy, self.max_num_reqs)
-        self.graphs = None  # a DecodeGraphRunner once captured
+        self.graphs = None  # decode graphs by batch size (a GraphRunner) once captured
+        self.mixed_graphs = None  # mixed-step graphs by token count, once captured
+        self.capture_seconds = 0.0
 
     # KV cache --------------------------------------------------------------------------------
     def kv_block_bytes(self) -> int:
@@ -155,18 +157,69 @@ class ModelRunner:
         hidden = self.model(buf.input_ids[:rows], buf.positions[:rows], md)
         return self.model.compute_logits(hidden)
 
-    def capture_graphs(self) -> None:
-        from cadence.graphs import CudaGraphBackend, DecodeGraphRunner, capture_sizes
+    def _mixed_graph_step(self, tokens: int) -> torch.Tensor:
+        """What a mixed-step graph holds: combine and the forward over ``tokens`` tokens of up
+        to ``mixed_rows(tokens)`` rows; it returns the hidden states (logits are taken after
+        the replay, for the sampling rows only)."""
+        buf = self.buffers
+        rows = self.mixed_rows(tokens)
+        self.combine_kernel.combine(self.main)
+        # max_query_len > 1 selects the varlen attention path, whose grid depends on shapes only.
+        md = buf.metadata(tokens, rows, tokens, self.max_blocks_per_req, self.max_model_len)
+        return self.model(buf.input_ids[:tokens], buf.positions[:tokens], md)
 
-        self.buffers.fill_padding(self.max_num_reqs)
-        runner = DecodeGraphRunner(self._decode_graph_step, capture_sizes(self.max_num_reqs),
-                                   CudaGraphBackend(self.main))
+    def mixed_rows(self, tokens: int) -> int:
+        """Rows of a mixed graph of ``tokens`` tokens: as many requests as could fit."""
+        return min(tokens, self.max_num_reqs)
+
+    def capture_graphs(self) -> None:
+        from cadence.graphs import (
+            CudaGraphBackend,
+            EagerGraphBackend,
+            GraphRunner,
+            capture_sizes,
+            token_capture_sizes,
+        )
+
+        cfg = self.config.graphs
+        backend = (CudaGraphBackend(self.main) if self.device.type == "cuda"
+                   else EagerGraphBackend(self.main))
+        self.buffers.fill_padding(self.max_num_tokens, self.max_num_reqs)
+        mem_before = self._graph_memory()
+        mixed_sizes = token_capture_sizes(cfg.max_capture_tokens)
         with torch.inference_mode():
-            report = runner.capture()
-        self.graphs = runner
-        logger.info("Captured %d decode graphs in %.1f s; kernels per graph: %s",
-                    len(report.sizes), report.seconds,
-                    {s: report.kernels.get(s) for s in report.sizes[:3] + report.sizes[-1:]})
+            # Largest activations first: the mixed graphs, then decode (one shared pool).
+            if mixed_sizes:
+                mixed = GraphRunner(self._mixed_graph_step, mixed_sizes, backend)
+                mixed_report = mixed.capture()
+                self.mixed_graphs = mixed
+            decode = GraphRunner(self._decode_graph_step, capture_sizes(self.max_num_reqs),
+                                 backend)
+            report = decode.capture()
+        self.graphs = decode
+        seconds = report.seconds + (mixed_report.seconds if mixed_sizes else 0.0)
+        logger.info(
+            "Captured %d decode graphs (batch 1-%d) and %d mixed-step graphs (%s tokens) in "
+            "%.1f s, %.2f GiB of graph memory; kernels per decode graph: %s",
+            len(report.sizes), report.sizes[-1], len(mixed_sizes),
+            f"{mixed_sizes[0]}-{mixed_sizes[-1]}" if mixed_sizes else "no", seconds,
+            (self._graph_memory() - mem_before) / 2**30,
+            {s: report.kernels.get(s) for s in report.sizes[:3] + report.sizes[-1:]})
+        self.capture_seconds = seconds
+
+    def _graph_memory(self) -> int:
+        if self.device.type != "cuda":
+            return 0
+        return torch.cuda.memory_reserved(self.device)
+
+    def _buckets(self, inp: StepInputs) -> tuple[int | None, int | None]:
+        """(decode graph, mixed graph) bucket of a step; (None, None) runs it eagerly."""
+        if inp.max_query_len == 1 and len(inp.sample_rows) == inp.num_reqs:
+            if self.graphs is not None:
+                return self.graphs.bucket_for(inp.num_reqs), None
+        elif self.mixed_graphs is not None:
+            return None, self.mixed_graphs.bucket_for(inp.num_tokens)
+        return None, None
 
     def kernels_per_step(self, batch: int) -> int | None:
         if self.graphs is None:
@@ -235,23 +288,31 @@ class ModelRunner:
                 return ReadyOutput(ModelRunnerOutput.empty())
             b, rows = inp.num_reqs, inp.sample_rows
             req_ids = inp.req_ids
-
-            bucket = None
-            if self.graphs is not None and inp.max_query_len == 1 and len(rows) == b:
-                bucket = self.graphs.bucket_for(b)
-            md = self.buffers.upload(inp, padded_rows=bucket)
-        if bucket is not None:
+            decode_bucket, mixed_bucket = self._buckets(inp)
+            if decode_bucket is not None:
+                md = self.buffers.upload(inp, decode_bucket, decode_bucket)
+            elif mixed_bucket is not None:
+                md = self.buffers.upload(inp, mixed_bucket, self.mixed_rows(mixed_bucket))
+            else:
+                md = self.buffers.upload(inp)
+        if decode_bucket is not None:
             with nvtx_range("replay"):
-                logits = self.graphs.replay(bucket)[:b]
+                logits = self.graphs.replay(decode_bucket)[:b]
         else:
-            with nvtx_range("forward"):
-                self.combine_kernel.combine(self.main)
-                t = inp.num_tokens
-                hidden = self.model(self.buffers.input_ids[:t], self.buffers.positions[:t], md)
-                if len(rows) == 0:
-                    out = ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)},
-                                            [[] for _ in req_ids])
-                    return ReadyOutput(out)
+            if mixed_bucket is not None:
+                with nvtx_range("replay"):
+                    hidden = self.mixed_graphs.replay(mixed_bucket)
+            else:
+                with nvtx_range("forward"):
+                    self.combine_kernel.combine(self.main)
+                    t = inp.num_tokens
+                    hidden = self.model(self.buffers.input_ids[:t], self.buffers.positions[:t],
+                                        md)
+            if len(rows) == 0:
+                out = ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)},
+                                        [[] for _ in req_ids])
+                return ReadyOutput(out)
+            with nvtx_range("logits"):
                 index = self.buffers.logits_index[: len(rows)].long()
                 logits = self.model.compute_logits(hidden[index])
         with nvtx_range("sample"):
@@ -266,9 +327,10 @@ class ModelRunner:
         if self.copier is None:
             return
         self.main.synchronize()  # NOTE: a replay or copy may still be running
-        if self.graphs is not None:
-            self.graphs.close()
-            self.graphs = None
+        for graphs in (self.graphs, self.mixed_graphs):
+            if graphs is not None:
+                graphs.close()
+        self.graphs = self.mixed_graphs = None
         self.copier.close()
         self.copier = None
         self.buffers.close()

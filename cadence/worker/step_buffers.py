@@ -3,9 +3,9 @@
 Every step writes its index arrays into one of a few pinned host staging sets and copies them
 into the same persistent device buffers with asynchronous host-to-device copies on the main
 stream; a set is reused only after the event recorded behind its copies has completed, so the
-host never waits on the GPU here in steady state. A decode step that runs as a CUDA graph pads
-its rows up to the graph's size: padding rows have sequence length 0, slot -1 (no KV write) and
-never take a sampled token.
+host never waits on the GPU here in steady state. A step that runs as a CUDA graph pads its
+tokens and rows up to the graph's bucket: padding tokens write no KV (slot -1), padding rows have
+an empty query range and sequence length 0, and neither ever takes a sampled token.
 """
 
 from __future__ import annotations
@@ -70,12 +70,19 @@ class StepBuffers:
         event.synchronize()  # normally long complete: the set was used steps ago
         return staging, event
 
-    def upload(self, inp: StepInputs, padded_rows: int | None = None) -> AttentionMetadata:
-        """Stage and copy one step's inputs; pad to ``padded_rows`` decode rows if given."""
+    def upload(self, inp: StepInputs, padded_tokens: int | None = None,
+               padded_rows: int | None = None) -> AttentionMetadata:
+        """Stage and copy one step's inputs.
+
+        For a graph bucket, pad to ``padded_tokens`` tokens and ``padded_rows`` rows: padding
+        tokens (past the last row's) belong to no row and write no KV (slot -1); padding rows
+        have an empty query range and sequence length 0, so no kernel reads their block table.
+        """
         staging, event = self._staging()
         b, t = inp.num_reqs, inp.num_tokens
+        tokens = padded_tokens or t
         rows = padded_rows or b
-        tokens = t + (rows - b)  # padding rows carry one token each
+        num_sample = len(inp.sample_rows)
         nb = inp.block_tables.shape[1]  # columns this step uses; later ones are never read
 
         def put(name: str, values: np.ndarray, n: int, pad: int = 0) -> None:
@@ -86,17 +93,15 @@ class StepBuffers:
         put("input_ids", inp.input_ids, tokens)
         put("positions", inp.positions, tokens)
         put("slot_mapping", inp.slot_mapping, tokens, pad=-1)
-        qsl = staging["query_start_loc"][1]
-        qsl[: b + 1] = inp.query_start_loc
-        qsl[b + 1 : rows + 1] = np.arange(t + 1, tokens + 1)
+        put("query_start_loc", inp.query_start_loc, rows + 1, pad=t)
         put("seq_lens", inp.seq_lens, rows)
         put("req_slots", inp.slots, rows)
         put("last_token_index", inp.last_token_index, rows)
         put("use_sampled", inp.use_sampled, rows)
-        put("sample_slots", inp.slots[inp.sample_rows], len(inp.sample_rows))
-        put("logits_index", inp.last_token_index[inp.sample_rows], len(inp.sample_rows))
+        put("sample_slots", inp.slots[inp.sample_rows], num_sample)
+        put("logits_index", inp.last_token_index[inp.sample_rows], num_sample)
         staging["block_tables"][1][: b * nb] = inp.block_tables[:, :nb].ravel()
-        staging["counts"][1][:] = (b, len(inp.sample_rows))
+        staging["counts"][1][:] = (b, num_sample)
 
         with self.main.context():
             # NOTE: pinned sources make these copies asynchronous; ordered on the main stream.
@@ -104,8 +109,8 @@ class StepBuffers:
                             ("slot_mapping", tokens), ("query_start_loc", rows + 1),
                             ("seq_lens", rows), ("req_slots", rows),
                             ("last_token_index", rows), ("use_sampled", rows),
-                            ("sample_slots", len(inp.sample_rows)),
-                            ("logits_index", len(inp.sample_rows)), ("counts", 2)):
+                            ("sample_slots", num_sample), ("logits_index", num_sample),
+                            ("counts", 2)):
                 if n:
                     getattr(self, name)[:n].copy_(staging[name][0][:n], non_blocking=True)
             # NOTE: a contiguous upload, then a device-side strided copy: a strided host->device
@@ -116,9 +121,10 @@ class StepBuffers:
         event.record(self.main)
 
         # A graph was captured over the full block-table width: pass that view to match.
+        graph = padded_tokens is not None
         md = self.metadata(tokens, rows, inp.max_query_len,
-                           self.max_blocks if padded_rows else nb, inp.max_seq_len)
-        md.query_start_loc_cpu = torch.from_numpy(qsl[: rows + 1].copy())
+                           self.max_blocks if graph else nb, inp.max_seq_len)
+        md.query_start_loc_cpu = torch.from_numpy(staging["query_start_loc"][1][: rows + 1].copy())
         md.seq_lens_cpu = torch.from_numpy(staging["seq_lens"][1][:rows].copy())
         return md
 
@@ -134,14 +140,14 @@ class StepBuffers:
             slot_mapping=self.slot_mapping[:tokens],
         )
 
-    def fill_padding(self, rows: int) -> None:
-        """Make the first ``rows`` rows a harmless all-padding decode batch (capture, warm-up)."""
+    def fill_padding(self, tokens: int, rows: int) -> None:
+        """Make the first ``tokens`` tokens and ``rows`` rows a harmless all-padding step
+        (capture, warm-up): no KV writes, empty query ranges, nothing to combine or scatter."""
         with self.main.context():
-            self.input_ids[:rows].zero_()
-            self.positions[:rows].zero_()
-            self.slot_mapping[:rows].fill_(-1)
-            self.query_start_loc[: rows + 1].copy_(
-                torch.arange(rows + 1, dtype=torch.int32, device=self.device))
+            self.input_ids[:tokens].zero_()
+            self.positions[:tokens].zero_()
+            self.slot_mapping[:tokens].fill_(-1)
+            self.query_start_loc[: rows + 1].zero_()
             self.seq_lens[:rows].zero_()
             self.use_sampled[:rows].zero_()
             self.counts.zero_()

@@ -101,6 +101,37 @@ def make_case(
     )  # fmt: skip
 
 
+def pad_like_a_graph(case: Case, extra_tokens: int, empty_rows: int) -> Case:
+    """The case as a mixed-step CUDA graph sees it: ``extra_tokens`` padding tokens that belong
+    to no sequence (slot -1) and ``empty_rows`` sequences with an empty query range."""
+    md = case.metadata
+    dev = case.q.device
+    n = case.q.shape[0]
+
+    def grow(x: torch.Tensor) -> torch.Tensor:
+        junk = torch.randn(extra_tokens, *x.shape[1:], dtype=torch.float32).to(dev, x.dtype)
+        return torch.cat([x, junk])
+
+    qsl = md.query_start_loc.cpu()
+    qsl = torch.cat([qsl, torch.full((empty_rows,), int(qsl[-1]), dtype=torch.int32)])
+    seq_lens = torch.cat([md.seq_lens.cpu(), torch.zeros(empty_rows, dtype=torch.int32)])
+    tables = md.block_tables.cpu()
+    tables = torch.cat([tables, torch.zeros(empty_rows, tables.shape[1], dtype=torch.int32)])
+    slots = torch.cat([md.slot_mapping.cpu(), torch.full((extra_tokens,), -1)])
+    padded = AttentionMetadata(
+        num_actual_tokens=md.num_actual_tokens,
+        max_query_len=n + extra_tokens,  # as a graph is captured: no host length is trusted
+        max_seq_len=md.max_seq_len,
+        query_start_loc=qsl.to(dev),
+        seq_lens=seq_lens.to(dev),
+        block_tables=tables.to(dev),
+        slot_mapping=slots.to(dev),
+        query_start_loc_cpu=qsl,
+        seq_lens_cpu=seq_lens,
+    )
+    return Case(grow(case.q), grow(case.k), grow(case.v), case.cache, padded, case.scale)
+
+
 def reference(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
     cache = case.cache.clone()
     out = TorchAttentionBackend().forward(case.q, case.k, case.v, cache, case.metadata, case.scale)
@@ -123,6 +154,8 @@ def assert_matches(case: Case, out: torch.Tensor, cache: torch.Tensor) -> None:
 
 DECODE_SEQS = [(1, 1), (15, 1), (16, 1), (17, 1), (64, 1), (200, 1), (333, 1)]
 PREFILL_SEQS = [(1, 1), (17, 17), (40, 7), (16, 16), (33, 1), (130, 70), (65, 64)]
+# Decode rows among chunks and whole prompts, as a mixed step of a running server has them.
+MIXED_SEQS = [(90, 1), (300, 1), (64, 64), (31, 1), (200, 100), (7, 7), (129, 1), (48, 33)]
 
 
 def run_decode(device: str, dtype: torch.dtype, page: int, splits: int | None, fused: bool) -> None:
@@ -147,6 +180,19 @@ def run_prefill(device: str, dtype: torch.dtype, heads: int, kv_heads: int, dim:
     cache = case.cache.clone()
     out = TritonAttentionBackend().forward(case.q, case.k, case.v, cache, case.metadata, case.scale)
     assert_matches(case, out, cache)
+
+
+def run_mixed_padded(device: str, dtype: torch.dtype, heads: int, kv_heads: int, dim: int,
+                     extra_tokens: int, empty_rows: int) -> None:
+    from cadence.model.triton_attention import TritonAttentionBackend
+
+    case = make_case(MIXED_SEQS, heads, kv_heads, dim, 16, dtype, device, seed=3)
+    padded = pad_like_a_graph(case, extra_tokens, empty_rows)
+    cache = case.cache.clone()
+    out = TritonAttentionBackend().forward(
+        padded.q, padded.k, padded.v, cache, padded.metadata, padded.scale
+    )
+    assert_matches(case, out[: case.q.shape[0]], cache)
 
 
 # ---- CPU: Triton's interpreter, in a subprocess (the interpreter mode is process-wide) ----
@@ -198,6 +244,15 @@ def test_decode_matches_reference(
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(16, 8, 128), (4, 4, 80)])
 def test_prefill_matches_reference(dtype: torch.dtype, heads: int, kv_heads: int, dim: int) -> None:
     run_prefill("cuda", dtype, heads, kv_heads, dim)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(16, 8, 128), (32, 8, 128), (4, 4, 80)])
+def test_mixed_padded_matches_reference(
+    dtype: torch.dtype, heads: int, kv_heads: int, dim: int
+) -> None:
+    run_mixed_padded("cuda", dtype, heads, kv_heads, dim, extra_tokens=37, empty_rows=9)
 
 
 @pytest.mark.gpu
@@ -268,4 +323,6 @@ if __name__ == "__main__":
     run_decode("cpu", torch.float32, 8, 3, True)
     run_prefill("cpu", torch.float32, 4, 2, 32)
     run_prefill("cpu", torch.float32, 3, 3, 24)
+    run_mixed_padded("cpu", torch.float32, 8, 2, 32, extra_tokens=13, empty_rows=5)
+    run_mixed_padded("cpu", torch.float32, 6, 1, 16, extra_tokens=0, empty_rows=1)
     print("interpreted cases ok")

@@ -35,14 +35,15 @@ def _upload_decode_step(
     batch.apply(so)
     inp = batch.prepare(so)
     buf = StepBuffers(rt, rt.create_stream(), 64, 8, 4, torch.device("cpu"))
-    return buf, buf.upload(inp, padded_rows=padded_rows)
+    return buf, buf.upload(inp, padded_tokens=padded_rows, padded_rows=padded_rows)
 
 
 def test_padded_decode_upload_fills_padding_rows():
     buf, md = _upload_decode_step(3, padded_rows=4)
     assert md.num_actual_tokens == 4
     assert md.block_tables.shape == (4, 4)
-    np.testing.assert_array_equal(buf.query_start_loc[:5].numpy(), [0, 1, 2, 3, 4])
+    # The padding row has an empty query range; the padding token belongs to no row.
+    np.testing.assert_array_equal(buf.query_start_loc[:5].numpy(), [0, 1, 2, 3, 3])
     np.testing.assert_array_equal(buf.seq_lens[:4].numpy(), [20, 21, 22, 0])
     assert buf.slot_mapping[3].item() == -1
     assert buf.use_sampled[3].item() == 0
@@ -56,3 +57,24 @@ def test_unpadded_upload_uses_only_needed_block_columns():
     buf, md = _upload_decode_step(2)
     assert md.block_tables.shape == (2, 2)
     np.testing.assert_array_equal(md.block_tables.numpy(), [[1, 50], [2, 51]])
+
+
+def test_mixed_bucket_upload_pads_tokens_and_rows():
+    rt = get_device("cpu")
+    batch = InputBatch(8, 64, 4, 16)
+    new = [NewRequestData("a", list(range(1, 11)), [], SamplingParams(), [3], 0),
+           NewRequestData("b", list(range(1, 31)), [], SamplingParams(), [4, 5], 0)]
+    # "a" runs its whole 10-token prompt (it samples), "b" a first chunk of 7 (it does not).
+    so = SchedulerOutput(new, CachedRequestData(), {"a": 10, "b": 7}, 17)
+    batch.apply(so)
+    inp = batch.prepare(so)
+    buf = StepBuffers(rt, rt.create_stream(), 64, 8, 4, torch.device("cpu"))
+    md = buf.upload(inp, padded_tokens=32, padded_rows=8)
+    assert md.num_actual_tokens == 32 and md.seq_lens.shape == (8,)
+    assert md.block_tables.shape == (8, 4)  # the full width, as the graph was captured
+    np.testing.assert_array_equal(buf.query_start_loc[:9].numpy(), [0, 10, 17] + [17] * 6)
+    np.testing.assert_array_equal(buf.seq_lens[:8].numpy(), [10, 7, 0, 0, 0, 0, 0, 0])
+    assert (buf.slot_mapping[17:32] == -1).all() and (buf.slot_mapping[:17] >= 0).all()
+    assert (buf.input_ids[17:32] == 0).all() and (buf.positions[17:32] == 0).all()
+    assert buf.counts.tolist() == [2, 1]  # two rows to combine, one sampling row
+    assert buf.logits_index[0].item() == 9  # "a"'s last token
