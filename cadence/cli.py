@@ -14,6 +14,7 @@ _BENCHES = {
     "throughput": "cadence.bench.throughput",
     "serve": "cadence.bench.serve",
     "scheduler": "cadence.bench.scheduler",
+    "ttft": "cadence.bench.ttft",
 }
 
 

@@ -81,3 +81,27 @@ def test_async_on_equals_off_bf16_graphs_seeded_and_greedy():
         results[async_scheduling] = [o.outputs[0].token_ids for o in outs]
         _free(llm)
     assert results[False] == results[True]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("config", ["chunked", "preempt", "partial"])
+def test_mixed_step_graphs_equal_eager_float32(config, async_scheduling):
+    """Mixed prefill/decode steps replaying token-bucket graphs == eager, token for token."""
+    from cadence import SamplingParams
+    from tests.engine.test_graph_buckets import CONFIGS, PROMPTS
+
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    prompts = PROMPTS + _prompts(9, 600, seed=11)
+    results = {}
+    for eager in (True, False):
+        llm = _llm(model="tiny", dtype="float32", enforce_eager=eager, max_num_seqs=6,
+                   max_model_len=256, async_scheduling=async_scheduling,
+                   **{**CONFIGS[config], "num_gpu_blocks_override":
+                      CONFIGS[config].get("num_gpu_blocks_override", 1024)})
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        runner = llm.engine_core.runner
+        if not eager:
+            assert runner.mixed_graphs is not None and runner.mixed_graphs.num_replays > 0
+        results[eager] = [o.outputs[0].token_ids for o in outs]
+        _free(llm)
+    assert results[True] == results[False]

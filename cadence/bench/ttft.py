@@ -1,0 +1,109 @@
+"""`cadence bench ttft`: time to first token of one request by prompt length, offline.
+
+Each measurement adds one request (a fresh random prompt, so no prefix-cache hit) with
+``max_tokens=1`` to an idle engine and times until its token is on the host: scheduling, input
+upload, the prefill step (a graph replay or eager), sampling and the copy back. The floor is the
+larger of the weight read (bytes / bandwidth) and the prefill's matmul work (FLOPs / peak).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from cadence.bench.common import (
+    H200_READ_BANDWIDTH,
+    Record,
+    device_name,
+    git_commit,
+    median,
+    now,
+    random_prompts,
+    weight_bytes,
+)
+
+# Dense bf16 tensor-core throughput measured on one H200 (matrix work), FLOP/s.
+H200_BF16_FLOPS = 790e12
+
+
+def _parser() -> argparse.ArgumentParser:
+    from cadence.engine.engine_args import EngineArgs
+
+    p = argparse.ArgumentParser(prog="cadence bench ttft")
+    EngineArgs.add_cli_args(p)
+    p.add_argument("--input-lens", default="16,128,1024,4096")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--bandwidth", type=float, default=H200_READ_BANDWIDTH)
+    p.add_argument("--flops", type=float, default=H200_BF16_FLOPS)
+    p.add_argument("--json-out", default=None)
+    return p
+
+
+def time_one(core, prompt: list[int], request_id: str) -> float:
+    """Seconds from adding one request (max_tokens=1) to its token on the host."""
+    from cadence.core_types import EngineCoreRequest
+    from cadence.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    start = time.perf_counter()
+    core.add_request(EngineCoreRequest(request_id, prompt, params))
+    step = core.step_fn
+    while True:
+        outs, _ = step()
+        if outs is not None and any(o.new_token_ids for o in outs.outputs):
+            elapsed = time.perf_counter() - start
+            break
+    while core.has_work():  # drain the batch queue (async scheduling)
+        step()
+    return elapsed
+
+
+def floor_seconds(model, num_tokens: int, bandwidth: float, flops: float) -> float:
+    params = sum(p.numel() for name, p in model.named_parameters() if "embed_tokens" not in name)
+    matmul = 2.0 * params * num_tokens  # + attention, small next to the GEMMs at these lengths
+    return max(weight_bytes(model) / bandwidth, matmul / flops)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cadence.engine.core import EngineCore
+    from cadence.engine.engine_args import EngineArgs
+
+    ns = _parser().parse_args(argv)
+    lens = [int(x) for x in ns.input_lens.split(",")]
+    args = EngineArgs.from_cli_args(ns)
+    args.max_num_seqs = min(args.max_num_seqs, 8)
+    args.max_model_len = args.max_model_len or max(lens) + 16
+    args.max_num_batched_tokens = args.max_num_batched_tokens or max(8192, max(lens))
+    args.skip_tokenizer_init = True
+    start = time.perf_counter()
+    core = EngineCore(args)
+    startup = time.perf_counter() - start
+    runner = core.runner
+    model = runner.model
+    results = []
+    for length in lens:
+        prompts = random_prompts(ns.repeats + 2, length, core.vocab_size, seed=length)
+        time_one(core, prompts[0], f"warm-{length}-0")
+        time_one(core, prompts[1], f"warm-{length}-1")
+        times = [time_one(core, p, f"t{length}-{i}") for i, p in enumerate(prompts[2:])]
+        ms = median(times) * 1e3
+        floor_ms = floor_seconds(model, length, ns.bandwidth, ns.flops) * 1e3
+        graph = runner.mixed_graphs is not None and runner.mixed_graphs.bucket_for(length)
+        row = {"input_len": length, "ttft_ms_p50": round(ms, 3),
+               "ttft_ms_min": round(min(times) * 1e3, 3),
+               "ttft_ms_max": round(max(times) * 1e3, 3), "floor_ms": round(floor_ms, 3),
+               "ratio": round(floor_ms / ms, 3), "graph_bucket": graph or None}
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    rec = Record("ttft", args.model, device_name(), git_commit(), now(),
+                 {"startup_s": round(startup, 2), "capture_s": round(runner.capture_seconds, 2),
+                  "enforce_eager": args.enforce_eager,
+                  "max_capture_tokens": core.config.graphs.max_capture_tokens,
+                  "async_scheduling": core.batch_queue_size > 1, "rows": results})
+    print(rec.dump())
+    if ns.json_out:
+        with open(ns.json_out, "w") as f:
+            f.write(rec.dump() + "\n")
+    core.shutdown()
+    return 0
