@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU suite and the headline benchmarks in one go, on a CUDA machine.
-#   scripts/gpu_check.sh OUT_DIR [all|tests|latency|trace|serve]...
+#   scripts/gpu_check.sh OUT_DIR [all|tests|latency|ttft|trace|serve]...
 # Writes logs and JSON into OUT_DIR; every section runs even if an earlier one failed.
 set -uo pipefail
 out=${1:-out}; shift || true
@@ -24,6 +24,17 @@ if want latency; then
       --batch-sizes 1,8,32,128 --input-len 128 --output-len 256 --repeats 2 \
       --json-out "$out/latency_$mode.json" 2>&1 | grep '^{"batch"' | sed "s/^/$mode /" \
       | tee -a "$out/latency.log"
+  done
+fi
+
+if want ttft; then
+  for mode in graphs eager-mixed eager; do
+    case $mode in
+      graphs) flags=();; eager-mixed) flags=(--max-capture-tokens 0);; eager) flags=(--enforce-eager);;
+    esac
+    timeout 240 python -m cadence bench ttft "${model[@]}" "${flags[@]}" \
+      --input-lens 16,128,1024,4096 --repeats 10 --json-out "$out/ttft_$mode.json" 2>&1 \
+      | grep -E '^\{"input_len"|Captured|KV cache' | sed "s/^/$mode /" | tee -a "$out/ttft.log"
   done
 fi
 

@@ -13,7 +13,7 @@ from cadence.envs import read_envs
 logger = logging.getLogger(__name__)
 
 _DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-_DEFAULT_MAX_CAPTURE_TOKENS = 2048
+_DEFAULT_MAX_CAPTURE_TOKENS = 8192
 
 
 @dataclass
@@ -25,7 +25,7 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None
     enforce_eager: bool = False
     # Mixed (prefill) steps up to this many tokens replay CUDA graphs; 0: only decode graphs.
-    # None: min(max_num_batched_tokens, 2048).
+    # None: min(max_num_batched_tokens, 8192).
     max_capture_tokens: int | None = None
     emulate_graphs: bool = False  # test aid: bucketing and padding without CUDA graphs
     async_scheduling: bool | None = None
@@ -102,7 +102,7 @@ class EngineArgs:
                             help="run every step eagerly (no CUDA graphs)")
         parser.add_argument("--max-capture-tokens", type=int, default=None,
                             help="capture mixed prefill/decode steps as CUDA graphs up to this "
-                                 "many tokens; 0 = decode graphs only (default: 2048)")
+                                 "many tokens; 0 = decode graphs only (default: 8192)")
         parser.add_argument("--async-scheduling", dest="async_scheduling",
                             action="store_true", default=None)
         parser.add_argument("--no-async-scheduling", dest="async_scheduling",

@@ -83,43 +83,58 @@ if triton is not None:
         stride_cs,
         eps,
         NUM_Q_HEADS: tl.constexpr,
+        NUM_HEADS: tl.constexpr,
         HEAD_DIM: tl.constexpr,
         HAS_NORM: tl.constexpr,
         BLOCK: tl.constexpr,
+        BLOCK_H: tl.constexpr,
     ):
+        # One program: BLOCK_H heads of one token, q heads first, then k heads (a tile of
+        # BLOCK_H x half head_dim; a program per (token, head) was bound by block scheduling).
         t = tl.program_id(0).to(tl.int64)
-        h = tl.program_id(1)
+        h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         half: tl.constexpr = HEAD_DIM // 2
-        if h < NUM_Q_HEADS:
-            src = q_ptr + t * stride_qt + h * stride_qh
-            dst = q_out_ptr + t * stride_qot + h * stride_qoh
-            w_ptr = qw_ptr
-        else:
-            src = k_ptr + t * stride_kt + (h - NUM_Q_HEADS) * stride_kh
-            dst = k_out_ptr + t * stride_kot + (h - NUM_Q_HEADS) * stride_koh
-            w_ptr = kw_ptr
         offs = tl.arange(0, BLOCK)
-        mask = offs < half
-        x1 = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(src + half + offs, mask=mask, other=0.0).to(tl.float32)
+        is_q = h < NUM_Q_HEADS
+        is_k = (h >= NUM_Q_HEADS) & (h < NUM_HEADS)
+        dmask = offs < half
+        mq = is_q[:, None] & dmask[None, :]
+        mk = is_k[:, None] & dmask[None, :]
+        hk = h - NUM_Q_HEADS
+        q_src = q_ptr + t * stride_qt + h[:, None] * stride_qh + offs[None, :]
+        k_src = k_ptr + t * stride_kt + hk[:, None] * stride_kh + offs[None, :]
+        x1 = tl.load(q_src, mask=mq, other=0.0).to(tl.float32)
+        x1 += tl.load(k_src, mask=mk, other=0.0).to(tl.float32)
+        x2 = tl.load(q_src + half, mask=mq, other=0.0).to(tl.float32)
+        x2 += tl.load(k_src + half, mask=mk, other=0.0).to(tl.float32)
         if HAS_NORM:
-            ss = tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)
-            rstd = tl.math.rsqrt(ss / HEAD_DIM + eps)
-            w1 = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            w2 = tl.load(w_ptr + half + offs, mask=mask, other=0.0).to(tl.float32)
+            ss = tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)
+            rstd = tl.math.rsqrt(ss / HEAD_DIM + eps)[:, None]
+            qw1 = tl.load(qw_ptr + offs, mask=dmask, other=0.0).to(tl.float32)[None, :]
+            qw2 = tl.load(qw_ptr + half + offs, mask=dmask, other=0.0).to(tl.float32)[None, :]
+            kw1 = tl.load(kw_ptr + offs, mask=dmask, other=0.0).to(tl.float32)[None, :]
+            kw2 = tl.load(kw_ptr + half + offs, mask=dmask, other=0.0).to(tl.float32)[None, :]
+            w1 = tl.where(is_q[:, None], qw1, kw1)
+            w2 = tl.where(is_q[:, None], qw2, kw2)
             # Rounded like the reference: normalize, round, scale, round.
             x1 = (x1 * rstd).to(q_ptr.dtype.element_ty).to(tl.float32) * w1
             x2 = (x2 * rstd).to(q_ptr.dtype.element_ty).to(tl.float32) * w2
             x1 = x1.to(q_ptr.dtype.element_ty).to(tl.float32)
             x2 = x2.to(q_ptr.dtype.element_ty).to(tl.float32)
         pos = tl.load(pos_ptr + t).to(tl.int64)
-        cos = tl.load(cos_sin_ptr + pos * stride_cs + offs, mask=mask, other=0.0).to(tl.float32)
-        sin = tl.load(cos_sin_ptr + pos * stride_cs + half + offs, mask=mask, other=0.0).to(
-            tl.float32
-        )
+        cos = tl.load(cos_sin_ptr + pos * stride_cs + offs, mask=dmask, other=0.0)
+        sin = tl.load(cos_sin_ptr + pos * stride_cs + half + offs, mask=dmask, other=0.0)
+        cos = cos.to(tl.float32)[None, :]
+        sin = sin.to(tl.float32)[None, :]
         out_ty = q_out_ptr.dtype.element_ty
-        tl.store(dst + offs, (x1 * cos - x2 * sin).to(out_ty), mask=mask)
-        tl.store(dst + half + offs, (x2 * cos + x1 * sin).to(out_ty), mask=mask)
+        y1 = (x1 * cos - x2 * sin).to(out_ty)
+        y2 = (x2 * cos + x1 * sin).to(out_ty)
+        q_dst = q_out_ptr + t * stride_qot + h[:, None] * stride_qoh + offs[None, :]
+        k_dst = k_out_ptr + t * stride_kot + hk[:, None] * stride_koh + offs[None, :]
+        tl.store(q_dst, y1, mask=mq)
+        tl.store(q_dst + half, y2, mask=mq)
+        tl.store(k_dst, y1, mask=mk)
+        tl.store(k_dst + half, y2, mask=mk)
 
     @triton.jit
     def _silu_and_mul_kernel(
@@ -282,7 +297,9 @@ def qk_norm_rope_triton(
     kw = k_weight.contiguous() if k_weight is not None else k
     if num_tokens > 0:
         block = _pow2(head_dim // 2)
-        _qk_norm_rope_kernel[(num_tokens, num_heads + num_kv_heads)](
+        total = num_heads + num_kv_heads
+        block_h = min(_pow2(total), max(1, 2048 // block))
+        _qk_norm_rope_kernel[(num_tokens, triton.cdiv(total, block_h))](
             q,
             k,
             q_out,
@@ -302,10 +319,12 @@ def qk_norm_rope_triton(
             cos_sin.stride(0),
             eps,
             NUM_Q_HEADS=num_heads,
+            NUM_HEADS=total,
             HEAD_DIM=head_dim,
             HAS_NORM=has_norm,
             BLOCK=block,
-            num_warps=1 if block <= 128 else 2,
+            BLOCK_H=block_h,
+            num_warps=4 if block * block_h >= 1024 else 1,
         )
     return q_out, k_out
 

@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
-import transformers
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
-from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+import os
+import sys
+from pathlib import Path
 
-from cadence.model import fused_ops
-from cadence.model.decoder import CausalLM
-from cadence.model.rope import RopeParams, RotaryEmbedding
-from tests.hf_models import LLAMA3_ROPE_SCALING
-from tests.model.helpers import Chunk, cuda_args, hf_config, make_batch, new_kv_caches
+if __name__ == "__main__":  # the interpreter driver: before triton is imported
+    os.environ["TRITON_INTERPRET"] = "1"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers.models.llama.modeling_llama import (  # noqa: E402
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm  # noqa: E402
+
+from cadence.model import fused_ops  # noqa: E402
+from cadence.model.decoder import CausalLM  # noqa: E402
+from cadence.model.rope import RopeParams, RotaryEmbedding  # noqa: E402
+from tests.hf_models import LLAMA3_ROPE_SCALING  # noqa: E402
+from tests.model.helpers import (  # noqa: E402
+    Chunk,
+    cuda_args,
+    hf_config,
+    make_batch,
+    new_kv_caches,
+)
+from tests.model.triton_interpreter import DONE, patch_interpreter, run_interpreted  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16]
 LLAMA3 = RopeParams(
@@ -136,6 +154,10 @@ def test_qk_norm_rope_reference_matches_transformers(norm):
     torch.testing.assert_close(ours[1], hk[0].transpose(0, 1))
 
 
+def test_kernels_in_triton_interpreter():
+    run_interpreted(__file__)
+
+
 # --- GPU: each kernel against its reference -----------------------------------------------------
 
 
@@ -220,3 +242,14 @@ def test_decode_graph_is_small_and_replays_the_eager_step():
     # Per layer: norm, qkv, q/k norm + RoPE, attention (+ split merge), o_proj, add + norm,
     # gate_up, SiLU-and-mul, down; plus the embedding lookup.
     assert kernels <= 11 * num_layers + 2, kernels
+
+
+if __name__ == "__main__":
+    # float32 only: the interpreter rounds bfloat16 differently from the GPU and torch.
+    patch_interpreter()
+    check_rms_norm("cpu", torch.float32, 7, 1000)
+    check_rms_norm("cpu", torch.float32, 2, 17)
+    for case in HEAD_CASES:
+        check_qk_norm_rope("cpu", torch.float32, 3, case)
+    check_silu_and_mul("cpu", torch.float32, 5, 1000)
+    print(DONE)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch  # noqa: E402
 
 from cadence.model.attention import TorchAttentionBackend  # noqa: E402
 from cadence.model.attention_metadata import AttentionMetadata  # noqa: E402
+from tests.model.triton_interpreter import DONE, patch_interpreter, run_interpreted  # noqa: E402
 
 DUMMY_BLOCK = 0  # never given to a sequence; padding tokens write its first slot
 
@@ -199,16 +199,7 @@ def run_mixed_padded(device: str, dtype: torch.dtype, heads: int, kv_heads: int,
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed")
-    if torch.cuda.is_available():
-        pytest.skip("the GPU tests run the compiled kernels")
-    proc = subprocess.run(
-        [sys.executable, __file__], capture_output=True, text=True, timeout=600,
-        env=dict(os.environ, TRITON_INTERPRET="1"),
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "interpreted cases ok" in proc.stdout
+    run_interpreted(__file__)
 
 
 def test_split_choice_depends_on_shapes_only() -> None:
@@ -300,23 +291,8 @@ def test_decode_replays_inside_a_cuda_graph(dtype: torch.dtype) -> None:
         assert_matches(case, out, cache)
 
 
-def _patch_interpreter_scalar_index() -> None:
-    """Triton 3.6's interpreter holds scalars as 1-element arrays and turns them into loop
-    bounds with ``int(array)``, which numpy >= 2.4 refuses for arrays that are not 0-d."""
-    import numpy as np
-    from triton.runtime import interpreter
-
-    original = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):  # type: ignore[no-untyped-def]
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).flat[0]))
-
-    interpreter._patch_lang_tensor = patched
-
-
 if __name__ == "__main__":
-    _patch_interpreter_scalar_index()
+    patch_interpreter()
     run_decode("cpu", torch.float32, 16, None, True)
     run_decode("cpu", torch.float32, 16, 1, False)
     run_decode("cpu", torch.float32, 16, 1, True)
@@ -325,4 +301,4 @@ if __name__ == "__main__":
     run_prefill("cpu", torch.float32, 3, 3, 24)
     run_mixed_padded("cpu", torch.float32, 8, 2, 32, extra_tokens=13, empty_rows=5)
     run_mixed_padded("cpu", torch.float32, 6, 1, 16, extra_tokens=0, empty_rows=1)
-    print("interpreted cases ok")
+    print(DONE)
