@@ -21,6 +21,8 @@ their output rows are left unspecified (the reference backend zeroes them).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from cadence.model.attention_metadata import AttentionMetadata
@@ -216,10 +218,28 @@ def paged_decode_attention(
         )
 
 
-def varlen_block_q(group: int, fp32: bool) -> int:
-    """Query tokens per program of the varlen kernel: a tile of 64 rows (32 in float32) holds
-    ``block_q`` tokens times the group's query heads (padded to a power of two)."""
-    return max(1, (32 if fp32 else 64) // _pow2(group))
+@dataclass(frozen=True)
+class VarlenConfig:
+    """Tile of the varlen kernel: ``block_m`` rows (query tokens x the group's query heads,
+    padded to a power of two) against ``block_n`` keys per step."""
+
+    block_m: int = 64
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def block_q(self, group: int) -> int:
+        return max(1, self.block_m // _pow2(group))
+
+
+def varlen_config(num_tokens: int, fp32: bool) -> VarlenConfig:
+    """The tile for a pass of ``num_tokens`` tokens: a function of shapes only, so a graph
+    captured at a token bucket keeps it."""
+    if fp32:
+        return VarlenConfig(block_m=32, block_n=32)
+    if num_tokens >= 1024:
+        return VarlenConfig(block_m=128, block_n=64, num_warps=8, num_stages=2)
+    return VarlenConfig()
 
 
 def paged_varlen_attention(
@@ -228,6 +248,7 @@ def paged_varlen_attention(
     metadata: AttentionMetadata,
     scale: float,
     out: torch.Tensor,
+    config: VarlenConfig | None = None,
 ) -> None:
     """Causal varlen attention of any batch (prefill, chunked prefill, mixed) into ``out``.
 
@@ -244,7 +265,8 @@ def paged_varlen_attention(
         return
     group = num_heads // num_kv_heads
     fp32 = kv_cache.dtype == torch.float32
-    block_q = varlen_block_q(group, fp32)
+    cfg = config or varlen_config(num_tokens, fp32)
+    block_q = cfg.block_q(group)
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _varlen_kernel[grid](
         q,
@@ -269,11 +291,11 @@ def paged_varlen_attention(
         HEAD_DIM=head_dim,
         PAGE=page,
         BLOCK_Q=block_q,
-        BLOCK_N=32 if fp32 else 64,
+        BLOCK_N=cfg.block_n,
         BLOCK_D=_pow2(head_dim, 16),
         IEEE=fp32,
-        num_warps=4,
-        num_stages=2,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
 
 

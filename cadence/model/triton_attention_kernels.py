@@ -13,7 +13,7 @@ except ImportError:  # pragma: no cover - CPU installs
     triton = None
     tl = None
 
-_store_kv_kernel = _decode_kernel = _merge_splits_kernel = _varlen_kernel = None
+_store_kv_kernel = _decode_kernel = _merge_splits_kernel = _varlen_kernel = _varlen_tile = None
 
 if triton is not None:
 
@@ -228,6 +228,67 @@ if triton is not None:
         )
 
     @triton.jit
+    def _varlen_tile(
+        q,
+        acc,
+        m_i,
+        l_i,
+        cache_ptr,
+        bt_row,
+        head_off,
+        n0,
+        q_pos,
+        kv_end,
+        offs_d,
+        dmask,
+        qk_scale,
+        stride_c0,
+        stride_c1,
+        stride_c2,
+        PAGE: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        MASK: tl.constexpr,
+        IEEE: tl.constexpr,
+    ):
+        """One key/value tile of the online softmax; MASK=False for tiles every row sees."""
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        if MASK:
+            nmask = offs_n < kv_end
+            page = tl.load(bt_row + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
+        else:
+            page = tl.load(bt_row + offs_n // PAGE).to(tl.int64)
+        kv_off = page * stride_c1 + (offs_n % PAGE).to(tl.int64) * stride_c2 + head_off
+        ptrs = cache_ptr + kv_off[:, None] + offs_d[None, :]
+        if MASK:
+            kvmask = nmask[:, None] & dmask[None, :]
+            k = tl.load(ptrs, mask=kvmask, other=0.0)
+        else:
+            k = tl.load(ptrs, mask=dmask[None, :], other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = s * qk_scale
+        if MASK:
+            keep = nmask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+            s = tl.where(keep, s, float("-inf"))
+        # Key 0 is in the first tile and visible to every row, so m_new is finite.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASK:
+            v = tl.load(ptrs + stride_c0, mask=kvmask, other=0.0)
+        else:
+            v = tl.load(ptrs + stride_c0, mask=dmask[None, :], other=0.0)
+        if IEEE:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        return acc, m_new, l_i
+
+    @triton.jit
     def _varlen_kernel(
         q_ptr,
         cache_ptr,
@@ -275,8 +336,11 @@ if triton is not None:
         q_len = tl.load(qsl_ptr + b + 1) - q_start
         seq_len = tl.load(seq_lens_ptr + b)
         qb = pid - (q_start // BLOCK_Q + b)
-        if (qb * BLOCK_Q >= q_len) | (seq_len <= 0):
+        num_blocks = tl.cdiv(q_len, BLOCK_Q)
+        if (qb >= num_blocks) | (seq_len <= 0):
             return  # past the sequence's queries, or a padding sequence
+        # The last blocks see the most keys: they take the lowest program ids (start first).
+        qb = num_blocks - 1 - qb
         ctx = seq_len - q_len
 
         offs_m = tl.arange(0, BLOCK_M)
@@ -297,39 +361,25 @@ if triton is not None:
         # Rows outside the query range see every key (finite numbers) and are never stored.
         q_pos = tl.where(rmask, ctx + q_idx, seq_len - 1)
         kv_end = tl.minimum(seq_len, ctx + (qb + 1) * BLOCK_Q)
+        # Keys before ctx + qb * BLOCK_Q + 1 are visible to every row: whole tiles of them
+        # need no mask.
+        full_end = tl.minimum((ctx + qb * BLOCK_Q + 1) // BLOCK_N * BLOCK_N, kv_end)
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         bt_row = bt_ptr + b.to(tl.int64) * stride_bt
         head_off = kvh.to(tl.int64) * stride_c3
-        for n0 in range(0, kv_end, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            nmask = offs_n < kv_end
-            page = tl.load(bt_row + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
-            kv_off = page * stride_c1 + (offs_n % PAGE).to(tl.int64) * stride_c2 + head_off
-            kvmask = nmask[:, None] & dmask[None, :]
-            k = tl.load(cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            keep = nmask[None, :] & (offs_n[None, :] <= q_pos[:, None])
-            s = tl.where(keep, s * qk_scale, float("-inf"))
-            # Key 0 is in the first tile and visible to every row, so m_new is finite.
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(
-                cache_ptr + stride_c0 + kv_off[:, None] + offs_d[None, :], mask=kvmask, other=0.0
-            )
-            if IEEE:
-                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+        for n0 in range(0, full_end, BLOCK_N):
+            acc, m_i, l_i = _varlen_tile(
+                q, acc, m_i, l_i, cache_ptr, bt_row, head_off, n0, q_pos, kv_end, offs_d, dmask,
+                qk_scale, stride_c0, stride_c1, stride_c2, PAGE, BLOCK_N, False, IEEE,
+            )  # fmt: skip
+        for n0 in range(full_end, kv_end, BLOCK_N):
+            acc, m_i, l_i = _varlen_tile(
+                q, acc, m_i, l_i, cache_ptr, bt_row, head_off, n0, q_pos, kv_end, offs_d, dmask,
+                qk_scale, stride_c0, stride_c1, stride_c2, PAGE, BLOCK_N, True, IEEE,
+            )  # fmt: skip
 
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
         out = acc / l_safe[:, None]
