@@ -10,6 +10,7 @@ causal attention work for each configuration, the default marked.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import sys
 from pathlib import Path
@@ -71,8 +72,8 @@ def main() -> int:
         rows = []
         for cfg in configs:
             try:
-                us = do_bench(lambda cfg=cfg: paged_varlen_attention(q, cache, md, 0.088, out, cfg),
-                              warmup=10, rep=40) * 1e3
+                call = functools.partial(paged_varlen_attention, q, cache, md, 0.088, out, cfg)
+                us = do_bench(call, warmup=10, rep=40) * 1e3
             except Exception as exc:  # out of shared memory or registers
                 print(f"{label}: {cfg} failed: {type(exc).__name__}")
                 continue
