@@ -32,6 +32,7 @@ from cadence.model.triton_attention_kernels import (
     _store_kv_kernel,
     _varlen_kernel,
 )
+from cadence.runtime.triton_launch import TritonLaunch
 
 try:
     import triton
@@ -41,6 +42,11 @@ except ImportError:  # pragma: no cover - CPU installs
     tl = None
 
 _LOG2E = 1.4426950408889634
+if triton is not None:
+    _STORE_KV = TritonLaunch(_store_kv_kernel)
+    _DECODE = TritonLaunch(_decode_kernel)
+    _MERGE_SPLITS = TritonLaunch(_merge_splits_kernel)
+    _VARLEN = TritonLaunch(_varlen_kernel)
 _MAX_SPLITS = 64
 _MIN_TOKENS_PER_SPLIT = 64
 
@@ -77,19 +83,22 @@ def store_kv_cache(
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
-    _store_kv_kernel[(num_tokens,)](
-        k,
-        v,
-        kv_cache,
-        slot_mapping,
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        kv_cache.stride(0),
-        kv_cache.stride(1),
-        kv_cache.stride(2),
-        kv_cache.stride(3),
+    _STORE_KV(
+        (num_tokens,),
+        (
+            k,
+            v,
+            kv_cache,
+            slot_mapping,
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            kv_cache.stride(0),
+            kv_cache.stride(1),
+            kv_cache.stride(2),
+            kv_cache.stride(3),
+        ),
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         PAGE=kv_cache.shape[2],
@@ -160,33 +169,36 @@ def paged_decode_attention(
         )
     else:
         part_acc = part_ml = out  # unused
-    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q,
-        kv_cache,
-        out,
-        part_acc,
-        part_ml,
-        k,
-        v,
-        metadata.slot_mapping,
-        metadata.seq_lens,
-        metadata.query_start_loc,
-        block_tables,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        out.stride(0),
-        out.stride(1),
-        kv_cache.stride(0),
-        kv_cache.stride(1),
-        kv_cache.stride(2),
-        kv_cache.stride(3),
-        block_tables.stride(0),
-        scale * _LOG2E,
-        num_splits,
+    _DECODE(
+        (num_seqs, num_kv_heads, num_splits),
+        (
+            q,
+            kv_cache,
+            out,
+            part_acc,
+            part_ml,
+            k,
+            v,
+            metadata.slot_mapping,
+            metadata.seq_lens,
+            metadata.query_start_loc,
+            block_tables,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            out.stride(0),
+            out.stride(1),
+            kv_cache.stride(0),
+            kv_cache.stride(1),
+            kv_cache.stride(2),
+            kv_cache.stride(3),
+            block_tables.stride(0),
+            scale * _LOG2E,
+            num_splits,
+        ),
         NUM_HEADS=num_heads,
         GROUP=group,
         HEAD_DIM=head_dim,
@@ -201,15 +213,18 @@ def paged_decode_attention(
         num_stages=2,
     )
     if split:
-        _merge_splits_kernel[(num_seqs, num_heads)](
-            part_acc,
-            part_ml,
-            out,
-            metadata.seq_lens,
-            metadata.query_start_loc,
-            out.stride(0),
-            out.stride(1),
-            num_splits,
+        _MERGE_SPLITS(
+            (num_seqs, num_heads),
+            (
+                part_acc,
+                part_ml,
+                out,
+                metadata.seq_lens,
+                metadata.query_start_loc,
+                out.stride(0),
+                out.stride(1),
+                num_splits,
+            ),
             NUM_HEADS=num_heads,
             HEAD_DIM=head_dim,
             BLOCK_S=_pow2(num_splits),
@@ -271,24 +286,27 @@ def paged_varlen_attention(
     cfg = config or varlen_config(num_tokens, fp32)
     block_q = cfg.block_q(group)
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
-    _varlen_kernel[grid](
-        q,
-        kv_cache,
-        out,
-        metadata.seq_lens,
-        metadata.query_start_loc,
-        metadata.block_tables,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        kv_cache.stride(0),
-        kv_cache.stride(1),
-        kv_cache.stride(2),
-        kv_cache.stride(3),
-        metadata.block_tables.stride(0),
-        scale * _LOG2E,
-        num_seqs,
+    _VARLEN(
+        grid,
+        (
+            q,
+            kv_cache,
+            out,
+            metadata.seq_lens,
+            metadata.query_start_loc,
+            metadata.block_tables,
+            q.stride(0),
+            q.stride(1),
+            out.stride(0),
+            out.stride(1),
+            kv_cache.stride(0),
+            kv_cache.stride(1),
+            kv_cache.stride(2),
+            kv_cache.stride(3),
+            metadata.block_tables.stride(0),
+            scale * _LOG2E,
+            num_seqs,
+        ),
         GROUP=group,
         GROUP_P=_pow2(group),
         HEAD_DIM=head_dim,

@@ -1,0 +1,80 @@
+"""TritonLaunch: the first launch of a specialization goes through Triton, later ones straight
+to the compiled launcher, with the same results; a change of dtype, alignment or integer class
+compiles a new specialization instead of reusing a wrong one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cadence.runtime.triton_launch import _spec
+
+
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def axpy(x_ptr, y_ptr, out_ptr, a, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(x_ptr + offs, mask=mask)
+        y = tl.load(y_ptr + offs, mask=mask)
+        tl.store(out_ptr + offs, a * x + y, mask=mask)
+
+    return axpy
+
+
+@pytest.mark.gpu
+def test_fast_launches_match_triton():
+    from cadence.runtime.triton_launch import TritonLaunch
+
+    launch = TritonLaunch(_kernel())
+    for step in range(4):
+        n = 1000 + step * 64  # same integer classes: one specialization
+        x = torch.randn(n, device="cuda")
+        y = torch.randn(n, device="cuda")
+        out = torch.empty_like(x)
+        launch(((n + 255) // 256,), (x, y, out, 2.5, n), BLOCK=256)
+        torch.testing.assert_close(out, 2.5 * x + y)
+    assert launch.fast_launches == 3
+    # A misaligned view and a bfloat16 input each take a new specialization, still right.
+    x = torch.randn(1025, device="cuda")[1:]
+    y = torch.randn(1024, device="cuda")
+    out = torch.empty_like(y)
+    launch((4,), (x, y, out, -1.0, 1024), BLOCK=256)
+    torch.testing.assert_close(out, -x + y)
+    xb, yb = x.bfloat16(), y.bfloat16()
+    outb = torch.empty_like(yb)
+    launch((4,), (xb, yb, outb, 0.5, 1024), BLOCK=256)
+    torch.testing.assert_close(outb, (0.5 * xb.float() + yb.float()).bfloat16(), atol=2e-2,
+                               rtol=2e-2)
+    assert launch.fast_launches == 3
+
+
+@pytest.mark.gpu
+def test_launch_inside_a_cuda_graph():
+    from cadence.runtime.triton_launch import TritonLaunch
+
+    launch = TritonLaunch(_kernel())
+    x = torch.randn(512, device="cuda")
+    y = torch.randn(512, device="cuda")
+    out = torch.empty_like(x)
+    launch((2,), (x, y, out, 1.0, 512), BLOCK=256)  # compiles
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        launch((2,), (x, y, out, 3.0, 512), BLOCK=256)
+    x.copy_(torch.randn(512, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, 3.0 * x + y)
+
+
+def test_spec_classes():
+    t = torch.zeros(8)
+    assert _spec(t) == (torch.float32, True)
+    assert _spec(t[1:]) == (torch.float32, False)
+    assert _spec(1) == (True, False) and _spec(32) == (False, True) and _spec(7) == (False, False)
+    assert _spec(0.5) is float and _spec(True) is bool
