@@ -1,8 +1,10 @@
 """``cadence bench serve``: load an OpenAI-compatible server with streaming completions.
 
-For each concurrency level, ``--num-prompts`` requests of ``--input-len`` prompt tokens and
-``--output-len`` generated tokens run with at most that many in flight; the report gives TTFT,
-TPOT and ITL percentiles and request / token throughput as JSON, like vLLM's ``bench serve``.
+For each request rate and concurrency level, ``--num-prompts`` requests of ``--input-len``
+prompt tokens and ``--output-len`` generated tokens are sent, arriving as a Poisson process of
+``--request-rate`` requests per second (``inf``: all at once) with at most ``--concurrency`` in
+flight; the report gives TTFT, TPOT and ITL percentiles and request / token throughput as JSON,
+like vLLM's ``bench serve``; ``--plot FILE.png`` draws the latency percentiles.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import random
 import statistics
 import sys
@@ -106,13 +109,19 @@ def _pct(values: list[float], p: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def summarize(results: list[RequestResult], duration: float, concurrency: int) -> dict[str, Any]:
+def summarize(
+    results: list[RequestResult],
+    duration: float,
+    concurrency: int | None,
+    request_rate: float = math.inf,
+) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_len for r in ok)
     tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
     itls = [v for r in ok for v in r.itl]
     report: dict[str, Any] = {
+        "request_rate": "inf" if math.isinf(request_rate) else request_rate,
         "concurrency": concurrency,
         "completed": len(ok),
         "failed": len(results) - len(ok),
@@ -132,24 +141,46 @@ def summarize(results: list[RequestResult], duration: float, concurrency: int) -
         report[f"mean_{name}_ms"] = statistics.fmean(values) * 1e3 if values else 0.0
         for p in PERCENTILES:
             report[f"p{p}_{name}_ms"] = _pct(values, p) * 1e3
+        report[f"max_{name}_ms"] = max(values) * 1e3 if values else 0.0
     errors = sorted({r.error for r in results if not r.ok})
     if errors:
         report["errors"] = errors[:5]
     return report
 
 
+def arrival_offsets(num: int, rate: float, seed: int) -> list[float]:
+    """Seconds from the start at which each of ``num`` requests is sent: a Poisson process of
+    ``rate`` per second (exponential gaps, seeded), or all at 0 for an infinite rate."""
+    if math.isinf(rate):
+        return [0.0] * num
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(num):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
 async def run_level(
-    args: argparse.Namespace, concurrency: int, prompts: list[Any]
+    args: argparse.Namespace,
+    concurrency: int | None,
+    prompts: list[Any],
+    request_rate: float = math.inf,
 ) -> dict[str, Any]:
     url = args.base_url.rstrip("/") + "/v1/completions"
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    sem = asyncio.Semaphore(concurrency)
+    cap = concurrency or len(prompts)
+    limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
+    sem = asyncio.Semaphore(cap)
+    offsets = arrival_offsets(len(prompts), request_rate, args.seed)
     input_lens = [len(p) if isinstance(p, list) else args.input_len for p in prompts]
 
     async with httpx.AsyncClient(timeout=args.timeout, limits=limits, headers=headers) as client:
 
-        async def task(prompt: Any, prompt_len: int) -> RequestResult:
+        async def task(prompt: Any, prompt_len: int, offset: float) -> RequestResult:
+            delay = start + offset - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)  # the request's arrival time
             payload = {
                 "model": args.model,
                 "prompt": prompt,
@@ -165,10 +196,10 @@ async def run_level(
 
         start = time.perf_counter()
         results = await asyncio.gather(
-            *(task(p, n) for p, n in zip(prompts, input_lens, strict=True))
+            *(task(p, n, o) for p, n, o in zip(prompts, input_lens, offsets, strict=True))
         )
         duration = time.perf_counter() - start
-    return summarize(list(results), duration, concurrency)
+    return summarize(list(results), duration, concurrency, request_rate)
 
 
 async def _resolve_model(args: argparse.Namespace) -> str:
@@ -182,35 +213,69 @@ async def _resolve_model(args: argparse.Namespace) -> str:
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.model is None:
         args.model = await _resolve_model(args)
-    levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
+    rates = parse_rates(args.request_rate)
+    if args.concurrency is None:
+        # Arrivals by rate: no cap on requests in flight unless asked; all at once: the classic
+        # concurrency sweep.
+        levels: list[int | None] = [None] if any(not math.isinf(r) for r in rates) else [1, 8, 32]
+    else:
+        levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     commit, date = git_commit(), now()
     reports = []
-    for level in levels:
-        prompts = make_prompts(
-            args.prompt_kind, args.num_prompts, args.input_len, args.seed + level
-        )
-        if args.warmup:
-            await run_level(args, min(level, len(prompts)), prompts[: min(level, args.warmup)])
-        report = await run_level(args, level, prompts)
-        report.update(
-            commit=commit,
-            date=date,
-            model=args.model,
-            base_url=args.base_url,
-            num_prompts=args.num_prompts,
-            input_len=args.input_len,
-            output_len=args.output_len,
-        )
-        reports.append(report)
-        print(json.dumps(report), flush=True)
+    for rate in rates:
+        for level in levels:
+            report = await _run_one_level(args, rate, level)
+            report.update(commit=commit, date=date)
+            reports.append(report)
+            print(json.dumps(report), flush=True)
     return reports
+
+
+def parse_rates(spec: str) -> list[float]:
+    rates = []
+    for part in str(spec).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        rate = math.inf if part.lower() == "inf" else float(part)
+        if not rate > 0:
+            raise ValueError(f"--request-rate: rates must be positive or inf, got {part!r}")
+        rates.append(rate)
+    return rates
+
+
+async def _run_one_level(args: argparse.Namespace, rate: float, level: int | None) -> dict:
+    salt = level or 0
+    prompts = make_prompts(args.prompt_kind, args.num_prompts, args.input_len, args.seed + salt)
+    if args.warmup:
+        n = min(level or args.warmup, args.warmup, len(prompts))
+        await run_level(args, n, prompts[:n])
+    report = await run_level(args, level, prompts, rate)
+    report.update(
+        model=args.model,
+        base_url=args.base_url,
+        num_prompts=args.num_prompts,
+        input_len=args.input_len,
+        output_len=args.output_len,
+    )
+    return report
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
     parser.add_argument("--model", default=None, help="default: the first of /v1/models")
     parser.add_argument("--api-key", default=None)
-    parser.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
+    parser.add_argument(
+        "--concurrency",
+        default=None,
+        help="comma-separated caps on requests in flight (default: 1,8,32 when all arrive at "
+        "once, no cap with a request rate)",
+    )
+    parser.add_argument(
+        "--request-rate",
+        default="inf",
+        help="comma-separated Poisson arrival rates, requests/s; inf = all at once",
+    )
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
@@ -224,6 +289,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--json-out", default=None, help="write all reports to this file")
+    parser.add_argument("--plot", default=None, help="draw the latency percentiles to FILE.png")
     return parser
 
 
@@ -235,7 +301,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_from_args(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    try:
+        parse_rates(args.request_rate)
+    except ValueError as exc:
+        print(f"cadence bench serve: error: {exc}", file=sys.stderr)
+        return 2
     reports = asyncio.run(run(args))
+    if args.plot:
+        from cadence.bench.plot import plot_latency
+
+        plot_latency(reports, args.plot)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"reports": reports, "args": _plain(vars(args))}, f, indent=2)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from cadence.bench import serve as bench_serve
 from cadence.cli import build_parser
@@ -101,6 +102,35 @@ def test_bench_serve_reports_latency_and_throughput(server, tmp_path: Path, caps
     # One JSON line per level on stdout.
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("{")]
     assert [json.loads(ln)["concurrency"] for ln in lines] == [1, 4]
+
+
+def test_bench_serve_poisson_arrivals_and_plot(server, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out, png = tmp_path / "bench.json", tmp_path / "latency.png"
+    rc = bench_serve.main(
+        ["--base-url", server.base_url, "--request-rate", "50,inf", "--num-prompts", "6",
+         "--input-len", "10", "--output-len", "5", "--json-out", str(out), "--plot", str(png)]
+    )  # fmt: skip
+    assert rc == 0
+    reports = json.loads(out.read_text())["reports"]
+    assert [(r["request_rate"], r["concurrency"]) for r in reports] == [(50.0, None), ("inf", None)]
+    for r in reports:
+        assert (r["completed"], r["failed"]) == (6, 0)
+        assert r["max_itl_ms"] >= r["p99_itl_ms"] >= r["p50_itl_ms"] > 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_poisson_arrival_offsets() -> None:
+    offsets = bench_serve.arrival_offsets(4000, 20.0, seed=3)
+    gaps = [b - a for a, b in zip(offsets, offsets[1:])]
+    assert offsets[0] == 0.0 and all(g >= 0 for g in gaps)
+    mean = sum(gaps) / len(gaps)
+    assert abs(mean - 1 / 20.0) < 0.005  # exponential gaps of mean 1/rate
+    assert bench_serve.arrival_offsets(5, float("inf"), seed=0) == [0.0] * 5
+    assert bench_serve.arrival_offsets(10, 5.0, seed=1) == bench_serve.arrival_offsets(10, 5.0, 1)
+    with pytest.raises(ValueError, match="request-rate"):
+        bench_serve.parse_rates("0")
+    assert bench_serve.main(["--request-rate", "-3"]) == 2
 
 
 def test_bench_summary_percentiles() -> None:
