@@ -42,7 +42,14 @@ if want front; then
     --max-num-seqs 256 --input-len 128 --output-len 256 2>&1 | grep '^{"num_prompts' \
     | sed 's/^/offline /' | tee -a "$out/serve.log"
   start_server serve_front.log --max-num-seqs 256 --max-model-len 1024 && {
+    spy=/tmp/site/bin/py-spy
+    if [ -x "$spy" ]; then  # who holds the interpreter lock during the 256-stream run
+      "$spy" record -p "$server" -d 5 -r 250 --gil --threads --nonblocking -f raw \
+        -o "$out/spy_c256.txt" > "$out/spy.log" 2>&1 &
+    fi
     bench c256 --concurrency 256 --num-prompts 256 --input-len 128 --output-len 256
+    wait %2 2>/dev/null
+    [ -s "$out/spy_c256.txt" ] && python scripts/spy_summary.py "$out/spy_c256.txt" | head -60
     bench c512 --concurrency 512 --num-prompts 512 --input-len 128 --output-len 256
     bench c1 --concurrency 1 --num-prompts 8 --input-len 128 --output-len 256
     bench c32 --concurrency 32 --num-prompts 64 --input-len 128 --output-len 256
