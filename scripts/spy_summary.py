@@ -25,12 +25,14 @@ def main() -> int:
             continue
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")
-        thread = re.sub(r"\s*\(.*", "", frames[0]) if frames else "?"
+        # "thread (tid): name" first (py-spy --threads), then the frames, outermost first.
+        thread = frames[0].split(": ", 1)[-1] if frames[0].startswith("thread") else "?"
+        frames = frames[1:] if frames[0].startswith("thread") else frames
         n = int(count)
         per_thread[thread] += n
-        leaf = frames[-1] if len(frames) > 1 else "?"
+        leaf = frames[-1] if frames else "?"
         own[thread][_short(leaf)] += n
-        for f in set(_short(f) for f in frames[1:]):
+        for f in set(_short(f) for f in frames):
             inclusive[thread][f] += n
     total = sum(per_thread.values()) or 1
     for thread, n in per_thread.most_common():
