@@ -85,10 +85,8 @@ def test_a_request_the_core_refuses_gets_an_error_not_a_dead_engine() -> None:
                 async for _ in engine.generate({"prompt_token_ids": PROMPTS[1]}, params, "dup"):
                     pass
             await engine.abort("dup")
-            out = None
-            async for out in engine.generate({"prompt_token_ids": PROMPTS[2]}, params, "ok"):
-                pass
-            assert out is not None and len(out.outputs[0].token_ids) == 4
+            outs = [o async for o in engine.generate({"prompt_token_ids": PROMPTS[2]}, params, "ok")]
+            assert len(outs[-1].outputs[0].token_ids) == 4
             assert not engine.errored
             stats = await engine.get_scheduler_stats()
             assert (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
