@@ -123,15 +123,23 @@ class EventStreamResponse:
                 if aclose is not None:
                     await aclose()
 
+        client = scope.get("client")
+        peer = f"{client[0]}:{client[1]}" if client else "a client"
         try:
             await run_until_disconnect(produce(), receive, self.stop)
         except ClientDisconnected:
-            logger.info("Client disconnected during stream %s; its request was aborted.", self.label)
+            logger.info(
+                "Client %s disconnected during stream %s; its request was aborted.",
+                peer,
+                self.label,
+            )
         except ServerStopping:
             with contextlib.suppress(OSError, asyncio.TimeoutError):
                 await asyncio.wait_for(self._send_stop_frames(start, send), _STOP_FRAMES_TIMEOUT_S)
         except OSError:  # the write failed: the client is gone (ASGI spec >= 2.4)
-            logger.info("Connection lost during stream %s; its request was aborted.", self.label)
+            logger.info(
+                "Connection of %s lost during stream %s; its request was aborted.", peer, self.label
+            )
         finally:
             if self.on_close is not None:
                 self.on_close()
