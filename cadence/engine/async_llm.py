@@ -122,9 +122,13 @@ class AsyncLLM:
     async def run_in_executor(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run per-request CPU work (tokenizing, rendering templates) off the event loop."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._cpu_executor, functools.partial(fn, *args, **kwargs)
-        )
+        try:
+            future = loop.run_in_executor(
+                self._cpu_executor, functools.partial(fn, *args, **kwargs)
+            )
+        except RuntimeError as exc:  # the executor is shut down with the engine
+            raise EngineDeadError("The engine was shut down.") from exc
+        return await future
 
     def add_stat_logger(self, stat_logger: StatLogger) -> None:
         self.stat_loggers.append(stat_logger)

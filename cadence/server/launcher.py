@@ -93,7 +93,7 @@ class CadenceServer(uvicorn.Server):
                 self.settings.shutdown_timeout,
             )
         else:
-            logger.warning("Received %s again: ending the in-flight requests now.", name)
+            logger.warning("Received %s during shutdown: ending the in-flight requests now.", name)
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(self.lifecycle.end_in_flight)
         super().handle_exit(sig, frame)
