@@ -23,9 +23,9 @@ def strict() -> Iterator[RunningServer]:
 
     running = start_server(
         AsyncLLM(tiny_args()),
-        header_read_timeout=0.5,
-        body_read_timeout=0.5,
-        timeout_keep_alive=0.5,
+        header_read_timeout=1.0,
+        body_read_timeout=1.0,
+        timeout_keep_alive=1.0,
         max_request_body_bytes=LIMIT,
     )
     yield running

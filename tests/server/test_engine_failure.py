@@ -107,7 +107,7 @@ def test_crash_fails_in_flight_requests_then_the_server_exits(server_factory) ->
 
 def test_stall_turns_health_503_until_progress(server_factory, caplog) -> None:
     caplog.set_level(logging.INFO, logger="cadence.server.watchdog")
-    srv = server_factory(core_factory=FaultyCore, app_kwargs={"engine_stall_timeout": 0.3})
+    srv = server_factory(core_factory=FaultyCore, app_kwargs={"engine_stall_timeout": 1.0})
     core = srv.engine.engine_core.proc.engine_core
     with httpx.Client(base_url=srv.base_url, timeout=30) as http:
         assert http.get("/health").status_code == 200
