@@ -1,25 +1,32 @@
 """AsyncLLM: the asyncio front end of the engine (vLLM v1 ``AsyncLLM``).
 
-``generate()`` validates and tokenizes a prompt on the event loop, registers a per-request
-``RequestOutputCollector`` with the ``OutputProcessor`` and hands the request to the engine core
-thread. One background output-handler task moves engine outputs through the output processor
-(detokenization, stop strings) into the collectors, and aborts in the core the requests that a
-stop string finished.
+``generate()`` validates and tokenizes a prompt in a worker thread (never on the event loop),
+registers a per-request ``RequestOutputCollector`` with the ``OutputProcessor`` and hands the
+request to the engine core thread. One background output-handler task moves engine outputs
+through the output processor (detokenization, stop strings) into the collectors, and aborts in
+the core the requests that a stop string finished.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import time
 from collections.abc import AsyncGenerator, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cadence.core_types import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from cadence.engine.core_client import EngineCoreClient, EngineDeadError, InprocEngineCoreClient
 from cadence.engine.core_proc import EngineCoreLike
 from cadence.engine.engine_args import EngineArgs
 from cadence.engine.frontend import load_frontend
-from cadence.engine.output_processor import OutputProcessor, RequestOutputCollector
+from cadence.engine.output_processor import (
+    IterationStats,
+    OutputProcessor,
+    RequestOutputCollector,
+)
 from cadence.metrics import StatLogger
 from cadence.sampling_params import SamplingParams
 
@@ -34,6 +41,8 @@ PromptType = str | dict[str, Any]
 
 # Engine outputs processed between two yields to the event loop (vLLM's output chunk size).
 OUTPUT_CHUNK_SIZE = 128
+
+T = TypeVar("T")
 
 
 class AsyncLLM:
@@ -72,6 +81,9 @@ class AsyncLLM:
         self.num_kv_blocks: int = core.num_kv_blocks
         self.block_size: int = core.block_size
         self.output_processor = OutputProcessor(self.tokenizer)
+        # Tokenization, chat templates and request validation run here, off the event loop.
+        # One worker, as in vLLM: a HF tokenizer is not safe to call from several threads.
+        self._cpu_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cadence-input")
 
         self.stat_loggers: list[StatLogger] = []
         self.last_scheduler_stats: SchedulerStats | None = None
@@ -100,6 +112,24 @@ class AsyncLLM:
         if self.errored:
             raise EngineDeadError()
 
+    def seconds_without_progress(self) -> float:
+        """How long unfinished requests have gone without a completed engine step (0 when no
+        request is unfinished): what a stall watchdog compares with its timeout."""
+        if not self.output_processor.has_unfinished_requests():
+            return 0.0
+        return max(0.0, time.monotonic() - self.engine_core.last_progress_time)
+
+    async def run_in_executor(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run per-request CPU work (tokenizing, rendering templates) off the event loop."""
+        loop = asyncio.get_running_loop()
+        try:
+            future = loop.run_in_executor(
+                self._cpu_executor, functools.partial(fn, *args, **kwargs)
+            )
+        except RuntimeError as exc:  # the executor is shut down with the engine
+            raise EngineDeadError("The engine was shut down.") from exc
+        return await future
+
     def add_stat_logger(self, stat_logger: StatLogger) -> None:
         self.stat_loggers.append(stat_logger)
 
@@ -116,11 +146,11 @@ class AsyncLLM:
         """Validate, tokenize and enqueue one request; return the collector of its outputs."""
         if self.errored:
             raise EngineDeadError()
-        request, prompt_text = self.input_processor.process(
-            request_id, prompt, sampling_params, arrival_time=arrival_time, priority=priority
+        request, prompt_text = await self.run_in_executor(
+            self._process_input, request_id, prompt, sampling_params, arrival_time, priority
         )
-        if self._validate_in_core is not None:
-            self._validate_in_core(request)  # policy and whole-KV-cache fit
+        if self.errored:
+            raise EngineDeadError()
         self._run_output_handler()
         collector = RequestOutputCollector(request.sampling_params.output_kind, request_id)
         self.output_processor.add_request(request, prompt_text, collector)
@@ -132,6 +162,21 @@ class AsyncLLM:
         if self.log_requests:
             logger.info("Added request %s.", request_id)
         return collector
+
+    def _process_input(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        sampling_params: SamplingParams,
+        arrival_time: float | None,
+        priority: int,
+    ) -> tuple[EngineCoreRequest, str | None]:
+        request, prompt_text = self.input_processor.process(
+            request_id, prompt, sampling_params, arrival_time=arrival_time, priority=priority
+        )
+        if self._validate_in_core is not None:
+            self._validate_in_core(request)  # policy and whole-KV-cache fit (read-only)
+        return request, prompt_text
 
     async def generate(
         self,
@@ -183,8 +228,11 @@ class AsyncLLM:
         """``abort`` without awaiting: usable while an async generator is being closed."""
         # Ids the output processor no longer tracks (finished by a stop string a moment ago)
         # may still be in the core: abort every given id there; the core ignores unknown ones.
-        self.output_processor.abort_requests(request_ids)
+        stats = IterationStats()
+        self.output_processor.abort_requests(request_ids, stats)
         self.engine_core.abort_requests(list(request_ids))
+        if stats.finished_requests:
+            self._record_stats(None, stats)  # counted as finished with reason "abort" (vLLM)
 
     # -- output handler ----------------------------------------------------------------------
     def _run_output_handler(self) -> None:
@@ -203,6 +251,7 @@ class AsyncLLM:
                     self._process_engine_outputs(outputs, start)
         except asyncio.CancelledError:
             self.output_processor.propagate_error(EngineDeadError("The engine was shut down."))
+            self._record_engine_gone()
             raise
         except Exception as exc:
             if not isinstance(exc, EngineDeadError):
@@ -210,6 +259,7 @@ class AsyncLLM:
             self.output_processor.propagate_error(
                 exc if isinstance(exc, EngineDeadError) else EngineDeadError(repr(exc))
             )
+            self._record_engine_gone()
             if not isinstance(exc, EngineDeadError):
                 # Nobody collects the core's outputs any more: stop it rather than let it run
                 # its requests for no one.
@@ -221,13 +271,22 @@ class AsyncLLM:
         if processed.reqs_to_abort:
             self.engine_core.abort_requests(processed.reqs_to_abort)
         scheduler_stats = outputs.scheduler_stats if start == 0 else None
+        self._record_stats(scheduler_stats, processed.iteration_stats)
+
+    def _record_stats(
+        self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None
+    ) -> None:
         if scheduler_stats is not None:
             self.last_scheduler_stats = scheduler_stats
         for stat_logger in self.stat_loggers:
             try:
-                stat_logger.record(scheduler_stats, processed.iteration_stats)
+                stat_logger.record(scheduler_stats, iteration_stats)
             except Exception:  # metrics must never take serving down
                 logger.exception("Stat logger %r failed.", stat_logger)
+
+    def _record_engine_gone(self) -> None:
+        # Nothing runs, waits or holds KV blocks any more: the gauges must not say otherwise.
+        self._record_stats(SchedulerStats(), None)
 
     # -- utilities ---------------------------------------------------------------------------
     async def get_scheduler_stats(self) -> SchedulerStats:
@@ -251,6 +310,7 @@ class AsyncLLM:
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop the engine core thread; consumers still waiting get ``EngineDeadError``."""
         self.engine_core.shutdown(timeout)
+        self._cpu_executor.shutdown(wait=False, cancel_futures=True)
         handler = self.output_handler
         if handler is not None and not handler.done():
             loop = self._handler_loop

@@ -59,6 +59,11 @@ class EngineCoreClient(abc.ABC):
     def errored(self) -> bool:
         """The core has died (crashed or was shut down)."""
 
+    @property
+    @abc.abstractmethod
+    def last_progress_time(self) -> float:
+        """``time.monotonic()`` of the core's last completed step (or of waking up to work)."""
+
     @abc.abstractmethod
     def shutdown(self, timeout: float | None = 10.0) -> None: ...
 
@@ -85,6 +90,10 @@ class InprocEngineCoreClient(EngineCoreClient):
     @property
     def errored(self) -> bool:
         return self._dead_error is not None or not self.proc.is_alive
+
+    @property
+    def last_progress_time(self) -> float:
+        return self.proc.last_progress_time
 
     def _check_alive(self) -> None:
         if self.errored:

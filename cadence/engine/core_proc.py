@@ -15,6 +15,7 @@ import enum
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
@@ -169,6 +170,9 @@ class EngineCoreProc:
         self._startup_error: BaseException | None = None
         self._error: BaseException | None = None
         self._stopped = False
+        # Monotonic time of the loop's last sign of progress: a completed step, or waking up
+        # with new inputs. A watchdog compares it with the clock while requests are unfinished.
+        self._progress_time = time.monotonic()
         self._thread = threading.Thread(
             target=self._run, args=(core_factory,), name=name, daemon=True
         )
@@ -194,6 +198,11 @@ class EngineCoreProc:
     @property
     def error(self) -> BaseException | None:
         return self._error
+
+    @property
+    def last_progress_time(self) -> float:
+        """``time.monotonic()`` of the last completed step (or of waking up to new work)."""
+        return self._progress_time
 
     @property
     def is_alive(self) -> bool:
@@ -240,6 +249,7 @@ class EngineCoreProc:
             if not core.has_work():
                 if not self._handle(core, *self.input_queue.get()):
                     return
+                self._progress_time = time.monotonic()
             while True:
                 try:
                     item = self.input_queue.get_nowait()
@@ -251,6 +261,7 @@ class EngineCoreProc:
             if not core.has_work():
                 continue
             outputs, _ = step_fn()
+            self._progress_time = time.monotonic()
             if outputs is not None and (outputs.outputs or outputs.finished_requests):
                 self.output_queue.put(outputs)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cadence.engine.input_processor import InputProcessor
+from cadence.engine.prompt_bound import max_chars_per_token
 
 if TYPE_CHECKING:
     from cadence.engine.core import EngineCore
@@ -43,5 +44,6 @@ def load_frontend(core: EngineCore) -> Frontend:
         eos_token_ids=list(spec.eos_token_ids),
         num_kv_blocks=core.num_kv_blocks,
         block_size=core.block_size,
+        max_chars_per_token=max_chars_per_token(tokenizer) if tokenizer is not None else None,
     )
     return Frontend(tokenizer, processor, core.max_model_len, core.config.model.model)

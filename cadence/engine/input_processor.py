@@ -55,7 +55,11 @@ class InputProcessor:
         num_kv_blocks: int | None = None,
         block_size: int = 16,
         max_logprobs: int = 20,
+        max_chars_per_token: int | None = None,
     ) -> None:
+        """``max_chars_per_token``: no token stands for more characters of a text than this
+        (``cadence.engine.prompt_bound``); longer texts than the context allows are then refused
+        before tokenizing. None: every text is tokenized and measured."""
         if vocab_size < 1 or max_model_len < 1 or block_size < 1:
             raise ValueError("vocab_size, max_model_len and block_size must be positive.")
         self.tokenizer = tokenizer
@@ -65,6 +69,7 @@ class InputProcessor:
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
         self.max_logprobs = max_logprobs
+        self.max_chars_per_token = max_chars_per_token
 
     def process(
         self,
@@ -160,7 +165,22 @@ class InputProcessor:
             )
         if not text:
             raise InputValidationError("The prompt cannot be empty.", "prompt")
+        self.check_prompt_text(text)
         return list(self.tokenizer.encode(text))
+
+    def check_prompt_text(self, text: str) -> None:
+        """Refuse, without tokenizing it, a text that cannot fit in the context."""
+        k = self.max_chars_per_token
+        if k is None or len(text) <= k * (self.max_model_len - 1):
+            return
+        at_least = -(-len(text) // k)
+        raise InputValidationError(
+            f"This model's maximum context length is {self.max_model_len} tokens. However, "
+            f"your request has at least {at_least} input tokens ({len(text)} characters). "
+            "Please reduce the length of the input messages.",
+            "prompt",
+            len(text),
+        )
 
     def _validate_token_ids(self, token_ids: list[int]) -> None:
         if not token_ids:

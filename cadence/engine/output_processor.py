@@ -262,9 +262,12 @@ class OutputProcessor:
             request, prompt, self.tokenizer, queue, time.monotonic(), self._token_text
         )
 
-    def abort_requests(self, request_ids: list[str]) -> list[str]:
+    def abort_requests(
+        self, request_ids: list[str], stats: IterationStats | None = None
+    ) -> list[str]:
         """Forget the given requests; returns those that were unfinished (to abort in the
-        engine core). A request with a collector gets a final output, finish_reason "abort"."""
+        engine core). A request with a collector gets a final output, finish_reason "abort";
+        with ``stats``, each one is also counted there as finished with reason "abort"."""
         aborted: list[str] = []
         now = time.monotonic()
         for request_id in request_ids:
@@ -273,6 +276,10 @@ class OutputProcessor:
                 continue
             aborted.append(request_id)
             state.metrics.finished_time = now
+            if stats is not None:
+                stats.finished_requests.append(
+                    self._finished_stats(state, FinishReason.ABORT, now)
+                )
             if state.queue is not None:
                 state.detokenizer.update([], stop_terminated=False, finished=True)
                 out = state.make_output([], 0, FinishReason.ABORT, None)

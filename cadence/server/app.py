@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import hmac
-import json
 import logging
-import re
+from collections.abc import AsyncIterator, Awaitable
 from importlib import metadata
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
@@ -17,16 +16,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from cadence.engine.core_client import EngineDeadError
 from cadence.metrics import CONTENT_TYPE_LATEST, PrometheusStatLogger
 from cadence.server.errors import (
     APIError,
     AuthenticationError,
     BadRequestError,
     InternalServerError,
-    RequestTooLargeError,
     ServiceUnavailableError,
     from_validation_error,
 )
+from cadence.server.lifecycle import InFlightMiddleware, RequestLifecycle, shutting_down_error
 from cadence.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -35,21 +35,30 @@ from cadence.server.protocol import (
     ParamError,
     random_id,
 )
+from cadence.server.request_body import parse_json_body, read_body
+from cadence.server.serving import DONE_FRAME, engine_unavailable
 from cadence.server.serving_chat import OpenAIServingChat
 from cadence.server.serving_completion import OpenAIServingCompletion
-from cadence.server.sse import ClientDisconnected, EventStreamResponse, run_until_disconnect
+from cadence.server.settings import DEFAULT_MAX_REQUEST_BODY_BYTES, ServerSettings
+from cadence.server.sse import (
+    ClientDisconnected,
+    EventStreamResponse,
+    ServerStopping,
+    run_until_disconnect,
+)
+from cadence.server.watchdog import DEFAULT_ENGINE_STALL_TIMEOUT_S, EngineWatchdog
 
 if TYPE_CHECKING:
     from cadence.engine.async_llm import AsyncLLM
 
+__all__ = ["DEFAULT_MAX_REQUEST_BODY_BYTES", "OpenAIServer", "build_app"]
+
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 1024 * 1024
-# A declared-too-large body is still read (and dropped) up to this size so that the client can
-# read the 413 instead of failing on a reset connection; beyond it the connection is dropped.
-_DRAIN_LIMIT_BYTES = 64 * 1024 * 1024
+DEFAULT_BODY_READ_TIMEOUT_S = ServerSettings.body_read_timeout
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 def cadence_version() -> str:
@@ -88,74 +97,79 @@ class OpenAIServer:
         *,
         served_model_name: str | None = None,
         max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+        body_read_timeout: float = DEFAULT_BODY_READ_TIMEOUT_S,
+        engine_stall_timeout: float = DEFAULT_ENGINE_STALL_TIMEOUT_S,
     ) -> None:
         self.engine = engine
         self.model_name = served_model_name or engine.model_name
         self.max_request_body_bytes = max_request_body_bytes
+        self.body_read_timeout = body_read_timeout
         self.completions = OpenAIServingCompletion(engine, self.model_name)
         self.chat = OpenAIServingChat(engine, self.model_name)
         self.metrics = PrometheusStatLogger(self.model_name)
         engine.add_stat_logger(self.metrics)
+        self.lifecycle = RequestLifecycle()
+        self.watchdog = EngineWatchdog(engine, engine_stall_timeout)
 
     async def read_json(self, request: Request, model: type[M]) -> M:
-        limit = self.max_request_body_bytes
-        declared = request.headers.get("content-length")
-        too_large = declared is not None and declared.isdigit() and int(declared) > limit
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > (_DRAIN_LIMIT_BYTES if too_large else limit):
-                too_large = True
-                if len(body) > _DRAIN_LIMIT_BYTES:
-                    break
-        if too_large or len(body) > limit:
-            raise RequestTooLargeError(
-                f"Request body too large: the limit is {limit} bytes.", param=None
-            )
-        data = parse_json_body(bytes(body))
-        try:
-            parsed = model.model_validate(data)
-        except ValidationError as exc:
-            raise from_validation_error(exc) from exc
-        try:
-            parsed.check()  # type: ignore[attr-defined]
-        except ParamError as exc:
-            raise BadRequestError(str(exc), exc.param) from exc
-        return parsed
+        body = await read_body(request, self.max_request_body_bytes, self.body_read_timeout)
+        # Parsing and validating a body of megabytes is CPU work: off the event loop.
+        return await self.engine.run_in_executor(_parse_request, body, model)
 
     # -- routes ------------------------------------------------------------------------------
     async def create_completion(self, request: Request) -> Response:
-        body = await self.read_json(request, CompletionRequest)
+        body = await self._stoppable(self.read_json(request, CompletionRequest))
         self.completions.check_model(body.model)
+        base_id = random_id("cmpl")
         if body.stream:
-            base_id = random_id("cmpl")
-            started = await self.completions.start_all(body, base_id)
+            started = await self._stoppable(self.completions.start_all(body, base_id))
             ids = [s.request_id for s in started]
-            return EventStreamResponse(
-                self.completions.stream(body, started, base_id),
-                on_close=lambda: self.completions.abort(ids),
+            return self._event_stream(
+                self.completions.stream(body, started, base_id), ids, base_id
             )
-        result = await self._until_disconnect(self.completions.create(body), request)
-        return JSONResponse(result.model_dump(mode="json"))
+        return await self._respond(self.completions.create(body, base_id), request, base_id)
 
     async def create_chat_completion(self, request: Request) -> Response:
-        body = await self.read_json(request, ChatCompletionRequest)
+        body = await self._stoppable(self.read_json(request, ChatCompletionRequest))
         self.chat.check_model(body.model)
+        request_id = random_id("chatcmpl")
         if body.stream:
-            started = await self.chat.start_chat(body, random_id("chatcmpl"))
-            return EventStreamResponse(
-                self.chat.stream(body, started),
-                on_close=lambda: self.chat.abort([started.request_id]),
-            )
-        result = await self._until_disconnect(self.chat.create(body), request)
+            started = await self._stoppable(self.chat.start_chat(body, request_id))
+            return self._event_stream(self.chat.stream(body, started), [request_id], request_id)
+        return await self._respond(self.chat.create(body, request_id), request, request_id)
+
+    async def _stoppable(self, work: Awaitable[T]) -> T:
+        """``work`` (before the response starts), cut short by the shutdown deadline."""
+        try:
+            return await run_until_disconnect(work, None, self.lifecycle.stop)
+        except ServerStopping:
+            raise shutting_down_error() from None
+
+    async def _respond(self, work: Awaitable[BaseModel], request: Request, rid: str) -> Response:
+        try:
+            result = await run_until_disconnect(work, request.receive, self.lifecycle.stop)
+        except ClientDisconnected:
+            # The work was cancelled and its requests aborted; nobody will read an answer.
+            raise ClientDisconnected(
+                f"before the response was complete; request {rid} was aborted"
+            ) from None
+        except ServerStopping:
+            raise shutting_down_error("; the request was not completed") from None
         return JSONResponse(result.model_dump(mode="json"))
 
-    async def _until_disconnect(self, work: Any, request: Request) -> Any:
-        try:
-            return await run_until_disconnect(work, request.receive)
-        except ClientDisconnected:
-            # Nobody will read this; the work was cancelled and its requests aborted.
-            return Response(status_code=499)
+    def _event_stream(
+        self, frames: AsyncIterator[str], request_ids: list[str], label: str
+    ) -> EventStreamResponse:
+        return EventStreamResponse(
+            frames,
+            on_close=lambda: self.completions.abort(request_ids),
+            stop=self.lifecycle.stop,
+            stop_frames=lambda: [
+                shutting_down_error("; the response is incomplete").sse_frame(),
+                DONE_FRAME,
+            ],
+            label=label,
+        )
 
     async def show_models(self, request: Request) -> Response:
         card = ModelCard(
@@ -164,9 +178,11 @@ class OpenAIServer:
         return JSONResponse(ModelList(data=[card]).model_dump(mode="json"))
 
     async def health(self, request: Request) -> Response:
-        if self.engine.errored:
-            err = ServiceUnavailableError("The engine is not running.", None)
-            return err.response()
+        if not self.lifecycle.accepting:
+            return shutting_down_error().response()
+        problem = self.watchdog.problem()
+        if problem is not None:
+            return ServiceUnavailableError(problem, None).response()
         return Response(status_code=200)
 
     async def version(self, request: Request) -> Response:
@@ -181,58 +197,17 @@ class OpenAIServer:
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
-# A JSON string escape of a UTF-16 surrogate; a lone one decodes to a str that cannot be encoded.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def parse_json_body(body: bytes) -> dict[str, Any]:
-    """A request body as a JSON object; anything else is a 400 (never a 500)."""
+def _parse_request(body: bytes, model: type[M]) -> M:
+    data = parse_json_body(body)
     try:
-        data = json.loads(body, parse_constant=_reject_constant)
-    except RecursionError as exc:
-        raise BadRequestError("Invalid JSON in request body: nested too deeply.", None) from exc
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, the int digit limit
-        raise BadRequestError(f"Invalid JSON in request body: {exc}", param=None) from exc
-    if not isinstance(data, dict):
-        raise BadRequestError("The request body must be a JSON object.", param=None)
-    if _SURROGATE_ESCAPE.search(body) is not None:
-        _check_encodable(data, "")
-    return data
-
-
-def _check_encodable(value: Any, path: str) -> None:
-    """Every string and key must be valid Unicode (no lone surrogates); names the field."""
-    stack: list[tuple[Any, str]] = [(value, path)]
-    while stack:
-        item, where = stack.pop()
-        if isinstance(item, str):
-            if not _encodable(item):
-                raise BadRequestError(
-                    f"{where or 'body'}: invalid Unicode (a lone surrogate) in a string.",
-                    where or None,
-                )
-        elif isinstance(item, dict):
-            for key, sub in item.items():
-                if not _encodable(key):
-                    raise BadRequestError(
-                        f"{where or 'body'}: invalid Unicode (a lone surrogate) in a key.",
-                        where or None,
-                    )
-                stack.append((sub, f"{where}.{key}" if where else key))
-        elif isinstance(item, list):
-            stack.extend((sub, f"{where}.{i}") for i, sub in enumerate(item))
-
-
-def _encodable(text: str) -> bool:
+        parsed = model.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from exc
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+        parsed.check()  # type: ignore[attr-defined]
+    except ParamError as exc:
+        raise BadRequestError(str(exc), exc.param) from exc
+    return parsed
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
@@ -253,6 +228,18 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return err.response()
 
 
+async def _engine_dead(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, EngineDeadError)
+    return engine_unavailable(exc).response()
+
+
+async def _client_disconnected(request: Request, exc: Exception) -> Response:
+    client = request.client
+    peer = f"{client.host}:{client.port}" if client else "a client"
+    logger.info("Client %s disconnected %s.", peer, exc)
+    return Response(status_code=499)  # never sent: the connection is gone
+
+
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
     logger.exception("Unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
     return InternalServerError(f"Internal server error: {exc!r}").response()
@@ -264,10 +251,19 @@ def build_app(
     served_model_name: str | None = None,
     api_key: str | None = None,
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+    body_read_timeout: float = DEFAULT_BODY_READ_TIMEOUT_S,
+    engine_stall_timeout: float = DEFAULT_ENGINE_STALL_TIMEOUT_S,
 ) -> Starlette:
-    """The application serving ``engine``; the caller owns the engine's lifetime."""
+    """The application serving ``engine``; the caller owns the engine's lifetime.
+
+    ``app.state.server`` is the ``OpenAIServer``: a launcher drives its ``lifecycle`` on
+    shutdown and polls its ``watchdog`` while serving."""
     server = OpenAIServer(
-        engine, served_model_name=served_model_name, max_request_body_bytes=max_request_body_bytes
+        engine,
+        served_model_name=served_model_name,
+        max_request_body_bytes=max_request_body_bytes,
+        body_read_timeout=body_read_timeout,
+        engine_stall_timeout=engine_stall_timeout,
     )
     routes = [
         Route("/v1/completions", server.create_completion, methods=["POST"]),
@@ -283,10 +279,13 @@ def build_app(
             APIError: _api_error,
             ParamError: _param_error,
             HTTPException: _http_error,
+            EngineDeadError: _engine_dead,
+            ClientDisconnected: _client_disconnected,
             Exception: _unexpected_error,
         },
     )
-    if api_key:
+    app.add_middleware(InFlightMiddleware, lifecycle=server.lifecycle)
+    if api_key:  # outermost: checked first
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     app.state.server = server
     return app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from cadence.server.protocol import ChatMessage, ParamError
@@ -31,8 +32,12 @@ def render_chat(
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
     chat_template_kwargs: dict[str, Any] | None = None,
+    check_text: Callable[[str], None] | None = None,
 ) -> list[int]:
-    """Prompt token ids of a conversation. Template errors are ``ParamError("messages")``."""
+    """Prompt token ids of a conversation. Template errors are ``ParamError("messages")``.
+
+    CPU-heavy for long conversations: callers run it off the event loop. ``check_text`` sees the
+    rendered text before it is tokenized (to refuse one that cannot fit the context)."""
     if tokenizer is None:
         raise ParamError("messages", "chat requires a tokenizer; the server runs without one.")
     if continue_final_message and messages[-1].role != "assistant":
@@ -54,5 +59,7 @@ def render_chat(
             raise ParamError("messages", f"chat template rendering failed: {exc}") from exc
     else:
         text = _chatml(conversation, add_generation_prompt, continue_final_message)
+    if check_text is not None:
+        check_text(text)
     # The template already holds every special token it wants (BOS included).
     return list(tokenizer.encode(text, add_special_tokens=False))

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 from typing import Any
 
 from cadence.engine.engine_args import EngineArgs
+from cadence.server.settings import ServerSettings
 
 logger = logging.getLogger("cadence.serve")
 
@@ -28,11 +28,44 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--served-model-name", default=None, help="model name in the API (default: MODEL)"
     )
+    defaults = ServerSettings()
     parser.add_argument(
         "--max-request-body-bytes",
         type=int,
-        default=None,
-        help="larger request bodies get 413 (default: 8 MiB)",
+        default=defaults.max_request_body_bytes,
+        help="larger request bodies get 413, refused before reading (default: 8 MiB)",
+    )
+    parser.add_argument(
+        "--timeout-keep-alive",
+        type=float,
+        default=defaults.timeout_keep_alive,
+        help="close an idle kept-alive connection after this many seconds (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--header-read-timeout",
+        type=float,
+        default=defaults.header_read_timeout,
+        help="seconds a client has to send complete request headers (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--body-read-timeout",
+        type=float,
+        default=defaults.body_read_timeout,
+        help="seconds a client has to send the whole request body (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=defaults.shutdown_timeout,
+        help="on SIGINT/SIGTERM, seconds in-flight requests get to finish before they are "
+        "ended with an error (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--engine-stall-timeout",
+        type=float,
+        default=defaults.engine_stall_timeout,
+        help="/health answers 503 when requests are unfinished and no engine step completed "
+        "for this many seconds (default: %(default)s)",
     )
     parser.add_argument(
         "--log-level", default="info", choices=("debug", "info", "warning", "error")
@@ -60,14 +93,30 @@ def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
     return EngineArgs.from_cli_args(ns)
 
 
-def run_serve(ns: argparse.Namespace) -> int:
-    import uvicorn
+def settings_from(ns: argparse.Namespace) -> ServerSettings:
+    return ServerSettings(
+        host=ns.host,
+        port=ns.port,
+        max_request_body_bytes=ns.max_request_body_bytes,
+        timeout_keep_alive=ns.timeout_keep_alive,
+        header_read_timeout=ns.header_read_timeout,
+        body_read_timeout=ns.body_read_timeout,
+        shutdown_timeout=ns.shutdown_timeout,
+        engine_stall_timeout=ns.engine_stall_timeout,
+    )
 
+
+def run_serve(ns: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM (exit status 0) or until the engine dies (status 1)."""
     from cadence.engine.async_llm import AsyncLLM
-    from cadence.server.app import DEFAULT_MAX_REQUEST_BODY_BYTES, build_app
+    from cadence.server.launcher import build_server
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(ns.log_level.upper())
+    try:
+        settings = settings_from(ns)
+    except ValueError as exc:
+        raise SystemExit(f"cadence serve: error: {exc}") from None
     args = engine_args_from(ns)
     logger.info("Engine arguments: %s", args)
     engine = AsyncLLM(args, log_requests=ns.enable_log_requests)
@@ -83,11 +132,13 @@ def run_serve(ns: argparse.Namespace) -> int:
             engine.block_size,
             config,
         )
-        app = build_app(
+        logger.info("Server settings: %s", settings)
+        server = build_server(
             engine,
+            settings,
             served_model_name=ns.served_model_name,
             api_key=ns.api_key,
-            max_request_body_bytes=ns.max_request_body_bytes or DEFAULT_MAX_REQUEST_BODY_BYTES,
+            log_level=ns.log_level,
         )
         logger.info(
             "Serving on http://%s:%d (API key %s)",
@@ -95,23 +146,10 @@ def run_serve(ns: argparse.Namespace) -> int:
             ns.port,
             "required" if ns.api_key else "not required",
         )
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host=ns.host,
-                port=ns.port,
-                log_level=ns.log_level,
-                timeout_graceful_shutdown=5,
-                lifespan="off",
-            )
-        )
-        try:
-            asyncio.run(server.serve())
-        except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled gracefully
-            logger.info("Interrupted; shutting down.")
+        server.run()
+        return server.exit_code
     finally:
         engine.shutdown()
-    return 0
 
 
 def serve_main(argv: list[str] | None = None) -> int:

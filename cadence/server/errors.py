@@ -16,10 +16,13 @@ class APIError(Exception):
     status_code: int = HTTPStatus.INTERNAL_SERVER_ERROR
     type: str = "InternalServerError"
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(
+        self, message: str, param: str | None = None, *, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return {
@@ -40,6 +43,7 @@ class APIError(Exception):
             json.dumps(self.body()).encode("ascii"),
             status_code=int(self.status_code),
             media_type="application/json",
+            headers=self.headers,
         )
 
 
@@ -61,6 +65,16 @@ class NotFoundError(APIError):
 class RequestTooLargeError(APIError):
     status_code = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
     type = "RequestTooLargeError"
+
+
+class RequestTimeoutError(APIError):
+    status_code = HTTPStatus.REQUEST_TIMEOUT
+    type = "RequestTimeoutError"
+
+
+class UnsupportedMediaTypeError(APIError):
+    status_code = HTTPStatus.UNSUPPORTED_MEDIA_TYPE
+    type = "UnsupportedMediaTypeError"
 
 
 class InternalServerError(APIError):

@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from cadence.engine.core_client import EngineDeadError
 from cadence.engine.output_processor import RequestFailedError
 from cadence.sampling_params import SamplingParams
-from cadence.server.errors import APIError, BadRequestError, InternalServerError, NotFoundError
+from cadence.server.errors import (
+    APIError,
+    BadRequestError,
+    InternalServerError,
+    NotFoundError,
+    ServiceUnavailableError,
+)
 
 if TYPE_CHECKING:
     from cadence.engine.async_llm import AsyncLLM
@@ -66,7 +72,7 @@ class OpenAIServing:
             # The input processor works on a copy of ``params``: one object serves many prompts.
             collector = await self.engine.add_request(request_id, prompt, params, priority=priority)
         except EngineDeadError as exc:
-            raise InternalServerError(f"The engine is not running: {exc}") from exc
+            raise engine_unavailable(exc) from exc
         except ValueError as exc:
             raise to_bad_request(exc, prompt_param, max_tokens_param) from exc
         return StartedRequest(request_id, collector, index)
@@ -83,6 +89,8 @@ class OpenAIServing:
                 final = out
         except RequestFailedError as exc:
             raise InternalServerError(str(exc)) from exc
+        except EngineDeadError as exc:
+            raise engine_unavailable(exc) from exc
         finally:
             await gen.aclose()
         assert final is not None
@@ -111,12 +119,16 @@ def to_bad_request(exc: ValueError, prompt_param: str, max_tokens_param: str) ->
     return BadRequestError(message, param)
 
 
+def engine_unavailable(exc: EngineDeadError) -> ServiceUnavailableError:
+    return ServiceUnavailableError(f"The engine is not running: {exc}")
+
+
 def stream_error_frame(exc: BaseException) -> str:
     """An SSE frame for an error raised after the stream started."""
     if isinstance(exc, APIError):
         return exc.sse_frame()
     if isinstance(exc, EngineDeadError):
-        return InternalServerError(f"The engine died: {exc}").sse_frame()
+        return engine_unavailable(exc).sse_frame()
     if isinstance(exc, RequestFailedError):
         return InternalServerError(str(exc)).sse_frame()
     logger.exception("Error while streaming a response.", exc_info=exc)

@@ -18,6 +18,7 @@ from cadence.server.protocol import (
     ChatLogProbsContent,
     ChatResponseMessage,
     DeltaMessage,
+    ParamError,
     UsageInfo,
     random_id,
 )
@@ -27,6 +28,7 @@ from cadence.server.serving import (
     StartedRequest,
     clamp_logprob,
     stream_error_frame,
+    to_bad_request,
     token_text,
     top_by_rank,
 )
@@ -61,16 +63,23 @@ def chat_logprobs(token_ids: list[int], rows: list[dict[int, Logprob]], num: int
 
 class OpenAIServingChat(OpenAIServing):
     async def start_chat(self, request: ChatCompletionRequest, request_id: str) -> StartedRequest:
-        prompt_ids = render_chat(
-            self.engine.tokenizer,
-            request.messages,
-            add_generation_prompt=request.add_generation_prompt,
-            continue_final_message=request.continue_final_message,
-            chat_template_kwargs=request.chat_template_kwargs,
-        )
         max_tokens_param = (
             "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         )
+        try:
+            prompt_ids = await self.engine.run_in_executor(
+                render_chat,
+                self.engine.tokenizer,
+                request.messages,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                chat_template_kwargs=request.chat_template_kwargs,
+                check_text=self.engine.input_processor.check_prompt_text,
+            )
+        except ParamError:
+            raise
+        except ValueError as exc:  # a rendered text too long for the context
+            raise to_bad_request(exc, "messages", max_tokens_param) from exc
         return await self.start(
             request_id,
             {"prompt_token_ids": prompt_ids},
@@ -80,8 +89,10 @@ class OpenAIServingChat(OpenAIServing):
             max_tokens_param=max_tokens_param,
         )
 
-    async def create(self, request: ChatCompletionRequest) -> ChatCompletionResponse:
-        request_id = random_id("chatcmpl")
+    async def create(
+        self, request: ChatCompletionRequest, request_id: str | None = None
+    ) -> ChatCompletionResponse:
+        request_id = request_id or random_id("chatcmpl")
         started = await self.start_chat(request, request_id)
         final = await self.final_output(started)
         c = final.outputs[0]

@@ -72,8 +72,10 @@ class OpenAIServingCompletion(OpenAIServing):
             raise
         return started
 
-    async def create(self, request: CompletionRequest) -> CompletionResponse:
-        base_id = random_id("cmpl")
+    async def create(
+        self, request: CompletionRequest, base_id: str | None = None
+    ) -> CompletionResponse:
+        base_id = base_id or random_id("cmpl")
         started = await self.start_all(request, base_id)
         choices: list[CompletionResponseChoice] = []
         usage = UsageInfo()

@@ -11,11 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from cadence.engine.async_llm import AsyncLLM
 from cadence.engine.engine_args import EngineArgs
-from cadence.server.app import build_app
+from cadence.server.launcher import CadenceServer, build_server
+from cadence.server.settings import ServerSettings
 from tests.tiny import tiny_args as shared_tiny_args
 
 
@@ -28,7 +28,7 @@ def free_port() -> int:
 @dataclass
 class RunningServer:
     engine: AsyncLLM
-    server: uvicorn.Server
+    server: CadenceServer
     thread: threading.Thread
     port: int
 
@@ -42,18 +42,14 @@ class RunningServer:
         self.engine.shutdown()
 
 
-def start_server(engine: AsyncLLM, **app_kwargs: Any) -> RunningServer:
+def start_server(engine: AsyncLLM, **kwargs: Any) -> RunningServer:
+    """Serve ``engine`` as ``cadence serve`` does, in a thread. ``kwargs``: ``ServerSettings``
+    fields, ``api_key`` and ``served_model_name``."""
     port = free_port()
-    app = build_app(engine, **app_kwargs)
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        lifespan="off",
-        timeout_graceful_shutdown=2,
-    )
-    server = uvicorn.Server(config)
+    names = ("api_key", "served_model_name")
+    app_kwargs = {k: kwargs.pop(k) for k in names if k in kwargs}
+    settings = ServerSettings(**{"port": port, "shutdown_timeout": 2.0, **kwargs})
+    server = build_server(engine, settings, log_level="warning", **app_kwargs)
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -90,7 +86,8 @@ ServerFactory = Callable[..., RunningServer]
 
 @pytest.fixture
 def server_factory() -> Iterator[ServerFactory]:
-    """Start extra servers: ``server_factory(engine_kwargs..., app_kwargs={...})``."""
+    """Start extra servers: ``server_factory(engine_kwargs..., app_kwargs={...})``, where
+    ``app_kwargs`` are ``start_server``'s (settings fields, api_key, served_model_name)."""
     started: list[RunningServer] = []
 
     def make(

@@ -201,3 +201,27 @@ def test_cadence_serve_process_end_to_end(tmp_path: Path) -> None:
     assert "Resolved: model=tiny" in text and "max_model_len=256" in text
     assert "kv blocks=64" in text and "API key required" in text
     assert "Traceback" not in text
+
+
+def test_serve_server_settings_flags() -> None:
+    from cadence.server.cli import settings_from
+    from cadence.server.settings import ServerSettings
+
+    ns = add_serve_args(argparse.ArgumentParser()).parse_args(
+        ["--timeout-keep-alive", "7", "--header-read-timeout", "3", "--body-read-timeout", "9",
+         "--shutdown-timeout", "0", "--engine-stall-timeout", "120",
+         "--max-request-body-bytes", "1024"]
+    )
+    settings = settings_from(ns)
+    assert settings == ServerSettings(
+        timeout_keep_alive=7, header_read_timeout=3, body_read_timeout=9, shutdown_timeout=0,
+        engine_stall_timeout=120, max_request_body_bytes=1024,
+    )
+    assert settings_from(add_serve_args(argparse.ArgumentParser()).parse_args([])) == (
+        ServerSettings()
+    )
+    for bad in ({"header_read_timeout": 0}, {"shutdown_timeout": -1},
+                {"engine_stall_timeout": float("nan")}, {"body_read_timeout": float("inf")},
+                {"max_request_body_bytes": 0}, {"port": 70000}):
+        with pytest.raises(ValueError):
+            ServerSettings(**bad)

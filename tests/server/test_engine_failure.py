@@ -1,26 +1,32 @@
-"""An engine-thread crash fails in-flight requests promptly (500 / SSE error frame) and makes
-/health report unhealthy; clean shutdown ends the server."""
+"""Engine faults: a crash fails in-flight requests promptly with 503s, /health and /metrics say
+so, and the server exits with status 1 after a grace period; a stall turns /health 503 (with a
+log line) until the engine makes progress again."""
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
-import time
 
 import httpx
 
 from cadence.engine.core import EngineCore
 from cadence.engine.engine_args import EngineArgs
+from tests.server.waiting import metric, scrape, wait_until
 
 PROMPT = "Hello my name is Robert and"
+LONG = {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True}
 
 
-class ArmedCore(EngineCore):
-    """The real core; once ``armed`` is set, its next step raises."""
+class FaultyCore(EngineCore):
+    """The real core; its next step raises once ``armed`` is set, or blocks while ``hang`` is."""
 
     def __init__(self, args: EngineArgs) -> None:
         super().__init__(args)
         self.armed = threading.Event()
+        self.hang = threading.Event()
+        self.hanging = threading.Event()
+        self.release = threading.Event()
 
     @property
     def step_fn(self):
@@ -29,55 +35,102 @@ class ArmedCore(EngineCore):
         def step():
             if self.armed.is_set():
                 raise RuntimeError("injected engine failure")
+            if self.hang.is_set():
+                self.hanging.set()
+                self.release.wait(30)
+                self.hang.clear()
             return inner()
 
         return step
 
 
-def test_crash_fails_in_flight_requests_and_health(server_factory) -> None:
-    srv = server_factory(core_factory=ArmedCore)
+def unfinished(srv) -> int:
+    return srv.engine.output_processor.get_num_unfinished_requests()
+
+
+def test_crash_fails_in_flight_requests_then_the_server_exits(server_factory) -> None:
+    srv = server_factory(core_factory=FaultyCore, app_kwargs={"engine_death_grace": 1.0})
     core = srv.engine.engine_core.proc.engine_core
     with httpx.Client(base_url=srv.base_url, timeout=30) as http:
         assert http.get("/health").status_code == 200
-        body = {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True}
         result: dict[str, httpx.Response] = {}
 
         def non_streamed() -> None:
             with httpx.Client(base_url=srv.base_url, timeout=30) as other:
-                result["resp"] = other.post("/v1/completions", json=body)
+                result["resp"] = other.post("/v1/completions", json=LONG)
 
         waiter = threading.Thread(target=non_streamed)
         frames: list[str] = []
-        with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        with http.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as r:
             lines = r.iter_lines()
             for line in lines:  # the stream is running
                 if line.startswith("data: "):
                     frames.append(line)
                     break
             waiter.start()
-            time.sleep(0.2)
+            wait_until(lambda: unfinished(srv) == 2, "both requests in the engine")
+            running = metric(scrape(http), "cadence:num_requests_running")
+            assert running == 2
             core.armed.set()
-            start = time.monotonic()
-            for line in lines:
-                if line.startswith("data: "):
-                    frames.append(line)
-            failed_after = time.monotonic() - start
+            frames += [line for line in lines if line.startswith("data: ")]
         waiter.join(30)
-        assert failed_after < 5
-        # The stream ends with an error frame, then [DONE].
+        # The stream ends with a 503 error event, then [DONE]; no chunk claims a finish.
         assert frames[-1] == "data: [DONE]"
         err = json.loads(frames[-2][6:])["error"]
-        assert err["code"] == 500 and "engine" in err["message"].lower()
-        # The waiting non-streamed request gets a 500-class answer.
+        assert err["code"] == 503 and err["type"] == "ServiceUnavailableError"
+        assert "engine" in err["message"].lower()
+        for frame in frames[:-2]:
+            assert json.loads(frame[6:])["choices"][0]["finish_reason"] is None
+        # The waiting non-streamed request gets a 503 JSON error.
         resp = result["resp"]
-        assert 500 <= resp.status_code < 600
-        assert resp.json()["error"]["code"] == resp.status_code
-        # Health says so, and new requests are refused at once.
-        health = http.get("/health")
-        assert health.status_code == 503
-        resp = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
-        assert 500 <= resp.status_code < 600
-        assert http.get("/metrics").status_code == 200
+        assert resp.status_code == 503, resp.text
+        assert resp.json()["error"]["type"] == "ServiceUnavailableError"
+        # Health says so; new requests are refused with 503 at once; metrics claim nothing.
+        assert http.get("/health").status_code == 503
+        for route, body in (
+            ("/v1/completions", {"prompt": PROMPT, "max_tokens": 2}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ):
+            for stream in (False, True):
+                resp = http.post(route, json={**body, "stream": stream})
+                assert resp.status_code == 503, resp.text
+                assert resp.json()["error"]["code"] == 503
+        text = scrape(http)
+        assert metric(text, "cadence:num_requests_running") == 0
+        assert metric(text, "cadence:num_requests_waiting") == 0
+        assert metric(text, "cadence:kv_cache_usage_perc") == 0
+    # After the grace period the server stops by itself, asking for exit status 1.
+    srv.thread.join(20)
+    assert not srv.thread.is_alive()
+    assert srv.server.exit_code == 1
+
+
+def test_stall_turns_health_503_until_progress(server_factory, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="cadence.server.watchdog")
+    srv = server_factory(core_factory=FaultyCore, app_kwargs={"engine_stall_timeout": 1.0})
+    core = srv.engine.engine_core.proc.engine_core
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        assert http.get("/health").status_code == 200
+        body = {**LONG, "max_tokens": 20}
+        with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+            lines = r.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            assert first
+            core.hang.set()
+            core.hanging.wait(10)
+            health = wait_until(
+                lambda: (h := http.get("/health")).status_code == 503 and h, "a 503 /health"
+            )
+            reason = health.json()["error"]["message"]
+            assert "stalled" in reason and "1 unfinished request" in reason
+            logged = [r.getMessage() for r in caplog.records if "stalled" in r.getMessage()]
+            assert len(logged) == 1, logged
+            core.release.set()
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
+        assert json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"
+        assert http.get("/health").status_code == 200
+        assert any("again" in r.getMessage() for r in caplog.records)
 
 
 def test_clean_shutdown(server_factory) -> None:
@@ -87,5 +140,6 @@ def test_clean_shutdown(server_factory) -> None:
         assert ok.status_code == 200
     srv.stop()
     assert not srv.thread.is_alive()
+    assert srv.server.exit_code == 0
     assert not srv.engine.engine_core.proc.thread.is_alive()
     assert srv.engine.errored

@@ -1,0 +1,171 @@
+"""Running the application under uvicorn: signals, graceful shutdown, and exiting on engine death.
+
+- SIGINT and SIGTERM alike start a graceful shutdown: no new connections, new requests on open
+  ones get 503, in-flight requests run for up to ``shutdown_timeout`` seconds, then each one
+  still running ends with an error (SSE error event + ``[DONE]``, or a 503 JSON body). The
+  process then exits 0. A second signal ends the in-flight requests at once.
+- When the engine dies, the server answers 503 for ``engine_death_grace`` seconds and then shuts
+  down with exit status 1, so that a supervisor restarts it (as vLLM's server does).
+- The engine watchdog is polled every tick (0.1 s) so that a stall is logged when it happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import uvicorn
+
+from cadence.server.app import build_app
+from cadence.server.http_protocol import timed_h11_protocol
+from cadence.server.settings import ServerSettings
+
+if TYPE_CHECKING:
+    from cadence.engine.async_llm import AsyncLLM
+    from cadence.server.lifecycle import RequestLifecycle
+    from cadence.server.watchdog import EngineWatchdog
+
+__all__ = ["CadenceServer", "build_server"]
+
+logger = logging.getLogger("cadence.serve")
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# uvicorn's own deadline for open connections, past ours: it cancels tasks (with tracebacks),
+# which must never be needed.
+_UVICORN_BACKSTOP_S = 5.0
+# How long responses ended by the deadline get to write their last frames.
+_LAST_WORDS_S = 3.0
+
+
+class CadenceServer(uvicorn.Server):
+    """A uvicorn server that drains requests on shutdown and exits when the engine dies."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        *,
+        lifecycle: RequestLifecycle,
+        watchdog: EngineWatchdog,
+        settings: ServerSettings,
+    ) -> None:
+        super().__init__(config)
+        self.lifecycle = lifecycle
+        self.watchdog = watchdog
+        self.settings = settings
+        # 0 after a shutdown asked for (signal, should_exit), 1 after the engine died.
+        self.exit_code = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._exit_at: float | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    # -- signals -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn re-raises the captured signal after serving, which turns SIGTERM into death
+        # by signal; a finished graceful shutdown is a normal exit here.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in _SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        name = signal.Signals(sig).name
+        if not self.should_exit:
+            logger.info(
+                "Received %s: shutting down; in-flight requests get up to %g s to finish.",
+                name,
+                self.settings.shutdown_timeout,
+            )
+        else:
+            logger.warning("Received %s during shutdown: ending the in-flight requests now.", name)
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self.lifecycle.end_in_flight)
+        super().handle_exit(sig, frame)
+
+    # -- engine health -----------------------------------------------------------------------
+    async def on_tick(self, counter: int) -> bool:
+        should_exit = await super().on_tick(counter)
+        self.watchdog.problem()  # logs a stall (or a recovery) as it happens
+        if self.watchdog.dead and self._exit_at is None:
+            grace = self.settings.engine_death_grace
+            logger.error(
+                "The engine died: exiting with status 1 in %g s so that a supervisor restarts "
+                "the server.",
+                grace,
+            )
+            self.exit_code = 1
+            self._exit_at = time.monotonic() + grace
+        if self._exit_at is not None and time.monotonic() >= self._exit_at:
+            return True
+        return should_exit
+
+    # -- shutdown ----------------------------------------------------------------------------
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.lifecycle.stop_accepting()
+        deadline = asyncio.ensure_future(self._end_in_flight_after(self.settings.shutdown_timeout))
+        try:
+            await super().shutdown(sockets)
+        finally:
+            self.lifecycle.end_in_flight()  # whatever is left (a forced exit)
+            await self.lifecycle.wait_idle(_LAST_WORDS_S)
+            deadline.cancel()
+
+    async def _end_in_flight_after(self, timeout: float) -> None:
+        if await self.lifecycle.wait_idle(timeout):
+            return
+        logger.warning(
+            "Shutdown timeout of %g s reached: ending %d in-flight request(s) with an error.",
+            timeout,
+            self.lifecycle.in_flight,
+        )
+        self.lifecycle.end_in_flight()
+
+
+def build_server(
+    engine: AsyncLLM,
+    settings: ServerSettings,
+    *,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    log_level: str = "info",
+) -> CadenceServer:
+    """The server for ``engine``: run it with ``.run()`` (or ``await .serve()``); the caller
+    shuts the engine down afterwards. ``.exit_code`` is the process status to exit with."""
+    app = build_app(
+        engine,
+        served_model_name=served_model_name,
+        api_key=api_key,
+        max_request_body_bytes=settings.max_request_body_bytes,
+        body_read_timeout=settings.body_read_timeout,
+        engine_stall_timeout=settings.engine_stall_timeout,
+    )
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        http=timed_h11_protocol(settings.header_read_timeout, settings.body_read_timeout),
+        timeout_keep_alive=settings.timeout_keep_alive,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=settings.shutdown_timeout + _UVICORN_BACKSTOP_S,  # type: ignore[arg-type]
+        log_level=log_level,
+        lifespan="off",
+    )
+    server = app.state.server
+    return CadenceServer(
+        config, lifecycle=server.lifecycle, watchdog=server.watchdog, settings=settings
+    )

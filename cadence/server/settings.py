@@ -1,0 +1,54 @@
+"""How ``cadence serve`` listens, reads requests, watches the engine and shuts down."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_MAX_REQUEST_BODY_BYTES", "ServerSettings"]
+
+DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Every server-side knob (seconds for times); docs/serving.md explains each."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    # An idle kept-alive connection is closed after this long (uvicorn's and vLLM's default).
+    timeout_keep_alive: float = 5.0
+    # From a connection's first byte (or its opening) to the end of the request headers.
+    header_read_timeout: float = 20.0
+    # From the end of the headers to the end of the body.
+    body_read_timeout: float = 60.0
+    # In-flight requests get this long after SIGINT / SIGTERM before they are ended.
+    shutdown_timeout: float = 20.0
+    # Unfinished requests and no completed engine step for this long: /health answers 503.
+    engine_stall_timeout: float = 60.0
+    # After the engine dies, the server answers 503 for this long, then exits with status 1.
+    engine_death_grace: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}.")
+        if self.max_request_body_bytes < 1:
+            raise ValueError(
+                f"max_request_body_bytes must be positive, got {self.max_request_body_bytes}."
+            )
+        positive = {
+            "timeout_keep_alive": self.timeout_keep_alive,
+            "header_read_timeout": self.header_read_timeout,
+            "body_read_timeout": self.body_read_timeout,
+            "engine_stall_timeout": self.engine_stall_timeout,
+        }
+        for name, value in positive.items():
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value}.")
+        for name, value in (
+            ("shutdown_timeout", self.shutdown_timeout),
+            ("engine_death_grace", self.engine_death_grace),
+        ):
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a number of seconds >= 0, got {value}.")

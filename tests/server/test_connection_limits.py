@@ -1,0 +1,181 @@
+"""Slow and careless clients at the socket level: read deadlines, keep-alive, 413 and 415 before
+the body is read (no ``100 Continue``), and the server keeps serving everyone else."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.server.conftest import RunningServer, start_server, tiny_args
+
+LIMIT = 4096
+
+
+@pytest.fixture(scope="module")
+def strict() -> Iterator[RunningServer]:
+    """A server with short read deadlines and a small body limit."""
+    from cadence.engine.async_llm import AsyncLLM
+
+    running = start_server(
+        AsyncLLM(tiny_args()),
+        header_read_timeout=1.0,
+        body_read_timeout=1.0,
+        timeout_keep_alive=1.0,
+        max_request_body_bytes=LIMIT,
+    )
+    yield running
+    running.stop()
+
+
+def connect(srv: RunningServer) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    return sock
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (the socket timeout is the safety bound)."""
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One complete response (head and Content-Length body), however it is split in segments."""
+    raw = b""
+    while b"\r\n\r\n" not in raw:
+        chunk = sock.recv(65536)
+        assert chunk, raw
+        raw += chunk
+    _, headers, body = split_response(raw)
+    while len(body) < int(headers.get("content-length", "0")):
+        chunk = sock.recv(65536)
+        assert chunk, raw
+        body += chunk
+        raw += chunk
+    return raw
+
+
+def split_response(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
+    return status, headers, body
+
+
+def request_head(length: int, *extra: str, path: str = "/v1/completions") -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: test", f"Content-Length: {length}", *extra]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def test_incomplete_headers_get_408_and_close(strict) -> None:
+    with connect(strict) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\n")
+        status, headers, body = split_response(read_until_closed(sock))
+    assert status == 408 and headers["connection"] == "close"
+    assert json.loads(body)["error"]["type"] == "RequestTimeoutError"
+
+
+def test_idle_connection_is_closed(strict) -> None:
+    with connect(strict) as sock:
+        assert read_until_closed(sock) == b""
+
+
+def test_headers_dripped_byte_by_byte_are_cut_off(strict) -> None:
+    head = request_head(2) + b"{}"
+    with connect(strict) as sock:
+        sent = 0
+        closed = False
+        for byte in head:
+            try:
+                sock.sendall(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            sent += 1
+            time.sleep(0.05)  # a slowloris client; the deadline counts from the first byte
+            sock.setblocking(False)
+            try:
+                if sock.recv(65536, socket.MSG_PEEK):
+                    closed = True
+                    break
+            except BlockingIOError:
+                pass
+            finally:
+                sock.setblocking(True)
+        assert closed and sent < len(head)
+        sock.settimeout(10)
+        raw = read_until_closed(sock)
+    assert raw == b"" or split_response(raw)[0] == 408
+
+
+def test_declared_body_never_sent_gets_408(strict) -> None:
+    with connect(strict) as sock:
+        sock.sendall(request_head(100, "Content-Type: application/json") + b'{"prompt":')
+        status, headers, body = split_response(read_until_closed(sock))
+    assert status == 408 and headers["connection"] == "close"
+    assert "body" in json.loads(body)["error"]["message"]
+
+
+def test_expect_continue_with_a_huge_body_gets_413_not_100(strict) -> None:
+    with connect(strict) as sock:
+        sock.sendall(request_head(10**12, "Expect: 100-continue"))
+        raw = read_until_closed(sock)
+    assert not raw.startswith(b"HTTP/1.1 100")
+    status, headers, body = split_response(raw)
+    assert status == 413 and headers["connection"] == "close"
+    assert json.loads(body)["error"]["type"] == "RequestTooLargeError"
+
+
+def test_too_large_content_length_is_refused_before_the_body(strict) -> None:
+    with connect(strict) as sock:
+        sock.sendall(request_head(10**9))  # no body at all: the answer cannot wait for it
+        status, _, body = split_response(read_response(sock))
+        assert status == 413 and json.loads(body)["error"]["code"] == 413
+        # The rest of the body never comes: the connection is then closed.
+        assert read_until_closed(sock) == b""
+
+
+def test_expect_continue_within_the_limit_gets_100(strict) -> None:
+    body = json.dumps({"prompt": "Hi", "max_tokens": 2}).encode()
+    with connect(strict) as sock:
+        sock.sendall(request_head(len(body), "Expect: 100-continue"))
+        assert sock.recv(65536).startswith(b"HTTP/1.1 100 Continue")
+        sock.sendall(body)
+        status, _, answer = split_response(read_response(sock))
+        assert status == 200 and json.loads(answer)["usage"]["completion_tokens"] == 2
+        # Then the kept-alive connection idles out.
+        rest = read_until_closed(sock)
+    assert b"HTTP/1.1" not in rest
+
+
+def test_non_json_content_type_is_415_and_json_types_are_accepted(strict) -> None:
+    with httpx.Client(base_url=strict.base_url, timeout=30) as http:
+        for ctype in ("application/x-www-form-urlencoded", "text/plain", "multipart/form-data"):
+            resp = http.post("/v1/completions", content=b"prompt=x", headers={"content-type": ctype})
+            assert resp.status_code == 415, resp.text
+            assert resp.json()["error"]["type"] == "UnsupportedMediaTypeError"
+        body = json.dumps({"prompt": "Hi", "max_tokens": 2}).encode()
+        for ctype in ("application/json", "application/json; charset=utf-8", "Application/JSON"):
+            resp = http.post("/v1/completions", content=body, headers={"content-type": ctype})
+            assert resp.status_code == 200, (ctype, resp.text)
+        resp = http.post("/v1/completions", content=body)  # no Content-Type at all
+        assert resp.status_code == 200
+
+
+def test_server_still_serves_after_slow_clients(strict) -> None:
+    with httpx.Client(base_url=strict.base_url, timeout=30) as http:
+        assert http.get("/health").status_code == 200
+        resp = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3})
+        assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3

@@ -1,0 +1,74 @@
+"""A client that leaves (mid-stream, while waiting for a non-streamed answer, or mid-upload)
+aborts its request with exactly one INFO line: no 500, no warning, no traceback."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+
+import httpx
+import pytest
+
+from tests.server.waiting import metric, scrape, wait_until
+
+LONG = {"prompt": "Hello my name is", "max_tokens": 400, "ignore_eos": True}
+
+
+def _head(length: int) -> bytes:
+    return (
+        "POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+def _quiet_one_line(caplog, fragment: str) -> None:
+    lines = wait_until(
+        lambda: [r for r in caplog.records if fragment in r.getMessage()], repr(fragment)
+    )
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO, lines
+    noisy = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert noisy == [], [r.getMessage() for r in noisy]
+
+
+def _released(srv) -> None:
+    engine = srv.engine
+    wait_until(lambda: not engine.output_processor.has_unfinished_requests(), "no open request")
+
+    def idle() -> bool:
+        stats = engine.engine_core.call_utility("make_stats")
+        return (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
+
+    wait_until(idle, "an idle engine")
+    core = engine.engine_core.proc.engine_core
+    assert core.num_free_kv_blocks == core.num_kv_blocks - 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])
+def test_disconnect_aborts_with_one_info_line(server_factory, caplog, stream: bool) -> None:
+    caplog.set_level(logging.INFO)
+    srv = server_factory()
+    body = json.dumps({**LONG, "stream": stream}).encode()
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+        sock.sendall(_head(len(body)) + body)
+        if stream:
+            assert sock.recv(65536)  # the stream started
+        wait_until(lambda: srv.engine.output_processor.has_unfinished_requests(), "a request")
+    _quiet_one_line(caplog, "disconnected")
+    _released(srv)
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        text = scrape(http)
+        assert metric(text, "cadence:request_success_total", finished_reason="abort") == 1
+        assert http.get("/health").status_code == 200
+
+
+def test_body_cut_off_mid_upload_is_one_info_line(server_factory, caplog) -> None:
+    caplog.set_level(logging.INFO)
+    srv = server_factory()
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+        sock.sendall(_head(1000) + b'{"prompt": "Hello, this body never ')
+    _quiet_one_line(caplog, "disconnected while sending the request body")
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        assert http.get("/health").status_code == 200
+        ok = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+        assert ok.status_code == 200
