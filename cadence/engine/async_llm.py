@@ -25,6 +25,7 @@ from cadence.engine.frontend import load_frontend
 from cadence.engine.output_processor import (
     IterationStats,
     OutputProcessor,
+    OutputSink,
     RequestOutputCollector,
 )
 from cadence.metrics import StatLogger
@@ -142,8 +143,10 @@ class AsyncLLM:
         *,
         arrival_time: float | None = None,
         priority: int = 0,
-    ) -> RequestOutputCollector:
-        """Validate, tokenize and enqueue one request; return the collector of its outputs."""
+        sink: OutputSink | None = None,
+    ) -> OutputSink:
+        """Validate, tokenize and enqueue one request; return where its outputs go: ``sink``
+        if given (e.g. a server's SSE frame stream), else a new ``RequestOutputCollector``."""
         if self.errored:
             raise EngineDeadError()
         request, prompt_text = await self.run_in_executor(
@@ -152,7 +155,11 @@ class AsyncLLM:
         if self.errored:
             raise EngineDeadError()
         self._run_output_handler()
-        collector = RequestOutputCollector(request.sampling_params.output_kind, request_id)
+        collector = (
+            sink
+            if sink is not None
+            else RequestOutputCollector(request.sampling_params.output_kind, request_id)
+        )
         self.output_processor.add_request(request, prompt_text, collector)
         try:
             self.engine_core.add_request(request)

@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from cadence.core_types import EngineCoreOutput, EngineCoreRequest, FinishReason
 from cadence.engine.detokenizer import IncrementalDetokenizer, make_decode_fn
@@ -21,6 +21,7 @@ __all__ = [
     "IterationStats",
     "OutputProcessor",
     "OutputProcessorOutput",
+    "OutputSink",
     "RequestFailedError",
     "RequestOutputCollector",
 ]
@@ -37,6 +38,18 @@ class RequestFailedError(RuntimeError):
         self.reason = reason
 
 
+class OutputSink(Protocol):
+    """Where the output processor puts one request's outputs (and a final exception, if any).
+
+    ``put`` runs on the thread that processes outputs; ``needs_metrics`` says whether outputs
+    that are not final carry a snapshot of the request's metrics (a copy per output).
+    """
+
+    needs_metrics: bool
+
+    def put(self, output: RequestOutput | Exception) -> None: ...
+
+
 class RequestOutputCollector:
     """A single slot between the output processor (producer) and one ``generate()`` (consumer).
 
@@ -44,6 +57,8 @@ class RequestOutputCollector:
     token ids and logprobs extended, latest finish reason); other kinds replace it. An exception
     always takes the slot, and is never replaced by a later output.
     """
+
+    needs_metrics = True
 
     def __init__(
         self, output_kind: RequestOutputKind = RequestOutputKind.DELTA, request_id: str = ""
@@ -153,7 +168,7 @@ class _RequestState:
         request: EngineCoreRequest,
         prompt: str | None,
         tokenizer: Any | None,
-        queue: RequestOutputCollector | None,
+        queue: OutputSink | None,
         arrival_time: float,
         token_text: _TokenTextCache | None,
     ) -> None:
@@ -163,6 +178,7 @@ class _RequestState:
         self.prompt_token_ids = request.prompt_token_ids
         self.output_kind = params.output_kind
         self.queue = queue
+        self.snapshot_metrics = queue is None or queue.needs_metrics
         self.detokenizer = IncrementalDetokenizer(tokenizer, request)
         self.token_text = token_text
         self.num_logprobs = params.logprobs
@@ -228,7 +244,7 @@ class _RequestState:
             outputs=[completion],
             finished=finished,
             num_cached_tokens=self.num_cached_tokens,
-            metrics=self.metrics.copy(),
+            metrics=self.metrics.copy() if finished or self.snapshot_metrics else None,
         )
 
 
@@ -253,7 +269,7 @@ class OutputProcessor:
         self,
         request: EngineCoreRequest,
         prompt: str | None,
-        queue: RequestOutputCollector | None = None,
+        queue: OutputSink | None = None,
     ) -> None:
         """Track a new request. Its metrics' arrival time is now (monotonic clock)."""
         if request.request_id in self.request_states:

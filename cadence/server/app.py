@@ -122,11 +122,10 @@ class OpenAIServer:
         self.completions.check_model(body.model)
         base_id = random_id("cmpl")
         if body.stream:
-            started = await self._stoppable(self.completions.start_all(body, base_id))
+            cs = self.completions.new_stream(body, base_id)
+            started = await self._stoppable(self.completions.start_all(body, base_id, cs))
             ids = [s.request_id for s in started]
-            return self._event_stream(
-                self.completions.stream(body, started, base_id), ids, base_id
-            )
+            return self._event_stream(self.completions.stream(started, cs), ids, base_id)
         return await self._respond(self.completions.create(body, base_id), request, base_id)
 
     async def create_chat_completion(self, request: Request) -> Response:
@@ -134,8 +133,9 @@ class OpenAIServer:
         self.chat.check_model(body.model)
         request_id = random_id("chatcmpl")
         if body.stream:
-            started = await self._stoppable(self.chat.start_chat(body, request_id))
-            return self._event_stream(self.chat.stream(body, started), [request_id], request_id)
+            cs = self.chat.new_stream(body, request_id)
+            started = await self._stoppable(self.chat.start_chat(body, request_id, cs))
+            return self._event_stream(self.chat.stream(started, cs), [request_id], request_id)
         return await self._respond(self.chat.create(body, request_id), request, request_id)
 
     async def _stoppable(self, work: Awaitable[T]) -> T:

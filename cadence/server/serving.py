@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from cadence.engine.core_client import EngineDeadError
-from cadence.engine.output_processor import RequestFailedError
+from cadence.engine.output_processor import RequestFailedError, RequestOutputCollector
 from cadence.sampling_params import SamplingParams
 from cadence.server.errors import (
     APIError,
@@ -23,7 +23,7 @@ from cadence.server.errors import (
 
 if TYPE_CHECKING:
     from cadence.engine.async_llm import AsyncLLM
-    from cadence.engine.output_processor import RequestOutputCollector
+    from cadence.engine.output_processor import OutputSink
     from cadence.outputs import Logprob, RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -40,10 +40,10 @@ _LEADING_PARAM = re.compile(r"^\s*`?([a-z_][a-z0-9_]*)`?(?::|\s+(?:must|cannot|s
 
 @dataclass
 class StartedRequest:
-    """A request accepted by the engine, with its output collector."""
+    """A request accepted by the engine, with where its outputs go."""
 
     request_id: str
-    collector: RequestOutputCollector
+    collector: OutputSink
     index: int = 0
 
 
@@ -66,11 +66,15 @@ class OpenAIServing:
         prompt_param: str,
         max_tokens_param: str,
         index: int = 0,
+        sink: OutputSink | None = None,
     ) -> StartedRequest:
-        """Validate and enqueue one prompt; invalid input becomes a 400 naming the parameter."""
+        """Validate and enqueue one prompt; invalid input becomes a 400 naming the parameter.
+        Its outputs go to ``sink`` (a streamed response), else to a new collector."""
         try:
             # The input processor works on a copy of ``params``: one object serves many prompts.
-            collector = await self.engine.add_request(request_id, prompt, params, priority=priority)
+            collector = await self.engine.add_request(
+                request_id, prompt, params, priority=priority, sink=sink
+            )
         except EngineDeadError as exc:
             raise engine_unavailable(exc) from exc
         except ValueError as exc:
@@ -78,6 +82,7 @@ class OpenAIServing:
         return StartedRequest(request_id, collector, index)
 
     def outputs(self, started: StartedRequest) -> AsyncGenerator[RequestOutput, None]:
+        assert isinstance(started.collector, RequestOutputCollector)
         return self.engine.outputs(started.request_id, started.collector)
 
     async def final_output(self, started: StartedRequest) -> RequestOutput:

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cadence.server.chat_template import render_chat
+from cadence.server.frame_stream import FrameStream
+from cadence.server.frames import ChatFrames
 from cadence.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatCompletionResponseChoice,
-    ChatCompletionStreamChoice,
-    ChatCompletionStreamResponse,
     ChatLogProb,
     ChatLogProbs,
     ChatLogProbsContent,
     ChatResponseMessage,
-    DeltaMessage,
     ParamError,
     UsageInfo,
     random_id,
@@ -34,7 +32,8 @@ from cadence.server.serving import (
 )
 
 if TYPE_CHECKING:
-    from cadence.outputs import Logprob
+    from cadence.engine.output_processor import OutputSink
+    from cadence.outputs import Logprob, RequestOutput
 
 
 def chat_logprobs(token_ids: list[int], rows: list[dict[int, Logprob]], num: int) -> ChatLogProbs:
@@ -61,8 +60,50 @@ def chat_logprobs(token_ids: list[int], rows: list[dict[int, Logprob]], num: int
     return ChatLogProbs(content=content)
 
 
+class ChatStream:
+    """A streamed chat completion: its frame stream and the renderer of its outputs."""
+
+    def __init__(self, request: ChatCompletionRequest, request_id: str, model: str) -> None:
+        self.request = request
+        self.frames = ChatFrames(request_id, model)
+        self.stream = FrameStream(1)
+        self.prompt_tokens = self.completion_tokens = 0
+        self.finished = False
+
+    def sink(self) -> OutputSink:
+        request, frames = self.request, self.frames
+
+        def render(out: RequestOutput) -> str | None:
+            c = out.outputs[0]
+            self.prompt_tokens = len(out.prompt_token_ids or [])
+            self.completion_tokens += len(c.token_ids)
+            self.finished = finished = out.finished
+            lps = None
+            if request.logprobs and c.logprobs is not None and c.token_ids:
+                lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0)
+            if not c.text and not finished and lps is None:
+                return None  # nothing visible yet (held back for a possible stop string)
+            usage = None
+            if request.continuous_usage:
+                usage = (self.prompt_tokens, self.completion_tokens)
+            return frames.chunk(
+                content=c.text,
+                logprobs=lps,
+                finish_reason=c.finish_reason if finished else None,
+                stop_reason=c.stop_reason if finished else None,
+                usage=usage,
+            )
+
+        return self.stream.sink(render)
+
+
 class OpenAIServingChat(OpenAIServing):
-    async def start_chat(self, request: ChatCompletionRequest, request_id: str) -> StartedRequest:
+    def new_stream(self, request: ChatCompletionRequest, request_id: str) -> ChatStream:
+        return ChatStream(request, request_id, self.served_model_name)
+
+    async def start_chat(
+        self, request: ChatCompletionRequest, request_id: str, stream: ChatStream | None = None
+    ) -> StartedRequest:
         max_tokens_param = (
             "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         )
@@ -87,6 +128,7 @@ class OpenAIServingChat(OpenAIServing):
             priority=request.priority,
             prompt_param="messages",
             max_tokens_param=max_tokens_param,
+            sink=stream.sink() if stream is not None else None,
         )
 
     async def create(
@@ -119,84 +161,20 @@ class OpenAIServingChat(OpenAIServing):
             ),
         )
 
-    def _frame(
-        self,
-        request_id: str,
-        delta: DeltaMessage,
-        *,
-        logprobs: ChatLogProbs | None = None,
-        finish_reason: str | None = None,
-        stop_reason: int | str | None = None,
-        usage: UsageInfo | None = None,
-    ) -> str:
-        chunk = ChatCompletionStreamResponse(
-            id=request_id,
-            model=self.served_model_name,
-            choices=[
-                ChatCompletionStreamChoice(
-                    index=0,
-                    delta=delta,
-                    logprobs=logprobs,
-                    finish_reason=finish_reason,
-                    stop_reason=stop_reason,
-                )
-            ],
-            usage=usage,
-        )
-        data: dict[str, Any] = chunk.model_dump(mode="json")
-        # A delta carries only what changed (no "role": null on content chunks).
-        data["choices"][0]["delta"] = delta.model_dump(mode="json", exclude_none=True)
-        return f"data: {json.dumps(data, separators=(',', ':'), ensure_ascii=False)}\n\n"
-
-    async def stream(
-        self, request: ChatCompletionRequest, started: StartedRequest
-    ) -> AsyncGenerator[str, None]:
+    async def stream(self, started: StartedRequest, cs: ChatStream) -> AsyncGenerator[str, None]:
         """SSE frames of a streamed chat completion; always ends with ``[DONE]``."""
-        rid = started.request_id
-        prompt_tokens = completion_tokens = 0
-        finished = False
-        gen = self.outputs(started)
         try:
-            yield self._frame(rid, DeltaMessage(role="assistant", content=""))
-            async for out in gen:
-                c = out.outputs[0]
-                prompt_tokens = len(out.prompt_token_ids or [])
-                completion_tokens += len(c.token_ids)
-                finished = out.finished
-                lps = None
-                if request.logprobs and c.logprobs is not None and c.token_ids:
-                    lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0)
-                if not c.text and not finished and lps is None:
-                    continue  # nothing visible yet (held back for a possible stop string)
-                usage = (
-                    _usage(prompt_tokens, completion_tokens) if request.continuous_usage else None
-                )
-                yield self._frame(
-                    rid,
-                    DeltaMessage(content=c.text),
-                    logprobs=lps,
-                    finish_reason=c.finish_reason if finished else None,
-                    stop_reason=c.stop_reason if finished else None,
-                    usage=usage,
-                )
-            if request.include_usage:
-                chunk = ChatCompletionStreamResponse(
-                    id=rid,
-                    model=self.served_model_name,
-                    choices=[],
-                    usage=_usage(prompt_tokens, completion_tokens),
-                )
-                yield f"data: {chunk.model_dump_json()}\n\n"
+            yield cs.frames.chunk(role="assistant", content="")
+            while (frames := await cs.stream.next()) is not None:
+                yield frames
+            if cs.stream.error is not None:
+                yield stream_error_frame(cs.stream.error)
+            elif cs.request.include_usage:
+                yield cs.frames.usage(cs.prompt_tokens, cs.completion_tokens)
         except Exception as exc:
             yield stream_error_frame(exc)
         finally:
-            await gen.aclose()
-            if not finished:
-                self.abort([rid])
+            if not cs.finished:
+                self.abort([started.request_id])
         yield DONE_FRAME
 
-
-def _usage(prompt: int, completion: int) -> UsageInfo:
-    return UsageInfo(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
-    )

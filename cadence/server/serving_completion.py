@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
+from cadence.server.frame_stream import FrameStream
+from cadence.server.frames import CompletionFrames
 from cadence.server.protocol import (
     CompletionLogProbs,
     CompletionRequest,
     CompletionResponse,
     CompletionResponseChoice,
-    CompletionStreamResponse,
     UsageInfo,
     random_id,
 )
@@ -19,14 +20,14 @@ from cadence.server.serving import (
     OpenAIServing,
     StartedRequest,
     clamp_logprob,
-    merge_async_iterators,
     stream_error_frame,
     token_text,
     top_by_rank,
 )
 
 if TYPE_CHECKING:
-    from cadence.outputs import CompletionOutput, Logprob
+    from cadence.engine.output_processor import OutputSink
+    from cadence.outputs import Logprob, RequestOutput
 
 
 def completion_logprobs(
@@ -48,8 +49,60 @@ def completion_logprobs(
     return out
 
 
+class CompletionStream:
+    """A streamed completion: its frame stream and the renderer of each prompt's outputs."""
+
+    def __init__(self, request: CompletionRequest, base_id: str, model: str,
+                 with_ids: bool) -> None:
+        n = len(request.prompts())
+        self.request = request
+        self.frames = CompletionFrames(base_id, model)
+        self.stream = FrameStream(n)
+        self.with_ids = with_ids
+        self.prompt_tokens = [0] * n
+        self.completion_tokens = [0] * n
+        self.offsets = [0] * n
+        self.finished = [False] * n
+
+    def sink(self, i: int) -> OutputSink:
+        request, frames = self.request, self.frames
+
+        def render(out: RequestOutput) -> str | None:
+            c = out.outputs[0]
+            self.prompt_tokens[i] = len(out.prompt_token_ids or [])
+            self.completion_tokens[i] += len(c.token_ids)
+            self.finished[i] = out.finished
+            lps = None
+            if request.logprobs is not None and c.logprobs is not None and c.token_ids:
+                lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs,
+                                          self.offsets[i])
+            self.offsets[i] += len(c.text)
+            ids = list(c.token_ids) if self.with_ids else None
+            if not c.text and not ids and not out.finished and lps is None:
+                return None  # nothing visible yet (held back for a possible stop string)
+            usage = None
+            if request.continuous_usage:
+                usage = (self.prompt_tokens[i], self.completion_tokens[i])
+            return frames.chunk(
+                i,
+                c.text,
+                logprobs=lps,
+                finish_reason=c.finish_reason if out.finished else None,
+                stop_reason=c.stop_reason if out.finished else None,
+                token_ids=ids,
+                usage=usage,
+            )
+
+        return self.stream.sink(render)
+
+
 class OpenAIServingCompletion(OpenAIServing):
-    async def start_all(self, request: CompletionRequest, base_id: str) -> list[StartedRequest]:
+    def new_stream(self, request: CompletionRequest, base_id: str) -> CompletionStream:
+        return CompletionStream(request, base_id, self.served_model_name, self._with_ids(request))
+
+    async def start_all(
+        self, request: CompletionRequest, base_id: str, stream: CompletionStream | None = None
+    ) -> list[StartedRequest]:
         prompts = request.prompts()
         params = request.to_sampling_params()
         started: list[StartedRequest] = []
@@ -65,6 +118,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         prompt_param="prompt",
                         max_tokens_param="max_tokens",
                         index=i,
+                        sink=stream.sink(i) if stream is not None else None,
                     )
                 )
         except BaseException:
@@ -110,63 +164,20 @@ class OpenAIServingCompletion(OpenAIServing):
         return request.return_token_ids or self.engine.tokenizer is None
 
     async def stream(
-        self, request: CompletionRequest, started: list[StartedRequest], base_id: str
+        self, started: list[StartedRequest], cs: CompletionStream
     ) -> AsyncGenerator[str, None]:
         """SSE frames of a streamed completion; always ends with ``[DONE]``."""
-        n = len(started)
-        prompt_tokens = [0] * n
-        completion_tokens = [0] * n
-        offsets = [0] * n
-        finished = [False] * n
-        merged = merge_async_iterators(*(self.outputs(s) for s in started))
         try:
-            async for i, out in merged:
-                c: CompletionOutput = out.outputs[0]
-                prompt_tokens[i] = len(out.prompt_token_ids or [])
-                completion_tokens[i] += len(c.token_ids)
-                finished[i] = out.finished
-                lps = None
-                if request.logprobs is not None and c.logprobs is not None and c.token_ids:
-                    lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs, offsets[i])
-                offsets[i] += len(c.text)
-                ids = list(c.token_ids) if self._with_ids(request) else None
-                if not c.text and not ids and not out.finished and lps is None:
-                    continue  # nothing visible yet (held back for a possible stop string)
-                chunk = CompletionStreamResponse(
-                    id=base_id,
-                    model=self.served_model_name,
-                    choices=[
-                        CompletionResponseChoice(
-                            index=started[i].index,
-                            text=c.text,
-                            logprobs=lps,
-                            finish_reason=c.finish_reason if out.finished else None,
-                            stop_reason=c.stop_reason if out.finished else None,
-                            token_ids=ids,
-                        )
-                    ],
-                )
-                if request.continuous_usage:
-                    chunk.usage = _usage(prompt_tokens[i], completion_tokens[i])
-                yield f"data: {chunk.model_dump_json()}\n\n"
-            if request.include_usage:
-                final = CompletionStreamResponse(
-                    id=base_id,
-                    model=self.served_model_name,
-                    choices=[],
-                    usage=_usage(sum(prompt_tokens), sum(completion_tokens)),
-                )
-                yield f"data: {final.model_dump_json()}\n\n"
+            while (frames := await cs.stream.next()) is not None:
+                yield frames
+            if cs.stream.error is not None:
+                yield stream_error_frame(cs.stream.error)
+            elif cs.request.include_usage:
+                yield cs.frames.usage(sum(cs.prompt_tokens), sum(cs.completion_tokens))
         except Exception as exc:
             yield stream_error_frame(exc)
         finally:
-            await merged.aclose()
-            unfinished = [s.request_id for s, f in zip(started, finished, strict=True) if not f]
+            unfinished = [s.request_id for s, f in zip(started, cs.finished, strict=True) if not f]
             self.abort(unfinished)
         yield DONE_FRAME
 
-
-def _usage(prompt: int, completion: int) -> UsageInfo:
-    return UsageInfo(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
-    )

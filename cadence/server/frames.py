@@ -1,0 +1,111 @@
+"""SSE frames of streamed completions, built from per-request templates.
+
+Every streamed token of every stream becomes one frame, so a frame must cost little: the parts
+that never change within a request (id, created, model, index) are encoded once, and each chunk
+only encodes its own values (``json.dumps`` of the text, small literals). The frames are the
+same JSON documents as the pydantic chunk models (``CompletionStreamResponse``,
+``ChatCompletionStreamResponse``) would dump, with the same keys in the same order; logprobs,
+which are rare and larger, still go through their models.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from json.encoder import encode_basestring
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def _lit(value: Any) -> str:
+    """A JSON literal for a small value (None, str, int), without the encoder's overhead."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return encode_basestring(value)  # the C escaper behind json.dumps(ensure_ascii=False)
+    return _dumps(value)
+
+
+def usage_json(prompt: int, completion: int) -> str:
+    return (
+        f'{{"prompt_tokens":{prompt},"completion_tokens":{completion},'
+        f'"total_tokens":{prompt + completion}}}'
+    )
+
+
+def _model_json(model: BaseModel | None) -> str:
+    return "null" if model is None else model.model_dump_json()
+
+
+class CompletionFrames:
+    """``data: {...}`` frames of one streamed ``/v1/completions`` request."""
+
+    def __init__(self, request_id: str, model: str, created: int | None = None) -> None:
+        created = int(time.time()) if created is None else created
+        self._head = (
+            f'data: {{"id":{_lit(request_id)},"object":"text_completion","created":{created},'
+            f'"model":{_lit(model)},"choices":'
+        )
+
+    def chunk(
+        self,
+        index: int,
+        text: str,
+        *,
+        logprobs: BaseModel | None = None,
+        finish_reason: str | None = None,
+        stop_reason: int | str | None = None,
+        token_ids: list[int] | None = None,
+        usage: tuple[int, int] | None = None,
+    ) -> str:
+        ids = "null" if token_ids is None else _dumps(token_ids)
+        use = "null" if usage is None else usage_json(*usage)
+        return (
+            f'{self._head}[{{"index":{index},"text":{encode_basestring(text)},'
+            f'"logprobs":{_model_json(logprobs)},"finish_reason":{_lit(finish_reason)},'
+            f'"stop_reason":{_lit(stop_reason)},"token_ids":{ids}}}],"usage":{use}}}\n\n'
+        )
+
+    def usage(self, prompt: int, completion: int) -> str:
+        return f'{self._head}[],"usage":{usage_json(prompt, completion)}}}\n\n'
+
+
+class ChatFrames:
+    """``data: {...}`` frames of one streamed ``/v1/chat/completions`` request."""
+
+    def __init__(self, request_id: str, model: str, created: int | None = None) -> None:
+        created = int(time.time()) if created is None else created
+        self._head = (
+            f'data: {{"id":{_lit(request_id)},"object":"chat.completion.chunk",'
+            f'"created":{created},"model":{_lit(model)},"choices":'
+        )
+
+    def chunk(
+        self,
+        *,
+        content: str | None = None,
+        role: str | None = None,
+        logprobs: BaseModel | None = None,
+        finish_reason: str | None = None,
+        stop_reason: int | str | None = None,
+        usage: tuple[int, int] | None = None,
+    ) -> str:
+        # A delta carries only what it sets (no "role": null on content chunks).
+        delta = []
+        if role is not None:
+            delta.append(f'"role":{_lit(role)}')
+        if content is not None:
+            delta.append(f'"content":{encode_basestring(content)}')
+        use = "null" if usage is None else usage_json(*usage)
+        return (
+            f'{self._head}[{{"index":0,"delta":{{{",".join(delta)}}},'
+            f'"logprobs":{_model_json(logprobs)},"finish_reason":{_lit(finish_reason)},'
+            f'"stop_reason":{_lit(stop_reason)}}}],"usage":{use}}}\n\n'
+        )
+
+    def usage(self, prompt: int, completion: int) -> str:
+        return f'{self._head}[],"usage":{usage_json(prompt, completion)}}}\n\n'

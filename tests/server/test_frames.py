@@ -1,0 +1,87 @@
+"""The templated SSE frames are the JSON documents the pydantic chunk models dump."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cadence.server.frames import ChatFrames, CompletionFrames
+from cadence.server.protocol import (
+    ChatCompletionStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatLogProb,
+    ChatLogProbs,
+    ChatLogProbsContent,
+    CompletionLogProbs,
+    CompletionResponseChoice,
+    CompletionStreamResponse,
+    DeltaMessage,
+    UsageInfo,
+)
+
+TEXTS = ["", "plain", 'quote " backslash \\ newline \n tab \t', "\u2028\u2029 é 😀 \x00\x1f", "</s>"]
+
+
+def _frame_json(frame: str) -> dict:
+    assert frame.startswith("data: ") and frame.endswith("\n\n")
+    return json.loads(frame[len("data: ") : -2])
+
+
+def _model_json(model) -> dict:
+    return json.loads(model.model_dump_json())
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("finish", [(None, None), ("stop", "###"), ("length", None), ("stop", 7)])
+def test_completion_chunks_match_the_model(text: str, finish: tuple) -> None:
+    frames = CompletionFrames("cmpl-1", 'model "x"', created=1700000000)
+    lps = CompletionLogProbs(text_offset=[0], token_logprobs=[-0.5], tokens=["a"],
+                             top_logprobs=[{"a": -0.5}])
+    for logprobs, ids, usage in ((None, None, None), (lps, [1, 2], (3, 4))):
+        got = _frame_json(frames.chunk(2, text, logprobs=logprobs, finish_reason=finish[0],
+                                       stop_reason=finish[1], token_ids=ids, usage=usage))
+        want = CompletionStreamResponse(
+            id="cmpl-1", created=1700000000, model='model "x"',
+            choices=[CompletionResponseChoice(index=2, text=text, logprobs=logprobs,
+                                              finish_reason=finish[0], stop_reason=finish[1],
+                                              token_ids=ids)],
+            usage=UsageInfo(prompt_tokens=3, completion_tokens=4, total_tokens=7)
+            if usage else None,
+        )  # fmt: skip
+        assert got == _model_json(want)
+        assert list(got) == list(_model_json(want))  # same key order
+    usage_frame = _frame_json(frames.usage(10, 5))
+    assert usage_frame == _model_json(CompletionStreamResponse(
+        id="cmpl-1", created=1700000000, model='model "x"', choices=[],
+        usage=UsageInfo(prompt_tokens=10, completion_tokens=5, total_tokens=15)))  # fmt: skip
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_chat_chunks_match_the_model(text: str) -> None:
+    frames = ChatFrames("chatcmpl-1", "m", created=5)
+    lps = ChatLogProbs(content=[ChatLogProbsContent(token="a", logprob=-1.0, bytes=[97],
+                                                    top_logprobs=[ChatLogProb(token="a",
+                                                                              logprob=-1.0)])])
+    cases = [
+        (dict(role="assistant", content=""), DeltaMessage(role="assistant", content="")),
+        (dict(content=text), DeltaMessage(content=text)),
+        (dict(content=text, logprobs=lps, finish_reason="stop", stop_reason="x",
+              usage=(2, 3)), DeltaMessage(content=text)),
+    ]  # fmt: skip
+    for kwargs, delta in cases:
+        got = _frame_json(frames.chunk(**kwargs))
+        usage = kwargs.get("usage")
+        want = ChatCompletionStreamResponse(
+            id="chatcmpl-1", created=5, model="m",
+            choices=[ChatCompletionStreamChoice(index=0, delta=delta,
+                                                logprobs=kwargs.get("logprobs"),
+                                                finish_reason=kwargs.get("finish_reason"),
+                                                stop_reason=kwargs.get("stop_reason"))],
+            usage=UsageInfo(prompt_tokens=usage[0], completion_tokens=usage[1],
+                            total_tokens=sum(usage)) if usage else None,
+        )  # fmt: skip
+        data = _model_json(want)
+        # A delta carries only what it sets.
+        data["choices"][0]["delta"] = delta.model_dump(mode="json", exclude_none=True)
+        assert got == data
