@@ -68,6 +68,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "for this many seconds (default: %(default)s)",
     )
     parser.add_argument(
+        "--http",
+        default=defaults.http,
+        choices=("auto", "h11", "httptools"),
+        help="HTTP/1.1 implementation; auto = httptools when installed (default: %(default)s)",
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=("debug", "info", "warning", "error")
     )
     parser.add_argument(
@@ -103,6 +109,7 @@ def settings_from(ns: argparse.Namespace) -> ServerSettings:
         body_read_timeout=ns.body_read_timeout,
         shutdown_timeout=ns.shutdown_timeout,
         engine_stall_timeout=ns.engine_stall_timeout,
+        http=ns.http,
     )
 
 

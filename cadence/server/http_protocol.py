@@ -24,7 +24,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from cadence.server.errors import RequestTimeoutError
 
-__all__ = ["TimedH11Protocol", "timed_h11_protocol"]
+__all__ = ["TimedH11Protocol", "http_protocol", "httptools_available", "timed_h11_protocol"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,3 +129,25 @@ def timed_h11_protocol(header_read_timeout: float, body_read_timeout: float) -> 
         (TimedH11Protocol,),
         {"header_read_timeout": header_read_timeout, "body_read_timeout": body_read_timeout},
     )
+
+
+def httptools_available() -> bool:
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def http_protocol(kind: str, header_read_timeout: float, body_read_timeout: float) -> type:
+    """The connection protocol class for ``kind`` ("auto": httptools when installed, the faster
+    parser and writer of the two, else h11), with the read deadlines."""
+    if kind == "auto":
+        kind = "httptools" if httptools_available() else "h11"
+    if kind == "httptools":
+        from cadence.server.http_protocol_httptools import timed_httptools_protocol
+
+        return timed_httptools_protocol(header_read_timeout, body_read_timeout)
+    if kind == "h11":
+        return timed_h11_protocol(header_read_timeout, body_read_timeout)
+    raise ValueError(f"http must be 'auto', 'h11' or 'httptools', got {kind!r}.")

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from cadence.server.app import build_app
-from cadence.server.http_protocol import timed_h11_protocol
+from cadence.server.http_protocol import http_protocol
 from cadence.server.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -159,7 +159,9 @@ def build_server(
         app,
         host=settings.host,
         port=settings.port,
-        http=timed_h11_protocol(settings.header_read_timeout, settings.body_read_timeout),
+        http=http_protocol(
+            settings.http, settings.header_read_timeout, settings.body_read_timeout
+        ),
         timeout_keep_alive=settings.timeout_keep_alive,  # type: ignore[arg-type]
         timeout_graceful_shutdown=settings.shutdown_timeout + _UVICORN_BACKSTOP_S,  # type: ignore[arg-type]
         log_level=log_level,

@@ -29,8 +29,12 @@ class ServerSettings:
     engine_stall_timeout: float = 60.0
     # After the engine dies, the server answers 503 for this long, then exits with status 1.
     engine_death_grace: float = 2.0
+    # HTTP/1.1 implementation: "auto" (httptools when installed, else h11), "h11", "httptools".
+    http: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.http not in ("auto", "h11", "httptools"):
+            raise ValueError(f"http must be 'auto', 'h11' or 'httptools', got {self.http!r}.")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}.")
         if self.max_request_body_bytes < 1:

@@ -16,13 +16,16 @@ from tests.server.conftest import RunningServer, start_server, tiny_args
 LIMIT = 4096
 
 
-@pytest.fixture(scope="module")
-def strict() -> Iterator[RunningServer]:
-    """A server with short read deadlines and a small body limit."""
+@pytest.fixture(scope="module", params=["h11", "httptools"])
+def strict(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    """A server with short read deadlines and a small body limit, on each HTTP implementation."""
     from cadence.engine.async_llm import AsyncLLM
 
+    if request.param == "httptools":
+        pytest.importorskip("httptools")
     running = start_server(
         AsyncLLM(tiny_args()),
+        http=request.param,
         header_read_timeout=1.0,
         body_read_timeout=1.0,
         timeout_keep_alive=1.0,
