@@ -4,4 +4,5 @@ import sys
 
 from cadence.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a spawned engine-core process re-imports the main module
+    sys.exit(main())

@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +30,9 @@ def _fake_runner(step_s: float) -> None:
     from cadence.worker.model_runner import ModelRunner
     from cadence.worker.output import ModelRunnerOutput, ReadyOutput
 
+    if getattr(ModelRunner, "_stand_in", False):
+        return
+    ModelRunner._stand_in = True  # type: ignore[attr-defined]
     state = {"ready_at": 0.0}
 
     class Pending:
@@ -62,7 +66,6 @@ _TOKEN = 97  # a printable byte-level token of the built-in model
 
 
 def serve(argv: list[str], step_ms: float) -> int:
-    _fake_runner(step_ms / 1e3)
     from cadence.server.cli import serve_main
 
     return serve_main(argv)
@@ -81,14 +84,26 @@ def main() -> int:
     ns, rest = p.parse_known_args()
     if ns.serve_only:
         return serve(rest, ns.step_ms)
+    # The stand-in runner must also replace the real one in a spawned engine-core process
+    # (--engine-process): every interpreter started here imports this sitecustomize.
+    hook_dir = Path(tempfile.mkdtemp(prefix="frontend-bench-"))
+    (hook_dir / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'scripts')!r})\n"
+        "if os.environ.get('FRONTEND_BENCH_STEP_MS'):\n"
+        "    import frontend_bench\n"
+        "    frontend_bench._fake_runner(float(os.environ['FRONTEND_BENCH_STEP_MS']) / 1e3)\n"
+    )
     serve_argv = ["tiny", "--port", str(ns.port), "--max-num-seqs", str(ns.streams),
                   "--max-model-len", str(ns.input_len + ns.output_len + 16),
                   "--num-gpu-blocks-override", str(ns.streams * 30 + 8),
                   "--log-level", "warning", *ns.serve_args.split()]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    server_env = {**env, "PYTHONPATH": f"{hook_dir}{os.pathsep}{ROOT}",
+                  "FRONTEND_BENCH_STEP_MS": str(ns.step_ms)}
     server = subprocess.Popen(
         [sys.executable, __file__, "--serve-only", "--step-ms", str(ns.step_ms), *serve_argv],
-        env=env,
+        env=server_env,
     )
     try:
         import httpx

@@ -62,11 +62,20 @@ class AsyncLLM:
         self.args = args if args is not None else EngineArgs()
         self.log_requests = log_requests
         args_ = self.args
-        factory = core_factory if core_factory is not None else (lambda: EngineCore(args_))
-        client = InprocEngineCoreClient(factory)
+        core: Any
+        if args_.engine_process and core_factory is None:
+            from cadence.engine.core_process import ProcessEngineCoreClient
+
+            process_client = ProcessEngineCoreClient(args_)
+            client: EngineCoreClient = process_client
+            core = process_client.facts  # what the core process reported of itself
+        else:
+            factory = core_factory if core_factory is not None else (lambda: EngineCore(args_))
+            inproc = InprocEngineCoreClient(factory)
+            client = inproc
+            # In process, the front end reads the core's read-only facts (model, sizes) directly.
+            core = inproc.proc.engine_core
         self.engine_core: EngineCoreClient = client
-        # In process, the front end reads the core's read-only facts (model, sizes) directly.
-        core: Any = client.proc.engine_core
         self._validate_in_core: Callable[[EngineCoreRequest], None] | None = getattr(
             core, "validate_request", None
         )

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
 from collections import deque
 
 import torch
 
 from cadence.core_types import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from cadence.engine.engine_args import EngineArgs
+from cadence.engine.request_checks import check_request_fits
 from cadence.model.registry import ModelSpec, resolve_model
 from cadence.profiling import nvtx_range
 from cadence.scheduler.async_scheduler import AsyncScheduler
@@ -104,19 +104,8 @@ class EngineCore:
     # Requests --------------------------------------------------------------------------------
     def validate_request(self, req: EngineCoreRequest) -> None:
         """Checks that need the engine's state; raises ValueError naming the parameter."""
-        if self.config.scheduler.policy == "fcfs" and req.priority != 0:
-            raise ValueError(
-                "priority: a non-default priority requires scheduling_policy='priority' "
-                f"(got priority={req.priority} with the fcfs policy)."
-            )
-        max_tokens = req.sampling_params.max_tokens or 0
-        total = len(req.prompt_token_ids) + max_tokens
-        usable = self.num_kv_blocks - 1  # block 0 is the reserved null block
-        if math.ceil(total / self.block_size) > usable:
-            raise ValueError(
-                f"max_tokens: the request needs {total} tokens of KV cache but the whole cache "
-                f"holds {usable * self.block_size} tokens; reduce the prompt or max_tokens."
-            )
+        check_request_fits(req, self.config.scheduler.policy, self.num_kv_blocks,
+                           self.block_size)
 
     def add_request(self, req: EngineCoreRequest) -> None:
         self.validate_request(req)

@@ -28,6 +28,8 @@ class EngineArgs:
     # None: min(max_num_batched_tokens, 8192).
     max_capture_tokens: int | None = None
     emulate_graphs: bool = False  # test aid: bucketing and padding without CUDA graphs
+    # AsyncLLM / cadence serve: run the engine core in a process of its own (not a thread).
+    engine_process: bool = False
     async_scheduling: bool | None = None
     scheduling_policy: str = "fcfs"
     load_format: str = "auto"
@@ -120,6 +122,9 @@ class EngineArgs:
                             default=d.gpu_memory_utilization)
         parser.add_argument("--block-size", type=int, default=d.block_size)
         parser.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"])
+        parser.add_argument("--engine-process", action="store_true",
+                            help="run the engine core in a process of its own rather than a "
+                                 "thread beside the server's event loop")
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:

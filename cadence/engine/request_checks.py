@@ -1,0 +1,28 @@
+"""Checks of a request against the engine's configuration (shared by the engine core and
+front ends that cannot reach into it)."""
+
+from __future__ import annotations
+
+import math
+
+from cadence.core_types import EngineCoreRequest
+
+
+def check_request_fits(
+    req: EngineCoreRequest, policy: str, num_kv_blocks: int, block_size: int
+) -> None:
+    """Raise ValueError naming the parameter when the request cannot be served: a priority
+    under the fcfs policy, or more tokens than the whole KV cache holds."""
+    if policy == "fcfs" and req.priority != 0:
+        raise ValueError(
+            "priority: a non-default priority requires scheduling_policy='priority' "
+            f"(got priority={req.priority} with the fcfs policy)."
+        )
+    max_tokens = req.sampling_params.max_tokens or 0
+    total = len(req.prompt_token_ids) + max_tokens
+    usable = num_kv_blocks - 1  # block 0 is the reserved null block
+    if math.ceil(total / block_size) > usable:
+        raise ValueError(
+            f"max_tokens: the request needs {total} tokens of KV cache but the whole cache "
+            f"holds {usable * block_size} tokens; reduce the prompt or max_tokens."
+        )
