@@ -23,7 +23,7 @@ start_server() {  # $1: log name, then server flags
 stop_server() { kill -INT "$server" 2>/dev/null; wait "$server" 2>/dev/null; }
 
 bench() {  # $1: label, then bench flags
-  local label=$1; shift
+  local label=${LABEL_PREFIX:-}$1; shift
   timeout 240 python -m cadence bench serve --base-url "http://127.0.0.1:$port" --warmup 4 \
     --json-out "$out/serve_$label.json" "$@" 2>&1 | grep '^{' \
     | python -c "
@@ -38,7 +38,7 @@ for line in sys.stdin:
 }
 
 if want front; then
-  timeout 200 python -m cadence bench throughput "${model[@]}" --num-prompts 256 \
+  [ -n "${SKIP_OFFLINE:-}" ] || timeout 200 python -m cadence bench throughput "${model[@]}" --num-prompts 256 \
     --max-num-seqs 256 --input-len 128 --output-len 256 2>&1 | grep '^{"num_prompts' \
     | sed 's/^/offline /' | tee -a "$out/serve.log"
   start_server serve_front.log --max-num-seqs 256 --max-model-len 1024 && {
