@@ -1,0 +1,130 @@
+"""The engine core in a process of its own: the same tokens as the thread, aborts, utility
+calls and their errors, start-up errors, and a dead core process failing its consumers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cadence.engine.async_llm import AsyncLLM
+from cadence.engine.core_client import EngineDeadError
+from cadence.sampling_params import RequestOutputKind, SamplingParams
+from tests.tiny import tiny_args
+
+PROMPTS = [[72, 101, 278, 111, 295], [84, 104, 101, 32, 113, 117], [65, 32, 115, 109, 97]]
+ARGS = dict(max_model_len=128, num_gpu_blocks_override=64, async_scheduling=True)
+
+
+def _params(max_tokens: int = 8) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                          output_kind=RequestOutputKind.DELTA)
+
+
+async def _tokens(engine: AsyncLLM, rid: str, prompt: list[int], max_tokens: int = 8) -> list[int]:
+    ids: list[int] = []
+    async for out in engine.generate({"prompt_token_ids": prompt}, _params(max_tokens), rid):
+        ids.extend(out.outputs[0].token_ids)
+    return ids
+
+
+def test_process_core_equals_thread_core_and_serves_on() -> None:
+    async def run(engine_process: bool) -> tuple[list[list[int]], list[int]]:
+        engine = AsyncLLM(tiny_args(engine_process=engine_process, **ARGS))
+        try:
+            tokens = list(await asyncio.gather(
+                *(_tokens(engine, f"r{i}", p) for i, p in enumerate(PROMPTS))))
+            # An abort in the middle of a long request: a final "abort" output, blocks freed.
+            outs = []
+            async for out in engine.generate({"prompt_token_ids": PROMPTS[0]}, _params(100),
+                                             "long"):
+                outs.append(out)
+                if len(outs) == 3:
+                    await engine.abort("long")
+            assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort"
+            free = await engine.get_num_free_kv_blocks()
+            stats = await engine.get_scheduler_stats()
+            assert (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
+            with pytest.raises(AttributeError):
+                await engine.call_utility("no_such_method")
+            assert engine.num_kv_blocks == 64 and engine.max_model_len == 128
+            return tokens, [free]
+        finally:
+            engine.shutdown()
+
+    thread = asyncio.run(run(False))
+    process = asyncio.run(run(True))
+    assert process == thread
+    assert process[1] == [63]  # every usable block free again
+
+
+def test_a_dead_core_process_fails_its_consumers() -> None:
+    async def main() -> None:
+        # A request far longer than the moment between its first output and the kill.
+        engine = AsyncLLM(tiny_args(engine_process=True, max_model_len=2048,
+                                    num_gpu_blocks_override=160))
+        try:
+            proc = engine.engine_core.process  # type: ignore[attr-defined]
+            gen = engine.generate({"prompt_token_ids": PROMPTS[1]}, _params(2000), "doomed")
+            await gen.__anext__()
+            os.kill(proc.pid, signal.SIGKILL)
+            with pytest.raises(EngineDeadError):
+                async for _ in gen:
+                    pass
+            assert engine.errored
+            with pytest.raises(EngineDeadError):
+                await _tokens(engine, "late", PROMPTS[0])
+        finally:
+            engine.shutdown()
+
+    asyncio.run(main())
+
+
+def test_start_up_errors_reach_the_caller(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="model"):
+        AsyncLLM(tiny_args(engine_process=True, model=str(tmp_path / "missing")))
+
+
+def test_cadence_serve_with_an_engine_process(tmp_path: Path) -> None:
+    from tests.server.conftest import free_port
+
+    port = free_port()
+    log = tmp_path / "serve.log"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    cmd = [sys.executable, "-m", "cadence", "serve", "tiny", "--engine-process", "--port",
+           str(port), "--max-model-len", "128", "--num-gpu-blocks-override", "64"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        body = {"prompt": PROMPTS[0], "max_tokens": 5, "ignore_eos": True, "temperature": 0}
+        resp = httpx.post(base + "/v1/completions", json=body, timeout=30)
+        assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 5
+        metrics = httpx.get(base + "/metrics", timeout=30).text
+        assert "cadence:num_requests_running" in metrics
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            rc = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    text = log.read_text()
+    assert rc == 0, text
+    assert "Traceback" not in text
