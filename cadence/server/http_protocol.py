@@ -14,38 +14,19 @@ a time (slowloris), or stops sending, holds the connection for ever. Here:
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
 from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from cadence.server.errors import RequestTimeoutError
+from cadence.server.read_deadlines import ReadDeadlines
 
-__all__ = ["TimedH11Protocol", "http_protocol", "httptools_available", "timed_h11_protocol"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["TimedH11Protocol", "timed_h11_protocol"]
 
 
-def _timeout_response(timeout: float) -> bytes:
-    err = RequestTimeoutError(f"The request headers were not received within {timeout:g} s.")
-    body = json.dumps(err.body()).encode("ascii")
-    head = (
-        "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-    )
-    return head.encode("ascii") + body
-
-
-class TimedH11Protocol(H11Protocol):
-    header_read_timeout: float = 20.0
-    body_read_timeout: float = 60.0
-
+class TimedH11Protocol(ReadDeadlines, H11Protocol):
     def connection_made(self, transport: Any) -> None:
-        self._read_timer: asyncio.TimerHandle | None = None
-        self._read_phase: str | None = None
+        self._init_deadlines()
         super().connection_made(transport)
         self._arm("headers")
 
@@ -77,49 +58,16 @@ class TimedH11Protocol(H11Protocol):
         else:
             self._disarm()
 
-    def _arm(self, phase: str) -> None:
-        self._disarm()
-        timeout = self.header_read_timeout if phase == "headers" else self.body_read_timeout
-        self._read_phase = phase
-        self._read_timer = self.loop.call_later(timeout, self._on_timeout, phase)
-
-    def _disarm(self) -> None:
-        if self._read_timer is not None:
-            self._read_timer.cancel()
-        self._read_timer = None
-        self._read_phase = None
-
-    def _on_timeout(self, phase: str) -> None:
-        self._read_timer = None
-        self._read_phase = None
-        if self.transport.is_closing():
-            return
-        peer = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+    def timeout_action(self, phase: str) -> str:
         if phase == "headers":
             if self.conn.their_state is not h11.IDLE:
-                return
-            if self.conn.trailing_data[0]:
-                logger.info(
-                    "Closed the connection of %s: request headers incomplete after %g s.",
-                    peer,
-                    self.header_read_timeout,
-                )
-                self.transport.write(_timeout_response(self.header_read_timeout))
-            else:
-                logger.debug("Closed the idle connection of %s.", peer)
-            self.transport.close()
-            return
+                return "ignore"
+            return "answer" if self.conn.trailing_data[0] else "close"
         if self.conn.their_state is not h11.SEND_BODY:
-            return
+            return "ignore"
         if self.cycle is not None and not self.cycle.response_complete:
-            self._arm("body")  # the application reads this body and answers its timeout
-            return
-        logger.info(
-            "Closed the connection of %s: the rest of a request body did not come within %g s.",
-            peer,
-            self.body_read_timeout,
-        )
-        self.transport.close()
+            return "rearm"
+        return "close"
 
 
 def timed_h11_protocol(header_read_timeout: float, body_read_timeout: float) -> type[H11Protocol]:
@@ -130,24 +78,3 @@ def timed_h11_protocol(header_read_timeout: float, body_read_timeout: float) -> 
         {"header_read_timeout": header_read_timeout, "body_read_timeout": body_read_timeout},
     )
 
-
-def httptools_available() -> bool:
-    try:
-        import httptools  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def http_protocol(kind: str, header_read_timeout: float, body_read_timeout: float) -> type:
-    """The connection protocol class for ``kind`` ("auto": httptools when installed, the faster
-    parser and writer of the two, else h11), with the read deadlines."""
-    if kind == "auto":
-        kind = "httptools" if httptools_available() else "h11"
-    if kind == "httptools":
-        from cadence.server.http_protocol_httptools import timed_httptools_protocol
-
-        return timed_httptools_protocol(header_read_timeout, body_read_timeout)
-    if kind == "h11":
-        return timed_h11_protocol(header_read_timeout, body_read_timeout)
-    raise ValueError(f"http must be 'auto', 'h11' or 'httptools', got {kind!r}.")

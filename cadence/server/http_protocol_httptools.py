@@ -10,26 +10,18 @@ deadlines need.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from cadence.server.http_protocol import _timeout_response
+from cadence.server.read_deadlines import ReadDeadlines
 
 __all__ = ["TimedHttpToolsProtocol", "timed_httptools_protocol"]
 
-logger = logging.getLogger("cadence.server.http_protocol")
 
-
-class TimedHttpToolsProtocol(HttpToolsProtocol):
-    header_read_timeout: float = 20.0
-    body_read_timeout: float = 60.0
-
+class TimedHttpToolsProtocol(ReadDeadlines, HttpToolsProtocol):
     def connection_made(self, transport: Any) -> None:
-        self._read_timer: asyncio.TimerHandle | None = None
-        self._read_phase: str | None = None
+        self._init_deadlines()
         self._partial = False  # part of a request came, its headers did not end
         super().connection_made(transport)
         self._arm("headers")
@@ -54,47 +46,13 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         if self._read_phase == "body":
             self._disarm()
 
-    # -- deadlines ---------------------------------------------------------------------------
-    def _arm(self, phase: str) -> None:
-        self._disarm()
-        timeout = self.header_read_timeout if phase == "headers" else self.body_read_timeout
-        self._read_phase = phase
-        self._read_timer = self.loop.call_later(timeout, self._on_timeout, phase)
-
-    def _disarm(self) -> None:
-        if self._read_timer is not None:
-            self._read_timer.cancel()
-        self._read_timer = None
-        self._read_phase = None
-
-    def _on_timeout(self, phase: str) -> None:
-        self._read_timer = None
-        self._read_phase = None
-        if self.transport.is_closing():
-            return
-        peer = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+    def timeout_action(self, phase: str) -> str:
         if phase == "headers":
-            if self._partial:
-                logger.info(
-                    "Closed the connection of %s: request headers incomplete after %g s.",
-                    peer,
-                    self.header_read_timeout,
-                )
-                self.transport.write(_timeout_response(self.header_read_timeout))
-            else:
-                logger.debug("Closed the idle connection of %s.", peer)
-            self.transport.close()
-            return
+            return "answer" if self._partial else "close"
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
-            self._arm("body")  # the application reads this body and answers its timeout
-            return
-        logger.info(
-            "Closed the connection of %s: the rest of a request body did not come within %g s.",
-            peer,
-            self.body_read_timeout,
-        )
-        self.transport.close()
+            return "rearm"
+        return "close"
 
 
 def timed_httptools_protocol(header_read_timeout: float, body_read_timeout: float) -> type:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import signal
 import socket
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from cadence.server.app import build_app
-from cadence.server.http_protocol import http_protocol
+from cadence.server.http_protocol import timed_h11_protocol
 from cadence.server.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -135,6 +136,18 @@ class CadenceServer(uvicorn.Server):
             self.lifecycle.in_flight,
         )
         self.lifecycle.end_in_flight()
+
+
+def http_protocol(kind: str, header_read_timeout: float, body_read_timeout: float) -> type:
+    """The connection protocol class for ``kind`` ("auto": httptools when installed, the faster
+    parser and writer of the two, else h11), with the read deadlines."""
+    if kind == "auto":
+        kind = "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
+    if kind == "httptools":
+        from cadence.server.http_protocol_httptools import timed_httptools_protocol
+
+        return timed_httptools_protocol(header_read_timeout, body_read_timeout)
+    return timed_h11_protocol(header_read_timeout, body_read_timeout)
 
 
 def build_server(
