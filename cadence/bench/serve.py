@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import random
 import statistics
 import sys
@@ -306,7 +307,15 @@ def run_from_args(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"cadence bench serve: error: {exc}", file=sys.stderr)
         return 2
-    reports = asyncio.run(run(args))
+    if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
+        print(f"cadence bench serve: error: --plot: no directory for {args.plot!r}",
+              file=sys.stderr)
+        return 2
+    try:
+        reports = asyncio.run(run(args))
+    except httpx.HTTPError as exc:
+        print(f"cadence bench serve: error: {args.base_url}: {exc!r}", file=sys.stderr)
+        return 2
     if args.plot:
         from cadence.bench.plot import plot_latency
 

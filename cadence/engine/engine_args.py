@@ -102,7 +102,7 @@ class EngineArgs:
         parser.add_argument("--max-num-batched-tokens", type=int, default=None)
         parser.add_argument("--enforce-eager", action="store_true",
                             help="run every step eagerly (no CUDA graphs)")
-        parser.add_argument("--max-capture-tokens", type=int, default=None,
+        parser.add_argument("--max-capture-tokens", type=_non_negative_int, default=None,
                             help="capture mixed prefill/decode steps as CUDA graphs up to this "
                                  "many tokens; 0 = decode graphs only (default: 8192)")
         parser.add_argument("--async-scheduling", dest="async_scheduling",
@@ -130,3 +130,13 @@ class EngineArgs:
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in vars(ns).items() if k in names})
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value

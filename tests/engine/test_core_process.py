@@ -6,9 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -17,6 +14,7 @@ import pytest
 from cadence.engine.async_llm import AsyncLLM
 from cadence.engine.core_client import EngineDeadError
 from cadence.sampling_params import RequestOutputKind, SamplingParams
+from tests.server.waiting import ServeProcess
 from tests.tiny import tiny_args
 
 PROMPTS = [[72, 101, 278, 111, 295], [84, 104, 101, 32, 113, 117], [65, 32, 115, 109, 97]]
@@ -93,38 +91,13 @@ def test_start_up_errors_reach_the_caller(tmp_path: Path) -> None:
 
 
 def test_cadence_serve_with_an_engine_process(tmp_path: Path) -> None:
-    from tests.server.conftest import free_port
-
-    port = free_port()
-    log = tmp_path / "serve.log"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
-    cmd = [sys.executable, "-m", "cadence", "serve", "tiny", "--engine-process", "--port",
-           str(port), "--max-model-len", "128", "--num-gpu-blocks-override", "64"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+    args = ["tiny", "--engine-process", "--max-model-len", "128", "--num-gpu-blocks-override",
+            "64"]
+    with ServeProcess(args, tmp_path / "serve.log") as srv:
         body = {"prompt": PROMPTS[0], "max_tokens": 5, "ignore_eos": True, "temperature": 0}
-        resp = httpx.post(base + "/v1/completions", json=body, timeout=30)
+        resp = httpx.post(srv.base + "/v1/completions", json=body, timeout=30)
         assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 5
-        metrics = httpx.get(base + "/metrics", timeout=30).text
+        metrics = httpx.get(srv.base + "/metrics", timeout=30).text
         assert "cadence:num_requests_running" in metrics
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            rc = proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    text = log.read_text()
-    assert rc == 0, text
-    assert "Traceback" not in text
+    assert srv.returncode == 0, srv.text
+    assert "Traceback" not in srv.text

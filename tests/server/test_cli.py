@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -18,6 +13,7 @@ import pytest
 from cadence.bench import serve as bench_serve
 from cadence.cli import build_parser
 from cadence.server.cli import add_serve_args, engine_args_from
+from tests.server.waiting import ServeProcess
 
 
 def free_port() -> int:
@@ -151,52 +147,16 @@ def test_bench_summary_percentiles() -> None:
 
 def test_cadence_serve_process_end_to_end(tmp_path: Path) -> None:
     """The real command: starts, logs its resolved settings, serves, stops cleanly on Ctrl-C."""
-    port = free_port()
-    log = tmp_path / "serve.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
-    cmd = [
-        sys.executable,
-        "-m",
-        "cadence.cli",
-        "serve",
-        "tiny",
-        "--port",
-        str(port),
-        "--max-model-len",
-        "256",
-        "--num-gpu-blocks-override",
-        "64",
-        "--api-key",
-        "k",
-    ]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+    args = ["tiny", "--max-model-len", "256", "--num-gpu-blocks-override", "64", "--api-key", "k"]
+    with ServeProcess(args, tmp_path / "serve.log") as srv:
         resp = httpx.post(
-            base + "/v1/completions",
+            srv.base + "/v1/completions",
             json={"prompt": "Hello", "max_tokens": 4, "ignore_eos": True},
             headers={"Authorization": "Bearer k"},
             timeout=30,
         )
         assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 4
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            rc = proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    text = log.read_text()
+    text, rc = srv.text, srv.returncode
     assert rc == 0, text
     assert "Resolved: model=tiny" in text and "max_model_len=256" in text
     assert "kv blocks=64" in text and "API key required" in text

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import httpx
@@ -38,3 +43,44 @@ def scrape(http: httpx.Client) -> str:
     resp = http.get("/metrics")
     assert resp.status_code == 200
     return resp.text
+
+
+class ServeProcess:
+    """``cadence serve ARGS`` as a real subprocess on a free port, logging to ``log``; the
+    context waits until /health answers 200 and, on exit, sends SIGINT and keeps the exit
+    status (``returncode``) and the log's text (``text``)."""
+
+    def __init__(self, args: list[str], log: Path, start_timeout: float = 120.0) -> None:
+        from tests.server.conftest import free_port
+
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.args = args
+        self.log = log
+        self.start_timeout = start_timeout
+        self.returncode: int | None = None
+        self.text = ""
+
+    def __enter__(self) -> ServeProcess:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
+        cmd = [sys.executable, "-m", "cadence", "serve", *self.args, "--port", str(self.port)]
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            assert self.proc.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, self.log.read_text()
+            try:
+                if httpx.get(self.base + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.2)
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.returncode = self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        self.text = self.log.read_text()
