@@ -61,6 +61,14 @@ class Record:
     def dump(self) -> str:
         return json.dumps(asdict(self))
 
+    def emit(self, json_out: str | None) -> None:
+        """Print the record as one JSON line, and write it to ``json_out`` if given."""
+        line = self.dump()
+        print(line)
+        if json_out:
+            with open(json_out, "w") as f:
+                f.write(line + "\n")
+
 
 def now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S %Z")

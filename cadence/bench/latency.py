@@ -96,9 +96,6 @@ def main(argv: list[str] | None = None) -> int:
         "input_len": ns.input_len, "output_len": ns.output_len, "dtype": str(core.dtype),
         "enforce_eager": args.enforce_eager, "async_scheduling": core.batch_queue_size > 1,
         "weight_bytes": wbytes, "results": results})
-    print(rec.dump())
-    if ns.json_out:
-        with open(ns.json_out, "w") as f:
-            f.write(rec.dump() + "\n")
+    rec.emit(ns.json_out)
     core.shutdown()
     return 0

@@ -45,8 +45,5 @@ def main(argv: list[str] | None = None) -> int:
     }
     rec = Record("throughput", args.model, device_name(), git_commit(), now(), figures)
     print(json.dumps(figures))
-    print(rec.dump())
-    if ns.json_out:
-        with open(ns.json_out, "w") as f:
-            f.write(rec.dump() + "\n")
+    rec.emit(ns.json_out)
     return 0

@@ -101,9 +101,6 @@ def main(argv: list[str] | None = None) -> int:
                   "enforce_eager": args.enforce_eager,
                   "max_capture_tokens": core.config.graphs.max_capture_tokens,
                   "async_scheduling": core.batch_queue_size > 1, "rows": results})
-    print(rec.dump())
-    if ns.json_out:
-        with open(ns.json_out, "w") as f:
-            f.write(rec.dump() + "\n")
+    rec.emit(ns.json_out)
     core.shutdown()
     return 0

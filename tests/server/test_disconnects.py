@@ -10,7 +10,7 @@ import socket
 import httpx
 import pytest
 
-from tests.server.waiting import metric, scrape, wait_until
+from tests.server.waiting import metric, scrape, wait_released, wait_until
 
 LONG = {"prompt": "Hello my name is", "max_tokens": 400, "ignore_eos": True}
 
@@ -31,19 +31,6 @@ def _quiet_one_line(caplog, fragment: str) -> None:
     assert noisy == [], [r.getMessage() for r in noisy]
 
 
-def _released(srv) -> None:
-    engine = srv.engine
-    wait_until(lambda: not engine.output_processor.has_unfinished_requests(), "no open request")
-
-    def idle() -> bool:
-        stats = engine.engine_core.call_utility("make_stats")
-        return (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
-
-    wait_until(idle, "an idle engine")
-    core = engine.engine_core.proc.engine_core
-    assert core.num_free_kv_blocks == core.num_kv_blocks - 1
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])
 def test_disconnect_aborts_with_one_info_line(server_factory, caplog, stream: bool) -> None:
     caplog.set_level(logging.INFO)
@@ -55,7 +42,7 @@ def test_disconnect_aborts_with_one_info_line(server_factory, caplog, stream: bo
             assert sock.recv(65536)  # the stream started
         wait_until(lambda: srv.engine.output_processor.has_unfinished_requests(), "a request")
     _quiet_one_line(caplog, "disconnected")
-    _released(srv)
+    wait_released(srv.engine)
     with httpx.Client(base_url=srv.base_url, timeout=30) as http:
         text = scrape(http)
         assert metric(text, "cadence:request_success_total", finished_reason="abort") == 1

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import openai
 
-from tests.server.waiting import metric, scrape, wait_until
+from tests.server.waiting import metric, scrape, wait_released
 
 NUM_REQUESTS = 96
 CONCURRENCY = 16
@@ -116,16 +116,7 @@ def test_load_with_random_disconnects(server_factory, caplog) -> None:
     print(f"\nload: {NUM_REQUESTS} requests, outcomes {dict(outcome)}")
     assert disconnects >= NUM_REQUESTS // 5
 
-    engine = srv.engine
-
-    def idle() -> bool:
-        stats = engine.engine_core.call_utility("make_stats")
-        return (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
-
-    wait_until(idle, "an idle engine")
-    wait_until(lambda: not engine.output_processor.has_unfinished_requests(), "no open request")
-    core = engine.engine_core.proc.engine_core
-    assert core.num_free_kv_blocks == core.num_kv_blocks - 1
+    wait_released(srv.engine)
     with httpx.Client(base_url=srv.base_url, timeout=30) as http:
         assert http.get("/health").status_code == 200
         text = scrape(http)

@@ -84,3 +84,17 @@ class ServeProcess:
             self.proc.kill()
             raise
         self.text = self.log.read_text()
+
+
+def wait_released(engine) -> None:
+    """Wait until ``engine`` (an AsyncLLM) has no open request and runs or queues nothing, then
+    check that every usable KV block is free again."""
+    wait_until(lambda: not engine.output_processor.has_unfinished_requests(), "no open request")
+
+    def idle() -> bool:
+        stats = engine.engine_core.call_utility("make_stats")
+        return (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
+
+    wait_until(idle, "an idle engine")
+    core = engine.engine_core.proc.engine_core
+    assert core.num_free_kv_blocks == core.num_kv_blocks - 1
