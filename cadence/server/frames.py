@@ -41,15 +41,26 @@ def _model_json(model: BaseModel | None) -> str:
     return "null" if model is None else model.model_dump_json()
 
 
-class CompletionFrames:
-    """``data: {...}`` frames of one streamed ``/v1/completions`` request."""
+class _Frames:
+    """The part of every frame of one response that never changes, and its usage frame."""
+
+    object_name = ""
 
     def __init__(self, request_id: str, model: str, created: int | None = None) -> None:
         created = int(time.time()) if created is None else created
         self._head = (
-            f'data: {{"id":{_lit(request_id)},"object":"text_completion","created":{created},'
-            f'"model":{_lit(model)},"choices":'
+            f'data: {{"id":{_lit(request_id)},"object":"{self.object_name}",'
+            f'"created":{created},"model":{_lit(model)},"choices":'
         )
+
+    def usage(self, prompt: int, completion: int) -> str:
+        return f'{self._head}[],"usage":{usage_json(prompt, completion)}}}\n\n'
+
+
+class CompletionFrames(_Frames):
+    """``data: {...}`` frames of one streamed ``/v1/completions`` request."""
+
+    object_name = "text_completion"
 
     def chunk(
         self,
@@ -70,19 +81,11 @@ class CompletionFrames:
             f'"stop_reason":{_lit(stop_reason)},"token_ids":{ids}}}],"usage":{use}}}\n\n'
         )
 
-    def usage(self, prompt: int, completion: int) -> str:
-        return f'{self._head}[],"usage":{usage_json(prompt, completion)}}}\n\n'
 
-
-class ChatFrames:
+class ChatFrames(_Frames):
     """``data: {...}`` frames of one streamed ``/v1/chat/completions`` request."""
 
-    def __init__(self, request_id: str, model: str, created: int | None = None) -> None:
-        created = int(time.time()) if created is None else created
-        self._head = (
-            f'data: {{"id":{_lit(request_id)},"object":"chat.completion.chunk",'
-            f'"created":{created},"model":{_lit(model)},"choices":'
-        )
+    object_name = "chat.completion.chunk"
 
     def chunk(
         self,
@@ -106,6 +109,3 @@ class ChatFrames:
             f'"logprobs":{_model_json(logprobs)},"finish_reason":{_lit(finish_reason)},'
             f'"stop_reason":{_lit(stop_reason)}}}],"usage":{use}}}\n\n'
         )
-
-    def usage(self, prompt: int, completion: int) -> str:
-        return f'{self._head}[],"usage":{usage_json(prompt, completion)}}}\n\n'

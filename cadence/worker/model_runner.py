@@ -187,17 +187,16 @@ class ModelRunner:
         self.buffers.fill_padding(self.max_num_tokens, self.max_num_reqs)
         mem_before = self._graph_memory()
         mixed_sizes = token_capture_sizes(cfg.max_capture_tokens)
+        seconds = 0.0
         with torch.inference_mode():
             # Largest activations first: the mixed graphs, then decode (one shared pool).
             if mixed_sizes:
-                mixed = GraphRunner(self._mixed_graph_step, mixed_sizes, backend)
-                mixed_report = mixed.capture()
-                self.mixed_graphs = mixed
-            decode = GraphRunner(self._decode_graph_step, capture_sizes(self.max_num_reqs),
-                                 backend)
-            report = decode.capture()
-        self.graphs = decode
-        seconds = report.seconds + (mixed_report.seconds if mixed_sizes else 0.0)
+                self.mixed_graphs = GraphRunner(self._mixed_graph_step, mixed_sizes, backend)
+                seconds += self.mixed_graphs.capture().seconds
+            self.graphs = GraphRunner(self._decode_graph_step,
+                                      capture_sizes(self.max_num_reqs), backend)
+            report = self.graphs.capture()
+        seconds += report.seconds
         logger.info(
             "Captured %d decode graphs (batch 1-%d) and %d mixed-step graphs (%s tokens) in "
             "%.1f s, %.2f GiB of graph memory; kernels per decode graph: %s",
