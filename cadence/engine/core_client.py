@@ -22,6 +22,7 @@ from cadence.engine.core_proc import (
     EngineDeadError,
     EngineStopped,
     OutputItem,
+    OutputQueue,
     RequestType,
     UtilityCall,
     fail_future,
@@ -39,20 +40,37 @@ class EngineCoreClient(abc.ABC):
     @abc.abstractmethod
     def abort_requests(self, request_ids: list[str]) -> None: ...
 
+    # The core's outputs arrive in an ``OutputQueue``; a death marker in it raises.
+    @property
     @abc.abstractmethod
+    def output_queue(self) -> OutputQueue: ...
+
+    @abc.abstractmethod
+    def _unwrap(self, item: OutputItem) -> EngineCoreOutputs:
+        """``item`` if it is outputs; else raise ``EngineDeadError`` (leaving the marker)."""
+
+    @abc.abstractmethod
+    def _submit_utility(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Future[Any]: ...
+
     def get_output(self, timeout: float | None = None) -> EngineCoreOutputs:
         """Block until the next outputs; raise ``EngineDeadError`` once the core is gone."""
+        try:
+            return self._unwrap(self.output_queue.get(timeout))
+        except queue.Empty:
+            raise TimeoutError("no engine core output within the timeout") from None
 
-    @abc.abstractmethod
     async def get_output_async(self) -> EngineCoreOutputs:
         """Await the next outputs; raise ``EngineDeadError`` once the core is gone."""
+        return self._unwrap(await self.output_queue.get_async())
 
-    @abc.abstractmethod
     def call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``method`` on the core between two steps and return its result."""
+        return self._submit_utility(method, args, kwargs).result()
 
-    @abc.abstractmethod
-    async def call_utility_async(self, method: str, *args: Any, **kwargs: Any) -> Any: ...
+    async def call_utility_async(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.wrap_future(self._submit_utility(method, args, kwargs))
 
     @property
     @abc.abstractmethod
@@ -86,6 +104,10 @@ class InprocEngineCoreClient(EngineCoreClient):
     ) -> None:
         self.proc = EngineCoreProc(core_factory, startup_timeout=startup_timeout)
         self._dead_error: EngineDeadError | None = None
+
+    @property
+    def output_queue(self) -> OutputQueue:
+        return self.proc.output_queue
 
     @property
     def errored(self) -> bool:
@@ -122,15 +144,6 @@ class InprocEngineCoreClient(EngineCoreClient):
         self.proc.output_queue.put(item)
         raise err
 
-    def get_output(self, timeout: float | None = None) -> EngineCoreOutputs:
-        try:
-            return self._unwrap(self.proc.output_queue.get(timeout))
-        except queue.Empty:
-            raise TimeoutError("no engine core output within the timeout") from None
-
-    async def get_output_async(self) -> EngineCoreOutputs:
-        return self._unwrap(await self.proc.output_queue.get_async())
-
     def _submit_utility(
         self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Future[Any]:
@@ -141,12 +154,6 @@ class InprocEngineCoreClient(EngineCoreClient):
         if not self.proc.is_alive:
             fail_future(call.reply, self._dead_error or EngineDeadError())
         return call.reply
-
-    def call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return self._submit_utility(method, args, kwargs).result()
-
-    async def call_utility_async(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.wrap_future(self._submit_utility(method, args, kwargs))
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
         self.proc.shutdown(timeout)

@@ -16,11 +16,9 @@ Messages (tuples, pickled by the pipes): to the core ``("add", request)``, ``("a
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import multiprocessing
-import queue
 import threading
 import time
 from concurrent.futures import Future
@@ -141,7 +139,7 @@ class ProcessEngineCoreClient(EngineCoreClient):
         req_recv.close()
         out_send.close()
         self._send_lock = threading.Lock()
-        self.output_queue = OutputQueue()
+        self._outputs = OutputQueue()
         self._calls: dict[int, Future[Any]] = {}
         self._call_ids = itertools.count()
         self._dead_error: EngineDeadError | None = None
@@ -205,12 +203,6 @@ class ProcessEngineCoreClient(EngineCoreClient):
             fail_future(fut, exc)
         return fut
 
-    def call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return self._submit_utility(method, args, kwargs).result()
-
-    async def call_utility_async(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.wrap_future(self._submit_utility(method, args, kwargs))
-
     # -- core -> front end -------------------------------------------------------------------
     def _read(self) -> None:
         while True:
@@ -244,20 +236,15 @@ class ProcessEngineCoreClient(EngineCoreClient):
         self._calls.clear()
         self.output_queue.put(EngineDead(self._dead_error))
 
+    @property
+    def output_queue(self) -> OutputQueue:
+        return self._outputs
+
     def _unwrap(self, item: Any) -> EngineCoreOutputs:
         if isinstance(item, EngineCoreOutputs):
             return item
         self.output_queue.put(item)  # every later reader sees the death too
         raise self._dead_error or EngineDeadError()
-
-    def get_output(self, timeout: float | None = None) -> EngineCoreOutputs:
-        try:
-            return self._unwrap(self.output_queue.get(timeout))
-        except queue.Empty:
-            raise TimeoutError("no engine core output within the timeout") from None
-
-    async def get_output_async(self) -> EngineCoreOutputs:
-        return self._unwrap(await self.output_queue.get_async())
 
     # -- state -------------------------------------------------------------------------------
     @property
