@@ -18,26 +18,14 @@ import os
 import random
 import statistics
 import sys
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from cadence.bench.common import git_commit, now
+from cadence.bench.serve_client import RequestResult, Send, Target, run_in_processes, run_requests
 
 PERCENTILES = (50, 90, 99)
-
-
-@dataclass
-class RequestResult:
-    ok: bool
-    prompt_len: int
-    output_tokens: int = 0
-    ttft: float = 0.0
-    latency: float = 0.0
-    itl: list[float] = field(default_factory=list)
-    error: str = ""
 
 
 def make_prompts(kind: str, num: int, input_len: int, seed: int) -> list[Any]:
@@ -48,57 +36,6 @@ def make_prompts(kind: str, num: int, input_len: int, seed: int) -> list[Any]:
         return [[rng.randrange(10, 250) for _ in range(input_len)] for _ in range(num)]
     words = ["alpha", "beta", "gamma", "delta", "sigma", "omega", "kappa", "theta"]
     return [" ".join(rng.choice(words) for _ in range(input_len)) for _ in range(num)]
-
-
-def _parse_sse_data(line: str) -> str | None:
-    if not line.startswith("data:"):
-        return None
-    return line[len("data:") :].strip()
-
-
-async def run_one(
-    client: httpx.AsyncClient, url: str, payload: dict[str, Any], prompt_len: int
-) -> RequestResult:
-    result = RequestResult(ok=False, prompt_len=prompt_len)
-    start = time.perf_counter()
-    last = start
-    chunks = 0
-    try:
-        async with client.stream("POST", url, json=payload) as resp:
-            if resp.status_code != 200:
-                body = await resp.aread()
-                result.error = f"HTTP {resp.status_code}: {body[:200]!r}"
-                return result
-            async for line in resp.aiter_lines():
-                data = _parse_sse_data(line)
-                if not data:
-                    continue
-                if data == "[DONE]":
-                    break
-                msg = json.loads(data)
-                if "error" in msg:
-                    result.error = str(msg["error"])
-                    return result
-                if msg.get("usage"):
-                    result.output_tokens = msg["usage"].get("completion_tokens", 0)
-                choices = msg.get("choices") or []
-                if not choices or not (choices[0].get("text") or choices[0].get("token_ids")):
-                    continue
-                now = time.perf_counter()
-                if chunks == 0:
-                    result.ttft = now - start
-                else:
-                    result.itl.append(now - last)
-                last = now
-                chunks += 1
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
-        result.error = repr(exc)
-        return result
-    result.latency = time.perf_counter() - start
-    if result.output_tokens == 0:
-        result.output_tokens = chunks  # the endpoint gave no usage: one token per chunk
-    result.ok = chunks > 0
-    return result
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -162,58 +99,47 @@ def arrival_offsets(num: int, rate: float, seed: int) -> list[float]:
     return out
 
 
-async def run_level(
+def run_level(
     args: argparse.Namespace,
     concurrency: int | None,
     prompts: list[Any],
     request_rate: float = math.inf,
 ) -> dict[str, Any]:
-    url = args.base_url.rstrip("/") + "/v1/completions"
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    target = Target(args.base_url.rstrip("/") + "/v1/completions", headers, args.timeout)
     cap = concurrency or len(prompts)
-    limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
-    sem = asyncio.Semaphore(cap)
     offsets = arrival_offsets(len(prompts), request_rate, args.seed)
-    input_lens = [len(p) if isinstance(p, list) else args.input_len for p in prompts]
-
-    async with httpx.AsyncClient(timeout=args.timeout, limits=limits, headers=headers) as client:
-
-        async def task(prompt: Any, prompt_len: int, offset: float) -> RequestResult:
-            delay = start + offset - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)  # the request's arrival time
-            payload = {
-                "model": args.model,
-                "prompt": prompt,
-                "max_tokens": args.output_len,
-                "min_tokens": args.output_len,
-                "ignore_eos": True,
-                "temperature": 0.0,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            async with sem:
-                return await run_one(client, url, payload, prompt_len)
-
-        start = time.perf_counter()
-        results = await asyncio.gather(
-            *(task(p, n, o) for p, n, o in zip(prompts, input_lens, offsets, strict=True))
-        )
-        duration = time.perf_counter() - start
-    return summarize(list(results), duration, concurrency, request_rate)
+    payload = {
+        "model": args.model,
+        "max_tokens": args.output_len,
+        "min_tokens": args.output_len,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    sends = [
+        Send({**payload, "prompt": p}, len(p) if isinstance(p, list) else args.input_len, o)
+        for p, o in zip(prompts, offsets, strict=True)
+    ]
+    if args.clients > 1:
+        results, duration = run_in_processes(target, sends, cap, args.clients)
+    else:
+        results, start, end = asyncio.run(run_requests(target, sends, cap))
+        duration = end - start
+    return summarize(results, duration, concurrency, request_rate)
 
 
-async def _resolve_model(args: argparse.Namespace) -> str:
+def _resolve_model(args: argparse.Namespace) -> str:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    async with httpx.AsyncClient(timeout=30.0, headers=headers) as client:
-        resp = await client.get(args.base_url.rstrip("/") + "/v1/models")
-        resp.raise_for_status()
-        return resp.json()["data"][0]["id"]
+    resp = httpx.get(args.base_url.rstrip("/") + "/v1/models", timeout=30.0, headers=headers)
+    resp.raise_for_status()
+    return resp.json()["data"][0]["id"]
 
 
-async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.model is None:
-        args.model = await _resolve_model(args)
+        args.model = _resolve_model(args)
     rates = parse_rates(args.request_rate)
     if args.concurrency is None:
         # Arrivals by rate: no cap on requests in flight unless asked; all at once: the classic
@@ -225,7 +151,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     reports = []
     for rate in rates:
         for level in levels:
-            report = await _run_one_level(args, rate, level)
+            report = _run_one_level(args, rate, level)
             report.update(commit=commit, date=date)
             reports.append(report)
             print(json.dumps(report), flush=True)
@@ -245,13 +171,13 @@ def parse_rates(spec: str) -> list[float]:
     return rates
 
 
-async def _run_one_level(args: argparse.Namespace, rate: float, level: int | None) -> dict:
+def _run_one_level(args: argparse.Namespace, rate: float, level: int | None) -> dict:
     salt = level or 0
     prompts = make_prompts(args.prompt_kind, args.num_prompts, args.input_len, args.seed + salt)
     if args.warmup:
         n = min(level or args.warmup, args.warmup, len(prompts))
-        await run_level(args, n, prompts[:n])
-    report = await run_level(args, level, prompts, rate)
+        run_level(args, n, prompts[:n])
+    report = run_level(args, level, prompts, rate)
     report.update(
         model=args.model,
         base_url=args.base_url,
@@ -286,6 +212,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default="tokens",
         help="tokens: exact-length token-id prompts; text: random words",
     )
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=1,
+        help="client processes that share the load (so that the client is not the limit at "
+        "hundreds of streams)",
+    )
     parser.add_argument("--warmup", type=int, default=1, help="warm-up requests per level")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0)
@@ -307,12 +240,16 @@ def run_from_args(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"cadence bench serve: error: {exc}", file=sys.stderr)
         return 2
+    if args.clients < 1:
+        print(f"cadence bench serve: error: --clients must be at least 1, got {args.clients}",
+              file=sys.stderr)
+        return 2
     if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
         print(f"cadence bench serve: error: --plot: no directory for {args.plot!r}",
               file=sys.stderr)
         return 2
     try:
-        reports = asyncio.run(run(args))
+        reports = run(args)
     except httpx.HTTPError as exc:
         print(f"cadence bench serve: error: {args.base_url}: {exc!r}", file=sys.stderr)
         return 2

@@ -100,6 +100,21 @@ def test_bench_serve_reports_latency_and_throughput(server, tmp_path: Path, caps
     assert [json.loads(ln)["concurrency"] for ln in lines] == [1, 4]
 
 
+def test_bench_serve_splits_the_load_over_client_processes(server, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    rc = bench_serve.main(
+        ["--base-url", server.base_url, "--concurrency", "3", "--clients", "2", "--num-prompts",
+         "5", "--input-len", "9", "--output-len", "6", "--warmup", "0", "--json-out", str(out)]
+    )  # fmt: skip
+    assert rc == 0
+    (r,) = json.loads(out.read_text())["reports"]
+    assert (r["completed"], r["failed"]) == (5, 0)
+    assert (r["total_input_tokens"], r["total_output_tokens"]) == (5 * 9, 5 * 6)
+    assert 0 < r["p50_ttft_ms"] <= r["max_ttft_ms"] <= r["max_e2el_ms"]
+    assert r["duration_s"] * 1e3 >= r["max_e2el_ms"]
+    assert bench_serve.main(["--clients", "0"]) == 2
+
+
 def test_bench_serve_poisson_arrivals_and_plot(server, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     out, png = tmp_path / "bench.json", tmp_path / "latency.png"
