@@ -43,6 +43,11 @@ PromptType = str | dict[str, Any]
 # Engine outputs processed between two yields to the event loop (vLLM's output chunk size).
 OUTPUT_CHUNK_SIZE = 128
 
+# Per-request CPU work on an input at most this large (bytes, characters or tokens) runs on the
+# event loop when the input thread is idle: for a small request the two thread hand-offs cost
+# more than the work, and under load each may wait for the interpreter lock.
+INLINE_INPUT_LIMIT = 4096
+
 T = TypeVar("T")
 
 
@@ -94,6 +99,7 @@ class AsyncLLM:
         # Tokenization, chat templates and request validation run here, off the event loop.
         # One worker, as in vLLM: a HF tokenizer is not safe to call from several threads.
         self._cpu_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cadence-input")
+        self._cpu_inflight = 0  # calls handed to the input thread and not yet collected
 
         self.stat_loggers: list[StatLogger] = []
         self.last_scheduler_stats: SchedulerStats | None = None
@@ -138,7 +144,24 @@ class AsyncLLM:
             )
         except RuntimeError as exc:  # the executor is shut down with the engine
             raise EngineDeadError("The engine was shut down.") from exc
+        self._cpu_inflight += 1
+        future.add_done_callback(self._cpu_done)  # called on the loop
         return await future
+
+    def _cpu_done(self, _: object) -> None:
+        self._cpu_inflight -= 1
+
+    async def run_cpu(self, size: int, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``run_in_executor``, except that work on an input of ``size`` at most
+        ``INLINE_INPUT_LIMIT`` runs here at once while the input thread is idle.
+
+        NOTE: inline work never overlaps the input thread's (it is idle), so the tokenizer is
+        still used by one request at a time."""
+        if size <= INLINE_INPUT_LIMIT and self._cpu_inflight == 0:
+            if self.errored:
+                raise EngineDeadError()
+            return fn(*args, **kwargs)
+        return await self.run_in_executor(fn, *args, **kwargs)
 
     def add_stat_logger(self, stat_logger: StatLogger) -> None:
         self.stat_loggers.append(stat_logger)
@@ -158,9 +181,10 @@ class AsyncLLM:
         if given (e.g. a server's SSE frame stream), else a new ``RequestOutputCollector``."""
         if self.errored:
             raise EngineDeadError()
-        request, prompt_text = await self.run_in_executor(
-            self._process_input, request_id, prompt, sampling_params, arrival_time, priority
-        )
+        request, prompt_text = await self.run_cpu(
+            _input_size(prompt),
+            self._process_input, request_id, prompt, sampling_params, arrival_time, priority,
+        )  # fmt: skip
         if self.errored:
             raise EngineDeadError()
         self._run_output_handler()
@@ -339,3 +363,13 @@ class AsyncLLM:
                     handler.cancel()
                 else:
                     loop.call_soon_threadsafe(handler.cancel)
+
+
+def _input_size(prompt: PromptType) -> int:
+    """The size of a prompt for ``run_cpu``: its tokens. Text is always tokenized in the input
+    thread (a tokenizer may be slow on pathological input; the loop must not wait for it)."""
+    if isinstance(prompt, dict) and "prompt" not in prompt:
+        prompt = prompt.get("prompt_token_ids")  # type: ignore[assignment]
+    if isinstance(prompt, (list, tuple)):
+        return len(prompt)
+    return INLINE_INPUT_LIMIT + 1

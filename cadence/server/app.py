@@ -114,7 +114,7 @@ class OpenAIServer:
     async def read_json(self, request: Request, model: type[M]) -> M:
         body = await read_body(request, self.max_request_body_bytes, self.body_read_timeout)
         # Parsing and validating a body of megabytes is CPU work: off the event loop.
-        return await self.engine.run_in_executor(_parse_request, body, model)
+        return await self.engine.run_cpu(len(body), _parse_request, body, model)
 
     # -- routes ------------------------------------------------------------------------------
     async def create_completion(self, request: Request) -> Response:

@@ -419,3 +419,37 @@ async def test_output_handler_failure_stops_the_core() -> None:
         assert llm.errored
     finally:
         llm.shutdown()
+
+
+async def test_small_inputs_are_processed_inline_unless_the_input_thread_is_busy(
+    engine: AsyncLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from cadence.engine.async_llm import INLINE_INPUT_LIMIT, _input_size
+
+    here = threading.current_thread()
+    assert await engine.run_cpu(INLINE_INPUT_LIMIT, threading.current_thread) is here
+    assert await engine.run_cpu(INLINE_INPUT_LIMIT + 1, threading.current_thread) is not here
+    # While the input thread works, small work queues behind it: the tokenizer and the
+    # order of requests stay with one thread at a time.
+    gate = threading.Event()
+    busy = asyncio.ensure_future(engine.run_in_executor(gate.wait, 30))
+    await asyncio.sleep(0)
+    queued = asyncio.ensure_future(engine.run_cpu(1, threading.current_thread))
+    await asyncio.sleep(0)
+    assert not queued.done()
+    gate.set()
+    assert await busy is True
+    assert await queued is not here
+    assert await engine.run_cpu(1, threading.current_thread) is here  # idle again
+    # Token ids are sized by their count; text always goes to the input thread.
+    assert _input_size([1, 2, 3]) == 3 and _input_size({"prompt_token_ids": [5] * 9}) == 9
+    assert _input_size("hi") > INLINE_INPUT_LIMIT
+    assert _input_size({"prompt": "hi", "prompt_token_ids": [1]}) > INLINE_INPUT_LIMIT
+    # Both paths give the same request.
+    params = SamplingParams(max_tokens=3, ignore_eos=True, temperature=0.0)
+    small = [t async for t in engine.generate({"prompt_token_ids": [7] * 5}, params, "a")]
+    monkeypatch.setattr("cadence.engine.async_llm.INLINE_INPUT_LIMIT", 0)
+    big = [t async for t in engine.generate({"prompt_token_ids": [7] * 5}, params, "b")]
+    assert small[-1].outputs[0].token_ids == big[-1].outputs[0].token_ids
