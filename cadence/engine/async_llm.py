@@ -32,6 +32,7 @@ from cadence.metrics import StatLogger
 from cadence.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from cadence.engine.core_process import ProcessEngineCoreClient
     from cadence.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -60,19 +61,25 @@ class AsyncLLM:
         *,
         log_requests: bool = False,
         core_factory: Callable[[], EngineCoreLike] | None = None,
+        core_client: ProcessEngineCoreClient | None = None,
     ) -> None:
-        """Start the engine core thread (built there from ``args``, or by ``core_factory``)."""
+        """Start the engine core thread (built there from ``args``, or by ``core_factory``),
+        or its process (``args.engine_process``); or use ``core_client``, a client of an
+        engine-core process that a launcher started (one of several front ends)."""
         from cadence.engine.core import EngineCore
 
         self.args = args if args is not None else EngineArgs()
         self.log_requests = log_requests
         args_ = self.args
         core: Any
-        if args_.engine_process and core_factory is None:
+        if core_client is not None:
+            client: EngineCoreClient = core_client
+            core = core_client.facts
+        elif args_.engine_process and core_factory is None:
             from cadence.engine.core_process import ProcessEngineCoreClient
 
-            process_client = ProcessEngineCoreClient(args_)
-            client: EngineCoreClient = process_client
+            process_client = ProcessEngineCoreClient.spawn(args_)
+            client = process_client
             core = process_client.facts  # what the core process reported of itself
         else:
             factory = core_factory if core_factory is not None else (lambda: EngineCore(args_))

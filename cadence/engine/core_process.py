@@ -1,17 +1,16 @@
 """The engine core in a process of its own (opt-in: ``EngineArgs(engine_process=True)``,
-``cadence serve --engine-process``).
+``cadence serve --engine-process``), and the front end's client of it.
 
 In the default mode the engine core thread and the server's event loop share one interpreter
-lock: at a few hundred streams both want it most of the time. Here the child process runs the
-same ``EngineCoreProc`` loop (through an ``InprocEngineCoreClient`` of its own) and the front end
-talks to it over two pipes: requests, aborts and utility calls one way; step outputs, utility
-replies and the end of the engine the other. A reader thread in the front end turns what
-arrives into the same output queue the threaded client has, so ``AsyncLLM`` works unchanged.
+lock: at a few hundred streams both want it most of the time. Here a child process runs the same
+``EngineCoreProc`` loop (``core_host``) and each front end talks to it over a pair of pipes (a
+``CoreChannel``). A reader thread in the front end turns what arrives into the same output queue
+the threaded client has, so ``AsyncLLM`` works unchanged.
 
-Messages (tuples, pickled by the pipes): to the core ``("add", request)``, ``("abort", ids)``,
-``("utility", call_id, method, args, kwargs)``, ``("shutdown",)``; from the core
-``("ready", facts)``, ``("startup_error", exc)``, ``("out", outputs)``,
-``("reply", call_id, ok, value)``, ``("dead", message)``.
+``start_core_process(args, n)`` starts a core for ``n`` front ends (``cadence serve
+--api-server-count n``: several API server processes over one engine) and waits until it is
+ready; ``ProcessEngineCoreClient.spawn(args)`` is the one-front-end case, where the client owns
+the process.
 """
 
 from __future__ import annotations
@@ -24,120 +23,84 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
-from cadence.config import EngineConfig
 from cadence.core_types import EngineCoreOutputs, EngineCoreRequest
 from cadence.engine.core_client import EngineCoreClient
+from cadence.engine.core_host import CoreFacts, HostChannel, host_main
 from cadence.engine.core_proc import EngineDead, EngineDeadError, OutputQueue, fail_future
 from cadence.engine.engine_args import EngineArgs
-from cadence.engine.request_checks import check_request_fits
-from cadence.model.registry import ModelSpec
 
-__all__ = ["CoreFacts", "ProcessEngineCoreClient"]
+__all__ = ["CoreChannel", "CoreFacts", "ProcessEngineCoreClient", "start_core_process"]
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class CoreFacts:
-    """What the front end reads of an engine core it cannot reach into (model, sizes)."""
+@dataclass
+class CoreChannel:
+    """A front end's ends of its pipes to the engine-core process (picklable: a launcher hands
+    it to the front-end process that will use it)."""
 
-    spec: ModelSpec
-    config: EngineConfig
-    max_model_len: int
-    vocab_size: int
-    num_kv_blocks: int
-    block_size: int
-
-    @classmethod
-    def of(cls, core: Any) -> CoreFacts:
-        return cls(core.spec, core.config, core.max_model_len, core.vocab_size,
-                   core.num_kv_blocks, core.block_size)
-
-    def validate_request(self, req: EngineCoreRequest) -> None:
-        check_request_fits(req, self.config.scheduler.policy, self.num_kv_blocks,
-                           self.block_size)
+    requests: Connection  # sends
+    replies: Connection  # receives
 
 
-def _picklable(exc: BaseException) -> BaseException:
-    import pickle
+def start_core_process(
+    args: EngineArgs, num_clients: int = 1, *, startup_timeout: float | None = None
+) -> tuple[BaseProcess, list[CoreChannel], CoreFacts]:
+    """Spawn the engine-core process for ``num_clients`` front ends and wait until it is ready.
 
+    Raises the core's own start-up error (e.g. a bad model path), or ``TimeoutError``."""
+    ctx = multiprocessing.get_context("spawn")  # the child owns its CUDA context
+    host_ends, channels = [], []
+    for _ in range(num_clients):
+        req_recv, req_send = ctx.Pipe(duplex=False)
+        rep_recv, rep_send = ctx.Pipe(duplex=False)
+        host_ends.append(HostChannel(req_recv, rep_send))
+        channels.append(CoreChannel(req_send, rep_recv))
+    process = ctx.Process(target=host_main, args=(args, host_ends), name="cadence-engine-core",
+                          daemon=True)
+    process.start()
+    for h in host_ends:  # only the child uses these now
+        h.requests.close()
+        h.replies.close()
+    facts: CoreFacts | None = None
     try:
-        pickle.dumps(exc)
-        return exc
-    except Exception:
-        return RuntimeError(repr(exc))
-
-
-def _child_main(args: EngineArgs, requests: Connection, replies: Connection) -> None:
-    """The engine core process: build the core, then relay until told to stop."""
-    from cadence.engine.core import EngineCore
-    from cadence.engine.core_client import InprocEngineCoreClient
-
-    try:
-        client = InprocEngineCoreClient(lambda: EngineCore(args))
-    except BaseException as exc:
-        replies.send(("startup_error", _picklable(exc)))
-        return
-    replies.send(("ready", CoreFacts.of(client.proc.engine_core)))
-    lock = threading.Lock()
-
-    def send(message: tuple[Any, ...]) -> None:
-        with lock:
-            replies.send(message)
-
-    def pump() -> None:  # step outputs, as the core makes them
-        while True:
+        for ch in channels:
+            if startup_timeout is not None and not ch.replies.poll(startup_timeout):
+                raise TimeoutError(f"the engine core did not start within {startup_timeout} s")
             try:
-                outputs = client.get_output()
-            except EngineDeadError as exc:
-                send(("dead", str(exc)))
-                return
-            send(("out", outputs))
-
-    threading.Thread(target=pump, name="cadence-core-outputs", daemon=True).start()
-
-    def reply(call_id: int, fut: Future[Any]) -> None:
-        exc = fut.exception()
-        send(("reply", call_id, exc is None, fut.result() if exc is None else _picklable(exc)))
-
-    while True:
-        try:
-            message = requests.recv()
-        except (EOFError, OSError):  # the front end is gone
-            break
-        kind = message[0]
-        try:
-            if kind == "add":
-                client.add_request(message[1])
-            elif kind == "abort":
-                client.abort_requests(message[1])
-            elif kind == "utility":
-                call_id, method, a, kw = message[1:]
-                fut = client._submit_utility(method, a, kw)
-                fut.add_done_callback(lambda f, call_id=call_id: reply(call_id, f))
-            elif kind == "shutdown":
-                break
-        except EngineDeadError:
-            continue  # the pump reports the death
-    client.shutdown()
+                kind, payload = ch.replies.recv()
+            except EOFError:
+                process.join(10)
+                raise RuntimeError(
+                    f"the engine core process exited during start-up (code {process.exitcode})"
+                ) from None
+            if kind == "startup_error":
+                process.join(10)
+                raise payload
+            facts = payload
+    except BaseException:
+        if process.is_alive():
+            process.kill()
+            process.join(5)
+        raise
+    assert facts is not None
+    return process, channels, facts
 
 
 class ProcessEngineCoreClient(EngineCoreClient):
     """An engine core in a child process (spawned, so that it owns its CUDA context)."""
 
-    def __init__(self, args: EngineArgs, *, startup_timeout: float | None = None) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        req_recv, self._requests = ctx.Pipe(duplex=False)
-        self._replies, out_send = ctx.Pipe(duplex=False)
-        self.process = ctx.Process(
-            target=_child_main, args=(args, req_recv, out_send), name="cadence-engine-core",
-            daemon=True,
-        )  # fmt: skip
-        self.process.start()
-        req_recv.close()
-        out_send.close()
+    def __init__(self, channel: CoreChannel, facts: CoreFacts,
+                 process: BaseProcess | None = None) -> None:
+        """A client over ``channel``; ``process`` is the core's process when this client owns
+        it (stops it on ``shutdown``), None when a launcher does (``shutdown`` only leaves)."""
+        self._requests = channel.requests
+        self._replies = channel.replies
+        self.process = process
+        self.facts = facts
         self._send_lock = threading.Lock()
         self._outputs = OutputQueue()
         self._calls: dict[int, Future[Any]] = {}
@@ -145,22 +108,16 @@ class ProcessEngineCoreClient(EngineCoreClient):
         self._dead_error: EngineDeadError | None = None
         self._live: set[str] = set()
         self._progress = time.monotonic()
-        if startup_timeout is not None and not self._replies.poll(startup_timeout):
-            self.process.kill()
-            raise TimeoutError(f"the engine core did not start within {startup_timeout} s")
-        try:
-            kind, payload = self._replies.recv()
-        except EOFError:
-            raise RuntimeError(
-                f"the engine core process exited during start-up (code {self.process.exitcode})"
-            ) from None
-        if kind == "startup_error":
-            self.process.join(10)
-            raise payload
-        self.facts: CoreFacts = payload
         self._reader = threading.Thread(target=self._read, name="cadence-core-reader",
                                         daemon=True)
         self._reader.start()
+
+    @classmethod
+    def spawn(cls, args: EngineArgs, *, startup_timeout: float | None = None
+              ) -> ProcessEngineCoreClient:
+        """Start an engine-core process of this client's own."""
+        process, (channel,), facts = start_core_process(args, 1, startup_timeout=startup_timeout)
+        return cls(channel, facts, process)
 
     # -- front end -> core -------------------------------------------------------------------
     def _send(self, message: tuple[Any, ...]) -> None:
@@ -209,7 +166,9 @@ class ProcessEngineCoreClient(EngineCoreClient):
             try:
                 message = self._replies.recv()
             except (EOFError, OSError):
-                code = self.process.exitcode
+                if self._dead_error is None and self.process is not None:
+                    self.process.join(1)  # its exit code, for the message
+                code = self.process.exitcode if self.process is not None else "unknown"
                 self._die(f"The engine core process exited (code {code}).")
                 return
             kind = message[0]
@@ -249,15 +208,18 @@ class ProcessEngineCoreClient(EngineCoreClient):
     # -- state -------------------------------------------------------------------------------
     @property
     def errored(self) -> bool:
-        return self._dead_error is not None or not self.process.is_alive()
+        if self._dead_error is not None:
+            return True
+        return self.process is not None and not self.process.is_alive()
 
     @property
     def last_progress_time(self) -> float:
         return self._progress
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
-        """Ask the core process to stop, then join it (killed if it does not stop in time)."""
-        if self.process.is_alive():
+        """Ask the core process to stop, then join it (killed if it does not stop in time).
+        A client that does not own the process only leaves: the core aborts its requests."""
+        if self.process is not None and self.process.is_alive():
             try:
                 self._send(("shutdown",))
             except EngineDeadError:

@@ -74,6 +74,14 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="HTTP/1.1 implementation; auto = httptools when installed (default: %(default)s)",
     )
     parser.add_argument(
+        "--api-server-count",
+        type=int,
+        default=defaults.api_server_count,
+        help="API server processes that share the port over one engine-core process (more "
+        "than 1 implies --engine-process; for hundreds of concurrent streams) "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=("debug", "info", "warning", "error")
     )
     parser.add_argument(
@@ -110,6 +118,7 @@ def settings_from(ns: argparse.Namespace) -> ServerSettings:
         shutdown_timeout=ns.shutdown_timeout,
         engine_stall_timeout=ns.engine_stall_timeout,
         http=ns.http,
+        api_server_count=ns.api_server_count,
     )
 
 
@@ -125,6 +134,8 @@ def run_serve(ns: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"cadence serve: error: {exc}") from None
     args = engine_args_from(ns)
+    if settings.api_server_count > 1:
+        return _run_api_servers(ns, settings, args)
     logger.info("Engine arguments: %s", args)
     engine = AsyncLLM(args, log_requests=ns.enable_log_requests)
     try:
@@ -157,6 +168,19 @@ def run_serve(ns: argparse.Namespace) -> int:
         return server.exit_code
     finally:
         engine.shutdown()
+
+
+def _run_api_servers(ns: argparse.Namespace, settings: ServerSettings, args: EngineArgs) -> int:
+    from dataclasses import replace
+
+    from cadence.server.api_servers import FrontEndOptions, run_api_servers
+
+    args = replace(args, engine_process=True)
+    logger.info("Engine arguments: %s", args)
+    logger.info("Server settings: %s", settings)
+    options = FrontEndOptions(settings, ns.served_model_name, ns.api_key, ns.log_level,
+                              ns.enable_log_requests)
+    return run_api_servers(args, options, settings.api_server_count)
 
 
 def serve_main(argv: list[str] | None = None) -> int:

@@ -56,8 +56,10 @@ class CadenceServer(uvicorn.Server):
         lifecycle: RequestLifecycle,
         watchdog: EngineWatchdog,
         settings: ServerSettings,
+        signals: tuple[int, ...] = _SIGNALS,
     ) -> None:
         super().__init__(config)
+        self.signals = signals
         self.lifecycle = lifecycle
         self.watchdog = watchdog
         self.settings = settings
@@ -78,7 +80,7 @@ class CadenceServer(uvicorn.Server):
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in _SIGNALS}
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in self.signals}
         try:
             yield
         finally:
@@ -157,9 +159,11 @@ def build_server(
     served_model_name: str | None = None,
     api_key: str | None = None,
     log_level: str = "info",
+    signals: tuple[int, ...] = _SIGNALS,
 ) -> CadenceServer:
     """The server for ``engine``: run it with ``.run()`` (or ``await .serve()``); the caller
-    shuts the engine down afterwards. ``.exit_code`` is the process status to exit with."""
+    shuts the engine down afterwards. ``.exit_code`` is the process status to exit with.
+    ``signals`` start a graceful shutdown (SIGINT and SIGTERM)."""
     app = build_app(
         engine,
         served_model_name=served_model_name,
@@ -182,5 +186,6 @@ def build_server(
     )
     server = app.state.server
     return CadenceServer(
-        config, lifecycle=server.lifecycle, watchdog=server.watchdog, settings=settings
+        config, lifecycle=server.lifecycle, watchdog=server.watchdog, settings=settings,
+        signals=signals,
     )

@@ -31,8 +31,12 @@ class ServerSettings:
     engine_death_grace: float = 2.0
     # HTTP/1.1 implementation: "auto" (httptools when installed, else h11), "h11", "httptools".
     http: str = "auto"
+    # API server processes over one engine-core process; more than 1 implies engine_process.
+    api_server_count: int = 1
 
     def __post_init__(self) -> None:
+        if not 1 <= self.api_server_count <= 64:
+            raise ValueError(f"api_server_count must be in [1, 64], got {self.api_server_count}.")
         if self.http not in ("auto", "h11", "httptools"):
             raise ValueError(f"http must be 'auto', 'h11' or 'httptools', got {self.http!r}.")
         if not 0 <= self.port <= 65535:

@@ -1,0 +1,186 @@
+"""Several API server processes over one engine-core process (``cadence serve
+--api-server-count N``, as vLLM's ``--api-server-count``).
+
+At hundreds of streams one event loop spends its interpreter on HTTP, output processing and SSE
+frames for every token of every stream. Here the launcher (this process) binds the listening
+socket, starts the engine core in a process of its own for ``N`` front ends, then starts ``N``
+front-end processes that all accept on that one socket (the kernel hands each new connection to
+one of them). Each front end is a whole server (``AsyncLLM`` over a ``ProcessEngineCoreClient``
+of its own, the OpenAI app, uvicorn); the core routes each request's outputs back to the front end
+that sent it.
+
+Signals: SIGINT or SIGTERM to the launcher becomes SIGTERM to every front end (each drains its
+requests as a single server does; a second signal ends them at once); the front ends ignore
+SIGINT, so a terminal's Ctrl-C, which reaches the whole process group, counts once. When every
+front end has exited, the core (whose pipes are then all closed) stops. The launcher exits 0
+after a requested shutdown, 1 when the engine or a front end died.
+
+Each front end's ``/metrics`` counts the requests it served; the scheduler gauges (running,
+waiting, KV usage) are the engine's, read from the core at every scrape.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from types import FrameType
+
+from cadence.engine.core_process import CoreChannel, CoreFacts, start_core_process
+from cadence.engine.engine_args import EngineArgs
+from cadence.server.settings import ServerSettings
+
+__all__ = ["FrontEndOptions", "bind_socket", "run_api_servers"]
+
+logger = logging.getLogger("cadence.serve")
+
+# After the front ends, how long the core gets to stop by itself before it is killed.
+_CORE_EXIT_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True)
+class FrontEndOptions:
+    """What each front-end process needs besides its channel (picklable)."""
+
+    settings: ServerSettings
+    served_model_name: str | None
+    api_key: str | None
+    log_level: str
+    log_requests: bool
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The listening socket every front end accepts on; a one-line ``SystemExit`` if the
+    address cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"cadence serve: error: cannot listen on {host}:{port}: {exc}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _front_end_main(
+    index: int, channel: CoreChannel, facts: CoreFacts, args: EngineArgs,
+    options: FrontEndOptions, sock: socket.socket,
+) -> None:  # fmt: skip
+    """One API server process: a whole server over its channel to the shared engine core."""
+    from cadence.engine.async_llm import AsyncLLM
+    from cadence.engine.core_process import ProcessEngineCoreClient
+    from cadence.server.launcher import build_server
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher turns Ctrl-C into SIGTERM
+    logging.basicConfig(format=f"%(asctime)s %(levelname)s %(name)s[{index}]: %(message)s")
+    logging.getLogger().setLevel(options.log_level.upper())
+    engine = AsyncLLM(args, log_requests=options.log_requests,
+                      core_client=ProcessEngineCoreClient(channel, facts))
+    try:
+        server = build_server(
+            engine,
+            options.settings,
+            served_model_name=options.served_model_name,
+            api_key=options.api_key,
+            log_level=options.log_level,
+            signals=(signal.SIGTERM,),
+        )
+        server.run(sockets=[sock])
+        code = server.exit_code
+    finally:
+        engine.shutdown()  # leaves the core; the launcher stops it
+    raise SystemExit(code)
+
+
+class _Signals:
+    """SIGINT / SIGTERM to the launcher: forwarded to the front ends as SIGTERM."""
+
+    def __init__(self, fronts: list[multiprocessing.process.BaseProcess]) -> None:
+        self.fronts = fronts
+        self.count = 0
+
+    def __call__(self, sig: int, frame: FrameType | None) -> None:
+        self.count += 1
+        if self.count == 1:
+            logger.info("Received %s: shutting down the API servers.", signal.Signals(sig).name)
+        self.forward()
+
+    def forward(self) -> None:
+        for p in self.fronts:
+            if p.is_alive() and p.pid is not None:
+                try:
+                    os.kill(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+
+def run_api_servers(args: EngineArgs, options: FrontEndOptions, count: int) -> int:
+    """Serve with ``count`` API server processes until SIGINT/SIGTERM (status 0) or until the
+    engine or a front end dies (status 1)."""
+    settings = options.settings
+    sock = bind_socket(settings.host, settings.port)
+    try:
+        core, channels, facts = start_core_process(args, count)
+    except Exception as exc:
+        sock.close()
+        raise SystemExit(f"cadence serve: error: the engine did not start: {exc}") from None
+    ctx = multiprocessing.get_context("spawn")
+    fronts = [
+        ctx.Process(target=_front_end_main, args=(i, channels[i], facts, args, options, sock),
+                    name=f"cadence-api-server-{i}")
+        for i in range(count)
+    ]  # fmt: skip
+    handler = _Signals(fronts)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    status = 0
+    try:
+        for p in fronts:
+            p.start()
+        for ch in channels:  # the front ends hold them now; the core sees EOF when they exit
+            ch.requests.close()
+            ch.replies.close()
+        sock.close()
+        logger.info("Serving on http://%s:%d with %d API server processes (pids %s) over the "
+                    "engine-core process (pid %s); API key %s", settings.host, settings.port,
+                    count, ", ".join(str(p.pid) for p in fronts), core.pid,
+                    "required" if options.api_key else "not required")
+        running = {p.sentinel: p for p in fronts}
+        core_reported = False
+        while running:
+            for sentinel in wait([*running, core.sentinel] if core.is_alive() else [*running]):
+                if sentinel == core.sentinel:
+                    if not core_reported and handler.count == 0:
+                        logger.error("The engine core process exited (code %s); the API "
+                                     "servers are stopping.", core.exitcode)
+                        status = 1
+                    core_reported = True
+                    continue
+                p = running.pop(sentinel)
+                p.join()
+                if p.exitcode != 0:
+                    status = 1
+                    if handler.count == 0:
+                        logger.error("API server %s exited with status %s: stopping the others.",
+                                     p.name, p.exitcode)
+                        handler.count = 1
+                        handler.forward()
+    finally:
+        for sig, prev in previous.items():
+            signal.signal(sig, prev)
+        for p in fronts:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        core.join(_CORE_EXIT_TIMEOUT_S)
+        if core.is_alive():
+            logger.warning("The engine core process did not stop: killing it.")
+            core.kill()
+            core.join(5)
+    return status

@@ -1,0 +1,155 @@
+"""Several front ends over one engine-core process: each request's outputs reach the front end
+that sent it, a front end that leaves has its requests aborted, and ``cadence serve
+--api-server-count N`` serves, stops on SIGINT and exits 1 when the engine dies."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cadence.engine.async_llm import AsyncLLM
+from cadence.engine.core_process import ProcessEngineCoreClient, start_core_process
+from cadence.engine.llm import LLM
+from cadence.sampling_params import RequestOutputKind, SamplingParams
+from tests.server.waiting import ServeProcess, wait_until
+from tests.tiny import tiny_args
+
+ARGS = dict(max_model_len=256, num_gpu_blocks_override=96)
+PROMPTS = [[72, 101, 278, 111, 295], [84, 104, 101, 32, 113, 117], [65, 32, 115, 109, 97],
+           [87, 104, 121, 32, 110, 111, 116], [50, 43, 50, 61], [79, 110, 99, 101, 32]]
+
+
+def _params(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                          output_kind=RequestOutputKind.DELTA)
+
+
+def _offline(max_tokens: int) -> list[list[int]]:
+    llm = LLM(**{**vars(tiny_args(**ARGS)), "engine_process": False})
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+        return [list(o.outputs[0].token_ids) for o in outs]
+    finally:
+        llm.shutdown()
+
+
+async def _tokens(engine: AsyncLLM, rid: str, prompt: list[int], max_tokens: int) -> list[int]:
+    ids: list[int] = []
+    async for out in engine.generate({"prompt_token_ids": prompt}, _params(max_tokens), rid):
+        ids.extend(out.outputs[0].token_ids)
+    return ids
+
+
+def test_two_front_ends_over_one_core_each_get_their_own_outputs() -> None:
+    expected = _offline(12)
+    args = tiny_args(engine_process=True, **ARGS)
+    core, channels, facts = start_core_process(args, 2)
+
+    async def main() -> None:
+        a, b = (AsyncLLM(args, core_client=ProcessEngineCoreClient(ch, facts))
+                for ch in channels)
+        try:
+            # Interleaved requests from both front ends, in one batch of the core.
+            jobs = [_tokens(a if i % 2 == 0 else b, f"r{i}", p, 12)
+                    for i, p in enumerate(PROMPTS)]
+            assert list(await asyncio.gather(*jobs)) == expected
+            # An abort on one front end leaves the other's request running to its end.
+            long_a = a.generate({"prompt_token_ids": PROMPTS[0]}, _params(150), "long-a")
+            first = await long_a.__anext__()
+            assert not first.finished
+            b_job = asyncio.ensure_future(_tokens(b, "b-runs", PROMPTS[1], 12))
+            await a.abort("long-a")
+            rest = [out async for out in long_a]
+            assert rest[-1].finished and rest[-1].outputs[0].finish_reason == "abort"
+            assert await b_job == expected[1]
+            # Both see the one engine: its sizes, its stats, all blocks free again.
+            assert a.num_kv_blocks == b.num_kv_blocks == 96
+            assert await a.get_num_free_kv_blocks() == await b.get_num_free_kv_blocks() == 95
+            # A front end that leaves with a request in flight: the core aborts it for it.
+            gen = b.generate({"prompt_token_ids": PROMPTS[2]}, _params(200), "orphan")
+            await gen.__anext__()
+            b.shutdown()
+            await gen.aclose()
+
+            async def idle() -> bool:
+                stats = await a.get_scheduler_stats()
+                return (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
+
+            for _ in range(500):
+                if await idle():
+                    break
+                await asyncio.sleep(0.01)
+            assert await idle()
+            assert await a.get_num_free_kv_blocks() == 95
+            assert await _tokens(a, "after", PROMPTS[3], 12) == expected[3]  # a serves on
+            assert core.is_alive()  # one front end is still there
+        finally:
+            a.shutdown()
+            b.shutdown()
+
+    try:
+        asyncio.run(main())
+        core.join(30)  # every front end left: the core stops by itself
+        assert core.exitcode == 0
+    finally:
+        if core.is_alive():
+            core.kill()
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def _serving_line(log: Path) -> str | None:
+    return next((ln for ln in log.read_text().splitlines() if "API server processes" in ln), None)
+
+
+@pytest.mark.slow
+def test_cadence_serve_with_two_api_servers(tmp_path: Path) -> None:
+    expected = _offline(10)
+    args = ["tiny", "--api-server-count", "2", "--max-model-len", "256",
+            "--num-gpu-blocks-override", "96"]
+    with ServeProcess(args, tmp_path / "serve.log") as srv:
+        async def run() -> list[list[int]]:
+            async with httpx.AsyncClient(base_url=srv.base, timeout=60) as client:
+                async def one(p: list[int]) -> list[int]:
+                    body = {"prompt": p, "max_tokens": 10, "ignore_eos": True,
+                            "temperature": 0, "return_token_ids": True}
+                    resp = await client.post("/v1/completions", json=body)
+                    assert resp.status_code == 200, resp.text
+                    return resp.json()["choices"][0]["token_ids"]
+
+                return list(await asyncio.gather(*(one(p) for p in PROMPTS * 3)))
+
+        assert asyncio.run(run()) == expected * 3
+        # Launcher, core and two front ends: 2 API servers answer on one port.
+        kids = _children(srv.proc.pid)
+        assert len(kids) >= 3, kids
+        metrics = httpx.get(srv.base + "/metrics", timeout=30).text
+        assert "cadence:num_requests_running" in metrics
+    assert srv.returncode == 0, srv.text
+    assert "Traceback" not in srv.text
+    assert srv.text.count("Received SIGTERM: shutting down") == 2  # each front end drained
+
+
+@pytest.mark.slow
+def test_api_servers_exit_1_when_the_engine_core_dies(tmp_path: Path) -> None:
+    args = ["tiny", "--api-server-count", "2", "--max-model-len", "128",
+            "--num-gpu-blocks-override", "64"]
+    with ServeProcess(args, tmp_path / "serve.log") as srv:
+        line = wait_until(lambda: _serving_line(srv.log), "the launcher's serving line")
+        fronts, core_pid = re.search(r"pids ([\d, ]+)\) over the engine-core process \(pid (\d+)",
+                                     line).groups()  # fmt: skip
+        assert len(fronts.split(",")) == 2
+        os.kill(int(core_pid), signal.SIGKILL)
+        wait_until(lambda: srv.proc.poll() is not None, "the launcher to exit", timeout=60)
+    assert srv.returncode == 1, srv.text
