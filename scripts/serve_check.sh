@@ -2,7 +2,8 @@
 # Served vs offline figures on a GPU machine: the front end's share (256 streams) and latency
 # under Poisson arrivals (512 in / 128 out).
 #   scripts/serve_check.sh OUT_DIR [front|arrivals]...
-# Writes logs and JSON into OUT_DIR. Extra server flags: SERVE_FLAGS="...".
+# Writes logs and JSON into OUT_DIR. Extra server flags: SERVE_FLAGS="..."; extra bench flags
+# (e.g. --clients 4): BENCH_FLAGS="..."; no py-spy: NO_SPY=1.
 set -uo pipefail
 out=${1:-out}; shift || true
 sections=${*:-front arrivals}
@@ -11,6 +12,7 @@ want() { [[ " $sections " == *" $1 "* ]]; }
 model=(--model qwen3-0.6b --load-format dummy)
 port=8011
 read -r -a extra <<< "${SERVE_FLAGS:-}"
+read -r -a bench_extra <<< "${BENCH_FLAGS:-}"
 
 start_server() {  # $1: log name, then server flags
   local log=$1; shift
@@ -25,7 +27,7 @@ stop_server() { kill -INT "$server" 2>/dev/null; wait "$server" 2>/dev/null; }
 bench() {  # $1: label, then bench flags
   local label=${LABEL_PREFIX:-}$1; shift
   timeout 240 python -m cadence bench serve --base-url "http://127.0.0.1:$port" --warmup 4 \
-    --json-out "$out/serve_$label.json" "$@" 2>&1 | grep '^{' \
+    --json-out "$out/serve_$label.json" "${bench_extra[@]}" "$@" 2>&1 | grep '^{' \
     | python -c "
 import json, sys
 for line in sys.stdin:
@@ -43,7 +45,7 @@ if want front; then
     | sed 's/^/offline /' | tee -a "$out/serve.log"
   start_server serve_front.log --max-num-seqs 256 --max-model-len 1024 && {
     spy=/tmp/site/bin/py-spy
-    if [ -x "$spy" ]; then  # who holds the interpreter lock during the 256-stream run
+    if [ -x "$spy" ] && [ -z "${NO_SPY:-}" ]; then  # who holds the interpreter lock during the 256-stream run
       "$spy" record -p "$server" -d 5 -r 250 --gil --threads --nonblocking -f raw \
         -o "$out/spy_c256.txt" > "$out/spy.log" 2>&1 &
     fi

@@ -138,13 +138,13 @@ def run_in_processes(
     """``run_requests`` split over ``processes`` client processes (round-robin, each with its
     share of ``cap``), all starting at one moment; returns the results in the order of
     ``sends`` and the run's duration (first start to last end)."""
-    processes = max(1, min(processes, len(sends)))
+    processes = max(1, min(processes, cap, len(sends)))  # each process keeps >= 1 in flight
     caps = [cap // processes + (1 if i < cap % processes else 0) for i in range(processes)]
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(processes) as pool:
         # Workers import aiohttp and build their loop first; the shared start leaves them time.
         start_at = time.monotonic() + 1.0 + 0.2 * processes
-        jobs = [(target, sends[i::processes], max(1, caps[i]), start_at)
+        jobs = [(target, sends[i::processes], caps[i], start_at)
                 for i in range(processes)]
         parts = pool.map(_worker, jobs)
     results: list[RequestResult | None] = [None] * len(sends)

@@ -1,0 +1,22 @@
+"""Carriers that cross process boundaries survive pickling field for field."""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import fields
+
+from cadence.core_types import EngineCoreOutput, EngineCoreOutputs, FinishReason, SchedulerStats
+
+
+def test_engine_core_output_pickles_every_field() -> None:
+    values = dict(request_id="r", new_token_ids=[5, 6], new_logprobs=[([5, 1], [-0.1, -2.0], 1)],
+                  finish_reason=FinishReason.STOP, stop_reason="###", num_cached_tokens=16,
+                  error="boom")
+    assert {f.name for f in fields(EngineCoreOutput)} == set(values)  # a new field needs a test
+    out = EngineCoreOutput(**values)
+    back = pickle.loads(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
+    assert back == out and back.finished
+    step = EngineCoreOutputs([out, EngineCoreOutput("q", [7])], SchedulerStats(3, 1, 0.5), {"r"})
+    again = pickle.loads(pickle.dumps(step))
+    assert again.outputs == step.outputs and again.finished_requests == {"r"}
+    assert again.scheduler_stats == step.scheduler_stats and again.timestamp == step.timestamp
