@@ -3,6 +3,12 @@
 Names follow vLLM's metrics under a ``cadence:`` prefix. Every logger owns its own
 ``CollectorRegistry`` (never the process-global default), so several servers or tests can live
 in one process.
+
+With several API server processes (``--api-server-count``) the values live in
+prometheus_client's multiprocess files (``PROMETHEUS_MULTIPROC_DIR``, set by the launcher) and
+every scrape sums the processes: each request is counted by the one front end that served it;
+the engine-wide gauges and cumulative counters (running, waiting, KV usage, preemptions, prefix
+cache) are recorded by front end 0 alone, which hears of every engine step.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -81,6 +87,22 @@ class BatchHistogram:
         return [HistogramMetricFamily(self.name, self.doc, labels=list(self._labels))]
 
 
+class _SharedHistogram:
+    """A histogram in prometheus_client's multiprocess files (one observation at a time)."""
+
+    def __init__(self, name: str, doc: str, buckets: list[float], labels: dict[str, str],
+                 registry: CollectorRegistry) -> None:
+        self._child = Histogram(name, doc, list(labels), buckets=buckets,
+                                registry=registry).labels(*labels.values())
+
+    def observe(self, value: float) -> None:
+        self._child.observe(value)
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        for v in values:
+            self._child.observe(v)
+
+
 class StatLogger(Protocol):
     def record(
         self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None
@@ -88,21 +110,31 @@ class StatLogger(Protocol):
 
 
 class PrometheusStatLogger:
-    """Prometheus metrics of one served model, in a registry of its own."""
+    """Prometheus metrics of one served model, in a registry of its own.
 
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+    ``multiprocess``: one of several API server processes (values in the shared multiprocess
+    files); ``engine_stats``: this logger records the engine-wide gauges and counters."""
+
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None, *,
+                 multiprocess: bool = False, engine_stats: bool = True) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.multiprocess = multiprocess
+        self.engine_stats = engine_stats
         labels = ["model_name"]
         r = self.registry
 
         def gauge(name: str, doc: str) -> Gauge:
+            if multiprocess:  # one writer (front end 0): its latest value
+                return Gauge(name, doc, labels, registry=r, multiprocess_mode="mostrecent")
             return Gauge(name, doc, labels, registry=r)
 
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
             return Counter(name, doc, labels + list(extra), registry=r)
 
-        def histogram(name: str, doc: str, buckets: list[float]) -> BatchHistogram:
-            return BatchHistogram(name, doc, buckets, {"model_name": model_name}, r)
+        def histogram(name: str, doc: str, buckets: list[float]
+                      ) -> BatchHistogram | _SharedHistogram:
+            kind = _SharedHistogram if multiprocess else BatchHistogram
+            return kind(name, doc, buckets, {"model_name": model_name}, r)
 
         m = model_name
         self.num_requests_running = gauge(
@@ -150,7 +182,7 @@ class PrometheusStatLogger:
     def record(
         self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None
     ) -> None:
-        if scheduler_stats is not None:
+        if scheduler_stats is not None and self.engine_stats:
             s = scheduler_stats
             self.num_requests_running.set(s.num_running_reqs)
             self.num_requests_waiting.set(s.num_waiting_reqs)
@@ -181,5 +213,11 @@ class PrometheusStatLogger:
                 self._request_success.labels(self._model_name, fin.finish_reason).inc()
 
     def exposition(self) -> bytes:
-        """The registry in Prometheus text format."""
+        """The registry in Prometheus text format (every API server process's, summed)."""
+        if self.multiprocess:
+            from prometheus_client import multiprocess
+
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry)
         return generate_latest(self.registry)

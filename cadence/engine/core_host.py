@@ -129,8 +129,9 @@ class _Router:
         self.forget(outputs.finished_requests)
         for i, front in enumerate(fronts):
             # Every front end with requests in the core hears of every step (its stall watchdog
-            # counts steps), even one in which none of its requests produced a token.
-            if parts[i] or finished[i] or front.live:
+            # counts steps), even one in which none of its requests produced a token; front end
+            # 0 hears of all of them (it records the engine-wide metrics).
+            if parts[i] or finished[i] or front.live or i == 0:
                 front.send(("out", EngineCoreOutputs(parts[i], outputs.scheduler_stats,
                                                      finished[i], outputs.timestamp)))
 

@@ -15,8 +15,9 @@ SIGINT, so a terminal's Ctrl-C, which reaches the whole process group, counts on
 front end has exited, the core (whose pipes are then all closed) stops. The launcher exits 0
 after a requested shutdown, 1 when the engine or a front end died.
 
-Each front end's ``/metrics`` counts the requests it served; the scheduler gauges (running,
-waiting, KV usage) are the engine's, read from the core at every scrape.
+``/metrics`` on any front end sums every front end's values (prometheus_client's multiprocess
+mode over a temporary directory that the launcher owns); front end 0 records the engine-wide
+gauges and counters.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
+import tempfile
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from types import FrameType
@@ -38,6 +41,7 @@ __all__ = ["FrontEndOptions", "bind_socket", "run_api_servers"]
 
 logger = logging.getLogger("cadence.serve")
 
+_METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own switch
 # After the front ends, how long the core gets to stop by itself before it is killed.
 _CORE_EXIT_TIMEOUT_S = 15.0
 
@@ -91,6 +95,7 @@ def _front_end_main(
             api_key=options.api_key,
             log_level=options.log_level,
             signals=(signal.SIGTERM,),
+            front_end_index=index,
         )
         server.run(sockets=[sock])
         code = server.exit_code
@@ -131,6 +136,11 @@ def run_api_servers(args: EngineArgs, options: FrontEndOptions, count: int) -> i
     except Exception as exc:
         sock.close()
         raise SystemExit(f"cadence serve: error: the engine did not start: {exc}") from None
+    # The front ends' Prometheus values, summed at each scrape (read by prometheus_client at
+    # import in each front-end process, which inherits this environment).
+    metrics_dir = tempfile.mkdtemp(prefix="cadence-metrics-")
+    previous_dir = os.environ.get(_METRICS_DIR_ENV)
+    os.environ[_METRICS_DIR_ENV] = metrics_dir
     ctx = multiprocessing.get_context("spawn")
     fronts = [
         ctx.Process(target=_front_end_main, args=(i, channels[i], facts, args, options, sock),
@@ -183,4 +193,9 @@ def run_api_servers(args: EngineArgs, options: FrontEndOptions, count: int) -> i
             logger.warning("The engine core process did not stop: killing it.")
             core.kill()
             core.join(5)
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        if previous_dir is None:
+            os.environ.pop(_METRICS_DIR_ENV, None)
+        else:
+            os.environ[_METRICS_DIR_ENV] = previous_dir
     return status

@@ -99,6 +99,7 @@ class OpenAIServer:
         max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
         body_read_timeout: float = DEFAULT_BODY_READ_TIMEOUT_S,
         engine_stall_timeout: float = DEFAULT_ENGINE_STALL_TIMEOUT_S,
+        front_end_index: int | None = None,
     ) -> None:
         self.engine = engine
         self.model_name = served_model_name or engine.model_name
@@ -106,7 +107,10 @@ class OpenAIServer:
         self.body_read_timeout = body_read_timeout
         self.completions = OpenAIServingCompletion(engine, self.model_name)
         self.chat = OpenAIServingChat(engine, self.model_name)
-        self.metrics = PrometheusStatLogger(self.model_name)
+        # One of several API server processes: metrics in the shared multiprocess files.
+        self.metrics = PrometheusStatLogger(self.model_name,
+                                            multiprocess=front_end_index is not None,
+                                            engine_stats=front_end_index in (None, 0))
         engine.add_stat_logger(self.metrics)
         self.lifecycle = RequestLifecycle()
         self.watchdog = EngineWatchdog(engine, engine_stall_timeout)
@@ -253,8 +257,10 @@ def build_app(
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
     body_read_timeout: float = DEFAULT_BODY_READ_TIMEOUT_S,
     engine_stall_timeout: float = DEFAULT_ENGINE_STALL_TIMEOUT_S,
+    front_end_index: int | None = None,
 ) -> Starlette:
     """The application serving ``engine``; the caller owns the engine's lifetime.
+    ``front_end_index``: this is one of several API server processes (``--api-server-count``).
 
     ``app.state.server`` is the ``OpenAIServer``: a launcher drives its ``lifecycle`` on
     shutdown and polls its ``watchdog`` while serving."""
@@ -264,6 +270,7 @@ def build_app(
         max_request_body_bytes=max_request_body_bytes,
         body_read_timeout=body_read_timeout,
         engine_stall_timeout=engine_stall_timeout,
+        front_end_index=front_end_index,
     )
     routes = [
         Route("/v1/completions", server.create_completion, methods=["POST"]),

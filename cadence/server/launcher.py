@@ -160,6 +160,7 @@ def build_server(
     api_key: str | None = None,
     log_level: str = "info",
     signals: tuple[int, ...] = _SIGNALS,
+    front_end_index: int | None = None,
 ) -> CadenceServer:
     """The server for ``engine``: run it with ``.run()`` (or ``await .serve()``); the caller
     shuts the engine down afterwards. ``.exit_code`` is the process status to exit with.
@@ -171,6 +172,7 @@ def build_server(
         max_request_body_bytes=settings.max_request_body_bytes,
         body_read_timeout=settings.body_read_timeout,
         engine_stall_timeout=settings.engine_stall_timeout,
+        front_end_index=front_end_index,
     )
     config = uvicorn.Config(
         app,

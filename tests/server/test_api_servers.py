@@ -18,7 +18,7 @@ from cadence.engine.async_llm import AsyncLLM
 from cadence.engine.core_process import ProcessEngineCoreClient, start_core_process
 from cadence.engine.llm import LLM
 from cadence.sampling_params import RequestOutputKind, SamplingParams
-from tests.server.waiting import ServeProcess, wait_until
+from tests.server.waiting import ServeProcess, metric, wait_until
 from tests.tiny import tiny_args
 
 ARGS = dict(max_model_len=256, num_gpu_blocks_override=96)
@@ -134,8 +134,17 @@ def test_cadence_serve_with_two_api_servers(tmp_path: Path) -> None:
         # Launcher, core and two front ends: 2 API servers answer on one port.
         kids = _children(srv.proc.pid)
         assert len(kids) >= 3, kids
-        metrics = httpx.get(srv.base + "/metrics", timeout=30).text
-        assert "cadence:num_requests_running" in metrics
+        # Whichever front end answers, /metrics sums them all (new connections spread over both).
+        for _ in range(6):
+            text = httpx.get(srv.base + "/metrics", timeout=30).text
+            assert metric(text, "cadence:request_success_total", model_name="tiny",
+                          finished_reason="length") == 18
+            assert metric(text, "cadence:generation_tokens_total", model_name="tiny") == 180
+            assert metric(text, "cadence:prompt_tokens_total", model_name="tiny") == 3 * sum(
+                len(p) for p in PROMPTS)
+            assert metric(text, "cadence:time_to_first_token_seconds_count",
+                          model_name="tiny") == 18
+            assert metric(text, "cadence:num_requests_running", model_name="tiny") == 0
     assert srv.returncode == 0, srv.text
     assert "Traceback" not in srv.text
     assert srv.text.count("Received SIGTERM: shutting down") == 2  # each front end drained
