@@ -17,7 +17,21 @@ def _cuda_available() -> bool:
         return False
 
 
+# A hang is a failure with a stack, never a stalled run (pytest-timeout): unit tests get this
+# long, everything else the default in pyproject.toml.
+UNIT_TEST_TIMEOUT_S = 120
+_UNIT_DIRS = ("scheduler", "worker", "model", "runtime", "numba_kernels", "graphs")
+
+
+def _is_unit_test(item: pytest.Item) -> bool:
+    parts = item.path.relative_to(os.path.dirname(__file__)).parts
+    return len(parts) == 1 or parts[0] in _UNIT_DIRS
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("timeout") is None and _is_unit_test(item):
+            item.add_marker(pytest.mark.timeout(UNIT_TEST_TIMEOUT_S))
     if _cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -18,6 +18,7 @@ from cadence.scheduler.kv_cache_manager import make_block_hasher
 from cadence.scheduler.output import SchedulerOutput
 from cadence.scheduler.request import Request, RequestStatus
 from cadence.scheduler.scheduler import Scheduler
+from cadence.scheduler.stall import SchedulerStalledError, stall_reason
 from cadence.worker.model_runner import ModelRunner
 from cadence.worker.output import AsyncModelRunnerOutput
 
@@ -140,6 +141,8 @@ class EngineCore:
             return EngineCoreOutputs(), False
         with nvtx_range("schedule"):
             so = self.scheduler.schedule()
+        if so.total_num_scheduled_tokens == 0 and not so.preempted_req_ids:
+            self._check_stall()
         pending = self.runner.execute_model(so)
         with nvtx_range("update"):
             outs = self.scheduler.update_from_output(so, pending.get_output())
@@ -152,6 +155,9 @@ class EngineCore:
         if self.scheduler.has_requests():
             with nvtx_range("schedule"):
                 so = self.scheduler.schedule()
+            if (so.total_num_scheduled_tokens == 0 and not so.preempted_req_ids
+                    and not any(q.total_num_scheduled_tokens for _, q in queue)):
+                self._check_stall()  # nothing scheduled now nor in flight
             pending = self.runner.execute_model(so)
             executed = so.total_num_scheduled_tokens > 0
             queue.appendleft((pending, so))
@@ -163,6 +169,12 @@ class EngineCore:
         with nvtx_range("update"):
             outs = self.scheduler.update_from_output(so, pending.get_output())
         return outs, executed
+
+    def _check_stall(self) -> None:
+        """Nothing was scheduled, preempted or in flight: raise if nothing ever will be."""
+        reason = stall_reason(self.scheduler)
+        if reason is not None:
+            raise SchedulerStalledError(f"The engine cannot make progress: {reason}.")
 
     def shutdown(self) -> None:
         self.batch_queue.clear()
