@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from cadence.envs import read_envs
+from cadence.user_errors import one_line_errors
 
 _BENCHES = {
     "latency": "cadence.bench.latency",
@@ -80,7 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    return int(ns.func(ns) or 0)
+    prog = f"cadence {ns.command}" + (f" {ns.which}" if ns.command == "bench" else "")
+    with one_line_errors(prog):
+        return int(ns.func(ns) or 0)
 
 
 if __name__ == "__main__":

@@ -42,10 +42,15 @@ class EngineArgs:
     device: str = "auto"
 
     def resolve_device(self) -> str:
-        if self.device != "auto":
-            return self.device
         import torch
 
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError(
+                "device='cuda' but this torch sees no CUDA device (CPU-only build or no GPU); "
+                "use device='cpu' or 'auto'."
+            )
+        if self.device != "auto":
+            return self.device
         return "cuda" if torch.cuda.is_available() else "cpu"
 
     def resolve_async_scheduling(self) -> bool:

@@ -35,9 +35,10 @@ from types import FrameType
 
 from cadence.engine.core_process import CoreChannel, CoreFacts, start_core_process
 from cadence.engine.engine_args import EngineArgs
+from cadence.server.launcher import bind_socket
 from cadence.server.settings import ServerSettings
 
-__all__ = ["FrontEndOptions", "bind_socket", "run_api_servers"]
+__all__ = ["FrontEndOptions", "run_api_servers"]
 
 logger = logging.getLogger("cadence.serve")
 
@@ -55,22 +56,6 @@ class FrontEndOptions:
     api_key: str | None
     log_level: str
     log_requests: bool
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """The listening socket every front end accepts on; a one-line ``SystemExit`` if the
-    address cannot be bound."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise SystemExit(f"cadence serve: error: cannot listen on {host}:{port}: {exc}") from None
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
 
 
 def _front_end_main(
@@ -130,12 +115,12 @@ def run_api_servers(args: EngineArgs, options: FrontEndOptions, count: int) -> i
     """Serve with ``count`` API server processes until SIGINT/SIGTERM (status 0) or until the
     engine or a front end dies (status 1)."""
     settings = options.settings
-    sock = bind_socket(settings.host, settings.port)
+    sock = bind_socket(settings.host, settings.port)  # a taken port fails before the model loads
     try:
         core, channels, facts = start_core_process(args, count)
-    except Exception as exc:
+    except BaseException:
         sock.close()
-        raise SystemExit(f"cadence serve: error: the engine did not start: {exc}") from None
+        raise
     # The front ends' Prometheus values, summed at each scrape (read by prometheus_client at
     # import in each front-end process, which inherits this environment).
     metrics_dir = tempfile.mkdtemp(prefix="cadence-metrics-")
@@ -156,9 +141,10 @@ def run_api_servers(args: EngineArgs, options: FrontEndOptions, count: int) -> i
         for ch in channels:  # the front ends hold them now; the core sees EOF when they exit
             ch.requests.close()
             ch.replies.close()
+        port = sock.getsockname()[1]
         sock.close()
         logger.info("Serving on http://%s:%d with %d API server processes (pids %s) over the "
-                    "engine-core process (pid %s); API key %s", settings.host, settings.port,
+                    "engine-core process (pid %s); API key %s", settings.host, port,
                     count, ", ".join(str(p.pid) for p in fronts), core.pid,
                     "required" if options.api_key else "not required")
         running = {p.sentinel: p for p in fronts}

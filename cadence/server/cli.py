@@ -125,19 +125,21 @@ def settings_from(ns: argparse.Namespace) -> ServerSettings:
 def run_serve(ns: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM (exit status 0) or until the engine dies (status 1)."""
     from cadence.engine.async_llm import AsyncLLM
-    from cadence.server.launcher import build_server
+    from cadence.server.launcher import bind_socket, build_server
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(ns.log_level.upper())
-    try:
-        settings = settings_from(ns)
-    except ValueError as exc:
-        raise SystemExit(f"cadence serve: error: {exc}") from None
+    settings = settings_from(ns)  # a ValueError is a one-line error (cadence.user_errors)
     args = engine_args_from(ns)
     if settings.api_server_count > 1:
         return _run_api_servers(ns, settings, args)
     logger.info("Engine arguments: %s", args)
-    engine = AsyncLLM(args, log_requests=ns.enable_log_requests)
+    sock = bind_socket(settings.host, settings.port)  # a taken port fails before the model loads
+    try:
+        engine = AsyncLLM(args, log_requests=ns.enable_log_requests)
+    except BaseException:
+        sock.close()
+        raise
     try:
         config = engine.engine_core.call_utility("config")
         logger.info(
@@ -161,10 +163,10 @@ def run_serve(ns: argparse.Namespace) -> int:
         logger.info(
             "Serving on http://%s:%d (API key %s)",
             ns.host,
-            ns.port,
+            sock.getsockname()[1],
             "required" if ns.api_key else "not required",
         )
-        server.run()
+        server.run(sockets=[sock])
         return server.exit_code
     finally:
         engine.shutdown()

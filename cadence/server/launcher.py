@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from cadence.server.lifecycle import RequestLifecycle
     from cadence.server.watchdog import EngineWatchdog
 
-__all__ = ["CadenceServer", "build_server"]
+__all__ = ["CadenceServer", "bind_socket", "build_server"]
 
 logger = logging.getLogger("cadence.serve")
 
@@ -138,6 +138,22 @@ class CadenceServer(uvicorn.Server):
             self.lifecycle.in_flight,
         )
         self.lifecycle.end_in_flight()
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything slow starts (a taken port is a one-line
+    error at once, not after the model has loaded). ``ValueError`` if it cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def http_protocol(kind: str, header_read_timeout: float, body_read_timeout: float) -> type:

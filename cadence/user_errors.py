@@ -1,0 +1,36 @@
+"""User mistakes on the command line end in one line on stderr and exit status 2.
+
+A configuration mistake (a missing model path, an out-of-range flag, a preset without
+``--load-format dummy``, CUDA asked for where there is none) surfaces as one of
+``USER_ERRORS`` while the command starts; its message already says what is wrong and what to do,
+so a traceback only hides it. Tracebacks stay for everything else (real bugs), and for these too
+with ``CADENCE_LOG_LEVEL=DEBUG``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from cadence.envs import read_envs
+
+__all__ = ["USAGE_EXIT_CODE", "USER_ERRORS", "one_line_errors"]
+
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,
+)
+USAGE_EXIT_CODE = 2  # as argparse
+
+
+@contextmanager
+def one_line_errors(prog: str) -> Iterator[None]:
+    """Turn a user mistake raised inside into ``prog: error: MESSAGE`` and exit status 2."""
+    try:
+        yield
+    except USER_ERRORS as exc:
+        if read_envs().log_level.upper() == "DEBUG":
+            raise
+        message = str(exc) or type(exc).__name__
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(USAGE_EXIT_CODE) from None

@@ -1,0 +1,77 @@
+"""Configuration mistakes end in one line on stderr and exit status 2, never a traceback; the
+port is checked before the model loads."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cadence.cli import main
+
+MISTAKES = [
+    (["serve", "/nonexistent/model"], "neither a local model directory"),
+    (["serve", "tiny", "--max-model-len", "0"], "max_model_len must be at least 1"),
+    (["serve", "tiny", "--max-num-seqs", "0"], "max_num_seqs must be at least 1"),
+    (["serve", "tiny", "--gpu-memory-utilization", "1.5"], "gpu_memory_utilization"),
+    (["serve", "qwen3-0.6b"], "load_format='dummy'"),
+    (["serve", "tiny", "--port", "99999"], "port must be in"),
+    (["serve", "tiny", "--api-server-count", "0"], "api_server_count"),
+    (["generate", "--model", "/nonexistent/model"], "neither a local model directory"),
+    (["bench", "latency", "--model", "/nonexistent/model"], "neither a local model directory"),
+]
+
+
+def _one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize(("argv", "message"), MISTAKES, ids=[" ".join(a) for a, _ in MISTAKES])
+def test_configuration_mistakes_are_one_line(argv: list[str], message: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    line = _one_line_exit_2(argv, capsys)
+    prog = "cadence " + " ".join(argv[:2] if argv[0] == "bench" else argv[:1])
+    assert line.startswith(f"{prog}: error: ") and message in line
+
+
+def test_a_model_directory_without_config_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert "has no config.json" in _one_line_exit_2(["serve", str(tmp_path)], capsys)
+
+
+@pytest.mark.parametrize("extra", [[], ["--api-server-count", "2"]])
+def test_a_taken_port_fails_before_the_model_loads(
+    extra: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cadence.engine.async_llm as async_llm
+    import cadence.server.api_servers as api_servers
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the engine started although the port is taken")
+
+    monkeypatch.setattr(async_llm.AsyncLLM, "__init__", never)
+    monkeypatch.setattr(api_servers, "start_core_process", never)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        line = _one_line_exit_2(["serve", "tiny", "--port", str(port), *extra], capsys)
+    assert f"cannot listen on 127.0.0.1:{port}" in line
+
+
+@pytest.mark.parametrize("extra", [[], ["--engine-process"]])
+def test_the_real_command_prints_no_traceback(extra: list[str]) -> None:
+    proc = subprocess.run([sys.executable, "-m", "cadence", "serve", "/nonexistent/model", *extra],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stderr.strip().splitlines()[-1].startswith("cadence serve: error: model ")
