@@ -18,6 +18,10 @@ from cadence.worker.output import LogprobsLists
 
 _SAMPLING_EPS = 1e-5
 _MAX_FAST_TOP_K = 1024  # above this a full sort is as cheap as torch.topk
+# With top-p the candidate path runs many small kernels: below this many rows the full sort is
+# as fast or faster (H200, 152k vocabulary, scripts/sampler_bench.py in docs/perf.md: 0.49
+# against 1.26 ms for one row, 1.55 against 1.52 for 64, 4.81 against 2.61 for 256).
+_MIN_FAST_TOP_P_ROWS = 64
 _MASK64 = (1 << 64) - 1
 
 
@@ -188,6 +192,8 @@ class Sampler:
         # Greedy rows take the argmax below; dividing them by 1 keeps their logits finite.
         logits.div_(torch.where(is_greedy, torch.ones_like(temp), temp).unsqueeze(1))
         kmax = md.max_top_k
+        if md.top_p is not None and logits.shape[0] < _MIN_FAST_TOP_P_ROWS:
+            kmax = None  # both paths give the same tokens: here the full sort is faster
         if md.top_k is not None and kmax is not None and 0 < kmax <= _MAX_FAST_TOP_K:
             random = sample_from_top_k(logits, md.top_k, kmax, md.top_p, md.generators)
         else:
@@ -228,7 +234,9 @@ def apply_top_k_top_p(
     if top_k is None and top_p is None:
         return logits
     vocab = logits.shape[-1]
-    logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
+    # Stable: tokens of equal probability leave the top-p nucleus by increasing id, in this path
+    # and in ``sample_from_top_k`` alike.
+    logits_sort, logits_idx = logits.sort(dim=-1, descending=False, stable=True)
     if top_k is not None:
         k = top_k.to(device=logits.device, dtype=torch.int64)
         k = torch.where((k <= 0) | (k > vocab), torch.full_like(k, vocab), k)
@@ -266,37 +274,58 @@ def sample_from_top_k(
     top_p: torch.Tensor | None,
     generators: dict[int, torch.Generator],
 ) -> torch.Tensor:
-    """Top-k (then top-p) sampling over the ``kmax`` best candidates of each row.
+    """Top-k (then top-p) sampling that finds each row's ``kmax`` best candidates instead of
+    sorting the whole vocabulary.
 
-    Same distribution as ``apply_top_k_top_p`` + ``exponential_race`` when every row's top-k is
-    at most ``kmax`` (rows with top-k off use ``kmax``). Seeded rows draw noise for the whole
-    vocabulary, as the full path does, so their tokens do not depend on ``kmax`` (the batch).
+    Same tokens as ``apply_top_k_top_p`` + ``exponential_race``, seeded rows included (up to the
+    rounding of a cumulative probability that meets a top-p exactly), when every row's top-k is at
+    most ``kmax`` (rows with top-k off use ``kmax``): the k-th best logit is a threshold over the
+    whole vocabulary, so every token tied with it survives, also those that are not candidates
+    (bf16 logits often have several tokens tied at the k-th).
     """
-    vocab = logits.shape[-1]
-    kmax = min(kmax, vocab)
-    vals, idx = logits.topk(kmax, dim=-1)  # descending
+    kmax = min(kmax, logits.shape[-1])
+    vals = logits.topk(kmax, dim=-1).values  # descending
     k = top_k.to(device=logits.device, dtype=torch.int64)
     k = torch.where((k <= 0) | (k > kmax), torch.full_like(k, kmax), k)
-    pos = torch.arange(kmax, device=logits.device)
-    vals = vals.masked_fill(pos.unsqueeze(0) >= k.unsqueeze(1), float("-inf"))
-    if top_p is not None:
-        probs = vals.softmax(dim=-1)
-        mass_above = probs.cumsum(dim=-1) - probs
-        # Keep a candidate while the mass of better ones is below p (the best always stays).
-        drop = mass_above >= top_p.to(device=logits.device, dtype=torch.float32).unsqueeze(1)
-        drop[:, 0] = False
-        vals = vals.masked_fill(drop, float("-inf"))
-    probs = vals.softmax(dim=-1)
-    q = torch.empty_like(probs)
-    if len(generators) < probs.shape[0]:
-        q.exponential_()
-    for row, gen in generators.items():
-        full = torch.empty(vocab, dtype=probs.dtype, device=probs.device)
-        full.exponential_(generator=gen)
-        q[row] = full.gather(0, idx[row])
-    q.clamp_(min=torch.finfo(q.dtype).tiny)
-    choice = probs.div(q).argmax(dim=-1, keepdim=True)
-    return idx.gather(1, choice).squeeze(1)
+    threshold = vals.gather(1, (k - 1).unsqueeze(1))
+    if top_p is None:
+        masked = logits.masked_fill(logits < threshold, float("-inf"))
+    else:
+        masked = _top_k_top_p_of_candidates(logits, vals, threshold, top_p)
+    return exponential_race(masked.softmax(dim=-1), generators)
+
+
+def _top_k_top_p_of_candidates(
+    logits: torch.Tensor, vals: torch.Tensor, threshold: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """``logits`` [N, V] with everything outside each row's top-k (``threshold``, ties kept) and
+    then top-p nucleus masked, from the row's best candidates ``vals`` [N, kmax] (descending).
+
+    The full path's order: by probability, ties by decreasing id (its stable ascending sort,
+    reversed). Every token above the threshold is a candidate; ties with it may lie beyond.
+    """
+    neg_inf = float("-inf")
+    p = top_p.to(device=logits.device, dtype=torch.float32).unsqueeze(1)
+    p = p.masked_fill(p >= 1.0, float("inf"))  # a top-p of 1 drops nothing, whatever the rounding
+    cand = vals >= threshold
+    n_beyond = (logits >= threshold).sum(dim=-1, keepdim=True) - cand.sum(dim=-1, keepdim=True)
+    vals = vals.masked_fill(~cand, neg_inf)
+    # Log of the top-k survivors' total weight: the candidates and the ties beyond them.
+    lse = torch.logaddexp(vals.logsumexp(dim=-1, keepdim=True), threshold + n_beyond.log())
+    probs = (vals - lse).exp()
+    mass_before = torch.nn.functional.pad(probs.cumsum(dim=-1)[:, :-1], (1, 0))
+    # A token survives while the mass of the better ones is below p; the best always does.
+    n_kept = ((mass_before < p) & cand).sum(dim=-1, keepdim=True).clamp_(min=1)
+    cut = vals.gather(1, n_kept - 1)  # the least likely survivor's logit
+    # The tokens tied with the cut follow the mass above them, each with the cut's probability
+    # (some may lie beyond the candidates); count those that start below p (at least one).
+    n_above = (vals > cut).sum(dim=-1, keepdim=True)
+    n_cut = ((p - mass_before.gather(1, n_above)) / (cut - lse).exp()).ceil()
+    at_cut = logits == cut
+    rank = at_cut.cumsum(dim=-1, dtype=torch.int32)
+    # Of the tokens tied with the cut, the n_cut largest ids survive.
+    drop = (logits < cut) | (at_cut & (rank <= rank[:, -1:] - n_cut))
+    return logits.masked_fill(drop, neg_inf)
 
 
 def gather_logprobs(logprobs: torch.Tensor, k: int, sampled: torch.Tensor) -> LogprobsTensors:

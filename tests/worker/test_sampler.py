@@ -283,3 +283,241 @@ def test_metadata_from_params() -> None:
     greedy = SamplingMetadata.from_params([SamplingParams(temperature=0.0)], [0])
     assert greedy.all_greedy and greedy.temperature is None
     assert greedy.top_k is None and greedy.top_p is None and greedy.max_num_logprobs is None
+
+
+# --- Exact kept sets on hand-made distributions ---------------------------------------------------
+#
+# Semantics (vLLM's): top-k keeps the k most likely tokens plus every token tied with the k-th;
+# top-p then keeps the smallest set of most likely tokens whose probability, renormalised over the
+# top-k survivors, reaches top_p (so a token stays while the mass of the better ones is below
+# top_p), and never fewer than one token. Temperature is applied first.
+#
+# PROBS[token] below: every value is a power of two, so the softmax of their logs, every
+# cumulative sum and 1 - top_p are exact in float32 and the boundary cases are hit exactly.
+# By decreasing probability: token 3 (1/2), 0 (1/4), 4 (1/8), 1 (1/16), then 2 and 5 tied (1/32).
+# Cumulative mass in that order: 0.5, 0.75, 0.875, 0.9375, 0.96875, 1.
+PROBS = [0.25, 0.0625, 0.03125, 0.5, 0.125, 0.03125]
+ALL = frozenset(range(len(PROBS)))
+# Every kept token in the cases below has a (renormalised) probability of at least 1/32, so a
+# given one is missing from DRAWS independent draws with probability at most (31/32)**DRAWS,
+# about 3e-28: sampled sets equal kept sets with overwhelming probability.
+DRAWS = 2000
+
+# (top_p, kept) worked out by hand from the cumulative masses above.
+TOP_P_CASES: list[tuple[float, frozenset[int]]] = [
+    (1e-6, frozenset({3})),  # at least the best token
+    (0.3, frozenset({3})),
+    (0.5, frozenset({3})),  # token 3 alone reaches 0.5 exactly: nothing more
+    (0.51, frozenset({3, 0})),
+    (0.75, frozenset({3, 0})),  # boundary: 0.5 + 0.25 == 0.75
+    (0.76, frozenset({3, 0, 4})),
+    (0.875, frozenset({3, 0, 4})),  # boundary
+    (0.9, frozenset({3, 0, 4, 1})),
+    (0.9375, frozenset({3, 0, 4, 1})),  # boundary
+    (0.97, ALL),  # 0.96875 < 0.97: the second of the tied pair is needed too
+    (1.0, ALL),
+]
+
+# (top_k, kept) by hand: ties with the k-th token are kept.
+TOP_K_CASES: list[tuple[int, frozenset[int]]] = [
+    (1, frozenset({3})),
+    (2, frozenset({3, 0})),
+    (3, frozenset({3, 0, 4})),
+    (4, frozenset({3, 0, 4, 1})),
+    (5, ALL),  # the 5th token (2 or 5) is tied with the 6th: both are kept
+    (6, ALL),
+]
+
+# (top_k, top_p, kept): top-p over the top-k survivors, renormalised. The top-3 survivors have
+# probabilities 4/7, 2/7, 1/7 (cumulative 0.571, 0.857, 1); the top-4 ones 8/15, 4/15, 2/15, 1/15
+# (cumulative 0.533, 0.8, 0.933, 1); the top-2 ones 2/3, 1/3. Top-p on the raw probabilities would
+# keep one more token in the first, second and fourth cases.
+TOP_K_TOP_P_CASES: list[tuple[int, float, frozenset[int]]] = [
+    (3, 0.55, frozenset({3})),
+    (3, 0.8, frozenset({3, 0})),
+    (3, 0.9, frozenset({3, 0, 4})),
+    (4, 0.9, frozenset({3, 0, 4})),
+    (2, 0.5, frozenset({3})),
+    (2, 0.7, frozenset({3, 0})),
+    (5, 0.97, ALL),
+    (1, 0.99, frozenset({3})),
+]
+
+
+def _log_probs(probs: list[float]) -> torch.Tensor:
+    return torch.tensor([math.log(p) for p in probs], dtype=torch.float32)
+
+
+def _kept(row: torch.Tensor) -> frozenset[int]:
+    return frozenset(torch.isfinite(row).nonzero().flatten().tolist())
+
+
+def test_hand_made_distribution_is_exact_in_float32() -> None:
+    """The premise of the boundary cases: the probabilities come out exactly as written."""
+    row = _log_probs(PROBS)
+    assert row.softmax(dim=-1).tolist() == PROBS
+    assert row.sort().values.softmax(dim=-1).cumsum(dim=-1).tolist() == [
+        0.03125, 0.0625, 0.125, 0.25, 0.5, 1.0
+    ]
+
+
+@pytest.mark.parametrize(("top_p", "kept"), TOP_P_CASES)
+def test_top_p_mask_is_the_smallest_set_reaching_top_p(top_p: float, kept: frozenset[int]) -> None:
+    row = _log_probs(PROBS)
+    out = apply_top_k_top_p(row.unsqueeze(0).clone(), None, torch.tensor([top_p]))[0]
+    assert _kept(out) == kept
+    idx = sorted(kept)
+    assert torch.equal(out[idx], row[idx])  # survivors keep their logits
+
+
+@pytest.mark.parametrize(("top_k", "kept"), [*TOP_K_CASES, (-1, ALL), (0, ALL), (7, ALL)])
+def test_top_k_mask_keeps_the_k_best_and_their_ties(top_k: int, kept: frozenset[int]) -> None:
+    row = _log_probs(PROBS)
+    out = apply_top_k_top_p(row.unsqueeze(0).clone(), torch.tensor([top_k]), None)[0]
+    assert _kept(out) == kept
+
+
+@pytest.mark.parametrize(("top_k", "top_p", "kept"), TOP_K_TOP_P_CASES)
+def test_top_k_then_top_p_mask_renormalises(top_k: int, top_p: float, kept: frozenset[int]) -> None:
+    row = _log_probs(PROBS)
+    out = apply_top_k_top_p(row.unsqueeze(0).clone(), torch.tensor([top_k]), torch.tensor([top_p]))
+    assert _kept(out[0]) == kept
+
+
+def test_masks_of_rows_with_different_settings_in_one_batch() -> None:
+    cases = [(-1, p, kept) for p, kept in TOP_P_CASES]
+    cases += [(k, 1.0, kept) for k, kept in TOP_K_CASES]
+    cases += TOP_K_TOP_P_CASES
+    logits = _log_probs(PROBS).repeat(len(cases), 1)
+    top_k = torch.tensor([k for k, _, _ in cases])
+    top_p = torch.tensor([p for _, p, _ in cases])
+    out = apply_top_k_top_p(logits, top_k, top_p)
+    assert [_kept(row) for row in out] == [kept for _, _, kept in cases]
+
+
+def test_top_p_ties_are_cut_by_count() -> None:
+    """A cut inside a group of equal probabilities keeps exactly as many of the group as needed.
+    Which ones vLLM leaves unspecified; cadence's two paths must agree (see the batch test)."""
+    # PROBS with top_p 0.95: 0.9375 < 0.95 <= 0.96875, so one of the tied pair {2, 5}.
+    out = apply_top_k_top_p(_log_probs(PROBS).unsqueeze(0), None, torch.tensor([0.95]))[0]
+    kept = _kept(out)
+    assert len(kept) == 5 and {3, 0, 4, 1} < kept
+    # Four equal logits: each has probability exactly 1/4.
+    flat = torch.zeros(3, 4)
+    out = apply_top_k_top_p(flat, None, torch.tensor([0.5, 0.51, 1e-6]))
+    assert [len(_kept(row)) for row in out] == [2, 3, 1]
+    # Two tokens tied for best: top_k=1 keeps both, a tiny top_p keeps one of them.
+    top2 = torch.tensor([[1.0, 0.0, 1.0, 0.0]]).repeat(2, 1)
+    out = apply_top_k_top_p(top2, torch.tensor([1, -1]), torch.tensor([1.0, 1e-6]))
+    assert _kept(out[0]) == {0, 2}
+    assert len(_kept(out[1])) == 1 and _kept(out[1]) < {0, 2}
+
+
+# The sampling paths do not expose their masks: sample every setting DRAWS times in one batch and
+# compare the set of tokens seen with the hand-computed set.
+
+
+def _sampled_sets(
+    params: list[SamplingParams], logits_row: torch.Tensor, fast: bool
+) -> list[frozenset[int]]:
+    """Sample row i of a batch with ``params[i % len(params)]``; the tokens seen per setting."""
+    n = len(params) * DRAWS
+    batch = [params[i % len(params)] for i in range(n)]
+    md = SamplingMetadata.from_params(batch, [0] * n)
+    if fast:
+        assert md.max_top_k is not None  # every random row has a top-k: the candidate path
+    else:
+        md.max_top_k = None  # the full sort
+    torch.manual_seed(1234)
+    tokens = Sampler()(logits_row.repeat(n, 1), md).sampled_token_ids.tolist()
+    return [frozenset(tokens[i :: len(params)]) for i in range(len(params))]
+
+
+def _top_p_params(top_p: float, fast: bool, temperature: float = 1.0) -> SamplingParams:
+    # A top-k of the vocabulary's size keeps everything, and lets the batch take the fast path.
+    top_k = len(PROBS) if fast else -1
+    return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["full_sort", "top_k_path"])
+def test_sampled_sets_equal_the_hand_computed_sets(fast: bool) -> None:
+    row = _log_probs(PROBS)
+    cases: list[tuple[SamplingParams, frozenset[int]]] = [
+        (_top_p_params(p, fast), kept) for p, kept in TOP_P_CASES
+    ]
+    cases += [(SamplingParams(temperature=1.0, top_k=k), kept) for k, kept in TOP_K_CASES]
+    cases += [
+        (SamplingParams(temperature=1.0, top_k=k, top_p=p), kept)
+        for k, p, kept in TOP_K_TOP_P_CASES
+    ]
+    # Temperature first: at 0.5 the probabilities are squared and renormalised (3: 0.749,
+    # 0: 0.187, 4: 0.047, ...), so top_p 0.9 keeps {3, 0}; at temperature 1 it keeps four.
+    cases.append((_top_p_params(0.9, fast, temperature=0.5), frozenset({3, 0})))
+    cases.append((SamplingParams(temperature=0.0), frozenset({3})))  # greedy row in the batch
+    seen = _sampled_sets([p for p, _ in cases], row, fast)
+    assert seen == [kept for _, kept in cases]
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["full_sort", "top_k_path"])
+def test_sampled_sets_with_ties(fast: bool) -> None:
+    # The top-p cut falls inside the tied pair {2, 5}: exactly one of them can be sampled.
+    (seen,) = _sampled_sets([_top_p_params(0.95, fast)], _log_probs(PROBS), fast)
+    assert len(seen) == 5 and {3, 0, 4, 1} < seen
+    # Logits 2 > 1 = 1 = 1 > 0 (tokens 4 > 1, 2, 5 > 0, 3): top_k=2 ties with three tokens.
+    row = torch.tensor([0.0, 1.0, 1.0, 0.0, 2.0, 1.0])
+    k2, k1 = _sampled_sets(
+        [SamplingParams(temperature=1.0, top_k=2), SamplingParams(temperature=1.0, top_k=1)],
+        row,
+        fast,
+    )
+    assert k2 == {4, 1, 2, 5}
+    assert k1 == {4}
+
+
+def test_seeded_top_k_and_top_p_are_batch_invariant_with_ties() -> None:
+    """A seeded row samples the same token whichever path its batch takes, ties included."""
+    n = 256
+    # Logits on a coarse grid (as bf16 logits are): ties at the top-k threshold are common.
+    grid = torch.randint(0, 8, (n, VOCAB), generator=torch.Generator().manual_seed(21)) * 0.25
+    params = [
+        SamplingParams(temperature=0.8, top_k=1 + i % 12, top_p=[1.0, 0.55, 0.85][i % 3], seed=i)
+        for i in range(n)
+    ]
+
+    def run(extra: list[SamplingParams]) -> torch.Tensor:
+        batch = params + extra
+        gens = {i: torch.Generator() for i in range(n)}
+        for i, g in gens.items():
+            seed_generator(g, i, 5)
+        md = SamplingMetadata.from_params(batch, [0] * len(batch), gens)
+        assert (md.max_top_k is None) == bool(extra)
+        logits = torch.cat([grid, torch.zeros(len(extra), VOCAB)])
+        return Sampler()(logits, md).sampled_token_ids[:n]
+
+    # Alone every random row has a top-k: the candidate path. With a row without top-k: the sort.
+    alone = run([])
+    mixed = run([SamplingParams(temperature=1.0)])
+    assert torch.equal(alone, mixed)
+
+
+def _seeded_stream(seed: int, steps: int) -> list[int]:
+    """Tokens a seeded row draws on exactly uniform logits, re-seeded at every step as the runner
+    does: the noise alone decides each token."""
+    sampler = Sampler()
+    gen = torch.Generator()
+    tokens = []
+    for step in range(steps):
+        seed_generator(gen, seed, step)
+        res = sampler(torch.zeros(1, VOCAB), _md(1, temperature=1.0, generators={0: gen}))
+        tokens.append(int(res.sampled_token_ids[0]))
+    return tokens
+
+
+def test_seeded_row_draws_fresh_noise_at_every_step() -> None:
+    tokens = _seeded_stream(123, 32)
+    # 32 uniform draws over 64 tokens: about 25 distinct, 15 or fewer with probability 1.5e-7.
+    # A row that drew the same noise at every step would repeat one token.
+    assert len(set(tokens)) >= 16
+    assert _seeded_stream(123, 32) == tokens
+    other = _seeded_stream(124, 32)
+    assert sum(a == b for a, b in zip(tokens, other)) <= 4  # about 0.5 expected
