@@ -22,6 +22,8 @@ class Envs:
     # Emit NVTX ranges around engine phases (schedule, prepare, forward, sample, copy, update).
     nvtx: bool
     log_level: str
+    # torch intra-op threads on the CPU backend when cpu_threads is not given.
+    cpu_threads: int | None
 
 
 def read_envs() -> Envs:
@@ -31,4 +33,15 @@ def read_envs() -> Envs:
         or os.path.join(os.path.expanduser("~"), ".cache", "cadence"),
         nvtx=bool(_flag("CADENCE_NVTX")),
         log_level=os.environ.get("CADENCE_LOG_LEVEL", "INFO"),
+        cpu_threads=_int("CADENCE_CPU_THREADS"),
     )
+
+
+def _int(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}.") from None

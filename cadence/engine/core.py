@@ -46,6 +46,14 @@ def make_attention_backend(device: str):
     return TorchAttentionBackend()
 
 
+def approx_num_params(hf_config) -> int:
+    """Parameters of a decoder from its config (attention, MLP and embeddings), for sizing."""
+    hidden = hf_config.hidden_size
+    inter = getattr(hf_config, "intermediate_size", 4 * hidden)
+    layers = hf_config.num_hidden_layers
+    return layers * (4 * hidden * hidden + 3 * hidden * inter) + hf_config.vocab_size * hidden
+
+
 class EngineCore:
     def __init__(self, args: EngineArgs, spec: ModelSpec | None = None) -> None:
         from cadence.model.loader import build_model
@@ -57,6 +65,11 @@ class EngineCore:
         device = torch.device(cfg.device)
         self.dtype = resolve_dtype(cfg.model.dtype, cfg.device)
         torch.manual_seed(args.seed)
+        if cfg.device == "cpu":
+            # NOTE: torch's thread count is process-wide; the CPU backend owns it.
+            threads = args.resolve_cpu_threads(approx_num_params(self.spec.hf_config))
+            torch.set_num_threads(threads)
+            logger.info("CPU backend: %d torch thread(s).", threads)
         model = build_model(self.spec, self.dtype, device, cfg.model.load_format,
                             make_attention_backend(cfg.device), args.seed)
         self.runner = ModelRunner(cfg, self.spec, model, self.dtype, device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 
 from cadence.config import CacheConfig, EngineConfig, GraphConfig, ModelConfig, SchedulerConfig
@@ -14,6 +15,8 @@ logger = logging.getLogger(__name__)
 
 _DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _DEFAULT_MAX_CAPTURE_TOKENS = 8192
+# Below this many parameters one CPU thread is fastest (measured: the built-in tiny model).
+SMALL_CPU_MODEL_PARAMS = 100_000_000
 
 
 @dataclass
@@ -40,6 +43,22 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
     device: str = "auto"
+    # torch intra-op threads on the CPU backend (None: CADENCE_CPU_THREADS, else by model size).
+    cpu_threads: int | None = None
+
+    def resolve_cpu_threads(self, num_params: int) -> int:
+        """Threads for the CPU backend: a model's matrices below ~100M parameters are too small
+        to split (one thread is fastest, and immune to spin-waits on a busy machine); larger ones
+        read memory faster with every usable core."""
+        threads = self.cpu_threads if self.cpu_threads is not None else read_envs().cpu_threads
+        if threads is not None:
+            if threads < 1:
+                raise ValueError(f"cpu_threads must be at least 1, got {threads}.")
+            return threads
+        if num_params < SMALL_CPU_MODEL_PARAMS:
+            return 1
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                   else (os.cpu_count() or 1))
 
     def resolve_device(self) -> str:
         import torch
@@ -127,6 +146,10 @@ class EngineArgs:
                             default=d.gpu_memory_utilization)
         parser.add_argument("--block-size", type=int, default=d.block_size)
         parser.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"])
+        parser.add_argument("--cpu-threads", type=int, default=None,
+                            help="torch threads on the CPU backend (default: "
+                                 "$CADENCE_CPU_THREADS, else 1 below 100M parameters, else "
+                                 "every usable core)")
         parser.add_argument("--engine-process", action="store_true",
                             help="run the engine core in a process of its own rather than a "
                                  "thread beside the server's event loop")

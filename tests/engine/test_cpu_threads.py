@@ -1,0 +1,51 @@
+"""CPU thread defaults: one thread for small models, every usable core for large ones, and an
+explicit setting (argument or CADENCE_CPU_THREADS) always wins."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from cadence.engine.core import EngineCore, approx_num_params
+from cadence.engine.engine_args import SMALL_CPU_MODEL_PARAMS, EngineArgs
+from cadence.model.registry import resolve_model
+from tests.tiny import tiny_args
+
+CORES = len(os.sched_getaffinity(0))
+
+
+def test_thread_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CADENCE_CPU_THREADS", raising=False)
+    args = EngineArgs()
+    assert args.resolve_cpu_threads(SMALL_CPU_MODEL_PARAMS - 1) == 1
+    assert args.resolve_cpu_threads(SMALL_CPU_MODEL_PARAMS) == CORES
+    assert EngineArgs(cpu_threads=3).resolve_cpu_threads(10**10) == 3
+    monkeypatch.setenv("CADENCE_CPU_THREADS", "5")
+    assert args.resolve_cpu_threads(1) == 5
+    assert EngineArgs(cpu_threads=2).resolve_cpu_threads(1) == 2  # the argument wins
+    with pytest.raises(ValueError, match="cpu_threads"):
+        EngineArgs(cpu_threads=0).resolve_cpu_threads(1)
+    monkeypatch.setenv("CADENCE_CPU_THREADS", "many")
+    with pytest.raises(ValueError, match="CADENCE_CPU_THREADS"):
+        args.resolve_cpu_threads(1)
+
+
+def test_model_sizes() -> None:
+    # Qwen3-0.6B: 28 layers x (4 x 1024^2 + 3 x 1024 x 3072) + 151936 x 1024 = 537.3M
+    assert approx_num_params(resolve_model("qwen3-0.6b").hf_config) == 537_264_128
+    assert approx_num_params(resolve_model("tiny").hf_config) < SMALL_CPU_MODEL_PARAMS
+
+
+def test_the_cpu_engine_sets_its_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CADENCE_CPU_THREADS", raising=False)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        EngineCore(tiny_args(device="cpu")).shutdown()
+        assert torch.get_num_threads() == 1  # the tiny model: one thread
+        EngineCore(tiny_args(device="cpu", cpu_threads=2)).shutdown()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(previous)
