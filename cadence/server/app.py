@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import metadata
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
@@ -27,9 +27,12 @@ from cadence.server.errors import (
     from_validation_error,
 )
 from cadence.server.lifecycle import InFlightMiddleware, RequestLifecycle, shutting_down_error
+from cadence.server.openapi import Operation, openapi_document
 from cadence.server.protocol import (
     ChatCompletionRequest,
+    ChatCompletionResponse,
     CompletionRequest,
+    CompletionResponse,
     ModelCard,
     ModelList,
     ParamError,
@@ -46,6 +49,14 @@ from cadence.server.sse import (
     ServerStopping,
     run_until_disconnect,
 )
+from cadence.server.tokenization import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    Tokenization,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
+)
 from cadence.server.watchdog import DEFAULT_ENGINE_STALL_TIMEOUT_S, EngineWatchdog
 
 if TYPE_CHECKING:
@@ -58,6 +69,22 @@ logger = logging.getLogger(__name__)
 DEFAULT_BODY_READ_TIMEOUT_S = ServerSettings.body_read_timeout
 
 M = TypeVar("M", bound=BaseModel)
+
+API_OPERATIONS = [
+    Operation("/v1/completions", "POST", "Completions (OpenAI)", CompletionRequest,
+              CompletionResponse, streams=True),
+    Operation("/v1/chat/completions", "POST", "Chat completions (OpenAI)",
+              ChatCompletionRequest, ChatCompletionResponse, streams=True),
+    Operation("/v1/models", "GET", "The served model", response=ModelList),
+    Operation("/tokenize", "POST", "Token ids of a prompt or a conversation (vLLM)",
+              (TokenizeCompletionRequest, TokenizeChatRequest), TokenizeResponse),
+    Operation("/detokenize", "POST", "Text of token ids (vLLM)", DetokenizeRequest,
+              DetokenizeResponse),
+    Operation("/health", "GET", "200 while the engine serves, else 503"),
+    Operation("/ping", "GET", "Same as /health"),
+    Operation("/version", "GET", "The server's version"),
+    Operation("/metrics", "GET", "Prometheus metrics"),
+]
 T = TypeVar("T")
 
 
@@ -114,6 +141,8 @@ class OpenAIServer:
         engine.add_stat_logger(self.metrics)
         self.lifecycle = RequestLifecycle()
         self.watchdog = EngineWatchdog(engine, engine_stall_timeout)
+        self.tokenization = Tokenization(engine)
+        self._openapi: bytes | None = None
 
     async def read_json(self, request: Request, model: type[M]) -> M:
         body = await read_body(request, self.max_request_body_bytes, self.body_read_timeout)
@@ -189,6 +218,29 @@ class OpenAIServer:
             return ServiceUnavailableError(problem, None).response()
         return Response(status_code=200)
 
+    async def tokenize(self, request: Request) -> Response:
+        return await self._tokenizer_route(request, self.tokenization.tokenize)
+
+    async def detokenize(self, request: Request) -> Response:
+        return await self._tokenizer_route(request, self.tokenization.detokenize)
+
+    async def _tokenizer_route(self, request: Request,
+                               work: Callable[[dict[str, Any]], BaseModel]) -> Response:
+        raw = await self._stoppable(
+            read_body(request, self.max_request_body_bytes, self.body_read_timeout))
+        # The tokenizer is the input thread's: never on the loop, never two at once.
+        result = await self.engine.run_in_executor(_tokenizer_call, work, raw,
+                                                   self.completions.check_model)
+        return JSONResponse(result.model_dump(mode="json", exclude_none=True))
+
+    async def openapi(self, request: Request) -> Response:
+        if self._openapi is None:
+            import json
+
+            doc = openapi_document("cadence", cadence_version(), API_OPERATIONS)
+            self._openapi = json.dumps(doc).encode()
+        return Response(self._openapi, media_type="application/json")
+
     async def version(self, request: Request) -> Response:
         return JSONResponse({"version": cadence_version()})
 
@@ -199,6 +251,21 @@ class OpenAIServer:
             except Exception:  # the engine died during the scrape: serve what we have
                 logger.warning("Could not refresh scheduler stats for /metrics.")
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _tokenizer_call(work: Callable[[dict[str, Any]], BaseModel], raw: bytes,
+                    check_model: Callable[[str | None], None]) -> BaseModel:
+    data = parse_json_body(raw)
+    if not isinstance(data, dict):
+        raise BadRequestError("The request body must be a JSON object.", None)
+    model = data.get("model")
+    check_model(model if isinstance(model, str) else None)
+    try:
+        return work(data)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from exc
+    except ParamError as exc:
+        raise BadRequestError(str(exc), exc.param) from exc
 
 
 def _parse_request(body: bytes, model: type[M]) -> M:
@@ -277,6 +344,10 @@ def build_app(
         Route("/v1/chat/completions", server.create_chat_completion, methods=["POST"]),
         Route("/v1/models", server.show_models, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
+        Route("/ping", server.health, methods=["GET", "POST"]),
+        Route("/tokenize", server.tokenize, methods=["POST"]),
+        Route("/detokenize", server.detokenize, methods=["POST"]),
+        Route("/openapi.json", server.openapi, methods=["GET"]),
         Route("/version", server.version, methods=["GET"]),
         Route("/metrics", server.metrics_endpoint, methods=["GET"]),
     ]

@@ -1,0 +1,129 @@
+"""POST /tokenize and /detokenize, with vLLM's request and response shapes.
+
+``/tokenize`` takes a completion-style body (``prompt``; special tokens added by default) or a
+chat-style one (``messages`` rendered through the chat template exactly as
+``/v1/chat/completions`` renders them; the template holds its special tokens). It answers the
+token ids, their count and the context length, and with ``return_token_strs`` each token's
+string. ``/detokenize`` turns ids back into text. Both need the model's tokenizer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
+
+from cadence.server.chat_template import render_chat
+from cadence.server.protocol import (
+    RESERVED_TEMPLATE_KWARGS,
+    ChatMessage,
+    OpenAIModel,
+    ParamError,
+)
+
+if TYPE_CHECKING:
+    from cadence.engine.async_llm import AsyncLLM
+
+__all__ = [
+    "DetokenizeRequest",
+    "DetokenizeResponse",
+    "TokenizeChatRequest",
+    "TokenizeCompletionRequest",
+    "TokenizeResponse",
+    "Tokenization",
+]
+
+# Token ids a request may carry to /detokenize (a context's worth many times over).
+MAX_DETOKENIZE_TOKENS = 1 << 20
+
+
+class TokenizeCompletionRequest(OpenAIModel):
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(OpenAIModel):
+    model: str | None = None
+    messages: list[ChatMessage]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool | None = False
+
+    def check(self) -> None:
+        if not self.messages:
+            raise ParamError("messages", "messages must contain at least one message.")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ParamError(
+                "continue_final_message",
+                "continue_final_message and add_generation_prompt cannot both be true.",
+            )
+        reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(self.chat_template_kwargs or {}))
+        if reserved:
+            raise ParamError("chat_template_kwargs",
+                             f"chat_template_kwargs cannot set {', '.join(reserved)}.")
+
+
+class TokenizeResponse(OpenAIModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(OpenAIModel):
+    model: str | None = None
+    tokens: list[int] = Field(max_length=MAX_DETOKENIZE_TOKENS)
+
+
+class DetokenizeResponse(OpenAIModel):
+    prompt: str
+
+
+class Tokenization:
+    """The tokenizer routes' work over one engine (run in its input thread)."""
+
+    def __init__(self, engine: AsyncLLM) -> None:
+        self.engine = engine
+
+    def _tokenizer(self) -> Any:
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None:
+            raise ParamError("model", "this server runs without a tokenizer.")
+        return tokenizer
+
+    def tokenize(self, body: dict[str, Any]) -> TokenizeResponse:
+        """``body``: the parsed JSON object (chat form when it has ``messages``)."""
+        tokenizer = self._tokenizer()
+        request: TokenizeCompletionRequest | TokenizeChatRequest
+        if "messages" in body:
+            request = TokenizeChatRequest.model_validate(body)
+            request.check()
+            ids = render_chat(
+                tokenizer,
+                request.messages,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                chat_template_kwargs=request.chat_template_kwargs,
+            )
+            if request.add_special_tokens:  # vLLM: also the tokenizer's own specials
+                ids = tokenizer.build_inputs_with_special_tokens(ids)
+        else:
+            request = TokenizeCompletionRequest.model_validate(body)
+            ids = list(tokenizer.encode(request.prompt,
+                                        add_special_tokens=request.add_special_tokens))
+        strs = tokenizer.convert_ids_to_tokens(ids) if request.return_token_strs else None
+        return TokenizeResponse(count=len(ids), max_model_len=self.engine.max_model_len,
+                                tokens=ids, token_strs=strs)
+
+    def detokenize(self, body: dict[str, Any]) -> DetokenizeResponse:
+        tokenizer = self._tokenizer()
+        request = DetokenizeRequest.model_validate(body)
+        vocab = len(tokenizer)
+        bad = next((t for t in request.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ParamError("tokens", f"token id {bad} is outside the vocabulary [0, {vocab}).")
+        return DetokenizeResponse(prompt=tokenizer.decode(request.tokens))

@@ -1,0 +1,118 @@
+"""/tokenize, /detokenize, /ping and /openapi.json, against a real server; expected ids come
+from the tiny model's tokenizer loaded here, independently of the server."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from transformers import AutoTokenizer
+
+from cadence.model.tiny import ensure_tiny_model
+
+TEXT = "Hello my name is Robert and I like tea."
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there!"}]
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer():
+    return AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+
+
+@pytest.fixture
+def http(server) -> httpx.Client:
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+        yield client
+
+
+def test_tokenize_a_prompt(http: httpx.Client, hf_tokenizer, server) -> None:
+    for specials in (True, False):
+        resp = http.post("/tokenize", json={"model": "tiny", "prompt": TEXT,
+                                            "add_special_tokens": specials,
+                                            "return_token_strs": True})
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
+        expected = hf_tokenizer.encode(TEXT, add_special_tokens=specials)
+        assert body["tokens"] == expected and body["count"] == len(expected)
+        assert body["max_model_len"] == server.engine.max_model_len
+        assert body["token_strs"] == hf_tokenizer.convert_ids_to_tokens(expected)
+    plain = http.post("/tokenize", json={"prompt": TEXT}).json()
+    assert "token_strs" not in plain and plain["tokens"] == hf_tokenizer.encode(TEXT)
+
+
+def test_tokenize_a_conversation_as_chat_completions_renders_it(
+    http: httpx.Client, hf_tokenizer
+) -> None:
+    text = hf_tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    expected = hf_tokenizer.encode(text, add_special_tokens=False)
+    body = http.post("/tokenize", json={"messages": CHAT}).json()
+    assert body["tokens"] == expected
+    # The chat endpoint counts the same prompt.
+    chat = http.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 1}).json()
+    assert chat["usage"]["prompt_tokens"] == body["count"]
+    no_prompt = http.post("/tokenize", json={"messages": CHAT, "add_generation_prompt": False})
+    text2 = hf_tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=False)
+    assert no_prompt.json()["tokens"] == hf_tokenizer.encode(text2, add_special_tokens=False)
+
+
+def test_detokenize_inverts_tokenize(http: httpx.Client, hf_tokenizer) -> None:
+    ids = hf_tokenizer.encode(TEXT, add_special_tokens=False)
+    resp = http.post("/detokenize", json={"model": "tiny", "tokens": ids})
+    assert resp.status_code == 200 and resp.json() == {"prompt": hf_tokenizer.decode(ids)}
+    assert resp.json()["prompt"] == TEXT
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "status", "param"),
+    [
+        ("/tokenize", {"model": "tiny"}, 400, "prompt"),
+        ("/tokenize", {"prompt": 3}, 400, "prompt"),
+        ("/tokenize", {"messages": []}, 400, "messages"),
+        ("/tokenize", {"messages": CHAT, "chat_template_kwargs": {"tokenize": True}}, 400,
+         "chat_template_kwargs"),
+        ("/tokenize", {"prompt": "x", "model": "other"}, 404, "model"),
+        ("/tokenize", [1, 2], 400, None),
+        ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
+        ("/detokenize", {"tokens": [10**12]}, 400, "tokens"),
+        ("/detokenize", {"tokens": "abc"}, 400, "tokens"),
+        ("/detokenize", {}, 400, "tokens"),
+    ],
+)
+def test_bad_input_is_a_4xx_naming_the_parameter(
+    http: httpx.Client, route: str, body: object, status: int, param: str | None
+) -> None:
+    resp = http.post(route, json=body)
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert err["param"] == param and err["message"]
+    assert http.get("/health").status_code == 200
+
+
+def test_ping(http: httpx.Client) -> None:
+    assert http.get("/ping").status_code == 200
+    assert http.post("/ping").status_code == 200
+
+
+def test_openapi_document_describes_every_route(http: httpx.Client) -> None:
+    resp = http.get("/openapi.json")
+    assert resp.status_code == 200
+    doc = resp.json()
+    assert doc["openapi"].startswith("3.")
+    routes = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize",
+              "/detokenize", "/health", "/ping", "/version", "/metrics"}
+    assert routes <= set(doc["paths"])
+    schemas = doc["components"]["schemas"]
+    assert {"CompletionRequest", "ChatCompletionRequest", "TokenizeResponse"} <= set(schemas)
+    assert "max_tokens" in schemas["CompletionRequest"]["properties"]
+
+    def refs(node: object) -> list[str]:
+        if isinstance(node, dict):
+            return [v for k, v in node.items() if k == "$ref"] + [
+                r for v in node.values() for r in refs(v)]
+        if isinstance(node, list):
+            return [r for v in node for r in refs(v)]
+        return []
+
+    found = refs(doc)
+    assert found and all(r.split("/")[-1] in schemas for r in found)
+    post = doc["paths"]["/v1/completions"]["post"]
+    assert "text/event-stream" in post["responses"]["200"]["content"]
