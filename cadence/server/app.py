@@ -143,11 +143,19 @@ class OpenAIServer:
         self.watchdog = EngineWatchdog(engine, engine_stall_timeout)
         self.tokenization = Tokenization(engine)
         self._openapi: bytes | None = None
+        self._unknown_fields_logged: set[str] = set()
 
     async def read_json(self, request: Request, model: type[M]) -> M:
         body = await read_body(request, self.max_request_body_bytes, self.body_read_timeout)
         # Parsing and validating a body of megabytes is CPU work: off the event loop.
-        return await self.engine.run_cpu(len(body), _parse_request, body, model)
+        parsed, unknown = await self.engine.run_cpu(len(body), _parse_request, body, model)
+        if unknown and not unknown <= self._unknown_fields_logged:
+            new = sorted(unknown - self._unknown_fields_logged)
+            self._unknown_fields_logged |= unknown
+            # Once per name, as a hint to the client's author: unknown fields are ignored.
+            logger.warning("Ignored unknown field(s) in a %s: %s (logged once per name).",
+                           model.__name__, ", ".join(new))
+        return parsed
 
     # -- routes ------------------------------------------------------------------------------
     async def create_completion(self, request: Request) -> Response:
@@ -268,7 +276,8 @@ def _tokenizer_call(work: Callable[[dict[str, Any]], BaseModel], raw: bytes,
         raise BadRequestError(str(exc), exc.param) from exc
 
 
-def _parse_request(body: bytes, model: type[M]) -> M:
+def _parse_request(body: bytes, model: type[M]) -> tuple[M, set[str]]:
+    """The validated request, and the names of the top-level fields it ignored."""
     data = parse_json_body(body)
     try:
         parsed = model.model_validate(data)
@@ -278,7 +287,9 @@ def _parse_request(body: bytes, model: type[M]) -> M:
         parsed.check()  # type: ignore[attr-defined]
     except ParamError as exc:
         raise BadRequestError(str(exc), exc.param) from exc
-    return parsed
+    known = model.model_fields.keys()
+    unknown = {k for k in data if k not in known} if isinstance(data, dict) else set()
+    return parsed, unknown
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

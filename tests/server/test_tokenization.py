@@ -116,3 +116,21 @@ def test_openapi_document_describes_every_route(http: httpx.Client) -> None:
     assert found and all(r.split("/")[-1] in schemas for r in found)
     post = doc["paths"]["/v1/completions"]["post"]
     assert "text/event-stream" in post["responses"]["200"]["content"]
+
+
+def test_unknown_fields_are_ignored_and_logged_once_per_name(
+    http: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="cadence.server.app")
+    body = {"prompt": "Hi", "max_tokens": 2, "frobnicate": 1, "zzz_unknown": True}
+    for _ in range(3):
+        assert http.post("/v1/completions", json=body).status_code == 200
+    logged = [r.getMessage() for r in caplog.records if "unknown field" in r.getMessage()]
+    assert len(logged) == 1 and "frobnicate, zzz_unknown" in logged[0]
+    assert "CompletionRequest" in logged[0]
+    chat = {"messages": CHAT, "max_tokens": 1, "frobnicate": 2, "another_one": 3}
+    assert http.post("/v1/chat/completions", json=chat).status_code == 200
+    logged = [r.getMessage() for r in caplog.records if "unknown field" in r.getMessage()]
+    assert len(logged) == 2 and logged[1].endswith("another_one (logged once per name).")
