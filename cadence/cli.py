@@ -1,4 +1,4 @@
-"""The `cadence` command: generate, serve, bench."""
+"""The cadence command: generate completions, serve an OpenAI-compatible API, benchmark."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from cadence.cli_config import add_config_arg, expand_config
 from cadence.envs import read_envs
 from cadence.user_errors import one_line_errors
 
@@ -39,23 +40,50 @@ def _generate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cadence_version() -> str:
+    """The installed package's version, else the source tree's."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("cadence")
+    except metadata.PackageNotFoundError:
+        from cadence import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     from cadence.engine.engine_args import EngineArgs
 
     parser = argparse.ArgumentParser(prog="cadence", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"cadence {cadence_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    gen = sub.add_parser("generate", help="generate completions for prompts and print them")
+    gen = sub.add_parser("generate", help="generate completions for prompts and print them",
+                         description="Generate completions for prompts with the offline engine "
+                                     "(vLLM's LLM.generate) and print them.")
+    add_config_arg(gen)
     EngineArgs.add_cli_args(gen)
-    gen.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
-    gen.add_argument("--max-tokens", type=int, default=32)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=-1)
-    gen.add_argument("--sampling-seed", type=int, default=None)
-    gen.add_argument("--stop", action="append")
-    gen.add_argument("--show-prompt", action="store_true")
-    gen.add_argument("-v", "--verbose", action="store_true")
+    gen.add_argument("--prompt", action="append",
+                     help="a prompt (repeat for several) (default: 'Hello, my name is')")
+    gen.add_argument("--max-tokens", type=int, default=32,
+                     help="most tokens to generate per prompt (default: %(default)s)")
+    gen.add_argument("--temperature", type=float, default=0.0,
+                     help="sampling temperature; 0 = greedy (default: %(default)s)")
+    gen.add_argument("--top-p", type=float, default=1.0,
+                     help="nucleus sampling: keep the most likely tokens up to this "
+                          "probability mass (default: %(default)s)")
+    gen.add_argument("--top-k", type=int, default=-1,
+                     help="keep the k most likely tokens; -1 = all (default: %(default)s)")
+    gen.add_argument("--sampling-seed", type=int, default=None,
+                     help="seed of each request's sampling, for repeatable output "
+                          "(default: none)")
+    gen.add_argument("--stop", action="append",
+                     help="a stop string, not included in the output (repeat for several)")
+    gen.add_argument("--show-prompt", action="store_true",
+                     help="print each prompt before its completion")
+    gen.add_argument("-v", "--verbose", action="store_true",
+                     help="print each completion's token count and finish reason")
     gen.set_defaults(func=_generate)
 
     from cadence.server.cli import add_serve_parser
@@ -79,11 +107,29 @@ def _bench(ns: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=read_envs().log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    parser = build_parser()
-    ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = list(sys.argv[1:] if argv is None else argv)
+    with one_line_errors("cadence " + (args[0] if args else "")):  # a bad --config file
+        ns = parse_args(args)
     prog = f"cadence {ns.command}" + (f" {ns.which}" if ns.command == "bench" else "")
     with one_line_errors(prog):
         return int(ns.func(ns) or 0)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """``argv`` as ``cadence`` reads it: option names may have underscores, and the options of
+    a ``--config`` file come before the command line's (``ValueError`` for a mistake there)."""
+    parser = build_parser()
+    args = list(argv)
+    if args and args[0] in ("generate", "serve"):
+        args = [args[0], *expand_config(_subcommands(parser)[args[0]], args[1:])]
+    return parser.parse_args(args)
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:  # argparse has no public lookup
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 if __name__ == "__main__":

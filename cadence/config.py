@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 SCHEDULING_POLICIES = ("fcfs", "priority")
 LOAD_FORMATS = ("auto", "dummy", "safetensors")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+# vLLM's other spellings (--dtype half / float), resolved to the names above by EngineArgs.
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 
 
 @dataclass(frozen=True)
@@ -17,6 +19,7 @@ class ModelConfig:
     seed: int = 0
     skip_tokenizer_init: bool = False
     max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
+    tokenizer: str | None = None  # None: the model directory's own tokenizer (if any)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -8,7 +8,15 @@ import logging
 import os
 from dataclasses import dataclass
 
-from cadence.config import CacheConfig, EngineConfig, GraphConfig, ModelConfig, SchedulerConfig
+from cadence.config import (
+    DTYPE_ALIASES,
+    DTYPES,
+    CacheConfig,
+    EngineConfig,
+    GraphConfig,
+    ModelConfig,
+    SchedulerConfig,
+)
 from cadence.envs import read_envs
 
 logger = logging.getLogger(__name__)
@@ -37,7 +45,14 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"
     load_format: str = "auto"
     enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    # A tokenizer directory other than the model's ("tiny": the built-in model's tokenizer).
+    tokenizer: str | None = None
     skip_tokenizer_init: bool = False
+    # Accepted as vLLM does; cadence runs only its built-in architectures, never remote code.
+    trust_remote_code: bool = False
+    # vLLM's hub revision: cadence never downloads, so any value is an error.
+    revision: str | None = None
     seed: int = 0
     num_gpu_blocks_override: int | None = None
     gpu_memory_utilization: float = 0.9
@@ -45,6 +60,14 @@ class EngineArgs:
     device: str = "auto"
     # torch intra-op threads on the CPU backend (None: CADENCE_CPU_THREADS, else by model size).
     cpu_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
+        if self.revision is not None:
+            raise ValueError(
+                f"revision={self.revision!r}: cadence never downloads models, so --revision has "
+                "no meaning here; pass a local model directory checked out at that revision."
+            )
 
     def resolve_cpu_threads(self, num_params: int) -> int:
         """Threads for the CPU backend: a model's matrices below ~100M parameters are too small
@@ -80,12 +103,11 @@ class EngineArgs:
 
     def create_engine_config(self, max_model_len: int) -> EngineConfig:
         """``max_model_len`` is the resolved context length (the model registry decides it)."""
-        batched = self.max_num_batched_tokens or max(_DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                                                     min(max_model_len, 16384))
+        batched = self.max_num_batched_tokens or self.default_max_num_batched_tokens(max_model_len)
         return EngineConfig(
             model=ModelConfig(model=self.model, dtype=self.dtype, load_format=self.load_format,
                               seed=self.seed, skip_tokenizer_init=self.skip_tokenizer_init,
-                              max_model_len=max_model_len),
+                              max_model_len=max_model_len, tokenizer=self.tokenizer),
             cache=CacheConfig(block_size=self.block_size,
                               enable_prefix_caching=self.enable_prefix_caching,
                               num_gpu_blocks_override=self.num_gpu_blocks_override,
@@ -94,12 +116,18 @@ class EngineArgs:
                                       max_num_batched_tokens=batched,
                                       max_model_len=max_model_len,
                                       policy=self.scheduling_policy,
-                                      async_scheduling=self.resolve_async_scheduling()),
+                                      async_scheduling=self.resolve_async_scheduling(),
+                                      enable_chunked_prefill=self.enable_chunked_prefill),
             device=self.resolve_device(),
             graphs=GraphConfig(enforce_eager=self.enforce_eager,
                                max_capture_tokens=self.resolve_max_capture_tokens(batched),
                                emulate=self.emulate_graphs),
         )
+
+    def default_max_num_batched_tokens(self, max_model_len: int) -> int:
+        if not self.enable_chunked_prefill:  # a whole prompt must fit one step (as vLLM)
+            return max(_DEFAULT_MAX_NUM_BATCHED_TOKENS, max_model_len)
+        return max(_DEFAULT_MAX_NUM_BATCHED_TOKENS, min(max_model_len, 16384))
 
     def resolve_max_capture_tokens(self, max_num_batched_tokens: int) -> int:
         if self.max_capture_tokens is not None:
@@ -112,40 +140,84 @@ class EngineArgs:
     # CLI ------------------------------------------------------------------------------------
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
+        """The engine flags, with vLLM's names and meanings."""
         d = EngineArgs()
+        model_help = "HF model directory, a shape preset, or 'tiny' (default: %(default)s)"
         if model_positional:
-            parser.add_argument("model", nargs="?", default=d.model,
-                                help="HF model directory, a shape preset, or 'tiny' (default)")
+            parser.add_argument("model", nargs="?", default=d.model, help=model_help)
         else:
-            parser.add_argument("--model", default=d.model,
-                                help="HF model directory, a shape preset, or 'tiny' (default)")
+            parser.add_argument("--model", default=d.model, help=model_help)
+        parser.add_argument("--tokenizer", default=None, metavar="DIR",
+                            help="tokenizer directory to use instead of the model's ('tiny': the "
+                                 "built-in model's); lets a shape preset take text prompts "
+                                 "(default: the model directory's)")
         parser.add_argument("--dtype", default=d.dtype,
-                            choices=["auto", "float32", "float16", "bfloat16"])
-        parser.add_argument("--max-model-len", type=int, default=None)
-        parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
-        parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+                            choices=["auto", *DTYPE_ALIASES, *DTYPES[1:]],
+                            help="weights and activations; half = float16, float = float32, "
+                                 "auto = bfloat16 on CUDA, float32 on the CPU "
+                                 "(default: %(default)s)")
+        parser.add_argument("--max-model-len", type=int, default=None,
+                            help="context length, prompt plus output (default: the model's "
+                                 "max_position_embeddings)")
+        parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
+                            help="most requests running in one step (default: %(default)s)")
+        parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                            help="most tokens in one step (default: max(8192, max-model-len up "
+                                 "to 16384); without chunked prefill at least max-model-len)")
+        parser.add_argument("--enable-chunked-prefill", dest="enable_chunked_prefill",
+                            action="store_true", default=d.enable_chunked_prefill,
+                            help="split long prompts over several steps, beside decodes "
+                                 "(default: on)")
+        parser.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill",
+                            action="store_false",
+                            help="schedule each prompt whole in one step")
+        parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching",
+                            action="store_true", default=d.enable_prefix_caching,
+                            help="reuse the KV blocks of earlier prompts' common prefixes "
+                                 "(default: on)")
+        parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
+                            action="store_false", help="turn prefix caching off")
         parser.add_argument("--enforce-eager", action="store_true",
                             help="run every step eagerly (no CUDA graphs)")
         parser.add_argument("--max-capture-tokens", type=_non_negative_int, default=None,
                             help="capture mixed prefill/decode steps as CUDA graphs up to this "
                                  "many tokens; 0 = decode graphs only (default: 8192)")
         parser.add_argument("--async-scheduling", dest="async_scheduling",
-                            action="store_true", default=None)
+                            action="store_true", default=None,
+                            help="schedule step N+1 while step N runs (default: on, or "
+                                 "$CADENCE_ASYNC_SCHEDULING)")
         parser.add_argument("--no-async-scheduling", dest="async_scheduling",
-                            action="store_false")
+                            action="store_false", help="schedule each step after the last one")
         parser.add_argument("--scheduling-policy", default=d.scheduling_policy,
-                            choices=["fcfs", "priority"])
+                            choices=["fcfs", "priority"],
+                            help="which waiting request runs first: arrival order, or the "
+                                 "request's priority (default: %(default)s)")
         parser.add_argument("--load-format", default=d.load_format,
-                            choices=["auto", "dummy", "safetensors"])
-        parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
-                            action="store_false", default=True)
-        parser.add_argument("--skip-tokenizer-init", action="store_true")
-        parser.add_argument("--seed", type=int, default=d.seed)
-        parser.add_argument("--num-gpu-blocks-override", type=int, default=None)
+                            choices=["auto", "dummy", "safetensors"],
+                            help="dummy = random weights of the model's shapes (needed for "
+                                 "shape presets) (default: %(default)s)")
+        parser.add_argument("--skip-tokenizer-init", action="store_true",
+                            help="load no tokenizer: token-id prompts only, no text in outputs")
+        parser.add_argument("--trust-remote-code", action="store_true",
+                            help="accepted for vLLM compatibility and changes nothing: cadence "
+                                 "runs only its built-in architectures, never a model's own code")
+        parser.add_argument("--revision", default=None,
+                            help="not supported: cadence never downloads models, so giving it "
+                                 "is an error")
+        parser.add_argument("--seed", type=int, default=d.seed,
+                            help="random seed of dummy weights and unseeded sampling "
+                                 "(default: %(default)s)")
+        parser.add_argument("--num-gpu-blocks-override", type=int, default=None,
+                            help="KV cache blocks to allocate, instead of sizing the cache from "
+                                 "--gpu-memory-utilization")
         parser.add_argument("--gpu-memory-utilization", type=float,
-                            default=d.gpu_memory_utilization)
-        parser.add_argument("--block-size", type=int, default=d.block_size)
-        parser.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"])
+                            default=d.gpu_memory_utilization,
+                            help="fraction of the device's memory for weights, activations and "
+                                 "KV cache (default: %(default)s)")
+        parser.add_argument("--block-size", type=int, default=d.block_size,
+                            help="tokens per KV cache block (default: %(default)s)")
+        parser.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
+                            help="auto = cuda when available (default: %(default)s)")
         parser.add_argument("--cpu-threads", type=int, default=None,
                             help="torch threads on the CPU backend (default: "
                                  "$CADENCE_CPU_THREADS, else 1 below 100M parameters, else "

@@ -159,8 +159,9 @@ class InputProcessor:
     def _tokenize(self, text: str) -> list[int]:
         if self.tokenizer is None:
             raise InputValidationError(
-                "Text prompts need a tokenizer, and this engine was started with "
-                "skip_tokenizer_init=True; pass {'prompt_token_ids': [...]} instead.",
+                "Text prompts need a tokenizer, and this engine has none (skip_tokenizer_init, "
+                "or a model without tokenizer files: see --tokenizer); pass "
+                "{'prompt_token_ids': [...]} instead.",
                 "prompt",
             )
         if not text:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -27,12 +28,42 @@ class ModelSpec:
     is_preset: bool
 
 
-def resolve_model(model: str, max_model_len: int | None = None) -> ModelSpec:
+def resolve_model(
+    model: str, max_model_len: int | None = None, tokenizer: str | None = None
+) -> ModelSpec:
     """Resolve ``model`` without any network access.
 
     ``"tiny"`` is the built-in model (generated on first use), a preset name gives a config
     without weights, anything else must be a local HF directory with a ``config.json``.
+    ``tokenizer`` (``--tokenizer``) replaces the model's own tokenizer, if any.
     """
+    spec = _resolve(model, max_model_len)
+    if tokenizer is None:
+        return spec
+    return dataclasses.replace(spec, tokenizer_path=resolve_tokenizer(tokenizer))
+
+
+def resolve_tokenizer(tokenizer: str) -> str:
+    """The directory of ``--tokenizer``: ``"tiny"`` (the built-in model's) or a local directory
+    with tokenizer files."""
+    if tokenizer == TINY_MODEL:
+        from cadence.model.tiny import ensure_tiny_model
+
+        return str(ensure_tiny_model())
+    path = Path(tokenizer).expanduser()
+    if not path.is_dir():
+        raise ValueError(
+            f"--tokenizer {tokenizer!r} is not a directory; tokenizers are never downloaded."
+        )
+    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        raise ValueError(
+            f"--tokenizer directory {tokenizer!r} has no tokenizer files "
+            f"({', '.join(_TOKENIZER_FILES)})."
+        )
+    return str(path)
+
+
+def _resolve(model: str, max_model_len: int | None) -> ModelSpec:
     if model == TINY_MODEL:
         from cadence.model.tiny import ensure_tiny_model
 

@@ -78,7 +78,6 @@ def _front_end_main(
             options.settings,
             served_model_name=options.served_model_name,
             api_key=options.api_key,
-            log_level=options.log_level,
             signals=(signal.SIGTERM,),
             front_end_index=index,
         )
@@ -143,8 +142,10 @@ def run_api_servers(args: EngineArgs, options: FrontEndOptions, count: int) -> i
             ch.replies.close()
         port = sock.getsockname()[1]
         sock.close()
-        logger.info("Serving on http://%s:%d with %d API server processes (pids %s) over the "
-                    "engine-core process (pid %s); API key %s", settings.host, port,
+        logger.info("Serving on %s://%s:%d%s with %d API server processes (pids %s) over the "
+                    "engine-core process (pid %s); API key %s",
+                    "https" if settings.ssl_certfile else "http", settings.host, port,
+                    settings.root_path,
                     count, ", ".join(str(p.pid) for p in fronts), core.pid,
                     "required" if options.api_key else "not required")
         running = {p.sentinel: p for p in fronts}

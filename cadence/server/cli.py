@@ -6,10 +6,19 @@ import argparse
 import logging
 from typing import Any
 
+from cadence.cli_config import add_config_arg, expand_config, json_string_list
 from cadence.engine.engine_args import EngineArgs
-from cadence.server.settings import ServerSettings
+from cadence.server.settings import UVICORN_LOG_LEVELS, ServerSettings
+from cadence.user_errors import one_line_errors
 
 logger = logging.getLogger("cadence.serve")
+
+
+DESCRIPTION = (
+    "Serve MODEL (default: the built-in 'tiny' model) with an OpenAI-compatible HTTP API "
+    "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics and more). "
+    "Flags have vLLM's names and meanings."
+)
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -18,17 +27,20 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         nargs="?",
         default=None,
         metavar="MODEL",
-        help="built-in model name or HF checkpoint directory (default: tiny)",
+        help="built-in model name, shape preset or HF checkpoint directory (default: tiny)",
     )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    add_config_arg(parser)
+    defaults = ServerSettings()
+    parser.add_argument("--host", default=defaults.host,
+                        help="address to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=defaults.port,
+                        help="port to listen on; 0 = any free port (default: %(default)s)")
     parser.add_argument(
         "--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*"
     )
     parser.add_argument(
         "--served-model-name", default=None, help="model name in the API (default: MODEL)"
     )
-    defaults = ServerSettings()
     parser.add_argument(
         "--max-request-body-bytes",
         type=int,
@@ -81,20 +93,59 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "than 1 implies --engine-process; for hundreds of concurrent streams) "
         "(default: %(default)s)",
     )
+    _add_http_args(parser, defaults)
     parser.add_argument(
-        "--log-level", default="info", choices=("debug", "info", "warning", "error")
+        "--log-level", default="info", choices=("debug", "info", "warning", "error"),
+        help="cadence's own log level (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--uvicorn-log-level", default=None, choices=UVICORN_LOG_LEVELS,
+        help="uvicorn's log level (its start-up lines and access log) (default: --log-level, "
+        "which is info unless given)",
     )
     parser.add_argument(
         "--enable-log-requests", action="store_true", help="log each request's start and end"
+    )
+    parser.add_argument(
+        "--disable-log-stats", action="store_true",
+        help="accepted for vLLM compatibility and changes nothing: cadence logs no periodic "
+        "stats (/metrics is always served)",
     )
     EngineArgs.add_cli_args(parser)
     return parser
 
 
+def _add_http_args(parser: argparse.ArgumentParser, defaults: ServerSettings) -> None:
+    """CORS, TLS and the proxy path prefix (vLLM's flags, uvicorn's meanings)."""
+    examples = {"origins": '["https://app.example"]', "methods": '["GET", "POST"]',
+                "headers": '["Authorization", "Content-Type"]'}
+    for name, example in examples.items():
+        parser.add_argument(
+            f"--allowed-{name}",
+            type=json_string_list,
+            default=list(getattr(defaults, f"allowed_{name}")),
+            metavar="JSON",
+            help=f"CORS: allowed {name}, a JSON list such as '{example}' (default: [\"*\"])",
+        )
+    parser.add_argument(
+        "--allow-credentials", action="store_true",
+        help="CORS: allow credentials (cookies, Authorization) in cross-origin requests",
+    )
+    parser.add_argument("--ssl-keyfile", default=None, metavar="FILE",
+                        help="TLS private key (PEM); serve HTTPS with --ssl-certfile")
+    parser.add_argument("--ssl-certfile", default=None, metavar="FILE",
+                        help="TLS certificate chain (PEM); serve HTTPS")
+    parser.add_argument(
+        "--root-path", default=defaults.root_path, metavar="PATH",
+        help="the path prefix under which a routing proxy serves this server, e.g. /llm; "
+        "requests may come with or without it (default: none)",
+    )
+
+
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``serve`` on the ``cadence`` command's subparsers (dispatch: ``args.func``)."""
     parser = subparsers.add_parser(
-        "serve", help="serve a model with an OpenAI-compatible HTTP API", description=__doc__
+        "serve", help="serve a model with an OpenAI-compatible HTTP API", description=DESCRIPTION
     )
     add_serve_args(parser)
     parser.set_defaults(func=run_serve)
@@ -119,6 +170,14 @@ def settings_from(ns: argparse.Namespace) -> ServerSettings:
         engine_stall_timeout=ns.engine_stall_timeout,
         http=ns.http,
         api_server_count=ns.api_server_count,
+        uvicorn_log_level=ns.uvicorn_log_level or ns.log_level,
+        allowed_origins=tuple(ns.allowed_origins),
+        allowed_methods=tuple(ns.allowed_methods),
+        allowed_headers=tuple(ns.allowed_headers),
+        allow_credentials=ns.allow_credentials,
+        ssl_keyfile=ns.ssl_keyfile,
+        ssl_certfile=ns.ssl_certfile,
+        root_path=ns.root_path,
     )
 
 
@@ -126,11 +185,13 @@ def run_serve(ns: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM (exit status 0) or until the engine dies (status 1)."""
     from cadence.engine.async_llm import AsyncLLM
     from cadence.server.launcher import bind_socket, build_server
+    from cadence.server.middleware import check_ssl_files
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(ns.log_level.upper())
     settings = settings_from(ns)  # a ValueError is a one-line error (cadence.user_errors)
     args = engine_args_from(ns)
+    check_ssl_files(settings)
     if settings.api_server_count > 1:
         return _run_api_servers(ns, settings, args)
     logger.info("Engine arguments: %s", args)
@@ -158,12 +219,13 @@ def run_serve(ns: argparse.Namespace) -> int:
             settings,
             served_model_name=ns.served_model_name,
             api_key=ns.api_key,
-            log_level=ns.log_level,
         )
         logger.info(
-            "Serving on http://%s:%d (API key %s)",
+            "Serving on %s://%s:%d%s (API key %s)",
+            "https" if settings.ssl_certfile else "http",
             ns.host,
             sock.getsockname()[1],
+            settings.root_path,
             "required" if ns.api_key else "not required",
         )
         server.run(sockets=[sock])
@@ -186,5 +248,9 @@ def _run_api_servers(ns: argparse.Namespace, settings: ServerSettings, args: Eng
 
 
 def serve_main(argv: list[str] | None = None) -> int:
-    parser = add_serve_args(argparse.ArgumentParser(prog="cadence serve", description=__doc__))
-    return run_serve(parser.parse_args(argv))
+    import sys
+
+    parser = add_serve_args(argparse.ArgumentParser(prog="cadence serve", description=DESCRIPTION))
+    with one_line_errors(parser.prog):
+        ns = parser.parse_args(expand_config(parser, sys.argv[1:] if argv is None else argv))
+        return run_serve(ns)

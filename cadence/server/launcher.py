@@ -27,6 +27,7 @@ import uvicorn
 
 from cadence.server.app import build_app
 from cadence.server.http_protocol import timed_h11_protocol
+from cadence.server.middleware import wrap_app
 from cadence.server.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -174,7 +175,6 @@ def build_server(
     *,
     served_model_name: str | None = None,
     api_key: str | None = None,
-    log_level: str = "info",
     signals: tuple[int, ...] = _SIGNALS,
     front_end_index: int | None = None,
 ) -> CadenceServer:
@@ -191,7 +191,7 @@ def build_server(
         front_end_index=front_end_index,
     )
     config = uvicorn.Config(
-        app,
+        wrap_app(app, settings),
         host=settings.host,
         port=settings.port,
         http=http_protocol(
@@ -199,7 +199,9 @@ def build_server(
         ),
         timeout_keep_alive=settings.timeout_keep_alive,  # type: ignore[arg-type]
         timeout_graceful_shutdown=settings.shutdown_timeout + _UVICORN_BACKSTOP_S,  # type: ignore[arg-type]
-        log_level=log_level,
+        log_level=settings.uvicorn_log_level,
+        ssl_keyfile=settings.ssl_keyfile,
+        ssl_certfile=settings.ssl_certfile,
         lifespan="off",
     )
     server = app.state.server

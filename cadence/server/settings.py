@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_MAX_REQUEST_BODY_BYTES", "ServerSettings"]
+__all__ = ["DEFAULT_MAX_REQUEST_BODY_BYTES", "UVICORN_LOG_LEVELS", "ServerSettings"]
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 1024 * 1024
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+_CORS_LISTS = ("allowed_origins", "allowed_methods", "allowed_headers")
 
 
 @dataclass(frozen=True)
@@ -33,8 +35,33 @@ class ServerSettings:
     http: str = "auto"
     # API server processes over one engine-core process; more than 1 implies engine_process.
     api_server_count: int = 1
+    # uvicorn's own loggers (startup lines, access log, protocol errors).
+    uvicorn_log_level: str = "info"
+    # CORS, as vLLM: every origin, method and header allowed unless narrowed; no credentials.
+    allowed_origins: tuple[str, ...] = ("*",)
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    # HTTPS when given (the key may also be inside the certificate file).
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    # The path prefix a routing proxy serves this server under ("" for none).
+    root_path: str = ""
 
     def __post_init__(self) -> None:
+        for name in _CORS_LISTS:
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"{name} must be a list of strings, got {value!r}.")
+            object.__setattr__(self, name, tuple(value))  # lists from JSON or YAML
+        if self.uvicorn_log_level not in UVICORN_LOG_LEVELS:
+            raise ValueError(f"uvicorn_log_level must be one of {UVICORN_LOG_LEVELS}, "
+                             f"got {self.uvicorn_log_level!r}.")
+        if self.ssl_keyfile is not None and self.ssl_certfile is None:
+            raise ValueError("--ssl-keyfile needs --ssl-certfile (the certificate to serve).")
+        if self.root_path and (not self.root_path.startswith("/") or self.root_path.endswith("/")):
+            raise ValueError(f"root_path must start with '/' and not end with one (e.g. '/llm'), "
+                             f"got {self.root_path!r}.")
         if not 1 <= self.api_server_count <= 64:
             raise ValueError(f"api_server_count must be in [1, 64], got {self.api_server_count}.")
         if self.http not in ("auto", "h11", "httptools"):

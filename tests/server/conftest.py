@@ -48,8 +48,10 @@ def start_server(engine: AsyncLLM, **kwargs: Any) -> RunningServer:
     port = free_port()
     names = ("api_key", "served_model_name")
     app_kwargs = {k: kwargs.pop(k) for k in names if k in kwargs}
-    settings = ServerSettings(**{"port": port, "shutdown_timeout": 2.0, **kwargs})
-    server = build_server(engine, settings, log_level="warning", **app_kwargs)
+    settings = ServerSettings(
+        **{"port": port, "shutdown_timeout": 2.0, "uvicorn_log_level": "warning", **kwargs}
+    )
+    server = build_server(engine, settings, **app_kwargs)
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

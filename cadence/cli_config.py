@@ -1,0 +1,145 @@
+"""vLLM's ways of writing options: ``--config FILE.yaml`` and underscores in option names.
+
+A config file is a YAML mapping of long option names (``max-model-len``, ``max_model_len`` or
+``--max-model-len``) to values. Its options go in front of the command line's, so that a flag
+given on the command line wins (as in vLLM). ``true`` gives a switch, ``false`` its ``--no-``
+form where there is one; a list gives a repeatable flag once per item, or a JSON list where the
+flag takes one (``allowed-origins``); ``null`` leaves the default. Every key and value is checked
+here, so that a mistake is one line naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_config_arg", "expand_config", "json_string_list"]
+
+_CONFIG = "--config"
+
+
+def add_config_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        _CONFIG,
+        metavar="FILE.yaml",
+        default=None,
+        help="read options from a YAML mapping of long option names to values (as vLLM's "
+        "--config); flags on the command line override them",
+    )
+
+
+def json_string_list(text: str) -> list[str]:
+    """An argparse ``type``: a JSON list of strings, e.g. ``'["https://a.example"]'``."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON list of strings such as '[\"*\"]', got {text!r}"
+        ) from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {text!r}")
+    return value
+
+
+def expand_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """``argv`` (a subcommand's arguments) with underscores in option names turned into dashes
+    and the options of its ``--config`` file, if any, in front. ``ValueError`` for a mistake in
+    the file."""
+    args = _dashes(argv)
+    paths = [a[len(_CONFIG) + 1:] for a in args if a.startswith(_CONFIG + "=")]
+    paths += [args[i + 1] for i, a in enumerate(args[:-1]) if a == _CONFIG]
+    if not paths:
+        return args
+    if len(paths) > 1:
+        raise ValueError(f"{_CONFIG} given {len(paths)} times; give one file.")
+    return [*_file_args(parser, paths[0]), *args]
+
+
+def _dashes(argv: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg == "--":  # everything after it is positional
+            return out + list(argv[i:])
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            arg = name.replace("_", "-") + eq + value
+        out.append(arg)
+    return out
+
+
+def _file_args(parser: argparse.ArgumentParser, path: str) -> list[str]:
+    import yaml
+
+    where = f"{_CONFIG} {path}"
+    if Path(path).suffix not in (".yaml", ".yml"):
+        raise ValueError(f"{where}: the config file must be YAML (.yaml or .yml).")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        raise ValueError(f"{where}: cannot read it: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        problem = str(getattr(exc, "problem", None) or exc).splitlines()[0]
+        mark = getattr(exc, "problem_mark", None)
+        line = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ValueError(f"{where}: not valid YAML{line}: {problem}") from None
+    if data is None:
+        return []
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping of option names to values, "
+                         f"got a {type(data).__name__}.")
+    actions = parser._option_string_actions  # argparse has no public lookup
+    out: list[str] = []
+    for key, value in data.items():
+        option = "--" + str(key).lstrip("-").replace("_", "-")
+        action = actions.get(option)
+        if action is None or option in (_CONFIG, "--help") or not action.option_strings:
+            raise ValueError(f"{where}: unknown option {key!r} (not a flag of {parser.prog}).")
+        if value is not None:
+            out += _option_args(actions, action, option, value, f"{where}: {key}")
+    return out
+
+
+def _option_args(
+    actions: dict[str, argparse.Action], action: argparse.Action, option: str, value: Any,
+    where: str,
+) -> list[str]:  # fmt: skip
+    if action.nargs == 0:  # a switch
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: expected true or false, got {value!r}.")
+        if value:
+            return [option]
+        name = option[2:]
+        opposite = "--" + name[3:] if name.startswith("no-") else "--no-" + name
+        return [opposite] if opposite in actions else []
+    if isinstance(action, argparse._AppendAction):
+        items = value if isinstance(value, list) else [value]
+        return [f"{option}={_checked(action, _text(item, where), where)}" for item in items]
+    if isinstance(value, list) and action.type is json_string_list:
+        return [f"{option}={_checked(action, json.dumps(value), where)}"]
+    if isinstance(value, (list, dict)):
+        raise ValueError(f"{where}: expected a single value, got {value!r}.")
+    return [f"{option}={_checked(action, _text(value, where), where)}"]
+
+
+def _text(value: Any, where: str) -> str:
+    if isinstance(value, (list, dict)):
+        raise ValueError(f"{where}: expected a single value, got {value!r}.")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _checked(action: argparse.Action, text: str, where: str) -> str:
+    """``text`` after checking it as argparse would (type and choices)."""
+    try:
+        value = action.type(text) if callable(action.type) else text
+    except (argparse.ArgumentTypeError, TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: invalid value {text!r} ({exc}).") from None
+    if action.choices is not None and value not in action.choices:
+        choices = ", ".join(map(str, action.choices))
+        raise ValueError(f"{where}: invalid choice {text!r} (choose from {choices}).")
+    return text

@@ -1,0 +1,65 @@
+"""What ``cadence serve`` puts around the application: CORS and a proxy's path prefix (vLLM's
+``--allowed-origins`` ... ``--allow-credentials`` and ``--root-path``)."""
+
+from __future__ import annotations
+
+import ssl
+
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from cadence.server.settings import ServerSettings
+
+__all__ = ["RootPathMiddleware", "check_ssl_files", "wrap_app"]
+
+
+class RootPathMiddleware:
+    """Serve behind a proxy that routes ``root_path`` to this server (FastAPI's ``root_path``,
+    which vLLM sets): the prefix goes into the scope's ``root_path`` for URLs the app builds, and
+    a path that still carries it (a proxy that does not strip it) loses it, so that the routes and
+    the API-key check see the same path either way."""
+
+    def __init__(self, app: ASGIApp, root_path: str) -> None:
+        self.app = app
+        self.root_path = root_path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            root, path = self.root_path, scope["path"]
+            if path == root or path.startswith(root + "/"):
+                path = path[len(root):] or "/"
+            scope = {**scope, "root_path": scope.get("root_path", "") + root, "path": path}
+        await self.app(scope, receive, send)
+
+
+def wrap_app(app: ASGIApp, settings: ServerSettings) -> ASGIApp:
+    """``app`` inside CORS (always, with vLLM's allow-all defaults, so that preflights are
+    answered before the API-key check), inside the root-path prefix when there is one."""
+    wrapped: ASGIApp = CORSMiddleware(
+        app,
+        allow_origins=list(settings.allowed_origins),
+        allow_methods=list(settings.allowed_methods),
+        allow_headers=list(settings.allowed_headers),
+        allow_credentials=settings.allow_credentials,
+    )
+    if settings.root_path:
+        wrapped = RootPathMiddleware(wrapped, settings.root_path)
+    return wrapped
+
+
+def check_ssl_files(settings: ServerSettings) -> None:
+    """Load the certificate and key as uvicorn will, before the model loads, so that a wrong
+    path or a key that does not match is a one-line error at once (``ValueError``)."""
+    if settings.ssl_certfile is None:
+        return
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile)
+    except OSError as exc:  # ssl.SSLError included
+        files = settings.ssl_certfile + (f", {settings.ssl_keyfile}" if settings.ssl_keyfile
+                                         else "")
+        if isinstance(exc, ssl.SSLError):
+            reason = f"not a PEM certificate with its private key (OpenSSL: {exc.reason or exc})"
+        else:
+            reason = exc.strerror or str(exc)
+        raise ValueError(f"--ssl-certfile/--ssl-keyfile: cannot load {files}: {reason}") from None

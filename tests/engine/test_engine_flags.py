@@ -1,0 +1,141 @@
+"""vLLM's engine flags: --dtype half/float, --[no-]enable-chunked-prefill,
+--[no-]enable-prefix-caching, --tokenizer, --trust-remote-code and --revision."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cadence.cli import main, parse_args
+from cadence.engine.engine_args import EngineArgs
+from cadence.engine.llm import LLM
+from cadence.model.registry import resolve_model
+from cadence.model.tiny import ensure_tiny_model
+from cadence.sampling_params import SamplingParams
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def _engine_args(*argv: str) -> EngineArgs:
+    return EngineArgs.from_cli_args(parse_args(["generate", *argv]))
+
+
+@pytest.mark.parametrize(("given", "dtype"), [("half", "float16"), ("float", "float32"),
+                                              ("float16", "float16"), ("auto", "auto")])
+def test_dtype_aliases(given: str, dtype: str) -> None:
+    args = _engine_args("--dtype", given)
+    assert args.dtype == dtype
+    assert args.create_engine_config(64).model.dtype == dtype
+    assert EngineArgs(dtype=given).dtype == dtype  # LLM(dtype="half") as well
+
+
+def test_chunked_prefill_flags() -> None:
+    assert _engine_args().enable_chunked_prefill is True
+    assert _engine_args("--enable-chunked-prefill").enable_chunked_prefill is True
+    off = _engine_args("--no-enable-chunked-prefill")
+    config = off.create_engine_config(32768)
+    assert config.scheduler.enable_chunked_prefill is False
+    # A whole prompt must fit one step: the default budget grows to max_model_len (as vLLM).
+    assert config.scheduler.max_num_batched_tokens == 32768
+    assert _engine_args().create_engine_config(32768).scheduler.max_num_batched_tokens == 16384
+    too_small = _engine_args("--no-enable-chunked-prefill", "--max-num-batched-tokens", "1024")
+    with pytest.raises(ValueError, match="chunked prefill is off"):
+        too_small.create_engine_config(2048)
+
+
+def test_prefix_caching_flags() -> None:
+    assert _engine_args().enable_prefix_caching is True
+    assert _engine_args("--enable-prefix-caching").enable_prefix_caching is True
+    assert _engine_args("--no-enable-prefix-caching").enable_prefix_caching is False
+    assert _engine_args("--no-enable-prefix-caching", "--enable-prefix-caching").enable_prefix_caching
+
+
+def test_trust_remote_code_is_accepted_and_changes_nothing() -> None:
+    args = _engine_args("--trust-remote-code")
+    assert args.trust_remote_code is True
+    plain = _engine_args()
+    assert args.create_engine_config(64) == plain.create_engine_config(64)
+
+
+def test_revision_is_an_error_only_when_given() -> None:
+    assert _engine_args().revision is None
+    with pytest.raises(ValueError, match="never downloads models"):
+        _engine_args("--revision", "main")
+    with pytest.raises(ValueError, match="never downloads models"):
+        LLM("tiny", revision="main")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir() -> Path:
+    return ensure_tiny_model()
+
+
+@pytest.fixture
+def tokenizer_only(tmp_path: Path, tiny_dir: Path) -> Path:
+    """A directory with the built-in model's tokenizer files and nothing else."""
+    out = tmp_path / "tok"
+    out.mkdir()
+    for name in TOKENIZER_FILES:
+        shutil.copy(tiny_dir / name, out / name)
+    return out
+
+
+@pytest.fixture
+def weights_only(tmp_path: Path, tiny_dir: Path) -> Path:
+    """The built-in model as an HF directory without tokenizer files."""
+    out = tmp_path / "weights"
+    out.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        (out / name).symlink_to(tiny_dir / name)
+    return out
+
+
+def test_tokenizer_resolution(tiny_dir: Path, tokenizer_only: Path, weights_only: Path,
+                              tmp_path: Path) -> None:
+    assert resolve_model("qwen3-0.6b").tokenizer_path is None
+    assert resolve_model("qwen3-0.6b", tokenizer="tiny").tokenizer_path == str(tiny_dir)
+    assert resolve_model("qwen3-0.6b", tokenizer=str(tokenizer_only)).tokenizer_path == str(
+        tokenizer_only
+    )
+    assert resolve_model(str(weights_only)).tokenizer_path is None
+    assert resolve_model(str(weights_only), tokenizer="tiny").tokenizer_path == str(tiny_dir)
+    # Replaces a model directory's own tokenizer.
+    assert resolve_model("tiny", tokenizer=str(tokenizer_only)).tokenizer_path == str(
+        tokenizer_only
+    )
+    with pytest.raises(ValueError, match="--tokenizer '/nonexistent/tok' is not a directory"):
+        resolve_model("tiny", tokenizer="/nonexistent/tok")
+    with pytest.raises(ValueError, match="has no tokenizer files"):
+        resolve_model("tiny", tokenizer=str(tmp_path))
+
+
+def test_tokenizer_gives_a_weight_only_directory_text(weights_only: Path,
+                                                      tokenizer_only: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    expected = LLM("tiny", max_model_len=128, num_gpu_blocks_override=32)
+    try:
+        want = expected.generate(["Once upon a time"], params, use_tqdm=False)[0]
+    finally:
+        expected.shutdown()
+    llm = LLM(str(weights_only), tokenizer=str(tokenizer_only), max_model_len=128,
+              num_gpu_blocks_override=32)
+    try:
+        got = llm.generate(["Once upon a time"], params, use_tqdm=False)[0]
+    finally:
+        llm.shutdown()
+    assert got.prompt_token_ids == want.prompt_token_ids
+    assert got.outputs[0].text == want.outputs[0].text and got.outputs[0].text
+
+
+def test_tokenizer_gives_a_preset_text_prompts(tiny_dir: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["generate", "--model", "qwen2.5-0.5b", "--load-format", "dummy",
+            "--tokenizer", str(tiny_dir), "--max-model-len", "32", "--num-gpu-blocks-override",
+            "4", "--cpu-threads", "1", "--prompt", "Hello", "--max-tokens", "2", "--verbose"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # Text (the dummy weights' ids mostly lie past the tiny vocabulary: often ""), not ids.
+    assert len(lines) == 2 and not lines[0].startswith("[")
+    assert lines[1] == "[2 tokens, finish_reason=length]"

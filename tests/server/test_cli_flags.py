@@ -1,0 +1,299 @@
+"""vLLM's flags on ``cadence serve`` and ``cadence generate``: ``--version``, ``--config``, CORS,
+TLS, ``--root-path``, ``--uvicorn-log-level`` and the accepted no-ops."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import ssl
+import subprocess
+import threading
+from importlib import metadata
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cadence.cli import _subcommands, build_parser, main, parse_args
+from cadence.engine.async_llm import AsyncLLM
+from cadence.engine.engine_args import EngineArgs
+from cadence.server.cli import engine_args_from, settings_from
+from cadence.server.launcher import bind_socket, build_server
+from cadence.server.middleware import check_ssl_files
+from cadence.server.settings import ServerSettings
+from tests.server.conftest import tiny_args
+from tests.server.waiting import ServeProcess, wait_until
+
+
+def _one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out.strip()
+    assert out == f"cadence {metadata.version('cadence')}"
+    assert re.fullmatch(r"cadence \d+\.\d+\.\d+\S*", out)
+
+
+@pytest.mark.parametrize("command", ["serve", "generate"])
+def test_every_flag_has_help_and_the_help_no_markup(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = _subcommands(build_parser())[command]
+    assert [a.dest for a in parser._actions if not a.help] == []
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    assert "``" not in text and "`" not in text
+    assert "--max-num-seqs MAX_NUM_SEQS" in text and "(default: 256)" in text
+
+
+def test_server_flags_reach_the_settings() -> None:
+    ns = parse_args(
+        ["serve", "--uvicorn-log-level", "debug", "--allowed-origins", '["https://a.example"]',
+         "--allowed-methods", '["GET", "POST"]', "--allowed-headers", '["Authorization"]',
+         "--allow-credentials", "--ssl-keyfile", "key.pem", "--ssl-certfile", "cert.pem",
+         "--root-path", "/llm", "--disable-log-stats"]
+    )  # fmt: skip
+    assert settings_from(ns) == ServerSettings(
+        uvicorn_log_level="debug", allowed_origins=("https://a.example",),
+        allowed_methods=("GET", "POST"), allowed_headers=("Authorization",),
+        allow_credentials=True, ssl_keyfile="key.pem", ssl_certfile="cert.pem", root_path="/llm",
+    )  # fmt: skip
+    assert ns.disable_log_stats  # accepted; cadence logs no periodic stats
+
+
+def test_server_flag_defaults_are_vllms() -> None:
+    settings = settings_from(parse_args(["serve"]))
+    assert settings.allowed_origins == settings.allowed_methods == settings.allowed_headers
+    assert settings.allowed_origins == ("*",) and not settings.allow_credentials
+    assert (settings.ssl_keyfile, settings.ssl_certfile, settings.root_path) == (None, None, "")
+    assert settings.uvicorn_log_level == "info"
+    # Unless given, uvicorn's level follows --log-level (a quiet server stays quiet).
+    assert settings_from(parse_args(["serve", "--log-level", "warning"])).uvicorn_log_level == (
+        "warning"
+    )
+    ns = parse_args(["serve", "--log-level", "warning", "--uvicorn-log-level", "trace"])
+    assert settings_from(ns).uvicorn_log_level == "trace"
+
+
+BAD_FLAGS = [
+    (["serve", "--root-path", "llm"], "root_path must start with '/'"),
+    (["serve", "--ssl-keyfile", "key.pem"], "--ssl-keyfile needs --ssl-certfile"),
+    (["serve", "--ssl-certfile", "/nonexistent/cert.pem", "--port", "0"],
+     "cannot load /nonexistent/cert.pem"),
+    (["serve", "--revision", "main", "--port", "0"], "never downloads models"),
+    (["generate", "--revision", "v2"], "never downloads models"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_FLAGS, ids=[" ".join(a) for a, _ in BAD_FLAGS])
+def test_bad_flag_values_are_one_line(argv: list[str], message: str,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    line = _one_line_exit_2(argv, capsys)
+    assert line.startswith(f"cadence {argv[0]}: error: ") and message in line
+
+
+def test_cors_lists_must_be_json(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--allowed-origins", "https://a.example"])
+    assert info.value.code == 2
+    assert "expected a JSON list of strings" in capsys.readouterr().err
+
+
+# -- --config ------------------------------------------------------------------------------------
+def test_config_file_is_overridden_by_the_command_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(
+        "model: qwen3-0.6b\n"
+        "port: 9100\n"
+        "--max-model-len: 1024\n"        # with dashes
+        "max_num_seqs: 8\n"              # underscores
+        "enable-prefix-caching: false\n"  # false: the --no- form
+        "enforce_eager: true\n"
+        "dtype: half\n"
+        "allowed-origins: [https://a.example]\n"
+        "root_path: /llm\n"
+        "api_key: k\n"
+        "max_num_batched_tokens: null\n"  # null: the default
+    )
+    ns = parse_args(["serve", "--config", str(cfg), "--max-num-seqs", "16", "--port=9200",
+                     "--enable-prefix-caching"])
+    args, settings = engine_args_from(ns), settings_from(ns)
+    assert (settings.port, args.max_num_seqs, args.enable_prefix_caching) == (9200, 16, True)
+    assert (args.model, args.max_model_len, args.enforce_eager, args.dtype) == (
+        "qwen3-0.6b", 1024, True, "float16"
+    )
+    assert args.max_num_batched_tokens is None
+    assert settings.allowed_origins == ("https://a.example",) and settings.root_path == "/llm"
+    assert ns.api_key == "k"
+    # The positional model wins over the file's; file values stand where nothing overrides.
+    ns = parse_args(["serve", "tiny", "--config", str(cfg)])
+    args = engine_args_from(ns)
+    assert (args.model, args.enable_prefix_caching, args.max_num_seqs) == ("tiny", False, 8)
+    # Underscores on the command line too, as vLLM accepts them.
+    assert engine_args_from(parse_args(["serve", "--max_model_len", "77"])).max_model_len == 77
+
+
+def test_config_file_for_generate(tmp_path: Path) -> None:
+    cfg = tmp_path / "gen.yml"
+    cfg.write_text("prompt: [Hello, The cat]\nmax_tokens: 5\ntemperature: 0.5\n"
+                   "stop: '.'\nno-enable-chunked-prefill: true\n")
+    ns = parse_args(["generate", "--config", str(cfg), "--max-tokens", "3"])
+    assert (ns.prompt, ns.max_tokens, ns.temperature, ns.stop) == (
+        ["Hello", "The cat"], 3, 0.5, ["."]
+    )
+    assert EngineArgs.from_cli_args(ns).enable_chunked_prefill is False
+
+
+CONFIG_MISTAKES = [
+    ("max_model_len: 64\nfoo_bar: 1\n", "unknown option 'foo_bar'"),
+    ("max_model_len: lots\n", "max_model_len: invalid value 'lots'"),
+    ("dtype: float64\n", "dtype: invalid choice 'float64'"),
+    ("enforce_eager: 3\n", "enforce_eager: expected true or false"),
+    ("max_num_seqs: [1, 2]\n", "max_num_seqs: expected a single value"),
+    ("- port\n- 9000\n", "expected a mapping of option names to values"),
+    ("port: [9000\n", "not valid YAML"),
+    ("config: other.yaml\n", "unknown option 'config'"),
+]
+
+
+@pytest.mark.parametrize("command", ["serve", "generate"])
+@pytest.mark.parametrize(("text", "message"), CONFIG_MISTAKES,
+                         ids=[m for _, m in CONFIG_MISTAKES])
+def test_config_file_mistakes_are_one_line(
+    command: str, text: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    line = _one_line_exit_2([command, "--config", str(cfg)], capsys)
+    assert line.startswith(f"cadence {command}: error: --config {cfg}: ")
+    assert message in line
+
+
+def test_config_file_must_be_yaml_and_exist(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert "must be YAML" in _one_line_exit_2(["serve", "--config", "c.json"], capsys)
+    missing = str(tmp_path / "missing.yaml")
+    assert "cannot read it" in _one_line_exit_2(["serve", "--config", missing], capsys)
+
+
+# -- against servers -----------------------------------------------------------------------------
+PREFLIGHT = {"Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "authorization,content-type"}
+
+
+def test_cors_allows_every_origin_by_default(http: httpx.Client) -> None:
+    pre = http.options("/v1/completions", headers={"Origin": "https://x.example", **PREFLIGHT})
+    assert pre.status_code == 200
+    assert pre.headers["access-control-allow-origin"] == "*"
+    resp = http.get("/v1/models", headers={"Origin": "https://x.example"})
+    assert resp.status_code == 200 and resp.headers["access-control-allow-origin"] == "*"
+
+
+def test_cors_and_root_path_settings(server_factory) -> None:
+    srv = server_factory(app_kwargs={
+        "api_key": "k", "allowed_origins": ("https://a.example",), "allow_credentials": True,
+        "root_path": "/llm",
+    })  # fmt: skip
+    key = {"Authorization": "Bearer k"}
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        # A preflight is answered before the API-key check, for the allowed origin only.
+        pre = http.options("/v1/completions", headers={"Origin": "https://a.example", **PREFLIGHT})
+        assert pre.status_code == 200, pre.text
+        assert pre.headers["access-control-allow-origin"] == "https://a.example"
+        assert pre.headers["access-control-allow-credentials"] == "true"
+        assert "POST" in pre.headers["access-control-allow-methods"]
+        bad = http.options("/v1/completions", headers={"Origin": "https://b.example", **PREFLIGHT})
+        assert bad.status_code == 400
+        assert "access-control-allow-origin" not in bad.headers
+        resp = http.get("/v1/models", headers={"Origin": "https://a.example", **key})
+        assert resp.status_code == 200
+        assert resp.headers["access-control-allow-origin"] == "https://a.example"
+        # The key is still required, with or without the proxy's prefix on the path.
+        for path in ("/v1/models", "/llm/v1/models"):
+            assert http.get(path).status_code == 401, path
+            assert http.get(path, headers=key).json()["data"][0]["id"] == "tiny", path
+        assert http.get("/llm/health").status_code == 200
+        body = {"prompt": "Hi", "max_tokens": 2, "ignore_eos": True}
+        done = http.post("/llm/v1/completions", json=body, headers=key)
+        assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 2
+
+
+def _self_signed(tmp_path: Path) -> tuple[str, str]:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("needs the openssl command")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
+def test_https_on_the_socket_bound_before_the_model_loads(tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    settings = ServerSettings(port=0, ssl_certfile=cert, ssl_keyfile=key,
+                              uvicorn_log_level="warning", shutdown_timeout=2.0)
+    check_ssl_files(settings)
+    with pytest.raises(ValueError, match="cannot load"):  # a key that is not one
+        check_ssl_files(ServerSettings(ssl_certfile=cert, ssl_keyfile=cert))
+    sock = bind_socket("127.0.0.1", 0)  # as cadence serve does
+    engine = AsyncLLM(tiny_args())
+    server = build_server(engine, settings)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started or not thread.is_alive(), "the HTTPS server")
+        assert server.started
+        base = f"127.0.0.1:{sock.getsockname()[1]}"
+        tls = ssl.create_default_context(cafile=cert)
+        with httpx.Client(verify=tls, timeout=30) as client:
+            assert client.get(f"https://{base}/health").status_code == 200
+            resp = client.post(f"https://{base}/v1/completions",
+                               json={"prompt": "Hi", "max_tokens": 2, "ignore_eos": True})
+            assert resp.status_code == 200, resp.text
+        with pytest.raises(httpx.HTTPError):  # plain HTTP is not served
+            httpx.get(f"http://{base}/health", timeout=10)
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        engine.shutdown()
+        sock.close()
+
+
+@pytest.mark.slow
+def test_flags_reach_every_api_server(tmp_path: Path) -> None:
+    """With --api-server-count 2 (settings from a --config file) every front end applies CORS,
+    the root path and uvicorn's log level."""
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("allowed_origins: [https://a.example]\nroot_path: /llm\napi_key: k\n"
+                   "uvicorn_log_level: warning\nmax_model_len: 256\n"
+                   "num_gpu_blocks_override: 64\n")
+    with ServeProcess(["tiny", "--api-server-count", "2", "--config", str(cfg)],
+                      tmp_path / "serve.log") as srv:
+        for _ in range(6):  # new connections, spread over both front ends by the kernel
+            pre = httpx.options(srv.base + "/llm/v1/completions",
+                                headers={"Origin": "https://a.example", **PREFLIGHT}, timeout=30)
+            assert pre.status_code == 200, pre.text
+            assert pre.headers["access-control-allow-origin"] == "https://a.example"
+            resp = httpx.get(srv.base + "/llm/v1/models",
+                             headers={"Authorization": "Bearer k"}, timeout=30)
+            assert resp.status_code == 200, resp.text
+    assert srv.returncode == 0, srv.text
+    assert "2 API server processes" in srv.text and "Traceback" not in srv.text
+    # uvicorn's info lines (start-up, access log) are off in every front end.
+    assert "Started server process" not in srv.text and "/v1/models HTTP" not in srv.text
