@@ -100,6 +100,8 @@ class AsyncLLM:
         self.input_processor = frontend.input_processor
         self.model_name: str = frontend.model_name
         self.max_model_len: int = frontend.max_model_len
+        # Default sampling fields of requests that leave them unset (the generation config).
+        self.generation_defaults: dict[str, Any] = dict(core.spec.generation_defaults)
         self.num_kv_blocks: int = core.num_kv_blocks
         self.block_size: int = core.block_size
         self.output_processor = OutputProcessor(self.tokenizer)

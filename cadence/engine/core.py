@@ -59,7 +59,8 @@ class EngineCore:
         from cadence.model.loader import build_model
 
         self.args = args
-        self.spec = spec or resolve_model(args.model, args.max_model_len, args.tokenizer)
+        self.spec = spec or resolve_model(args.model, args.max_model_len, args.tokenizer,
+                                          args.generation_config)
         self.config = args.create_engine_config(self.spec.max_model_len)
         cfg = self.config
         device = torch.device(cfg.device)

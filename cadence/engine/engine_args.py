@@ -48,6 +48,8 @@ class EngineArgs:
     enable_chunked_prefill: bool = True
     # A tokenizer directory other than the model's ("tiny": the built-in model's tokenizer).
     tokenizer: str | None = None
+    # Default sampling fields: "auto" (the model's generation_config.json), "vllm" (none), a DIR.
+    generation_config: str = "auto"
     skip_tokenizer_init: bool = False
     # Accepted as vLLM does; cadence runs only its built-in architectures, never remote code.
     trust_remote_code: bool = False
@@ -196,6 +198,11 @@ class EngineArgs:
                             choices=["auto", "dummy", "safetensors"],
                             help="dummy = random weights of the model's shapes (needed for "
                                  "shape presets) (default: %(default)s)")
+        parser.add_argument("--generation-config", default=d.generation_config, metavar="SRC",
+                            help="default temperature / top_p / top_k for requests that leave "
+                                 "them unset: 'auto' = the model's generation_config.json, "
+                                 "'vllm' = none, or a directory holding one "
+                                 "(default: %(default)s)")
         parser.add_argument("--skip-tokenizer-init", action="store_true",
                             help="load no tokenizer: token-id prompts only, no text in outputs")
         parser.add_argument("--trust-remote-code", action="store_true",

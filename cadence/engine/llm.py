@@ -33,6 +33,10 @@ class LLM:
         """Wait for the device and free the engine's streams, buffers and graphs."""
         self.engine_core.shutdown()
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """``SamplingParams()`` with the model's generation-config defaults (vLLM's)."""
+        return SamplingParams(**self.engine_core.spec.generation_defaults)
+
     def get_tokenizer(self) -> Any:
         return self.frontend.tokenizer
 
@@ -48,7 +52,7 @@ class LLM:
         prompts = list(prompts)
         n = len(prompts)
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         params = ([sampling_params] * n if isinstance(sampling_params, SamplingParams)
                   else list(sampling_params))
         if len(params) != n:

@@ -7,10 +7,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
 from cadence.model.arch import DecoderArch
+from cadence.model.generation_config import generation_defaults
 from cadence.model.presets import PRESETS, preset_config
 
 TINY_MODEL = "tiny"
@@ -26,18 +28,25 @@ class ModelSpec:
     max_model_len: int
     eos_token_ids: list[int]
     is_preset: bool
+    # Default sampling fields from the generation config (``--generation-config``).
+    generation_defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def resolve_model(
-    model: str, max_model_len: int | None = None, tokenizer: str | None = None
+    model: str, max_model_len: int | None = None, tokenizer: str | None = None,
+    generation_config: str = "auto",
 ) -> ModelSpec:
     """Resolve ``model`` without any network access.
 
     ``"tiny"`` is the built-in model (generated on first use), a preset name gives a config
     without weights, anything else must be a local HF directory with a ``config.json``.
-    ``tokenizer`` (``--tokenizer``) replaces the model's own tokenizer, if any.
+    ``tokenizer`` (``--tokenizer``) replaces the model's own tokenizer, if any;
+    ``generation_config`` says where default sampling fields come from (``generation_config``).
     """
     spec = _resolve(model, max_model_len)
+    defaults = generation_defaults(generation_config, spec.path)
+    if defaults:
+        spec = dataclasses.replace(spec, generation_defaults=defaults)
     if tokenizer is None:
         return spec
     return dataclasses.replace(spec, tokenizer_path=resolve_tokenizer(tokenizer))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -47,6 +49,9 @@ class ParamError(ValueError):
 
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+_NO_DEFAULTS: Mapping[str, Any] = MappingProxyType({})
 
 
 class OpenAIModel(BaseModel):
@@ -96,10 +101,11 @@ class _SamplingRequest(OpenAIModel):
         if any(s == "" for s in stops):
             raise ParamError("stop", "stop cannot contain an empty string.")
 
-    def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def _sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                         defaults: Mapping[str, Any]) -> SamplingParams:
         kind = RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY
         try:
-            return self._make_sampling_params(kind, max_tokens, logprobs)
+            return self._make_sampling_params(kind, max_tokens, logprobs, defaults)
         except ValueError as exc:  # combinations the schema cannot see (min_tokens > max_tokens)
             message = str(exc)
             first_word = message.split(" ", 1)[0]
@@ -107,12 +113,17 @@ class _SamplingRequest(OpenAIModel):
             raise ParamError(param, message) from exc
 
     def _make_sampling_params(
-        self, kind: RequestOutputKind, max_tokens: int | None, logprobs: int | None
+        self, kind: RequestOutputKind, max_tokens: int | None, logprobs: int | None,
+        defaults: Mapping[str, Any],
     ) -> SamplingParams:
+        # Fields the request leaves unset take the model's generation-config defaults.
+        def pick(value: Any, name: str, neutral: Any) -> Any:
+            return value if value is not None else defaults.get(name, neutral)
+
         return SamplingParams(
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=-1 if self.top_k is None else self.top_k,
+            temperature=pick(self.temperature, "temperature", 1.0),
+            top_p=pick(self.top_p, "top_p", 1.0),
+            top_k=pick(self.top_k, "top_k", -1),
             seed=self.seed,
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
@@ -178,8 +189,9 @@ class CompletionRequest(_SamplingRequest):
             return [{"prompt_token_ids": list(p)}]
         return [x if isinstance(x, str) else {"prompt_token_ids": list(x)} for x in p]
 
-    def to_sampling_params(self) -> SamplingParams:
-        return self._sampling_params(self.max_tokens, self.logprobs)
+    def to_sampling_params(self, defaults: Mapping[str, Any] = _NO_DEFAULTS) -> SamplingParams:
+        """``defaults``: the model's default sampling fields (generation config)."""
+        return self._sampling_params(self.max_tokens, self.logprobs, defaults)
 
 
 class TextContentPart(OpenAIModel):
@@ -246,9 +258,10 @@ class ChatCompletionRequest(_SamplingRequest):
             return self.max_completion_tokens
         return self.max_tokens
 
-    def to_sampling_params(self) -> SamplingParams:
+    def to_sampling_params(self, defaults: Mapping[str, Any] = _NO_DEFAULTS) -> SamplingParams:
+        """``defaults``: the model's default sampling fields (generation config)."""
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._sampling_params(self.requested_max_tokens, logprobs)
+        return self._sampling_params(self.requested_max_tokens, logprobs, defaults)
 
 
 # -- responses ---------------------------------------------------------------------------------

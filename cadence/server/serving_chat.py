@@ -124,7 +124,7 @@ class OpenAIServingChat(OpenAIServing):
         return await self.start(
             request_id,
             {"prompt_token_ids": prompt_ids},
-            request.to_sampling_params(),
+            request.to_sampling_params(self.engine.generation_defaults),
             priority=request.priority,
             prompt_param="messages",
             max_tokens_param=max_tokens_param,

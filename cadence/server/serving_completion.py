@@ -104,7 +104,7 @@ class OpenAIServingCompletion(OpenAIServing):
         self, request: CompletionRequest, base_id: str, stream: CompletionStream | None = None
     ) -> list[StartedRequest]:
         prompts = request.prompts()
-        params = request.to_sampling_params()
+        params = request.to_sampling_params(self.engine.generation_defaults)
         started: list[StartedRequest] = []
         try:
             for i, prompt in enumerate(prompts):

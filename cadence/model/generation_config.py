@@ -1,0 +1,66 @@
+"""Default sampling parameters from a checkpoint's ``generation_config.json`` (vLLM's
+``--generation-config auto|vllm|DIR``).
+
+``auto`` reads the model directory's file, ``vllm`` ignores it, any other value is a directory
+holding one. As in vLLM, only the sampling fields the file sets to something other than
+transformers' own defaults count (a file that repeats ``top_k: 50`` sets nothing). They become
+the defaults of requests that leave those fields unset: ``LLM.generate`` without sampling
+parameters, and server requests without ``temperature`` / ``top_p`` / ``top_k``. Fields cadence
+cannot apply (``repetition_penalty``, ``min_p``) are reported, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+__all__ = ["APPLIED_FIELDS", "generation_defaults"]
+
+logger = logging.getLogger(__name__)
+
+# transformers' GenerationConfig defaults: a field equal to these sets nothing.
+_HF_DEFAULTS: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "top_k": 50,
+                                "repetition_penalty": 1.0, "min_p": None,
+                                "max_new_tokens": None}
+APPLIED_FIELDS = ("temperature", "top_p", "top_k")
+_NOT_APPLIED = ("repetition_penalty", "min_p", "max_new_tokens")
+
+
+def generation_defaults(source: str, model_dir: str | None) -> dict[str, Any]:
+    """The default sampling fields for ``--generation-config source`` (``model_dir``: the model's
+    directory, None for shape presets)."""
+    if source == "vllm":
+        return {}
+    if source == "auto":
+        if model_dir is None:
+            return {}
+        path = Path(model_dir) / "generation_config.json"
+        if not path.is_file():
+            return {}
+    else:
+        path = Path(source).expanduser() / "generation_config.json"
+        if not path.is_file():
+            raise ValueError(
+                f"generation_config {source!r}: no generation_config.json there; use 'auto' "
+                "(the model's), 'vllm' (none) or a directory holding one."
+            )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"generation_config: cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"generation_config: {path} does not hold a JSON object.")
+    diff = {k: v for k, v in data.items() if k in _HF_DEFAULTS and v != _HF_DEFAULTS[k]}
+    ignored = sorted(k for k in diff if k in _NOT_APPLIED)
+    if ignored:
+        logger.warning("generation_config.json sets %s, which cadence does not apply.",
+                       ", ".join(f"{k}={diff[k]}" for k in ignored))
+    defaults = {k: diff[k] for k in APPLIED_FIELDS if k in diff}
+    for k, v in defaults.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"generation_config: {path} sets {k} to {v!r}, not a number.")
+    if defaults:
+        logger.info("Default sampling parameters from %s: %s", path, defaults)
+    return defaults

@@ -1,0 +1,83 @@
+"""Default sampling fields from generation_config.json (--generation-config auto|vllm|DIR)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cadence.engine.llm import LLM
+from cadence.model.generation_config import generation_defaults
+from cadence.model.registry import resolve_model
+from cadence.model.tiny import ensure_tiny_model
+from cadence.sampling_params import SamplingParams
+
+
+def _dir(tmp_path: Path, name: str, config: dict) -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    (d / "generation_config.json").write_text(json.dumps(config))
+    return d
+
+
+def test_only_fields_that_differ_from_transformers_defaults_count(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    d = _dir(tmp_path, "g", {"eos_token_id": 2, "temperature": 0.6, "top_p": 0.95, "top_k": 20,
+                             "do_sample": True, "repetition_penalty": 1.05})
+    with caplog.at_level(logging.WARNING, logger="cadence.model.generation_config"):
+        assert generation_defaults("auto", str(d)) == {"temperature": 0.6, "top_p": 0.95,
+                                                       "top_k": 20}
+    assert "repetition_penalty=1.05" in caplog.text  # reported, not silently dropped
+    same = _dir(tmp_path, "same", {"temperature": 1.0, "top_p": 1.0, "top_k": 50})
+    assert generation_defaults("auto", str(same)) == {}
+    assert generation_defaults("vllm", str(d)) == {}
+    assert generation_defaults("auto", None) == {}  # presets have no file
+    assert generation_defaults("auto", str(tmp_path)) == {}  # no file: nothing
+    assert generation_defaults(str(d), None) == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [(None, "no generation_config.json"), ("{not json", "cannot read"), ("[1]", "JSON object"),
+     ('{"temperature": "hot"}', "not a number")],
+)
+def test_bad_sources_name_the_problem(tmp_path: Path, content: str | None, match: str) -> None:
+    d = tmp_path / "bad"
+    d.mkdir()
+    if content is not None:
+        (d / "generation_config.json").write_text(content)
+    with pytest.raises(ValueError, match=match):
+        generation_defaults(str(d), None)
+
+
+@pytest.fixture
+def greedy_by_default(tmp_path: Path) -> Path:
+    """The tiny model whose generation config makes it greedy unless a request says otherwise."""
+    model = tmp_path / "tiny-greedy"
+    shutil.copytree(ensure_tiny_model(), model)
+    gen = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**gen, "temperature": 0.0}))
+    return model
+
+
+def test_llm_generate_without_params_uses_the_defaults(greedy_by_default: Path) -> None:
+    assert resolve_model(str(greedy_by_default)).generation_defaults == {"temperature": 0.0}
+    llm = LLM(str(greedy_by_default), max_model_len=128, num_gpu_blocks_override=64)
+    try:
+        assert llm.get_default_sampling_params().temperature == 0.0
+        default = llm.generate(["Once upon a time"], use_tqdm=False)[0].outputs[0].token_ids
+        greedy = llm.generate(["Once upon a time"], SamplingParams(temperature=0.0),
+                              use_tqdm=False)[0].outputs[0].token_ids
+        assert default == greedy
+    finally:
+        llm.shutdown()
+    ignored = LLM(str(greedy_by_default), max_model_len=128, num_gpu_blocks_override=64,
+                  generation_config="vllm")
+    try:
+        assert ignored.get_default_sampling_params().temperature == 1.0
+    finally:
+        ignored.shutdown()
