@@ -209,5 +209,38 @@ class NumbaTokenKernels:
 def make_token_kernels(buffers: TokenBuffers) -> NumbaTokenKernels | HostTokenKernels:
     """Numba kernels for CUDA tensors, the numpy references for CPU tensors."""
     if buffers.input_ids.is_cuda:
+        check_numba_cuda()
         return NumbaTokenKernels(buffers)
     return HostTokenKernels(buffers)
+
+
+def check_numba_cuda(importer: Callable[[], Any] | None = None) -> None:
+    """Import numba's CUDA target, turning a numpy it does not support into a clear error.
+
+    numba-cuda 0.30 registers ``np.row_stack``, which numpy 2.5 removed: with that pair every
+    kernel import fails with a bare AttributeError deep inside numba."""
+    def default() -> Any:
+        from numba import cuda  # noqa: F401
+
+        from cadence.numba_kernels import kernels  # noqa: F401
+
+    try:
+        (importer or default)()
+    except AttributeError as exc:
+        if "numpy" not in str(exc):
+            raise
+        import numpy
+
+        raise RuntimeError(
+            f"numba-cuda {_version('numba-cuda')} does not work with numpy {numpy.__version__} "
+            f"({exc}); install a numpy it supports, e.g. pip install 'numpy<2.5'."
+        ) from exc
+
+
+def _version(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "(version unknown)"

@@ -91,3 +91,23 @@ def test_numba_launcher_on_runtime_stream_and_inside_a_captured_graph() -> None:
         np.testing.assert_array_equal(bufs.last_sampled.cpu().numpy(), scatter_loop(b))
     graph.reset()
     main.close()
+
+
+def test_a_numpy_that_numba_cuda_cannot_use_is_a_clear_error() -> None:
+    import numpy
+    import pytest
+
+    from cadence.numba_kernels.launcher import check_numba_cuda
+
+    def broken() -> None:
+        raise AttributeError("module 'numpy' has no attribute 'row_stack'")
+
+    with pytest.raises(RuntimeError, match=rf"does not work with numpy {numpy.__version__}"):
+        check_numba_cuda(broken)
+
+    def other() -> None:
+        raise AttributeError("'Foo' object has no attribute 'bar'")
+
+    with pytest.raises(AttributeError, match="bar"):  # a real bug is not disguised
+        check_numba_cuda(other)
+    check_numba_cuda(lambda: None)
