@@ -52,10 +52,11 @@ class FrontEndOptions:
     """What each front-end process needs besides its channel (picklable)."""
 
     settings: ServerSettings
-    served_model_name: str | None
+    served_model_name: list[str] | None
     api_key: str | None
     log_level: str
     log_requests: bool
+    chat_template: str | None = None
 
 
 def _front_end_main(
@@ -77,6 +78,7 @@ def _front_end_main(
             engine,
             options.settings,
             served_model_name=options.served_model_name,
+            chat_template=options.chat_template,
             api_key=options.api_key,
             signals=(signal.SIGTERM,),
             front_end_index=index,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -122,18 +122,25 @@ class OpenAIServer:
         self,
         engine: AsyncLLM,
         *,
-        served_model_name: str | None = None,
+        served_model_name: str | Sequence[str] | None = None,
         max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
         body_read_timeout: float = DEFAULT_BODY_READ_TIMEOUT_S,
         engine_stall_timeout: float = DEFAULT_ENGINE_STALL_TIMEOUT_S,
         front_end_index: int | None = None,
+        chat_template: str | None = None,
     ) -> None:
         self.engine = engine
-        self.model_name = served_model_name or engine.model_name
+        # Several served names (vLLM): the first is the one responses carry; any is accepted.
+        names = ([served_model_name] if isinstance(served_model_name, str)
+                 else list(served_model_name or []))
+        self.model_names: list[str] = list(dict.fromkeys(names)) or [engine.model_name]
+        self.model_name = self.model_names[0]
         self.max_request_body_bytes = max_request_body_bytes
         self.body_read_timeout = body_read_timeout
-        self.completions = OpenAIServingCompletion(engine, self.model_name)
-        self.chat = OpenAIServingChat(engine, self.model_name)
+        aliases = tuple(self.model_names[1:])
+        self.completions = OpenAIServingCompletion(engine, self.model_name, aliases)
+        self.chat = OpenAIServingChat(engine, self.model_name, aliases)
+        self.chat.chat_template = chat_template
         # One of several API server processes: metrics in the shared multiprocess files.
         self.metrics = PrometheusStatLogger(self.model_name,
                                             multiprocess=front_end_index is not None,
@@ -141,7 +148,7 @@ class OpenAIServer:
         engine.add_stat_logger(self.metrics)
         self.lifecycle = RequestLifecycle()
         self.watchdog = EngineWatchdog(engine, engine_stall_timeout)
-        self.tokenization = Tokenization(engine)
+        self.tokenization = Tokenization(engine, chat_template)
         self._openapi: bytes | None = None
         self._unknown_fields_logged: set[str] = set()
 
@@ -213,10 +220,9 @@ class OpenAIServer:
         )
 
     async def show_models(self, request: Request) -> Response:
-        card = ModelCard(
-            id=self.model_name, root=self.engine.model_name, max_model_len=self.engine.max_model_len
-        )
-        return JSONResponse(ModelList(data=[card]).model_dump(mode="json"))
+        cards = [ModelCard(id=name, root=self.engine.model_name,
+                           max_model_len=self.engine.max_model_len) for name in self.model_names]
+        return JSONResponse(ModelList(data=cards).model_dump(mode="json"))
 
     async def health(self, request: Request) -> Response:
         if not self.lifecycle.accepting:
@@ -330,12 +336,13 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
 def build_app(
     engine: AsyncLLM,
     *,
-    served_model_name: str | None = None,
+    served_model_name: str | Sequence[str] | None = None,
     api_key: str | None = None,
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
     body_read_timeout: float = DEFAULT_BODY_READ_TIMEOUT_S,
     engine_stall_timeout: float = DEFAULT_ENGINE_STALL_TIMEOUT_S,
     front_end_index: int | None = None,
+    chat_template: str | None = None,
 ) -> Starlette:
     """The application serving ``engine``; the caller owns the engine's lifetime.
     ``front_end_index``: this is one of several API server processes (``--api-server-count``).
@@ -349,6 +356,7 @@ def build_app(
         body_read_timeout=body_read_timeout,
         engine_stall_timeout=engine_stall_timeout,
         front_end_index=front_end_index,
+        chat_template=chat_template,
     )
     routes = [
         Route("/v1/completions", server.create_completion, methods=["POST"]),

@@ -33,8 +33,10 @@ def render_chat(
     continue_final_message: bool = False,
     chat_template_kwargs: dict[str, Any] | None = None,
     check_text: Callable[[str], None] | None = None,
+    chat_template: str | None = None,
 ) -> list[int]:
     """Prompt token ids of a conversation. Template errors are ``ParamError("messages")``.
+    ``chat_template``: the server's template (``--chat-template``) instead of the tokenizer's.
 
     CPU-heavy for long conversations: callers run it off the event loop. ``check_text`` sees the
     rendered text before it is tokenized (to refuse one that cannot fit the context)."""
@@ -46,13 +48,14 @@ def render_chat(
             "continue_final_message requires the last message to be from the assistant.",
         )
     conversation = [{"role": m.role, "content": m.text()} for m in messages]
-    if getattr(tokenizer, "chat_template", None):
+    if chat_template is not None or getattr(tokenizer, "chat_template", None):
         try:
             text = tokenizer.apply_chat_template(
                 conversation,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
+                chat_template=chat_template,
                 **(chat_template_kwargs or {}),
             )
         except Exception as exc:  # jinja errors, template-level raise_exception()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 from typing import Any
 
 from cadence.cli_config import add_config_arg, expand_config, json_string_list
@@ -39,7 +40,14 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*"
     )
     parser.add_argument(
-        "--served-model-name", default=None, help="model name in the API (default: MODEL)"
+        "--served-model-name", nargs="+", default=None, metavar="NAME",
+        help="model name(s) in the API: responses carry the first, requests may use any "
+             "(default: MODEL)",
+    )
+    parser.add_argument(
+        "--chat-template", default=None, metavar="FILE|TEMPLATE",
+        help="a Jinja chat template (a file, or the template itself) instead of the "
+             "tokenizer's (default: the tokenizer's, else ChatML)",
     )
     parser.add_argument(
         "--max-request-body-bytes",
@@ -190,6 +198,7 @@ def run_serve(ns: argparse.Namespace) -> int:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(ns.log_level.upper())
     settings = settings_from(ns)  # a ValueError is a one-line error (cadence.user_errors)
+    chat_template = load_chat_template(ns.chat_template)
     args = engine_args_from(ns)
     check_ssl_files(settings)
     if settings.api_server_count > 1:
@@ -219,6 +228,7 @@ def run_serve(ns: argparse.Namespace) -> int:
             settings,
             served_model_name=ns.served_model_name,
             api_key=ns.api_key,
+            chat_template=chat_template,
         )
         logger.info(
             "Serving on %s://%s:%d%s (API key %s)",
@@ -243,8 +253,23 @@ def _run_api_servers(ns: argparse.Namespace, settings: ServerSettings, args: Eng
     logger.info("Engine arguments: %s", args)
     logger.info("Server settings: %s", settings)
     options = FrontEndOptions(settings, ns.served_model_name, ns.api_key, ns.log_level,
-                              ns.enable_log_requests)
+                              ns.enable_log_requests, load_chat_template(ns.chat_template))
     return run_api_servers(args, options, settings.api_server_count)
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """``--chat-template``: a file's text, or the value itself when it is a template."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if path.is_file():
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--chat-template: cannot read {value!r}: {exc}") from None
+    if "{{" in value or "{%" in value:
+        return value
+    raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template.")
 
 
 def serve_main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -173,10 +173,11 @@ def build_server(
     engine: AsyncLLM,
     settings: ServerSettings,
     *,
-    served_model_name: str | None = None,
+    served_model_name: str | Sequence[str] | None = None,
     api_key: str | None = None,
     signals: tuple[int, ...] = _SIGNALS,
     front_end_index: int | None = None,
+    chat_template: str | None = None,
 ) -> CadenceServer:
     """The server for ``engine``: run it with ``.run()`` (or ``await .serve()``); the caller
     shuts the engine down afterwards. ``.exit_code`` is the process status to exit with.
@@ -189,6 +190,7 @@ def build_server(
         body_read_timeout=settings.body_read_timeout,
         engine_stall_timeout=settings.engine_stall_timeout,
         front_end_index=front_end_index,
+        chat_template=chat_template,
     )
     config = uvicorn.Config(
         wrap_app(app, settings),

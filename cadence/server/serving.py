@@ -48,12 +48,14 @@ class StartedRequest:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLM, served_model_name: str) -> None:
+    def __init__(self, engine: AsyncLLM, served_model_name: str,
+                 aliases: tuple[str, ...] = ()) -> None:
         self.engine = engine
-        self.served_model_name = served_model_name
+        self.served_model_name = served_model_name  # the name responses carry
+        self.accepted_names = {served_model_name, engine.model_name, *aliases}
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model not in (self.served_model_name, self.engine.model_name):
+        if model is not None and model not in self.accepted_names:
             raise NotFoundError(f"The model `{model}` does not exist.", param="model")
 
     async def start(

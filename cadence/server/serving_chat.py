@@ -98,6 +98,8 @@ class ChatStream:
 
 
 class OpenAIServingChat(OpenAIServing):
+    chat_template: str | None = None  # the server's (--chat-template), else the tokenizer's
+
     def new_stream(self, request: ChatCompletionRequest, request_id: str) -> ChatStream:
         return ChatStream(request, request_id, self.served_model_name)
 
@@ -116,6 +118,7 @@ class OpenAIServingChat(OpenAIServing):
                 continue_final_message=request.continue_final_message,
                 chat_template_kwargs=request.chat_template_kwargs,
                 check_text=self.engine.input_processor.check_prompt_text,
+                chat_template=self.chat_template,
             )
         except ParamError:
             raise

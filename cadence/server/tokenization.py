@@ -86,8 +86,9 @@ class DetokenizeResponse(OpenAIModel):
 class Tokenization:
     """The tokenizer routes' work over one engine (run in its input thread)."""
 
-    def __init__(self, engine: AsyncLLM) -> None:
+    def __init__(self, engine: AsyncLLM, chat_template: str | None = None) -> None:
         self.engine = engine
+        self.chat_template = chat_template
 
     def _tokenizer(self) -> Any:
         tokenizer = self.engine.tokenizer
@@ -108,6 +109,7 @@ class Tokenization:
                 add_generation_prompt=request.add_generation_prompt,
                 continue_final_message=request.continue_final_message,
                 chat_template_kwargs=request.chat_template_kwargs,
+                chat_template=self.chat_template,
             )
             if request.add_special_tokens:  # vLLM: also the tokenizer's own specials
                 ids = tokenizer.build_inputs_with_special_tokens(ids)

@@ -46,7 +46,7 @@ def start_server(engine: AsyncLLM, **kwargs: Any) -> RunningServer:
     """Serve ``engine`` as ``cadence serve`` does, in a thread. ``kwargs``: ``ServerSettings``
     fields, ``api_key`` and ``served_model_name``."""
     port = free_port()
-    names = ("api_key", "served_model_name")
+    names = ("api_key", "served_model_name", "chat_template")
     app_kwargs = {k: kwargs.pop(k) for k in names if k in kwargs}
     settings = ServerSettings(
         **{"port": port, "shutdown_timeout": 2.0, "uvicorn_log_level": "warning", **kwargs}

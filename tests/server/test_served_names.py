@@ -1,0 +1,60 @@
+"""Several --served-model-name values and --chat-template."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from transformers import AutoTokenizer
+
+from cadence.model.tiny import ensure_tiny_model
+from cadence.server.cli import load_chat_template
+
+TEMPLATE = ("{% for m in messages %}<<{{ m['role'] }}:{{ m['content'] }}>>{% endfor %}"
+            "{% if add_generation_prompt %}ASSISTANT:{% endif %}")
+
+
+def test_every_served_name_is_accepted_and_listed(server_factory) -> None:
+    srv = server_factory(app_kwargs={"served_model_name": ["main-name", "alias"]})
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        listed = [m["id"] for m in http.get("/v1/models").json()["data"]]
+        assert listed == ["main-name", "alias"]
+        for name in ("main-name", "alias", "tiny"):
+            resp = http.post("/v1/completions", json={"model": name, "prompt": "Hi",
+                                                      "max_tokens": 2})
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["model"] == "main-name"  # responses carry the first name
+        resp = http.post("/v1/completions", json={"model": "other", "prompt": "Hi"})
+        assert resp.status_code == 404 and resp.json()["error"]["param"] == "model"
+
+
+def test_the_server_chat_template_replaces_the_tokenizers(server_factory) -> None:
+    srv = server_factory(app_kwargs={"chat_template": TEMPLATE})
+    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    text = "<<system:Be brief.>><<user:Hi!>>ASSISTANT:"  # the template, rendered by hand
+    expected = tok.encode(text, add_special_tokens=False)
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        assert http.post("/tokenize", json={"messages": messages}).json()["tokens"] == expected
+        chat = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1})
+        assert chat.status_code == 200 and chat.json()["usage"]["prompt_tokens"] == len(expected)
+
+
+def test_chat_template_argument(tmp_path: Path) -> None:
+    f = tmp_path / "template.jinja"
+    f.write_text(TEMPLATE)
+    assert load_chat_template(str(f)) == TEMPLATE
+    assert load_chat_template(TEMPLATE) == TEMPLATE
+    assert load_chat_template(None) is None
+    with pytest.raises(ValueError, match="neither a file nor a Jinja template"):
+        load_chat_template(str(tmp_path / "missing.jinja"))
+
+
+def test_cadence_serve_reads_a_chat_template_file_before_loading(tmp_path: Path, capsys) -> None:
+    from cadence.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "tiny", "--chat-template", str(tmp_path / "missing.jinja")])
+    assert info.value.code == 2
+    assert "--chat-template" in capsys.readouterr().err
