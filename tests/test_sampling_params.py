@@ -66,8 +66,15 @@ def test_top_k_zero_is_off_and_tiny_temperatures_are_raised() -> None:
 
 
 def test_valid_edge_values() -> None:
-    SamplingParams(top_p=1.0, top_k=-1, max_tokens=None, logprobs=0, min_tokens=0)
-    SamplingParams(top_k=1, seed=-3, min_tokens=4, max_tokens=4)
+    # Each value at the edge of its range is accepted and kept as given.
+    p = SamplingParams(top_p=1.0, top_k=-1, max_tokens=None, logprobs=0, min_tokens=0)
+    assert (p.top_p, p.top_k, p.max_tokens, p.logprobs, p.min_tokens) == (1.0, -1, None, 0, 0)
+    assert (p.temperature, p.greedy) == (1.0, False)
+    q = SamplingParams(top_k=1, seed=-3, min_tokens=4, max_tokens=4)
+    assert (q.top_k, q.seed, q.min_tokens, q.max_tokens) == (1, -3, 4, 4)
+    r = SamplingParams(temperature=0.01, top_p=5e-324, stop_token_ids=[0, (1 << 63) - 1])
+    assert (r.temperature, r.top_p, r.greedy) == (0.01, 5e-324, False)
+    assert r.all_stop_token_ids == {0, (1 << 63) - 1}
 
 
 def test_clone_is_independent() -> None:

@@ -110,6 +110,11 @@ class AsyncLLM:
         self._cpu_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cadence-input")
         self._cpu_inflight = 0  # calls handed to the input thread and not yet collected
 
+        # Requests ended here (aborted, or finished by a stop string) whose end the core has not
+        # reported yet: their tokens may still be on the way, so a new request reusing such an
+        # id waits for that report instead of receiving them.
+        self._draining: dict[str, asyncio.Event] = {}
+
         self.stat_loggers: list[StatLogger] = []
         self.last_scheduler_stats: SchedulerStats | None = None
         self.output_handler: asyncio.Task[None] | None = None
@@ -196,6 +201,10 @@ class AsyncLLM:
         )  # fmt: skip
         if self.errored:
             raise EngineDeadError()
+        while (draining := self._draining.get(request_id)) is not None:
+            await draining.wait()
+            if self.errored:
+                raise EngineDeadError()
         self._run_output_handler()
         collector = (
             sink
@@ -278,7 +287,7 @@ class AsyncLLM:
         # Ids the output processor no longer tracks (finished by a stop string a moment ago)
         # may still be in the core: abort every given id there; the core ignores unknown ones.
         stats = IterationStats()
-        self.output_processor.abort_requests(request_ids, stats)
+        self._start_draining(self.output_processor.abort_requests(request_ids, stats))
         self.engine_core.abort_requests(list(request_ids))
         if stats.finished_requests:
             self._record_stats(None, stats)  # counted as finished with reason "abort" (vLLM)
@@ -298,9 +307,12 @@ class AsyncLLM:
                 for start in range(OUTPUT_CHUNK_SIZE, len(outputs.outputs), OUTPUT_CHUNK_SIZE):
                     await asyncio.sleep(0)  # let consumers run between large chunks
                     self._process_engine_outputs(outputs, start)
+                # After every chunk: the ended requests' last tokens are behind us.
+                self._stop_draining(outputs.finished_requests)
         except asyncio.CancelledError:
             self.output_processor.propagate_error(EngineDeadError("The engine was shut down."))
             self._record_engine_gone()
+            self._stop_draining(list(self._draining))
             raise
         except Exception as exc:
             if not isinstance(exc, EngineDeadError):
@@ -309,6 +321,7 @@ class AsyncLLM:
                 exc if isinstance(exc, EngineDeadError) else EngineDeadError(repr(exc))
             )
             self._record_engine_gone()
+            self._stop_draining(list(self._draining))
             if not isinstance(exc, EngineDeadError):
                 # Nobody collects the core's outputs any more: stop it rather than let it run
                 # its requests for no one.
@@ -318,9 +331,23 @@ class AsyncLLM:
         chunk = outputs.outputs[start : start + OUTPUT_CHUNK_SIZE]
         processed = self.output_processor.process_outputs(chunk, outputs.timestamp)
         if processed.reqs_to_abort:
+            finished = outputs.finished_requests
+            self._start_draining([r for r in processed.reqs_to_abort if r not in finished])
             self.engine_core.abort_requests(processed.reqs_to_abort)
         scheduler_stats = outputs.scheduler_stats if start == 0 else None
         self._record_stats(scheduler_stats, processed.iteration_stats)
+
+    def _start_draining(self, request_ids: list[str]) -> None:
+        if self.errored:
+            return  # no report will come; add_request refuses every request anyway
+        for request_id in request_ids:
+            self._draining.setdefault(request_id, asyncio.Event())
+
+    def _stop_draining(self, request_ids: Iterable[str]) -> None:
+        for request_id in request_ids:
+            draining = self._draining.pop(request_id, None)
+            if draining is not None:
+                draining.set()
 
     def _record_stats(
         self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None
@@ -346,9 +373,7 @@ class AsyncLLM:
 
     async def do_log_stats(self) -> None:
         """Push fresh scheduler statistics to every stat logger (e.g. before a scrape)."""
-        stats = await self.get_scheduler_stats()
-        for stat_logger in self.stat_loggers:
-            stat_logger.record(stats, None)
+        self._record_stats(await self.get_scheduler_stats(), None)
 
     async def get_num_free_kv_blocks(self) -> int:
         return await self.engine_core.call_utility_async("num_free_kv_blocks")

@@ -15,6 +15,7 @@ from cadence.engine.core import EngineCore
 from cadence.engine.engine_args import EngineArgs
 from cadence.outputs import RequestOutput
 from cadence.sampling_params import RequestOutputKind, SamplingParams
+from tests.gated_core import GatedCore
 from tests.tiny import tiny_args as shared_tiny_args
 
 TEXT_PROMPT = "Hello my name is Robert and"
@@ -43,8 +44,6 @@ async def generate(
     cancel_after: int | None = None,
     progress: dict[str, int] | None = None,
 ) -> tuple[int, str]:
-    # Ensure generate doesn't complete too fast for the cancellation tests.
-    await asyncio.sleep(0.2)
     count = 0
     params = SamplingParams(
         max_tokens=max_tokens, ignore_eos=True, output_kind=output_kind, temperature=0.5, seed=33
@@ -64,6 +63,21 @@ async def generate(
 
 
 KINDS = [RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY]
+
+
+async def wait_for_tokens(engine: AsyncLLM, request_ids: list[str], at_least: int = 1) -> None:
+    """Wait until each request is in the engine and has ``at_least`` tokens (the deadline only
+    turns a hang into a failure)."""
+    states = engine.output_processor.request_states
+
+    def ready(rid: str) -> bool:
+        return rid in states and states[rid].metrics.num_generation_tokens >= at_least
+
+    async def poll() -> None:
+        while not all(ready(rid) for rid in request_ids):
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(poll(), 60)
 
 
 @pytest.mark.parametrize(
@@ -105,10 +119,15 @@ async def test_abort(output_kind: RequestOutputKind, engine: AsyncLLM) -> None:
                 generate(engine, f"request-{idx}", TEXT_PROMPT, output_kind, max_tokens)
             )
         )
-    # The API server cancels requests when their clients disconnect.
+    # The API server cancels requests when their clients disconnect: here, once each one to
+    # cancel runs in the engine (cancelling before it was submitted would test nothing).
+    to_abort = [f"request-{idx}" for idx in ids_to_abort]
+    await wait_for_tokens(engine, to_abort)
+    states = engine.output_processor.request_states
+    assert all(states[rid].metrics.num_generation_tokens < num_expected_tokens_long
+               for rid in to_abort)
     for idx in ids_to_abort:
         tasks[idx].cancel()
-        await asyncio.sleep(0.1)
     for idx, task in enumerate(tasks):
         if idx in ids_to_abort:
             with pytest.raises(asyncio.CancelledError):
@@ -144,14 +163,9 @@ async def test_multi_abort(output_kind: RequestOutputKind, engine: AsyncLLM) -> 
         )
         for idx, rid in enumerate(request_ids)
     ]
-    # Let the requests start (vLLM sleeps 0.5 s; here: until each one to abort has tokens, so
-    # that a slow machine cannot make the check below flaky).
+    # Let the requests start (vLLM sleeps 0.5 s; here: until each one to abort has tokens).
     to_abort = [request_ids[i] for i in ids_to_abort]
-    states = engine.output_processor.request_states
-    for _ in range(3000):
-        if all(rid in states and states[rid].metrics.num_generation_tokens for rid in to_abort):
-            break
-        await asyncio.sleep(0.01)
+    await wait_for_tokens(engine, to_abort)
     await engine.abort(to_abort)
     results = await asyncio.gather(*tasks, return_exceptions=True)
     for idx, result in enumerate(results):
@@ -229,7 +243,10 @@ async def test_abort_final_output(output_kind: RequestOutputKind, engine: AsyncL
         return final
 
     generated = asyncio.create_task(collect())
-    await asyncio.sleep(0.5)
+    await wait_for_tokens(engine, [request_id], at_least=3)
+    # No await between reading the count and aborting: the final output holds exactly these.
+    produced = engine.output_processor.request_states[request_id].metrics.num_generation_tokens
+    assert 3 <= produced < 400
     await engine.abort(request_id)
     final = await generated
     assert final is not None and final.finished
@@ -238,10 +255,11 @@ async def test_abort_final_output(output_kind: RequestOutputKind, engine: AsyncL
     assert final.outputs[0].stop_reason is None
     assert final.num_cached_tokens is not None and final.num_cached_tokens >= 0
     if output_kind == RequestOutputKind.DELTA:
-        assert sum(len(o.outputs[0].token_ids) for o in outputs) > 0
+        delivered = outputs + [final]
+        assert sum(len(o.outputs[0].token_ids) for o in delivered) == produced
     else:
         assert outputs == []
-        assert 0 < len(final.outputs[0].token_ids) < 400
+        assert len(final.outputs[0].token_ids) == produced
     assert not engine.output_processor.has_unfinished_requests()
 
 
@@ -296,13 +314,10 @@ async def test_stop_string_finishes_and_frees_the_request_in_the_core(engine: As
     assert final.outputs[0].finish_reason == "stop"
     assert final.outputs[0].stop_reason == stop
     assert text == full[:cut]
-    # The output handler aborted it in the core: nothing left running, every block free.
-    for _ in range(100):
-        stats = await engine.get_scheduler_stats()
-        if stats.num_running_reqs == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert stats.num_running_reqs == 0
+    # The output handler aborted it in the core before handing out the final output, so this
+    # utility call, queued after the abort, sees nothing running and every block free.
+    stats = await engine.get_scheduler_stats()
+    assert (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
     assert await engine.get_num_free_kv_blocks() == engine.num_kv_blocks - 1
 
 
@@ -377,8 +392,7 @@ async def test_shutdown_ends_waiting_requests(engine: AsyncLLM) -> None:
             got.extend(out.outputs[0].token_ids)
 
     task = asyncio.create_task(run())
-    while len(got) < 3:
-        await asyncio.sleep(0.01)
+    await wait_for_tokens(engine, ["long"], at_least=3)
     engine.shutdown()
     with pytest.raises(EngineDeadError):
         await asyncio.wait_for(task, timeout=10)
@@ -411,10 +425,8 @@ async def test_output_handler_failure_stops_the_core() -> None:
         with pytest.raises(EngineDeadError):
             async for _ in llm.generate(TEXT_PROMPT, params, "x"):
                 pass
-        for _ in range(100):  # the core thread is stopped, not left running for no one
-            if not llm.engine_core.proc.is_alive:
-                break
-            await asyncio.sleep(0.05)
+        # The core thread is stopped, not left running for no one.
+        await asyncio.to_thread(llm.engine_core.proc.thread.join, 30)
         assert not llm.engine_core.proc.is_alive
         assert llm.errored
     finally:
@@ -453,3 +465,149 @@ async def test_small_inputs_are_processed_inline_unless_the_input_thread_is_busy
     monkeypatch.setattr("cadence.engine.async_llm.INLINE_INPUT_LIMIT", 0)
     big = [t async for t in engine.generate({"prompt_token_ids": [7] * 5}, params, "b")]
     assert small[-1].outputs[0].token_ids == big[-1].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("ended_by", ["abort", "stop string"])
+async def test_a_reused_id_never_receives_the_ended_requests_tokens(ended_by: str) -> None:
+    """Ending a request here (abort, stop string) leaves the tokens of steps the engine already
+    runs on their way; a new request with the same id must wait for them to pass."""
+    args = tiny_args()
+    llm = AsyncLLM(args, core_factory=lambda: GatedCore(args))
+    core: GatedCore = llm.engine_core.proc.engine_core  # type: ignore[assignment]
+    prompt = {"prompt_token_ids": [72, 101, 278, 111, 295, 121, 290, 346]}
+
+    def greedy(max_tokens: int, stop: list[str] | None = None) -> SamplingParams:
+        return SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0, stop=stop,
+                              output_kind=RequestOutputKind.DELTA)
+
+    async def drain(rid: str, collector: Any) -> list[int]:
+        return [t async for out in llm.outputs(rid, collector) for t in out.outputs[0].token_ids]
+
+    try:
+        core.open()
+        ref = await drain("ref", await llm.add_request("ref", prompt, greedy(6)))
+        core.wait_idle()
+        core.close()  # from here the test hands out every step
+        params = greedy(100)
+        if ended_by == "stop string":
+            # A stop string that first occurs as the text of the third token.
+            two, three = llm.tokenizer.decode(ref[:2]), llm.tokenizer.decode(ref[:3])
+            stop = three[len(two):]
+            assert stop and three.index(stop) == len(two)
+            params = greedy(100, stop=[stop])
+        collector = await llm.add_request("x", prompt, params)
+        seen: list[int] = []
+        for _ in range(3):
+            core.allow()
+            # Blocking the loop on purpose: the engine ran the step and drained its inputs, so
+            # its next step runs for this "x" whatever the front end does now.
+            core.wait_at_gate()
+            out = await collector.get()
+            seen += out.outputs[0].token_ids
+        assert seen == ref[:3]
+        if ended_by == "abort":
+            assert not out.finished
+            llm.abort_nowait(["x"])
+        else:
+            assert out.finished and out.outputs[0].finish_reason == "stop"
+        # Added while the engine still runs the first "x" (and holds its late tokens back).
+        reused = asyncio.ensure_future(llm.add_request("x", prompt, greedy(6)))
+        await asyncio.sleep(0)
+        core.open()
+        assert await drain("x", await reused) == ref
+        assert core.tokens["x"] >= 3 + 1 + 6  # a late token of the first "x" did come
+        assert not llm.output_processor.has_unfinished_requests()
+    finally:
+        core.open()
+        llm.shutdown()
+
+
+async def test_engine_dying_while_a_prompt_is_processed() -> None:
+    """The engine dies while a prompt waits in the input thread: the request is refused with
+    EngineDeadError and nothing is left registered."""
+    import threading
+
+    from cadence.core_types import EngineCoreRequest
+
+    args = tiny_args()
+    llm = AsyncLLM(args, core_factory=lambda: FailingCore(args, fail_at=1))
+    try:
+        gate = threading.Event()
+        busy = asyncio.ensure_future(llm.run_in_executor(gate.wait, 30))
+        params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
+
+        async def late() -> None:
+            async for _ in llm.generate(TEXT_PROMPT, params, "late"):
+                pass
+
+        task = asyncio.ensure_future(late())
+        await asyncio.sleep(0)  # its text waits behind the busy input thread
+        assert not task.done()
+        # Any step now kills the engine; the front end learns it from the output queue.
+        llm.engine_core.add_request(EngineCoreRequest("trigger", [1, 2, 3], params))
+        await asyncio.wait_for(llm.output_handler, 30)
+        assert llm.errored
+        gate.set()
+        assert await busy is True
+        with pytest.raises(EngineDeadError):
+            await task
+        assert not llm.output_processor.has_unfinished_requests()
+    finally:
+        llm.shutdown()
+
+
+async def test_engine_dying_as_the_request_is_handed_over(engine: AsyncLLM,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The core thread stops between the request's registration and its hand-over to the core:
+    EngineDeadError, and the registration is undone at once."""
+    register = engine.output_processor.add_request
+
+    def register_then_die(*args: Any, **kwargs: Any) -> None:
+        register(*args, **kwargs)
+        engine.engine_core.proc.shutdown()  # the thread is gone when this returns
+
+    monkeypatch.setattr(engine.output_processor, "add_request", register_then_die)
+    params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
+    with pytest.raises(EngineDeadError):
+        async for _ in engine.generate({"prompt_token_ids": [1, 2, 3]}, params, "handed-over"):
+            pass
+    # Checked before the output handler ran: the refused request did not stay registered.
+    assert not engine.output_processor.has_unfinished_requests()
+
+
+class BrokenStatLogger:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        self.calls += 1
+        raise RuntimeError("metrics backend down")
+
+
+class CountingStatLogger:
+    def __init__(self) -> None:
+        self.generation_tokens = 0
+        self.scheduler_stats = 0
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        self.scheduler_stats += scheduler_stats is not None
+        if iteration_stats is not None:
+            self.generation_tokens += iteration_stats.num_generation_tokens
+
+
+async def test_a_failing_stat_logger_never_takes_serving_down(engine: AsyncLLM) -> None:
+    broken, counting = BrokenStatLogger(), CountingStatLogger()
+    engine.add_stat_logger(broken)  # first: the loggers after it must still be called
+    engine.add_stat_logger(counting)
+    params = SamplingParams(max_tokens=7, ignore_eos=True, temperature=0.0,
+                            output_kind=RequestOutputKind.DELTA)
+    for rid in ("a", "b"):
+        ids = [t async for out in engine.generate(TEXT_PROMPT, params, rid)
+               for t in out.outputs[0].token_ids]
+        assert len(ids) == 7
+    assert broken.calls > 0 and counting.generation_tokens == 14
+    assert not engine.errored
+    # A refresh of the stats for a scrape goes on past the broken logger too.
+    before = counting.scheduler_stats
+    await engine.do_log_stats()
+    assert counting.scheduler_stats == before + 1

@@ -6,6 +6,7 @@ import asyncio
 import queue
 import threading
 import time
+import types
 from typing import Any
 
 import pytest
@@ -120,16 +121,59 @@ def test_generates_in_engine_thread_and_matches_offline(args: EngineArgs) -> Non
     assert offline == tokens["a"]
 
 
-def test_blocks_when_idle_instead_of_spinning(args: EngineArgs) -> None:
+class RecordingQueue:
+    """The engine loop's input queue, recording how the loop waits on it."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self.blocked = False  # the loop waits in a blocking get() right now
+        self.timeouts: list[float | None] = []  # of every blocking get()
+
+    def put(self, item: Any) -> None:
+        self._queue.put(item)
+
+    def get_nowait(self) -> Any:
+        return self._queue.get_nowait()
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        if not block:
+            return self._queue.get_nowait()
+        with self._cond:
+            self.timeouts.append(timeout)
+            self.blocked = True
+            self._cond.notify_all()
+        try:
+            return self._queue.get(timeout=timeout)
+        finally:
+            with self._cond:
+                self.blocked = False
+
+    def wait_blocked(self, timeout: float = 30.0) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: self.blocked, timeout), "the loop never blocked"
+
+
+def test_blocks_when_idle_instead_of_spinning(
+    args: EngineArgs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cadence.engine.core_proc as core_proc
+
+    inputs = RecordingQueue()
+    fake_queue = types.SimpleNamespace(SimpleQueue=lambda: inputs, Empty=queue.Empty)
+    monkeypatch.setattr(core_proc, "queue", fake_queue)
     holder: list[InstrumentedCore] = []
     client = InprocEngineCoreClient(lambda: holder.append(InstrumentedCore(args)) or holder[-1])
     try:
+        inputs.wait_blocked()  # idle from the start
+        assert holder[0].steps == 0
         client.add_request(make_request("a", 4))
         collect(client, {"a"})
-        time.sleep(0.05)  # the last step's bookkeeping (finished ids) may take one more step
-        steps = holder[0].steps
-        time.sleep(0.3)
-        assert holder[0].steps == steps, "the loop stepped while it had no work"
+        # Idle again: the loop waits for its next input without a timeout (no polling), after
+        # the request's steps and at most one more (reporting the finished id).
+        inputs.wait_blocked()
+        assert 4 <= holder[0].steps <= 5
+        assert inputs.timeouts and set(inputs.timeouts) == {None}
         # A new request wakes it up at once.
         client.add_request(make_request("b", 2))
         assert len(collect(client, {"b"}, timeout=10)["b"]) == 2
@@ -245,12 +289,20 @@ def test_output_queue_wakes_an_asyncio_consumer_from_another_thread() -> None:
     async def consume() -> list[Any]:
         got = []
         for _ in range(3):
-            got.append(await asyncio.wait_for(q.get_async(), timeout=5))
+            got.append(await asyncio.wait_for(q.get_async(), timeout=30))
         return got
+
+    def waiting() -> bool:
+        with q._cond:
+            return q._waiter is not None
 
     def produce() -> None:
         for i in range(3):
-            time.sleep(0.02)
+            # Each put finds the consumer already waiting: the wake-up path, every time.
+            deadline = time.monotonic() + 30
+            while not waiting():
+                assert time.monotonic() < deadline, "the consumer never waited"
+                time.sleep(0.001)
             q.put(EngineCoreOutputs(finished_requests={str(i)}))
 
     t = threading.Thread(target=produce)
@@ -259,4 +311,4 @@ def test_output_queue_wakes_an_asyncio_consumer_from_another_thread() -> None:
     t.join()
     assert [next(iter(o.finished_requests)) for o in got] == ["0", "1", "2"]
     with pytest.raises(queue.Empty):
-        q.get(timeout=0.01)
+        q.get(timeout=0)

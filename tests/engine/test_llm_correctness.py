@@ -11,6 +11,7 @@ import random
 import pytest
 
 from cadence import LLM, SamplingParams
+from cadence.core_types import EngineCoreRequest
 from tests.hf_models import VOCAB, build_hf_model, hf_greedy
 
 NEW_TOKENS = 32
@@ -96,3 +97,29 @@ def test_eos_stops_like_transformers(tmp_path, async_scheduling):
         assert completion.token_ids == exp
         stopped = exp[-1] == eos
         assert completion.finish_reason == ("stop" if stopped else "length")
+
+
+def test_prefill_chunks_that_sample_nothing(tmp_path):
+    """One 50-token prompt at 16 tokens a step: steps 1-3 are prefill chunks in which no row
+    samples (the runner skips the logits), step 4 ends the prompt and samples the first token;
+    then one token a step, all transformers' greedy tokens."""
+    model = build_hf_model("qwen3", tmp_path)
+    prompt = _prompts()[3]
+    assert len(prompt) == 50
+    expected = hf_greedy(model, [prompt], 6)[0]
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, max_num_seqs=4, max_model_len=256,
+              max_num_batched_tokens=16, async_scheduling=False)
+    core = llm.engine_core
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    core.add_request(EngineCoreRequest("long", prompt, params))
+    per_step: list[list[int]] = []
+    while core.has_work():
+        outs, _ = core.step_fn()
+        per_step.append([t for o in outs.outputs for t in o.new_token_ids])
+    assert per_step[:4] == [[], [], [], expected[:1]]
+    assert [t for step in per_step for t in step] == expected
+    assert core.num_free_kv_blocks == core.num_kv_blocks - 1
+    # Beside a decoding request (which samples), the same chunks give the same tokens.
+    outs = llm.generate([{"prompt_token_ids": prompt}, {"prompt_token_ids": _prompts()[0]}],
+                        params, use_tqdm=False)
+    assert outs[0].outputs[0].token_ids == expected

@@ -117,10 +117,11 @@ async def test_get_nowait_and_final_only() -> None:
 async def test_get_waits_for_put() -> None:
     collector = RequestOutputCollector(DELTA)
     task = asyncio.create_task(collector.get())
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # the task runs up to its wait
+    await asyncio.sleep(0)
     assert not task.done()
     collector.put(_ro(0, 2))
-    out = await asyncio.wait_for(task, 1.0)
+    out = await asyncio.wait_for(task, 30)
     assert out.outputs[0].token_ids == [0]
 
 
@@ -139,10 +140,11 @@ async def test_exception_is_raised_and_never_replaced() -> None:
 async def test_put_from_another_thread_wakes_the_consumer() -> None:
     collector = RequestOutputCollector(DELTA)
     task = asyncio.create_task(collector.get())
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # the task runs up to its wait: the put must wake it
+    assert not task.done()
     thread = threading.Thread(target=collector.put, args=(_ro(0, 2),))
     thread.start()
-    out = await asyncio.wait_for(task, 2.0)
+    out = await asyncio.wait_for(task, 30)
     thread.join()
     assert out.outputs[0].token_ids == [0]
 

@@ -115,16 +115,39 @@ def check_silu_and_mul(device: str, dtype: torch.dtype, rows: int, d: int) -> No
 # --- CPU: the references (the CPU path) are what transformers computes --------------------------
 
 
-def test_dispatch_on_cpu_runs_the_references():
-    x = _randn(3, 40, dtype=torch.float32, device="cpu", seed=0)
-    r = _randn(3, 40, dtype=torch.float32, device="cpu", seed=1)
-    w = 1 + _randn(40, dtype=torch.float32, device="cpu", seed=2, scale=0.2)
-    assert torch.equal(fused_ops.rms_norm(x, w, 1e-5), fused_ops.rms_norm_reference(x, w, 1e-5))
+def _rms_norm_f64(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    x64 = x.double()
+    return x64 / torch.sqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+
+def test_rms_norm_of_a_hand_computed_row():
+    # rms([3, 4]) = sqrt((9 + 16) / 2) = sqrt(12.5); times the weights [1, 2].
+    x = torch.tensor([[3.0, 4.0]])
+    w = torch.tensor([1.0, 2.0])
+    expected = torch.tensor([[0.8485281374, 2.2627416998]])
+    torch.testing.assert_close(fused_ops.rms_norm(x, w, 0.0), expected)
+    normed, residual = fused_ops.add_rms_norm(torch.tensor([[1.0, 5.0]]),
+                                              torch.tensor([[2.0, -1.0]]), w, 0.0)
+    assert residual.tolist() == [[3.0, 4.0]]
+    torch.testing.assert_close(normed, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cpu_ops_match_float64_formulas(dtype):
+    x = _randn(3, 40, dtype=dtype, device="cpu", seed=0, scale=3.0)
+    r = _randn(3, 40, dtype=dtype, device="cpu", seed=1)
+    w = 1 + _randn(40, dtype=dtype, device="cpu", seed=2, scale=0.2)
+    # float32: a few ulps; bfloat16: rounded after the norm and after the scale (2 x 2^-8).
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1.6e-2)
+    got = fused_ops.rms_norm(x, w, 1e-5)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.double(), _rms_norm_f64(x, w, 1e-5), **tol)
     normed, residual = fused_ops.add_rms_norm(x, r, w, 1e-5)
-    assert torch.equal(residual, r + x)
-    assert torch.equal(normed, fused_ops.rms_norm_reference(r + x, w, 1e-5))
-    gate, up = x[:, :20], x[:, 20:]
-    assert torch.equal(fused_ops.silu_and_mul(x), torch.nn.functional.silu(gate) * up)
+    assert torch.equal(residual, r + x)  # one addition, rounded once
+    torch.testing.assert_close(normed.double(), _rms_norm_f64(residual, w, 1e-5), **tol)
+    g64, u64 = x[:, :20].double(), x[:, 20:].double()
+    silu_mul = g64 / (1 + torch.exp(-g64)) * u64
+    torch.testing.assert_close(fused_ops.silu_and_mul(x).double(), silu_mul, **tol)
 
 
 @pytest.mark.parametrize("norm", [True, False])

@@ -199,6 +199,35 @@ def test_stop_via_update_from_output():
     assert list(request.output_token_ids) == [EOS_TOKEN_ID, 10, 11]
 
 
+def test_multi_token_output_is_cut_at_the_first_stop():
+    """A step that hands a request several tokens (speculative-style) keeps them up to the first
+    that ends it, and no further: a stop token, EOS, or max_tokens."""
+    scheduler = create_scheduler()
+    stop_tok, eos = create_requests(num_requests=2, max_tokens=10, stop_token_ids=[42])
+    (capped,) = create_requests(num_requests=1, max_tokens=3, starting_idx=2)
+    for req in (stop_tok, eos, capped):
+        scheduler.add_request(req)
+    output = scheduler.schedule()
+    eco = scheduler.update_from_output(output, runner_output(
+        ["0", "1", "2"], [[7, 42, 9, 10], [8, EOS_TOKEN_ID, 11], [1, 2, 3, 4, 5]]))
+    by_id = {o.request_id: o for o in eco.outputs}
+    assert by_id["0"].new_token_ids == [7, 42] and list(stop_tok.output_token_ids) == [7, 42]
+    assert by_id["0"].finish_reason == FinishReason.STOP and by_id["0"].stop_reason == 42
+    assert by_id["1"].new_token_ids == [8, EOS_TOKEN_ID]
+    assert by_id["1"].finish_reason == FinishReason.STOP and by_id["1"].stop_reason is None
+    assert by_id["2"].new_token_ids == [1, 2, 3] and list(capped.output_token_ids) == [1, 2, 3]
+    assert by_id["2"].finish_reason == FinishReason.LENGTH
+    assert eco.finished_requests == {"0", "1", "2"}
+    assert_scheduler_empty(scheduler)
+    # Several tokens that end nothing are all kept.
+    (req,) = create_requests(num_requests=1, max_tokens=10, stop_token_ids=[42], req_ids=["x"])
+    scheduler.add_request(req)
+    output = scheduler.schedule()
+    eco = scheduler.update_from_output(output, runner_output(["x"], [[5, 6, 7]]))
+    assert eco.outputs[0].new_token_ids == [5, 6, 7] and eco.outputs[0].finish_reason is None
+    assert list(req.output_token_ids) == [5, 6, 7]
+
+
 def test_stop_via_max_model_len():
     scheduler = create_scheduler(max_num_batched_tokens=64, max_model_len=14)
     request = create_requests(num_requests=1, num_tokens=10, max_tokens=100)[0]

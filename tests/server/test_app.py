@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import httpx
 import openai
 import pytest
+
+from tests.gated_core import GatedCore
+from tests.server.waiting import wait_until
 
 PROMPT = "Hello my name is Robert and"
 
@@ -177,6 +179,46 @@ def test_chat_stream_equals_non_stream_with_logprobs(server, client: openai.Open
     assert both.usage is not None and both.usage.completion_tokens == 7
 
 
+def test_streamed_logprobs_equal_the_non_streamed_ones(server) -> None:
+    """Each streamed chunk carries the logprobs of its own tokens; put together they are the
+    non-streamed answer's, for both endpoints."""
+    greedy = {"model": "tiny", "temperature": 0, "ignore_eos": True, "max_tokens": 12}
+    cases = [
+        ("/v1/completions", {**greedy, "prompt": PROMPT, "logprobs": 3}),
+        ("/v1/chat/completions", {**greedy, "messages": [{"role": "user", "content": "Hi"}],
+                                  "logprobs": True, "top_logprobs": 3}),
+    ]
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        for route, body in cases:
+            full = http.post(route, json=body).json()["choices"][0]["logprobs"]
+            with http.stream("POST", route, json={**body, "stream": True}) as r:
+                chunks = [json.loads(line[6:]) for line in r.iter_lines()
+                          if line.startswith("data: {")]
+            parts = [c["choices"][0]["logprobs"] for c in chunks
+                     if c["choices"] and c["choices"][0].get("logprobs")]
+            if route == "/v1/completions":
+                assert len(full["tokens"]) == 12
+                for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                    streamed = [x for p in parts for x in p[key]]
+                    if key == "token_logprobs":
+                        assert streamed == pytest.approx(full[key], abs=1e-5)
+                    elif key == "top_logprobs":
+                        assert [sorted(t) for t in streamed] == [sorted(t) for t in full[key]]
+                    else:
+                        assert streamed == full[key], key
+                texts = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+                assert "".join(full["tokens"]) == texts
+            else:
+                streamed = [x for p in parts for x in p["content"]]
+                assert len(full["content"]) == len(streamed) == 12
+                for got, want in zip(streamed, full["content"], strict=True):
+                    assert got["token"] == want["token"]
+                    assert got["logprob"] == pytest.approx(want["logprob"], abs=1e-5)
+                    assert [t["token"] for t in got["top_logprobs"]] == [
+                        t["token"] for t in want["top_logprobs"]]
+                    assert len(got["top_logprobs"]) == 3
+
+
 def test_continuous_usage_stats(server) -> None:
     body = {
         "model": "tiny",
@@ -258,6 +300,28 @@ def test_metrics_count_exactly(server, client: openai.OpenAI) -> None:
     assert after[success] - before.get(success, 0.0) == 2
 
 
+class BrokenStatLogger:
+    def record(self, scheduler_stats: object, iteration_stats: object) -> None:
+        raise RuntimeError("metrics backend down")
+
+
+def test_a_failing_stat_logger_takes_neither_serving_nor_metrics_down(server_factory) -> None:
+    srv = server_factory()
+    srv.engine.stat_loggers.insert(0, BrokenStatLogger())  # ahead of the server's own logger
+    label = '{model_name="tiny"}'
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        for stream in (False, True):
+            body = {"prompt": PROMPT, "max_tokens": 3, "ignore_eos": True, "stream": stream}
+            resp = http.post("/v1/completions", json=body)
+            assert resp.status_code == 200, resp.text
+        assert resp.text.rstrip().endswith("data: [DONE]")
+        values = metric_values(http.get("/metrics").text)
+        assert http.get("/health").status_code == 200
+    assert values["cadence:generation_tokens_total" + label] == 6
+    assert values['cadence:request_success_total{finished_reason="length",model_name="tiny"}'] == 2
+    assert values["cadence:num_requests_running" + label] == 0
+
+
 def test_metrics_gauges_while_busy(server) -> None:
     body = {
         "prompt": PROMPT,
@@ -282,9 +346,9 @@ def test_metrics_gauges_while_busy(server) -> None:
 
 def test_priority_through_http(server_factory) -> None:
     """With one sequence slot, queued requests run by priority (lower first), then arrival."""
-    srv = server_factory(scheduling_policy="priority", max_num_seqs=1)
-    order: list[str] = []
-    lock = threading.Lock()
+    srv = server_factory(core_factory=GatedCore, scheduling_policy="priority", max_num_seqs=1)
+    core: GatedCore = srv.engine.engine_core.proc.engine_core
+    ids: dict[str, str] = {}
 
     def run(name: str, priority: int, max_tokens: int) -> None:
         with httpx.Client(base_url=srv.base_url, timeout=60) as http:
@@ -299,28 +363,29 @@ def test_priority_through_http(server_factory) -> None:
                 },
             )
         assert resp.status_code == 200, resp.text
-        with lock:
-            order.append(name)
+        ids[resp.json()["id"]] = name
 
-    blocker = threading.Thread(target=run, args=("blocker", 0, 480))
-    blocker.start()
-    engine = srv.engine.engine_core
-    deadline = time.monotonic() + 10
-    while engine.call_utility("make_stats").num_running_reqs == 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    queued = [("low", 5), ("high", -3), ("mid", 1), ("high2", -3)]
+    def unfinished() -> int:
+        return srv.engine.output_processor.get_num_unfinished_requests()
+
     threads = []
-    for name, prio in queued:
-        t = threading.Thread(target=run, args=(name, prio, 4))
-        t.start()
-        threads.append(t)
-        while engine.call_utility("make_stats").num_waiting_reqs < len(threads):
-            assert time.monotonic() < deadline, "the queued requests never waited together"
-            time.sleep(0.005)
-    for t in [blocker, *threads]:
-        t.join(60)
-    assert order == ["blocker", "high", "high2", "mid", "low"]
+    try:
+        # The blocker takes the slot; the engine then waits at its gate while the others arrive,
+        # one after the other, so none can run before all are queued.
+        for name, prio, max_tokens in [("blocker", 0, 20), ("low", 5, 4), ("high", -3, 4),
+                                       ("mid", 1, 4), ("high2", -3, 4)]:
+            threads.append(threading.Thread(target=run, args=(name, prio, max_tokens)))
+            threads[-1].start()
+            wait_until(lambda: unfinished() == len(threads), f"request {name} in the engine")
+            if name == "blocker":
+                core.allow()
+                core.wait_at_gate()
+        core.open()
+        for t in threads:
+            t.join(60)
+    finally:
+        core.open()
+    assert [ids[rid] for rid in core.finished] == ["blocker", "high", "high2", "mid", "low"]
 
 
 def test_batched_prompts_stream(server, client: openai.OpenAI) -> None:

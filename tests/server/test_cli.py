@@ -94,7 +94,6 @@ def test_bench_serve_reports_latency_and_throughput(server, tmp_path: Path, caps
         assert r["request_throughput"] > 0 and r["output_throughput"] > 0
         for name in ("ttft", "tpot", "itl", "e2el"):
             assert 0 < r[f"p50_{name}_ms"] <= r[f"p90_{name}_ms"] <= r[f"p99_{name}_ms"]
-        assert r["p99_ttft_ms"] < r["p50_e2el_ms"] * 4
     # One JSON line per level on stdout.
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("{")]
     assert [json.loads(ln)["concurrency"] for ln in lines] == [1, 4]

@@ -150,6 +150,33 @@ def test_too_large_content_length_is_refused_before_the_body(strict) -> None:
         assert read_until_closed(sock) == b""
 
 
+def chunked(body: bytes, size: int = 1000) -> bytes:
+    """``body`` in Transfer-Encoding: chunked pieces of ``size`` bytes, then the last chunk."""
+    pieces = [body[i : i + size] for i in range(0, len(body), size)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+
+CHUNKED_HEAD = (b"POST /v1/completions HTTP/1.1\r\nHost: test\r\n"
+                b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+
+def test_a_chunked_body_past_the_limit_is_413(strict) -> None:
+    # No Content-Length to refuse up front: the limit is enforced on the bytes as they come.
+    body = json.dumps({"prompt": "x" * LIMIT, "max_tokens": 2}).encode()
+    assert len(body) > LIMIT
+    with connect(strict) as sock:
+        sock.sendall(CHUNKED_HEAD + chunked(body))
+        status, _, answer = split_response(read_response(sock))
+    assert status == 413
+    assert json.loads(answer)["error"]["type"] == "RequestTooLargeError"
+    # Within the limit, the same chunked framing is served.
+    body = json.dumps({"prompt": "Hi", "max_tokens": 2}).encode()
+    with connect(strict) as sock:
+        sock.sendall(CHUNKED_HEAD + chunked(body, size=7))
+        status, _, answer = split_response(read_response(sock))
+    assert status == 200 and json.loads(answer)["usage"]["completion_tokens"] == 2
+
+
 def test_expect_continue_within_the_limit_gets_100(strict) -> None:
     body = json.dumps({"prompt": "Hi", "max_tokens": 2}).encode()
     with connect(strict) as sock:

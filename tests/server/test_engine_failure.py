@@ -1,6 +1,7 @@
 """Engine faults: a crash fails in-flight requests promptly with 503s, /health and /metrics say
 so, and the server exits with status 1 after a grace period; a stall turns /health 503 (with a
-log line) until the engine makes progress again."""
+log line) until the engine makes progress again; a request failing alone after its stream
+started ends with an error event."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import httpx
 
 from cadence.engine.core import EngineCore
 from cadence.engine.engine_args import EngineArgs
-from tests.server.waiting import metric, scrape, wait_until
+from tests.gated_core import GatedCore
+from tests.server.waiting import metric, scrape, wait_released, wait_until
 
 PROMPT = "Hello my name is Robert and"
 LONG = {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True}
@@ -48,8 +50,9 @@ def unfinished(srv) -> int:
     return srv.engine.output_processor.get_num_unfinished_requests()
 
 
-def test_crash_fails_in_flight_requests_then_the_server_exits(server_factory) -> None:
-    srv = server_factory(core_factory=FaultyCore, app_kwargs={"engine_death_grace": 1.0})
+def test_crash_fails_in_flight_requests_with_503s(server_factory) -> None:
+    # A grace period far longer than the test: everything below runs before the exit.
+    srv = server_factory(core_factory=FaultyCore, app_kwargs={"engine_death_grace": 600.0})
     core = srv.engine.engine_core.proc.engine_core
     with httpx.Client(base_url=srv.base_url, timeout=30) as http:
         assert http.get("/health").status_code == 200
@@ -102,8 +105,19 @@ def test_crash_fails_in_flight_requests_then_the_server_exits(server_factory) ->
         assert metric(text, "cadence:num_requests_running") == 0
         assert metric(text, "cadence:num_requests_waiting") == 0
         assert metric(text, "cadence:kv_cache_usage_perc") == 0
-    # After the grace period the server stops by itself, asking for exit status 1.
-    srv.thread.join(20)
+    # The exit with status 1 is decided (at the server's next tick); it comes after the grace.
+    wait_until(lambda: srv.server.exit_code == 1, "the server to decide its exit")
+    assert srv.thread.is_alive()
+
+
+def test_after_an_engine_crash_the_server_exits_with_status_1(server_factory) -> None:
+    srv = server_factory(core_factory=FaultyCore, app_kwargs={"engine_death_grace": 0.0})
+    core = srv.engine.engine_core.proc.engine_core
+    core.armed.set()
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        resp = http.post("/v1/completions", json={**LONG, "max_tokens": 4})
+    assert resp.status_code == 503, resp.text
+    srv.thread.join(30)  # a bound only: the grace period is 0
     assert not srv.thread.is_alive()
     assert srv.server.exit_code == 1
 
@@ -120,7 +134,7 @@ def test_stall_turns_health_503_until_progress(server_factory, caplog) -> None:
             first = next(line for line in lines if line.startswith("data: "))
             assert first
             core.hang.set()
-            core.hanging.wait(10)
+            assert core.hanging.wait(30)
             health = wait_until(
                 lambda: (h := http.get("/health")).status_code == 503 and h, "a 503 /health"
             )
@@ -146,3 +160,61 @@ def test_clean_shutdown(server_factory) -> None:
     assert srv.server.exit_code == 0
     assert not srv.engine.engine_core.proc.thread.is_alive()
     assert srv.engine.errored
+
+
+class RequestFailingCore(GatedCore):
+    """A gated core that fails the requests named in ``to_fail`` at its next step, as the
+    model runner does with a request it cannot run: that request alone ends with an error."""
+
+    def __init__(self, args: EngineArgs) -> None:
+        super().__init__(args)
+        self.to_fail: set[str] = set()
+
+    @property
+    def step_fn(self):
+        inner = super().step_fn
+
+        def step():
+            outputs, executed = inner()
+            failing = {rid: "injected request failure" for rid in self.to_fail
+                       if rid in self.scheduler.requests}
+            if failing:
+                outputs.outputs.extend(self.scheduler._fail_requests(failing))
+            return outputs, executed
+
+        return step
+
+
+def test_a_request_failing_after_its_stream_started_ends_with_an_error_event(
+    server_factory,
+) -> None:
+    srv = server_factory(core_factory=RequestFailingCore)
+    core: RequestFailingCore = srv.engine.engine_core.proc.engine_core
+    body = {**LONG, "stream": True, "return_token_ids": True}
+    try:
+        with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+            with http.stream("POST", "/v1/completions", json=body) as r:
+                frames = (line for line in r.iter_lines() if line.startswith("data: "))
+                core.allow(2)
+                first = [json.loads(next(frames)[6:]) for _ in range(2)]
+                rid = first[0]["id"]
+                core.wait_at_gate(2)
+                core.to_fail = {rid}
+                core.open()
+                rest = list(frames)
+            # Every token the engine made (the failing step's too) in chunks that claim no
+            # finish, then the error event, then [DONE].
+            assert rest[-1] == "data: [DONE]"
+            chunks = first + [json.loads(line[6:]) for line in rest[:-2]]
+            assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
+            assert sum(len(c["choices"][0]["token_ids"]) for c in chunks) == core.tokens[rid] == 3
+            err = json.loads(rest[-2][6:])["error"]
+            assert (err["code"], err["type"]) == (500, "InternalServerError")
+            assert rid in err["message"] and "injected request failure" in err["message"]
+            # The engine serves on.
+            resp = http.post("/v1/completions", json={**LONG, "max_tokens": 4})
+            assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 4
+            assert http.get("/health").status_code == 200
+        wait_released(srv.engine)
+    finally:
+        core.open()

@@ -17,11 +17,11 @@ MSG = [{"role": "user", "content": "hi"}]
 # (route, JSON body, expected status, expected param, a fragment of the message)
 CASES: list[tuple[str, Any, int, str | None, str]] = [
     (COMPLETIONS, {}, 400, "prompt", "required"),
-    (COMPLETIONS, {"prompt": 5}, 400, "prompt", ""),
+    (COMPLETIONS, {"prompt": 5}, 400, "prompt", "(got 5)"),
     (COMPLETIONS, {"prompt": "x", "max_tokens": "many"}, 400, "max_tokens", "integer"),
     (COMPLETIONS, {"prompt": "x", "temperature": "hot"}, 400, "temperature", "number"),
     (COMPLETIONS, {"prompt": "x", "stream": "maybe"}, 400, "stream", "boolean"),
-    (COMPLETIONS, {"prompt": "x", "stop": 3}, 400, "stop", ""),
+    (COMPLETIONS, {"prompt": "x", "stop": 3}, 400, "stop", "(got 3)"),
     (COMPLETIONS, {"model": "gpt-9", "prompt": "x"}, 404, "model", "does not exist"),
     (COMPLETIONS, {"prompt": "x", "max_tokens": -3}, 400, "max_tokens", "greater than"),
     (COMPLETIONS, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "greater than"),
@@ -89,7 +89,7 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     (CHAT, {"messages": []}, 400, "messages", "at least one"),
     (CHAT, {}, 400, "messages", "required"),
     (CHAT, {"messages": "hi"}, 400, "messages", "list"),
-    (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role", ""),
+    (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role", "'wizard'"),
     (CHAT, {"messages": [{"content": "hi"}]}, 400, "messages.0.role", "required"),
     (CHAT, {"model": "other", "messages": MSG}, 404, "model", "does not exist"),
     (CHAT, {"messages": MSG, "n": 3}, 400, "n", "n=1"),
@@ -145,6 +145,7 @@ def check_error(resp: httpx.Response, status: int, param: str | None, fragment: 
     assert err["code"] == status
     assert err["param"] == param, err
     assert err["type"] == {400: "BadRequestError", 404: "NotFoundError"}.get(status, err["type"])
+    assert fragment, "an empty fragment matches any message"
     assert fragment.lower() in err["message"].lower(), err["message"]
 
 

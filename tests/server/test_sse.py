@@ -1,17 +1,23 @@
-"""Streaming is real (chunks as tokens are ready) and a vanished client frees its request."""
+"""Streaming is real (each chunk leaves as its token is ready) and a vanished client frees its
+request. The engine is gated (``tests.gated_core``): tests hand out steps one by one, so what
+the client has seen is checked against how many steps the engine was allowed, not the clock."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
+import socket
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
-import openai
 import pytest
 
+from tests.gated_core import GatedCore
+from tests.server.waiting import wait_released, wait_until
+
 PROMPT = "Hello my name is Robert and"
-# Far longer than any test waits for: the request is still running when it is dropped.
+# Far longer than any test lets the engine run: the request is still running when it is dropped.
 LONG_COMPLETION = {
     "model": "tiny",
     "prompt": PROMPT,
@@ -21,146 +27,139 @@ LONG_COMPLETION = {
 }
 
 
-def engine_stats(server):
-    return server.engine.engine_core.call_utility("make_stats")
+def gated(srv) -> GatedCore:
+    return srv.engine.engine_core.proc.engine_core
 
 
-def wait_idle(server, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        stats = engine_stats(server)
-        if stats.num_running_reqs == 0 and stats.num_waiting_reqs == 0:
-            return stats
-        assert time.monotonic() < deadline, f"engine still busy: {stats}"
-        time.sleep(0.01)
-
-
-def free_kv_blocks(server) -> int:
-    return server.engine.engine_core.call_utility("num_free_kv_blocks")
-
-
-def assert_released(server, free_before: int) -> None:
-    """Once the engine is idle, every KV block is free again and no request is left."""
-    wait_idle(server)
-    assert free_kv_blocks(server) == free_before
-    assert not server.engine.output_processor.has_unfinished_requests()
-
-
-def test_chunks_arrive_as_tokens_are_generated(server) -> None:
-    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
-    start = time.monotonic()
-    arrivals: list[float] = []
-    stream = client.completions.create(
-        model="tiny",
-        prompt=PROMPT,
-        max_tokens=120,
-        temperature=0.0,
-        stream=True,
-        extra_body={"ignore_eos": True},
-    )
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].text:
-            arrivals.append(time.monotonic() - start)
-    done = time.monotonic() - start
-    assert len(arrivals) >= 30  # merged deltas are allowed, one final blob is not
-    first, last = arrivals[0], arrivals[-1]
-    assert first < 0.5 * done, (first, done)
-    # Spread over the generation: every quarter of [first, last] received chunks.
-    span = last - first
-    quarters = {min(int(4 * (t - first) / span), 3) for t in arrivals}
-    assert quarters == {0, 1, 2, 3}
-
-
-def test_32_concurrent_streams_all_start_before_any_completes(server) -> None:
-    async def main() -> list[tuple[float, float]]:
-        client = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
-
-        async def one(i: int) -> tuple[float, float]:
-            first = None
-            stream = await client.completions.create(
-                model="tiny",
-                prompt=f"{PROMPT} {i}",
-                max_tokens=64,
-                temperature=0.0,
-                stream=True,
-                extra_body={"ignore_eos": True},
-            )
-            n = 0
-            async for chunk in stream:
-                if chunk.choices and chunk.choices[0].text:
-                    if first is None:
-                        first = time.monotonic()
-                    n += 1
-            assert first is not None and n > 1
-            return first, time.monotonic()
-
-        try:
-            return await asyncio.gather(*(one(i) for i in range(32)))
-        finally:
-            await client.close()
-
-    times = asyncio.run(main())
-    last_first_chunk = max(f for f, _ in times)
-    first_completion = min(d for _, d in times)
-    assert last_first_chunk < first_completion
-
-
-def count_engine_tokens(server, monkeypatch) -> dict[str, int]:
-    """Tokens the engine core produced per request, as they reach the front end."""
-    counts: dict[str, int] = {}
-    client = server.engine.engine_core
-    inner = client.get_output_async
-
-    async def counting():
-        outputs = await inner()
-        for o in outputs.outputs:
-            counts[o.request_id] = counts.get(o.request_id, 0) + len(o.new_token_ids)
-        return outputs
-
-    monkeypatch.setattr(client, "get_output_async", counting)
-    return counts
-
-
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_client_disconnect_aborts_the_request_and_frees_its_blocks(
-    server, server_factory, monkeypatch, async_scheduling: bool
-) -> None:
-    if async_scheduling:
-        server = server_factory(async_scheduling=True)
-    free_before = free_kv_blocks(server)
-    body = {**LONG_COMPLETION, "stream": True}
-    # Make sure the handler picks the counting wrapper up before the request starts.
-    httpx.post(server.base_url + "/v1/completions", json={**body, "stream": False, "max_tokens": 1})
-    counts = count_engine_tokens(server, monkeypatch)
-    httpx.post(server.base_url + "/v1/completions", json={**body, "stream": False, "max_tokens": 1})
-    chunks = 0
-    with httpx.Client(timeout=30) as http:
-        with http.stream("POST", server.base_url + "/v1/completions", json=body) as r:
-            lines = r.iter_lines()  # kept: dropping it would close the connection here
-            for line in lines:
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    chunk = json.loads(line[6:])
-                    chunks += 1
-                if chunks >= 5:
-                    break
-            assert engine_stats(server).num_running_reqs == 1
-            rid = chunk["id"]
-            at_close = counts[rid]  # tokens the engine had produced for it by now
-        # Leaving the blocks closes the connection mid-stream.
-    assert_released(server, free_before)
-    # The engine stopped within a few steps of the disconnect, far from the 400 tokens.
-    assert at_close <= counts[rid] < at_close + 40, (at_close, counts[rid])
-
-
-def test_disconnect_while_waiting_for_a_non_streamed_answer(server) -> None:
-    free_before = free_kv_blocks(server)
+@pytest.fixture
+def gated_server(server_factory, request: pytest.FixtureRequest) -> Iterator[Any]:
+    srv = server_factory(core_factory=GatedCore, **getattr(request, "param", {}))
     try:
-        httpx.post(server.base_url + "/v1/completions", json=LONG_COMPLETION, timeout=0.3)
-    except httpx.TimeoutException:
-        pass
-    else:
-        raise AssertionError("the request should still have been running")
-    assert_released(server, free_before)
+        yield srv
+    finally:
+        gated(srv).open()  # a test that failed half-way must not leave the engine blocked
+
+
+def data_lines(lines: Iterator[str]) -> Iterator[str]:
+    return (line for line in lines if line.startswith("data: "))
+
+
+def test_each_token_reaches_the_client_before_the_next_is_computed(gated_server) -> None:
+    core = gated(gated_server)
+    n = 12
+    body = {**LONG_COMPLETION, "max_tokens": n, "stream": True, "return_token_ids": True}
+    streamed: list[int] = []
+    with httpx.Client(base_url=gated_server.base_url, timeout=20) as http:
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            frames = data_lines(r.iter_lines())
+            for k in range(1, n + 1):
+                # One step per token (synchronous scheduling, a one-step prefill): chunk k can
+                # only be read here if the server sent it while the engine waits at step k + 1.
+                core.allow()
+                chunk = json.loads(next(frames)[6:])
+                (choice,) = chunk["choices"]
+                streamed += choice["token_ids"]
+                assert len(streamed) == k and core.steps == k
+                assert choice["finish_reason"] == ("length" if k == n else None)
+            assert next(frames) == "data: [DONE]"
+        core.open()
+        whole = http.post("/v1/completions", json={**body, "stream": False}).json()
+    assert streamed == whole["choices"][0]["token_ids"]
+
+
+def test_32_concurrent_streams_all_start_before_any_completes(gated_server) -> None:
+    core = gated(gated_server)
+    srv = gated_server
+    num, max_tokens = 32, 64
+    first_seen: set[int] = set()
+    done: set[int] = set()
+    all_started = asyncio.Event()
+
+    async def one(i: int, http: httpx.AsyncClient) -> int:
+        body = {**LONG_COMPLETION, "prompt": f"{PROMPT} {i}", "max_tokens": max_tokens,
+                "stream": True, "return_token_ids": True}
+        n = 0
+        async with http.stream("POST", "/v1/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                got = len(json.loads(line[6:])["choices"][0]["token_ids"])
+                if got and not n:
+                    assert not done, f"stream {i} started after {sorted(done)} completed"
+                    first_seen.add(i)
+                    if len(first_seen) == num:
+                        all_started.set()
+                n += got
+        done.add(i)
+        return n
+
+    async def main() -> list[int]:
+        async with httpx.AsyncClient(base_url=srv.base_url, timeout=60) as http:
+            tasks = [asyncio.ensure_future(one(i, http)) for i in range(num)]
+            # Every request is in the engine's queue before the engine may take a step.
+            while srv.engine.output_processor.get_num_unfinished_requests() < num:
+                assert not any(t.done() for t in tasks), [t for t in tasks if t.done()]
+                await asyncio.sleep(0.005)
+            # Two steps: the first admits what arrived before it (at least one request), the
+            # second everything else; every stream then has its first token, none its last.
+            core.allow(2)
+            await asyncio.wait_for(all_started.wait(), 30)
+            assert core.steps == 2 and not done
+            core.open()
+            return await asyncio.gather(*tasks)
+
+    assert asyncio.run(main()) == [max_tokens] * num
+
+
+@pytest.mark.parametrize("gated_server", [{"async_scheduling": False},
+                                          {"async_scheduling": True}],
+                         indirect=True, ids=["sync", "async"])
+def test_client_disconnect_aborts_the_request_and_frees_its_blocks(gated_server) -> None:
+    srv = gated_server
+    core = gated(srv)
+    async_scheduling = bool(srv.engine.args.async_scheduling)
+    body = {**LONG_COMPLETION, "stream": True, "return_token_ids": True}
+    # Asynchronous scheduling: the first step only launches a batch, tokens come one step later.
+    steps = 5 + async_scheduling
+    with httpx.Client(base_url=srv.base_url, timeout=20) as http:
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            frames = data_lines(r.iter_lines())  # kept: dropping it would close the connection
+            core.allow(steps)
+            seen = 0
+            while seen < 5:
+                chunk = json.loads(next(frames)[6:])
+                seen += len(chunk["choices"][0]["token_ids"])
+            core.wait_at_gate(steps)
+            assert seen == 5 and srv.engine.output_processor.get_num_unfinished_requests() == 1
+        # Leaving the blocks closed the connection mid-stream, while the engine waits.
+    wait_until(lambda: not srv.engine.output_processor.has_unfinished_requests(),
+               "the server to notice the disconnect")
+    core.open()
+    wait_released(srv.engine)
+    # The abort was queued before the engine went on: the request got at most the token of the
+    # step the engine was waiting to run (and of the batch in flight), far from 400.
+    assert 5 <= core.tokens[chunk["id"]] <= 6 + async_scheduling, core.tokens
+
+
+def test_disconnect_while_waiting_for_a_non_streamed_answer(gated_server) -> None:
+    srv = gated_server
+    core = gated(srv)
+    raw = json.dumps(LONG_COMPLETION).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(raw)}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=20) as sock:
+        sock.sendall(head + raw)
+        core.allow(3)
+        core.wait_at_gate(3)  # the request runs: 3 tokens, 397 to go
+        assert srv.engine.output_processor.get_num_unfinished_requests() == 1
+        (rid,) = core.tokens
+        assert core.tokens[rid] == 3
+    wait_until(lambda: not srv.engine.output_processor.has_unfinished_requests(),
+               "the server to notice the disconnect")
+    core.open()
+    wait_released(srv.engine)
+    assert core.tokens[rid] <= 4
 
 
 def test_sse_frames_format(server) -> None:

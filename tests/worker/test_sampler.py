@@ -85,8 +85,16 @@ def test_seed_generator_is_deterministic_and_step_dependent() -> None:
     seed_generator(g1, 123, 5)
     seed_generator(g2, 124, 4)
     assert not torch.equal(torch.rand(8, generator=g1), torch.rand(8, generator=g2))
-    seed_generator(g1, 2**64 + 5, 0)  # huge seeds are reduced, never rejected
-    seed_generator(g1, -1, 0)
+    # Seeds are taken modulo 2**64, never rejected: 2**64 + 5 is 5 and -1 is 2**64 - 1.
+    for seed, same in ((2**64 + 5, 5), (-1, 2**64 - 1), (-(2**63), 2**63), (2**200 + 9, 9)):
+        seed_generator(g1, seed, 3)
+        seed_generator(g2, same, 3)
+        assert g1.initial_seed() == g2.initial_seed() < 2**63  # a valid torch seed
+        assert torch.equal(torch.rand(8, generator=g1), torch.rand(8, generator=g2))
+    for a, b in ((9, 6), (5, 2**63 + 5)):  # distinct modulo 2**64: unrelated streams
+        seed_generator(g1, a, 3)
+        seed_generator(g2, b, 3)
+        assert g1.initial_seed() != g2.initial_seed()
 
 
 @pytest.mark.parametrize("fast", [False, True])

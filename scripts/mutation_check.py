@@ -1,0 +1,163 @@
+"""Plant realistic bugs one at a time and report which the test suite catches.
+
+    python scripts/mutation_check.py [--only ID[,ID...]] [--gpu] [--list] [--keep]
+
+Each mutation replaces one exact snippet of one source file (it must occur exactly once, so a
+refactor that moves the code makes the check fail loudly rather than silently test nothing) in a
+copy of the working tree, then runs the tests that should notice it. A mutation is *caught* when
+those tests fail. Every mutation must be caught: the script exits 1 otherwise. ``--gpu`` also
+runs the ``gpu``-marked tests (on a machine with CUDA); without it the Triton kernels are checked
+under Triton's interpreter, as in CPU CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    id: str
+    what: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    gpu_tests: tuple[str, ...] = ()  # added with --gpu
+
+
+_BF16_ENGINE = ("tests/engine/test_gpu_engine.py::"
+                "test_bf16_greedy_agrees_with_transformers_within_bf16_rounding")
+
+MUTATIONS = [
+    Mutation("rmsnorm-eps-kernel", "RMSNorm eps x100 in the Triton kernel",
+             "cadence/model/fused_ops.py",
+             "rstd = tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps)",
+             "rstd = tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps * 100)",
+             ("tests/model/test_fused_ops.py",), (_BF16_ENGINE,)),
+    Mutation("rmsnorm-eps", "RMSNorm eps x100 in the reference (the CPU path)",
+             "cadence/model/fused_ops.py",
+             "x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)",
+             "x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps * 100)",
+             ("tests/model", "tests/engine/test_llm_correctness.py")),
+    Mutation("attention-exp-decode", "exp for exp2 in the paged decode attention kernel",
+             "cadence/model/triton_attention_kernels.py",
+             "\n            p = tl.exp2(s - m_new[:, None])", "\n            p = tl.exp(s - m_new[:, None])",
+             ("tests/model/test_triton_attention.py",), (_BF16_ENGINE,)),
+    Mutation("attention-exp-varlen", "exp for exp2 in the varlen (prefill) attention kernel",
+             "cadence/model/triton_attention_kernels.py",
+             "\n        p = tl.exp2(s - m_new[:, None])", "\n        p = tl.exp(s - m_new[:, None])",
+             ("tests/model/test_triton_attention.py",), (_BF16_ENGINE,)),
+    Mutation("causal-bound", "causal mask off by one (a token cannot see itself)",
+             "cadence/model/triton_attention_kernels.py",
+             "keep = nmask[None, :] & (offs_n[None, :] <= q_pos[:, None])",
+             "keep = nmask[None, :] & (offs_n[None, :] < q_pos[:, None])",
+             ("tests/model/test_triton_attention.py",), (_BF16_ENGINE,)),
+    Mutation("rope-base", "RoPE base doubled", "cadence/model/rope.py",
+             "inv_freq = 1.0 / (params.theta**exponents)",
+             "inv_freq = 1.0 / ((2 * params.theta) ** exponents)",
+             ("tests/model", "tests/engine/test_llm_correctness.py")),
+    Mutation("dropped-residual", "the residual add dropped", "cadence/model/fused_ops.py",
+             "    new_residual = residual + x\n", "    new_residual = x\n",
+             ("tests/model", "tests/engine/test_llm_correctness.py")),
+    Mutation("stale-async-token", "async: the last sampled token read stale from the host",
+             "cadence/worker/input_batch.py",
+             "use_sampled = (end - 1 >= self.num_known[slots]).astype(np.int32)",
+             "use_sampled = (end - 1 > self.num_known[slots]).astype(np.int32)",
+             ("tests/engine/test_async_equivalence.py", "tests/worker")),
+    Mutation("block-index", "slot mapping: block index off by one at block ends",
+             "cadence/worker/input_batch.py",
+             "blk = self.block_table[tok_slots, positions // self.block_size]",
+             "blk = self.block_table[tok_slots, (positions + 1) // self.block_size]",
+             ("tests/worker", "tests/engine/test_llm_correctness.py")),
+    Mutation("kv-leak", "freed KV blocks never returned", "cadence/scheduler/block_pool.py",
+             "def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:\n",
+             "def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:\n"
+             "        return\n",
+             ("tests/scheduler", "tests/engine/test_stall.py")),
+    Mutation("seed-reuse", "seeded sampling reuses one draw at every step",
+             "cadence/worker/sampler.py", "def _mix_seed(seed: int, step: int) -> int:\n",
+             "def _mix_seed(seed: int, step: int) -> int:\n    step = 0\n",
+             ("tests/worker/test_sampler.py", "tests/engine/test_seeded_sampling.py")),
+    Mutation("top-p-boundary", "top-p drops the token at the exact nucleus boundary",
+             "cadence/worker/sampler.py", "mask = probs_sum <= (1.0 - p).unsqueeze(1)",
+             "mask = probs_sum < (1.0 - p).unsqueeze(1)", ("tests/worker/test_sampler.py",)),
+]
+
+
+def _copy_tree(dest: Path) -> None:
+    ignore = shutil.ignore_patterns(".git", ".venv*", "__pycache__", ".pytest_cache", "out",
+                                    ".whl", "*.egg-info")
+    shutil.copytree(ROOT, dest, ignore=ignore, symlinks=True)
+
+
+def _run(m: Mutation, gpu: bool, keep: bool) -> tuple[bool, float, str]:
+    tmp = Path(tempfile.mkdtemp(prefix=f"mutation-{m.id}-"))
+    tree = tmp / "tree"
+    try:
+        _copy_tree(tree)
+        path = tree / m.path
+        text = path.read_text()
+        if text.count(m.old) != 1:
+            raise SystemExit(f"{m.id}: the snippet occurs {text.count(m.old)} times in {m.path}; "
+                             "update the mutation")
+        path.write_text(text.replace(m.old, m.new))
+        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+               "-m", "gpu or not gpu" if gpu else "not gpu", *m.tests,
+               *(m.gpu_tests if gpu else ())]
+        paths = [str(tree), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p != str(ROOT))}
+        start = time.monotonic()
+        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+        seconds = time.monotonic() - start
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("FAILED", "ERROR"))]
+        if proc.returncode == 5:
+            raise SystemExit(f"{m.id}: no test ran ({' '.join(m.tests)})")
+        return proc.returncode != 0, seconds, lines[0] if lines else ""
+    finally:
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default=None, help="comma-separated mutation ids")
+    p.add_argument("--gpu", action="store_true", help="also run the gpu-marked tests")
+    p.add_argument("--list", action="store_true", help="list the mutations and exit")
+    p.add_argument("--keep", action="store_true", help="keep the mutated copies (debugging)")
+    ns = p.parse_args()
+    chosen = MUTATIONS
+    if ns.only:
+        wanted = set(ns.only.split(","))
+        unknown = wanted - {m.id for m in MUTATIONS}
+        if unknown:
+            p.error(f"unknown mutation(s): {', '.join(sorted(unknown))}")
+        chosen = [m for m in MUTATIONS if m.id in wanted]
+    if ns.list:
+        for m in chosen:
+            print(f"{m.id:20s} {m.what}  ({m.path})")
+        return 0
+    print("| mutation | what | caught | s | first failure |")
+    print("| --- | --- | --- | ---: | --- |")
+    missed = 0
+    for m in chosen:
+        caught, seconds, first = _run(m, ns.gpu, ns.keep)
+        missed += not caught
+        print(f"| {m.id} | {m.what} | {'yes' if caught else '**NO**'} | {seconds:.0f} | "
+              f"{first[:90]} |", flush=True)
+    print(f"\n{len(chosen) - missed} of {len(chosen)} caught")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""A request that does not fit the free KV blocks waits (no preemption: waiting requests never
+preempt running ones) until a running one finishes, then runs to the end with the tokens it
+gets alone."""
+
+from __future__ import annotations
+
+from cadence.core_types import EngineCoreRequest
+from cadence.engine.core import EngineCore
+from cadence.sampling_params import SamplingParams
+from tests.tiny import tiny_args
+
+PROMPT_A = list(range(10, 50))
+PROMPT_B = list(range(60, 100))
+
+
+def run_alone(core: EngineCore, rid: str, prompt: list[int], params: SamplingParams) -> list[int]:
+    core.add_request(EngineCoreRequest(rid, prompt, params))
+    tokens: list[int] = []
+    while core.has_work():
+        outs, _ = core.step_fn()
+        tokens += [t for o in outs.outputs for t in o.new_token_ids]
+    return tokens
+
+
+def test_a_request_waits_for_free_blocks_then_finishes() -> None:
+    # 6 blocks of 16 slots, block 0 being the null block: 5 usable, 80 slots. Each request is
+    # 40 + 30 = 70 tokens (5 blocks at its end, 3 for its prompt): alone it fits, but while A
+    # holds 3 blocks or more, B's prompt (3 blocks) does not.
+    core = EngineCore(tiny_args(max_model_len=128, num_gpu_blocks_override=6,
+                                enable_prefix_caching=False))
+    assert (core.num_kv_blocks, core.block_size, core.num_free_kv_blocks) == (6, 16, 5)
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    core.add_request(EngineCoreRequest("a", PROMPT_A, params))
+    core.add_request(EngineCoreRequest("b", PROMPT_B, params))
+    tokens: dict[str, list[int]] = {"a": [], "b": []}
+    first_step: dict[str, int] = {}
+    step = 0
+    while core.has_work():
+        outs, _ = core.step_fn()
+        step += 1
+        stats = core.make_stats()
+        if step <= 30:  # A's prefill and 29 decodes: B waits all along
+            assert (stats.num_running_reqs, stats.num_waiting_reqs) == (int(step < 30), 1)
+        for o in outs.outputs:
+            first_step.setdefault(o.request_id, step)
+            tokens[o.request_id] += o.new_token_ids
+    # B starts in the step after A's last one, in the blocks A gave back.
+    assert first_step == {"a": 1, "b": 31}
+    assert step >= 60 and core.make_stats().num_preemptions == 0
+    assert core.num_free_kv_blocks == 5
+    assert tokens["a"] == run_alone(core, "a2", PROMPT_A, params)
+    assert tokens["b"] == run_alone(core, "b2", PROMPT_B, params)
+    assert len(tokens["b"]) == 30
+    core.shutdown()

@@ -1,0 +1,49 @@
+"""``LLM.generate`` interrupted mid-run (Ctrl-C, an exception in output processing): nothing is
+left in the engine, and the same LLM then generates what it would have anyway."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cadence import LLM, SamplingParams
+
+PROMPTS = ["The quick brown fox", "Once upon a time", "Hello, my name is", "Numbers: 1 2 3"]
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_generate_interrupted_then_usable(error: type[BaseException], async_scheduling: bool,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    llm = LLM("tiny", device="cpu", max_model_len=128, max_num_seqs=2,
+              async_scheduling=async_scheduling)
+    core = llm.engine_core
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    reference = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    free = core.num_free_kv_blocks
+    assert free == core.num_kv_blocks - 1
+
+    inner = llm.output_processor.process_outputs
+    calls = 0
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 5:  # two requests running, two waiting (max_num_seqs=2), tokens delivered
+            raise error("interrupted")
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(llm.output_processor, "process_outputs", failing)
+    with pytest.raises(error, match="interrupted"):
+        llm.generate(PROMPTS, params, use_tqdm=False)
+    assert calls == 5
+    monkeypatch.undo()
+    # Nothing is left behind: no request in the engine or the output processor.
+    assert not llm.output_processor.has_unfinished_requests()
+    assert core.scheduler.get_num_unfinished_requests() == 0
+    again = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in again] == reference
+    assert all(o.outputs[0].finish_reason == "length" for o in again)
+    assert core.num_free_kv_blocks == free
+    llm.shutdown()

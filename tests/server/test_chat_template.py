@@ -1,0 +1,112 @@
+"""Chat messages become the prompt the template says: content given as text parts or left out,
+the ChatML fallback of a tokenizer without a template, and a template that fails to render.
+Expected prompts are written out here and encoded with the tiny tokenizer loaded here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from transformers import AutoTokenizer
+
+from cadence.model.tiny import ensure_tiny_model
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer() -> Any:
+    return AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+
+
+@pytest.fixture
+def http(server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+        yield client
+
+
+def prompt_ids(http: httpx.Client, messages: list[dict[str, Any]], **kw: Any) -> list[int]:
+    """The prompt the server builds, seen by /tokenize and by the chat endpoint's usage."""
+    resp = http.post("/tokenize", json={"messages": messages, **kw})
+    assert resp.status_code == 200, resp.text
+    ids = resp.json()["tokens"]
+    chat = http.post(CHAT, json={"messages": messages, "max_tokens": 1, **kw})
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["usage"]["prompt_tokens"] == len(ids)
+    return ids
+
+
+def encode(hf_tokenizer: Any, text: str) -> list[int]:
+    return hf_tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_content_as_text_parts_or_none(http: httpx.Client, hf_tokenizer: Any) -> None:
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hi "},
+                                          {"type": "text", "text": "there"}]}]
+    expected = "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
+    assert prompt_ids(http, parts) == encode(hf_tokenizer, expected)
+    # The same prompt as plain text: the same greedy answer.
+    plain = [{"role": "user", "content": "Hi there"}]
+    greedy = {"max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    answers = [http.post(CHAT, json={"messages": m, **greedy}).json() for m in (parts, plain)]
+    assert answers[0]["choices"][0]["message"] == answers[1]["choices"][0]["message"]
+
+    none = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None},
+            {"role": "user", "content": []}]
+    expected = ("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n"
+                "<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n")
+    assert prompt_ids(http, none) == encode(hf_tokenizer, expected)
+
+
+@pytest.fixture(scope="module")
+def templated() -> Iterator[Any]:
+    """A server of its own: the tests change its tokenizer's chat template."""
+    from cadence.engine.async_llm import AsyncLLM
+    from tests.server.conftest import start_server, tiny_args
+
+    running = start_server(AsyncLLM(tiny_args()))
+    yield running
+    running.stop()
+
+
+def test_chatml_fallback_without_a_template(templated, hf_tokenizer: Any) -> None:
+    templated.engine.tokenizer.chat_template = None
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi!"},
+                {"role": "assistant", "content": "Once upon"}]
+    with httpx.Client(base_url=templated.base_url, timeout=30) as http:
+        got = prompt_ids(http, messages[:2])
+        assert got == encode(hf_tokenizer, "<|im_start|>system\nBe brief.<|im_end|>\n"
+                                           "<|im_start|>user\nHi!<|im_end|>\n"
+                                           "<|im_start|>assistant\n")
+        got = prompt_ids(http, messages[:2], add_generation_prompt=False)
+        assert got == encode(hf_tokenizer, "<|im_start|>system\nBe brief.<|im_end|>\n"
+                                           "<|im_start|>user\nHi!<|im_end|>\n")
+        got = prompt_ids(http, messages, add_generation_prompt=False,
+                         continue_final_message=True)
+        assert got == encode(hf_tokenizer, "<|im_start|>system\nBe brief.<|im_end|>\n"
+                                           "<|im_start|>user\nHi!<|im_end|>\n"
+                                           "<|im_start|>assistant\nOnce upon")
+
+
+@pytest.mark.parametrize("template,fragment", [
+    ("{{ raise_exception('this template takes no system message') }}", "no system message"),
+    ("{% for message in messages %}{{ message['content'] }", "rendering failed"),
+    ("{{ messages[0]['content'] + 3 }}", "rendering failed"),
+])
+def test_a_template_that_fails_is_a_400_naming_messages(templated, template: str,
+                                                        fragment: str) -> None:
+    templated.engine.tokenizer.chat_template = template
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    with httpx.Client(base_url=templated.base_url, timeout=30) as http:
+        for stream in (False, True):
+            resp = http.post(CHAT, json={"messages": messages, "stream": stream})
+            assert resp.status_code == 400, resp.text
+            err = resp.json()["error"]
+            assert (err["type"], err["param"]) == ("BadRequestError", "messages")
+            assert fragment in err["message"]
+        assert http.get("/health").status_code == 200
+        ok = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+        assert ok.status_code == 200
