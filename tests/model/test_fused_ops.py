@@ -77,6 +77,13 @@ def check_rms_norm(device: str, dtype: torch.dtype, rows: int, width: int) -> No
     assert torch.equal(new_residual, ref_residual)  # one add, rounded once: exact
     torch.testing.assert_close(normed, ref_normed, **_tol(dtype))
     assert normed.dtype == dtype and normed.shape == (rows, width)
+    # Rows of small magnitude (like a first layer's embeddings): eps is then a large part of the
+    # mean square, so a kernel that mishandles it shows. Against a float64 formula.
+    small = _randn(rows, width, dtype=dtype, device=device, seed=4, scale=1e-3)
+    x64, w64 = small.double(), weight.double()
+    expected = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * w64
+    torch.testing.assert_close(fused_ops.rms_norm_triton(small, weight, eps).double(), expected,
+                               **_tol(dtype))
 
 
 def check_qk_norm_rope(
