@@ -52,15 +52,22 @@ def test_stream_wait_orders_work_across_streams(dev) -> None:
 
 def test_timing_events(dev) -> None:
     s = dev.create_stream()
-    start, end = dev.create_event(timing=True), dev.create_event(timing=True)
-    start.record(s)
-    with s.context():
-        torch.cuda._sleep(4_000_000)
-    end.record(s)
-    end.synchronize()
-    assert 0.1 < start.elapsed_ms(end) < 100.0
+
+    def spin(cycles: int) -> float:
+        start, end = dev.create_event(timing=True), dev.create_event(timing=True)
+        start.record(s)
+        with s.context():
+            torch.cuda._sleep(cycles)
+        end.record(s)
+        end.synchronize()
+        return start.elapsed_ms(end)
+
+    spin(1_000)  # warm-up
+    short, long = spin(1_000_000), spin(16_000_000)
+    # Sixteen times the device-side spin reads as clearly longer (no wall-clock bound).
+    assert 0 < short < long and long > 4 * short, (short, long)
     with pytest.raises(ValueError):
-        dev.create_event().elapsed_ms(end)
+        dev.create_event().elapsed_ms(dev.create_event(timing=True))
     s.close()
 
 
