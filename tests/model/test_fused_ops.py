@@ -110,6 +110,15 @@ def check_qk_norm_rope(
         assert got.shape == want.shape and got.dtype == want.dtype
         torch.testing.assert_close(got, want, **_tol(dtype, atol=5e-2))
     assert torch.equal(qkv, before)  # the inputs are left alone
+    if norm:
+        # Small-magnitude heads: eps is then a large part of each head's mean square; against
+        # the reference computed in float64.
+        sq, sk = q * 1e-3, k * 1e-3
+        small = fused_ops.qk_norm_rope_triton(sq, sk, positions, table, qw, kw, 1e-6)
+        wide = fused_ops.qk_norm_rope_reference(sq.double(), sk.double(), positions,
+                                                table.double(), qw.double(), kw.double(), 1e-6)
+        for got, want in zip(small, wide, strict=True):
+            torch.testing.assert_close(got.double(), want, **_tol(dtype, atol=5e-2))
 
 
 def check_silu_and_mul(device: str, dtype: torch.dtype, rows: int, d: int) -> None:
