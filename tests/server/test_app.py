@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import threading
 
@@ -322,23 +323,36 @@ def test_a_failing_stat_logger_takes_neither_serving_nor_metrics_down(server_fac
     assert values["cadence:num_requests_running" + label] == 0
 
 
-def test_metrics_gauges_while_busy(server) -> None:
-    body = {
-        "prompt": PROMPT,
-        "max_tokens": 480,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    with httpx.Client(base_url=server.base_url, timeout=30) as http:
-        with http.stream("POST", "/v1/completions", json=body) as r:
-            # Keep the iterator: a dropped one is closed, and so is the connection (an abort).
-            lines = r.iter_lines()
-            for line in lines:
-                if line.startswith("data: "):
-                    break
-            values = metric_values(http.get("/metrics").text)
-            assert any(ln == "data: [DONE]" for ln in lines)  # it ran to the end
+def test_metrics_gauges_while_busy(server_factory) -> None:
+    # The engine is held after the first token: the scrape sees the request running.
+    srv = server_factory(core_factory=GatedCore)
+    core: GatedCore = srv.engine.engine_core.proc.engine_core
+    body = {"prompt": PROMPT, "max_tokens": 64, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    try:
+        with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+            core.allow(2)  # the prefill and one more step: the request holds its blocks
+            with http.stream("POST", "/v1/completions", json=body) as r:
+                # Keep the iterator: a dropped one is closed, and so is the connection (abort).
+                lines = r.iter_lines()
+                for line in lines:
+                    if line.startswith("data: "):
+                        break
+                core.wait_at_gate()
+                # The scrape asks the engine for fresh stats between two steps: let steps
+                # through one at a time until it is answered (fewer than the request needs).
+                scrape = concurrent.futures.ThreadPoolExecutor(1).submit(
+                    lambda: http.get("/metrics").text)
+                for _ in range(40):
+                    if scrape.done():
+                        break
+                    core.allow(1)
+                    core.wait_at_gate()
+                values = metric_values(scrape.result(timeout=30))
+                core.open()
+                assert any(ln == "data: [DONE]" for ln in lines)  # it ran to the end
+    finally:
+        core.open()
     label = '{model_name="tiny"}'
     assert values["cadence:num_requests_running" + label] == 1, values
     assert 0 < values["cadence:kv_cache_usage_perc" + label] < 1
