@@ -29,6 +29,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from types import FrameType
@@ -69,6 +70,10 @@ def _front_end_main(
     from cadence.server.launcher import build_server
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher turns Ctrl-C into SIGTERM
+    # A SIGTERM before the server takes its signals over (while the model's tokenizer loads)
+    # must still become a graceful stop, not death by signal.
+    early = threading.Event()
+    signal.signal(signal.SIGTERM, lambda sig, frame: early.set())
     logging.basicConfig(format=f"%(asctime)s %(levelname)s %(name)s[{index}]: %(message)s")
     logging.getLogger().setLevel(options.log_level.upper())
     engine = AsyncLLM(args, log_requests=options.log_requests,
@@ -83,6 +88,7 @@ def _front_end_main(
             signals=(signal.SIGTERM,),
             front_end_index=index,
         )
+        server.stop_requested = early
         server.run(sockets=[sock])
         code = server.exit_code
     finally:

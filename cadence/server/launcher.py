@@ -66,6 +66,9 @@ class CadenceServer(uvicorn.Server):
         self.settings = settings
         # 0 after a shutdown asked for (signal, should_exit), 1 after the engine died.
         self.exit_code = 0
+        # Set by a signal that arrived before this server took its signals over (a launcher's
+        # process starting up): honoured at the first tick.
+        self.stop_requested: threading.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._exit_at: float | None = None
 
@@ -104,6 +107,10 @@ class CadenceServer(uvicorn.Server):
 
     # -- engine health -----------------------------------------------------------------------
     async def on_tick(self, counter: int) -> bool:
+        early = self.stop_requested
+        if early is not None and early.is_set() and not self.should_exit:
+            early.clear()
+            self.handle_exit(signal.SIGTERM, None)
         should_exit = await super().on_tick(counter)
         self.watchdog.problem()  # logs a stall (or a recovery) as it happens
         if self.watchdog.dead and self._exit_at is None:
