@@ -20,8 +20,12 @@ class ModelConfig:
     skip_tokenizer_init: bool = False
     max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
     tokenizer: str | None = None  # None: the model directory's own tokenizer (if any)
+    # Most logprobs a request may ask for per token (vLLM's default 20; -1: the vocabulary).
+    max_logprobs: int = 20
 
     def __post_init__(self) -> None:
+        if self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be -1 or more, got {self.max_logprobs}.")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}.")
         if self.load_format not in LOAD_FORMATS:

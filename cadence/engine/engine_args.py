@@ -62,6 +62,8 @@ class EngineArgs:
     device: str = "auto"
     # torch intra-op threads on the CPU backend (None: CADENCE_CPU_THREADS, else by model size).
     cpu_threads: int | None = None
+    # Most logprobs a request may ask for per token (-1: as many as the vocabulary has).
+    max_logprobs: int = 20
 
     def __post_init__(self) -> None:
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
@@ -109,7 +111,8 @@ class EngineArgs:
         return EngineConfig(
             model=ModelConfig(model=self.model, dtype=self.dtype, load_format=self.load_format,
                               seed=self.seed, skip_tokenizer_init=self.skip_tokenizer_init,
-                              max_model_len=max_model_len, tokenizer=self.tokenizer),
+                              max_model_len=max_model_len, tokenizer=self.tokenizer,
+                              max_logprobs=self.max_logprobs),
             cache=CacheConfig(block_size=self.block_size,
                               enable_prefix_caching=self.enable_prefix_caching,
                               num_gpu_blocks_override=self.num_gpu_blocks_override,
@@ -225,6 +228,10 @@ class EngineArgs:
                             help="tokens per KV cache block (default: %(default)s)")
         parser.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
                             help="auto = cuda when available (default: %(default)s)")
+        parser.add_argument("--max-logprobs", type=int, default=d.max_logprobs,
+                            help="most logprobs (completions) / top_logprobs (chat) a request "
+                                 "may ask for per token; -1 = the vocabulary size "
+                                 "(default: %(default)s)")
         parser.add_argument("--cpu-threads", type=int, default=None,
                             help="torch threads on the CPU backend (default: "
                                  "$CADENCE_CPU_THREADS, else 1 below 100M parameters, else "

@@ -45,5 +45,7 @@ def load_frontend(core: EngineCore) -> Frontend:
         num_kv_blocks=core.num_kv_blocks,
         block_size=core.block_size,
         max_chars_per_token=max_chars_per_token(tokenizer) if tokenizer is not None else None,
+        max_logprobs=(core.config.model.max_logprobs if core.config.model.max_logprobs >= 0
+                      else core.vocab_size),
     )
     return Frontend(tokenizer, processor, core.max_model_len, core.config.model.model)

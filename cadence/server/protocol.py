@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cadence.sampling_params import INT64_MAX, INT64_MIN, RequestOutputKind, SamplingParams
 
-MAX_LOGPROBS = 20
 # Prompts one completions request may carry (each becomes an engine request).
 MAX_PROMPTS_PER_REQUEST = 1024
 # chat_template_kwargs may not override what the server passes to the template itself.
@@ -150,7 +149,7 @@ class _SamplingRequest(OpenAIModel):
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=1)
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    logprobs: int | None = Field(default=None, ge=0)  # at most --max-logprobs (the engine)
     return_token_ids: bool = False
     echo: bool = False
     best_of: int | None = None
@@ -221,7 +220,7 @@ class ChatCompletionRequest(_SamplingRequest):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: int | None = Field(default=None, ge=0)  # at most --max-logprobs
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None

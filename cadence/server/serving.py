@@ -67,6 +67,7 @@ class OpenAIServing:
         priority: int,
         prompt_param: str,
         max_tokens_param: str,
+        logprobs_param: str = "logprobs",
         index: int = 0,
         sink: OutputSink | None = None,
     ) -> StartedRequest:
@@ -80,7 +81,7 @@ class OpenAIServing:
         except EngineDeadError as exc:
             raise engine_unavailable(exc) from exc
         except ValueError as exc:
-            raise to_bad_request(exc, prompt_param, max_tokens_param) from exc
+            raise to_bad_request(exc, prompt_param, max_tokens_param, logprobs_param) from exc
         return StartedRequest(request_id, collector, index)
 
     def outputs(self, started: StartedRequest) -> AsyncGenerator[RequestOutput, None]:
@@ -108,7 +109,8 @@ class OpenAIServing:
         self.engine.abort_nowait(request_ids)
 
 
-def to_bad_request(exc: ValueError, prompt_param: str, max_tokens_param: str) -> BadRequestError:
+def to_bad_request(exc: ValueError, prompt_param: str, max_tokens_param: str,
+                   logprobs_param: str = "logprobs") -> BadRequestError:
     message = str(exc)
     param = getattr(exc, "parameter", None) or getattr(exc, "param", None)
     if param is None:
@@ -123,6 +125,8 @@ def to_bad_request(exc: ValueError, prompt_param: str, max_tokens_param: str) ->
         param = prompt_param
     elif param == "max_tokens":
         param = max_tokens_param
+    elif param == "logprobs":
+        param = logprobs_param
     return BadRequestError(message, param)
 
 

@@ -131,6 +131,7 @@ class OpenAIServingChat(OpenAIServing):
             priority=request.priority,
             prompt_param="messages",
             max_tokens_param=max_tokens_param,
+            logprobs_param="top_logprobs",
             sink=stream.sink() if stream is not None else None,
         )
 

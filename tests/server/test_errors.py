@@ -68,7 +68,7 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     (COMPLETIONS, {"prompt": "x", "n": 2}, 400, "n", "n=1"),
     (COMPLETIONS, {"prompt": "x", "best_of": 3}, 400, "best_of", "best_of"),
     (COMPLETIONS, {"prompt": "x", "echo": True}, 400, "echo", "echo"),
-    (COMPLETIONS, {"prompt": "x", "logprobs": 50}, 400, "logprobs", "less than"),
+    (COMPLETIONS, {"prompt": "x", "logprobs": 50}, 400, "logprobs", "max allowed: 20"),
     (COMPLETIONS, {"prompt": "x", "priority": 5}, 400, "priority", "priority"),
     (COMPLETIONS, {"prompt": "x", "stop": [""]}, 400, "stop", "empty"),
     (
@@ -114,7 +114,7 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
         {"messages": MSG, "logprobs": True, "top_logprobs": 21},
         400,
         "top_logprobs",
-        "less than",
+        "max allowed: 20",
     ),
     (CHAT, {"messages": MSG, "temperature": -1}, 400, "temperature", "greater than"),
     (CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools", "not supported"),
@@ -274,3 +274,27 @@ def test_extreme_numbers_in_every_field_never_5xx(server, http: httpx.Client) ->
     assert (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
     core = server.engine.engine_core.proc.engine_core
     assert core.num_free_kv_blocks == core.num_kv_blocks - 1
+
+
+def test_max_logprobs_sets_the_cap(server_factory) -> None:
+    import httpx
+
+    capped = server_factory(max_logprobs=3)
+    with httpx.Client(base_url=capped.base_url, timeout=30) as http:
+        ok = http.post(COMPLETIONS, json={"prompt": "x", "max_tokens": 1, "logprobs": 3})
+        assert ok.status_code == 200
+        assert len(ok.json()["choices"][0]["logprobs"]["top_logprobs"][0]) >= 3
+        too_many = http.post(COMPLETIONS, json={"prompt": "x", "max_tokens": 1, "logprobs": 4})
+        assert too_many.status_code == 400
+        assert too_many.json()["error"]["param"] == "logprobs"
+        chat = http.post(CHAT, json={"messages": MSG, "max_tokens": 1, "logprobs": True,
+                                     "top_logprobs": 4})
+        assert chat.status_code == 400 and chat.json()["error"]["param"] == "top_logprobs"
+    uncapped = server_factory(max_logprobs=-1)  # as many as the vocabulary has
+    with httpx.Client(base_url=uncapped.base_url, timeout=30) as http:
+        ok = http.post(COMPLETIONS, json={"prompt": "x", "max_tokens": 1, "logprobs": 100})
+        assert ok.status_code == 200
+        assert len(ok.json()["choices"][0]["logprobs"]["top_logprobs"][0]) >= 100
+        vocab = uncapped.engine.input_processor.max_logprobs
+        too_many = http.post(COMPLETIONS, json={"prompt": "x", "logprobs": vocab + 1})
+        assert too_many.status_code == 400
