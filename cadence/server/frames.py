@@ -96,6 +96,8 @@ class ChatFrames(_Frames):
         finish_reason: str | None = None,
         stop_reason: int | str | None = None,
         usage: tuple[int, int] | None = None,
+        token_ids: list[int] | None = None,
+        prompt_token_ids: list[int] | None = None,
     ) -> str:
         # A delta carries only what it sets (no "role": null on content chunks).
         delta = []
@@ -104,8 +106,15 @@ class ChatFrames(_Frames):
         if content is not None:
             delta.append(f'"content":{encode_basestring(content)}')
         use = "null" if usage is None else usage_json(*usage)
+        ids = "null" if token_ids is None else _dumps(token_ids)
+        prompt_ids = "null" if prompt_token_ids is None else _dumps(prompt_token_ids)
         return (
             f'{self._head}[{{"index":0,"delta":{{{",".join(delta)}}},'
             f'"logprobs":{_model_json(logprobs)},"finish_reason":{_lit(finish_reason)},'
-            f'"stop_reason":{_lit(stop_reason)}}}],"usage":{use}}}\n\n'
+            f'"stop_reason":{_lit(stop_reason)},"token_ids":{ids}}}],"usage":{use},'
+            f'"prompt_token_ids":{prompt_ids}}}\n\n'
         )
+
+    def usage(self, prompt: int, completion: int) -> str:
+        return (f'{self._head}[],"usage":{usage_json(prompt, completion)},'
+                f'"prompt_token_ids":null}}\n\n')

@@ -224,6 +224,7 @@ class ChatCompletionRequest(_SamplingRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    return_token_ids: bool = False  # vLLM: ids of the prompt and of each chunk
     tools: list[dict[str, Any]] | None = None
     response_format: ResponseFormat | None = None
 
@@ -326,6 +327,7 @@ class ChatCompletionResponseChoice(OpenAIModel):
     logprobs: ChatLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # with return_token_ids (vLLM)
 
 
 class ChatCompletionResponse(OpenAIModel):
@@ -335,6 +337,7 @@ class ChatCompletionResponse(OpenAIModel):
     model: str
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
+    prompt_token_ids: list[int] | None = None  # with return_token_ids (vLLM)
 
 
 class DeltaMessage(OpenAIModel):
@@ -348,6 +351,7 @@ class ChatCompletionStreamChoice(OpenAIModel):
     logprobs: ChatLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # this chunk's ids, with return_token_ids
 
 
 class ChatCompletionStreamResponse(OpenAIModel):
@@ -357,6 +361,7 @@ class ChatCompletionStreamResponse(OpenAIModel):
     model: str
     choices: list[ChatCompletionStreamChoice]
     usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = None  # in the first chunk, with return_token_ids
 
 
 class ModelCard(OpenAIModel):

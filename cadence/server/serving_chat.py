@@ -69,6 +69,7 @@ class ChatStream:
         self.stream = FrameStream(1)
         self.prompt_tokens = self.completion_tokens = 0
         self.finished = False
+        self.prompt_token_ids: list[int] | None = None  # set when return_token_ids
 
     def sink(self) -> OutputSink:
         request, frames = self.request, self.frames
@@ -81,7 +82,8 @@ class ChatStream:
             lps = None
             if request.logprobs and c.logprobs is not None and c.token_ids:
                 lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0)
-            if not c.text and not finished and lps is None:
+            ids = list(c.token_ids) if request.return_token_ids else None
+            if not c.text and not finished and lps is None and not ids:
                 return None  # nothing visible yet (held back for a possible stop string)
             usage = None
             if request.continuous_usage:
@@ -92,6 +94,7 @@ class ChatStream:
                 finish_reason=c.finish_reason if finished else None,
                 stop_reason=c.stop_reason if finished else None,
                 usage=usage,
+                token_ids=ids,
             )
 
         return self.stream.sink(render)
@@ -124,6 +127,8 @@ class OpenAIServingChat(OpenAIServing):
             raise
         except ValueError as exc:  # a rendered text too long for the context
             raise to_bad_request(exc, "messages", max_tokens_param) from exc
+        if stream is not None and request.return_token_ids:
+            stream.prompt_token_ids = list(prompt_ids)
         return await self.start(
             request_id,
             {"prompt_token_ids": prompt_ids},
@@ -156,8 +161,11 @@ class OpenAIServingChat(OpenAIServing):
                     logprobs=lps,
                     finish_reason=c.finish_reason,
                     stop_reason=c.stop_reason,
+                    token_ids=list(c.token_ids) if request.return_token_ids else None,
                 )
             ],
+            prompt_token_ids=(list(final.prompt_token_ids or [])
+                              if request.return_token_ids else None),
             usage=UsageInfo(
                 prompt_tokens=prompt_tokens,
                 completion_tokens=len(c.token_ids),
@@ -168,7 +176,8 @@ class OpenAIServingChat(OpenAIServing):
     async def stream(self, started: StartedRequest, cs: ChatStream) -> AsyncGenerator[str, None]:
         """SSE frames of a streamed chat completion; always ends with ``[DONE]``."""
         try:
-            yield cs.frames.chunk(role="assistant", content="")
+            yield cs.frames.chunk(role="assistant", content="",
+                                  prompt_token_ids=cs.prompt_token_ids)
             while (frames := await cs.stream.next()) is not None:
                 yield frames
             if cs.stream.error is not None:

@@ -68,6 +68,9 @@ def test_chat_chunks_match_the_model(text: str) -> None:
         (dict(content=text), DeltaMessage(content=text)),
         (dict(content=text, logprobs=lps, finish_reason="stop", stop_reason="x",
               usage=(2, 3)), DeltaMessage(content=text)),
+        (dict(role="assistant", content="", prompt_token_ids=[5, 6, 7]),
+         DeltaMessage(role="assistant", content="")),
+        (dict(content=text, token_ids=[9, 10]), DeltaMessage(content=text)),
     ]  # fmt: skip
     for kwargs, delta in cases:
         got = _frame_json(frames.chunk(**kwargs))
@@ -77,9 +80,11 @@ def test_chat_chunks_match_the_model(text: str) -> None:
             choices=[ChatCompletionStreamChoice(index=0, delta=delta,
                                                 logprobs=kwargs.get("logprobs"),
                                                 finish_reason=kwargs.get("finish_reason"),
-                                                stop_reason=kwargs.get("stop_reason"))],
+                                                stop_reason=kwargs.get("stop_reason"),
+                                                token_ids=kwargs.get("token_ids"))],
             usage=UsageInfo(prompt_tokens=usage[0], completion_tokens=usage[1],
                             total_tokens=sum(usage)) if usage else None,
+            prompt_token_ids=kwargs.get("prompt_token_ids"),
         )  # fmt: skip
         data = _model_json(want)
         # A delta carries only what it sets.

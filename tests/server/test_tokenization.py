@@ -134,3 +134,27 @@ def test_unknown_fields_are_ignored_and_logged_once_per_name(
     assert http.post("/v1/chat/completions", json=chat).status_code == 200
     logged = [r.getMessage() for r in caplog.records if "unknown field" in r.getMessage()]
     assert len(logged) == 2 and logged[1].endswith("another_one (logged once per name).")
+
+
+def test_chat_return_token_ids(http: httpx.Client, hf_tokenizer) -> None:
+    prompt_ids = http.post("/tokenize", json={"messages": CHAT}).json()["tokens"]
+    body = {"messages": CHAT, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    full = http.post("/v1/chat/completions", json=body).json()
+    ids = full["choices"][0]["token_ids"]
+    assert full["prompt_token_ids"] == prompt_ids and len(ids) == 6
+    assert full["choices"][0]["message"]["content"] == hf_tokenizer.decode(ids)
+    plain = http.post("/v1/chat/completions", json={**body, "return_token_ids": False}).json()
+    assert plain["choices"][0]["token_ids"] is None and plain["prompt_token_ids"] is None
+    # Streamed: the prompt's ids in the first chunk, each chunk's own ids after it.
+    import json
+
+    chunks = []
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:]))
+    assert chunks[0]["prompt_token_ids"] == prompt_ids
+    assert all(c["prompt_token_ids"] is None for c in chunks[1:])
+    streamed = [t for c in chunks[1:] for t in (c["choices"][0]["token_ids"] or [])]
+    assert streamed == ids
