@@ -72,13 +72,16 @@ class CompletionFrames(_Frames):
         stop_reason: int | str | None = None,
         token_ids: list[int] | None = None,
         usage: tuple[int, int] | None = None,
+        prompt_token_ids: list[int] | None = None,
     ) -> str:
         ids = "null" if token_ids is None else _dumps(token_ids)
         use = "null" if usage is None else usage_json(*usage)
+        prompt_ids = "null" if prompt_token_ids is None else _dumps(prompt_token_ids)
         return (
             f'{self._head}[{{"index":{index},"text":{encode_basestring(text)},'
             f'"logprobs":{_model_json(logprobs)},"finish_reason":{_lit(finish_reason)},'
-            f'"stop_reason":{_lit(stop_reason)},"token_ids":{ids}}}],"usage":{use}}}\n\n'
+            f'"stop_reason":{_lit(stop_reason)},"token_ids":{ids},'
+            f'"prompt_token_ids":{prompt_ids}}}],"usage":{use}}}\n\n'
         )
 
 

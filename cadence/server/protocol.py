@@ -287,6 +287,8 @@ class CompletionResponseChoice(OpenAIModel):
     # The generated ids (of this chunk when streaming): with return_token_ids, or always when
     # the server has no tokenizer (its text is then empty).
     token_ids: list[int] | None = None
+    # The prompt's ids, with return_token_ids (streamed: in each choice's first chunk).
+    prompt_token_ids: list[int] | None = None
 
 
 class CompletionResponse(OpenAIModel):

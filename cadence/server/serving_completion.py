@@ -63,6 +63,8 @@ class CompletionStream:
         self.completion_tokens = [0] * n
         self.offsets = [0] * n
         self.finished = [False] * n
+        # With return_token_ids, each choice's first chunk carries its prompt's ids.
+        self.prompt_ids_due = [request.return_token_ids] * n
 
     def sink(self, i: int) -> OutputSink:
         request, frames = self.request, self.frames
@@ -83,6 +85,10 @@ class CompletionStream:
             usage = None
             if request.continuous_usage:
                 usage = (self.prompt_tokens[i], self.completion_tokens[i])
+            prompt_ids = None
+            if self.prompt_ids_due[i]:
+                self.prompt_ids_due[i] = False
+                prompt_ids = list(out.prompt_token_ids or [])
             return frames.chunk(
                 i,
                 c.text,
@@ -91,6 +97,7 @@ class CompletionStream:
                 stop_reason=c.stop_reason if out.finished else None,
                 token_ids=ids,
                 usage=usage,
+                prompt_token_ids=prompt_ids,
             )
 
         return self.stream.sink(render)
@@ -148,6 +155,8 @@ class OpenAIServingCompletion(OpenAIServing):
                         finish_reason=c.finish_reason,
                         stop_reason=c.stop_reason,
                         token_ids=list(c.token_ids) if self._with_ids(request) else None,
+                        prompt_token_ids=(list(final.prompt_token_ids or [])
+                                          if request.return_token_ids else None),
                     )
                 )
                 usage.prompt_tokens += len(final.prompt_token_ids or [])

@@ -38,14 +38,16 @@ def test_completion_chunks_match_the_model(text: str, finish: tuple) -> None:
     frames = CompletionFrames("cmpl-1", 'model "x"', created=1700000000)
     lps = CompletionLogProbs(text_offset=[0], token_logprobs=[-0.5], tokens=["a"],
                              top_logprobs=[{"a": -0.5}])
-    for logprobs, ids, usage in ((None, None, None), (lps, [1, 2], (3, 4))):
+    for logprobs, ids, usage, prompt in ((None, None, None, None),
+                                         (lps, [1, 2], (3, 4), [7, 8, 9])):
         got = _frame_json(frames.chunk(2, text, logprobs=logprobs, finish_reason=finish[0],
-                                       stop_reason=finish[1], token_ids=ids, usage=usage))
+                                       stop_reason=finish[1], token_ids=ids, usage=usage,
+                                       prompt_token_ids=prompt))
         want = CompletionStreamResponse(
             id="cmpl-1", created=1700000000, model='model "x"',
             choices=[CompletionResponseChoice(index=2, text=text, logprobs=logprobs,
                                               finish_reason=finish[0], stop_reason=finish[1],
-                                              token_ids=ids)],
+                                              token_ids=ids, prompt_token_ids=prompt)],
             usage=UsageInfo(prompt_tokens=3, completion_tokens=4, total_tokens=7)
             if usage else None,
         )  # fmt: skip

@@ -158,3 +158,28 @@ def test_chat_return_token_ids(http: httpx.Client, hf_tokenizer) -> None:
     assert all(c["prompt_token_ids"] is None for c in chunks[1:])
     streamed = [t for c in chunks[1:] for t in (c["choices"][0]["token_ids"] or [])]
     assert streamed == ids
+
+
+def test_completions_return_the_prompt_token_ids(http: httpx.Client, hf_tokenizer) -> None:
+    import json
+
+    prompts = [TEXT, "Once upon a time"]
+    body = {"prompt": prompts, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    full = http.post("/v1/completions", json=body).json()
+    by_index = {c["index"]: c for c in full["choices"]}
+    for i, p in enumerate(prompts):
+        assert by_index[i]["prompt_token_ids"] == hf_tokenizer.encode(p)
+        assert len(by_index[i]["token_ids"]) == 4
+    plain = http.post("/v1/completions", json={**body, "return_token_ids": False}).json()
+    assert all(c["prompt_token_ids"] is None for c in plain["choices"])
+    # Streamed: each choice's first chunk carries its prompt's ids, later ones do not.
+    seen: dict[int, list] = {}
+    with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"][0]
+                seen.setdefault(choice["index"], []).append(choice["prompt_token_ids"])
+    for i, p in enumerate(prompts):
+        assert seen[i][0] == hf_tokenizer.encode(p)
+        assert all(x is None for x in seen[i][1:])
