@@ -84,6 +84,12 @@ class _SamplingRequest(OpenAIModel):
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
     logit_bias: dict[str, float] | None = None
+    # vLLM's sampling extensions that cadence does not implement yet: accepted only at their
+    # neutral values, so that no request silently gets a different result than it asked for.
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     user: str | None = None
 
     def _check_common(self) -> None:
@@ -96,6 +102,14 @@ class _SamplingRequest(OpenAIModel):
                 raise ParamError(name, f"{name} is not supported; leave it at 0.")
         if self.logit_bias:
             raise ParamError("logit_bias", "logit_bias is not supported.")
+        if self.repetition_penalty not in (None, 1.0):
+            raise ParamError("repetition_penalty",
+                             "repetition_penalty is not supported; leave it at 1.")
+        if self.min_p not in (None, 0.0):
+            raise ParamError("min_p", "min_p is not supported; leave it at 0.")
+        for name in ("allowed_token_ids", "bad_words"):
+            if getattr(self, name):
+                raise ParamError(name, f"{name} is not supported.")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(s == "" for s in stops):
             raise ParamError("stop", "stop cannot contain an empty string.")

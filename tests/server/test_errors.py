@@ -85,6 +85,12 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
         "presence_penalty",
         "not supported",
     ),
+    (COMPLETIONS, {"prompt": "x", "repetition_penalty": 1.2}, 400, "repetition_penalty",
+     "not supported"),
+    (COMPLETIONS, {"prompt": "x", "min_p": 0.1}, 400, "min_p", "not supported"),
+    (CHAT, {"messages": MSG, "allowed_token_ids": [1, 2]}, 400, "allowed_token_ids",
+     "not supported"),
+    (CHAT, {"messages": MSG, "bad_words": ["x"]}, 400, "bad_words", "not supported"),
     (COMPLETIONS, ["not", "an", "object"], 400, None, "JSON object"),
     (CHAT, {"messages": []}, 400, "messages", "at least one"),
     (CHAT, {}, 400, "messages", "required"),
@@ -298,3 +304,13 @@ def test_max_logprobs_sets_the_cap(server_factory) -> None:
         vocab = uncapped.engine.input_processor.max_logprobs
         too_many = http.post(COMPLETIONS, json={"prompt": "x", "logprobs": vocab + 1})
         assert too_many.status_code == 400
+
+
+def test_neutral_values_of_unimplemented_sampling_fields_are_accepted(server) -> None:
+    import httpx
+
+    body = {"prompt": "x", "max_tokens": 2, "repetition_penalty": 1.0, "min_p": 0.0,
+            "allowed_token_ids": [], "bad_words": [], "presence_penalty": 0,
+            "frequency_penalty": 0}
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        assert http.post(COMPLETIONS, json=body).status_code == 200
