@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass, field
 
 from cadence.sampling_params import SamplingParams
-from cadence.scheduler.request import FinishReason
 
 __all__ = [
     "EngineCoreOutput",
@@ -15,6 +15,18 @@ __all__ = [
     "FinishReason",
     "SchedulerStats",
 ]
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request finished (vLLM's names; ``str()`` gives the API's lower-case name)."""
+
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+    ERROR = 3  # the request failed inside the engine; the engine serves on
+
+    def __str__(self) -> str:
+        return self.name.lower()
 
 
 @dataclass

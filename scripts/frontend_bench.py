@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def _fake_runner(step_s: float) -> None:
+    from cadence.runner_output import ModelRunnerOutput, ReadyOutput
     from cadence.worker.model_runner import ModelRunner
-    from cadence.worker.output import ModelRunnerOutput, ReadyOutput
 
     if getattr(ModelRunner, "_stand_in", False):
         return

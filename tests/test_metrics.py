@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from cadence.core_types import SchedulerStats
-from cadence.engine.output_processor import FinishedRequestStats, IterationStats
-from cadence.metrics import PrometheusStatLogger
+from cadence.metrics import FinishedRequestStats, IterationStats, PrometheusStatLogger
 
 
 def sample(logger: PrometheusStatLogger, name: str, labels: dict[str, str] | None = None) -> float:

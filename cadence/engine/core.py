@@ -13,6 +13,7 @@ from cadence.engine.engine_args import EngineArgs
 from cadence.engine.request_checks import check_request_fits
 from cadence.model.registry import ModelSpec, resolve_model
 from cadence.profiling import nvtx_range
+from cadence.runner_output import AsyncModelRunnerOutput
 from cadence.scheduler.async_scheduler import AsyncScheduler
 from cadence.scheduler.kv_cache_manager import make_block_hasher
 from cadence.scheduler.output import SchedulerOutput
@@ -20,7 +21,6 @@ from cadence.scheduler.request import Request, RequestStatus
 from cadence.scheduler.scheduler import Scheduler
 from cadence.scheduler.stall import SchedulerStalledError, stall_reason
 from cadence.worker.model_runner import ModelRunner
-from cadence.worker.output import AsyncModelRunnerOutput
 
 logger = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from cadence.core_types import EngineCoreOutput, EngineCoreRequest, FinishReason
 from cadence.engine.detokenizer import IncrementalDetokenizer, make_decode_fn
+from cadence.metrics import FinishedRequestStats, IterationStats
 from cadence.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from cadence.sampling_params import RequestOutputKind
 
@@ -118,26 +119,6 @@ class RequestOutputCollector:
         if isinstance(out, Exception):
             raise out
         return out
-
-
-@dataclass
-class FinishedRequestStats:
-    request_id: str
-    finish_reason: str
-    e2e_latency: float
-    num_prompt_tokens: int
-    num_generation_tokens: int
-
-
-@dataclass
-class IterationStats:
-    """What one ``process_outputs`` call observed, for metrics (seconds, monotonic clock)."""
-
-    num_prompt_tokens: int = 0  # prompts of requests that got their first token now
-    num_generation_tokens: int = 0
-    time_to_first_tokens: list[float] = field(default_factory=list)
-    inter_token_latencies: list[float] = field(default_factory=list)
-    finished_requests: list[FinishedRequestStats] = field(default_factory=list)
 
 
 @dataclass

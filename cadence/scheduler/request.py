@@ -6,17 +6,8 @@ import enum
 import time
 from collections.abc import Callable
 
+from cadence.core_types import FinishReason
 from cadence.sampling_params import SamplingParams
-
-
-class FinishReason(enum.IntEnum):
-    STOP = 0
-    LENGTH = 1
-    ABORT = 2
-    ERROR = 3  # the request failed inside the engine; the engine serves on
-
-    def __str__(self) -> str:
-        return self.name.lower()
 
 
 class RequestStatus(enum.IntEnum):

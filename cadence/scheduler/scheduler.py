@@ -13,13 +13,13 @@ from collections.abc import Iterable
 
 from cadence.config import CacheConfig, SchedulerConfig
 from cadence.core_types import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from cadence.runner_output import ModelRunnerOutput
 from cadence.scheduler.block_pool import KVCacheBlock
 from cadence.scheduler.kv_cache_manager import KVCacheManager
 from cadence.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
 from cadence.scheduler.request import FinishReason, Request, RequestStatus
 from cadence.scheduler.request_queue import create_request_queue
 from cadence.scheduler.stop import check_stop
-from cadence.worker.output import ModelRunnerOutput
 
 _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED

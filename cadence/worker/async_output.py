@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from cadence.worker.output import LogprobsLists, ModelRunnerOutput
+from cadence.runner_output import LogprobsLists, ModelRunnerOutput
 
 # At most two steps are in flight (depth-2 batch queue); spare slots absorb the rest.
 _NUM_SLOTS = 4

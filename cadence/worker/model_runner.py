@@ -20,16 +20,16 @@ import torch
 from cadence.config import EngineConfig
 from cadence.numba_kernels.launcher import TokenBuffers, make_token_kernels
 from cadence.profiling import nvtx_range
-from cadence.runtime import get_device
-from cadence.scheduler.output import SchedulerOutput
-from cadence.worker.async_output import OutputCopier
-from cadence.worker.input_batch import InputBatch, StepInputs
-from cadence.worker.output import (
+from cadence.runner_output import (
     AsyncModelRunnerOutput,
     ModelRunnerOutput,
     ReadyOutput,
     WithFailedRequests,
 )
+from cadence.runtime import get_device
+from cadence.scheduler.output import SchedulerOutput
+from cadence.worker.async_output import OutputCopier
+from cadence.worker.input_batch import InputBatch, StepInputs
 from cadence.worker.sampler import Sampler, SamplingMetadata, SamplingRows, seed_generator
 from cadence.worker.step_buffers import StepBuffers
 

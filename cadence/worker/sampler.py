@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from cadence.runner_output import LogprobsLists
 from cadence.sampling_params import SamplingParams
-from cadence.worker.output import LogprobsLists
 
 _SAMPLING_EPS = 1e-5
 _MAX_FAST_TOP_K = 1024  # above this a full sort is as cheap as torch.topk

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from cadence.config import CacheConfig, SchedulerConfig
+from cadence.runner_output import ModelRunnerOutput
 from cadence.sampling_params import SamplingParams
 from cadence.scheduler.async_scheduler import AsyncScheduler
 from cadence.scheduler.kv_cache_manager import make_block_hasher
 from cadence.scheduler.output import SchedulerOutput
 from cadence.scheduler.request import Request
 from cadence.scheduler.scheduler import Scheduler
-from cadence.worker.output import ModelRunnerOutput
 
 EOS_TOKEN_ID = 50256
 

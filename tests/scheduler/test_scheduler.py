@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from cadence.config import CacheConfig, SchedulerConfig
+from cadence.runner_output import LogprobsLists, ModelRunnerOutput
 from cadence.scheduler.request import FinishReason, RequestStatus
 from cadence.scheduler.scheduler import Scheduler
-from cadence.worker.output import LogprobsLists, ModelRunnerOutput
 from tests.scheduler.factories import (
     EOS_TOKEN_ID,
     assert_scheduler_empty,

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from cadence.runner_output import ModelRunnerOutput
 from cadence.sampling_params import SamplingParams
 from cadence.scheduler.kv_cache_manager import make_block_hasher
 from cadence.scheduler.output import SchedulerOutput
 from cadence.scheduler.request import FinishReason, Request, RequestStatus
 from cadence.scheduler.scheduler import Scheduler
-from cadence.worker.output import ModelRunnerOutput
 from tests.scheduler.factories import assert_scheduler_empty, create_scheduler
 
 EOS = 0
