@@ -9,12 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cadence.runtime.cpu import CpuBuffer, CpuDevice, CpuEvent, CpuStream
-from cadence.runtime.errors import CudaError, check
+from cadence.runtime.errors import CudaError, NoCudaDeviceError, check
+from cadence.runtime.interfaces import DeviceProperties
 from cadence.runtime.slot_pool import Slot, SlotPool, SlotPoolExhausted
 
 if TYPE_CHECKING:
     from cadence.runtime.buffers import DeviceBuffer, PinnedBuffer
-    from cadence.runtime.device import Device, DeviceProperties
+    from cadence.runtime.device import Device
     from cadence.runtime.event import Event
     from cadence.runtime.stream import Stream
 
@@ -28,6 +29,7 @@ __all__ = [
     "DeviceBuffer",
     "DeviceProperties",
     "Event",
+    "NoCudaDeviceError",
     "PinnedBuffer",
     "Slot",
     "SlotPool",
@@ -43,7 +45,6 @@ __all__ = [
 
 _LAZY = {
     "Device": "cadence.runtime.device",
-    "DeviceProperties": "cadence.runtime.device",
     "get_device": "cadence.runtime.device",
     "Stream": "cadence.runtime.stream",
     "Event": "cadence.runtime.event",

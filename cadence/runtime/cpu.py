@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cadence.runtime.interfaces import EventLike, StreamLike
+from cadence.runtime.interfaces import DeviceProperties, EventLike, StreamLike
 from cadence.runtime.slot_pool import SlotPool
 from cadence.runtime.views import numpy_view, torch_view
 
@@ -150,6 +150,22 @@ class CpuDevice:
 
     def select(self) -> CpuDevice:
         return self
+
+    def properties(self) -> DeviceProperties:
+        """The host as a device: its processor, memory and cores (no compute capability)."""
+        import os
+        import platform
+
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+        return DeviceProperties(name=platform.processor() or platform.machine() or "cpu",
+                                total_memory=int(total), multiprocessor_count=cores,
+                                compute_capability=(0, 0), l2_cache_size=0, warp_size=1)
+
+    def stream_priority_range(self) -> tuple[int, int]:
+        """(least, greatest) stream priority: one level, streams are ordering-free here."""
+        return 0, 0
 
     def mem_get_info(self) -> tuple[int, int]:
         import os

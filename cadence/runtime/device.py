@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from cadence.runtime._cudart import cudart
 from cadence.runtime.buffers import DeviceBuffer, PinnedBuffer
-from cadence.runtime.errors import check
+from cadence.runtime.errors import NoCudaDeviceError, check
 from cadence.runtime.event import Event
+from cadence.runtime.interfaces import DeviceProperties
 from cadence.runtime.slot_pool import SlotPool
 from cadence.runtime.stream import Stream
 
 if TYPE_CHECKING:
     from cadence.runtime.cpu import CpuDevice
-
-
-@dataclass(frozen=True)
-class DeviceProperties:
-    name: str
-    total_memory: int
-    multiprocessor_count: int
-    compute_capability: tuple[int, int]
-    l2_cache_size: int
-    warp_size: int
 
 
 class Device:
@@ -35,7 +25,7 @@ class Device:
 
     def __init__(self, index: int = 0) -> None:
         self._rt = cudart()
-        count = check(self._rt.cudaGetDeviceCount(), "cudaGetDeviceCount")
+        count = _device_count(self._rt)
         if not 0 <= index < count:
             raise ValueError(f"device index {index} out of range ({count} devices)")
         self.index = index
@@ -105,6 +95,21 @@ class Device:
 
     def __repr__(self) -> str:
         return f"Device(cuda:{self.index})"
+
+
+def _device_count(rt: object) -> int:
+    """The number of CUDA devices; on a machine without any, an error that says so (cudart
+    reports a missing driver as an insufficient one)."""
+    status, count = rt.cudaGetDeviceCount()  # type: ignore[attr-defined]
+    if int(status) == 0 and count > 0:
+        return int(count)
+    name = getattr(status, "name", str(status))
+    if int(status) == 0 or name in ("cudaErrorNoDevice", "cudaErrorInsufficientDriver"):
+        raise NoCudaDeviceError(
+            f"there is no CUDA device here (cudaGetDeviceCount: {name}); "
+            "use the CPU backend, get_device('cpu')"
+        )
+    return check((status, count), "cudaGetDeviceCount")
 
 
 def get_device(kind: Literal["cpu", "cuda"] = "cuda", index: int = 0) -> Device | CpuDevice:

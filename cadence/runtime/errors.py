@@ -5,6 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 
+class NoCudaDeviceError(RuntimeError):
+    """The CUDA backend was asked for on a machine without a CUDA device."""
+
+
 class CudaError(RuntimeError):
     """A CUDA runtime call returned an error code."""
 

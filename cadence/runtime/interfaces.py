@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -61,3 +62,15 @@ class DeviceLike(Protocol):
     def alloc_pinned(self, nbytes: int) -> HostBufferLike: ...
     def alloc_device(self, nbytes: int) -> BufferLike: ...
     def synchronize(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What a backend says of its device (the CPU backend: the host's figures)."""
+
+    name: str
+    total_memory: int
+    multiprocessor_count: int
+    compute_capability: tuple[int, int]
+    l2_cache_size: int
+    warp_size: int

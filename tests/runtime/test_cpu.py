@@ -74,3 +74,50 @@ def test_cpu_backend_works_without_cuda_python() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_cpu_backend_reports_the_host_as_its_device() -> None:
+    import os
+
+    from cadence.runtime import DeviceProperties, get_device
+
+    dev = get_device("cpu")
+    props = dev.properties()
+    assert isinstance(props, DeviceProperties)
+    assert props.multiprocessor_count == len(os.sched_getaffinity(0))
+    assert props.total_memory == dev.mem_get_info()[1] > 0
+    assert props.compute_capability == (0, 0) and props.warp_size == 1
+    least, greatest = dev.stream_priority_range()
+    assert least == greatest == 0
+    dev.create_stream(priority=greatest).synchronize()
+
+
+def test_no_cuda_device_is_said_plainly() -> None:
+    import enum
+
+    import pytest
+
+    from cadence.runtime import NoCudaDeviceError
+    from cadence.runtime.device import _device_count
+    from cadence.runtime.errors import CudaError
+
+    class Status(enum.IntEnum):
+        cudaSuccess = 0
+        cudaErrorInsufficientDriver = 35
+        cudaErrorNoDevice = 100
+        cudaErrorInitializationError = 3
+
+    class FakeRuntime:
+        def __init__(self, status: Status, count: int) -> None:
+            self.result = (status, count)
+
+        def cudaGetDeviceCount(self):  # noqa: N802 (cudart's name)
+            return self.result
+
+    assert _device_count(FakeRuntime(Status.cudaSuccess, 2)) == 2
+    for status, count in ((Status.cudaErrorInsufficientDriver, 0),
+                          (Status.cudaErrorNoDevice, 0), (Status.cudaSuccess, 0)):
+        with pytest.raises(NoCudaDeviceError, match="there is no CUDA device"):
+            _device_count(FakeRuntime(status, count))
+    with pytest.raises(CudaError, match="cudaErrorInitializationError"):  # a real failure
+        _device_count(FakeRuntime(Status.cudaErrorInitializationError, 0))
