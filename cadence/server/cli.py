@@ -202,7 +202,7 @@ def run_serve(ns: argparse.Namespace) -> int:
     args = engine_args_from(ns)
     check_ssl_files(settings)
     if settings.api_server_count > 1:
-        return _run_api_servers(ns, settings, args)
+        return _run_api_servers(ns, settings, args, chat_template)
     logger.info("Engine arguments: %s", args)
     sock = bind_socket(settings.host, settings.port)  # a taken port fails before the model loads
     try:
@@ -244,7 +244,8 @@ def run_serve(ns: argparse.Namespace) -> int:
         engine.shutdown()
 
 
-def _run_api_servers(ns: argparse.Namespace, settings: ServerSettings, args: EngineArgs) -> int:
+def _run_api_servers(ns: argparse.Namespace, settings: ServerSettings, args: EngineArgs,
+                     chat_template: str | None) -> int:
     from dataclasses import replace
 
     from cadence.server.api_servers import FrontEndOptions, run_api_servers
@@ -253,7 +254,7 @@ def _run_api_servers(ns: argparse.Namespace, settings: ServerSettings, args: Eng
     logger.info("Engine arguments: %s", args)
     logger.info("Server settings: %s", settings)
     options = FrontEndOptions(settings, ns.served_model_name, ns.api_key, ns.log_level,
-                              ns.enable_log_requests, load_chat_template(ns.chat_template))
+                              ns.enable_log_requests, chat_template)
     return run_api_servers(args, options, settings.api_server_count)
 
 
