@@ -275,11 +275,9 @@ def _tokenizer_call(work: Callable[[dict[str, Any]], BaseModel], raw: bytes,
     model = data.get("model")
     check_model(model if isinstance(model, str) else None)
     try:
-        return work(data)
+        return work(data)  # a ParamError becomes a 400 through the app's handler
     except ValidationError as exc:
         raise from_validation_error(exc) from exc
-    except ParamError as exc:
-        raise BadRequestError(str(exc), exc.param) from exc
 
 
 def _parse_request(body: bytes, model: type[M]) -> tuple[M, set[str]]:

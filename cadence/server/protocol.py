@@ -53,6 +53,27 @@ def random_id(prefix: str) -> str:
 _NO_DEFAULTS: Mapping[str, Any] = MappingProxyType({})
 
 
+NO_MESSAGES = "messages must contain at least one message."
+
+
+def check_template_options(
+    chat_template_kwargs: dict[str, Any] | None, add_generation_prompt: bool,
+    continue_final_message: bool,
+) -> None:
+    """The chat-template options of a conversation (chat completions, /tokenize)."""
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(chat_template_kwargs or {}))
+    if reserved:
+        raise ParamError(
+            "chat_template_kwargs",
+            f"chat_template_kwargs cannot set {', '.join(reserved)}.",
+        )
+    if continue_final_message and add_generation_prompt:
+        raise ParamError(
+            "continue_final_message",
+            "continue_final_message and add_generation_prompt cannot both be true.",
+        )
+
+
 class OpenAIModel(BaseModel):
     # Unknown fields are ignored, as vLLM and OpenAI do. NaN and infinities are no numbers here.
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
@@ -246,24 +267,15 @@ class ChatCompletionRequest(_SamplingRequest):
         """Semantic checks beyond the schema; raise ``ParamError`` naming the parameter."""
         self._check_common()
         if not self.messages:
-            raise ParamError("messages", "messages must contain at least one message.")
+            raise ParamError("messages", NO_MESSAGES)
         if self.top_logprobs and not self.logprobs:
             raise ParamError("top_logprobs", "when using top_logprobs, logprobs must be true.")
         if self.tools:
             raise ParamError("tools", "tool calling is not supported.")
         if self.response_format is not None and self.response_format.type != "text":
             raise ParamError("response_format", "only response_format type 'text' is supported.")
-        reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(self.chat_template_kwargs or {}))
-        if reserved:
-            raise ParamError(
-                "chat_template_kwargs",
-                f"chat_template_kwargs cannot set {', '.join(reserved)}.",
-            )
-        if self.continue_final_message and self.add_generation_prompt:
-            raise ParamError(
-                "continue_final_message",
-                "continue_final_message and add_generation_prompt cannot both be true.",
-            )
+        check_template_options(self.chat_template_kwargs, self.add_generation_prompt,
+                               self.continue_final_message)
 
     @property
     def requested_max_tokens(self) -> int | None:

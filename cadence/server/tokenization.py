@@ -15,10 +15,11 @@ from pydantic import Field
 
 from cadence.server.chat_template import render_chat
 from cadence.server.protocol import (
-    RESERVED_TEMPLATE_KWARGS,
+    NO_MESSAGES,
     ChatMessage,
     OpenAIModel,
     ParamError,
+    check_template_options,
 )
 
 if TYPE_CHECKING:
@@ -55,16 +56,9 @@ class TokenizeChatRequest(OpenAIModel):
 
     def check(self) -> None:
         if not self.messages:
-            raise ParamError("messages", "messages must contain at least one message.")
-        if self.continue_final_message and self.add_generation_prompt:
-            raise ParamError(
-                "continue_final_message",
-                "continue_final_message and add_generation_prompt cannot both be true.",
-            )
-        reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(self.chat_template_kwargs or {}))
-        if reserved:
-            raise ParamError("chat_template_kwargs",
-                             f"chat_template_kwargs cannot set {', '.join(reserved)}.")
+            raise ParamError("messages", NO_MESSAGES)
+        check_template_options(self.chat_template_kwargs, self.add_generation_prompt,
+                               self.continue_final_message)
 
 
 class TokenizeResponse(OpenAIModel):
