@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 from cadence.engine.engine_args import EngineArgs
 
 
@@ -11,3 +15,13 @@ def tiny_args(**overrides) -> EngineArgs:
                 async_scheduling=False)
     base.update(overrides)
     return EngineArgs(**base)
+
+
+def tiny_copy_with_generation_config(dest: Path, **fields: object) -> Path:
+    """A copy of the tiny model at ``dest`` whose generation_config.json also sets ``fields``."""
+    from cadence.model.tiny import ensure_tiny_model
+
+    shutil.copytree(ensure_tiny_model(), dest)
+    path = dest / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+    return dest

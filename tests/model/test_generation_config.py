@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,8 +11,8 @@ import pytest
 from cadence.engine.llm import LLM
 from cadence.model.generation_config import generation_defaults
 from cadence.model.registry import resolve_model
-from cadence.model.tiny import ensure_tiny_model
 from cadence.sampling_params import SamplingParams
+from tests.tiny import tiny_copy_with_generation_config
 
 
 def _dir(tmp_path: Path, name: str, config: dict) -> Path:
@@ -57,11 +56,7 @@ def test_bad_sources_name_the_problem(tmp_path: Path, content: str | None, match
 @pytest.fixture
 def greedy_by_default(tmp_path: Path) -> Path:
     """The tiny model whose generation config makes it greedy unless a request says otherwise."""
-    model = tmp_path / "tiny-greedy"
-    shutil.copytree(ensure_tiny_model(), model)
-    gen = json.loads((model / "generation_config.json").read_text())
-    (model / "generation_config.json").write_text(json.dumps({**gen, "temperature": 0.0}))
-    return model
+    return tiny_copy_with_generation_config(tmp_path / "tiny-greedy", temperature=0.0)
 
 
 def test_llm_generate_without_params_uses_the_defaults(greedy_by_default: Path) -> None:

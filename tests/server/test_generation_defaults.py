@@ -3,23 +3,18 @@ generation-config defaults; fields a request sets win."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import httpx
 import pytest
 
-from cadence.model.tiny import ensure_tiny_model
+from tests.tiny import tiny_copy_with_generation_config
 
 
 @pytest.fixture
 def greedy_by_default(tmp_path: Path) -> Path:
-    model = tmp_path / "tiny-greedy"
-    shutil.copytree(ensure_tiny_model(), model)
-    gen = json.loads((model / "generation_config.json").read_text())
-    (model / "generation_config.json").write_text(json.dumps({**gen, "temperature": 0.0}))
-    return model
+    """The tiny model whose generation config makes it greedy unless a request says otherwise."""
+    return tiny_copy_with_generation_config(tmp_path / "tiny-greedy", temperature=0.0)
 
 
 def test_server_requests_without_sampling_fields_use_the_defaults(
