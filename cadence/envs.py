@@ -22,8 +22,21 @@ class Envs:
     # Emit NVTX ranges around engine phases (schedule, prepare, forward, sample, copy, update).
     nvtx: bool
     log_level: str
-    # torch intra-op threads on the CPU backend when cpu_threads is not given.
-    cpu_threads: int | None
+    # CADENCE_CPU_THREADS as given ("" when unset); parsed by ``cpu_threads``.
+    cpu_threads_text: str
+
+    @property
+    def cpu_threads(self) -> int | None:
+        """torch intra-op threads on the CPU backend when cpu_threads is not given. A value that
+        is no integer raises here, where it is used, not in ``read_envs`` (which every command
+        calls, e.g. for the log level, before it can report errors in one line)."""
+        value = self.cpu_threads_text.strip()
+        if not value:
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"CADENCE_CPU_THREADS must be an integer, got {value!r}.") from None
 
 
 def read_envs() -> Envs:
@@ -33,15 +46,5 @@ def read_envs() -> Envs:
         or os.path.join(os.path.expanduser("~"), ".cache", "cadence"),
         nvtx=bool(_flag("CADENCE_NVTX")),
         log_level=os.environ.get("CADENCE_LOG_LEVEL", "INFO"),
-        cpu_threads=_int("CADENCE_CPU_THREADS"),
+        cpu_threads_text=os.environ.get("CADENCE_CPU_THREADS", ""),
     )
-
-
-def _int(name: str) -> int | None:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {value!r}.") from None

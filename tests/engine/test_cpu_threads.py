@@ -49,3 +49,18 @@ def test_the_cpu_engine_sets_its_threads(monkeypatch: pytest.MonkeyPatch) -> Non
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(previous)
+
+
+def test_a_bad_cpu_threads_variable_is_one_line_only_where_it_matters(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cadence.cli import main
+    from cadence.envs import read_envs
+
+    monkeypatch.setenv("CADENCE_CPU_THREADS", "abc")
+    assert read_envs().log_level  # every command reads the environment: that must not fail
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "--max-tokens", "2", "--device", "cpu"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["cadence generate: error: CADENCE_CPU_THREADS must be an integer, got 'abc'."]
