@@ -30,10 +30,20 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     skip_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Filled in by the engine from the tokenizer / generation config; not user-facing.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+    # Token sequences of ``bad_words`` (each word with and without a leading space), filled in by
+    # the engine's input processor, which holds the tokenizer.
+    bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -43,6 +53,12 @@ class SamplingParams:
         else:
             self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.logit_bias is not None:
+            self.logit_bias = dict(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
+        if self.bad_words is not None:
+            self.bad_words = list(self.bad_words)
         self._verify()
         if self.top_k == 0:
             self.top_k = -1  # vLLM: 0 disables top-k, as -1 does
@@ -54,6 +70,7 @@ class SamplingParams:
             self.temperature = 0.0
             self.top_p = 1.0
             self.top_k = -1
+            self.min_p = 0.0
         self.all_stop_token_ids = set(self.all_stop_token_ids) | set(self.stop_token_ids)
 
     def _verify(self) -> None:
@@ -84,6 +101,7 @@ class SamplingParams:
             )
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
             raise ValueError(f"logprobs must be non-negative, got {self.logprobs!r}.")
+        self._verify_logits_processors()
         if any(not isinstance(s, str) for s in self.stop):
             raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}.")
         if any(not s for s in self.stop):
@@ -92,6 +110,47 @@ class SamplingParams:
             raise ValueError(
                 f"stop_token_ids must be non-negative 64-bit integers, got {self.stop_token_ids}."
             )
+
+    def _verify_logits_processors(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value!r}.")
+        rp = self.repetition_penalty
+        if not _is_real(rp) or not math.isfinite(rp) or not rp > 0.0:
+            raise ValueError(f"repetition_penalty must be greater than zero, got {rp!r}.")
+        if not _is_real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}.")
+        if self.logit_bias is not None:
+            for tok, bias in self.logit_bias.items():
+                if not _is_int(tok) or not 0 <= tok <= INT64_MAX:
+                    raise ValueError(f"logit_bias keys must be token ids, got {tok!r}.")
+                if not _is_real(bias) or not math.isfinite(bias):
+                    raise ValueError(f"logit_bias values must be finite numbers, got {bias!r}.")
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                raise ValueError("allowed_token_ids must not be empty.")
+            if any(not _is_int(t) or not 0 <= t <= INT64_MAX for t in self.allowed_token_ids):
+                raise ValueError(
+                    f"allowed_token_ids must be token ids, got {self.allowed_token_ids}."
+                )
+        if self.bad_words is not None and any(
+            not isinstance(w, str) or not w.strip() for w in self.bad_words
+        ):
+            raise ValueError(f"bad_words must be non-empty strings, got {self.bad_words!r}.")
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether the sampler must count this request's tokens (presence, frequency or
+        repetition penalty)."""
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+    @property
+    def needs_logits_processing(self) -> bool:
+        """Whether any per-request logits processor beyond min_tokens applies."""
+        return (self.has_penalties or self.min_p > 0.0 or bool(self.logit_bias)
+                or self.allowed_token_ids is not None or bool(self.bad_words_token_ids))
 
     @property
     def greedy(self) -> bool:

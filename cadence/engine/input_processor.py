@@ -17,6 +17,7 @@ from cadence.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 __all__ = [
     "MAX_STOP_STRINGS",
     "MAX_STOP_STRING_CHARS",
+    "MAX_BAD_WORDS",
     "MAX_STOP_TOKEN_IDS",
     "InputProcessor",
     "InputValidationError",
@@ -28,6 +29,7 @@ __all__ = [
 MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 512
 MAX_STOP_TOKEN_IDS = 256
+MAX_BAD_WORDS = 128
 
 PromptType = str | Mapping[str, Any]
 
@@ -225,6 +227,7 @@ class InputProcessor:
                 "skip_tokenizer_init=True; use stop_token_ids instead.",
                 "stop",
             )
+        self._validate_token_fields(params)
         if params.logprobs is not None and params.logprobs > self.max_logprobs:
             raise InputValidationError(
                 f"Requested sample logprobs of {params.logprobs}, which is greater than max "
@@ -232,6 +235,49 @@ class InputProcessor:
                 "logprobs",
                 params.logprobs,
             )
+
+    def _validate_token_fields(self, params: SamplingParams) -> None:
+        """logit_bias, allowed_token_ids and bad_words against the vocabulary; the bad words
+        become token sequences here."""
+        v = self.vocab_size
+        bad = next((t for t in params.logit_bias or {} if t >= v), None)
+        if bad is not None:
+            raise InputValidationError(
+                f"logit_bias: token id {bad} is out of vocabulary (vocabulary size {v}).",
+                "logit_bias", bad,
+            )
+        allowed = params.allowed_token_ids
+        if allowed is not None:
+            if len(allowed) > v:
+                raise InputValidationError(
+                    f"allowed_token_ids: at most {v} ids (the vocabulary size), "
+                    f"got {len(allowed)}.", "allowed_token_ids",
+                )
+            bad = next((t for t in allowed if t >= v), None)
+            if bad is not None:
+                raise InputValidationError(
+                    f"allowed_token_ids: token id {bad} is out of vocabulary "
+                    f"(vocabulary size {v}).", "allowed_token_ids", bad,
+                )
+        words = params.bad_words or []
+        if not words:
+            return
+        if len(words) > MAX_BAD_WORDS:
+            raise InputValidationError(
+                f"bad_words: at most {MAX_BAD_WORDS} words are allowed, got {len(words)}.",
+                "bad_words",
+            )
+        if max(len(w) for w in words) > MAX_STOP_STRING_CHARS:
+            raise InputValidationError(
+                f"bad_words: a word may have at most {MAX_STOP_STRING_CHARS} characters.",
+                "bad_words",
+            )
+        if self.tokenizer is None:
+            raise InputValidationError(
+                "bad_words need a tokenizer, and this engine has none; use logit_bias or "
+                "allowed_token_ids instead.", "bad_words",
+            )
+        params.bad_words_token_ids = bad_word_sequences(self.tokenizer, words)
 
     def _resolve_max_tokens(self, num_prompt: int, max_tokens: int | None) -> int:
         limit = self.max_model_len
@@ -277,3 +323,26 @@ class InputProcessor:
         if self.num_kv_blocks is None:
             return None
         return max(self.num_kv_blocks - 1, 0) * self.block_size
+
+
+def bad_word_sequences(tokenizer: _Tokenizer, words: Sequence[str]) -> list[list[int]]:
+    """Token sequences to ban for ``words``: each word as it starts a text and after a space
+    (vLLM's rule: the spaced form counts when its tokens differ from the bare form's in the first
+    token only, so that a merge with the space is not mistaken for a different word)."""
+    encode = tokenizer.encode
+    seqs: list[list[int]] = []
+    for word in words:
+        bare = _encode_plain(encode, word.lstrip())
+        if bare:
+            seqs.append(bare)
+        spaced = _encode_plain(encode, " " + word.lstrip())
+        if spaced and (not bare or (spaced[0] != bare[0] and len(spaced) == len(bare))):
+            seqs.append(spaced)
+    return seqs
+
+
+def _encode_plain(encode: Any, text: str) -> list[int]:
+    try:
+        return list(encode(text, add_special_tokens=False))
+    except TypeError:  # a tokenizer without special tokens to add
+        return list(encode(text))

@@ -30,6 +30,7 @@ from cadence.runtime import get_device
 from cadence.scheduler.output import SchedulerOutput
 from cadence.worker.async_output import OutputCopier
 from cadence.worker.input_batch import InputBatch, StepInputs
+from cadence.worker.logits_state import LogitsState, RecordingOutput
 from cadence.worker.sampler import Sampler, SamplingMetadata, SamplingRows, seed_generator
 from cadence.worker.step_buffers import StepBuffers
 
@@ -68,6 +69,7 @@ class ModelRunner:
                                       self.max_blocks_per_req, self.block_size)
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}  # by request id
+        self.logits_state = LogitsState(self.max_num_reqs, self.vocab_size, device)
         self.kv_caches: list[torch.Tensor] = []
         self.buffers = StepBuffers(self.rt, self.main, self.max_num_tokens, self.max_num_reqs,
                                    self.max_blocks_per_req, device)
@@ -250,6 +252,14 @@ class ModelRunner:
                 t = getattr(md, name)
                 if t is not None:
                     setattr(md, name, t.pin_memory().to(self.device, non_blocking=True))
+            if md.min_p is not None:
+                md.min_p = tuple(t.pin_memory().to(self.device, non_blocking=True)
+                                 for t in md.min_p)
+        req_ids = [batch.slot_req_ids[s] for s in slots]
+        md.processors, bans = self.logits_state.step_inputs(
+            req_ids, np.asarray(slots, dtype=np.int64), params, out_index, self.last_sampled)
+        for row, ids in bans.items():
+            md.banned_token_ids[row] = md.banned_token_ids.get(row, []) + ids
         return md
 
     def _index(self, values: list[int]) -> torch.Tensor:
@@ -278,8 +288,14 @@ class ModelRunner:
                 # after the scatter of the step that wrote it).
                 src_t, dst_t = self._index(src), self._index(dst)
                 self.last_sampled[dst_t] = self.last_sampled[src_t]
+                counted = [i for i, d in enumerate(dst) if batch.params[d].has_penalties]
+                if counted:
+                    self.logits_state.token_counts.move(
+                        self._index([src[i] for i in counted]),
+                        self._index([dst[i] for i in counted]))
             for req_id in [r for r in self.generators if r not in batch.req_id_to_slot]:
                 del self.generators[req_id]
+            self._admit_logits_state(so)
             if so.total_num_scheduled_tokens == 0:
                 return ReadyOutput(ModelRunnerOutput.empty())
             inp = batch.prepare(so)
@@ -315,12 +331,39 @@ class ModelRunner:
                 index = self.buffers.logits_index[: len(rows)].long()
                 logits = self.model.compute_logits(hidden[index])
         with nvtx_range("sample"):
-            sampled = self.sampler(logits, self._sampling_metadata(inp))
+            md = self._sampling_metadata(inp)
+            sampled = self.sampler(logits, md)
+            self.logits_state.after_sampling(md.processors, sampled.sampled_token_ids)
             n = len(rows)
             self.sampled[:n].copy_(sampled.sampled_token_ids)
             self.scatter_kernel.scatter(self.main)
         with nvtx_range("copy"):
-            return self.copier.start(req_ids, rows, self.sampled, n, sampled.logprobs)
+            out = self.copier.start(req_ids, rows, self.sampled, n, sampled.logprobs)
+            return self._record_history(out, inp)
+
+    def _admit_logits_state(self, so: SchedulerOutput) -> None:
+        """Per-request logits-processor state of this step's (re)admitted requests, at their
+        final rows (after the moves above)."""
+        state, batch = self.logits_state, self.input_batch
+        state.retain(batch.req_id_to_slot)
+        for new in so.scheduled_new_reqs:
+            slot = batch.req_id_to_slot.get(new.req_id)
+            if slot is not None and new.sampling_params.needs_logits_processing:
+                state.admit(slot, new.req_id, new.prompt_token_ids, new.output_token_ids,
+                            new.sampling_params)
+
+    def _record_history(self, out: AsyncModelRunnerOutput,
+                        inp: StepInputs) -> AsyncModelRunnerOutput:
+        """Have the outputs of requests with bad words recorded once they reach the host."""
+        state, batch = self.logits_state, self.input_batch
+        tracked = []
+        for row in inp.sample_rows.tolist():
+            req_id = inp.req_ids[row]
+            if state.wants_history(req_id):
+                slot = batch.req_id_to_slot[req_id]
+                index = int(batch.num_tokens[slot] - 1 - batch.num_prompt[slot])
+                tracked.append((req_id, index))
+        return RecordingOutput(out, state, tracked) if tracked else out
 
     def close(self) -> None:
         if self.copier is None:

@@ -1,4 +1,5 @@
-"""Token sampling from logits: greedy, temperature, top-k / top-p, per-request seeds, logprobs.
+"""Token sampling from logits: per-request logits processors, greedy, temperature, min_p, top-k /
+top-p, per-request seeds, logprobs.
 
 Mirrors vLLM v1's sampler. Every operation works row-wise, so a row's result depends only on its
 own logits and (for seeded rows) its own generator, never on the rest of the batch. The device
@@ -15,6 +16,11 @@ import torch
 
 from cadence.runner_output import LogprobsLists
 from cadence.sampling_params import SamplingParams
+from cadence.worker.logits_processors import (
+    LogitsInputs,
+    apply_logits_processors,
+    apply_min_p,
+)
 
 _SAMPLING_EPS = 1e-5
 _MAX_FAST_TOP_K = 1024  # above this a full sort is as cheap as torch.topk
@@ -41,6 +47,10 @@ class SamplingMetadata:
     # Host-side hint: every non-greedy row has a top-k of at most this. Lets the sampler take
     # the top-k candidates instead of sorting the whole vocabulary (same tokens, much faster).
     max_top_k: int | None = None
+    # (rows, min_p) of the non-greedy rows with a min_p; None when there are none.
+    min_p: tuple[torch.Tensor, torch.Tensor] | None = None
+    # Allowed ids, bad words, logit bias, penalties (``logits_processors``); None: no row has any.
+    processors: LogitsInputs | None = None
 
     @classmethod
     def from_params(
@@ -89,6 +99,12 @@ class SamplingMetadata:
         for row, (p, n_out) in enumerate(zip(params, num_output_tokens, strict=True)):
             if n_out < p.min_tokens and p.all_stop_token_ids:
                 banned[row] = sorted(p.all_stop_token_ids)
+        min_p = None
+        min_p_rows = [r for r, p in enumerate(params) if p.min_p > 0.0 and not p.greedy]
+        if min_p_rows:
+            min_p = (torch.tensor(min_p_rows, dtype=torch.int64).to(device),
+                     torch.tensor([params[r].min_p for r in min_p_rows],
+                                  dtype=torch.float32).to(device))
         return cls(
             temperature=temperature,
             all_greedy=all_greedy,
@@ -99,6 +115,7 @@ class SamplingMetadata:
             max_num_logprobs=max(wanted) if wanted else None,
             banned_token_ids=banned,
             max_top_k=max_top_k,
+            min_p=min_p,
         )
 
 
@@ -170,8 +187,8 @@ class Sampler:
 
         # Work on a float32 copy: the caller's logits are never modified.
         logits = logits.to(torch.float32, copy=True)
-        if md.banned_token_ids:
-            apply_banned_tokens(logits, md.banned_token_ids)
+        if md.processors is not None or md.banned_token_ids:
+            apply_logits_processors(logits, md.processors, md.banned_token_ids)
         sampled = self._sample(logits, md)
 
         logprobs = None
@@ -191,6 +208,8 @@ class Sampler:
         is_greedy = temp < _SAMPLING_EPS
         # Greedy rows take the argmax below; dividing them by 1 keeps their logits finite.
         logits.div_(torch.where(is_greedy, torch.ones_like(temp), temp).unsqueeze(1))
+        if md.min_p is not None:
+            apply_min_p(logits, *md.min_p)
         kmax = md.max_top_k
         if md.top_p is not None and logits.shape[0] < _MIN_FAST_TOP_P_ROWS:
             kmax = None  # both paths give the same tokens: here the full sort is faster
@@ -202,24 +221,6 @@ class Sampler:
         if greedy is None:
             return random
         return torch.where(is_greedy, greedy, random)
-
-
-def apply_banned_tokens(logits: torch.Tensor, banned: dict[int, list[int]]) -> None:
-    """Set ``logits[row, id] = -inf`` for every banned (row, id), in place."""
-    rows: list[int] = []
-    cols: list[int] = []
-    vocab = logits.shape[-1]
-    for row, ids in banned.items():
-        for tok in ids:
-            if 0 <= tok < vocab:
-                rows.append(row)
-                cols.append(tok)
-    if rows:
-        idx = torch.tensor([rows, cols], dtype=torch.int64)
-        if logits.is_cuda:
-            # NOTE: pinned and non-blocking: a pageable copy would wait for the GPU.
-            idx = idx.pin_memory().to(logits.device, non_blocking=True)
-        logits.index_put_((idx[0], idx[1]), logits.new_full((), float("-inf")))
 
 
 def apply_top_k_top_p(
