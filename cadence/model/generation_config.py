@@ -5,8 +5,9 @@
 holding one. As in vLLM, only the sampling fields the file sets to something other than
 transformers' own defaults count (a file that repeats ``top_k: 50`` sets nothing). They become
 the defaults of requests that leave those fields unset: ``LLM.generate`` without sampling
-parameters, and server requests without ``temperature`` / ``top_p`` / ``top_k``. Fields cadence
-cannot apply (``repetition_penalty``, ``min_p``) are reported, never silently dropped.
+parameters, and server requests without ``temperature`` / ``top_p`` / ``top_k`` / ``min_p`` /
+``repetition_penalty``. ``max_new_tokens`` becomes ``max_tokens``: the default of the offline
+API, and a cap on every server request (vLLM's rule).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ logger = logging.getLogger(__name__)
 _HF_DEFAULTS: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "top_k": 50,
                                 "repetition_penalty": 1.0, "min_p": None,
                                 "max_new_tokens": None}
-APPLIED_FIELDS = ("temperature", "top_p", "top_k")
-_NOT_APPLIED = ("repetition_penalty", "min_p", "max_new_tokens")
+APPLIED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                  "max_new_tokens")
 
 
 def generation_defaults(source: str, model_dir: str | None) -> dict[str, Any]:
@@ -53,14 +54,16 @@ def generation_defaults(source: str, model_dir: str | None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"generation_config: {path} does not hold a JSON object.")
     diff = {k: v for k, v in data.items() if k in _HF_DEFAULTS and v != _HF_DEFAULTS[k]}
-    ignored = sorted(k for k in diff if k in _NOT_APPLIED)
-    if ignored:
-        logger.warning("generation_config.json sets %s, which cadence does not apply.",
-                       ", ".join(f"{k}={diff[k]}" for k in ignored))
     defaults = {k: diff[k] for k in APPLIED_FIELDS if k in diff}
     for k, v in defaults.items():
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ValueError(f"generation_config: {path} sets {k} to {v!r}, not a number.")
+    if "max_new_tokens" in defaults:
+        n = defaults.pop("max_new_tokens")
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"generation_config: {path} sets max_new_tokens to {n!r}, not a "
+                             "positive integer.")
+        defaults["max_tokens"] = n
     if defaults:
         logger.info("Default sampling parameters from %s: %s", path, defaults)
     return defaults

@@ -102,11 +102,10 @@ class _SamplingRequest(OpenAIModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     priority: Int64 = 0
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    # vLLM's sampling extensions that cadence does not implement yet: accepted only at their
-    # neutral values, so that no request silently gets a different result than it asked for.
+    # vLLM's sampling extensions.
     repetition_penalty: float | None = None
     min_p: float | None = None
     allowed_token_ids: list[int] | None = None
@@ -118,19 +117,6 @@ class _SamplingRequest(OpenAIModel):
             raise ParamError("n", f"n: only n=1 is supported, got {self.n}.")
         if self.stream_options is not None and not self.stream:
             raise ParamError("stream_options", "stream_options can only be set when stream=true.")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise ParamError(name, f"{name} is not supported; leave it at 0.")
-        if self.logit_bias:
-            raise ParamError("logit_bias", "logit_bias is not supported.")
-        if self.repetition_penalty not in (None, 1.0):
-            raise ParamError("repetition_penalty",
-                             "repetition_penalty is not supported; leave it at 1.")
-        if self.min_p not in (None, 0.0):
-            raise ParamError("min_p", "min_p is not supported; leave it at 0.")
-        for name in ("allowed_token_ids", "bad_words"):
-            if getattr(self, name):
-                raise ParamError(name, f"{name} is not supported.")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(s == "" for s in stops):
             raise ParamError("stop", "stop cannot contain an empty string.")
@@ -140,6 +126,8 @@ class _SamplingRequest(OpenAIModel):
         kind = RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY
         try:
             return self._make_sampling_params(kind, max_tokens, logprobs, defaults)
+        except ParamError:
+            raise
         except ValueError as exc:  # combinations the schema cannot see (min_tokens > max_tokens)
             message = str(exc)
             first_word = message.split(" ", 1)[0]
@@ -154,10 +142,22 @@ class _SamplingRequest(OpenAIModel):
         def pick(value: Any, name: str, neutral: Any) -> Any:
             return value if value is not None else defaults.get(name, neutral)
 
+        # The generation config's max_new_tokens caps every request (vLLM's rule).
+        cap = defaults.get("max_tokens")
+        if cap is not None:
+            max_tokens = cap if max_tokens is None else min(max_tokens, cap)
+
         return SamplingParams(
             temperature=pick(self.temperature, "temperature", 1.0),
             top_p=pick(self.top_p, "top_p", 1.0),
             top_k=pick(self.top_k, "top_k", -1),
+            min_p=pick(self.min_p, "min_p", 0.0),
+            repetition_penalty=pick(self.repetition_penalty, "repetition_penalty", 1.0),
+            presence_penalty=pick(self.presence_penalty, "presence_penalty", 0.0),
+            frequency_penalty=pick(self.frequency_penalty, "frequency_penalty", 0.0),
+            logit_bias=self._logit_bias(),
+            allowed_token_ids=self.allowed_token_ids,
+            bad_words=self.bad_words or None,
             seed=self.seed,
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
@@ -169,6 +169,22 @@ class _SamplingRequest(OpenAIModel):
             skip_special_tokens=self.skip_special_tokens,
             output_kind=kind,
         )
+
+    def _logit_bias(self) -> dict[int, float] | None:
+        """OpenAI's string token ids as ints, biases clipped to [-100, 100] (as vLLM does)."""
+        if not self.logit_bias:
+            return None
+        bias: dict[int, float] = {}
+        for key, value in self.logit_bias.items():
+            try:
+                tok = int(key)
+            except ValueError:
+                raise ParamError("logit_bias",
+                                 f"logit_bias keys must be token ids, got {key!r}.") from None
+            if tok < 0:
+                raise ParamError("logit_bias", f"logit_bias: token id {tok} is negative.")
+            bias[tok] = min(100.0, max(-100.0, value))
+        return bias
 
     @property
     def include_usage(self) -> bool:
@@ -225,7 +241,9 @@ class CompletionRequest(_SamplingRequest):
 
     def to_sampling_params(self, defaults: Mapping[str, Any] = _NO_DEFAULTS) -> SamplingParams:
         """``defaults``: the model's default sampling fields (generation config)."""
-        return self._sampling_params(self.max_tokens, self.logprobs, defaults)
+        # vLLM: a completion without max_tokens (absent or null) gets 16 tokens.
+        max_tokens = self.max_tokens if self.max_tokens is not None else 16
+        return self._sampling_params(max_tokens, self.logprobs, defaults)
 
 
 class TextContentPart(OpenAIModel):

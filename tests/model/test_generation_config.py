@@ -22,27 +22,26 @@ def _dir(tmp_path: Path, name: str, config: dict) -> Path:
     return d
 
 
-def test_only_fields_that_differ_from_transformers_defaults_count(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_only_fields_that_differ_from_transformers_defaults_count(tmp_path: Path) -> None:
     d = _dir(tmp_path, "g", {"eos_token_id": 2, "temperature": 0.6, "top_p": 0.95, "top_k": 20,
                              "do_sample": True, "repetition_penalty": 1.05})
-    with caplog.at_level(logging.WARNING, logger="cadence.model.generation_config"):
-        assert generation_defaults("auto", str(d)) == {"temperature": 0.6, "top_p": 0.95,
-                                                       "top_k": 20}
-    assert "repetition_penalty=1.05" in caplog.text  # reported, not silently dropped
+    assert generation_defaults("auto", str(d)) == {"temperature": 0.6, "top_p": 0.95,
+                                                   "top_k": 20, "repetition_penalty": 1.05}
+    more = _dir(tmp_path, "more", {"min_p": 0.1, "max_new_tokens": 7, "repetition_penalty": 1.0})
+    assert generation_defaults("auto", str(more)) == {"min_p": 0.1, "max_tokens": 7}
     same = _dir(tmp_path, "same", {"temperature": 1.0, "top_p": 1.0, "top_k": 50})
     assert generation_defaults("auto", str(same)) == {}
     assert generation_defaults("vllm", str(d)) == {}
     assert generation_defaults("auto", None) == {}  # presets have no file
     assert generation_defaults("auto", str(tmp_path)) == {}  # no file: nothing
-    assert generation_defaults(str(d), None) == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    assert generation_defaults(str(d), None)["top_k"] == 20
 
 
 @pytest.mark.parametrize(
     ("content", "match"),
     [(None, "no generation_config.json"), ("{not json", "cannot read"), ("[1]", "JSON object"),
-     ('{"temperature": "hot"}', "not a number")],
+     ('{"temperature": "hot"}', "not a number"),
+     ('{"max_new_tokens": 0.5}', "positive integer")],
 )
 def test_bad_sources_name_the_problem(tmp_path: Path, content: str | None, match: str) -> None:
     d = tmp_path / "bad"

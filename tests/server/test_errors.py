@@ -78,19 +78,20 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
         "stream_options",
         "stream",
     ),
-    (
-        COMPLETIONS,
-        {"prompt": "x", "presence_penalty": 0.5},
-        400,
-        "presence_penalty",
-        "not supported",
-    ),
-    (COMPLETIONS, {"prompt": "x", "repetition_penalty": 1.2}, 400, "repetition_penalty",
-     "not supported"),
-    (COMPLETIONS, {"prompt": "x", "min_p": 0.1}, 400, "min_p", "not supported"),
-    (CHAT, {"messages": MSG, "allowed_token_ids": [1, 2]}, 400, "allowed_token_ids",
-     "not supported"),
-    (CHAT, {"messages": MSG, "bad_words": ["x"]}, 400, "bad_words", "not supported"),
+    (COMPLETIONS, {"prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty", "[-2, 2]"),
+    (CHAT, {"messages": MSG, "frequency_penalty": -3}, 400, "frequency_penalty", "[-2, 2]"),
+    (COMPLETIONS, {"prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty",
+     "greater than zero"),
+    (COMPLETIONS, {"prompt": "x", "min_p": 1.5}, 400, "min_p", "[0, 1]"),
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {"one": 1}}, 400, "logit_bias", "token ids"),
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {"-4": 1}}, 400, "logit_bias", "negative"),
+    (CHAT, {"messages": MSG, "logit_bias": {"100000": 1}}, 400, "logit_bias",
+     "out of vocabulary"),
+    (CHAT, {"messages": MSG, "allowed_token_ids": [1, 100000]}, 400, "allowed_token_ids",
+     "out of vocabulary"),
+    (CHAT, {"messages": MSG, "allowed_token_ids": []}, 400, "allowed_token_ids", "empty"),
+    (CHAT, {"messages": MSG, "bad_words": ["  "]}, 400, "bad_words", "non-empty"),
+    (CHAT, {"messages": MSG, "bad_words": ["x"] * 200}, 400, "bad_words", "at most"),
     (COMPLETIONS, ["not", "an", "object"], 400, None, "JSON object"),
     (CHAT, {"messages": []}, 400, "messages", "at least one"),
     (CHAT, {}, 400, "messages", "required"),
@@ -306,11 +307,10 @@ def test_max_logprobs_sets_the_cap(server_factory) -> None:
         assert too_many.status_code == 400
 
 
-def test_neutral_values_of_unimplemented_sampling_fields_are_accepted(server) -> None:
+def test_neutral_values_of_sampling_fields_are_accepted(server) -> None:
     import httpx
 
     body = {"prompt": "x", "max_tokens": 2, "repetition_penalty": 1.0, "min_p": 0.0,
-            "allowed_token_ids": [], "bad_words": [], "presence_penalty": 0,
-            "frequency_penalty": 0}
+            "bad_words": [], "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}}
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
         assert http.post(COMPLETIONS, json=body).status_code == 200

@@ -33,3 +33,36 @@ def test_server_requests_without_sampling_fields_use_the_defaults(
         assert tokens({}) == greedy and tokens({}) == greedy  # greedy by default
         hot = {tuple(tokens({"temperature": 1.5, "seed": s})) for s in range(4)}
         assert len(hot) > 1  # an explicit temperature still wins
+
+
+def test_penalty_defaults_and_the_max_new_tokens_cap(tmp_path: Path, server_factory) -> None:
+    model = tiny_copy_with_generation_config(tmp_path / "tiny-penalised", temperature=0.0,
+                                             repetition_penalty=1.5, max_new_tokens=20)
+    srv = server_factory(model=str(model))
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        def completion(extra: dict) -> dict:
+            body = {"prompt": "Once upon a time", "ignore_eos": True, "return_token_ids": True,
+                    **extra}
+            resp = http.post("/v1/completions", json=body)
+            assert resp.status_code == 200, resp.text
+            return resp.json()
+
+        def tokens(extra: dict) -> list[int]:
+            return completion({"max_tokens": 16, **extra})["choices"][0]["token_ids"]
+
+        assert tokens({}) == tokens({"repetition_penalty": 1.5})
+        assert tokens({}) != tokens({"repetition_penalty": 1.0})
+        # max_new_tokens caps requests that ask for more, and fills in for those that ask none.
+        assert completion({"max_tokens": 100})["usage"]["completion_tokens"] == 20
+        chat = http.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "ignore_eos": True})
+        assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 20
+
+
+def test_completions_without_max_tokens_get_16(server_factory) -> None:
+    srv = server_factory()
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        for extra in ({}, {"max_tokens": None}):
+            body = {"prompt": "Once upon a time", "ignore_eos": True, **extra}
+            resp = http.post("/v1/completions", json=body)
+            assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 16

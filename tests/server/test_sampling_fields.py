@@ -1,0 +1,98 @@
+"""Every sampling field through the official ``openai`` client: each one changes the result the
+way its definition says, streamed or not; none is dropped."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from cadence import SamplingParams
+
+PROMPT = "The garden was"
+MSG = [{"role": "user", "content": "Tell me about the garden."}]
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+
+
+def _ids(client: openai.OpenAI, stream: bool = False, **kw) -> list[int]:
+    body = dict(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0.0)
+    extra = {"ignore_eos": True, "return_token_ids": True, **kw.pop("extra_body", {})}
+    if stream:
+        ids: list[int] = []
+        for chunk in client.completions.create(**body, **kw, stream=True, extra_body=extra):
+            ids.extend(getattr(chunk.choices[0], "token_ids", None) or [])
+        return ids
+    out = client.completions.create(**body, **kw, extra_body=extra)
+    return out.choices[0].token_ids  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def offline():
+    from cadence import LLM
+    from tests.tiny import tiny_args
+
+    llm = LLM(**vars(tiny_args()))
+    yield llm
+    llm.shutdown()
+
+
+def _offline(llm, **kw) -> list[int]:
+    """The same request through the offline engine (the expected tokens)."""
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, **kw)
+    return llm.generate([PROMPT], params, use_tqdm=False)[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_each_field_reaches_the_sampler(server, client: openai.OpenAI, offline,
+                                        stream: bool) -> None:
+    plain = _ids(client, stream)
+    tok = server.engine.tokenizer
+    vocab = len(tok)
+    target = plain[0]
+    # logit_bias: +100 on one token makes greedy pick it every time; -100 removes it.
+    forced = next(t for t in range(3, vocab) if t not in plain)
+    assert _ids(client, stream, logit_bias={str(forced): 100}) == [forced] * 12
+    assert target not in _ids(client, stream, logit_bias={str(target): -100})
+    # allowed_token_ids: every token comes from the set.
+    allowed = [forced, forced + 1, target]
+    got = _ids(client, stream, extra_body={"allowed_token_ids": allowed})
+    assert set(got) <= set(allowed)
+    # Penalties and min_p: each gives the engine's own result for the same parameters, and the
+    # penalties change the greedy continuation of this prompt.
+    for field, value in (("frequency_penalty", 1.5), ("presence_penalty", 1.9)):
+        got = _ids(client, stream, **{field: value})
+        assert got == _offline(offline, **{field: value}) and got != plain
+    got = _ids(client, stream, extra_body={"repetition_penalty": 2.0})
+    assert got == _offline(offline, repetition_penalty=2.0) and got != plain
+    assert _ids(client, stream, extra_body={"min_p": 0.2}) == plain  # greedy: min_p is moot
+
+
+def test_bad_words_and_min_p_in_chat(server, client: openai.OpenAI) -> None:
+    base = dict(model="tiny", messages=MSG, max_tokens=24, temperature=0.0)
+    extra = {"ignore_eos": True, "return_token_ids": True}
+    free = client.chat.completions.create(**base, extra_body=extra)
+    text = free.choices[0].message.content
+    ids = free.choices[0].token_ids  # type: ignore[attr-defined]
+    tok = server.engine.tokenizer
+    # A token of the answer that is a word of its own (it encodes back to itself alone).
+    def own_word(t: int) -> str | None:
+        w = tok.decode([t])
+        return w if w.strip() == w and tok.encode(w, add_special_tokens=False) == [t] else None
+
+    word_id = next(t for t in ids[1:] if own_word(t))
+    word = own_word(word_id)
+    banned = client.chat.completions.create(**base, extra_body={**extra, "bad_words": [word]})
+    got = banned.choices[0].token_ids  # type: ignore[attr-defined]
+    assert word_id not in got
+    assert got[: ids.index(word_id)] == ids[: ids.index(word_id)]
+    sampled = {
+        client.chat.completions.create(
+            **{**base, "temperature": 1.0}, seed=s,
+            extra_body={"ignore_eos": True, "min_p": 1.0}).choices[0].message.content
+        for s in range(3)
+    }
+    # min_p 1 keeps only the most likely token: every seed gives the greedy text.
+    assert sampled == {text}
