@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from cadence.runner_output import LogprobsLists
 from cadence.sampling_params import SamplingParams
 
 __all__ = [
@@ -51,6 +52,9 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0
     # Why the request failed (finish_reason ERROR only).
     error: str | None = None
+    # Prompt tokens scored this step (prompt_logprobs): (index in the prompt of the first,
+    # rows as in new_logprobs: the prompt token first, then the top-N).
+    new_prompt_logprobs: tuple[int, LogprobsLists] | None = None
 
     @property
     def finished(self) -> bool:
@@ -62,7 +66,7 @@ class EngineCoreOutput:
         # dataclass's default (a __dict__ per output).
         return (EngineCoreOutput, (self.request_id, self.new_token_ids, self.new_logprobs,
                                    self.finish_reason, self.stop_reason, self.num_cached_tokens,
-                                   self.error))
+                                   self.error, self.new_prompt_logprobs))
 
 
 @dataclass

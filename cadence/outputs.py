@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["CompletionOutput", "Logprob", "RequestMetrics", "RequestOutput", "SampleLogprobs"]
+__all__ = ["CompletionOutput", "Logprob", "PromptLogprobs", "RequestMetrics", "RequestOutput",
+           "SampleLogprobs"]
 
 
 @dataclass(slots=True)
@@ -16,6 +17,8 @@ class Logprob:
 
 # One dict per generated token: the sampled token and the top-N, each by token id.
 SampleLogprobs = list[dict[int, Logprob]]
+# None for the first prompt token, then one dict per prompt token: the token itself and the top-N.
+PromptLogprobs = list[dict[int, Logprob] | None]
 
 
 @dataclass(slots=True)
@@ -84,7 +87,7 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int | None = None
     metrics: RequestMetrics | None = None
-    prompt_logprobs: None = field(default=None, repr=False)  # not supported; kept for shape
+    prompt_logprobs: PromptLogprobs | None = field(default=None, repr=False)
 
     def add(self, next_output: RequestOutput, aggregate: bool) -> None:
         """Merge a later output of the same request into this one.
@@ -94,6 +97,8 @@ class RequestOutput:
         completion replaces the earlier one.
         """
         self.finished |= next_output.finished
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = next_output.prompt_logprobs
         self.num_cached_tokens = next_output.num_cached_tokens
         self.metrics = next_output.metrics
         for nxt in next_output.outputs:

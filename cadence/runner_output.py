@@ -27,6 +27,9 @@ class ModelRunnerOutput:
     # of this step asked for logprobs.
     logprobs: LogprobsLists | None = None
     num_nans: dict[str, int] = field(default_factory=dict)
+    # Requests that scored prompt tokens this step: id -> (index in the prompt of the first
+    # scored token, one row per scored token: the token itself first, then the top-k).
+    prompt_logprobs: dict[str, tuple[int, LogprobsLists]] = field(default_factory=dict)
     # Requests the runner refused (their own content was at fault): id -> reason. The
     # scheduler finishes each with an error; every other request of the step goes on.
     failed_requests: dict[str, str] = field(default_factory=dict)

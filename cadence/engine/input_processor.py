@@ -228,13 +228,29 @@ class InputProcessor:
                 "stop",
             )
         self._validate_token_fields(params)
-        if params.logprobs is not None and params.logprobs > self.max_logprobs:
+        for name, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
+            setattr(params, name, self._check_logprobs(getattr(params, name), name, kind))
+
+    def _check_logprobs(self, n: int | None, name: str, kind: str) -> int | None:
+        """``n`` logprobs per token within --max-logprobs; -1 (all) becomes the vocabulary
+        size, allowed only where the cap is the vocabulary (--max-logprobs -1)."""
+        if n is None:
+            return None
+        if n == -1:
+            if self.max_logprobs < self.vocab_size:
+                raise InputValidationError(
+                    f"{name}=-1 (all) needs --max-logprobs -1; the maximum allowed is "
+                    f"{self.max_logprobs}.", name, n,
+                )
+            return self.vocab_size
+        if n > self.max_logprobs:
             raise InputValidationError(
-                f"Requested sample logprobs of {params.logprobs}, which is greater than max "
+                f"Requested {kind} logprobs of {n}, which is greater than max "
                 f"allowed: {self.max_logprobs}",
-                "logprobs",
-                params.logprobs,
+                name,
+                n,
             )
+        return n
 
     def _validate_token_fields(self, params: SamplingParams) -> None:
         """logit_bias, allowed_token_ids and bad_words against the vocabulary; the bad words

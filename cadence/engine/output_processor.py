@@ -165,6 +165,11 @@ class _RequestState:
         self.num_logprobs = params.logprobs
         self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
+        self.num_prompt_logprobs = params.prompt_logprobs
+        # vLLM's shape: None for the first prompt token, then one dict per prompt token.
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
+            [None] if params.prompt_logprobs is not None else None)
+        self.prompt_logprobs_sent = False
         self.num_cached_tokens = 0
         self.metrics = RequestMetrics(arrival_time=arrival_time)
 
@@ -175,14 +180,30 @@ class _RequestState:
         assert self.num_logprobs is not None and self.cumulative_logprob is not None
         n = self.num_logprobs + 1
         for ids, lps, rank in output.new_logprobs:
-            ids, lps = ids[:n], lps[:n]
-            row: dict[int, Logprob] = {ids[0]: Logprob(lps[0], rank, self._decode_one(ids[0]))}
-            for i in range(1, len(ids)):
-                if ids[i] not in row:
-                    row[ids[i]] = Logprob(lps[i], i, self._decode_one(ids[i]))
-            self.logprobs.append(row)
+            self.logprobs.append(self._logprob_row(ids[:n], lps[:n], rank))
             self.cumulative_logprob += lps[0]
         return len(output.new_logprobs)
+
+    def update_prompt_logprobs(self, output: EngineCoreOutput) -> None:
+        """Append the prompt tokens this output scored (once each: a recomputation after
+        preemption scores them again)."""
+        if self.prompt_logprobs is None or output.new_prompt_logprobs is None:
+            return
+        first, rows = output.new_prompt_logprobs
+        skip = len(self.prompt_logprobs) - first
+        assert self.num_prompt_logprobs is not None and skip >= 0
+        n = self.num_prompt_logprobs + 1
+        for ids, lps, rank in list(zip(rows.logprob_token_ids, rows.logprobs,
+                                       rows.sampled_token_ranks))[skip:]:
+            self.prompt_logprobs.append(self._logprob_row(ids[:n], lps[:n], rank))
+
+    def _logprob_row(self, ids: list[int], lps: list[float], rank: int) -> dict[int, Logprob]:
+        """The chosen token (with its rank) first, then the top-N not already in the row."""
+        row: dict[int, Logprob] = {ids[0]: Logprob(lps[0], rank, self._decode_one(ids[0]))}
+        for i in range(1, len(ids)):
+            if ids[i] not in row:
+                row[ids[i]] = Logprob(lps[i], i, self._decode_one(ids[i]))
+        return row
 
     def _decode_one(self, token_id: int) -> str | None:
         return None if self.token_text is None else self.token_text.get(token_id)
@@ -218,6 +239,14 @@ class _RequestState:
             finish_reason=str(finish_reason) if finished else None,
             stop_reason=stop_reason if finished else None,
         )
+        prompt_logprobs = self.prompt_logprobs
+        if prompt_logprobs is not None:
+            # Delta outputs carry them once, in the first output (vLLM).
+            if delta and self.prompt_logprobs_sent:
+                prompt_logprobs = None
+            else:
+                prompt_logprobs = list(prompt_logprobs)
+            self.prompt_logprobs_sent = True
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
@@ -226,6 +255,7 @@ class _RequestState:
             finished=finished,
             num_cached_tokens=self.num_cached_tokens,
             metrics=self.metrics.copy() if finished or self.snapshot_metrics else None,
+            prompt_logprobs=prompt_logprobs,
         )
 
 
@@ -331,6 +361,7 @@ class OutputProcessor:
         finish_reason = eco.finish_reason
         stop_reason = eco.stop_reason
         state.num_cached_tokens = eco.num_cached_tokens
+        state.update_prompt_logprobs(eco)
         if new_ids:
             self._record_tokens(state, len(new_ids), now, stats)
 

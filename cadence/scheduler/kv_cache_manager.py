@@ -58,9 +58,10 @@ class KVCacheManager:
         """Longest run of cached full blocks matching the request's prefix, and its token count.
 
         The last token is never a hit (its logits are needed), so a fully cached prompt still
-        recomputes its last block.
+        recomputes its last block. A request that wants prompt logprobs reads no cached block: every
+        prompt position must be computed (vLLM does the same).
         """
-        if not self.enable_caching:
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         pool = self.block_pool

@@ -325,6 +325,7 @@ class Scheduler:
         sampled = model_runner_output.sampled_token_ids
         index_of = model_runner_output.req_id_to_index
         logprobs = model_runner_output.logprobs
+        prompt_logprobs = model_runner_output.prompt_logprobs
         requests = self.requests
         outputs: list[EngineCoreOutput] = []
         stopped_running: set[Request] = set()
@@ -343,8 +344,13 @@ class Scheduler:
             if row is None:
                 continue
             new_token_ids = sampled[row]
+            prompt_lps = prompt_logprobs.get(req_id) if prompt_logprobs else None
             if not new_token_ids:
-                continue  # a partial prefill chunk samples nothing
+                # A partial prefill chunk samples nothing; it may have scored prompt tokens.
+                if prompt_lps is not None:
+                    outputs.append(EngineCoreOutput(req_id, [], None, None, None,
+                                                    request.num_cached_tokens, None, prompt_lps))
+                continue
 
             status_before = request.status
             new_token_ids, stopped = update(request, new_token_ids)
@@ -373,7 +379,7 @@ class Scheduler:
                     )
                 ]
             # Positional: (request_id, new_token_ids, new_logprobs, finish_reason, stop_reason,
-            # num_cached_tokens); this loop runs once per request per step.
+            # num_cached_tokens, error, new_prompt_logprobs); once per request per step.
             outputs.append(
                 EngineCoreOutput(
                     req_id,
@@ -382,6 +388,8 @@ class Scheduler:
                     finish_reason,
                     request.stop_reason,
                     request.num_cached_tokens,
+                    None,
+                    prompt_lps,
                 )
             )
 

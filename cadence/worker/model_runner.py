@@ -31,6 +31,7 @@ from cadence.scheduler.output import SchedulerOutput
 from cadence.worker.async_output import OutputCopier
 from cadence.worker.input_batch import InputBatch, StepInputs
 from cadence.worker.logits_state import LogitsState, RecordingOutput
+from cadence.worker.prompt_logprobs import WithPromptLogprobs, prompt_chunks, score_prompt
 from cadence.worker.sampler import Sampler, SamplingMetadata, SamplingRows, seed_generator
 from cadence.worker.step_buffers import StepBuffers
 
@@ -70,6 +71,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}  # by request id
         self.logits_state = LogitsState(self.max_num_reqs, self.vocab_size, device)
+        self.prompt_logprob_reqs: set[str] = set()  # requests that want prompt logprobs
         self.kv_caches: list[torch.Tensor] = []
         self.buffers = StepBuffers(self.rt, self.main, self.max_num_tokens, self.max_num_reqs,
                                    self.max_blocks_per_req, device)
@@ -295,7 +297,7 @@ class ModelRunner:
                         self._index([dst[i] for i in counted]))
             for req_id in [r for r in self.generators if r not in batch.req_id_to_slot]:
                 del self.generators[req_id]
-            self._admit_logits_state(so)
+            self._admit_request_state(so)
             if so.total_num_scheduled_tokens == 0:
                 return ReadyOutput(ModelRunnerOutput.empty())
             inp = batch.prepare(so)
@@ -310,7 +312,10 @@ class ModelRunner:
                 md = self.buffers.upload(inp, mixed_bucket, self.mixed_rows(mixed_bucket))
             else:
                 md = self.buffers.upload(inp)
+        scored: dict = {}
         if decode_bucket is not None:
+            # NOTE: a decode step scores no prompt token: a one-token chunk that samples is
+            # the prompt's last position, which predicts the first output.
             with nvtx_range("replay"):
                 logits = self.graphs.replay(decode_bucket)[:b]
         else:
@@ -323,10 +328,11 @@ class ModelRunner:
                     t = inp.num_tokens
                     hidden = self.model(self.buffers.input_ids[:t], self.buffers.positions[:t],
                                         md)
+            scored = self._score_prompts(inp, hidden)
             if len(rows) == 0:
                 out = ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)},
                                         [[] for _ in req_ids])
-                return ReadyOutput(out)
+                return WithPromptLogprobs(ReadyOutput(out), scored) if scored else ReadyOutput(out)
             with nvtx_range("logits"):
                 index = self.buffers.logits_index[: len(rows)].long()
                 logits = self.model.compute_logits(hidden[index])
@@ -339,14 +345,30 @@ class ModelRunner:
             self.scatter_kernel.scatter(self.main)
         with nvtx_range("copy"):
             out = self.copier.start(req_ids, rows, self.sampled, n, sampled.logprobs)
-            return self._record_history(out, inp)
+            out = self._record_history(out, inp)
+            return WithPromptLogprobs(out, scored) if scored else out
 
-    def _admit_logits_state(self, so: SchedulerOutput) -> None:
-        """Per-request logits-processor state of this step's (re)admitted requests, at their
-        final rows (after the moves above)."""
+    def _score_prompts(self, inp: StepInputs, hidden: torch.Tensor) -> dict:
+        """Prompt logprobs of the requests that want them, for this step's prompt chunk."""
+        if not self.prompt_logprob_reqs:
+            return {}
+        chunks = prompt_chunks(inp, self.input_batch)
+        if not chunks:
+            return {}
+        with nvtx_range("prompt_logprobs"):
+            return {c.req_id: (c.first, score_prompt(hidden, c, self.model.compute_logits))
+                    for c in chunks}
+
+    def _admit_request_state(self, so: SchedulerOutput) -> None:
+        """Per-request sampling state of this step's (re)admitted requests, at their final rows
+        (after the moves above)."""
         state, batch = self.logits_state, self.input_batch
         state.retain(batch.req_id_to_slot)
+        if self.prompt_logprob_reqs:
+            self.prompt_logprob_reqs &= batch.req_id_to_slot.keys()
         for new in so.scheduled_new_reqs:
+            if new.sampling_params.prompt_logprobs is not None:
+                self.prompt_logprob_reqs.add(new.req_id)
             slot = batch.req_id_to_slot.get(new.req_id)
             if slot is not None and new.sampling_params.needs_logits_processing:
                 state.admit(slot, new.req_id, new.prompt_token_ids, new.output_token_ids,
