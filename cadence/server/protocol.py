@@ -110,6 +110,8 @@ class _SamplingRequest(OpenAIModel):
     min_p: float | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    # vLLM: per prompt token after the first, its logprob and the top-N (non-streamed only).
+    prompt_logprobs: int | None = Field(default=None, ge=-1)
     user: str | None = None
 
     def _check_common(self) -> None:
@@ -117,15 +119,20 @@ class _SamplingRequest(OpenAIModel):
             raise ParamError("n", f"n: only n=1 is supported, got {self.n}.")
         if self.stream_options is not None and not self.stream:
             raise ParamError("stream_options", "stream_options can only be set when stream=true.")
+        if self.stream and self.prompt_logprobs is not None and self.prompt_logprobs != 0:
+            raise ParamError("prompt_logprobs",
+                             "prompt_logprobs are not available when stream=true.")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(s == "" for s in stops):
             raise ParamError("stop", "stop cannot contain an empty string.")
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None,
-                         defaults: Mapping[str, Any]) -> SamplingParams:
+                         defaults: Mapping[str, Any],
+                         prompt_logprobs: int | None = None) -> SamplingParams:
         kind = RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY
         try:
-            return self._make_sampling_params(kind, max_tokens, logprobs, defaults)
+            return self._make_sampling_params(kind, max_tokens, logprobs, defaults,
+                                              prompt_logprobs)
         except ParamError:
             raise
         except ValueError as exc:  # combinations the schema cannot see (min_tokens > max_tokens)
@@ -136,7 +143,7 @@ class _SamplingRequest(OpenAIModel):
 
     def _make_sampling_params(
         self, kind: RequestOutputKind, max_tokens: int | None, logprobs: int | None,
-        defaults: Mapping[str, Any],
+        defaults: Mapping[str, Any], prompt_logprobs: int | None,
     ) -> SamplingParams:
         # Fields the request leaves unset take the model's generation-config defaults.
         def pick(value: Any, name: str, neutral: Any) -> Any:
@@ -166,6 +173,7 @@ class _SamplingRequest(OpenAIModel):
             ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             output_kind=kind,
         )
@@ -209,8 +217,6 @@ class CompletionRequest(_SamplingRequest):
     def check(self) -> None:
         """Semantic checks beyond the schema; raise ``ParamError`` naming the parameter."""
         self._check_common()
-        if self.echo:
-            raise ParamError("echo", "echo is not supported.")
         if self.best_of is not None and self.best_of != 1:
             raise ParamError(
                 "best_of", f"best_of: only best_of=1 is supported, got {self.best_of}."
@@ -243,7 +249,16 @@ class CompletionRequest(_SamplingRequest):
         """``defaults``: the model's default sampling fields (generation config)."""
         # vLLM: a completion without max_tokens (absent or null) gets 16 tokens.
         max_tokens = self.max_tokens if self.max_tokens is not None else 16
-        return self._sampling_params(max_tokens, self.logprobs, defaults)
+        return self._sampling_params(max_tokens, self.logprobs, defaults,
+                                     self.engine_prompt_logprobs)
+
+    @property
+    def engine_prompt_logprobs(self) -> int | None:
+        """What the engine computes: echo with logprobs needs the prompt's (vLLM)."""
+        n = self.prompt_logprobs
+        if self.echo and self.logprobs is not None and n != -1:
+            n = max(n or 0, self.logprobs)
+        return n
 
 
 class TextContentPart(OpenAIModel):
@@ -305,7 +320,8 @@ class ChatCompletionRequest(_SamplingRequest):
     def to_sampling_params(self, defaults: Mapping[str, Any] = _NO_DEFAULTS) -> SamplingParams:
         """``defaults``: the model's default sampling fields (generation config)."""
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._sampling_params(self.requested_max_tokens, logprobs, defaults)
+        return self._sampling_params(self.requested_max_tokens, logprobs, defaults,
+                                     self.prompt_logprobs)
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -322,6 +338,17 @@ class CompletionLogProbs(OpenAIModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(OpenAIModel):
+    """One entry of vLLM's ``prompt_logprobs`` (a token id -> this, per prompt token)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
 class CompletionResponseChoice(OpenAIModel):
     index: int
     text: str
@@ -333,6 +360,7 @@ class CompletionResponseChoice(OpenAIModel):
     token_ids: list[int] | None = None
     # The prompt's ids, with return_token_ids (streamed: in each choice's first chunk).
     prompt_token_ids: list[int] | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(OpenAIModel):
@@ -384,6 +412,7 @@ class ChatCompletionResponse(OpenAIModel):
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
     prompt_token_ids: list[int] | None = None  # with return_token_ids (vLLM)
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaMessage(OpenAIModel):

@@ -20,11 +20,13 @@ from cadence.server.errors import (
     NotFoundError,
     ServiceUnavailableError,
 )
+from cadence.server.protocol import PromptLogprob, PromptLogprobs
 
 if TYPE_CHECKING:
     from cadence.engine.async_llm import AsyncLLM
     from cadence.engine.output_processor import OutputSink
     from cadence.outputs import Logprob, RequestOutput
+    from cadence.outputs import PromptLogprobs as EnginePromptLogprobs
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +150,16 @@ def stream_error_frame(exc: BaseException) -> str:
 
 def clamp_logprob(value: float) -> float:
     return LOGPROB_FLOOR if math.isinf(value) or math.isnan(value) else max(value, LOGPROB_FLOOR)
+
+
+def prompt_logprobs_out(rows: EnginePromptLogprobs | None) -> PromptLogprobs | None:
+    """vLLM's ``prompt_logprobs`` field from the engine's."""
+    if rows is None:
+        return None
+    return [None if row is None else
+            {t: PromptLogprob(logprob=clamp_logprob(lp.logprob), rank=lp.rank,
+                              decoded_token=lp.decoded_token) for t, lp in row.items()}
+            for row in rows]
 
 
 def token_text(token_id: int, lp: Logprob) -> str:

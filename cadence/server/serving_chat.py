@@ -25,6 +25,7 @@ from cadence.server.serving import (
     OpenAIServing,
     StartedRequest,
     clamp_logprob,
+    prompt_logprobs_out,
     stream_error_frame,
     to_bad_request,
     token_text,
@@ -166,6 +167,8 @@ class OpenAIServingChat(OpenAIServing):
             ],
             prompt_token_ids=(list(final.prompt_token_ids or [])
                               if request.return_token_ids else None),
+            prompt_logprobs=(prompt_logprobs_out(final.prompt_logprobs)
+                             if request.prompt_logprobs is not None else None),
             usage=UsageInfo(
                 prompt_tokens=prompt_tokens,
                 completion_tokens=len(c.token_ids),

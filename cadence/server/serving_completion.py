@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING
 
 from cadence.server.frame_stream import FrameStream
@@ -20,6 +20,7 @@ from cadence.server.serving import (
     OpenAIServing,
     StartedRequest,
     clamp_logprob,
+    prompt_logprobs_out,
     stream_error_frame,
     token_text,
     top_by_rank,
@@ -30,12 +31,47 @@ if TYPE_CHECKING:
     from cadence.outputs import Logprob, RequestOutput
 
 
+class Echo:
+    """What ``echo`` puts before a completion: the prompt's text, and with logprobs its tokens'
+    (the first has none)."""
+
+    def __init__(self, decode: Callable[[list[int]], str] | None) -> None:
+        self.decode = decode
+
+    def text(self, out: RequestOutput) -> str:
+        if out.prompt is not None:
+            return out.prompt
+        return self.decode(list(out.prompt_token_ids or [])) if self.decode else ""
+
+    def token(self, token_id: int) -> str:
+        return self.decode([token_id]) if self.decode else f"token_id:{token_id}"
+
+    def logprobs(self, out: RequestOutput, token_ids: list[int],
+                 rows: list[dict[int, Logprob]] | None, num: int, offset: int
+                 ) -> CompletionLogProbs:
+        prompt = list(out.prompt_token_ids or [])
+        prompt_rows = list(out.prompt_logprobs or [None] * len(prompt))
+        return completion_logprobs(prompt + token_ids, prompt_rows + list(rows or []), num,
+                                   offset, self.token)
+
+
 def completion_logprobs(
-    token_ids: list[int], rows: list[dict[int, Logprob]], num: int, offset: int
+    token_ids: list[int], rows: list[dict[int, Logprob] | None], num: int, offset: int,
+    decode: Callable[[int], str] | None = None,
 ) -> CompletionLogProbs:
-    """OpenAI legacy logprobs: the sampled token plus the ``num`` most likely per position."""
+    """OpenAI legacy logprobs: the sampled token plus the ``num`` most likely per position. A
+    row of None (the first prompt token, echoed) has no logprob: its text comes from
+    ``decode``."""
     out = CompletionLogProbs()
     for tid, row in zip(token_ids, rows, strict=False):
+        if row is None:
+            text = decode(tid) if decode is not None else f"token_id:{tid}"
+            out.tokens.append(text)
+            out.token_logprobs.append(None)
+            out.top_logprobs.append(None)
+            out.text_offset.append(offset)
+            offset += len(text)
+            continue
         sampled = row.get(tid)
         text = token_text(tid, sampled) if sampled is not None else f"token_id:{tid}"
         out.tokens.append(text)
@@ -53,7 +89,7 @@ class CompletionStream:
     """A streamed completion: its frame stream and the renderer of each prompt's outputs."""
 
     def __init__(self, request: CompletionRequest, base_id: str, model: str,
-                 with_ids: bool) -> None:
+                 with_ids: bool, echo: Echo) -> None:
         n = len(request.prompts())
         self.request = request
         self.frames = CompletionFrames(base_id, model)
@@ -65,6 +101,8 @@ class CompletionStream:
         self.finished = [False] * n
         # With return_token_ids, each choice's first chunk carries its prompt's ids.
         self.prompt_ids_due = [request.return_token_ids] * n
+        self.echo_due = [request.echo] * n
+        self.echo = echo
 
     def sink(self, i: int) -> OutputSink:
         request, frames = self.request, self.frames
@@ -75,12 +113,19 @@ class CompletionStream:
             self.completion_tokens[i] += len(c.token_ids)
             self.finished[i] = out.finished
             lps = None
-            if request.logprobs is not None and c.logprobs is not None and c.token_ids:
+            text = c.text
+            if self.echo_due[i]:
+                self.echo_due[i] = False
+                text = self.echo.text(out) + text
+                if request.logprobs is not None:
+                    lps = self.echo.logprobs(out, list(c.token_ids), c.logprobs,
+                                             request.logprobs, self.offsets[i])
+            elif request.logprobs is not None and c.logprobs is not None and c.token_ids:
                 lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs,
                                           self.offsets[i])
-            self.offsets[i] += len(c.text)
+            self.offsets[i] += len(text)
             ids = list(c.token_ids) if self.with_ids else None
-            if not c.text and not ids and not out.finished and lps is None:
+            if not text and not ids and not out.finished and lps is None:
                 return None  # nothing visible yet (held back for a possible stop string)
             usage = None
             if request.continuous_usage:
@@ -91,7 +136,7 @@ class CompletionStream:
                 prompt_ids = list(out.prompt_token_ids or [])
             return frames.chunk(
                 i,
-                c.text,
+                text,
                 logprobs=lps,
                 finish_reason=c.finish_reason if out.finished else None,
                 stop_reason=c.stop_reason if out.finished else None,
@@ -105,7 +150,8 @@ class CompletionStream:
 
 class OpenAIServingCompletion(OpenAIServing):
     def new_stream(self, request: CompletionRequest, base_id: str) -> CompletionStream:
-        return CompletionStream(request, base_id, self.served_model_name, self._with_ids(request))
+        return CompletionStream(request, base_id, self.served_model_name, self._with_ids(request),
+                                self._echo())
 
     async def start_all(
         self, request: CompletionRequest, base_id: str, stream: CompletionStream | None = None
@@ -138,6 +184,7 @@ class OpenAIServingCompletion(OpenAIServing):
     ) -> CompletionResponse:
         base_id = base_id or random_id("cmpl")
         started = await self.start_all(request, base_id)
+        echo = self._echo()
         choices: list[CompletionResponseChoice] = []
         usage = UsageInfo()
         try:
@@ -145,18 +192,26 @@ class OpenAIServingCompletion(OpenAIServing):
                 final = await self.final_output(s)
                 c = final.outputs[0]
                 lps = None
-                if request.logprobs is not None and c.logprobs is not None:
+                text = c.text
+                if request.echo:
+                    text = echo.text(final) + text
+                    if request.logprobs is not None:
+                        lps = echo.logprobs(final, list(c.token_ids), c.logprobs,
+                                            request.logprobs, 0)
+                elif request.logprobs is not None and c.logprobs is not None:
                     lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs, 0)
                 choices.append(
                     CompletionResponseChoice(
                         index=s.index,
-                        text=c.text,
+                        text=text,
                         logprobs=lps,
                         finish_reason=c.finish_reason,
                         stop_reason=c.stop_reason,
                         token_ids=list(c.token_ids) if self._with_ids(request) else None,
                         prompt_token_ids=(list(final.prompt_token_ids or [])
                                           if request.return_token_ids else None),
+                        prompt_logprobs=(prompt_logprobs_out(final.prompt_logprobs)
+                                         if request.prompt_logprobs is not None else None),
                     )
                 )
                 usage.prompt_tokens += len(final.prompt_token_ids or [])
@@ -168,6 +223,10 @@ class OpenAIServingCompletion(OpenAIServing):
         return CompletionResponse(
             id=base_id, model=self.served_model_name, choices=choices, usage=usage
         )
+
+    def _echo(self) -> Echo:
+        tok = self.engine.tokenizer
+        return Echo(None if tok is None else tok.decode)
 
     def _with_ids(self, request: CompletionRequest) -> bool:
         return request.return_token_ids or self.engine.tokenizer is None

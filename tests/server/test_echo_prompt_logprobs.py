@@ -1,0 +1,79 @@
+"""``echo`` and ``prompt_logprobs`` through the official ``openai`` client."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+PROMPT = "Once upon a time there was"
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+
+
+def _create(client, **kw):
+    return client.completions.create(model="tiny", max_tokens=6, temperature=0.0, **kw)
+
+
+def test_echo_puts_the_prompt_before_the_completion(server, client: openai.OpenAI) -> None:
+    plain = _create(client, prompt=PROMPT).choices[0].text
+    echoed = _create(client, prompt=PROMPT, echo=True).choices[0].text
+    assert echoed == PROMPT + plain
+    streamed = [c.choices[0].text for c in _create(client, prompt=PROMPT, echo=True, stream=True)]
+    assert "".join(streamed) == PROMPT + plain
+    assert streamed[0].startswith(PROMPT)
+    ids = server.engine.tokenizer.encode("Hello world", add_special_tokens=False)
+    from_ids = _create(client, prompt=ids, echo=True).choices[0].text
+    assert from_ids.startswith(server.engine.tokenizer.decode(ids))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_echo_with_logprobs_covers_the_prompt(server, client: openai.OpenAI, stream) -> None:
+    n_prompt = len(server.engine.tokenizer.encode(PROMPT))
+    plain = _create(client, prompt=PROMPT, logprobs=2).choices[0].logprobs
+    if stream:
+        chunks = [c.choices[0].logprobs for c in
+                  _create(client, prompt=PROMPT, logprobs=2, echo=True, stream=True)
+                  if c.choices and c.choices[0].logprobs]
+        tokens = [t for lp in chunks for t in lp.tokens]
+        token_lps = [x for lp in chunks for x in lp.token_logprobs]
+        tops = [x for lp in chunks for x in lp.top_logprobs]
+    else:
+        lp = _create(client, prompt=PROMPT, logprobs=2, echo=True).choices[0].logprobs
+        tokens, token_lps, tops = lp.tokens, lp.token_logprobs, lp.top_logprobs
+    assert len(tokens) == n_prompt + 6
+    assert token_lps[0] is None and tops[0] is None  # the first prompt token has no logprob
+    assert all(isinstance(x, float) for x in token_lps[1:])
+    assert all(len(t) >= 2 for t in tops[1:])
+    assert tokens[n_prompt:] == plain.tokens
+    assert token_lps[n_prompt:] == pytest.approx(plain.token_logprobs)
+    # The echoed prompt's logprobs are the engine's prompt_logprobs.
+    body = _create(client, prompt=PROMPT, extra_body={"prompt_logprobs": 0}).model_dump()
+    prompt_lps = body["choices"][0]["prompt_logprobs"]
+    ids = server.engine.tokenizer.encode(PROMPT)
+    want = [None] + [prompt_lps[i][str(ids[i])]["logprob"] for i in range(1, n_prompt)]
+    assert token_lps[:n_prompt] == pytest.approx(want)
+
+
+def test_prompt_logprobs_shape_in_completions_and_chat(server, client: openai.OpenAI) -> None:
+    tok = server.engine.tokenizer
+    ids = tok.encode(PROMPT)
+    body = _create(client, prompt=PROMPT, extra_body={"prompt_logprobs": 3}).model_dump()
+    rows = body["choices"][0]["prompt_logprobs"]
+    assert len(rows) == len(ids) and rows[0] is None
+    for i in range(1, len(ids)):
+        entries = {int(k): v for k, v in rows[i].items()}
+        assert ids[i] in entries and entries[ids[i]]["rank"] >= 1
+        ranks = sorted(v["rank"] for t, v in entries.items() if t != ids[i])
+        assert ranks[:3] == [1, 2, 3] or (entries[ids[i]]["rank"] <= 3 and len(entries) == 3)
+        assert entries[ids[i]]["decoded_token"] == tok.decode([ids[i]])
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+        extra_body={"prompt_logprobs": 1, "return_token_ids": True}).model_dump()
+    prompt_ids = chat["prompt_token_ids"]
+    assert len(chat["prompt_logprobs"]) == len(prompt_ids) and chat["prompt_logprobs"][0] is None
+    assert body["choices"][0].get("prompt_logprobs") is not None
+    plain = _create(client, prompt=PROMPT).model_dump()
+    assert plain["choices"][0].get("prompt_logprobs") is None
