@@ -75,8 +75,8 @@ class SamplingParams:
         self.all_stop_token_ids = set(self.all_stop_token_ids) | set(self.stop_token_ids)
 
     def _verify(self) -> None:
-        if self.n != 1:
-            raise ValueError(f"n must be 1, got {self.n}.")
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be an integer from 1 to {MAX_N}, got {self.n!r}.")
         if not _is_real(self.temperature) or not self.temperature >= 0.0:
             raise ValueError(f"temperature must be non-negative, got {self.temperature!r}.")
         if not math.isfinite(self.temperature):
@@ -166,6 +166,7 @@ class SamplingParams:
 
 
 _SAMPLING_EPS = 1e-5
+MAX_N = 128  # choices per request (OpenAI's bound)
 # Smallest non-greedy temperature; smaller ones are raised to it (vLLM's ``_MAX_TEMP``).
 MIN_TEMPERATURE = 1e-2
 INT64_MIN = -(1 << 63)

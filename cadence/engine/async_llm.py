@@ -28,6 +28,7 @@ from cadence.engine.output_processor import (
     OutputSink,
     RequestOutputCollector,
 )
+from cadence.engine.parent_request import child_request_id
 from cadence.metrics import StatLogger
 from cadence.sampling_params import SamplingParams
 
@@ -201,19 +202,24 @@ class AsyncLLM:
         )  # fmt: skip
         if self.errored:
             raise EngineDeadError()
-        while (draining := self._draining.get(request_id)) is not None:
-            await draining.wait()
-            if self.errored:
-                raise EngineDeadError()
+        n = request.sampling_params.n
+        engine_ids = [request_id] if n == 1 else [child_request_id(i, request_id)
+                                                  for i in range(n)]
+        for engine_id in engine_ids:
+            while (draining := self._draining.get(engine_id)) is not None:
+                await draining.wait()
+                if self.errored:
+                    raise EngineDeadError()
         self._run_output_handler()
         collector = (
             sink
             if sink is not None
             else RequestOutputCollector(request.sampling_params.output_kind, request_id)
         )
-        self.output_processor.add_request(request, prompt_text, collector)
+        to_send = self.output_processor.add_request(request, prompt_text, collector)
         try:
-            self.engine_core.add_request(request)
+            for engine_request in to_send:
+                self.engine_core.add_request(engine_request)
         except EngineDeadError:
             self.output_processor.abort_requests([request_id])
             raise
@@ -287,8 +293,9 @@ class AsyncLLM:
         # Ids the output processor no longer tracks (finished by a stop string a moment ago)
         # may still be in the core: abort every given id there; the core ignores unknown ones.
         stats = IterationStats()
-        self._start_draining(self.output_processor.abort_requests(request_ids, stats))
-        self.engine_core.abort_requests(list(request_ids))
+        engine_ids = self.output_processor.engine_request_ids(list(request_ids))
+        self._start_draining(self.output_processor.abort_requests(engine_ids, stats))
+        self.engine_core.abort_requests(engine_ids)
         if stats.finished_requests:
             self._record_stats(None, stats)  # counted as finished with reason "abort" (vLLM)
 
@@ -330,6 +337,8 @@ class AsyncLLM:
     def _process_engine_outputs(self, outputs: EngineCoreOutputs, start: int = 0) -> None:
         chunk = outputs.outputs[start : start + OUTPUT_CHUNK_SIZE]
         processed = self.output_processor.process_outputs(chunk, outputs.timestamp)
+        for child in processed.reqs_to_add:
+            self.engine_core.add_request(child)
         if processed.reqs_to_abort:
             finished = outputs.finished_requests
             self._start_draining([r for r in processed.reqs_to_abort if r not in finished])

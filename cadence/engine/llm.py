@@ -14,7 +14,7 @@ from cadence.engine.engine_args import EngineArgs
 from cadence.engine.frontend import load_frontend
 from cadence.engine.output_processor import OutputProcessor
 from cadence.outputs import RequestOutput
-from cadence.sampling_params import SamplingParams
+from cadence.sampling_params import RequestOutputKind, SamplingParams
 
 PromptType = str | dict[str, Any]
 
@@ -68,12 +68,14 @@ class LLM:
         for prompt, p, prio in zip(prompts, params, priorities):
             req_id = str(next(self._counter))
             req, text = self.frontend.input_processor.process(req_id, prompt, p, priority=prio)
+            # Only finished requests are returned: one output each, all choices in it (vLLM).
+            req.sampling_params.output_kind = RequestOutputKind.FINAL_ONLY
             self.engine_core.validate_request(req)
             requests.append((req, text))
         order = {req.request_id: i for i, (req, _) in enumerate(requests)}
         for req, text in requests:
-            self.output_processor.add_request(req, text)
-            self.engine_core.add_request(req)
+            for engine_req in self.output_processor.add_request(req, text):
+                self.engine_core.add_request(engine_req)
         return self._run_engine(order, use_tqdm)
 
     def _run_engine(self, order: dict[str, int], use_tqdm: bool) -> list[RequestOutput]:
@@ -90,6 +92,8 @@ class LLM:
                 processed = self.output_processor.process_outputs(outputs.outputs)
                 if processed.reqs_to_abort:
                     core.abort_requests(processed.reqs_to_abort)
+                for child in processed.reqs_to_add:
+                    core.add_request(child)
                 for out in processed.request_outputs:
                     if out.finished and out.request_id in order:
                         results[order[out.request_id]] = out
@@ -97,7 +101,7 @@ class LLM:
         except BaseException:
             # Leave no request behind in the engine if generation is interrupted.
             pending = [r for r in order if results[order[r]] is None]
-            core.abort_requests(pending)
+            core.abort_requests(self.output_processor.engine_request_ids(pending))
             self.output_processor.abort_requests(pending)
             raise
         finally:

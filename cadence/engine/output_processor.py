@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from cadence.core_types import EngineCoreOutput, EngineCoreRequest, FinishReason
 from cadence.engine.detokenizer import IncrementalDetokenizer, make_decode_fn
+from cadence.engine.parent_request import ParentRequest
 from cadence.metrics import FinishedRequestStats, IterationStats
 from cadence.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from cadence.sampling_params import RequestOutputKind
@@ -127,6 +128,8 @@ class OutputProcessorOutput:
     # Requests finished here (stop strings) but still running in the engine core.
     reqs_to_abort: list[str]
     iteration_stats: IterationStats = field(default_factory=IterationStats)
+    # Children of n > 1 requests to send to the engine core now (their prompt is cached).
+    reqs_to_add: list[EngineCoreRequest] = field(default_factory=list)
 
 
 class _TokenTextCache:
@@ -152,9 +155,11 @@ class _RequestState:
         queue: OutputSink | None,
         arrival_time: float,
         token_text: _TokenTextCache | None,
+        parent: ParentRequest | None = None,
     ) -> None:
         params = request.sampling_params
         self.request_id = request.request_id
+        self.parent = parent
         self.prompt = prompt
         self.prompt_token_ids = request.prompt_token_ids
         self.output_kind = params.output_kind
@@ -265,6 +270,9 @@ class OutputProcessor:
     def __init__(self, tokenizer: Any | None) -> None:
         self.tokenizer = tokenizer
         self.request_states: dict[str, _RequestState] = {}
+        self.parents: dict[str, ParentRequest] = {}  # requests with n > 1, by their own id
+        # Children ended because a sibling failed, still to abort in the engine core.
+        self.failed_siblings: list[str] = []
         self._token_text = _TokenTextCache(tokenizer) if tokenizer is not None else None
 
     def get_num_unfinished_requests(self) -> int:
@@ -281,13 +289,54 @@ class OutputProcessor:
         request: EngineCoreRequest,
         prompt: str | None,
         queue: OutputSink | None = None,
-    ) -> None:
-        """Track a new request. Its metrics' arrival time is now (monotonic clock)."""
-        if request.request_id in self.request_states:
-            raise ValueError(f"Request id {request.request_id} already running.")
+    ) -> list[EngineCoreRequest]:
+        """Track a new request (its metrics' arrival time is now, monotonic clock). Returns the
+        engine requests to send to the core now: the request itself, or for n > 1 its first
+        child (the others come back in ``reqs_to_add`` once its prompt is prefilled)."""
+        request_id = request.request_id
+        if request_id in self.request_states or request_id in self.parents:
+            raise ValueError(f"Request id {request_id} already running.")
+        if request.sampling_params.n == 1:
+            self._add_state(request, prompt, queue, None)
+            return [request]
+        parent = ParentRequest(request)
+        if any(c in self.request_states for c in parent.child_ids):
+            raise ValueError(f"Request id {request_id} already running.")
+        self.parents[request_id] = parent
+        for child in parent.children:
+            self._add_state(child, prompt, queue, parent)
+        return parent.children[:1]
+
+    def _add_state(self, request: EngineCoreRequest, prompt: str | None,
+                   queue: OutputSink | None, parent: ParentRequest | None) -> None:
         self.request_states[request.request_id] = _RequestState(
-            request, prompt, self.tokenizer, queue, time.monotonic(), self._token_text
+            request, prompt, self.tokenizer, queue, time.monotonic(), self._token_text, parent
         )
+
+    def engine_request_ids(self, request_ids: list[str]) -> list[str]:
+        """``request_ids`` with each n > 1 request replaced by its children's ids."""
+        out: list[str] = []
+        for request_id in request_ids:
+            parent = self.parents.get(request_id)
+            out.extend(parent.child_ids if parent is not None else [request_id])
+        return out
+
+    def _emit(self, state: _RequestState, out: RequestOutput,
+              request_outputs: list[RequestOutput]) -> None:
+        """Hand one output on: merged into its parent's for a child, to the request's sink (or
+        the offline caller)."""
+        parent = state.parent
+        if parent is not None:
+            merged = parent.merge(state.request_id, out)
+            if parent.finished:
+                self.parents.pop(parent.request_id, None)
+            if merged is None:
+                return
+            out = merged
+        if state.queue is not None:
+            state.queue.put(out)
+        else:
+            request_outputs.append(out)
 
     def abort_requests(
         self, request_ids: list[str], stats: IterationStats | None = None
@@ -297,11 +346,13 @@ class OutputProcessor:
         with ``stats``, each one is also counted there as finished with reason "abort"."""
         aborted: list[str] = []
         now = time.monotonic()
-        for request_id in request_ids:
+        for request_id in self.engine_request_ids(request_ids):
             state = self.request_states.pop(request_id, None)
             if state is None:
                 continue
             aborted.append(request_id)
+            if state.parent is not None:
+                state.parent.forget_deferred({request_id})
             state.metrics.finished_time = now
             if stats is not None:
                 stats.finished_requests.append(
@@ -311,7 +362,7 @@ class OutputProcessor:
                 state.detokenizer.update([], stop_terminated=False, finished=True)
                 out = state.make_output([], 0, FinishReason.ABORT, None)
                 if out is not None:
-                    state.queue.put(out)
+                    self._emit(state, out, [])
         return aborted
 
     def propagate_error(self, exc: Exception) -> None:
@@ -329,6 +380,7 @@ class OutputProcessor:
         now = time.monotonic() if engine_core_timestamp is None else engine_core_timestamp
         request_outputs: list[RequestOutput] = []
         reqs_to_abort: list[str] = []
+        reqs_to_add: list[EngineCoreRequest] = []
         stats = IterationStats()
         for eco in outputs:
             state = self.request_states.get(eco.request_id)
@@ -339,14 +391,18 @@ class OutputProcessor:
                 self._fail(state, reason, now, request_outputs, stats)
                 continue
             try:
-                self._process_one(state, eco, now, request_outputs, reqs_to_abort, stats)
+                self._process_one(state, eco, now, request_outputs, reqs_to_abort, stats,
+                                  reqs_to_add)
             except Exception as exc:
                 # A fault in one request's output (a detokenizer error) fails that request only.
                 logger.exception("Output processing failed for request %s.", eco.request_id)
                 self._fail(state, f"output processing failed: {exc!r}", now, request_outputs, stats)
                 if not eco.finished:
                     reqs_to_abort.append(eco.request_id)
-        return OutputProcessorOutput(request_outputs, reqs_to_abort, stats)
+        if self.failed_siblings:
+            reqs_to_abort.extend(self.failed_siblings)
+            self.failed_siblings = []
+        return OutputProcessorOutput(request_outputs, reqs_to_abort, stats, reqs_to_add)
 
     def _process_one(
         self,
@@ -356,6 +412,7 @@ class OutputProcessor:
         request_outputs: list[RequestOutput],
         reqs_to_abort: list[str],
         stats: IterationStats,
+        reqs_to_add: list[EngineCoreRequest],
     ) -> None:
         new_ids = eco.new_token_ids
         finish_reason = eco.finish_reason
@@ -381,10 +438,10 @@ class OutputProcessor:
         if new_ids or finished:
             out = state.make_output(new_ids, num_new_logprobs, finish_reason, stop_reason)
             if out is not None:
-                if state.queue is not None:
-                    state.queue.put(out)
-                else:
-                    request_outputs.append(out)
+                self._emit(state, out, request_outputs)
+            if state.parent is not None:
+                # The first child's prompt is prefilled: its siblings find it cached.
+                reqs_to_add.extend(state.parent.take_deferred())
         if finished:
             assert finish_reason is not None
             del self.request_states[eco.request_id]
@@ -404,11 +461,23 @@ class OutputProcessor:
         callers an output with finish_reason "error")."""
         self.request_states.pop(state.request_id, None)
         state.metrics.finished_time = now
+        parent = state.parent
         if state.queue is not None:
-            state.queue.put(RequestFailedError(state.request_id, reason))
+            if parent is None:
+                state.queue.put(RequestFailedError(state.request_id, reason))
+            else:
+                # The consumer of an n > 1 request gets the error once, for the whole request:
+                # the other children end here (the caller aborts them in the engine core).
+                state.queue.put(RequestFailedError(parent.request_id, reason))
+                parent.take_deferred()
+                self.parents.pop(parent.request_id, None)
+                for child_id in parent.child_ids:
+                    if self.request_states.pop(child_id, None) is not None:
+                        self.failed_siblings.append(child_id)
         else:
             # No detokenizing here: it may be what failed. The text is what was delivered.
-            request_outputs.append(
+            self._emit(
+                state,
                 RequestOutput(
                     request_id=state.request_id,
                     prompt=state.prompt,
@@ -423,7 +492,8 @@ class OutputProcessor:
                     ],
                     finished=True,
                     metrics=state.metrics.copy(),
-                )
+                ),
+                request_outputs,
             )
         stats.finished_requests.append(self._finished_stats(state, FinishReason.ERROR, now))
 

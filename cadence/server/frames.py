@@ -81,7 +81,7 @@ class CompletionFrames(_Frames):
             f'{self._head}[{{"index":{index},"text":{encode_basestring(text)},'
             f'"logprobs":{_model_json(logprobs)},"finish_reason":{_lit(finish_reason)},'
             f'"stop_reason":{_lit(stop_reason)},"token_ids":{ids},'
-            f'"prompt_token_ids":{prompt_ids}}}],"usage":{use}}}\n\n'
+            f'"prompt_token_ids":{prompt_ids},"prompt_logprobs":null}}],"usage":{use}}}\n\n'
         )
 
 
@@ -101,6 +101,7 @@ class ChatFrames(_Frames):
         usage: tuple[int, int] | None = None,
         token_ids: list[int] | None = None,
         prompt_token_ids: list[int] | None = None,
+        index: int = 0,
     ) -> str:
         # A delta carries only what it sets (no "role": null on content chunks).
         delta = []
@@ -112,7 +113,7 @@ class ChatFrames(_Frames):
         ids = "null" if token_ids is None else _dumps(token_ids)
         prompt_ids = "null" if prompt_token_ids is None else _dumps(prompt_token_ids)
         return (
-            f'{self._head}[{{"index":0,"delta":{{{",".join(delta)}}},'
+            f'{self._head}[{{"index":{index},"delta":{{{",".join(delta)}}},'
             f'"logprobs":{_model_json(logprobs)},"finish_reason":{_lit(finish_reason)},'
             f'"stop_reason":{_lit(stop_reason)},"token_ids":{ids}}}],"usage":{use},'
             f'"prompt_token_ids":{prompt_ids}}}\n\n'

@@ -10,7 +10,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cadence.sampling_params import INT64_MAX, INT64_MIN, RequestOutputKind, SamplingParams
+from cadence.sampling_params import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_N,
+    RequestOutputKind,
+    SamplingParams,
+)
 
 # Prompts one completions request may carry (each becomes an engine request).
 MAX_PROMPTS_PER_REQUEST = 1024
@@ -92,7 +98,7 @@ class _SamplingRequest(OpenAIModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
     min_tokens: int = Field(default=0, ge=0)
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=MAX_N)
     seed: Int64 | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
@@ -115,8 +121,6 @@ class _SamplingRequest(OpenAIModel):
     user: str | None = None
 
     def _check_common(self) -> None:
-        if self.n != 1:
-            raise ParamError("n", f"n: only n=1 is supported, got {self.n}.")
         if self.stream_options is not None and not self.stream:
             raise ParamError("stream_options", "stream_options can only be set when stream=true.")
         if self.stream and self.prompt_logprobs is not None and self.prompt_logprobs != 0:
@@ -155,6 +159,7 @@ class _SamplingRequest(OpenAIModel):
             max_tokens = cap if max_tokens is None else min(max_tokens, cap)
 
         return SamplingParams(
+            n=self.n,
             temperature=pick(self.temperature, "temperature", 1.0),
             top_p=pick(self.top_p, "top_p", 1.0),
             top_k=pick(self.top_k, "top_k", -1),
@@ -235,6 +240,13 @@ class CompletionRequest(_SamplingRequest):
                 f"a request may carry at most {MAX_PROMPTS_PER_REQUEST} prompts, "
                 f"got {len(self.prompt)}.",
             )
+        num_prompts = (len(self.prompt) if isinstance(self.prompt, list)
+                       and not isinstance(self.prompt[0], int) else 1)
+        if num_prompts > 1 and num_prompts * self.n > (
+                MAX_PROMPTS_PER_REQUEST):
+            raise ParamError(
+                "n", f"a request may ask for at most {MAX_PROMPTS_PER_REQUEST} completions "
+                f"(prompts times n), got {num_prompts} x {self.n}.")
 
     def prompts(self) -> list[str | dict[str, Any]]:
         """The request's prompts, each as ``AsyncLLM.generate`` takes it."""

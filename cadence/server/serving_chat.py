@@ -71,6 +71,7 @@ class ChatStream:
         self.prompt_tokens = self.completion_tokens = 0
         self.finished = False
         self.prompt_token_ids: list[int] | None = None  # set when return_token_ids
+        self.n = request.n  # choices, each streamed with its index
 
     def sink(self) -> OutputSink:
         request, frames = self.request, self.frames
@@ -79,12 +80,12 @@ class ChatStream:
             c = out.outputs[0]
             self.prompt_tokens = len(out.prompt_token_ids or [])
             self.completion_tokens += len(c.token_ids)
-            self.finished = finished = out.finished
+            self.finished = out.finished
             lps = None
             if request.logprobs and c.logprobs is not None and c.token_ids:
                 lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0)
             ids = list(c.token_ids) if request.return_token_ids else None
-            if not c.text and not finished and lps is None and not ids:
+            if not c.text and not c.finished() and lps is None and not ids:
                 return None  # nothing visible yet (held back for a possible stop string)
             usage = None
             if request.continuous_usage:
@@ -92,10 +93,11 @@ class ChatStream:
             return frames.chunk(
                 content=c.text,
                 logprobs=lps,
-                finish_reason=c.finish_reason if finished else None,
-                stop_reason=c.stop_reason if finished else None,
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
                 usage=usage,
                 token_ids=ids,
+                index=c.index,
             )
 
         return self.stream.sink(render)
@@ -147,40 +149,43 @@ class OpenAIServingChat(OpenAIServing):
         request_id = request_id or random_id("chatcmpl")
         started = await self.start_chat(request, request_id)
         final = await self.final_output(started)
-        c = final.outputs[0]
-        lps = None
-        if request.logprobs and c.logprobs is not None:
-            lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0)
+        choices = []
+        completion_tokens = 0
+        for c in final.outputs:
+            lps = None
+            if request.logprobs and c.logprobs is not None:
+                lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0)
+            choices.append(ChatCompletionResponseChoice(
+                index=c.index,
+                message=ChatResponseMessage(content=c.text),
+                logprobs=lps,
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+                token_ids=list(c.token_ids) if request.return_token_ids else None,
+            ))
+            completion_tokens += len(c.token_ids)
         prompt_tokens = len(final.prompt_token_ids or [])
         return ChatCompletionResponse(
             id=request_id,
             model=self.served_model_name,
-            choices=[
-                ChatCompletionResponseChoice(
-                    index=0,
-                    message=ChatResponseMessage(content=c.text),
-                    logprobs=lps,
-                    finish_reason=c.finish_reason,
-                    stop_reason=c.stop_reason,
-                    token_ids=list(c.token_ids) if request.return_token_ids else None,
-                )
-            ],
+            choices=choices,
             prompt_token_ids=(list(final.prompt_token_ids or [])
                               if request.return_token_ids else None),
             prompt_logprobs=(prompt_logprobs_out(final.prompt_logprobs)
                              if request.prompt_logprobs is not None else None),
             usage=UsageInfo(
                 prompt_tokens=prompt_tokens,
-                completion_tokens=len(c.token_ids),
-                total_tokens=prompt_tokens + len(c.token_ids),
+                completion_tokens=completion_tokens,
+                total_tokens=prompt_tokens + completion_tokens,
             ),
         )
 
     async def stream(self, started: StartedRequest, cs: ChatStream) -> AsyncGenerator[str, None]:
         """SSE frames of a streamed chat completion; always ends with ``[DONE]``."""
         try:
-            yield cs.frames.chunk(role="assistant", content="",
-                                  prompt_token_ids=cs.prompt_token_ids)
+            for index in range(cs.n):
+                yield cs.frames.chunk(role="assistant", content="", index=index,
+                                      prompt_token_ids=cs.prompt_token_ids)
             while (frames := await cs.stream.next()) is not None:
                 yield frames
             if cs.stream.error is not None:

@@ -28,7 +28,7 @@ from cadence.server.serving import (
 
 if TYPE_CHECKING:
     from cadence.engine.output_processor import OutputSink
-    from cadence.outputs import Logprob, RequestOutput
+    from cadence.outputs import CompletionOutput, Logprob, RequestOutput
 
 
 class Echo:
@@ -91,17 +91,18 @@ class CompletionStream:
     def __init__(self, request: CompletionRequest, base_id: str, model: str,
                  with_ids: bool, echo: Echo) -> None:
         n = len(request.prompts())
+        choices = n * request.n  # choice i * request.n + k: prompt i's k-th completion
         self.request = request
         self.frames = CompletionFrames(base_id, model)
         self.stream = FrameStream(n)
         self.with_ids = with_ids
         self.prompt_tokens = [0] * n
         self.completion_tokens = [0] * n
-        self.offsets = [0] * n
+        self.offsets = [0] * choices
         self.finished = [False] * n
         # With return_token_ids, each choice's first chunk carries its prompt's ids.
-        self.prompt_ids_due = [request.return_token_ids] * n
-        self.echo_due = [request.echo] * n
+        self.prompt_ids_due = [request.return_token_ids] * choices
+        self.echo_due = [request.echo] * choices
         self.echo = echo
 
     def sink(self, i: int) -> OutputSink:
@@ -109,37 +110,38 @@ class CompletionStream:
 
         def render(out: RequestOutput) -> str | None:
             c = out.outputs[0]
+            k = i * request.n + c.index  # the choice
             self.prompt_tokens[i] = len(out.prompt_token_ids or [])
             self.completion_tokens[i] += len(c.token_ids)
             self.finished[i] = out.finished
             lps = None
             text = c.text
-            if self.echo_due[i]:
-                self.echo_due[i] = False
+            if self.echo_due[k]:
+                self.echo_due[k] = False
                 text = self.echo.text(out) + text
                 if request.logprobs is not None:
                     lps = self.echo.logprobs(out, list(c.token_ids), c.logprobs,
-                                             request.logprobs, self.offsets[i])
+                                             request.logprobs, self.offsets[k])
             elif request.logprobs is not None and c.logprobs is not None and c.token_ids:
                 lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs,
-                                          self.offsets[i])
-            self.offsets[i] += len(text)
+                                          self.offsets[k])
+            self.offsets[k] += len(text)
             ids = list(c.token_ids) if self.with_ids else None
-            if not text and not ids and not out.finished and lps is None:
+            if not text and not ids and not c.finished() and lps is None:
                 return None  # nothing visible yet (held back for a possible stop string)
             usage = None
             if request.continuous_usage:
                 usage = (self.prompt_tokens[i], self.completion_tokens[i])
             prompt_ids = None
-            if self.prompt_ids_due[i]:
-                self.prompt_ids_due[i] = False
+            if self.prompt_ids_due[k]:
+                self.prompt_ids_due[k] = False
                 prompt_ids = list(out.prompt_token_ids or [])
             return frames.chunk(
-                i,
+                k,
                 text,
                 logprobs=lps,
-                finish_reason=c.finish_reason if out.finished else None,
-                stop_reason=c.stop_reason if out.finished else None,
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
                 token_ids=ids,
                 usage=usage,
                 prompt_token_ids=prompt_ids,
@@ -190,38 +192,39 @@ class OpenAIServingCompletion(OpenAIServing):
         try:
             for s in started:
                 final = await self.final_output(s)
-                c = final.outputs[0]
-                lps = None
-                text = c.text
-                if request.echo:
-                    text = echo.text(final) + text
-                    if request.logprobs is not None:
-                        lps = echo.logprobs(final, list(c.token_ids), c.logprobs,
-                                            request.logprobs, 0)
-                elif request.logprobs is not None and c.logprobs is not None:
-                    lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs, 0)
-                choices.append(
-                    CompletionResponseChoice(
-                        index=s.index,
-                        text=text,
-                        logprobs=lps,
-                        finish_reason=c.finish_reason,
-                        stop_reason=c.stop_reason,
-                        token_ids=list(c.token_ids) if self._with_ids(request) else None,
-                        prompt_token_ids=(list(final.prompt_token_ids or [])
-                                          if request.return_token_ids else None),
-                        prompt_logprobs=(prompt_logprobs_out(final.prompt_logprobs)
-                                         if request.prompt_logprobs is not None else None),
-                    )
-                )
+                for c in final.outputs:
+                    choices.append(self._choice(request, final, c, s.index * request.n, echo))
+                    usage.completion_tokens += len(c.token_ids)
                 usage.prompt_tokens += len(final.prompt_token_ids or [])
-                usage.completion_tokens += len(c.token_ids)
         except BaseException:
             self.abort([s.request_id for s in started])  # the others of a multi-prompt request
             raise
         usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
         return CompletionResponse(
             id=base_id, model=self.served_model_name, choices=choices, usage=usage
+        )
+
+    def _choice(self, request: CompletionRequest, final: RequestOutput, c: CompletionOutput,
+                first_index: int, echo: Echo) -> CompletionResponseChoice:
+        lps = None
+        text = c.text
+        if request.echo:
+            text = echo.text(final) + text
+            if request.logprobs is not None:
+                lps = echo.logprobs(final, list(c.token_ids), c.logprobs, request.logprobs, 0)
+        elif request.logprobs is not None and c.logprobs is not None:
+            lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs, 0)
+        return CompletionResponseChoice(
+            index=first_index + c.index,
+            text=text,
+            logprobs=lps,
+            finish_reason=c.finish_reason,
+            stop_reason=c.stop_reason,
+            token_ids=list(c.token_ids) if self._with_ids(request) else None,
+            prompt_token_ids=(list(final.prompt_token_ids or [])
+                              if request.return_token_ids else None),
+            prompt_logprobs=(prompt_logprobs_out(final.prompt_logprobs)
+                             if request.prompt_logprobs is not None else None),
         )
 
     def _echo(self) -> Echo:

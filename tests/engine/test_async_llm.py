@@ -562,9 +562,10 @@ async def test_engine_dying_as_the_request_is_handed_over(engine: AsyncLLM,
     EngineDeadError, and the registration is undone at once."""
     register = engine.output_processor.add_request
 
-    def register_then_die(*args: Any, **kwargs: Any) -> None:
-        register(*args, **kwargs)
+    def register_then_die(*args: Any, **kwargs: Any) -> list:
+        to_send = register(*args, **kwargs)
         engine.engine_core.proc.shutdown()  # the thread is gone when this returns
+        return to_send
 
     monkeypatch.setattr(engine.output_processor, "add_request", register_then_die)
     params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)

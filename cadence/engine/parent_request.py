@@ -1,0 +1,78 @@
+"""Requests with ``n > 1`` (vLLM v1's ``ParentRequest``): n child requests, one per choice, whose
+outputs are merged back into the parent's.
+
+The children are engine requests of their own (ids ``"{index}_{parent id}"``, n = 1, seeds
+``seed + index``). Only the first goes to the engine core at once: the others follow when its
+prompt is prefilled, so they find the prompt's KV blocks in the prefix cache and share them
+instead of computing the prompt n times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from cadence.core_types import EngineCoreRequest
+from cadence.outputs import CompletionOutput, RequestOutput
+from cadence.sampling_params import RequestOutputKind
+
+__all__ = ["ParentRequest", "child_request_id"]
+
+
+def child_request_id(index: int, parent_id: str) -> str:
+    return f"{index}_{parent_id}"
+
+
+class ParentRequest:
+    def __init__(self, request: EngineCoreRequest) -> None:
+        params = request.sampling_params
+        self.request_id = request.request_id
+        self.n = params.n
+        self.output_kind = params.output_kind
+        self.children: list[EngineCoreRequest] = []
+        for i in range(self.n):
+            child = params.clone()
+            child.n = 1
+            if child.seed is not None:
+                child.seed += i
+            self.children.append(dataclasses.replace(
+                request, request_id=child_request_id(i, request.request_id),
+                sampling_params=child))
+        self.child_ids = [c.request_id for c in self.children]
+        self._index = {cid: i for i, cid in enumerate(self.child_ids)}
+        self._deferred = self.children[1:]  # sent once the first child's prompt is prefilled
+        self._finished: list[CompletionOutput | None] = [None] * self.n
+
+    def index_of(self, child_id: str) -> int:
+        return self._index[child_id]
+
+    def take_deferred(self) -> list[EngineCoreRequest]:
+        """The children still to send to the engine core (once)."""
+        deferred, self._deferred = self._deferred, []
+        return deferred
+
+    def forget_deferred(self, child_ids: set[str]) -> None:
+        """Children aborted before they were sent: they never will be."""
+        self._deferred = [c for c in self._deferred if c.request_id not in child_ids]
+
+    @property
+    def finished(self) -> bool:
+        return all(c is not None for c in self._finished)
+
+    def merge(self, child_id: str, out: RequestOutput) -> RequestOutput | None:
+        """The parent's output for one child's ``out`` (None: nothing to hand out yet).
+
+        Streaming kinds hand each child's completion on at once, as choice ``index``; the
+        parent is finished with its last child. FINAL_ONLY waits for every child."""
+        index = self._index[child_id]
+        completion = dataclasses.replace(out.outputs[0], index=index)
+        if completion.finished():
+            self._finished[index] = completion
+        done = self.finished
+        if self.output_kind == RequestOutputKind.FINAL_ONLY:
+            if not done:
+                return None
+            outputs = [c for c in self._finished if c is not None]
+        else:
+            outputs = [completion]
+        return dataclasses.replace(out, request_id=self.request_id, outputs=outputs,
+                                   finished=done)

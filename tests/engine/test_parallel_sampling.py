@@ -1,0 +1,118 @@
+"""n > 1 (vLLM v1's parallel sampling): n children per request, seeds seed + index, the prompt
+prefilled once and its blocks shared through the prefix cache."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from cadence import LLM, SamplingParams
+from cadence.engine.async_llm import AsyncLLM
+from cadence.sampling_params import RequestOutputKind
+from tests.tiny import tiny_args
+
+PROMPT = "Once upon a time, in a garden by the river, there lived a small"
+
+
+def _llm(**kw) -> LLM:
+    return LLM(**vars(tiny_args(**kw)))
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_children_are_the_seeded_single_requests(async_scheduling):
+    llm = _llm(async_scheduling=async_scheduling)
+    params = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=12, ignore_eos=True)
+    out = llm.generate([PROMPT], params, use_tqdm=False)
+    assert len(out) == 1 and out[0].finished
+    comps = out[0].outputs
+    assert [c.index for c in comps] == [0, 1, 2]
+    singles = [llm.generate([PROMPT], SamplingParams(temperature=1.0, seed=5 + i, max_tokens=12,
+                                                     ignore_eos=True), use_tqdm=False)
+               [0].outputs[0].token_ids for i in range(3)]
+    assert [c.token_ids for c in comps] == singles
+    assert len({tuple(s) for s in singles}) == 3  # the seeds differ, and so do the choices
+    again = llm.generate([PROMPT], params, use_tqdm=False)[0].outputs
+    assert [c.token_ids for c in again] == singles  # reproducible
+    assert all(c.finish_reason == "length" for c in comps)
+
+
+def test_the_prompt_is_prefilled_once_and_its_blocks_are_shared():
+    llm = _llm()
+    core = llm.engine_core
+    n_prompt = len(llm.get_tokenizer().encode(PROMPT))
+    block = core.block_size
+    before = core.make_stats()
+    out = llm.generate([PROMPT], SamplingParams(n=4, temperature=0.0, max_tokens=5,
+                                                ignore_eos=True), use_tqdm=False)
+    after = core.make_stats()
+    # Each of the three later children found the first child's full prompt blocks cached.
+    full = (n_prompt - 1) // block * block
+    assert full > 0
+    assert after.prefix_cache_hits - before.prefix_cache_hits == 3 * full
+    # Greedy children are identical; every block is free again.
+    assert len({tuple(c.token_ids) for c in out[0].outputs}) == 1
+    assert core.num_free_kv_blocks == core.num_kv_blocks - 1
+
+
+def test_several_prompts_each_with_n_choices_and_mixed_requests():
+    llm = _llm()
+    params = [SamplingParams(n=2, temperature=0.0, max_tokens=6, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+              SamplingParams(n=3, temperature=0.9, seed=1, max_tokens=3, ignore_eos=True)]
+    outs = llm.generate(["Hello there", "The cat", "A bridge"], params, use_tqdm=False)
+    assert [len(o.outputs) for o in outs] == [2, 1, 3]
+    assert [len(c.token_ids) for o in outs for c in o.outputs] == [6, 6, 4, 3, 3, 3]
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_async_streams_every_choice_and_finishes_with_the_last():
+    async def main():
+        engine = AsyncLLM(tiny_args())
+        try:
+            params = SamplingParams(n=3, temperature=1.0, seed=9, max_tokens=8, ignore_eos=True,
+                                    output_kind=RequestOutputKind.DELTA)
+            tokens: dict[int, list[int]] = {0: [], 1: [], 2: []}
+            outs = []
+            async for out in engine.generate(PROMPT, params, request_id="p"):
+                outs.append(out)
+                for c in out.outputs:
+                    tokens[c.index].extend(c.token_ids)
+            final = SamplingParams(n=3, temperature=1.0, seed=9, max_tokens=8, ignore_eos=True,
+                                   output_kind=RequestOutputKind.FINAL_ONLY)
+            whole = [o async for o in engine.generate(PROMPT, final, request_id="q")]
+            return outs, tokens, whole
+        finally:
+            engine.shutdown()
+
+    outs, tokens, whole = _run(main())
+    assert outs[-1].finished and not any(o.finished for o in outs[:-1])
+    assert all(o.request_id == "p" for o in outs)
+    assert len(whole) == 1 and [c.index for c in whole[0].outputs] == [0, 1, 2]
+    assert {i: c.token_ids for i, c in enumerate(whole[0].outputs)} == tokens
+
+
+def test_aborting_the_parent_aborts_every_child():
+    async def main():
+        engine = AsyncLLM(tiny_args())
+        try:
+            params = SamplingParams(n=3, temperature=1.0, max_tokens=400, ignore_eos=True,
+                                    output_kind=RequestOutputKind.DELTA)
+            gen = engine.generate(PROMPT, params, request_id="p")
+            seen = set()
+            async for out in gen:  # until every child has produced a token
+                seen |= {c.index for c in out.outputs if c.token_ids}
+                if seen == {0, 1, 2}:
+                    break
+            await gen.aclose()  # the consumer leaves: the request is aborted
+            stats = await engine.get_scheduler_stats()  # the aborts were queued before this call
+            return stats, await engine.get_num_free_kv_blocks(), engine.num_kv_blocks
+        finally:
+            engine.shutdown()
+
+    stats, free, total = _run(main())
+    assert (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
+    assert free == total - 1
