@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -13,16 +14,48 @@ _CHATML_END = "<|im_end|>"
 
 
 def _chatml(
-    messages: list[dict[str, str]], add_generation_prompt: bool, continue_final: bool
+    messages: list[dict[str, Any]], add_generation_prompt: bool, continue_final: bool
 ) -> str:
     parts = []
     for i, m in enumerate(messages):
         last = i == len(messages) - 1
         end = "" if (continue_final and last) else f"{_CHATML_END}\n"
-        parts.append(f"{_CHATML_START}{m['role']}\n{m['content']}{end}")
+        content = m["content"]
+        for call in m.get("tool_calls", []):
+            # The <tool_call> JSON lines of the Qwen templates.
+            fn = call["function"]
+            body = json.dumps({"name": fn["name"], "arguments": fn["arguments"]},
+                              ensure_ascii=False)
+            content += f"{chr(10) if content else ''}<tool_call>\n{body}\n</tool_call>"
+        parts.append(f"{_CHATML_START}{m['role']}\n{content}{end}")
     if add_generation_prompt:
         parts.append(f"{_CHATML_START}assistant\n")
     return "".join(parts)
+
+
+def template_message(message: ChatMessage) -> dict[str, Any]:
+    """One message in the shape Hugging Face chat templates read: text content, an assistant's
+    ``tool_calls`` with their arguments as objects (templates serialise them themselves, as
+    vLLM hands them), and a tool message's ``tool_call_id`` and ``name``."""
+    out: dict[str, Any] = {"role": message.role, "content": message.text()}
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_calls:
+        calls = []
+        for i, call in enumerate(message.tool_calls):
+            try:
+                arguments = json.loads(call.function.arguments)
+            except json.JSONDecodeError:
+                raise ParamError(
+                    f"messages.tool_calls.{i}.function.arguments",
+                    f"tool call arguments must be JSON, got {call.function.arguments!r}.",
+                ) from None
+            calls.append({"id": call.id, "type": call.type,
+                          "function": {"name": call.function.name, "arguments": arguments}})
+        out["tool_calls"] = calls
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
 
 
 def render_chat(
@@ -47,7 +80,7 @@ def render_chat(
             "continue_final_message",
             "continue_final_message requires the last message to be from the assistant.",
         )
-    conversation = [{"role": m.role, "content": m.text()} for m in messages]
+    conversation = [template_message(m) for m in messages]
     if chat_template is not None or getattr(tokenizer, "chat_template", None):
         try:
             text = tokenizer.apply_chat_template(

@@ -45,10 +45,11 @@ def encode(hf_tokenizer: Any, text: str) -> list[int]:
 def test_content_as_text_parts_or_none(http: httpx.Client, hf_tokenizer: Any) -> None:
     parts = [{"role": "user", "content": [{"type": "text", "text": "Hi "},
                                           {"type": "text", "text": "there"}]}]
-    expected = "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
+    # Text parts are joined by newlines (vLLM).
+    expected = "<|im_start|>user\nHi \nthere<|im_end|>\n<|im_start|>assistant\n"
     assert prompt_ids(http, parts) == encode(hf_tokenizer, expected)
     # The same prompt as plain text: the same greedy answer.
-    plain = [{"role": "user", "content": "Hi there"}]
+    plain = [{"role": "user", "content": "Hi \nthere"}]
     greedy = {"max_tokens": 8, "temperature": 0, "ignore_eos": True}
     answers = [http.post(CHAT, json={"messages": m, **greedy}).json() for m in (parts, plain)]
     assert answers[0]["choices"][0]["message"] == answers[1]["choices"][0]["message"]
@@ -110,3 +111,58 @@ def test_a_template_that_fails_is_a_400_naming_messages(templated, template: str
         assert http.get("/health").status_code == 200
         ok = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
         assert ok.status_code == 200
+
+
+TOOL_TEMPLATE = (
+    "{% for m in messages %}[{{ m.role }}]{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<call {{ c.id }} {{ c.function.name }} "
+    "city={{ c.function.arguments.city }} days={{ c.function.arguments.days }}>{% endfor %}"
+    "{% if m.tool_call_id %}<answer to {{ m.tool_call_id }} from {{ m.name }}>{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+)
+TOOL_HISTORY = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "name": "get_weather",
+     "content": [{"type": "text", "text": "sunny"}]},
+]
+
+
+def test_tool_calls_and_tool_messages_reach_the_template(hf_tokenizer: Any) -> None:
+    """The template reads an assistant's call with its arguments as an object, and a tool
+    message's id and name (the shapes Hugging Face templates expect)."""
+    from cadence.server.chat_template import render_chat
+    from cadence.server.protocol import ChatMessage
+
+    messages = [ChatMessage.model_validate(m) for m in TOOL_HISTORY]
+    ids = render_chat(hf_tokenizer, messages, chat_template=TOOL_TEMPLATE)
+    expected = ("[user]Weather in Paris?[assistant]<call call_1 get_weather city=Paris days=2>"
+                "[tool]sunny<answer to call_1 from get_weather>[assistant]")
+    assert ids == encode(hf_tokenizer, expected)
+
+
+def test_tool_history_in_the_chatml_fallback(hf_tokenizer: Any) -> None:
+    """A tokenizer without a template: the calls as the Qwen templates' <tool_call> lines."""
+    import copy
+
+    from cadence.server.chat_template import render_chat
+    from cadence.server.protocol import ChatMessage
+
+    bare = copy.deepcopy(hf_tokenizer)
+    bare.chat_template = None
+    messages = [ChatMessage.model_validate(m) for m in TOOL_HISTORY]
+    expected = ("<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n"
+                '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}'
+                "\n</tool_call><|im_end|>\n<|im_start|>tool\nsunny<|im_end|>\n"
+                "<|im_start|>assistant\n")
+    assert render_chat(bare, messages) == encode(hf_tokenizer, expected)
+
+
+def test_tool_call_arguments_that_are_not_json_are_a_400(http: httpx.Client) -> None:
+    bad = [TOOL_HISTORY[0], {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]
+    resp = http.post(CHAT, json={"messages": bad, "max_tokens": 1})
+    assert resp.status_code == 400
+    assert resp.json()["error"]["param"] == "messages.tool_calls.0.function.arguments"
