@@ -55,6 +55,8 @@ class EngineCoreOutput:
     # Prompt tokens scored this step (prompt_logprobs): (index in the prompt of the first,
     # rows as in new_logprobs: the prompt token first, then the top-N).
     new_prompt_logprobs: tuple[int, LogprobsLists] | None = None
+    # With a request's first output: (reached the scheduler, first scheduled), monotonic clock.
+    timing: tuple[float, float | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -66,7 +68,7 @@ class EngineCoreOutput:
         # dataclass's default (a __dict__ per output).
         return (EngineCoreOutput, (self.request_id, self.new_token_ids, self.new_logprobs,
                                    self.finish_reason, self.stop_reason, self.num_cached_tokens,
-                                   self.error, self.new_prompt_logprobs))
+                                   self.error, self.new_prompt_logprobs, self.timing))
 
 
 @dataclass

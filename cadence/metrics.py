@@ -33,6 +33,21 @@ ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0
 ITL_BUCKETS += [0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
 E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0]
 E2E_BUCKETS += [120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0]
+TPOT_BUCKETS += [7.5, 10.0, 20.0, 40.0, 80.0]
+ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+N_BUCKETS = [1, 2, 5, 10, 20]
+
+
+def buckets_1_2_5(limit: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to ``limit`` (vLLM's token-count buckets)."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > limit:
+                return out
+            out.append(m * scale)
+        scale *= 10
 
 
 @dataclass
@@ -42,6 +57,14 @@ class FinishedRequestStats:
     e2e_latency: float
     num_prompt_tokens: int
     num_generation_tokens: int
+    # Phases (seconds); None where the request never got that far.
+    queued_time: float | None = None  # waiting for its first scheduling
+    prefill_time: float | None = None  # first scheduled -> first token
+    decode_time: float | None = None  # first token -> last token
+    inference_time: float | None = None  # first scheduled -> last token
+    mean_time_per_output_token: float | None = None
+    max_tokens_param: int | None = None
+    n_param: int = 1
 
 
 @dataclass
@@ -134,53 +157,58 @@ class PrometheusStatLogger:
     files); ``engine_stats``: this logger records the engine-wide gauges and counters."""
 
     def __init__(self, model_name: str, registry: CollectorRegistry | None = None, *,
-                 multiprocess: bool = False, engine_stats: bool = True) -> None:
+                 multiprocess: bool = False, engine_stats: bool = True,
+                 max_model_len: int = 4096, cache_info: dict[str, str] | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.multiprocess = multiprocess
         self.engine_stats = engine_stats
-        labels = ["model_name"]
+        # vLLM's labels: the served model, and the engine (one engine here, "0").
+        label_values = {"model_name": model_name, "engine": "0"}
+        labels = list(label_values)
         r = self.registry
 
-        def gauge(name: str, doc: str) -> Gauge:
+        def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> Gauge:
             if multiprocess:  # one writer (front end 0): its latest value
-                return Gauge(name, doc, labels, registry=r, multiprocess_mode="mostrecent")
-            return Gauge(name, doc, labels, registry=r)
+                return Gauge(name, doc, labels + list(extra), registry=r,
+                             multiprocess_mode="mostrecent")
+            return Gauge(name, doc, labels + list(extra), registry=r)
 
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
             return Counter(name, doc, labels + list(extra), registry=r)
 
-        def histogram(name: str, doc: str, buckets: list[float]
+        def histogram(name: str, doc: str, buckets: list[float] | list[int]
                       ) -> BatchHistogram | _SharedHistogram:
             kind = _SharedHistogram if multiprocess else BatchHistogram
-            return kind(name, doc, buckets, {"model_name": model_name}, r)
+            return kind(name, doc, [float(b) for b in buckets], label_values, r)
 
-        m = model_name
+        lv = tuple(label_values.values())
         self.num_requests_running = gauge(
             "cadence:num_requests_running", "Number of requests in model execution batches."
-        ).labels(m)
+        ).labels(*lv)
         self.num_requests_waiting = gauge(
             "cadence:num_requests_waiting", "Number of requests waiting to be processed."
-        ).labels(m)
+        ).labels(*lv)
         self.kv_cache_usage = gauge(
             "cadence:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
-        ).labels(m)
+        ).labels(*lv)
         self.num_preemptions = counter(
             "cadence:num_preemptions", "Cumulative number of preemptions from the engine."
-        ).labels(m)
+        ).labels(*lv)
         self.prefix_cache_queries = counter(
             "cadence:prefix_cache_queries", "Prefix-cache queries, in terms of number of tokens."
-        ).labels(m)
+        ).labels(*lv)
         self.prefix_cache_hits = counter(
             "cadence:prefix_cache_hits", "Prefix-cache hits, in terms of number of tokens."
-        ).labels(m)
+        ).labels(*lv)
         self.prompt_tokens = counter(
             "cadence:prompt_tokens", "Number of prefill tokens processed."
-        ).labels(m)
+        ).labels(*lv)
         self.generation_tokens = counter(
             "cadence:generation_tokens", "Number of generation tokens processed."
-        ).labels(m)
+        ).labels(*lv)
         self._request_success = counter(
-            "cadence:request_success", "Count of finished requests.", ("finished_reason",)
+            "cadence:request_success", "Count of successfully processed requests.",
+            ("finished_reason",)
         )
         self.time_to_first_token = histogram(
             "cadence:time_to_first_token_seconds", "Histogram of time to first token.", TTFT_BUCKETS
@@ -193,7 +221,42 @@ class PrometheusStatLogger:
             "Histogram of end to end request latency.",
             E2E_BUCKETS,
         )
-        self._model_name = model_name
+        tokens = buckets_1_2_5(max_model_len)
+        self.iteration_tokens = histogram(
+            "cadence:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+            ITERATION_TOKEN_BUCKETS)
+        self.request_prompt_tokens = histogram(
+            "cadence:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
+        self.request_generation_tokens = histogram(
+            "cadence:request_generation_tokens", "Number of generation tokens processed.", tokens)
+        self.request_max_num_generation_tokens = histogram(
+            "cadence:request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens.", tokens)
+        self.request_params_n = histogram(
+            "cadence:request_params_n", "Histogram of the n request parameter.", N_BUCKETS)
+        self.request_params_max_tokens = histogram(
+            "cadence:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+            tokens)
+        self.request_time_per_output_token = histogram(
+            "cadence:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.", TPOT_BUCKETS)
+        self.request_queue_time = histogram(
+            "cadence:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.", E2E_BUCKETS)
+        self.request_inference_time = histogram(
+            "cadence:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.", E2E_BUCKETS)
+        self.request_prefill_time = histogram(
+            "cadence:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.", E2E_BUCKETS)
+        self.request_decode_time = histogram(
+            "cadence:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.", E2E_BUCKETS)
+        if cache_info is not None and engine_stats:
+            info = dict(sorted(cache_info.items()))
+            gauge("cadence:cache_config_info", "Information of the LLMEngine CacheConfig",
+                  tuple(info)).labels(*lv, *info.values()).set(1)
+        self._label_values = lv
         # Cumulative scheduler counters arrive as totals; counters only take increments.
         self._last_totals: tuple[int, int, int] = (0, 0, 0)
 
@@ -217,18 +280,36 @@ class PrometheusStatLogger:
                 max(totals[2], last[2]),
             )
         if iteration_stats is not None:
-            it = iteration_stats
-            if it.num_prompt_tokens:
-                self.prompt_tokens.inc(it.num_prompt_tokens)
-            if it.num_generation_tokens:
-                self.generation_tokens.inc(it.num_generation_tokens)
-            if it.time_to_first_tokens:
-                self.time_to_first_token.observe_many(it.time_to_first_tokens)
-            if it.inter_token_latencies:
-                self.inter_token_latency.observe_many(it.inter_token_latencies)
-            for fin in it.finished_requests:
-                self.e2e_request_latency.observe(fin.e2e_latency)
-                self._request_success.labels(self._model_name, fin.finish_reason).inc()
+            self._record_iteration(iteration_stats)
+
+    def _record_iteration(self, it: IterationStats) -> None:
+        if it.num_prompt_tokens:
+            self.prompt_tokens.inc(it.num_prompt_tokens)
+        if it.num_generation_tokens:
+            self.generation_tokens.inc(it.num_generation_tokens)
+        if it.num_prompt_tokens or it.num_generation_tokens:
+            self.iteration_tokens.observe(it.num_prompt_tokens + it.num_generation_tokens)
+        if it.time_to_first_tokens:
+            self.time_to_first_token.observe_many(it.time_to_first_tokens)
+        if it.inter_token_latencies:
+            self.inter_token_latency.observe_many(it.inter_token_latencies)
+        for fin in it.finished_requests:
+            self.e2e_request_latency.observe(fin.e2e_latency)
+            self._request_success.labels(*self._label_values, fin.finish_reason).inc()
+            self.request_prompt_tokens.observe(fin.num_prompt_tokens)
+            self.request_generation_tokens.observe(fin.num_generation_tokens)
+            self.request_params_n.observe(fin.n_param)
+            if fin.max_tokens_param is not None:
+                self.request_params_max_tokens.observe(fin.max_tokens_param)
+                self.request_max_num_generation_tokens.observe(fin.max_tokens_param)
+            phases = ((self.request_queue_time, fin.queued_time),
+                      (self.request_prefill_time, fin.prefill_time),
+                      (self.request_decode_time, fin.decode_time),
+                      (self.request_inference_time, fin.inference_time),
+                      (self.request_time_per_output_token, fin.mean_time_per_output_token))
+            for hist, value in phases:
+                if value is not None:
+                    hist.observe(value)
 
     def exposition(self) -> bytes:
         """The registry in Prometheus text format (every API server process's, summed)."""

@@ -45,6 +45,7 @@ class RequestMetrics:
     last_token_time: float | None = None
     finished_time: float | None = None
     num_generation_tokens: int = 0
+    queued_time: float | None = None  # when the engine core's scheduler got it
 
     def copy(self) -> RequestMetrics:
         return RequestMetrics(
@@ -54,6 +55,7 @@ class RequestMetrics:
             self.last_token_time,
             self.finished_time,
             self.num_generation_tokens,
+            self.queued_time,
         )
 
     @property

@@ -13,7 +13,8 @@ def test_engine_core_output_pickles_every_field() -> None:
     values = dict(request_id="r", new_token_ids=[5, 6], new_logprobs=[([5, 1], [-0.1, -2.0], 1)],
                   finish_reason=FinishReason.STOP, stop_reason="###", num_cached_tokens=16,
                   error="boom",
-                  new_prompt_logprobs=(1, LogprobsLists([[3, 3]], [[-0.5, -0.5]], [1])))
+                  new_prompt_logprobs=(1, LogprobsLists([[3, 3]], [[-0.5, -0.5]], [1])),
+                  timing=(1.5, 2.5))
     assert {f.name for f in fields(EngineCoreOutput)} == set(values)  # a new field needs a test
     out = EngineCoreOutput(**values)
     back = pickle.loads(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))

@@ -7,7 +7,8 @@ from cadence.metrics import FinishedRequestStats, IterationStats, PrometheusStat
 
 
 def sample(logger: PrometheusStatLogger, name: str, labels: dict[str, str] | None = None) -> float:
-    value = logger.registry.get_sample_value(name, {"model_name": "m", **(labels or {})})
+    all_labels = {"model_name": "m", "engine": "0", **(labels or {})}
+    value = logger.registry.get_sample_value(name, all_labels)
     assert value is not None, name
     return value
 
@@ -68,3 +69,59 @@ def test_loggers_do_not_share_state() -> None:
     a.record(None, IterationStats(num_generation_tokens=4))
     assert sample(a, "cadence:generation_tokens_total") == 4
     assert sample(b, "cadence:generation_tokens_total") == 0
+
+
+# vLLM v1's Prometheus metrics (vllm/v1/metrics/loggers.py), with their label names: a vLLM
+# dashboard works against cadence by changing the prefix.
+VLLM_METRICS = {
+    "num_requests_running": "gauge", "num_requests_waiting": "gauge",
+    "kv_cache_usage_perc": "gauge", "prefix_cache_queries": "counter",
+    "prefix_cache_hits": "counter", "num_preemptions": "counter", "prompt_tokens": "counter",
+    "generation_tokens": "counter", "request_success": "counter",
+    "iteration_tokens_total": "histogram", "request_prompt_tokens": "histogram",
+    "request_generation_tokens": "histogram", "request_max_num_generation_tokens": "histogram",
+    "request_params_n": "histogram", "request_params_max_tokens": "histogram",
+    "time_to_first_token_seconds": "histogram", "inter_token_latency_seconds": "histogram",
+    "request_time_per_output_token_seconds": "histogram",
+    "e2e_request_latency_seconds": "histogram", "request_queue_time_seconds": "histogram",
+    "request_inference_time_seconds": "histogram", "request_prefill_time_seconds": "histogram",
+    "request_decode_time_seconds": "histogram", "cache_config_info": "gauge",
+}
+
+
+def test_the_vllm_metric_set_with_its_labels() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    logger = PrometheusStatLogger("m", max_model_len=1000,
+                                  cache_info={"block_size": "16", "num_gpu_blocks": "99"})
+    it = IterationStats(num_prompt_tokens=7, num_generation_tokens=3)
+    it.finished_requests.append(FinishedRequestStats(
+        "r", "stop", 2.0, 7, 3, queued_time=0.25, prefill_time=0.5, decode_time=1.0,
+        inference_time=1.5, mean_time_per_output_token=0.5, max_tokens_param=10, n_param=2))
+    logger.record(SchedulerStats(1, 0, 0.5), it)
+    families = {f.name: f for f in text_string_to_metric_families(
+        logger.exposition().decode())}
+    for name, kind in VLLM_METRICS.items():
+        family = families.get(f"cadence:{name}")
+        assert family is not None and family.type == kind, name
+        assert all({"model_name", "engine"} <= set(s.labels) for s in family.samples), name
+    # Each phase observed once, in its own bucket.
+    for name, value in (("request_queue_time_seconds", 0.25),
+                        ("request_prefill_time_seconds", 0.5),
+                        ("request_decode_time_seconds", 1.0),
+                        ("request_inference_time_seconds", 1.5),
+                        ("request_params_n", 2.0), ("request_params_max_tokens", 10.0),
+                        ("iteration_tokens_total", 10.0)):
+        assert sample(logger, f"cadence:{name}_sum") == value, name
+        assert sample(logger, f"cadence:{name}_count") == 1, name
+    info = logger.registry.get_sample_value(
+        "cadence:cache_config_info",
+        {"model_name": "m", "engine": "0", "block_size": "16", "num_gpu_blocks": "99"})
+    assert info == 1
+
+
+def test_token_count_buckets_follow_the_model_length() -> None:
+    from cadence.metrics import buckets_1_2_5
+
+    assert buckets_1_2_5(1000) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
+    assert buckets_1_2_5(4096) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]

@@ -170,6 +170,7 @@ class _RequestState:
         self.num_logprobs = params.logprobs
         self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
+        self.max_tokens_param = params.max_tokens
         self.num_prompt_logprobs = params.prompt_logprobs
         # vLLM's shape: None for the first prompt token, then one dict per prompt token.
         self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
@@ -418,6 +419,8 @@ class OutputProcessor:
         finish_reason = eco.finish_reason
         stop_reason = eco.stop_reason
         state.num_cached_tokens = eco.num_cached_tokens
+        if eco.timing is not None:
+            state.metrics.queued_time, state.metrics.first_scheduled_time = eco.timing
         state.update_prompt_logprobs(eco)
         if new_ids:
             self._record_tokens(state, len(new_ids), now, stats)
@@ -501,12 +504,24 @@ class OutputProcessor:
     def _finished_stats(
         state: _RequestState, finish_reason: FinishReason, now: float
     ) -> FinishedRequestStats:
+        m = state.metrics
+        scheduled, first, last = m.first_scheduled_time, m.first_token_time, m.last_token_time
         return FinishedRequestStats(
             request_id=state.request_id,
             finish_reason=str(finish_reason),
-            e2e_latency=now - state.metrics.arrival_time,
+            e2e_latency=now - m.arrival_time,
             num_prompt_tokens=len(state.prompt_token_ids),
-            num_generation_tokens=state.metrics.num_generation_tokens,
+            num_generation_tokens=m.num_generation_tokens,
+            queued_time=(scheduled - m.queued_time
+                         if scheduled is not None and m.queued_time is not None else None),
+            prefill_time=first - scheduled if first is not None and scheduled is not None
+            else None,
+            decode_time=last - first if last is not None and first is not None else None,
+            inference_time=last - scheduled if last is not None and scheduled is not None
+            else None,
+            mean_time_per_output_token=m.mean_time_per_output_token,
+            max_tokens_param=state.max_tokens_param,
+            n_param=state.parent.n if state.parent is not None else 1,
         )
 
     @staticmethod

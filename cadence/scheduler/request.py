@@ -71,6 +71,11 @@ class Request:
         self.discard_latest_async_tokens = False
         self.num_cached_tokens = -1  # prefix-cache hits at first scheduling; -1 = not yet
         self.num_preemptions = 0
+        # Monotonic times for the metrics: reached the scheduler, first scheduled; sent to the
+        # front end once, with the request's first output.
+        self.queued_time = time.monotonic()
+        self.scheduled_time: float | None = None
+        self.timing_sent = False
 
         self.block_hashes: list[bytes] = []
         self._block_hasher = block_hasher

@@ -9,6 +9,7 @@ request can be scheduled again before the previous step's output is back (async 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 from cadence.config import CacheConfig, SchedulerConfig
@@ -227,6 +228,8 @@ class Scheduler:
                 waiting.pop_request()
                 running.append(request)
                 scheduled_new.append(request)
+                if request.scheduled_time is None:
+                    request.scheduled_time = time.monotonic()
                 kv.record_prefix_cache_lookup(request, num_hit_tokens)
                 num_scheduled_tokens[request.request_id] = num_new
                 token_budget -= num_new
@@ -378,8 +381,12 @@ class Scheduler:
                         logprobs.sampled_token_ranks[row],
                     )
                 ]
+            timing = None
+            if not request.timing_sent:
+                request.timing_sent = True
+                timing = (request.queued_time, request.scheduled_time)
             # Positional: (request_id, new_token_ids, new_logprobs, finish_reason, stop_reason,
-            # num_cached_tokens, error, new_prompt_logprobs); once per request per step.
+            # num_cached_tokens, error, new_prompt_logprobs, timing); once per request per step.
             outputs.append(
                 EngineCoreOutput(
                     req_id,
@@ -390,6 +397,7 @@ class Scheduler:
                     request.num_cached_tokens,
                     None,
                     prompt_lps,
+                    timing,
                 )
             )
 

@@ -142,9 +142,15 @@ class OpenAIServer:
         self.chat = OpenAIServingChat(engine, self.model_name, aliases)
         self.chat.chat_template = chat_template
         # One of several API server processes: metrics in the shared multiprocess files.
-        self.metrics = PrometheusStatLogger(self.model_name,
-                                            multiprocess=front_end_index is not None,
-                                            engine_stats=front_end_index in (None, 0))
+        args = engine.args
+        self.metrics = PrometheusStatLogger(
+            self.model_name, multiprocess=front_end_index is not None,
+            engine_stats=front_end_index in (None, 0), max_model_len=engine.max_model_len,
+            cache_info={"block_size": str(engine.block_size),
+                        "num_gpu_blocks": str(engine.num_kv_blocks),
+                        "enable_prefix_caching": str(args.enable_prefix_caching),
+                        "gpu_memory_utilization": str(args.gpu_memory_utilization),
+                        "cache_dtype": "auto"})
         engine.add_stat_logger(self.metrics)
         self.lifecycle = RequestLifecycle()
         self.watchdog = EngineWatchdog(engine, engine_stall_timeout)

@@ -283,7 +283,7 @@ def test_metrics_count_exactly(server, client: openai.OpenAI) -> None:
     resp = httpx.get(server.base_url + "/metrics")
     assert resp.headers["content-type"].startswith("text/plain")
     after = metric_values(resp.text)
-    label = '{model_name="tiny"}'
+    label = '{engine="0",model_name="tiny"}'
 
     def delta(name: str) -> float:
         return after[name + label] - before.get(name + label, 0.0)
@@ -294,10 +294,17 @@ def test_metrics_count_exactly(server, client: openai.OpenAI) -> None:
     assert delta("cadence:e2e_request_latency_seconds_count") == 2
     # One inter-token gap per token after the first.
     assert delta("cadence:inter_token_latency_seconds_count") == (3 - 1) + (7 - 1)
+    # Per-request phases and parameters (vLLM's set), one observation per request.
+    for phase in ("queue", "prefill", "decode", "inference"):
+        assert delta(f"cadence:request_{phase}_time_seconds_count") == 2
+    assert delta("cadence:request_prompt_tokens_sum") == sum(o.usage.prompt_tokens for o in outs)
+    assert delta("cadence:request_generation_tokens_sum") == 10
+    assert delta("cadence:request_params_max_tokens_sum") == 10
+    assert delta("cadence:request_params_n_sum") == 2
     assert after["cadence:num_requests_running" + label] == 0
     assert after["cadence:num_requests_waiting" + label] == 0
     assert after["cadence:kv_cache_usage_perc" + label] == 0
-    success = 'cadence:request_success_total{finished_reason="length",model_name="tiny"}'
+    success = 'cadence:request_success_total{engine="0",finished_reason="length",model_name="tiny"}'
     assert after[success] - before.get(success, 0.0) == 2
 
 
@@ -309,7 +316,7 @@ class BrokenStatLogger:
 def test_a_failing_stat_logger_takes_neither_serving_nor_metrics_down(server_factory) -> None:
     srv = server_factory()
     srv.engine.stat_loggers.insert(0, BrokenStatLogger())  # ahead of the server's own logger
-    label = '{model_name="tiny"}'
+    label = '{engine="0",model_name="tiny"}'
     with httpx.Client(base_url=srv.base_url, timeout=30) as http:
         for stream in (False, True):
             body = {"prompt": PROMPT, "max_tokens": 3, "ignore_eos": True, "stream": stream}
@@ -319,7 +326,7 @@ def test_a_failing_stat_logger_takes_neither_serving_nor_metrics_down(server_fac
         values = metric_values(http.get("/metrics").text)
         assert http.get("/health").status_code == 200
     assert values["cadence:generation_tokens_total" + label] == 6
-    assert values['cadence:request_success_total{finished_reason="length",model_name="tiny"}'] == 2
+    assert values['cadence:request_success_total{engine="0",finished_reason="length",model_name="tiny"}'] == 2
     assert values["cadence:num_requests_running" + label] == 0
 
 
@@ -353,7 +360,7 @@ def test_metrics_gauges_while_busy(server_factory) -> None:
                 assert any(ln == "data: [DONE]" for ln in lines)  # it ran to the end
     finally:
         core.open()
-    label = '{model_name="tiny"}'
+    label = '{engine="0",model_name="tiny"}'
     assert values["cadence:num_requests_running" + label] == 1, values
     assert 0 < values["cadence:kv_cache_usage_perc" + label] < 1
 
