@@ -73,6 +73,10 @@ class InputBatch:
         self.temperature = np.zeros(max_num_reqs, dtype=np.float32)
         self.top_p = np.ones(max_num_reqs, dtype=np.float32)
         self.top_k = np.full(max_num_reqs, -1, dtype=np.int64)
+        self.min_p = np.zeros(max_num_reqs, dtype=np.float32)
+        # Rows with a logits processor (penalties, bias, allowed ids, bad words): only these
+        # are looked at each step.
+        self.processed = np.zeros(max_num_reqs, dtype=np.bool_)
         # Requests refused on admission since the last take_failed(): id -> reason.
         self._failed: dict[str, str] = {}
 
@@ -94,10 +98,13 @@ class InputBatch:
         temperature = np.float32(min(params.temperature, _FLOAT32_MAX))  # huge: ~uniform
         top_p = np.float32(params.top_p)
         top_k = np.int64(params.top_k)
+        min_p = np.float32(params.min_p)
         self._moves.pop(slot, None)  # a fresh request: nothing of the old row is kept
         self.req_id_to_slot[req_id] = slot
         self.slot_req_ids[slot] = req_id
         self.temperature[slot], self.top_p[slot], self.top_k[slot] = temperature, top_p, top_k
+        self.min_p[slot] = min_p
+        self.processed[slot] = params.needs_logits_processing
         self.token_ids[slot, : len(prompt)] = prompt
         self.token_ids[slot, len(prompt) : n] = outputs
         self.num_known[slot] = n
@@ -128,7 +135,7 @@ class InputBatch:
         nb = int(self.num_blocks[src])
         self.block_table[dst, :nb] = self.block_table[src, :nb]
         for arr in (self.num_known, self.num_tokens, self.num_prompt, self.num_blocks,
-                    self.temperature, self.top_p, self.top_k):
+                    self.temperature, self.top_p, self.top_k, self.min_p, self.processed):
             arr[dst] = arr[src]
         self.params[dst] = self.params[src]
         self.slot_req_ids[dst] = req_id

@@ -116,20 +116,23 @@ class LogitsState:
 
     def step_inputs(
         self,
+        rows: Sequence[int] | np.ndarray,
         req_ids: Sequence[str],
         slots: np.ndarray,
         params: Sequence[SamplingParams],
         num_outputs: Sequence[int],
         last_sampled: torch.Tensor,
     ) -> tuple[LogitsInputs | None, dict[int, list[int]]]:
-        """The step's inputs for sampling rows ``req_ids`` (at ``slots``, having sampled
-        ``num_outputs`` tokens so far) and the bad-word tokens banned outright per row."""
+        """The step's inputs for the sampling ``rows`` that have a processor (``req_ids``: their
+        requests) and the bad-word tokens banned outright per row. ``slots``, ``params`` and
+        ``num_outputs`` (tokens sampled so far) cover every sampling row."""
         pen: list[int] = []
         allowed: dict[int, torch.Tensor] = {}
         bias: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         banned: dict[int, list[int]] = {}
         cond: list[tuple[int, int, int, int]] = []
-        for row, (req_id, p) in enumerate(zip(req_ids, params, strict=True)):
+        for row, req_id in zip((int(r) for r in rows), req_ids, strict=True):
+            p = params[row]
             if not p.needs_logits_processing:
                 continue
             if p.has_penalties:

@@ -246,7 +246,8 @@ class ModelRunner:
                     gen = self.generators[req_id] = torch.Generator(device=self.device)
                 seed_generator(gen, p.seed, out_index[row])
                 generators[row] = gen
-        rows = SamplingRows(batch.temperature[slots], batch.top_p[slots], batch.top_k[slots])
+        rows = SamplingRows(batch.temperature[slots], batch.top_p[slots], batch.top_k[slots],
+                            batch.min_p[slots])
         md = SamplingMetadata.from_rows(params, rows, out_index, generators, device="cpu")
         if self.device.type == "cuda":
             # NOTE: pinned, non-blocking copies: a pageable copy would wait for the GPU.
@@ -257,11 +258,13 @@ class ModelRunner:
             if md.min_p is not None:
                 md.min_p = tuple(t.pin_memory().to(self.device, non_blocking=True)
                                  for t in md.min_p)
-        req_ids = [batch.slot_req_ids[s] for s in slots]
-        md.processors, bans = self.logits_state.step_inputs(
-            req_ids, np.asarray(slots, dtype=np.int64), params, out_index, self.last_sampled)
-        for row, ids in bans.items():
-            md.banned_token_ids[row] = md.banned_token_ids.get(row, []) + ids
+        processed = np.nonzero(batch.processed[slots])[0]
+        if processed.size:
+            md.processors, bans = self.logits_state.step_inputs(
+                processed, [batch.slot_req_ids[slots[r]] for r in processed],
+                np.asarray(slots, dtype=np.int64), params, out_index, self.last_sampled)
+            for row, ids in bans.items():
+                md.banned_token_ids[row] = md.banned_token_ids.get(row, []) + ids
         return md
 
     def _index(self, values: list[int]) -> torch.Tensor:

@@ -100,11 +100,10 @@ class SamplingMetadata:
             if n_out < p.min_tokens and p.all_stop_token_ids:
                 banned[row] = sorted(p.all_stop_token_ids)
         min_p = None
-        min_p_rows = [r for r, p in enumerate(params) if p.min_p > 0.0 and not p.greedy]
-        if min_p_rows:
-            min_p = (torch.tensor(min_p_rows, dtype=torch.int64).to(device),
-                     torch.tensor([params[r].min_p for r in min_p_rows],
-                                  dtype=torch.float32).to(device))
+        min_p_rows = np.nonzero(rows.min_p > 0.0)[0]  # greedy rows have min_p 0
+        if min_p_rows.size:
+            min_p = (torch.from_numpy(min_p_rows.astype(np.int64)).to(device),
+                     torch.from_numpy(rows.min_p[min_p_rows]).to(device))
         return cls(
             temperature=temperature,
             all_greedy=all_greedy,
@@ -126,6 +125,7 @@ class SamplingRows:
     temperature: np.ndarray  # [N] float32
     top_p: np.ndarray  # [N] float32
     top_k: np.ndarray  # [N] int64, -1 = off
+    min_p: np.ndarray  # [N] float32, 0 = off
 
     @classmethod
     def of(cls, params: Sequence[SamplingParams]) -> SamplingRows:
@@ -133,6 +133,7 @@ class SamplingRows:
             temperature=np.array([p.temperature for p in params], dtype=np.float32),
             top_p=np.array([p.top_p for p in params], dtype=np.float32),
             top_k=np.array([p.top_k for p in params], dtype=np.int64),
+            min_p=np.array([p.min_p for p in params], dtype=np.float32),
         )
 
 

@@ -42,7 +42,7 @@ def test_repetition_penalty_matches_transformers():
     logits = _logits(3)
     got = logits.clone()
     state = _state(prompts, outputs, params)
-    inputs, _ = state.step_inputs(["r0", "r1", "r2"], np.arange(3), params, [3, 0, 3],
+    inputs, _ = state.step_inputs(np.arange(3), ["r0", "r1", "r2"], np.arange(3), params, [3, 0, 3],
                                   torch.zeros(3, dtype=torch.int64))
     apply_logits_processors(got, inputs, {})
     for row in range(3):
@@ -117,7 +117,7 @@ def test_allowed_ids_and_logit_bias():
     logits = _logits(3, seed=4)
     got = logits.clone()
     state = _state([[1]] * 3, [[]] * 3, params)
-    inputs, _ = state.step_inputs(["r0", "r1", "r2"], np.arange(3), params, [0, 0, 0],
+    inputs, _ = state.step_inputs(np.arange(3), ["r0", "r1", "r2"], np.arange(3), params, [0, 0, 0],
                                   torch.zeros(3, dtype=torch.int64))
     apply_logits_processors(got, inputs, {})
     allowed = torch.zeros(V, dtype=torch.bool)
@@ -134,7 +134,7 @@ def test_allowed_ids_and_logit_bias():
 def test_rows_without_processors_get_no_inputs():
     params = [SamplingParams(temperature=0.5), SamplingParams()]
     state = _state([[1], [2]], [[], []], params)
-    inputs, bans = state.step_inputs(["r0", "r1"], np.arange(2), params, [0, 0],
+    inputs, bans = state.step_inputs(np.arange(2), ["r0", "r1"], np.arange(2), params, [0, 0],
                                      torch.zeros(2, dtype=torch.int64))
     assert inputs is None and bans == {}
 
@@ -161,7 +161,8 @@ def test_conditional_bans_read_the_in_flight_token():
         p.bad_words_token_ids = [[1, 2]]
     state = _state([[9], [9]], [[], []], params)
     last_sampled = torch.tensor([1, 3])  # slot 0 sampled 1 (in flight), slot 1 sampled 3
-    inputs, bans = state.step_inputs(["r0", "r1"], np.arange(2), params, [1, 1], last_sampled)
+    inputs, bans = state.step_inputs(np.arange(2), ["r0", "r1"], np.arange(2), params, [1, 1],
+                                     last_sampled)
     assert bans == {}
     logits = _logits(2, seed=5)
     got = logits.clone()
@@ -170,7 +171,7 @@ def test_conditional_bans_read_the_in_flight_token():
     # Once the token reaches the host, the same ban is decided there.
     state.record("r0", 0, 1)
     state.record("r0", 0, 1)  # recorded once
-    _, bans = state.step_inputs(["r0"], np.arange(1), params[:1], [1], last_sampled)
+    _, bans = state.step_inputs(np.arange(1), ["r0"], np.arange(1), params[:1], [1], last_sampled)
     assert bans == {0: [2]}
 
 
@@ -184,7 +185,7 @@ def test_sampler_order_penalties_before_greedy_and_min_p_after_temperature():
     state.admit(0, "a", [1], [0], params[0])
     state.admit(1, "b", [1], [], params[1])
     md = SamplingMetadata.from_params(params, [1, 0])
-    md.processors, _ = state.step_inputs(["a", "b"], np.arange(2), params, [1, 0],
+    md.processors, _ = state.step_inputs(np.arange(2), ["a", "b"], np.arange(2), params, [1, 0],
                                          torch.zeros(2, dtype=torch.int64))
     for _ in range(20):
         out = Sampler()(logits, md).sampled_token_ids.tolist()
