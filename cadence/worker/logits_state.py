@@ -105,6 +105,11 @@ class LogitsState:
             for req_id in [r for r in table if r not in live]:
                 del table[req_id]
 
+    @property
+    def tracks_history(self) -> bool:
+        """Whether any request in the batch has bad words (its outputs are recorded)."""
+        return bool(self._history)
+
     def wants_history(self, req_id: str) -> bool:
         return req_id in self._history
 

@@ -381,6 +381,8 @@ class ModelRunner:
                         inp: StepInputs) -> AsyncModelRunnerOutput:
         """Have the outputs of requests with bad words recorded once they reach the host."""
         state, batch = self.logits_state, self.input_batch
+        if not state.tracks_history:
+            return out
         tracked = []
         for row in inp.sample_rows.tolist():
             req_id = inp.req_ids[row]
