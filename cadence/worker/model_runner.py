@@ -30,9 +30,9 @@ from cadence.runtime import get_device
 from cadence.scheduler.output import SchedulerOutput
 from cadence.worker.async_output import OutputCopier
 from cadence.worker.input_batch import InputBatch, StepInputs
-from cadence.worker.logits_state import LogitsState, RecordingOutput
-from cadence.worker.prompt_logprobs import WithPromptLogprobs, prompt_chunks, score_prompt
-from cadence.worker.sampler import Sampler, SamplingMetadata, SamplingRows, seed_generator
+from cadence.worker.prompt_logprobs import WithPromptLogprobs
+from cadence.worker.request_sampling import RequestSampling
+from cadence.worker.sampler import Sampler
 from cadence.worker.step_buffers import StepBuffers
 
 if TYPE_CHECKING:
@@ -69,9 +69,7 @@ class ModelRunner:
         self.input_batch = InputBatch(self.max_num_reqs, self.max_model_len,
                                       self.max_blocks_per_req, self.block_size)
         self.sampler = Sampler()
-        self.generators: dict[str, torch.Generator] = {}  # by request id
-        self.logits_state = LogitsState(self.max_num_reqs, self.vocab_size, device)
-        self.prompt_logprob_reqs: set[str] = set()  # requests that want prompt logprobs
+        self.sampling = RequestSampling(self.input_batch, self.vocab_size, device)
         self.kv_caches: list[torch.Tensor] = []
         self.buffers = StepBuffers(self.rt, self.main, self.max_num_tokens, self.max_num_reqs,
                                    self.max_blocks_per_req, device)
@@ -231,42 +229,6 @@ class ModelRunner:
         return None if size is None else self.graphs.kernel_count(size)
 
     # Step ------------------------------------------------------------------------------------
-    def _sampling_metadata(self, inp: StepInputs) -> SamplingMetadata:
-        batch = self.input_batch
-        slots = inp.slots[inp.sample_rows].tolist()
-        params = [batch.params[s] for s in slots]
-        # Index of the token being sampled among each request's outputs.
-        out_index = (batch.num_tokens[slots] - 1 - batch.num_prompt[slots]).tolist()
-        generators: dict[int, torch.Generator] = {}
-        for row, (slot, p) in enumerate(zip(slots, params)):
-            if p.seed is not None and not p.greedy:
-                req_id = batch.slot_req_ids[slot]
-                gen = self.generators.get(req_id)
-                if gen is None:
-                    gen = self.generators[req_id] = torch.Generator(device=self.device)
-                seed_generator(gen, p.seed, out_index[row])
-                generators[row] = gen
-        rows = SamplingRows(batch.temperature[slots], batch.top_p[slots], batch.top_k[slots],
-                            batch.min_p[slots])
-        md = SamplingMetadata.from_rows(params, rows, out_index, generators, device="cpu")
-        if self.device.type == "cuda":
-            # NOTE: pinned, non-blocking copies: a pageable copy would wait for the GPU.
-            for name in ("temperature", "top_p", "top_k"):
-                t = getattr(md, name)
-                if t is not None:
-                    setattr(md, name, t.pin_memory().to(self.device, non_blocking=True))
-            if md.min_p is not None:
-                md.min_p = tuple(t.pin_memory().to(self.device, non_blocking=True)
-                                 for t in md.min_p)
-        processed = np.nonzero(batch.processed[slots])[0]
-        if processed.size:
-            md.processors, bans = self.logits_state.step_inputs(
-                processed, [batch.slot_req_ids[slots[r]] for r in processed],
-                np.asarray(slots, dtype=np.int64), params, out_index, self.last_sampled)
-            for row, ids in bans.items():
-                md.banned_token_ids[row] = md.banned_token_ids.get(row, []) + ids
-        return md
-
     def _index(self, values: list[int]) -> torch.Tensor:
         t = torch.tensor(values, dtype=torch.int64)
         if self.device.type == "cuda":
@@ -293,14 +255,7 @@ class ModelRunner:
                 # after the scatter of the step that wrote it).
                 src_t, dst_t = self._index(src), self._index(dst)
                 self.last_sampled[dst_t] = self.last_sampled[src_t]
-                counted = [i for i, d in enumerate(dst) if batch.params[d].has_penalties]
-                if counted:
-                    self.logits_state.token_counts.move(
-                        self._index([src[i] for i in counted]),
-                        self._index([dst[i] for i in counted]))
-            for req_id in [r for r in self.generators if r not in batch.req_id_to_slot]:
-                del self.generators[req_id]
-            self._admit_request_state(so)
+            self.sampling.update(so, src, dst)
             if so.total_num_scheduled_tokens == 0:
                 return ReadyOutput(ModelRunnerOutput.empty())
             inp = batch.prepare(so)
@@ -331,7 +286,7 @@ class ModelRunner:
                     t = inp.num_tokens
                     hidden = self.model(self.buffers.input_ids[:t], self.buffers.positions[:t],
                                         md)
-            scored = self._score_prompts(inp, hidden)
+            scored = self.sampling.score_prompts(inp, hidden, self.model.compute_logits)
             if len(rows) == 0:
                 out = ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)},
                                         [[] for _ in req_ids])
@@ -340,57 +295,16 @@ class ModelRunner:
                 index = self.buffers.logits_index[: len(rows)].long()
                 logits = self.model.compute_logits(hidden[index])
         with nvtx_range("sample"):
-            md = self._sampling_metadata(inp)
+            md = self.sampling.metadata(inp, self.last_sampled)
             sampled = self.sampler(logits, md)
-            self.logits_state.after_sampling(md.processors, sampled.sampled_token_ids)
+            self.sampling.after_sampling(md, sampled.sampled_token_ids)
             n = len(rows)
             self.sampled[:n].copy_(sampled.sampled_token_ids)
             self.scatter_kernel.scatter(self.main)
         with nvtx_range("copy"):
             out = self.copier.start(req_ids, rows, self.sampled, n, sampled.logprobs)
-            out = self._record_history(out, inp)
+            out = self.sampling.record_history(out, inp)
             return WithPromptLogprobs(out, scored) if scored else out
-
-    def _score_prompts(self, inp: StepInputs, hidden: torch.Tensor) -> dict:
-        """Prompt logprobs of the requests that want them, for this step's prompt chunk."""
-        if not self.prompt_logprob_reqs:
-            return {}
-        chunks = prompt_chunks(inp, self.input_batch)
-        if not chunks:
-            return {}
-        with nvtx_range("prompt_logprobs"):
-            return {c.req_id: (c.first, score_prompt(hidden, c, self.model.compute_logits))
-                    for c in chunks}
-
-    def _admit_request_state(self, so: SchedulerOutput) -> None:
-        """Per-request sampling state of this step's (re)admitted requests, at their final rows
-        (after the moves above)."""
-        state, batch = self.logits_state, self.input_batch
-        state.retain(batch.req_id_to_slot)
-        if self.prompt_logprob_reqs:
-            self.prompt_logprob_reqs &= batch.req_id_to_slot.keys()
-        for new in so.scheduled_new_reqs:
-            if new.sampling_params.prompt_logprobs is not None:
-                self.prompt_logprob_reqs.add(new.req_id)
-            slot = batch.req_id_to_slot.get(new.req_id)
-            if slot is not None and new.sampling_params.needs_logits_processing:
-                state.admit(slot, new.req_id, new.prompt_token_ids, new.output_token_ids,
-                            new.sampling_params)
-
-    def _record_history(self, out: AsyncModelRunnerOutput,
-                        inp: StepInputs) -> AsyncModelRunnerOutput:
-        """Have the outputs of requests with bad words recorded once they reach the host."""
-        state, batch = self.logits_state, self.input_batch
-        if not state.tracks_history:
-            return out
-        tracked = []
-        for row in inp.sample_rows.tolist():
-            req_id = inp.req_ids[row]
-            if state.wants_history(req_id):
-                slot = batch.req_id_to_slot[req_id]
-                index = int(batch.num_tokens[slot] - 1 - batch.num_prompt[slot])
-                tracked.append((req_id, index))
-        return RecordingOutput(out, state, tracked) if tracked else out
 
     def close(self) -> None:
         if self.copier is None:
