@@ -7,17 +7,31 @@ import statistics
 import subprocess
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
+from cadence.bench.report import MEASURED_BANDWIDTH
+
 # Measured on one H200 (sum-reduction read bandwidth); the roofline of a memory-bound step.
-H200_READ_BANDWIDTH = 4.11e12
+H200_READ_BANDWIDTH = MEASURED_BANDWIDTH["H200"]
 
 
 def git_commit() -> str:
+    """The commit of the cadence that runs: its checkout's, else the one pip recorded when it
+    installed cadence from a repository, else "unknown"."""
+    package_dir = Path(__file__).resolve().parent.parent
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
+        return subprocess.run(["git", "-C", str(package_dir), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except Exception:
+        pass
+    try:
+        from importlib.metadata import distribution
+
+        info = json.loads(distribution("cadence").read_text("direct_url.json") or "{}")
+        commit = info.get("vcs_info", {}).get("commit_id")
+        return commit[:7] if commit else "unknown"
     except Exception:
         return "unknown"
 
@@ -60,14 +74,6 @@ class Record:
 
     def dump(self) -> str:
         return json.dumps(asdict(self))
-
-    def emit(self, json_out: str | None) -> None:
-        """Print the record as one JSON line, and write it to ``json_out`` if given."""
-        line = self.dump()
-        print(line)
-        if json_out:
-            with open(json_out, "w") as f:
-                f.write(line + "\n")
 
 
 def now() -> str:

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 from cadence.bench.common import (
-    H200_READ_BANDWIDTH,
     Record,
     device_name,
     git_commit,
@@ -17,6 +15,7 @@ from cadence.bench.common import (
     random_prompts,
     weight_bytes,
 )
+from cadence.bench.report import add_report_args, emit, progress, read_bandwidth
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,9 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--bandwidth", type=float, default=H200_READ_BANDWIDTH,
-                   help="measured read bandwidth (bytes/s) for the roofline")
-    p.add_argument("--json-out", default=None)
+    add_report_args(p, bandwidth=True)
     return p
 
 
@@ -68,8 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     model = core.runner.model
     wbytes = weight_bytes(model)
     kv_tok = kv_bytes_per_token(model, core.dtype.itemsize)
+    device = device_name()
+    bandwidth = read_bandwidth(ns.bandwidth, device)
     results = []
-    for batch in batches:
+    for batch in progress(batches, ns, "batch sizes"):
         run_batch(core, batch, ns.input_len, min(ns.output_len, 8), seed=99)  # warm-up
         times: list[float] = []
         for r in range(ns.repeats):
@@ -77,25 +76,29 @@ def main(argv: list[str] | None = None) -> int:
         step_s = median(times)
         avg_ctx = ns.input_len + ns.output_len / 2
         bytes_step = wbytes + batch * avg_ctx * kv_tok
-        roofline_s = bytes_step / ns.bandwidth
         row = {
             "batch": batch,
             "decode_ms_per_step": round(step_s * 1e3, 4),
             "tokens_per_s": round(batch / step_s, 1),
             "bytes_per_step": int(bytes_step),
             "achieved_read_GBps": round(bytes_step / step_s / 1e9, 1),
-            "roofline_ms": round(roofline_s * 1e3, 4),
-            "ratio_to_roofline": round(roofline_s / step_s, 4),
+        }
+        if bandwidth is not None:
+            roofline_s = bytes_step / bandwidth
+            row["roofline_ms"] = round(roofline_s * 1e3, 4)
+            row["ratio_to_roofline"] = round(roofline_s / step_s, 4)
+        row.update({
             "steps_measured": len(times),
             "kernels_per_step": core.runner.kernels_per_step(batch)
             if hasattr(core.runner, "kernels_per_step") else None,
-        }
+        })
         results.append(row)
-        print(json.dumps(row), flush=True)
-    rec = Record("latency", args.model, device_name(), git_commit(), now(), {
-        "input_len": ns.input_len, "output_len": ns.output_len, "dtype": str(core.dtype),
-        "enforce_eager": args.enforce_eager, "async_scheduling": core.batch_queue_size > 1,
-        "weight_bytes": wbytes, "results": results})
-    rec.emit(ns.json_out)
+    settings = {"input_len": ns.input_len, "output_len": ns.output_len, "dtype": str(core.dtype),
+                "enforce_eager": args.enforce_eager,
+                "async_scheduling": core.batch_queue_size > 1, "weight_bytes": wbytes,
+                "bandwidth_Bps": bandwidth}
+    rec = Record("latency", args.model, device, git_commit(), now(),
+                 {**settings, "results": results})
+    emit(rec, ns, results, settings)
     core.shutdown()
     return 0

@@ -16,6 +16,7 @@ import time
 from collections import deque
 
 from cadence.bench.common import Record, git_commit, now
+from cadence.bench.report import add_report_args, emit
 from cadence.config import CacheConfig, SchedulerConfig
 from cadence.runner_output import ModelRunnerOutput
 from cadence.sampling_params import SamplingParams
@@ -43,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         help="leave the long-lived scheduler state in the collected heap (the engine core "
         "freezes it after start-up)",
     )
-    p.add_argument("--json-out", default=None, help="append the JSON record to this file")
+    add_report_args(p)
     return p
 
 
@@ -165,12 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         date=now(),
         figures=figures,
     )
-    line = record.dump()
-    print(line)
-    sys.stdout.flush()
-    if ns.json_out:
-        with open(ns.json_out, "a") as f:
-            f.write(line + "\n")
+    row = {k: v for k, v in figures.items() if not isinstance(v, list)}
+    emit(record, ns, [row])
     return 0
 
 

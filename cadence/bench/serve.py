@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from cadence.bench.common import git_commit, now
+from cadence.bench.report import table
 from cadence.bench.serve_client import RequestResult, Send, Target, run_in_processes, run_requests
 
 PERCENTILES = (50, 90, 99)
@@ -154,8 +155,23 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             report = _run_one_level(args, rate, level)
             report.update(commit=commit, date=date)
             reports.append(report)
-            print(json.dumps(report), flush=True)
+            if args.json:
+                print(json.dumps(report), flush=True)
+    if not args.json:
+        print(f"bench serve · {args.model} · {args.base_url} · commit {commit} · {date}")
+        print(table([_row(r) for r in reports]), flush=True)
     return reports
+
+
+# The columns of the default table (the JSON has every figure).
+_TABLE_KEYS = ("request_rate", "concurrency", "completed", "failed", "duration_s",
+               "request_throughput", "output_throughput", "p50_ttft_ms", "p99_ttft_ms",
+               "p50_tpot_ms", "p50_itl_ms", "p90_itl_ms", "p99_itl_ms")
+
+
+def _row(report: dict[str, Any]) -> dict[str, Any]:
+    keys = [k for k in _TABLE_KEYS if k in report] or list(report)
+    return {k: report[k] for k in keys}
 
 
 def parse_rates(spec: str) -> list[float]:
@@ -222,6 +238,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=1, help="warm-up requests per level")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--json", action="store_true",
+                        help="print each level's report as a JSON line instead of a table")
     parser.add_argument("--json-out", default=None, help="write all reports to this file")
     parser.add_argument("--plot", default=None, help="draw the latency percentiles to FILE.png")
     return parser

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 from cadence.bench.common import Record, device_name, git_commit, now, random_prompts
+from cadence.bench.report import add_report_args, emit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--json-out", default=None)
+    add_report_args(p)
     ns = p.parse_args(argv)
     args = EngineArgs.from_cli_args(ns)
     args.skip_tokenizer_init = True
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     params = SamplingParams(temperature=0.0, max_tokens=ns.output_len, ignore_eos=True)
     llm.generate(prompts[: min(4, len(prompts))], SamplingParams(max_tokens=4), use_tqdm=False)
     start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    outs = llm.generate(prompts, params, use_tqdm=not (ns.no_progress or ns.json))
     elapsed = time.perf_counter() - start
     gen = sum(len(o.outputs[0].token_ids) for o in outs)
     figures = {
@@ -44,6 +44,5 @@ def main(argv: list[str] | None = None) -> int:
         "enforce_eager": args.enforce_eager,
     }
     rec = Record("throughput", args.model, device_name(), git_commit(), now(), figures)
-    print(json.dumps(figures))
-    rec.emit(ns.json_out)
+    emit(rec, ns, [figures])
     return 0

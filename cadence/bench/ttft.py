@@ -9,11 +9,9 @@ larger of the weight read (bytes / bandwidth) and the prefill's matmul work (FLO
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 from cadence.bench.common import (
-    H200_READ_BANDWIDTH,
     Record,
     device_name,
     git_commit,
@@ -22,6 +20,7 @@ from cadence.bench.common import (
     random_prompts,
     weight_bytes,
 )
+from cadence.bench.report import add_report_args, emit, progress, read_bandwidth
 
 # Dense bf16 tensor-core throughput measured on one H200 (matrix work), FLOP/s.
 H200_BF16_FLOPS = 790e12
@@ -34,9 +33,10 @@ def _parser() -> argparse.ArgumentParser:
     EngineArgs.add_cli_args(p)
     p.add_argument("--input-lens", default="16,128,1024,4096")
     p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--bandwidth", type=float, default=H200_READ_BANDWIDTH)
-    p.add_argument("--flops", type=float, default=H200_BF16_FLOPS)
-    p.add_argument("--json-out", default=None)
+    p.add_argument("--flops", type=float, default=None,
+                   help="matmul FLOP/s for the floor (default: the measured H200 bf16 figure "
+                   "on an H200; none elsewhere)")
+    add_report_args(p, bandwidth=True)
     return p
 
 
@@ -81,26 +81,30 @@ def main(argv: list[str] | None = None) -> int:
     startup = time.perf_counter() - start
     runner = core.runner
     model = runner.model
+    device = device_name()
+    bandwidth = read_bandwidth(ns.bandwidth, device)
+    flops = ns.flops if ns.flops is not None else (H200_BF16_FLOPS if "H200" in device else None)
     results = []
-    for length in lens:
+    for length in progress(lens, ns, "prompt lengths"):
         prompts = random_prompts(ns.repeats + 2, length, core.vocab_size, seed=length)
         time_one(core, prompts[0], f"warm-{length}-0")
         time_one(core, prompts[1], f"warm-{length}-1")
         times = [time_one(core, p, f"t{length}-{i}") for i, p in enumerate(prompts[2:])]
         ms = median(times) * 1e3
-        floor_ms = floor_seconds(model, length, ns.bandwidth, ns.flops) * 1e3
         graph = runner.mixed_graphs is not None and runner.mixed_graphs.bucket_for(length)
         row = {"input_len": length, "ttft_ms_p50": round(ms, 3),
                "ttft_ms_min": round(min(times) * 1e3, 3),
-               "ttft_ms_max": round(max(times) * 1e3, 3), "floor_ms": round(floor_ms, 3),
-               "ratio": round(floor_ms / ms, 3), "graph_bucket": graph or None}
+               "ttft_ms_max": round(max(times) * 1e3, 3)}
+        if bandwidth is not None and flops is not None:
+            floor_ms = floor_seconds(model, length, bandwidth, flops) * 1e3
+            row.update(floor_ms=round(floor_ms, 3), ratio=round(floor_ms / ms, 3))
+        row["graph_bucket"] = graph or None
         results.append(row)
-        print(json.dumps(row), flush=True)
-    rec = Record("ttft", args.model, device_name(), git_commit(), now(),
-                 {"startup_s": round(startup, 2), "capture_s": round(runner.capture_seconds, 2),
-                  "enforce_eager": args.enforce_eager,
-                  "max_capture_tokens": core.config.graphs.max_capture_tokens,
-                  "async_scheduling": core.batch_queue_size > 1, "rows": results})
-    rec.emit(ns.json_out)
+    settings = {"startup_s": round(startup, 2), "capture_s": round(runner.capture_seconds, 2),
+                "enforce_eager": args.enforce_eager,
+                "max_capture_tokens": core.config.graphs.max_capture_tokens,
+                "async_scheduling": core.batch_queue_size > 1}
+    rec = Record("ttft", args.model, device, git_commit(), now(), {**settings, "rows": results})
+    emit(rec, ns, results, settings)
     core.shutdown()
     return 0

@@ -11,6 +11,6 @@ def cudart() -> ModuleType:
         from cuda.bindings import runtime
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ImportError(
-            "The CUDA backend needs cuda-python (pip install 'cadence[cuda]')."
+            "The CUDA backend needs cuda-python (pip install cuda-python; it comes with cadence on Linux)."
         ) from exc
     return runtime

@@ -21,7 +21,7 @@ def _cupy() -> Any:
     try:
         import cupy
     except ImportError as exc:  # pragma: no cover - depends on the install
-        raise ImportError("cupy interop needs cupy (pip install 'cadence[cuda]')") from exc
+        raise ImportError("cupy interop needs cupy (pip install 'cadence[cuda13]' or 'cadence[cuda12]', for your CUDA major)") from exc
     return cupy
 
 

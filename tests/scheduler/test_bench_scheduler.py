@@ -13,7 +13,7 @@ from cadence.bench import scheduler as bench
 def test_bench_scheduler_reports_median_and_p90(capsys, tmp_path, extra):
     out_file = tmp_path / "bench.jsonl"
     argv = ["--num-requests", "8", "--prompt-len", "20", "--steps", "12", "--warmup", "2"]
-    argv += ["--repeats", "2", "--json-out", str(out_file), *extra]
+    argv += ["--repeats", "2", "--json", "--json-out", str(out_file), *extra]
     assert bench.main(argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("schedule()+update_from_output(), 8 running decode requests")

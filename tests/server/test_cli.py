@@ -79,6 +79,7 @@ def test_bench_serve_reports_latency_and_throughput(server, tmp_path: Path, caps
             "12",
             "--output-len",
             "8",
+            "--json",
             "--json-out",
             str(out),
         ]

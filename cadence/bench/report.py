@@ -1,0 +1,89 @@
+"""How a benchmark reports: a readable table by default, JSON on request (``--json`` prints it,
+``--json-out FILE`` writes it), progress on stderr, a roofline only where the device's read
+bandwidth is known (measured here for the H200, or given with ``--bandwidth``)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+# Measured read bandwidth (bytes/s) of devices this project has run on, by a name fragment.
+MEASURED_BANDWIDTH = {"H200": 4.11e12}
+
+
+def add_report_args(p: argparse.ArgumentParser, bandwidth: bool = False) -> None:
+    p.add_argument("--json", action="store_true",
+                   help="print the record as one JSON line instead of a table")
+    p.add_argument("--json-out", default=None, metavar="FILE", help="also write the record here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    if bandwidth:
+        p.add_argument("--bandwidth", type=float, default=None, metavar="BYTES_PER_S",
+                       help="read bandwidth for the roofline (default: the measured one of a "
+                       "known device; none: no roofline)")
+
+
+def read_bandwidth(given: float | None, device: str) -> float | None:
+    """The bandwidth for the roofline: ``given``, else a measured one for ``device``."""
+    if given is not None:
+        if not given > 0:
+            raise SystemExit("--bandwidth must be positive")
+        return given
+    return next((bw for name, bw in MEASURED_BANDWIDTH.items() if name in device), None)
+
+
+def progress(items: Iterable[Any], ns: argparse.Namespace, desc: str,
+             total: int | None = None) -> Iterable[Any]:
+    return tqdm(items, desc=desc, total=total, disable=ns.no_progress or ns.json,
+                file=sys.stderr, leave=False, dynamic_ncols=True)
+
+
+def fmt(value: Any) -> str:
+    """A figure as a person reads it: ints whole, floats to 4 significant digits."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return str(value)
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:.4g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    """Rows of figures as an aligned text table (columns: the keys, in first-seen order)."""
+    cols: list[str] = []
+    for row in rows:
+        cols.extend(k for k in row if k not in cols and not isinstance(row[k], (list, dict)))
+    cells = [[fmt(row.get(c)) for c in cols] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(lines)
+
+
+def emit(record: Any, ns: argparse.Namespace, rows: Sequence[dict[str, Any]],
+         settings: dict[str, Any] | None = None) -> None:
+    """Print ``record`` (a ``common.Record``) as a table of ``rows`` under a header, or as JSON;
+    write its JSON to ``--json-out``."""
+    line = record.dump()
+    if ns.json:
+        print(line, flush=True)
+    else:
+        print(f"{record.bench} · {record.model} · {record.device} · commit {record.commit} · "
+              f"{record.date}")
+        if settings:
+            print(" · ".join(f"{k} {fmt(v)}" for k, v in settings.items()))
+        print(table(rows), flush=True)
+    if ns.json_out:
+        with open(ns.json_out, "w") as f:
+            f.write(line + "\n")

@@ -1,0 +1,88 @@
+"""Benchmark reports: a readable table by default, JSON on request, a roofline only where the
+bandwidth is known, the commit of the running cadence."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from cadence.bench import latency, throughput
+from cadence.bench.common import Record, git_commit
+from cadence.bench.report import add_report_args, emit, fmt, read_bandwidth, table
+
+
+def test_figures_are_rounded_for_people() -> None:
+    assert [fmt(v) for v in (1234567.891, 12.345678, 0.000123456, 7, None, True)] == [
+        "1,234,568", "12.35", "0.0001235", "7", "-", "yes"]
+
+
+def test_table_aligns_columns_and_leaves_lists_out() -> None:
+    out = table([{"batch": 1, "ms": 1.23456, "runs": [1, 2]}, {"batch": 64, "ms": 10.5}])
+    lines = out.splitlines()
+    assert lines[0].split() == ["batch", "ms"]
+    assert [ln.split() for ln in lines[1:]] == [["1", "1.235"], ["64", "10.5"]]
+    assert len({len(ln) for ln in lines}) == 1  # aligned
+
+
+def test_roofline_bandwidth_only_where_known() -> None:
+    assert read_bandwidth(None, "NVIDIA H200") == 4.11e12
+    assert read_bandwidth(None, "cpu (x86_64)") is None
+    assert read_bandwidth(2e12, "cpu (x86_64)") == 2e12
+
+
+def test_emit_prints_a_table_or_json_and_writes_json(tmp_path, capsys) -> None:
+    p = argparse.ArgumentParser()
+    add_report_args(p)
+    rec = Record("x", "tiny", "cpu", "abc1234", "today", {"rows": [{"a": 1}]})
+    out = tmp_path / "r.json"
+    emit(rec, p.parse_args(["--json-out", str(out)]), [{"a": 1}])
+    text = capsys.readouterr().out
+    assert "{" not in text and "commit abc1234" in text
+    assert json.loads(out.read_text())["figures"] == {"rows": [{"a": 1}]}
+    emit(rec, p.parse_args(["--json"]), [{"a": 1}])
+    assert json.loads(capsys.readouterr().out)["bench"] == "x"
+
+
+def test_commit_of_a_checkout_or_an_installed_package(monkeypatch) -> None:
+    import subprocess
+
+    commit = git_commit()
+    assert commit != "unknown" and len(commit) >= 7  # the tests run from a checkout
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    class Dist:
+        def read_text(self, name: str) -> str:
+            assert name == "direct_url.json"
+            return json.dumps({"url": "https://x/y.git", "vcs_info": {"vcs": "git",
+                                                                     "commit_id": "f00dfeed99"}})
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    monkeypatch.setattr("importlib.metadata.distribution", lambda name: Dist())
+    assert git_commit() == "f00dfee"
+
+
+TINY = ["--model", "tiny", "--max-model-len", "64", "--num-gpu-blocks-override", "64"]
+
+
+def test_throughput_prints_a_table(capsys) -> None:
+    assert throughput.main([*TINY, "--num-prompts", "3", "--input-len", "8",
+                            "--output-len", "4", "--no-progress"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("throughput · tiny · cpu")
+    assert "output_tokens_per_s" in out[1].split()
+    assert not any(line.startswith("{") for line in out)
+
+
+@pytest.mark.parametrize("bandwidth", [None, "1e11"])
+def test_latency_roofline_only_with_a_bandwidth(capsys, bandwidth) -> None:
+    extra = ["--bandwidth", bandwidth] if bandwidth else []
+    assert latency.main([*TINY, "--batch-sizes", "1,2", "--input-len", "8", "--output-len",
+                         "6", "--repeats", "1", "--json", *extra]) == 0
+    rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = rec["figures"]["results"]
+    assert [r["batch"] for r in rows] == [1, 2]
+    assert all(("roofline_ms" in r) == (bandwidth is not None) for r in rows)
