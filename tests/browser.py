@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import os
 import shutil
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -95,6 +96,7 @@ def chromium_page(artifacts: Path, width: int = 1280, height: int = 900) -> Iter
     """A headless Chromium window; skips the test (loudly) where there is none."""
     reason = missing_browser()
     if reason is not None:
+        warnings.warn(f"BROWSER TESTS NOT RUN: {reason}", stacklevel=3)
         pytest.skip(f"BROWSER TESTS NOT RUN: {reason}")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
