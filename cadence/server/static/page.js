@@ -227,7 +227,7 @@
     const latest = state.rows.length ? state.rows[state.rows.length - 1] : null;
     $("stat-toks").textContent = fmt(latest ? latest.generation_tokens : 0, "tok/s");
     const status = $("engine-status");
-    status.textContent = s.status === "serving" ? "" : s.status;
+    status.textContent = s.status === "serving" ? "Serving; updated every second." : s.status;
     status.className = s.status === "serving" ? "" : "problem";
     for (const c of CHARTS) drawChart(c);
   }
@@ -381,8 +381,11 @@
           }
         }
         if (added) {  // one DOM update per network read
+          const conv = $("conversation");
+          const atEnd = conv.scrollHeight - conv.scrollTop - conv.clientHeight < 24;
           answer += mode === "chat" ? added : "";
           out.textContent = mode === "chat" ? answer : ids.join(" ");
+          if (atEnd) conv.scrollTop = conv.scrollHeight;
           li.dataset.updates = String(Number(li.dataset.updates) + 1);
         }
       }
