@@ -146,6 +146,16 @@ def test_api_key_root_path_and_narrow_window(server_factory, page: Page) -> None
     # Without the key the page shows nothing of the server.
     assert "house-model" not in page.driver.page_source
     assert page.text_of("stat-running") == "\u2013" and page.text_of("config") == ""
+    # Keyboard use: the first Tab reaches the skip link, with a visible focus ring; every
+    # control has a label.
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    ActionChains(page.driver).send_keys(Keys.TAB).perform()
+    assert page.js("return document.activeElement.className;") == "skip"
+    assert page.js("return getComputedStyle(document.activeElement).outlineStyle;") != "none"
+    unlabelled = page.js("return [...document.querySelectorAll('input, textarea, select')]"
+                         ".filter(e => !e.labels || e.labels.length === 0).map(e => e.id);")
+    assert unlabelled == []
     page.screenshot("10-needs-key")
     page.by_id("api-key").send_keys("wrong", Keys.ENTER)
     page.wait(lambda d: "refused" in page.text_of("key-status"), "the wrong key refused")
@@ -160,6 +170,9 @@ def test_api_key_root_path_and_narrow_window(server_factory, page: Page) -> None
     # Readable at a phone's width: nothing wider than the window.
     assert page.js("return document.documentElement.scrollWidth <= window.innerWidth;")
     page.screenshot("11-narrow-with-key")
+    page.driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {
+        "features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+    page.screenshot("12-narrow-dark")
     errors = page.console_errors()  # the refused key's 401s, nothing else
     assert all("401" in e for e in errors), errors
     assert all(url.startswith(srv.base_url + "/llm/") for url in page.fetched_urls())
