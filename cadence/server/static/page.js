@@ -17,6 +17,7 @@
     messages: [],  // the conversation sent with each chat request
     controller: null,  // the streaming request's AbortController
     pollTimer: null,
+    pollRound: 0,  // a new round (a new key) ends the previous one's chain of polls
     needKey: false,
   };
 
@@ -232,7 +233,9 @@
     for (const c of CHARTS) drawChart(c);
   }
 
-  async function poll() {
+  async function poll(round) {
+    if (round === undefined) round = ++state.pollRound;
+    if (round !== state.pollRound) return;
     clearTimeout(state.pollTimer);
     state.pollTimer = null;
     const since = state.boot === null ? -1 : state.lastSecond;
@@ -259,7 +262,9 @@
       $("engine-status").textContent = "The server does not answer.";
       $("engine-status").className = "problem";
     }
-    if (again) state.pollTimer = setTimeout(poll, POLL_MS);
+    if (again && round === state.pollRound) {
+      state.pollTimer = setTimeout(() => poll(round), POLL_MS);
+    }
   }
 
   // -- chat ---------------------------------------------------------------------------------
