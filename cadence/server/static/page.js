@@ -19,6 +19,7 @@
     pollTimer: null,
     pollRound: 0,  // a new round (a new key) ends the previous one's chain of polls
     needKey: false,
+    now: null,  // /stats' gauges of the latest answer
   };
 
   // -- requests -----------------------------------------------------------------------------
@@ -58,9 +59,11 @@
   // -- engine view --------------------------------------------------------------------------
   const CHARTS = [
     { id: "requests", title: "Requests", kind: "line", unit: "",
-      series: [["running", "running"], ["waiting", "waiting"]] },
+      series: [["running", "running"], ["waiting", "waiting"]],
+      now: (n) => [n.running, n.waiting] },
     { id: "kv", title: "KV-cache usage", kind: "line", unit: "%", max: 100,
-      series: [["kv_cache_usage", "used", (v) => v * 100]] },
+      series: [["kv_cache_usage", "used", (v) => v * 100]],
+      now: (n) => [n.kv_cache_usage * 100] },
     { id: "toks", title: "Generation tokens/s", kind: "bars", unit: "tok/s",
       series: [["generation_tokens", "tok/s"]] },
     { id: "ttft", title: "Time to first token (mean per second)", kind: "bars", unit: "ms",
@@ -152,7 +155,8 @@
       }
     });
     // The latest value in words: the caption, and the chart's accessible name.
-    const last = values.map((vs) => {
+    // Gauges: their value now; the rest: the last complete second that had one.
+    const last = c.now && state.now ? c.now(state.now) : values.map((vs) => {
       for (let j = vs.length - 1; j >= 0; j--) if (vs[j] !== null) return vs[j];
       return null;
     });
@@ -218,6 +222,7 @@
       $("model-line").textContent = s.config.served_model_name + " \u00b7 cadence " + s.version;
     }
     state.windowS = s.window_s;
+    state.now = s.now;
     for (const r of s.history) state.rows.push(r);
     if (s.history.length) state.lastSecond = s.history[s.history.length - 1].t;
     const keepFrom = s.second - state.windowS;
