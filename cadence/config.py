@@ -107,6 +107,13 @@ class GraphConfig:
             )
 
 
+def resolved_dtype(dtype: str, device: str) -> str:
+    """``dtype`` ("auto", "float32", "float16" or "bfloat16") by name, "auto" resolved."""
+    if dtype == "auto":
+        return "bfloat16" if device == "cuda" else "float32"
+    return dtype
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine core needs, resolved (no 'auto' left except in model.dtype)."""
@@ -124,6 +131,11 @@ class EngineConfig:
     @property
     def enforce_eager(self) -> bool:
         return self.graphs.enforce_eager
+
+    @property
+    def dtype(self) -> str:
+        """The weights' dtype by name, "auto" resolved (bfloat16 on CUDA, float32 on the CPU)."""
+        return resolved_dtype(self.model.dtype, self.device)
 
     @property
     def use_graphs(self) -> bool:

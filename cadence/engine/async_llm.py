@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from cadence.config import EngineConfig
 from cadence.core_types import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from cadence.engine.core_client import EngineCoreClient, EngineDeadError, InprocEngineCoreClient
 from cadence.engine.core_proc import EngineCoreLike
@@ -103,6 +104,7 @@ class AsyncLLM:
         self.max_model_len: int = frontend.max_model_len
         # Default sampling fields of requests that leave them unset (the generation config).
         self.generation_defaults: dict[str, Any] = dict(core.spec.generation_defaults)
+        self.config: EngineConfig = core.config
         self.num_kv_blocks: int = core.num_kv_blocks
         self.block_size: int = core.block_size
         self.output_processor = OutputProcessor(self.tokenizer)
@@ -142,6 +144,11 @@ class AsyncLLM:
     async def check_health(self) -> None:
         if self.errored:
             raise EngineDeadError()
+
+    def has_unfinished_requests(self) -> bool:
+        """Some request of this front end has not finished (its outputs bring fresh scheduler
+        stats with every engine step)."""
+        return self.output_processor.has_unfinished_requests()
 
     def seconds_without_progress(self) -> float:
         """How long unfinished requests have gone without a completed engine step (0 when no

@@ -8,6 +8,7 @@ from collections import deque
 
 import torch
 
+from cadence.config import resolved_dtype
 from cadence.core_types import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from cadence.engine.engine_args import EngineArgs
 from cadence.engine.request_checks import check_request_fits
@@ -28,9 +29,7 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device == "cuda" else torch.float32
-    return _DTYPES[dtype]
+    return _DTYPES[resolved_dtype(dtype, device)]
 
 
 def make_attention_backend(device: str):

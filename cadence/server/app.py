@@ -27,6 +27,7 @@ from cadence.server.errors import (
     from_validation_error,
 )
 from cadence.server.lifecycle import InFlightMiddleware, RequestLifecycle, shutting_down_error
+from cadence.server.live_stats import SecondsRecorder, engine_config_summary
 from cadence.server.openapi import Operation, openapi_document
 from cadence.server.protocol import (
     ChatCompletionRequest,
@@ -58,6 +59,7 @@ from cadence.server.tokenization import (
     TokenizeResponse,
 )
 from cadence.server.watchdog import DEFAULT_ENGINE_STALL_TIMEOUT_S, EngineWatchdog
+from cadence.server.web_page import WebPage
 
 if TYPE_CHECKING:
     from cadence.engine.async_llm import AsyncLLM
@@ -84,6 +86,8 @@ API_OPERATIONS = [
     Operation("/ping", "GET", "Same as /health"),
     Operation("/version", "GET", "The server's version"),
     Operation("/metrics", "GET", "Prometheus metrics"),
+    Operation("/stats", "GET", "The engine's state, per-second history and configuration (JSON; "
+              "?since=SECOND for the seconds after that one)"),
 ]
 T = TypeVar("T")
 
@@ -95,15 +99,21 @@ def cadence_version() -> str:
         return "0.0.0+unknown"
 
 
+# Besides every /v1 route, the routes that tell what the server runs and does.
+KEY_PROTECTED_PATHS = frozenset({"/stats"})
+
+
 class ApiKeyMiddleware:
-    """Require ``Authorization: Bearer <key>`` on every ``/v1`` route (pure ASGI)."""
+    """Require ``Authorization: Bearer <key>`` on every ``/v1`` route and on
+    ``KEY_PROTECTED_PATHS`` (pure ASGI)."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+        path = scope.get("path", "")
+        if scope["type"] == "http" and (path.startswith("/v1") or path in KEY_PROTECTED_PATHS):
             headers = dict(scope.get("headers") or [])
             given = headers.get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
@@ -152,6 +162,9 @@ class OpenAIServer:
                         "gpu_memory_utilization": str(args.gpu_memory_utilization),
                         "cache_dtype": "auto"})
         engine.add_stat_logger(self.metrics)
+        self.seconds = SecondsRecorder()
+        engine.add_stat_logger(self.seconds)
+        self._config_summary: dict[str, Any] | None = None
         self.lifecycle = RequestLifecycle()
         self.watchdog = EngineWatchdog(engine, engine_stall_timeout)
         self.tokenization = Tokenization(engine, chat_template)
@@ -272,6 +285,45 @@ class OpenAIServer:
                 logger.warning("Could not refresh scheduler stats for /metrics.")
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
+    async def stats(self, request: Request) -> Response:
+        raw_since = request.query_params.get("since", "-1")
+        try:
+            since = int(raw_since)
+        except ValueError:
+            raise BadRequestError(f"since must be an integer (a second), got {raw_since!r}.",
+                                  "since") from None
+        engine = self.engine
+        # While this front end has requests in the engine, every step's outputs bring fresh
+        # scheduler stats; otherwise they are asked for (answered between two steps).
+        if not engine.errored and not engine.has_unfinished_requests():
+            try:
+                await engine.do_log_stats()
+            except Exception:  # the engine died meanwhile: serve what we have
+                logger.warning("Could not refresh scheduler stats for /stats.")
+        latest = self.seconds.latest
+        problem = (None if self.lifecycle.accepting else "shutting down") or self.watchdog.problem()
+        body: dict[str, Any] = {
+            "status": problem or "serving",
+            "version": cadence_version(),
+            "boot": self.seconds.boot,
+            "second": self.seconds.now(),
+            "window_s": self.seconds.window_s,
+            "now": {
+                "running": latest.num_running_reqs,
+                "waiting": latest.num_waiting_reqs,
+                "kv_cache_usage": latest.kv_cache_usage,
+                "num_preemptions": latest.num_preemptions,
+                "prefix_cache_queries": latest.prefix_cache_queries,
+                "prefix_cache_hits": latest.prefix_cache_hits,
+            },
+            "history": self.seconds.history(since),
+        }
+        if since < 0:  # the first request of a client: what does not change
+            if self._config_summary is None:
+                self._config_summary = engine_config_summary(engine, self.model_name)
+            body["config"] = self._config_summary
+        return JSONResponse(body, headers={"cache-control": "no-store"})
+
 
 def _tokenizer_call(work: Callable[[dict[str, Any]], BaseModel], raw: bytes,
                     check_model: Callable[[str | None], None]) -> BaseModel:
@@ -347,12 +399,14 @@ def build_app(
     engine_stall_timeout: float = DEFAULT_ENGINE_STALL_TIMEOUT_S,
     front_end_index: int | None = None,
     chat_template: str | None = None,
+    web_page: bool = True,
 ) -> Starlette:
     """The application serving ``engine``; the caller owns the engine's lifetime.
     ``front_end_index``: this is one of several API server processes (``--api-server-count``).
 
     ``app.state.server`` is the ``OpenAIServer``: a launcher drives its ``lifecycle`` on
-    shutdown and polls its ``watchdog`` while serving."""
+    shutdown and polls its ``watchdog`` while serving. ``web_page``: serve the browser page at
+    ``/`` (``cadence.server.web_page``)."""
     server = OpenAIServer(
         engine,
         served_model_name=served_model_name,
@@ -373,7 +427,10 @@ def build_app(
         Route("/openapi.json", server.openapi, methods=["GET"]),
         Route("/version", server.version, methods=["GET"]),
         Route("/metrics", server.metrics_endpoint, methods=["GET"]),
+        Route("/stats", server.stats, methods=["GET"]),
     ]
+    if web_page:
+        routes.append(Route("/", WebPage().serve, methods=["GET"]))
     app = Starlette(
         routes=routes,
         exception_handlers={

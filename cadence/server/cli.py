@@ -17,7 +17,8 @@ logger = logging.getLogger("cadence.serve")
 
 DESCRIPTION = (
     "Serve MODEL (default: the built-in 'tiny' model) with an OpenAI-compatible HTTP API "
-    "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics and more). "
+    "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics and more) and a "
+    "page for the browser at / (chat playground, live engine view). "
     "Flags have vLLM's names and meanings."
 )
 
@@ -37,7 +38,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=defaults.port,
                         help="port to listen on; 0 = any free port (default: %(default)s)")
     parser.add_argument(
-        "--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*"
+        "--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* and /stats"
     )
     parser.add_argument(
         "--served-model-name", nargs="+", default=None, metavar="NAME",
@@ -102,6 +103,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     _add_http_args(parser, defaults)
+    parser.add_argument(
+        "--disable-web-page", action="store_true",
+        help="do not serve the browser page at / (a chat playground and a live view of the "
+        "engine, which reads /stats; /stats itself stays)",
+    )
     parser.add_argument(
         "--log-level", default="info", choices=("debug", "info", "warning", "error"),
         help="cadence's own log level (default: %(default)s)",
@@ -186,6 +192,7 @@ def settings_from(ns: argparse.Namespace) -> ServerSettings:
         ssl_keyfile=ns.ssl_keyfile,
         ssl_certfile=ns.ssl_certfile,
         root_path=ns.root_path,
+        web_page=not ns.disable_web_page,
     )
 
 

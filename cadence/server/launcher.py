@@ -198,6 +198,7 @@ def build_server(
         engine_stall_timeout=settings.engine_stall_timeout,
         front_end_index=front_end_index,
         chat_template=chat_template,
+        web_page=settings.web_page,
     )
     config = uvicorn.Config(
         wrap_app(app, settings),

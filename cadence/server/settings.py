@@ -47,6 +47,8 @@ class ServerSettings:
     ssl_certfile: str | None = None
     # The path prefix a routing proxy serves this server under ("" for none).
     root_path: str = ""
+    # The browser page at / (chat playground and engine view); /stats is served either way.
+    web_page: bool = True
 
     def __post_init__(self) -> None:
         for name in _CORS_LISTS:

@@ -63,12 +63,13 @@ def test_server_flags_reach_the_settings() -> None:
         ["serve", "--uvicorn-log-level", "debug", "--allowed-origins", '["https://a.example"]',
          "--allowed-methods", '["GET", "POST"]', "--allowed-headers", '["Authorization"]',
          "--allow-credentials", "--ssl-keyfile", "key.pem", "--ssl-certfile", "cert.pem",
-         "--root-path", "/llm", "--disable-log-stats"]
+         "--root-path", "/llm", "--disable-log-stats", "--disable-web-page"]
     )  # fmt: skip
     assert settings_from(ns) == ServerSettings(
         uvicorn_log_level="debug", allowed_origins=("https://a.example",),
         allowed_methods=("GET", "POST"), allowed_headers=("Authorization",),
         allow_credentials=True, ssl_keyfile="key.pem", ssl_certfile="cert.pem", root_path="/llm",
+        web_page=False,
     )  # fmt: skip
     assert ns.disable_log_stats  # accepted; cadence logs no periodic stats
 
@@ -78,7 +79,7 @@ def test_server_flag_defaults_are_vllms() -> None:
     assert settings.allowed_origins == settings.allowed_methods == settings.allowed_headers
     assert settings.allowed_origins == ("*",) and not settings.allow_credentials
     assert (settings.ssl_keyfile, settings.ssl_certfile, settings.root_path) == (None, None, "")
-    assert settings.uvicorn_log_level == "info"
+    assert settings.uvicorn_log_level == "info" and settings.web_page
     # Unless given, uvicorn's level follows --log-level (a quiet server stays quiet).
     assert settings_from(parse_args(["serve", "--log-level", "warning"])).uvicorn_log_level == (
         "warning"
@@ -278,11 +279,11 @@ def test_https_on_the_socket_bound_before_the_model_loads(tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_flags_reach_every_api_server(tmp_path: Path) -> None:
     """With --api-server-count 2 (settings from a --config file) every front end applies CORS,
-    the root path and uvicorn's log level."""
+    the root path, uvicorn's log level and the page's flag."""
     cfg = tmp_path / "serve.yaml"
     cfg.write_text("allowed_origins: [https://a.example]\nroot_path: /llm\napi_key: k\n"
                    "uvicorn_log_level: warning\nmax_model_len: 256\n"
-                   "num_gpu_blocks_override: 64\n")
+                   "num_gpu_blocks_override: 64\ndisable_web_page: true\n")
     with ServeProcess(["tiny", "--api-server-count", "2", "--config", str(cfg)],
                       tmp_path / "serve.log") as srv:
         for _ in range(6):  # new connections, spread over both front ends by the kernel
@@ -293,6 +294,11 @@ def test_flags_reach_every_api_server(tmp_path: Path) -> None:
             resp = httpx.get(srv.base + "/llm/v1/models",
                              headers={"Authorization": "Bearer k"}, timeout=30)
             assert resp.status_code == 200, resp.text
+            assert httpx.get(srv.base + "/llm/", timeout=30).status_code == 404
+            assert httpx.get(srv.base + "/llm/stats", timeout=30).status_code == 401
+            stats = httpx.get(srv.base + "/llm/stats", headers={"Authorization": "Bearer k"},
+                              timeout=30)
+            assert stats.status_code == 200 and stats.json()["config"]["max_model_len"] == 256
     assert srv.returncode == 0, srv.text
     assert "2 API server processes" in srv.text and "Traceback" not in srv.text
     # uvicorn's info lines (start-up, access log) are off in every front end.
