@@ -28,6 +28,8 @@ from cadence.trace.nsys_sqlite import load_nsys_sqlite
 STEP_NAME = "engine_step"
 # cadence.profiling.PHASES, repeated so that reading a trace needs no torch.
 PHASES = ("schedule", "prepare", "forward", "replay", "sample", "copy", "update")
+# Named ranges that are not ops: left out of the host-op table (their ops are in it).
+_RANGES = (*PHASES, "logits")
 _GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
 _KIND = {"kernel": "kernel", "gpu_memcpy": "memcpy", "memcpy": "memcpy",
          "gpu_memset": "memset", "memset": "memset"}
@@ -271,7 +273,7 @@ def parse(trace: str | Path | dict | list, step_name: str = STEP_NAME) -> Parsed
         name = e.get("name")
         if name in PHASES:
             phases.append(_host_range(e, i))
-        elif cat == "cpu_op":
+        elif cat == "cpu_op" and name not in _RANGES:
             op = _host_range(e, i)
             ops.append(op)
             if ext is not None:

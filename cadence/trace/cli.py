@@ -1,0 +1,90 @@
+"""``cadence trace``: run N engine steps under the torch profiler (or read a trace made before,
+e.g. an Nsight Systems SQLite export) and write a self-contained HTML report, its figures as
+JSON, and the raw trace. The per-step summary of ``nsys/gaps.py`` is printed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from cadence.trace.compare import compare
+from cadence.trace.floors import default_bandwidth
+from cadence.trace.load import LOADS, Load
+from cadence.trace.report import build_figures, render_html
+from cadence.trace.steps import STEP_NAME, parse
+from cadence.trace.summary import format_summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from cadence.engine.engine_args import EngineArgs
+
+    p = argparse.ArgumentParser(prog="cadence trace", description=__doc__)
+    EngineArgs.add_cli_args(p)
+    p.add_argument("--load", choices=LOADS, default="decode",
+                   help="decode: a batch decodes; prefill: one prompt per step; mixed: the "
+                        "decode batch plus one new prompt per step (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=1, help="decoding requests")
+    p.add_argument("--input-len", type=int, default=128, help="prompt tokens per request")
+    p.add_argument("--steps", type=int, default=20, help="measured engine steps")
+    p.add_argument("--warmup-steps", type=int, default=5, help="unrecorded steps first")
+    p.add_argument("--from-trace", default=None,
+                   help="report on this trace (.json/.json.gz/.sqlite) instead of running")
+    p.add_argument("--step-name", default=STEP_NAME, help="host range that marks one step")
+    p.add_argument("--out", default="trace.html", help="the HTML report")
+    p.add_argument("--trace-out", default=None,
+                   help="the raw Chrome trace (default: the report's name, .trace.json)")
+    p.add_argument("--json-out", default=None, help="the report's figures as JSON")
+    p.add_argument("--compare", default=None, metavar="OTHER.json",
+                   help="the --json-out of another run, shown side by side")
+    p.add_argument("--bandwidth", type=float, default=None,
+                   help="device read bandwidth in TB/s for the byte floors (default: the spec "
+                        "of a known GPU, e.g. 4.8 for an H200; none on CPU)")
+    p.add_argument("--title", default=None)
+    p.add_argument("--timeline-steps", type=int, default=3, help="steps in the timeline picture")
+    return p
+
+
+def _bandwidth(ns: argparse.Namespace, run: dict[str, Any]) -> float | None:
+    if ns.bandwidth is not None:
+        if ns.bandwidth <= 0:
+            raise ValueError("--bandwidth must be positive (TB/s)")
+        return ns.bandwidth * 1e12
+    return default_bandwidth(run.get("device_name", "")) if run.get("device") == "cuda" else None
+
+
+def report(ns: argparse.Namespace) -> dict[str, Any]:
+    """Run (or read) the trace, write the report files and return the figures."""
+    out = Path(ns.out)
+    run: dict[str, Any] = {}
+    if ns.from_trace:
+        trace_path = Path(ns.from_trace)
+    else:
+        from cadence.engine.engine_args import EngineArgs
+        from cadence.trace.load import trace_load
+
+        load = Load(ns.load, ns.batch_size, ns.input_len, ns.steps, ns.warmup_steps, ns.seed)
+        trace_path = Path(ns.trace_out or out.with_suffix(".trace.json"))
+        run = trace_load(EngineArgs.from_cli_args(ns), load, trace_path)
+    parsed = parse(trace_path, ns.step_name)
+    title = ns.title or (f"cadence trace: {run['load']['kind']} batch {run['load']['batch']}"
+                         if run else f"cadence trace: {trace_path.name}")
+    figures = build_figures(parsed, run, _bandwidth(ns, run), title)
+    figures["trace"] = str(trace_path)
+    if ns.compare:
+        figures["compare"] = compare(figures, json.loads(Path(ns.compare).read_text()))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(figures, parsed, ns.timeline_steps))
+    if ns.json_out:
+        Path(ns.json_out).write_text(json.dumps(figures, indent=1) + "\n")
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    figures = report(ns)
+    print(format_summary(figures["summary"]))
+    print(f"report: {ns.out}  trace: {figures['trace']}"
+          + (f"  figures: {ns.json_out}" if ns.json_out else ""))
+    return 0
