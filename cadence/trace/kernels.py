@@ -23,7 +23,8 @@ def short_name(name: str, limit: int = 64) -> str:
     """A kernel name without return type, template arguments and parameters (a generic
     ``Kernel<...>`` keeps its first template argument)."""
     s = re.sub(r"^void\s+", "", name.strip())
-    base = re.split(r"[<(]", s, maxsplit=1)[0]
+    # A parameter list follows the name directly; "Memcpy DtoH (Device -> Pinned)" keeps its own.
+    base = re.split(r"<|(?<=\S)\(", s, maxsplit=1)[0]
     if _GENERIC_KERNEL.search(base) and s[len(base):].startswith("<"):
         base += "<" + re.split(r"[,<>(]", s[len(base) + 1:], maxsplit=1)[0] + ">"
     return base if len(base) <= limit else base[: limit - 1] + "\u2026"
@@ -117,7 +118,7 @@ def class_table(rows: list[KernelRow], shape: ModelShape | None = None,
         if floored:
             nbytes = sum(r.bytes_per_call * r.calls_per_step for r in floored)
             floored_us = sum(r.us_per_step for r in floored)
-            source = f"shapes ({len(floored)} of {len(members)} rows)"
+            source = f"{len(floored)} of {len(members)} rows"
         elif cls == GEMM and shape is not None and shape.linears:
             nbytes, floored_us, source = float(shape.weight_bytes), us, "model weights"
         gbps = nbytes / floored_us / 1e3 if nbytes and floored_us > 0 else None

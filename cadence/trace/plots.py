@@ -41,9 +41,10 @@ def stream_names(parsed: ParsedTrace) -> dict[str, str]:
     """``main`` for the stream with the most kernels, ``copy`` for streams of memcpys only."""
     kernels = Counter(a.stream for a in parsed.activities if a.kind == "kernel")
     names: dict[str, str] = {}
-    for stream in sorted({a.stream for a in parsed.activities}):
+    main = kernels.most_common(1)[0][0] if kernels else None
+    for stream in sorted({a.stream for a in parsed.activities}, key=lambda x: (x != main, x)):
         kinds = {a.kind for a in parsed.activities if a.stream == stream}
-        if kernels and stream == kernels.most_common(1)[0][0]:
+        if stream == main:
             names[stream] = f"GPU main (stream {stream})"
         elif kinds <= {"memcpy", "memset"}:
             names[stream] = f"GPU copy (stream {stream})"
@@ -75,9 +76,11 @@ def timeline_png(parsed: ParsedTrace, first: int = 0, count: int = 3) -> str:
         rows.append(("host: ops", [(o.start_us, o.dur_us, _CLASS_COLORS[op_class(o.name)])
                                    for o in parsed.ops if o.step in chosen]))
     fig, ax = plt.subplots(figsize=(12, 0.7 * len(rows) + 1.4))
-    for y, (_, spans) in enumerate(reversed(rows)):
+    for y, (label, spans) in enumerate(reversed(rows)):
+        edge = {"edgecolor": "white", "linewidth": 1.5} if label == rows[0][0] else {
+            "linewidth": 0}  # back-to-back steps stay apart
         ax.broken_barh([((s - t0) / 1e3, max(d, 0.05) / 1e3) for s, d, _ in spans],
-                       (y - 0.35, 0.7), facecolors=[c for _, _, c in spans], linewidth=0)
+                       (y - 0.35, 0.7), facecolors=[c for _, _, c in spans], **edge)
     gpu_rows = len(rows) - 2
     for idx, start, stop in step_gaps(parsed):
         if idx in chosen and stop > start:
