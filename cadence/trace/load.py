@@ -60,15 +60,14 @@ def make_engine(engine_args: Any, load: Load):
     from cadence.engine.core import EngineCore
 
     args = engine_args
-    args.max_num_seqs = max(load.batch + 1, 2)
+    # With async scheduling a finished prompt holds its slot one step longer: room for two.
+    args.max_num_seqs = load.decoders + 2
     args.max_model_len = args.max_model_len or load.input_len + load.output_len + 16
     if load.kind == "prefill":
         args.max_num_batched_tokens = load.input_len
-    elif load.kind == "mixed":
-        args.max_num_batched_tokens = load.batch + load.input_len
-    else:  # the whole batch prefills in one warm-up step
+    else:  # the decode batch prefills in one warm-up step; a mixed step fits batch + a prompt
         args.max_num_batched_tokens = args.max_num_batched_tokens or max(
-            8192, load.batch * load.input_len)
+            8192, load.batch * load.input_len, load.batch + load.input_len)
     args.skip_tokenizer_init = True
     return EngineCore(args)
 

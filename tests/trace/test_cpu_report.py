@@ -91,15 +91,35 @@ def test_prefill_and_compare(decode_report, tmp_path) -> None:
     assert cadence_main(argv) == 0
     figures = json.loads((tmp_path / "p.json").read_text())
     assert figures["summary"]["num_steps"] == 2
-    qkv_n, hidden = _linear_shapes(_hf_config())["qkv_proj"]
-    ops = {r["op"] for r in figures["kernels"] if r["name"] == "aten::linear"}
-    assert f"gemm qkv_proj M=8 N={qkv_n} K={hidden}" in ops  # the whole 8-token prompt
+    cfg = _hf_config()
+    qkv_n, hidden = _linear_shapes(cfg)["qkv_proj"]
+    calls = {r["op"]: r["calls_per_step"] for r in figures["kernels"] if r["name"] == "aten::linear"}
+    # Every step prefills one whole 8-token prompt; only its last position reaches the head.
+    assert calls[f"gemm qkv_proj M=8 N={qkv_n} K={hidden}"] == cfg["num_hidden_layers"]
+    assert calls[f"gemm lm_head M=1 N={cfg['vocab_size']} K={hidden}"] == 1
     decode = json.loads((decode_report / "r.json").read_text())
     cmp = figures["compare"]
     by_op = {(r["name"], r["op"]): r for r in cmp["kernels"]}
     for r in decode["kernels"]:
         assert by_op[(r["name"], r["op"])]["other_us_per_step"] == pytest.approx(r["us_per_step"])
     assert "Compared with" in out.read_text()
+
+
+def test_mixed_steps_hold_the_batch_and_one_prompt(tmp_path) -> None:
+    argv = ["trace", *TINY, "--load", "mixed", "--batch-size", "2", "--steps", "3",
+            "--warmup-steps", "2", "--out", str(tmp_path / "m.html"),
+            "--json-out", str(tmp_path / "m.json")]
+    assert cadence_main(argv) == 0
+    figures = json.loads((tmp_path / "m.json").read_text())
+    cfg = _hf_config()
+    qkv_n, hidden = _linear_shapes(cfg)["qkv_proj"]
+    calls = {r["op"]: r["calls_per_step"] for r in figures["kernels"] if r["name"] == "aten::linear"}
+    # Two decode rows and an 8-token prompt in every measured step; the head sees 2 + 1 rows.
+    assert {op for op in calls if op.startswith("gemm qkv_proj")} == {
+        f"gemm qkv_proj M=10 N={qkv_n} K={hidden}"}
+    assert calls[f"gemm qkv_proj M=10 N={qkv_n} K={hidden}"] == cfg["num_hidden_layers"]
+    assert calls[f"gemm lm_head M=3 N={cfg['vocab_size']} K={hidden}"] == 1
+    assert figures["run"]["tokens"] == 3 * 3
 
 
 def _chromium() -> str | None:
