@@ -137,9 +137,30 @@ def _profile(core, load: Load, out: Path, cuda: bool) -> Window:
     return window
 
 
-def trace_load(engine_args: Any, load: Load, out: Path) -> dict[str, Any]:
-    """Warm up, trace ``load.steps`` steps into ``out`` (Chrome trace), drain; returns the
-    run's description (the model's shape included, for the byte floors)."""
+def _cuda_api(core, load: Load) -> Window:
+    """The measured steps between cudaProfilerStart and Stop (for ``nsys profile
+    --capture-range=cudaProfilerApi``), marked with NVTX ranges."""
+    import torch
+
+    from cadence.profiling import make_nvtx_range
+
+    if core.config.device != "cuda":
+        raise ValueError("--profiler cuda-api and nsys need --device cuda")
+    with engine_ranges():
+        torch.cuda.profiler.start()
+        try:
+            window = run_steps(core, load, load.steps, make_nvtx_range(True), "m")
+            torch.cuda.synchronize()
+        finally:
+            torch.cuda.profiler.stop()
+    return window
+
+
+def trace_load(engine_args: Any, load: Load, out: Path | None,
+               profiler: str = "torch") -> dict[str, Any]:
+    """Warm up, run ``load.steps`` measured steps, drain; returns the run's description (the
+    model's shape included, for the byte floors). ``torch``: the steps are traced into ``out``
+    (a Chrome trace); ``cuda-api``: they are bracketed for Nsight Systems."""
     from cadence.bench.common import device_name
     from cadence.profiling import make_nvtx_range
     from cadence.trace.floors import ModelShape
@@ -152,7 +173,11 @@ def trace_load(engine_args: Any, load: Load, out: Path) -> dict[str, Any]:
         else:
             _add(core, load.batch, load.input_len, load.output_len, load.seed, "d")
         run_steps(core, load, load.warmup_steps, make_nvtx_range(False), "w")
-        window = _profile(core, load, out, cuda)
+        if profiler == "torch":
+            assert out is not None
+            window = _profile(core, load, out, cuda)
+        else:
+            window = _cuda_api(core, load)
         core.abort_requests(list(core.scheduler.requests))
         while core.has_work():
             core.step_fn()
@@ -174,5 +199,6 @@ def trace_load(engine_args: Any, load: Load, out: Path) -> dict[str, Any]:
         "model_shape": shape.to_json(),
         "host_ms_per_step": window.elapsed_s / max(window.steps, 1) * 1e3,
         "tokens": window.tokens,
-        "trace": str(out),
+        "profiler": profiler,
+        "trace": str(out) if profiler == "torch" else None,
     }
