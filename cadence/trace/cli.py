@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "of a known GPU, e.g. 4.8 for an H200; none on CPU)")
     p.add_argument("--title", default=None)
     p.add_argument("--timeline-steps", type=int, default=3, help="steps in the timeline picture")
+    p.add_argument("--max-rows", type=int, default=100,
+                   help="kernel rows in the page (all of them are in the JSON)")
     return p
 
 
@@ -76,6 +78,8 @@ def _run(ns: argparse.Namespace, trace_path: Path | None) -> dict[str, Any]:
 
 def report(ns: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     """Run (or read) the trace, write the report files and return the figures."""
+    if ns.timeline_steps < 1 or ns.max_rows < 1:
+        raise ValueError("--timeline-steps and --max-rows must be at least 1")
     out = Path(ns.out)
     run: dict[str, Any] = {}
     if ns.from_trace:
@@ -98,7 +102,7 @@ def report(ns: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     if ns.compare:
         figures["compare"] = compare(figures, json.loads(Path(ns.compare).read_text()))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(figures, parsed, ns.timeline_steps))
+    out.write_text(render_html(figures, parsed, ns.timeline_steps, ns.max_rows))
     if ns.json_out:
         Path(ns.json_out).write_text(json.dumps(figures, indent=1) + "\n")
     return figures

@@ -52,13 +52,15 @@ def _pct(x: float | None) -> str:
     return "\u2013" if x is None else f"{x * 100:.1f}%"
 
 
-def _kernel_rows(figures: dict[str, Any]) -> str:
+def _kernel_rows(figures: dict[str, Any], max_rows: int) -> str:
     rows = [[f'<span title="{html.escape(r["full_name"])}">{html.escape(r["name"])}</span>',
              html.escape(r["op"]), _num(r["calls_per_step"], 2), _num(r["us_per_call"], 2),
              _num(r["us_per_step"]), _pct(r["share"]), _num(r["bytes_per_call"], 0),
-             _num(r["gbps"]), _pct(r["ratio"])] for r in figures["kernels"]]
+             _num(r["gbps"]), _pct(r["ratio"])] for r in figures["kernels"][:max_rows]]
+    rest = len(figures["kernels"]) - len(rows)
+    more = f'<p class="note">{rest} shorter rows are in the JSON figures.</p>' if rest > 0 else ""
     return _table(["name", "op", "calls/step", "us/call", "us/step", "share", "bytes/call",
-                   "GB/s", "of read BW"], rows, "kernels")
+                   "GB/s", "of read BW"], rows, "kernels") + more
 
 
 def _class_rows(figures: dict[str, Any]) -> str:
@@ -98,7 +100,8 @@ def _description(figures: dict[str, Any]) -> str:
     return html.escape(" ".join(parts))
 
 
-def render_html(figures: dict[str, Any], parsed: ParsedTrace, timeline_steps: int = 3) -> str:
+def render_html(figures: dict[str, Any], parsed: ParsedTrace, timeline_steps: int = 3,
+                max_rows: int = 100) -> str:
     gpu = parsed.has_gpu
     first = 1 if len(parsed.steps) > timeline_steps else 0  # the first step fills the pipeline
     note = ("share is of the mean GPU busy time per step; rows are kernels, memcpys and memsets "
@@ -116,6 +119,6 @@ def render_html(figures: dict[str, Any], parsed: ParsedTrace, timeline_steps: in
         histograms=histograms_png(figures["summary"]),
         classes=_class_rows(figures),
         kernel_note=html.escape(f"{note} The rows add up to {figures['rows_share'] * 100:.1f}%."),
-        kernels=_kernel_rows(figures),
+        kernels=_kernel_rows(figures, max_rows),
         compare=_compare_html(figures.get("compare")),
     )

@@ -67,3 +67,19 @@ def test_report_from_an_sqlite_export(tmp_path) -> None:
     assert rows["gpu_memcpy"]["share"] == pytest.approx(5 / busy)
     page = out.read_text()
     assert page.count("data:image/png;base64,") == 2 and 'id="kernels"' in page
+
+
+def test_help_and_mistakes(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cadence_main(["trace", "--help"])
+    assert exc.value.code == 0 and "--load {decode,prefill,mixed}" in capsys.readouterr().out
+    for bad, message in ((["--steps", "0"], "steps must be >= 1"),
+                         (["--from-trace", str(tmp_path / "none.json")], "none.json"),
+                         (["--max-rows", "0"], "--max-rows must be at least 1")):
+        with pytest.raises(SystemExit) as exc:
+            cadence_main(["trace", "--model", "tiny", "--device", "cpu", *bad,
+                          "--out", str(tmp_path / "r.html")])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("cadence trace: error: ") and message in err
+        assert len(err.strip().splitlines()) == 1
