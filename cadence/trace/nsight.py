@@ -4,7 +4,8 @@ back from its SQLite export.
 The child runs ``cadence trace ... --profiler cuda-api``: its measured steps sit between
 cudaProfilerStart and cudaProfilerStop (``nsys profile --capture-range=cudaProfilerApi``
 records only them), each inside an NVTX ``engine_step`` range with the engine's phase ranges
-nested. The child writes its run description (load, model shape) next to the report; the
+nested; graph replays are traced per kernel node (Nsight's default is one range per graph).
+The child writes its run description (load, model shape) next to the report; the
 parent exports ``BASE.sqlite`` and reports on it. Nsight adds far less host time per op than
 the torch profiler, but its records carry no tensor shapes: GEMM rows get no per-kernel floor,
 and the GEMM class is floored by the model's weights.
@@ -29,8 +30,9 @@ def commands(child_argv: list[str], base: Path, run_info: Path,
     child = [python, "-m", "cadence", "trace", *child_argv,
              "--profiler", "cuda-api", "--run-info-out", str(run_info)]
     return [
-        ["nsys", "profile", "-t", "cuda,nvtx,osrt", "--capture-range=cudaProfilerApi",
-         "--capture-range-end=stop", "-o", str(base), "-f", "true", *child],
+        ["nsys", "profile", "-t", "cuda,nvtx,osrt", "--cuda-graph-trace=node",
+         "--capture-range=cudaProfilerApi", "--capture-range-end=stop", "-o", str(base),
+         "-f", "true", *child],
         ["nsys", "export", "-q", "-t", "sqlite", "-f", "true", "-o", f"{base}.sqlite",
          f"{base}.nsys-rep"],
     ]

@@ -19,7 +19,8 @@ def test_dry_run_prints_the_nsys_commands(capsys) -> None:
     assert cadence_main(argv) == 0
     profile, export = capsys.readouterr().out.splitlines()
     assert profile.startswith(
-        "CADENCE_NVTX=1 nsys profile -t cuda,nvtx,osrt --capture-range=cudaProfilerApi "
+        "CADENCE_NVTX=1 nsys profile -t cuda,nvtx,osrt --cuda-graph-trace=node "
+        "--capture-range=cudaProfilerApi "
         "--capture-range-end=stop -o /tmp/run/b64 -f true ")
     # The child is this command, bracketing its steps for nsys and describing its run.
     assert profile.endswith(
