@@ -28,9 +28,9 @@ _CLASS_PATTERNS = (
 # Attention kernels that do not read the KV cache themselves (the split-KV merge).
 _PARTIAL_ATTENTION = re.compile(r"merge", re.I)
 _GEMM_OPS = ("aten::linear", "aten::mm", "aten::addmm")
-_DTYPE_BYTES = {"float": 4, "float32": 4, "c10::bfloat16": 2, "bfloat16": 2, "c10::half": 2,
-                "half": 2, "float16": 2, "double": 8, "c10::float8_e4m3fn": 1, "long int": 8,
-                "int": 4}
+# The profiler's "Input type" names of floating-point tensors.
+_DTYPE_BYTES = {"float": 4, "c10::bfloat16": 2, "c10::half": 2, "double": 8,
+                "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1}
 # Spec read bandwidths (bytes/s) by a substring of the device name; --bandwidth overrides.
 DEVICE_BANDWIDTH = (("H200", 4.8e12), ("H100", 3.35e12), ("A100", 2.0e12), ("L40S", 8.64e11),
                     ("A10", 6.0e11), ("L4", 3.0e11))
@@ -64,6 +64,9 @@ class ModelShape:
     def __post_init__(self) -> None:
         if self.dtype_bytes <= 0 or min(self.num_layers, self.num_kv_heads, self.head_dim) < 0:
             raise ValueError(f"bad model shape: {self}")
+        for name, nk in self.linears.items():
+            if len(nk) != 2 or min(nk) <= 0 or self.linear_counts.get(name, 0) <= 0:
+                raise ValueError(f"bad linear {name!r} {nk} in the model shape")
 
     @property
     def weight_bytes(self) -> int:

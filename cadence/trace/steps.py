@@ -222,7 +222,9 @@ def _is_sync(event: dict) -> bool:
 
 def _host_range(e: dict, step: int) -> HostRange:
     args = e.get("args") or {}
-    shapes = tuple(tuple(d) if isinstance(d, list) else () for d in args.get("Input Dims") or ())
+    # A tensor's dims are a list of ints; a tensor list's, a list of lists (no single shape).
+    shapes = tuple(tuple(d) if isinstance(d, list) and all(isinstance(x, int) for x in d) else ()
+                   for d in args.get("Input Dims") or ())
     dtypes = tuple(str(t) for t in args.get("Input type") or ())
     return HostRange(str(e.get("name")), float(e["ts"]), float(e["dur"]), step,
                      str(e.get("tid")), shapes, dtypes)

@@ -161,3 +161,31 @@ def test_compare_deltas() -> None:
     steps = {s["figure"]: s for s in cmp["steps"]}
     assert steps["gpu_busy_us p50"]["delta"] == 38 - 48  # [b, b+38] became [b, b+48]
     assert steps["host_us p50"]["delta"] == 0
+
+
+def test_host_op_floors_on_a_cpu_trace() -> None:
+    """CPU-only: rows are the outermost host ops; a GEMM with a bias and a norm with shapes get
+    their floors, nested ops and phase ranges are not rows."""
+    events = [_x("user_annotation", "engine_step", 0, 100), _x("user_annotation", "engine_step", 100, 100)]
+    for base in (0, 100):
+        events += [
+            _x("cpu_op", "forward", base + 5, 80),
+            _x("cpu_op", "aten::addmm", base + 10, 20, **{
+                "Input Dims": [[192], [4, 64], [64, 192]], "Input type": ["float", "float", "float"]}),
+            _x("cpu_op", "aten::mm", base + 12, 10),  # nested in the addmm: not a row
+            _x("cpu_op", "aten::rms_norm", base + 40, 5, **{
+                "Input Dims": [[4, 64], [64], []], "Input type": ["c10::Half", "c10::Half", "Scalar"]}),
+            _x("cpu_op", "aten::cat", base + 50, 5, **{"Input Dims": [[[4, 64], [4, 64]], []]}),
+        ]
+    parsed = parse({"traceEvents": events})
+    assert not parsed.has_gpu and [r.name for r in parsed.phases] == ["forward", "forward"]
+    rows = {r.name: r for r in kernel_table(parsed, SHAPE, BW)}
+    assert set(rows) == {"aten::addmm", "aten::rms_norm", "aten::cat"}
+    addmm = rows["aten::addmm"]
+    assert addmm.op == "gemm qkv_proj M=4 N=192 K=64"
+    assert addmm.bytes_per_call == 4 * (192 * 64 + 4 * 64 + 4 * 192 + 192)  # float, with bias
+    assert addmm.share == pytest.approx(20 / 100)  # of the mean host step
+    norm = rows["aten::rms_norm"]
+    assert norm.op == "norm [4, 64]" and norm.bytes_per_call == 2 * (2 * 4 * 64 + 64)  # fp16
+    assert norm.gbps == pytest.approx(norm.bytes_per_call / 5e-6 / 1e9)
+    assert rows["aten::cat"].bytes_per_call is None
