@@ -67,6 +67,7 @@ if want report; then  # cadence trace: HTML reports and their figures (docs/perf
     esac
     timeout 120 python -m cadence trace "${model[@]}" "${flags[@]}" --steps 20 \
       --warmup-steps 5 --out "$out/report_$load.html" --json-out "$out/report_$load.json" \
+      --trace-out "/tmp/report_$load.trace.json" \
       2>&1 | tail -14 | sed "s/^/$load /" | tee -a "$out/report.log" || echo "report $load failed"
   done
 fi
