@@ -1,4 +1,4 @@
-"""The cadence command: generate completions, serve an OpenAI-compatible API, benchmark."""
+"""The cadence command: generate completions, serve an OpenAI-compatible API, benchmark, trace."""
 
 from __future__ import annotations
 
@@ -94,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("which", choices=sorted(_BENCHES))
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)
+
+    trace = sub.add_parser("trace", add_help=False,
+                           help="an HTML report of where each engine step's time goes")
+    trace.add_argument("rest", nargs=argparse.REMAINDER)
+    trace.set_defaults(func=_trace)
     return parser
 
 
@@ -104,10 +109,19 @@ def _bench(ns: argparse.Namespace) -> int:
     return int(module.main(ns.rest) or 0)
 
 
+def _trace(ns: argparse.Namespace) -> int:
+    from cadence.trace.cli import main
+
+    return int(main(ns.rest) or 0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=read_envs().log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["trace"]:  # its own parser: argparse's REMAINDER drops leading options
+        with one_line_errors("cadence trace"):
+            return _trace(argparse.Namespace(rest=args[1:]))
     with one_line_errors("cadence " + (args[0] if args else "")):  # a bad --config file
         ns = parse_args(args)
     prog = f"cadence {ns.command}" + (f" {ns.which}" if ns.command == "bench" else "")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU suite and the headline benchmarks in one go, on a CUDA machine.
-#   scripts/gpu_check.sh OUT_DIR [all|tests|latency|ttft|trace|serve]...
+#   scripts/gpu_check.sh OUT_DIR [all|tests|latency|ttft|trace|report|serve]...
 # Writes logs and JSON into OUT_DIR; every section runs even if an earlier one failed.
 set -uo pipefail
 out=${1:-out}; shift || true
@@ -55,6 +55,20 @@ print(f"batch {sys.argv[2]} {sys.argv[3]}: steps={s['num_steps']} gap_p50={g.get
       f"idle={s.get('gpu_idle_fraction')} attribution={s.get('attribution')}")
 PY
     done
+  done
+fi
+
+if want report; then  # cadence trace: HTML reports and their figures (docs/perf.md)
+  for load in decode_1 decode_64 prefill_1024; do
+    case $load in
+      decode_1) flags=(--load decode --batch-size 1 --input-len 128);;
+      decode_64) flags=(--load decode --batch-size 64 --input-len 128);;
+      prefill_1024) flags=(--load prefill --input-len 1024);;
+    esac
+    timeout 120 python -m cadence trace "${model[@]}" "${flags[@]}" --steps 20 \
+      --warmup-steps 5 --out "$out/report_$load.html" --json-out "$out/report_$load.json" \
+      --trace-out "/tmp/report_$load.trace.json" \
+      2>&1 | tail -14 | sed "s/^/$load /" | tee -a "$out/report.log" || echo "report $load failed"
   done
 fi
 
