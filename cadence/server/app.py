@@ -39,6 +39,7 @@ from cadence.server.protocol import (
     ParamError,
     random_id,
 )
+from cadence.server.reasoning import reasoning_parser as reasoning_parser_named
 from cadence.server.request_body import parse_json_body, read_body
 from cadence.server.serving import DONE_FRAME, engine_unavailable
 from cadence.server.serving_chat import OpenAIServingChat
@@ -400,6 +401,7 @@ def build_app(
     front_end_index: int | None = None,
     chat_template: str | None = None,
     web_page: bool = True,
+    reasoning_parser: str | None = None,
 ) -> Starlette:
     """The application serving ``engine``; the caller owns the engine's lifetime.
     ``front_end_index``: this is one of several API server processes (``--api-server-count``).
@@ -416,6 +418,7 @@ def build_app(
         front_end_index=front_end_index,
         chat_template=chat_template,
     )
+    server.chat.reasoning = reasoning_parser_named(reasoning_parser)
     routes = [
         Route("/v1/completions", server.create_completion, methods=["POST"]),
         Route("/v1/chat/completions", server.create_chat_completion, methods=["POST"]),

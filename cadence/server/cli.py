@@ -9,6 +9,7 @@ from typing import Any
 
 from cadence.cli_config import add_config_arg, expand_config, json_string_list
 from cadence.engine.engine_args import EngineArgs
+from cadence.server.reasoning import REASONING_PARSERS
 from cadence.server.settings import UVICORN_LOG_LEVELS, ServerSettings
 from cadence.user_errors import one_line_errors
 
@@ -104,6 +105,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     _add_http_args(parser, defaults)
     parser.add_argument(
+        "--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
+        help="put the model's <think> ... </think> text into the chat message's reasoning "
+        "field: qwen3 (the model opens the tag) or deepseek_r1 (the prompt opens it)",
+    )
+    parser.add_argument(
         "--disable-web-page", action="store_true",
         help="do not serve the browser page at / (a chat playground and a live view of the "
         "engine, which reads /stats; /stats itself stays)",
@@ -193,6 +199,7 @@ def settings_from(ns: argparse.Namespace) -> ServerSettings:
         ssl_certfile=ns.ssl_certfile,
         root_path=ns.root_path,
         web_page=not ns.disable_web_page,
+        reasoning_parser=ns.reasoning_parser,
     )
 
 

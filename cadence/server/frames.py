@@ -102,6 +102,7 @@ class ChatFrames(_Frames):
         token_ids: list[int] | None = None,
         prompt_token_ids: list[int] | None = None,
         index: int = 0,
+        reasoning: str | None = None,
     ) -> str:
         # A delta carries only what it sets (no "role": null on content chunks).
         delta = []
@@ -109,6 +110,8 @@ class ChatFrames(_Frames):
             delta.append(f'"role":{_lit(role)}')
         if content is not None:
             delta.append(f'"content":{encode_basestring(content)}')
+        if reasoning is not None:
+            delta.append(f'"reasoning":{encode_basestring(reasoning)}')
         use = "null" if usage is None else usage_json(*usage)
         ids = "null" if token_ids is None else _dumps(token_ids)
         prompt_ids = "null" if prompt_token_ids is None else _dumps(prompt_token_ids)

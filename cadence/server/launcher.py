@@ -199,6 +199,7 @@ def build_server(
         front_end_index=front_end_index,
         chat_template=chat_template,
         web_page=settings.web_page,
+        reasoning_parser=settings.reasoning_parser,
     )
     config = uvicorn.Config(
         wrap_app(app, settings),

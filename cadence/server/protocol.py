@@ -419,6 +419,7 @@ class ChatLogProbs(OpenAIModel):
 class ChatResponseMessage(OpenAIModel):
     role: str = "assistant"
     content: str | None = None
+    reasoning: str | None = None  # with --reasoning-parser (vLLM's field)
 
 
 class ChatCompletionResponseChoice(OpenAIModel):
@@ -444,6 +445,7 @@ class ChatCompletionResponse(OpenAIModel):
 class DeltaMessage(OpenAIModel):
     role: str | None = None
     content: str | None = None
+    reasoning: str | None = None
 
 
 class ChatCompletionStreamChoice(OpenAIModel):

@@ -20,6 +20,7 @@ from cadence.server.protocol import (
     UsageInfo,
     random_id,
 )
+from cadence.server.reasoning import ReasoningParser
 from cadence.server.serving import (
     DONE_FRAME,
     OpenAIServing,
@@ -64,8 +65,12 @@ def chat_logprobs(token_ids: list[int], rows: list[dict[int, Logprob]], num: int
 class ChatStream:
     """A streamed chat completion: its frame stream and the renderer of its outputs."""
 
-    def __init__(self, request: ChatCompletionRequest, request_id: str, model: str) -> None:
+    def __init__(self, request: ChatCompletionRequest, request_id: str, model: str,
+                 reasoning: ReasoningParser | None = None) -> None:
         self.request = request
+        # One reasoning splitter per choice (text held back across pieces is per choice).
+        self.reasoning = ([reasoning.stream() for _ in range(request.n)]
+                          if reasoning is not None else None)
         self.frames = ChatFrames(request_id, model)
         self.stream = FrameStream(1)
         self.prompt_tokens = self.completion_tokens = 0
@@ -85,13 +90,21 @@ class ChatStream:
             if request.logprobs and c.logprobs is not None and c.token_ids:
                 lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0)
             ids = list(c.token_ids) if request.return_token_ids else None
-            if not c.text and not c.finished() and lps is None and not ids:
-                return None  # nothing visible yet (held back for a possible stop string)
+            content: str | None = c.text
+            reasoning = None
+            if self.reasoning is not None:
+                reasoning, content = self.reasoning[c.index].feed(c.text, final=c.finished())
+                reasoning, content = reasoning or None, content or None
+                if content is None and reasoning is None:
+                    content = ""
+            if not content and not reasoning and not c.finished() and lps is None and not ids:
+                return None  # nothing visible yet (held back for a possible stop string or tag)
             usage = None
             if request.continuous_usage:
                 usage = (self.prompt_tokens, self.completion_tokens)
             return frames.chunk(
-                content=c.text,
+                content=content,
+                reasoning=reasoning,
                 logprobs=lps,
                 finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
@@ -105,9 +118,10 @@ class ChatStream:
 
 class OpenAIServingChat(OpenAIServing):
     chat_template: str | None = None  # the server's (--chat-template), else the tokenizer's
+    reasoning: ReasoningParser | None = None  # --reasoning-parser
 
     def new_stream(self, request: ChatCompletionRequest, request_id: str) -> ChatStream:
-        return ChatStream(request, request_id, self.served_model_name)
+        return ChatStream(request, request_id, self.served_model_name, self.reasoning)
 
     async def start_chat(
         self, request: ChatCompletionRequest, request_id: str, stream: ChatStream | None = None
@@ -155,9 +169,12 @@ class OpenAIServingChat(OpenAIServing):
             lps = None
             if request.logprobs and c.logprobs is not None:
                 lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0)
+            content, reasoning = c.text, None
+            if self.reasoning is not None:
+                reasoning, content = self.reasoning.split(c.text)
             choices.append(ChatCompletionResponseChoice(
                 index=c.index,
-                message=ChatResponseMessage(content=c.text),
+                message=ChatResponseMessage(content=content, reasoning=reasoning),
                 logprobs=lps,
                 finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,

@@ -49,6 +49,8 @@ class ServerSettings:
     root_path: str = ""
     # The browser page at / (chat playground and engine view); /stats is served either way.
     web_page: bool = True
+    # Splits <think> ... </think> into the message's reasoning field (cadence.server.reasoning).
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         for name in _CORS_LISTS:
@@ -64,6 +66,10 @@ class ServerSettings:
         if self.root_path and (not self.root_path.startswith("/") or self.root_path.endswith("/")):
             raise ValueError(f"root_path must start with '/' and not end with one (e.g. '/llm'), "
                              f"got {self.root_path!r}.")
+        if self.reasoning_parser is not None:
+            from cadence.server.reasoning import reasoning_parser
+
+            reasoning_parser(self.reasoning_parser)  # a ValueError naming the choices
         if not 1 <= self.api_server_count <= 64:
             raise ValueError(f"api_server_count must be in [1, 64], got {self.api_server_count}.")
         if self.http not in ("auto", "h11", "httptools"):

@@ -1,0 +1,89 @@
+"""--reasoning-parser: <think> ... </think> goes to the message's reasoning field, whole or
+streamed (tags split across pieces are held back, never shown half)."""
+
+from __future__ import annotations
+
+import random
+
+import openai
+import pytest
+
+from cadence.server.reasoning import REASONING_PARSERS, reasoning_parser
+
+Q, D = REASONING_PARSERS["qwen3"], REASONING_PARSERS["deepseek_r1"]
+
+CASES = [  # text, qwen3's (reasoning, content), deepseek_r1's
+    ("<think>plan it</think>\n\nThe answer.", ("plan it", "\n\nThe answer."),
+     ("plan it", "\n\nThe answer.")),
+    ("  <think>still thinking", ("still thinking", None), ("still thinking", None)),
+    ("Just an answer.", (None, "Just an answer."), ("Just an answer.", None)),
+    ("thought</think>answer", (None, "thought</think>answer"), ("thought", "answer")),
+    ("<think></think>x", (None, "x"), (None, "x")),
+    ("a < b </thin", (None, "a < b </thin"), ("a < b </thin", None)),
+    ("", (None, None), (None, None)),
+]
+
+
+@pytest.mark.parametrize(("text", "qwen3", "deepseek"), CASES)
+def test_whole_outputs(text, qwen3, deepseek) -> None:
+    assert Q.split(text) == qwen3
+    assert D.split(text) == deepseek
+
+
+@pytest.mark.parametrize("parser", [Q, D], ids=["qwen3", "deepseek_r1"])
+@pytest.mark.parametrize("seed", range(20))
+def test_any_chunking_streams_the_same_parts(parser, seed) -> None:
+    rng = random.Random(seed)
+    for text, *_ in CASES:
+        cuts = sorted(rng.sample(range(len(text) + 1), k=min(len(text), rng.randrange(0, 6))))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        stream = parser.stream()
+        reasoning, content = "", ""
+        for i, piece in enumerate(pieces):
+            r, c = stream.feed(piece, final=i == len(pieces) - 1)
+            reasoning, content = reasoning + r, content + c
+        want = parser.split(text)
+        assert (reasoning or None, content or None) == want, pieces
+
+
+def test_a_tag_split_across_pieces_is_held_back() -> None:
+    s = D.stream()
+    assert s.feed("abc</th") == ("abc", "")
+    assert s.feed("ink>def") == ("", "def")
+    s = Q.stream()
+    assert s.feed(" <thi") == ("", "")
+    assert s.feed("nk>x") == ("x", "")
+
+
+def test_unknown_parser_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="deepseek_r1, qwen3"):
+        reasoning_parser("nope")
+
+
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize("name", ["deepseek_r1", "qwen3"])
+def test_reasoning_through_the_openai_client(server_factory, name) -> None:
+    srv = server_factory(app_kwargs={"reasoning_parser": name,
+                                     "chat_template": THINKING_TEMPLATE})
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "why?"}], max_tokens=12,
+              temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
+    out = client.chat.completions.create(**kw)
+    msg = out.choices[0].message
+    text = srv.engine.tokenizer.decode(out.choices[0].token_ids)
+    # The prompt opened <think>; the random model never closes it: all of it is reasoning for
+    # deepseek_r1, and all of it is content for qwen3 (the model did not open the tag).
+    want = REASONING_PARSERS[name].split(text)
+    assert (getattr(msg, "reasoning", None), msg.content) == want
+    streamed = {"reasoning": "", "content": ""}
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta is not None:
+            streamed["reasoning"] += getattr(delta, "reasoning", None) or ""
+            streamed["content"] += delta.content or ""
+    assert (streamed["reasoning"] or None, streamed["content"] or None) == want
