@@ -402,6 +402,7 @@ def build_app(
     chat_template: str | None = None,
     web_page: bool = True,
     reasoning_parser: str | None = None,
+    tool_call_parser: str | None = None,
 ) -> Starlette:
     """The application serving ``engine``; the caller owns the engine's lifetime.
     ``front_end_index``: this is one of several API server processes (``--api-server-count``).
@@ -419,6 +420,7 @@ def build_app(
         chat_template=chat_template,
     )
     server.chat.reasoning = reasoning_parser_named(reasoning_parser)
+    server.chat.tool_call_parser = tool_call_parser
     routes = [
         Route("/v1/completions", server.create_completion, methods=["POST"]),
         Route("/v1/chat/completions", server.create_chat_completion, methods=["POST"]),

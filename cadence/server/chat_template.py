@@ -67,6 +67,7 @@ def render_chat(
     chat_template_kwargs: dict[str, Any] | None = None,
     check_text: Callable[[str], None] | None = None,
     chat_template: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """Prompt token ids of a conversation. Template errors are ``ParamError("messages")``.
     ``chat_template``: the server's template (``--chat-template``) instead of the tokenizer's.
@@ -89,6 +90,7 @@ def render_chat(
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
                 chat_template=chat_template,
+                tools=tools,
                 **(chat_template_kwargs or {}),
             )
         except Exception as exc:  # jinja errors, template-level raise_exception()

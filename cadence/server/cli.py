@@ -105,6 +105,16 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     _add_http_args(parser, defaults)
     parser.add_argument(
+        "--enable-auto-tool-choice", action="store_true",
+        help="let chat requests with tools use tool_choice 'auto': the model's tool calls are "
+        "parsed out of its answer (needs --tool-call-parser)",
+    )
+    parser.add_argument(
+        "--tool-call-parser", default=None, choices=["hermes"],
+        help="how tool calls are written: hermes = <tool_call> JSON lines (Hermes, Qwen2.5, "
+        "Qwen3 templates)",
+    )
+    parser.add_argument(
         "--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
         help="put the model's <think> ... </think> text into the chat message's reasoning "
         "field: qwen3 (the model opens the tag) or deepseek_r1 (the prompt opens it)",
@@ -200,6 +210,8 @@ def settings_from(ns: argparse.Namespace) -> ServerSettings:
         root_path=ns.root_path,
         web_page=not ns.disable_web_page,
         reasoning_parser=ns.reasoning_parser,
+        enable_auto_tool_choice=ns.enable_auto_tool_choice,
+        tool_call_parser=ns.tool_call_parser,
     )
 
 

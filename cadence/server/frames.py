@@ -103,6 +103,7 @@ class ChatFrames(_Frames):
         prompt_token_ids: list[int] | None = None,
         index: int = 0,
         reasoning: str | None = None,
+        tool_calls: list[dict] | None = None,
     ) -> str:
         # A delta carries only what it sets (no "role": null on content chunks).
         delta = []
@@ -112,6 +113,8 @@ class ChatFrames(_Frames):
             delta.append(f'"content":{encode_basestring(content)}')
         if reasoning is not None:
             delta.append(f'"reasoning":{encode_basestring(reasoning)}')
+        if tool_calls:
+            delta.append(f'"tool_calls":{_dumps(tool_calls)}')
         use = "null" if usage is None else usage_json(*usage)
         ids = "null" if token_ids is None else _dumps(token_ids)
         prompt_ids = "null" if prompt_token_ids is None else _dumps(prompt_token_ids)

@@ -200,6 +200,7 @@ def build_server(
         chat_template=chat_template,
         web_page=settings.web_page,
         reasoning_parser=settings.reasoning_parser,
+        tool_call_parser=settings.tool_call_parser if settings.enable_auto_tool_choice else None,
     )
     config = uvicorn.Config(
         wrap_app(app, settings),

@@ -305,6 +305,26 @@ class ChatMessage(OpenAIModel):
         return "\n".join(part.text for part in self.content)
 
 
+class FunctionDefinition(OpenAIModel):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ChatTool(OpenAIModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(OpenAIModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
 class ResponseFormat(OpenAIModel):
     type: str = "text"
 
@@ -319,7 +339,8 @@ class ChatCompletionRequest(_SamplingRequest):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_ids: bool = False  # vLLM: ids of the prompt and of each chunk
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     response_format: ResponseFormat | None = None
 
     def check(self) -> None:
@@ -329,8 +350,16 @@ class ChatCompletionRequest(_SamplingRequest):
             raise ParamError("messages", NO_MESSAGES)
         if self.top_logprobs and not self.logprobs:
             raise ParamError("top_logprobs", "when using top_logprobs, logprobs must be true.")
-        if self.tools:
-            raise ParamError("tools", "tool calling is not supported.")
+        if self.tool_choice is not None and not self.tools and self.tool_choice != "none":
+            raise ParamError("tool_choice", "When using `tool_choice`, `tools` must be set.")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            name = self.tool_choice.function.name
+            if name not in {t.function.name for t in self.tools or []}:
+                raise ParamError("tool_choice", f"Tool {name!r} has not been passed in `tools`.")
+        if self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice):
+            raise ParamError(
+                "tool_choice", "tool_choice 'required' and a named function need structured "
+                "outputs, which this server does not have; use 'auto'.")
         if self.response_format is not None and self.response_format.type != "text":
             raise ParamError("response_format", "only response_format type 'text' is supported.")
         check_template_options(self.chat_template_kwargs, self.add_generation_prompt,
@@ -420,6 +449,7 @@ class ChatResponseMessage(OpenAIModel):
     role: str = "assistant"
     content: str | None = None
     reasoning: str | None = None  # with --reasoning-parser (vLLM's field)
+    tool_calls: list[ToolCall] = Field(default_factory=list)  # with --tool-call-parser
 
 
 class ChatCompletionResponseChoice(OpenAIModel):

@@ -16,7 +16,9 @@ from cadence.server.protocol import (
     ChatLogProbs,
     ChatLogProbsContent,
     ChatResponseMessage,
+    FunctionCall,
     ParamError,
+    ToolCall,
     UsageInfo,
     random_id,
 )
@@ -32,6 +34,7 @@ from cadence.server.serving import (
     token_text,
     top_by_rank,
 )
+from cadence.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
 
 if TYPE_CHECKING:
     from cadence.engine.output_processor import OutputSink
@@ -62,12 +65,19 @@ def chat_logprobs(token_ids: list[int], rows: list[dict[int, Logprob]], num: int
     return ChatLogProbs(content=content)
 
 
+def _delta_call(index: int, call: ParsedCall) -> dict:
+    """A streamed tool call, whole in one delta (OpenAI's shape)."""
+    return {"index": index, "id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
 class ChatStream:
     """A streamed chat completion: its frame stream and the renderer of its outputs."""
 
     def __init__(self, request: ChatCompletionRequest, request_id: str, model: str,
-                 reasoning: ReasoningParser | None = None) -> None:
+                 reasoning: ReasoningParser | None = None, tools: bool = False) -> None:
         self.request = request
+        self.tools = [ToolCallStream() for _ in range(request.n)] if tools else None
         # One reasoning splitter per choice (text held back across pieces is per choice).
         self.reasoning = ([reasoning.stream() for _ in range(request.n)]
                           if reasoning is not None else None)
@@ -97,7 +107,17 @@ class ChatStream:
                 reasoning, content = reasoning or None, content or None
                 if content is None and reasoning is None:
                     content = ""
-            if not content and not reasoning and not c.finished() and lps is None and not ids:
+            calls = None
+            if self.tools is not None and content is not None:
+                content, parsed = self.tools[c.index].feed(content, final=c.finished())
+                calls = [_delta_call(i, call) for i, call in enumerate(
+                    parsed, len(self.tools[c.index].calls) - len(parsed))] or None
+                content = content or (None if reasoning or calls else "")
+            finish = c.finish_reason
+            if finish is not None and self.tools is not None and self.tools[c.index].calls:
+                finish = "tool_calls"
+            if (not content and not reasoning and not calls and not c.finished() and lps is None
+                    and not ids):
                 return None  # nothing visible yet (held back for a possible stop string or tag)
             usage = None
             if request.continuous_usage:
@@ -105,8 +125,9 @@ class ChatStream:
             return frames.chunk(
                 content=content,
                 reasoning=reasoning,
+                tool_calls=calls,
                 logprobs=lps,
-                finish_reason=c.finish_reason,
+                finish_reason=finish,
                 stop_reason=c.stop_reason,
                 usage=usage,
                 token_ids=ids,
@@ -119,9 +140,21 @@ class ChatStream:
 class OpenAIServingChat(OpenAIServing):
     chat_template: str | None = None  # the server's (--chat-template), else the tokenizer's
     reasoning: ReasoningParser | None = None  # --reasoning-parser
+    tool_call_parser: str | None = None  # with --enable-auto-tool-choice
+
+    def parses_tools(self, request: ChatCompletionRequest) -> bool:
+        """Whether this request's answer is searched for tool calls (tool_choice "auto")."""
+        if not request.tools or request.tool_choice == "none":
+            return False
+        if self.tool_call_parser is None:
+            raise ParamError(
+                "tool_choice", '"auto" tool choice requires --enable-auto-tool-choice and '
+                "--tool-call-parser to be set.")
+        return True
 
     def new_stream(self, request: ChatCompletionRequest, request_id: str) -> ChatStream:
-        return ChatStream(request, request_id, self.served_model_name, self.reasoning)
+        return ChatStream(request, request_id, self.served_model_name, self.reasoning,
+                          self.parses_tools(request))
 
     async def start_chat(
         self, request: ChatCompletionRequest, request_id: str, stream: ChatStream | None = None
@@ -139,6 +172,8 @@ class OpenAIServingChat(OpenAIServing):
                 chat_template_kwargs=request.chat_template_kwargs,
                 check_text=self.engine.input_processor.check_prompt_text,
                 chat_template=self.chat_template,
+                tools=([t.model_dump(exclude_none=True) for t in request.tools]
+                       if request.tools else None),
             )
         except ParamError:
             raise
@@ -161,6 +196,7 @@ class OpenAIServingChat(OpenAIServing):
         self, request: ChatCompletionRequest, request_id: str | None = None
     ) -> ChatCompletionResponse:
         request_id = request_id or random_id("chatcmpl")
+        tools = self.parses_tools(request)
         started = await self.start_chat(request, request_id)
         final = await self.final_output(started)
         choices = []
@@ -172,11 +208,21 @@ class OpenAIServingChat(OpenAIServing):
             content, reasoning = c.text, None
             if self.reasoning is not None:
                 reasoning, content = self.reasoning.split(c.text)
+            calls: list[ToolCall] = []
+            finish = c.finish_reason
+            if tools and content is not None:
+                content, parsed = parse_tool_calls(content)
+                calls = [ToolCall(id=p.id, function=FunctionCall(name=p.name,
+                                                                 arguments=p.arguments))
+                         for p in parsed]
+                if calls:
+                    finish = "tool_calls"
             choices.append(ChatCompletionResponseChoice(
                 index=c.index,
-                message=ChatResponseMessage(content=content, reasoning=reasoning),
+                message=ChatResponseMessage(content=content, reasoning=reasoning,
+                                            tool_calls=calls),
                 logprobs=lps,
-                finish_reason=c.finish_reason,
+                finish_reason=finish,
                 stop_reason=c.stop_reason,
                 token_ids=list(c.token_ids) if request.return_token_ids else None,
             ))

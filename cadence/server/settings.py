@@ -51,6 +51,9 @@ class ServerSettings:
     web_page: bool = True
     # Splits <think> ... </think> into the message's reasoning field (cadence.server.reasoning).
     reasoning_parser: str | None = None
+    # Tool calls parsed out of chat answers for tool_choice "auto" (cadence.server.tool_calls).
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
 
     def __post_init__(self) -> None:
         for name in _CORS_LISTS:
@@ -70,6 +73,11 @@ class ServerSettings:
             from cadence.server.reasoning import reasoning_parser
 
             reasoning_parser(self.reasoning_parser)  # a ValueError naming the choices
+        if self.tool_call_parser is not None and self.tool_call_parser not in ("hermes",):
+            raise ValueError(f"--tool-call-parser {self.tool_call_parser!r} is not known; "
+                             "use hermes.")
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes).")
         if not 1 <= self.api_server_count <= 64:
             raise ValueError(f"api_server_count must be in [1, 64], got {self.api_server_count}.")
         if self.http not in ("auto", "h11", "httptools"):

@@ -166,3 +166,17 @@ def test_tool_call_arguments_that_are_not_json_are_a_400(http: httpx.Client) -> 
     resp = http.post(CHAT, json={"messages": bad, "max_tokens": 1})
     assert resp.status_code == 400
     assert resp.json()["error"]["param"] == "messages.tool_calls.0.function.arguments"
+
+
+def test_tools_reach_the_template(hf_tokenizer: Any) -> None:
+    from cadence.server.chat_template import render_chat
+    from cadence.server.protocol import ChatMessage
+
+    template = ("{% for t in tools or [] %}[tool {{ t.function.name }}: "
+                "{{ t.function.parameters.properties | list | join(',') }}]{% endfor %}"
+                "{% for m in messages %}{{ m.content }}{% endfor %}")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {}, "days": {}}}}}]
+    ids = render_chat(hf_tokenizer, [ChatMessage(role="user", content="hi")],
+                      chat_template=template, tools=tools)
+    assert ids == encode(hf_tokenizer, "[tool get_weather: city,days]hi")

@@ -1,0 +1,111 @@
+"""Tool calls in a model's text (vLLM's ``--tool-call-parser hermes``): the ``<tool_call>`` JSON
+lines of the Hermes / Qwen2.5 / Qwen3 chat templates,
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+become OpenAI ``tool_calls`` (arguments as JSON text); the text before the first call is the
+message's content (text between or after calls is not). Streamed, a call goes out whole once its
+closing tag arrives; text that may be the start of a tag is held back until the next piece shows
+what it is.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+__all__ = ["TOOL_CALL_PARSERS", "ParsedCall", "ToolCallStream", "parse_tool_calls"]
+
+START, END = "<tool_call>", "</tool_call>"
+TOOL_CALL_PARSERS = ("hermes",)
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    id: str
+    name: str
+    arguments: str  # JSON text
+
+
+def _call(body: str) -> ParsedCall | None:
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return ParsedCall(f"chatcmpl-tool-{uuid.uuid4().hex}", obj["name"], text)
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[ParsedCall]]:
+    """(content, calls) of a whole output. Text whose calls are not valid JSON objects with a
+    name stays content, with no calls (as vLLM's parser does)."""
+    head, tag, rest = text.partition(START)
+    if not tag:
+        return text or None, []
+    calls: list[ParsedCall] = []
+    while tag:
+        body, end, after = rest.partition(END)
+        call = _call(body.strip())
+        if call is None:
+            return text or None, []
+        calls.append(call)
+        if not end:
+            break
+        _, tag, rest = after.partition(START)
+    return head or None, calls
+
+
+def _tag_prefix_len(text: str, tag: str) -> int:
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+class ToolCallStream:
+    """Splits streamed text into content and whole tool calls."""
+
+    def __init__(self) -> None:
+        self.pending = ""  # held back: the start of a tag, or a call whose end has not come
+        self.in_call = False
+        self.started = False  # a call began: text outside calls is no longer content
+        self.calls: list[ParsedCall] = []
+
+    def feed(self, piece: str, final: bool = False) -> tuple[str, list[ParsedCall]]:
+        """The content text and the finished calls that ``piece`` adds (``final``: nothing
+        follows; an unclosed call is parsed as it stands, held-back text goes out)."""
+        text = self.pending + piece
+        self.pending = ""
+        content: list[str] = []
+        new: list[ParsedCall] = []
+        while text:
+            if not self.in_call:
+                head, tag, rest = text.partition(START)
+                if tag:
+                    if not self.started:
+                        content.append(head)
+                    self.in_call, self.started, text = True, True, rest
+                    continue
+                keep = 0 if final else _tag_prefix_len(text, START)
+                if not self.started:
+                    content.append(text[: len(text) - keep])
+                self.pending = text[len(text) - keep:]
+                break
+            body, tag, rest = text.partition(END)
+            if not tag and not final:
+                self.pending = text  # a call whose closing tag has not come yet
+                break
+            call = _call(body.strip())
+            if call is None:  # not a call after all: it is text
+                content.append(START + body + tag)
+            else:
+                new.append(call)
+            self.in_call, text = False, rest
+        self.calls.extend(new)
+        return "".join(content), new

@@ -1,0 +1,142 @@
+"""Tool calls (--enable-auto-tool-choice --tool-call-parser hermes): the parser on crafted texts,
+whole and split into any stream pieces, and end to end through the openai client with an engine
+whose answer is scripted to be a tool call."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import openai
+import pytest
+
+from cadence.engine.core import EngineCore
+from cadence.server.tool_calls import ToolCallStream, parse_tool_calls
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+TEXTS = [
+    ("no call at all", "no call at all", []),
+    ("Let me look." + CALL, "Let me look.", [("get_weather", {"city": "Paris", "days": 2})]),
+    (CALL + "\n" + CALL.replace("Paris", "Rome"), None,
+     [("get_weather", {"city": "Paris", "days": 2}), ("get_weather", {"city": "Rome", "days": 2})]),
+    ('<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>', None, [("f", {"x": 1})]),
+    ('<tool_call>{"name": "f", "parameters": {"y": [1, 2]}}', None, [("f", {"y": [1, 2]})]),
+    ("<tool_call>{not json}</tool_call>", "<tool_call>{not json}</tool_call>", []),
+    ('<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
+]
+
+
+def _shape(calls) -> list:
+    return [(c.name, json.loads(c.arguments)) for c in calls]
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), TEXTS)
+def test_whole_texts(text, content, calls) -> None:
+    got_content, got_calls = parse_tool_calls(text)
+    assert got_content == content and _shape(got_calls) == calls
+    assert len({c.id for c in got_calls}) == len(got_calls)
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_any_split_streams_the_same_calls(seed) -> None:
+    rng = random.Random(seed)
+    for text, content, calls in TEXTS[:5]:  # valid texts (an invalid one streams as text)
+        cuts = sorted(rng.sample(range(len(text) + 1), k=min(len(text), rng.randrange(0, 8))))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        stream = ToolCallStream()
+        got, shown = [], ""
+        for i, piece in enumerate(pieces):
+            c, new = stream.feed(piece, final=i == len(pieces) - 1)
+            shown += c
+            got.extend(new)
+            assert "<tool" not in shown  # no half tag is ever shown as content
+        assert (shown or None) == content and _shape(got) == calls, pieces
+
+
+class ScriptedCore(EngineCore):
+    """The real engine, except that every request's sampled tokens are ``SCRIPT`` in order."""
+
+    SCRIPT: list[int] = []
+
+    def __init__(self, args) -> None:
+        super().__init__(args)
+        execute, counts = self.runner.execute_model, {}
+
+        def scripted(so):
+            pending = execute(so)
+
+            class Scripted:
+                def get_output(self):
+                    out = pending.get_output()
+                    for row, req_id in enumerate(out.req_ids):
+                        if out.sampled_token_ids[row]:
+                            k = counts[req_id] = counts.get(req_id, -1) + 1
+                            out.sampled_token_ids[row] = [ScriptedCore.SCRIPT[k]]
+                    return out
+
+            return Scripted()
+
+        self.runner.execute_model = scripted
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather by city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+@pytest.fixture
+def tool_server(server_factory):
+    from transformers import AutoTokenizer
+
+    from cadence.model.tiny import ensure_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+    ScriptedCore.SCRIPT = tok.encode("Sure." + CALL, add_special_tokens=False)
+    srv = server_factory(core_factory=ScriptedCore, app_kwargs={
+        "enable_auto_tool_choice": True, "tool_call_parser": "hermes"})
+    return srv, len(ScriptedCore.SCRIPT)
+
+
+def test_tool_calls_through_the_openai_client(tool_server) -> None:
+    srv, n = tool_server
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS,
+              max_tokens=n, temperature=0.0, extra_body={"ignore_eos": True})
+    out = client.chat.completions.create(**kw)
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Sure."
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris", "days": 2}
+    content, calls, finish = "", [], None
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        calls.extend(delta.tool_calls or [])
+        finish = chunk.choices[0].finish_reason or finish
+    assert content == "Sure." and finish == "tool_calls"
+    (streamed,) = calls
+    assert streamed.index == 0 and streamed.function.name == "get_weather"
+    assert json.loads(streamed.function.arguments) == {"city": "Paris", "days": 2}
+    # tool_choice "none": the answer is plain text.
+    plain = client.chat.completions.create(**kw, tool_choice="none")
+    assert plain.choices[0].message.content.startswith("Sure.<tool_call>")
+    assert not plain.choices[0].message.tool_calls
+
+
+@pytest.mark.parametrize(("body", "fragment"), [
+    ({"tools": TOOLS}, "--enable-auto-tool-choice"),
+    ({"tools": TOOLS, "tool_choice": "required"}, "structured outputs"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "has not been passed"),
+    ({"tool_choice": "auto"}, "`tools` must be set"),
+])
+def test_tool_choice_errors_name_the_parameter(http, body, fragment) -> None:
+    resp = http.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **body})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == "tool_choice" and fragment in error["message"]
