@@ -8,6 +8,29 @@ import numbers
 from dataclasses import dataclass, field
 
 
+@dataclass
+class StructuredOutputsParams:
+    """Output constrained to a grammar (vLLM's ``StructuredOutputsParams``): exactly one of a
+    JSON schema, any JSON object, a regular expression, a choice of strings, or an EBNF grammar
+    (xgrammar's dialect)."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("json", "regex", "choice", "grammar", "json_object")
+                 if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError("structured_outputs must set exactly one of json, regex, choice, "
+                             f"grammar and json_object, got {given or 'none'}.")
+        if self.choice is not None and (
+                not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
+            raise ValueError("structured_outputs: choice must be non-empty strings.")
+
+
 class RequestOutputKind(enum.Enum):
     CUMULATIVE = 0  # every output carries everything generated so far
     DELTA = 1  # every output carries only what is new since the last one
@@ -38,6 +61,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     skip_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Filled in by the engine from the tokenizer / generation config; not user-facing.
@@ -60,6 +84,8 @@ class SamplingParams:
             self.allowed_token_ids = list(self.allowed_token_ids)
         if self.bad_words is not None:
             self.bad_words = list(self.bad_words)
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         self._verify()
         if self.top_k == 0:
             self.top_k = -1  # vLLM: 0 disables top-k, as -1 does

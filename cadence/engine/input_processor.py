@@ -30,6 +30,7 @@ MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 512
 MAX_STOP_TOKEN_IDS = 256
 MAX_BAD_WORDS = 128
+MAX_GRAMMAR_CHARS = 65536
 
 PromptType = str | Mapping[str, Any]
 
@@ -228,6 +229,8 @@ class InputProcessor:
                 "stop",
             )
         self._validate_token_fields(params)
+        if params.structured_outputs is not None:
+            self._check_structured_outputs(params)
         for name, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
             setattr(params, name, self._check_logprobs(getattr(params, name), name, kind))
 
@@ -251,6 +254,26 @@ class InputProcessor:
                 n,
             )
         return n
+
+    def _check_structured_outputs(self, params: SamplingParams) -> None:
+        from cadence.worker.grammar import check_structured_outputs
+
+        spec = params.structured_outputs
+        assert spec is not None
+        if self.tokenizer is None:
+            raise InputValidationError(
+                "structured outputs need a tokenizer, and this engine has none.",
+                "structured_outputs")
+        text = str(spec.json or "") + (spec.regex or "") + (spec.grammar or "") + "".join(
+            spec.choice or [])
+        if len(text) > MAX_GRAMMAR_CHARS:
+            raise InputValidationError(
+                f"structured_outputs: at most {MAX_GRAMMAR_CHARS} characters of schema, regex, "
+                f"choices or grammar, got {len(text)}.", "structured_outputs")
+        try:
+            check_structured_outputs(spec)
+        except ValueError as exc:
+            raise InputValidationError(str(exc), "structured_outputs") from None
 
     def _validate_token_fields(self, params: SamplingParams) -> None:
         """logit_bias, allowed_token_ids and bad_words against the vocabulary; the bad words

@@ -16,7 +16,9 @@ from cadence.sampling_params import (
     MAX_N,
     RequestOutputKind,
     SamplingParams,
+    StructuredOutputsParams,
 )
+from cadence.worker.grammar import check_structured_outputs
 
 # Prompts one completions request may carry (each becomes an engine request).
 MAX_PROMPTS_PER_REQUEST = 1024
@@ -90,6 +92,28 @@ class StreamOptions(OpenAIModel):
     continuous_usage_stats: bool | None = False
 
 
+class JsonSchemaFormat(OpenAIModel):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsField(OpenAIModel):
+    """vLLM's ``structured_outputs`` request field: exactly one of these."""
+
+    json_: str | dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class _SamplingRequest(OpenAIModel):
     """Fields shared by completions and chat completions."""
 
@@ -118,11 +142,18 @@ class _SamplingRequest(OpenAIModel):
     bad_words: list[str] | None = None
     # vLLM: per prompt token after the first, its logprob and the top-N (non-streamed only).
     prompt_logprobs: int | None = Field(default=None, ge=-1)
+    structured_outputs: StructuredOutputsField | None = None
+    response_format: ResponseFormat | None = None
     user: str | None = None
 
     def _check_common(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise ParamError("stream_options", "stream_options can only be set when stream=true.")
+        if (self.response_format is not None and self.response_format.type == "json_schema"
+                and (self.response_format.json_schema is None
+                     or self.response_format.json_schema.schema_ is None)):
+            raise ParamError("response_format",
+                             "response_format json_schema needs json_schema.schema.")
         if self.stream and self.prompt_logprobs is not None and self.prompt_logprobs != 0:
             raise ParamError("prompt_logprobs",
                              "prompt_logprobs are not available when stream=true.")
@@ -170,6 +201,7 @@ class _SamplingRequest(OpenAIModel):
             logit_bias=self._logit_bias(),
             allowed_token_ids=self.allowed_token_ids,
             bad_words=self.bad_words or None,
+            structured_outputs=self._structured_outputs(),
             seed=self.seed,
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
@@ -182,6 +214,32 @@ class _SamplingRequest(OpenAIModel):
             skip_special_tokens=self.skip_special_tokens,
             output_kind=kind,
         )
+
+    def _structured_outputs(self) -> StructuredOutputsParams | None:
+        """``structured_outputs`` (vLLM's field) or ``response_format`` (OpenAI's)."""
+        so, rf = self.structured_outputs, self.response_format
+        if so is not None:
+            if rf is not None and rf.type != "text":
+                raise ParamError("structured_outputs",
+                                 "set structured_outputs or response_format, not both.")
+            try:
+                return StructuredOutputsParams(json=so.json_, regex=so.regex, choice=so.choice,
+                                               grammar=so.grammar, json_object=so.json_object)
+            except ValueError as exc:
+                raise ParamError("structured_outputs", str(exc)) from None
+        if rf is None or rf.type == "text":
+            return None
+        if rf.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        assert rf.json_schema is not None
+        spec = StructuredOutputsParams(json=rf.json_schema.schema_)
+        try:
+            check_structured_outputs(spec)  # the error names response_format, not the engine's
+        except ValueError as exc:
+            raise ParamError("response_format", str(exc).replace(
+                "structured_outputs: invalid json", "response_format: invalid json_schema")
+            ) from None
+        return spec
 
     def _logit_bias(self) -> dict[int, float] | None:
         """OpenAI's string token ids as ints, biases clipped to [-100, 100] (as vLLM does)."""
@@ -325,10 +383,6 @@ class NamedToolChoice(OpenAIModel):
     function: NamedFunction
 
 
-class ResponseFormat(OpenAIModel):
-    type: str = "text"
-
-
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage]
     max_tokens: int | None = Field(default=None, ge=1)
@@ -341,7 +395,6 @@ class ChatCompletionRequest(_SamplingRequest):
     return_token_ids: bool = False  # vLLM: ids of the prompt and of each chunk
     tools: list[ChatTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    response_format: ResponseFormat | None = None
 
     def check(self) -> None:
         """Semantic checks beyond the schema; raise ``ParamError`` naming the parameter."""
@@ -360,8 +413,6 @@ class ChatCompletionRequest(_SamplingRequest):
             raise ParamError(
                 "tool_choice", "tool_choice 'required' and a named function need structured "
                 "outputs, which this server does not have; use 'auto'.")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise ParamError("response_format", "only response_format type 'text' is supported.")
         check_template_options(self.chat_template_kwargs, self.add_generation_prompt,
                                self.continue_final_message)
 

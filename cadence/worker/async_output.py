@@ -46,8 +46,19 @@ class PendingOutput:
     rows: np.ndarray
     logprobs: object | None
 
+    done: bool = False
+
     def get_output(self) -> ModelRunnerOutput:
+        self.done = True
         return self.copier.finish(self)
+
+    def peek(self) -> dict[str, int]:
+        """The sampled token of each request of this step, before ``get_output`` (waits for
+        this step's copy only); empty once the output was taken."""
+        if self.done:
+            return {}
+        sampled = self.slot.fetch(self.n).tolist()
+        return {self.req_ids[row]: sampled[i] for i, row in enumerate(self.rows.tolist())}
 
 
 class OutputCopier:
@@ -55,12 +66,18 @@ class OutputCopier:
         self.main = main
         self.copy = copy
         self.pool = rt.create_slot_pool(_NUM_SLOTS, max_rows, torch.int64)
+        self.last: PendingOutput | None = None  # the newest step's (read by structured outputs)
 
     def start(self, req_ids: list[str], rows: np.ndarray, sampled: torch.Tensor, n: int,
               logprobs) -> PendingOutput:
         slot = self.pool.borrow()
         slot.stage(sampled, n, main=self.main, copy=self.copy)
-        return PendingOutput(self, slot, n, req_ids, rows, logprobs)
+        self.last = PendingOutput(self, slot, n, req_ids, rows, logprobs)
+        return self.last
+
+    def peek_last(self) -> dict[str, int]:
+        """The last step's tokens by request while its output is still in flight."""
+        return self.last.peek() if self.last is not None else {}
 
     def finish(self, pending: PendingOutput) -> ModelRunnerOutput:
         sampled = pending.slot.fetch(pending.n).tolist()  # waits for this slot's copy only

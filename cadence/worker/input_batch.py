@@ -176,6 +176,10 @@ class InputBatch:
             if new_blocks and req_id in slot_of:
                 self.append_blocks(slot_of[req_id], new_blocks)
 
+    def fail(self, req_id: str, reason: str) -> None:
+        """Report a request as refused (it runs this step, and the scheduler then ends it)."""
+        self._failed[req_id] = reason
+
     def take_failed(self) -> dict[str, str]:
         """Requests refused on admission since the last call (id -> reason)."""
         failed, self._failed = self._failed, {}

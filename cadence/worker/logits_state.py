@@ -8,6 +8,7 @@ words). See ``logits_processors`` for what is applied and in which order.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -106,11 +107,11 @@ class LogitsState:
                 del table[req_id]
 
     @property
-    def tracks_history(self) -> bool:
+    def active(self) -> bool:
         """Whether any request in the batch has bad words (its outputs are recorded)."""
         return bool(self._history)
 
-    def wants_history(self, req_id: str) -> bool:
+    def wants(self, req_id: str) -> bool:
         return req_id in self._history
 
     def record(self, req_id: str, index: int, token: int) -> None:
@@ -180,9 +181,9 @@ class LogitsState:
 
 class RecordingOutput:
     """A step's output that, once on the host, records the sampled tokens of ``tracked``
-    (request id, output index) pairs into ``state`` (their bad-word history)."""
+    (request id, output index) pairs into ``state`` (bad-word history, grammar matchers)."""
 
-    def __init__(self, inner: AsyncModelRunnerOutput, state: LogitsState,
+    def __init__(self, inner: AsyncModelRunnerOutput, state: Any,
                  tracked: list[tuple[str, int]]) -> None:
         self.inner = inner
         self.state = state

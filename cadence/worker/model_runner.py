@@ -69,7 +69,8 @@ class ModelRunner:
         self.input_batch = InputBatch(self.max_num_reqs, self.max_model_len,
                                       self.max_blocks_per_req, self.block_size)
         self.sampler = Sampler()
-        self.sampling = RequestSampling(self.input_batch, self.vocab_size, device)
+        self.sampling = RequestSampling(self.input_batch, self.vocab_size, device,
+                                        spec.tokenizer_path)
         self.kv_caches: list[torch.Tensor] = []
         self.buffers = StepBuffers(self.rt, self.main, self.max_num_tokens, self.max_num_reqs,
                                    self.max_blocks_per_req, device)
@@ -295,7 +296,7 @@ class ModelRunner:
                 index = self.buffers.logits_index[: len(rows)].long()
                 logits = self.model.compute_logits(hidden[index])
         with nvtx_range("sample"):
-            md = self.sampling.metadata(inp, self.last_sampled)
+            md = self.sampling.metadata(inp, self.last_sampled, self.copier.peek_last)
             sampled = self.sampler(logits, md)
             self.sampling.after_sampling(md, sampled.sampled_token_ids)
             n = len(rows)

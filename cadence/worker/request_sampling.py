@@ -3,7 +3,7 @@ the logits processors' state, the requests that want prompt logprobs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -11,6 +11,7 @@ import torch
 from cadence.profiling import nvtx_range
 from cadence.runner_output import AsyncModelRunnerOutput
 from cadence.scheduler.output import SchedulerOutput
+from cadence.worker.grammar import GrammarState
 from cadence.worker.input_batch import InputBatch, StepInputs
 from cadence.worker.logits_processors import to_device
 from cadence.worker.logits_state import LogitsState, RecordingOutput
@@ -19,11 +20,13 @@ from cadence.worker.sampler import SamplingMetadata, SamplingRows, seed_generato
 
 
 class RequestSampling:
-    def __init__(self, batch: InputBatch, vocab_size: int, device: torch.device) -> None:
+    def __init__(self, batch: InputBatch, vocab_size: int, device: torch.device,
+                 tokenizer_path: str | None = None) -> None:
         self.batch = batch
         self.device = device
         self.generators: dict[str, torch.Generator] = {}  # by request id
         self.logits_state = LogitsState(batch.max_num_reqs, vocab_size, device)
+        self.grammar = GrammarState(tokenizer_path, vocab_size)  # structured outputs
         self.prompt_logprob_reqs: set[str] = set()  # requests that want prompt logprobs
 
     def update(self, so: SchedulerOutput, src: list[int], dst: list[int]) -> None:
@@ -38,6 +41,8 @@ class RequestSampling:
         for req_id in [r for r in self.generators if r not in live]:
             del self.generators[req_id]
         state.retain(live)
+        if self.grammar.active:
+            self.grammar.retain(live)
         if self.prompt_logprob_reqs:
             self.prompt_logprob_reqs &= live.keys()
         for new in so.scheduled_new_reqs:
@@ -47,12 +52,19 @@ class RequestSampling:
             slot = live.get(new.req_id)
             if slot is not None and params.needs_logits_processing:
                 state.admit(slot, new.req_id, new.prompt_token_ids, new.output_token_ids, params)
+            if slot is not None and params.structured_outputs is not None:
+                try:
+                    self.grammar.admit(new.req_id, params, new.output_token_ids)
+                except Exception as exc:  # the request's grammar, not the engine, is at fault
+                    batch.fail(new.req_id, f"structured outputs: {exc}")
 
     def _index(self, values: list[int]) -> torch.Tensor:
         return to_device(torch.tensor(values, dtype=torch.int64), self.device)
 
-    def metadata(self, inp: StepInputs, last_sampled: torch.Tensor) -> SamplingMetadata:
-        """The sampling inputs of the step's sampling rows."""
+    def metadata(self, inp: StepInputs, last_sampled: torch.Tensor,
+                 in_flight: Callable[[], Mapping[str, int]]) -> SamplingMetadata:
+        """The sampling inputs of the step's sampling rows (``in_flight()``: the previous
+        step's tokens by request, for grammars)."""
         batch = self.batch
         slots = inp.slots[inp.sample_rows].tolist()
         params = [batch.params[s] for s in slots]
@@ -85,6 +97,11 @@ class RequestSampling:
                 np.asarray(slots, dtype=np.int64), params, out_index, last_sampled)
             for row, ids in bans.items():
                 md.banned_token_ids[row] = md.banned_token_ids.get(row, []) + ids
+        if self.grammar.active:
+            rows_under, mask = self.grammar.bitmask(
+                [batch.slot_req_ids[s] for s in slots], out_index, in_flight)
+            if rows_under:
+                md.grammar = (rows_under, mask)
         return md
 
     def after_sampling(self, md: SamplingMetadata, sampled: torch.Tensor) -> None:
@@ -102,13 +119,17 @@ class RequestSampling:
     def record_history(self, out: AsyncModelRunnerOutput,
                        inp: StepInputs) -> AsyncModelRunnerOutput:
         """Have the outputs of requests with bad words recorded once they reach the host."""
-        state, batch = self.logits_state, self.batch
-        if not state.tracks_history:
-            return out
-        tracked = []
-        for row in inp.sample_rows.tolist():
-            req_id = inp.req_ids[row]
-            if state.wants_history(req_id):
-                slot = batch.req_id_to_slot[req_id]
-                tracked.append((req_id, int(batch.num_tokens[slot] - 1 - batch.num_prompt[slot])))
-        return RecordingOutput(out, state, tracked) if tracked else out
+        batch = self.batch
+        for state in (self.logits_state, self.grammar):
+            if not state.active:
+                continue
+            tracked = []
+            for row in inp.sample_rows.tolist():
+                req_id = inp.req_ids[row]
+                if state.wants(req_id):
+                    slot = batch.req_id_to_slot[req_id]
+                    index = int(batch.num_tokens[slot] - 1 - batch.num_prompt[slot])
+                    tracked.append((req_id, index))
+            if tracked:
+                out = RecordingOutput(out, state, tracked)
+        return out

@@ -16,6 +16,7 @@ import torch
 
 from cadence.runner_output import LogprobsLists
 from cadence.sampling_params import SamplingParams
+from cadence.worker.grammar import apply_bitmask
 from cadence.worker.logits_processors import (
     LogitsInputs,
     apply_logits_processors,
@@ -51,6 +52,8 @@ class SamplingMetadata:
     min_p: tuple[torch.Tensor, torch.Tensor] | None = None
     # Allowed ids, bad words, logit bias, penalties (``logits_processors``); None: no row has any.
     processors: LogitsInputs | None = None
+    # Structured outputs: (rows under a grammar, token bitmask of every row) (``grammar``).
+    grammar: tuple[list[int], torch.Tensor] | None = None
 
     @classmethod
     def from_params(
@@ -181,6 +184,10 @@ class Sampler:
     """Samples one token per row of ``logits`` [N, V]."""
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        if md.grammar is not None:
+            # The grammar comes first, as in vLLM (the logprobs see its mask too).
+            logits = logits.to(torch.float32, copy=True)
+            apply_bitmask(logits, *md.grammar)
         # Logprobs are of the raw logits (vLLM's default "raw_logprobs" mode).
         raw_logprobs = None
         if md.max_num_logprobs is not None:

@@ -130,7 +130,8 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
         "max allowed: 20",
     ),
     (CHAT, {"messages": MSG, "temperature": -1}, 400, "temperature", "greater than"),
-    (CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools", "not supported"),
+    (CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools.0.function",
+     "required"),
     (CHAT, {"messages": MSG, "priority": -1}, 400, "priority", "priority"),
     (
         COMPLETIONS,

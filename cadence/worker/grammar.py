@@ -1,0 +1,163 @@
+"""Structured outputs in the runner: one xgrammar matcher per constrained request and, each step,
+the token bitmask of the rows that sample under a grammar.
+
+A matcher advances only on tokens that are final: the outputs the host knows (recorded when a
+step's output reaches it) and, under async scheduling, the token still in flight from the step
+before, read from that step's host copy (its copy was issued a step earlier, so the wait is
+short). The bitmask is filled while the step's forward runs on the device. Requests without a
+grammar are never looked at; grammars compile once per distinct spec (xgrammar caches them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from cadence.sampling_params import SamplingParams, StructuredOutputsParams
+from cadence.worker.logits_processors import to_device
+
+logger = logging.getLogger(__name__)
+
+# The longest run of whitespace a JSON grammar allows between tokens of the JSON text.
+MAX_WHITESPACE_RUN = 4
+
+__all__ = ["GrammarState", "apply_bitmask", "check_structured_outputs", "grammar_of"]
+
+
+def _xgr() -> Any:
+    try:
+        import xgrammar
+    except ImportError:
+        raise ValueError("structured outputs need xgrammar (pip install xgrammar).") from None
+    return xgrammar
+
+
+def grammar_of(spec: StructuredOutputsParams) -> Any:
+    """The xgrammar ``Grammar`` of ``spec``; a ValueError names what is wrong with it."""
+    xgr = _xgr()
+    try:
+        if spec.json is not None or spec.json_object:
+            schema = spec.json if spec.json is not None else {"type": "object"}
+            text = schema if isinstance(schema, str) else json.dumps(schema)
+            # NOTE: runs of whitespace are bounded: a model that likes blanks could otherwise
+            # pad the JSON for ever without breaking the grammar.
+            return xgr.Grammar.from_json_schema(text, max_whitespace_cnt=MAX_WHITESPACE_RUN)
+        if spec.regex is not None:
+            return xgr.Grammar.from_regex(spec.regex)
+        if spec.choice is not None:
+            return xgr.Grammar.from_regex("|".join(re.escape(c) for c in spec.choice))
+        return xgr.Grammar.from_ebnf(spec.grammar or "")
+    except Exception as exc:  # xgrammar raises RuntimeError / its own errors
+        kind = next(k for k in ("json", "json_object", "regex", "choice", "grammar")
+                    if getattr(spec, k) not in (None, False))
+        # xgrammar's messages start with a time stamp and a source location: keep the words.
+        reason = re.sub(r"^\[[^\]]*\] \S+:\d+: ", "", str(exc).strip())
+        raise ValueError(f"structured_outputs: invalid {kind}: {reason}") from None
+
+
+def check_structured_outputs(spec: StructuredOutputsParams) -> None:
+    """Parse ``spec`` once (in the front end): an invalid schema or grammar is the request's
+    error, not the engine's."""
+    grammar_of(spec)
+
+
+@dataclass
+class _Constrained:
+    matcher: Any
+    accepted: int = 0  # outputs the matcher has consumed
+    history: list[int] = field(default_factory=list)  # outputs the host knows, in order
+
+
+class GrammarState:
+    def __init__(self, tokenizer_path: str | None, vocab_size: int) -> None:
+        self.tokenizer_path = tokenizer_path
+        self.vocab_size = vocab_size
+        self._compiler: Any = None
+        self._reqs: dict[str, _Constrained] = {}
+
+    @property
+    def active(self) -> bool:
+        return bool(self._reqs)
+
+    def _compile(self, spec: StructuredOutputsParams) -> Any:
+        xgr = _xgr()
+        if self._compiler is None:
+            if self.tokenizer_path is None:
+                raise ValueError("structured outputs need the model's tokenizer; it has none.")
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(self.tokenizer_path)
+            info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=self.vocab_size)
+            self._compiler = xgr.GrammarCompiler(info)
+        return self._compiler.compile_grammar(grammar_of(spec))
+
+    def admit(self, req_id: str, params: SamplingParams, outputs: Sequence[int]) -> None:
+        """A constrained request (re)admitted with ``outputs`` already generated."""
+        assert params.structured_outputs is not None
+        matcher = _xgr().GrammarMatcher(self._compile(params.structured_outputs))
+        state = _Constrained(matcher, history=list(outputs))
+        self._reqs[req_id] = state
+        self._advance(req_id, state, len(outputs))
+
+    def retain(self, live: Mapping[str, int]) -> None:
+        for req_id in [r for r in self._reqs if r not in live]:
+            del self._reqs[req_id]
+
+    def wants(self, req_id: str) -> bool:
+        return req_id in self._reqs
+
+    def record(self, req_id: str, index: int, token: int) -> None:
+        state = self._reqs.get(req_id)
+        if state is not None and len(state.history) == index:
+            state.history.append(token)
+
+    def _advance(self, req_id: str, state: _Constrained, upto: int) -> None:
+        while state.accepted < upto:
+            token = state.history[state.accepted]
+            if not state.matcher.accept_token(token):
+                logger.warning("Request %s: token %d does not fit its grammar.", req_id, token)
+            state.accepted += 1
+
+    def bitmask(self, req_ids: Sequence[str], num_outputs: Sequence[int],
+                in_flight: Callable[[], Mapping[str, int]]) -> tuple[list[int], torch.Tensor]:
+        """For sampling rows ``req_ids`` (that have sampled ``num_outputs`` tokens so far): the
+        rows under a grammar, and the bitmask [rows, ceil(V / 32)] int32 on the host (rows
+        without a grammar allow everything). ``in_flight()`` gives the previous step's tokens
+        by request (read only when needed)."""
+        xgr = _xgr()
+        picked = [(row, r) for row, r in enumerate(req_ids) if r in self._reqs]
+        mask = xgr.allocate_token_bitmask(len(req_ids), self.vocab_size)
+        peeked: Mapping[str, int] | None = None
+        for row, req_id in picked:
+            state = self._reqs[req_id]
+            need = num_outputs[row]
+            if len(state.history) < need:
+                if peeked is None:
+                    peeked = in_flight()
+                token = peeked.get(req_id)
+                if token is not None and len(state.history) == need - 1:
+                    state.history.append(token)
+            try:
+                self._advance(req_id, state, min(need, len(state.history)))
+                if not state.matcher.is_terminated():
+                    state.matcher.fill_next_token_bitmask(mask, row)
+                # A finished grammar (its stop token taken) leaves the row free: that request
+                # has ended, and a step scheduled ahead of that news samples a token it drops.
+            except Exception:
+                # NOTE: one request's grammar must never stop the engine: it goes unconstrained
+                # from here on, loudly.
+                logger.exception("Request %s: its grammar failed; it is no longer constrained.",
+                                 req_id)
+                del self._reqs[req_id]
+        return [row for row, _ in picked if row is not None], mask
+
+
+def apply_bitmask(logits: torch.Tensor, rows: list[int], mask: torch.Tensor) -> None:
+    """Mask, in place, the tokens each grammar row may not take next."""
+    _xgr().apply_token_bitmask_inplace(logits, to_device(mask, logits.device), indices=rows)

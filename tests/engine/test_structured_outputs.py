@@ -1,0 +1,123 @@
+"""Structured outputs: with the tiny model's random weights the grammar alone makes every output
+valid (checked by jsonschema / re, independently of xgrammar); async on == off."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from cadence import LLM, SamplingParams
+from cadence.sampling_params import StructuredOutputsParams
+from tests.tiny import tiny_args
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3},
+        "inner": {"type": "object", "properties": {
+            "n": {"type": "integer", "minimum": 0, "maximum": 99},
+            "code": {"type": "string", "maxLength": 4}},
+            "required": ["n", "code"], "additionalProperties": False},
+    },
+    "required": ["ok", "tags", "inner"],
+    "additionalProperties": False,
+}
+REGEX = r"[a-c]{2,4}-[0-9]{3}"
+CHOICES = ["yes", "no", "it depends"]
+FORMATS = {
+    "json_schema": (dict(json=SCHEMA), lambda t: jsonschema.validate(json.loads(t), SCHEMA)),
+    "json_object": (dict(json_object=True), lambda t: isinstance(json.loads(t), dict) or 1 / 0),
+    "regex": (dict(regex=REGEX), lambda t: re.fullmatch(REGEX, t) or 1 / 0),
+    "choice": (dict(choice=CHOICES), lambda t: t in CHOICES or 1 / 0),
+}
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
+def llm(request):
+    engine = LLM(**vars(tiny_args(async_scheduling=request.param)))
+    yield engine
+    engine.shutdown()
+
+
+def _run(llm, fmt: str) -> list[str]:
+    spec, _ = FORMATS[fmt]
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=200,
+                             structured_outputs=StructuredOutputsParams(**spec))
+              for i in range(20)]
+    outs = llm.generate(["Give me the data:"] * 20, params, use_tqdm=False)
+    assert all(o.outputs[0].finish_reason == "stop" for o in outs)
+    return [o.outputs[0].text for o in outs]
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_twenty_seeded_outputs_are_valid(llm, fmt) -> None:
+    _, check = FORMATS[fmt]
+    texts = _run(llm, fmt)
+    for text in texts:
+        check(text)
+    assert len(set(texts)) > 1  # sampled, not forced into one answer
+
+
+def test_async_on_equals_off() -> None:
+    got = []
+    for async_scheduling in (False, True):
+        engine = LLM(**vars(tiny_args(async_scheduling=async_scheduling)))
+        got.append([_run(engine, fmt) for fmt in FORMATS])
+        engine.shutdown()
+    assert got[0] == got[1]
+
+
+def test_constrained_and_free_requests_share_steps() -> None:
+    """Only the constrained rows are masked: the free request gives its unconstrained tokens."""
+    engine = LLM(**vars(tiny_args()))
+    free = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    alone = engine.generate(["Hello"], free, use_tqdm=False)[0].outputs[0].token_ids
+    mixed = engine.generate(
+        ["Hello", "Hello"],
+        [free, SamplingParams(temperature=0.0, max_tokens=12,
+                              structured_outputs=StructuredOutputsParams(choice=CHOICES))],
+        use_tqdm=False)
+    assert mixed[0].outputs[0].token_ids == alone
+    assert mixed[1].outputs[0].text in CHOICES
+    engine.shutdown()
+
+
+@pytest.mark.parametrize(("spec", "fragment"), [
+    (dict(json={"type": "nope"}), "invalid json"),
+    (dict(regex="(unclosed"), "invalid regex"),
+    (dict(grammar="root ::= missing_rule"), "invalid grammar"),
+])
+def test_invalid_specs_are_the_requests_error(spec, fragment) -> None:
+    engine = LLM(**vars(tiny_args()))
+    with pytest.raises(ValueError, match=fragment):
+        engine.generate(["x"], SamplingParams(structured_outputs=StructuredOutputsParams(**spec)),
+                        use_tqdm=False)
+    with pytest.raises(ValueError, match="exactly one"):
+        StructuredOutputsParams(regex="a", choice=["b"])
+    engine.shutdown()
+
+
+def test_a_grammar_that_fails_in_the_runner_fails_its_request_only() -> None:
+    """A spec that skipped the front end's check ends its own request with an error."""
+    from cadence.core_types import EngineCoreRequest, FinishReason
+    from cadence.engine.core import EngineCore
+
+    core = EngineCore(tiny_args())
+    bad = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(regex="(x"))
+    good = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    core.add_request(EngineCoreRequest("bad", [5, 6, 7], bad))
+    core.add_request(EngineCoreRequest("good", [5, 6, 7], good))
+    finished = {}
+    while core.has_work():
+        outs, _ = core.step_fn()
+        for o in outs.outputs if outs is not None else []:
+            if o.finished:
+                finished[o.request_id] = o
+    assert finished["bad"].finish_reason == FinishReason.ERROR
+    assert "invalid regex" in finished["bad"].error
+    assert finished["good"].finish_reason == FinishReason.LENGTH
+    core.shutdown()

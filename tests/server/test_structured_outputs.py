@@ -1,0 +1,73 @@
+"""Structured outputs through the official openai client: response_format (json_object,
+json_schema) and vLLM's structured_outputs field, on both endpoints, streamed or not."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from tests.engine.test_structured_outputs import CHOICES, REGEX, SCHEMA
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+
+
+MSG = [{"role": "user", "content": "data please"}]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_chat_json_schema_and_json_object(client, stream) -> None:
+    formats = [({"type": "json_schema", "json_schema": {"name": "data", "schema": SCHEMA,
+                                                         "strict": True}}, SCHEMA),
+               ({"type": "json_object"}, {"type": "object"})]
+    for fmt, schema in formats:
+        for seed in range(3):
+            kw = dict(model="tiny", messages=MSG, max_tokens=200, temperature=1.0, seed=seed,
+                      response_format=fmt)
+            if stream:
+                text = "".join(c.choices[0].delta.content or "" for c in
+                               client.chat.completions.create(**kw, stream=True) if c.choices)
+            else:
+                text = client.chat.completions.create(**kw).choices[0].message.content
+            jsonschema.validate(json.loads(text), schema)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_completions_structured_outputs_field(client, stream) -> None:
+    import re
+
+    for so, check in (({"choice": CHOICES}, lambda t: t in CHOICES),
+                      ({"regex": REGEX}, lambda t: re.fullmatch(REGEX, t))):
+        kw = dict(model="tiny", prompt="Answer:", max_tokens=40, temperature=1.0, seed=5,
+                  extra_body={"structured_outputs": so})
+        if stream:
+            text = "".join(c.choices[0].text for c in
+                           client.completions.create(**kw, stream=True) if c.choices)
+        else:
+            text = client.completions.create(**kw).choices[0].text
+        assert check(text), text
+
+
+@pytest.mark.parametrize(("body", "param", "fragment"), [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                  "schema": {"type": "nope"}}}},
+     "response_format", "invalid json_schema"),
+    ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema.schema"),
+    ({"response_format": {"type": "xml"}}, "response_format.type", ""),
+    ({"structured_outputs": {"regex": "(open"}}, "structured_outputs", "invalid regex"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs",
+     "exactly one"),
+    ({"structured_outputs": {"choice": ["a"]}, "response_format": {"type": "json_object"}},
+     "structured_outputs", "not both"),
+])
+def test_bad_specs_are_400s_naming_the_field(http, body, param, fragment) -> None:
+    resp = http.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 4, **body})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param and fragment in error["message"]
+    assert http.get("/health").status_code == 200
