@@ -22,6 +22,10 @@ LLAMA3_ROPE_SCALING = {
 }
 
 
+# Shorter than most test prompts, and not a multiple of the KV block size.
+MISTRAL_WINDOW = 12
+
+
 def hf_config(
     family: str, tie: bool, llama_rope_theta: float, **fields: Any
 ) -> transformers.PretrainedConfig:
@@ -29,7 +33,7 @@ def hf_config(
 
     "llama" has llama3 rope scaling over ``llama_rope_theta``, "llama-bias" attention and MLP
     biases, "qwen3" a head_dim such that head_dim * num_heads != hidden_size, as in the real
-    Qwen3 models.
+    Qwen3 models, "mistral" a sliding window of ``MISTRAL_WINDOW`` tokens.
     """
     import transformers
 
@@ -44,6 +48,10 @@ def hf_config(
     if family == "llama-bias":
         return transformers.LlamaConfig(
             **fields, attention_bias=True, mlp_bias=True, architectures=["LlamaForCausalLM"]
+        )
+    if family == "mistral":
+        return transformers.MistralConfig(
+            **fields, sliding_window=MISTRAL_WINDOW, architectures=["MistralForCausalLM"]
         )
     if family == "qwen2":
         return transformers.Qwen2Config(**fields, architectures=["Qwen2ForCausalLM"])

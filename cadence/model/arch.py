@@ -6,9 +6,15 @@ from dataclasses import dataclass
 
 from transformers import PretrainedConfig
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
 _MODEL_TYPE_TO_ARCHITECTURE = {
     "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
 }
@@ -46,6 +52,12 @@ class DecoderArch:
     qk_norm: bool
     tie_word_embeddings: bool
     max_position_embeddings: int
+    # Each query sees at most its last `sliding_window` keys (itself included); 0: no window.
+    sliding_window: int = 0
+
+    def __post_init__(self) -> None:
+        if self.sliding_window < 0:
+            raise ValueError(f"sliding_window must be >= 0, got {self.sliding_window}.")
 
     @classmethod
     def from_hf_config(cls, config: PretrainedConfig) -> DecoderArch:
@@ -65,6 +77,9 @@ class DecoderArch:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         attention_bias = bool(getattr(config, "attention_bias", False))
         is_qwen2 = arch == "Qwen2ForCausalLM"
+        # Mistral's window applies to every layer (None: no window); Qwen2 configs carry a
+        # sliding_window that is unused unless use_sliding_window (refused above).
+        window = getattr(config, "sliding_window", None) if arch == "MistralForCausalLM" else None
         return cls(
             architecture=arch,
             vocab_size=config.vocab_size,
@@ -82,6 +97,7 @@ class DecoderArch:
             qk_norm=arch == "Qwen3ForCausalLM",
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             max_position_embeddings=config.max_position_embeddings,
+            sliding_window=int(window or 0),
         )
 
     @property

@@ -1,4 +1,4 @@
-"""One decoder-only transformer for the Llama, Qwen2 and Qwen3 families.
+"""One decoder-only transformer for the Llama, Mistral, Qwen2 and Qwen3 families.
 
 Construction allocates parameters on the current default device (use ``with torch.device(...)``);
 ``build_model`` in :mod:`cadence.model.loader` builds on the meta device and materializes the
@@ -30,6 +30,7 @@ class SelfAttention(nn.Module):
         self.q_size = arch.q_size
         self.kv_size = arch.kv_size
         self.scale = arch.head_dim**-0.5
+        self.sliding_window = arch.sliding_window
         self.backend = backend
         # Rows: [q | k | v], in that order (the loader fills the slices).
         self.qkv_proj = nn.Linear(arch.hidden_size, arch.q_size + 2 * arch.kv_size, arch.qkv_bias)
@@ -56,7 +57,7 @@ class SelfAttention(nn.Module):
             q_weight = k_weight = None
             eps = 0.0
         q, k = qk_norm_rope(q, k, positions, cos_sin, q_weight, k_weight, eps)
-        out = self.backend.forward(q, k, v, kv_cache, attn, self.scale)
+        out = self.backend.forward(q, k, v, kv_cache, attn, self.scale, self.sliding_window)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformers import LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
+from transformers import LlamaConfig, MistralConfig, PretrainedConfig, Qwen2Config, Qwen3Config
 
 _QWEN_VOCAB = 151936
 _LLAMA3_VOCAB = 128256
@@ -103,6 +103,26 @@ PRESETS: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
             "hidden_act": "silu",
             "bos_token_id": 128000,
             "eos_token_id": 128001,
+        },
+    ),
+    "mistral-7b": (  # v0.1: the sliding-window release
+        MistralConfig,
+        {
+            "architectures": ["MistralForCausalLM"],
+            "vocab_size": 32000,
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "max_position_embeddings": 32768,
+            "rope_theta": 10000.0,
+            "sliding_window": 4096,
+            "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": False,
+            "hidden_act": "silu",
+            "bos_token_id": 1,
+            "eos_token_id": 2,
         },
     ),
 }

@@ -8,6 +8,7 @@ import pytest
 import torch
 import transformers
 
+from cadence.model.arch import DecoderArch
 from cadence.model.attention import TorchAttentionBackend
 from cadence.model.decoder import CausalLM
 from cadence.model.registry import resolve_model
@@ -19,6 +20,7 @@ PRESET_PARAMS = {
     "qwen2.5-0.5b": 494_032_768,
     "llama3.2-1b": 1_235_814_400,
     "llama3-8b": 8_030_261_248,
+    "mistral-7b": 7_241_732_096,
 }
 
 
@@ -52,6 +54,18 @@ def test_preset_details():
     assert resolve_model("qwen3-0.6b").eos_token_ids == [151645]
     assert resolve_model("qwen2.5-0.5b").architecture == "Qwen2ForCausalLM"
     assert resolve_model("llama3-8b").hf_config.tie_word_embeddings is False
+    mistral = resolve_model("mistral-7b")
+    assert mistral.architecture == "MistralForCausalLM"
+    assert DecoderArch.from_hf_config(mistral.hf_config).sliding_window == 4096
+
+
+def test_sliding_window_is_read_for_mistral_only():
+    no_window = transformers.MistralConfig(sliding_window=None, architectures=["MistralForCausalLM"])
+    assert DecoderArch.from_hf_config(no_window).sliding_window == 0
+    # Qwen2 configs name a window that is unused while use_sliding_window is off.
+    qwen2 = hf_config("qwen2", tie=False)
+    qwen2.sliding_window = 64
+    assert DecoderArch.from_hf_config(qwen2).sliding_window == 0
 
 
 def test_directory_with_generation_config(tmp_path):
@@ -100,7 +114,9 @@ def test_unsupported_architecture_names_it_and_the_supported_ones(tmp_path):
         resolve_model(str(tmp_path))
     message = str(err.value)
     assert "GPT2LMHeadModel" in message
-    assert all(a in message for a in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"))
+    supported = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+    assert all(a in message for a in supported)
+    assert "\n" not in message
 
 
 def test_unsupported_features_are_rejected(tmp_path):
