@@ -22,6 +22,8 @@ LLAMA3_ROPE_SCALING = {
 }
 
 
+YARN_ROPE_SCALING = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+
 # Shorter than most test prompts, and not a multiple of the KV block size.
 MISTRAL_WINDOW = 12
 
@@ -31,7 +33,7 @@ def hf_config(
 ) -> transformers.PretrainedConfig:
     """A config of ``family`` with the sizes and token ids in ``fields``.
 
-    "llama" has llama3 rope scaling over ``llama_rope_theta``, "llama-bias" attention and MLP
+    "llama" has llama3 rope scaling over ``llama_rope_theta``, "llama-yarn" yarn rope scaling, "llama-bias" attention and MLP
     biases, "qwen3" a head_dim such that head_dim * num_heads != hidden_size, as in the real
     Qwen3 models, "mistral" a sliding window of ``MISTRAL_WINDOW`` tokens.
     """
@@ -44,6 +46,10 @@ def hf_config(
             rope_theta=llama_rope_theta,
             rope_scaling=dict(LLAMA3_ROPE_SCALING),
             architectures=["LlamaForCausalLM"],
+        )
+    if family == "llama-yarn":
+        return transformers.LlamaConfig(
+            **fields, rope_scaling=dict(YARN_ROPE_SCALING), architectures=["LlamaForCausalLM"]
         )
     if family == "llama-bias":
         return transformers.LlamaConfig(

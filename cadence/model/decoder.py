@@ -190,6 +190,8 @@ class CausalLM(nn.Module):
         if not self._kv_caches:
             raise RuntimeError("bind_kv_caches() must be called before the first forward.")
         cos_sin = self.rotary_emb.cos_sin
+        if self.rotary_emb.long_offset:
+            positions = self._longrope_rows(positions, attn)
         x = self.model.embed_tokens(input_ids)
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.model.layers, self._kv_caches, strict=True):
@@ -197,6 +199,17 @@ class CausalLM(nn.Module):
         if residual is None:
             return self.model.norm(x)
         return self.model.norm.add_and_norm(x, residual)[0]
+
+    def _longrope_rows(self, positions: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
+        """Rope table rows of longrope: the long factors' rows for every token of a sequence
+        longer than the original length after this pass (transformers picks the factors per
+        forward from its longest position), the short ones' otherwise. On the device, no sync."""
+        starts = attn.query_start_loc
+        tokens = torch.arange(positions.shape[0], device=positions.device, dtype=starts.dtype)
+        seq = torch.searchsorted(starts[1:], tokens, right=True)
+        seq = seq.clamp_(max=attn.seq_lens.shape[0] - 1)  # padding tokens past the last sequence
+        long = attn.seq_lens[seq] > self.rotary_emb.params.original_max_position_embeddings
+        return positions + long.to(positions.dtype) * self.rotary_emb.long_offset
 
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """``[N, hidden] -> [N, vocab]`` float32 logits."""

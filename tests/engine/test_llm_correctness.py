@@ -29,7 +29,7 @@ def _shared_prefix_prompts(seed: int = 1) -> list[list[int]]:
     return [prefix + [rng.randrange(3, VOCAB) for _ in range(n)] for n in (3, 9, 20, 1)]
 
 
-@pytest.fixture(scope="module", params=["llama", "mistral", "qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "llama-yarn", "mistral", "qwen2", "qwen3"])
 def checkpoint(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     model = build_hf_model(request.param, path)
