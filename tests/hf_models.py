@@ -33,7 +33,7 @@ def hf_config(
 ) -> transformers.PretrainedConfig:
     """A config of ``family`` with the sizes and token ids in ``fields``.
 
-    "llama" has llama3 rope scaling over ``llama_rope_theta``, "llama-yarn" yarn rope scaling, "llama-bias" attention and MLP
+    "llama" has llama3 rope scaling over ``llama_rope_theta``, "llama-yarn" yarn rope scaling, "phi3" and "phi3-long" longrope scaling, "llama-bias" attention and MLP
     biases, "qwen3" a head_dim such that head_dim * num_heads != hidden_size, as in the real
     Qwen3 models, "mistral" a sliding window of ``MISTRAL_WINDOW`` tokens.
     """
@@ -58,6 +58,24 @@ def hf_config(
     if family == "mistral":
         return transformers.MistralConfig(
             **fields, sliding_window=MISTRAL_WINDOW, architectures=["MistralForCausalLM"]
+        )
+    if family in ("phi3", "phi3-long"):
+        # "phi3": every test sequence stays within the original length (short factors);
+        # "phi3-long": prompts of more than 32 tokens run on the long factors from the start.
+        original = 128 if family == "phi3" else 32
+        head_dim = fields["hidden_size"] // fields["num_attention_heads"]
+        gen = torch.Generator().manual_seed(7)
+        scaling = {
+            "rope_type": "longrope",
+            "short_factor": (1 + torch.rand(head_dim // 2, generator=gen)).tolist(),
+            "long_factor": (1 + 8 * torch.rand(head_dim // 2, generator=gen)).tolist(),
+        }
+        return transformers.Phi3Config(
+            **fields,
+            rope_scaling=scaling,
+            original_max_position_embeddings=original,
+            sliding_window=MISTRAL_WINDOW + 9,
+            architectures=["Phi3ForCausalLM"],
         )
     if family == "qwen2":
         return transformers.Qwen2Config(**fields, architectures=["Qwen2ForCausalLM"])

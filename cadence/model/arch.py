@@ -9,12 +9,14 @@ from transformers import PretrainedConfig
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
+    "Phi3ForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
 )
 _MODEL_TYPE_TO_ARCHITECTURE = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
+    "phi3": "Phi3ForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
 }
@@ -54,6 +56,8 @@ class DecoderArch:
     max_position_embeddings: int
     # Each query sees at most its last `sliding_window` keys (itself included); 0: no window.
     sliding_window: int = 0
+    # The checkpoint stores q/k/v as one qkv_proj and gate/up as one gate_up_proj (Phi-3).
+    fused_checkpoint: bool = False
 
     def __post_init__(self) -> None:
         if self.sliding_window < 0:
@@ -77,9 +81,13 @@ class DecoderArch:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         attention_bias = bool(getattr(config, "attention_bias", False))
         is_qwen2 = arch == "Qwen2ForCausalLM"
-        # Mistral's window applies to every layer (None: no window); Qwen2 configs carry a
-        # sliding_window that is unused unless use_sliding_window (refused above).
-        window = getattr(config, "sliding_window", None) if arch == "MistralForCausalLM" else None
+        is_phi3 = arch == "Phi3ForCausalLM"
+        # Mistral's and Phi-3's window applies to every layer (None: no window); Qwen2 configs
+        # carry a sliding_window that is unused unless use_sliding_window (refused above).
+        windowed = arch in ("MistralForCausalLM", "Phi3ForCausalLM")
+        window = getattr(config, "sliding_window", None) if windowed else None
+        if is_phi3:
+            attention_bias = False  # Phi-3 has no biases whatever the config says
         return cls(
             architecture=arch,
             vocab_size=config.vocab_size,
@@ -93,11 +101,12 @@ class DecoderArch:
             # Qwen2 always has q/k/v biases and never an o_proj bias.
             qkv_bias=True if is_qwen2 else attention_bias,
             o_bias=False if is_qwen2 else attention_bias,
-            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            mlp_bias=False if is_phi3 else bool(getattr(config, "mlp_bias", False)),
             qk_norm=arch == "Qwen3ForCausalLM",
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             max_position_embeddings=config.max_position_embeddings,
             sliding_window=int(window or 0),
+            fused_checkpoint=is_phi3,
         )
 
     @property

@@ -1,4 +1,4 @@
-"""One decoder-only transformer for the Llama, Mistral, Qwen2 and Qwen3 families.
+"""One decoder-only transformer for the Llama, Mistral, Phi-3, Qwen2 and Qwen3 families.
 
 Construction allocates parameters on the current default device (use ``with torch.device(...)``);
 ``build_model`` in :mod:`cadence.model.loader` builds on the meta device and materializes the
@@ -203,7 +203,9 @@ class CausalLM(nn.Module):
     def _longrope_rows(self, positions: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
         """Rope table rows of longrope: the long factors' rows for every token of a sequence
         longer than the original length after this pass (transformers picks the factors per
-        forward from its longest position), the short ones' otherwise. On the device, no sync."""
+        forward from its longest position), the short ones' otherwise. On the device, no sync.
+        A sequence that grows past the original length while decoding keeps its earlier keys as
+        they were rotated (transformers' Phi-3 recomputes its whole cache at that step)."""
         starts = attn.query_start_loc
         tokens = torch.arange(positions.shape[0], device=positions.device, dtype=starts.dtype)
         seq = torch.searchsorted(starts[1:], tokens, right=True)

@@ -122,11 +122,17 @@ def checkpoint_names(arch: DecoderArch) -> dict[str, _Target]:
         if arch.qk_norm:
             whole(f"{layer}.self_attn.q_norm.weight")
             whole(f"{layer}.self_attn.k_norm.weight")
-        fused(f"{layer}.self_attn", "qkv_proj", qkv_rows, arch.qkv_bias)
+        if arch.fused_checkpoint:
+            whole(f"{layer}.self_attn.qkv_proj.weight")
+        else:
+            fused(f"{layer}.self_attn", "qkv_proj", qkv_rows, arch.qkv_bias)
         whole(f"{layer}.self_attn.o_proj.weight")
         if arch.o_bias:
             whole(f"{layer}.self_attn.o_proj.bias")
-        fused(f"{layer}.mlp", "gate_up_proj", gate_up_rows, arch.mlp_bias)
+        if arch.fused_checkpoint:
+            whole(f"{layer}.mlp.gate_up_proj.weight")
+        else:
+            fused(f"{layer}.mlp", "gate_up_proj", gate_up_rows, arch.mlp_bias)
         whole(f"{layer}.mlp.down_proj.weight")
         if arch.mlp_bias:
             whole(f"{layer}.mlp.down_proj.bias")

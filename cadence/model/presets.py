@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformers import LlamaConfig, MistralConfig, PretrainedConfig, Qwen2Config, Qwen3Config
+from transformers import (
+    LlamaConfig,
+    MistralConfig,
+    Phi3Config,
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 _QWEN_VOCAB = 151936
 _LLAMA3_VOCAB = 128256
@@ -123,6 +130,28 @@ PRESETS: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
             "hidden_act": "silu",
             "bos_token_id": 1,
             "eos_token_id": 2,
+        },
+    ),
+    "phi3-mini-4k": (
+        Phi3Config,
+        {
+            "architectures": ["Phi3ForCausalLM"],
+            "vocab_size": 32064,
+            "hidden_size": 3072,
+            "intermediate_size": 8192,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "max_position_embeddings": 4096,
+            "original_max_position_embeddings": 4096,
+            "rope_theta": 10000.0,
+            "sliding_window": 2047,
+            "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": False,
+            "hidden_act": "silu",
+            "bos_token_id": 1,
+            "eos_token_id": 32000,
+            "pad_token_id": 32000,
         },
     ),
 }

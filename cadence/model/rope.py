@@ -58,6 +58,8 @@ class RopeParams:
             params = dict(params.get("full_attention") or next(iter(params.values())))
         theta = params.get("rope_theta", getattr(config, "rope_theta", None))
         rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type == "su":  # Phi-3's early name for longrope
+            rope_type = "longrope"
         if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
             raise ValueError("partial_rotary_factor != 1 (partial RoPE) is not supported.")
         max_positions = int(config.max_position_embeddings)

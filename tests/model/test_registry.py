@@ -21,6 +21,7 @@ PRESET_PARAMS = {
     "llama3.2-1b": 1_235_814_400,
     "llama3-8b": 8_030_261_248,
     "mistral-7b": 7_241_732_096,
+    "phi3-mini-4k": 3_821_079_552,
 }
 
 
@@ -57,6 +58,8 @@ def test_preset_details():
     mistral = resolve_model("mistral-7b")
     assert mistral.architecture == "MistralForCausalLM"
     assert DecoderArch.from_hf_config(mistral.hf_config).sliding_window == 4096
+    phi3 = DecoderArch.from_hf_config(resolve_model("phi3-mini-4k").hf_config)
+    assert phi3.fused_checkpoint and phi3.sliding_window == 2047
 
 
 def test_sliding_window_is_read_for_mistral_only():
@@ -114,7 +117,8 @@ def test_unsupported_architecture_names_it_and_the_supported_ones(tmp_path):
         resolve_model(str(tmp_path))
     message = str(err.value)
     assert "GPT2LMHeadModel" in message
-    supported = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+    supported = ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM",
+                 "Qwen3ForCausalLM")
     assert all(a in message for a in supported)
     assert "\n" not in message
 
