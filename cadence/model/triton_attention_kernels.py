@@ -14,8 +14,14 @@ except ImportError:  # pragma: no cover - CPU installs
     tl = None
 
 _store_kv_kernel = _decode_kernel = _merge_splits_kernel = _varlen_kernel = _varlen_tile = None
+_tanh = None
 
 if triton is not None:
+
+    @triton.jit
+    def _tanh(x):
+        # Saturates to +-1 without NaN: exp2 overflows to inf for large x.
+        return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
 
     @triton.jit
     def _store_kv_kernel(
@@ -83,6 +89,7 @@ if triton is not None:
         qk_scale,
         num_splits,
         window,
+        cap_scale,
         NUM_HEADS: tl.constexpr,
         GROUP: tl.constexpr,
         HEAD_DIM: tl.constexpr,
@@ -93,6 +100,7 @@ if triton is not None:
         SPLIT: tl.constexpr,
         STORE: tl.constexpr,
         SLIDING: tl.constexpr,
+        SOFTCAP: tl.constexpr,
         IEEE: tl.constexpr,
     ):
         b = tl.program_id(0)
@@ -156,7 +164,10 @@ if triton is not None:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
                 s = tl.dot(q, tl.trans(k))
-            s = tl.where(nmask[None, :], s * qk_scale, float("-inf"))
+            s = s * qk_scale
+            if SOFTCAP:
+                s = cap_scale * _tanh(s)
+            s = tl.where(nmask[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
@@ -250,6 +261,7 @@ if triton is not None:
         dmask,
         qk_scale,
         window,
+        cap_scale,
         stride_c0,
         stride_c1,
         stride_c2,
@@ -257,6 +269,7 @@ if triton is not None:
         BLOCK_N: tl.constexpr,
         MASK: tl.constexpr,
         SLIDING: tl.constexpr,
+        SOFTCAP: tl.constexpr,
         IEEE: tl.constexpr,
     ):
         """One key/value tile of the online softmax; MASK=False for tiles every row sees."""
@@ -278,6 +291,8 @@ if triton is not None:
         else:
             s = tl.dot(q, tl.trans(k))
         s = s * qk_scale
+        if SOFTCAP:
+            s = cap_scale * _tanh(s)
         if MASK:
             keep = nmask[None, :] & (offs_n[None, :] <= q_pos[:, None])
             if SLIDING:
@@ -326,6 +341,7 @@ if triton is not None:
         qk_scale,
         num_seqs,
         window,
+        cap_scale,
         GROUP: tl.constexpr,
         GROUP_P: tl.constexpr,
         HEAD_DIM: tl.constexpr,
@@ -334,6 +350,7 @@ if triton is not None:
         BLOCK_N: tl.constexpr,
         BLOCK_D: tl.constexpr,
         SLIDING: tl.constexpr,
+        SOFTCAP: tl.constexpr,
         IEEE: tl.constexpr,
     ):
         # Program (pid, kvh) covers BLOCK_Q query tokens of one sequence times the GROUP query
@@ -405,20 +422,20 @@ if triton is not None:
             for n0 in range(kv_start, full_start, BLOCK_N):
                 acc, m_i, l_i = _varlen_tile(
                     q, acc, m_i, l_i, cache_ptr, bt_row, head_off, n0, q_pos, kv_end, offs_d,
-                    dmask, qk_scale, window, stride_c0, stride_c1, stride_c2, PAGE, BLOCK_N, True,
-                    SLIDING, IEEE,
+                    dmask, qk_scale, window, cap_scale, stride_c0, stride_c1, stride_c2, PAGE, BLOCK_N,
+                    True, SLIDING, SOFTCAP, IEEE,
                 )  # fmt: skip
         for n0 in range(full_start, full_end, BLOCK_N):
             acc, m_i, l_i = _varlen_tile(
                 q, acc, m_i, l_i, cache_ptr, bt_row, head_off, n0, q_pos, kv_end, offs_d, dmask,
-                qk_scale, window, stride_c0, stride_c1, stride_c2, PAGE, BLOCK_N, False, SLIDING,
-                IEEE,
+                qk_scale, window, cap_scale, stride_c0, stride_c1, stride_c2, PAGE, BLOCK_N, False,
+                SLIDING, SOFTCAP, IEEE,
             )  # fmt: skip
         for n0 in range(full_end, kv_end, BLOCK_N):
             acc, m_i, l_i = _varlen_tile(
                 q, acc, m_i, l_i, cache_ptr, bt_row, head_off, n0, q_pos, kv_end, offs_d, dmask,
-                qk_scale, window, stride_c0, stride_c1, stride_c2, PAGE, BLOCK_N, True, SLIDING,
-                IEEE,
+                qk_scale, window, cap_scale, stride_c0, stride_c1, stride_c2, PAGE, BLOCK_N, True,
+                SLIDING, SOFTCAP, IEEE,
             )  # fmt: skip
 
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
