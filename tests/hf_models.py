@@ -33,7 +33,8 @@ def hf_config(
 ) -> transformers.PretrainedConfig:
     """A config of ``family`` with the sizes and token ids in ``fields``.
 
-    "llama" has llama3 rope scaling over ``llama_rope_theta``, "llama-yarn" yarn rope scaling, "phi3" and "phi3-long" longrope scaling, "llama-bias" attention and MLP
+    "llama" has llama3 rope scaling over ``llama_rope_theta``, "llama-yarn" yarn rope scaling, "phi3" and "phi3-long" longrope scaling, "gemma2" and "gemma3" their
+    per-layer windows, caps and rope bases, "llama-bias" attention and MLP
     biases, "qwen3" a head_dim such that head_dim * num_heads != hidden_size, as in the real
     Qwen3 models, "mistral" a sliding window of ``MISTRAL_WINDOW`` tokens.
     """
@@ -70,6 +71,7 @@ def hf_config(
             "short_factor": (1 + torch.rand(head_dim // 2, generator=gen)).tolist(),
             "long_factor": (1 + 8 * torch.rand(head_dim // 2, generator=gen)).tolist(),
         }
+        fields.setdefault("pad_token_id", 0)  # Phi-3's default (32000) is past this vocab
         return transformers.Phi3Config(
             **fields,
             rope_scaling=scaling,
@@ -77,6 +79,25 @@ def hf_config(
             sliding_window=MISTRAL_WINDOW + 9,
             architectures=["Phi3ForCausalLM"],
         )
+    if family == "gemma2":
+        # Caps low enough to bend these random scores and logits; layers alternate
+        # sliding (even) and full (odd).
+        return transformers.Gemma2Config(
+            **fields, head_dim=32, query_pre_attn_scalar=24, sliding_window=MISTRAL_WINDOW,
+            attn_logit_softcapping=5.0, final_logit_softcapping=20.0,
+            architectures=["Gemma2ForCausalLM"],
+        )  # fmt: skip
+    if family == "gemma3":
+        # Layer 0 sliding (local rope base 10000), layer 1 full (base 1e6, linear scaling).
+        return transformers.Gemma3TextConfig(
+            **fields, head_dim=32, query_pre_attn_scalar=24, sliding_window=MISTRAL_WINDOW,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+            },
+            architectures=["Gemma3ForCausalLM"],
+        )  # fmt: skip
     if family == "qwen2":
         return transformers.Qwen2Config(**fields, architectures=["Qwen2ForCausalLM"])
     if family == "qwen3":
@@ -111,6 +132,8 @@ def build_hf_model(arch: str, path: Path, tie: bool = False, seed: int = 0):
         for name, p in model.named_parameters():
             if "norm" not in name:
                 p.mul_(4.0)
+            elif arch.startswith("gemma"):  # (1 + w) norms start at w = 0: give them some shape
+                p.normal_(0.0, 0.3)
     model = model.float().eval()
     model.save_pretrained(path)
     return model

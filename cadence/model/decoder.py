@@ -1,4 +1,4 @@
-"""One decoder-only transformer for the Llama, Mistral, Phi-3, Qwen2 and Qwen3 families.
+"""One decoder-only transformer for the Llama, Mistral, Phi-3, Qwen2, Qwen3 and Gemma families.
 
 Construction allocates parameters on the current default device (use ``with torch.device(...)``);
 ``build_model`` in :mod:`cadence.model.loader` builds on the meta device and materializes the
@@ -17,6 +17,7 @@ from transformers import PretrainedConfig
 from cadence.model.arch import DecoderArch
 from cadence.model.attention_metadata import AttentionBackend, AttentionMetadata
 from cadence.model.fused_ops import qk_norm_rope
+from cadence.model.gemma import GemmaDecoderLayer, GemmaRMSNorm
 from cadence.model.layers import RMSNorm, silu_and_mul
 from cadence.model.rope import RopeParams, RotaryEmbedding
 
@@ -75,6 +76,8 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    local_rope = False  # every layer rotates with the one rope table
+
     def __init__(self, arch: DecoderArch, backend: AttentionBackend) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
@@ -107,8 +110,14 @@ class DecoderModel(nn.Module):
     def __init__(self, arch: DecoderArch, backend: AttentionBackend) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(arch, backend) for _ in range(arch.num_layers))
-        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        layers: list[nn.Module]
+        if arch.gemma:
+            layers = [GemmaDecoderLayer(arch, backend, i) for i in range(arch.num_layers)]
+            self.norm: nn.Module = GemmaRMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        else:
+            layers = [DecoderLayer(arch, backend) for _ in range(arch.num_layers)]
+            self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.layers = nn.ModuleList(layers)
 
 
 class CausalLM(nn.Module):
@@ -132,6 +141,16 @@ class CausalLM(nn.Module):
             RopeParams.from_hf_config(hf_config),
             self.arch.head_dim,
             self.arch.max_position_embeddings,
+        )
+        # Gemma 3: the sliding layers' table (their own rope base).
+        self.rotary_emb_local = (
+            RotaryEmbedding(
+                RopeParams.from_hf_config(hf_config, "sliding_attention"),
+                self.arch.head_dim,
+                self.arch.max_position_embeddings,
+            )
+            if self.arch.local_rope
+            else None
         )
         self._kv_caches: list[torch.Tensor] = []
 
@@ -183,6 +202,8 @@ class CausalLM(nn.Module):
     def reset_buffers(self) -> None:
         """Recompute non-persistent buffers (needed after ``to_empty``)."""
         self.rotary_emb.reset_table()
+        if self.rotary_emb_local is not None:
+            self.rotary_emb_local.reset_table()
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
@@ -192,10 +213,16 @@ class CausalLM(nn.Module):
         cos_sin = self.rotary_emb.cos_sin
         if self.rotary_emb.long_offset:
             positions = self._longrope_rows(positions, attn)
+        local = cos_sin if self.rotary_emb_local is None else self.rotary_emb_local.cos_sin
         x = self.model.embed_tokens(input_ids)
+        if self.arch.gemma:
+            # transformers rounds the float32 scale to the weights' dtype first.
+            scale = torch.tensor(self.arch.hidden_size**0.5, dtype=torch.float32).to(x.dtype)
+            x = x * float(scale)
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.model.layers, self._kv_caches, strict=True):
-            x, residual = layer(x, residual, positions, cos_sin, kv_cache, attn)
+            table = local if layer.local_rope else cos_sin
+            x, residual = layer(x, residual, positions, table, kv_cache, attn)
         if residual is None:
             return self.model.norm(x)
         return self.model.norm.add_and_norm(x, residual)[0]
@@ -216,4 +243,8 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """``[N, hidden] -> [N, vocab]`` float32 logits."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden_rows, weight).float()
+        logits = F.linear(hidden_rows, weight).float()
+        if self.arch.final_softcap:
+            cap = self.arch.final_softcap
+            logits = torch.tanh(logits / cap) * cap
+        return logits

@@ -55,11 +55,11 @@ def check_load_format(spec: ModelSpec, load_format: str) -> None:
 @torch.no_grad()
 def init_dummy_weights(model: CausalLM, seed: int) -> None:
     """Seeded random weights generated on the parameters' device: N(0, 0.02) for matrices and
-    embeddings, ones for norm weights, zeros for biases."""
+    embeddings, unit norm scales (weight 1, or 0 for Gemma's (1 + w) norms), zeros for biases."""
     generators: dict[torch.device, torch.Generator] = {}
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
-            param.fill_(1.0)
+            param.fill_(0.0 if model.arch.gemma else 1.0)
         elif name.endswith(".bias"):
             param.zero_()
         else:
@@ -119,6 +119,9 @@ def checkpoint_names(arch: DecoderArch) -> dict[str, _Target]:
         layer = f"model.layers.{i}"
         whole(f"{layer}.input_layernorm.weight")
         whole(f"{layer}.post_attention_layernorm.weight")
+        if arch.gemma:
+            whole(f"{layer}.pre_feedforward_layernorm.weight")
+            whole(f"{layer}.post_feedforward_layernorm.weight")
         if arch.qk_norm:
             whole(f"{layer}.self_attn.q_norm.weight")
             whole(f"{layer}.self_attn.k_norm.weight")

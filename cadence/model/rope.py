@@ -45,17 +45,23 @@ class RopeParams:
             raise ValueError("longrope scaling needs short_factor and long_factor.")
 
     @classmethod
-    def from_hf_config(cls, config: PretrainedConfig) -> RopeParams:
+    def from_hf_config(
+        cls, config: PretrainedConfig, layer_type: str = "full_attention"
+    ) -> RopeParams:
         """Read RoPE settings from either layout transformers has used.
 
-        transformers 5 keeps everything in ``config.rope_parameters`` (``rope_theta`` included);
-        older configs have ``config.rope_theta`` plus an optional ``config.rope_scaling`` dict.
+        transformers 5 keeps everything in ``config.rope_parameters`` (``rope_theta`` included),
+        per layer type for models that rotate layers differently (Gemma 3: ``layer_type``);
+        older configs have ``config.rope_theta`` plus an optional ``config.rope_scaling`` dict
+        (and Gemma 3's ``rope_local_base_freq`` for its sliding layers).
         """
         params: dict[str, Any] = dict(
             getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
         )
         if params and all(isinstance(v, dict) for v in params.values()):
-            params = dict(params.get("full_attention") or next(iter(params.values())))
+            params = dict(params.get(layer_type) or next(iter(params.values())))
+        elif layer_type == "sliding_attention" and hasattr(config, "rope_local_base_freq"):
+            params = {"rope_theta": config.rope_local_base_freq}
         theta = params.get("rope_theta", getattr(config, "rope_theta", None))
         rope_type = params.get("rope_type", params.get("type", "default"))
         if rope_type == "su":  # Phi-3's early name for longrope

@@ -29,7 +29,10 @@ def _shared_prefix_prompts(seed: int = 1) -> list[list[int]]:
     return [prefix + [rng.randrange(3, VOCAB) for _ in range(n)] for n in (3, 9, 20, 1)]
 
 
-@pytest.fixture(scope="module", params=["llama", "llama-yarn", "mistral", "phi3", "qwen2", "qwen3"])
+@pytest.fixture(
+    scope="module",
+    params=["llama", "llama-yarn", "mistral", "phi3", "gemma2", "gemma3", "qwen2", "qwen3"],
+)
 def checkpoint(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     model = build_hf_model(request.param, path)

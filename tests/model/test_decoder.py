@@ -37,6 +37,10 @@ LENGTHS = (5, 11, 17)
         ("qwen2", True),
         ("qwen3", False),
         ("qwen3", True),
+        ("mistral", False),
+        ("phi3", False),
+        ("gemma2", True),
+        ("gemma3", True),
     ],
     ids=lambda p: f"{p[0]}-{'tied' if p[1] else 'untied'}",
 )

@@ -22,6 +22,8 @@ PRESET_PARAMS = {
     "llama3-8b": 8_030_261_248,
     "mistral-7b": 7_241_732_096,
     "phi3-mini-4k": 3_821_079_552,
+    "gemma2-2b": 2_614_341_888,
+    "gemma3-1b": 999_885_952,
 }
 
 
@@ -32,7 +34,8 @@ def _count_from_shapes(config: transformers.PretrainedConfig) -> int:
     qwen2 = config.model_type == "qwen2"
     layer = h * d * (heads + 2 * kv) + heads * d * h + 3 * h * i + 2 * h
     layer += d * (heads + 2 * kv) if qwen2 else 0  # q/k/v biases
-    layer += 2 * d if config.model_type == "qwen3" else 0  # q/k norms
+    layer += 2 * d if config.model_type in ("qwen3", "gemma3_text") else 0  # q/k norms
+    layer += 2 * h if config.model_type.startswith("gemma") else 0  # norms around the MLP
     embeddings = v * h * (1 if config.tie_word_embeddings else 2)
     return config.num_hidden_layers * layer + embeddings + h
 
@@ -60,6 +63,12 @@ def test_preset_details():
     assert DecoderArch.from_hf_config(mistral.hf_config).sliding_window == 4096
     phi3 = DecoderArch.from_hf_config(resolve_model("phi3-mini-4k").hf_config)
     assert phi3.fused_checkpoint and phi3.sliding_window == 2047
+    gemma2 = DecoderArch.from_hf_config(resolve_model("gemma2-2b").hf_config)
+    assert [gemma2.window(i) for i in range(3)] == [4096, 0, 4096]
+    assert (gemma2.attn_softcap, gemma2.final_softcap, gemma2.scale) == (50.0, 30.0, 1 / 16)
+    gemma3 = DecoderArch.from_hf_config(resolve_model("gemma3-1b").hf_config)
+    assert [gemma3.window(i) for i in range(7)] == [512] * 5 + [0, 512]
+    assert gemma3.qk_norm and gemma3.local_rope and gemma3.attn_softcap == 0.0
 
 
 def test_sliding_window_is_read_for_mistral_only():
@@ -117,8 +126,8 @@ def test_unsupported_architecture_names_it_and_the_supported_ones(tmp_path):
         resolve_model(str(tmp_path))
     message = str(err.value)
     assert "GPT2LMHeadModel" in message
-    supported = ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM",
-                 "Qwen3ForCausalLM")
+    supported = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "LlamaForCausalLM",
+                 "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
     assert all(a in message for a in supported)
     assert "\n" not in message
 
