@@ -34,7 +34,7 @@ def hf_config(
     """A config of ``family`` with the sizes and token ids in ``fields``.
 
     "llama" has llama3 rope scaling over ``llama_rope_theta``, "llama-yarn" yarn rope scaling, "phi3" and "phi3-long" longrope scaling, "gemma2" and "gemma3" their
-    per-layer windows, caps and rope bases, "llama-bias" attention and MLP
+    per-layer windows, caps and rope bases, "qwen3-moe" a mixture of experts, "llama-bias" attention and MLP
     biases, "qwen3" a head_dim such that head_dim * num_heads != hidden_size, as in the real
     Qwen3 models, "mistral" a sliding window of ``MISTRAL_WINDOW`` tokens.
     """
@@ -97,6 +97,13 @@ def hf_config(
                 "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
             },
             architectures=["Gemma3ForCausalLM"],
+        )  # fmt: skip
+    if family == "qwen3-moe":
+        # 8 experts, 3 per token, renormalized; layer 1 keeps a dense MLP.
+        return transformers.Qwen3MoeConfig(
+            **fields, head_dim=32, num_experts=8, num_experts_per_tok=3,
+            moe_intermediate_size=48, norm_topk_prob=True, mlp_only_layers=[1],
+            architectures=["Qwen3MoeForCausalLM"],
         )  # fmt: skip
     if family == "qwen2":
         return transformers.Qwen2Config(**fields, architectures=["Qwen2ForCausalLM"])

@@ -14,6 +14,7 @@ SUPPORTED_ARCHITECTURES = (
     "Phi3ForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
 )
 _MODEL_TYPE_TO_ARCHITECTURE = {
     "gemma2": "Gemma2ForCausalLM",
@@ -23,6 +24,7 @@ _MODEL_TYPE_TO_ARCHITECTURE = {
     "phi3": "Phi3ForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 
 
@@ -72,6 +74,12 @@ class DecoderArch:
     attn_softcap: float = 0.0  # 0: none
     final_softcap: float = 0.0  # 0: none
     local_rope: bool = False
+    # Mixture of experts (Qwen3-MoE): per layer, whether its MLP is the sparse one.
+    moe_layers: tuple[bool, ...] = ()
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
 
     def __post_init__(self) -> None:
         if self.sliding_window < 0:
@@ -80,6 +88,14 @@ class DecoderArch:
             raise ValueError(
                 f"{len(self.layer_sliding)} layer types given for {self.num_layers} layers."
             )
+        if any(self.moe_layers) and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok ({self.num_experts_per_tok}) must be in "
+                f"1 ... num_experts ({self.num_experts})."
+            )
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return bool(self.moe_layers) and self.moe_layers[layer]
 
     def window(self, layer: int) -> int:
         """The sliding window of ``layer`` (0: it attends to the whole sequence)."""
@@ -129,6 +145,13 @@ class DecoderArch:
         if gemma and getattr(config, "use_bidirectional_attention", False):
             raise ValueError("use_bidirectional_attention (an encoder) is not supported.")
         pre_attn = getattr(config, "query_pre_attn_scalar", None) if gemma else None
+        moe_layers: tuple[bool, ...] = ()
+        if arch == "Qwen3MoeForCausalLM" and getattr(config, "num_experts", 0):
+            dense = set(getattr(config, "mlp_only_layers", None) or ())
+            step = int(getattr(config, "decoder_sparse_step", 1) or 1)
+            moe_layers = tuple(
+                i not in dense and (i + 1) % step == 0 for i in range(config.num_hidden_layers)
+            )
         if is_phi3:
             attention_bias = False  # Phi-3 has no biases whatever the config says
         return cls(
@@ -145,7 +168,7 @@ class DecoderArch:
             qkv_bias=True if is_qwen2 else attention_bias,
             o_bias=False if is_qwen2 else attention_bias,
             mlp_bias=False if is_phi3 else bool(getattr(config, "mlp_bias", False)),
-            qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             max_position_embeddings=config.max_position_embeddings,
             sliding_window=int(window or 0),
@@ -156,6 +179,13 @@ class DecoderArch:
             attn_softcap=float(getattr(config, "attn_logit_softcapping", None) or 0.0) if gemma else 0.0,
             final_softcap=float(getattr(config, "final_logit_softcapping", None) or 0.0) if gemma else 0.0,
             local_rope=arch == "Gemma3ForCausalLM",
+            moe_layers=moe_layers,
+            num_experts=int(getattr(config, "num_experts", 0) or 0) if moe_layers else 0,
+            num_experts_per_tok=int(getattr(config, "num_experts_per_tok", 0)) if moe_layers else 0,
+            moe_intermediate_size=int(getattr(config, "moe_intermediate_size", 0))
+            if moe_layers
+            else 0,
+            norm_topk_prob=bool(getattr(config, "norm_topk_prob", False)),
         )
 
     @property

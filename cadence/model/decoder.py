@@ -19,6 +19,7 @@ from cadence.model.attention_metadata import AttentionBackend, AttentionMetadata
 from cadence.model.fused_ops import qk_norm_rope
 from cadence.model.gemma import GemmaDecoderLayer, GemmaRMSNorm
 from cadence.model.layers import RMSNorm, silu_and_mul
+from cadence.model.moe import SparseMoE
 from cadence.model.rope import RopeParams, RotaryEmbedding
 
 
@@ -78,12 +79,12 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     local_rope = False  # every layer rotates with the one rope table
 
-    def __init__(self, arch: DecoderArch, backend: AttentionBackend) -> None:
+    def __init__(self, arch: DecoderArch, backend: AttentionBackend, layer: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.self_attn = SelfAttention(arch, backend)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = MLP(arch)
+        self.mlp: nn.Module = SparseMoE(arch) if arch.is_moe_layer(layer) else MLP(arch)
 
     def forward(
         self,
@@ -115,7 +116,7 @@ class DecoderModel(nn.Module):
             layers = [GemmaDecoderLayer(arch, backend, i) for i in range(arch.num_layers)]
             self.norm: nn.Module = GemmaRMSNorm(arch.hidden_size, arch.rms_norm_eps)
         else:
-            layers = [DecoderLayer(arch, backend) for _ in range(arch.num_layers)]
+            layers = [DecoderLayer(arch, backend, i) for i in range(arch.num_layers)]
             self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.layers = nn.ModuleList(layers)
 

@@ -76,6 +76,7 @@ class _Target:
     param: str
     row_start: int
     num_rows: int | None  # None: the whole parameter
+    expert: int | None = None  # the index into the parameter's first dimension, first
 
 
 def checkpoint_files(path: str) -> list[str]:
@@ -132,6 +133,18 @@ def checkpoint_names(arch: DecoderArch) -> dict[str, _Target]:
         whole(f"{layer}.self_attn.o_proj.weight")
         if arch.o_bias:
             whole(f"{layer}.self_attn.o_proj.bias")
+        if arch.is_moe_layer(i):
+            whole(f"{layer}.mlp.gate.weight")
+            inter = arch.moe_intermediate_size
+            for e in range(arch.num_experts):
+                expert = f"{layer}.mlp.experts.{e}"
+                gate_up = f"{layer}.mlp.experts.gate_up_proj"
+                names[f"{expert}.gate_proj.weight"] = _Target(gate_up, 0, inter, e)
+                names[f"{expert}.up_proj.weight"] = _Target(gate_up, inter, inter, e)
+                names[f"{expert}.down_proj.weight"] = _Target(
+                    f"{layer}.mlp.experts.down_proj", 0, None, e
+                )
+            continue
         if arch.fused_checkpoint:
             whole(f"{layer}.mlp.gate_up_proj.weight")
         else:
@@ -165,6 +178,8 @@ def load_safetensors(model: CausalLM, path: str) -> None:
                         f"{model.arch.architecture}."
                     )
                 param = params[target.param]
+                if target.expert is not None:
+                    param = param[target.expert]
                 dest = (
                     param
                     if target.num_rows is None

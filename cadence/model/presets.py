@@ -16,6 +16,7 @@ from transformers import (
     PretrainedConfig,
     Qwen2Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 _QWEN_VOCAB = 151936
@@ -204,6 +205,33 @@ PRESETS: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
             "bos_token_id": 2,
             "eos_token_id": 1,
             "pad_token_id": 0,
+        },
+    ),
+    "qwen3-30b-a3b": (
+        Qwen3MoeConfig,
+        {
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "vocab_size": _QWEN_VOCAB,
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "moe_intermediate_size": 768,
+            "num_hidden_layers": 48,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "head_dim": 128,
+            "num_experts": 128,
+            "num_experts_per_tok": 8,
+            "norm_topk_prob": True,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "max_position_embeddings": 40960,
+            "rope_theta": 1000000.0,
+            "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": False,
+            "attention_bias": False,
+            "hidden_act": "silu",
+            "bos_token_id": 151643,
+            "eos_token_id": 151645,
         },
     ),
 }

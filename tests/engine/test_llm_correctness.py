@@ -31,7 +31,9 @@ def _shared_prefix_prompts(seed: int = 1) -> list[list[int]]:
 
 @pytest.fixture(
     scope="module",
-    params=["llama", "llama-yarn", "mistral", "phi3", "gemma2", "gemma3", "qwen2", "qwen3"],
+    params=[
+        "llama", "llama-yarn", "mistral", "phi3", "gemma2", "gemma3", "qwen2", "qwen3", "qwen3-moe"
+    ],
 )
 def checkpoint(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)

@@ -41,6 +41,7 @@ LENGTHS = (5, 11, 17)
         ("phi3", False),
         ("gemma2", True),
         ("gemma3", True),
+        ("qwen3-moe", False),
     ],
     ids=lambda p: f"{p[0]}-{'tied' if p[1] else 'untied'}",
 )

@@ -24,6 +24,7 @@ PRESET_PARAMS = {
     "phi3-mini-4k": 3_821_079_552,
     "gemma2-2b": 2_614_341_888,
     "gemma3-1b": 999_885_952,
+    "qwen3-30b-a3b": 30_532_122_624,
 }
 
 
@@ -32,9 +33,14 @@ def _count_from_shapes(config: transformers.PretrainedConfig) -> int:
     heads, kv = config.num_attention_heads, config.num_key_value_heads
     d = getattr(config, "head_dim", None) or h // heads
     qwen2 = config.model_type == "qwen2"
-    layer = h * d * (heads + 2 * kv) + heads * d * h + 3 * h * i + 2 * h
+    if getattr(config, "num_experts", 0):  # every layer sparse: experts and the router
+        i = config.num_experts * config.moe_intermediate_size
+        h_router = config.num_experts * h
+    else:
+        h_router = 0
+    layer = h * d * (heads + 2 * kv) + heads * d * h + 3 * h * i + 2 * h + h_router
     layer += d * (heads + 2 * kv) if qwen2 else 0  # q/k/v biases
-    layer += 2 * d if config.model_type in ("qwen3", "gemma3_text") else 0  # q/k norms
+    layer += 2 * d if config.model_type in ("qwen3", "qwen3_moe", "gemma3_text") else 0
     layer += 2 * h if config.model_type.startswith("gemma") else 0  # norms around the MLP
     embeddings = v * h * (1 if config.tie_word_embeddings else 2)
     return config.num_hidden_layers * layer + embeddings + h
@@ -69,6 +75,9 @@ def test_preset_details():
     gemma3 = DecoderArch.from_hf_config(resolve_model("gemma3-1b").hf_config)
     assert [gemma3.window(i) for i in range(7)] == [512] * 5 + [0, 512]
     assert gemma3.qk_norm and gemma3.local_rope and gemma3.attn_softcap == 0.0
+    moe = DecoderArch.from_hf_config(resolve_model("qwen3-30b-a3b").hf_config)
+    assert all(moe.moe_layers) and len(moe.moe_layers) == 48
+    assert (moe.num_experts, moe.num_experts_per_tok, moe.norm_topk_prob) == (128, 8, True)
 
 
 def test_sliding_window_is_read_for_mistral_only():
@@ -127,7 +136,8 @@ def test_unsupported_architecture_names_it_and_the_supported_ones(tmp_path):
     message = str(err.value)
     assert "GPT2LMHeadModel" in message
     supported = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "LlamaForCausalLM",
-                 "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+                 "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                 "Qwen3MoeForCausalLM")
     assert all(a in message for a in supported)
     assert "\n" not in message
 
