@@ -28,6 +28,23 @@ _MODEL_TYPE_TO_ARCHITECTURE = {
 }
 
 
+SUPPORTED_QUANTIZATION_METHODS: tuple[str, ...] = ()
+
+
+def check_unquantized(config: PretrainedConfig) -> None:
+    """A checkpoint with a ``quantization_config`` is refused in one line (none is supported)."""
+    quant = getattr(config, "quantization_config", None)
+    if not quant:
+        return
+    method = quant.get("quant_method") if isinstance(quant, dict) else quant
+    method = getattr(method, "quant_method", method)
+    raise ValueError(
+        f"Unsupported quantization method {str(method)!r} (the checkpoint's "
+        f"quantization_config); supported: {', '.join(SUPPORTED_QUANTIZATION_METHODS) or 'none'} "
+        "(float16, bfloat16 and float32 checkpoints)."
+    )
+
+
 def architecture_of(config: PretrainedConfig) -> str:
     """The config's architecture name; raises ValueError for one this package cannot run."""
     architectures = getattr(config, "architectures", None) or []
@@ -110,6 +127,7 @@ class DecoderArch:
     @classmethod
     def from_hf_config(cls, config: PretrainedConfig) -> DecoderArch:
         arch = architecture_of(config)
+        check_unquantized(config)
         gemma = arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
         if gemma:
             act = getattr(config, "hidden_activation", None) or "gelu_pytorch_tanh"

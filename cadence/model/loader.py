@@ -17,6 +17,8 @@ from cadence.model.registry import ModelSpec
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 _DUMMY_STD = 0.02
 _SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)
+# safetensors' names of the dtypes a checkpoint tensor may have (cast to the model dtype).
+_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 
 
 def build_model(
@@ -189,6 +191,12 @@ def load_safetensors(model: CausalLM, path: str) -> None:
                 if found != tuple(dest.shape):
                     raise ValueError(
                         f"tensor {name!r} has shape {list(found)}; expected {list(dest.shape)}."
+                    )
+                stored = f.get_slice(name).get_dtype()
+                if stored not in _FLOAT_DTYPES:
+                    raise ValueError(
+                        f"tensor {name!r} has dtype {stored}; expected a floating-point dtype "
+                        f"({', '.join(_FLOAT_DTYPES)}), converted to {dest.dtype} at load."
                     )
                 dest.copy_(f.get_tensor(name))
                 loaded.add(name)

@@ -115,6 +115,44 @@ def test_misshaped_tensor_is_named_with_both_shapes(qwen2, tmp_path):
     assert "[95, 64]" in message and "[96, 64]" in message
 
 
+def test_non_float_tensor_is_named_with_its_dtype(qwen2, tmp_path):
+    _copy_checkpoint(qwen2[1], tmp_path)
+    name = "model.layers.1.mlp.down_proj.weight"
+    _rewrite(tmp_path, lambda t: t.update({name: t[name].to(torch.int8)}))
+    with pytest.raises(ValueError) as err:
+        load_ours(tmp_path)
+    message = str(err.value)
+    assert name in message and "dtype I8" in message and "BF16" in message
+    assert "\n" not in message
+
+
+def test_quantized_checkpoint_is_a_one_line_error(qwen2, tmp_path):
+    _copy_checkpoint(qwen2[1], tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as err:
+        resolve_model(str(tmp_path))
+    message = str(err.value)
+    assert "Unsupported quantization method 'fp8'" in message and "supported: none" in message
+    assert "\n" not in message
+
+
+def test_moe_checkpoint_fills_each_expert(tmp_path):
+    from tests.hf_models import build_hf_model
+
+    hf = build_hf_model("qwen3-moe", tmp_path)
+    ours = dict(load_ours(tmp_path).named_parameters())
+    theirs = dict(hf.named_parameters())
+    layer = "model.layers.0.mlp"
+    assert torch.equal(ours[f"{layer}.gate.weight"], theirs[f"{layer}.gate.weight"])
+    assert torch.equal(ours[f"{layer}.experts.gate_up_proj"], theirs[f"{layer}.experts.gate_up_proj"])
+    assert torch.equal(ours[f"{layer}.experts.down_proj"], theirs[f"{layer}.experts.down_proj"])
+    dense = "model.layers.1.mlp"  # an mlp_only layer
+    gate, up = (theirs[f"{dense}.{n}_proj.weight"] for n in ("gate", "up"))
+    assert torch.equal(ours[f"{dense}.gate_up_proj.weight"], torch.cat([gate, up]))
+
+
 def test_unexpected_tensor_is_named(qwen2, tmp_path):
     _copy_checkpoint(qwen2[1], tmp_path)
     _rewrite(tmp_path, lambda t: t.update({"model.layers.0.extra.weight": torch.zeros(2)}))
