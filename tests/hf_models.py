@@ -22,14 +22,21 @@ LLAMA3_ROPE_SCALING = {
 }
 
 
+YARN_ROPE_SCALING = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+
+# Shorter than most test prompts, and not a multiple of the KV block size.
+MISTRAL_WINDOW = 12
+
+
 def hf_config(
     family: str, tie: bool, llama_rope_theta: float, **fields: Any
 ) -> transformers.PretrainedConfig:
     """A config of ``family`` with the sizes and token ids in ``fields``.
 
-    "llama" has llama3 rope scaling over ``llama_rope_theta``, "llama-bias" attention and MLP
+    "llama" has llama3 rope scaling over ``llama_rope_theta``, "llama-yarn" yarn rope scaling, "phi3" and "phi3-long" longrope scaling, "gemma2" and "gemma3" their
+    per-layer windows, caps and rope bases, "qwen3-moe" a mixture of experts, "llama-bias" attention and MLP
     biases, "qwen3" a head_dim such that head_dim * num_heads != hidden_size, as in the real
-    Qwen3 models.
+    Qwen3 models, "mistral" a sliding window of ``MISTRAL_WINDOW`` tokens.
     """
     import transformers
 
@@ -41,10 +48,63 @@ def hf_config(
             rope_scaling=dict(LLAMA3_ROPE_SCALING),
             architectures=["LlamaForCausalLM"],
         )
+    if family == "llama-yarn":
+        return transformers.LlamaConfig(
+            **fields, rope_scaling=dict(YARN_ROPE_SCALING), architectures=["LlamaForCausalLM"]
+        )
     if family == "llama-bias":
         return transformers.LlamaConfig(
             **fields, attention_bias=True, mlp_bias=True, architectures=["LlamaForCausalLM"]
         )
+    if family == "mistral":
+        return transformers.MistralConfig(
+            **fields, sliding_window=MISTRAL_WINDOW, architectures=["MistralForCausalLM"]
+        )
+    if family in ("phi3", "phi3-long"):
+        # "phi3": every test sequence stays within the original length (short factors);
+        # "phi3-long": prompts of more than 32 tokens run on the long factors from the start.
+        original = 128 if family == "phi3" else 32
+        head_dim = fields["hidden_size"] // fields["num_attention_heads"]
+        gen = torch.Generator().manual_seed(7)
+        scaling = {
+            "rope_type": "longrope",
+            "short_factor": (1 + torch.rand(head_dim // 2, generator=gen)).tolist(),
+            "long_factor": (1 + 8 * torch.rand(head_dim // 2, generator=gen)).tolist(),
+        }
+        fields.setdefault("pad_token_id", 0)  # Phi-3's default (32000) is past this vocab
+        return transformers.Phi3Config(
+            **fields,
+            rope_scaling=scaling,
+            original_max_position_embeddings=original,
+            sliding_window=MISTRAL_WINDOW + 9,
+            architectures=["Phi3ForCausalLM"],
+        )
+    if family == "gemma2":
+        # Caps low enough to bend these random scores and logits; layers alternate
+        # sliding (even) and full (odd).
+        return transformers.Gemma2Config(
+            **fields, head_dim=32, query_pre_attn_scalar=24, sliding_window=MISTRAL_WINDOW,
+            attn_logit_softcapping=5.0, final_logit_softcapping=20.0,
+            architectures=["Gemma2ForCausalLM"],
+        )  # fmt: skip
+    if family == "gemma3":
+        # Layer 0 sliding (local rope base 10000), layer 1 full (base 1e6, linear scaling).
+        return transformers.Gemma3TextConfig(
+            **fields, head_dim=32, query_pre_attn_scalar=24, sliding_window=MISTRAL_WINDOW,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+            },
+            architectures=["Gemma3ForCausalLM"],
+        )  # fmt: skip
+    if family == "qwen3-moe":
+        # 8 experts, 3 per token, renormalized; layer 1 keeps a dense MLP.
+        return transformers.Qwen3MoeConfig(
+            **fields, head_dim=32, num_experts=8, num_experts_per_tok=3,
+            moe_intermediate_size=48, norm_topk_prob=True, mlp_only_layers=[1],
+            architectures=["Qwen3MoeForCausalLM"],
+        )  # fmt: skip
     if family == "qwen2":
         return transformers.Qwen2Config(**fields, architectures=["Qwen2ForCausalLM"])
     if family == "qwen3":
@@ -79,6 +139,8 @@ def build_hf_model(arch: str, path: Path, tie: bool = False, seed: int = 0):
         for name, p in model.named_parameters():
             if "norm" not in name:
                 p.mul_(4.0)
+            elif arch.startswith("gemma"):  # (1 + w) norms start at w = 0: give them some shape
+                p.normal_(0.0, 0.3)
     model = model.float().eval()
     model.save_pretrained(path)
     return model

@@ -25,6 +25,8 @@ _DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _DEFAULT_MAX_CAPTURE_TOKENS = 8192
 # Below this many parameters one CPU thread is fastest (measured: the built-in tiny model).
 SMALL_CPU_MODEL_PARAMS = 100_000_000
+SUPPORTED_QUANTIZATION: tuple[str, ...] = ()
+SUPPORTED_KV_CACHE_DTYPES = ("auto",)
 
 
 @dataclass
@@ -55,6 +57,9 @@ class EngineArgs:
     trust_remote_code: bool = False
     # vLLM's hub revision: cadence never downloads, so any value is an error.
     revision: str | None = None
+    # Weight quantization and KV-cache dtype (vLLM's names): only the model dtype runs today.
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
     seed: int = 0
     num_gpu_blocks_override: int | None = None
     gpu_memory_utilization: float = 0.9
@@ -71,6 +76,17 @@ class EngineArgs:
             raise ValueError(
                 f"revision={self.revision!r}: cadence never downloads models, so --revision has "
                 "no meaning here; pass a local model directory checked out at that revision."
+            )
+        if self.quantization is not None:
+            raise ValueError(
+                f"quantization={self.quantization!r} is not supported (on any device); "
+                f"supported: {', '.join(SUPPORTED_QUANTIZATION) or 'none'} "
+                "(weights run in --dtype)."
+            )
+        if self.kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported (on any device); "
+                f"supported: {', '.join(SUPPORTED_KV_CACHE_DTYPES)} (the model dtype)."
             )
 
     def resolve_cpu_threads(self, num_params: int) -> int:
@@ -214,6 +230,12 @@ class EngineArgs:
         parser.add_argument("--revision", default=None,
                             help="not supported: cadence never downloads models, so giving it "
                                  "is an error")
+        parser.add_argument("--quantization", "-q", default=None, metavar="METHOD",
+                            help="weight quantization: not supported yet (fp8 is an error); "
+                                 "weights run in --dtype")
+        parser.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, metavar="DTYPE",
+                            help="KV cache dtype: only 'auto' (the model dtype) is supported "
+                                 "(default: %(default)s)")
         parser.add_argument("--seed", type=int, default=d.seed,
                             help="random seed of dummy weights and unseeded sampling "
                                  "(default: %(default)s)")

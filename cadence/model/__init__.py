@@ -1,4 +1,4 @@
-"""Decoder models (Llama, Qwen2, Qwen3), their weights and the attention backends."""
+"""Decoder models (Llama, Mistral, Phi-3, Gemma, Qwen families), weights, attention backends."""
 
 from __future__ import annotations
 

@@ -6,12 +6,43 @@ from dataclasses import dataclass
 
 from transformers import PretrainedConfig
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = (
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Phi3ForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+)
 _MODEL_TYPE_TO_ARCHITECTURE = {
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
     "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "phi3": "Phi3ForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
+
+
+SUPPORTED_QUANTIZATION_METHODS: tuple[str, ...] = ()
+
+
+def check_unquantized(config: PretrainedConfig) -> None:
+    """A checkpoint with a ``quantization_config`` is refused in one line (none is supported)."""
+    quant = getattr(config, "quantization_config", None)
+    if not quant:
+        return
+    method = quant.get("quant_method") if isinstance(quant, dict) else quant
+    method = getattr(method, "quant_method", method)
+    raise ValueError(
+        f"Unsupported quantization method {str(method)!r} (the checkpoint's "
+        f"quantization_config); supported: {', '.join(SUPPORTED_QUANTIZATION_METHODS) or 'none'} "
+        "(float16, bfloat16 and float32 checkpoints)."
+    )
 
 
 def architecture_of(config: PretrainedConfig) -> str:
@@ -46,13 +77,68 @@ class DecoderArch:
     qk_norm: bool
     tie_word_embeddings: bool
     max_position_embeddings: int
+    # Each query sees at most its last `sliding_window` keys (itself included); 0: no window.
+    sliding_window: int = 0
+    # The checkpoint stores q/k/v as one qkv_proj and gate/up as one gate_up_proj (Phi-3).
+    fused_checkpoint: bool = False
+    # Per layer: whether it is a sliding-window layer (empty: every layer, when there is a window).
+    layer_sliding: tuple[bool, ...] = ()
+    # Gemma 2/3: (1 + w) RMSNorm in float32, norms before and after attention and MLP,
+    # GELU-tanh MLP, embeddings times sqrt(hidden_size); sliding layers of Gemma 3 have their
+    # own rope base ("sliding_attention" rope parameters).
+    gemma: bool = False
+    attn_scale: float = 0.0  # 0: head_dim ** -0.5
+    attn_softcap: float = 0.0  # 0: none
+    final_softcap: float = 0.0  # 0: none
+    local_rope: bool = False
+    # Mixture of experts (Qwen3-MoE): per layer, whether its MLP is the sparse one.
+    moe_layers: tuple[bool, ...] = ()
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+
+    def __post_init__(self) -> None:
+        if self.sliding_window < 0:
+            raise ValueError(f"sliding_window must be >= 0, got {self.sliding_window}.")
+        if self.layer_sliding and len(self.layer_sliding) != self.num_layers:
+            raise ValueError(
+                f"{len(self.layer_sliding)} layer types given for {self.num_layers} layers."
+            )
+        if any(self.moe_layers) and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok ({self.num_experts_per_tok}) must be in "
+                f"1 ... num_experts ({self.num_experts})."
+            )
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return bool(self.moe_layers) and self.moe_layers[layer]
+
+    def window(self, layer: int) -> int:
+        """The sliding window of ``layer`` (0: it attends to the whole sequence)."""
+        if self.layer_sliding and not self.layer_sliding[layer]:
+            return 0
+        return self.sliding_window
+
+    @property
+    def scale(self) -> float:
+        return self.attn_scale or self.head_dim**-0.5
 
     @classmethod
     def from_hf_config(cls, config: PretrainedConfig) -> DecoderArch:
         arch = architecture_of(config)
-        act = getattr(config, "hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"Unsupported hidden_act {act!r}; only 'silu' (SwiGLU) is supported.")
+        check_unquantized(config)
+        gemma = arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+        if gemma:
+            act = getattr(config, "hidden_activation", None) or "gelu_pytorch_tanh"
+            if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+                raise ValueError(f"Unsupported hidden_activation {act!r} for {arch}.")
+        else:
+            act = getattr(config, "hidden_act", "silu")
+            if act != "silu":
+                raise ValueError(
+                    f"Unsupported hidden_act {act!r}; only 'silu' (SwiGLU) is supported."
+                )
         if getattr(config, "use_sliding_window", False):
             raise ValueError("Sliding-window attention (use_sliding_window=True) is not supported.")
         num_heads = config.num_attention_heads
@@ -65,6 +151,27 @@ class DecoderArch:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         attention_bias = bool(getattr(config, "attention_bias", False))
         is_qwen2 = arch == "Qwen2ForCausalLM"
+        is_phi3 = arch == "Phi3ForCausalLM"
+        # Mistral's and Phi-3's window applies to every layer (None: no window); Qwen2 configs
+        # carry a sliding_window that is unused unless use_sliding_window (refused above).
+        windowed = arch in ("MistralForCausalLM", "Phi3ForCausalLM") or gemma
+        window = getattr(config, "sliding_window", None) if windowed else None
+        layer_types = tuple(getattr(config, "layer_types", None) or ()) if gemma else ()
+        unknown = set(layer_types) - {"sliding_attention", "full_attention"}
+        if unknown:
+            raise ValueError(f"Unsupported layer types {sorted(unknown)} in {arch}.")
+        if gemma and getattr(config, "use_bidirectional_attention", False):
+            raise ValueError("use_bidirectional_attention (an encoder) is not supported.")
+        pre_attn = getattr(config, "query_pre_attn_scalar", None) if gemma else None
+        moe_layers: tuple[bool, ...] = ()
+        if arch == "Qwen3MoeForCausalLM" and getattr(config, "num_experts", 0):
+            dense = set(getattr(config, "mlp_only_layers", None) or ())
+            step = int(getattr(config, "decoder_sparse_step", 1) or 1)
+            moe_layers = tuple(
+                i not in dense and (i + 1) % step == 0 for i in range(config.num_hidden_layers)
+            )
+        if is_phi3:
+            attention_bias = False  # Phi-3 has no biases whatever the config says
         return cls(
             architecture=arch,
             vocab_size=config.vocab_size,
@@ -78,10 +185,25 @@ class DecoderArch:
             # Qwen2 always has q/k/v biases and never an o_proj bias.
             qkv_bias=True if is_qwen2 else attention_bias,
             o_bias=False if is_qwen2 else attention_bias,
-            mlp_bias=bool(getattr(config, "mlp_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            mlp_bias=False if is_phi3 else bool(getattr(config, "mlp_bias", False)),
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             max_position_embeddings=config.max_position_embeddings,
+            sliding_window=int(window or 0),
+            fused_checkpoint=is_phi3,
+            layer_sliding=tuple(t == "sliding_attention" for t in layer_types),
+            gemma=gemma,
+            attn_scale=float(pre_attn) ** -0.5 if pre_attn else 0.0,
+            attn_softcap=float(getattr(config, "attn_logit_softcapping", None) or 0.0) if gemma else 0.0,
+            final_softcap=float(getattr(config, "final_logit_softcapping", None) or 0.0) if gemma else 0.0,
+            local_rope=arch == "Gemma3ForCausalLM",
+            moe_layers=moe_layers,
+            num_experts=int(getattr(config, "num_experts", 0) or 0) if moe_layers else 0,
+            num_experts_per_tok=int(getattr(config, "num_experts_per_tok", 0)) if moe_layers else 0,
+            moe_intermediate_size=int(getattr(config, "moe_intermediate_size", 0))
+            if moe_layers
+            else 0,
+            norm_topk_prob=bool(getattr(config, "norm_topk_prob", False)),
         )
 
     @property

@@ -39,7 +39,11 @@ class TorchAttentionBackend:
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        sliding_window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
+        """``sliding_window`` W > 0: a query at position p sees keys at positions p - W + 1 ... p.
+        ``softcap`` c > 0: scaled scores s become ``c * tanh(s / c)`` before the softmax."""
         write_kv_cache(k, v, kv_cache, metadata.slot_mapping)
         num_tokens, num_heads, head_dim = q.shape
         block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
@@ -69,10 +73,14 @@ class TorchAttentionBackend:
                 .float()
             )
             scores = torch.bmm(queries, keys.transpose(1, 2)) * scale
+            if softcap > 0:
+                scores = torch.tanh(scores / softcap) * softcap
             q_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)
             k_pos = torch.arange(seq_len, device=q.device)
-            future = (k_pos[None, :] > q_pos[:, None]).repeat(group, 1)
-            scores.masked_fill_(future, float("-inf"))
+            hidden = k_pos[None, :] > q_pos[:, None]
+            if sliding_window > 0:
+                hidden |= k_pos[None, :] <= q_pos[:, None] - sliding_window
+            scores.masked_fill_(hidden.repeat(group, 1), float("-inf"))
             probs = torch.softmax(scores, dim=-1)
             attended = torch.bmm(probs, values)  # [kv_heads, group*q_len, d]
             out[start:end] = (

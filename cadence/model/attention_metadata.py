@@ -46,6 +46,8 @@ class AttentionBackend(Protocol):
     (index 0 = keys, 1 = values). q is ``[T, num_heads, head_dim]``, k and v are
     ``[T, num_kv_heads, head_dim]``; the result is ``[T, num_heads, head_dim]``.
     Causal within each sequence; grouped-query attention when num_heads > num_kv_heads.
+    With ``sliding_window`` W > 0 a query at position p sees only keys at p - W + 1 ... p; with
+    ``softcap`` c > 0 the scaled scores s are capped to ``c * tanh(s / c)`` before the softmax.
     """
 
     name: str
@@ -58,4 +60,6 @@ class AttentionBackend(Protocol):
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        sliding_window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor: ...

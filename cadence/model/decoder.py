@@ -1,4 +1,4 @@
-"""One decoder-only transformer for the Llama, Qwen2 and Qwen3 families.
+"""One decoder-only transformer for the Llama, Mistral, Phi-3, Qwen2, Qwen3 and Gemma families.
 
 Construction allocates parameters on the current default device (use ``with torch.device(...)``);
 ``build_model`` in :mod:`cadence.model.loader` builds on the meta device and materializes the
@@ -17,7 +17,9 @@ from transformers import PretrainedConfig
 from cadence.model.arch import DecoderArch
 from cadence.model.attention_metadata import AttentionBackend, AttentionMetadata
 from cadence.model.fused_ops import qk_norm_rope
+from cadence.model.gemma import GemmaDecoderLayer, GemmaRMSNorm
 from cadence.model.layers import RMSNorm, silu_and_mul
+from cadence.model.moe import SparseMoE
 from cadence.model.rope import RopeParams, RotaryEmbedding
 
 
@@ -30,6 +32,7 @@ class SelfAttention(nn.Module):
         self.q_size = arch.q_size
         self.kv_size = arch.kv_size
         self.scale = arch.head_dim**-0.5
+        self.sliding_window = arch.sliding_window
         self.backend = backend
         # Rows: [q | k | v], in that order (the loader fills the slices).
         self.qkv_proj = nn.Linear(arch.hidden_size, arch.q_size + 2 * arch.kv_size, arch.qkv_bias)
@@ -56,7 +59,7 @@ class SelfAttention(nn.Module):
             q_weight = k_weight = None
             eps = 0.0
         q, k = qk_norm_rope(q, k, positions, cos_sin, q_weight, k_weight, eps)
-        out = self.backend.forward(q, k, v, kv_cache, attn, self.scale)
+        out = self.backend.forward(q, k, v, kv_cache, attn, self.scale, self.sliding_window)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
@@ -74,12 +77,14 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, arch: DecoderArch, backend: AttentionBackend) -> None:
+    local_rope = False  # every layer rotates with the one rope table
+
+    def __init__(self, arch: DecoderArch, backend: AttentionBackend, layer: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.self_attn = SelfAttention(arch, backend)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = MLP(arch)
+        self.mlp: nn.Module = SparseMoE(arch) if arch.is_moe_layer(layer) else MLP(arch)
 
     def forward(
         self,
@@ -106,8 +111,14 @@ class DecoderModel(nn.Module):
     def __init__(self, arch: DecoderArch, backend: AttentionBackend) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(arch, backend) for _ in range(arch.num_layers))
-        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        layers: list[nn.Module]
+        if arch.gemma:
+            layers = [GemmaDecoderLayer(arch, backend, i) for i in range(arch.num_layers)]
+            self.norm: nn.Module = GemmaRMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        else:
+            layers = [DecoderLayer(arch, backend, i) for i in range(arch.num_layers)]
+            self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.layers = nn.ModuleList(layers)
 
 
 class CausalLM(nn.Module):
@@ -131,6 +142,16 @@ class CausalLM(nn.Module):
             RopeParams.from_hf_config(hf_config),
             self.arch.head_dim,
             self.arch.max_position_embeddings,
+        )
+        # Gemma 3: the sliding layers' table (their own rope base).
+        self.rotary_emb_local = (
+            RotaryEmbedding(
+                RopeParams.from_hf_config(hf_config, "sliding_attention"),
+                self.arch.head_dim,
+                self.arch.max_position_embeddings,
+            )
+            if self.arch.local_rope
+            else None
         )
         self._kv_caches: list[torch.Tensor] = []
 
@@ -182,6 +203,8 @@ class CausalLM(nn.Module):
     def reset_buffers(self) -> None:
         """Recompute non-persistent buffers (needed after ``to_empty``)."""
         self.rotary_emb.reset_table()
+        if self.rotary_emb_local is not None:
+            self.rotary_emb_local.reset_table()
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
@@ -189,15 +212,40 @@ class CausalLM(nn.Module):
         if not self._kv_caches:
             raise RuntimeError("bind_kv_caches() must be called before the first forward.")
         cos_sin = self.rotary_emb.cos_sin
+        if self.rotary_emb.long_offset:
+            positions = self._longrope_rows(positions, attn)
+        local = cos_sin if self.rotary_emb_local is None else self.rotary_emb_local.cos_sin
         x = self.model.embed_tokens(input_ids)
+        if self.arch.gemma:
+            # transformers rounds the float32 scale to the weights' dtype first.
+            scale = torch.tensor(self.arch.hidden_size**0.5, dtype=torch.float32).to(x.dtype)
+            x = x * float(scale)
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.model.layers, self._kv_caches, strict=True):
-            x, residual = layer(x, residual, positions, cos_sin, kv_cache, attn)
+            table = local if layer.local_rope else cos_sin
+            x, residual = layer(x, residual, positions, table, kv_cache, attn)
         if residual is None:
             return self.model.norm(x)
         return self.model.norm.add_and_norm(x, residual)[0]
 
+    def _longrope_rows(self, positions: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
+        """Rope table rows of longrope: the long factors' rows for every token of a sequence
+        longer than the original length after this pass (transformers picks the factors per
+        forward from its longest position), the short ones' otherwise. On the device, no sync.
+        A sequence that grows past the original length while decoding keeps its earlier keys as
+        they were rotated (transformers' Phi-3 recomputes its whole cache at that step)."""
+        starts = attn.query_start_loc
+        tokens = torch.arange(positions.shape[0], device=positions.device, dtype=starts.dtype)
+        seq = torch.searchsorted(starts[1:], tokens, right=True)
+        seq = seq.clamp_(max=attn.seq_lens.shape[0] - 1)  # padding tokens past the last sequence
+        long = attn.seq_lens[seq] > self.rotary_emb.params.original_max_position_embeddings
+        return positions + long.to(positions.dtype) * self.rotary_emb.long_offset
+
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """``[N, hidden] -> [N, vocab]`` float32 logits."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden_rows, weight).float()
+        logits = F.linear(hidden_rows, weight).float()
+        if self.arch.final_softcap:
+            cap = self.arch.final_softcap
+            logits = torch.tanh(logits / cap) * cap
+        return logits

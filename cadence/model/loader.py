@@ -17,6 +17,8 @@ from cadence.model.registry import ModelSpec
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 _DUMMY_STD = 0.02
 _SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)
+# safetensors' names of the dtypes a checkpoint tensor may have (cast to the model dtype).
+_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 
 
 def build_model(
@@ -55,11 +57,11 @@ def check_load_format(spec: ModelSpec, load_format: str) -> None:
 @torch.no_grad()
 def init_dummy_weights(model: CausalLM, seed: int) -> None:
     """Seeded random weights generated on the parameters' device: N(0, 0.02) for matrices and
-    embeddings, ones for norm weights, zeros for biases."""
+    embeddings, unit norm scales (weight 1, or 0 for Gemma's (1 + w) norms), zeros for biases."""
     generators: dict[torch.device, torch.Generator] = {}
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
-            param.fill_(1.0)
+            param.fill_(0.0 if model.arch.gemma else 1.0)
         elif name.endswith(".bias"):
             param.zero_()
         else:
@@ -76,6 +78,7 @@ class _Target:
     param: str
     row_start: int
     num_rows: int | None  # None: the whole parameter
+    expert: int | None = None  # the index into the parameter's first dimension, first
 
 
 def checkpoint_files(path: str) -> list[str]:
@@ -119,14 +122,35 @@ def checkpoint_names(arch: DecoderArch) -> dict[str, _Target]:
         layer = f"model.layers.{i}"
         whole(f"{layer}.input_layernorm.weight")
         whole(f"{layer}.post_attention_layernorm.weight")
+        if arch.gemma:
+            whole(f"{layer}.pre_feedforward_layernorm.weight")
+            whole(f"{layer}.post_feedforward_layernorm.weight")
         if arch.qk_norm:
             whole(f"{layer}.self_attn.q_norm.weight")
             whole(f"{layer}.self_attn.k_norm.weight")
-        fused(f"{layer}.self_attn", "qkv_proj", qkv_rows, arch.qkv_bias)
+        if arch.fused_checkpoint:
+            whole(f"{layer}.self_attn.qkv_proj.weight")
+        else:
+            fused(f"{layer}.self_attn", "qkv_proj", qkv_rows, arch.qkv_bias)
         whole(f"{layer}.self_attn.o_proj.weight")
         if arch.o_bias:
             whole(f"{layer}.self_attn.o_proj.bias")
-        fused(f"{layer}.mlp", "gate_up_proj", gate_up_rows, arch.mlp_bias)
+        if arch.is_moe_layer(i):
+            whole(f"{layer}.mlp.gate.weight")
+            inter = arch.moe_intermediate_size
+            for e in range(arch.num_experts):
+                expert = f"{layer}.mlp.experts.{e}"
+                gate_up = f"{layer}.mlp.experts.gate_up_proj"
+                names[f"{expert}.gate_proj.weight"] = _Target(gate_up, 0, inter, e)
+                names[f"{expert}.up_proj.weight"] = _Target(gate_up, inter, inter, e)
+                names[f"{expert}.down_proj.weight"] = _Target(
+                    f"{layer}.mlp.experts.down_proj", 0, None, e
+                )
+            continue
+        if arch.fused_checkpoint:
+            whole(f"{layer}.mlp.gate_up_proj.weight")
+        else:
+            fused(f"{layer}.mlp", "gate_up_proj", gate_up_rows, arch.mlp_bias)
         whole(f"{layer}.mlp.down_proj.weight")
         if arch.mlp_bias:
             whole(f"{layer}.mlp.down_proj.bias")
@@ -156,6 +180,8 @@ def load_safetensors(model: CausalLM, path: str) -> None:
                         f"{model.arch.architecture}."
                     )
                 param = params[target.param]
+                if target.expert is not None:
+                    param = param[target.expert]
                 dest = (
                     param
                     if target.num_rows is None
@@ -165,6 +191,12 @@ def load_safetensors(model: CausalLM, path: str) -> None:
                 if found != tuple(dest.shape):
                     raise ValueError(
                         f"tensor {name!r} has shape {list(found)}; expected {list(dest.shape)}."
+                    )
+                stored = f.get_slice(name).get_dtype()
+                if stored not in _FLOAT_DTYPES:
+                    raise ValueError(
+                        f"tensor {name!r} has dtype {stored}; expected a floating-point dtype "
+                        f"({', '.join(_FLOAT_DTYPES)}), converted to {dest.dtype} at load."
                     )
                 dest.copy_(f.get_tensor(name))
                 loaded.add(name)

@@ -1,4 +1,4 @@
-"""Rotary position embedding (rotate-half / NeoX layout) with default, linear and Llama-3 scaling."""
+"""Rotary position embedding (NeoX layout): default, linear, llama3, yarn, dynamic, longrope."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
 
 
 @dataclass(frozen=True)
@@ -21,45 +21,149 @@ class RopeParams:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # The config's max_position_embeddings (dynamic: the trained length).
+    max_position_embeddings: int = 8192
+    # yarn
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 0.0
+    mscale_all_dim: float = 0.0
+    truncate: bool = True
+    # yarn and longrope: the factor cos and sin are multiplied by (None: derived from `factor`).
+    attention_factor: float | None = None
+    # longrope: per-frequency divisors for sequences up to / beyond the original length.
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(
+                f"Unsupported rope_type {self.rope_type!r}; "
+                f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}."
+            )
+        if self.rope_type == "longrope" and not (self.short_factor and self.long_factor):
+            raise ValueError("longrope scaling needs short_factor and long_factor.")
 
     @classmethod
-    def from_hf_config(cls, config: PretrainedConfig) -> RopeParams:
+    def from_hf_config(
+        cls, config: PretrainedConfig, layer_type: str = "full_attention"
+    ) -> RopeParams:
         """Read RoPE settings from either layout transformers has used.
 
-        transformers 5 keeps everything in ``config.rope_parameters`` (``rope_theta`` included);
-        older configs have ``config.rope_theta`` plus an optional ``config.rope_scaling`` dict.
+        transformers 5 keeps everything in ``config.rope_parameters`` (``rope_theta`` included),
+        per layer type for models that rotate layers differently (Gemma 3: ``layer_type``);
+        older configs have ``config.rope_theta`` plus an optional ``config.rope_scaling`` dict
+        (and Gemma 3's ``rope_local_base_freq`` for its sliding layers).
         """
         params: dict[str, Any] = dict(
             getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
         )
         if params and all(isinstance(v, dict) for v in params.values()):
-            params = dict(params.get("full_attention") or next(iter(params.values())))
+            params = dict(params.get(layer_type) or next(iter(params.values())))
+        elif layer_type == "sliding_attention" and hasattr(config, "rope_local_base_freq"):
+            params = {"rope_theta": config.rope_local_base_freq}
         theta = params.get("rope_theta", getattr(config, "rope_theta", None))
         rope_type = params.get("rope_type", params.get("type", "default"))
-        if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise ValueError(
-                f"Unsupported rope_type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}."
-            )
-        original = params.get("original_max_position_embeddings") or config.max_position_embeddings
+        if rope_type == "su":  # Phi-3's early name for longrope
+            rope_type = "longrope"
+        if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise ValueError("partial_rotary_factor != 1 (partial RoPE) is not supported.")
+        max_positions = int(config.max_position_embeddings)
+        original = int(
+            params.get("original_max_position_embeddings")
+            or getattr(config, "original_max_position_embeddings", None)
+            or max_positions
+        )
+        factor = params.get("factor")
+        if factor is None:
+            # yarn and longrope derive it from the two lengths, as transformers does.
+            factor = max_positions / original if rope_type in ("yarn", "longrope") else 1.0
+        attention_factor = params.get("attention_factor")
         return cls(
             theta=float(theta if theta is not None else 10000.0),
             rope_type=rope_type,
-            factor=float(params.get("factor", 1.0)),
+            factor=float(factor),
             low_freq_factor=float(params.get("low_freq_factor", 1.0)),
             high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-            original_max_position_embeddings=int(original),
+            original_max_position_embeddings=original,
+            max_position_embeddings=max_positions,
+            beta_fast=float(params.get("beta_fast") or 32.0),
+            beta_slow=float(params.get("beta_slow") or 1.0),
+            mscale=float(params.get("mscale") or 0.0),
+            mscale_all_dim=float(params.get("mscale_all_dim") or 0.0),
+            truncate=bool(params.get("truncate", True)),
+            attention_factor=None if attention_factor is None else float(attention_factor),
+            short_factor=tuple(float(f) for f in params.get("short_factor") or ()),
+            long_factor=tuple(float(f) for f in params.get("long_factor") or ()),
         )
 
 
-def inverse_frequencies(params: RopeParams, head_dim: int) -> torch.Tensor:
-    """Float32 inverse frequencies ``[head_dim // 2]`` on the CPU."""
+def inverse_frequencies(
+    params: RopeParams, head_dim: int, seq_len: int | None = None, long: bool = False
+) -> torch.Tensor:
+    """Float32 inverse frequencies ``[head_dim // 2]`` on the CPU.
+
+    ``seq_len`` matters for "dynamic" only (the length the base is stretched for; at most
+    ``max_position_embeddings`` means no stretch); ``long`` picks longrope's long factors."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
+    if params.rope_type == "dynamic":
+        length = max(seq_len or 0, params.max_position_embeddings)
+        stretch = params.factor * length / params.max_position_embeddings - (params.factor - 1)
+        base = params.theta * stretch ** (head_dim / (head_dim - 2))
+        return 1.0 / (base**exponents)
     inv_freq = 1.0 / (params.theta**exponents)
     if params.rope_type == "linear":
         return inv_freq / params.factor
     if params.rope_type == "llama3":
         return _llama3_scaled(inv_freq, params)
+    if params.rope_type == "yarn":
+        return _yarn_scaled(params, head_dim)
+    if params.rope_type == "longrope":
+        factors = params.long_factor if long else params.short_factor
+        if len(factors) != head_dim // 2:
+            raise ValueError(f"longrope factors: {len(factors)} given, {head_dim // 2} needed.")
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32) * params.theta**exponents)
     return inv_freq
+
+
+def attention_scaling(params: RopeParams) -> float:
+    """The factor cos and sin are multiplied by (yarn and longrope; 1 for the others)."""
+    if params.attention_factor is not None:
+        return params.attention_factor
+    if params.rope_type == "yarn":
+        if params.mscale and params.mscale_all_dim:
+            return _yarn_mscale(params.factor, params.mscale) / _yarn_mscale(
+                params.factor, params.mscale_all_dim
+            )
+        return _yarn_mscale(params.factor, 1.0)
+    if params.rope_type == "longrope" and params.factor > 1.0:
+        original = params.original_max_position_embeddings
+        return math.sqrt(1 + math.log(params.factor) / math.log(original))
+    return 1.0
+
+
+def _yarn_mscale(scale: float, mscale: float) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_scaled(p: RopeParams, head_dim: int) -> torch.Tensor:
+    # Frequencies that turn more than beta_fast times over the original length keep their value
+    # (extrapolation), those turning fewer than beta_slow times are divided by `factor`
+    # (interpolation), with a linear ramp over the dimensions between.
+    def dim_of(rotations: float) -> float:
+        turns = p.original_max_position_embeddings / (rotations * 2 * math.pi)
+        return head_dim * math.log(turns) / (2 * math.log(p.theta))
+
+    low, high = dim_of(p.beta_fast), dim_of(p.beta_slow)
+    if p.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp
+    pos_freqs = p.theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    return (1.0 / (p.factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
 
 
 def _llama3_scaled(inv_freq: torch.Tensor, p: RopeParams) -> torch.Tensor:
@@ -83,6 +187,11 @@ class RotaryEmbedding(nn.Module):
     The table is computed in float32 and stored in the module's dtype, like transformers casts
     cos/sin to the activations' dtype. It is a non-persistent buffer: after materializing a model
     built on the meta device, call :meth:`reset_table`.
+
+    longrope has two tables, one above the other (``2 * max_positions`` rows): the short factors'
+    first, then the long factors' (row ``long_offset + position``). "dynamic" is the plain table:
+    positions never exceed max_position_embeddings here, below which transformers does not
+    stretch the base.
     """
 
     def __init__(self, params: RopeParams, head_dim: int, max_positions: int) -> None:
@@ -92,7 +201,9 @@ class RotaryEmbedding(nn.Module):
         self.params = params
         self.head_dim = head_dim
         self.max_positions = max_positions
-        self.register_buffer("cos_sin", torch.empty(max_positions, head_dim), persistent=False)
+        self.long_offset = max_positions if params.rope_type == "longrope" else 0
+        rows = max_positions + self.long_offset
+        self.register_buffer("cos_sin", torch.empty(rows, head_dim), persistent=False)
         self.reset_table()
 
     @torch.no_grad()
@@ -100,10 +211,14 @@ class RotaryEmbedding(nn.Module):
         if self.cos_sin.is_meta:
             return
         device = self.cos_sin.device
-        inv_freq = inverse_frequencies(self.params, self.head_dim).to(device)
+        scaling = attention_scaling(self.params)
         positions = torch.arange(self.max_positions, dtype=torch.float32, device=device)
-        angles = positions[:, None] * inv_freq[None, :]
-        self.cos_sin.copy_(torch.cat([angles.cos(), angles.sin()], dim=-1))
+        tables = []
+        for long in (False, True) if self.long_offset else (False,):
+            inv_freq = inverse_frequencies(self.params, self.head_dim, long=long).to(device)
+            angles = positions[:, None] * inv_freq[None, :]
+            tables.append(torch.cat([angles.cos() * scaling, angles.sin() * scaling], dim=-1))
+        self.cos_sin.copy_(torch.cat(tables))
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin ``[T, 1, head_dim // 2]`` for the given positions (broadcast over heads)."""

@@ -68,6 +68,14 @@ def _check_cache(kv_cache: torch.Tensor) -> None:
         )
 
 
+def _score_scales(scale: float, softcap: float) -> tuple[float, float]:
+    """(qk_scale, cap_scale) of the kernels, whose scores are in log2 units: ``dot * qk_scale``
+    without a cap, ``cap_scale * tanh(dot * qk_scale)`` with one."""
+    if softcap > 0:
+        return scale / softcap, softcap * _LOG2E
+    return scale * _LOG2E, 0.0
+
+
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -136,8 +144,12 @@ def paged_decode_attention(
     num_splits: int | None = None,
     k: torch.Tensor | None = None,
     v: torch.Tensor | None = None,
+    sliding_window: int = 0,
+    softcap: float = 0.0,
 ) -> None:
     """Decode (one query token per sequence) attention into ``out`` [T, num_heads, head_dim].
+    With ``sliding_window`` W > 0 each query sees its last W keys only; ``softcap`` c > 0 caps
+    the scaled scores to ``c * tanh(s / c)``.
 
     With ``k`` and ``v`` given, each sequence's new key and value are first written to the cache
     at ``metadata.slot_mapping`` inside the same kernel (no separate store launch); tokens that
@@ -156,9 +168,12 @@ def paged_decode_attention(
     block_tables = metadata.block_tables
     if num_splits is None:
         max_context = block_tables.shape[1] * page
+        if sliding_window > 0:
+            max_context = min(max_context, sliding_window)
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, num_sms)
     fp32 = kv_cache.dtype == torch.float32
     block_n = 32 if fp32 else 64
+    qk_scale, cap_scale = _score_scales(scale, softcap)
     split = num_splits > 1
     if split:
         part_acc = torch.empty(
@@ -196,8 +211,10 @@ def paged_decode_attention(
             kv_cache.stride(2),
             kv_cache.stride(3),
             block_tables.stride(0),
-            scale * _LOG2E,
+            qk_scale,
             num_splits,
+            sliding_window,
+            cap_scale,
         ),
         NUM_HEADS=num_heads,
         GROUP=group,
@@ -208,6 +225,8 @@ def paged_decode_attention(
         BLOCK_N=block_n,
         SPLIT=split,
         STORE=store,
+        SLIDING=sliding_window > 0,
+        SOFTCAP=softcap > 0,
         IEEE=fp32,
         num_warps=4,
         num_stages=2,
@@ -267,8 +286,12 @@ def paged_varlen_attention(
     scale: float,
     out: torch.Tensor,
     config: VarlenConfig | None = None,
+    sliding_window: int = 0,
+    softcap: float = 0.0,
 ) -> None:
-    """Causal varlen attention of any batch (prefill, chunked prefill, mixed) into ``out``.
+    """Causal varlen attention of any batch (prefill, chunked prefill, mixed) into ``out``;
+    with ``sliding_window`` W > 0 a query at position p sees keys p - W + 1 ... p only, and
+    ``softcap`` c > 0 caps the scaled scores to ``c * tanh(s / c)``.
 
     The grid depends only on the number of tokens and sequences (``q.shape[0]`` and
     ``seq_lens.shape[0]``), never on their lengths, so one launch serves every batch that pads
@@ -286,6 +309,7 @@ def paged_varlen_attention(
     cfg = config or varlen_config(num_tokens, fp32)
     block_q = cfg.block_q(group)
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    qk_scale, cap_scale = _score_scales(scale, softcap)
     _VARLEN(
         grid,
         (
@@ -304,8 +328,10 @@ def paged_varlen_attention(
             kv_cache.stride(2),
             kv_cache.stride(3),
             metadata.block_tables.stride(0),
-            scale * _LOG2E,
+            qk_scale,
             num_seqs,
+            sliding_window,
+            cap_scale,
         ),
         GROUP=group,
         GROUP_P=_pow2(group),
@@ -314,6 +340,8 @@ def paged_varlen_attention(
         BLOCK_Q=block_q,
         BLOCK_N=cfg.block_n,
         BLOCK_D=_pow2(head_dim, 16),
+        SLIDING=sliding_window > 0,
+        SOFTCAP=softcap > 0,
         IEEE=fp32,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -345,6 +373,8 @@ class TritonAttentionBackend:
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        sliding_window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
         if num_heads % num_kv_heads:
@@ -353,8 +383,13 @@ class TritonAttentionBackend:
         out = torch.empty_like(q)
         if metadata.is_decode_only:
             sms = self.num_sms(q.device)
-            paged_decode_attention(q, kv_cache, metadata, scale, out, sms, k=k, v=v)
+            paged_decode_attention(
+                q, kv_cache, metadata, scale, out, sms, k=k, v=v,
+                sliding_window=sliding_window, softcap=softcap,
+            )  # fmt: skip
         else:
             store_kv_cache(k, v, kv_cache, metadata.slot_mapping)
-            paged_varlen_attention(q, kv_cache, metadata, scale, out)
+            paged_varlen_attention(
+                q, kv_cache, metadata, scale, out, sliding_window=sliding_window, softcap=softcap
+            )
         return out

@@ -14,8 +14,14 @@ except ImportError:  # pragma: no cover - CPU installs
     tl = None
 
 _store_kv_kernel = _decode_kernel = _merge_splits_kernel = _varlen_kernel = _varlen_tile = None
+_tanh = None
 
 if triton is not None:
+
+    @triton.jit
+    def _tanh(x):
+        # Saturates to +-1 without NaN: exp2 overflows to inf for large x.
+        return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
 
     @triton.jit
     def _store_kv_kernel(
@@ -82,6 +88,8 @@ if triton is not None:
         stride_bt,
         qk_scale,
         num_splits,
+        window,
+        cap_scale,
         NUM_HEADS: tl.constexpr,
         GROUP: tl.constexpr,
         HEAD_DIM: tl.constexpr,
@@ -91,6 +99,8 @@ if triton is not None:
         BLOCK_N: tl.constexpr,
         SPLIT: tl.constexpr,
         STORE: tl.constexpr,
+        SLIDING: tl.constexpr,
+        SOFTCAP: tl.constexpr,
         IEEE: tl.constexpr,
     ):
         b = tl.program_id(0)
@@ -100,8 +110,13 @@ if triton is not None:
         q_tok = tl.load(qsl_ptr + b).to(tl.int64)
         q_end = tl.load(qsl_ptr + b + 1)
         valid = (q_end > q_tok) & (seq_len > 0)
-        per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-        start = split * per_split
+        # The query (position seq_len - 1) sees keys lo ... seq_len - 1; the splits share them.
+        if SLIDING:
+            lo = tl.maximum(seq_len - window, 0)
+        else:
+            lo = 0
+        per_split = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
+        start = lo + split * per_split
         end = tl.minimum(start + per_split, seq_len)
         end = tl.where(valid, end, start)
 
@@ -149,7 +164,10 @@ if triton is not None:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
                 s = tl.dot(q, tl.trans(k))
-            s = tl.where(nmask[None, :], s * qk_scale, float("-inf"))
+            s = s * qk_scale
+            if SOFTCAP:
+                s = cap_scale * _tanh(s)
+            s = tl.where(nmask[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
@@ -242,12 +260,16 @@ if triton is not None:
         offs_d,
         dmask,
         qk_scale,
+        window,
+        cap_scale,
         stride_c0,
         stride_c1,
         stride_c2,
         PAGE: tl.constexpr,
         BLOCK_N: tl.constexpr,
         MASK: tl.constexpr,
+        SLIDING: tl.constexpr,
+        SOFTCAP: tl.constexpr,
         IEEE: tl.constexpr,
     ):
         """One key/value tile of the online softmax; MASK=False for tiles every row sees."""
@@ -269,13 +291,24 @@ if triton is not None:
         else:
             s = tl.dot(q, tl.trans(k))
         s = s * qk_scale
+        if SOFTCAP:
+            s = cap_scale * _tanh(s)
         if MASK:
             keep = nmask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+            if SLIDING:
+                keep = keep & (offs_n[None, :] > q_pos[:, None] - window)
             s = tl.where(keep, s, float("-inf"))
-        # Key 0 is in the first tile and visible to every row, so m_new is finite.
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        if MASK and SLIDING:
+            # A row may see no key of a tile before its window starts: m_new stays -inf and the
+            # exponentials use 0 in its place (alpha and p are 0 for such a row).
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            # Without a window, key 0 is in the first tile and visible to every row; a tile
+            # without a mask is visible to every row: m_new is finite.
+            m_use = m_new
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if MASK:
             v = tl.load(ptrs + stride_c0, mask=kvmask, other=0.0)
@@ -307,6 +340,8 @@ if triton is not None:
         stride_bt,
         qk_scale,
         num_seqs,
+        window,
+        cap_scale,
         GROUP: tl.constexpr,
         GROUP_P: tl.constexpr,
         HEAD_DIM: tl.constexpr,
@@ -314,6 +349,8 @@ if triton is not None:
         BLOCK_Q: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_D: tl.constexpr,
+        SLIDING: tl.constexpr,
+        SOFTCAP: tl.constexpr,
         IEEE: tl.constexpr,
     ):
         # Program (pid, kvh) covers BLOCK_Q query tokens of one sequence times the GROUP query
@@ -364,21 +401,41 @@ if triton is not None:
         # Keys before ctx + qb * BLOCK_Q + 1 are visible to every row: whole tiles of them
         # need no mask.
         full_end = tl.minimum((ctx + qb * BLOCK_Q + 1) // BLOCK_N * BLOCK_N, kv_end)
+        if SLIDING:
+            # The block's first row (position ctx + qb * BLOCK_Q) sees keys from first_key on;
+            # keys from kv_end - window on are in every row's window (kv_start <= full_start
+            # <= full_end).
+            first_key = tl.maximum(ctx + qb * BLOCK_Q - window + 1, 0)
+            kv_start = first_key // BLOCK_N * BLOCK_N
+            full_start = tl.minimum(
+                tl.cdiv(tl.maximum(kv_end - window, 0), BLOCK_N) * BLOCK_N, full_end
+            )
+        else:
+            full_start = 0
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         bt_row = bt_ptr + b.to(tl.int64) * stride_bt
         head_off = kvh.to(tl.int64) * stride_c3
-        for n0 in range(0, full_end, BLOCK_N):
+        if SLIDING:
+            for n0 in range(kv_start, full_start, BLOCK_N):
+                acc, m_i, l_i = _varlen_tile(
+                    q, acc, m_i, l_i, cache_ptr, bt_row, head_off, n0, q_pos, kv_end, offs_d,
+                    dmask, qk_scale, window, cap_scale, stride_c0, stride_c1, stride_c2, PAGE, BLOCK_N,
+                    True, SLIDING, SOFTCAP, IEEE,
+                )  # fmt: skip
+        for n0 in range(full_start, full_end, BLOCK_N):
             acc, m_i, l_i = _varlen_tile(
                 q, acc, m_i, l_i, cache_ptr, bt_row, head_off, n0, q_pos, kv_end, offs_d, dmask,
-                qk_scale, stride_c0, stride_c1, stride_c2, PAGE, BLOCK_N, False, IEEE,
+                qk_scale, window, cap_scale, stride_c0, stride_c1, stride_c2, PAGE, BLOCK_N, False,
+                SLIDING, SOFTCAP, IEEE,
             )  # fmt: skip
         for n0 in range(full_end, kv_end, BLOCK_N):
             acc, m_i, l_i = _varlen_tile(
                 q, acc, m_i, l_i, cache_ptr, bt_row, head_off, n0, q_pos, kv_end, offs_d, dmask,
-                qk_scale, stride_c0, stride_c1, stride_c2, PAGE, BLOCK_N, True, IEEE,
+                qk_scale, window, cap_scale, stride_c0, stride_c1, stride_c2, PAGE, BLOCK_N, True,
+                SLIDING, SOFTCAP, IEEE,
             )  # fmt: skip
 
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)

@@ -67,6 +67,17 @@ def test_revision_is_an_error_only_when_given() -> None:
         LLM("tiny", revision="main")
 
 
+def test_fp8_is_a_one_line_error_listing_what_is_supported() -> None:
+    assert (_engine_args().quantization, _engine_args().kv_cache_dtype) == (None, "auto")
+    with pytest.raises(ValueError, match=r"quantization='fp8' is not supported.*supported: none"):
+        _engine_args("--quantization", "fp8")
+    with pytest.raises(ValueError, match=r"kv_cache_dtype='fp8' is not supported.*supported: auto"):
+        _engine_args("--kv-cache-dtype", "fp8")
+    with pytest.raises(ValueError, match="quantization='fp8'"):
+        LLM("tiny", quantization="fp8")
+    assert _engine_args("--kv-cache-dtype", "auto").kv_cache_dtype == "auto"
+
+
 @pytest.fixture(scope="module")
 def tiny_dir() -> Path:
     return ensure_tiny_model()

@@ -152,3 +152,27 @@ def test_bf16_greedy_agrees_with_transformers_within_bf16_rounding(tmp_path):
     assert 0 < noise < 0.5, noise  # bf16 noise of this model: small, but not zero
     assert max(gaps) <= tol, (max(gaps), tol)
     assert agree >= 0.9 * len(gaps), (agree, len(gaps))
+
+
+FAMILIES = ["mistral", "phi3", "phi3-long", "gemma2", "gemma3", "llama-yarn", "qwen3-moe"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_families_graphs_equal_eager_and_transformers(family, tmp_path):
+    """Each added family on the GPU kernels (sliding windows, soft caps, longrope rows, fused
+    MoE): CUDA graphs == eager == transformers' greedy tokens, in float32."""
+    from cadence import SamplingParams
+    from tests.hf_models import VOCAB, build_hf_model, hf_greedy
+
+    model = build_hf_model(family, tmp_path)
+    rng = random.Random(5)
+    lengths = (40, 50, 33) if family == "phi3-long" else (5, 17, 50, 40)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in lengths]
+    expected = hf_greedy(model, prompts, 24)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    for eager in (True, False):
+        llm = _llm(model=str(tmp_path), dtype="float32", skip_tokenizer_init=True,
+                   max_model_len=256, max_num_seqs=8, enforce_eager=eager)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == expected, f"eager={eager}"
+        _free(llm)

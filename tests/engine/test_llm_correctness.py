@@ -1,4 +1,4 @@
-"""Greedy tokens equal transformers' on tiny random Llama / Qwen2 / Qwen3 checkpoints.
+"""Greedy tokens equal transformers' on tiny random checkpoints of each supported family.
 
 Every engine configuration (plain, chunked prefill, preemption, prefix-cache hits, async
 scheduling on and off) must give identical tokens.
@@ -29,7 +29,12 @@ def _shared_prefix_prompts(seed: int = 1) -> list[list[int]]:
     return [prefix + [rng.randrange(3, VOCAB) for _ in range(n)] for n in (3, 9, 20, 1)]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+@pytest.fixture(
+    scope="module",
+    params=[
+        "llama", "llama-yarn", "mistral", "phi3", "gemma2", "gemma3", "qwen2", "qwen3", "qwen3-moe"
+    ],
+)
 def checkpoint(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     model = build_hf_model(request.param, path)
@@ -123,3 +128,18 @@ def test_prefill_chunks_that_sample_nothing(tmp_path):
     outs = llm.generate([{"prompt_token_ids": prompt}, {"prompt_token_ids": _prompts()[0]}],
                         params, use_tqdm=False)
     assert outs[0].outputs[0].token_ids == expected
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_longrope_long_factors_like_transformers(tmp_path, async_scheduling):
+    """Prompts longer than Phi-3's original length (32 here) run on the long factors from their
+    prefill on, in transformers and here alike."""
+    model = build_hf_model("phi3-long", tmp_path)
+    rng = random.Random(4)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (33, 40, 57)]
+    expected = hf_greedy(model, prompts, 24)
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, max_num_seqs=4, max_model_len=256,
+              async_scheduling=async_scheduling)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == expected

@@ -12,14 +12,22 @@ HEADS, KV_HEADS, HEAD_DIM = 4, 2, 8
 SCALE = HEAD_DIM**-0.5
 
 
-def _dense_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Full-sequence attention for one sequence; q [n, H, d], k/v [n, KV, d]; last rows = queries."""
+def _dense_causal(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int = 0, softcap: float = 0.0
+) -> torch.Tensor:
+    """Full-sequence attention for one sequence; q [n, H, d], k/v [n, KV, d]; last rows = queries.
+    ``window`` > 0: each query also sees at most its last ``window`` keys (itself included);
+    ``softcap`` > 0: scores s become softcap * tanh(s / softcap)."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.double(), k.double()) * SCALE
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
     n_q, n_k = q.shape[0], k.shape[0]
     allowed = torch.ones(n_q, n_k).tril(diagonal=n_k - n_q).bool()
+    if window > 0:
+        allowed &= torch.ones(n_q, n_k).triu(diagonal=n_k - n_q - window + 1).bool()
     scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.double()).float()
 
@@ -28,7 +36,8 @@ def _cache(dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.full((2, NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM), float("nan"), dtype=dtype)
 
 
-def test_prefill_then_chunk_then_decode_match_dense_attention():
+@pytest.mark.parametrize(("window", "softcap"), [(0, 0), (1, 0), (4, 0), (100, 0), (0, 0.3), (4, 0.3)])
+def test_prefill_then_chunk_then_decode_match_dense_attention(window, softcap):
     gen = torch.Generator().manual_seed(0)
     lengths, tables = [3, 9, 14], [[5, 2], [9, 1, 7], [4, 11, 3, 8]]
     full_q = [torch.randn(n, HEADS, HEAD_DIM, generator=gen) for n in lengths]
@@ -46,9 +55,13 @@ def test_prefill_then_chunk_then_decode_match_dense_attention():
             qs.append(full_q[i][lo:hi])
             ks.append(full_k[i][lo:hi])
             vs.append(full_v[i][lo:hi])
-            expected.append(_dense_causal(full_q[i][lo:hi], full_k[i][:hi], full_v[i][:hi]))
+            expected.append(
+                _dense_causal(full_q[i][lo:hi], full_k[i][:hi], full_v[i][:hi], window, softcap)
+            )
         md = make_batch(chunks).metadata
-        out = backend.forward(torch.cat(qs), torch.cat(ks), torch.cat(vs), cache, md, SCALE)
+        out = backend.forward(
+            torch.cat(qs), torch.cat(ks), torch.cat(vs), cache, md, SCALE, window, softcap
+        )
         torch.testing.assert_close(out, torch.cat(expected), atol=1e-5, rtol=1e-5)
 
 

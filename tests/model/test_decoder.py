@@ -37,6 +37,11 @@ LENGTHS = (5, 11, 17)
         ("qwen2", True),
         ("qwen3", False),
         ("qwen3", True),
+        ("mistral", False),
+        ("phi3", False),
+        ("gemma2", True),
+        ("gemma3", True),
+        ("qwen3-moe", False),
     ],
     ids=lambda p: f"{p[0]}-{'tied' if p[1] else 'untied'}",
 )
@@ -149,7 +154,8 @@ class _GraphSafeDecodeAttention:
 
     name = "graph-safe-decode"
 
-    def forward(self, q, k, v, kv_cache, metadata, scale):
+    def forward(self, q, k, v, kv_cache, metadata, scale, sliding_window=0, softcap=0.0):
+        assert sliding_window == 0 and softcap == 0.0
         num_kv_heads, head_dim = kv_cache.shape[-2:]
         kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, k)
         kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, v)

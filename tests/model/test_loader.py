@@ -115,6 +115,44 @@ def test_misshaped_tensor_is_named_with_both_shapes(qwen2, tmp_path):
     assert "[95, 64]" in message and "[96, 64]" in message
 
 
+def test_non_float_tensor_is_named_with_its_dtype(qwen2, tmp_path):
+    _copy_checkpoint(qwen2[1], tmp_path)
+    name = "model.layers.1.mlp.down_proj.weight"
+    _rewrite(tmp_path, lambda t: t.update({name: t[name].to(torch.int8)}))
+    with pytest.raises(ValueError) as err:
+        load_ours(tmp_path)
+    message = str(err.value)
+    assert name in message and "dtype I8" in message and "BF16" in message
+    assert "\n" not in message
+
+
+def test_quantized_checkpoint_is_a_one_line_error(qwen2, tmp_path):
+    _copy_checkpoint(qwen2[1], tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as err:
+        resolve_model(str(tmp_path))
+    message = str(err.value)
+    assert "Unsupported quantization method 'fp8'" in message and "supported: none" in message
+    assert "\n" not in message
+
+
+def test_moe_checkpoint_fills_each_expert(tmp_path):
+    from tests.hf_models import build_hf_model
+
+    hf = build_hf_model("qwen3-moe", tmp_path)
+    ours = dict(load_ours(tmp_path).named_parameters())
+    theirs = dict(hf.named_parameters())
+    layer = "model.layers.0.mlp"
+    assert torch.equal(ours[f"{layer}.gate.weight"], theirs[f"{layer}.gate.weight"])
+    assert torch.equal(ours[f"{layer}.experts.gate_up_proj"], theirs[f"{layer}.experts.gate_up_proj"])
+    assert torch.equal(ours[f"{layer}.experts.down_proj"], theirs[f"{layer}.experts.down_proj"])
+    dense = "model.layers.1.mlp"  # an mlp_only layer
+    gate, up = (theirs[f"{dense}.{n}_proj.weight"] for n in ("gate", "up"))
+    assert torch.equal(ours[f"{dense}.gate_up_proj.weight"], torch.cat([gate, up]))
+
+
 def test_unexpected_tensor_is_named(qwen2, tmp_path):
     _copy_checkpoint(qwen2[1], tmp_path)
     _rewrite(tmp_path, lambda t: t.update({"model.layers.0.extra.weight": torch.zeros(2)}))
@@ -149,6 +187,22 @@ def test_dummy_weights_are_seeded_and_sane(qwen2):
             assert not torch.equal(pa, pc) and 0.01 < pa.std() < 0.03, name
 
 
+@pytest.mark.parametrize("family", ["gemma3", "qwen3-moe"])
+def test_dummy_weights_of_new_families(family, tmp_path):
+    """Gemma's (1 + w) norms get w = 0 (unit scale); expert tensors are random like matrices."""
+    from tests.model.helpers import hf_config
+
+    hf_config(family, tie=False).save_pretrained(tmp_path)
+    spec = resolve_model(str(tmp_path))
+    model = build_model(spec, torch.float32, "cpu", "dummy", TorchAttentionBackend(), 0)
+    unit = 0.0 if family == "gemma3" else 1.0
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            assert torch.equal(p, torch.full_like(p, unit)), name
+        else:
+            assert 0.01 < p.std() < 0.03, name
+
+
 def test_bfloat16_build_keeps_rope_table_and_weights_in_dtype(qwen2):
     spec = resolve_model(str(qwen2[1]))
     model = build_model(spec, torch.bfloat16, "cpu", "auto", TorchAttentionBackend(), 0)
@@ -166,6 +220,28 @@ def test_presets_need_dummy_load_format():
             build_model(spec, torch.float32, "cpu", load_format, TorchAttentionBackend(), 0)
     with pytest.raises(ValueError, match="load_format"):
         build_model(spec, torch.float32, "cpu", "pt", TorchAttentionBackend(), 0)
+
+
+@pytest.mark.parametrize(
+    "family", ["llama-bias", "qwen3", "mistral", "phi3", "gemma2", "gemma3", "qwen3-moe"]
+)
+def test_checkpoint_names_cover_every_element_once(family):
+    """Every element of every parameter is the destination of exactly one checkpoint tensor
+    (fused q/k/v and gate/up slices, whole Phi-3 tensors, per-expert slices)."""
+    from cadence.model.decoder import CausalLM
+    from tests.model.helpers import hf_config
+
+    model = CausalLM(hf_config(family, tie=False), TorchAttentionBackend())
+    hits = {name: torch.zeros(p.shape) for name, p in model.named_parameters()}
+    for target in checkpoint_names(model.arch).values():
+        region = hits[target.param]
+        if target.expert is not None:
+            region = region[target.expert]
+        if target.num_rows is not None:
+            region = region.narrow(0, target.row_start, target.num_rows)
+        region += 1
+    for name, count in hits.items():
+        assert torch.equal(count, torch.ones_like(count)), name
 
 
 def test_checkpoint_names_cover_every_parameter_once(qwen2):

@@ -8,6 +8,7 @@ import pytest
 import torch
 import transformers
 
+from cadence.model.arch import DecoderArch
 from cadence.model.attention import TorchAttentionBackend
 from cadence.model.decoder import CausalLM
 from cadence.model.registry import resolve_model
@@ -19,6 +20,11 @@ PRESET_PARAMS = {
     "qwen2.5-0.5b": 494_032_768,
     "llama3.2-1b": 1_235_814_400,
     "llama3-8b": 8_030_261_248,
+    "mistral-7b": 7_241_732_096,
+    "phi3-mini-4k": 3_821_079_552,
+    "gemma2-2b": 2_614_341_888,
+    "gemma3-1b": 999_885_952,
+    "qwen3-30b-a3b": 30_532_122_624,
 }
 
 
@@ -27,9 +33,15 @@ def _count_from_shapes(config: transformers.PretrainedConfig) -> int:
     heads, kv = config.num_attention_heads, config.num_key_value_heads
     d = getattr(config, "head_dim", None) or h // heads
     qwen2 = config.model_type == "qwen2"
-    layer = h * d * (heads + 2 * kv) + heads * d * h + 3 * h * i + 2 * h
+    if getattr(config, "num_experts", 0):  # every layer sparse: experts and the router
+        i = config.num_experts * config.moe_intermediate_size
+        h_router = config.num_experts * h
+    else:
+        h_router = 0
+    layer = h * d * (heads + 2 * kv) + heads * d * h + 3 * h * i + 2 * h + h_router
     layer += d * (heads + 2 * kv) if qwen2 else 0  # q/k/v biases
-    layer += 2 * d if config.model_type == "qwen3" else 0  # q/k norms
+    layer += 2 * d if config.model_type in ("qwen3", "qwen3_moe", "gemma3_text") else 0
+    layer += 2 * h if config.model_type.startswith("gemma") else 0  # norms around the MLP
     embeddings = v * h * (1 if config.tie_word_embeddings else 2)
     return config.num_hidden_layers * layer + embeddings + h
 
@@ -52,6 +64,29 @@ def test_preset_details():
     assert resolve_model("qwen3-0.6b").eos_token_ids == [151645]
     assert resolve_model("qwen2.5-0.5b").architecture == "Qwen2ForCausalLM"
     assert resolve_model("llama3-8b").hf_config.tie_word_embeddings is False
+    mistral = resolve_model("mistral-7b")
+    assert mistral.architecture == "MistralForCausalLM"
+    assert DecoderArch.from_hf_config(mistral.hf_config).sliding_window == 4096
+    phi3 = DecoderArch.from_hf_config(resolve_model("phi3-mini-4k").hf_config)
+    assert phi3.fused_checkpoint and phi3.sliding_window == 2047
+    gemma2 = DecoderArch.from_hf_config(resolve_model("gemma2-2b").hf_config)
+    assert [gemma2.window(i) for i in range(3)] == [4096, 0, 4096]
+    assert (gemma2.attn_softcap, gemma2.final_softcap, gemma2.scale) == (50.0, 30.0, 1 / 16)
+    gemma3 = DecoderArch.from_hf_config(resolve_model("gemma3-1b").hf_config)
+    assert [gemma3.window(i) for i in range(7)] == [512] * 5 + [0, 512]
+    assert gemma3.qk_norm and gemma3.local_rope and gemma3.attn_softcap == 0.0
+    moe = DecoderArch.from_hf_config(resolve_model("qwen3-30b-a3b").hf_config)
+    assert all(moe.moe_layers) and len(moe.moe_layers) == 48
+    assert (moe.num_experts, moe.num_experts_per_tok, moe.norm_topk_prob) == (128, 8, True)
+
+
+def test_sliding_window_is_read_for_mistral_only():
+    no_window = transformers.MistralConfig(sliding_window=None, architectures=["MistralForCausalLM"])
+    assert DecoderArch.from_hf_config(no_window).sliding_window == 0
+    # Qwen2 configs name a window that is unused while use_sliding_window is off.
+    qwen2 = hf_config("qwen2", tie=False)
+    qwen2.sliding_window = 64
+    assert DecoderArch.from_hf_config(qwen2).sliding_window == 0
 
 
 def test_directory_with_generation_config(tmp_path):
@@ -100,7 +135,11 @@ def test_unsupported_architecture_names_it_and_the_supported_ones(tmp_path):
         resolve_model(str(tmp_path))
     message = str(err.value)
     assert "GPT2LMHeadModel" in message
-    assert all(a in message for a in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"))
+    supported = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "LlamaForCausalLM",
+                 "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                 "Qwen3MoeForCausalLM")
+    assert all(a in message for a in supported)
+    assert "\n" not in message
 
 
 def test_unsupported_features_are_rejected(tmp_path):

@@ -9,7 +9,13 @@ import torch
 import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from cadence.model.rope import RopeParams, RotaryEmbedding, apply_rotary, inverse_frequencies
+from cadence.model.rope import (
+    RopeParams,
+    RotaryEmbedding,
+    apply_rotary,
+    attention_scaling,
+    inverse_frequencies,
+)
 from tests.hf_models import LLAMA3_ROPE_SCALING
 
 
@@ -58,17 +64,18 @@ def test_old_style_config_fields_are_read():
 def test_new_style_rope_parameters_are_read():
     config = transformers.Qwen3Config(rope_theta=1e6)
     assert "rope_theta" in config.rope_parameters
+    n = config.max_position_embeddings
     assert RopeParams.from_hf_config(config) == RopeParams(
-        theta=1e6, original_max_position_embeddings=config.max_position_embeddings
+        theta=1e6, original_max_position_embeddings=n, max_position_embeddings=n
     )
 
 
 def test_unsupported_rope_type_is_named():
     config = SimpleNamespace(
-        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4},
+        rope_parameters={"rope_type": "mrope", "factor": 4.0, "rope_theta": 1e4},
         max_position_embeddings=100,
     )
-    with pytest.raises(ValueError, match="yarn"):
+    with pytest.raises(ValueError, match="mrope.*supported: default, linear, llama3, yarn"):
         RopeParams.from_hf_config(config)
 
 
@@ -87,3 +94,100 @@ def test_rotation_matches_transformers_apply_rotary():
     hq, hk = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], hf_cos, hf_sin)
     torch.testing.assert_close(apply_rotary(q, cos, sin), hq[0].transpose(0, 1))
     torch.testing.assert_close(apply_rotary(k, cos, sin), hk[0].transpose(0, 1))
+
+
+YARN_VARIANTS = [
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+    {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64,
+     "beta_fast": 16, "beta_slow": 2, "truncate": False},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
+     "mscale": 0.707, "mscale_all_dim": 1.0},
+    {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 256,
+     "attention_factor": 1.5},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("scaling", YARN_VARIANTS, ids=str)
+def test_yarn_matches_transformers(scaling):
+    config = _llama(rope_theta=10000.0, rope_scaling=scaling)
+    params = RopeParams.from_hf_config(config)
+    expected, factor = ROPE_INIT_FUNCTIONS["yarn"](config, torch.device("cpu"))
+    torch.testing.assert_close(inverse_frequencies(params, 64), expected, atol=0, rtol=1e-6)
+    assert attention_scaling(params) == pytest.approx(factor, rel=1e-12)
+    plain = inverse_frequencies(RopeParams(theta=10000.0), 64)
+    assert not torch.allclose(expected, plain)  # the variant really scales
+
+
+@pytest.mark.parametrize("seq_len", [None, 512, 700, 4096])
+def test_dynamic_ntk_matches_transformers(seq_len):
+    config = _llama(rope_theta=10000.0, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    params = RopeParams.from_hf_config(config)
+    expected, factor = ROPE_INIT_FUNCTIONS["dynamic"](config, torch.device("cpu"), seq_len=seq_len)
+    ours = inverse_frequencies(params, 64, seq_len=seq_len)
+    torch.testing.assert_close(ours, expected, atol=0, rtol=1e-6)
+    assert attention_scaling(params) == factor == 1.0
+    # Up to max_position_embeddings (all an engine can reach) the base is not stretched.
+    plain = inverse_frequencies(RopeParams(theta=10000.0), 64)
+    assert torch.equal(ours, plain) == (seq_len is None or seq_len <= 512)
+
+
+def _longrope_config(original: int = 128) -> transformers.PretrainedConfig:
+    gen = torch.Generator().manual_seed(0)
+    scaling = {
+        "rope_type": "longrope",
+        "short_factor": (1 + torch.rand(32, generator=gen)).tolist(),
+        "long_factor": (1 + 4 * torch.rand(32, generator=gen)).tolist(),
+        "original_max_position_embeddings": original,
+    }
+    return _llama(rope_theta=10000.0, rope_scaling=scaling)
+
+
+@pytest.mark.parametrize("seq_len", [None, 128, 129, 512])
+def test_longrope_matches_transformers(seq_len):
+    config = _longrope_config()
+    params = RopeParams.from_hf_config(config)
+    assert params.factor == 4.0  # 512 / 128, derived as transformers does
+    expected, factor = ROPE_INIT_FUNCTIONS["longrope"](config, torch.device("cpu"), seq_len=seq_len)
+    long = seq_len is not None and seq_len > 128
+    torch.testing.assert_close(
+        inverse_frequencies(params, 64, long=long), expected, atol=0, rtol=1e-6
+    )
+    assert attention_scaling(params) == pytest.approx(factor, rel=1e-12) and factor > 1.0
+
+
+def test_longrope_needs_both_factor_lists():
+    config = SimpleNamespace(
+        rope_parameters={"rope_type": "longrope", "short_factor": [1.0], "rope_theta": 1e4},
+        max_position_embeddings=100,
+    )
+    with pytest.raises(ValueError, match="long_factor"):
+        RopeParams.from_hf_config(config)
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [YARN_VARIANTS[0], YARN_VARIANTS[2], {"rope_type": "dynamic", "factor": 2.0}, "longrope"],
+    ids=str,
+)
+def test_tables_match_transformers_cos_sin(scaling):
+    """cos and sin rows (attention factor included) equal transformers' rotary embedding's;
+    longrope's long rows equal what it uses for a forward longer than the original length."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = _longrope_config() if scaling == "longrope" else _llama(
+        rope_theta=10000.0, rope_scaling=scaling
+    )
+    rope = RotaryEmbedding(RopeParams.from_hf_config(config), 64, 512)
+    x = torch.zeros(1, 4, 64)
+    short = torch.tensor([0, 5, 63, 127])
+    cos, sin = rope.lookup(short)
+    hf_cos, hf_sin = LlamaRotaryEmbedding(config)(x, short[None])
+    torch.testing.assert_close(torch.cat([cos, cos], -1)[:, 0], hf_cos[0], atol=0, rtol=0)
+    torch.testing.assert_close(torch.cat([sin, sin], -1)[:, 0], hf_sin[0], atol=0, rtol=0)
+    if scaling == "longrope":
+        assert rope.cos_sin.shape[0] == 1024 and rope.long_offset == 512
+        longer = torch.tensor([0, 5, 200, 511])
+        cos, sin = rope.lookup(longer + rope.long_offset)
+        hf_cos, hf_sin = LlamaRotaryEmbedding(config)(x, longer[None])
+        torch.testing.assert_close(torch.cat([cos, cos], -1)[:, 0], hf_cos[0], atol=0, rtol=0)
+        torch.testing.assert_close(torch.cat([sin, sin], -1)[:, 0], hf_sin[0], atol=0, rtol=0)

@@ -36,6 +36,8 @@ class Case:
     cache: torch.Tensor
     metadata: AttentionMetadata
     scale: float
+    window: int = 0  # sliding window (0: none)
+    softcap: float = 0.0  # score cap (0: none)
 
 
 def make_case(
@@ -51,6 +53,8 @@ def make_case(
     seed: int = 0,
     num_blocks: int | None = None,
     width: int | None = None,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> Case:
     """``seqs`` = [(seq_len after this pass, query_len)]; ``num_padding`` padding sequences
     (seq_len 0, empty query range), each with one padding token at ``padding_slot``.
@@ -97,7 +101,7 @@ def make_case(
     )
     return Case(
         q.to(device, dtype), k.to(device, dtype), v.to(device, dtype),
-        cache.to(device, dtype), md, head_dim**-0.5,
+        cache.to(device, dtype), md, head_dim**-0.5, window, softcap,
     )  # fmt: skip
 
 
@@ -129,12 +133,17 @@ def pad_like_a_graph(case: Case, extra_tokens: int, empty_rows: int) -> Case:
         query_start_loc_cpu=qsl,
         seq_lens_cpu=seq_lens,
     )
-    return Case(grow(case.q), grow(case.k), grow(case.v), case.cache, padded, case.scale)
+    return Case(
+        grow(case.q), grow(case.k), grow(case.v), case.cache, padded, case.scale, case.window,
+        case.softcap,
+    )  # fmt: skip
 
 
 def reference(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
     cache = case.cache.clone()
-    out = TorchAttentionBackend().forward(case.q, case.k, case.v, cache, case.metadata, case.scale)
+    out = TorchAttentionBackend().forward(
+        case.q, case.k, case.v, cache, case.metadata, case.scale, case.window, case.softcap
+    )
     return out, cache
 
 
@@ -158,39 +167,51 @@ PREFILL_SEQS = [(1, 1), (17, 17), (40, 7), (16, 16), (33, 1), (130, 70), (65, 64
 MIXED_SEQS = [(90, 1), (300, 1), (64, 64), (31, 1), (200, 100), (7, 7), (129, 1), (48, 33)]
 
 
-def run_decode(device: str, dtype: torch.dtype, page: int, splits: int | None, fused: bool) -> None:
+def run_decode(device: str, dtype: torch.dtype, page: int, splits: int | None, fused: bool,
+               window: int = 0, softcap: float = 0.0) -> None:
     from cadence.model.triton_attention import paged_decode_attention, store_kv_cache
 
-    case = make_case(DECODE_SEQS, 8, 2, 64, page, dtype, device, num_padding=3)
+    case = make_case(DECODE_SEQS, 8, 2, 64, page, dtype, device, num_padding=3, window=window,
+                     softcap=softcap)
     cache = case.cache.clone()
     out = torch.full_like(case.q, float("nan"))  # every real row must be written
     md = case.metadata
     if fused:
-        paged_decode_attention(case.q, cache, md, case.scale, out, 132, splits, case.k, case.v)
+        paged_decode_attention(
+            case.q, cache, md, case.scale, out, 132, splits, case.k, case.v,
+            sliding_window=window, softcap=softcap,
+        )  # fmt: skip
     else:
         store_kv_cache(case.k, case.v, cache, md.slot_mapping)
-        paged_decode_attention(case.q, cache, md, case.scale, out, 132, splits)
+        paged_decode_attention(case.q, cache, md, case.scale, out, 132, splits,
+                               sliding_window=window, softcap=softcap)
     assert_matches(case, out, cache)
 
 
-def run_prefill(device: str, dtype: torch.dtype, heads: int, kv_heads: int, dim: int) -> None:
+def run_prefill(device: str, dtype: torch.dtype, heads: int, kv_heads: int, dim: int,
+                window: int = 0, softcap: float = 0.0) -> None:
     from cadence.model.triton_attention import TritonAttentionBackend
 
-    case = make_case(PREFILL_SEQS, heads, kv_heads, dim, 16, dtype, device, 1, padding_slot=-1)
+    case = make_case(PREFILL_SEQS, heads, kv_heads, dim, 16, dtype, device, 1, padding_slot=-1,
+                     window=window, softcap=softcap)
     cache = case.cache.clone()
-    out = TritonAttentionBackend().forward(case.q, case.k, case.v, cache, case.metadata, case.scale)
+    out = TritonAttentionBackend().forward(
+        case.q, case.k, case.v, cache, case.metadata, case.scale, window, softcap
+    )
     assert_matches(case, out, cache)
 
 
 def run_mixed_padded(device: str, dtype: torch.dtype, heads: int, kv_heads: int, dim: int,
-                     extra_tokens: int, empty_rows: int) -> None:
+                     extra_tokens: int, empty_rows: int, window: int = 0,
+                     softcap: float = 0.0) -> None:
     from cadence.model.triton_attention import TritonAttentionBackend
 
-    case = make_case(MIXED_SEQS, heads, kv_heads, dim, 16, dtype, device, seed=3)
+    case = make_case(MIXED_SEQS, heads, kv_heads, dim, 16, dtype, device, seed=3, window=window,
+                     softcap=softcap)
     padded = pad_like_a_graph(case, extra_tokens, empty_rows)
     cache = case.cache.clone()
     out = TritonAttentionBackend().forward(
-        padded.q, padded.k, padded.v, cache, padded.metadata, padded.scale
+        padded.q, padded.k, padded.v, cache, padded.metadata, padded.scale, window, softcap
     )
     assert_matches(case, out[: case.q.shape[0]], cache)
 
@@ -244,6 +265,25 @@ def test_mixed_padded_matches_reference(
     dtype: torch.dtype, heads: int, kv_heads: int, dim: int
 ) -> None:
     run_mixed_padded("cuda", dtype, heads, kv_heads, dim, extra_tokens=37, empty_rows=9)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [5, 37, 100, 4096])
+def test_sliding_window_matches_reference(dtype: torch.dtype, window: int) -> None:
+    run_decode("cuda", dtype, 16, None, True, window)
+    run_decode("cuda", dtype, 16, 3, True, window)
+    run_prefill("cuda", dtype, 16, 8, 128, window)
+    run_mixed_padded("cuda", dtype, 32, 8, 128, 37, 9, window)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("window", "cap"), [(0, 0.5), (0, 50.0), (100, 0.5)])
+def test_softcap_matches_reference(dtype: torch.dtype, window: int, cap: float) -> None:
+    run_decode("cuda", dtype, 16, None, True, window, cap)
+    run_prefill("cuda", dtype, 16, 8, 256, window, cap)
+    run_mixed_padded("cuda", dtype, 8, 4, 256, 37, 9, window, cap)
 
 
 @pytest.mark.gpu
@@ -301,4 +341,15 @@ if __name__ == "__main__":
     run_prefill("cpu", torch.float32, 3, 3, 24)
     run_mixed_padded("cpu", torch.float32, 8, 2, 32, extra_tokens=13, empty_rows=5)
     run_mixed_padded("cpu", torch.float32, 6, 1, 16, extra_tokens=0, empty_rows=1)
+    # Sliding windows: shorter and longer than a tile (32 keys in fp32), not tile-aligned.
+    for window in (5, 37, 100):
+        run_decode("cpu", torch.float32, 16, None, True, window)
+        run_decode("cpu", torch.float32, 8, 3, True, window)
+        run_prefill("cpu", torch.float32, 4, 2, 32, window)
+        run_mixed_padded("cpu", torch.float32, 8, 2, 32, 13, 5, window)
+    # Score caps (Gemma 2), alone and with a window; 0.5 caps hard at these random scores.
+    for window, cap in ((0, 0.5), (0, 50.0), (37, 0.5)):
+        run_decode("cpu", torch.float32, 16, None, True, window, cap)
+        run_prefill("cpu", torch.float32, 4, 2, 32, window, cap)
+        run_mixed_padded("cpu", torch.float32, 8, 2, 32, 13, 5, window, cap)
     print(DONE)

@@ -1,0 +1,179 @@
+"""Mixture-of-experts MLP (Qwen3-MoE): a top-k softmax router and SwiGLU experts.
+
+``fused_moe`` runs the experts either as a plain-torch loop over the experts that got tokens
+(the CPU path and the reference, transformers' arithmetic) or, on CUDA, as two grouped Triton
+GEMMs over (token, expert) pairs sorted by expert (``group_by_expert``). The Triton path reads
+only shapes on the host: its grid is sized for the worst case of ``num_tokens * top_k`` pairs
+spread over every expert, so it is CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cadence.model.arch import DecoderArch
+from cadence.model.moe_kernels import _moe_down_kernel, _moe_gate_up_kernel
+from cadence.runtime.triton_launch import TritonLaunch
+
+try:
+    import triton
+except ImportError:  # pragma: no cover - CPU installs
+    triton = None
+
+if triton is not None:
+    _GATE_UP = TritonLaunch(_moe_gate_up_kernel)
+    _DOWN = TritonLaunch(_moe_down_kernel)
+
+
+def route(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weights [T, k], expert ids [T, k])``: softmax in float32 over all experts, the top k,
+    renormalized to sum to one when ``renormalize``; weights in the logits' dtype."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(router_logits.dtype), ids
+
+
+def fused_moe_reference(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+) -> torch.Tensor:
+    """``sum_j weights[t, j] * expert_{ids[t, j]}(x[t])``, one expert at a time (host loop)."""
+    out = torch.zeros_like(x)
+    for expert in torch.unique(ids).tolist():
+        token, slot = torch.where(ids == expert)
+        gate, up = F.linear(x[token], gate_up[expert]).chunk(2, dim=-1)
+        h = F.linear(F.silu(gate) * up, down[expert]) * weights[token, slot, None]
+        out.index_add_(0, token, h.to(out.dtype))
+    return out
+
+
+@dataclass(frozen=True)
+class ExpertGroups:
+    """(token, expert) pairs sorted by expert, each expert's run padded to ``block_m``.
+
+    ``sorted_pairs[i]`` is a pair index ``token * top_k + j`` (``num_pairs`` for padding);
+    block ``b`` (entries ``b * block_m ...``) belongs to expert ``block_expert[b]`` (-1: empty)."""
+
+    sorted_pairs: torch.Tensor
+    block_expert: torch.Tensor
+    block_m: int
+
+
+def group_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertGroups:
+    """Sort the pairs of ``ids [T, k]`` by expert on the device; sizes depend on shapes only."""
+    flat = ids.flatten().long()
+    num_pairs = flat.numel()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(num_experts, dtype=torch.long, device=ids.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = padded.cumsum(0)
+    first = counts.cumsum(0) - counts
+    experts = flat[order]
+    rank = torch.arange(num_pairs, device=ids.device) - first[experts]
+    dest = padded_end[experts] - padded[experts] + rank
+    max_blocks = (num_pairs + num_experts * (block_m - 1)) // block_m + 1
+    sorted_pairs = torch.full((max_blocks * block_m,), num_pairs, dtype=torch.long, device=ids.device)
+    sorted_pairs.scatter_(0, dest, order)
+    starts = torch.arange(max_blocks, device=ids.device) * block_m
+    block_expert = torch.searchsorted(padded_end, starts, right=True)
+    block_expert = torch.where(block_expert < num_experts, block_expert, -1)
+    return ExpertGroups(sorted_pairs, block_expert, block_m)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def fused_moe_triton(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+) -> torch.Tensor:
+    num_tokens, hidden = x.shape
+    num_experts, two_inter, _ = gate_up.shape
+    inter = two_inter // 2
+    top_k = ids.shape[1]
+    num_pairs = num_tokens * top_k
+    if num_pairs == 0:
+        return torch.zeros_like(x)
+    x = x.contiguous()
+    gate_up, down = gate_up.contiguous(), down.contiguous()
+    ieee = x.dtype == torch.float32
+    block_m = 16 if num_pairs <= 64 * num_experts else 64
+    block_n, block_k = (32, 32) if ieee else (64, 64)
+    groups = group_by_expert(ids, num_experts, block_m)
+    num_blocks = groups.block_expert.shape[0]
+    h = torch.empty((num_pairs, inter), dtype=x.dtype, device=x.device)
+    _GATE_UP(
+        (num_blocks, triton.cdiv(inter, block_n)),
+        (
+            x, gate_up, h, groups.sorted_pairs, groups.block_expert, num_pairs,
+            x.stride(0), gate_up.stride(0), gate_up.stride(1), h.stride(0),
+        ),
+        TOP_K=top_k, HIDDEN=hidden, INTER=inter, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=min(block_k, max(16, _pow2(hidden))), IEEE=ieee, num_warps=4,
+    )  # fmt: skip
+    per_pair = torch.empty((num_pairs, hidden), dtype=x.dtype, device=x.device)
+    route_weights = weights.contiguous().view(-1)
+    _DOWN(
+        (num_blocks, triton.cdiv(hidden, block_n)),
+        (
+            h, down, per_pair, groups.sorted_pairs, groups.block_expert, route_weights,
+            num_pairs, h.stride(0), down.stride(0), down.stride(1), per_pair.stride(0),
+        ),
+        HIDDEN=hidden, INTER=inter, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=min(block_k, max(16, _pow2(inter))), IEEE=ieee, num_warps=4,
+    )  # fmt: skip
+    return per_pair.view(num_tokens, top_k, hidden).sum(dim=1)
+
+
+def fused_moe(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+) -> torch.Tensor:
+    """Experts ``gate_up [E, 2I, H]`` (rows [gate | up]) and ``down [E, H, I]`` applied to
+    ``x [T, H]`` with the router's ``weights`` and ``ids`` ``[T, k]``."""
+    if triton is not None and x.is_cuda:
+        return fused_moe_triton(x, weights, ids, gate_up, down)
+    return fused_moe_reference(x, weights, ids, gate_up, down)
+
+
+class Experts(nn.Module):
+    def __init__(self, arch: DecoderArch) -> None:
+        super().__init__()
+        e, h, i = arch.num_experts, arch.hidden_size, arch.moe_intermediate_size
+        # Per expert, rows [gate | up] (the loader fills each expert's slices).
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
+        self.down_proj = nn.Parameter(torch.empty(e, h, i))
+
+
+class SparseMoE(nn.Module):
+    """The MLP of a mixture-of-experts layer: router (``gate``) and experts."""
+
+    def __init__(self, arch: DecoderArch) -> None:
+        super().__init__()
+        self.top_k = arch.num_experts_per_tok
+        self.renormalize = arch.norm_topk_prob
+        self.gate = nn.Linear(arch.hidden_size, arch.num_experts, bias=False)
+        self.experts = Experts(arch)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        return fused_moe(x, weights, ids, self.experts.gate_up_proj, self.experts.down_proj)
