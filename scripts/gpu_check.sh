@@ -11,8 +11,8 @@ command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,dr
 read -r -a model <<< "${MODEL_ARGS:---model qwen3-0.6b --load-format dummy}"
 
 if want tests; then
-  timeout 240 python -m pytest -m gpu -q -rs -p no:cacheprovider 2>&1 | tail -40 \
-    | tee "$out/gpu_tests.log"
+  timeout ${TESTS_TIMEOUT:-480} python -m pytest -m gpu -q -rs -p no:cacheprovider 2>&1 \
+    | tail -40 | tee "$out/gpu_tests.log"
 fi
 
 if want latency; then
@@ -21,8 +21,8 @@ if want latency; then
       async) flags=();; sync) flags=(--no-async-scheduling);; eager) flags=(--enforce-eager);;
     esac
     timeout 150 python -m cadence bench latency "${model[@]}" "${flags[@]}" \
-      --batch-sizes 1,8,32,128 --input-len 128 --output-len 256 --repeats 2 \
-      --json-out "$out/latency_$mode.json" 2>&1 | grep '^{"batch"' | sed "s/^/$mode /" \
+      --batch-sizes 1,8,32,128 --input-len 128 --output-len 256 --repeats 2 --no-progress \
+      --json-out "$out/latency_$mode.json" 2>&1 | grep -v -E 'INFO|WARNING' | sed "s/^/$mode /" \
       | tee -a "$out/latency.log"
   done
 fi
@@ -33,8 +33,8 @@ if want ttft; then
       graphs) flags=();; eager-mixed) flags=(--max-capture-tokens 0);; eager) flags=(--enforce-eager);;
     esac
     timeout 240 python -m cadence bench ttft "${model[@]}" "${flags[@]}" \
-      --input-lens 16,128,1024,4096 --repeats 10 --json-out "$out/ttft_$mode.json" 2>&1 \
-      | grep -E '^\{"input_len"|Captured|KV cache' | sed "s/^/$mode /" | tee -a "$out/ttft.log"
+      --input-lens 16,128,1024,4096 --repeats 10 --no-progress --json-out "$out/ttft_$mode.json" \
+      2>&1 | grep -v -E 'WARNING' | sed "s/^/$mode /" | tee -a "$out/ttft.log"
   done
 fi
 

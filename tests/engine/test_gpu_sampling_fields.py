@@ -84,3 +84,34 @@ def test_repetition_penalty_matches_transformers_on_gpu(tmp_path):
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == expected
     _free(llm)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_structured_outputs_with_graphs(async_scheduling):
+    """Grammar rows under CUDA graphs: valid outputs, the same as eager, next to free rows."""
+    import re
+
+    from cadence import SamplingParams
+    from cadence.sampling_params import StructuredOutputsParams
+
+    regex = r"[a-c]{2,4}-[0-9]{3}"
+    params = []
+    for i in range(24):
+        spec = (StructuredOutputsParams(regex=regex) if i % 3 == 0 else
+                StructuredOutputsParams(choice=["yes", "no", "maybe"]) if i % 3 == 1 else None)
+        params.append(SamplingParams(temperature=1.0, seed=i, max_tokens=24,
+                                     structured_outputs=spec))
+    results = {}
+    for eager in (True, False):
+        llm = _llm(model="tiny", dtype="float32", enforce_eager=eager, max_num_seqs=32,
+                   async_scheduling=async_scheduling)
+        outs = llm.generate(["Answer:"] * len(params), params, use_tqdm=False)
+        results[eager] = [o.outputs[0].token_ids for o in outs]
+        for i, o in enumerate(outs):
+            text = o.outputs[0].text
+            if i % 3 == 0:
+                assert re.fullmatch(regex, text), text
+            elif i % 3 == 1:
+                assert text in ("yes", "no", "maybe"), text
+        _free(llm)
+    assert results[True] == results[False]
