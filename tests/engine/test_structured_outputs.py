@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import re
 
-import jsonschema
 import pytest
 
 from cadence import LLM, SamplingParams
 from cadence.sampling_params import StructuredOutputsParams
 from tests.tiny import tiny_args
+
+jsonschema = pytest.importorskip("jsonschema")
 
 SCHEMA = {
     "type": "object",

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 
-import jsonschema
 import openai
 import pytest
 
 from tests.engine.test_structured_outputs import CHOICES, REGEX, SCHEMA
+
+jsonschema = pytest.importorskip("jsonschema")
 
 
 @pytest.fixture(scope="module")
