@@ -8,9 +8,9 @@ import json
 import openai
 import pytest
 
-from tests.engine.test_structured_outputs import CHOICES, REGEX, SCHEMA
-
 jsonschema = pytest.importorskip("jsonschema")
+
+from tests.engine.test_structured_outputs import CHOICES, REGEX, SCHEMA  # noqa: E402
 
 
 @pytest.fixture(scope="module")
