@@ -204,7 +204,7 @@ class AsyncLLM:
         if self.errored:
             raise EngineDeadError()
         request, prompt_text = await self.run_cpu(
-            _input_size(prompt),
+            _input_size(prompt) + _params_size(sampling_params),
             self._process_input, request_id, prompt, sampling_params, arrival_time, priority,
         )  # fmt: skip
         if self.errored:
@@ -413,6 +413,17 @@ class AsyncLLM:
                     handler.cancel()
                 else:
                     loop.call_soon_threadsafe(handler.cancel)
+
+
+def _params_size(params: SamplingParams) -> int:
+    """The per-request work its sampling parameters bring (validated and copied): large token
+    maps and grammars are handled off the event loop."""
+    if not isinstance(params, SamplingParams):
+        return 0
+    so = params.structured_outputs
+    grammar = INLINE_INPUT_LIMIT + 1 if so is not None else 0
+    return (len(params.logit_bias or ()) + len(params.allowed_token_ids or ())
+            + 16 * len(params.bad_words or ()) + grammar)
 
 
 def _input_size(prompt: PromptType) -> int:

@@ -316,7 +316,10 @@ class InputProcessor:
                 "bad_words need a tokenizer, and this engine has none; use logit_bias or "
                 "allowed_token_ids instead.", "bad_words",
             )
-        params.bad_words_token_ids = bad_word_sequences(self.tokenizer, words)
+        # Ids past the model's vocabulary (tokens added to the tokenizer) cannot be sampled:
+        # a word spelled with one is never generated, and banning it would index past the logits.
+        params.bad_words_token_ids = [seq for seq in bad_word_sequences(self.tokenizer, words)
+                                      if all(0 <= t < v for t in seq)]
 
     def _resolve_max_tokens(self, num_prompt: int, max_tokens: int | None) -> int:
         limit = self.max_model_len

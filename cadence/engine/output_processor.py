@@ -274,6 +274,8 @@ class OutputProcessor:
         self.parents: dict[str, ParentRequest] = {}  # requests with n > 1, by their own id
         # Children ended because a sibling failed, still to abort in the engine core.
         self.failed_siblings: list[str] = []
+        # Children to send to the core that no output of theirs released (a sibling failed).
+        self.released: list[EngineCoreRequest] = []
         self._token_text = _TokenTextCache(tokenizer) if tokenizer is not None else None
 
     def get_num_unfinished_requests(self) -> int:
@@ -351,9 +353,13 @@ class OutputProcessor:
             state = self.request_states.pop(request_id, None)
             if state is None:
                 continue
-            aborted.append(request_id)
-            if state.parent is not None:
-                state.parent.forget_deferred({request_id})
+            parent = state.parent
+            if parent is None or parent.sent(request_id):
+                aborted.append(request_id)  # only ids the core has can be drained
+            if parent is not None:
+                parent.forget_deferred({request_id})
+                if not any(c in self.request_states for c in parent.child_ids):
+                    self.parents.pop(parent.request_id, None)
             state.metrics.finished_time = now
             if stats is not None:
                 stats.finished_requests.append(
@@ -403,6 +409,9 @@ class OutputProcessor:
         if self.failed_siblings:
             reqs_to_abort.extend(self.failed_siblings)
             self.failed_siblings = []
+        if self.released:
+            reqs_to_add.extend(self.released)
+            self.released = []
         return OutputProcessorOutput(request_outputs, reqs_to_abort, stats, reqs_to_add)
 
     def _process_one(
@@ -472,12 +481,16 @@ class OutputProcessor:
                 # The consumer of an n > 1 request gets the error once, for the whole request:
                 # the other children end here (the caller aborts them in the engine core).
                 state.queue.put(RequestFailedError(parent.request_id, reason))
-                parent.take_deferred()
+                unsent = {c.request_id for c in parent.take_deferred()}
                 self.parents.pop(parent.request_id, None)
                 for child_id in parent.child_ids:
                     if self.request_states.pop(child_id, None) is not None:
-                        self.failed_siblings.append(child_id)
+                        if child_id not in unsent:
+                            self.failed_siblings.append(child_id)
         else:
+            if parent is not None:
+                # Offline, the other choices still run: the unsent ones go to the core now.
+                self.released.extend(parent.take_deferred())
             # No detokenizing here: it may be what failed. The text is what was delivered.
             self._emit(
                 state,

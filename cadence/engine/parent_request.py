@@ -9,6 +9,7 @@ instead of computing the prompt n times.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 from cadence.core_types import EngineCoreRequest
@@ -30,7 +31,9 @@ class ParentRequest:
         self.output_kind = params.output_kind
         self.children: list[EngineCoreRequest] = []
         for i in range(self.n):
-            child = params.clone()
+            # NOTE: shallow: the children share the parent's read-only lists and dicts (a large
+            # logit_bias copied n times would stall the event loop).
+            child = copy.copy(params)
             child.n = 1
             if child.seed is not None:
                 child.seed += i
@@ -41,6 +44,10 @@ class ParentRequest:
         self._index = {cid: i for i, cid in enumerate(self.child_ids)}
         self._deferred = self.children[1:]  # sent once the first child's prompt is prefilled
         self._finished: list[CompletionOutput | None] = [None] * self.n
+
+    def sent(self, child_id: str) -> bool:
+        """Whether the child went to the engine core (the first at once, the others later)."""
+        return all(c.request_id != child_id for c in self._deferred)
 
     def index_of(self, child_id: str) -> int:
         return self._index[child_id]

@@ -291,7 +291,10 @@ class ModelRunner:
             if len(rows) == 0:
                 out = ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)},
                                         [[] for _ in req_ids])
-                return WithPromptLogprobs(ReadyOutput(out), scored) if scored else ReadyOutput(out)
+                if not scored:
+                    return ReadyOutput(out)
+                # NOTE: nothing sampled, so no copy orders the scoring: wait for the stream.
+                return WithPromptLogprobs(ReadyOutput(out), scored, self.main.synchronize)
             with nvtx_range("logits"):
                 index = self.buffers.logits_index[: len(rows)].long()
                 logits = self.model.compute_logits(hidden[index])

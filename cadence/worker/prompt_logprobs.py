@@ -80,12 +80,18 @@ class WithPromptLogprobs:
     """A step's output plus its prompt logprobs, read to the host with it."""
 
     def __init__(self, inner: AsyncModelRunnerOutput,
-                 scored: dict[str, tuple[int, LogprobsTensors]]) -> None:
+                 scored: dict[str, tuple[int, LogprobsTensors]],
+                 wait: Callable[[], None] | None = None) -> None:
+        """``wait``: makes the scoring's stream work visible to the host, for a step whose
+        output has no copy to wait on (no request sampled)."""
         self.inner = inner
         self.scored = scored
+        self.wait = wait
 
     def get_output(self) -> ModelRunnerOutput:
         out = self.inner.get_output()
+        if self.wait is not None:
+            self.wait()
         # NOTE: a deliberate sync, only on steps that score prompt tokens (a rare option).
         for req_id, (first, tensors) in self.scored.items():
             out.prompt_logprobs[req_id] = (first, tensors.tolists())

@@ -116,3 +116,54 @@ def test_aborting_the_parent_aborts_every_child():
     stats, free, total = _run(main())
     assert (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
     assert free == total - 1
+
+
+def test_abort_before_the_first_token_frees_the_id() -> None:
+    """Children never sent to the core are not waited for: the id can be used again at once."""
+    from tests.gated_core import GatedCore
+
+    async def main():
+        args = tiny_args()
+        gated: list[GatedCore] = []
+
+        def factory() -> GatedCore:
+            gated.append(GatedCore(args))
+            return gated[0]
+
+        engine = AsyncLLM(args, core_factory=factory)
+        try:
+            params = SamplingParams(n=3, temperature=1.0, max_tokens=4, ignore_eos=True)
+            collector = await engine.add_request("p", PROMPT, params)
+            await engine.abort("p")  # no step ran: children 1 and 2 were never sent
+            final = await collector.get()
+            assert final.finished and {c.finish_reason for c in final.outputs} == {"abort"}
+            assert engine.output_processor.parents == {}
+            gated[0].open()
+            final_only = SamplingParams(n=3, temperature=1.0, max_tokens=4, ignore_eos=True,
+                                        output_kind=RequestOutputKind.FINAL_ONLY)
+            again = [o async for o in engine.generate(PROMPT, final_only, request_id="p")]
+            return again, set(engine._draining)
+        finally:
+            gated[0].open()
+            engine.shutdown()
+
+    again, draining = _run(main())
+    assert [len(c.token_ids) for c in again[-1].outputs] == [4, 4, 4] and not draining
+
+
+def test_a_failing_first_child_offline_leaves_the_other_choices(monkeypatch) -> None:
+    from cadence.worker import input_batch
+
+    real_add = input_batch.InputBatch.add
+
+    def add(self, req_id, *args, **kwargs):
+        if req_id.startswith("0_"):
+            raise ValueError("refused for the test")
+        return real_add(self, req_id, *args, **kwargs)
+
+    monkeypatch.setattr(input_batch.InputBatch, "add", add)
+    llm = _llm()
+    (out,) = llm.generate(["Hello"], SamplingParams(n=3, temperature=0.0, max_tokens=4,
+                                                    ignore_eos=True), use_tqdm=False)
+    assert [c.finish_reason for c in out.outputs] == ["error", "length", "length"]
+    assert not llm.output_processor.request_states and not llm.output_processor.parents
