@@ -115,3 +115,21 @@ def test_structured_outputs_with_graphs(async_scheduling):
                 assert text in ("yes", "no", "maybe"), text
         _free(llm)
     assert results[True] == results[False]
+
+
+def test_prompt_logprobs_of_chunks_that_sample_nothing():
+    """A long prompt in chunks (steps where no request samples) scores the same as in one."""
+    from cadence import SamplingParams
+
+    rng = random.Random(9)
+    prompt = {"prompt_token_ids": [rng.randrange(3, 600) for _ in range(150)]}
+    params = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=1)
+    got = []
+    for chunk in (32, 4096):
+        llm = _llm(model="tiny", dtype="float32", max_num_batched_tokens=chunk, max_num_seqs=4)
+        got.append(llm.generate([prompt], params, use_tqdm=False)[0].prompt_logprobs)
+        _free(llm)
+    assert len(got[0]) == len(got[1]) == 150
+    for a, b in zip(got[0][1:], got[1][1:]):
+        tok = next(iter(a))
+        assert a[tok].logprob == pytest.approx(b[tok].logprob, abs=1e-4)
