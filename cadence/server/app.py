@@ -31,13 +31,15 @@ from cadence.server.live_stats import SecondsRecorder, engine_config_summary
 from cadence.server.openapi import Operation, openapi_document
 from cadence.server.protocol import (
     ChatCompletionRequest,
-    ChatCompletionResponse,
     CompletionRequest,
+    ParamError,
+    random_id,
+)
+from cadence.server.protocol_responses import (
+    ChatCompletionResponse,
     CompletionResponse,
     ModelCard,
     ModelList,
-    ParamError,
-    random_id,
 )
 from cadence.server.reasoning import reasoning_parser as reasoning_parser_named
 from cadence.server.request_body import parse_json_body, read_body

@@ -20,7 +20,10 @@ from cadence.server.errors import (
     NotFoundError,
     ServiceUnavailableError,
 )
-from cadence.server.protocol import PromptLogprob, PromptLogprobs
+from cadence.server.protocol_responses import (
+    PromptLogprob,
+    PromptLogprobs,
+)
 
 if TYPE_CHECKING:
     from cadence.engine.async_llm import AsyncLLM

@@ -10,17 +10,19 @@ from cadence.server.frame_stream import FrameStream
 from cadence.server.frames import ChatFrames
 from cadence.server.protocol import (
     ChatCompletionRequest,
+    FunctionCall,
+    ParamError,
+    ToolCall,
+    random_id,
+)
+from cadence.server.protocol_responses import (
     ChatCompletionResponse,
     ChatCompletionResponseChoice,
     ChatLogProb,
     ChatLogProbs,
     ChatLogProbsContent,
     ChatResponseMessage,
-    FunctionCall,
-    ParamError,
-    ToolCall,
     UsageInfo,
-    random_id,
 )
 from cadence.server.reasoning import ReasoningParser
 from cadence.server.serving import (

@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING
 from cadence.server.frame_stream import FrameStream
 from cadence.server.frames import CompletionFrames
 from cadence.server.protocol import (
-    CompletionLogProbs,
     CompletionRequest,
+    random_id,
+)
+from cadence.server.protocol_responses import (
+    CompletionLogProbs,
     CompletionResponse,
     CompletionResponseChoice,
     UsageInfo,
-    random_id,
 )
 from cadence.server.serving import (
     DONE_FRAME,

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cadence.server.frames import ChatFrames, CompletionFrames
-from cadence.server.protocol import (
+from cadence.server.protocol_responses import (
     ChatCompletionStreamChoice,
     ChatCompletionStreamResponse,
     ChatLogProb,
