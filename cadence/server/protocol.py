@@ -408,12 +408,40 @@ class ChatCompletionRequest(_SamplingRequest):
             name = self.tool_choice.function.name
             if name not in {t.function.name for t in self.tools or []}:
                 raise ParamError("tool_choice", f"Tool {name!r} has not been passed in `tools`.")
-        if self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice):
-            raise ParamError(
-                "tool_choice", "tool_choice 'required' and a named function need structured "
-                "outputs, which this server does not have; use 'auto'.")
+        if self.forced_tools and (self.structured_outputs is not None or (
+                self.response_format is not None and self.response_format.type != "text")):
+            raise ParamError("tool_choice", "tool_choice 'required' or a named function "
+                             "cannot be combined with response_format or structured_outputs.")
         check_template_options(self.chat_template_kwargs, self.add_generation_prompt,
                                self.continue_final_message)
+
+    @property
+    def forced_tools(self) -> bool:
+        """tool_choice "required" or a named function: the answer is the calls' JSON."""
+        return bool(self.tools) and (self.tool_choice == "required"
+                                     or isinstance(self.tool_choice, NamedToolChoice))
+
+    def _structured_outputs(self) -> StructuredOutputsParams | None:
+        """A forced tool choice constrains the answer to the calls' JSON (vLLM): the named
+        function's arguments, or a list of {name, parameters} of the given tools."""
+        if not self.forced_tools:
+            return super()._structured_outputs()
+        tools = {t.function.name: t.function.parameters or {"type": "object"}
+                 for t in self.tools or []}
+        if isinstance(self.tool_choice, NamedToolChoice):
+            spec = StructuredOutputsParams(json=tools[self.tool_choice.function.name])
+        else:
+            spec = StructuredOutputsParams(json={"type": "array", "minItems": 1, "items": {
+                "anyOf": [{"type": "object",
+                           "properties": {"name": {"type": "string", "enum": [name]},
+                                          "parameters": params},
+                           "required": ["name", "parameters"]} for name, params in tools.items()]}})
+        try:
+            check_structured_outputs(spec)
+        except ValueError as exc:
+            raise ParamError("tools", f"tools: a function's parameters are not a schema this "
+                             f"server can follow: {exc}") from None
+        return spec
 
     @property
     def requested_max_tokens(self) -> int | None:

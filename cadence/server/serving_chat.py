@@ -11,6 +11,7 @@ from cadence.server.frames import ChatFrames
 from cadence.server.protocol import (
     ChatCompletionRequest,
     FunctionCall,
+    NamedToolChoice,
     ParamError,
     ToolCall,
     random_id,
@@ -67,6 +68,32 @@ def chat_logprobs(token_ids: list[int], rows: list[dict[int, Logprob]], num: int
     return ChatLogProbs(content=content)
 
 
+def forced_calls(request: ChatCompletionRequest, text: str) -> list[ParsedCall] | None:
+    """The calls of a forced tool choice's answer (None when the text is not the calls' JSON,
+    e.g. cut short by max_tokens)."""
+    import json
+    import uuid
+
+    def call(name: str, arguments: str) -> ParsedCall:
+        return ParsedCall(f"chatcmpl-tool-{uuid.uuid4().hex}", name, arguments)
+
+    if isinstance(request.tool_choice, NamedToolChoice):
+        try:
+            json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        return [call(request.tool_choice.function.name, text)]
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(items, list) or not all(
+            isinstance(i, dict) and isinstance(i.get("name"), str) for i in items):
+        return None
+    return [call(i["name"], json.dumps(i.get("parameters", {}), ensure_ascii=False))
+            for i in items]
+
+
 def _delta_call(index: int, call: ParsedCall) -> dict:
     """A streamed tool call, whole in one delta (OpenAI's shape)."""
     return {"index": index, "id": call.id, "type": "function",
@@ -80,6 +107,8 @@ class ChatStream:
                  reasoning: ReasoningParser | None = None, tools: bool = False) -> None:
         self.request = request
         self.tools = [ToolCallStream() for _ in range(request.n)] if tools else None
+        # A forced tool choice: each choice's JSON is held and goes out as calls at its end.
+        self.forced = [""] * request.n if request.forced_tools else None
         # One reasoning splitter per choice (text held back across pieces is per choice).
         self.reasoning = ([reasoning.stream() for _ in range(request.n)]
                           if reasoning is not None else None)
@@ -110,12 +139,23 @@ class ChatStream:
                 if content is None and reasoning is None:
                     content = ""
             calls = None
+            finish = c.finish_reason
+            if self.forced is not None and content is not None:
+                self.forced[c.index] += content
+                content = None if c.finished() else ""
+                if c.finished():
+                    parsed = forced_calls(request, self.forced[c.index])
+                    if parsed is None:  # not the calls' JSON (cut short): it goes out as text
+                        content = self.forced[c.index]
+                    else:
+                        calls = [_delta_call(i, call) for i, call in enumerate(parsed)]
+                        if request.tool_choice == "required":
+                            finish = "tool_calls"
             if self.tools is not None and content is not None:
                 content, parsed = self.tools[c.index].feed(content, final=c.finished())
                 calls = [_delta_call(i, call) for i, call in enumerate(
                     parsed, len(self.tools[c.index].calls) - len(parsed))] or None
                 content = content or (None if reasoning or calls else "")
-            finish = c.finish_reason
             if finish is not None and self.tools is not None and self.tools[c.index].calls:
                 finish = "tool_calls"
             if (not content and not reasoning and not calls and not c.finished() and lps is None
@@ -146,7 +186,7 @@ class OpenAIServingChat(OpenAIServing):
 
     def parses_tools(self, request: ChatCompletionRequest) -> bool:
         """Whether this request's answer is searched for tool calls (tool_choice "auto")."""
-        if not request.tools or request.tool_choice == "none":
+        if not request.tools or request.tool_choice == "none" or request.forced_tools:
             return False
         if self.tool_call_parser is None:
             raise ParamError(
@@ -212,13 +252,19 @@ class OpenAIServingChat(OpenAIServing):
                 reasoning, content = self.reasoning.split(c.text)
             calls: list[ToolCall] = []
             finish = c.finish_reason
-            if tools and content is not None:
+            parsed: list[ParsedCall] | None = None
+            if request.forced_tools:
+                parsed = forced_calls(request, c.text)
+                if parsed is not None:
+                    content = None
+                    if request.tool_choice == "required":
+                        finish = "tool_calls"
+            elif tools and content is not None:
                 content, parsed = parse_tool_calls(content)
-                calls = [ToolCall(id=p.id, function=FunctionCall(name=p.name,
-                                                                 arguments=p.arguments))
-                         for p in parsed]
-                if calls:
+                if parsed:
                     finish = "tool_calls"
+            calls = [ToolCall(id=p.id, function=FunctionCall(name=p.name, arguments=p.arguments))
+                     for p in parsed or []]
             choices.append(ChatCompletionResponseChoice(
                 index=c.index,
                 message=ChatResponseMessage(content=content, reasoning=reasoning,

@@ -129,7 +129,8 @@ def test_tool_calls_through_the_openai_client(tool_server) -> None:
 
 @pytest.mark.parametrize(("body", "fragment"), [
     ({"tools": TOOLS}, "--enable-auto-tool-choice"),
-    ({"tools": TOOLS, "tool_choice": "required"}, "structured outputs"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "cannot be combined"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "has not been passed"),
     ({"tool_choice": "auto"}, "`tools` must be set"),
@@ -140,3 +141,46 @@ def test_tool_choice_errors_name_the_parameter(http, body, fragment) -> None:
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == "tool_choice" and fragment in error["message"]
+
+
+WEATHER = {"type": "object", "properties": {
+    "city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"], "additionalProperties": False}
+FORCED_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+        "required": ["zone"], "additionalProperties": False}}},
+]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_named_and_required_tool_choice_give_valid_calls(server, stream) -> None:
+    """Structured outputs make even the random tiny model call the tools with valid
+    arguments; no server flag is needed (nothing is parsed out of free text)."""
+    import jsonschema
+
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in FORCED_TOOLS}
+    for choice in ({"type": "function", "function": {"name": "get_time"}}, "required"):
+        for seed in range(3):
+            kw = dict(model="tiny", messages=[{"role": "user", "content": "weather?"}],
+                      tools=FORCED_TOOLS, tool_choice=choice, max_tokens=120, temperature=1.0,
+                      seed=seed)
+            if stream:
+                calls, finish = [], None
+                for chunk in client.chat.completions.create(**kw, stream=True):
+                    if chunk.choices:
+                        calls.extend(chunk.choices[0].delta.tool_calls or [])
+                        finish = chunk.choices[0].finish_reason or finish
+            else:
+                out = client.chat.completions.create(**kw)
+                calls, finish = out.choices[0].message.tool_calls, out.choices[0].finish_reason
+            assert calls, (choice, seed)
+            for call in calls:
+                jsonschema.validate(json.loads(call.function.arguments),
+                                    schemas[call.function.name])
+            if choice == "required":
+                assert finish == "tool_calls"
+            else:
+                assert [c.function.name for c in calls] == ["get_time"] and finish == "stop"
