@@ -79,6 +79,7 @@ class GrammarState:
         self.tokenizer_path = tokenizer_path
         self.vocab_size = vocab_size
         self._compiler: Any = None
+        self._batcher: Any = None
         self._reqs: dict[str, _Constrained] = {}
 
     @property
@@ -134,6 +135,7 @@ class GrammarState:
         picked = [(row, r) for row, r in enumerate(req_ids) if r in self._reqs]
         mask = xgr.allocate_token_bitmask(len(req_ids), self.vocab_size)
         peeked: Mapping[str, int] | None = None
+        ready: list[tuple[int, str]] = []
         for row, req_id in picked:
             state = self._reqs[req_id]
             need = num_outputs[row]
@@ -145,17 +147,40 @@ class GrammarState:
                     state.history.append(token)
             try:
                 self._advance(req_id, state, min(need, len(state.history)))
-                if not state.matcher.is_terminated():
-                    state.matcher.fill_next_token_bitmask(mask, row)
-                # A finished grammar (its stop token taken) leaves the row free: that request
-                # has ended, and a step scheduled ahead of that news samples a token it drops.
             except Exception:
-                # NOTE: one request's grammar must never stop the engine: it goes unconstrained
-                # from here on, loudly.
-                logger.exception("Request %s: its grammar failed; it is no longer constrained.",
-                                 req_id)
-                del self._reqs[req_id]
-        return [row for row, _ in picked if row is not None], mask
+                self._drop(req_id)
+                continue
+            # A finished grammar (its stop token taken) leaves the row free: that request has
+            # ended, and a step scheduled ahead of that news samples a token it drops.
+            if not state.matcher.is_terminated():
+                ready.append((row, req_id))
+        if len(ready) > 1:
+            try:  # one call for every row, filled by xgrammar's own threads
+                self._batch().batch_fill_next_token_bitmask(
+                    [self._reqs[r].matcher for _, r in ready], mask,
+                    indices=[row for row, _ in ready])
+                ready = []
+            except Exception:
+                logger.exception("Batched grammar masks failed; filling them one by one.")
+                mask.fill_(-1)
+        for row, req_id in ready:
+            try:
+                self._reqs[req_id].matcher.fill_next_token_bitmask(mask, row)
+            except Exception:
+                mask[row].fill_(-1)  # the row may be half written: it goes free
+                self._drop(req_id)
+        return [row for row, _ in picked], mask
+
+    def _drop(self, req_id: str) -> None:
+        # NOTE: one request's grammar must never stop the engine: it goes unconstrained from
+        # here on, loudly.
+        logger.exception("Request %s: its grammar failed; it is no longer constrained.", req_id)
+        self._reqs.pop(req_id, None)
+
+    def _batch(self) -> Any:
+        if self._batcher is None:
+            self._batcher = _xgr().BatchGrammarMatcher()
+        return self._batcher
 
 
 def apply_bitmask(logits: torch.Tensor, rows: list[int], mask: torch.Tensor) -> None:
