@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cadence.server.held_text import tag_prefix_len
+
 __all__ = ["REASONING_PARSERS", "ReasoningParser", "ReasoningStream", "reasoning_parser"]
 
 START, END = "<think>", "</think>"
@@ -51,14 +53,6 @@ def reasoning_parser(name: str | None) -> ReasoningParser | None:
             f"--reasoning-parser {name!r} is not known; use one of "
             f"{', '.join(sorted(REASONING_PARSERS))}."
         ) from None
-
-
-def _tag_prefix_len(text: str, tag: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
 
 
 class ReasoningStream:
@@ -97,7 +91,7 @@ class ReasoningStream:
                     text = tail
                     self.state = "content"
                     continue
-                keep = 0 if final else _tag_prefix_len(text, END)
+                keep = 0 if final else tag_prefix_len(text, END)
                 reasoning.append(text[: len(text) - keep])
                 self.pending = text[len(text) - keep:]
                 break

@@ -37,7 +37,12 @@ from cadence.server.serving import (
     token_text,
     top_by_rank,
 )
-from cadence.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
+from cadence.server.tool_calls import (
+    ParsedCall,
+    ToolCallStream,
+    parse_forced_calls,
+    parse_tool_calls,
+)
 
 if TYPE_CHECKING:
     from cadence.engine.output_processor import OutputSink
@@ -69,29 +74,10 @@ def chat_logprobs(token_ids: list[int], rows: list[dict[int, Logprob]], num: int
 
 
 def forced_calls(request: ChatCompletionRequest, text: str) -> list[ParsedCall] | None:
-    """The calls of a forced tool choice's answer (None when the text is not the calls' JSON,
-    e.g. cut short by max_tokens)."""
-    import json
-    import uuid
-
-    def call(name: str, arguments: str) -> ParsedCall:
-        return ParsedCall(f"chatcmpl-tool-{uuid.uuid4().hex}", name, arguments)
-
-    if isinstance(request.tool_choice, NamedToolChoice):
-        try:
-            json.loads(text)
-        except json.JSONDecodeError:
-            return None
-        return [call(request.tool_choice.function.name, text)]
-    try:
-        items = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(items, list) or not all(
-            isinstance(i, dict) and isinstance(i.get("name"), str) for i in items):
-        return None
-    return [call(i["name"], json.dumps(i.get("parameters", {}), ensure_ascii=False))
-            for i in items]
+    """The calls of a forced tool choice's answer (None when it is not the calls' JSON)."""
+    choice = request.tool_choice
+    return parse_forced_calls(
+        text, choice.function.name if isinstance(choice, NamedToolChoice) else None)
 
 
 def _delta_call(index: int, call: ParsedCall) -> dict:

@@ -17,7 +17,10 @@ import json
 import uuid
 from dataclasses import dataclass
 
-__all__ = ["TOOL_CALL_PARSERS", "ParsedCall", "ToolCallStream", "parse_tool_calls"]
+from cadence.server.held_text import tag_prefix_len
+
+__all__ = ["TOOL_CALL_PARSERS", "ParsedCall", "ToolCallStream", "parse_forced_calls",
+           "parse_tool_calls"]
 
 START, END = "<tool_call>", "</tool_call>"
 TOOL_CALL_PARSERS = ("hermes",)
@@ -30,6 +33,10 @@ class ParsedCall:
     arguments: str  # JSON text
 
 
+def new_call(name: str, arguments: str) -> ParsedCall:
+    return ParsedCall(f"chatcmpl-tool-{uuid.uuid4().hex}", name, arguments)
+
+
 def _call(body: str) -> ParsedCall | None:
     try:
         obj = json.loads(body)
@@ -39,7 +46,24 @@ def _call(body: str) -> ParsedCall | None:
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
     text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return ParsedCall(f"chatcmpl-tool-{uuid.uuid4().hex}", obj["name"], text)
+    return new_call(obj["name"], text)
+
+
+def parse_forced_calls(text: str, named: str | None) -> list[ParsedCall] | None:
+    """The calls of an answer that structured outputs held to the calls' JSON: the arguments of
+    function ``named``, or a list of {name, parameters} (tool_choice "required"). None when the
+    text is not that JSON (e.g. cut short by max_tokens)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if named is not None:
+        return [new_call(named, text)]
+    if not isinstance(value, list) or not all(
+            isinstance(i, dict) and isinstance(i.get("name"), str) for i in value):
+        return None
+    return [new_call(i["name"], json.dumps(i.get("parameters", {}), ensure_ascii=False))
+            for i in value]
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[ParsedCall]]:
@@ -59,13 +83,6 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[ParsedCall]]:
             break
         _, tag, rest = after.partition(START)
     return head or None, calls
-
-
-def _tag_prefix_len(text: str, tag: str) -> int:
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
 
 
 class ToolCallStream:
@@ -92,7 +109,7 @@ class ToolCallStream:
                         content.append(head)
                     self.in_call, self.started, text = True, True, rest
                     continue
-                keep = 0 if final else _tag_prefix_len(text, START)
+                keep = 0 if final else tag_prefix_len(text, START)
                 if not self.started:
                     content.append(text[: len(text) - keep])
                 self.pending = text[len(text) - keep:]
