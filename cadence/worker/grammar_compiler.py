@@ -1,0 +1,87 @@
+"""Grammar compilation off the engine thread: one xgrammar compiler per engine, a worker thread
+that compiles each distinct structured-outputs spec once, and the futures the scheduler polls
+(a request waits, as vLLM's ``WAITING_FOR_FSM``, until its grammar is ready; others run on).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from cadence.sampling_params import StructuredOutputsParams
+
+__all__ = ["GrammarCompilerService", "spec_key", "xgrammar_module"]
+
+# Distinct compiled grammars kept (least recently used beyond this are dropped; a later request
+# with the same spec compiles again).
+MAX_CACHED_GRAMMARS = 256
+
+
+def xgrammar_module() -> Any:
+    try:
+        import xgrammar
+    except ImportError:
+        raise ValueError("structured outputs need xgrammar (pip install xgrammar).") from None
+    return xgrammar
+
+
+def spec_key(spec: StructuredOutputsParams) -> str:
+    return json.dumps(dataclasses.asdict(spec), sort_keys=True, default=str)
+
+
+class GrammarCompilerService:
+    """Compiles structured-outputs specs on its own thread, each distinct one once."""
+
+    def __init__(self, tokenizer_path: str | None, vocab_size: int) -> None:
+        self.tokenizer_path = tokenizer_path
+        self.vocab_size = vocab_size
+        self._compiler: Any = None
+        self._init_lock = threading.Lock()
+        self._futures: OrderedDict[str, Future] = OrderedDict()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def submit(self, spec: StructuredOutputsParams) -> Future:
+        """The compiled grammar of ``spec``, as a future (already done when cached)."""
+        key = spec_key(spec)
+        fut = self._futures.get(key)
+        if fut is not None:
+            self._futures.move_to_end(key)
+            return fut
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
+        fut = self._pool.submit(self._compile, spec)
+        self._futures[key] = fut
+        while len(self._futures) > MAX_CACHED_GRAMMARS:
+            self._futures.popitem(last=False)
+        return fut
+
+    def get(self, spec: StructuredOutputsParams) -> Any:
+        """The compiled grammar (waits if it is still compiling; raises what compiling raised)."""
+        return self.submit(spec).result()
+
+    def _compile(self, spec: StructuredOutputsParams) -> Any:
+        from cadence.worker.grammar import grammar_of
+
+        return self._get_compiler().compile_grammar(grammar_of(spec))
+
+    def _get_compiler(self) -> Any:
+        with self._init_lock:
+            if self._compiler is None:
+                xgr = xgrammar_module()
+                if self.tokenizer_path is None:
+                    raise ValueError("structured outputs need the model's tokenizer; it has none.")
+                from transformers import AutoTokenizer
+
+                tok = AutoTokenizer.from_pretrained(self.tokenizer_path)
+                info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=self.vocab_size)
+                self._compiler = xgr.GrammarCompiler(info)
+            return self._compiler
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
