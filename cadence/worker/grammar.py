@@ -78,7 +78,7 @@ class GrammarState:
     def __init__(self, tokenizer_path: str | None, vocab_size: int, max_rows: int = 0,
                  device: torch.device | None = None) -> None:
         self.vocab_size = vocab_size
-        self.compiler = GrammarCompilerService(tokenizer_path, vocab_size)
+        self.compiler = GrammarCompilerService(tokenizer_path)
         self._max_rows = max_rows
         self._device = device or torch.device("cpu")
         self._staging: MaskStaging | None = None  # allocated with the first grammar row
@@ -171,7 +171,8 @@ class GrammarState:
 
     def _get_staging(self, rows: int) -> MaskStaging:
         if self._staging is None or self._staging.max_rows < rows:
-            self._staging = MaskStaging(max(rows, self._max_rows), self.vocab_size, self._device)
+            self._staging = MaskStaging(max(rows, self._max_rows), self.vocab_size,
+                                        self.compiler.mask_vocab, self._device)
         return self._staging
 
     def _drop(self, req_id: str) -> None:

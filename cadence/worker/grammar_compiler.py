@@ -36,10 +36,10 @@ def spec_key(spec: StructuredOutputsParams) -> str:
 class GrammarCompilerService:
     """Compiles structured-outputs specs on its own thread, each distinct one once."""
 
-    def __init__(self, tokenizer_path: str | None, vocab_size: int) -> None:
+    def __init__(self, tokenizer_path: str | None) -> None:
         self.tokenizer_path = tokenizer_path
-        self.vocab_size = vocab_size
         self._compiler: Any = None
+        self.mask_vocab = 0  # token ids the grammars know: set with the compiler
         self._init_lock = threading.Lock()
         self._futures: OrderedDict[str, Future] = OrderedDict()
         self._pool: ThreadPoolExecutor | None = None
@@ -77,7 +77,11 @@ class GrammarCompilerService:
                 from transformers import AutoTokenizer
 
                 tok = AutoTokenizer.from_pretrained(self.tokenizer_path)
-                info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=self.vocab_size)
+                # NOTE: the grammar's vocabulary is the tokenizer's, not the model's padded one:
+                # xgrammar would treat every padding id as a special token on every fill (about
+                # 0.2 ms a row for 150k of them). Ids past it are banned by the mask's apply.
+                self.mask_vocab = max(tok.get_vocab().values()) + 1
+                info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=self.mask_vocab)
                 self._compiler = xgr.GrammarCompiler(info)
             return self._compiler
 

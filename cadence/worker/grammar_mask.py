@@ -2,7 +2,9 @@
 to the device in one copy, and applied to the logits by one kernel.
 
 Only the rows under a grammar travel: ``words[i]`` is the bitmask (bit ``t % 32`` of word
-``t // 32`` set = token ``t`` allowed) of logits row ``rows[i]``. On CUDA the staging is
+``t // 32`` set = token ``t`` allowed) of logits row ``rows[i]``, over the ``mask_vocab`` ids the
+grammars know (the tokenizer's); ids from ``mask_vocab`` to the model's ``vocab_size`` (padding)
+are always banned. On CUDA the staging is
 double-buffered: a buffer is refilled only once the copy that last read it has run (an event
 per buffer, recorded after its copy; usually long done, so the wait costs nothing).
 """
@@ -28,19 +30,22 @@ class GrammarMask:
     """One step's grammar rows on the logits' device."""
 
     rows: torch.Tensor  # [k] int32: the logits rows under a grammar
-    words: torch.Tensor  # [k, words_per_row(V)] int32: their bitmasks
-    vocab_size: int
+    words: torch.Tensor  # [k, words_per_row(mask_vocab)] int32: their bitmasks
+    vocab_size: int  # the logits' vocabulary
+    mask_vocab: int  # the bitmask's (ids from here on are banned)
     launch: Any = None  # the apply kernel's launcher (CUDA); None: torch ops
 
 
 class MaskStaging:
     """Host staging (pinned on CUDA) and device buffers for up to ``max_rows`` grammar rows."""
 
-    def __init__(self, max_rows: int, vocab_size: int, device: torch.device) -> None:
+    def __init__(self, max_rows: int, vocab_size: int, mask_vocab: int,
+                 device: torch.device) -> None:
         self.max_rows = max_rows
         self.vocab_size = vocab_size
+        self.mask_vocab = mask_vocab
         self.device = device
-        width = words_per_row(vocab_size)
+        width = words_per_row(mask_vocab)
         cuda = device.type == "cuda"
         buffers = 2 if cuda else 1
         self._host_words = [torch.empty(max_rows, width, dtype=torch.int32, pin_memory=cuda)
@@ -73,14 +78,14 @@ class MaskStaging:
         i = self._current
         words, rows = self._host_words[i][:k], self._host_rows[i][:k]
         if self.device.type != "cuda":
-            return GrammarMask(rows, words, self.vocab_size)
+            return GrammarMask(rows, words, self.vocab_size, self.mask_vocab)
         dev_words, dev_rows = self._dev_words[:k], self._dev_rows[:k]
         dev_words.copy_(words, non_blocking=True)
         dev_rows.copy_(rows, non_blocking=True)
         self._copied[i].record()
         self._pending[i] = True
         self._current = 1 - i
-        return GrammarMask(dev_rows, dev_words, self.vocab_size, self._launch)
+        return GrammarMask(dev_rows, dev_words, self.vocab_size, self.mask_vocab, self._launch)
 
 
 def apply_grammar_mask(logits: torch.Tensor, mask: GrammarMask) -> None:
@@ -91,7 +96,7 @@ def apply_grammar_mask(logits: torch.Tensor, mask: GrammarMask) -> None:
     if mask.launch is not None:
         mask.launch((k, -(-mask.vocab_size // _BLOCK)),
                     (logits, logits.stride(0), mask.words, mask.words.stride(0), mask.rows,
-                     mask.vocab_size), BLOCK=_BLOCK, num_warps=8)
+                     mask.vocab_size, mask.mask_vocab), BLOCK=_BLOCK, num_warps=8)
         return
     apply_grammar_mask_reference(logits, mask)
 
@@ -99,9 +104,10 @@ def apply_grammar_mask(logits: torch.Tensor, mask: GrammarMask) -> None:
 def apply_grammar_mask_reference(logits: torch.Tensor, mask: GrammarMask) -> None:
     """The same in torch ops (the CPU path and the kernel's reference)."""
     rows = mask.rows.long()
+    vocab, known = mask.vocab_size, min(mask.mask_vocab, mask.vocab_size)
     shifts = torch.arange(32, dtype=torch.int32, device=mask.words.device)
     bits = (mask.words.unsqueeze(-1) >> shifts) & 1
-    allowed = bits.reshape(rows.shape[0], -1)[:, : mask.vocab_size].bool()
-    sub = logits[rows, : mask.vocab_size]
-    logits[rows, : mask.vocab_size] = sub.masked_fill(~allowed.to(sub.device), float("-inf"))
-
+    allowed = torch.zeros(rows.shape[0], vocab, dtype=torch.bool, device=logits.device)
+    allowed[:, :known] = bits.reshape(rows.shape[0], -1)[:, :known].bool().to(logits.device)
+    sub = logits[rows, :vocab]
+    logits[rows, :vocab] = sub.masked_fill(~allowed, float("-inf"))

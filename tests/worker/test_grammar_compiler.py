@@ -18,7 +18,7 @@ pytest.importorskip("xgrammar")
 def service():
     from cadence.model.tiny import ensure_tiny_model
 
-    svc = GrammarCompilerService(str(ensure_tiny_model()), 1024)
+    svc = GrammarCompilerService(str(ensure_tiny_model()))
     yield svc
     svc.close()
 
