@@ -74,10 +74,6 @@ class EngineCore:
             threads = args.resolve_cpu_threads(approx_num_params(self.spec.hf_config))
             torch.set_num_threads(threads)
             logger.info("CPU backend: %d torch thread(s).", threads)
-        if cfg.device == "cuda" and getattr(self.spec.hf_config, "attn_logit_softcapping", None):
-            logger.warning("Attention soft-capping (Gemma 2) on the CUDA kernels: in the GPU tests "
-                           "a greedy token differed from transformers' (an open bug); the CPU "
-                           "backend matches.")
         model = build_model(self.spec, self.dtype, device, cfg.model.load_format,
                             make_attention_backend(cfg.device), args.seed)
         self.runner = ModelRunner(cfg, self.spec, model, self.dtype, device)
