@@ -169,6 +169,13 @@ class GrammarState:
                 self._drop(req_id)
         return staging.upload(k)
 
+    def close(self) -> None:
+        """Stop the compiler and free the staging (before the streams that used it close)."""
+        self.compiler.close()
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
+
     def _get_staging(self, rows: int) -> MaskStaging:
         if self._staging is None or self._staging.max_rows < rows:
             self._staging = MaskStaging(max(rows, self._max_rows), self.vocab_size,

@@ -63,6 +63,15 @@ class MaskStaging:
         self._current = 0
         self._pending = [False] * buffers
 
+    def close(self) -> None:
+        # NOTE: torch's pinned allocator records an event on the stream of the last copy when
+        # a pinned block is freed: free these while that stream still exists.
+        if self.device.type == "cuda":
+            for event in self._copied:
+                event.synchronize()
+        self._host_words = self._host_rows = []
+        self._pending = []
+
     def host(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The next staging buffer's first ``k`` rows: (words [k, W], logits rows [k])."""
         i = self._current
