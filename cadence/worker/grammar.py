@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -27,6 +28,9 @@ from cadence.worker.grammar_compiler import GrammarCompilerService, xgrammar_mod
 from cadence.worker.grammar_mask import GrammarMask, MaskStaging
 
 logger = logging.getLogger(__name__)
+
+# A batched fill longer than this on one thread goes to xgrammar's thread pool.
+_THREADED_FILL_S = 300e-6
 
 # The longest run of whitespace a JSON grammar allows between tokens of the JSON text.
 MAX_WHITESPACE_RUN = 4
@@ -82,7 +86,9 @@ class GrammarState:
         self._max_rows = max_rows
         self._device = device or torch.device("cpu")
         self._staging: MaskStaging | None = None  # allocated with the first grammar row
-        self._batcher: Any = None
+        self._batchers: dict[bool, Any] = {}  # threaded or not -> xgrammar batch matcher
+        self._row_fill_s = 0.0  # moving average of one row's fill, single-threaded
+        self._fills = 0
         self._reqs: dict[str, _Constrained] = {}
 
     @property
@@ -155,9 +161,8 @@ class GrammarState:
         words, rows = staging.host(k)
         rows.numpy()[:] = [row for row, _ in ready]
         if k > 1:
-            try:  # one call for every row, filled by xgrammar's own threads
-                self._batch().batch_fill_next_token_bitmask(
-                    [self._reqs[r].matcher for _, r in ready], words)
+            try:  # one call for every row
+                self._fill(k, [self._reqs[r].matcher for _, r in ready], words)
                 return staging.upload(k)
             except Exception:
                 logger.exception("Batched grammar masks failed; filling them one by one.")
@@ -188,8 +193,20 @@ class GrammarState:
         logger.exception("Request %s: its grammar failed; it is no longer constrained.", req_id)
         self._reqs.pop(req_id, None)
 
-    def _batch(self) -> Any:
-        if self._batcher is None:
-            self._batcher = _xgr().BatchGrammarMatcher()
-        return self._batcher
+    def _fill(self, k: int, matchers: list[Any], words: torch.Tensor) -> None:
+        """One batched fill. xgrammar's threads cost more than they save on cheap masks (~3 us a
+        row): rows go to them only when one thread would take longer than _THREADED_FILL_S."""
+        self._fills += 1
+        # Every 64th fill runs on one thread, so that the estimate follows the grammars.
+        threaded = k * self._row_fill_s > _THREADED_FILL_S and self._fills % 64 != 0
+        batcher = self._batchers.get(threaded)
+        if batcher is None:
+            xgr = _xgr()
+            batcher = self._batchers[threaded] = (
+                xgr.BatchGrammarMatcher() if threaded else xgr.BatchGrammarMatcher(max_threads=1))
+        start = time.perf_counter()
+        batcher.batch_fill_next_token_bitmask(matchers, words)
+        if not threaded:
+            row = (time.perf_counter() - start) / k
+            self._row_fill_s = row if self._fills == 1 else 0.8 * self._row_fill_s + 0.2 * row
 
