@@ -161,6 +161,8 @@ def bind_triton(jit_fn: Any, grid: Dims, args: Sequence[Any], *, num_warps: int 
     grid3 = _dims(grid)
     compiled = jit_fn.warmup(*args, grid=grid3, num_warps=num_warps, num_stages=num_stages,
                              **constexprs)
+    if hasattr(compiled, "result"):  # Triton's asynchronous compile mode hands back a future
+        compiled = compiled.result()
     compiled._init_handles()  # loads the module: the function handle exists from here on
     md = compiled.metadata
     if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_cooperative_grid", False)
