@@ -140,6 +140,11 @@ def bind_numba(dispatcher: Any, grid: Dims, block: Dims, args: Sequence[Any],
     with ``__cuda_array_interface__``, and scalars) and bind it to them."""
     if _numba_simulated(dispatcher):
         return SimulatedKernel(dispatcher, grid, block, args, shared_mem)
+    from numba import cuda
+
+    # Foreign device memory (tensors, runtime buffers) is typed as Numba types its own arrays.
+    args = tuple(cuda.as_cuda_array(a) if hasattr(a, "__cuda_array_interface__")
+                 and not hasattr(a, "_numba_type_") else a for a in args)
     argtypes = tuple(dispatcher.typeof_pyval(a) for a in args)
     kernel = dispatcher.compile(argtypes)
     options = getattr(dispatcher, "targetoptions", {})
