@@ -80,10 +80,6 @@ class Slot:
             copy.copy_ptr_async(self._host_buffer.ptr, self._device_buffer.ptr, nbytes)
         self.ready.record(copy)
 
-    def wait(self) -> None:
-        """Block until this slot's host copy has landed."""
-        self.ready.synchronize()
-
     def fetch(self, n: int) -> np.ndarray:
         """Wait for the host copy and return its first ``n`` values as a fresh numpy array."""
         self.ready.synchronize()
