@@ -162,3 +162,19 @@ def test_no_cuda_device_is_said_plainly() -> None:
             _device_count(FakeRuntime(status, count))
     with pytest.raises(CudaError, match="cudaErrorInitializationError"):  # a real failure
         _device_count(FakeRuntime(Status.cudaErrorInitializationError, 0))
+
+
+def test_the_cpu_backend_has_every_public_member_of_the_cuda_one() -> None:
+    from cadence.runtime import buffers, device, event, graph, stream
+
+    # What only a CUDA object can have: its protocol, raw handles' owners, and the interop.
+    cuda_only = {"__cuda_stream__", "__cuda_array_interface__", "flags", "device_index"}
+    pairs = [
+        (device.Device, cpu.CpuDevice), (stream.Stream, cpu.CpuStream),
+        (event.Event, cpu.CpuEvent), (graph.Graph, cpu.CpuGraph),
+        (buffers.DeviceBuffer, cpu.CpuBuffer), (buffers.PinnedBuffer, cpu.CpuBuffer),
+    ]
+    for cuda_cls, cpu_cls in pairs:
+        wanted = {n for n in vars(cuda_cls) if not n.startswith("_") or n.startswith("__cuda")}
+        missing = sorted(n for n in wanted - cuda_only if not hasattr(cpu_cls, n))
+        assert not missing, f"{cpu_cls.__name__} lacks {missing} of {cuda_cls.__name__}"
