@@ -93,6 +93,7 @@ def test_runtime_imports_and_works_without_torch() -> None:
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['cuda'] = None;"
         "import numpy as np, cadence.runtime as rt;"
+        "[getattr(rt, name) for name in rt.__all__];"
         "dev = rt.get_device('cpu'); s = dev.create_stream();"
         "h, d = dev.alloc_pinned(32), dev.alloc_device(32);"
         "h.numpy(np.int32)[:] = np.arange(8); s.copy(d, h); s.wait(s.record());"
