@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cadence.runtime._cudart import cudart
-from cadence.runtime.errors import check
-from cadence.runtime.graph_launch import dump_graph_dot, graph_node_counts, launch_graph
+from cadence.runtime.errors import check, raise_for
+from cadence.runtime.graph_launch import dump_graph_dot, graph_node_counts
 
 if TYPE_CHECKING:
     from cadence.runtime.interfaces import StreamLike
@@ -37,6 +37,7 @@ class Graph:
         self.handle: Any = None  # cudaGraph_t (an int from torch, a cuda-python handle otherwise)
         self.exec_handle: Any = None  # cudaGraphExec_t
         self._torch_graph: Any = None
+        self._rt = cudart()
         self.closed = False
 
     @property
@@ -53,8 +54,11 @@ class Graph:
 
     def launch(self, stream: StreamLike) -> None:
         """Replay the graph on ``stream`` (``cudaGraphLaunch``)."""
-        self._ready()
-        launch_graph(self.exec_handle, stream)
+        if self.exec_handle is None:
+            self._ready()
+        (err,) = self._rt.cudaGraphLaunch(self.exec_handle, stream.handle)
+        if err:
+            raise_for(err, "cudaGraphLaunch")
 
     def node_counts(self) -> dict[str, int]:
         """Nodes by type: ``{"kernel": 12, "memcpy": 1, ...}``."""
