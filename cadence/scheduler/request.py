@@ -49,8 +49,12 @@ class Request:
         arrival_time: float | None = None,
         priority: int = 0,
         block_hasher: Callable[[Request], list[bytes]] | None = None,
+        grammar_ready: Callable[[], bool] | None = None,
     ) -> None:
         self.request_id = request_id
+        # Structured outputs: whether the grammar has compiled (vLLM's WAITING_FOR_FSM); the
+        # request is not scheduled before. None: no grammar, or it is ready.
+        self._grammar_ready = grammar_ready
         self.sampling_params = sampling_params
         self.eos_token_id = eos_token_id
         self.arrival_time = arrival_time if arrival_time is not None else time.time()
@@ -80,6 +84,16 @@ class Request:
         self.block_hashes: list[bytes] = []
         self._block_hasher = block_hasher
         self.update_block_hashes()
+
+    @property
+    def waiting_for_grammar(self) -> bool:
+        ready = self._grammar_ready
+        if ready is None:
+            return False
+        if ready():
+            self._grammar_ready = None
+            return False
+        return True
 
     # Token views -----------------------------------------------------------------------------
     @property

@@ -210,8 +210,12 @@ class Scheduler:
         # Then waiting requests, unless this step had to preempt: waiting never preempts running.
         if not preempted:
             waiting = self.waiting
+            compiling: list[Request] = []  # their grammar is not ready: skipped this step
             while waiting and token_budget > 0 and len(running) < self.max_num_running_reqs:
                 request = waiting.peek_request()
+                if request.waiting_for_grammar:
+                    compiling.append(waiting.pop_request())
+                    continue
                 if request.num_output_placeholders > 0:
                     # Preempted with a token still in flight: resume once it has arrived, or
                     # the recomputation would sample that position a second time.
@@ -237,6 +241,8 @@ class Scheduler:
                 request.num_computed_tokens = num_hit_tokens
                 if request.num_cached_tokens < 0:
                     request.num_cached_tokens = num_hit_tokens
+            for request in reversed(compiling):
+                waiting.prepend_request(request)
 
         output = self._make_output(scheduled_new, scheduled_running, new_blocks_of, preempted)
         output.num_scheduled_tokens = num_scheduled_tokens

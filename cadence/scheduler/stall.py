@@ -27,6 +27,8 @@ def stall_reason(scheduler: Scheduler) -> str | None:
     scheduled nothing and no step is in flight; None if this is not a stall."""
     if scheduler.running or not scheduler.waiting:
         return None
+    if any(r.waiting_for_grammar for r in scheduler.waiting):
+        return None  # a grammar is compiling: the engine waits for it (``grammars_pending``)
     request = scheduler.waiting.peek_request()
     if request.num_output_placeholders > 0:
         return None  # its token is still in flight

@@ -4,8 +4,10 @@ the token bitmask of the rows that sample under a grammar.
 A matcher advances only on tokens that are final: the outputs the host knows (recorded when a
 step's output reaches it) and, under async scheduling, the token still in flight from the step
 before, read from that step's host copy (its copy was issued a step earlier, so the wait is
-short). The bitmask is filled while the step's forward runs on the device. Requests without a
-grammar are never looked at; grammars compile once per distinct spec (xgrammar caches them).
+short). The bitmask is filled while the step's forward runs on the device, and only the rows
+under a grammar travel to it (``grammar_mask``). Requests without a grammar are never looked at.
+Grammars compile on the compiler's own thread, once per distinct spec (``grammar_compiler``);
+the scheduler holds a request back until its grammar is ready.
 """
 
 from __future__ import annotations
@@ -14,28 +16,26 @@ import json
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from cadence.sampling_params import SamplingParams, StructuredOutputsParams
-from cadence.worker.logits_processors import to_device
+from cadence.worker.grammar_compiler import GrammarCompilerService, xgrammar_module
+from cadence.worker.grammar_mask import GrammarMask, MaskStaging
 
 logger = logging.getLogger(__name__)
 
 # The longest run of whitespace a JSON grammar allows between tokens of the JSON text.
 MAX_WHITESPACE_RUN = 4
 
-__all__ = ["GrammarState", "apply_bitmask", "check_structured_outputs", "grammar_of"]
+__all__ = ["GrammarState", "check_structured_outputs", "grammar_of"]
 
 
 def _xgr() -> Any:
-    try:
-        import xgrammar
-    except ImportError:
-        raise ValueError("structured outputs need xgrammar (pip install xgrammar).") from None
-    return xgrammar
+    return xgrammar_module()
 
 
 def grammar_of(spec: StructuredOutputsParams) -> Any:
@@ -75,10 +75,13 @@ class _Constrained:
 
 
 class GrammarState:
-    def __init__(self, tokenizer_path: str | None, vocab_size: int) -> None:
-        self.tokenizer_path = tokenizer_path
+    def __init__(self, tokenizer_path: str | None, vocab_size: int, max_rows: int = 0,
+                 device: torch.device | None = None) -> None:
         self.vocab_size = vocab_size
-        self._compiler: Any = None
+        self.compiler = GrammarCompilerService(tokenizer_path)
+        self._max_rows = max_rows
+        self._device = device or torch.device("cpu")
+        self._staging: MaskStaging | None = None  # allocated with the first grammar row
         self._batcher: Any = None
         self._reqs: dict[str, _Constrained] = {}
 
@@ -86,22 +89,14 @@ class GrammarState:
     def active(self) -> bool:
         return bool(self._reqs)
 
-    def _compile(self, spec: StructuredOutputsParams) -> Any:
-        xgr = _xgr()
-        if self._compiler is None:
-            if self.tokenizer_path is None:
-                raise ValueError("structured outputs need the model's tokenizer; it has none.")
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(self.tokenizer_path)
-            info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=self.vocab_size)
-            self._compiler = xgr.GrammarCompiler(info)
-        return self._compiler.compile_grammar(grammar_of(spec))
+    def prefetch(self, spec: StructuredOutputsParams) -> Future:
+        """Start compiling ``spec`` (on the compiler's thread); the future is done once it is."""
+        return self.compiler.submit(spec)
 
     def admit(self, req_id: str, params: SamplingParams, outputs: Sequence[int]) -> None:
         """A constrained request (re)admitted with ``outputs`` already generated."""
         assert params.structured_outputs is not None
-        matcher = _xgr().GrammarMatcher(self._compile(params.structured_outputs))
+        matcher = _xgr().GrammarMatcher(self.compiler.get(params.structured_outputs))
         state = _Constrained(matcher, history=list(outputs))
         self._reqs[req_id] = state
         self._advance(req_id, state, len(outputs))
@@ -126,18 +121,17 @@ class GrammarState:
             state.accepted += 1
 
     def bitmask(self, req_ids: Sequence[str], num_outputs: Sequence[int],
-                in_flight: Callable[[], Mapping[str, int]]) -> tuple[list[int], torch.Tensor]:
+                in_flight: Callable[[], Mapping[str, int]]) -> GrammarMask | None:
         """For sampling rows ``req_ids`` (that have sampled ``num_outputs`` tokens so far): the
-        rows under a grammar, and the bitmask [rows, ceil(V / 32)] int32 on the host (rows
-        without a grammar allow everything). ``in_flight()`` gives the previous step's tokens
-        by request (read only when needed)."""
-        xgr = _xgr()
-        picked = [(row, r) for row, r in enumerate(req_ids) if r in self._reqs]
-        mask = xgr.allocate_token_bitmask(len(req_ids), self.vocab_size)
+        bitmasks of the rows under a live grammar, on the logits' device (None if there are
+        none). ``in_flight()`` gives the previous step's tokens by request (read only when
+        needed)."""
         peeked: Mapping[str, int] | None = None
         ready: list[tuple[int, str]] = []
-        for row, req_id in picked:
-            state = self._reqs[req_id]
+        for row, req_id in enumerate(req_ids):
+            state = self._reqs.get(req_id)
+            if state is None:
+                continue
             need = num_outputs[row]
             if len(state.history) < need:
                 if peeked is None:
@@ -154,22 +148,39 @@ class GrammarState:
             # ended, and a step scheduled ahead of that news samples a token it drops.
             if not state.matcher.is_terminated():
                 ready.append((row, req_id))
-        if len(ready) > 1:
+        if not ready:
+            return None
+        staging = self._get_staging(len(req_ids))
+        k = len(ready)
+        words, rows = staging.host(k)
+        rows.numpy()[:] = [row for row, _ in ready]
+        if k > 1:
             try:  # one call for every row, filled by xgrammar's own threads
                 self._batch().batch_fill_next_token_bitmask(
-                    [self._reqs[r].matcher for _, r in ready], mask,
-                    indices=[row for row, _ in ready])
-                ready = []
+                    [self._reqs[r].matcher for _, r in ready], words)
+                return staging.upload(k)
             except Exception:
                 logger.exception("Batched grammar masks failed; filling them one by one.")
-                mask.fill_(-1)
-        for row, req_id in ready:
+        for i, (_, req_id) in enumerate(ready):
             try:
-                self._reqs[req_id].matcher.fill_next_token_bitmask(mask, row)
+                self._reqs[req_id].matcher.fill_next_token_bitmask(words, i)
             except Exception:
-                mask[row].fill_(-1)  # the row may be half written: it goes free
+                words[i].fill_(-1)  # the row may be half written: it goes free
                 self._drop(req_id)
-        return [row for row, _ in picked], mask
+        return staging.upload(k)
+
+    def close(self) -> None:
+        """Stop the compiler and free the staging (before the streams that used it close)."""
+        self.compiler.close()
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
+
+    def _get_staging(self, rows: int) -> MaskStaging:
+        if self._staging is None or self._staging.max_rows < rows:
+            self._staging = MaskStaging(max(rows, self._max_rows), self.vocab_size,
+                                        self.compiler.mask_vocab, self._device)
+        return self._staging
 
     def _drop(self, req_id: str) -> None:
         # NOTE: one request's grammar must never stop the engine: it goes unconstrained from
@@ -182,7 +193,3 @@ class GrammarState:
             self._batcher = _xgr().BatchGrammarMatcher()
         return self._batcher
 
-
-def apply_bitmask(logits: torch.Tensor, rows: list[int], mask: torch.Tensor) -> None:
-    """Mask, in place, the tokens each grammar row may not take next."""
-    _xgr().apply_token_bitmask_inplace(logits, to_device(mask, logits.device), indices=rows)

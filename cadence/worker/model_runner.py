@@ -311,6 +311,7 @@ class ModelRunner:
             return WithPromptLogprobs(out, scored) if scored else out
 
     def close(self) -> None:
+        self.sampling.grammar.close()
         if self.copier is None:
             return
         self.main.synchronize()  # NOTE: a replay or copy may still be running

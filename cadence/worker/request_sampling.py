@@ -26,7 +26,8 @@ class RequestSampling:
         self.device = device
         self.generators: dict[str, torch.Generator] = {}  # by request id
         self.logits_state = LogitsState(batch.max_num_reqs, vocab_size, device)
-        self.grammar = GrammarState(tokenizer_path, vocab_size)  # structured outputs
+        self.grammar = GrammarState(tokenizer_path, vocab_size, batch.max_num_reqs,
+                                    device)  # structured outputs
         self.prompt_logprob_reqs: set[str] = set()  # requests that want prompt logprobs
 
     def update(self, so: SchedulerOutput, src: list[int], dst: list[int]) -> None:
@@ -98,10 +99,8 @@ class RequestSampling:
             for row, ids in bans.items():
                 md.banned_token_ids[row] = md.banned_token_ids.get(row, []) + ids
         if self.grammar.active:
-            rows_under, mask = self.grammar.bitmask(
+            md.grammar = self.grammar.bitmask(
                 [batch.slot_req_ids[s] for s in slots], out_index, in_flight)
-            if rows_under:
-                md.grammar = (rows_under, mask)
         return md
 
     def after_sampling(self, md: SamplingMetadata, sampled: torch.Tensor) -> None:

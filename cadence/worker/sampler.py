@@ -16,7 +16,7 @@ import torch
 
 from cadence.runner_output import LogprobsLists
 from cadence.sampling_params import SamplingParams
-from cadence.worker.grammar import apply_bitmask
+from cadence.worker.grammar_mask import GrammarMask, apply_grammar_mask
 from cadence.worker.logits_processors import (
     LogitsInputs,
     apply_logits_processors,
@@ -52,8 +52,8 @@ class SamplingMetadata:
     min_p: tuple[torch.Tensor, torch.Tensor] | None = None
     # Allowed ids, bad words, logit bias, penalties (``logits_processors``); None: no row has any.
     processors: LogitsInputs | None = None
-    # Structured outputs: (rows under a grammar, token bitmask of every row) (``grammar``).
-    grammar: tuple[list[int], torch.Tensor] | None = None
+    # Structured outputs: the bitmasks of the rows under a grammar (``grammar_mask``).
+    grammar: GrammarMask | None = None
 
     @classmethod
     def from_params(
@@ -187,7 +187,7 @@ class Sampler:
         if md.grammar is not None:
             # The grammar comes first, as in vLLM (the logprobs see its mask too).
             logits = logits.to(torch.float32, copy=True)
-            apply_bitmask(logits, *md.grammar)
+            apply_grammar_mask(logits, md.grammar)
         # Logprobs are of the raw logits (vLLM's default "raw_logprobs" mode).
         raw_logprobs = None
         if md.max_num_logprobs is not None:

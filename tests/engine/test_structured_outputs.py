@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import pytest
 
@@ -122,3 +123,54 @@ def test_a_grammar_that_fails_in_the_runner_fails_its_request_only() -> None:
     assert "invalid regex" in finished["bad"].error
     assert finished["good"].finish_reason == FinishReason.LENGTH
     core.shutdown()
+
+
+def test_requests_run_on_while_a_grammar_compiles(monkeypatch) -> None:
+    """The grammar compiles on the compiler's thread: a free request runs to the end while it
+    is held; the constrained one waits (not failed, not stalled) and then runs."""
+    from transformers import AutoTokenizer
+
+    from cadence.core_types import EngineCoreRequest, FinishReason
+    from cadence.engine.core import EngineCore
+    from cadence.worker.grammar_compiler import GrammarCompilerService
+
+    release = threading.Event()
+    original = GrammarCompilerService._compile
+
+    def held(self, spec):
+        assert release.wait(timeout=120), "never released"
+        return original(self, spec)
+
+    monkeypatch.setattr(GrammarCompilerService, "_compile", held)
+    for async_scheduling in (False, True):
+        release.clear()
+        core = EngineCore(tiny_args(async_scheduling=async_scheduling))
+        constrained = SamplingParams(temperature=0.0, max_tokens=30,
+                                     structured_outputs=StructuredOutputsParams(choice=CHOICES))
+        free = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        eos = AutoTokenizer.from_pretrained(core.spec.tokenizer_path).eos_token_id
+        core.add_request(EngineCoreRequest("constrained", [5, 6, 7], constrained,
+                                           eos_token_id=eos))
+        core.add_request(EngineCoreRequest("free", [5, 6, 7], free))
+        finished: dict = {}
+        tokens: dict[str, list[int]] = {"constrained": [], "free": []}
+        while "free" not in finished:
+            outs, _ = core.step_fn()
+            for o in outs.outputs if outs is not None else []:
+                tokens[o.request_id] += o.new_token_ids
+                if o.finished:
+                    finished[o.request_id] = o
+        assert tokens["constrained"] == [] and "constrained" not in finished
+        assert len(tokens["free"]) == 6
+        release.set()
+        while core.has_work():
+            outs, _ = core.step_fn()
+            for o in outs.outputs if outs is not None else []:
+                tokens[o.request_id] += o.new_token_ids
+                if o.finished:
+                    finished[o.request_id] = o
+        assert finished["constrained"].finish_reason == FinishReason.STOP
+        text = AutoTokenizer.from_pretrained(core.spec.tokenizer_path).decode(
+            tokens["constrained"], skip_special_tokens=True)
+        assert text in CHOICES
+        core.shutdown()

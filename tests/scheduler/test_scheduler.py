@@ -486,3 +486,30 @@ def test_memory_leak():
 def test_unknown_policy_is_an_error():
     with pytest.raises(ValueError, match="scheduling_policy"):
         Scheduler(SchedulerConfig(policy="sjf"), CacheConfig(), 10)
+
+
+def test_a_request_waits_for_its_grammar_while_others_run() -> None:
+    """vLLM's WAITING_FOR_FSM: a request whose grammar has not compiled is skipped, keeps its
+    place in the queue, and is scheduled in order once the grammar is ready."""
+    from cadence.scheduler.stall import stall_reason
+
+    scheduler = create_scheduler()
+    first, second, third = create_requests(3)
+    ready = {"flag": False}
+    first._grammar_ready = lambda: ready["flag"]
+    for request in (first, second, third):
+        scheduler.add_request(request)
+    out = scheduler.schedule()
+    assert [r.req_id for r in out.scheduled_new_reqs] == [second.request_id, third.request_id]
+    assert [r.request_id for r in scheduler.waiting] == [first.request_id]
+    ready["flag"] = True
+    out = scheduler.schedule()
+    assert [r.req_id for r in out.scheduled_new_reqs] == [first.request_id]
+    assert first.waiting_for_grammar is False
+
+    alone = create_scheduler()
+    (only,) = create_requests(1)
+    only._grammar_ready = lambda: False
+    alone.add_request(only)
+    assert alone.schedule().total_num_scheduled_tokens == 0
+    assert stall_reason(alone) is None  # compiling, not stalled

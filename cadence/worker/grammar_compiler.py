@@ -1,0 +1,91 @@
+"""Grammar compilation off the engine thread: one xgrammar compiler per engine, a worker thread
+that compiles each distinct structured-outputs spec once, and the futures the scheduler polls
+(a request waits, as vLLM's ``WAITING_FOR_FSM``, until its grammar is ready; others run on).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from cadence.sampling_params import StructuredOutputsParams
+
+__all__ = ["GrammarCompilerService", "spec_key", "xgrammar_module"]
+
+# Distinct compiled grammars kept (least recently used beyond this are dropped; a later request
+# with the same spec compiles again).
+MAX_CACHED_GRAMMARS = 256
+
+
+def xgrammar_module() -> Any:
+    try:
+        import xgrammar
+    except ImportError:
+        raise ValueError("structured outputs need xgrammar (pip install xgrammar).") from None
+    return xgrammar
+
+
+def spec_key(spec: StructuredOutputsParams) -> str:
+    return json.dumps(dataclasses.asdict(spec), sort_keys=True, default=str)
+
+
+class GrammarCompilerService:
+    """Compiles structured-outputs specs on its own thread, each distinct one once."""
+
+    def __init__(self, tokenizer_path: str | None) -> None:
+        self.tokenizer_path = tokenizer_path
+        self._compiler: Any = None
+        self.mask_vocab = 0  # token ids the grammars know: set with the compiler
+        self._init_lock = threading.Lock()
+        self._futures: OrderedDict[str, Future] = OrderedDict()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def submit(self, spec: StructuredOutputsParams) -> Future:
+        """The compiled grammar of ``spec``, as a future (already done when cached)."""
+        key = spec_key(spec)
+        fut = self._futures.get(key)
+        if fut is not None:
+            self._futures.move_to_end(key)
+            return fut
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
+        fut = self._pool.submit(self._compile, spec)
+        self._futures[key] = fut
+        while len(self._futures) > MAX_CACHED_GRAMMARS:
+            self._futures.popitem(last=False)
+        return fut
+
+    def get(self, spec: StructuredOutputsParams) -> Any:
+        """The compiled grammar (waits if it is still compiling; raises what compiling raised)."""
+        return self.submit(spec).result()
+
+    def _compile(self, spec: StructuredOutputsParams) -> Any:
+        from cadence.worker.grammar import grammar_of
+
+        return self._get_compiler().compile_grammar(grammar_of(spec))
+
+    def _get_compiler(self) -> Any:
+        with self._init_lock:
+            if self._compiler is None:
+                xgr = xgrammar_module()
+                if self.tokenizer_path is None:
+                    raise ValueError("structured outputs need the model's tokenizer; it has none.")
+                from transformers import AutoTokenizer
+
+                tok = AutoTokenizer.from_pretrained(self.tokenizer_path)
+                # NOTE: the grammar's vocabulary is the tokenizer's, not the model's padded one:
+                # xgrammar would treat every padding id as a special token on every fill (about
+                # 0.2 ms a row for 150k of them). Ids past it are banned by the mask's apply.
+                self.mask_vocab = max(tok.get_vocab().values()) + 1
+                info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=self.mask_vocab)
+                self._compiler = xgr.GrammarCompiler(info)
+            return self._compiler
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
