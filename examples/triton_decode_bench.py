@@ -5,7 +5,7 @@ Each timed unit is a CUDA graph that runs the backend over ``R`` different block
 cache much larger than the L2, so successive calls read cold memory; the figure per call is the
 graph's time over ``R`` (median of replays). Bandwidth counts the K and V bytes that must be read.
 
-    python examples/triton_decode_bench.py [--json out.json]
+    python examples/triton_decode_bench.py [--json out.json] [--quick]
 """
 
 from __future__ import annotations
@@ -159,14 +159,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default=None)
     parser.add_argument("--replays", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="one decode and one prefill shape")
     args = parser.parse_args()
     backend = TritonAttentionBackend()
     rows = []
-    for batch in (1, 32, 128):
-        for ctx in (256, 1024, 4096):
-            rows.append(bench(batch, ctx, backend, args.replays))
-            torch.cuda.empty_cache()
-    prefill = [bench_prefill(b, p, backend) for b, p in ((1, 4096), (8, 512), (32, 128))]
+    shapes = [(1, 256)] if args.quick else [(b, c) for b in (1, 32, 128) for c in (256, 1024, 4096)]
+    for batch, ctx in shapes:
+        rows.append(bench(batch, ctx, backend, args.replays))
+        torch.cuda.empty_cache()
+    prompts = ((8, 512),) if args.quick else ((1, 4096), (8, 512), (32, 128))
+    prefill = [bench_prefill(b, p, backend) for b, p in prompts]
     info = {
         "prefill": prefill,
         "device": torch.cuda.get_device_name(0),

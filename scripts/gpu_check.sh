@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU suite and the headline benchmarks in one go, on a CUDA machine.
-#   scripts/gpu_check.sh OUT_DIR [all|tests|latency|ttft|trace|report|serve]...
+#   scripts/gpu_check.sh OUT_DIR [all|tests|launch|latency|ttft|trace|report|serve]...
 # Writes logs and JSON into OUT_DIR; every section runs even if an earlier one failed.
 set -uo pipefail
 out=${1:-out}; shift || true
@@ -13,6 +13,11 @@ read -r -a model <<< "${MODEL_ARGS:---model qwen3-0.6b --load-format dummy}"
 if want tests; then
   timeout ${TESTS_TIMEOUT:-480} python -m pytest -m gpu -q -rs -p no:cacheprovider 2>&1 \
     | tail -40 | tee "$out/gpu_tests.log"
+fi
+
+if want launch; then  # host cost per kernel launch: the runtime's launcher against Numba's, Triton's
+  timeout 300 python scripts/launch_cost.py 2>&1 | tee "$out/launch_cost.log"
+  timeout 300 python scripts/launch_cost.py --json > "$out/launch_cost.json" 2>/dev/null
 fi
 
 if want latency; then

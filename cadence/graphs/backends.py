@@ -1,9 +1,10 @@
 """How a decode step becomes a replayable graph: CUDA graphs, or an eager stand-in.
 
-``CudaGraphBackend`` captures through ``torch.cuda.CUDAGraph`` on the runtime's main stream (torch
-owns the memory pool during capture) into one pool shared by every graph, and replays with
-``cudaGraphLaunch`` of the instantiated exec handle on that stream. ``EagerGraphBackend`` runs the
-step again on replay: the CPU backend and ``enforce_eager`` use it so callers need one code path.
+``CudaGraphBackend`` captures with ``stream.capture`` (``torch.cuda.CUDAGraph`` underneath: torch
+owns the memory pool during capture) into one pool shared by every graph, and replays the
+runtime ``Graph`` (``cudaGraphLaunch``) on that stream. ``EagerGraphBackend`` runs the
+step again on replay: the runner uses it on the CPU backend (``graphs.emulate``), so callers
+need one code path.
 
 Hazard: a raw ``cudaGraphLaunch`` skips ``CUDAGraph.replay``'s bookkeeping, notably the advance
 of torch's RNG offsets, so a captured step must not draw from torch's generators.
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from cadence.runtime.interfaces import StreamLike
+    from cadence.runtime.interfaces import GraphLike, StreamLike
 
 Step = Callable[[int], Any]
 
@@ -70,35 +71,24 @@ class EagerGraphBackend:
 
 
 class CudaGraphStep:
-    def __init__(self, graph: Any, size: int, output: Any, stream: StreamLike) -> None:
-        from cadence.runtime.graph_launch import launch_graph
-
-        self._graph = graph
-        self._launch = launch_graph
+    def __init__(self, graph: GraphLike, size: int, output: Any, stream: StreamLike) -> None:
+        self.graph = graph
         self._stream = stream
         self.size = size
         self.output = output
-        self.exec_handle = graph.raw_cuda_graph_exec()
-        self.graph_handle = graph.raw_cuda_graph()
 
     def replay(self) -> None:
-        self._launch(self.exec_handle, self._stream)
+        self.graph.launch(self._stream)
 
     def node_counts(self) -> dict[str, int]:
-        from cadence.runtime.graph_launch import graph_node_counts
-
-        return graph_node_counts(self.graph_handle)
+        return self.graph.node_counts()
 
     def dump_dot(self, path: str | Path) -> Path:
-        from cadence.runtime.graph_launch import dump_graph_dot
-
-        return dump_graph_dot(self.graph_handle, path)
+        return self.graph.to_dot(path)
 
     def close(self) -> None:
-        if self._graph is not None:
-            self._graph.reset()
-            self._graph = None
-            self.output = None
+        self.graph.close()
+        self.output = None
 
 
 class CudaGraphBackend:
@@ -115,19 +105,8 @@ class CudaGraphBackend:
         import torch
 
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph(keep_graph=True)
-        with self.stream.context():
-            graph.capture_begin(pool=self.pool, capture_error_mode=self.capture_error_mode)
-            try:
-                output = step(size)
-            except BaseException:
-                try:
-                    graph.capture_end()
-                finally:
-                    graph.reset()
-                raise
-            graph.capture_end()
-        graph.instantiate()
+        with self.stream.capture(pool=self.pool, mode=self.capture_error_mode) as graph:
+            output = step(size)
         return CudaGraphStep(graph, size, output, self.stream)
 
     def close(self) -> None:

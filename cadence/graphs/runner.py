@@ -84,9 +84,6 @@ class GraphRunner:
         self.num_replays += 1
         return graph.output
 
-    def output(self, size: int) -> Any:
-        return self._graphs[size].output
-
     def node_counts(self, size: int) -> dict[str, int]:
         return self._graphs[size].node_counts()
 

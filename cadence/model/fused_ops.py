@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from cadence.model.rope import apply_rotary, lookup_cos_sin
-from cadence.runtime.triton_launch import TritonLaunch
+from cadence.runtime.triton_launch import TritonLaunch, next_pow2
 
 try:
     import triton
@@ -172,10 +172,6 @@ def _use_triton(x: torch.Tensor) -> bool:
     return triton is not None and x.is_cuda
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """``x`` as ``[rows, width]`` with a contiguous last dimension (a view where possible)."""
     if x.stride(-1) != 1:
@@ -242,7 +238,7 @@ def _launch_rms_norm(
             x2.shape, dtype=torch.promote_types(x.dtype, residual.dtype), device=x.device
         )
     if x2.shape[0] > 0:
-        block = _pow2(width)
+        block = next_pow2(width)
         _RMS_NORM(
             (x2.shape[0],),
             (
@@ -307,9 +303,9 @@ def qk_norm_rope_triton(
     qw = q_weight.contiguous() if q_weight is not None else q
     kw = k_weight.contiguous() if k_weight is not None else k
     if num_tokens > 0:
-        block = _pow2(head_dim // 2)
+        block = next_pow2(head_dim // 2)
         total = num_heads + num_kv_heads
-        block_h = min(_pow2(total), max(1, 2048 // block))
+        block_h = min(next_pow2(total), max(1, 2048 // block))
         _QK_NORM_ROPE(
             (num_tokens, triton.cdiv(total, block_h)),
             (
@@ -351,7 +347,7 @@ def silu_and_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     x2 = _rows(gate_up)
     out = torch.empty((x2.shape[0], d), dtype=gate_up.dtype, device=gate_up.device)
     if x2.shape[0] > 0:
-        block = min(1024, _pow2(d))
+        block = min(1024, next_pow2(d))
         _SILU_AND_MUL(
             (x2.shape[0], triton.cdiv(d, block)),
             (

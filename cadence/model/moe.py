@@ -17,7 +17,7 @@ from torch import nn
 
 from cadence.model.arch import DecoderArch
 from cadence.model.moe_kernels import _moe_down_kernel, _moe_gate_up_kernel
-from cadence.runtime.triton_launch import TritonLaunch
+from cadence.runtime.triton_launch import TritonLaunch, next_pow2
 
 try:
     import triton
@@ -92,10 +92,6 @@ def group_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> Expert
     return ExpertGroups(sorted_pairs, block_expert, block_m)
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
 def fused_moe_triton(
     x: torch.Tensor,
     weights: torch.Tensor,
@@ -125,7 +121,7 @@ def fused_moe_triton(
             x.stride(0), gate_up.stride(0), gate_up.stride(1), h.stride(0),
         ),
         TOP_K=top_k, HIDDEN=hidden, INTER=inter, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=min(block_k, max(16, _pow2(hidden))), IEEE=ieee, num_warps=4,
+        BLOCK_K=min(block_k, max(16, next_pow2(hidden))), IEEE=ieee, num_warps=4,
     )  # fmt: skip
     per_pair = torch.empty((num_pairs, hidden), dtype=x.dtype, device=x.device)
     route_weights = weights.contiguous().view(-1)
@@ -136,7 +132,7 @@ def fused_moe_triton(
             num_pairs, h.stride(0), down.stride(0), down.stride(1), per_pair.stride(0),
         ),
         HIDDEN=hidden, INTER=inter, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=min(block_k, max(16, _pow2(inter))), IEEE=ieee, num_warps=4,
+        BLOCK_K=min(block_k, max(16, next_pow2(inter))), IEEE=ieee, num_warps=4,
     )  # fmt: skip
     return per_pair.view(num_tokens, top_k, hidden).sum(dim=1)
 

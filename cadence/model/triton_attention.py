@@ -32,7 +32,7 @@ from cadence.model.triton_attention_kernels import (
     _store_kv_kernel,
     _varlen_kernel,
 )
-from cadence.runtime.triton_launch import TritonLaunch
+from cadence.runtime.triton_launch import TritonLaunch, next_pow2
 
 try:
     import triton
@@ -54,10 +54,6 @@ _MIN_TOKENS_PER_SPLIT = 64
 def _require_triton() -> None:
     if triton is None:
         raise ImportError("TritonAttentionBackend needs triton (shipped with torch's CUDA builds)")
-
-
-def _pow2(n: int, floor: int = 1) -> int:
-    return max(floor, 1 << max(0, n - 1).bit_length())
 
 
 def _check_cache(kv_cache: torch.Tensor) -> None:
@@ -110,8 +106,8 @@ def store_kv_cache(
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         PAGE=kv_cache.shape[2],
-        BLOCK_H=_pow2(num_kv_heads),
-        BLOCK_D=_pow2(head_dim),
+        BLOCK_H=next_pow2(num_kv_heads),
+        BLOCK_D=next_pow2(head_dim),
         num_warps=1 if num_kv_heads * head_dim <= 512 else 4,
     )
 
@@ -220,8 +216,8 @@ def paged_decode_attention(
         GROUP=group,
         HEAD_DIM=head_dim,
         PAGE=page,
-        BLOCK_G=_pow2(group, 16),
-        BLOCK_D=_pow2(head_dim, 16),
+        BLOCK_G=next_pow2(group, 16),
+        BLOCK_D=next_pow2(head_dim, 16),
         BLOCK_N=block_n,
         SPLIT=split,
         STORE=store,
@@ -246,8 +242,8 @@ def paged_decode_attention(
             ),
             NUM_HEADS=num_heads,
             HEAD_DIM=head_dim,
-            BLOCK_S=_pow2(num_splits),
-            BLOCK_D=_pow2(head_dim),
+            BLOCK_S=next_pow2(num_splits),
+            BLOCK_D=next_pow2(head_dim),
             num_warps=1 if head_dim <= 64 else 2,
         )
 
@@ -263,7 +259,7 @@ class VarlenConfig:
     num_stages: int = 2
 
     def block_q(self, group: int) -> int:
-        return max(1, self.block_m // _pow2(group))
+        return max(1, self.block_m // next_pow2(group))
 
 
 def varlen_config(num_tokens: int, fp32: bool) -> VarlenConfig:
@@ -334,12 +330,12 @@ def paged_varlen_attention(
             cap_scale,
         ),
         GROUP=group,
-        GROUP_P=_pow2(group),
+        GROUP_P=next_pow2(group),
         HEAD_DIM=head_dim,
         PAGE=page,
         BLOCK_Q=block_q,
         BLOCK_N=cfg.block_n,
-        BLOCK_D=_pow2(head_dim, 16),
+        BLOCK_D=next_pow2(head_dim, 16),
         SLIDING=sliding_window > 0,
         SOFTCAP=softcap > 0,
         IEEE=fp32,

@@ -1,16 +1,15 @@
 """Launchers for the combine and scatter kernels over a runner's persistent buffers.
 
-``NumbaTokenKernels`` builds the Numba device-array views of the torch tensors once, at
-construction (building them per call costs ~150 us), and launches on a runtime stream through
-``numba.cuda.external_stream``. ``HostTokenKernels`` runs the numpy references with the same
-interface (the CPU backend). Both read the row counts from the 1-element int32 tensors in
+``NumbaTokenKernels`` binds both kernels to the torch tensors once, at construction, through the
+runtime's kernel launcher (``cadence.runtime.launcher``): a launch is one ``cuLaunchKernel`` on
+a runtime stream. ``HostTokenKernels`` runs the numpy references with the same interface (the
+CPU backend). Both read the row counts from the 1-element int32 tensors in
 ``TokenBuffers`` at launch time, so the runner writes the counts into those tensors (as part of
 its input upload) and a captured graph replays with whatever counts they hold.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -115,7 +114,7 @@ class HostTokenKernels:
         scatter_reference(*self._scatter_args)
 
 
-def _device_view(t: torch.Tensor, simulator: bool) -> Any:
+def _view(t: torch.Tensor, simulator: bool) -> Any:
     if simulator:
         if t.is_cuda:
             raise ValueError("the Numba simulator runs on host tensors")
@@ -124,86 +123,45 @@ def _device_view(t: torch.Tensor, simulator: bool) -> Any:
         raise ValueError("NumbaTokenKernels needs CUDA tensors (use HostTokenKernels on CPU)")
     from numba import cuda
 
-    return cuda.as_cuda_array(t)
+    return cuda.as_cuda_array(t)  # typed and packed once, when the kernel is bound
 
 
 class NumbaTokenKernels:
-    """combine/scatter as Numba CUDA kernels over views built once from ``buffers``.
+    """combine/scatter as Numba CUDA kernels bound once to ``buffers`` (runtime launcher).
 
     Each launch covers all ``buffers.rows`` rows with a fixed grid; the counts are read on the
-    device. Launches may be captured into a CUDA graph (they are plain kernel launches on the
-    given stream), and the captured kernels see later counts and contents of the buffers.
+    device. A launch is one ``cuLaunchKernel`` on the given stream, so it may be captured into
+    a CUDA graph, and the captured kernels see later counts and contents of the buffers.
     """
 
     def __init__(self, buffers: TokenBuffers, threads_per_block: int | None = None) -> None:
         import numba
-        from numba import cuda
 
         from cadence.numba_kernels import kernels
+        from cadence.runtime.launcher import bind_numba
 
         self.buffers = buffers
-        self._cuda = cuda
         self.simulator = bool(numba.config.ENABLE_CUDASIM)
-        self._combine_args, self._scatter_args = _kernel_args(
-            buffers, lambda t: _device_view(t, self.simulator)
-        )
+        combine_args, scatter_args = _kernel_args(buffers, lambda t: _view(t, self.simulator))
         self.threads = threads_per_block or kernels.THREADS_PER_BLOCK
         self.blocks = max(1, -(-buffers.rows // self.threads))
-        self._combine_kernel = self._specialize(kernels.combine_kernel, self._combine_args)
-        self._scatter_kernel = self._specialize(kernels.scatter_kernel, self._scatter_args)
-        # One pair of bound launchers per stream handle, built on first use of that stream.
-        self._configured: dict[int, tuple[Callable[[], None], ...]] = {}
-        self.direct_launch = False
+        self._combine = bind_numba(kernels.combine_kernel, self.blocks, self.threads, combine_args)
+        self._scatter = bind_numba(kernels.scatter_kernel, self.blocks, self.threads, scatter_args)
 
-    def _specialize(self, kernel: Any, args: tuple[Any, ...]) -> Any:
-        if self.simulator:
-            return kernel
-        # Compiles now and fixes the signature: later calls skip type dispatch.
-        return kernel.specialize(*args)
+    @property
+    def direct_launch(self) -> bool:
+        """True when both kernels launch through ``cuLaunchKernel`` (not the simulator)."""
+        from cadence.runtime.launcher import BoundKernel
 
-    def _launchers(self, stream: StreamLike | None) -> tuple[Callable[[], None], ...]:
-        ptr = 0 if stream is None else stream.ptr
-        found = self._configured.get(ptr)
-        if found is None:
-            if self.simulator:
-                nb_stream: Any = 0
-            elif ptr == 0:
-                nb_stream = self._cuda.default_stream()
-            else:
-                nb_stream = self._cuda.external_stream(ptr)
-            with warnings.catch_warnings():
-                # A one- or two-block grid is right for a few hundred rows.
-                warnings.filterwarnings("ignore", message=".*under-utilization.*")
-                found = (
-                    self._bind(self._combine_kernel, nb_stream, self._combine_args),
-                    self._bind(self._scatter_kernel, nb_stream, self._scatter_args),
-                )
-            self._configured[ptr] = found
-        return found
-
-    def _bind(self, dispatcher: Any, nb_stream: Any, args: tuple[Any, ...]) -> Callable[[], None]:
-        configured = dispatcher[self.blocks, self.threads, nb_stream]
-        overloads = getattr(dispatcher, "overloads", None)
-        if self.simulator or not overloads or len(overloads) != 1:
-            return lambda: configured(*args)
-        # The specialized dispatcher has one compiled kernel: launch it directly, skipping the
-        # dispatcher's per-call argument typing (what its own call() does for a specialized
-        # dispatcher, minus the bookkeeping that only launch-config-sensitive kernels need).
-        kernel = next(iter(overloads.values()))
-        launch = getattr(kernel, "launch", None)
-        dims = (configured.griddim, configured.blockdim, configured.stream, configured.sharedmem)
-        if launch is None:
-            return lambda: configured(*args)
-        self.direct_launch = True
-        return lambda: launch(args, *dims)
+        return isinstance(self._combine, BoundKernel) and isinstance(self._scatter, BoundKernel)
 
     def combine(self, stream: StreamLike | None = None) -> None:
         """Decode rows take their input id from ``last_sampled`` (async on ``stream``)."""
-        self._launchers(stream)[0]()
+        self._combine.launch(stream)
 
     def scatter(self, stream: StreamLike | None = None) -> None:
         """Write ``sampled`` into ``last_sampled`` by request index (async on ``stream``)."""
-        self._launchers(stream)[1]()
+        self._scatter.launch(stream)
 
 
 def make_token_kernels(buffers: TokenBuffers) -> NumbaTokenKernels | HostTokenKernels:

@@ -1,8 +1,13 @@
-"""Lazy access to ``cuda.bindings.runtime`` so that a CPU-only install imports cadence."""
+"""Lazy access to ``cuda.bindings`` (runtime and driver) so that a CPU-only install imports
+cadence, and creation of CUDA objects on the device they name."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
+
+_INSTALL_HINT = "The CUDA backend needs cuda-python (pip install cuda-python; it comes with cadence on Linux)."
 
 
 def cudart() -> ModuleType:
@@ -10,7 +15,35 @@ def cudart() -> ModuleType:
     try:
         from cuda.bindings import runtime
     except ImportError as exc:  # pragma: no cover - depends on the install
-        raise ImportError(
-            "The CUDA backend needs cuda-python (pip install cuda-python; it comes with cadence on Linux)."
-        ) from exc
+        raise ImportError(_INSTALL_HINT) from exc
     return runtime
+
+
+def cudriver() -> ModuleType:
+    """Return the ``cuda.bindings.driver`` module (imported on first use)."""
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ImportError(_INSTALL_HINT) from exc
+    return driver
+
+
+@contextmanager
+def on_device(index: int) -> Iterator[None]:
+    """Make device ``index`` current for the block, then restore the caller's device.
+
+    Streams, events and allocations belong to the device current when they are made; this is
+    how ``Stream(device_index=1)`` lands on device 1 whatever the thread had selected.
+    """
+    from cadence.runtime.errors import check
+
+    rt = cudart()
+    previous = int(check(rt.cudaGetDevice(), "cudaGetDevice"))
+    if previous == index:
+        yield
+        return
+    check(rt.cudaSetDevice(index), "cudaSetDevice")
+    try:
+        yield
+    finally:
+        check(rt.cudaSetDevice(previous), "cudaSetDevice")

@@ -7,18 +7,22 @@ dangling once the buffer is closed. Keep the buffer open for as long as any view
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from cadence.runtime._cudart import cudart
+from cadence.runtime._cudart import cudart, on_device
 from cadence.runtime.errors import check
-from cadence.runtime.views import numpy_view, torch_view
+from cadence.runtime.views import HostViews, TorchViews
+
+if TYPE_CHECKING:
+    import torch
 
 
-class PinnedBuffer:
+class PinnedBuffer(HostViews):
     """Page-locked host memory from ``cudaHostAlloc``; async copies from/to it are truly async."""
+
+    _what = "pinned buffer"
 
     def __init__(self, nbytes: int, flags: int | None = None) -> None:
         if nbytes < 1:
@@ -28,44 +32,29 @@ class PinnedBuffer:
         self.nbytes = nbytes
         self.flags = rt.cudaHostAllocDefault if flags is None else flags
         self.ptr: int = int(check(rt.cudaHostAlloc(nbytes, self.flags), "cudaHostAlloc"))
-        self._raw = (ctypes.c_uint8 * nbytes).from_address(self.ptr)
+        self._raw: Any = (ctypes.c_uint8 * nbytes).from_address(self.ptr)
         self._flat_np = np.frombuffer(self._raw, dtype=np.uint8)
-        self._flat_torch = torch.frombuffer(self._raw, dtype=torch.uint8)
+        self._flat: torch.Tensor | None = None
         self.closed = False
 
-    def numpy(
-        self, dtype: Any = np.uint8, shape: tuple[int, ...] | None = None, offset: int = 0
-    ) -> np.ndarray:
-        self._check_open()
-        return numpy_view(self._flat_np, dtype, shape, offset)
+    def _flat_numpy(self) -> np.ndarray:
+        return self._flat_np
 
-    def torch(
-        self,
-        dtype: torch.dtype = torch.uint8,
-        shape: tuple[int, ...] | None = None,
-        offset: int = 0,
-    ) -> torch.Tensor:
-        self._check_open()
-        return torch_view(self._flat_torch, dtype, shape, offset)
+    def _flat_torch(self) -> torch.Tensor:
+        if self._flat is None:
+            import torch
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise ValueError("the pinned buffer is closed")
+            self._flat = torch.frombuffer(self._raw, dtype=torch.uint8)
+        return self._flat
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
         self._flat_np = np.empty(0, np.uint8)
-        self._flat_torch = torch.empty(0, dtype=torch.uint8)
+        self._flat = None
         self._raw = None
         check(self._rt.cudaFreeHost(self.ptr), "cudaFreeHost")
-
-    def __enter__(self) -> PinnedBuffer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"PinnedBuffer(nbytes={self.nbytes}, ptr={self.ptr:#x}, closed={self.closed})"
@@ -86,13 +75,16 @@ class _ArrayInterface:
         }
 
 
-class DeviceBuffer:
-    """Device memory from ``cudaMalloc``, owned by cadence rather than torch's caching allocator.
+class DeviceBuffer(TorchViews):
+    """Device memory from ``cudaMalloc`` on device ``device_index``, owned by cadence rather
+    than torch's caching allocator.
 
     ``torch()`` wraps the memory zero-copy through the CUDA array interface; the buffer itself
     also exposes ``__cuda_array_interface__`` (uint8, ``nbytes`` long) for numba and cupy.
     Closing the buffer frees the memory and invalidates every view.
     """
+
+    _what = "device buffer"
 
     def __init__(self, nbytes: int, device_index: int = 0) -> None:
         if nbytes < 1:
@@ -101,7 +93,8 @@ class DeviceBuffer:
         self._rt = rt
         self.nbytes = nbytes
         self.device_index = device_index
-        self.ptr: int = int(check(rt.cudaMalloc(nbytes), "cudaMalloc"))
+        with on_device(device_index):
+            self.ptr: int = int(check(rt.cudaMalloc(nbytes), "cudaMalloc"))
         self.closed = False
         self._flat: torch.Tensor | None = None
 
@@ -110,39 +103,22 @@ class DeviceBuffer:
         self._check_open()
         return _ArrayInterface(self.ptr, self.nbytes, self).__cuda_array_interface__
 
-    def _flat_tensor(self) -> torch.Tensor:
+    def _flat_torch(self) -> torch.Tensor:
         if self._flat is None:
+            import torch
+
             # No back-reference to self: the memory's lifetime is close(), not garbage collection.
             carrier = _ArrayInterface(self.ptr, self.nbytes, None)
-            device = torch.device("cuda", self.device_index)
-            self._flat = torch.as_tensor(carrier, device=device)
+            self._flat = torch.as_tensor(carrier, device=torch.device("cuda", self.device_index))
         return self._flat
-
-    def torch(
-        self,
-        dtype: torch.dtype = torch.uint8,
-        shape: tuple[int, ...] | None = None,
-        offset: int = 0,
-    ) -> torch.Tensor:
-        self._check_open()
-        return torch_view(self._flat_tensor(), dtype, shape, offset)
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise ValueError("the device buffer is closed")
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
         self._flat = None
-        check(self._rt.cudaFree(self.ptr), "cudaFree")
-
-    def __enter__(self) -> DeviceBuffer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        with on_device(self.device_index):
+            check(self._rt.cudaFree(self.ptr), "cudaFree")
 
     def __repr__(self) -> str:
         return f"DeviceBuffer(nbytes={self.nbytes}, ptr={self.ptr:#x}, closed={self.closed})"

@@ -1,22 +1,30 @@
 """The CPU backend: the runtime's contract degenerated to synchronous host work.
 
 Events are complete as soon as they are recorded, copies happen at once, streams are ordering-
-free, and buffers are plain host memory. Code written against the CUDA backend runs unchanged.
+free, and buffers are plain host memory. Code written against the CUDA backend runs unchanged,
+with one exception: a captured block runs once, eagerly, and its ``CpuGraph`` cannot be
+replayed (re-run the step instead: ``cadence.graphs.EagerGraphBackend`` does).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+import platform
 import time
-from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from cadence.runtime.interfaces import DeviceProperties, EventLike, StreamLike
 from cadence.runtime.slot_pool import SlotPool
-from cadence.runtime.views import numpy_view, torch_view
+from cadence.runtime.views import HostViews, copy_span
+
+if TYPE_CHECKING:
+    import torch
 
 
 class CpuEvent:
@@ -29,9 +37,6 @@ class CpuEvent:
     def record(self, stream: StreamLike) -> CpuEvent:
         self._time = time.perf_counter()
         return self
-
-    def wait(self, stream: StreamLike) -> None:
-        return None
 
     def synchronize(self) -> None:
         return None
@@ -57,9 +62,47 @@ class CpuEvent:
         self.close()
 
 
+class CpuGraph:
+    """What a capture on the CPU backend gives: the block already ran; there is nothing to
+    replay, inspect or dump."""
+
+    handle = None
+    exec_handle = None
+    pool = None
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def launch(self, stream: StreamLike) -> None:
+        raise RuntimeError(
+            "the CPU backend ran the captured block once, eagerly, and cannot replay it; run "
+            "the step again instead (cadence.graphs.EagerGraphBackend does)"
+        )
+
+    def node_counts(self) -> dict[str, int]:
+        return {}
+
+    @property
+    def kernel_count(self) -> int:
+        return 0
+
+    def to_dot(self, path: str | Path, verbose: bool = True) -> Path:
+        raise RuntimeError("the CPU backend captures no graph to dump")
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self) -> CpuGraph:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class CpuStream:
     def __init__(self, priority: int | None = None) -> None:
         self.priority = priority
+        self.device_index = 0
         self.handle = None
         self.ptr = 0
         self.closed = False
@@ -79,9 +122,16 @@ class CpuStream:
         ev.record(self)
         return ev
 
-    def copy_async(self, dst: int, src: int, nbytes: int) -> None:
+    def copy(self, dst: Any, src: Any, nbytes: int | None = None) -> None:
+        self.copy_ptr_async(*copy_span(dst, src, nbytes))
+
+    def copy_ptr_async(self, dst: int, src: int, nbytes: int) -> None:
         if nbytes:
             ctypes.memmove(dst, src, nbytes)
+
+    @contextmanager
+    def capture(self, pool: Any = None, mode: str = "thread_local") -> Iterator[CpuGraph]:
+        yield CpuGraph()
 
     def query(self) -> bool:
         return True
@@ -99,45 +149,31 @@ class CpuStream:
         self.close()
 
 
-class CpuBuffer:
+class CpuBuffer(HostViews):
     """Plain host memory standing in for both pinned and device buffers."""
 
     def __init__(self, nbytes: int) -> None:
         if nbytes < 1:
             raise ValueError(f"nbytes must be at least 1, got {nbytes}")
         self.nbytes = nbytes
-        self._flat = torch.empty(nbytes, dtype=torch.uint8)
-        self.ptr = self._flat.data_ptr()
+        self._flat_np = np.empty(nbytes, dtype=np.uint8)
+        self._flat: torch.Tensor | None = None
+        self.ptr = int(self._flat_np.ctypes.data)
         self.closed = False
 
-    def numpy(
-        self, dtype: Any = np.uint8, shape: tuple[int, ...] | None = None, offset: int = 0
-    ) -> np.ndarray:
-        self._check_open()
-        return numpy_view(self._flat.numpy(), dtype, shape, offset)
+    def _flat_numpy(self) -> np.ndarray:
+        return self._flat_np
 
-    def torch(
-        self,
-        dtype: torch.dtype = torch.uint8,
-        shape: tuple[int, ...] | None = None,
-        offset: int = 0,
-    ) -> torch.Tensor:
-        self._check_open()
-        return torch_view(self._flat, dtype, shape, offset)
+    def _flat_torch(self) -> torch.Tensor:
+        if self._flat is None:
+            import torch
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise ValueError("the buffer is closed")
+            self._flat = torch.from_numpy(self._flat_np)
+        return self._flat
 
     def close(self) -> None:
-        # Views keep the tensor's storage alive, so closing only forbids new views.
+        # Views keep the array's memory alive, so closing only forbids new views.
         self.closed = True
-
-    def __enter__(self) -> CpuBuffer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class CpuDevice:
@@ -146,6 +182,8 @@ class CpuDevice:
 
     @property
     def torch_device(self) -> torch.device:
+        import torch
+
         return torch.device("cpu")
 
     def select(self) -> CpuDevice:
@@ -153,9 +191,6 @@ class CpuDevice:
 
     def properties(self) -> DeviceProperties:
         """The host as a device: its processor, memory and cores (no compute capability)."""
-        import os
-        import platform
-
         total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
@@ -168,8 +203,6 @@ class CpuDevice:
         return 0, 0
 
     def mem_get_info(self) -> tuple[int, int]:
-        import os
-
         pages = os.sysconf("SC_PHYS_PAGES")
         free_pages = os.sysconf("SC_AVPHYS_PAGES")
         page = os.sysconf("SC_PAGE_SIZE")
@@ -187,9 +220,7 @@ class CpuDevice:
     def alloc_device(self, nbytes: int) -> CpuBuffer:
         return CpuBuffer(nbytes)
 
-    def create_slot_pool(
-        self, num_slots: int, capacity: int, dtype: torch.dtype = torch.int64
-    ) -> SlotPool:
+    def create_slot_pool(self, num_slots: int, capacity: int, dtype: Any = None) -> SlotPool:
         return SlotPool(self, num_slots, capacity, dtype)
 
     def synchronize(self) -> None:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-
-from cadence.runtime._cudart import cudart
+from cadence.runtime._cudart import cudart, on_device
 from cadence.runtime.buffers import DeviceBuffer, PinnedBuffer
 from cadence.runtime.errors import NoCudaDeviceError, check
 from cadence.runtime.event import Event
@@ -15,6 +13,8 @@ from cadence.runtime.slot_pool import SlotPool
 from cadence.runtime.stream import Stream
 
 if TYPE_CHECKING:
+    import torch
+
     from cadence.runtime.cpu import CpuDevice
 
 
@@ -33,6 +33,8 @@ class Device:
 
     @property
     def torch_device(self) -> torch.device:
+        import torch
+
         return torch.device("cuda", self.index)
 
     def select(self) -> Device:
@@ -58,24 +60,27 @@ class Device:
 
     def mem_get_info(self) -> tuple[int, int]:
         """(free, total) bytes of device memory."""
-        self.select()
-        free, total = check(self._rt.cudaMemGetInfo(), "cudaMemGetInfo")
+        with on_device(self.index):
+            free, total = check(self._rt.cudaMemGetInfo(), "cudaMemGetInfo")
         return int(free), int(total)
 
     def stream_priority_range(self) -> tuple[int, int]:
         """(least, greatest) stream priority; numerically lower is higher priority."""
-        least, greatest = check(
-            self._rt.cudaDeviceGetStreamPriorityRange(), "cudaDeviceGetStreamPriorityRange"
-        )
+        with on_device(self.index):
+            least, greatest = check(
+                self._rt.cudaDeviceGetStreamPriorityRange(), "cudaDeviceGetStreamPriorityRange"
+            )
         return int(least), int(greatest)
 
+    # The factories select this device for the calling thread, as get_device() did: a thread
+    # that makes its streams here then runs torch on this device too.
     def create_stream(self, priority: int | None = None) -> Stream:
         self.select()
         return Stream(self.index, priority)
 
     def create_event(self, timing: bool = False) -> Event:
         self.select()
-        return Event(timing)
+        return Event(timing, self.index)
 
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer:
         return PinnedBuffer(nbytes)
@@ -84,14 +89,13 @@ class Device:
         self.select()
         return DeviceBuffer(nbytes, self.index)
 
-    def create_slot_pool(
-        self, num_slots: int, capacity: int, dtype: torch.dtype = torch.int64
-    ) -> SlotPool:
+    def create_slot_pool(self, num_slots: int, capacity: int, dtype: Any = None) -> SlotPool:
+        """``num_slots`` staging slots of ``capacity`` elements of ``dtype`` (torch.int64 if None)."""
         return SlotPool(self, num_slots, capacity, dtype)
 
     def synchronize(self) -> None:
-        self.select()
-        check(self._rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        with on_device(self.index):
+            check(self._rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
 
     def __repr__(self) -> str:
         return f"Device(cuda:{self.index})"

@@ -1,4 +1,5 @@
-"""CUDA runtime errors: every failing call raises ``CudaError`` naming the call and the error."""
+"""CUDA runtime and driver errors: every failing call raises ``CudaError`` naming the call and the
+error."""
 
 from __future__ import annotations
 
@@ -63,6 +64,34 @@ def check(result: tuple[Any, ...], call: str) -> Any:
     err = result[0]
     if err:
         raise_for(err, call)
+    if len(result) == 1:
+        return None
+    if len(result) == 2:
+        return result[1]
+    return result[1:]
+
+
+def raise_for_driver(err: Any, call: str) -> None:
+    """Raise ``CudaError`` for a non-success ``CUresult`` of a driver API call."""
+    code = int(err)
+    name = getattr(err, "name", None) or f"CUresult({code})"
+    description = ""
+    try:
+        from cuda.bindings import driver
+
+        status, text = driver.cuGetErrorString(err)
+        if int(status) == 0 and text:
+            description = text.decode() if isinstance(text, bytes) else str(text)
+    except Exception:  # the description is a courtesy; never mask the original error
+        pass
+    raise CudaError(call, code, name, description)
+
+
+def check_driver(result: tuple[Any, ...], call: str) -> Any:
+    """``check`` for driver API results (``CUresult`` first)."""
+    err = result[0]
+    if err:
+        raise_for_driver(err, call)
     if len(result) == 1:
         return None
     if len(result) == 2:

@@ -1,10 +1,13 @@
-"""CUDA events (``cudaEventCreateWithFlags``); timing is off unless asked for."""
+"""CUDA events (``cudaEventCreateWithFlags``); timing is off unless asked for.
+
+Ordering goes one way only: a stream waits for an event (``stream.wait(event)``).
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cadence.runtime._cudart import cudart
+from cadence.runtime._cudart import cudart, on_device
 from cadence.runtime.errors import check, raise_for
 
 if TYPE_CHECKING:
@@ -12,16 +15,19 @@ if TYPE_CHECKING:
 
 
 class Event:
-    """A CUDA event. ``timing=False`` (the default) creates it with ``cudaEventDisableTiming``,
-    the cheap kind for ordering and completion; ``timing=True`` allows ``elapsed_ms``."""
+    """A CUDA event on device ``device_index``. ``timing=False`` (the default) creates it with
+    ``cudaEventDisableTiming``, the cheap kind for ordering and completion; ``timing=True``
+    allows ``elapsed_ms``. Record it only on streams of its own device."""
 
-    def __init__(self, timing: bool = False) -> None:
+    def __init__(self, timing: bool = False, device_index: int = 0) -> None:
         rt = cudart()
         self._rt = rt
         self._not_ready = rt.cudaError_t.cudaErrorNotReady
         self.timing = timing
+        self.device_index = device_index
         flags = rt.cudaEventDefault if timing else rt.cudaEventDisableTiming
-        self.handle = check(rt.cudaEventCreateWithFlags(flags), "cudaEventCreateWithFlags")
+        with on_device(device_index):
+            self.handle = check(rt.cudaEventCreateWithFlags(flags), "cudaEventCreateWithFlags")
         self.closed = False
 
     def record(self, stream: StreamLike) -> Event:
@@ -30,12 +36,6 @@ class Event:
         if err:
             raise_for(err, "cudaEventRecord")
         return self
-
-    def wait(self, stream: StreamLike) -> None:
-        """Make ``stream`` wait (on the device, without blocking the host) for this event."""
-        (err,) = self._rt.cudaStreamWaitEvent(stream.handle, self.handle, 0)
-        if err:
-            raise_for(err, "cudaStreamWaitEvent")
 
     def synchronize(self) -> None:
         """Block the host until the event has completed (at once if it was never recorded)."""
@@ -72,3 +72,6 @@ class Event:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def __repr__(self) -> str:
+        return f"Event(timing={self.timing}, device={self.device_index}, closed={self.closed})"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from cadence.runtime._cudart import cudart
 from cadence.runtime.buffers import DeviceBuffer, PinnedBuffer
-from cadence.runtime.errors import CudaError, check
+from cadence.runtime.errors import check
 from cadence.runtime.views import byte_range
 
 if TYPE_CHECKING:
@@ -51,17 +51,6 @@ def cupy_view(
         raise TypeError(f"expected a PinnedBuffer or DeviceBuffer, got {type(buffer).__name__}")
     memory = cp.cuda.UnownedMemory(ptr, buffer.nbytes, buffer, device_index)
     return cp.ndarray(shape, dtype=dt, memptr=cp.cuda.MemoryPointer(memory, offset))
-
-
-def _mapped_pointer(buffer: PinnedBuffer) -> int:
-    try:
-        return int(
-            check(cudart().cudaHostGetDevicePointer(buffer.ptr, 0), "cudaHostGetDevicePointer")
-        )
-    except CudaError:
-        # Without a mapping of its own, page-locked memory is addressed by its host pointer
-        # under unified virtual addressing (every 64-bit platform CUDA supports).
-        return buffer.ptr
 
 
 def to_cupy(tensor: torch.Tensor) -> Any:

@@ -17,12 +17,12 @@ The cycle of one step::
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
     from cadence.runtime.interfaces import (
         BufferLike,
         DeviceLike,
@@ -52,7 +52,7 @@ class Slot:
         self.index = index
         self.capacity = capacity
         self.dtype = dtype
-        self.itemsize = torch.empty((), dtype=dtype).element_size()
+        self.itemsize = dtype.itemsize
         self._device_buffer = device_buffer
         self._host_buffer = host_buffer
         self.device_ids = device_buffer.torch(dtype, (capacity,))
@@ -73,16 +73,12 @@ class Slot:
             raise TypeError(f"slot holds {self.dtype}, got {src.dtype}")
         nbytes = n * self.itemsize
         if nbytes:
-            main.copy_async(self._device_buffer.ptr, src.data_ptr(), nbytes)
+            main.copy_ptr_async(self._device_buffer.ptr, src.data_ptr(), nbytes)
         self.produced.record(main)
-        self.produced.wait(copy)
+        copy.wait(self.produced)
         if nbytes:
-            copy.copy_async(self._host_buffer.ptr, self._device_buffer.ptr, nbytes)
+            copy.copy_ptr_async(self._host_buffer.ptr, self._device_buffer.ptr, nbytes)
         self.ready.record(copy)
-
-    def wait(self) -> None:
-        """Block until this slot's host copy has landed."""
-        self.ready.synchronize()
 
     def fetch(self, n: int) -> np.ndarray:
         """Wait for the host copy and return its first ``n`` values as a fresh numpy array."""
@@ -91,21 +87,26 @@ class Slot:
 
 
 class SlotPool:
-    """``num_slots`` persistent slots of ``capacity`` elements of ``dtype`` each."""
+    """``num_slots`` persistent slots of ``capacity`` elements of ``dtype`` (a torch dtype,
+    torch.int64 if None) each. The slots' views are torch tensors: a pool needs torch."""
 
     def __init__(
         self,
         device: DeviceLike,
         num_slots: int,
         capacity: int,
-        dtype: torch.dtype = torch.int64,
+        dtype: Any = None,
     ) -> None:
         if num_slots < 1 or capacity < 1:
             raise ValueError(f"num_slots and capacity must be >= 1, got {num_slots}, {capacity}")
+        if dtype is None:
+            import torch
+
+            dtype = torch.int64
         self.num_slots = num_slots
         self.capacity = capacity
         self.dtype = dtype
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         self._resources: list[BufferLike | EventLike] = []
         self.slots: list[Slot] = []
         for i in range(num_slots):

@@ -1,23 +1,31 @@
-"""Non-blocking CUDA streams (``cudaStreamCreateWithFlags``) usable from cuda-python and torch."""
+"""Non-blocking CUDA streams (``cudaStreamCreateWithFlags``) that other libraries take as they are.
+
+A ``Stream`` speaks the CUDA stream protocol (``__cuda_stream__`` -> ``(0, handle)``), so any
+consumer of that protocol (cuda.core's ``launch`` and ``Device.create_stream``, cadence's own
+kernel launcher) takes it directly; ``s.torch`` is torch's view of it, ``s.ptr`` the integer
+handle for APIs that want one (``numba.cuda.external_stream``, ``cupy.cuda.ExternalStream``).
+"""
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from cadence.runtime._cudart import cudart
+from cadence.runtime._cudart import cudart, on_device
 from cadence.runtime.errors import check, raise_for
 from cadence.runtime.event import Event
+from cadence.runtime.views import copy_span
 
 if TYPE_CHECKING:
+    from cadence.runtime.graph import Graph
     from cadence.runtime.interfaces import EventLike, StreamLike
 
 
 class Stream:
-    """A non-blocking stream (it does not synchronize with the legacy default stream).
+    """A non-blocking stream (it does not synchronize with the legacy default stream), made on
+    device ``device_index`` whatever device the calling thread has selected.
 
-    ``handle`` is the ``cudaStream_t`` for cuda-python calls, ``ptr`` its integer value (for
-    numba's ``external_stream`` and others), ``torch`` a ``torch.cuda.ExternalStream`` over it.
+    ``handle`` is the ``cudaStream_t`` for cuda-python calls, ``ptr`` its integer value.
     """
 
     def __init__(self, device_index: int = 0, priority: int | None = None) -> None:
@@ -26,18 +34,26 @@ class Stream:
         self.device_index = device_index
         self.priority = priority
         flags = rt.cudaStreamNonBlocking
-        if priority is None:
-            self.handle = check(rt.cudaStreamCreateWithFlags(flags), "cudaStreamCreateWithFlags")
-        else:
-            self.handle = check(
-                rt.cudaStreamCreateWithPriority(flags, priority), "cudaStreamCreateWithPriority"
-            )
+        with on_device(device_index):
+            if priority is None:
+                self.handle = check(
+                    rt.cudaStreamCreateWithFlags(flags), "cudaStreamCreateWithFlags"
+                )
+            else:
+                self.handle = check(
+                    rt.cudaStreamCreateWithPriority(flags, priority),
+                    "cudaStreamCreateWithPriority",
+                )
         self.ptr = int(self.handle)
         self._memcpy_default = rt.cudaMemcpyKind.cudaMemcpyDefault
         # Used by wait(stream): a stream-to-stream wait records this marker on the other stream.
-        self._marker = Event(timing=False)
+        self._marker = Event(timing=False, device_index=device_index)
         self._torch: Any = None
         self.closed = False
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The CUDA stream protocol (version 0): ``(0, cudaStream_t as int)``."""
+        return 0, self.ptr
 
     @property
     def torch(self) -> Any:
@@ -57,24 +73,42 @@ class Stream:
         return torch.cuda.stream(self.torch)
 
     def wait(self, other: EventLike | StreamLike) -> None:
-        """Order this stream after an event, or after all work queued so far on another stream."""
+        """Order this stream after an event, or after all work queued so far on another stream
+        (device-side: the host does not block)."""
         if isinstance(other, Stream):
             self._marker.record(other)
-            self._marker.wait(self)
-        else:
-            other.wait(self)  # type: ignore[arg-type]
+            other = self._marker
+        (err,) = self._rt.cudaStreamWaitEvent(self.handle, other.handle, 0)
+        if err:
+            raise_for(err, "cudaStreamWaitEvent")
 
     def record(self, event: EventLike | None = None) -> EventLike:
         """Record ``event`` (a new non-timing event if None: allocate those up front on hot paths)."""
-        ev = event if event is not None else Event(timing=False)
+        ev = event if event is not None else Event(timing=False, device_index=self.device_index)
         ev.record(self)
         return ev
 
-    def copy_async(self, dst: int, src: int, nbytes: int) -> None:
-        """``cudaMemcpyAsync`` of ``nbytes`` between any two addresses (direction inferred)."""
+    def copy(self, dst: Any, src: Any, nbytes: int | None = None) -> None:
+        """Copy ``nbytes`` (default: all of ``src``) from ``src`` to ``dst``, asynchronously.
+
+        Each side is a runtime buffer, a contiguous tensor or array, or an object with a
+        contiguous ``__cuda_array_interface__``; a copy larger than either side raises.
+        """
+        self.copy_ptr_async(*copy_span(dst, src, nbytes))
+
+    def copy_ptr_async(self, dst: int, src: int, nbytes: int) -> None:
+        """``cudaMemcpyAsync`` of ``nbytes`` between two raw addresses (direction inferred);
+        nothing is checked."""
         (err,) = self._rt.cudaMemcpyAsync(dst, src, nbytes, self._memcpy_default, self.handle)
         if err:
             raise_for(err, "cudaMemcpyAsync")
+
+    def capture(self, pool: Any = None, mode: str = "thread_local") -> AbstractContextManager[Graph]:
+        """``with stream.capture() as graph:`` records the block's work on this stream into a
+        ``Graph`` (instantiated when the block ends); see ``cadence.runtime.graph``."""
+        from cadence.runtime.graph import capture
+
+        return capture(self, pool=pool, mode=mode)
 
     def query(self) -> bool:
         """True when all work queued on the stream has completed."""
@@ -107,4 +141,5 @@ class Stream:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Stream(ptr={self.ptr:#x}, priority={self.priority}, closed={self.closed})"
+        return (f"Stream(ptr={self.ptr:#x}, device={self.device_index}, "
+                f"priority={self.priority}, closed={self.closed})")

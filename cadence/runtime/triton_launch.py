@@ -20,6 +20,11 @@ from typing import Any
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def next_pow2(n: int, floor: int = 1) -> int:
+    """The smallest power of two >= ``n`` and >= ``floor`` (Triton block sizes)."""
+    return max(floor, 1 << max(0, n - 1).bit_length())
+
+
 def _spec(arg: Any) -> Hashable:
     if isinstance(arg, int) and not isinstance(arg, bool):
         return (arg == 1, arg & 15 == 0)

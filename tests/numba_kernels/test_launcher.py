@@ -53,7 +53,7 @@ def test_buffer_validation() -> None:
 @pytest.mark.gpu
 def test_numba_launcher_on_runtime_stream_and_inside_a_captured_graph() -> None:
     from cadence.numba_kernels.launcher import NumbaTokenKernels
-    from cadence.runtime import get_device, launch_graph
+    from cadence.runtime import get_device
 
     dev = get_device("cuda")
     main = dev.create_stream()
@@ -68,28 +68,25 @@ def test_numba_launcher_on_runtime_stream_and_inside_a_captured_graph() -> None:
     kernels.combine(main)
     kernels.scatter(main)
     main.synchronize()
-    assert kernels.direct_launch  # the compiled kernel is launched without per-call dispatch
+    assert kernels.direct_launch  # one cuLaunchKernel per launch, no per-call dispatch
     np.testing.assert_array_equal(bufs.input_ids.cpu().numpy(), combine_loop(first))
     np.testing.assert_array_equal(bufs.last_sampled.cpu().numpy(), scatter_loop(first))
 
     # Captured once, replayed with new buffer contents and counts.
-    graph = torch.cuda.CUDAGraph(keep_graph=True)
     torch.cuda.synchronize()
-    with torch.cuda.stream(main.torch):
-        graph.capture_begin(capture_error_mode="thread_local")
+    with main.capture() as graph:
         kernels.combine(main)
         kernels.scatter(main)
-        graph.capture_end()
-    graph.instantiate()
+    assert graph.kernel_count == 2
     for _ in range(4):
         b = random_batch(rng, rows=200, max_reqs=256)
         with main.context():
             load_batch(bufs, b)
-        launch_graph(graph.raw_cuda_graph_exec(), main)
+        graph.launch(main)
         main.synchronize()
         np.testing.assert_array_equal(bufs.input_ids.cpu().numpy(), combine_loop(b))
         np.testing.assert_array_equal(bufs.last_sampled.cpu().numpy(), scatter_loop(b))
-    graph.reset()
+    graph.close()
     main.close()
 
 

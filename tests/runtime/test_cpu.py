@@ -43,6 +43,7 @@ def test_events_are_complete_and_time_host_work(monkeypatch: pytest.MonkeyPatch)
     other = dev.create_stream()
     s.wait(other)
     s.wait(plain)
+    assert not hasattr(plain, "wait")  # one direction only: the stream waits
     with s.context():
         pass
     assert s.torch is None
@@ -56,11 +57,52 @@ def test_buffers_copies_are_synchronous() -> None:
         src = host.numpy(np.int64)
         src[:] = np.arange(8)
         stream = dev.create_stream()
-        stream.copy_async(device.ptr, host.ptr, 64)
+        stream.copy(device, host)
         assert device.torch(torch.int64).tolist() == list(range(8))
         assert host.torch(torch.int32, (2, 8))[0, 2].item() == 1
+        stream.copy_ptr_async(device.ptr, host.ptr + 8, 8)  # the raw form: no checks
+        assert device.numpy(np.int64)[:2].tolist() == [1, 1]
+        small = dev.alloc_device(16)
+        with pytest.raises(ValueError, match="64-byte source to a 16-byte destination"):
+            stream.copy(small, host)
+        stream.copy(small, torch.tensor([5, 6], dtype=torch.int64))
+        assert small.numpy(np.int64).tolist() == [5, 6]
+        with pytest.raises(ValueError, match="contiguous"):
+            stream.copy(small, torch.arange(4)[::2])
+        with pytest.raises(TypeError, match="cannot copy"):
+            stream.copy(small, [1, 2])
     with pytest.raises(ValueError, match="closed"):
         host.numpy()
+    with pytest.raises(ValueError, match="closed"):
+        stream.copy(small, host)
+
+
+def test_capture_on_cpu_runs_the_block_once_and_cannot_replay() -> None:
+    dev = CpuDevice()
+    s = dev.create_stream()
+    ran = []
+    with s.capture() as graph:
+        ran.append(1)
+    assert ran == [1] and graph.kernel_count == 0 and graph.node_counts() == {}
+    with pytest.raises(RuntimeError, match="cannot replay"):
+        graph.launch(s)
+    graph.close()
+
+
+def test_runtime_imports_and_works_without_torch() -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['cuda'] = None;"
+        "import numpy as np, cadence.runtime as rt;"
+        "[getattr(rt, name) for name in rt.__all__];"
+        "dev = rt.get_device('cpu'); s = dev.create_stream();"
+        "h, d = dev.alloc_pinned(32), dev.alloc_device(32);"
+        "h.numpy(np.int32)[:] = np.arange(8); s.copy(d, h); s.wait(s.record());"
+        "assert d.numpy(np.int32).tolist() == list(range(8));"
+        "assert dev.properties().warp_size == 1 and dev.stream_priority_range() == (0, 0);"
+        "assert 'torch' not in sys.modules or sys.modules['torch'] is None"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_cpu_backend_works_without_cuda_python() -> None:
@@ -121,3 +163,19 @@ def test_no_cuda_device_is_said_plainly() -> None:
             _device_count(FakeRuntime(status, count))
     with pytest.raises(CudaError, match="cudaErrorInitializationError"):  # a real failure
         _device_count(FakeRuntime(Status.cudaErrorInitializationError, 0))
+
+
+def test_the_cpu_backend_has_every_public_member_of_the_cuda_one() -> None:
+    from cadence.runtime import buffers, device, event, graph, stream
+
+    # What only a CUDA object can have: its protocol, raw handles' owners, and the interop.
+    cuda_only = {"__cuda_stream__", "__cuda_array_interface__", "flags", "device_index"}
+    pairs = [
+        (device.Device, cpu.CpuDevice), (stream.Stream, cpu.CpuStream),
+        (event.Event, cpu.CpuEvent), (graph.Graph, cpu.CpuGraph),
+        (buffers.DeviceBuffer, cpu.CpuBuffer), (buffers.PinnedBuffer, cpu.CpuBuffer),
+    ]
+    for cuda_cls, cpu_cls in pairs:
+        wanted = {n for n in vars(cuda_cls) if not n.startswith("_") or n.startswith("__cuda")}
+        missing = sorted(n for n in wanted - cuda_only if not hasattr(cpu_cls, n))
+        assert not missing, f"{cpu_cls.__name__} lacks {missing} of {cuda_cls.__name__}"

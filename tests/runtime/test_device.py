@@ -41,10 +41,11 @@ def test_stream_wait_orders_work_across_streams(dev) -> None:
         b.synchronize()
         assert float(y.min()) == round_
     ev = a.record()
-    ev.wait(b)
+    b.wait(ev)
     ev.synchronize()
     assert ev.query() and a.query()
     assert isinstance(a.torch, torch.cuda.ExternalStream) and a.torch.cuda_stream == a.ptr
+    assert a.__cuda_stream__() == (0, a.ptr) == a.torch.__cuda_stream__()
     ev.close()
     a.close()
     b.close()
@@ -76,15 +77,47 @@ def test_pinned_and_device_buffers_round_trip(dev) -> None:
     with dev.alloc_pinned(4096) as host, dev.alloc_device(4096) as device:
         src = host.numpy(np.float32)
         src[:] = np.random.default_rng(0).standard_normal(1024, dtype=np.float32)
-        s.copy_async(device.ptr, host.ptr, 4096)
+        s.copy(device, host)
         d = device.torch(torch.float32, (32, 32))
         assert d.is_cuda and d.data_ptr() == device.ptr
         with s.context():
             d.mul_(2.0)
         back = host.torch(torch.float32, (32, 32))
-        s.copy_async(host.ptr, device.ptr, 4096)
+        s.copy(host, d)  # a tensor side works too
         s.synchronize()
         np.testing.assert_array_equal(back.numpy().ravel(), src)  # aliasing: same memory
         assert back.is_pinned()
         torch.testing.assert_close(back.cuda(), d)
     s.close()
+
+
+def test_copy_checks_sizes_and_keeps_the_raw_form(dev) -> None:
+    s = dev.create_stream()
+    with dev.alloc_pinned(64) as host, dev.alloc_device(32) as small:
+        host.numpy(np.int32)[:] = np.arange(16)
+        with pytest.raises(ValueError, match="64-byte source to a 32-byte destination"):
+            s.copy(small, host)
+        s.copy(small, host, nbytes=32)
+        s.copy_ptr_async(host.ptr + 32, small.ptr, 32)
+        s.synchronize()
+        assert host.numpy(np.int32).tolist() == list(range(8)) * 2
+    s.close()
+
+
+def test_streams_events_and_buffers_live_on_the_device_they_name() -> None:
+    from cuda.bindings import runtime as rt
+
+    from cadence.runtime import DeviceBuffer, Event, Stream
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    rt.cudaSetDevice(0)
+    s, ev, buf = Stream(device_index=1), Event(device_index=1), DeviceBuffer(64, device_index=1)
+    assert rt.cudaGetDevice()[1] == 0  # the caller's device is left as it was
+    assert rt.cudaStreamGetDevice(s.handle)[1] == 1
+    attrs = rt.cudaPointerGetAttributes(buf.ptr)[1]
+    assert attrs.device == 1
+    ev.record(s)
+    ev.synchronize()
+    for r in (buf, ev, s):
+        r.close()

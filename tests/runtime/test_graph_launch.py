@@ -1,3 +1,5 @@
+"""Graphs as objects: ``with stream.capture() as graph`` on a real device, and the raw helpers."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -8,8 +10,8 @@ import torch
 pytestmark = pytest.mark.gpu
 
 
-def test_torch_capture_replayed_with_cuda_graph_launch(tmp_path: Any) -> None:
-    from cadence.runtime import dump_graph_dot, get_device, graph_node_counts, launch_graph
+def test_capture_replays_with_new_inputs_and_can_be_inspected(tmp_path: Any) -> None:
+    from cadence.runtime import Graph, get_device
 
     dev = get_device("cuda")
     s = dev.create_stream()
@@ -23,23 +25,64 @@ def test_torch_capture_replayed_with_cuda_graph_launch(tmp_path: Any) -> None:
     with s.context():
         f()  # warm-up (cuBLAS handles, workspaces)
     s.synchronize()
-    g = torch.cuda.CUDAGraph(keep_graph=True)
-    with s.context():
-        g.capture_begin(capture_error_mode="thread_local")
+    with s.capture() as g:
         f()
-        g.capture_end()
-    g.instantiate()
-    counts = graph_node_counts(g.raw_cuda_graph())
-    assert counts.get("kernel", 0) >= 2, counts
+    assert isinstance(g, Graph)
+    counts = g.node_counts()
+    assert g.kernel_count == counts.get("kernel", 0) >= 2, counts
     for _ in range(3):
         with s.context():
             x.normal_()
-        launch_graph(g.raw_cuda_graph_exec(), s)
+        g.launch(s)
         with s.context():
             want = torch.relu(x @ x.T) * 0.5 + 1.0
         s.synchronize()
         torch.testing.assert_close(out, want)
-    text = dump_graph_dot(g.raw_cuda_graph(), tmp_path / "g.dot").read_text()
-    assert "digraph" in text
-    g.reset()
+    assert "digraph" in g.to_dot(tmp_path / "g.dot").read_text()
+
+    # A second graph shares the first one's memory pool.
+    with s.capture(pool=g.pool) as g2:
+        y = x * 2.0
+    g2.launch(s)
+    s.synchronize()
+    torch.testing.assert_close(y, x * 2.0)
+    g2.close()
+    g.close()
+    with pytest.raises(ValueError, match="closed"):
+        g.launch(s)
+    s.close()
+
+
+def test_a_failing_capture_leaves_the_stream_usable() -> None:
+    from cadence.runtime import get_device
+
+    dev = get_device("cuda")
+    s = dev.create_stream()
+    x = torch.ones(16, device="cuda")
+    torch.cuda.synchronize()
+    with pytest.raises(RuntimeError, match="boom"), s.capture():
+        x.add_(1)
+        raise RuntimeError("boom")
+    with s.context():
+        x.add_(1)
+    s.synchronize()
+    assert float(x[0]) == 2.0  # the captured add never ran; the eager one did
+    s.close()
+
+
+def test_raw_helpers_on_a_captured_graph(tmp_path: Any) -> None:
+    from cadence.runtime import dump_graph_dot, get_device, graph_node_counts, launch_graph
+
+    dev = get_device("cuda")
+    s = dev.create_stream()
+    x = torch.zeros(8, device="cuda")
+    torch.cuda.synchronize()
+    with s.capture() as g:
+        x.add_(1)
+    launch_graph(g.exec_handle, s)
+    s.synchronize()
+    assert float(x[0]) == 1.0
+    assert graph_node_counts(g.handle).get("kernel", 0) == 1
+    assert "digraph" in dump_graph_dot(g.handle, tmp_path / "raw.dot").read_text()
+    g.close()
     s.close()

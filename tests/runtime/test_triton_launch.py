@@ -78,3 +78,10 @@ def test_spec_classes():
     assert _spec(t[1:]) == (torch.float32, False)
     assert _spec(1) == (True, False) and _spec(32) == (False, True) and _spec(7) == (False, False)
     assert _spec(0.5) is float and _spec(True) is bool
+
+
+def test_next_pow2() -> None:
+    from cadence.runtime.triton_launch import next_pow2
+
+    assert [next_pow2(n) for n in (0, 1, 2, 3, 4, 5, 128, 129)] == [1, 1, 2, 4, 4, 8, 128, 256]
+    assert next_pow2(3, 16) == 16 and next_pow2(40, 16) == 64

@@ -1,0 +1,57 @@
+"""examples/ run as they are: the runtime demo on the CPU backend (Numba's simulator) here, and
+every example on a GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*argv: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # this checkout's cadence, not an installed one
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(300)
+def test_runtime_demo_on_the_cpu_backend() -> None:
+    pytest.importorskip("numba")
+    proc = _run("examples/runtime_demo.py", "--cpu", timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "combine and scatter: HostTokenKernels" in out
+    assert out.count("row sums on the host") == 3 and out.rstrip().endswith("runtime demo ok")
+
+
+@pytest.mark.gpu
+def test_runtime_demo_on_a_gpu() -> None:
+    proc = _run("examples/runtime_demo.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "combine and scatter: NumbaTokenKernels" in proc.stdout
+    kernels = int(proc.stdout.split("captured graph: ")[1].split()[0])
+    assert kernels >= 3, proc.stdout  # matmul, the Numba kernel, relu
+
+
+@pytest.mark.gpu
+def test_triton_decode_bench_quick() -> None:
+    proc = _run("examples/triton_decode_bench.py", "--quick", "--replays", "3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "decode attention" in proc.stdout and "prefill" in proc.stdout
+
+
+@pytest.mark.gpu
+def test_launch_cost_script_prints_every_row() -> None:
+    proc = _run("scripts/launch_cost.py", "--launches", "32", "--repeats", "3", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import json
+
+    figures = json.loads(proc.stdout)["us_per_launch"]
+    bound = [v for k, v in figures.items() if k.startswith("cadence: bind")]
+    assert len(bound) == 3 and all(isinstance(v, float) for v in bound), figures
