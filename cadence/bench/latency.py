@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     args.max_num_batched_tokens = args.max_num_batched_tokens or max(
         8192, max(batches) * ns.input_len)
     args.skip_tokenizer_init = True
+    started = time.perf_counter()
     core = EngineCore(args)
+    startup_s = time.perf_counter() - started
     model = core.runner.model
     wbytes = weight_bytes(model)
     kv_tok = kv_bytes_per_token(model, core.dtype.itemsize)
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"input_len": ns.input_len, "output_len": ns.output_len, "dtype": str(core.dtype),
                 "enforce_eager": args.enforce_eager,
                 "async_scheduling": core.batch_queue_size > 1, "weight_bytes": wbytes,
-                "tensor_parallel_size": tp,
+                "tensor_parallel_size": tp, "startup_s": round(startup_s, 2),
                 "bandwidth_Bps": bandwidth}
     rec = Record("latency", args.model, device, git_commit(), now(),
                  {**settings, "results": results})

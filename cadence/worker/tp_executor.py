@@ -194,8 +194,7 @@ class TPExecutor:
         return None
 
     def execute_model(self, so: SchedulerOutput) -> _PendingStep:
-        self._send(pickle.dumps(("step", so), protocol=pickle.HIGHEST_PROTOCOL),
-                   range(self.size))
+        self._send(encode_step(so), range(self.size))
         return _PendingStep(self)
 
     def fetch(self) -> ModelRunnerOutput:
@@ -235,6 +234,11 @@ class TPExecutor:
 
 
 _FETCH = pickle.dumps(("fetch",))
+
+
+def encode_step(so: SchedulerOutput) -> bytes:
+    """A step's message to the workers (pickled once, written to every rank)."""
+    return pickle.dumps(("step", so), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class _PendingStep:
