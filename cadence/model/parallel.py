@@ -108,7 +108,8 @@ def gather_vocab(local: torch.Tensor, shard: TPShard, vocab_size: int) -> torch.
     """``[N, vocab_per_rank]`` on each rank -> ``[N, vocab_size]`` on every rank."""
     n = local.shape[0]
     out = torch.empty((shard.size * n, local.shape[1]), dtype=local.dtype, device=local.device)
-    torch.distributed.all_gather_single(out, local.contiguous())
+    gather = getattr(torch.distributed, "all_gather_single", None)  # torch >= 2.10's name
+    (gather or torch.distributed.all_gather_into_tensor)(out, local.contiguous())
     full = out.view(shard.size, n, -1).transpose(0, 1).reshape(n, -1)
     return full[:, :vocab_size]
 

@@ -70,6 +70,19 @@ def llama(tmp_path_factory):
                             vocab=256, tie=False)
 
 
+def test_a_rank_that_cannot_load_is_a_start_up_error(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = build_checkpoint(tmp_path / "m", "llama", kv_heads=2, vocab=256, tie=False)
+    weights = load_file(path / "model.safetensors")
+    del weights["model.layers.1.mlp.down_proj.weight"]
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    before = child_pids()
+    with pytest.raises(ValueError, match="missing tensor 'model.layers.1.mlp.down_proj.weight'"):
+        _engine(path, 2)
+    assert child_pids() == before
+
+
 def test_a_killed_worker_fails_the_next_generate_and_leaves_no_process(llama):
     before = child_pids()
     llm = _engine(llama, 2)
