@@ -111,7 +111,8 @@ def gather_vocab(local: torch.Tensor, shard: TPShard, vocab_size: int) -> torch.
     gather = getattr(torch.distributed, "all_gather_single", None)  # torch >= 2.10's name
     (gather or torch.distributed.all_gather_into_tensor)(out, local.contiguous())
     full = out.view(shard.size, n, -1).transpose(0, 1).reshape(n, -1)
-    return full[:, :vocab_size]
+    # Padded: drop the tail columns, contiguous for the sampler.
+    return full if full.shape[1] == vocab_size else full[:, :vocab_size].contiguous()
 
 
 class VocabParallelEmbedding(nn.Module):

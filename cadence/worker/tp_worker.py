@@ -59,7 +59,9 @@ def main(fd: int) -> None:
         init: WorkerInit = conn.recv()
     except EOFError:
         os._exit(0)
-    logging.basicConfig(level=os.environ.get("CADENCE_LOG_LEVEL", "WARNING").upper(),
+    from cadence.envs import read_envs
+
+    logging.basicConfig(level=read_envs().log_level.upper(),
                         format=f"%(asctime)s tp{init.rank} %(levelname)s %(name)s: %(message)s")
     try:
         runner = _start(init)
