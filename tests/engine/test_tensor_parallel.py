@@ -83,11 +83,15 @@ def test_a_rank_that_cannot_load_is_a_start_up_error(tmp_path):
     assert child_pids() == before
 
 
-def test_a_killed_worker_fails_the_next_generate_and_leaves_no_process(llama):
+def test_a_killed_worker_fails_the_next_generate_and_leaves_no_process(llama, monkeypatch):
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")  # the workers see the engine's environment
     before = child_pids()
     llm = _engine(llama, 2)
     workers = [p.pid for p in llm.engine_core.runner.procs]
     assert sorted(set(child_pids()) - set(before)) == sorted(workers)
+    for pid in workers:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            assert b"NCCL_NVLS_ENABLE=0" in f.read().split(b"\0")
     os.kill(workers[1], signal.SIGKILL)
     with pytest.raises(RuntimeError, match="tensor-parallel worker rank"):
         llm.generate(PROMPTS, GREEDY, use_tqdm=False)
