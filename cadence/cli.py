@@ -30,7 +30,11 @@ def _generate(ns: argparse.Namespace) -> int:
     params = SamplingParams(temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k,
                             max_tokens=ns.max_tokens, seed=ns.sampling_seed, stop=ns.stop or None)
     prompts = ns.prompt or ["Hello, my name is"]
-    for out in llm.generate(prompts, params, use_tqdm=False):
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        llm.shutdown()  # tensor-parallel workers stop before the command ends
+    for out in outs:
         completion = out.outputs[0]
         if ns.show_prompt or len(prompts) > 1:
             print(f"--- prompt: {out.prompt!r}")

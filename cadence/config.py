@@ -107,6 +107,20 @@ class GraphConfig:
             )
 
 
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How the model is split over devices: ``tensor_parallel_size`` ranks, one process each
+    (1: the model runs in the engine's own process, as without this config)."""
+
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(
+                f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}."
+            )
+
+
 def resolved_dtype(dtype: str, device: str) -> str:
     """``dtype`` ("auto", "float32", "float16" or "bfloat16") by name, "auto" resolved."""
     if dtype == "auto":
@@ -123,6 +137,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: str = "cpu"
     graphs: GraphConfig = field(default_factory=GraphConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):

@@ -61,12 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     args.max_num_batched_tokens = args.max_num_batched_tokens or max(
         8192, max(batches) * ns.input_len)
     args.skip_tokenizer_init = True
+    started = time.perf_counter()
     core = EngineCore(args)
+    startup_s = time.perf_counter() - started
     model = core.runner.model
     wbytes = weight_bytes(model)
     kv_tok = kv_bytes_per_token(model, core.dtype.itemsize)
     device = device_name()
     bandwidth = read_bandwidth(ns.bandwidth, device)
+    tp = args.tensor_parallel_size
     results = []
     for batch in progress(batches, ns, "batch sizes"):
         run_batch(core, batch, ns.input_len, min(ns.output_len, 8), seed=99)  # warm-up
@@ -84,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             "achieved_read_GBps": round(bytes_step / step_s / 1e9, 1),
         }
         if bandwidth is not None:
-            roofline_s = bytes_step / bandwidth
+            # Tensor parallelism: each GPU reads its share of the bytes at its own bandwidth.
+            roofline_s = bytes_step / tp / bandwidth
             row["roofline_ms"] = round(roofline_s * 1e3, 4)
             row["ratio_to_roofline"] = round(roofline_s / step_s, 4)
         row.update({
@@ -96,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"input_len": ns.input_len, "output_len": ns.output_len, "dtype": str(core.dtype),
                 "enforce_eager": args.enforce_eager,
                 "async_scheduling": core.batch_queue_size > 1, "weight_bytes": wbytes,
+                "tensor_parallel_size": tp, "startup_s": round(startup_s, 2),
                 "bandwidth_Bps": bandwidth}
     rec = Record("latency", args.model, device, git_commit(), now(),
                  {**settings, "results": results})

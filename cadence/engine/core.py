@@ -13,6 +13,9 @@ from cadence.config import resolved_dtype
 from cadence.core_types import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from cadence.engine.engine_args import EngineArgs
 from cadence.engine.request_checks import check_request_fits
+from cadence.model.arch import DecoderArch
+from cadence.model.attention_metadata import make_attention_backend
+from cadence.model.parallel import check_tensor_parallel
 from cadence.model.registry import ModelSpec, resolve_model
 from cadence.profiling import nvtx_range
 from cadence.runner_output import AsyncModelRunnerOutput
@@ -34,19 +37,6 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     return _DTYPES[resolved_dtype(dtype, device)]
-
-
-def make_attention_backend(device: str):
-    if device == "cuda":
-        try:
-            from cadence.model.triton_attention import TritonAttentionBackend
-
-            return TritonAttentionBackend()
-        except ImportError:  # pragma: no cover - depends on the install
-            logger.warning("Triton attention unavailable; using the torch reference backend")
-    from cadence.model.attention import TorchAttentionBackend
-
-    return TorchAttentionBackend()
 
 
 def approx_num_params(hf_config) -> int:
@@ -74,9 +64,17 @@ class EngineCore:
             threads = args.resolve_cpu_threads(approx_num_params(self.spec.hf_config))
             torch.set_num_threads(threads)
             logger.info("CPU backend: %d torch thread(s).", threads)
-        model = build_model(self.spec, self.dtype, device, cfg.model.load_format,
-                            make_attention_backend(cfg.device), args.seed)
-        self.runner = ModelRunner(cfg, self.spec, model, self.dtype, device)
+        tp_size = cfg.parallel.tensor_parallel_size
+        if tp_size > 1:
+            from cadence.worker.tp_executor import TPExecutor
+
+            check_tensor_parallel(DecoderArch.from_hf_config(self.spec.hf_config), tp_size)
+            self.runner: ModelRunner | TPExecutor = TPExecutor(
+                cfg, self.spec, self.dtype, args.seed, torch.get_num_threads())
+        else:
+            model = build_model(self.spec, self.dtype, device, cfg.model.load_format,
+                                make_attention_backend(cfg.device), args.seed)
+            self.runner = ModelRunner(cfg, self.spec, model, self.dtype, device)
         self.num_kv_blocks = self.runner.determine_num_kv_blocks()
         self.runner.initialize_kv_cache(self.num_kv_blocks)
         if cfg.use_graphs:
@@ -130,10 +128,12 @@ class EngineCore:
         self.validate_request(req)
         grammar_ready = None
         spec = req.sampling_params.structured_outputs
-        if spec is not None:
+        # Tensor-parallel ranks compile their grammars themselves, on admission.
+        prefetch = getattr(self.runner, "prefetch_grammar", None)
+        if spec is not None and prefetch is not None:
             # NOTE: compiled on the compiler's thread; the scheduler holds the request back
             # until then while the others run on.
-            compiled = self.runner.sampling.grammar.prefetch(spec)
+            compiled = prefetch(spec)
             if not compiled.done():
                 self._compiling.add(compiled)
                 grammar_ready = compiled.done
@@ -147,6 +147,13 @@ class EngineCore:
             block_hasher=self._block_hasher,
             grammar_ready=grammar_ready,
         ))
+
+    def set_failure_callback(self, callback) -> None:
+        """``callback(error)`` runs (on another thread) when the engine fails outside a step:
+        a tensor-parallel worker that exits. Without workers it never runs."""
+        register = getattr(self.runner, "set_failure_callback", None)
+        if register is not None:
+            register(callback)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         # Idempotent: unknown and already-finished ids are ignored by the scheduler.

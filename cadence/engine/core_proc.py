@@ -58,6 +58,7 @@ class RequestType(enum.Enum):
     ABORT = enum.auto()
     UTILITY = enum.auto()
     SHUTDOWN = enum.auto()
+    FATAL = enum.auto()  # the core failed outside a step (payload: the error): end the loop
 
 
 @dataclass
@@ -227,6 +228,9 @@ class EngineCoreProc:
             self._startup_error = exc
             self._ready.set()
             return
+        register = getattr(self._core, "set_failure_callback", None)
+        if register is not None:
+            register(lambda exc: self.send(RequestType.FATAL, exc))
         self._ready.set()
         core = self._core
         try:
@@ -278,6 +282,8 @@ class EngineCoreProc:
             self.output_queue.put(EngineStopped())
             self._fail_pending_inputs(EngineDeadError("The engine core was shut down."))
             return False
+        elif request_type is RequestType.FATAL:
+            raise payload
         else:  # pragma: no cover - exhaustive over RequestType
             raise ValueError(f"unknown engine core request type {request_type!r}")
         return True

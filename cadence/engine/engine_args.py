@@ -15,6 +15,7 @@ from cadence.config import (
     EngineConfig,
     GraphConfig,
     ModelConfig,
+    ParallelConfig,
     SchedulerConfig,
 )
 from cadence.envs import read_envs
@@ -69,6 +70,8 @@ class EngineArgs:
     cpu_threads: int | None = None
     # Most logprobs a request may ask for per token (-1: as many as the vocabulary has).
     max_logprobs: int = 20
+    # Ranks the model is split over, one worker process each (1: no worker process).
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
@@ -82,6 +85,10 @@ class EngineArgs:
                 f"quantization={self.quantization!r} is not supported (on any device); "
                 f"supported: {', '.join(SUPPORTED_QUANTIZATION) or 'none'} "
                 "(weights run in --dtype)."
+            )
+        if self.tensor_parallel_size < 1:
+            raise ValueError(
+                f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}."
             )
         if self.kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
             raise ValueError(
@@ -111,9 +118,17 @@ class EngineArgs:
                 "device='cuda' but this torch sees no CUDA device (CPU-only build or no GPU); "
                 "use device='cpu' or 'auto'."
             )
-        if self.device != "auto":
-            return self.device
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        device = self.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        visible = torch.cuda.device_count() if device == "cuda" else 0
+        if device == "cuda" and self.tensor_parallel_size > visible:
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size} needs that many GPUs, but "
+                f"{visible} {'is' if visible == 1 else 'are'} visible (CUDA_VISIBLE_DEVICES="
+                f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})."
+            )
+        return device
 
     def resolve_async_scheduling(self) -> bool:
         if self.async_scheduling is not None:
@@ -143,6 +158,7 @@ class EngineArgs:
             graphs=GraphConfig(enforce_eager=self.enforce_eager,
                                max_capture_tokens=self.resolve_max_capture_tokens(batched),
                                emulate=self.emulate_graphs),
+            parallel=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size),
         )
 
     def default_max_num_batched_tokens(self, max_model_len: int) -> int:
@@ -258,6 +274,10 @@ class EngineArgs:
                             help="torch threads on the CPU backend (default: "
                                  "$CADENCE_CPU_THREADS, else 1 below 100M parameters, else "
                                  "every usable core)")
+        parser.add_argument("--tensor-parallel-size", "-tp", type=int,
+                            default=d.tensor_parallel_size, metavar="N",
+                            help="split the model over N GPUs, one worker process each (on "
+                                 "the CPU: N processes over gloo) (default: %(default)s)")
         parser.add_argument("--engine-process", action="store_true",
                             help="run the engine core in a process of its own rather than a "
                                  "thread beside the server's event loop")

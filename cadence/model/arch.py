@@ -97,6 +97,8 @@ class DecoderArch:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
+    # Tensor-parallel ranks the layers are split over (the shapes above are then one rank's).
+    tp_size: int = 1
 
     def __post_init__(self) -> None:
         if self.sliding_window < 0:

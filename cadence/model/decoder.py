@@ -20,6 +20,7 @@ from cadence.model.fused_ops import qk_norm_rope
 from cadence.model.gemma import GemmaDecoderLayer, GemmaRMSNorm
 from cadence.model.layers import RMSNorm, silu_and_mul
 from cadence.model.moe import SparseMoE
+from cadence.model.parallel import TPShard, VocabParallelEmbedding, all_reduce, gather_vocab
 from cadence.model.rope import RopeParams, RotaryEmbedding
 
 
@@ -34,6 +35,7 @@ class SelfAttention(nn.Module):
         self.scale = arch.head_dim**-0.5
         self.sliding_window = arch.sliding_window
         self.backend = backend
+        self.tp = arch.tp_size > 1
         # Rows: [q | k | v], in that order (the loader fills the slices).
         self.qkv_proj = nn.Linear(arch.hidden_size, arch.q_size + 2 * arch.kv_size, arch.qkv_bias)
         self.o_proj = nn.Linear(arch.q_size, arch.hidden_size, bias=arch.o_bias)
@@ -60,7 +62,8 @@ class SelfAttention(nn.Module):
             eps = 0.0
         q, k = qk_norm_rope(q, k, positions, cos_sin, q_weight, k_weight, eps)
         out = self.backend.forward(q, k, v, kv_cache, attn, self.scale, self.sliding_window)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        out = self.o_proj(out.reshape(num_tokens, self.q_size))
+        return all_reduce(out) if self.tp else out
 
 
 class MLP(nn.Module):
@@ -71,9 +74,11 @@ class MLP(nn.Module):
             arch.hidden_size, 2 * arch.intermediate_size, bias=arch.mlp_bias
         )
         self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=arch.mlp_bias)
+        self.tp = arch.tp_size > 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        out = self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return all_reduce(out) if self.tp else out
 
 
 class DecoderLayer(nn.Module):
@@ -108,9 +113,13 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, arch: DecoderArch, backend: AttentionBackend) -> None:
+    def __init__(self, arch: DecoderArch, backend: AttentionBackend,
+                 shard: TPShard | None = None) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.embed_tokens: nn.Module = (
+            nn.Embedding(arch.vocab_size, arch.hidden_size) if shard is None
+            else VocabParallelEmbedding(shard, arch.hidden_size)
+        )
         layers: list[nn.Module]
         if arch.gemma:
             layers = [GemmaDecoderLayer(arch, backend, i) for i in range(arch.num_layers)]
@@ -126,17 +135,23 @@ class CausalLM(nn.Module):
 
     Parameter names follow the HF checkpoints' (``model.layers.N.self_attn...``) except for the
     fused ``qkv_proj`` and ``gate_up_proj``. With tied embeddings there is no ``lm_head``.
+    With a ``shard`` (tensor parallelism) the layers hold one rank's part and ``arch`` has that
+    rank's shapes (see :mod:`cadence.model.parallel`).
     """
 
-    def __init__(self, hf_config: PretrainedConfig, attn_backend: AttentionBackend) -> None:
+    def __init__(self, hf_config: PretrainedConfig, attn_backend: AttentionBackend,
+                 tp_rank: int = 0, tp_size: int = 1) -> None:
         super().__init__()
-        self.arch = DecoderArch.from_hf_config(hf_config)
+        full = DecoderArch.from_hf_config(hf_config)
+        self.shard = TPShard.of(full, tp_rank, tp_size) if tp_size > 1 else None
+        self.arch = full if self.shard is None else self.shard.local_arch(full)
         self.attn_backend = attn_backend
-        self.model = DecoderModel(self.arch, attn_backend)
+        self.model = DecoderModel(self.arch, attn_backend, self.shard)
+        head_rows = self.arch.vocab_size if self.shard is None else self.shard.vocab_per_rank
         self.lm_head = (
             None
             if self.arch.tie_word_embeddings
-            else nn.Linear(self.arch.hidden_size, self.arch.vocab_size, bias=False)
+            else nn.Linear(self.arch.hidden_size, head_rows, bias=False)
         )
         self.rotary_emb = RotaryEmbedding(
             RopeParams.from_hf_config(hf_config),
@@ -244,7 +259,10 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """``[N, hidden] -> [N, vocab]`` float32 logits."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(hidden_rows, weight).float()
+        logits = F.linear(hidden_rows, weight)
+        if self.shard is not None:
+            logits = gather_vocab(logits, self.shard, self.arch.vocab_size)
+        logits = logits.float()
         if self.arch.final_softcap:
             cap = self.arch.final_softcap
             logits = torch.tanh(logits / cap) * cap

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from safetensors import safe_open
@@ -12,6 +12,7 @@ from safetensors import safe_open
 from cadence.model.arch import DecoderArch
 from cadence.model.attention_metadata import AttentionBackend
 from cadence.model.decoder import CausalLM
+from cadence.model.parallel import TPShard
 from cadence.model.registry import ModelSpec
 
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -28,14 +29,22 @@ def build_model(
     load_format: str,
     attn_backend: AttentionBackend,
     seed: int,
+    tp_rank: int = 0,
+    tp_size: int = 1,
 ) -> CausalLM:
-    """Allocate the model once, directly on ``device`` in ``dtype``, then fill its weights."""
+    """Allocate the model once, directly on ``device`` in ``dtype``, then fill its weights
+    (with ``tp_size > 1``, only rank ``tp_rank``'s shards of them)."""
     check_load_format(spec, load_format)
     device = torch.device(device)
     with torch.device("meta"):
-        model = CausalLM(spec.hf_config, attn_backend)
+        model = CausalLM(spec.hf_config, attn_backend, tp_rank, tp_size)
     model = model.to(dtype=dtype).to_empty(device=device)
     model.reset_buffers()
+    if model.shard is not None:
+        # Shards leave some of their memory unloaded (the padded vocabulary rows, row-parallel
+        # biases of ranks > 0): it must read as zero.
+        for param in model.parameters():
+            param.detach().zero_()
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     else:
@@ -73,12 +82,20 @@ def init_dummy_weights(model: CausalLM, seed: int) -> None:
 
 @dataclass(frozen=True)
 class _Target:
-    """Where one checkpoint tensor goes: a parameter and the row range inside it."""
+    """Where one checkpoint tensor goes: a parameter and the row range inside it; under tensor
+    parallelism, also which part of the tensor this rank reads."""
 
     param: str
     row_start: int
     num_rows: int | None  # None: the whole parameter
     expert: int | None = None  # the index into the parameter's first dimension, first
+    # The slice [src_start, src_start + src_len) of dimension src_dim (None: the whole tensor),
+    # whose full extent is src_total.
+    src_dim: int | None = None
+    src_start: int = 0
+    src_len: int = 0
+    src_total: int = 0
+    skip: bool = False  # another rank holds it (a row-parallel bias): leave the zeros
 
 
 def checkpoint_files(path: str) -> list[str]:
@@ -97,9 +114,12 @@ def checkpoint_files(path: str) -> list[str]:
     return [os.path.join(path, name) for name in found]
 
 
-def checkpoint_names(arch: DecoderArch) -> dict[str, _Target]:
-    """Every tensor a checkpoint of this architecture must hold, mapped to its destination."""
+def checkpoint_names(arch: DecoderArch, shard: TPShard | None = None) -> dict[str, _Target]:
+    """Every tensor a checkpoint of this architecture must hold, mapped to its destination.
+    With a ``shard``, ``arch`` has the rank's shapes and the targets slice the tensors."""
     names: dict[str, _Target] = {}
+    if shard is not None:
+        return sharded_names(arch, shard, checkpoint_names(arch))
 
     def whole(name: str) -> None:
         names[name] = _Target(name, 0, None)
@@ -157,6 +177,38 @@ def checkpoint_names(arch: DecoderArch) -> dict[str, _Target]:
     return names
 
 
+def sharded_names(arch: DecoderArch, shard: TPShard, plain: dict[str, _Target]
+                  ) -> dict[str, _Target]:
+    """The targets of one tensor-parallel rank: ``plain`` (the rank's shapes, whole tensors)
+    with each split tensor's slice of the checkpoint."""
+    hd, r = arch.head_dim, shard.rank
+    q, kv, inter = arch.q_size, arch.kv_size, arch.intermediate_size
+    vocab = arch.vocab_size
+    vocab_rows = max(0, min(shard.vocab_per_rank, vocab - shard.vocab_start))
+    out: dict[str, _Target] = {}
+    for name, t in plain.items():
+        kind = name.rsplit(".", 2)[-2]
+        if kind in ("q_proj", "gate_proj", "up_proj"):
+            size = q if kind == "q_proj" else inter
+            t = replace(t, src_dim=0, src_start=r * size, src_len=size,
+                        src_total=size * shard.size)
+        elif kind in ("k_proj", "v_proj"):
+            t = replace(t, src_dim=0, src_start=shard.kv_head_start * hd, src_len=kv,
+                        src_total=shard.full_kv_heads * hd)
+        elif kind in ("o_proj", "down_proj"):
+            if name.endswith(".bias"):
+                t = replace(t, skip=r != 0)
+            else:
+                size = q if kind == "o_proj" else inter
+                t = replace(t, src_dim=1, src_start=r * size, src_len=size,
+                            src_total=size * shard.size)
+        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+            t = replace(t, num_rows=vocab_rows, src_dim=0, src_start=shard.vocab_start,
+                        src_len=vocab_rows, src_total=vocab)
+        out[name] = t
+    return out
+
+
 @torch.no_grad()
 def load_safetensors(model: CausalLM, path: str) -> None:
     """Copy every checkpoint tensor into the already-allocated parameters, one at a time.
@@ -164,7 +216,7 @@ def load_safetensors(model: CausalLM, path: str) -> None:
     Files are memory-mapped; no full host copy of the checkpoint is made.
     """
     params = dict(model.named_parameters())
-    expected = checkpoint_names(model.arch)
+    expected = checkpoint_names(model.arch, model.shard)
     loaded: set[str] = set()
     for file in checkpoint_files(path):
         with safe_open(file, framework="pt", device="cpu") as f:
@@ -179,28 +231,41 @@ def load_safetensors(model: CausalLM, path: str) -> None:
                         f"unexpected tensor {name!r} in {os.path.basename(file)} for "
                         f"{model.arch.architecture}."
                     )
-                param = params[target.param]
-                if target.expert is not None:
-                    param = param[target.expert]
-                dest = (
-                    param
-                    if target.num_rows is None
-                    else param.narrow(0, target.row_start, target.num_rows)
-                )
-                found = tuple(f.get_slice(name).get_shape())
-                if found != tuple(dest.shape):
-                    raise ValueError(
-                        f"tensor {name!r} has shape {list(found)}; expected {list(dest.shape)}."
-                    )
-                stored = f.get_slice(name).get_dtype()
-                if stored not in _FLOAT_DTYPES:
-                    raise ValueError(
-                        f"tensor {name!r} has dtype {stored}; expected a floating-point dtype "
-                        f"({', '.join(_FLOAT_DTYPES)}), converted to {dest.dtype} at load."
-                    )
-                dest.copy_(f.get_tensor(name))
                 loaded.add(name)
+                if target.skip:
+                    continue
+                _load_one(f, name, target, params[target.param])
     missing = [name for name in expected if name not in loaded]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise ValueError(f"checkpoint {path!r} is missing tensor {missing[0]!r}{more}.")
+
+
+def _load_one(f, name: str, target: _Target, param: torch.Tensor) -> None:
+    """Copy one checkpoint tensor (or this rank's slice of it) from the open file ``f`` into
+    its destination; only the slice is read from the memory-mapped file."""
+    tensor_slice = f.get_slice(name)
+    if target.expert is not None:
+        param = param[target.expert]
+    dest = param if target.num_rows is None else param.narrow(0, target.row_start,
+                                                              target.num_rows)
+    found = list(tensor_slice.get_shape())
+    expected = list(dest.shape)
+    if target.src_dim is not None:
+        expected[target.src_dim] = target.src_total
+    if found != expected:
+        raise ValueError(f"tensor {name!r} has shape {found}; expected {expected}.")
+    stored = tensor_slice.get_dtype()
+    if stored not in _FLOAT_DTYPES:
+        raise ValueError(
+            f"tensor {name!r} has dtype {stored}; expected a floating-point dtype "
+            f"({', '.join(_FLOAT_DTYPES)}), converted to {dest.dtype} at load."
+        )
+    if target.src_dim is None:
+        dest.copy_(f.get_tensor(name))
+        return
+    end = target.src_start + target.src_len
+    if target.src_dim == 0:
+        dest.copy_(tensor_slice[target.src_start:end])
+    else:
+        dest.copy_(tensor_slice[:, target.src_start:end])

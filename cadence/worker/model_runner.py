@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,6 +28,7 @@ from cadence.runner_output import (
     WithFailedRequests,
 )
 from cadence.runtime import get_device
+from cadence.sampling_params import StructuredOutputsParams
 from cadence.scheduler.output import SchedulerOutput
 from cadence.worker.async_output import OutputCopier
 from cadence.worker.input_batch import InputBatch, StepInputs
@@ -236,6 +238,10 @@ class ModelRunner:
             # NOTE: pinned and non-blocking: a pageable copy would wait for the GPU.
             return t.pin_memory().to(self.device, non_blocking=True)
         return t
+
+    def prefetch_grammar(self, spec: StructuredOutputsParams) -> Future:
+        """Start compiling a request's grammar off the engine thread (done once compiled)."""
+        return self.sampling.grammar.prefetch(spec)
 
     def execute_model(self, so: SchedulerOutput) -> AsyncModelRunnerOutput:
         with self.main.context(), torch.inference_mode():

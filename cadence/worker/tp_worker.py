@@ -1,0 +1,156 @@
+"""One tensor-parallel rank: a process holding its shard of the model and a ModelRunner on its
+own device, executing every step the engine broadcasts.
+
+Started by :mod:`cadence.worker.tp_executor` as ``python -c`` with its end of a socket pair as a
+file descriptor (no multiprocessing machinery, so nothing but the workers is left behind). It
+inherits the engine's environment unchanged (NCCL_* and friends). Messages, all pickled:
+
+- ``("call", method, args)``: a start-up or shutdown call on the runner; every rank replies
+  ``("ok", result)``.
+- ``("step", scheduler_output)``: execute it; no reply. Rank 0 keeps each step's pending output
+  until the engine asks for it; the other ranks drop theirs once the next step is launched.
+- ``("fetch",)``: rank 0 replies ``("ok", ModelRunnerOutput)`` of its oldest pending step.
+- ``("stop",)``: reply ``("ok", None)``, then exit at once (a process-group teardown can hang).
+
+Any exception is sent as ``("error", exc)`` and ends the process with status 1. The engine's
+end closing (EOF) also ends it, and so does the end of the engine's process (a pidfd watch).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import pickle
+import select
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cadence.config import EngineConfig
+    from cadence.model.registry import ModelSpec
+    from cadence.runner_output import AsyncModelRunnerOutput
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerInit:
+    """The first message a worker receives."""
+
+    rank: int
+    size: int
+    init_method: str  # torch.distributed rendezvous, e.g. tcp://127.0.0.1:PORT
+    config: EngineConfig
+    spec: ModelSpec
+    seed: int
+    cpu_threads: int
+
+
+def main(fd: int) -> None:
+    """Entry point of the worker process (``fd``: its end of the socket pair)."""
+    _exit_with_parent()
+    conn = Connection(fd)
+    try:
+        init: WorkerInit = conn.recv()
+    except EOFError:
+        os._exit(0)
+    from cadence.envs import read_envs
+
+    logging.basicConfig(level=read_envs().log_level.upper(),
+                        format=f"%(asctime)s tp{init.rank} %(levelname)s %(name)s: %(message)s")
+    try:
+        runner = _start(init)
+        conn.send(("ok", None))
+        _serve(conn, init.rank, runner)
+    except EOFError:  # the engine is gone
+        os._exit(0)
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the engine
+        logger.error("Tensor-parallel rank %d failed:\n%s", init.rank, traceback.format_exc())
+        try:
+            conn.send(("error", _picklable(exc)))
+        except Exception:
+            pass
+        os._exit(1)
+
+
+def _exit_with_parent() -> None:
+    """End this process as soon as the engine's process ends, whatever this one is doing (a
+    collective whose peer is gone never returns)."""
+    try:
+        fd = os.pidfd_open(os.getppid())
+    except (AttributeError, OSError):  # pragma: no cover - not Linux, or the parent is gone
+        return
+
+    def watch() -> None:
+        select.select([fd], [], [])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="cadence-tp-parent", daemon=True).start()
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    try:
+        pickle.dumps(exc)
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def _start(init: WorkerInit) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    from cadence.model.attention_metadata import make_attention_backend
+    from cadence.model.loader import build_model
+    from cadence.worker.model_runner import ModelRunner
+
+    cfg = init.config
+    if cfg.device == "cuda":
+        torch.cuda.set_device(init.rank)
+        device = torch.device("cuda", init.rank)
+        backend = "nccl"
+    else:
+        torch.set_num_threads(init.cpu_threads)
+        device = torch.device("cpu")
+        backend = "gloo"
+    dist.init_process_group(backend, init_method=init.init_method, rank=init.rank,
+                            world_size=init.size,
+                            device_id=device if backend == "nccl" else None)
+    torch.manual_seed(init.seed)  # the same on every rank: unseeded sampling agrees
+    dtype = getattr(torch, cfg.dtype)
+    model = build_model(init.spec, dtype, device, cfg.model.load_format,
+                        make_attention_backend(cfg.device), init.seed, init.rank, init.size)
+    return ModelRunner(cfg, init.spec, model, dtype, device)
+
+
+def _serve(conn: Connection, rank: int, runner: Any) -> None:
+    pending: collections.deque[AsyncModelRunnerOutput] = collections.deque()
+    while True:
+        msg = pickle.loads(conn.recv_bytes())
+        kind = msg[0]
+        if kind == "step":
+            pending.append(runner.execute_model(msg[1]))
+            if rank != 0:
+                # Only rank 0's tokens go back; the others free the older step's copy slot
+                # (its copy finishes before the step just launched does).
+                while len(pending) > 1:
+                    pending.popleft().get_output()
+        elif kind == "fetch":
+            conn.send(("ok", pending.popleft().get_output()))
+        elif kind == "call":
+            _, method, args = msg
+            result = getattr(runner, method)(*args)
+            conn.send(("ok", runner.capture_seconds if method == "capture_graphs" else result))
+        elif kind == "stop":
+            runner.close()
+            conn.send(("ok", None))
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        else:
+            raise ValueError(f"unknown message {kind!r}")

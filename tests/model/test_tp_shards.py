@@ -1,0 +1,91 @@
+"""Each tensor-parallel rank loads its own slice of every weight from the checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from cadence.model.arch import DecoderArch
+from cadence.model.attention import TorchAttentionBackend
+from cadence.model.loader import build_model
+from cadence.model.parallel import TPShard, check_tensor_parallel
+from cadence.model.registry import resolve_model
+from tests.engine.tp_helpers import build_checkpoint
+
+
+def _params(path, rank: int, size: int) -> dict[str, torch.Tensor]:
+    spec = resolve_model(str(path))
+    model = build_model(spec, torch.float32, "cpu", "auto", TorchAttentionBackend(), 0, rank,
+                        size)
+    return dict(model.named_parameters())
+
+
+def test_shards_of_two_ranks_make_the_whole_weights(tmp_path):
+    # One KV head (replicated), a vocabulary of 255 (the last rank gets a padding row), biases.
+    path = build_checkpoint(tmp_path / "m", "llama-bias", kv_heads=1, vocab=255, tie=False)
+    whole = _params(path, 0, 1)
+    ranks = [_params(path, r, 2) for r in range(2)]
+    attn = "model.layers.1.self_attn"
+    mlp = "model.layers.1.mlp"
+    q, hd = 4 * 16, 16  # 4 heads of 16
+    full_qkv = whole[f"{attn}.qkv_proj.weight"]
+    for r, p in enumerate(ranks):
+        qkv = p[f"{attn}.qkv_proj.weight"]
+        assert qkv.shape == (q // 2 + 2 * hd, 64)
+        assert torch.equal(qkv[: q // 2], full_qkv[r * q // 2 : (r + 1) * q // 2])
+        assert torch.equal(qkv[q // 2 :], full_qkv[q:])  # the one KV head, on both ranks
+        assert torch.equal(p[f"{attn}.o_proj.weight"],
+                           whole[f"{attn}.o_proj.weight"][:, r * q // 2 : (r + 1) * q // 2])
+        assert torch.equal(p[f"{mlp}.down_proj.weight"],
+                           whole[f"{mlp}.down_proj.weight"][:, r * 64 : (r + 1) * 64])
+        gate_up = p[f"{mlp}.gate_up_proj.weight"]
+        full_gate_up = whole[f"{mlp}.gate_up_proj.weight"]
+        assert torch.equal(gate_up[:64], full_gate_up[r * 64 : (r + 1) * 64])
+        assert torch.equal(gate_up[64:], full_gate_up[128 + r * 64 : 128 + (r + 1) * 64])
+    # Row-parallel biases are added once: rank 0 holds them, rank 1 zeros.
+    for name in (f"{attn}.o_proj.bias", f"{mlp}.down_proj.bias"):
+        assert torch.equal(ranks[0][name], whole[name])
+        assert not ranks[1][name].any()
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        assert ranks[0][name].shape == ranks[1][name].shape == (128, 64)
+        assert torch.equal(torch.cat([ranks[0][name], ranks[1][name][:127]]), whole[name])
+        assert not ranks[1][name][127].any()
+    for r, p in enumerate(ranks):
+        assert torch.equal(p["model.norm.weight"], whole["model.norm.weight"])
+        bias = p[f"{attn}.qkv_proj.bias"]
+        assert torch.equal(bias[: q // 2], whole[f"{attn}.qkv_proj.bias"][r * q // 2 :][: q // 2])
+
+
+def _arch(**fields) -> DecoderArch:
+    base = DecoderArch("LlamaForCausalLM", vocab_size=256, hidden_size=64,
+                       intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                       head_dim=16, rms_norm_eps=1e-6, qkv_bias=False, o_bias=False,
+                       mlp_bias=False, qk_norm=False, tie_word_embeddings=False,
+                       max_position_embeddings=512)
+    return dataclasses.replace(base, **fields)
+
+
+@pytest.mark.parametrize(
+    ("fields", "size", "needle"),
+    [
+        ({}, 3, r"must divide the model's num_attention_heads \(4\)"),
+        ({"num_heads": 6, "num_kv_heads": 3}, 2, r"num_key_value_heads \(3\)"),
+        ({"intermediate_size": 102}, 4, r"intermediate_size \(102\)"),
+        ({"architecture": "Gemma2ForCausalLM"}, 2, "not supported under tensor parallelism"),
+        ({"architecture": "Phi3ForCausalLM"}, 2, "not supported under tensor parallelism"),
+    ],
+)
+def test_splits_that_cannot_work_are_one_line_errors(fields, size, needle):
+    with pytest.raises(ValueError, match=needle) as info:
+        check_tensor_parallel(_arch(**fields), size)
+    assert "\n" not in str(info.value)
+
+
+def test_kv_heads_are_split_or_replicated():
+    assert [TPShard.of(_arch(), r, 2).kv_head_start for r in range(2)] == [0, 1]
+    four = [TPShard.of(_arch(), r, 4) for r in range(4)]
+    assert [s.kv_head_start for s in four] == [0, 0, 1, 1]
+    assert {s.num_kv_heads for s in four} == {1}
+    assert [s.vocab_start for s in four] == [0, 64, 128, 192]
