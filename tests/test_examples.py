@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(*argv: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))  # this checkout's cadence, not an installed one
+    # This checkout's cadence first, not an installed one; what the caller's path adds stays.
+    paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
