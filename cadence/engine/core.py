@@ -14,7 +14,7 @@ from cadence.core_types import EngineCoreOutputs, EngineCoreRequest, SchedulerSt
 from cadence.engine.engine_args import EngineArgs
 from cadence.engine.request_checks import check_request_fits
 from cadence.model.arch import DecoderArch
-from cadence.model.attention_metadata import make_attention_backend
+from cadence.model.attention_backend import make_attention_backend
 from cadence.model.parallel import check_tensor_parallel
 from cadence.model.registry import ModelSpec, resolve_model
 from cadence.profiling import nvtx_range

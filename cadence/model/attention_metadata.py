@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -66,17 +63,3 @@ class AttentionBackend(Protocol):
         sliding_window: int = 0,
         softcap: float = 0.0,
     ) -> torch.Tensor: ...
-
-
-def make_attention_backend(device: str) -> AttentionBackend:
-    """Triton attention on CUDA (where Triton imports), the torch reference elsewhere."""
-    if device == "cuda":
-        try:
-            from cadence.model.triton_attention import TritonAttentionBackend
-
-            return TritonAttentionBackend()
-        except ImportError:  # pragma: no cover - depends on the install
-            logger.warning("Triton attention unavailable; using the torch reference backend")
-    from cadence.model.attention import TorchAttentionBackend
-
-    return TorchAttentionBackend()

@@ -12,9 +12,7 @@ the scheduler holds a request back until its grammar is ready.
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -24,7 +22,7 @@ from typing import Any
 import torch
 
 from cadence.sampling_params import SamplingParams, StructuredOutputsParams
-from cadence.worker.grammar_compiler import GrammarCompilerService, xgrammar_module
+from cadence.worker.grammar_compiler import GrammarCompilerService, grammar_of, xgrammar_module
 from cadence.worker.grammar_mask import GrammarMask, MaskStaging
 
 logger = logging.getLogger(__name__)
@@ -32,37 +30,12 @@ logger = logging.getLogger(__name__)
 # A batched fill longer than this on one thread goes to xgrammar's thread pool.
 _THREADED_FILL_S = 300e-6
 
-# The longest run of whitespace a JSON grammar allows between tokens of the JSON text.
-MAX_WHITESPACE_RUN = 4
 
 __all__ = ["GrammarState", "check_structured_outputs", "grammar_of"]
 
 
 def _xgr() -> Any:
     return xgrammar_module()
-
-
-def grammar_of(spec: StructuredOutputsParams) -> Any:
-    """The xgrammar ``Grammar`` of ``spec``; a ValueError names what is wrong with it."""
-    xgr = _xgr()
-    try:
-        if spec.json is not None or spec.json_object:
-            schema = spec.json if spec.json is not None else {"type": "object"}
-            text = schema if isinstance(schema, str) else json.dumps(schema)
-            # NOTE: runs of whitespace are bounded: a model that likes blanks could otherwise
-            # pad the JSON for ever without breaking the grammar.
-            return xgr.Grammar.from_json_schema(text, max_whitespace_cnt=MAX_WHITESPACE_RUN)
-        if spec.regex is not None:
-            return xgr.Grammar.from_regex(spec.regex)
-        if spec.choice is not None:
-            return xgr.Grammar.from_regex("|".join(re.escape(c) for c in spec.choice))
-        return xgr.Grammar.from_ebnf(spec.grammar or "")
-    except Exception as exc:  # xgrammar raises RuntimeError / its own errors
-        kind = next(k for k in ("json", "json_object", "regex", "choice", "grammar")
-                    if getattr(spec, k) not in (None, False))
-        # xgrammar's messages start with a time stamp and a source location: keep the words.
-        reason = re.sub(r"^\[[^\]]*\] \S+:\d+: ", "", str(exc).strip())
-        raise ValueError(f"structured_outputs: invalid {kind}: {reason}") from None
 
 
 def check_structured_outputs(spec: StructuredOutputsParams) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -14,7 +15,10 @@ from typing import Any
 
 from cadence.sampling_params import StructuredOutputsParams
 
-__all__ = ["GrammarCompilerService", "spec_key", "xgrammar_module"]
+__all__ = ["GrammarCompilerService", "grammar_of", "spec_key", "xgrammar_module"]
+
+# The longest run of whitespace a JSON grammar allows between tokens of the JSON text.
+MAX_WHITESPACE_RUN = 4
 
 # Distinct compiled grammars kept (least recently used beyond this are dropped; a later request
 # with the same spec compiles again).
@@ -27,6 +31,29 @@ def xgrammar_module() -> Any:
     except ImportError:
         raise ValueError("structured outputs need xgrammar (pip install xgrammar).") from None
     return xgrammar
+
+
+def grammar_of(spec: StructuredOutputsParams) -> Any:
+    """The xgrammar ``Grammar`` of ``spec``; a ValueError names what is wrong with it."""
+    xgr = xgrammar_module()
+    try:
+        if spec.json is not None or spec.json_object:
+            schema = spec.json if spec.json is not None else {"type": "object"}
+            text = schema if isinstance(schema, str) else json.dumps(schema)
+            # NOTE: runs of whitespace are bounded: a model that likes blanks could otherwise
+            # pad the JSON for ever without breaking the grammar.
+            return xgr.Grammar.from_json_schema(text, max_whitespace_cnt=MAX_WHITESPACE_RUN)
+        if spec.regex is not None:
+            return xgr.Grammar.from_regex(spec.regex)
+        if spec.choice is not None:
+            return xgr.Grammar.from_regex("|".join(re.escape(c) for c in spec.choice))
+        return xgr.Grammar.from_ebnf(spec.grammar or "")
+    except Exception as exc:  # xgrammar raises RuntimeError / its own errors
+        kind = next(k for k in ("json", "json_object", "regex", "choice", "grammar")
+                    if getattr(spec, k) not in (None, False))
+        # xgrammar's messages start with a time stamp and a source location: keep the words.
+        reason = re.sub(r"^\[[^\]]*\] \S+:\d+: ", "", str(exc).strip())
+        raise ValueError(f"structured_outputs: invalid {kind}: {reason}") from None
 
 
 def spec_key(spec: StructuredOutputsParams) -> str:
@@ -64,8 +91,6 @@ class GrammarCompilerService:
         return self.submit(spec).result()
 
     def _compile(self, spec: StructuredOutputsParams) -> Any:
-        from cadence.worker.grammar import grammar_of
-
         return self._get_compiler().compile_grammar(grammar_of(spec))
 
     def _get_compiler(self) -> Any:

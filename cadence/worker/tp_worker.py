@@ -105,7 +105,7 @@ def _start(init: WorkerInit) -> Any:
     import torch
     import torch.distributed as dist
 
-    from cadence.model.attention_metadata import make_attention_backend
+    from cadence.model.attention_backend import make_attention_backend
     from cadence.model.loader import build_model
     from cadence.worker.model_runner import ModelRunner
 
