@@ -17,7 +17,7 @@ from collections import deque
 
 from cadence.bench.common import Record, git_commit, now
 from cadence.bench.report import add_report_args, emit
-from cadence.config import CacheConfig, SchedulerConfig
+from cadence.config import SCHEDULING_POLICIES, CacheConfig, SchedulerConfig
 from cadence.runner_output import ModelRunnerOutput
 from cadence.sampling_params import SamplingParams
 from cadence.scheduler.async_scheduler import AsyncScheduler
@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5, help="fresh schedulers, figures pooled")
     p.add_argument("--warmup", type=int, default=30, help="untimed decode steps first")
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--policy", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument("--policy", choices=list(SCHEDULING_POLICIES), default="fcfs")
     p.add_argument("--async-scheduling", action="store_true", help="AsyncScheduler, depth 2")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument(

@@ -9,12 +9,12 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import torch
 
-from cadence.config import resolved_dtype
 from cadence.core_types import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from cadence.engine.engine_args import EngineArgs
 from cadence.engine.request_checks import check_request_fits
 from cadence.model.arch import DecoderArch
 from cadence.model.attention_backend import make_attention_backend
+from cadence.model.dtypes import approx_num_params, resolve_dtype
 from cadence.model.parallel import check_tensor_parallel
 from cadence.model.registry import ModelSpec, resolve_model
 from cadence.profiling import nvtx_range
@@ -31,20 +31,6 @@ logger = logging.getLogger(__name__)
 
 # The longest the engine thread blocks on a compiling grammar before it looks at its inputs again.
 _GRAMMAR_WAIT_S = 0.05
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    return _DTYPES[resolved_dtype(dtype, device)]
-
-
-def approx_num_params(hf_config) -> int:
-    """Parameters of a decoder from its config (attention, MLP and embeddings), for sizing."""
-    hidden = hf_config.hidden_size
-    inter = getattr(hf_config, "intermediate_size", 4 * hidden)
-    layers = hf_config.num_hidden_layers
-    return layers * (4 * hidden * hidden + 3 * hidden * inter) + hf_config.vocab_size * hidden
 
 
 class EngineCore:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from cadence.config import (
     DTYPE_ALIASES,
     DTYPES,
+    SCHEDULING_POLICIES,
     CacheConfig,
     EngineConfig,
     GraphConfig,
@@ -226,7 +227,7 @@ class EngineArgs:
         parser.add_argument("--no-async-scheduling", dest="async_scheduling",
                             action="store_false", help="schedule each step after the last one")
         parser.add_argument("--scheduling-policy", default=d.scheduling_policy,
-                            choices=["fcfs", "priority"],
+                            choices=list(SCHEDULING_POLICIES),
                             help="which waiting request runs first: arrival order, or the "
                                  "request's priority (default: %(default)s)")
         parser.add_argument("--load-format", default=d.load_format,

@@ -8,8 +8,9 @@ import os
 import pytest
 import torch
 
-from cadence.engine.core import EngineCore, approx_num_params
+from cadence.engine.core import EngineCore
 from cadence.engine.engine_args import SMALL_CPU_MODEL_PARAMS, EngineArgs
+from cadence.model.dtypes import approx_num_params
 from cadence.model.registry import resolve_model
 from tests.tiny import tiny_args
 
