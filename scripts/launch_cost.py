@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 GOAL_US = 5.0
@@ -127,8 +129,9 @@ def nvrtc_rows(stream: Any, dev: Any) -> dict[str, Callable[[], None]]:
         return rows
     config = LaunchConfig(grid=4, block=256)
     ptr, n, v = bound.params.values
+    address = np.uintp(ptr.value)  # cuda.core takes numpy scalars, not ctypes pointers
     rows["cuda.core: launch(cadence stream, ...)"] = lambda: launch(stream, config, kernel,
-                                                                    ptr, n, v)
+                                                                    address, n, v)
     return rows
 
 
