@@ -55,19 +55,23 @@ class EngineCore:
             from cadence.worker.tp_executor import TPExecutor
 
             check_tensor_parallel(DecoderArch.from_hf_config(self.spec.hf_config), tp_size)
+            # Each rank's CPU threads: a share of this process's, not all of them each.
             self.runner: ModelRunner | TPExecutor = TPExecutor(
-                cfg, self.spec, self.dtype, args.seed, torch.get_num_threads())
+                cfg, self.spec, self.dtype, args.seed, max(1, torch.get_num_threads() // tp_size))
         else:
             model = build_model(self.spec, self.dtype, device, cfg.model.load_format,
                                 make_attention_backend(cfg.device), args.seed)
             self.runner = ModelRunner(cfg, self.spec, model, self.dtype, device)
-        self.num_kv_blocks = self.runner.determine_num_kv_blocks()
-        self.runner.initialize_kv_cache(self.num_kv_blocks)
-        if cfg.use_graphs:
-            self.runner.capture_graphs()
-
-        sched_cls = AsyncScheduler if cfg.scheduler.async_scheduling else Scheduler
-        self.scheduler: Scheduler = sched_cls(cfg.scheduler, cfg.cache, self.num_kv_blocks)
+        try:
+            self.num_kv_blocks = self.runner.determine_num_kv_blocks()
+            self.runner.initialize_kv_cache(self.num_kv_blocks)
+            if cfg.use_graphs:
+                self.runner.capture_graphs()
+            sched_cls = AsyncScheduler if cfg.scheduler.async_scheduling else Scheduler
+            self.scheduler: Scheduler = sched_cls(cfg.scheduler, cfg.cache, self.num_kv_blocks)
+        except BaseException:
+            self.runner.close()  # NOTE: worker processes and streams do not outlive a failed start
+            raise
         self._block_hasher = (make_block_hasher(cfg.cache.block_size)
                               if cfg.cache.enable_prefix_caching else None)
         self.batch_queue_size = cfg.scheduler.max_concurrent_batches

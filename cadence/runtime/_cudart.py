@@ -42,8 +42,19 @@ def on_device(index: int) -> Iterator[None]:
     if previous == index:
         yield
         return
+    # NOTE: a thread with no current context reports device 0; setting 0 back would create a
+    # context there (cudaSetDevice initializes it), so such a thread keeps ``index`` current.
+    had_context = _has_current_context()
     check(rt.cudaSetDevice(index), "cudaSetDevice")
     try:
         yield
     finally:
-        check(rt.cudaSetDevice(previous), "cudaSetDevice")
+        if had_context:
+            check(rt.cudaSetDevice(previous), "cudaSetDevice")
+
+
+def _has_current_context() -> bool:
+    from cuda.bindings import driver
+
+    err, ctx = driver.cuCtxGetCurrent()
+    return int(err) == 0 and int(ctx) != 0

@@ -21,6 +21,9 @@ class CudaError(RuntimeError):
         detail = f": {description}" if description else ""
         super().__init__(f"{call} failed with {name} ({code}){detail}")
 
+    def __reduce__(self):  # pickled across processes (tensor-parallel ranks)
+        return type(self), (self.call, self.code, self.name, self.description)
+
 
 def _describe(err: Any) -> tuple[int, str, str]:
     code = int(err)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -121,9 +121,11 @@ def _torch_capture(stream: StreamLike, pool: Any, mode: str) -> Iterator[Graph]:
         try:
             yield graph
         except BaseException:
-            try:
+            # The block's error is the one to raise: an invalidated capture's own failure to
+            # end is not.
+            with suppress(Exception):
                 tg.capture_end()
-            finally:
+            with suppress(Exception):
                 tg.reset()
             raise
         tg.capture_end()

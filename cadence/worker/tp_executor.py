@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ import torch
 from cadence.config import EngineConfig
 from cadence.model.registry import ModelSpec
 from cadence.runner_output import ModelRunnerOutput
+from cadence.sampling_params import StructuredOutputsParams
 from cadence.scheduler.output import SchedulerOutput
 from cadence.worker.tp_worker import WorkerInit
 
@@ -53,6 +55,8 @@ class TPExecutor:
         from cadence.model.decoder import CausalLM
 
         self.size = config.parallel.tensor_parallel_size
+        self._tokenizer_path = spec.tokenizer_path
+        self._grammars = None  # the engine side's grammar compiler, made on first use
         # The whole model's shapes, on no device (what benchmarks and traces read of a model).
         with torch.device("meta"):
             self.model = CausalLM(spec.hf_config, TorchAttentionBackend()).to(dtype)
@@ -103,8 +107,11 @@ class TPExecutor:
 
     def _watch(self) -> None:
         fds = {os.pidfd_open(p.pid): rank for rank, p in enumerate(self.procs)}
+        poller = select.poll()  # NOTE: not select.select, which refuses descriptors >= 1024
+        for fd in (*fds, self._stop_r):
+            poller.register(fd, select.POLLIN)
         try:
-            ready, _, _ = select.select([*fds, self._stop_r], [], [])
+            ready = [fd for fd, _ in poller.poll()]
         finally:
             for fd in fds:
                 os.close(fd)
@@ -165,8 +172,13 @@ class TPExecutor:
                     kind, payload = conn.recv()
                 except (EOFError, OSError):
                     raise self._died(rank) from None
+                except Exception as exc:  # a reply that cannot be rebuilt: the rank is lost
+                    raise self._died(rank) from exc
                 if kind == "error":
                     self._died(rank)
+                    if not isinstance(payload, Exception):  # e.g. KeyboardInterrupt: not ours
+                        raise WorkerDiedError(
+                            f"tensor-parallel rank {rank} stopped: {payload!r}") from None
                     payload.add_note(f"(in tensor-parallel worker rank {rank})")
                     raise payload
                 if rank not in expect or rank in replies:
@@ -192,6 +204,17 @@ class TPExecutor:
 
     def kernels_per_step(self, batch: int) -> int | None:
         return None
+
+    def prefetch_grammar(self, spec: StructuredOutputsParams) -> Future:
+        """Have every rank start compiling ``spec`` on its compiler thread; the engine compiles
+        it too, and its future gates the request (the ranks do the same work, so theirs are
+        ready about as soon; a rank still compiling when the request arrives waits there)."""
+        self._send(pickle.dumps(("prefetch", spec)), range(self.size))
+        if self._grammars is None:
+            from cadence.worker.grammar_compiler import GrammarCompilerService
+
+            self._grammars = GrammarCompilerService(self._tokenizer_path)
+        return self._grammars.submit(spec)
 
     def execute_model(self, so: SchedulerOutput) -> _PendingStep:
         self._send(encode_step(so), range(self.size))
@@ -231,6 +254,8 @@ class TPExecutor:
             self._monitor.join()
         os.close(self._stop_r)
         os.close(self._stop_w)
+        if self._grammars is not None:
+            self._grammars.close()
 
 
 _FETCH = pickle.dumps(("fetch",))

@@ -23,6 +23,7 @@ import logging
 import os
 import pickle
 import select
+import signal
 import sys
 import threading
 import traceback
@@ -53,6 +54,9 @@ class WorkerInit:
 
 def main(fd: int) -> None:
     """Entry point of the worker process (``fd``: its end of the socket pair)."""
+    # NOTE: a terminal's Ctrl-C reaches the whole process group; the engine decides when the
+    # ranks stop (a stop message, or its own exit, which _exit_with_parent sees).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent()
     conn = Connection(fd)
     try:
@@ -87,15 +91,19 @@ def _exit_with_parent() -> None:
         return
 
     def watch() -> None:
-        select.select([fd], [], [])
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.poll()
         os._exit(1)
 
     threading.Thread(target=watch, name="cadence-tp-parent", daemon=True).start()
 
 
 def _picklable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives a round trip through pickle (some exceptions pickle but cannot be
+    rebuilt), else a RuntimeError with its text."""
     try:
-        pickle.dumps(exc)
+        pickle.loads(pickle.dumps(exc))
         return exc
     except Exception:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
@@ -140,6 +148,8 @@ def _serve(conn: Connection, rank: int, runner: Any) -> None:
                 # (its copy finishes before the step just launched does).
                 while len(pending) > 1:
                     pending.popleft().get_output()
+        elif kind == "prefetch":  # a grammar to compile on this rank's compiler thread
+            runner.prefetch_grammar(msg[1])
         elif kind == "fetch":
             conn.send(("ok", pending.popleft().get_output()))
         elif kind == "call":

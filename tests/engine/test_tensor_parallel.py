@@ -137,3 +137,31 @@ def test_a_worker_death_ends_an_async_engine_mid_stream_and_when_idle(llama):
     finally:
         engine.shutdown()
     assert child_pids() == before
+
+
+def test_structured_outputs_and_ctrl_c_under_tp2() -> None:
+    """Grammars under TP=2 (the ranks compile them on their own threads, the engine's compile
+    gates the request) give TP=1's valid outputs; a Ctrl-C that reaches the ranks (the terminal
+    signals the whole process group) leaves them running: the engine decides when they stop."""
+    from cadence.sampling_params import StructuredOutputsParams
+
+    choices = ["red", "green", "blue"]
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=20,
+                             structured_outputs=StructuredOutputsParams(choice=choices))
+              for i in range(4)]
+    results = []
+    for tp in (1, 2):
+        llm = LLM("tiny", tensor_parallel_size=tp, device="cpu", max_model_len=128,
+                  max_num_seqs=4)
+        try:
+            if tp == 2:
+                for pid in child_pids():
+                    os.kill(pid, signal.SIGINT)
+            outs = llm.generate(["Pick a colour:"] * 4, params, use_tqdm=False)
+            results.append([o.outputs[0].text for o in outs])
+            if tp == 2:
+                assert len(child_pids()) == 2  # both ranks outlived the SIGINT
+        finally:
+            llm.shutdown()
+    assert all(text in choices for text in results[1])
+    assert results[0] == results[1]

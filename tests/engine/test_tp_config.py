@@ -36,3 +36,16 @@ def test_the_cli_exits_2_with_one_line(capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("cadence generate: error: tensor_parallel_size=3")
     assert "\n" not in err
+
+
+def test_an_error_that_cannot_be_rebuilt_goes_back_as_its_text() -> None:
+    from cadence.worker.tp_worker import _picklable
+
+    class Odd(Exception):
+        def __init__(self, a: int, b: int) -> None:
+            super().__init__(f"odd {a} {b}")
+
+    sent = _picklable(Odd(1, 2))
+    assert type(sent) is RuntimeError and "Odd: odd 1 2" in str(sent)
+    plain = ValueError("fine")
+    assert _picklable(plain) is plain

@@ -179,3 +179,16 @@ def test_the_cpu_backend_has_every_public_member_of_the_cuda_one() -> None:
         wanted = {n for n in vars(cuda_cls) if not n.startswith("_") or n.startswith("__cuda")}
         missing = sorted(n for n in wanted - cuda_only if not hasattr(cpu_cls, n))
         assert not missing, f"{cpu_cls.__name__} lacks {missing} of {cuda_cls.__name__}"
+
+
+def test_cuda_errors_survive_pickling() -> None:
+    """Tensor-parallel ranks send their errors to the engine pickled: a CudaError must come
+    back as itself."""
+    import pickle
+
+    from cadence.runtime.errors import CudaError
+
+    err = CudaError("cudaMalloc", 2, "cudaErrorMemoryAllocation", "out of memory")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is CudaError and str(back) == str(err)
+    assert (back.call, back.code, back.name) == ("cudaMalloc", 2, "cudaErrorMemoryAllocation")
