@@ -151,16 +151,17 @@ def test_structured_outputs_and_ctrl_c_under_tp2() -> None:
               for i in range(4)]
     results = []
     for tp in (1, 2):
+        before = set(child_pids())
         llm = LLM("tiny", tensor_parallel_size=tp, device="cpu", max_model_len=128,
                   max_num_seqs=4)
         try:
-            if tp == 2:
-                for pid in child_pids():
-                    os.kill(pid, signal.SIGINT)
+            ranks = set(child_pids()) - before
+            assert len(ranks) == (2 if tp == 2 else 0)
+            for pid in ranks:
+                os.kill(pid, signal.SIGINT)
             outs = llm.generate(["Pick a colour:"] * 4, params, use_tqdm=False)
             results.append([o.outputs[0].text for o in outs])
-            if tp == 2:
-                assert len(child_pids()) == 2  # both ranks outlived the SIGINT
+            assert set(child_pids()) - before == ranks  # the ranks outlived the SIGINT
         finally:
             llm.shutdown()
     assert all(text in choices for text in results[1])
