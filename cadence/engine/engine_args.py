@@ -85,7 +85,7 @@ class EngineArgs:
             raise ValueError(
                 f"quantization={self.quantization!r} is not supported (on any device); "
                 f"supported: {', '.join(SUPPORTED_QUANTIZATION) or 'none'} "
-                "(weights run in --dtype)."
+                "(weights run in --dtype; FP8 checkpoints load, dequantized into it)."
             )
         if self.tensor_parallel_size < 1:
             raise ValueError(

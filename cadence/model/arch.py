@@ -28,21 +28,33 @@ _MODEL_TYPE_TO_ARCHITECTURE = {
 }
 
 
-SUPPORTED_QUANTIZATION_METHODS: tuple[str, ...] = ()
+SUPPORTED_QUANTIZATION_METHODS: tuple[str, ...] = ("fp8",)
 
 
-def check_unquantized(config: PretrainedConfig) -> None:
-    """A checkpoint with a ``quantization_config`` is refused in one line (none is supported)."""
+def quantization_of(config: PretrainedConfig) -> str | None:
+    """The checkpoint's quantization method (None: plain weights); any method but fp8 (e4m3
+    weights dequantized at load) is refused in one line."""
     quant = getattr(config, "quantization_config", None)
     if not quant:
-        return
+        return None
     method = quant.get("quant_method") if isinstance(quant, dict) else quant
-    method = getattr(method, "quant_method", method)
+    method = str(getattr(method, "quant_method", method))
+    if method == "fp8":
+        from cadence.model.fp8_checkpoint import Fp8Checkpoint
+
+        Fp8Checkpoint.from_config(quant)  # its format and block size are checked here
+        return method
     raise ValueError(
-        f"Unsupported quantization method {str(method)!r} (the checkpoint's "
-        f"quantization_config); supported: {', '.join(SUPPORTED_QUANTIZATION_METHODS) or 'none'} "
-        "(float16, bfloat16 and float32 checkpoints)."
+        f"Unsupported quantization method {method!r} (the checkpoint's quantization_config); "
+        f"supported: {', '.join(SUPPORTED_QUANTIZATION_METHODS)} (dequantized to the model "
+        "dtype at load), and float16, bfloat16 and float32 checkpoints."
     )
+
+
+def _fp8_block(config: PretrainedConfig) -> tuple[int, ...]:
+    from cadence.model.fp8_checkpoint import Fp8Checkpoint
+
+    return Fp8Checkpoint.from_config(config.quantization_config).block or ()
 
 
 def architecture_of(config: PretrainedConfig) -> str:
@@ -99,6 +111,10 @@ class DecoderArch:
     norm_topk_prob: bool = False
     # Tensor-parallel ranks the layers are split over (the shapes above are then one rank's).
     tp_size: int = 1
+    # The checkpoint's quantization ("fp8": e4m3 weights, dequantized at load); None: plain.
+    quantization: str | None = None
+    # fp8 with block-wise scales: (rows, columns) of a block; (): per tensor or channel.
+    quant_block: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.sliding_window < 0:
@@ -129,7 +145,7 @@ class DecoderArch:
     @classmethod
     def from_hf_config(cls, config: PretrainedConfig) -> DecoderArch:
         arch = architecture_of(config)
-        check_unquantized(config)
+        quantization = quantization_of(config)
         gemma = arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
         if gemma:
             act = getattr(config, "hidden_activation", None) or "gelu_pytorch_tanh"
@@ -206,6 +222,8 @@ class DecoderArch:
             if moe_layers
             else 0,
             norm_topk_prob=bool(getattr(config, "norm_topk_prob", False)),
+            quantization=quantization,
+            quant_block=_fp8_block(config) if quantization == "fp8" else (),
         )
 
     @property

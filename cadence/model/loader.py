@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -12,6 +13,7 @@ from safetensors import safe_open
 from cadence.model.arch import DecoderArch
 from cadence.model.attention_metadata import AttentionBackend
 from cadence.model.decoder import CausalLM
+from cadence.model.fp8_checkpoint import FP8_DTYPE, Fp8Checkpoint, dequantize
 from cadence.model.parallel import TPShard
 from cadence.model.registry import ModelSpec
 
@@ -217,11 +219,14 @@ def load_safetensors(model: CausalLM, path: str) -> None:
     """
     params = dict(model.named_parameters())
     expected = checkpoint_names(model.arch, model.shard)
+    fp8 = model.arch.quantization == "fp8"
+    files = checkpoint_files(path)
+    read_scale = _scale_reader(files, model.arch.quant_block) if fp8 else None
     loaded: set[str] = set()
-    for file in checkpoint_files(path):
+    for file in files:
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in f.keys():
-                if name.endswith(_SKIPPED_SUFFIXES):
+                if name.endswith(_SKIPPED_SUFFIXES) or (fp8 and Fp8Checkpoint.is_scale(name)):
                     continue
                 if name == "lm_head.weight" and model.arch.tie_word_embeddings:
                     continue  # some tied checkpoints still store the (identical) head
@@ -234,16 +239,36 @@ def load_safetensors(model: CausalLM, path: str) -> None:
                 loaded.add(name)
                 if target.skip:
                     continue
-                _load_one(f, name, target, params[target.param])
+                _load_one(f, name, target, params[target.param], read_scale)
     missing = [name for name in expected if name not in loaded]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise ValueError(f"checkpoint {path!r} is missing tensor {missing[0]!r}{more}.")
 
 
-def _load_one(f, name: str, target: _Target, param: torch.Tensor) -> None:
+def _scale_reader(files: list[str], block: tuple[int, ...]
+                  ) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """``dequantize(name, weight)`` for an fp8 checkpoint: its scales may sit in any file."""
+    where: dict[str, str] = {}
+    for file in files:
+        with safe_open(file, framework="pt", device="cpu") as f:
+            where.update((n, file) for n in f.keys() if Fp8Checkpoint.is_scale(n))
+
+    def read(name: str) -> torch.Tensor | None:
+        file = where.get(name)
+        if file is None:
+            return None
+        with safe_open(file, framework="pt", device="cpu") as f:
+            return f.get_tensor(name)
+
+    return lambda name, weight: dequantize(weight, name, read, block)
+
+
+def _load_one(f, name: str, target: _Target, param: torch.Tensor,
+              fp8: Callable[[str, torch.Tensor], torch.Tensor] | None = None) -> None:
     """Copy one checkpoint tensor (or this rank's slice of it) from the open file ``f`` into
-    its destination; only the slice is read from the memory-mapped file."""
+    its destination; only the slice is read from the memory-mapped file (an FP8 weight of an
+    fp8 checkpoint is read whole and dequantized by ``fp8``)."""
     tensor_slice = f.get_slice(name)
     if target.expert is not None:
         param = param[target.expert]
@@ -256,10 +281,16 @@ def _load_one(f, name: str, target: _Target, param: torch.Tensor) -> None:
     if found != expected:
         raise ValueError(f"tensor {name!r} has shape {found}; expected {expected}.")
     stored = tensor_slice.get_dtype()
-    if stored not in _FLOAT_DTYPES:
+    if stored == FP8_DTYPE and fp8 is not None:
+        tensor_slice = fp8(name, f.get_tensor(name))  # sliced below like the file's tensor
+        if target.src_dim is None:
+            dest.copy_(tensor_slice)
+            return
+    elif stored not in _FLOAT_DTYPES:
         raise ValueError(
             f"tensor {name!r} has dtype {stored}; expected a floating-point dtype "
-            f"({', '.join(_FLOAT_DTYPES)}), converted to {dest.dtype} at load."
+            f"({', '.join(_FLOAT_DTYPES)}; {FP8_DTYPE} in fp8 checkpoints), converted to "
+            f"{dest.dtype} at load."
         )
     if target.src_dim is None:
         dest.copy_(f.get_tensor(name))

@@ -126,16 +126,87 @@ def test_non_float_tensor_is_named_with_its_dtype(qwen2, tmp_path):
     assert "\n" not in message
 
 
-def test_quantized_checkpoint_is_a_one_line_error(qwen2, tmp_path):
+@pytest.mark.parametrize(("quant", "fragment"), [
+    ({"quant_method": "awq", "bits": 4}, "Unsupported quantization method 'awq'"),
+    ({"quant_method": "fp8", "fmt": "e5m2"}, "FP8 checkpoint format 'e5m2' is not supported"),
+])
+def test_unsupported_quantization_is_a_one_line_error(qwen2, tmp_path, quant, fragment):
     _copy_checkpoint(qwen2[1], tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    config["quantization_config"] = quant
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError) as err:
         resolve_model(str(tmp_path))
     message = str(err.value)
-    assert "Unsupported quantization method 'fp8'" in message and "supported: none" in message
-    assert "\n" not in message
+    assert fragment in message and "\n" not in message
+
+
+_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _fp8_checkpoint(src, dst, block: list[int] | None) -> dict[str, torch.Tensor]:
+    """``src``'s linear weights stored as e4m3 with block-wise scales (``block``) or one scale
+    per output channel; returns the weights they stand for (the dequantized values)."""
+    _copy_checkpoint(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
+                                     "activation_scheme": "dynamic",
+                                     **({"weight_block_size": block} if block else {})}
+    (dst / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(dst / "model.safetensors"))
+    meant = {}
+    for name in [n for n in tensors if n.endswith(".weight") and n.split(".")[-2] in _LINEAR]:
+        w = tensors[name].float()
+        rows, cols = w.shape
+        if block:
+            br, bc = block
+            nr, nc = -(-rows // br), -(-cols // bc)
+            padded = torch.zeros(nr * br, nc * bc)
+            padded[:rows, :cols] = w
+            amax = padded.abs().reshape(nr, br, nc, bc).amax(dim=(1, 3)).clamp(min=1e-6)
+            scale = amax / 448.0
+            full = scale.repeat_interleave(br, 0)[:rows].repeat_interleave(bc, 1)[:, :cols]
+            tensors[name + "_scale_inv"] = scale
+        else:
+            scale = (w.abs().amax(dim=1) / 448.0).clamp(min=1e-6)
+            full = scale[:, None].expand(rows, cols)
+            tensors[name + "_scale"] = scale
+        q = (w / full).to(torch.float8_e4m3fn)
+        tensors[name] = q
+        meant[name] = q.float() * full
+    save_file(tensors, str(dst / "model.safetensors"), {"format": "pt"})
+    return meant
+
+
+@pytest.mark.parametrize("block", [[16, 16], [24, 40], None], ids=["block16", "block24x40",
+                                                                   "per-channel"])
+def test_fp8_checkpoint_loads_dequantized(qwen2, tmp_path, block):
+    """Every FP8 weight lands as its e4m3 value times its scale (a block's, or its output
+    channel's); the rest of the checkpoint loads as before; the logits are those of a float
+    model with the dequantized weights."""
+    hf, src = qwen2
+    meant = _fp8_checkpoint(src, tmp_path, block)
+    ours = load_ours(tmp_path)
+    params = dict(ours.named_parameters())
+    q = params["model.layers.0.self_attn.qkv_proj.weight"]
+    rows = meant["model.layers.0.self_attn.q_proj.weight"].shape[0]
+    assert torch.equal(q[:rows], meant["model.layers.0.self_attn.q_proj.weight"])
+    assert torch.equal(params["model.layers.1.mlp.down_proj.weight"],
+                       meant["model.layers.1.mlp.down_proj.weight"])
+    # The reference: transformers with the dequantized weights (the FP8 rounding is real: the
+    # logits move from the float checkpoint's).
+    import copy
+
+    ref = copy.deepcopy(hf)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if name in meant:
+                p.copy_(meant[name])
+    prompt = [5, 9, 11, 3, 40, 41, 7]
+    batch = make_batch([Chunk(prompt, 0, [1, 2, 3])])
+    got = run_ours(ours, batch)
+    torch.testing.assert_close(got, hf_logits(ref, prompt), atol=2e-4, rtol=0)
+    assert not torch.allclose(hf_logits(ref, prompt), hf_logits(hf, prompt), atol=1e-3)
 
 
 def test_moe_checkpoint_fills_each_expert(tmp_path):
@@ -254,3 +325,30 @@ def test_checkpoint_names_cover_every_parameter_once(qwen2):
     params = dict(model.named_parameters())
     assert set(rows) == set(params)
     assert all(rows[name] == p.shape[0] for name, p in params.items())
+
+
+def test_fp8_checkpoint_shards_slice_the_dequantized_weights(qwen2, tmp_path):
+    """A tensor-parallel rank of an fp8 checkpoint holds its slice of the dequantized weights."""
+    _fp8_checkpoint(qwen2[1], tmp_path, [16, 16])
+    spec = resolve_model(str(tmp_path))
+    whole = dict(build_model(spec, torch.float32, "cpu", "auto", TorchAttentionBackend(), 0)
+                 .named_parameters())
+    for rank in range(2):
+        part = dict(build_model(spec, torch.float32, "cpu", "auto", TorchAttentionBackend(), 0,
+                                rank, 2).named_parameters())
+        down = "model.layers.0.mlp.down_proj.weight"
+        cols = whole[down].shape[1] // 2
+        assert torch.equal(part[down], whole[down][:, rank * cols:(rank + 1) * cols])
+
+
+@pytest.mark.parametrize(("edit", "fragment"), [
+    (lambda t, n: t.pop(n + "_scale_inv"), "has no scale"),
+    (lambda t, n: t.update({n + "_scale_inv": t[n + "_scale_inv"][:1]}), "does not tile"),
+])
+def test_fp8_scale_mistakes_are_named(qwen2, tmp_path, edit, fragment):
+    _fp8_checkpoint(qwen2[1], tmp_path, [16, 16])
+    name = "model.layers.1.mlp.up_proj.weight"
+    _rewrite(tmp_path, lambda t: edit(t, name))
+    with pytest.raises(ValueError, match=fragment) as err:
+        load_ours(tmp_path)
+    assert name in str(err.value)
