@@ -14,6 +14,7 @@ from torch import nn
 from cadence.model.arch import DecoderArch
 from cadence.model.attention_metadata import AttentionBackend, AttentionMetadata
 from cadence.model.fused_ops import qk_norm_rope
+from cadence.model.parallel import all_reduce
 
 
 class GemmaRMSNorm(nn.Module):
@@ -49,6 +50,7 @@ class GemmaAttention(nn.Module):
         self.sliding_window = arch.window(layer)
         self.softcap = arch.attn_softcap
         self.backend = backend
+        self.tp = arch.tp_size > 1
         # Rows: [q | k | v], in that order (the loader fills the slices).
         self.qkv_proj = nn.Linear(arch.hidden_size, arch.q_size + 2 * arch.kv_size, arch.qkv_bias)
         self.o_proj = nn.Linear(arch.q_size, arch.hidden_size, bias=arch.o_bias)
@@ -74,7 +76,8 @@ class GemmaAttention(nn.Module):
         out = self.backend.forward(
             q, k, v, kv_cache, attn, self.scale, self.sliding_window, self.softcap
         )
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        out = self.o_proj(out.reshape(num_tokens, self.q_size))
+        return all_reduce(out) if self.tp else out
 
 
 class GemmaMLP(nn.Module):
@@ -85,9 +88,11 @@ class GemmaMLP(nn.Module):
             arch.hidden_size, 2 * arch.intermediate_size, bias=arch.mlp_bias
         )
         self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=arch.mlp_bias)
+        self.tp = arch.tp_size > 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(gelu_tanh_and_mul(self.gate_up_proj(x)))
+        out = self.down_proj(gelu_tanh_and_mul(self.gate_up_proj(x)))
+        return all_reduce(out) if self.tp else out
 
 
 class GemmaDecoderLayer(nn.Module):

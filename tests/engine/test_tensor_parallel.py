@@ -44,8 +44,13 @@ def _engine(path, tp: int, **kwargs) -> LLM:
         ("qwen3", 1, 255, True, {"async_scheduling": False}),
         # Row-parallel biases (o_proj, down_proj) are added once, by rank 0.
         ("llama-bias", 2, 256, False, {"async_scheduling": True}),
+        # Gemma 2 (soft caps, alternating windows, post-norms) and Gemma 3 (q/k norms, local
+        # rope), with tied embeddings and one KV head.
+        ("gemma2", 2, 256, True, {"async_scheduling": True}),
+        ("gemma3", 1, 255, True, {"async_scheduling": False}),
     ],
-    ids=["llama-kv2-async-graphs", "qwen3-kv1-vocab255-sync", "llama-bias"],
+    ids=["llama-kv2-async-graphs", "qwen3-kv1-vocab255-sync", "llama-bias", "gemma2",
+         "gemma3-kv1-vocab255"],
 )
 def test_tp2_gives_the_tokens_of_tp1(tmp_path, family, kv_heads, vocab, tie, extra):
     path = build_checkpoint(tmp_path / family, family, kv_heads=kv_heads, vocab=vocab, tie=tie)
