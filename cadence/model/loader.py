@@ -184,12 +184,14 @@ def sharded_names(arch: DecoderArch, shard: TPShard, plain: dict[str, _Target]
     """The targets of one tensor-parallel rank: ``plain`` (the rank's shapes, whole tensors)
     with each split tensor's slice of the checkpoint."""
     hd, r = arch.head_dim, shard.rank
-    q, kv, inter = arch.q_size, arch.kv_size, arch.intermediate_size
+    q, kv, dense_inter = arch.q_size, arch.kv_size, arch.intermediate_size
     vocab = arch.vocab_size
     vocab_rows = max(0, min(shard.vocab_per_rank, vocab - shard.vocab_start))
     out: dict[str, _Target] = {}
     for name, t in plain.items():
         kind = name.rsplit(".", 2)[-2]
+        # An expert's channels split like a dense MLP's, over its own intermediate size.
+        inter = arch.moe_intermediate_size if ".experts." in name else dense_inter
         if kind in ("q_proj", "gate_proj", "up_proj"):
             size = q if kind == "q_proj" else inter
             t = replace(t, src_dim=0, src_start=r * size, src_len=size,

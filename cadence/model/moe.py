@@ -17,6 +17,7 @@ from torch import nn
 
 from cadence.model.arch import DecoderArch
 from cadence.model.moe_kernels import _moe_down_kernel, _moe_gate_up_kernel
+from cadence.model.parallel import all_reduce
 from cadence.runtime.triton_launch import TritonLaunch, next_pow2
 
 try:
@@ -169,7 +170,11 @@ class SparseMoE(nn.Module):
         self.renormalize = arch.norm_topk_prob
         self.gate = nn.Linear(arch.hidden_size, arch.num_experts, bias=False)
         self.experts = Experts(arch)
+        # Tensor parallelism: every rank routes alike (the router is whole) and holds a slice
+        # of each expert's intermediate channels; the partial outputs sum over the ranks.
+        self.tp = arch.tp_size > 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)
-        return fused_moe(x, weights, ids, self.experts.gate_up_proj, self.experts.down_proj)
+        out = fused_moe(x, weights, ids, self.experts.gate_up_proj, self.experts.down_proj)
+        return all_reduce(out) if self.tp else out

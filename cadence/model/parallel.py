@@ -31,6 +31,7 @@ TP_ARCHITECTURES = (
     "Qwen3ForCausalLM",
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
+    "Qwen3MoeForCausalLM",
 )
 
 
@@ -69,7 +70,9 @@ class TPShard:
     def local_arch(self, full: DecoderArch) -> DecoderArch:
         """The shapes the layers of this rank are built with."""
         return dataclasses.replace(full, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                                   intermediate_size=self.intermediate_size, tp_size=self.size)
+                                   intermediate_size=self.intermediate_size,
+                                   moe_intermediate_size=full.moe_intermediate_size // self.size,
+                                   tp_size=self.size)
 
 
 def check_tensor_parallel(arch: DecoderArch, size: int) -> None:
@@ -78,7 +81,7 @@ def check_tensor_parallel(arch: DecoderArch, size: int) -> None:
         raise ValueError(f"tensor_parallel_size must be at least 1, got {size}.")
     if size == 1:
         return
-    if arch.architecture not in TP_ARCHITECTURES or arch.fused_checkpoint or any(arch.moe_layers):
+    if arch.architecture not in TP_ARCHITECTURES or arch.fused_checkpoint:
         raise ValueError(
             f"tensor_parallel_size={size}: {arch.architecture} is not supported under tensor "
             f"parallelism; supported: {', '.join(TP_ARCHITECTURES)}."
@@ -92,6 +95,11 @@ def check_tensor_parallel(arch: DecoderArch, size: int) -> None:
     if (kv >= size and kv % size) or (kv < size and size % kv):
         raise ValueError(
             f"tensor_parallel_size={size} and num_key_value_heads ({kv}) must divide one another."
+        )
+    if any(arch.moe_layers) and arch.moe_intermediate_size % size:
+        raise ValueError(
+            f"tensor_parallel_size={size} must divide the experts' moe_intermediate_size "
+            f"({arch.moe_intermediate_size})."
         )
     if arch.intermediate_size % size:
         raise ValueError(

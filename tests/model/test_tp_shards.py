@@ -73,7 +73,8 @@ def _arch(**fields) -> DecoderArch:
         ({}, 3, r"must divide the model's num_attention_heads \(4\)"),
         ({"num_heads": 6, "num_kv_heads": 3}, 2, r"num_key_value_heads \(3\)"),
         ({"intermediate_size": 102}, 4, r"intermediate_size \(102\)"),
-        ({"architecture": "Qwen3MoeForCausalLM"}, 2, "not supported under tensor parallelism"),
+        ({"moe_layers": (True, True), "num_experts": 4, "num_experts_per_tok": 2,
+          "moe_intermediate_size": 30}, 4, r"moe_intermediate_size \(30\)"),
         ({"architecture": "Phi3ForCausalLM"}, 2, "not supported under tensor parallelism"),
     ],
 )
