@@ -75,9 +75,7 @@ class BoundKernel:
         self._streams: dict[Any, Any] = {}  # stream object -> CUstream, made on first use
 
     def _cu_stream(self, stream: Any) -> Any:
-        cu = self._drv.CUstream(_stream_int(stream))
-        if stream is not None:
-            self._streams[stream] = cu
+        cu = self._streams[stream] = self._drv.CUstream(_stream_int(stream))
         return cu
 
     def launch(self, stream: Any = None) -> None:
@@ -85,7 +83,7 @@ class BoundKernel:
         ``__cuda_stream__``, an int handle, or None for the legacy default stream)."""
         if self._empty:
             return
-        cu = self._streams.get(stream) if stream is not None else None
+        cu = self._streams.get(stream)  # None (the legacy stream) is cached like any other
         if cu is None:
             cu = self._cu_stream(stream)
         gx, gy, gz = self.grid

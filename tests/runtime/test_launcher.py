@@ -135,11 +135,12 @@ def test_launch_is_one_driver_call_on_the_protocol_stream(monkeypatch: pytest.Mo
     kernel(s)
     kernel.launch(0x99)
     kernel.launch(None)
+    kernel.launch(None)
     assert drv.calls == [
         (("fn", 0xF00), 4, 2, 1, 128, 1, 1, 256, ("stream", h), params.address, 0)
-        for h in (0x77, 0x77, 0x99, 0)
+        for h in (0x77, 0x77, 0x99, 0, 0)
     ]
-    assert list(kernel._streams) == [s, 0x99]  # each stream converted once
+    assert list(kernel._streams) == [s, 0x99, None]  # each stream converted once
     with pytest.raises(TypeError, match="__cuda_stream__"):
         kernel.launch(object())
     assert rt.set_device == []
