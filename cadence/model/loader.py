@@ -116,7 +116,8 @@ def checkpoint_files(path: str) -> list[str]:
     return [os.path.join(path, name) for name in found]
 
 
-def checkpoint_names(arch: DecoderArch, shard: TPShard | None = None) -> dict[str, _Target]:
+def checkpoint_names(arch: DecoderArch, shard: TPShard | None = None
+                     ) -> dict[str, _Target | list[_Target]]:
     """Every tensor a checkpoint of this architecture must hold, mapped to its destination.
     With a ``shard``, ``arch`` has the rank's shapes and the targets slice the tensors."""
     names: dict[str, _Target] = {}
@@ -180,14 +181,14 @@ def checkpoint_names(arch: DecoderArch, shard: TPShard | None = None) -> dict[st
 
 
 def sharded_names(arch: DecoderArch, shard: TPShard, plain: dict[str, _Target]
-                  ) -> dict[str, _Target]:
+                  ) -> dict[str, _Target | list[_Target]]:
     """The targets of one tensor-parallel rank: ``plain`` (the rank's shapes, whole tensors)
     with each split tensor's slice of the checkpoint."""
     hd, r = arch.head_dim, shard.rank
     q, kv, dense_inter = arch.q_size, arch.kv_size, arch.intermediate_size
     vocab = arch.vocab_size
     vocab_rows = max(0, min(shard.vocab_per_rank, vocab - shard.vocab_start))
-    out: dict[str, _Target] = {}
+    out: dict[str, _Target | list[_Target]] = {}
     for name, t in plain.items():
         kind = name.rsplit(".", 2)[-2]
         # An expert's channels split like a dense MLP's, over its own intermediate size.
@@ -209,6 +210,20 @@ def sharded_names(arch: DecoderArch, shard: TPShard, plain: dict[str, _Target]
         elif name in ("model.embed_tokens.weight", "lm_head.weight"):
             t = replace(t, num_rows=vocab_rows, src_dim=0, src_start=shard.vocab_start,
                         src_len=vocab_rows, src_total=vocab)
+        elif kind == "qkv_proj" and arch.fused_checkpoint:  # Phi-3: [q | k | v] in one tensor
+            q_all, kv_all = q * shard.size, shard.full_kv_heads * hd
+            kv_from = shard.kv_head_start * hd
+            out[name] = [replace(t, row_start=dst, num_rows=n, src_dim=0, src_start=src,
+                                 src_len=n, src_total=q_all + 2 * kv_all)
+                         for dst, src, n in ((0, r * q, q), (q, q_all + kv_from, kv),
+                                             (q + kv, q_all + kv_all + kv_from, kv))]
+            continue
+        elif kind == "gate_up_proj" and arch.fused_checkpoint:  # Phi-3: [gate | up]
+            inter_all = inter * shard.size
+            out[name] = [replace(t, row_start=dst, num_rows=inter, src_dim=0, src_start=src,
+                                 src_len=inter, src_total=2 * inter_all)
+                         for dst, src in ((0, r * inter), (inter, inter_all + r * inter))]
+            continue
         out[name] = t
     return out
 
@@ -239,9 +254,10 @@ def load_safetensors(model: CausalLM, path: str) -> None:
                         f"{model.arch.architecture}."
                     )
                 loaded.add(name)
-                if target.skip:
-                    continue
-                _load_one(f, name, target, params[target.param], read_scale)
+                # A fused tensor split over tensor-parallel ranks fills several row ranges.
+                for part in target if isinstance(target, list) else [target]:
+                    if not part.skip:
+                        _load_one(f, name, part, params[part.param], read_scale)
     missing = [name for name in expected if name not in loaded]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

@@ -32,6 +32,7 @@ TP_ARCHITECTURES = (
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
     "Qwen3MoeForCausalLM",
+    "Phi3ForCausalLM",
 )
 
 
@@ -81,7 +82,7 @@ def check_tensor_parallel(arch: DecoderArch, size: int) -> None:
         raise ValueError(f"tensor_parallel_size must be at least 1, got {size}.")
     if size == 1:
         return
-    if arch.architecture not in TP_ARCHITECTURES or arch.fused_checkpoint:
+    if arch.architecture not in TP_ARCHITECTURES:
         raise ValueError(
             f"tensor_parallel_size={size}: {arch.architecture} is not supported under tensor "
             f"parallelism; supported: {', '.join(TP_ARCHITECTURES)}."

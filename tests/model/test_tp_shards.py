@@ -75,7 +75,7 @@ def _arch(**fields) -> DecoderArch:
         ({"intermediate_size": 102}, 4, r"intermediate_size \(102\)"),
         ({"moe_layers": (True, True), "num_experts": 4, "num_experts_per_tok": 2,
           "moe_intermediate_size": 30}, 4, r"moe_intermediate_size \(30\)"),
-        ({"architecture": "Phi3ForCausalLM"}, 2, "not supported under tensor parallelism"),
+        ({"architecture": "FalconForCausalLM"}, 2, "not supported under tensor parallelism"),
     ],
 )
 def test_splits_that_cannot_work_are_one_line_errors(fields, size, needle):
