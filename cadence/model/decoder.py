@@ -15,55 +15,13 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from cadence.model.arch import DecoderArch
+from cadence.model.attention_layer import SelfAttention
 from cadence.model.attention_metadata import AttentionBackend, AttentionMetadata
-from cadence.model.fused_ops import qk_norm_rope
-from cadence.model.gemma import GemmaDecoderLayer, GemmaRMSNorm
-from cadence.model.layers import RMSNorm, silu_and_mul
+from cadence.model.gemma import GemmaDecoderLayer
+from cadence.model.layers import GemmaRMSNorm, RMSNorm, silu_and_mul
 from cadence.model.moe import SparseMoE
 from cadence.model.parallel import TPShard, VocabParallelEmbedding, all_reduce, gather_vocab
 from cadence.model.rope import RopeParams, RotaryEmbedding
-
-
-class SelfAttention(nn.Module):
-    def __init__(self, arch: DecoderArch, backend: AttentionBackend) -> None:
-        super().__init__()
-        self.num_heads = arch.num_heads
-        self.num_kv_heads = arch.num_kv_heads
-        self.head_dim = arch.head_dim
-        self.q_size = arch.q_size
-        self.kv_size = arch.kv_size
-        self.scale = arch.head_dim**-0.5
-        self.sliding_window = arch.sliding_window
-        self.backend = backend
-        self.tp = arch.tp_size > 1
-        # Rows: [q | k | v], in that order (the loader fills the slices).
-        self.qkv_proj = nn.Linear(arch.hidden_size, arch.q_size + 2 * arch.kv_size, arch.qkv_bias)
-        self.o_proj = nn.Linear(arch.q_size, arch.hidden_size, bias=arch.o_bias)
-        self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
-        self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        cos_sin: torch.Tensor,
-        kv_cache: torch.Tensor,
-        attn: AttentionMetadata,
-    ) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q_weight, k_weight, eps = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
-        else:
-            q_weight = k_weight = None
-            eps = 0.0
-        q, k = qk_norm_rope(q, k, positions, cos_sin, q_weight, k_weight, eps)
-        out = self.backend.forward(q, k, v, kv_cache, attn, self.scale, self.sliding_window)
-        out = self.o_proj(out.reshape(num_tokens, self.q_size))
-        return all_reduce(out) if self.tp else out
 
 
 class MLP(nn.Module):
@@ -87,7 +45,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, arch: DecoderArch, backend: AttentionBackend, layer: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.self_attn = SelfAttention(arch, backend)
+        self.self_attn = SelfAttention(arch, backend, layer)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.mlp: nn.Module = SparseMoE(arch) if arch.is_moe_layer(layer) else MLP(arch)
 

@@ -1,4 +1,4 @@
-"""Small building blocks of the decoder: RMSNorm and the SwiGLU activation.
+"""Small building blocks of the decoder: RMSNorm, Gemma's (1 + w) RMSNorm and the SwiGLU activation.
 
 Both run the fused kernels of :mod:`cadence.model.fused_ops` on CUDA and transformers' plain
 torch arithmetic elsewhere.
@@ -12,7 +12,7 @@ from torch import nn
 from cadence.model import fused_ops
 from cadence.model.fused_ops import silu_and_mul
 
-__all__ = ["RMSNorm", "silu_and_mul"]
+__all__ = ["GemmaRMSNorm", "RMSNorm", "silu_and_mul"]
 
 
 class RMSNorm(nn.Module):
@@ -38,3 +38,18 @@ class RMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+class GemmaRMSNorm(nn.Module):
+    """``norm(x) * (1 + w)``, both in float32, then cast to x's dtype (transformers' Gemma norm,
+    which scales before the cast, unlike Llama's)."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).to(x.dtype)

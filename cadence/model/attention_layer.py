@@ -1,0 +1,68 @@
+"""The attention block of a decoder layer: fused qkv projection, q/k norms and RoPE, paged
+attention through the backend, output projection (all-reduced under tensor parallelism).
+
+One block serves every family: the layer's sliding window, score scale and soft cap come from
+the architecture; Gemma's (1 + w) q/k norms run on their own, the others' are fused into the
+RoPE kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from cadence.model.arch import DecoderArch
+from cadence.model.attention_metadata import AttentionBackend, AttentionMetadata
+from cadence.model.fused_ops import qk_norm_rope
+from cadence.model.layers import GemmaRMSNorm, RMSNorm
+from cadence.model.parallel import all_reduce
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, arch: DecoderArch, backend: AttentionBackend, layer: int) -> None:
+        super().__init__()
+        self.num_heads = arch.num_heads
+        self.num_kv_heads = arch.num_kv_heads
+        self.head_dim = arch.head_dim
+        self.q_size = arch.q_size
+        self.kv_size = arch.kv_size
+        self.scale = arch.scale
+        self.sliding_window = arch.window(layer)
+        self.softcap = arch.attn_softcap
+        self.backend = backend
+        self.tp = arch.tp_size > 1
+        # Rows: [q | k | v], in that order (the loader fills the slices).
+        self.qkv_proj = nn.Linear(arch.hidden_size, arch.q_size + 2 * arch.kv_size, arch.qkv_bias)
+        self.o_proj = nn.Linear(arch.q_size, arch.hidden_size, bias=arch.o_bias)
+        norm = GemmaRMSNorm if arch.gemma else RMSNorm
+        self.q_norm = norm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
+        self.k_norm = norm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
+        # Gemma's norms scale by (1 + w): not the fused kernel's arithmetic.
+        self.fused_qk_norm = not arch.gemma
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q_weight = k_weight = None
+        eps = 0.0
+        if self.q_norm is not None and self.k_norm is not None:
+            if self.fused_qk_norm:
+                q_weight, k_weight, eps = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
+            else:
+                q, k = self.q_norm(q), self.k_norm(k)
+        q, k = qk_norm_rope(q, k, positions, cos_sin, q_weight, k_weight, eps)
+        out = self.backend.forward(
+            q, k, v, kv_cache, attn, self.scale, self.sliding_window, self.softcap
+        )
+        out = self.o_proj(out.reshape(num_tokens, self.q_size))
+        return all_reduce(out) if self.tp else out
