@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
 import torch
@@ -238,10 +239,12 @@ def load_safetensors(model: CausalLM, path: str) -> None:
     expected = checkpoint_names(model.arch, model.shard)
     fp8 = model.arch.quantization == "fp8"
     files = checkpoint_files(path)
-    read_scale = _scale_reader(files, model.arch.quant_block) if fp8 else None
     loaded: set[str] = set()
-    for file in files:
-        with safe_open(file, framework="pt", device="cpu") as f:
+    with ExitStack() as stack:  # every file opened once (memory-mapped: nothing read yet)
+        handles = [stack.enter_context(safe_open(file, framework="pt", device="cpu"))
+                   for file in files]
+        read_scale = _scale_reader(handles, model.arch.quant_block) if fp8 else None
+        for file, f in zip(files, handles, strict=True):
             for name in f.keys():
                 if name.endswith(_SKIPPED_SUFFIXES) or (fp8 and Fp8Checkpoint.is_scale(name)):
                     continue
@@ -264,20 +267,15 @@ def load_safetensors(model: CausalLM, path: str) -> None:
         raise ValueError(f"checkpoint {path!r} is missing tensor {missing[0]!r}{more}.")
 
 
-def _scale_reader(files: list[str], block: tuple[int, ...]
+def _scale_reader(handles: list, block: tuple[int, ...]
                   ) -> Callable[[str, torch.Tensor], torch.Tensor]:
-    """``dequantize(name, weight)`` for an fp8 checkpoint: its scales may sit in any file."""
-    where: dict[str, str] = {}
-    for file in files:
-        with safe_open(file, framework="pt", device="cpu") as f:
-            where.update((n, file) for n in f.keys() if Fp8Checkpoint.is_scale(n))
+    """``dequantize(name, weight)`` for an fp8 checkpoint (its open files ``handles``): its
+    scales may sit in any file."""
+    where = {n: f for f in handles for n in f.keys() if Fp8Checkpoint.is_scale(n)}
 
     def read(name: str) -> torch.Tensor | None:
-        file = where.get(name)
-        if file is None:
-            return None
-        with safe_open(file, framework="pt", device="cpu") as f:
-            return f.get_tensor(name)
+        f = where.get(name)
+        return None if f is None else f.get_tensor(name)
 
     return lambda name, weight: dequantize(weight, name, read, block)
 

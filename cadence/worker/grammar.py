@@ -34,10 +34,6 @@ _THREADED_FILL_S = 300e-6
 __all__ = ["GrammarState", "check_structured_outputs", "grammar_of"]
 
 
-def _xgr() -> Any:
-    return xgrammar_module()
-
-
 def check_structured_outputs(spec: StructuredOutputsParams) -> None:
     """Parse ``spec`` once (in the front end): an invalid schema or grammar is the request's
     error, not the engine's."""
@@ -75,7 +71,7 @@ class GrammarState:
     def admit(self, req_id: str, params: SamplingParams, outputs: Sequence[int]) -> None:
         """A constrained request (re)admitted with ``outputs`` already generated."""
         assert params.structured_outputs is not None
-        matcher = _xgr().GrammarMatcher(self.compiler.get(params.structured_outputs))
+        matcher = xgrammar_module().GrammarMatcher(self.compiler.get(params.structured_outputs))
         state = _Constrained(matcher, history=list(outputs))
         self._reqs[req_id] = state
         self._advance(req_id, state, len(outputs))
@@ -174,7 +170,7 @@ class GrammarState:
         threaded = k * self._row_fill_s > _THREADED_FILL_S and self._fills % 64 != 0
         batcher = self._batchers.get(threaded)
         if batcher is None:
-            xgr = _xgr()
+            xgr = xgrammar_module()
             batcher = self._batchers[threaded] = (
                 xgr.BatchGrammarMatcher() if threaded else xgr.BatchGrammarMatcher(max_threads=1))
         start = time.perf_counter()

@@ -184,17 +184,17 @@ class Sampler:
     """Samples one token per row of ``logits`` [N, V]."""
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        # Work on a float32 copy: the caller's logits are never modified.
+        logits = logits.to(torch.float32, copy=True)
         if md.grammar is not None:
             # The grammar comes first, as in vLLM (the logprobs see its mask too).
-            logits = logits.to(torch.float32, copy=True)
             apply_grammar_mask(logits, md.grammar)
-        # Logprobs are of the raw logits (vLLM's default "raw_logprobs" mode).
+        # Logprobs are of the raw logits (vLLM's default "raw_logprobs" mode); log_softmax
+        # makes a new tensor, so the processors below may work on ``logits`` in place.
         raw_logprobs = None
         if md.max_num_logprobs is not None:
             raw_logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
 
-        # Work on a float32 copy: the caller's logits are never modified.
-        logits = logits.to(torch.float32, copy=True)
         if md.processors is not None or md.banned_token_ids:
             apply_logits_processors(logits, md.processors, md.banned_token_ids)
         sampled = self._sample(logits, md)
