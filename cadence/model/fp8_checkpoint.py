@@ -31,9 +31,10 @@ class Fp8Checkpoint:
             raise ValueError(f"FP8 checkpoint format {fmt!r} is not supported; supported: e4m3.")
         block = get("weight_block_size", None)
         if block is not None:
-            if len(block) != 2 or min(block) < 1:
-                raise ValueError(f"weight_block_size must be two positive sizes, got {block}.")
-            block = (int(block[0]), int(block[1]))
+            sizes = block if isinstance(block, list | tuple) else [block]
+            if len(sizes) != 2 or not all(type(n) is int and n >= 1 for n in sizes):
+                raise ValueError(f"weight_block_size must be two positive sizes, got {block!r}.")
+            block = (sizes[0], sizes[1])
         return cls(block)
 
     @staticmethod

@@ -129,6 +129,9 @@ def test_non_float_tensor_is_named_with_its_dtype(qwen2, tmp_path):
 @pytest.mark.parametrize(("quant", "fragment"), [
     ({"quant_method": "awq", "bits": 4}, "Unsupported quantization method 'awq'"),
     ({"quant_method": "fp8", "fmt": "e5m2"}, "FP8 checkpoint format 'e5m2' is not supported"),
+    ({"quant_method": "fp8", "weight_block_size": 128}, "weight_block_size must be two"),
+    ({"quant_method": "fp8", "weight_block_size": ["a", 2]}, "weight_block_size must be two"),
+    ({"quant_method": "fp8", "weight_block_size": [0, 128]}, "weight_block_size must be two"),
 ])
 def test_unsupported_quantization_is_a_one_line_error(qwen2, tmp_path, quant, fragment):
     _copy_checkpoint(qwen2[1], tmp_path)
