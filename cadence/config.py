@@ -9,6 +9,8 @@ LOAD_FORMATS = ("auto", "dummy", "safetensors")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 # vLLM's other spellings (--dtype half / float), resolved to the names above by EngineArgs.
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+QUANTIZATION_METHODS = ("fp8",)  # --quantization (None: weights in the model dtype)
+KV_CACHE_DTYPES = ("auto", "fp8")  # "auto": the model dtype; "fp8": e4m3 with per-layer scales
 
 
 @dataclass(frozen=True)
@@ -22,8 +24,12 @@ class ModelConfig:
     tokenizer: str | None = None  # None: the model directory's own tokenizer (if any)
     # Most logprobs a request may ask for per token (vLLM's default 20; -1: the vocabulary).
     max_logprobs: int = 20
+    quantization: str | None = None  # one of QUANTIZATION_METHODS, or None
 
     def __post_init__(self) -> None:
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS} or None, got "
+                             f"{self.quantization!r}.")
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be -1 or more, got {self.max_logprobs}.")
         if self.dtype not in DTYPES:
@@ -40,8 +46,12 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     num_gpu_blocks_override: int | None = None
     gpu_memory_utilization: float = 0.9
+    cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
 
     def __post_init__(self) -> None:
+        if self.cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"cache_dtype must be one of {KV_CACHE_DTYPES}, got "
+                             f"{self.cache_dtype!r}.")
         if self.block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {self.block_size}.")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:

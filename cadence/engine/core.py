@@ -60,7 +60,8 @@ class EngineCore:
                 cfg, self.spec, self.dtype, args.seed, max(1, torch.get_num_threads() // tp_size))
         else:
             model = build_model(self.spec, self.dtype, device, cfg.model.load_format,
-                                make_attention_backend(cfg.device), args.seed)
+                                make_attention_backend(cfg.device), args.seed,
+                                quantization=cfg.model.quantization)
             self.runner = ModelRunner(cfg, self.spec, model, self.dtype, device)
         try:
             self.num_kv_blocks = self.runner.determine_num_kv_blocks()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from cadence.config import (
     DTYPE_ALIASES,
     DTYPES,
+    QUANTIZATION_METHODS,
     SCHEDULING_POLICIES,
     CacheConfig,
     EngineConfig,
@@ -27,8 +28,8 @@ _DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _DEFAULT_MAX_CAPTURE_TOKENS = 8192
 # Below this many parameters one CPU thread is fastest (measured: the built-in tiny model).
 SMALL_CPU_MODEL_PARAMS = 100_000_000
-SUPPORTED_QUANTIZATION: tuple[str, ...] = ()
-SUPPORTED_KV_CACHE_DTYPES = ("auto",)
+# vLLM's spellings of the FP8 KV cache; e5m2 is refused (no kernels store it).
+_KV_CACHE_DTYPE_ALIASES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8"}
 
 
 @dataclass
@@ -59,7 +60,8 @@ class EngineArgs:
     trust_remote_code: bool = False
     # vLLM's hub revision: cadence never downloads, so any value is an error.
     revision: str | None = None
-    # Weight quantization and KV-cache dtype (vLLM's names): only the model dtype runs today.
+    # Weight quantization ("fp8": e4m3 weights with per-channel scales, dynamic per-token
+    # activation scales) and the KV-cache dtype ("fp8" / "fp8_e4m3": e4m3), vLLM's names.
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
     seed: int = 0
@@ -81,20 +83,19 @@ class EngineArgs:
                 f"revision={self.revision!r}: cadence never downloads models, so --revision has "
                 "no meaning here; pass a local model directory checked out at that revision."
             )
-        if self.quantization is not None:
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(
-                f"quantization={self.quantization!r} is not supported (on any device); "
-                f"supported: {', '.join(SUPPORTED_QUANTIZATION) or 'none'} "
-                "(weights run in --dtype; FP8 checkpoints load, dequantized into it)."
+                f"quantization={self.quantization!r} is not supported; supported: "
+                f"{', '.join(QUANTIZATION_METHODS)} (or none: weights in --dtype)."
             )
         if self.tensor_parallel_size < 1:
             raise ValueError(
                 f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}."
             )
-        if self.kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
+        if self.kv_cache_dtype not in _KV_CACHE_DTYPE_ALIASES:
             raise ValueError(
-                f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported (on any device); "
-                f"supported: {', '.join(SUPPORTED_KV_CACHE_DTYPES)} (the model dtype)."
+                f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported; supported: "
+                f"{', '.join(_KV_CACHE_DTYPE_ALIASES)} (auto: the model dtype; fp8 = fp8_e4m3)."
             )
 
     def resolve_cpu_threads(self, num_params: int) -> int:
@@ -144,11 +145,13 @@ class EngineArgs:
             model=ModelConfig(model=self.model, dtype=self.dtype, load_format=self.load_format,
                               seed=self.seed, skip_tokenizer_init=self.skip_tokenizer_init,
                               max_model_len=max_model_len, tokenizer=self.tokenizer,
-                              max_logprobs=self.max_logprobs),
+                              max_logprobs=self.max_logprobs,
+                              quantization=self.quantization),
             cache=CacheConfig(block_size=self.block_size,
                               enable_prefix_caching=self.enable_prefix_caching,
                               num_gpu_blocks_override=self.num_gpu_blocks_override,
-                              gpu_memory_utilization=self.gpu_memory_utilization),
+                              gpu_memory_utilization=self.gpu_memory_utilization,
+                              cache_dtype=_KV_CACHE_DTYPE_ALIASES[self.kv_cache_dtype]),
             scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs,
                                       max_num_batched_tokens=batched,
                                       max_model_len=max_model_len,
@@ -248,11 +251,15 @@ class EngineArgs:
                             help="not supported: cadence never downloads models, so giving it "
                                  "is an error")
         parser.add_argument("--quantization", "-q", default=None, metavar="METHOD",
-                            help="weight quantization: not supported yet (fp8 is an error); "
-                                 "weights run in --dtype")
+                            help="weight quantization: fp8 = e4m3 weights of the decoder "
+                                 "projections with per-channel scales and per-token activation "
+                                 "scales (CUDA compute capability 8.9+; emulated on the CPU); an "
+                                 "FP8 checkpoint on such a GPU runs in fp8 unless given "
+                                 "(default: weights in --dtype)")
         parser.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, metavar="DTYPE",
-                            help="KV cache dtype: only 'auto' (the model dtype) is supported "
-                                 "(default: %(default)s)")
+                            help="KV cache dtype: auto = the model dtype; fp8 (= fp8_e4m3) "
+                                 "stores keys and values in e4m3 with per-layer scales, twice the "
+                                 "tokens in the same memory (default: %(default)s)")
         parser.add_argument("--seed", type=int, default=d.seed,
                             help="random seed of dummy weights and unseeded sampling "
                                  "(default: %(default)s)")

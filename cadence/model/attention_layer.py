@@ -39,6 +39,9 @@ class SelfAttention(nn.Module):
         self.k_norm = norm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
         # Gemma's norms scale by (1 + w): not the fused kernel's arithmetic.
         self.fused_qk_norm = not arch.gemma
+        # An FP8 KV cache's dequantization scales (a checkpoint's k_scale / v_scale, else 1).
+        self.k_scale = 1.0
+        self.v_scale = 1.0
 
     def forward(
         self,
@@ -62,7 +65,8 @@ class SelfAttention(nn.Module):
                 q, k = self.q_norm(q), self.k_norm(k)
         q, k = qk_norm_rope(q, k, positions, cos_sin, q_weight, k_weight, eps)
         out = self.backend.forward(
-            q, k, v, kv_cache, attn, self.scale, self.sliding_window, self.softcap
+            q, k, v, kv_cache, attn, self.scale, self.sliding_window, self.softcap,
+            self.k_scale, self.v_scale,
         )
         out = self.o_proj(out.reshape(num_tokens, self.q_size))
         return all_reduce(out) if self.tp else out

@@ -48,6 +48,7 @@ class AttentionBackend(Protocol):
     Causal within each sequence; grouped-query attention when num_heads > num_kv_heads.
     With ``sliding_window`` W > 0 a query at position p sees only keys at p - W + 1 ... p; with
     ``softcap`` c > 0 the scaled scores s are capped to ``c * tanh(s / c)`` before the softmax.
+    An FP8 cache (``float8_e4m3fn``) stores ``k / k_scale`` and ``v / v_scale``.
     """
 
     name: str
@@ -62,4 +63,6 @@ class AttentionBackend(Protocol):
         scale: float,
         sliding_window: int = 0,
         softcap: float = 0.0,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor: ...

@@ -14,6 +14,11 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     return _DTYPES[resolved_dtype(dtype, device)]
 
 
+def kv_cache_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's element type: the model's (``auto``) or e4m3 (``fp8``)."""
+    return torch.float8_e4m3fn if cache_dtype == "fp8" else model_dtype
+
+
 def approx_num_params(hf_config) -> int:
     """Parameters of a decoder from its config (attention, MLP and embeddings), for sizing."""
     hidden = hf_config.hidden_size

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
@@ -14,6 +15,7 @@ from safetensors import safe_open
 from cadence.model.arch import DecoderArch
 from cadence.model.attention_metadata import AttentionBackend
 from cadence.model.decoder import CausalLM
+from cadence.model.fp8 import fp8_supported, quantize_model_fp8
 from cadence.model.fp8_checkpoint import FP8_DTYPE, Fp8Checkpoint, dequantize
 from cadence.model.parallel import TPShard
 from cadence.model.registry import ModelSpec
@@ -34,9 +36,12 @@ def build_model(
     seed: int,
     tp_rank: int = 0,
     tp_size: int = 1,
+    quantization: str | None = None,
 ) -> CausalLM:
     """Allocate the model once, directly on ``device`` in ``dtype``, then fill its weights
-    (with ``tp_size > 1``, only rank ``tp_rank``'s shards of them)."""
+    (with ``tp_size > 1``, only rank ``tp_rank``'s shards of them); ``quantization="fp8"``
+    then turns the decoder projections into FP8 (as an FP8 checkpoint does on a GPU that has
+    FP8 tensor cores)."""
     check_load_format(spec, load_format)
     device = torch.device(device)
     with torch.device("meta"):
@@ -53,7 +58,17 @@ def build_model(
     else:
         assert spec.path is not None
         load_safetensors(model, spec.path)
-    return model.eval().requires_grad_(False)
+    model = model.eval().requires_grad_(False)
+    quant = quantization
+    if quant is None and model.arch.quantization == "fp8" and device.type == "cuda":
+        quant = "fp8" if fp8_supported(device) else None
+    if quant == "fp8":
+        if not fp8_supported(device):
+            raise ValueError(f"quantization='fp8' needs FP8 tensor cores (compute capability "
+                             f"8.9 or newer); {torch.cuda.get_device_name(device)} has "
+                             f"{torch.cuda.get_device_capability(device)}.")
+        quantize_model_fp8(model)
+    return model
 
 
 def check_load_format(spec: ModelSpec, load_format: str) -> None:
@@ -250,6 +265,8 @@ def load_safetensors(model: CausalLM, path: str) -> None:
                     continue
                 if name == "lm_head.weight" and model.arch.tie_word_embeddings:
                     continue  # some tied checkpoints still store the (identical) head
+                if _load_kv_scale(model, f, name):
+                    continue
                 target = expected.get(name)
                 if target is None:
                     raise ValueError(
@@ -265,6 +282,26 @@ def load_safetensors(model: CausalLM, path: str) -> None:
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise ValueError(f"checkpoint {path!r} is missing tensor {missing[0]!r}{more}.")
+
+
+_KV_SCALE = re.compile(r"model\.layers\.(\d+)\.self_attn\.(?:([kv])_scale|([kv])_proj\.output_scale)")
+
+
+def _load_kv_scale(model: CausalLM, f, name: str) -> bool:
+    """A checkpoint's per-layer FP8 KV-cache scale (``self_attn.k_scale`` / ``v_scale``, or the
+    older ``k_proj.output_scale`` / ``v_proj.output_scale``) into its attention layer; False
+    when ``name`` is not one. The scales act only on an FP8 cache."""
+    found = _KV_SCALE.fullmatch(name)
+    if found is None:
+        return False
+    layer, which = int(found.group(1)), found.group(2) or found.group(3)
+    scale = f.get_tensor(name).float()
+    if layer >= model.arch.num_layers or scale.numel() != 1 or not float(scale) > 0:
+        raise ValueError(f"tensor {name!r}: a KV-cache scale must be one positive number of "
+                         f"one of the {model.arch.num_layers} layers, got shape "
+                         f"{list(scale.shape)}.")
+    setattr(model.model.layers[layer].self_attn, f"{which}_scale", float(scale))
+    return True
 
 
 def _scale_reader(handles: list, block: tuple[int, ...]

@@ -42,6 +42,7 @@ except ImportError:  # pragma: no cover - CPU installs
     tl = None
 
 _LOG2E = 1.4426950408889634
+_FP8 = torch.float8_e4m3fn
 if triton is not None:
     _STORE_KV = TritonLaunch(_store_kv_kernel)
     _DECODE = TritonLaunch(_decode_kernel)
@@ -77,10 +78,12 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 
 def store_kv_cache(
-    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    k_scale: float = 1.0, v_scale: float = 1.0,
 ) -> None:
     """Write token ``t``'s key and value at ``slot_mapping[t]`` (``block * block_size + offset``);
-    tokens with a negative slot are skipped. One program per token of ``k``."""
+    tokens with a negative slot are skipped. One program per token of ``k``. An FP8 cache
+    holds ``k / k_scale`` and ``v / v_scale``, saturated."""
     _require_triton()
     _check_cache(kv_cache)
     k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
@@ -102,12 +105,15 @@ def store_kv_cache(
             kv_cache.stride(1),
             kv_cache.stride(2),
             kv_cache.stride(3),
+            1.0 / k_scale,
+            1.0 / v_scale,
         ),
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         PAGE=kv_cache.shape[2],
         BLOCK_H=next_pow2(num_kv_heads),
         BLOCK_D=next_pow2(head_dim),
+        FP8=kv_cache.dtype == _FP8,
         num_warps=1 if num_kv_heads * head_dim <= 512 else 4,
     )
 
@@ -142,6 +148,8 @@ def paged_decode_attention(
     v: torch.Tensor | None = None,
     sliding_window: int = 0,
     softcap: float = 0.0,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Decode (one query token per sequence) attention into ``out`` [T, num_heads, head_dim].
     With ``sliding_window`` W > 0 each query sees its last W keys only; ``softcap`` c > 0 caps
@@ -167,9 +175,11 @@ def paged_decode_attention(
         if sliding_window > 0:
             max_context = min(max_context, sliding_window)
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, num_sms)
-    fp32 = kv_cache.dtype == torch.float32
+    fp32 = q.dtype == torch.float32
     block_n = 32 if fp32 else 64
-    qk_scale, cap_scale = _score_scales(scale, softcap)
+    # An FP8 cache's key scale multiplies every score; other caches are unscaled.
+    fp8 = kv_cache.dtype == _FP8
+    qk_scale, cap_scale = _score_scales(scale * k_scale if fp8 else scale, softcap)
     split = num_splits > 1
     if split:
         part_acc = torch.empty(
@@ -211,6 +221,9 @@ def paged_decode_attention(
             num_splits,
             sliding_window,
             cap_scale,
+            v_scale,
+            1.0 / k_scale,
+            1.0 / v_scale,
         ),
         NUM_HEADS=num_heads,
         GROUP=group,
@@ -224,6 +237,7 @@ def paged_decode_attention(
         SLIDING=sliding_window > 0,
         SOFTCAP=softcap > 0,
         IEEE=fp32,
+        FP8=fp8,
         num_warps=4,
         num_stages=2,
     )
@@ -284,6 +298,8 @@ def paged_varlen_attention(
     config: VarlenConfig | None = None,
     sliding_window: int = 0,
     softcap: float = 0.0,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Causal varlen attention of any batch (prefill, chunked prefill, mixed) into ``out``;
     with ``sliding_window`` W > 0 a query at position p sees keys p - W + 1 ... p only, and
@@ -301,11 +317,13 @@ def paged_varlen_attention(
     if num_tokens == 0 or num_seqs == 0:
         return
     group = num_heads // num_kv_heads
-    fp32 = kv_cache.dtype == torch.float32
+    fp32 = q.dtype == torch.float32
     cfg = config or varlen_config(num_tokens, fp32)
     block_q = cfg.block_q(group)
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
-    qk_scale, cap_scale = _score_scales(scale, softcap)
+    # An FP8 cache's key scale multiplies every score; other caches are unscaled.
+    fp8 = kv_cache.dtype == _FP8
+    qk_scale, cap_scale = _score_scales(scale * k_scale if fp8 else scale, softcap)
     _VARLEN(
         grid,
         (
@@ -328,6 +346,7 @@ def paged_varlen_attention(
             num_seqs,
             sliding_window,
             cap_scale,
+            v_scale,
         ),
         GROUP=group,
         GROUP_P=next_pow2(group),
@@ -339,6 +358,7 @@ def paged_varlen_attention(
         SLIDING=sliding_window > 0,
         SOFTCAP=softcap > 0,
         IEEE=fp32,
+        FP8=fp8,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -371,6 +391,8 @@ class TritonAttentionBackend:
         scale: float,
         sliding_window: int = 0,
         softcap: float = 0.0,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
         if num_heads % num_kv_heads:
@@ -381,11 +403,12 @@ class TritonAttentionBackend:
             sms = self.num_sms(q.device)
             paged_decode_attention(
                 q, kv_cache, metadata, scale, out, sms, k=k, v=v,
-                sliding_window=sliding_window, softcap=softcap,
+                sliding_window=sliding_window, softcap=softcap, k_scale=k_scale, v_scale=v_scale,
             )  # fmt: skip
         else:
-            store_kv_cache(k, v, kv_cache, metadata.slot_mapping)
+            store_kv_cache(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)
             paged_varlen_attention(
-                q, kv_cache, metadata, scale, out, sliding_window=sliding_window, softcap=softcap
+                q, kv_cache, metadata, scale, out, sliding_window=sliding_window, softcap=softcap,
+                k_scale=k_scale, v_scale=v_scale,
             )
         return out

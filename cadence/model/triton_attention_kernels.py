@@ -30,6 +30,14 @@ if triton is not None:
         return tl.where(tl.abs(x) < 0.25, small, big)
 
     @triton.jit
+    def _for_cache(x, inv_scale, FP8: tl.constexpr):
+        # An FP8 cache holds x / scale, saturated to e4m3's finite range (no NaN on overflow).
+        if FP8:
+            return tl.minimum(tl.maximum(x.to(tl.float32) * inv_scale, -448.0), 448.0)
+        else:
+            return x
+
+    @triton.jit
     def _store_kv_kernel(
         k_ptr,
         v_ptr,
@@ -43,11 +51,14 @@ if triton is not None:
         stride_c1,
         stride_c2,
         stride_c3,
+        k_inv,
+        v_inv,
         NUM_KV_HEADS: tl.constexpr,
         HEAD_DIM: tl.constexpr,
         PAGE: tl.constexpr,
         BLOCK_H: tl.constexpr,
         BLOCK_D: tl.constexpr,
+        FP8: tl.constexpr,
     ):
         t = tl.program_id(0).to(tl.int64)
         slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -63,8 +74,9 @@ if triton is not None:
         v = tl.load(
             v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask
         )
-        tl.store(cache_ptr + dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(cache_ptr + stride_c0 + dst, v.to(cache_ptr.dtype.element_ty), mask=mask)
+        cache_ty = cache_ptr.dtype.element_ty
+        tl.store(cache_ptr + dst, _for_cache(k, k_inv, FP8).to(cache_ty), mask=mask)
+        tl.store(cache_ptr + stride_c0 + dst, _for_cache(v, v_inv, FP8).to(cache_ty), mask=mask)
 
     @triton.jit
     def _decode_kernel(
@@ -96,6 +108,9 @@ if triton is not None:
         num_splits,
         window,
         cap_scale,
+        v_scale,
+        k_inv,
+        v_inv,
         NUM_HEADS: tl.constexpr,
         GROUP: tl.constexpr,
         HEAD_DIM: tl.constexpr,
@@ -108,7 +123,10 @@ if triton is not None:
         SLIDING: tl.constexpr,
         SOFTCAP: tl.constexpr,
         IEEE: tl.constexpr,
+        FP8: tl.constexpr,
     ):
+        # Scores and values are computed in q's dtype (an FP8 cache's entries are converted to
+        # it); an FP8 cache's key scale is folded into qk_scale, its value scale into the output.
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
@@ -137,7 +155,6 @@ if triton is not None:
             mask=qmask,
             other=0.0,
         )
-        q = q.to(cache_ptr.dtype.element_ty)
 
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -155,8 +172,10 @@ if triton is not None:
             kvh64 = kvh.to(tl.int64)
             k_new = tl.load(k_ptr + q_tok * stride_kt + kvh64 * stride_kh + offs_d, mask=smask)
             v_new = tl.load(v_ptr + q_tok * stride_vt + kvh64 * stride_vh + offs_d, mask=smask)
-            tl.store(cache_ptr + dst, k_new.to(cache_ptr.dtype.element_ty), mask=smask)
-            tl.store(cache_ptr + stride_c0 + dst, v_new.to(cache_ptr.dtype.element_ty), mask=smask)
+            cache_ty = cache_ptr.dtype.element_ty
+            tl.store(cache_ptr + dst, _for_cache(k_new, k_inv, FP8).to(cache_ty), mask=smask)
+            tl.store(cache_ptr + stride_c0 + dst, _for_cache(v_new, v_inv, FP8).to(cache_ty),
+                     mask=smask)
             # Global writes become visible to the other threads of the program at the barrier.
             tl.debug_barrier()
         for n0 in range(start, end, BLOCK_N):
@@ -166,6 +185,7 @@ if triton is not None:
             kv_off = page * stride_c1 + (offs_n % PAGE).to(tl.int64) * stride_c2 + head_off
             kvmask = nmask[:, None] & dmask[None, :]
             k = tl.load(cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
+            k = k.to(q.dtype)
             if IEEE:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
@@ -180,7 +200,7 @@ if triton is not None:
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(
                 cache_ptr + stride_c0 + kv_off[:, None] + offs_d[None, :], mask=kvmask, other=0.0
-            )
+            ).to(q.dtype)
             if IEEE:
                 pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
             else:
@@ -188,6 +208,8 @@ if triton is not None:
             acc = acc * alpha[:, None] + pv
             m_i = m_new
 
+        if FP8:
+            acc = acc * v_scale  # linear: the split merge needs no scale of its own
         if SPLIT:
             row = (b * NUM_HEADS + heads).to(tl.int64) * num_splits + split
             tl.store(
@@ -292,6 +314,7 @@ if triton is not None:
             k = tl.load(ptrs, mask=kvmask, other=0.0)
         else:
             k = tl.load(ptrs, mask=dmask[None, :], other=0.0)
+        k = k.to(q.dtype)
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -320,6 +343,7 @@ if triton is not None:
             v = tl.load(ptrs + stride_c0, mask=kvmask, other=0.0)
         else:
             v = tl.load(ptrs + stride_c0, mask=dmask[None, :], other=0.0)
+        v = v.to(q.dtype)
         if IEEE:
             pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -348,6 +372,7 @@ if triton is not None:
         num_seqs,
         window,
         cap_scale,
+        v_scale,
         GROUP: tl.constexpr,
         GROUP_P: tl.constexpr,
         HEAD_DIM: tl.constexpr,
@@ -358,6 +383,7 @@ if triton is not None:
         SLIDING: tl.constexpr,
         SOFTCAP: tl.constexpr,
         IEEE: tl.constexpr,
+        FP8: tl.constexpr,
     ):
         # Program (pid, kvh) covers BLOCK_Q query tokens of one sequence times the GROUP query
         # heads of kv head kvh. Sequence b's query blocks are numbered from
@@ -400,7 +426,6 @@ if triton is not None:
             mask=mask2,
             other=0.0,
         )
-        q = q.to(cache_ptr.dtype.element_ty)
         # Rows outside the query range see every key (finite numbers) and are never stored.
         q_pos = tl.where(rmask, ctx + q_idx, seq_len - 1)
         kv_end = tl.minimum(seq_len, ctx + (qb + 1) * BLOCK_Q)
@@ -446,6 +471,8 @@ if triton is not None:
 
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
         out = acc / l_safe[:, None]
+        if FP8:
+            out = out * v_scale
         tl.store(
             out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
             out.to(out_ptr.dtype.element_ty),

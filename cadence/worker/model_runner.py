@@ -19,6 +19,8 @@ import numpy as np
 import torch
 
 from cadence.config import EngineConfig
+from cadence.model.dtypes import kv_cache_dtype
+from cadence.model.fp8 import fp8_supported
 from cadence.numba_kernels.launcher import TokenBuffers, make_token_kernels
 from cadence.profiling import nvtx_range
 from cadence.runner_output import (
@@ -55,6 +57,10 @@ class ModelRunner:
         self.model = model
         self.dtype = dtype
         self.device = device
+        self.kv_dtype = kv_cache_dtype(config.cache.cache_dtype, dtype)
+        if self.kv_dtype != dtype and not fp8_supported(device):
+            raise ValueError("kv_cache_dtype='fp8' needs FP8 support on the GPU (compute "
+                             "capability 8.9 or newer).")
         sched = config.scheduler
         self.block_size = config.cache.block_size
         self.max_model_len = sched.max_model_len
@@ -96,7 +102,7 @@ class ModelRunner:
     # KV cache --------------------------------------------------------------------------------
     def kv_block_bytes(self) -> int:
         shape = self.model.kv_cache_shape(1, self.block_size)
-        return math.prod(shape) * self.model.num_layers * self.dtype.itemsize
+        return math.prod(shape) * self.model.num_layers * self.kv_dtype.itemsize
 
     def determine_num_kv_blocks(self) -> int:
         override = self.config.cache.num_gpu_blocks_override
@@ -111,7 +117,7 @@ class ModelRunner:
         """Run one maximal forward (no KV cache kept) to find the peak activation memory."""
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        scratch = [torch.zeros(self.model.kv_cache_shape(2, self.block_size), dtype=self.dtype,
+        scratch = [torch.zeros(self.model.kv_cache_shape(2, self.block_size), dtype=self.kv_dtype,
                                device=self.device) for _ in range(self.model.num_layers)]
         self.model.bind_kv_caches(scratch)
         # No KV write (slot -1); every sequence reads block 0 of the scratch cache.
@@ -143,15 +149,15 @@ class ModelRunner:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         shape = self.model.kv_cache_shape(num_blocks, self.block_size)
-        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
                           for _ in range(self.model.num_layers)]
         self.model.bind_kv_caches(self.kv_caches)
         if self.device.type == "cuda":
             # NOTE: deliberate start-up sync: the cache and the persistent buffers were zeroed on
             # torch's default stream, which our non-blocking main stream does not wait for.
             torch.cuda.synchronize(self.device)
-        logger.info("KV cache: %d blocks of %d tokens (%.3f GiB)", num_blocks, self.block_size,
-                    num_blocks * self.kv_block_bytes() / 2**30)
+        logger.info("KV cache: %d blocks of %d tokens (%.3f GiB, %s)", num_blocks, self.block_size,
+                    num_blocks * self.kv_block_bytes() / 2**30, str(self.kv_dtype)[6:])
 
     # CUDA graphs -----------------------------------------------------------------------------
     def _decode_graph_step(self, rows: int) -> torch.Tensor:

@@ -132,7 +132,8 @@ def _start(init: WorkerInit) -> Any:
     torch.manual_seed(init.seed)  # the same on every rank: unseeded sampling agrees
     dtype = getattr(torch, cfg.dtype)
     model = build_model(init.spec, dtype, device, cfg.model.load_format,
-                        make_attention_backend(cfg.device), init.seed, init.rank, init.size)
+                        make_attention_backend(cfg.device), init.seed, init.rank, init.size,
+                        quantization=cfg.model.quantization)
     return ModelRunner(cfg, init.spec, model, dtype, device)
 
 

@@ -67,15 +67,24 @@ def test_revision_is_an_error_only_when_given() -> None:
         LLM("tiny", revision="main")
 
 
-def test_fp8_is_a_one_line_error_listing_what_is_supported() -> None:
+def test_quantization_and_kv_cache_dtype_reach_the_configs() -> None:
     assert (_engine_args().quantization, _engine_args().kv_cache_dtype) == (None, "auto")
-    with pytest.raises(ValueError, match=r"quantization='fp8' is not supported.*supported: none"):
-        _engine_args("--quantization", "fp8")
-    with pytest.raises(ValueError, match=r"kv_cache_dtype='fp8' is not supported.*supported: auto"):
-        _engine_args("--kv-cache-dtype", "fp8")
-    with pytest.raises(ValueError, match="quantization='fp8'"):
-        LLM("tiny", quantization="fp8")
+    cfg = _engine_args("--quantization", "fp8", "--kv-cache-dtype", "fp8_e4m3",
+                       "--device", "cpu").create_engine_config(64)
+    assert (cfg.model.quantization, cfg.cache.cache_dtype) == ("fp8", "fp8")
+    cfg = _engine_args("--kv-cache-dtype", "fp8", "--device", "cpu").create_engine_config(64)
+    assert (cfg.model.quantization, cfg.cache.cache_dtype) == (None, "fp8")
     assert _engine_args("--kv-cache-dtype", "auto").kv_cache_dtype == "auto"
+
+
+def test_unsupported_quantization_is_a_one_line_error_listing_what_is_supported() -> None:
+    with pytest.raises(ValueError, match=r"quantization='awq' is not supported.*supported: fp8"):
+        _engine_args("--quantization", "awq")
+    with pytest.raises(ValueError, match=r"kv_cache_dtype='fp8_e5m2' is not supported.*"
+                                         r"supported: auto, fp8, fp8_e4m3"):
+        _engine_args("--kv-cache-dtype", "fp8_e5m2")
+    with pytest.raises(ValueError, match="quantization='int4'"):
+        LLM("tiny", quantization="int4")
 
 
 @pytest.fixture(scope="module")

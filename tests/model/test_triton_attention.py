@@ -26,6 +26,9 @@ from cadence.model.attention_metadata import AttentionMetadata  # noqa: E402
 from tests.model.triton_interpreter import DONE, patch_interpreter, run_interpreted  # noqa: E402
 
 DUMMY_BLOCK = 0  # never given to a sequence; padding tokens write its first slot
+FP8 = torch.float8_e4m3fn
+# Powers of two: a store's x * (1 / scale) and the reference's x / scale round alike.
+FP8_SCALES = (0.5, 2.0)
 
 
 @dataclass
@@ -38,6 +41,8 @@ class Case:
     scale: float
     window: int = 0  # sliding window (0: none)
     softcap: float = 0.0  # score cap (0: none)
+    k_scale: float = 1.0  # an FP8 cache's scales
+    v_scale: float = 1.0
 
 
 def make_case(
@@ -55,10 +60,14 @@ def make_case(
     width: int | None = None,
     window: int = 0,
     softcap: float = 0.0,
+    kv_dtype: torch.dtype | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> Case:
     """``seqs`` = [(seq_len after this pass, query_len)]; ``num_padding`` padding sequences
     (seq_len 0, empty query range), each with one padding token at ``padding_slot``.
-    Cache slots no sequence owns hold NaN, so any stray read shows in the output."""
+    Cache slots no sequence owns hold NaN, so any stray read shows in the output. ``kv_dtype``:
+    the cache's dtype (default ``dtype``); an FP8 cache holds the context divided by
+    ``kv_scales``."""
     gen = torch.Generator().manual_seed(seed)
     blocks_per_seq = [-(-s // page) for s, _ in seqs]
     num_blocks = num_blocks or 1 + sum(blocks_per_seq) + 3
@@ -76,7 +85,8 @@ def make_case(
         for pos in range(seq_len):
             block, off = row[pos // page], pos % page
             if pos < seq_len - q_len:  # context written by earlier passes
-                cache[:, block, off] = torch.randn(2, kv_heads, head_dim, generator=gen)
+                kv = torch.randn(2, kv_heads, head_dim, generator=gen)
+                cache[:, block, off] = kv / torch.tensor(kv_scales).view(2, 1, 1)
             else:
                 slots.append(block * page + off)
     num_tokens = len(slots)
@@ -101,7 +111,7 @@ def make_case(
     )
     return Case(
         q.to(device, dtype), k.to(device, dtype), v.to(device, dtype),
-        cache.to(device, dtype), md, head_dim**-0.5, window, softcap,
+        cache.to(device, kv_dtype or dtype), md, head_dim**-0.5, window, softcap, *kv_scales,
     )  # fmt: skip
 
 
@@ -135,16 +145,21 @@ def pad_like_a_graph(case: Case, extra_tokens: int, empty_rows: int) -> Case:
     )
     return Case(
         grow(case.q), grow(case.k), grow(case.v), case.cache, padded, case.scale, case.window,
-        case.softcap,
+        case.softcap, case.k_scale, case.v_scale,
     )  # fmt: skip
 
 
 def reference(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
     cache = case.cache.clone()
     out = TorchAttentionBackend().forward(
-        case.q, case.k, case.v, cache, case.metadata, case.scale, case.window, case.softcap
+        case.q, case.k, case.v, cache, case.metadata, case.scale, case.window, case.softcap,
+        case.k_scale, case.v_scale,
     )
     return out, cache
+
+
+def _bits(cache: torch.Tensor) -> torch.Tensor:
+    return cache.view(torch.uint8) if cache.dtype == FP8 else cache
 
 
 def assert_matches(case: Case, out: torch.Tensor, cache: torch.Tensor) -> None:
@@ -158,7 +173,8 @@ def assert_matches(case: Case, out: torch.Tensor, cache: torch.Tensor) -> None:
     atol = 1e-4 if case.q.dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got, ref, atol=atol, rtol=atol)
     # Identical stores everywhere but the dummy block (several padding tokens race there).
-    torch.testing.assert_close(cache[:, 1:], want_cache[:, 1:], equal_nan=True, atol=0, rtol=0)
+    torch.testing.assert_close(_bits(cache[:, 1:]), _bits(want_cache[:, 1:]), equal_nan=True,
+                               atol=0, rtol=0)
 
 
 DECODE_SEQS = [(1, 1), (15, 1), (16, 1), (17, 1), (64, 1), (200, 1), (333, 1)]
@@ -168,35 +184,39 @@ MIXED_SEQS = [(90, 1), (300, 1), (64, 64), (31, 1), (200, 100), (7, 7), (129, 1)
 
 
 def run_decode(device: str, dtype: torch.dtype, page: int, splits: int | None, fused: bool,
-               window: int = 0, softcap: float = 0.0) -> None:
+               window: int = 0, softcap: float = 0.0, fp8: bool = False) -> None:
     from cadence.model.triton_attention import paged_decode_attention, store_kv_cache
 
     case = make_case(DECODE_SEQS, 8, 2, 64, page, dtype, device, num_padding=3, window=window,
-                     softcap=softcap)
+                     softcap=softcap, kv_dtype=FP8 if fp8 else None,
+                     kv_scales=FP8_SCALES if fp8 else (1.0, 1.0))
     cache = case.cache.clone()
     out = torch.full_like(case.q, float("nan"))  # every real row must be written
     md = case.metadata
+    scales = {"k_scale": case.k_scale, "v_scale": case.v_scale}
     if fused:
         paged_decode_attention(
             case.q, cache, md, case.scale, out, 132, splits, case.k, case.v,
-            sliding_window=window, softcap=softcap,
+            sliding_window=window, softcap=softcap, **scales,
         )  # fmt: skip
     else:
-        store_kv_cache(case.k, case.v, cache, md.slot_mapping)
+        store_kv_cache(case.k, case.v, cache, md.slot_mapping, case.k_scale, case.v_scale)
         paged_decode_attention(case.q, cache, md, case.scale, out, 132, splits,
-                               sliding_window=window, softcap=softcap)
+                               sliding_window=window, softcap=softcap, **scales)
     assert_matches(case, out, cache)
 
 
 def run_prefill(device: str, dtype: torch.dtype, heads: int, kv_heads: int, dim: int,
-                window: int = 0, softcap: float = 0.0) -> None:
+                window: int = 0, softcap: float = 0.0, fp8: bool = False) -> None:
     from cadence.model.triton_attention import TritonAttentionBackend
 
     case = make_case(PREFILL_SEQS, heads, kv_heads, dim, 16, dtype, device, 1, padding_slot=-1,
-                     window=window, softcap=softcap)
+                     window=window, softcap=softcap, kv_dtype=FP8 if fp8 else None,
+                     kv_scales=FP8_SCALES if fp8 else (1.0, 1.0))
     cache = case.cache.clone()
     out = TritonAttentionBackend().forward(
-        case.q, case.k, case.v, cache, case.metadata, case.scale, window, softcap
+        case.q, case.k, case.v, cache, case.metadata, case.scale, window, softcap,
+        case.k_scale, case.v_scale,
     )
     assert_matches(case, out, cache)
 
@@ -214,6 +234,37 @@ def run_mixed_padded(device: str, dtype: torch.dtype, heads: int, kv_heads: int,
         padded.q, padded.k, padded.v, cache, padded.metadata, padded.scale, window, softcap
     )
     assert_matches(case, out[: case.q.shape[0]], cache)
+
+
+def run_fp8_reads(device: str, dtype: torch.dtype, window: int = 0, softcap: float = 0.0) -> None:
+    """Decode (split and not) and varlen reads of an FP8 cache that the reference backend
+    stored, against the reference's outputs. (Triton's interpreter rounds float32 -> e4m3
+    wrongly next to powers of two, so the interpreted cases leave the kernels' stores out; the
+    GPU cases check them byte for byte.)"""
+    from cadence.model.attention import write_kv_cache
+    from cadence.model.triton_attention import paged_decode_attention, paged_varlen_attention
+
+    for seqs, decode in ((DECODE_SEQS, True), (MIXED_SEQS, False)):
+        case = make_case(seqs, 8, 2, 32, 16, dtype, device, num_padding=2, padding_slot=-1,
+                         window=window, softcap=softcap, kv_dtype=FP8, kv_scales=FP8_SCALES)
+        want, stored = reference(case)
+        cache = case.cache.clone()
+        write_kv_cache(case.k, case.v, cache, case.metadata.slot_mapping, *FP8_SCALES)
+        assert torch.equal(_bits(cache), _bits(stored))
+        for splits in ((1, 4) if decode else (None,)):
+            out = torch.full_like(case.q, float("nan"))
+            if decode:
+                paged_decode_attention(case.q, cache, case.metadata, case.scale, out, 132, splits,
+                                       sliding_window=window, softcap=softcap, k_scale=0.5,
+                                       v_scale=2.0)
+            else:
+                paged_varlen_attention(case.q, cache, case.metadata, case.scale, out,
+                                       sliding_window=window, softcap=softcap, k_scale=0.5,
+                                       v_scale=2.0)
+            n = case.metadata.num_actual_tokens
+            got, ref = out[:n].double(), want[:n].double()
+            rel = float((got - ref).norm() / ref.norm())
+            assert rel < (1e-5 if dtype == torch.float32 else 1e-2), f"relative error {rel:.2e}"
 
 
 # ---- CPU: Triton's interpreter, in a subprocess (the interpreter mode is process-wide) ----
@@ -287,6 +338,17 @@ def test_softcap_matches_reference(dtype: torch.dtype, window: int, cap: float) 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("window", "cap"), [(0, 0.0), (37, 0.0), (0, 0.5)])
+def test_fp8_cache_matches_reference(dtype: torch.dtype, window: int, cap: float) -> None:
+    """Stores (fused into decode, and the separate store) byte for byte, and every read."""
+    for splits, fused in ((None, True), (1, False), (4, True)):
+        run_decode("cuda", dtype, 16, splits, fused, window, cap, fp8=True)
+    run_prefill("cuda", dtype, 8, 2, 128, window, cap, fp8=True)
+    run_fp8_reads("cuda", dtype, window, cap)
+
+
+@pytest.mark.gpu
 def test_qwen3_decode_shapes_bf16() -> None:
     from cadence.model.triton_attention import TritonAttentionBackend
 
@@ -352,4 +414,7 @@ if __name__ == "__main__":
         run_decode("cpu", torch.float32, 16, None, True, window, cap)
         run_prefill("cpu", torch.float32, 4, 2, 32, window, cap)
         run_mixed_padded("cpu", torch.float32, 8, 2, 32, 13, 5, window, cap)
+    # An FP8 cache with scales (reads; see run_fp8_reads).
+    for window, cap in ((0, 0.0), (37, 0.0), (0, 0.5)):
+        run_fp8_reads("cpu", torch.float32, window, cap)
     print(DONE)

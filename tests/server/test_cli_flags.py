@@ -95,8 +95,8 @@ BAD_FLAGS = [
      "cannot load /nonexistent/cert.pem"),
     (["serve", "--revision", "main", "--port", "0"], "never downloads models"),
     (["generate", "--revision", "v2"], "never downloads models"),
-    (["serve", "--quantization", "fp8", "--port", "0"], "quantization='fp8' is not supported"),
-    (["generate", "--kv-cache-dtype", "fp8"], "kv_cache_dtype='fp8' is not supported"),
+    (["serve", "--quantization", "gptq", "--port", "0"], "quantization='gptq' is not supported"),
+    (["generate", "--kv-cache-dtype", "fp8_e5m2"], "kv_cache_dtype='fp8_e5m2' is not supported"),
 ]  # fmt: skip
 
 

@@ -1,0 +1,123 @@
+"""FP8 (e4m3) weights and activations: ``--quantization fp8``.
+
+At load every projection of the decoder layers (qkv, o, gate_up, down) is quantized to e4m3
+with one scale per output channel (``amax / 448``); the embedding, the LM head, MoE experts and
+routers stay in the model dtype. At run time a GEMM of few rows (decode) streams the FP8 weight
+into a Triton kernel that multiplies it with the activations in the model dtype and applies the
+channel scales at the end (weights in FP8, activations not: half the bytes of a bf16 step); a
+larger GEMM (prefill) quantizes each token's activations with a scale of its own and multiplies
+the two FP8 operands on the tensor cores with float32 accumulation (``torch._scaled_mm``'s
+row-wise scaling). On the CPU the same arithmetic is emulated in float32.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from cadence.model import fp8_kernels
+
+__all__ = ["FP8_MAX", "Fp8Linear", "quantize_model_fp8", "quantize_rows"]
+
+logger = logging.getLogger(__name__)
+
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn
+FP8 = torch.float8_e4m3fn
+# The projections that run in FP8 (module names inside a decoder layer).
+_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+# Up to this many rows the weight-only kernel wins: the weight read dominates (measured on
+# the H200; the activation quantization and cuBLASLt's FP8 GEMM cost more at a few rows).
+WEIGHT_ONLY_MAX_ROWS = 16
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, scale)`` with ``q * scale ~= x`` row by row: ``scale = amax(|row|) / 448`` (float32,
+    shape ``[rows]``; an all-zero row gets a tiny positive scale), ``q`` in e4m3."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1).clamp(min=1e-12) / FP8_MAX
+    q = (xf / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q, scale
+
+
+def fp8_supported(device: torch.device) -> bool:
+    """FP8 tensor-core GEMMs need compute capability 8.9 (Ada) or newer; the CPU emulates."""
+    if device.type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+class Fp8Linear(nn.Module):
+    """``x @ W.T + b`` with ``W`` held as e4m3 values and one float32 scale per output row."""
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                 out_dtype: torch.dtype) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.out_dtype = out_dtype
+        self.weight = nn.Parameter(weight, requires_grad=False)  # [N, K] e4m3
+        self.weight_scale = nn.Parameter(scale.float(), requires_grad=False)  # [N]
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        # _scaled_mm's right operand: [K, N] column-major, i.e. the weight transposed (a view).
+        # Its row-wise scales as [1, N].
+        self._scale_b = self.weight_scale.view(1, -1)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Fp8Linear:
+        q, scale = quantize_rows(linear.weight.detach())
+        bias = None if linear.bias is None else linear.bias.detach()
+        return cls(q, scale, bias, linear.weight.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)
+        if not x2.is_cuda:
+            out = self._emulated(x2)
+        elif x2.shape[0] <= WEIGHT_ONLY_MAX_ROWS:
+            out = fp8_kernels.weight_only_linear(x2, self.weight, self.weight_scale)
+        else:
+            out = self._scaled_mm(x2)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*shape[:-1], self.out_features)
+
+    def _scaled_mm(self, x: torch.Tensor) -> torch.Tensor:
+        xq, xs = fp8_kernels.quantize_tokens(x)
+        # NOTE: row-wise scaling produces bfloat16 only; other model dtypes convert after.
+        out = torch._scaled_mm(xq, self.weight.t(), scale_a=xs.view(-1, 1), scale_b=self._scale_b,
+                               out_dtype=torch.bfloat16)
+        return out if self.out_dtype == torch.bfloat16 else out.to(self.out_dtype)
+
+    def _emulated(self, x: torch.Tensor) -> torch.Tensor:
+        xq, xs = quantize_rows(x)
+        acc = xq.float() @ self.weight.float().t()
+        return (acc * xs.unsqueeze(1) * self.weight_scale).to(self.out_dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp8_e4m3"
+
+
+@torch.no_grad()
+def quantize_model_fp8(model: nn.Module) -> int:
+    """Replace every decoder projection of ``model`` by its ``Fp8Linear``; the number replaced.
+
+    On CUDA a projection whose sizes are not multiples of 16 (the FP8 GEMM's granularity)
+    stays in the model dtype."""
+    replaced = kept = 0
+    for module in list(model.modules()):
+        for child_name, child in list(module.named_children()):
+            if child_name not in _PROJECTIONS or not isinstance(child, nn.Linear):
+                continue
+            n, k = child.weight.shape
+            if child.weight.is_cuda and (n % 16 or k % 16):
+                kept += 1
+                continue
+            setattr(module, child_name, Fp8Linear.from_linear(child))
+            replaced += 1
+    if kept:
+        logger.warning("fp8: %d projections whose sizes are not multiples of 16 stay in the "
+                       "model dtype", kept)
+    if replaced and next(model.parameters()).is_cuda:
+        torch.cuda.empty_cache()  # the model-dtype weights just freed return to the device
+    return replaced

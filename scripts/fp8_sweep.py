@@ -1,0 +1,109 @@
+"""FP8 GEMMs of few rows on the GPU: bf16 cuBLAS against the FP8 weight-only Triton kernel
+(a grid of tiles) and per-token quantization + ``torch._scaled_mm``, per decoder shape.
+
+Each variant runs inside a CUDA graph of ``--replays`` launches, cycling through enough copies of
+the weights that they do not sit in L2; the figure is microseconds per GEMM and the weight
+bandwidth it reaches. Prints a table, then the best tile per shape as a Python dict.
+
+    python scripts/fp8_sweep.py [--rows 1,8,16] [--models llama3-8b,qwen3-0.6b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from cadence.model.fp8 import quantize_rows
+from cadence.model.fp8_kernels import WeightOnlyConfig, quantize_tokens, weight_only_linear
+
+SHAPES = {  # (N, K) of qkv, o, gate_up, down
+    "llama3-8b": [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)],
+    "qwen3-0.6b": [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)],
+}
+L2_BYTES = 50 * 2**20
+
+
+def timed(fn, replays: int) -> float:
+    """Microseconds per call of ``fn`` inside a CUDA graph of ``replays`` calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn(0)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for i in range(replays):
+            fn(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(5):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e3 / replays)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="1,8,16")
+    ap.add_argument("--models", default="llama3-8b,qwen3-0.6b")
+    ap.add_argument("--replays", type=int, default=200)
+    args = ap.parse_args()
+    grid = [WeightOnlyConfig(bn, bk, w, s) for bn, bk, w, s in itertools.product(
+        (16, 32, 64), (128, 256, 512), (4, 8), (3, 4))]
+    best_cfg: dict[tuple[int, int], WeightOnlyConfig] = {}
+    print(f"{'model':<11} {'N x K':>12} {'M':>3} {'bf16 us':>8} {'TB/s':>5} {'fp8 wo us':>9} "
+          f"{'TB/s':>5} {'scaled_mm us':>12} best tile", flush=True)
+    for model in args.models.split(","):
+        for n, k in SHAPES[model]:
+            copies = max(2, -(-2 * L2_BYTES // (n * k * 2)))
+            w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+                   for _ in range(copies)]
+            w8 = [quantize_rows(w) for w in w16]
+            for m in map(int, args.rows.split(",")):
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                bf16 = timed(lambda i, x=x: F.linear(x, w16[i % copies]), args.replays)
+                scores: list[tuple[float, WeightOnlyConfig]] = []
+                for cfg in grid:
+                    try:
+                        us = timed(lambda i, x=x, cfg=cfg: weight_only_linear(
+                            x, w8[i % copies][0], w8[i % copies][1], cfg), args.replays)
+                    except Exception as exc:  # a tile that does not compile or fit: skipped
+                        print(f"  skip {cfg}: {type(exc).__name__}", file=sys.stderr)
+                        continue
+                    scores.append((us, cfg))
+                us, cfg = min(scores, key=lambda t: t[0])
+                if m == 1:
+                    best_cfg[(n, k)] = cfg
+
+                def scaled(i, x=x):
+                    xq, xs = quantize_tokens(x)
+                    wq, ws = w8[i % copies]
+                    return torch._scaled_mm(xq, wq.t(), scale_a=xs.view(-1, 1),
+                                            scale_b=ws.view(1, -1), out_dtype=torch.bfloat16)
+
+                try:
+                    mm = f"{timed(scaled, args.replays):12.2f}"
+                except Exception as exc:
+                    mm = f"{type(exc).__name__:>12}"
+                print(f"{model:<11} {n:>5} x {k:<5} {m:>3} {bf16:8.2f} "
+                      f"{n * k * 2 / bf16 / 1e6:5.2f} {us:9.2f} {n * k / us / 1e6:5.2f} {mm} "
+                      f"{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}",
+                      flush=True)
+    print("WEIGHT_ONLY_CONFIGS = {")
+    for (n, k), c in best_cfg.items():
+        print(f"    ({n}, {k}): WeightOnlyConfig({c.block_n}, {c.block_k}, {c.num_warps}, "
+              f"{c.num_stages}),")
+    print("}")
+
+
+if __name__ == "__main__":
+    main()
