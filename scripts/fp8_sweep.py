@@ -70,12 +70,12 @@ def main() -> None:
             w8 = [quantize_rows(w) for w in w16]
             for m in map(int, args.rows.split(",")):
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                bf16 = timed(lambda i, x=x: F.linear(x, w16[i % copies]), args.replays)
+                bf16 = timed(lambda i, x=x, w=w16: F.linear(x, w[i % len(w)]), args.replays)
                 scores: list[tuple[float, WeightOnlyConfig]] = []
                 for cfg in grid:
                     try:
-                        us = timed(lambda i, x=x, cfg=cfg: weight_only_linear(
-                            x, w8[i % copies][0], w8[i % copies][1], cfg), args.replays)
+                        us = timed(lambda i, x=x, cfg=cfg, w=w8: weight_only_linear(
+                            x, w[i % len(w)][0], w[i % len(w)][1], cfg), args.replays)
                     except Exception as exc:  # a tile that does not compile or fit: skipped
                         print(f"  skip {cfg}: {type(exc).__name__}", file=sys.stderr)
                         continue
@@ -84,9 +84,9 @@ def main() -> None:
                 if m == 1:
                     best_cfg[(n, k)] = cfg
 
-                def scaled(i, x=x):
+                def scaled(i, x=x, w=w8):
                     xq, xs = quantize_tokens(x)
-                    wq, ws = w8[i % copies]
+                    wq, ws = w[i % len(w)]
                     return torch._scaled_mm(xq, wq.t(), scale_a=xs.view(-1, 1),
                                             scale_b=ws.view(1, -1), out_dtype=torch.bfloat16)
 
