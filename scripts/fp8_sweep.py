@@ -53,12 +53,12 @@ def timed(fn, replays: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", default="1,8,16")
+    ap.add_argument("--rows", default="1,16")
     ap.add_argument("--models", default="llama3-8b,qwen3-0.6b")
     ap.add_argument("--replays", type=int, default=200)
     args = ap.parse_args()
-    grid = [WeightOnlyConfig(bn, bk, w, s) for bn, bk, w, s in itertools.product(
-        (16, 32, 64), (128, 256, 512), (4, 8), (3, 4))]
+    grid = [WeightOnlyConfig(bn, bk, w, s, sk) for bn, bk, w, s, sk in itertools.product(
+        (32, 64), (256, 512), (4, 8), (3, 4), (1, 2, 4, 8))]
     best_cfg: dict[tuple[int, int], WeightOnlyConfig] = {}
     print(f"{'model':<11} {'N x K':>12} {'M':>3} {'bf16 us':>8} {'TB/s':>5} {'fp8 wo us':>9} "
           f"{'TB/s':>5} {'scaled_mm us':>12} best tile", flush=True)
@@ -96,12 +96,13 @@ def main() -> None:
                     mm = f"{type(exc).__name__:>12}"
                 print(f"{model:<11} {n:>5} x {k:<5} {m:>3} {bf16:8.2f} "
                       f"{n * k * 2 / bf16 / 1e6:5.2f} {us:9.2f} {n * k / us / 1e6:5.2f} {mm} "
-                      f"{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}",
+                      f"{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} "
+                      f"split{cfg.split_k}",
                       flush=True)
     print("WEIGHT_ONLY_CONFIGS = {")
     for (n, k), c in best_cfg.items():
         print(f"    ({n}, {k}): WeightOnlyConfig({c.block_n}, {c.block_k}, {c.num_warps}, "
-              f"{c.num_stages}),")
+              f"{c.num_stages}, {c.split_k}),")
     print("}")
 
 

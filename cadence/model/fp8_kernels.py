@@ -38,38 +38,63 @@ if triton is not None:
 
     @triton.jit
     def _weight_only_kernel(
-        x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_o,
+        x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, count_ptr, M, N, K, stride_x, stride_w, stride_o,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+        SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
     ):
-        # One program per BLOCK_N output channels and all (<= BLOCK_M) rows: the weight is read
-        # once, the activations (a few KB) from L2.
-        pid = tl.program_id(0)
+        # Program (n, s) multiplies BLOCK_N output channels by the s-th of SPLIT_K runs of K,
+        # for all (<= BLOCK_M) rows: the weight is read once, the activations (a few KB) from
+        # L2. With SPLIT_K > 1 each program leaves its partial sums in the workspace and the
+        # last of a column block to finish adds them up in split order (deterministic), then
+        # re-arms the block's counter for the next launch.
+        pid_n = tl.program_id(0)
+        split = tl.program_id(1)
         offs_m = tl.arange(0, BLOCK_M)
-        offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
         mmask = offs_m < M
         nmask = offs_n < N
         x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_x
         w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_w
+        per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+        k_start = split * per_split
+        k_end = tl.minimum(k_start + per_split, K)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in range(k_start, k_end, BLOCK_K):
             kk = k0 + offs_k
             if EVEN_K:
                 x = tl.load(x_rows + kk[None, :], mask=mmask[:, None], other=0.0)
                 w = tl.load(w_rows + kk[None, :], mask=nmask[:, None], other=0.0)
             else:
-                kmask = kk < K
+                kmask = kk < k_end
                 x = tl.load(x_rows + kk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
                 w = tl.load(w_rows + kk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
             if IEEE:
                 acc += tl.dot(x, tl.trans(w.to(x.dtype)), input_precision="ieee")
             else:
                 acc += tl.dot(x, tl.trans(w.to(x.dtype)))
-        scale = tl.load(s_ptr + offs_n, mask=nmask, other=0.0)
-        out = acc * scale[None, :]
-        tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_o + offs_n[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+        omask = mmask[:, None] & nmask[None, :]
+        if SPLIT_K > 1:
+            tile = offs_m[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            part = ws_ptr + (pid_n * SPLIT_K).to(tl.int64) * BLOCK_M * BLOCK_N
+            tl.store(part + split * BLOCK_M * BLOCK_N + tile, acc, mask=omask)
+            # NOTE: every thread's partial sums are written before the (gpu-scope, release)
+            # count; the last program reads them past L1 (.cg), which may hold stale lines.
+            tl.debug_barrier()
+            done = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if done == SPLIT_K - 1:
+                acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                for s in range(SPLIT_K):
+                    acc += tl.load(part + s * BLOCK_M * BLOCK_N + tile, mask=omask, other=0.0,
+                                   cache_modifier=".cg")
+                scale = tl.load(s_ptr + offs_n, mask=nmask, other=0.0)
+                tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_o + offs_n[None, :],
+                         (acc * scale[None, :]).to(out_ptr.dtype.element_ty), mask=omask)
+                tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+        else:
+            scale = tl.load(s_ptr + offs_n, mask=nmask, other=0.0)
+            tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_o + offs_n[None, :],
+                     (acc * scale[None, :]).to(out_ptr.dtype.element_ty), mask=omask)
 
     _QUANT = TritonLaunch(_quant_kernel)
     _WEIGHT_ONLY = TritonLaunch(_weight_only_kernel)
@@ -80,7 +105,26 @@ class WeightOnlyConfig:
     block_n: int = 32
     block_k: int = 256
     num_warps: int = 4
-    num_stages: int = 4
+    num_stages: int = 3
+    split_k: int = 1
+
+
+# Column-block arrival counters of split-K launches, per device: zero between launches (the
+# last program of a block re-arms it). NOTE: launches on one device must not overlap (one
+# stream): they share the counters.
+_COUNTERS: dict[int, torch.Tensor] = {}  # by device index (the CPU: Triton's interpreter)
+_MAX_COLUMN_BLOCKS = 1 << 16
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    index = device.index or 0
+    if device.type == "cuda" and device.index is None:
+        index = torch.cuda.current_device()
+    found = _COUNTERS.get(index)
+    if found is None:
+        found = _COUNTERS[index] = torch.zeros(_MAX_COLUMN_BLOCKS, dtype=torch.int32,
+                                               device=device)
+    return found
 
 
 # Measured per (N, K) on the H200 (scripts/fp8_sweep.py); other shapes take the default.
@@ -117,14 +161,25 @@ def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
         x = x.contiguous()
     m, k = x.shape
     n = weight.shape[0]
+    if m > 16:
+        raise ValueError(f"weight_only_linear takes at most 16 rows, got {m}")
     cfg = config or WEIGHT_ONLY_CONFIGS.get((n, k)) or WeightOnlyConfig()
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    blocks = triton.cdiv(n, cfg.block_n)
+    split = cfg.split_k if blocks <= _MAX_COLUMN_BLOCKS else 1
+    if split > 1:
+        workspace = torch.empty(blocks * split * 16 * cfg.block_n, dtype=torch.float32,
+                                device=x.device)
+        counters = _counters(x.device)
+    else:
+        workspace = counters = out  # unused
     if m:
         _WEIGHT_ONLY(
-            (triton.cdiv(n, cfg.block_n),),
-            (x, weight, scale, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0)),
-            BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
-            IEEE=x.dtype == torch.float32,
+            (blocks, split),
+            (x, weight, scale, out, workspace, counters, m, n, k, x.stride(0), weight.stride(0),
+             out.stride(0)),
+            BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
+            EVEN_K=k % cfg.block_k == 0, IEEE=x.dtype == torch.float32,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     return out
