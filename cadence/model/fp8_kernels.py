@@ -67,8 +67,10 @@ if triton is not None:
                 w = tl.load(w_rows + kk[None, :], mask=nmask[:, None], other=0.0)
             else:
                 kmask = kk < k_end
-                x = tl.load(x_rows + kk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
-                w = tl.load(w_rows + kk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+                x = tl.load(x_rows + kk[None, :], mask=mmask[:, None] & kmask[None, :],
+                            other=0.0)
+                w = tl.load(w_rows + kk[None, :], mask=nmask[:, None] & kmask[None, :],
+                            other=0.0)
             if IEEE:
                 acc += tl.dot(x, tl.trans(w.to(x.dtype)), input_precision="ieee")
             else:
@@ -127,8 +129,18 @@ def _counters(device: torch.device) -> torch.Tensor:
     return found
 
 
-# Measured per (N, K) on the H200 (scripts/fp8_sweep.py); other shapes take the default.
-WEIGHT_ONLY_CONFIGS: dict[tuple[int, int], WeightOnlyConfig] = {}
+# Measured per (N, K) on the H200 (scripts/fp8_sweep.py, docs/perf.md); other shapes take the
+# default. (Tiles of 64-128 channels with the weight as the dot's left operand measured slower.)
+WEIGHT_ONLY_CONFIGS: dict[tuple[int, int], WeightOnlyConfig] = {
+    (6144, 4096): WeightOnlyConfig(32, 256, 4, 3, 4),  # Llama-3-8B
+    (4096, 4096): WeightOnlyConfig(32, 256, 4, 3, 4),
+    (28672, 4096): WeightOnlyConfig(32, 256, 4, 3, 1),
+    (4096, 14336): WeightOnlyConfig(32, 256, 4, 3, 8),
+    (1024, 2048): WeightOnlyConfig(32, 256, 4, 3, 8),  # Qwen3-0.6B
+    (1024, 3072): WeightOnlyConfig(32, 256, 4, 3, 4),
+}
+# float32 activations (tests) double the tiles' shared memory: a small tile fits every shape.
+_FLOAT32_CONFIG = WeightOnlyConfig(32, 128, 4, 2)
 
 
 def _require_triton() -> None:
@@ -163,7 +175,8 @@ def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
     n = weight.shape[0]
     if m > 16:
         raise ValueError(f"weight_only_linear takes at most 16 rows, got {m}")
-    cfg = config or WEIGHT_ONLY_CONFIGS.get((n, k)) or WeightOnlyConfig()
+    cfg = config or (_FLOAT32_CONFIG if x.dtype == torch.float32
+                     else WEIGHT_ONLY_CONFIGS.get((n, k), WeightOnlyConfig()))
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     blocks = triton.cdiv(n, cfg.block_n)
     split = cfg.split_k if blocks <= _MAX_COLUMN_BLOCKS else 1

@@ -84,6 +84,7 @@ def unit_gain_model(family: str, seed: int = 0):
     matrix N(0, 1 / fan_in), norms 1 (Gemma's (1 + w): 0), biases 0.1 N(0, 1). (The helpers'
     models amplify every error on purpose, which makes any quantization look far off.)"""
     model = make_hf_model(family, tie=False, seed=seed)
+    model.config.max_position_embeddings = 512  # room for a prompt and 256 decode steps
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -231,8 +232,9 @@ def test_weight_only_kernel_matches_float64(dtype: torch.dtype, m: int, n: int, 
     x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
     wq, ws = quantize_rows(w)
     want = (x.double() @ wq.double().T) * ws.double()
-    configs = (None, WeightOnlyConfig(16, 128, 4, 2), WeightOnlyConfig(32, 256, 4, 3, 4),
-               WeightOnlyConfig(64, 512, 8, 3, 8))
+    configs = [None, WeightOnlyConfig(16, 128, 4, 2), WeightOnlyConfig(32, 128, 4, 2, 4)]
+    if dtype != torch.float32:  # larger tiles of float32 activations exceed shared memory
+        configs += [WeightOnlyConfig(32, 256, 4, 3, 4), WeightOnlyConfig(64, 512, 8, 3, 8)]
     for cfg in configs:
         first = weight_only_linear(x, wq, ws, cfg)
         for _ in range(20):  # split-K sums in a fixed order: every launch gives the same bits
@@ -327,8 +329,9 @@ def test_fp8_models_track_bf16_over_256_decode_steps(tmp_path) -> None:
         got, _ = _decode(load(quantization), prompt, 256, kv_dtype, tokens)
         cos = _cosine(got, ref)
         agree = float((got.argmax(-1) == ref.argmax(-1)).float().mean())
-        assert float(cos.min()) >= 0.99 and agree >= 0.95, (quantization, kv_dtype,
-                                                             float(cos.min()), agree)
+        assert float(cos.min()) >= 0.99 and agree >= 0.95, (
+            quantization, kv_dtype, float(cos.min()), float(cos.mean()), agree,
+            bool(torch.isfinite(got).all()), bool(torch.isfinite(ref).all()))
 
 
 @pytest.mark.gpu
