@@ -16,7 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from cadence.model.arch import DecoderArch
-from cadence.model.moe_kernels import _moe_down_kernel, _moe_gate_up_kernel
+from cadence.model.moe_kernels import (
+    _moe_align_kernel,
+    _moe_down_kernel,
+    _moe_gate_up_kernel,
+    _moe_route_kernel,
+)
 from cadence.model.parallel import all_reduce
 from cadence.runtime.triton_launch import TritonLaunch, next_pow2
 
@@ -28,6 +33,11 @@ except ImportError:  # pragma: no cover - CPU installs
 if triton is not None:
     _GATE_UP = TritonLaunch(_moe_gate_up_kernel)
     _DOWN = TritonLaunch(_moe_down_kernel)
+    _ROUTE = TritonLaunch(_moe_route_kernel)
+    _ALIGN = TritonLaunch(_moe_align_kernel)
+# Up to this many (token, expert) pairs one program groups them (a pairs x pairs comparison);
+# more take the torch operations.
+ALIGN_MAX_PAIRS = 256
 
 
 def route(
@@ -40,6 +50,19 @@ def route(
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights.to(router_logits.dtype), ids
+
+
+def route_triton(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens, experts = router_logits.shape
+    weights = torch.empty((tokens, top_k), dtype=router_logits.dtype, device=router_logits.device)
+    ids = torch.empty((tokens, top_k), dtype=torch.long, device=router_logits.device)
+    if tokens:
+        _ROUTE((tokens,), (router_logits, weights, ids, router_logits.stride(0)),
+               NUM_EXPERTS=experts, TOP_K=top_k, BLOCK_K=next_pow2(top_k),
+               BLOCK_E=next_pow2(experts, 16), RENORMALIZE=renormalize, num_warps=1)
+    return weights, ids
 
 
 def fused_moe_reference(
@@ -71,10 +94,17 @@ class ExpertGroups:
     block_m: int
 
 
+def _max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
+    return (num_pairs + num_experts * (block_m - 1)) // block_m + 1
+
+
 def group_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertGroups:
-    """Sort the pairs of ``ids [T, k]`` by expert on the device; sizes depend on shapes only."""
+    """Sort the pairs of ``ids [T, k]`` by expert on the device; sizes depend on shapes only.
+    On CUDA up to ``ALIGN_MAX_PAIRS`` pairs take one Triton launch."""
     flat = ids.flatten().long()
     num_pairs = flat.numel()
+    if triton is not None and ids.is_cuda and 0 < num_pairs <= ALIGN_MAX_PAIRS:
+        return _group_by_expert_triton(flat, num_experts, block_m)
     order = torch.argsort(flat, stable=True)
     counts = torch.zeros(num_experts, dtype=torch.long, device=ids.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
@@ -84,12 +114,25 @@ def group_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> Expert
     experts = flat[order]
     rank = torch.arange(num_pairs, device=ids.device) - first[experts]
     dest = padded_end[experts] - padded[experts] + rank
-    max_blocks = (num_pairs + num_experts * (block_m - 1)) // block_m + 1
+    max_blocks = _max_blocks(num_pairs, num_experts, block_m)
     sorted_pairs = torch.full((max_blocks * block_m,), num_pairs, dtype=torch.long, device=ids.device)
     sorted_pairs.scatter_(0, dest, order)
     starts = torch.arange(max_blocks, device=ids.device) * block_m
     block_expert = torch.searchsorted(padded_end, starts, right=True)
     block_expert = torch.where(block_expert < num_experts, block_expert, -1)
+    return ExpertGroups(sorted_pairs, block_expert, block_m)
+
+
+def _group_by_expert_triton(flat: torch.Tensor, num_experts: int, block_m: int) -> ExpertGroups:
+    num_pairs = flat.numel()
+    blocks = _max_blocks(num_pairs, num_experts, block_m)
+    sorted_pairs = torch.empty(blocks * block_m, dtype=torch.long, device=flat.device)
+    block_expert = torch.empty(blocks, dtype=torch.long, device=flat.device)
+    block_p = next_pow2(num_pairs, 16)
+    _ALIGN((1,), (flat, sorted_pairs, block_expert, num_pairs),
+           NUM_EXPERTS=num_experts, BLOCK_P=block_p, BLOCK_E=next_pow2(num_experts, 16),
+           BLOCK_M=block_m, NUM_BLOCKS=blocks, BLOCK_B=next_pow2(blocks, 16),
+           num_warps=8 if block_p >= 128 else 4)
     return ExpertGroups(sorted_pairs, block_expert, block_m)
 
 

@@ -1,4 +1,6 @@
-"""The Triton kernels behind ``moe``: the two grouped GEMMs of a mixture-of-experts MLP.
+"""The Triton kernels behind ``moe``: the two grouped GEMMs of a mixture-of-experts MLP, and
+for small batches (decode) the router's softmax / top-k and the grouping of pairs by expert,
+one launch each instead of a dozen torch operations.
 
 Each program takes ``BLOCK_M`` (token, expert) pairs of one expert, in the order
 ``moe.group_by_expert`` lays them out, and one ``BLOCK_N`` slice of the output features.
@@ -140,3 +142,75 @@ if triton is not None:
             (acc * route[:, None]).to(out_ptr.dtype.element_ty),
             mask=pmask[:, None] & nmask[None, :],
         )
+
+_moe_route_kernel = _moe_align_kernel = None
+
+if triton is not None:
+
+    @triton.jit
+    def _moe_route_kernel(
+        logits_ptr, weights_ptr, ids_ptr, stride_l, NUM_EXPERTS: tl.constexpr,
+        TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+        RENORMALIZE: tl.constexpr,
+    ):
+        # One token: softmax in float32 over the experts, the top k by repeated argmax (the
+        # lowest id first among equals), renormalized to sum to one.
+        t = tl.program_id(0).to(tl.int64)
+        offs_e = tl.arange(0, BLOCK_E)
+        emask = offs_e < NUM_EXPERTS
+        x = tl.load(logits_ptr + t * stride_l + offs_e, mask=emask, other=float("-inf"))
+        x = x.to(tl.float32)
+        p = tl.exp(x - tl.max(x, 0))
+        p = p / tl.sum(p, 0)
+        offs_k = tl.arange(0, BLOCK_K)
+        chosen_w = tl.zeros([BLOCK_K], tl.float32)
+        chosen_i = tl.zeros([BLOCK_K], tl.int32)
+        left = tl.where(emask, p, -1.0)
+        for j in tl.static_range(TOP_K):
+            best = tl.max(left, 0)
+            idx = tl.min(tl.where(left == best, offs_e, BLOCK_E), 0)
+            chosen_w = tl.where(offs_k == j, best, chosen_w)
+            chosen_i = tl.where(offs_k == j, idx, chosen_i)
+            left = tl.where(offs_e == idx, -2.0, left)
+        if RENORMALIZE:
+            chosen_w = chosen_w / tl.sum(chosen_w, 0)
+        kmask = offs_k < TOP_K
+        tl.store(weights_ptr + t * TOP_K + offs_k, chosen_w.to(weights_ptr.dtype.element_ty),
+                 mask=kmask)
+        tl.store(ids_ptr + t * TOP_K + offs_k, chosen_i.to(ids_ptr.dtype.element_ty), mask=kmask)
+
+    @triton.jit
+    def _moe_align_kernel(
+        ids_ptr, sorted_ptr, block_expert_ptr, num_pairs, NUM_EXPERTS: tl.constexpr,
+        BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
+        NUM_BLOCKS: tl.constexpr, BLOCK_B: tl.constexpr,
+    ):
+        # One program lays out every (token, expert) pair as ``moe.group_by_expert`` does, for
+        # up to BLOCK_P pairs: pair i goes to its expert's padded run at the rank it has among
+        # the pairs of that expert (stable), the rest of the layout holds num_pairs.
+        offs_p = tl.arange(0, BLOCK_P)
+        pmask = offs_p < num_pairs
+        e = tl.load(ids_ptr + offs_p, mask=pmask, other=BLOCK_E).to(tl.int32)
+        offs_e = tl.arange(0, BLOCK_E)
+        mine = e[None, :] == offs_e[:, None]  # [experts, pairs]
+        counts = tl.sum(mine.to(tl.int32), 1)
+        padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        padded_end = tl.cumsum(padded, 0)
+        start = padded_end - padded
+        earlier = (e[:, None] == e[None, :]) & (offs_p[None, :] < offs_p[:, None])
+        rank = tl.sum(earlier.to(tl.int32), 1)
+        dest = tl.sum(tl.where(mine, start[:, None], 0), 0) + rank
+        for q0 in range(0, NUM_BLOCKS * BLOCK_M, BLOCK_P):
+            q = q0 + offs_p
+            tl.store(sorted_ptr + q, tl.zeros([BLOCK_P], tl.int64) + num_pairs,
+                     mask=q < NUM_BLOCKS * BLOCK_M)
+        # NOTE: the fill above and the scatter below may touch one slot from two threads.
+        tl.debug_barrier()
+        tl.store(sorted_ptr + dest, offs_p.to(tl.int64), mask=pmask)
+        offs_b = tl.arange(0, BLOCK_B)
+        real = offs_e < NUM_EXPERTS
+        owner = tl.sum(((padded_end[None, :] <= offs_b[:, None] * BLOCK_M) & real[None, :])
+                       .to(tl.int32), 1)
+        owner = tl.where(owner < NUM_EXPERTS, owner, -1)
+        tl.store(block_expert_ptr + offs_b, owner.to(block_expert_ptr.dtype.element_ty),
+                 mask=offs_b < NUM_BLOCKS)

@@ -120,6 +120,34 @@ def run_triton_case(tokens: int, hidden: int, inter: int, num_experts: int, top_
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+def run_routing_case(tokens: int, num_experts: int, top_k: int, block_m: int, seed: int,
+                     device: str = "cpu") -> None:
+    """The one-launch router and grouping (decode batches) against the torch operations."""
+    from cadence.model.moe import _group_by_expert_triton, route_triton
+
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(tokens, num_experts, generator=gen)
+    for renormalize in (True, False):
+        want_w, want_ids = route(logits, top_k, renormalize)  # torch, on the CPU
+        got_w, got_ids = route_triton(logits.to(device), top_k, renormalize)
+        assert torch.equal(got_ids.cpu(), want_ids)
+        torch.testing.assert_close(got_w.cpu(), want_w, atol=1e-6, rtol=1e-5)
+    ids = torch.randint(0, num_experts, (tokens, top_k), generator=gen)
+    ids[0] = 0  # one crowded expert
+    want = group_by_expert(ids, num_experts, block_m)  # torch, on the CPU
+    got = _group_by_expert_triton(ids.to(device).flatten(), num_experts, block_m)
+    assert torch.equal(got.sorted_pairs.cpu(), want.sorted_pairs)
+    assert torch.equal(got.block_expert.cpu(), want.block_expert)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("tokens", "experts", "top_k"), [(1, 128, 8), (32, 128, 8), (5, 60, 4),
+                                                          (85, 8, 3), (3, 16, 1)])
+def test_one_launch_routing_matches_torch_on_gpu(tokens, experts, top_k) -> None:
+    for block_m in (16, 64):
+        run_routing_case(tokens, experts, top_k, block_m, seed=tokens, device="cuda")
+
+
 def test_triton_moe_in_triton_interpreter() -> None:
     run_interpreted(__file__)
 
@@ -146,4 +174,7 @@ if __name__ == "__main__":
     run_triton_case(5, 32, 24, 8, 3, False, 0)  # decode-sized: most experts empty
     run_triton_case(40, 48, 40, 6, 2, False, 1)  # odd feature sizes (masked tiles)
     run_triton_case(64, 32, 32, 8, 4, True, 2)  # one crowded expert over several blocks
+    run_routing_case(1, 128, 8, 16, 3)
+    run_routing_case(32, 128, 8, 16, 4)  # 256 pairs: the largest one-launch grouping
+    run_routing_case(7, 10, 3, 4, 5)
     print(DONE)
