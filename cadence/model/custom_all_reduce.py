@@ -161,7 +161,12 @@ class CustomAllReduce:
                     ipc.ipc_handle(self._buffer.ptr, self.device_index))
         except Exception as exc:  # noqa: BLE001 - reported to every rank, then NCCL
             ok, reason = False, f"{type(exc).__name__}: {exc}"
-        peers = self._agree(ok, reason, mine)
+        # Every rank zeroed its buffer before this: no flag lands in one not yet zeroed.
+        peers = self._agree(ok, reason, (self.max_bytes, self.max_blocks, mine))
+        if len({p[:2] for p in peers}) != 1:  # the same on every rank, so every rank raises
+            raise CustomAllReduceUnavailable(
+                f"the ranks' (max_bytes, max_blocks) differ: {[p[:2] for p in peers]}")
+        peers = [p[2] for p in peers]
 
         ok, reason = True, ""
         bases = [0] * self.world
@@ -169,7 +174,7 @@ class CustomAllReduce:
             bases = self._map_peers(peers)
         except Exception as exc:  # noqa: BLE001
             ok, reason = False, f"{type(exc).__name__}: {exc}"
-        self._agree(ok, reason)  # also: no rank raises a flag in a buffer not yet zeroed
+        self._agree(ok, reason)
 
         table = b"".join(int(p).to_bytes(8, "little") for p in bases)
         ipc.write_device_memory(self._buffer.ptr + TABLE_OFFSET, table, self.device_index)
@@ -247,8 +252,8 @@ class CustomAllReduce:
         n = x.numel() * x.element_size() // VECTOR_BYTES
         self._x.value = x.data_ptr()
         self._nvec.value = n
-        self._kernels[x.dtype].launch_blocks(torch.cuda.current_stream(self.device).cuda_stream,
-                             grid_blocks(n, self.max_blocks))
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        self._kernels[x.dtype].launch_blocks(stream, grid_blocks(n, self.max_blocks))
         self.launches += 1
 
     # Close -----------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ block b reads its call number k = counters[b] + 1, copies its share of x into it
 k % 2, and thread p < world (p != rank) release-stores k into rank p's flags[b][rank], then
 acquire-spins until its own flags[b][p] >= k. After a block barrier the block sums its share
 of every rank's staging half in rank order (the same bits on every rank), writing x in place.
-Thread 0 then sets counters[b'] = k for every b' = b (mod G), so that all 64 counters hold k
-whatever the next call's grid.
+Thread 0 then sets counters[b'] = k for every b' = b (mod G), so that all MAX_BLOCKS counters
+hold k whatever the next call's grid.
 
 Invariants:
 - The call number lives on the device and advances only when the kernel runs, so eager calls,
@@ -21,7 +21,8 @@ Invariants:
 - A flag only grows (u64: it never wraps), so ``>=`` tolerates a peer already one call ahead.
 - Staging half k % 2 is rewritten by call k + 2 only: that call starts after this rank's call
   k + 1 saw every peer's flag k + 1, which each peer sets after its whole call-k kernel ended
-  (stream order), so no peer still reads it. No end barrier is needed.
+  (stream order), so no peer still reads it. No end barrier is needed. This leans on a rank's
+  kernels running one after the other on its stream: no programmatic dependent launch.
 - A peer that never arrives (mismatched calls) ends the wait after ``timeout_ns`` with a
   message and a trap rather than a silent hang (0: wait for ever).
 """
