@@ -24,6 +24,9 @@ class Envs:
     log_level: str
     # CADENCE_CPU_THREADS as given ("" when unset); parsed by ``cpu_threads``.
     cpu_threads_text: str
+    # Tensor parallelism on CUDA: every all-reduce through NCCL, none through the one-shot
+    # kernel over peer-mapped buffers (model/custom_all_reduce.py).
+    disable_custom_all_reduce: bool = False
 
     @property
     def cpu_threads(self) -> int | None:
@@ -47,4 +50,5 @@ def read_envs() -> Envs:
         nvtx=bool(_flag("CADENCE_NVTX")),
         log_level=os.environ.get("CADENCE_LOG_LEVEL", "INFO"),
         cpu_threads_text=os.environ.get("CADENCE_CPU_THREADS", ""),
+        disable_custom_all_reduce=bool(_flag("CADENCE_DISABLE_CUSTOM_ALL_REDUCE")),
     )

@@ -9,19 +9,28 @@ replicated when there are fewer of them than ranks. With one rank nothing here r
 
 The collectives are ``torch.distributed``'s on the default process group (NCCL on CUDA: they are
 captured inside CUDA graphs; gloo on the CPU), so every rank must make the same calls in the same
-order: rank-dependent control flow around a forward pass is a deadlock.
+order: rank-dependent control flow around a forward pass is a deadlock. On CUDA, once
+``setup_custom_all_reduce`` has run, small all-reduces take a one-shot kernel over peer-mapped
+buffers instead (``custom_all_reduce``), captured in the graphs the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from cadence.model.arch import DecoderArch
+
+if TYPE_CHECKING:
+    from cadence.model.custom_all_reduce import CustomAllReduce
+
+logger = logging.getLogger(__name__)
 
 # Families whose layers shard as above; others are refused under tensor parallelism.
 TP_ARCHITECTURES = (
@@ -109,8 +118,43 @@ def check_tensor_parallel(arch: DecoderArch, size: int) -> None:
         )
 
 
+# This process's one-shot all-reduce, once set up (a rank is one process).
+_custom: CustomAllReduce | None = None
+
+
+def setup_custom_all_reduce(device: torch.device, **options: object) -> CustomAllReduce | None:
+    """Set up the one-shot all-reduce on ``device`` for the default process group where it can
+    run (CUDA, 2 to 8 ranks on one host, every pair of GPUs peer-capable, not disabled by
+    ``CADENCE_DISABLE_CUSTOM_ALL_REDUCE``); every rank calls this, after
+    ``init_process_group`` and before any all-reduce. Returns it, or None (NCCL does all)."""
+    global _custom
+    from cadence.envs import read_envs
+    from cadence.model.custom_all_reduce import CustomAllReduce, unavailable_reason
+
+    close_custom_all_reduce()
+    why = unavailable_reason(device.type, torch.distributed.get_world_size(),
+                             read_envs().disable_custom_all_reduce)
+    if why is not None:
+        logger.info("Custom all-reduce off: %s.", why)
+        return None
+    index = torch.cuda.current_device() if device.index is None else device.index
+    _custom = CustomAllReduce.create(index, **options)
+    return _custom
+
+
+def close_custom_all_reduce() -> None:
+    """Free the one-shot all-reduce's buffers (collective: every rank calls it); idempotent."""
+    global _custom
+    car, _custom = _custom, None
+    if car is not None:
+        car.close()
+
+
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
     """Sum ``x`` over the ranks, in place."""
+    car = _custom
+    if car is not None and car.should_use(x):
+        return car.all_reduce(x)
     torch.distributed.all_reduce(x)
     return x
 

@@ -83,10 +83,20 @@ class BoundKernel:
         ``__cuda_stream__``, an int handle, or None for the legacy default stream)."""
         if self._empty:
             return
+        gx, gy, gz = self.grid
+        self._launch(stream, gx, gy, gz)
+
+    def launch_blocks(self, stream: Any, blocks: int) -> None:
+        """``launch`` with a grid of ``blocks`` x 1 x 1 for this launch only: for kernels whose
+        grid follows the size of their data (see ``bind_function`` for parameters that change
+        between launches)."""
+        if blocks > 0:
+            self._launch(stream, blocks, 1, 1)
+
+    def _launch(self, stream: Any, gx: int, gy: int, gz: int) -> None:
         cu = self._streams.get(stream)  # None (the legacy stream) is cached like any other
         if cu is None:
             cu = self._cu_stream(stream)
-        gx, gy, gz = self.grid
         bx, by, bz = self.block
         (err,) = self._cu_launch(self.function, gx, gy, gz, bx, by, bz, self.shared_mem, cu,
                                  self.params.address, 0)
@@ -185,7 +195,10 @@ def bind_triton(jit_fn: Any, grid: Dims, args: Sequence[Any], *, num_warps: int 
 def bind_function(function: Any, grid: Dims, block: Dims, args: Sequence[Any],
                   shared_mem: int = 0, device_index: int | None = None) -> BoundKernel:
     """Bind a ``CUfunction`` (e.g. ``Module.function(name)``) to ``args``: ctypes scalars as
-    they are, memory (buffers, tensors, ``__cuda_array_interface__``) as ``void*``."""
+    they are, memory (buffers, tensors, ``__cuda_array_interface__``) as ``void*``.
+
+    A ctypes scalar is packed by reference: assigning its ``.value`` between launches changes
+    what the later launches pass (a launch, or a capture, copies the values when it is made)."""
     return BoundKernel(function, grid, block, PackedParams(raw_params(args)), shared_mem,
                        device_index, keepalive=tuple(args))
 

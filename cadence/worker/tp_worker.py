@@ -10,7 +10,8 @@ inherits the engine's environment unchanged (NCCL_* and friends). Messages, all 
 - ``("step", scheduler_output)``: execute it; no reply. Rank 0 keeps each step's pending output
   until the engine asks for it; the other ranks drop theirs once the next step is launched.
 - ``("fetch",)``: rank 0 replies ``("ok", ModelRunnerOutput)`` of its oldest pending step.
-- ``("stop",)``: reply ``("ok", None)``, then exit at once (a process-group teardown can hang).
+- ``("stop",)``: free the runner and the custom all-reduce's buffers, reply ``("ok", None)``,
+  then exit at once (a process-group teardown can hang).
 
 Any exception is sent as ``("error", exc)`` and ends the process with status 1. The engine's
 end closing (EOF) also ends it, and so does the end of the engine's process (a pidfd watch).
@@ -129,6 +130,10 @@ def _start(init: WorkerInit) -> Any:
     dist.init_process_group(backend, init_method=init.init_method, rank=init.rank,
                             world_size=init.size,
                             device_id=device if backend == "nccl" else None)
+    if backend == "nccl":
+        from cadence.model.parallel import setup_custom_all_reduce
+
+        setup_custom_all_reduce(device)  # collective: NCCL does every all-reduce where it can't
     torch.manual_seed(init.seed)  # the same on every rank: unseeded sampling agrees
     dtype = getattr(torch, cfg.dtype)
     model = build_model(init.spec, dtype, device, cfg.model.load_format,
@@ -158,7 +163,10 @@ def _serve(conn: Connection, rank: int, runner: Any) -> None:
             result = getattr(runner, method)(*args)
             conn.send(("ok", runner.capture_seconds if method == "capture_graphs" else result))
         elif kind == "stop":
+            from cadence.model.parallel import close_custom_all_reduce
+
             runner.close()
+            close_custom_all_reduce()  # every rank gets "stop"
             conn.send(("ok", None))
             sys.stdout.flush()
             sys.stderr.flush()

@@ -146,6 +146,36 @@ def test_launch_is_one_driver_call_on_the_protocol_stream(monkeypatch: pytest.Mo
     assert rt.set_device == []
 
 
+class _FirstParamDriver(_Driver):
+    """Records, at each launch, the value of the kernel's first parameter (a uint64)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: list[int] = []
+
+    def cuLaunchKernel(self, *args: Any) -> tuple[int]:  # noqa: N802
+        param = ctypes.c_void_p.from_address(args[9]).value
+        self.first.append(ctypes.c_uint64.from_address(param).value)
+        return super().cuLaunchKernel(*args)
+
+
+def test_launch_blocks_sets_the_grid_of_one_launch_and_scalars_pass_by_reference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    drv, rt = _FirstParamDriver(), _Runtime()
+    monkeypatch.setattr(launcher, "cudriver", lambda: drv)
+    monkeypatch.setattr(launcher, "cudart", lambda: rt)
+    n = ctypes.c_uint64(5)
+    kernel = launcher.bind_function(0xF00, grid=1, block=512, args=(n,), device_index=0)
+    kernel.launch_blocks(_Stream(3), 7)
+    n.value = 9
+    kernel.launch_blocks(_Stream(3), 2)
+    kernel.launch_blocks(_Stream(3), 0)  # nothing to do: no launch
+    kernel.launch(_Stream(3))
+    assert [c[1:4] for c in drv.calls] == [(7, 1, 1), (2, 1, 1), (1, 1, 1)]
+    assert drv.first == [5, 9, 9]
+
+
 def test_launch_without_a_current_context_selects_the_device_and_retries(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
