@@ -56,9 +56,17 @@ def main() -> None:
     ap.add_argument("--rows", default="1,16")
     ap.add_argument("--models", default="llama3-8b,qwen3-0.6b")
     ap.add_argument("--replays", type=int, default=200)
+    ap.add_argument("--gemv-only", action="store_true",
+                    help="time only the one-row CUDA-core kernel (and bf16) against each other")
     args = ap.parse_args()
     grid = [WeightOnlyConfig(bn, bk, w, s, sk) for bn, bk, w, s, sk in itertools.product(
         (32, 64), (256, 512), (4, 8), (3, 4), (1, 2, 4, 8))]
+    gemv = [WeightOnlyConfig(bn, bk, w, 3, sk, True)
+            for (bn, bk, w), sk in itertools.product(
+                ((16, 512, 4), (32, 512, 8), (16, 1024, 8), (32, 256, 4), (64, 256, 8)),
+                (1, 2, 4, 8))]
+    if args.gemv_only:
+        grid = []
     best_cfg: dict[tuple[int, int], WeightOnlyConfig] = {}
     print(f"{'model':<11} {'N x K':>12} {'M':>3} {'bf16 us':>8} {'TB/s':>5} {'fp8 wo us':>9} "
           f"{'TB/s':>5} {'scaled_mm us':>12} best tile", flush=True)
@@ -72,7 +80,7 @@ def main() -> None:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 bf16 = timed(lambda i, x=x, w=w16: F.linear(x, w[i % len(w)]), args.replays)
                 scores: list[tuple[float, WeightOnlyConfig]] = []
-                for cfg in grid:
+                for cfg in grid + (gemv if m == 1 else []):
                     try:
                         us = timed(lambda i, x=x, cfg=cfg, w=w8: weight_only_linear(
                             x, w[i % len(w)][0], w[i % len(w)][1], cfg), args.replays)
@@ -97,12 +105,12 @@ def main() -> None:
                 print(f"{model:<11} {n:>5} x {k:<5} {m:>3} {bf16:8.2f} "
                       f"{n * k * 2 / bf16 / 1e6:5.2f} {us:9.2f} {n * k / us / 1e6:5.2f} {mm} "
                       f"{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} "
-                      f"split{cfg.split_k}",
+                      f"split{cfg.split_k}{' gemv' if cfg.gemv else ''}",
                       flush=True)
     print("WEIGHT_ONLY_CONFIGS = {")
     for (n, k), c in best_cfg.items():
         print(f"    ({n}, {k}): WeightOnlyConfig({c.block_n}, {c.block_k}, {c.num_warps}, "
-              f"{c.num_stages}, {c.split_k}),")
+              f"{c.num_stages}, {c.split_k}{', True' if c.gemv else ''}),")
     print("}")
 
 

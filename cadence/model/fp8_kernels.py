@@ -98,6 +98,56 @@ if triton is not None:
             tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_o + offs_n[None, :],
                      (acc * scale[None, :]).to(out_ptr.dtype.element_ty), mask=omask)
 
+    @triton.jit
+    def _gemv_kernel(
+        x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, count_ptr, N, K,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+        EVEN_K: tl.constexpr,
+    ):
+        # One row (batch-1 decode) on the CUDA cores: each program multiplies BLOCK_N channels
+        # by its run of K with wide loads and elementwise FMAs, reducing once at the end;
+        # split-K partial sums combine as in _weight_only_kernel.
+        pid_n = tl.program_id(0)
+        split = tl.program_id(1)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        nmask = offs_n < N
+        w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
+        per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+        k_start = split * per_split
+        k_end = tl.minimum(k_start + per_split, K)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            kk = k0 + offs_k
+            if EVEN_K:
+                x = tl.load(x_ptr + kk).to(tl.float32)
+                w = tl.load(w_rows + kk[None, :], mask=nmask[:, None], other=0.0)
+            else:
+                kmask = kk < k_end
+                x = tl.load(x_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
+                w = tl.load(w_rows + kk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+            acc += w.to(tl.float32) * x[None, :]
+        total = tl.sum(acc, 1)
+        if SPLIT_K > 1:
+            lanes = tl.arange(0, BLOCK_N)
+            part = ws_ptr + (pid_n * SPLIT_K).to(tl.int64) * BLOCK_N
+            tl.store(part + split * BLOCK_N + lanes, total)
+            # NOTE: as in _weight_only_kernel: partial sums before the release, .cg reads after.
+            tl.debug_barrier()
+            done = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if done == SPLIT_K - 1:
+                total = tl.zeros([BLOCK_N], tl.float32)
+                for s in range(SPLIT_K):
+                    total += tl.load(part + s * BLOCK_N + lanes, cache_modifier=".cg")
+                scale = tl.load(s_ptr + offs_n, mask=nmask, other=0.0)
+                tl.store(out_ptr + offs_n, (total * scale).to(out_ptr.dtype.element_ty),
+                         mask=nmask)
+                tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+        else:
+            scale = tl.load(s_ptr + offs_n, mask=nmask, other=0.0)
+            tl.store(out_ptr + offs_n, (total * scale).to(out_ptr.dtype.element_ty), mask=nmask)
+
+    _GEMV = TritonLaunch(_gemv_kernel)
     _QUANT = TritonLaunch(_quant_kernel)
     _WEIGHT_ONLY = TritonLaunch(_weight_only_kernel)
 
@@ -109,6 +159,7 @@ class WeightOnlyConfig:
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1
+    gemv: bool = False  # one row on the CUDA cores (_gemv_kernel) instead of the tensor cores
 
 
 # Column-block arrival counters of split-K launches, per device: zero between launches (the
@@ -186,7 +237,11 @@ def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
         counters = _counters(x.device)
     else:
         workspace = counters = out  # unused
-    if m:
+    if m == 1 and cfg.gemv and weight.stride(0) == k:
+        _GEMV((blocks, split), (x, weight, scale, out, workspace, counters, n, k),
+              BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
+              EVEN_K=k % cfg.block_k == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    elif m:
         _WEIGHT_ONLY(
             (blocks, split),
             (x, weight, scale, out, workspace, counters, m, n, k, x.stride(0), weight.stride(0),

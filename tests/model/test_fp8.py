@@ -237,6 +237,7 @@ def test_weight_only_kernel_matches_float64(dtype: torch.dtype, m: int, n: int, 
     configs = [None, WeightOnlyConfig(16, 128, 4, 2), WeightOnlyConfig(32, 128, 4, 2, 4)]
     if dtype != torch.float32:  # larger tiles of float32 activations exceed shared memory
         configs += [WeightOnlyConfig(32, 256, 4, 3, 4), WeightOnlyConfig(64, 512, 8, 3, 8)]
+    configs += [WeightOnlyConfig(16, 512, 4, 3, 1, True), WeightOnlyConfig(32, 256, 4, 3, 4, True)]
     for cfg in configs:
         first = weight_only_linear(x, wq, ws, cfg)
         for _ in range(20):  # split-K sums in a fixed order: every launch gives the same bits

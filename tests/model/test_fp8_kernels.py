@@ -30,7 +30,8 @@ def run_weight_only(device: str, dtype: torch.dtype) -> None:
 
     gen = torch.Generator().manual_seed(0)
     configs = [WeightOnlyConfig(32, 64, 4, 1, 1), WeightOnlyConfig(16, 32, 4, 1, 4),
-               WeightOnlyConfig(32, 128, 4, 1, 3), WeightOnlyConfig(16, 64, 4, 1, 8)]
+               WeightOnlyConfig(32, 128, 4, 1, 3), WeightOnlyConfig(16, 64, 4, 1, 8),
+               WeightOnlyConfig(16, 64, 4, 1, 1, True), WeightOnlyConfig(32, 128, 4, 1, 4, True)]
     for m, n, k in SHAPES:
         w = torch.randn(n, k, generator=gen)
         x = torch.randn(m, k, generator=gen)
