@@ -27,6 +27,8 @@ class Envs:
     # Tensor parallelism on CUDA: every all-reduce through NCCL, none through the one-shot
     # kernel over peer-mapped buffers (model/custom_all_reduce.py).
     disable_custom_all_reduce: bool = False
+    # Leave every decoder projection to cuBLAS (no skinny GEMM kernel for few-row steps).
+    disable_skinny_gemm: bool = False
 
     @property
     def cpu_threads(self) -> int | None:
@@ -51,4 +53,5 @@ def read_envs() -> Envs:
         log_level=os.environ.get("CADENCE_LOG_LEVEL", "INFO"),
         cpu_threads_text=os.environ.get("CADENCE_CPU_THREADS", ""),
         disable_custom_all_reduce=bool(_flag("CADENCE_DISABLE_CUSTOM_ALL_REDUCE")),
+        disable_skinny_gemm=bool(_flag("CADENCE_DISABLE_SKINNY_GEMM")),
     )

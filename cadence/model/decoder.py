@@ -22,6 +22,7 @@ from cadence.model.layers import GemmaRMSNorm, RMSNorm, silu_and_mul
 from cadence.model.moe import SparseMoE
 from cadence.model.parallel import TPShard, VocabParallelEmbedding, all_reduce, gather_vocab
 from cadence.model.rope import RopeParams, RotaryEmbedding
+from cadence.model.skinny_gemm import use_skinny_gemm
 
 
 class MLP(nn.Module):
@@ -105,6 +106,7 @@ class CausalLM(nn.Module):
         self.arch = full if self.shard is None else self.shard.local_arch(full)
         self.attn_backend = attn_backend
         self.model = DecoderModel(self.arch, attn_backend, self.shard)
+        use_skinny_gemm(self.model)  # projections of few rows: a split-K kernel on CUDA
         head_rows = self.arch.vocab_size if self.shard is None else self.shard.vocab_per_rank
         self.lm_head = (
             None

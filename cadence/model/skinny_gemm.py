@@ -1,0 +1,143 @@
+"""Skinny GEMMs for decode: the decoder's projections of up to 16 rows through a split-K Triton
+kernel (``skinny_gemm_kernels``) that streams the weight on every SM, where it beats cuBLAS.
+
+``skinny_linear(x, weight, bias)`` is ``F.linear`` with that dispatch: the kernel runs for CUDA
+tensors in bfloat16 / float16 (x, weight and bias of one dtype, contiguous), at most
+``MAX_ROWS`` rows, on compute capability 8.0 or newer, and only where the configuration table
+(``SKINNY_CONFIGS``, measured per shape and row count by ``scripts/skinny_gemm_sweep.py``) or,
+for shapes it does not list, ``heuristic_config`` gives a configuration; everything else is
+``F.linear`` unchanged (the CPU path above all). ``SkinnyLinear`` is an ``nn.Linear`` whose
+forward is ``skinny_linear``; ``use_skinny_gemm(model)`` turns the decoder's projections into
+one. ``CADENCE_DISABLE_SKINNY_GEMM=1`` leaves every projection to ``F.linear``.
+
+The first call of a configuration compiles it, so the first call on a device (which also
+allocates the kernel's counters) must run outside a CUDA graph capture, as warm-ups do; a
+call under capture before that takes ``F.linear``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cadence.envs import read_envs
+from cadence.model.skinny_gemm_kernels import SkinnyConfig, has_scratch, row_bucket, skinny_matmul
+
+__all__ = [
+    "MAX_ROWS",
+    "SKINNY_CONFIGS",
+    "SkinnyConfig",
+    "SkinnyLinear",
+    "heuristic_config",
+    "row_bucket",
+    "skinny_linear",
+    "use_skinny_gemm",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_ROWS = 16
+ENABLED = not read_envs().disable_skinny_gemm
+# The decoder layers' projections (module names) that use_skinny_gemm converts.
+PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+_DTYPES = (torch.bfloat16, torch.float16)
+_MIN_CAPABILITY = (8, 0)  # bfloat16 tensor-core dots
+# The device SKINNY_CONFIGS was measured on; others take heuristic_config for every shape.
+TABLE_CAPABILITY = (9, 0)
+# Shapes the table does not list (or other devices): heuristic_config, or cuBLAS when False.
+USE_HEURISTIC = True
+
+# (N, K, row bucket) -> the fastest configuration, or None where cuBLAS is faster. Measured on
+# an H200 with scripts/skinny_gemm_sweep.py (which prints this dict); the row buckets are those
+# of row_bucket.
+SKINNY_CONFIGS: dict[tuple[int, int, int], SkinnyConfig | None] = {}
+
+
+def heuristic_config(rows: int, n: int, k: int, num_sms: int) -> SkinnyConfig:
+    """A configuration for a shape the table does not list: one row as float32 multiply-adds,
+    more on the tensor cores, and enough K slices for about four programs per SM."""
+    if rows == 1:
+        block_n, block_k, warps, stages, dot = 16, 512, 8, 1, False
+    else:
+        block_n, block_k, warps, stages, dot = 64, 128, 4, 4, True
+    column_blocks = -(-n // block_n)
+    split = max(1, min(-(-4 * num_sms // column_blocks), -(-k // block_k)))
+    return SkinnyConfig(block_n, block_k, split, warps, stages, dot)
+
+
+# (device index, N, K, row bucket) -> the configuration in use (None: F.linear).
+_CHOSEN: dict[tuple[int | None, int, int, int], SkinnyConfig | None] = {}
+
+
+def _choose(device: torch.device, n: int, k: int, bucket: int) -> SkinnyConfig | None:
+    key = (device.index, n, k, bucket)
+    if key in _CHOSEN:
+        return _CHOSEN[key]
+    capability = torch.cuda.get_device_capability(device)
+    cfg: SkinnyConfig | None = None
+    if capability >= _MIN_CAPABILITY:
+        if capability == TABLE_CAPABILITY and (n, k, bucket) in SKINNY_CONFIGS:
+            cfg = SKINNY_CONFIGS[(n, k, bucket)]
+        elif USE_HEURISTIC:
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            cfg = heuristic_config(bucket, n, k, sms)
+    _CHOSEN[key] = cfg
+    return cfg
+
+
+def _usable(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    if x.dtype not in _DTYPES or weight.dtype != x.dtype or not weight.is_cuda:
+        return False
+    if bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous()):
+        return False
+    if not (x.is_contiguous() and weight.is_contiguous()):
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return False  # no backward
+    return has_scratch(x.device) or not torch.cuda.is_current_stream_capturing()
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``, through the skinny kernel where it is faster (see the
+    module's docstring); the same result up to the order of the float32 additions."""
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    if ENABLED and 0 < rows <= MAX_ROWS and x.is_cuda and _usable(x, weight, bias):
+        n = weight.shape[0]
+        key = (x.device.index, n, k, row_bucket(rows))
+        cfg = _CHOSEN[key] if key in _CHOSEN else _choose(x.device, n, k, key[3])
+        if cfg is not None:
+            try:
+                out = skinny_matmul(x.reshape(rows, k), weight, bias, cfg)
+            except Exception:  # e.g. a configuration Triton cannot compile here
+                logger.warning("skinny GEMM %s for [%d, %d] x [%d, %d] failed; cuBLAS from now on",
+                               cfg, rows, k, n, k, exc_info=True)
+                _CHOSEN[key] = None
+                return F.linear(x, weight, bias)
+            return out.view(*x.shape[:-1], n)
+    return F.linear(x, weight, bias)
+
+
+class SkinnyLinear(nn.Linear):
+    """An ``nn.Linear`` whose forward is ``skinny_linear`` (the same parameters and state)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return skinny_linear(input, self.weight, self.bias)
+
+
+def use_skinny_gemm(model: nn.Module) -> int:
+    """Turn every plain ``nn.Linear`` of ``model`` named like a decoder projection into a
+    ``SkinnyLinear`` (in place: parameters, names and state dict stay); the number turned.
+    Nothing changes when ``CADENCE_DISABLE_SKINNY_GEMM`` is set."""
+    if not ENABLED:
+        return 0
+    turned = 0
+    for name, module in model.named_modules():
+        if type(module) is nn.Linear and name.rsplit(".", 1)[-1] in PROJECTIONS:
+            module.__class__ = SkinnyLinear
+            turned += 1
+    return turned

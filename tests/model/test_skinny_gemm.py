@@ -1,0 +1,269 @@
+"""The skinny GEMM kernel against float64 references, its dispatch, and the decoder's use of it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # the interpreter driver: before triton is imported
+    os.environ["TRITON_INTERPRET"] = "1"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from cadence.envs import read_envs  # noqa: E402
+from cadence.model import skinny_gemm, skinny_gemm_kernels  # noqa: E402
+from cadence.model.decoder import CausalLM  # noqa: E402
+from cadence.model.skinny_gemm import (  # noqa: E402
+    SkinnyConfig,
+    SkinnyLinear,
+    heuristic_config,
+    skinny_linear,
+    use_skinny_gemm,
+)
+from cadence.model.skinny_gemm_kernels import (  # noqa: E402
+    MAX_COUNTERS,
+    launch_shape,
+    row_bucket,
+    skinny_matmul,
+)
+from tests.model.helpers import hf_config  # noqa: E402
+from tests.model.triton_interpreter import DONE, patch_interpreter, run_interpreted  # noqa: E402
+
+# One configuration per code path: tensor cores and float32 multiply-adds, each unsplit and
+# split over K (tiles chosen small so that the small shapes below split and leave remainders).
+SMALL_CONFIGS = [
+    SkinnyConfig(block_n=16, block_k=32, split_k=1, dot=True),
+    SkinnyConfig(block_n=32, block_k=16, split_k=4, dot=True),
+    SkinnyConfig(block_n=8, block_k=64, split_k=1, num_warps=4, num_stages=1, dot=False),
+    SkinnyConfig(block_n=16, block_k=32, split_k=3, num_warps=4, num_stages=1, dot=False),
+]
+# (M, N, K): none of N and K a multiple of the blocks except the first.
+SMALL_SHAPES = [(1, 64, 128), (3, 40, 100), (16, 33, 70), (5, 17, 300)]
+
+QWEN3_06B = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
+LLAMA3_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+             "down": (4096, 14336)}  # fmt: skip
+REAL_SHAPES = [(f"qwen3-0.6b-{k}", *v) for k, v in QWEN3_06B.items()] + [
+    (f"llama3-8b-{k}", *v) for k, v in LLAMA3_8B.items()
+]
+
+
+def _operands(m: int, n: int, k: int, dtype: torch.dtype, device: str, seed: int = 0,
+              bias: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Outputs of about unit size: x ~ N(0, 1), W ~ N(0, 1 / K)."""
+    gen = torch.Generator(device).manual_seed(seed)
+    x = torch.randn(m, k, generator=gen, device=device).to(dtype)
+    w = (torch.randn(n, k, generator=gen, device=device) / k**0.5).to(dtype)
+    b = torch.randn(n, generator=gen, device=device).to(dtype) if bias else None
+    return x, w, b
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    out = x.double() @ w.double().T
+    return out if b is None else out + b.double()
+
+
+def _tol(dtype: torch.dtype) -> dict[str, float]:
+    # Half precisions: one rounding of the output (float32 sums inside).
+    return {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=2e-3),
+            torch.bfloat16: dict(atol=1.6e-2, rtol=1e-2)}[dtype]  # fmt: skip
+
+
+def check_kernel(device: str, dtype: torch.dtype, m: int, n: int, k: int,
+                 cfg: SkinnyConfig) -> None:
+    x, w, b = _operands(m, n, k, dtype, device, seed=m * 1000 + n + k)
+    for bias in (b, None):
+        out = skinny_matmul(x, w, bias, cfg)
+        assert out.shape == (m, n) and out.dtype == dtype
+        torch.testing.assert_close(out.double(), _reference(x, w, bias), **_tol(dtype))
+    # Rows of a wider buffer (a row stride other than K), and the same bits on a second call.
+    wide = torch.zeros(m, k + 8, dtype=dtype, device=device)
+    wide[:, :k] = x
+    again = skinny_matmul(wide[:, :k], w, b, cfg)
+    assert torch.equal(again, skinny_matmul(x, w, b, cfg))
+    # Each row's bits do not depend on the other rows of its bucket.
+    if m > 1 and row_bucket(m - 1) == row_bucket(m):
+        assert torch.equal(skinny_matmul(x[:-1], w, b, cfg), again[:-1])
+    counters = skinny_gemm_kernels._SCRATCH[x.device.index][0]
+    assert int(counters.count_nonzero()) == 0  # every split launch put its counters back
+
+
+def run_interpreter_cases() -> None:
+    for cfg in SMALL_CONFIGS:
+        for m, n, k in SMALL_SHAPES:
+            check_kernel("cpu", torch.float32, m, n, k, cfg)
+            check_kernel("cpu", torch.float16, m, n, k, cfg)
+            if not cfg.dot:  # the interpreter's tl.dot does not take bfloat16
+                check_kernel("cpu", torch.bfloat16, m, n, k, cfg)
+
+
+# --- CPU ----------------------------------------------------------------------------------------
+
+
+def test_kernels_in_triton_interpreter():
+    run_interpreted(__file__)
+
+
+def test_row_buckets():
+    assert [row_bucket(r) for r in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 4, 4, 4, 8, 8, 16, 16]
+
+
+@pytest.mark.parametrize("k", [64, 100, 1024, 3072, 14336])
+@pytest.mark.parametrize("split", [1, 2, 3, 7, 64])
+def test_launch_shape_covers_k_with_no_empty_slice(k, split):
+    cfg = SkinnyConfig(block_n=32, block_k=128, split_k=split)
+    shape = launch_shape(4, 1000, k, cfg)
+    assert shape.column_blocks == 32 and shape.block_m == 16
+    assert shape.k_per_split % cfg.block_k == 0
+    assert (shape.split_k - 1) * shape.k_per_split < k <= shape.split_k * shape.k_per_split
+    assert 1 <= shape.split_k <= split
+    fma = launch_shape(3, 1000, k, SkinnyConfig(block_n=32, block_k=128, split_k=split, dot=False))
+    assert fma.block_m == 4
+
+
+def test_launch_shape_runs_unsplit_past_the_counters():
+    cfg = SkinnyConfig(block_n=1, block_k=16, split_k=4)
+    assert launch_shape(1, MAX_COUNTERS + 1, 64, cfg).split_k == 1
+    assert launch_shape(1, MAX_COUNTERS, 64, cfg).split_k == 4
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16])
+@pytest.mark.parametrize("n,k", [(1024, 3072), (28672, 4096), (8, 16)])
+def test_heuristic_config_is_launchable(rows, n, k):
+    cfg = heuristic_config(rows, n, k, num_sms=132)
+    assert cfg.dot == (rows > 1)
+    shape = launch_shape(rows, n, k, cfg)
+    assert 1 <= shape.split_k <= -(-k // cfg.block_k)
+    if shape.column_blocks < 4 * 132 and k >= 8 * cfg.block_k:
+        assert shape.split_k > 1  # few column blocks: K is split to fill the SMs
+
+
+@pytest.mark.parametrize("shape", [(3, 64), (2, 5, 64), (17, 64)])
+def test_cpu_forward_is_nn_linear(shape):
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48)
+    skinny = nn.Linear(64, 48)
+    skinny.load_state_dict(linear.state_dict())
+    skinny.__class__ = SkinnyLinear
+    x = torch.randn(*shape)
+    assert torch.equal(skinny(x), linear(x))
+    xb, wb = x.bfloat16(), linear.weight.bfloat16()
+    assert torch.equal(skinny_linear(xb, wb), F.linear(xb, wb))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma2", "llama-bias"])
+def test_decoder_projections_are_skinny_linears(family):
+    with torch.device("meta"):
+        model = CausalLM(hf_config(family, tie=False), attn_backend=None)  # type: ignore[arg-type]
+    layers = model.arch.num_layers
+    skinny = [n for n, m in model.named_modules() if isinstance(m, SkinnyLinear)]
+    assert len(skinny) == 4 * layers
+    assert {n.rsplit(".", 1)[-1] for n in skinny} == set(skinny_gemm.PROJECTIONS)
+    assert type(model.lm_head) is nn.Linear  # the LM head streams at bandwidth already
+    assert use_skinny_gemm(model) == 0  # already turned
+
+
+def test_disable_switch(monkeypatch):
+    monkeypatch.setenv("CADENCE_DISABLE_SKINNY_GEMM", "1")
+    assert read_envs().disable_skinny_gemm
+    monkeypatch.delenv("CADENCE_DISABLE_SKINNY_GEMM")
+    assert not read_envs().disable_skinny_gemm
+    monkeypatch.setattr(skinny_gemm, "ENABLED", False)
+    with torch.device("meta"):
+        model = CausalLM(hf_config("qwen3", tie=False), attn_backend=None)  # type: ignore[arg-type]
+    assert not any(isinstance(m, SkinnyLinear) for m in model.modules())
+
+
+# --- GPU ----------------------------------------------------------------------------------------
+
+
+def _table_or_heuristic(rows: int, n: int, k: int) -> SkinnyConfig:
+    cfg = skinny_gemm.SKINNY_CONFIGS.get((n, k, row_bucket(rows)))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return cfg or heuristic_config(row_bucket(rows), n, k, sms)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("cfg", SMALL_CONFIGS, ids=str)
+@pytest.mark.parametrize("m,n,k", SMALL_SHAPES + [(8, 1000, 1000), (2, 4100, 1030)])
+def test_kernel_paths_on_gpu(dtype, cfg, m, n, k):
+    check_kernel("cuda", dtype, m, n, k, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 2, 8, 16])
+@pytest.mark.parametrize("name,n,k", REAL_SHAPES, ids=[s[0] for s in REAL_SHAPES])
+def test_real_shapes_against_torch_bf16(name, n, k, rows):
+    x, w, _ = _operands(rows, n, k, torch.bfloat16, "cuda", seed=rows, bias=False)
+    expected = _reference(x, w, None)
+    torch_bf16 = F.linear(x, w).double()
+    cfgs = {_table_or_heuristic(rows, n, k), heuristic_config(row_bucket(rows), n, k, 132)}
+    if rows <= 4:
+        cfgs.add(SkinnyConfig(block_n=16, block_k=512, split_k=4, num_warps=8, num_stages=1,
+                              dot=False))
+    for cfg in cfgs:
+        out = skinny_matmul(x, w, None, cfg).double()
+        torch.testing.assert_close(out, expected, **_tol(torch.bfloat16), msg=str(cfg))
+        # No further from the exact result than torch's own bf16 GEMM, give or take a rounding.
+        ours, theirs = (out - expected).abs().max(), (torch_bf16 - expected).abs().max()
+        assert ours <= theirs + 2 ** -8 * expected.abs().max(), (cfg, ours, theirs)
+    out = skinny_linear(x, w)
+    torch.testing.assert_close(out.double(), expected, **_tol(torch.bfloat16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.parametrize("split", [1, 4])
+@pytest.mark.parametrize("name,n,k", [REAL_SHAPES[0], REAL_SHAPES[3], REAL_SHAPES[6]],
+                         ids=[REAL_SHAPES[i][0] for i in (0, 3, 6)])
+def test_inside_a_cuda_graph(name, n, k, rows, split):
+    dot = rows > 1
+    cfg = SkinnyConfig(block_n=64 if dot else 16, block_k=128 if dot else 512, split_k=split,
+                       num_warps=4 if dot else 8, num_stages=3 if dot else 1, dot=dot)
+    x, w, b = _operands(rows, n, k, torch.bfloat16, "cuda", seed=1)
+    static_x = x.clone()
+    skinny_matmul(static_x, w, b, cfg)  # compiles, allocates the counters: outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = skinny_matmul(static_x, w, b, cfg)
+    for seed in (2, 3, 4):
+        fresh, _, _ = _operands(rows, n, k, torch.bfloat16, "cuda", seed=seed, bias=False)
+        static_x.copy_(fresh)
+        graph.replay()
+        eager = skinny_matmul(fresh, w, b, cfg)
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, eager)
+        torch.testing.assert_close(static_out.double(), _reference(fresh, w, b),
+                                   **_tol(torch.bfloat16))
+    assert int(skinny_gemm_kernels._SCRATCH[0][0].count_nonzero()) == 0
+
+
+@pytest.mark.gpu
+def test_dispatch_falls_back_where_the_kernel_does_not_apply(monkeypatch):
+    x, w, b = _operands(4, 256, 512, torch.bfloat16, "cuda")
+    calls = []
+    real = skinny_gemm.skinny_matmul
+    monkeypatch.setattr(skinny_gemm, "skinny_matmul", lambda *a: calls.append(a) or real(*a))
+    skinny_linear(x, w, b)
+    assert len(calls) == 1  # the kernel's case
+    big, _, _ = _operands(17, 256, 512, torch.bfloat16, "cuda")
+    cases = [(x.float(), w.float(), b.float()), (big, w, b), (x.t().contiguous().t(), w, b),
+             (x, w.t().contiguous().t(), b), (x, w, torch.stack([b, b], 1)[:, 0])]  # fmt: skip
+    for args in cases:
+        assert torch.equal(skinny_linear(*args), F.linear(*args))
+    monkeypatch.setattr(skinny_gemm, "ENABLED", False)
+    assert torch.equal(skinny_linear(x, w, b), F.linear(x, w, b))
+    assert len(calls) == 1
+
+
+if __name__ == "__main__":
+    patch_interpreter()
+    run_interpreter_cases()
+    print(DONE)
