@@ -36,7 +36,7 @@ __all__ = [
 # Arrival counters per device, one per column block of a split launch; a launch with more
 # column blocks than this runs unsplit.
 MAX_COUNTERS = 1 << 16
-DOT_ROWS = 16  # tl.dot's smallest tile: the rows of x are padded (re-read) up to it
+DOT_ROWS = 16  # tl.dot's smallest tile: the rows of x are padded with zeros up to it
 
 _skinny_gemm_kernel = None
 
@@ -109,10 +109,19 @@ if triton is not None:
             arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
             if arrived == split_k - 1:
                 summed = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                for s in range(0, split_k):
+                slice_size = M * N
+                for s in range(0, split_k, 4):
+                    # Four slices' loads in flight, added in slice order (absent slices add 0).
                     # .cg: from L2, where the other SMs' stores are (L1 is not coherent).
-                    summed += tl.load(part_ptr + s * M * N + part_offs, mask=mask, other=0.0,
-                                      cache_modifier=".cg")
+                    base = part_ptr + s * slice_size + part_offs
+                    p0 = tl.load(base, mask=mask, other=0.0, cache_modifier=".cg")
+                    p1 = tl.load(base + slice_size, mask=mask & (s + 1 < split_k), other=0.0,
+                                 cache_modifier=".cg")
+                    p2 = tl.load(base + 2 * slice_size, mask=mask & (s + 2 < split_k),
+                                 other=0.0, cache_modifier=".cg")
+                    p3 = tl.load(base + 3 * slice_size, mask=mask & (s + 3 < split_k),
+                                 other=0.0, cache_modifier=".cg")
+                    summed = (((summed + p0) + p1) + p2) + p3
                 _finish(summed, out_ptr, b_ptr, offs_m, offs_n, M, N, stride_o, HAS_BIAS)
                 tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 

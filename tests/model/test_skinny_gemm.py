@@ -189,11 +189,16 @@ def _table_or_heuristic(rows: int, n: int, k: int) -> SkinnyConfig:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("cfg", SMALL_CONFIGS, ids=str)
 @pytest.mark.parametrize("m,n,k", SMALL_SHAPES + [(8, 1000, 1000), (2, 4100, 1030)])
-def test_kernel_paths_on_gpu(dtype, cfg, m, n, k):
-    check_kernel("cuda", dtype, m, n, k, cfg)
+def test_kernel_paths_on_gpu(cfg, m, n, k):
+    check_kernel("cuda", torch.bfloat16, m, n, k, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", SMALL_CONFIGS, ids=str)
+def test_kernel_paths_in_float16(cfg):
+    check_kernel("cuda", torch.float16, 5, 17, 300, cfg)
 
 
 @pytest.mark.gpu
@@ -261,6 +266,38 @@ def test_dispatch_falls_back_where_the_kernel_does_not_apply(monkeypatch):
     monkeypatch.setattr(skinny_gemm, "ENABLED", False)
     assert torch.equal(skinny_linear(x, w, b), F.linear(x, w, b))
     assert len(calls) == 1
+
+
+@pytest.mark.gpu
+def test_decoder_steps_take_the_kernel_and_agree_with_cublas(monkeypatch):
+    from cadence.model.attention import TorchAttentionBackend
+    from tests.model.helpers import Chunk, cuda_args, make_batch, new_kv_caches
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = CausalLM(hf_config("qwen3", tie=False), TorchAttentionBackend()).to(torch.bfloat16)
+    model.reset_buffers()
+    caches = [c.cuda() for c in new_kv_caches(model, torch.bfloat16)]
+    model.bind_kv_caches(caches)
+    tables = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    prompts = [[3, 4, 5, 6, 7], [9, 10], [11, 12, 13, 14, 15, 16, 17, 18]]
+    prefill = make_batch([Chunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)])
+    step = make_batch([Chunk([5], len(p), t) for p, t in zip(prompts, tables, strict=True)], 1)
+    calls = []
+    real = skinny_gemm.skinny_matmul
+    monkeypatch.setattr(skinny_gemm, "skinny_matmul", lambda *a: calls.append(a) or real(*a))
+    with torch.no_grad():
+        model(*cuda_args(prefill))  # 15 tokens: the kernel's too
+        saved = [c.clone() for c in caches]
+        calls.clear()
+        ours = model(*cuda_args(step)).float()
+        assert len(calls) == 4 * model.num_layers
+        for cache, before in zip(caches, saved, strict=True):
+            cache.copy_(before)
+        monkeypatch.setattr(skinny_gemm, "ENABLED", False)
+        theirs = model(*cuda_args(step)).float()
+    assert len(calls) == 4 * model.num_layers
+    torch.testing.assert_close(ours, theirs, atol=0.1, rtol=0.05)
 
 
 if __name__ == "__main__":
