@@ -57,15 +57,13 @@ SKINNY_CONFIGS: dict[tuple[int, int, int], SkinnyConfig | None] = {}
 
 
 def heuristic_config(rows: int, n: int, k: int, num_sms: int) -> SkinnyConfig:
-    """A configuration for a shape the table does not list: one row as float32 multiply-adds,
-    more on the tensor cores, and enough K slices for about four programs per SM."""
-    if rows == 1:
-        block_n, block_k, warps, stages, dot = 16, 512, 8, 1, False
-    else:
-        block_n, block_k, warps, stages, dot = 64, 128, 4, 4, True
+    """A configuration for a shape the table does not list: 32 x 256 tensor-core tiles (the
+    FP8 weight-only kernel's measured tile) and enough K slices for about four programs per
+    SM. ``rows`` does not change it (the rows are padded to 16)."""
+    block_n, block_k = 32, 256
     column_blocks = -(-n // block_n)
     split = max(1, min(-(-4 * num_sms // column_blocks), -(-k // block_k)))
-    return SkinnyConfig(block_n, block_k, split, warps, stages, dot)
+    return SkinnyConfig(block_n, block_k, split, num_warps=4, num_stages=3, dot=True)
 
 
 # (device index, N, K, row bucket) -> the configuration in use (None: F.linear).
