@@ -5,7 +5,7 @@ kernel (``skinny_gemm_kernels``) that streams the weight on every SM, where it b
 tensors in bfloat16 / float16 (x, weight and bias of one dtype, contiguous), at most
 ``MAX_ROWS`` rows, on compute capability 8.0 or newer, and only where the configuration table
 (``SKINNY_CONFIGS``, measured per shape and row count by ``scripts/skinny_gemm_sweep.py``) or,
-for shapes it does not list, ``heuristic_config`` gives a configuration; everything else is
+for smaller weights it does not list, ``heuristic_config`` gives a configuration; the rest is
 ``F.linear`` unchanged (the CPU path above all). ``SkinnyLinear`` is an ``nn.Linear`` whose
 forward is ``skinny_linear``; ``use_skinny_gemm(model)`` turns the decoder's projections into
 one. ``CADENCE_DISABLE_SKINNY_GEMM=1`` leaves every projection to ``F.linear``.
@@ -47,8 +47,11 @@ _DTYPES = (torch.bfloat16, torch.float16)
 _MIN_CAPABILITY = (8, 0)  # bfloat16 tensor-core dots
 # The device SKINNY_CONFIGS was measured on; others take heuristic_config for every shape.
 TABLE_CAPABILITY = (9, 0)
-# Shapes the table does not list (or other devices): heuristic_config, or cuBLAS when False.
-USE_HEURISTIC = True
+# Shapes the table does not list (or other devices): heuristic_config up to this many weight
+# bytes, cuBLAS above. At one row on the H200 cuBLAS streams Llama-3-8B's 32-235 MB projections
+# at 2.5-4.3 TB/s but Qwen3-0.6B's 4-12 MB ones below 1 TB/s, and the FP8 split-K kernel of
+# this design reached 1.7-2.9 TB/s (docs/perf.md, run N). 0: cuBLAS for every unlisted shape.
+HEURISTIC_MAX_WEIGHT_BYTES = 16 << 20
 
 # (N, K, row bucket) -> the fastest configuration, or None where cuBLAS is faster. Measured on
 # an H200 with scripts/skinny_gemm_sweep.py (which prints this dict); the row buckets are those
@@ -79,7 +82,7 @@ def _choose(device: torch.device, n: int, k: int, bucket: int) -> SkinnyConfig |
     if capability >= _MIN_CAPABILITY:
         if capability == TABLE_CAPABILITY and (n, k, bucket) in SKINNY_CONFIGS:
             cfg = SKINNY_CONFIGS[(n, k, bucket)]
-        elif USE_HEURISTIC:
+        elif 2 * n * k <= HEURISTIC_MAX_WEIGHT_BYTES:  # bf16 / fp16
             sms = torch.cuda.get_device_properties(device).multi_processor_count
             cfg = heuristic_config(bucket, n, k, sms)
     _CHOSEN[key] = cfg

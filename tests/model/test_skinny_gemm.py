@@ -142,6 +142,32 @@ def test_heuristic_config_is_launchable(rows, n, k):
         assert shape.split_k > 1  # few column blocks: K is split to fill the SMs
 
 
+def test_choice_of_table_heuristic_or_cublas(monkeypatch):
+    class Props:
+        multi_processor_count = 132
+
+    capability = [(9, 0)]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability[0])
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Props())
+    listed = SkinnyConfig(block_n=16, block_k=512, split_k=2, num_warps=8, num_stages=1, dot=False)
+    monkeypatch.setattr(skinny_gemm, "SKINNY_CONFIGS",
+                        {(28672, 4096, 1): listed, (4096, 1024, 4): None})
+
+    def choose(n: int, k: int, bucket: int) -> SkinnyConfig | None:
+        monkeypatch.setattr(skinny_gemm, "_CHOSEN", {})
+        return skinny_gemm._choose(torch.device("cuda", 0), n, k, bucket)
+
+    assert choose(4096, 1024, 1) == heuristic_config(1, 4096, 1024, 132)  # 8 MB: unlisted
+    assert choose(4096, 1024, 4) is None  # listed: cuBLAS wins
+    assert choose(28672, 4096, 1) == listed
+    assert choose(28672, 4096, 4) is None  # 235 MB, unlisted: cuBLAS
+    capability[0] = (8, 0)  # not the table's device: sizes alone decide
+    assert choose(28672, 4096, 1) is None
+    assert choose(4096, 1024, 4) == heuristic_config(4, 4096, 1024, 132)
+    capability[0] = (7, 5)
+    assert choose(4096, 1024, 1) is None
+
+
 @pytest.mark.parametrize("shape", [(3, 64), (2, 5, 64), (17, 64)])
 def test_cpu_forward_is_nn_linear(shape):
     torch.manual_seed(0)
