@@ -201,6 +201,69 @@ def test_a_failed_launch_raises_and_an_empty_grid_launches_nothing(
     assert launcher._dims(7) == (7, 1, 1)
 
 
+class _CLaunch:
+    """libcuda's cuLaunchKernel as the launcher calls it through ctypes: plain integers."""
+
+    def __init__(self, errors: list[int] | None = None) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.errors = errors or []
+
+    def __call__(self, *args: Any) -> int:
+        self.calls.append(args)
+        return self.errors.pop(0) if self.errors else 0
+
+
+def _bound_c(monkeypatch: pytest.MonkeyPatch, c_launch: _CLaunch, drv: _Driver,
+             rt: _Runtime) -> Any:
+    drv.__name__ = "cuda.bindings.driver"  # as cuda-python's own module is named
+    monkeypatch.setattr(launcher, "_libcuda_launch", lambda: c_launch)
+    return _bound(monkeypatch, drv, rt)
+
+
+def test_the_c_entry_point_takes_raw_handles_and_the_bindings_stay_unused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    c_launch, drv, rt = _CLaunch(), _Driver(), _Runtime()
+    kernel, params = _bound_c(monkeypatch, c_launch, drv, rt)
+    s = _Stream(0x77)
+    kernel.launch(s)
+    kernel.launch(s)
+    kernel.launch(None)
+    kernel.launch_blocks(0x99, 3)
+    assert c_launch.calls == [
+        (0xF00, 4, 2, 1, 128, 1, 1, 256, 0x77, params.address, None),
+        (0xF00, 4, 2, 1, 128, 1, 1, 256, 0x77, params.address, None),
+        (0xF00, 4, 2, 1, 128, 1, 1, 256, 0, params.address, None),
+        (0xF00, 3, 1, 1, 128, 1, 1, 256, 0x99, params.address, None),
+    ]
+    assert drv.calls == [] and list(kernel._handles) == [s, None, 0x99]
+
+
+def test_the_c_entry_point_falls_back_without_a_context_and_raises_other_errors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cadence.runtime import CudaError
+
+    # No current context: the bindings' path selects the device and launches again.
+    c_launch, drv, rt = _CLaunch(errors=[201]), _Driver(errors=[201]), _Runtime()
+    kernel, _ = _bound_c(monkeypatch, c_launch, drv, rt)
+    kernel.launch(_Stream(5))
+    assert len(c_launch.calls) == 1 and len(drv.calls) == 2 and rt.set_device == [1]
+    other = _Driver()
+    failing, _ = _bound_c(monkeypatch, _CLaunch(errors=[700]), other, rt)
+    other.CUresult = lambda code: code  # the code, as cuda-python's enum would wrap it
+    with pytest.raises(CudaError, match="cuLaunchKernel"):
+        failing.launch(_Stream(5))
+
+
+def test_a_recording_driver_never_meets_the_c_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    c_launch, drv, rt = _CLaunch(), _Driver(), _Runtime()
+    monkeypatch.setattr(launcher, "_libcuda_launch", lambda: c_launch)
+    kernel, _ = _bound(monkeypatch, drv, rt)
+    kernel.launch(_Stream(5))
+    assert c_launch.calls == [] and len(drv.calls) == 1
+
+
 def test_bind_refuses_a_kernel_without_a_block_size() -> None:
     with pytest.raises(ValueError, match="block size"):
         launcher.bind(0xF00, grid=1)
