@@ -51,12 +51,23 @@ def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[
     return rng.integers(10, max(11, vocab - 1), size=(n, length)).tolist()
 
 
-def weight_bytes(model) -> int:
-    """Bytes a decode step must read: every parameter except the input embedding table (only a
-    few rows of it are touched), unless it is tied to the output head, which reads all of it."""
+def weight_bytes(model, tokens: int = 1) -> int:
+    """Bytes a step of ``tokens`` tokens (a decode batch, or a prompt) must read: every
+    parameter except the input embedding table (only a few rows of it are touched), unless it is
+    tied to the output head, which reads all of it. A mixture of experts reads the experts its
+    tokens are routed to: with top-k of E experts and routing spread evenly, each expert is
+    missed by all ``tokens`` with probability (1 - k / E) ** tokens."""
     tied = model.lm_head is None
-    return sum(p.numel() * p.element_size() for name, p in model.named_parameters()
-               if tied or "embed_tokens" not in name)
+    arch = model.arch
+    touched = 1.0
+    if arch.num_experts:
+        touched = 1.0 - (1.0 - arch.num_experts_per_tok / arch.num_experts) ** tokens
+    total = 0.0
+    for name, p in model.named_parameters():
+        if tied or "embed_tokens" not in name:
+            size = p.numel() * p.element_size()
+            total += size * touched if ".experts." in name else size
+    return int(total)
 
 
 def kv_bytes_per_token(model, dtype_size: int) -> int:

@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     startup_s = time.perf_counter() - started
     model = core.runner.model
     wbytes = weight_bytes(model)
-    kv_tok = kv_bytes_per_token(model, core.dtype.itemsize)
+    # An FP8 cache stores one byte per value.
+    kv_tok = kv_bytes_per_token(model, getattr(core.runner, "kv_dtype", core.dtype).itemsize)
     device = device_name()
     bandwidth = read_bandwidth(ns.bandwidth, device)
     tp = args.tensor_parallel_size
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             times.extend(run_batch(core, batch, ns.input_len, ns.output_len, seed=r))
         step_s = median(times)
         avg_ctx = ns.input_len + ns.output_len / 2
-        bytes_step = wbytes + batch * avg_ctx * kv_tok
+        bytes_step = weight_bytes(model, batch) + batch * avg_ctx * kv_tok
         row = {
             "batch": batch,
             "decode_ms_per_step": round(step_s * 1e3, 4),

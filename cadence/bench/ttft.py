@@ -60,9 +60,13 @@ def time_one(core, prompt: list[int], request_id: str) -> float:
 
 
 def floor_seconds(model, num_tokens: int, bandwidth: float, flops: float) -> float:
-    params = sum(p.numel() for name, p in model.named_parameters() if "embed_tokens" not in name)
+    arch = model.arch
+    active = arch.num_experts_per_tok / arch.num_experts if arch.num_experts else 1.0
+    # Each token multiplies by the dense weights and by k of the E experts' weights.
+    params = sum(p.numel() * (active if ".experts." in name else 1.0)
+                 for name, p in model.named_parameters() if "embed_tokens" not in name)
     matmul = 2.0 * params * num_tokens  # + attention, small next to the GEMMs at these lengths
-    return max(weight_bytes(model) / bandwidth, matmul / flops)
+    return max(weight_bytes(model, num_tokens) / bandwidth, matmul / flops)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,3 +43,20 @@ def test_weight_bytes_skips_an_untied_input_table():
     model = _meta_model("llama3-8b")
     assert model.lm_head is not None
     assert weight_bytes(model) == 15_009_849_344
+
+
+def test_weight_bytes_of_a_mixture_of_experts_counts_the_experts_its_tokens_reach():
+    # Qwen3-30B-A3B: hidden 2048, 32 query heads and 4 KV heads of 128, 48 layers, each a
+    # router over 128 experts of 768 channels, 8 per token; vocabulary 151936, untied. Per layer:
+    #   q 2048*4096 + k, v 2 * 2048*512 + o 4096*2048            = 18_874_368
+    #   q/k norms 2 * 128 + two RMSNorms 2 * 2048 + router 2048*128 =    266_496
+    #   experts 128 * 3 * 2048*768                                = 603_979_776
+    # One token reaches 8 of 128 experts (1/16 of the expert bytes); 32 tokens spread evenly
+    # miss an expert with probability (120/128)^32.
+    model = _meta_model("qwen3-30b-a3b")
+    dense = 48 * (18_874_368 + 266_496) + 151936 * 2048 + 2048  # + lm_head, final norm
+    experts = 48 * 603_979_776
+    assert weight_bytes(model) == 2 * (dense + experts // 16)
+    want = 2 * (dense + experts * (1 - (120 / 128) ** 32))
+    assert abs(weight_bytes(model, 32) - want) <= 2
+    assert weight_bytes(model, 100_000) == 2 * (dense + experts)
