@@ -81,6 +81,21 @@ def llama(tmp_path_factory):
                             vocab=256, tie=False)
 
 
+def test_fp8_weights_and_cache_run_split_over_two_ranks(llama):
+    """Each rank quantizes its own shard (a row-parallel shard's channel scales are its own, so
+    the tokens need not equal one rank's); the FP8 options reach the workers and run."""
+    before = child_pids()
+    two = _engine(llama, 2, quantization="fp8", kv_cache_dtype="fp8")
+    try:
+        tokens = _tokens(two)
+        assert [len(t) for t in tokens] == [10, 10, 10]
+        assert _tokens(two)[:2] == tokens[:2]  # greedy: the same again, over the prefix cache
+        assert two.engine_core.config.cache.cache_dtype == "fp8"
+    finally:
+        two.shutdown()
+    assert child_pids() == before
+
+
 def test_a_rank_that_cannot_load_is_a_start_up_error(tmp_path):
     from safetensors.torch import load_file, save_file
 
