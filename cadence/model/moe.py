@@ -95,7 +95,14 @@ class ExpertGroups:
 
 
 def _max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
-    return (num_pairs + num_experts * (block_m - 1)) // block_m + 1
+    """Blocks of ``block_m`` that the padded runs can fill, from shapes only. Expert e's run
+    takes ceil(c_e / block_m) < c_e / block_m + 1 blocks and at most min(pairs, experts)
+    experts have pairs, so the runs take at most pairs // block_m + min(pairs, experts)
+    blocks (the grouped GEMMs' grid: a decode step of 8 pairs over 128 experts gets 9 blocks,
+    not 121 mostly empty ones)."""
+    by_experts = (num_pairs + num_experts * (block_m - 1)) // block_m
+    by_pairs = num_pairs // block_m + min(num_pairs, num_experts)
+    return min(by_experts, by_pairs) + 1
 
 
 def group_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertGroups:

@@ -108,6 +108,27 @@ def test_group_by_expert_lays_out_every_pair_once(skew):
     assert used == sorted(used)
 
 
+@pytest.mark.parametrize(("tokens", "experts", "top_k", "block_m"),
+                         [(1, 128, 8, 16), (32, 128, 8, 16), (37, 8, 3, 16), (5, 60, 4, 64),
+                          (300, 16, 2, 64)])
+def test_the_layout_is_sized_for_the_worst_routing(tokens, experts, top_k, block_m):
+    from cadence.model.moe import _max_blocks
+
+    pairs = tokens * top_k
+    blocks = _max_blocks(pairs, experts, block_m)
+    # Worst cases: every pair on its own expert, or the pairs spread so that each expert's run
+    # ends one past a block boundary; the layout must hold the padded runs of each.
+    for spread in (min(pairs, experts), max(1, min(experts, pairs // (block_m + 1)))):
+        ids = (torch.arange(pairs) % spread).view(tokens, top_k)
+        groups = group_by_expert(ids, experts, block_m)
+        counts = torch.bincount(ids.flatten(), minlength=experts)
+        used = int(((counts + block_m - 1) // block_m).sum())
+        assert groups.block_expert.shape[0] == blocks >= used
+        assert int((groups.block_expert >= 0).sum()) == used
+        assert sorted(p for p in groups.sorted_pairs.tolist() if p < pairs) == list(range(pairs))
+    assert blocks <= pairs // block_m + min(pairs, experts) + 1
+
+
 def run_triton_case(tokens: int, hidden: int, inter: int, num_experts: int, top_k: int,
                     skew: bool, seed: int) -> None:
     from cadence.model.moe import fused_moe_triton
