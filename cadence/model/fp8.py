@@ -1,8 +1,9 @@
 """FP8 (e4m3) weights and activations: ``--quantization fp8``.
 
-At load every projection of the decoder layers (qkv, o, gate_up, down) is quantized to e4m3
-with one scale per output channel (``amax / 448``); the embedding, the LM head, MoE experts and
-routers stay in the model dtype. At run time a GEMM of few rows (decode) streams the FP8 weight
+At load every projection of the decoder layers (qkv, o, gate_up, down) and every MoE expert is
+quantized to e4m3 with one scale per output channel (``amax / 448``); the embedding, the LM head
+and MoE routers stay in the model dtype. (The experts run weight-only at every batch size: the
+grouped GEMMs convert their tiles and apply the row scales to the sums.) At run time a GEMM of few rows (decode) streams the FP8 weight
 into a Triton kernel that multiplies it with the activations in the model dtype and applies the
 channel scales at the end (weights in FP8, activations not: half the bytes of a bf16 step); a
 larger GEMM (prefill) quantizes each token's activations with a scale of its own and multiplies
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 from cadence.model import fp8_kernels
+from cadence.model.moe import Experts
 
 __all__ = ["FP8_MAX", "Fp8Linear", "quantize_model_fp8", "quantize_rows"]
 
@@ -98,14 +100,28 @@ class Fp8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8_e4m3"
 
 
+def _quantize_experts(w: nn.Parameter) -> tuple[nn.Parameter, nn.Parameter]:
+    """Experts' weights ``[E, rows, K]`` in e4m3 and their row scales ``[E, rows]``."""
+    e, rows, k = w.shape
+    q, scale = quantize_rows(w.detach().reshape(e * rows, k))
+    return (nn.Parameter(q.view(e, rows, k), requires_grad=False),
+            nn.Parameter(scale.view(e, rows), requires_grad=False))
+
+
 @torch.no_grad()
 def quantize_model_fp8(model: nn.Module) -> int:
-    """Replace every decoder projection of ``model`` by its ``Fp8Linear``; the number replaced.
+    """Replace every decoder projection of ``model`` by its ``Fp8Linear`` and turn MoE experts
+    into e4m3 with row scales; the number of modules changed.
 
     On CUDA a projection whose sizes are not multiples of 16 (the FP8 GEMM's granularity)
     stays in the model dtype."""
     replaced = kept = 0
     for module in list(model.modules()):
+        if isinstance(module, Experts):
+            module.gate_up_proj, module.gate_up_scale = _quantize_experts(module.gate_up_proj)
+            module.down_proj, module.down_scale = _quantize_experts(module.down_proj)
+            replaced += 1
+            continue
         for child_name, child in list(module.named_children()):
             if child_name not in _PROJECTIONS or not isinstance(child, nn.Linear):
                 continue

@@ -65,19 +65,32 @@ def route_triton(
     return weights, ids
 
 
+Scales = tuple[torch.Tensor, torch.Tensor] | None  # FP8 experts' row scales [E, 2I], [E, H]
+
+
+def _expert_weight(w: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype
+                   ) -> torch.Tensor:
+    return w if scale is None else (w.float() * scale[:, None]).to(dtype)
+
+
 def fused_moe_reference(
     x: torch.Tensor,
     weights: torch.Tensor,
     ids: torch.Tensor,
     gate_up: torch.Tensor,
     down: torch.Tensor,
+    scales: Scales = None,
 ) -> torch.Tensor:
-    """``sum_j weights[t, j] * expert_{ids[t, j]}(x[t])``, one expert at a time (host loop)."""
+    """``sum_j weights[t, j] * expert_{ids[t, j]}(x[t])``, one expert at a time (host loop);
+    FP8 experts are dequantized one at a time."""
     out = torch.zeros_like(x)
+    gs, ds = scales if scales is not None else (None, None)
     for expert in torch.unique(ids).tolist():
         token, slot = torch.where(ids == expert)
-        gate, up = F.linear(x[token], gate_up[expert]).chunk(2, dim=-1)
-        h = F.linear(F.silu(gate) * up, down[expert]) * weights[token, slot, None]
+        w_gate_up = _expert_weight(gate_up[expert], None if gs is None else gs[expert], x.dtype)
+        w_down = _expert_weight(down[expert], None if ds is None else ds[expert], x.dtype)
+        gate, up = F.linear(x[token], w_gate_up).chunk(2, dim=-1)
+        h = F.linear(F.silu(gate) * up, w_down) * weights[token, slot, None]
         out.index_add_(0, token, h.to(out.dtype))
     return out
 
@@ -149,6 +162,7 @@ def fused_moe_triton(
     ids: torch.Tensor,
     gate_up: torch.Tensor,
     down: torch.Tensor,
+    scales: Scales = None,
 ) -> torch.Tensor:
     num_tokens, hidden = x.shape
     num_experts, two_inter, _ = gate_up.shape
@@ -164,15 +178,17 @@ def fused_moe_triton(
     block_n, block_k = (32, 32) if ieee else (64, 64)
     groups = group_by_expert(ids, num_experts, block_m)
     num_blocks = groups.block_expert.shape[0]
+    fp8 = scales is not None
+    gate_up_scale, down_scale = scales if fp8 else (x, x)  # unused without FP8
     h = torch.empty((num_pairs, inter), dtype=x.dtype, device=x.device)
     _GATE_UP(
         (num_blocks, triton.cdiv(inter, block_n)),
         (
-            x, gate_up, h, groups.sorted_pairs, groups.block_expert, num_pairs,
+            x, gate_up, h, groups.sorted_pairs, groups.block_expert, gate_up_scale, num_pairs,
             x.stride(0), gate_up.stride(0), gate_up.stride(1), h.stride(0),
         ),
         TOP_K=top_k, HIDDEN=hidden, INTER=inter, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=min(block_k, max(16, next_pow2(hidden))), IEEE=ieee, num_warps=4,
+        BLOCK_K=min(block_k, max(16, next_pow2(hidden))), IEEE=ieee, FP8=fp8, num_warps=4,
     )  # fmt: skip
     per_pair = torch.empty((num_pairs, hidden), dtype=x.dtype, device=x.device)
     route_weights = weights.contiguous().view(-1)
@@ -180,10 +196,11 @@ def fused_moe_triton(
         (num_blocks, triton.cdiv(hidden, block_n)),
         (
             h, down, per_pair, groups.sorted_pairs, groups.block_expert, route_weights,
-            num_pairs, h.stride(0), down.stride(0), down.stride(1), per_pair.stride(0),
+            down_scale, num_pairs, h.stride(0), down.stride(0), down.stride(1),
+            per_pair.stride(0),
         ),
         HIDDEN=hidden, INTER=inter, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=min(block_k, max(16, next_pow2(inter))), IEEE=ieee, num_warps=4,
+        BLOCK_K=min(block_k, max(16, next_pow2(inter))), IEEE=ieee, FP8=fp8, num_warps=4,
     )  # fmt: skip
     return per_pair.view(num_tokens, top_k, hidden).sum(dim=1)
 
@@ -194,12 +211,14 @@ def fused_moe(
     ids: torch.Tensor,
     gate_up: torch.Tensor,
     down: torch.Tensor,
+    scales: Scales = None,
 ) -> torch.Tensor:
     """Experts ``gate_up [E, 2I, H]`` (rows [gate | up]) and ``down [E, H, I]`` applied to
-    ``x [T, H]`` with the router's ``weights`` and ``ids`` ``[T, k]``."""
+    ``x [T, H]`` with the router's ``weights`` and ``ids`` ``[T, k]``. With ``scales`` the
+    experts are e4m3 and row ``r`` of expert ``e`` stands for ``w[e, r] * scale[e, r]``."""
     if triton is not None and x.is_cuda:
-        return fused_moe_triton(x, weights, ids, gate_up, down)
-    return fused_moe_reference(x, weights, ids, gate_up, down)
+        return fused_moe_triton(x, weights, ids, gate_up, down, scales)
+    return fused_moe_reference(x, weights, ids, gate_up, down, scales)
 
 
 class Experts(nn.Module):
@@ -209,6 +228,15 @@ class Experts(nn.Module):
         # Per expert, rows [gate | up] (the loader fills each expert's slices).
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
         self.down_proj = nn.Parameter(torch.empty(e, h, i))
+        # FP8 experts (--quantization fp8): each row's scale; None in the model dtype.
+        self.gate_up_scale: nn.Parameter | None = None
+        self.down_scale: nn.Parameter | None = None
+
+    @property
+    def scales(self) -> Scales:
+        if self.gate_up_scale is None or self.down_scale is None:
+            return None
+        return self.gate_up_scale, self.down_scale
 
 
 class SparseMoE(nn.Module):
@@ -226,5 +254,6 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)
-        out = fused_moe(x, weights, ids, self.experts.gate_up_proj, self.experts.down_proj)
+        out = fused_moe(x, weights, ids, self.experts.gate_up_proj, self.experts.down_proj,
+                        self.experts.scales)
         return all_reduce(out) if self.tp else out

@@ -27,6 +27,7 @@ if triton is not None:
         out_ptr,
         sorted_ptr,
         block_expert_ptr,
+        scale_ptr,
         num_pairs,
         stride_xt,
         stride_we,
@@ -39,8 +40,10 @@ if triton is not None:
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         IEEE: tl.constexpr,
+        FP8: tl.constexpr,
     ):
-        """out[pair] = silu(x[token] @ gate[e].T) * (x[token] @ up[e].T), one slice of INTER."""
+        """out[pair] = silu(x[token] @ gate[e].T) * (x[token] @ up[e].T), one slice of INTER.
+        FP8 experts: e4m3 rows times their scales ``scale[e, row]`` (applied to the sums)."""
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -72,12 +75,19 @@ if triton is not None:
                 mask=wmask,
                 other=0.0,
             )
+            if FP8:
+                wg = wg.to(a.dtype)
+                wu = wu.to(a.dtype)
             if IEEE:
                 acc_g += tl.dot(a, wg, input_precision="ieee")
                 acc_u += tl.dot(a, wu, input_precision="ieee")
             else:
                 acc_g += tl.dot(a, wg)
                 acc_u += tl.dot(a, wu)
+        if FP8:
+            rows = scale_ptr + expert * 2 * INTER + offs_n
+            acc_g = acc_g * tl.load(rows, mask=nmask, other=0.0)[None, :]
+            acc_u = acc_u * tl.load(rows + INTER, mask=nmask, other=0.0)[None, :]
         h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
         tl.store(
             out_ptr + pair[:, None] * stride_ot + offs_n[None, :],
@@ -93,6 +103,7 @@ if triton is not None:
         sorted_ptr,
         block_expert_ptr,
         weight_ptr,
+        scale_ptr,
         num_pairs,
         stride_ht,
         stride_we,
@@ -104,8 +115,10 @@ if triton is not None:
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         IEEE: tl.constexpr,
+        FP8: tl.constexpr,
     ):
-        """out[pair] = routing_weight[pair] * (h[pair] @ down[e].T), one slice of HIDDEN."""
+        """out[pair] = routing_weight[pair] * (h[pair] @ down[e].T), one slice of HIDDEN
+        (FP8 experts: times ``scale[e, row]``)."""
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -132,10 +145,14 @@ if triton is not None:
                 mask=kmask[:, None] & nmask[None, :],
                 other=0.0,
             )
+            if FP8:
+                w = w.to(a.dtype)
             if IEEE:
                 acc += tl.dot(a, w, input_precision="ieee")
             else:
                 acc += tl.dot(a, w)
+        if FP8:
+            acc = acc * tl.load(scale_ptr + expert * HIDDEN + offs_n, mask=nmask, other=0.0)[None, :]
         route = tl.load(weight_ptr + safe, mask=pmask, other=0.0).to(tl.float32)
         tl.store(
             out_ptr + safe[:, None] * stride_ot + offs_n[None, :],

@@ -121,6 +121,12 @@ def test_every_decoder_projection_turns_fp8_and_nothing_else(checkpoint) -> None
     # The layers' projections (MoE layers' experts are not modules; their routers stay).
     assert names == {n for n in plain if n.startswith("model.layers.") and n.endswith("proj")}
     assert names and all(".mlp.gate" != n[-9:] for n in names)
+    from cadence.model.moe import Experts
+
+    for experts in (m for m in model.modules() if isinstance(m, Experts)):
+        assert experts.gate_up_proj.dtype == experts.down_proj.dtype == FP8
+        assert experts.gate_up_scale.shape == experts.gate_up_proj.shape[:2]
+        assert experts.down_scale.shape == experts.down_proj.shape[:2]
     assert model.lm_head is None or not isinstance(model.lm_head, Fp8Linear)
     assert all(p.dtype in (torch.float32, FP8) for p in model.parameters())
 

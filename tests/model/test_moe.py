@@ -129,14 +129,32 @@ def test_the_layout_is_sized_for_the_worst_routing(tokens, experts, top_k, block
     assert blocks <= pairs // block_m + min(pairs, experts) + 1
 
 
+def _fp8_experts(gate_up: torch.Tensor, down: torch.Tensor):
+    """The experts in e4m3 with row scales, and their dequantized float32 values."""
+    from cadence.model.fp8 import quantize_rows
+
+    out = []
+    for w in (gate_up, down):
+        q, scale = quantize_rows(w.reshape(-1, w.shape[-1]))
+        out.append((q.view(w.shape), scale.view(w.shape[:2])))
+    (gq, gs), (dq, ds) = out
+    return gq, dq, (gs, ds), gq.float() * gs[..., None], dq.float() * ds[..., None]
+
+
 def run_triton_case(tokens: int, hidden: int, inter: int, num_experts: int, top_k: int,
-                    skew: bool, seed: int) -> None:
+                    skew: bool, seed: int, fp8: bool = False) -> None:
     from cadence.model.moe import fused_moe_triton
 
     x, weights, ids = _routed(tokens, hidden, num_experts, top_k, seed, skew)
     gate_up, down = _experts(num_experts, hidden, inter, seed)
+    if fp8:  # e4m3 experts against the float32 experts they stand for
+        gq, dq, scales, gate_up, down = _fp8_experts(gate_up, down)
+        assert torch.allclose(fused_moe_reference(x, weights, ids, gq, dq, scales),
+                              fused_moe_reference(x, weights, ids, gate_up, down), atol=1e-5)
+        got = fused_moe_triton(x, weights, ids, gq, dq, scales)
+    else:
+        got = fused_moe_triton(x, weights, ids, gate_up, down)
     want = fused_moe_reference(x, weights, ids, gate_up, down)
-    got = fused_moe_triton(x, weights, ids, gate_up, down)
     assert want.abs().max() > 0.1
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
@@ -188,6 +206,12 @@ def test_triton_moe_matches_reference_on_gpu(dtype, tokens) -> None:
     want = fused_moe_reference(*args).float().cpu()
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    # FP8 experts: the kernels against the reference over the same e4m3 values and scales.
+    gq, dq, (gs, ds), _, _ = _fp8_experts(gate_up, down)
+    fp8 = (*args[:3], gq.to(dev), dq.to(dev), (gs.to(dev), ds.to(dev)))
+    got = fused_moe_triton(*fp8).float().cpu()
+    want = fused_moe_reference(*fp8).float().cpu()
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
 
 if __name__ == "__main__":
@@ -195,6 +219,8 @@ if __name__ == "__main__":
     run_triton_case(5, 32, 24, 8, 3, False, 0)  # decode-sized: most experts empty
     run_triton_case(40, 48, 40, 6, 2, False, 1)  # odd feature sizes (masked tiles)
     run_triton_case(64, 32, 32, 8, 4, True, 2)  # one crowded expert over several blocks
+    run_triton_case(5, 32, 24, 8, 3, False, 0, fp8=True)  # FP8 experts, row scales
+    run_triton_case(40, 48, 40, 6, 2, True, 1, fp8=True)
     run_routing_case(1, 128, 8, 16, 3)
     run_routing_case(32, 128, 8, 16, 4)  # 256 pairs: the largest one-launch grouping
     run_routing_case(7, 10, 3, 4, 5)
