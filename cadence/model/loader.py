@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Callable
@@ -284,23 +285,28 @@ def load_safetensors(model: CausalLM, path: str) -> None:
         raise ValueError(f"checkpoint {path!r} is missing tensor {missing[0]!r}{more}.")
 
 
-_KV_SCALE = re.compile(r"model\.layers\.(\d+)\.self_attn\.(?:([kv])_scale|([kv])_proj\.output_scale)")
+_KV_SCALE = re.compile(
+    r"model\.layers\.(\d+)\.self_attn\.(?:(k|v|kv)_scale|([kv])_proj\.output_scale)")
 
 
 def _load_kv_scale(model: CausalLM, f, name: str) -> bool:
-    """A checkpoint's per-layer FP8 KV-cache scale (``self_attn.k_scale`` / ``v_scale``, or the
-    older ``k_proj.output_scale`` / ``v_proj.output_scale``) into its attention layer; False
+    """A checkpoint's per-layer FP8 KV-cache scale (``self_attn.k_scale`` / ``v_scale``, the
+    older ``k_proj.output_scale`` / ``v_proj.output_scale``, or one ``kv_scale`` for both) into
+    its attention layer; False
     when ``name`` is not one. The scales act only on an FP8 cache."""
     found = _KV_SCALE.fullmatch(name)
     if found is None:
         return False
     layer, which = int(found.group(1)), found.group(2) or found.group(3)
     scale = f.get_tensor(name).float()
-    if layer >= model.arch.num_layers or scale.numel() != 1 or not float(scale) > 0:
-        raise ValueError(f"tensor {name!r}: a KV-cache scale must be one positive number of "
-                         f"one of the {model.arch.num_layers} layers, got shape "
+    if (layer >= model.arch.num_layers or scale.numel() != 1
+            or not (math.isfinite(float(scale)) and float(scale) > 0)):
+        raise ValueError(f"tensor {name!r}: a KV-cache scale must be one positive finite number "
+                         f"of one of the {model.arch.num_layers} layers, got shape "
                          f"{list(scale.shape)}.")
-    setattr(model.model.layers[layer].self_attn, f"{which}_scale", float(scale))
+    # The older single ``kv_scale`` serves keys and values alike.
+    for kv in ("k", "v") if which == "kv" else (which,):
+        setattr(model.model.layers[layer].self_attn, f"{kv}_scale", float(scale))
     return True
 
 

@@ -44,7 +44,10 @@ def route(
     router_logits: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(weights [T, k], expert ids [T, k])``: softmax in float32 over all experts, the top k,
-    renormalized to sum to one when ``renormalize``; weights in the logits' dtype."""
+    renormalized to sum to one when ``renormalize``; weights in the logits' dtype. On CUDA one
+    Triton launch (route_triton; among exactly equal probabilities the lower id first)."""
+    if triton is not None and router_logits.is_cuda and router_logits.shape[-1] <= 1024:
+        return route_triton(router_logits, top_k, renormalize)
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:

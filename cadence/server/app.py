@@ -163,7 +163,7 @@ class OpenAIServer:
                         "num_gpu_blocks": str(engine.num_kv_blocks),
                         "enable_prefix_caching": str(args.enable_prefix_caching),
                         "gpu_memory_utilization": str(args.gpu_memory_utilization),
-                        "cache_dtype": "auto"})
+                        "cache_dtype": args.kv_cache_dtype})
         engine.add_stat_logger(self.metrics)
         self.seconds = SecondsRecorder()
         engine.add_stat_logger(self.seconds)

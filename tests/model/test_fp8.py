@@ -163,6 +163,16 @@ def test_checkpoint_kv_scales_reach_the_attention_layers(tmp_path) -> None:
     model = _load(path)
     attn = [layer.self_attn for layer in model.model.layers]
     assert [(a.k_scale, a.v_scale) for a in attn] == [(0.25, 1.0), (1.0, 2.0)]
+    weights["model.layers.1.self_attn.kv_scale"] = torch.tensor(4.0)  # older: one for both
+    del weights["model.layers.1.self_attn.v_proj.output_scale"]
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    assert (_load(path).model.layers[1].self_attn.k_scale,
+            _load(path).model.layers[1].self_attn.v_scale) == (4.0, 4.0)
+    weights["model.layers.1.self_attn.kv_scale"] = torch.tensor(float("inf"))
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"'model.layers.1.self_attn.kv_scale'.*finite"):
+        _load(path)
+    weights["model.layers.1.self_attn.kv_scale"] = torch.tensor(4.0)
     # With an FP8 cache the scales apply: the stored keys are k / 0.25 (4x the bf16 values).
     weights["model.layers.0.self_attn.k_scale"] = torch.tensor([0.5, 0.5])
     save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
