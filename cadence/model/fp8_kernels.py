@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from cadence.model.skinny_gemm_kernels import MAX_COUNTERS, arrival_counters
 from cadence.runtime.triton_launch import TritonLaunch, next_pow2
 
 try:
@@ -162,24 +163,6 @@ class WeightOnlyConfig:
     gemv: bool = False  # one row on the CUDA cores (_gemv_kernel) instead of the tensor cores
 
 
-# Column-block arrival counters of split-K launches, per device: zero between launches (the
-# last program of a block re-arms it). NOTE: launches on one device must not overlap (one
-# stream): they share the counters.
-_COUNTERS: dict[int, torch.Tensor] = {}  # by device index (the CPU: Triton's interpreter)
-_MAX_COLUMN_BLOCKS = 1 << 16
-
-
-def _counters(device: torch.device) -> torch.Tensor:
-    index = device.index or 0
-    if device.type == "cuda" and device.index is None:
-        index = torch.cuda.current_device()
-    found = _COUNTERS.get(index)
-    if found is None:
-        found = _COUNTERS[index] = torch.zeros(_MAX_COLUMN_BLOCKS, dtype=torch.int32,
-                                               device=device)
-    return found
-
-
 # Measured per (N, K) on the H200 (scripts/fp8_sweep.py, docs/perf.md); other shapes take the
 # default. (Tiles of 64-128 channels with the weight as the dot's left operand measured slower.)
 WEIGHT_ONLY_CONFIGS: dict[tuple[int, int], WeightOnlyConfig] = {
@@ -245,11 +228,11 @@ def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
         cfg = WEIGHT_ONLY_CONFIGS.get((n, k), WeightOnlyConfig())
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     blocks = triton.cdiv(n, cfg.block_n)
-    split = cfg.split_k if blocks <= _MAX_COLUMN_BLOCKS else 1
+    split = cfg.split_k if blocks <= MAX_COUNTERS else 1
     if split > 1:
         workspace = torch.empty(blocks * split * 16 * cfg.block_n, dtype=torch.float32,
                                 device=x.device)
-        counters = _counters(x.device)
+        counters = arrival_counters(x.device)
     else:
         workspace = counters = out  # unused
     if m == 1 and cfg.gemv and weight.stride(0) == k:

@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover - CPU installs
     tl = None
 
 __all__ = [
-    "MAX_COUNTERS", "SkinnyConfig", "has_scratch", "launch_shape", "row_bucket", "skinny_matmul",
+    "MAX_COUNTERS", "SkinnyConfig", "arrival_counters", "has_scratch", "launch_shape", "row_bucket", "skinny_matmul",
 ]
 
 # Arrival counters per device, one per column block of a split launch; a launch with more
@@ -193,6 +193,12 @@ def _scratch(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
                    torch.zeros(1, dtype=torch.float32, device=device))
         _SCRATCH[device.index] = scratch
     return scratch
+
+
+def arrival_counters(device: torch.device) -> torch.Tensor:
+    """The device's split-K arrival counters (``MAX_COUNTERS``, zero between launches), shared
+    by every split-K GEMM of the device (this one and the FP8 weight-only kernels)."""
+    return _scratch(device)[0]
 
 
 def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

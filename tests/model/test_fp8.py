@@ -243,7 +243,8 @@ def test_token_quantization_kernel_is_the_definition(shape: tuple[int, int]) -> 
 @pytest.mark.parametrize(("m", "n", "k"), [(1, 4096, 1024), (3, 1000, 1000), (16, 6144, 4096),
                                            (7, 96, 64), (2, 4096, 14336)])
 def test_weight_only_kernel_matches_float64(dtype: torch.dtype, m: int, n: int, k: int) -> None:
-    from cadence.model.fp8_kernels import WeightOnlyConfig, _counters, weight_only_linear
+    from cadence.model.fp8_kernels import WeightOnlyConfig, weight_only_linear
+    from cadence.model.skinny_gemm_kernels import arrival_counters
 
     gen = torch.Generator(device="cuda").manual_seed(m * n)
     w = torch.randn(n, k, device="cuda", generator=gen)
@@ -262,7 +263,7 @@ def test_weight_only_kernel_matches_float64(dtype: torch.dtype, m: int, n: int, 
         rel = float((first.double() - want).norm() / want.norm())
         assert rel < (1e-5 if dtype == torch.float32 else 8e-3), (cfg, rel)
     torch.cuda.synchronize()
-    assert int(_counters(x.device).abs().sum()) == 0
+    assert int(arrival_counters(x.device).abs().sum()) == 0
 
 
 @pytest.mark.gpu
