@@ -152,9 +152,11 @@ def _group_by_expert_triton(flat: torch.Tensor, num_experts: int, block_m: int) 
     sorted_pairs = torch.empty(blocks * block_m, dtype=torch.long, device=flat.device)
     block_expert = torch.empty(blocks, dtype=torch.long, device=flat.device)
     block_p = next_pow2(num_pairs, 16)
-    _ALIGN((1,), (flat, sorted_pairs, block_expert, num_pairs),
+    # NOTE: the pair and block counts are runtime arguments; only their powers of two
+    # (BLOCK_P, BLOCK_B) compile new variants as decode batches grow.
+    _ALIGN((1,), (flat, sorted_pairs, block_expert, num_pairs, blocks),
            NUM_EXPERTS=num_experts, BLOCK_P=block_p, BLOCK_E=next_pow2(num_experts, 16),
-           BLOCK_M=block_m, NUM_BLOCKS=blocks, BLOCK_B=next_pow2(blocks, 16),
+           BLOCK_M=block_m, BLOCK_B=next_pow2(blocks, 16),
            num_warps=8 if block_p >= 128 else 4)
     return ExpertGroups(sorted_pairs, block_expert, block_m)
 

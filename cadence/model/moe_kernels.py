@@ -179,6 +179,9 @@ if triton is not None:
         x = x.to(tl.float32)
         p = tl.exp(x - tl.max(x, 0))
         p = p / tl.sum(p, 0)
+        # NOTE: a graph's padding rows may hold garbage (NaN logits); a NaN never equals the
+        # maximum, so it counts as 0 here and every chosen id stays a real expert.
+        p = tl.where(p == p, p, 0.0)
         offs_k = tl.arange(0, BLOCK_K)
         chosen_w = tl.zeros([BLOCK_K], tl.float32)
         chosen_i = tl.zeros([BLOCK_K], tl.int32)
@@ -198,9 +201,9 @@ if triton is not None:
 
     @triton.jit
     def _moe_align_kernel(
-        ids_ptr, sorted_ptr, block_expert_ptr, num_pairs, NUM_EXPERTS: tl.constexpr,
-        BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
-        NUM_BLOCKS: tl.constexpr, BLOCK_B: tl.constexpr,
+        ids_ptr, sorted_ptr, block_expert_ptr, num_pairs, num_blocks,
+        NUM_EXPERTS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr,
     ):
         # One program lays out every (token, expert) pair as ``moe.group_by_expert`` does, for
         # up to BLOCK_P pairs: pair i goes to its expert's padded run at the rank it has among
@@ -208,6 +211,7 @@ if triton is not None:
         offs_p = tl.arange(0, BLOCK_P)
         pmask = offs_p < num_pairs
         e = tl.load(ids_ptr + offs_p, mask=pmask, other=BLOCK_E).to(tl.int32)
+        pmask = pmask & (e >= 0) & (e < NUM_EXPERTS)  # an id out of range lands nowhere
         offs_e = tl.arange(0, BLOCK_E)
         mine = e[None, :] == offs_e[:, None]  # [experts, pairs]
         counts = tl.sum(mine.to(tl.int32), 1)
@@ -217,10 +221,10 @@ if triton is not None:
         earlier = (e[:, None] == e[None, :]) & (offs_p[None, :] < offs_p[:, None])
         rank = tl.sum(earlier.to(tl.int32), 1)
         dest = tl.sum(tl.where(mine, start[:, None], 0), 0) + rank
-        for q0 in range(0, NUM_BLOCKS * BLOCK_M, BLOCK_P):
+        for q0 in range(0, num_blocks * BLOCK_M, BLOCK_P):
             q = q0 + offs_p
             tl.store(sorted_ptr + q, tl.zeros([BLOCK_P], tl.int64) + num_pairs,
-                     mask=q < NUM_BLOCKS * BLOCK_M)
+                     mask=q < num_blocks * BLOCK_M)
         # NOTE: the fill above and the scatter below may touch one slot from two threads.
         tl.debug_barrier()
         tl.store(sorted_ptr + dest, offs_p.to(tl.int64), mask=pmask)
@@ -230,4 +234,4 @@ if triton is not None:
                        .to(tl.int32), 1)
         owner = tl.where(owner < NUM_EXPERTS, owner, -1)
         tl.store(block_expert_ptr + offs_b, owner.to(block_expert_ptr.dtype.element_ty),
-                 mask=offs_b < NUM_BLOCKS)
+                 mask=offs_b < num_blocks)

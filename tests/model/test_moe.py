@@ -179,6 +179,29 @@ def run_routing_case(tokens: int, num_experts: int, top_k: int, block_m: int, se
     assert torch.equal(got.block_expert.cpu(), want.block_expert)
 
 
+def run_garbage_routing_case(device: str = "cpu") -> None:
+    """A CUDA graph's padding rows may hold NaN (unwritten memory): the router still picks
+    real experts for them and routes the other rows as torch does."""
+    from cadence.model.moe import route_triton
+
+    logits = torch.randn(4, 12, generator=torch.Generator().manual_seed(9))
+    logits[1] = float("nan")
+    logits[2, 3] = float("nan")
+    got_w, got_ids = route_triton(logits.to(device), 4, True)
+    got_ids = got_ids.cpu()
+    assert bool(((got_ids >= 0) & (got_ids < 12)).all())
+    for row in got_ids:
+        assert len(set(row.tolist())) == 4  # four distinct experts
+    want_w, want_ids = route(logits[[0, 3]], 4, True)
+    assert torch.equal(got_ids[[0, 3]], want_ids)
+    torch.testing.assert_close(got_w.cpu()[[0, 3]], want_w, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_garbage_rows_route_to_real_experts_on_gpu() -> None:
+    run_garbage_routing_case("cuda")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("tokens", "experts", "top_k"), [(1, 128, 8), (32, 128, 8), (5, 60, 4),
                                                           (85, 8, 3), (3, 16, 1)])
@@ -224,4 +247,5 @@ if __name__ == "__main__":
     run_routing_case(1, 128, 8, 16, 3)
     run_routing_case(32, 128, 8, 16, 4)  # 256 pairs: the largest one-launch grouping
     run_routing_case(7, 10, 3, 4, 5)
+    run_garbage_routing_case()
     print(DONE)
