@@ -161,6 +161,42 @@ def _group_by_expert_triton(flat: torch.Tensor, num_experts: int, block_m: int) 
     return ExpertGroups(sorted_pairs, block_expert, block_m)
 
 
+@dataclass(frozen=True)
+class MoeTile:
+    """One grouped GEMM's launch: output features and reduction per step, warps, stages."""
+
+    block_n: int = 64
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+DEFAULT_TILE = MoeTile()
+_IEEE_TILE = MoeTile(32, 32)  # float32 operands: smaller tiles keep the registers in bounds
+# (kernel, hidden, intermediate, FP8 experts, pair bucket) -> the measured tile; pair buckets
+# are those of pair_bucket (decode), larger batches take DEFAULT_TILE. Measured on an H200 by
+# scripts/moe_sweep.py, which prints this dict.
+MOE_TILES: dict[tuple[str, int, int, bool, int], MoeTile] = {}
+
+
+def pair_bucket(num_pairs: int) -> int:
+    """The (token, expert) pair counts tiles are chosen for: up to 8, 64 or 256 pairs; 0 above."""
+    for bucket in (8, 64, 256):
+        if num_pairs <= bucket:
+            return bucket
+    return 0
+
+
+def moe_tiles(num_pairs: int, hidden: int, inter: int, dtype: torch.dtype, fp8: bool
+              ) -> tuple[MoeTile, MoeTile]:
+    """The (gate_up, down) tiles for a launch."""
+    if dtype == torch.float32:
+        return _IEEE_TILE, _IEEE_TILE
+    bucket = pair_bucket(num_pairs)
+    return (MOE_TILES.get(("gate_up", hidden, inter, fp8, bucket), DEFAULT_TILE),
+            MOE_TILES.get(("down", hidden, inter, fp8, bucket), DEFAULT_TILE))
+
+
 def fused_moe_triton(
     x: torch.Tensor,
     weights: torch.Tensor,
@@ -168,6 +204,7 @@ def fused_moe_triton(
     gate_up: torch.Tensor,
     down: torch.Tensor,
     scales: Scales = None,
+    tiles: tuple[MoeTile, MoeTile] | None = None,
 ) -> torch.Tensor:
     num_tokens, hidden = x.shape
     num_experts, two_inter, _ = gate_up.shape
@@ -179,33 +216,35 @@ def fused_moe_triton(
     x = x.contiguous()
     gate_up, down = gate_up.contiguous(), down.contiguous()
     ieee = x.dtype == torch.float32
+    fp8 = scales is not None
     block_m = 16 if num_pairs <= 64 * num_experts else 64
-    block_n, block_k = (32, 32) if ieee else (64, 64)
+    gu, dn = tiles or moe_tiles(num_pairs, hidden, inter, x.dtype, fp8)
     groups = group_by_expert(ids, num_experts, block_m)
     num_blocks = groups.block_expert.shape[0]
-    fp8 = scales is not None
     gate_up_scale, down_scale = scales if fp8 else (x, x)  # unused without FP8
     h = torch.empty((num_pairs, inter), dtype=x.dtype, device=x.device)
     _GATE_UP(
-        (num_blocks, triton.cdiv(inter, block_n)),
+        (num_blocks, triton.cdiv(inter, gu.block_n)),
         (
             x, gate_up, h, groups.sorted_pairs, groups.block_expert, gate_up_scale, num_pairs,
             x.stride(0), gate_up.stride(0), gate_up.stride(1), h.stride(0),
         ),
-        TOP_K=top_k, HIDDEN=hidden, INTER=inter, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=min(block_k, max(16, next_pow2(hidden))), IEEE=ieee, FP8=fp8, num_warps=4,
+        TOP_K=top_k, HIDDEN=hidden, INTER=inter, BLOCK_M=block_m, BLOCK_N=gu.block_n,
+        BLOCK_K=min(gu.block_k, max(16, next_pow2(hidden))), IEEE=ieee, FP8=fp8,
+        num_warps=gu.num_warps, num_stages=gu.num_stages,
     )  # fmt: skip
     per_pair = torch.empty((num_pairs, hidden), dtype=x.dtype, device=x.device)
     route_weights = weights.contiguous().view(-1)
     _DOWN(
-        (num_blocks, triton.cdiv(hidden, block_n)),
+        (num_blocks, triton.cdiv(hidden, dn.block_n)),
         (
             h, down, per_pair, groups.sorted_pairs, groups.block_expert, route_weights,
             down_scale, num_pairs, h.stride(0), down.stride(0), down.stride(1),
             per_pair.stride(0),
         ),
-        HIDDEN=hidden, INTER=inter, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=min(block_k, max(16, next_pow2(inter))), IEEE=ieee, FP8=fp8, num_warps=4,
+        HIDDEN=hidden, INTER=inter, BLOCK_M=block_m, BLOCK_N=dn.block_n,
+        BLOCK_K=min(dn.block_k, max(16, next_pow2(inter))), IEEE=ieee, FP8=fp8,
+        num_warps=dn.num_warps, num_stages=dn.num_stages,
     )  # fmt: skip
     return per_pair.view(num_tokens, top_k, hidden).sum(dim=1)
 

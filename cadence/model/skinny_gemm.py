@@ -24,7 +24,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from cadence.envs import read_envs
-from cadence.model.skinny_gemm_kernels import SkinnyConfig, has_scratch, row_bucket, skinny_matmul
+from cadence.model.skinny_gemm_kernels import (
+    SkinnyConfig,
+    SkinnyPlan,
+    has_scratch,
+    row_bucket,
+    skinny_matmul,
+    skinny_plan,
+)
 
 __all__ = [
     "MAX_ROWS",
@@ -155,11 +162,46 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
     return F.linear(x, weight, bias)
 
 
+_NO_PLAN = object()
+
+
 class SkinnyLinear(nn.Linear):
-    """An ``nn.Linear`` whose forward is ``skinny_linear`` (the same parameters and state)."""
+    """An ``nn.Linear`` whose forward is ``skinny_linear`` (the same parameters and state).
+
+    Each decode row count's launch is resolved once per module (a ``SkinnyPlan``, or cuBLAS),
+    so that an eager step pays for a kernel launch and an allocation, not for the dispatch."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return skinny_linear(input, self.weight, self.bias)
+        k = input.shape[-1]
+        rows = input.numel() // k if k else 0
+        if rows > MAX_ROWS or not ENABLED:
+            return F.linear(input, self.weight, self.bias)
+        plans = self.__dict__.get("_skinny_plans")
+        if plans is None:
+            plans = self.__dict__["_skinny_plans"] = {}
+        key = (rows, input.dtype, input.get_device(), input.data_ptr() & 15,
+               input.is_contiguous(), torch.is_grad_enabled())
+        plan = plans.get(key, _NO_PLAN)
+        if plan is None:
+            return F.linear(input, self.weight, self.bias)
+        if plan is not _NO_PLAN:
+            return plan(input, self.weight, self.bias).view(*input.shape[:-1], self.out_features)
+        out = skinny_linear(input, self.weight, self.bias)
+        if not torch.is_grad_enabled() and (has_scratch(input.device) or not input.is_cuda):
+            plans[key] = self._plan(input, rows, k)
+        return out
+
+    def _plan(self, x: torch.Tensor, rows: int, k: int) -> SkinnyPlan | None:
+        if not (ENABLED and x.is_cuda and _usable(x, self.weight, self.bias)):
+            return None
+        cfg = _CHOSEN.get((x.device.index, self.weight.shape[0], k, row_bucket(rows)))
+        if cfg is None:
+            return None
+        return skinny_plan(x.reshape(rows, k), self.weight, self.bias, cfg)
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        self.__dict__.pop("_skinny_plans", None)  # .to(), .half(), ...: new parameters
+        return super()._apply(fn, recurse)
 
 
 def use_skinny_gemm(model: nn.Module) -> int:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cadence.runtime.triton_launch import TritonLaunch
+from cadence.runtime.triton_launch import PreparedLaunch, TritonLaunch
 
 try:
     import triton
@@ -30,7 +30,8 @@ except ImportError:  # pragma: no cover - CPU installs
     tl = None
 
 __all__ = [
-    "MAX_COUNTERS", "SkinnyConfig", "arrival_counters", "has_scratch", "launch_shape", "row_bucket", "skinny_matmul",
+    "MAX_COUNTERS", "SkinnyConfig", "SkinnyPlan", "arrival_counters", "has_scratch", "launch_shape",
+    "row_bucket", "skinny_matmul", "skinny_plan",
 ]
 
 # Arrival counters per device, one per column block of a split launch; a launch with more
@@ -201,6 +202,29 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
     return _scratch(device)[0]
 
 
+def _launch(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: SkinnyConfig,
+    out: torch.Tensor, part: torch.Tensor, counters: torch.Tensor, shape: LaunchShape,
+) -> tuple[tuple, dict]:
+    """The kernel's arguments and constexprs (with the launch options) for one call."""
+    m, k = x.shape
+    n = weight.shape[0]
+    args = (x, weight, out if bias is None else bias, out, part, counters, m, n, k,
+            x.stride(0), weight.stride(0), out.stride(0), shape.k_per_split, shape.split_k)
+    constexprs = dict(
+        BLOCK_M=shape.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot,
+        SPLIT=shape.split_k > 1, EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return args, constexprs
+
+
+def _workspace(shape: LaunchShape, m: int, n: int, stand_in: torch.Tensor) -> torch.Tensor:
+    if shape.split_k == 1:
+        return stand_in
+    return torch.empty((shape.split_k, m, n), dtype=torch.float32, device=stand_in.device)
+
+
 def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   cfg: SkinnyConfig) -> torch.Tensor:
     """``x @ weight.T (+ bias)`` in ``x``'s dtype for ``x`` [M <= 16, K] with unit column stride
@@ -221,16 +245,57 @@ def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         return out.zero_() if bias is None else out.copy_(bias.expand(m, n))
     shape = launch_shape(m, n, k, cfg)
     counters, stand_in = _scratch(x.device)
-    part = stand_in
-    if shape.split_k > 1:
-        part = torch.empty((shape.split_k, m, n), dtype=torch.float32, device=x.device)
-    _SKINNY(
-        (shape.column_blocks, shape.split_k),
-        (x, weight, out if bias is None else bias, out, part, counters,
-         m, n, k, x.stride(0), weight.stride(0), out.stride(0), shape.k_per_split,
-         shape.split_k),
-        BLOCK_M=shape.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot,
-        SPLIT=shape.split_k > 1, EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    part = _workspace(shape, m, n, stand_in)
+    args, constexprs = _launch(x, weight, bias, cfg, out, part, counters, shape)
+    _SKINNY((shape.column_blocks, shape.split_k), args, **constexprs)
     return out
+
+
+@dataclass(frozen=True)
+class SkinnyPlan:
+    """``skinny_matmul`` for one weight, row count and configuration, resolved once: an eager
+    decode step calls each projection's plan instead of choosing and keying its launch again.
+    The caller passes tensors that specialize like the ones the plan was made from (same
+    dtype and device, contiguous ``x`` of the same rows and pointer alignment)."""
+
+    m: int
+    n: int
+    k: int
+    shape: LaunchShape
+    device: int
+    counters: torch.Tensor
+    stand_in: torch.Tensor
+    launch: PreparedLaunch
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+                 ) -> torch.Tensor:
+        m, n, shape = self.m, self.n, self.shape
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        part = _workspace(shape, m, n, self.stand_in)
+        # x's row stride matters only past one row, where contiguity makes it K.
+        self.launch(shape.column_blocks, shape.split_k, 1, self.device, (
+            x, weight, out if bias is None else bias, out, part, self.counters, m, n, self.k,
+            self.k, self.k, n, shape.k_per_split, shape.split_k))  # fmt: skip
+        return out
+
+
+def skinny_plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                cfg: SkinnyConfig) -> SkinnyPlan | None:
+    """The plan of ``skinny_matmul(x, weight, bias, cfg)`` once that call has run (it compiles
+    the kernel); None where the launch must keep going through ``skinny_matmul``."""
+    m, k = x.shape
+    n = weight.shape[0]
+    if triton is None or not (0 < m <= DOT_ROWS and n and k) or not has_scratch(x.device):
+        return None
+    if not (x.is_contiguous() and weight.is_contiguous() and weight.stride(0) == k):
+        return None
+    shape = launch_shape(m, n, k, cfg)
+    counters, stand_in = _scratch(x.device)
+    part = _workspace(shape, m, n, stand_in)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    args, constexprs = _launch(x.as_strided((m, k), (k, 1)), weight, bias, cfg, out, part,
+                               counters, shape)
+    launch = _SKINNY.prepared(args, **constexprs)
+    if launch is None:
+        return None
+    return SkinnyPlan(m, n, k, shape, x.get_device(), counters, stand_in, launch)

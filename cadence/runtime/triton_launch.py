@@ -83,6 +83,30 @@ class TritonLaunch:
         )  # fmt: skip
         self.fast_launches += 1
 
+    def prepared(
+        self, args: Sequence[Any], *, num_warps: int = 4, num_stages: int = 2, **constexprs: Any
+    ) -> PreparedLaunch | None:
+        """The compiled launch of ``args``' specialization, for a caller that keeps it per call
+        site (after one launch of that specialization has compiled it) and itself makes sure
+        that later arguments specialize alike; None where launches take Triton's path."""
+        key = (tuple(map(_spec, args)), tuple(constexprs.items()), num_warps, num_stages)
+        compiled = self._compiled.get(key)
+        return None if compiled is None else PreparedLaunch(compiled)
+
+
+@dataclass(frozen=True)
+class PreparedLaunch:
+    """One specialization's compiled launch: no key, no argument inspection."""
+
+    compiled: _Compiled
+
+    def __call__(self, gx: int, gy: int, gz: int, device: int, args: Sequence[Any]) -> None:
+        c = self.compiled
+        c.launch(
+            gx, gy, gz, c.current_stream(device), c.function, c.cooperative, c.pdl, None, None,
+            c.packed_metadata, None, None, None, *args, *c.constexprs,
+        )  # fmt: skip
+
 
 def _bind(ran: Any, constexprs: dict[str, Any]) -> _Compiled | None:
     """The compiled kernel's launcher, or None when it must keep going through Triton."""

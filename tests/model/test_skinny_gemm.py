@@ -325,6 +325,45 @@ def test_decoder_steps_take_the_kernel_and_agree_with_cublas(monkeypatch):
     torch.testing.assert_close(ours, theirs, atol=0.1, rtol=0.05)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias", [True, False])
+def test_planned_launches_repeat_the_first_call_bit_for_bit(monkeypatch, bias):
+    """After its first call per row count a SkinnyLinear launches its resolved plan (no
+    dispatch): the same bits as skinny_matmul, eagerly and inside a CUDA graph, for aligned
+    and misaligned inputs; a non-contiguous input keeps the checked path."""
+    torch.manual_seed(0)
+    n, k = 1024, 3072  # a table shape, split over K at one row
+    layer = nn.Linear(k, n, bias=bias).cuda().to(torch.bfloat16)
+    layer.__class__ = SkinnyLinear
+    calls = []
+    real = skinny_gemm.skinny_matmul
+    monkeypatch.setattr(skinny_gemm, "skinny_matmul", lambda *a: calls.append(a) or real(*a))
+    buf = torch.randn(16 * k + 1, device="cuda").to(torch.bfloat16)
+    with torch.no_grad():
+        for rows in (1, 3, 16):
+            for x in (buf[: rows * k].view(rows, k), buf[1 : rows * k + 1].view(rows, k)):
+                want = real(x, layer.weight, layer.bias, _table_or_heuristic(rows, n, k))
+                first = layer(x)
+                before = len(calls)
+                again = [layer(x) for _ in range(3)]
+                assert len(calls) == before  # the plan, not the dispatch
+                for got in [first, *again]:
+                    assert torch.equal(got, want)
+                static_x = x.clone()
+                layer(static_x)  # plan the clone's alignment before capture
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    static_out = layer(static_x)
+                for _ in range(2):
+                    graph.replay()
+                torch.cuda.synchronize()
+                assert torch.equal(static_out, want)
+        wide = torch.randn(2, 2 * k, device="cuda").to(torch.bfloat16)[:, :k]  # not contiguous
+        assert torch.equal(layer(wide), F.linear(wide, layer.weight, layer.bias))
+    layer.float()  # new parameters: the plans are dropped
+    assert "_skinny_plans" not in layer.__dict__
+
+
 if __name__ == "__main__":
     patch_interpreter()
     run_interpreter_cases()

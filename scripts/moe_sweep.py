@@ -1,0 +1,145 @@
+"""Time the grouped MoE GEMMs over tiles (GPU), at decode batch sizes, bf16 and FP8 experts.
+
+    python scripts/moe_sweep.py [--model qwen3-30b-a3b] [--tokens 1,8,32] [--budget-s 240]
+
+For each token count the routing is random (top-k of a softmax over random logits), the expert
+weights are copies enough to exceed three times the L2 (a decode step streams them from HBM),
+and each tile of one kernel is timed inside a CUDA graph of back-to-back ``fused_moe_triton``
+calls with the other kernel's tile at its default; the kernel's share is the call's time minus
+the default call's. Each tile's output is checked against the default tile's first. Prints,
+per token count and dtype, the default and the best tiles in us per call and the experts' bytes
+per us, then ``MOE_TILES`` for ``cadence/model/moe.py`` (only tiles at least 3% faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from cadence.model.moe import (  # noqa: E402
+    DEFAULT_TILE,
+    MoeTile,
+    fused_moe_triton,
+    pair_bucket,
+    route,
+)
+from cadence.model.presets import preset_config  # noqa: E402
+
+TILES = [MoeTile(n, k, w, st) for (n, k), w, st in itertools.product(
+    [(16, 128), (16, 256), (32, 64), (32, 128), (32, 256), (64, 64), (64, 128)], (4, 8), (2, 4))]
+KEEP_MARGIN = 0.97
+
+
+def time_graph(call, total: int = 200) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls = call()
+    graph.replay()
+    replays = max(2, math.ceil(total / calls))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (replays * calls)
+
+
+def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = w.float().abs().amax(dim=-1).clamp(min=1e-12) / 448.0
+    return (w.float() / scale[..., None]).to(torch.float8_e4m3fn), scale
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="qwen3-30b-a3b")
+    p.add_argument("--tokens", default="1,8,32")
+    p.add_argument("--budget-s", type=float, default=240.0)
+    args = p.parse_args()
+    cfg = preset_config(args.model)
+    experts, hidden = cfg.num_experts, cfg.hidden_size
+    inter, top_k = cfg.moe_intermediate_size, cfg.num_experts_per_tok
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    torch.manual_seed(0)
+    gate_up = torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=torch.bfloat16)
+    gate_up /= hidden**0.5
+    down = torch.randn(experts, hidden, inter, device="cuda", dtype=torch.bfloat16) / inter**0.5
+    gq, gs = quantize(gate_up)
+    dq, ds = quantize(down)
+    began = time.monotonic()
+    table: dict = {}
+    print(f"{args.model}: {experts} experts, hidden {hidden}, intermediate {inter}, top {top_k}")
+    for tokens in [int(t) for t in args.tokens.split(",")]:
+        x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+        weights, ids = route(torch.randn(tokens, experts, device="cuda"), top_k, True)
+        weights = weights.to(torch.bfloat16)
+        touched = int(torch.unique(ids).numel())
+        for fp8 in (False, True):
+            w = (gq, dq, (gs, ds)) if fp8 else (gate_up, down, None)
+            per_byte = 1 if fp8 else 2
+            step_bytes = touched * 3 * inter * hidden * per_byte
+            copies = max(2, math.ceil(3 * l2 / step_bytes))
+
+            # Each call reads other experts (ids shifted), the calls' experts together three
+            # times the L2, so no call finds its weights in L2.
+            shift = [torch.remainder(ids + 17 * i, experts) for i in range(copies)]
+
+            def rotated(tiles, w=w, x=x, weights=weights, shift=shift):
+                for ids_i in shift:
+                    fused_moe_triton(x, weights, ids_i, w[0], w[1], w[2], tiles)
+                return len(shift)
+
+            want = fused_moe_triton(x, weights, ids, w[0], w[1], w[2],
+                                    (DEFAULT_TILE, DEFAULT_TILE)).float()
+            base = time_graph(lambda: rotated((DEFAULT_TILE, DEFAULT_TILE)))
+            best = {"gate_up": (base, DEFAULT_TILE), "down": (base, DEFAULT_TILE)}
+            for kernel, tile in itertools.product(("gate_up", "down"), TILES):
+                if time.monotonic() - began > args.budget_s:
+                    break
+                tiles = (tile, DEFAULT_TILE) if kernel == "gate_up" else (DEFAULT_TILE, tile)
+                try:
+                    got = fused_moe_triton(x, weights, ids, w[0], w[1], w[2], tiles).float()
+                    if not torch.allclose(got, want, atol=2e-2, rtol=2e-2):
+                        print(f"  {kernel} {tile}: wrong result, skipped")
+                        continue
+                    us = time_graph(lambda tiles=tiles: rotated(tiles))
+                except Exception as exc:  # noqa: BLE001 - a tile that does not compile
+                    print(f"  {kernel} {tile}: {type(exc).__name__}, skipped")
+                    continue
+                if us < best[kernel][0]:
+                    best[kernel] = (us, tile)
+            both = (best["gate_up"][1], best["down"][1])
+            combined = time_graph(lambda both=both: rotated(both))
+            name = "fp8" if fp8 else "bf16"
+            print(f"tokens {tokens:3d} {name}: {touched} experts, {step_bytes / 1e6:.1f} MB; "
+                  f"default {base:.2f} us ({step_bytes / base / 1e6:.2f} TB/s); best "
+                  f"{combined:.2f} us ({step_bytes / combined / 1e6:.2f} TB/s) "
+                  f"gate_up {both[0]} down {both[1]}")
+            if combined < KEEP_MARGIN * base:
+                bucket = pair_bucket(tokens * top_k)
+                for kernel, tile in zip(("gate_up", "down"), both, strict=True):
+                    if tile != DEFAULT_TILE:
+                        table[(kernel, hidden, inter, fp8, bucket)] = tile
+    print("MOE_TILES = {")
+    for key, tile in table.items():
+        print(f"    {key!r}: MoeTile({tile.block_n}, {tile.block_k}, {tile.num_warps}, "
+              f"{tile.num_stages}),")
+    print("}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
