@@ -77,6 +77,18 @@ def test_block_matches_transformers_qwen3_moe(norm_topk_prob):
     torch.testing.assert_close(got, want[0], atol=1e-6, rtol=1e-6)
 
 
+def test_tiles_by_dtype_shape_and_pairs():
+    from cadence.model.moe import _IEEE_TILE, DEFAULT_TILE, MOE_TILES, moe_tiles, pair_bucket
+
+    assert [pair_bucket(p) for p in (1, 8, 9, 64, 65, 256, 257)] == [8, 8, 64, 64, 256, 256, 0]
+    assert moe_tiles(8, 2048, 768, torch.float32, False) == (_IEEE_TILE, _IEEE_TILE)
+    assert moe_tiles(8, 256, 96, torch.bfloat16, False) == (DEFAULT_TILE, DEFAULT_TILE)
+    assert moe_tiles(4096, 2048, 768, torch.bfloat16, True) == (DEFAULT_TILE, DEFAULT_TILE)
+    for (kernel, hidden, inter, fp8, bucket), tile in MOE_TILES.items():
+        got = moe_tiles(bucket, hidden, inter, torch.bfloat16, fp8)
+        assert got[0 if kernel == "gate_up" else 1] == tile
+
+
 def test_route_renormalizes_the_top_k():
     logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
     weights, ids = route(logits, 2, renormalize=True)
@@ -235,6 +247,25 @@ def test_triton_moe_matches_reference_on_gpu(dtype, tokens) -> None:
     got = fused_moe_triton(*fp8).float().cpu()
     want = fused_moe_reference(*fp8).float().cpu()
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 8, 32])
+def test_measured_tiles_match_reference_on_gpu(tokens) -> None:
+    """Qwen3-30B-A3B's expert shape (hidden 2048, intermediate 768), where MOE_TILES applies."""
+    from cadence.model.moe import fused_moe_triton
+
+    x, weights, ids = _routed(tokens, 2048, 16, 8, seed=tokens)
+    gate_up, down = _experts(16, 2048, 768, seed=tokens)
+    dev, dtype = "cuda", torch.bfloat16
+    args = (x.to(dev, dtype), weights.to(dev, dtype), ids.to(dev), gate_up.to(dev, dtype),
+            down.to(dev, dtype))  # fmt: skip
+    torch.testing.assert_close(fused_moe_triton(*args).float(),
+                               fused_moe_reference(*args).float(), atol=3e-2, rtol=3e-2)
+    gq, dq, (gs, ds), _, _ = _fp8_experts(gate_up, down)
+    fp8 = (*args[:3], gq.to(dev), dq.to(dev), (gs.to(dev), ds.to(dev)))
+    torch.testing.assert_close(fused_moe_triton(*fp8).float(),
+                               fused_moe_reference(*fp8).float(), atol=3e-2, rtol=3e-2)
 
 
 if __name__ == "__main__":
