@@ -29,8 +29,6 @@ class Envs:
     disable_custom_all_reduce: bool = False
     # Leave every decoder projection to cuBLAS (no skinny GEMM kernel for few-row steps).
     disable_skinny_gemm: bool = False
-    # Launch the decoder's own Triton kernels without programmatic dependent launch (Hopper+).
-    disable_pdl: bool = False
 
     @property
     def cpu_threads(self) -> int | None:
@@ -56,5 +54,4 @@ def read_envs() -> Envs:
         cpu_threads_text=os.environ.get("CADENCE_CPU_THREADS", ""),
         disable_custom_all_reduce=bool(_flag("CADENCE_DISABLE_CUSTOM_ALL_REDUCE")),
         disable_skinny_gemm=bool(_flag("CADENCE_DISABLE_SKINNY_GEMM")),
-        disable_pdl=bool(_flag("CADENCE_DISABLE_PDL")),
     )

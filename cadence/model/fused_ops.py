@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cadence.model.pdl import pdl_prologue, use_pdl
 from cadence.model.rope import apply_rotary, lookup_cos_sin
 from cadence.runtime.triton_launch import TritonLaunch, next_pow2
 
@@ -46,10 +45,7 @@ if triton is not None:
         N: tl.constexpr,
         HAS_RESIDUAL: tl.constexpr,
         BLOCK: tl.constexpr,
-        PDL: tl.constexpr,
     ):
-        if PDL:
-            pdl_prologue()
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         mask = offs < N
@@ -93,12 +89,9 @@ if triton is not None:
         HAS_NORM: tl.constexpr,
         BLOCK: tl.constexpr,
         BLOCK_H: tl.constexpr,
-        PDL: tl.constexpr,
     ):
         # One program: BLOCK_H heads of one token, q heads first, then k heads (a tile of
         # BLOCK_H x half head_dim; a program per (token, head) was bound by block scheduling).
-        if PDL:
-            pdl_prologue()
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         half: tl.constexpr = HEAD_DIM // 2
@@ -152,10 +145,7 @@ if triton is not None:
         stride_o,
         D: tl.constexpr,
         BLOCK: tl.constexpr,
-        PDL: tl.constexpr,
     ):
-        if PDL:
-            pdl_prologue()
         row = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < D
@@ -266,9 +256,7 @@ def _launch_rms_norm(
             N=width,
             HAS_RESIDUAL=residual is not None,
             BLOCK=block,
-            PDL=(pdl := use_pdl(x2)),
             num_warps=_norm_warps(block),
-            launch_pdl=pdl,
         )
     if residual is None:
         return out.view(shape), None
@@ -346,9 +334,7 @@ def qk_norm_rope_triton(
             HAS_NORM=has_norm,
             BLOCK=block,
             BLOCK_H=block_h,
-            PDL=(pdl := use_pdl(q)),
             num_warps=4 if block * block_h >= 1024 else 1,
-            launch_pdl=pdl,
         )
     return q_out, k_out
 
@@ -372,9 +358,7 @@ def silu_and_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
             ),
             D=d,
             BLOCK=block,
-            PDL=(pdl := use_pdl(x2)),
             num_warps=4 if block >= 512 else 1,
-            launch_pdl=pdl,
         )
     return out.view(*shape[:-1], d)
 

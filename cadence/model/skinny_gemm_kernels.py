@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import torch
 
-from cadence.model.pdl import pdl_prologue, use_pdl
 from cadence.runtime.triton_launch import PreparedLaunch, TritonLaunch
 
 try:
@@ -59,10 +58,7 @@ if triton is not None:
         M, N, K, stride_x, stride_w, stride_o, k_per_split, split_k,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         DOT: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-        PDL: tl.constexpr,
     ):  # fmt: skip
-        if PDL:
-            pdl_prologue()
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_m = tl.arange(0, BLOCK_M)
@@ -218,8 +214,7 @@ def _launch(
     constexprs = dict(
         BLOCK_M=shape.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot,
         SPLIT=shape.split_k > 1, EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
-        PDL=(pdl := use_pdl(x)), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        launch_pdl=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return args, constexprs
 

@@ -60,19 +60,14 @@ class TritonLaunch:
         *,
         num_warps: int = 4,
         num_stages: int = 2,
-        launch_pdl: bool = False,
         **constexprs: Any,
     ) -> None:
-        """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=..., launch_pdl=...)``,
-        fast. ``launch_pdl``: programmatic dependent launch (sm_90+), for kernels that wait on
-        the grid dependency (``griddepcontrol.wait``) before they touch memory."""
-        key = (tuple(map(_spec, args)), tuple(constexprs.items()), num_warps, num_stages,
-               launch_pdl)  # fmt: skip
+        """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``, fast."""
+        key = (tuple(map(_spec, args)), tuple(constexprs.items()), num_warps, num_stages)
         compiled = self._compiled.get(key)
         if compiled is None:
-            options = {"launch_pdl": True} if launch_pdl else {}
             ran = self.kernel[tuple(grid)](
-                *args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options
+                *args, **constexprs, num_warps=num_warps, num_stages=num_stages
             )
             if not _INTERPRETED and key not in self._compiled:
                 self._compiled[key] = _bind(ran, constexprs)
@@ -89,19 +84,12 @@ class TritonLaunch:
         self.fast_launches += 1
 
     def prepared(
-        self,
-        args: Sequence[Any],
-        *,
-        num_warps: int = 4,
-        num_stages: int = 2,
-        launch_pdl: bool = False,
-        **constexprs: Any,
+        self, args: Sequence[Any], *, num_warps: int = 4, num_stages: int = 2, **constexprs: Any
     ) -> PreparedLaunch | None:
         """The compiled launch of ``args``' specialization, for a caller that keeps it per call
         site (after one launch of that specialization has compiled it) and itself makes sure
         that later arguments specialize alike; None where launches take Triton's path."""
-        key = (tuple(map(_spec, args)), tuple(constexprs.items()), num_warps, num_stages,
-               launch_pdl)  # fmt: skip
+        key = (tuple(map(_spec, args)), tuple(constexprs.items()), num_warps, num_stages)
         compiled = self._compiled.get(key)
         return None if compiled is None else PreparedLaunch(compiled)
 
