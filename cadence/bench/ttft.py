@@ -3,7 +3,8 @@
 Each measurement adds one request (a fresh random prompt, so no prefix-cache hit) with
 ``max_tokens=1`` to an idle engine and times until its token is on the host: scheduling, input
 upload, the prefill step (a graph replay or eager), sampling and the copy back. The floor is the
-larger of the weight read (bytes / bandwidth) and the prefill's matmul work (FLOPs / peak).
+larger of the weight read (bytes / bandwidth) and the prefill's matmul work (FLOPs / peak; FP8
+weights at twice the peak).
 """
 
 from __future__ import annotations
@@ -59,14 +60,29 @@ def time_one(core, prompt: list[int], request_id: str) -> float:
     return elapsed
 
 
-def floor_seconds(model, num_tokens: int, bandwidth: float, flops: float) -> float:
+def matmul_seconds(model, num_tokens: int, flops: float) -> float:
+    """The GEMM work of a ``num_tokens`` prefill at ``flops`` (bf16 / the model dtype; FP8
+    weights at twice that, the H200's dense FP8 to bf16 ratio). Every token multiplies by the
+    decoder's weights and by k of the E experts'; the LM head runs for the sampled row only.
+    Attention is left out (small next to the GEMMs at these lengths)."""
     arch = model.arch
     active = arch.num_experts_per_tok / arch.num_experts if arch.num_experts else 1.0
-    # Each token multiplies by the dense weights and by k of the E experts' weights.
-    params = sum(p.numel() * (active if ".experts." in name else 1.0)
-                 for name, p in model.named_parameters() if "embed_tokens" not in name)
-    matmul = 2.0 * params * num_tokens  # + attention, small next to the GEMMs at these lengths
-    return max(weight_bytes(model, num_tokens) / bandwidth, matmul / flops)
+    tied = model.lm_head is None
+    seconds = 0.0
+    for name, p in model.named_parameters():
+        if p.dim() < 2 or ("embed_tokens" in name and not tied):
+            continue  # norms, biases and scales; the input embedding is a lookup
+        head = name.startswith("lm_head") or "embed_tokens" in name
+        rows = 1 if head else num_tokens
+        share = active if ".experts." in name else 1.0
+        rate = 2.0 * flops if str(p.dtype).startswith("torch.float8") else flops
+        seconds += 2.0 * p.numel() * share * rows / rate
+    return seconds
+
+
+def floor_seconds(model, num_tokens: int, bandwidth: float, flops: float) -> float:
+    """The larger of the weight read and the GEMM work."""
+    return max(weight_bytes(model, num_tokens) / bandwidth, matmul_seconds(model, num_tokens, flops))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,9 +61,16 @@ class Fp8Linear(nn.Module):
         self.weight = nn.Parameter(weight, requires_grad=False)  # [N, K] e4m3
         self.weight_scale = nn.Parameter(scale.float(), requires_grad=False)  # [N]
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-        # _scaled_mm's right operand: [K, N] column-major, i.e. the weight transposed (a view).
-        # Its row-wise scales as [1, N].
-        self._scale_b = self.weight_scale.view(1, -1)
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        # .to(device) moves every tensor, but .to(dtype) / .half() must not convert the e4m3
+        # weight, its float32 scales or the bias: each keeps its dtype and takes only the move.
+        # The output dtype stays the one the layer was quantized for.
+        def keep_dtype(t: torch.Tensor) -> torch.Tensor:
+            out = fn(t)
+            return out if out.dtype == t.dtype else t.to(out.device)
+
+        return super()._apply(keep_dtype, recurse)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Fp8Linear:
@@ -87,8 +94,10 @@ class Fp8Linear(nn.Module):
     def _scaled_mm(self, x: torch.Tensor) -> torch.Tensor:
         xq, xs = fp8_kernels.quantize_tokens(x)
         # NOTE: row-wise scaling produces bfloat16 only; other model dtypes convert after.
-        out = torch._scaled_mm(xq, self.weight.t(), scale_a=xs.view(-1, 1), scale_b=self._scale_b,
-                               out_dtype=torch.bfloat16)
+        # The right operand: [K, N] column-major, i.e. the weight transposed (a view); its
+        # row-wise scales as [1, N] (views taken per call, so .to() and friends stay safe).
+        out = torch._scaled_mm(xq, self.weight.t(), scale_a=xs.view(-1, 1),
+                               scale_b=self.weight_scale.view(1, -1), out_dtype=torch.bfloat16)
         return out if self.out_dtype == torch.bfloat16 else out.to(self.out_dtype)
 
     def _emulated(self, x: torch.Tensor) -> torch.Tensor:

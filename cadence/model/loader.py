@@ -60,9 +60,7 @@ def build_model(
         assert spec.path is not None
         load_safetensors(model, spec.path)
     model = model.eval().requires_grad_(False)
-    quant = quantization
-    if quant is None and model.arch.quantization == "fp8" and device.type == "cuda":
-        quant = "fp8" if fp8_supported(device) else None
+    quant = effective_quantization(model, quantization, device)
     if quant == "fp8":
         if not fp8_supported(device):
             raise ValueError(f"quantization='fp8' needs FP8 tensor cores (compute capability "
@@ -70,6 +68,15 @@ def build_model(
                              f"{torch.cuda.get_device_capability(device)}.")
         quantize_model_fp8(model)
     return model
+
+
+def effective_quantization(model: CausalLM, quantization: str | None,
+                           device: torch.device) -> str | None:
+    """The quantization a model runs with: ``quantization`` when given, else an FP8
+    checkpoint's own on a GPU with FP8 tensor cores (elsewhere it was dequantized at load)."""
+    if quantization is None and model.arch.quantization == "fp8" and device.type == "cuda":
+        return "fp8" if fp8_supported(device) else None
+    return quantization
 
 
 def check_load_format(spec: ModelSpec, load_format: str) -> None:

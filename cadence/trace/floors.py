@@ -59,10 +59,15 @@ class ModelShape:
     num_layers: int = 0
     num_kv_heads: int = 0
     head_dim: int = 0
-    dtype_bytes: int = 2
+    dtype_bytes: int = 2  # activations, and weights and KV cache unless given below
+    # Bytes per element of linears stored otherwise (FP8: 1), by layer name.
+    linear_bytes: dict[str, int] = field(default_factory=dict)
+    kv_dtype_bytes: int = 0  # the KV cache's bytes per element; 0: dtype_bytes
 
     def __post_init__(self) -> None:
         if self.dtype_bytes <= 0 or min(self.num_layers, self.num_kv_heads, self.head_dim) < 0:
+            raise ValueError(f"bad model shape: {self}")
+        if self.kv_dtype_bytes < 0 or any(b <= 0 for b in self.linear_bytes.values()):
             raise ValueError(f"bad model shape: {self}")
         for name, nk in self.linears.items():
             if len(nk) != 2 or min(nk) <= 0 or self.linear_counts.get(name, 0) <= 0:
@@ -71,12 +76,17 @@ class ModelShape:
     @property
     def weight_bytes(self) -> int:
         """Bytes of every linear weight, read once per forward pass."""
-        return sum(math.prod(nk) * self.linear_counts[name] * self.dtype_bytes
+        return sum(math.prod(nk) * self.linear_counts[name] * self.bytes_of(name)
                    for name, nk in self.linears.items())
+
+    def bytes_of(self, layer: str | None) -> int:
+        """Bytes per weight element of linear ``layer``."""
+        return self.linear_bytes.get(layer, self.dtype_bytes) if layer else self.dtype_bytes
 
     def kv_bytes(self, tokens: float) -> float:
         """Keys and values of ``tokens`` context tokens in one layer."""
-        return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes * tokens
+        per = self.kv_dtype_bytes or self.dtype_bytes
+        return 2 * self.num_kv_heads * self.head_dim * per * tokens
 
     def layer_of(self, n: int, k: int) -> str | None:
         for name, (wn, wk) in self.linears.items():
@@ -92,11 +102,13 @@ class ModelShape:
         return cls(**data) if data else None
 
     @classmethod
-    def from_model(cls, model: Any, dtype_bytes: int) -> ModelShape:
+    def from_model(cls, model: Any, dtype_bytes: int, kv_dtype_bytes: int = 0) -> ModelShape:
         """From a cadence model: 2-D weights named ``...<layer>.weight`` (the input embedding
-        only when tied to the output head, which then reads all of it)."""
+        only when tied to the output head, which then reads all of it), each with its stored
+        element size (FP8 projections: 1). Mixture-of-experts weights (3-D) are not counted."""
         linears: dict[str, list[int]] = {}
         counts: dict[str, int] = {}
+        sizes: dict[str, int] = {}
         tied = getattr(model, "lm_head", True) is None
         for pname, p in model.named_parameters():
             if p.dim() != 2:
@@ -109,8 +121,10 @@ class ModelShape:
                 layer = pname.removesuffix(".weight").rsplit(".", 1)[-1]
             linears[layer] = [int(p.shape[0]), int(p.shape[1])]
             counts[layer] = counts.get(layer, 0) + 1
+            if p.element_size() != dtype_bytes:
+                sizes[layer] = int(p.element_size())
         return cls(linears, counts, int(model.num_layers), int(model.num_kv_heads),
-                   int(model.head_dim), dtype_bytes)
+                   int(model.head_dim), dtype_bytes, sizes, kv_dtype_bytes)
 
 
 @dataclass(frozen=True)

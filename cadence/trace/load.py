@@ -181,7 +181,8 @@ def trace_load(engine_args: Any, load: Load, out: Path | None,
         core.abort_requests(list(core.scheduler.requests))
         while core.has_work():
             core.step_fn()
-        shape = ModelShape.from_model(core.runner.model, core.dtype.itemsize)
+        kv_dtype = getattr(core.runner, "kv_dtype", core.dtype)  # an FP8 cache: 1 byte
+        shape = ModelShape.from_model(core.runner.model, core.dtype.itemsize, kv_dtype.itemsize)
         info = {
             "device": core.config.device,
             "device_name": device_name(),

@@ -53,6 +53,9 @@ class TPExecutor:
                  cpu_threads: int) -> None:
         from cadence.model.attention import TorchAttentionBackend
         from cadence.model.decoder import CausalLM
+        from cadence.model.dtypes import kv_cache_dtype
+        from cadence.model.fp8 import quantize_model_fp8
+        from cadence.model.loader import effective_quantization
 
         self.size = config.parallel.tensor_parallel_size
         self._tokenizer_path = spec.tokenizer_path
@@ -60,6 +63,11 @@ class TPExecutor:
         # The whole model's shapes, on no device (what benchmarks and traces read of a model).
         with torch.device("meta"):
             self.model = CausalLM(spec.hf_config, TorchAttentionBackend()).to(dtype)
+        # Quantized as the ranks' shards are, so that weight bytes count FP8 as one byte.
+        if effective_quantization(self.model, config.model.quantization,
+                                  torch.device(config.device)) == "fp8":
+            quantize_model_fp8(self.model)
+        self.kv_dtype = kv_cache_dtype(config.cache.cache_dtype, dtype)  # the ranks' cache dtype
         self.graphs = self.mixed_graphs = None
         self.capture_seconds = 0.0
         self._closing = False

@@ -8,6 +8,7 @@ import os
 import signal
 
 import pytest
+import torch
 
 from cadence import LLM, SamplingParams
 from cadence.engine import AsyncLLM
@@ -91,6 +92,18 @@ def test_fp8_weights_and_cache_run_split_over_two_ranks(llama):
         assert [len(t) for t in tokens] == [10, 10, 10]
         assert _tokens(two)[:2] == tokens[:2]  # greedy: the same again, over the prefix cache
         assert two.engine_core.config.cache.cache_dtype == "fp8"
+        # What benchmarks read of the model: its FP8 projections and the ranks' cache dtype.
+        from cadence.bench.common import weight_bytes
+        from cadence.model.fp8 import Fp8Linear
+
+        runner = two.engine_core.runner
+        assert runner.kv_dtype == torch.float8_e4m3fn
+        assert sum(isinstance(m, Fp8Linear) for m in runner.model.modules()) == 4 * 2  # 2 layers
+        model = runner.model
+        dense = sum(p.numel() * 4 for n, p in model.named_parameters()
+                    if "embed_tokens" not in n and p.dtype == torch.float32)
+        fp8 = sum(p.numel() for p in model.parameters() if p.dtype == torch.float8_e4m3fn)
+        assert fp8 > 0 and weight_bytes(model) == dense + fp8
     finally:
         two.shutdown()
     assert child_pids() == before

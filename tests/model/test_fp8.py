@@ -113,6 +113,22 @@ def _load(path, quantization: str | None = None, device: str = "cpu",
                        quantization=quantization)
 
 
+def test_moving_or_casting_keeps_the_e4m3_weight() -> None:
+    """.to() and friends move the layer's tensors but keep the stored formats: e4m3 weight,
+    float32 scales, the bias in the output dtype; the output is unchanged."""
+    gen = torch.Generator().manual_seed(2)
+    linear = nn.Linear(64, 32, bias=True)
+    x = torch.randn(3, 64, generator=gen)
+    fp8 = Fp8Linear.from_linear(linear)
+    want = fp8(x)
+    for move in (lambda m: m.to(torch.float16), lambda m: m.double(), lambda m: m.to("cpu"),
+                 lambda m: m._apply(lambda t: t.clone())):
+        moved = move(fp8)
+        assert moved.weight.dtype == FP8 and moved.weight_scale.dtype == torch.float32
+        assert moved.bias.dtype == torch.float32
+        assert torch.equal(moved(x), want)
+
+
 def test_every_decoder_projection_turns_fp8_and_nothing_else(checkpoint) -> None:
     _, path = checkpoint
     plain = {n for n, m in _load(path).named_modules() if isinstance(m, nn.Linear)}
