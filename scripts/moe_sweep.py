@@ -1,6 +1,7 @@
 """Time the grouped MoE GEMMs over tiles (GPU), at decode batch sizes, bf16 and FP8 experts.
 
     python scripts/moe_sweep.py [--model qwen3-30b-a3b] [--tokens 1,8,32] [--budget-s 240]
+    python scripts/moe_sweep.py --decode [--tokens 1,2]   # decode kernels against grouped
 
 For each token count the routing is random (top-k of a softmax over random logits), the expert
 weights are copies enough to exceed three times the L2 (a decode step streams them from HBM),
@@ -31,6 +32,7 @@ from cadence.model.moe import (  # noqa: E402
     pair_bucket,
     route,
 )
+from cadence.model.moe_decode import DecodeTile, fused_moe_decode  # noqa: E402
 from cadence.model.presets import preset_config  # noqa: E402
 
 TILES = [MoeTile(n, k, w, st) for (n, k), w, st in itertools.product(
@@ -63,11 +65,48 @@ def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (w.float() / scale[..., None]).to(torch.float8_e4m3fn), scale
 
 
+DECODE_CANDIDATES = [DecodeTile(16, 128, 4, 3), DecodeTile(8, 256, 4, 3),
+                     DecodeTile(32, 128, 8, 3), DecodeTile(16, 256, 8, 2)]
+
+
+def compare_decode(tokens, x, weights, ids, w, fp8, l2, hidden, inter, experts) -> None:
+    """us per fused MoE call: the grouped path (measured tiles) against the decode kernels with
+    each candidate tile for both kernels, experts rotated past L2 as in the sweep."""
+    touched = int(torch.unique(ids).numel())
+    step_bytes = touched * 3 * inter * hidden * (1 if fp8 else 2)
+    copies = max(2, math.ceil(3 * l2 / step_bytes))
+    shift = [torch.remainder(ids + 17 * i, experts) for i in range(copies)]
+    want = fused_moe_triton(x, weights, ids, w[0], w[1], w[2], decode=False).float()
+
+    def grouped():
+        for ids_i in shift:
+            fused_moe_triton(x, weights, ids_i, w[0], w[1], w[2], decode=False)
+        return len(shift)
+
+    base = time_graph(grouped)
+    line = f"tokens {tokens} {'fp8' if fp8 else 'bf16'}: grouped {base:.2f} us"
+    for tile in DECODE_CANDIDATES:
+        got = fused_moe_decode(x, weights, ids, w[0], w[1], w[2], (tile, tile)).float()
+        ok = torch.allclose(got, want, atol=2e-2, rtol=2e-2)
+
+        def decode(tile=tile):
+            for ids_i in shift:
+                fused_moe_decode(x, weights, ids_i, w[0], w[1], w[2], (tile, tile))
+            return len(shift)
+
+        us = time_graph(decode)
+        line += f" | {tile.block_n}x{tile.block_k} w{tile.num_warps} s{tile.num_stages} "
+        line += f"{us:.2f}{'' if ok else ' WRONG'}"
+    print(line, f"({step_bytes / 1e6:.1f} MB)", flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="qwen3-30b-a3b")
     p.add_argument("--tokens", default="1,8,32")
     p.add_argument("--budget-s", type=float, default=240.0)
+    p.add_argument("--decode", action="store_true",
+                   help="time the decode kernels (a few tiles) against the grouped path")
     args = p.parse_args()
     cfg = preset_config(args.model)
     experts, hidden = cfg.num_experts, cfg.hidden_size
@@ -89,6 +128,9 @@ def main() -> int:
         touched = int(torch.unique(ids).numel())
         for fp8 in (False, True):
             w = (gq, dq, (gs, ds)) if fp8 else (gate_up, down, None)
+            if args.decode:
+                compare_decode(tokens, x, weights, ids, w, fp8, l2, hidden, inter, experts)
+                continue
             per_byte = 1 if fp8 else 2
             step_bytes = touched * 3 * inter * hidden * per_byte
             copies = max(2, math.ceil(3 * l2 / step_bytes))

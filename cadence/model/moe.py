@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cadence.model.arch import DecoderArch
+from cadence.model.moe_decode import DecodeTile, fused_moe_decode
 from cadence.model.moe_kernels import (
     _moe_align_kernel,
     _moe_down_kernel,
@@ -195,6 +196,12 @@ MOE_TILES: dict[tuple[str, int, int, bool, int], MoeTile] = {
 }
 
 
+# Up to this many (token, expert) pairs fused_moe_triton takes the two-launch decode kernels
+# (moe_decode): one or two decode tokens of a top-8 model.
+DECODE_MAX_PAIRS = 16
+DECODE_TILES = (DecodeTile(), DecodeTile())
+
+
 def pair_bucket(num_pairs: int) -> int:
     """The (token, expert) pair counts tiles are chosen for: up to 8, 64 or 256 pairs; 0 above."""
     for bucket in (8, 64, 256):
@@ -221,7 +228,11 @@ def fused_moe_triton(
     down: torch.Tensor,
     scales: Scales = None,
     tiles: tuple[MoeTile, MoeTile] | None = None,
+    decode: bool | None = None,
 ) -> torch.Tensor:
+    """``fused_moe`` on CUDA (or Triton's interpreter): the decode kernels up to
+    ``DECODE_MAX_PAIRS`` pairs (``decode=None``), else, or with ``decode=False``, the grouped
+    GEMMs with ``tiles`` (default: ``moe_tiles``)."""
     num_tokens, hidden = x.shape
     num_experts, two_inter, _ = gate_up.shape
     inter = two_inter // 2
@@ -231,6 +242,8 @@ def fused_moe_triton(
         return torch.zeros_like(x)
     x = x.contiguous()
     gate_up, down = gate_up.contiguous(), down.contiguous()
+    if decode or (decode is None and num_pairs <= DECODE_MAX_PAIRS):
+        return fused_moe_decode(x, weights, ids, gate_up, down, scales, DECODE_TILES)
     ieee = x.dtype == torch.float32
     fp8 = scales is not None
     block_m = 16 if num_pairs <= 64 * num_experts else 64

@@ -155,20 +155,24 @@ def _fp8_experts(gate_up: torch.Tensor, down: torch.Tensor):
 
 def run_triton_case(tokens: int, hidden: int, inter: int, num_experts: int, top_k: int,
                     skew: bool, seed: int, fp8: bool = False) -> None:
+    """Both Triton paths (the grouped GEMMs and the decode kernels) against the reference."""
     from cadence.model.moe import fused_moe_triton
 
     x, weights, ids = _routed(tokens, hidden, num_experts, top_k, seed, skew)
     gate_up, down = _experts(num_experts, hidden, inter, seed)
-    if fp8:  # e4m3 experts against the float32 experts they stand for
-        gq, dq, scales, gate_up, down = _fp8_experts(gate_up, down)
-        assert torch.allclose(fused_moe_reference(x, weights, ids, gq, dq, scales),
-                              fused_moe_reference(x, weights, ids, gate_up, down), atol=1e-5)
-        got = fused_moe_triton(x, weights, ids, gq, dq, scales)
-    else:
-        got = fused_moe_triton(x, weights, ids, gate_up, down)
     want = fused_moe_reference(x, weights, ids, gate_up, down)
     assert want.abs().max() > 0.1
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    if fp8:  # e4m3 experts against the float32 experts they stand for
+        gq, dq, scales, gate_up, down = _fp8_experts(gate_up, down)
+        want = fused_moe_reference(x, weights, ids, gate_up, down)
+        assert torch.allclose(fused_moe_reference(x, weights, ids, gq, dq, scales), want,
+                              atol=1e-5)
+        args = (x, weights, ids, gq, dq, scales)
+    else:
+        args = (x, weights, ids, gate_up, down)
+    for decode in (False, True):
+        got = fused_moe_triton(*args, decode=decode)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
 def run_routing_case(tokens: int, num_experts: int, top_k: int, block_m: int, seed: int,
@@ -209,8 +213,27 @@ def run_garbage_routing_case(device: str = "cpu") -> None:
     torch.testing.assert_close(got_w.cpu()[[0, 3]], want_w, atol=1e-6, rtol=1e-5)
 
 
+def run_decode_garbage_ids_case(device: str = "cpu") -> None:
+    """An out-of-range expert id (garbage routing) reads a real expert, never out of bounds;
+    the other tokens are untouched."""
+    from cadence.model.moe_decode import fused_moe_decode
+
+    x, weights, ids = _routed(3, 32, 6, 2, seed=4)
+    gate_up, down = _experts(6, 32, 24, seed=4)
+    want = fused_moe_reference(x, weights, ids, gate_up, down)
+    bad = ids.clone()
+    bad[1] = torch.tensor([-7, 99])
+    got = fused_moe_decode(*(t.to(device) for t in (x, weights, bad, gate_up, down))).cpu()
+    torch.testing.assert_close(got[[0, 2]], want[[0, 2]], atol=1e-4, rtol=1e-4)
+    clamped = torch.tensor([[0, 5]])
+    torch.testing.assert_close(
+        got[1:2], fused_moe_reference(x[1:2], weights[1:2], clamped, gate_up, down),
+        atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.gpu
 def test_garbage_rows_route_to_real_experts_on_gpu() -> None:
+    run_decode_garbage_ids_case("cuda")
     run_garbage_routing_case("cuda")
 
 
@@ -237,16 +260,15 @@ def test_triton_moe_matches_reference_on_gpu(dtype, tokens) -> None:
     dev = "cuda"
     args = (x.to(dev, dtype), weights.to(dev, dtype), ids.to(dev), gate_up.to(dev, dtype),
             down.to(dev, dtype))  # fmt: skip
-    got = fused_moe_triton(*args).float().cpu()
-    want = fused_moe_reference(*args).float().cpu()
     tol = 1e-4 if dtype == torch.float32 else 3e-2
-    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
     # FP8 experts: the kernels against the reference over the same e4m3 values and scales.
     gq, dq, (gs, ds), _, _ = _fp8_experts(gate_up, down)
     fp8 = (*args[:3], gq.to(dev), dq.to(dev), (gs.to(dev), ds.to(dev)))
-    got = fused_moe_triton(*fp8).float().cpu()
-    want = fused_moe_reference(*fp8).float().cpu()
-    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    for case in (args, fp8):
+        want = fused_moe_reference(*case).float().cpu()
+        for decode in (False, True):
+            got = fused_moe_triton(*case, decode=decode).float().cpu()
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
 
 @pytest.mark.gpu
@@ -260,12 +282,13 @@ def test_measured_tiles_match_reference_on_gpu(tokens) -> None:
     dev, dtype = "cuda", torch.bfloat16
     args = (x.to(dev, dtype), weights.to(dev, dtype), ids.to(dev), gate_up.to(dev, dtype),
             down.to(dev, dtype))  # fmt: skip
-    torch.testing.assert_close(fused_moe_triton(*args).float(),
-                               fused_moe_reference(*args).float(), atol=3e-2, rtol=3e-2)
     gq, dq, (gs, ds), _, _ = _fp8_experts(gate_up, down)
     fp8 = (*args[:3], gq.to(dev), dq.to(dev), (gs.to(dev), ds.to(dev)))
-    torch.testing.assert_close(fused_moe_triton(*fp8).float(),
-                               fused_moe_reference(*fp8).float(), atol=3e-2, rtol=3e-2)
+    for case in (args, fp8):
+        want = fused_moe_reference(*case).float()
+        for decode in (False, True):  # the measured tiles, and the decode kernels
+            got = fused_moe_triton(*case, decode=decode).float()
+            torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2)
 
 
 if __name__ == "__main__":
@@ -275,6 +298,7 @@ if __name__ == "__main__":
     run_triton_case(64, 32, 32, 8, 4, True, 2)  # one crowded expert over several blocks
     run_triton_case(5, 32, 24, 8, 3, False, 0, fp8=True)  # FP8 experts, row scales
     run_triton_case(40, 48, 40, 6, 2, True, 1, fp8=True)
+    run_decode_garbage_ids_case()
     run_routing_case(1, 128, 8, 16, 3)
     run_routing_case(32, 128, 8, 16, 4)  # 256 pairs: the largest one-launch grouping
     run_routing_case(7, 10, 3, 4, 5)
