@@ -2,6 +2,8 @@
 # The GPU suite and the headline benchmarks in one go, on a CUDA machine.
 #   scripts/gpu_check.sh OUT_DIR [all|tests|launch|latency|ttft|trace|report|serve]...
 # Writes logs and JSON into OUT_DIR; every section runs even if an earlier one failed.
+# Sections not in "all": moe (Qwen3-30B-A3B: the decode MoE kernels against the grouped path,
+# then decode steps in bf16 and with FP8 experts).
 set -uo pipefail
 out=${1:-out}; shift || true
 sections=${*:-all}
@@ -74,6 +76,18 @@ if want report; then  # cadence trace: HTML reports and their figures (docs/perf
       --warmup-steps 5 --out "$out/report_$load.html" --json-out "$out/report_$load.json" \
       --trace-out "/tmp/report_$load.trace.json" \
       2>&1 | tail -14 | sed "s/^/$load /" | tee -a "$out/report.log" || echo "report $load failed"
+  done
+fi
+
+if [[ " $sections " == *" moe "* ]]; then
+  timeout 120 python scripts/moe_sweep.py --decode --tokens 1,2,4 2>&1 | grep tokens \
+    | tee "$out/moe_decode.log"
+  for quant in none fp8; do
+    flags=(); [ $quant = fp8 ] && flags=(--quantization fp8)
+    timeout 150 python -m cadence bench latency --model qwen3-30b-a3b --load-format dummy \
+      "${flags[@]}" --batch-sizes 1,32 --input-len 128 --output-len 128 --repeats 2 --no-progress \
+      --json-out "$out/moe_latency_$quant.json" 2>&1 | grep -v -E 'INFO|WARNING' \
+      | sed "s/^/$quant /" | tee -a "$out/moe_latency.log"
   done
 fi
 
