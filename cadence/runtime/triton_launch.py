@@ -26,12 +26,24 @@ def next_pow2(n: int, floor: int = 1) -> int:
 
 
 def _spec(arg: Any) -> Hashable:
-    if isinstance(arg, int) and not isinstance(arg, bool):
-        return (arg == 1, arg & 15 == 0)
+    if type(arg) is int:  # not bool: Triton does not specialize those
+        return (arg == 1, not arg & 15)
     ptr = getattr(arg, "data_ptr", None)  # a tensor: its dtype and pointer alignment
     if ptr is not None:
-        return (arg.dtype, ptr() & 15 == 0)
+        return (arg.dtype, not ptr() & 15)
     return type(arg)
+
+
+def _key(args: Sequence[Any]) -> tuple[Hashable, ...]:
+    """``tuple(map(_spec, args))``, inlined: this runs on every launch."""
+    out = []
+    for arg in args:
+        if type(arg) is int:
+            out.append((arg == 1, not arg & 15))
+            continue
+        ptr = getattr(arg, "data_ptr", None)
+        out.append((arg.dtype, not ptr() & 15) if ptr is not None else type(arg))
+    return tuple(out)
 
 
 @dataclass
@@ -63,7 +75,7 @@ class TritonLaunch:
         **constexprs: Any,
     ) -> None:
         """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``, fast."""
-        key = (tuple(map(_spec, args)), tuple(constexprs.items()), num_warps, num_stages)
+        key = (_key(args), tuple(constexprs.items()), num_warps, num_stages)
         compiled = self._compiled.get(key)
         if compiled is None:
             ran = self.kernel[tuple(grid)](
@@ -89,7 +101,7 @@ class TritonLaunch:
         """The compiled launch of ``args``' specialization, for a caller that keeps it per call
         site (after one launch of that specialization has compiled it) and itself makes sure
         that later arguments specialize alike; None where launches take Triton's path."""
-        key = (tuple(map(_spec, args)), tuple(constexprs.items()), num_warps, num_stages)
+        key = (_key(args), tuple(constexprs.items()), num_warps, num_stages)
         compiled = self._compiled.get(key)
         return None if compiled is None else PreparedLaunch(compiled)
 

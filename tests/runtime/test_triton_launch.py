@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cadence.runtime.triton_launch import _spec
+from cadence.runtime.triton_launch import _key, _spec
 
 
 def _kernel():
@@ -78,6 +78,8 @@ def test_spec_classes():
     assert _spec(t[1:]) == (torch.float32, False)
     assert _spec(1) == (True, False) and _spec(32) == (False, True) and _spec(7) == (False, False)
     assert _spec(0.5) is float and _spec(True) is bool
+    mixed = (t, t[1:], 1, 32, 7, 0, 0.5, True, None, t.double())
+    assert _key(mixed) == tuple(map(_spec, mixed))
 
 
 def test_next_pow2() -> None:
