@@ -62,7 +62,7 @@ def time_one(core, prompt: list[int], request_id: str) -> float:
 
 def matmul_seconds(model, num_tokens: int, flops: float) -> float:
     """The GEMM work of a ``num_tokens`` prefill at ``flops`` (bf16 / the model dtype; FP8
-    weights at twice that, the H200's dense FP8 to bf16 ratio). Every token multiplies by the
+    projections at twice that, the H200's dense FP8 to bf16 ratio). Every token multiplies by the
     decoder's weights and by k of the E experts'; the LM head runs for the sampled row only.
     Attention is left out (small next to the GEMMs at these lengths)."""
     arch = model.arch
@@ -70,12 +70,14 @@ def matmul_seconds(model, num_tokens: int, flops: float) -> float:
     tied = model.lm_head is None
     seconds = 0.0
     for name, p in model.named_parameters():
-        if p.dim() < 2 or ("embed_tokens" in name and not tied):
+        if p.dim() < 2 or name.endswith("_scale") or ("embed_tokens" in name and not tied):
             continue  # norms, biases and scales; the input embedding is a lookup
         head = name.startswith("lm_head") or "embed_tokens" in name
         rows = 1 if head else num_tokens
         share = active if ".experts." in name else 1.0
-        rate = 2.0 * flops if str(p.dtype).startswith("torch.float8") else flops
+        # FP8 projections run FP8 GEMMs in prefill; FP8 experts run weight-only (bf16 MMA).
+        fp8_gemm = str(p.dtype).startswith("torch.float8") and ".experts." not in name
+        rate = 2.0 * flops if fp8_gemm else flops
         seconds += 2.0 * p.numel() * share * rows / rate
     return seconds
 

@@ -192,8 +192,8 @@ if triton is not None:
             chosen_w = tl.where(offs_k == j, best, chosen_w)
             chosen_i = tl.where(offs_k == j, idx, chosen_i)
             left = tl.where(offs_e == idx, -2.0, left)
-        if RENORMALIZE:
-            chosen_w = chosen_w / tl.sum(chosen_w, 0)
+        if RENORMALIZE:  # (a garbage row's weights are all 0: divided by 1e-30, they stay 0)
+            chosen_w = chosen_w / tl.maximum(tl.sum(chosen_w, 0), 1e-30)
         kmask = offs_k < TOP_K
         tl.store(weights_ptr + t * TOP_K + offs_k, chosen_w.to(weights_ptr.dtype.element_ty),
                  mask=kmask)
@@ -210,8 +210,9 @@ if triton is not None:
         # the pairs of that expert (stable), the rest of the layout holds num_pairs.
         offs_p = tl.arange(0, BLOCK_P)
         pmask = offs_p < num_pairs
-        e = tl.load(ids_ptr + offs_p, mask=pmask, other=BLOCK_E).to(tl.int32)
+        e = tl.load(ids_ptr + offs_p, mask=pmask, other=BLOCK_E)
         pmask = pmask & (e >= 0) & (e < NUM_EXPERTS)  # an id out of range lands nowhere
+        e = tl.where(pmask, e, BLOCK_E).to(tl.int32)  # (checked before the narrowing)
         offs_e = tl.arange(0, BLOCK_E)
         mine = e[None, :] == offs_e[:, None]  # [experts, pairs]
         counts = tl.sum(mine.to(tl.int32), 1)

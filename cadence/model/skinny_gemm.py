@@ -162,7 +162,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
     return F.linear(x, weight, bias)
 
 
-_NO_PLAN = object()
+_NO_PLAN = object()  # not resolved yet
+_DISPATCH = object()  # the kernel, but no plan could be made: through skinny_linear each time
 
 
 class SkinnyLinear(nn.Linear):
@@ -179,25 +180,33 @@ class SkinnyLinear(nn.Linear):
         plans = self.__dict__.get("_skinny_plans")
         if plans is None:
             plans = self.__dict__["_skinny_plans"] = {}
+        weight, bias = self.weight, self.bias
+        # The parameters' pointers are in the key: a weight or bias replaced (not copied into)
+        # after planning gets plans of its own.
         key = (rows, input.dtype, input.get_device(), input.data_ptr() & 15,
-               input.is_contiguous(), torch.is_grad_enabled())
+               input.is_contiguous(), torch.is_grad_enabled(), weight.data_ptr(),
+               None if bias is None else bias.data_ptr())
         plan = plans.get(key, _NO_PLAN)
         if plan is None:
-            return F.linear(input, self.weight, self.bias)
+            return F.linear(input, weight, bias)
+        if plan is _DISPATCH:
+            return skinny_linear(input, weight, bias)
         if plan is not _NO_PLAN:
-            return plan(input, self.weight, self.bias).view(*input.shape[:-1], self.out_features)
-        out = skinny_linear(input, self.weight, self.bias)
+            return plan(input, weight, bias).view(*input.shape[:-1], self.out_features)
+        out = skinny_linear(input, weight, bias)
         if not torch.is_grad_enabled() and (has_scratch(input.device) or not input.is_cuda):
             plans[key] = self._plan(input, rows, k)
         return out
 
-    def _plan(self, x: torch.Tensor, rows: int, k: int) -> SkinnyPlan | None:
+    def _plan(self, x: torch.Tensor, rows: int, k: int) -> SkinnyPlan | object | None:
+        """The plan; None: cuBLAS (as skinny_linear chose); _DISPATCH: the kernel unplanned."""
         if not (ENABLED and x.is_cuda and _usable(x, self.weight, self.bias)):
             return None
-        cfg = _CHOSEN.get((x.device.index, self.weight.shape[0], k, row_bucket(rows)))
-        if cfg is None:
+        key = (x.device.index, self.weight.shape[0], k, row_bucket(rows))
+        if key not in _CHOSEN or _CHOSEN[key] is None:
             return None
-        return skinny_plan(x.reshape(rows, k), self.weight, self.bias, cfg)
+        plan = skinny_plan(x.reshape(rows, k), self.weight, self.bias, _CHOSEN[key])
+        return _DISPATCH if plan is None else plan
 
     def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
         self.__dict__.pop("_skinny_plans", None)  # .to(), .half(), ...: new parameters

@@ -111,7 +111,7 @@ class ModelShape:
         sizes: dict[str, int] = {}
         tied = getattr(model, "lm_head", True) is None
         for pname, p in model.named_parameters():
-            if p.dim() != 2:
+            if p.dim() != 2 or pname.endswith("_scale"):  # FP8 experts' row scales
                 continue
             if "embed_tokens" in pname:
                 if not tied:

@@ -55,7 +55,6 @@ class TPExecutor:
         from cadence.model.decoder import CausalLM
         from cadence.model.dtypes import kv_cache_dtype
         from cadence.model.fp8 import quantize_model_fp8
-        from cadence.model.loader import effective_quantization
 
         self.size = config.parallel.tensor_parallel_size
         self._tokenizer_path = spec.tokenizer_path
@@ -63,10 +62,6 @@ class TPExecutor:
         # The whole model's shapes, on no device (what benchmarks and traces read of a model).
         with torch.device("meta"):
             self.model = CausalLM(spec.hf_config, TorchAttentionBackend()).to(dtype)
-        # Quantized as the ranks' shards are, so that weight bytes count FP8 as one byte.
-        if effective_quantization(self.model, config.model.quantization,
-                                  torch.device(config.device)) == "fp8":
-            quantize_model_fp8(self.model)
         self.kv_dtype = kv_cache_dtype(config.cache.cache_dtype, dtype)  # the ranks' cache dtype
         self.graphs = self.mixed_graphs = None
         self.capture_seconds = 0.0
@@ -85,7 +80,11 @@ class TPExecutor:
             for rank, conn in enumerate(self.conns):
                 conn.send(WorkerInit(rank, self.size, init_method, config, spec, seed,
                                      cpu_threads))
-            self._collect(set(range(self.size)))
+            started = self._collect(set(range(self.size)))
+            # Quantized as the ranks' shards are (they decide: an FP8 checkpoint runs in FP8
+            # only on FP8 GPUs), so that weight bytes count FP8 projections as one byte.
+            if started[0]["fp8"]:
+                quantize_model_fp8(self.model)
             self._monitor = threading.Thread(target=self._watch, name="cadence-tp-monitor",
                                              daemon=True)
             self._monitor.start()

@@ -70,7 +70,8 @@ def main(fd: int) -> None:
                         format=f"%(asctime)s tp{init.rank} %(levelname)s %(name)s: %(message)s")
     try:
         runner = _start(init)
-        conn.send(("ok", None))
+        # What the engine's model of shapes cannot know without touching a GPU itself.
+        conn.send(("ok", {"fp8": _has_fp8(runner.model)}))
         _serve(conn, init.rank, runner)
     except EOFError:  # the engine is gone
         os._exit(0)
@@ -140,6 +141,12 @@ def _start(init: WorkerInit) -> Any:
                         make_attention_backend(cfg.device), init.seed, init.rank, init.size,
                         quantization=cfg.model.quantization)
     return ModelRunner(cfg, init.spec, model, dtype, device)
+
+
+def _has_fp8(model: Any) -> bool:
+    from cadence.model.fp8 import Fp8Linear
+
+    return any(isinstance(m, Fp8Linear) for m in model.modules())
 
 
 def _serve(conn: Connection, rank: int, runner: Any) -> None:

@@ -206,11 +206,31 @@ def run_garbage_routing_case(device: str = "cpu") -> None:
     got_w, got_ids = route_triton(logits.to(device), 4, True)
     got_ids = got_ids.cpu()
     assert bool(((got_ids >= 0) & (got_ids < 12)).all())
+    assert bool(torch.isfinite(got_w).all())  # the all-NaN row's weights are 0, not 0 / 0
     for row in got_ids:
         assert len(set(row.tolist())) == 4  # four distinct experts
     want_w, want_ids = route(logits[[0, 3]], 4, True)
     assert torch.equal(got_ids[[0, 3]], want_ids)
     torch.testing.assert_close(got_w.cpu()[[0, 3]], want_w, atol=1e-6, rtol=1e-5)
+
+
+def run_garbage_grouping_case(device: str = "cpu") -> None:
+    """The one-launch grouping drops out-of-range ids: every other pair sits once in its
+    expert's run, in order, and the layout is the torch grouping's of the valid pairs."""
+    from cadence.model.moe import _group_by_expert_triton
+
+    ids = torch.tensor([[3, 12], [-1, 0], [3, 2**40], [5, 0]])
+    valid = (ids >= 0) & (ids < 12)
+    got = _group_by_expert_triton(ids.to(device).flatten(), 12, 4)
+    sorted_pairs, block_expert = got.sorted_pairs.cpu(), got.block_expert.cpu()
+    flat = ids.flatten()
+    placed = sorted_pairs[sorted_pairs < flat.numel()]
+    assert sorted(placed.tolist()) == torch.nonzero(valid.flatten()).flatten().tolist()
+    for pos, pair in enumerate(sorted_pairs.tolist()):
+        if pair < flat.numel():
+            assert block_expert[pos // 4] == flat[pair]
+    # Runs in expert order, pairs in pair order within a run.
+    assert placed.tolist() == sorted(placed.tolist(), key=lambda q: (int(flat[q]), q))
 
 
 def run_decode_garbage_ids_case(device: str = "cpu") -> None:
@@ -299,6 +319,7 @@ if __name__ == "__main__":
     run_triton_case(5, 32, 24, 8, 3, False, 0, fp8=True)  # FP8 experts, row scales
     run_triton_case(40, 48, 40, 6, 2, True, 1, fp8=True)
     run_decode_garbage_ids_case()
+    run_garbage_grouping_case()
     run_routing_case(1, 128, 8, 16, 3)
     run_routing_case(32, 128, 8, 16, 4)  # 256 pairs: the largest one-launch grouping
     run_routing_case(7, 10, 3, 4, 5)

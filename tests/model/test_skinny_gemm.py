@@ -364,6 +364,42 @@ def test_planned_launches_repeat_the_first_call_bit_for_bit(monkeypatch, bias):
     assert "_skinny_plans" not in layer.__dict__
 
 
+@pytest.mark.gpu
+def test_plans_follow_replaced_parameters_and_unplannable_inputs(monkeypatch):
+    """A weight or bias replaced (not copied into) after planning gets plans of its own; a one-
+    row input whose row stride specializes otherwise than K runs the kernel on every call."""
+    torch.manual_seed(0)
+    n, k = 256, 1024
+    cfg = _table_or_heuristic(1, n, k)
+    real = skinny_gemm.skinny_matmul
+    calls = []
+    monkeypatch.setattr(skinny_gemm, "skinny_matmul", lambda *a: calls.append(a) or real(*a))
+    layer = nn.Linear(k, n, bias=True).cuda().to(torch.bfloat16)
+    layer.__class__ = SkinnyLinear
+    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(layer(x), real(x, layer.weight, layer.bias, cfg))
+        layer.bias = None
+        assert torch.equal(layer(x), real(x, layer.weight, None, cfg))
+        layer.weight = nn.Parameter(torch.randn(n, k, device="cuda").to(torch.bfloat16))
+        for _ in range(2):
+            assert torch.equal(layer(x), real(x, layer.weight, None, cfg))
+        assert len(calls) == 3  # one dispatch per new parameter set, then its plan
+
+        # A shape no other test launches: its stride-K specialization is never compiled.
+        n, k = 136, 1040
+        cfg = _table_or_heuristic(1, n, k)
+        fresh = nn.Linear(k, n, bias=False).cuda().to(torch.bfloat16)
+        fresh.__class__ = SkinnyLinear
+        row = torch.randn(2, k + 8, device="cuda").to(torch.bfloat16)[:1, :k]  # stride 1048
+        assert row.is_contiguous() and row.stride(0) % 16
+        want = real(row, fresh.weight, None, cfg)
+        calls.clear()
+        for _ in range(3):
+            assert torch.equal(fresh(row), want)
+        assert len(calls) == 3  # no plan for that specialization: the checked path each time
+
+
 if __name__ == "__main__":
     patch_interpreter()
     run_interpreter_cases()

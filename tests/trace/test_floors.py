@@ -46,3 +46,12 @@ def test_fp8_projections_and_cache_count_one_byte_and_survive_json():
     assert ModelShape.from_json(shape.to_json()) == shape
     old = {k: v for k, v in shape.to_json().items() if k not in ("linear_bytes", "kv_dtype_bytes")}
     assert ModelShape.from_json(old).kv_bytes(1) == 2 * model.num_kv_heads * model.head_dim * 2
+
+
+def test_fp8_experts_scales_are_not_linears():
+    torch.manual_seed(0)
+    model = CausalLM(hf_config("qwen3-moe", tie=False), attn_backend=None)  # type: ignore[arg-type]
+    quantize_model_fp8(model)
+    shape = ModelShape.from_model(model, 4)
+    assert not any(name.endswith("_scale") for name in shape.linears)
+    assert "gate" in shape.linears  # the router stays a float32 linear
