@@ -3,9 +3,10 @@
     python scripts/moe_sweep.py [--model qwen3-30b-a3b] [--tokens 1,8,32] [--budget-s 240]
     python scripts/moe_sweep.py --decode [--tokens 1,2]   # decode kernels against grouped
 
-For each token count the routing is random (top-k of a softmax over random logits), the expert
-weights are copies enough to exceed three times the L2 (a decode step streams them from HBM),
-and each tile of one kernel is timed inside a CUDA graph of back-to-back ``fused_moe_triton``
+For each token count the routing is random (top-k of a softmax over random logits); the graph
+repeats the call with the expert ids shifted, so that the calls together touch about three times
+the L2 in experts (a decode step streams them from HBM; with few experts the shifts revisit the
+same ones and L2 hits flatter the figures), and each tile of one kernel is timed inside a CUDA graph of back-to-back ``fused_moe_triton``
 calls with the other kernel's tile at its default; the kernel's share is the call's time minus
 the default call's. Each tile's output is checked against the default tile's first. Prints,
 per token count and dtype, the default and the best tiles in us per call and the experts' bytes
