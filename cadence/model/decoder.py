@@ -22,7 +22,7 @@ from cadence.model.layers import GemmaRMSNorm, RMSNorm, silu_and_mul
 from cadence.model.moe import SparseMoE
 from cadence.model.parallel import TPShard, VocabParallelEmbedding, all_reduce, gather_vocab
 from cadence.model.rope import RopeParams, RotaryEmbedding
-from cadence.model.skinny_gemm import use_skinny_gemm
+from cadence.model.skinny_gemm import SkinnyLinear, use_skinny_gemm
 
 
 class MLP(nn.Module):
@@ -36,7 +36,11 @@ class MLP(nn.Module):
         self.tp = arch.tp_size > 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        if isinstance(self.down_proj, SkinnyLinear):  # SwiGLU inside the down projection
+            out = self.down_proj.forward_glu(gate_up)
+        else:
+            out = self.down_proj(silu_and_mul(gate_up))
         return all_reduce(out) if self.tp else out
 
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cadence.envs import read_envs
+from cadence.model.fused_ops import silu_and_mul
 from cadence.model.skinny_gemm_kernels import (
     SkinnyConfig,
     SkinnyPlan,
@@ -141,25 +142,28 @@ def _usable(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
-                  bias: torch.Tensor | None = None) -> torch.Tensor:
+                  bias: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, through the skinny kernel where it is faster (see the
-    module's docstring); the same result up to the order of the float32 additions."""
-    k = x.shape[-1]
-    rows = x.numel() // k if k else 0
+    module's docstring); the same result up to the order of the float32 additions. With
+    ``glu``, ``F.linear(silu_and_mul(x), weight, bias)``: the kernel applies SwiGLU to ``x``
+    (gate | up) as it loads it, with the bits ``silu_and_mul`` would give."""
+    width = x.shape[-1]
+    k = weight.shape[1]
+    rows = x.numel() // width if width else 0
     if ENABLED and 0 < rows <= MAX_ROWS and x.is_cuda and _usable(x, weight, bias):
         n = weight.shape[0]
         key = (x.device.index, n, k, row_bucket(rows))
         cfg = _CHOSEN[key] if key in _CHOSEN else _choose(x.device, n, k, key[3])
         if cfg is not None:
             try:
-                out = skinny_matmul(x.reshape(rows, k), weight, bias, cfg)
+                out = skinny_matmul(x.reshape(rows, width), weight, bias, cfg, glu)
             except Exception:  # e.g. a configuration Triton cannot compile here
                 logger.warning("skinny GEMM %s for [%d, %d] x [%d, %d] failed; cuBLAS from now on",
                                cfg, rows, k, n, k, exc_info=True)
                 _CHOSEN[key] = None
-                return F.linear(x, weight, bias)
-            return out.view(*x.shape[:-1], n)
-    return F.linear(x, weight, bias)
+            else:
+                return out.view(*x.shape[:-1], n)
+    return F.linear(silu_and_mul(x) if glu else x, weight, bias)
 
 
 _NO_PLAN = object()  # not resolved yet
@@ -173,39 +177,49 @@ class SkinnyLinear(nn.Linear):
     so that an eager step pays for a kernel launch and an allocation, not for the dispatch."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        k = input.shape[-1]
-        rows = input.numel() // k if k else 0
+        return self._run(input, False)
+
+    def forward_glu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``forward(silu_and_mul(gate_up))`` (the MLP's down projection), SwiGLU fused into
+        the skinny kernel's loads; the same bits as the two calls."""
+        return self._run(gate_up, True)
+
+    def _run(self, input: torch.Tensor, glu: bool) -> torch.Tensor:
+        width = input.shape[-1]
+        rows = input.numel() // width if width else 0
+        weight, bias = self.weight, self.bias
         if rows > MAX_ROWS or not ENABLED:
-            return F.linear(input, self.weight, self.bias)
+            return F.linear(silu_and_mul(input) if glu else input, weight, bias)
         plans = self.__dict__.get("_skinny_plans")
         if plans is None:
             plans = self.__dict__["_skinny_plans"] = {}
-        weight, bias = self.weight, self.bias
         # The parameters' pointers are in the key: a weight or bias replaced (not copied into)
         # after planning gets plans of its own.
-        key = (rows, input.dtype, input.get_device(), input.data_ptr() & 15,
+        key = (rows, glu, input.dtype, input.get_device(), input.data_ptr() & 15,
                input.is_contiguous(), torch.is_grad_enabled(), weight.data_ptr(),
                None if bias is None else bias.data_ptr())
         plan = plans.get(key, _NO_PLAN)
         if plan is None:
-            return F.linear(input, weight, bias)
+            return F.linear(silu_and_mul(input) if glu else input, weight, bias)
         if plan is _DISPATCH:
-            return skinny_linear(input, weight, bias)
+            return skinny_linear(input, weight, bias, glu)
         if plan is not _NO_PLAN:
             return plan(input, weight, bias).view(*input.shape[:-1], self.out_features)
-        out = skinny_linear(input, weight, bias)
+        out = skinny_linear(input, weight, bias, glu)
         if not torch.is_grad_enabled() and (has_scratch(input.device) or not input.is_cuda):
-            plans[key] = self._plan(input, rows, k)
+            plans[key] = self._plan(input, rows, glu)
         return out
 
-    def _plan(self, x: torch.Tensor, rows: int, k: int) -> SkinnyPlan | object | None:
+    def _plan(self, x: torch.Tensor, rows: int, glu: bool) -> SkinnyPlan | object | None:
         """The plan; None: cuBLAS (as skinny_linear chose); _DISPATCH: the kernel unplanned."""
         if not (ENABLED and x.is_cuda and _usable(x, self.weight, self.bias)):
             return None
-        key = (x.device.index, self.weight.shape[0], k, row_bucket(rows))
+        n, k = self.weight.shape
+        key = (x.device.index, n, k, row_bucket(rows))
         if key not in _CHOSEN or _CHOSEN[key] is None:
             return None
-        plan = skinny_plan(x.reshape(rows, k), self.weight, self.bias, _CHOSEN[key])
+        plan = skinny_plan(x.reshape(rows, x.shape[-1]), self.weight, self.bias, _CHOSEN[key],
+                           glu)
         return _DISPATCH if plan is None else plan
 
     def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]

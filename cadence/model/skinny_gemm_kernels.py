@@ -52,12 +52,20 @@ if triton is not None:
         tl.store(out_ptr + offs_m[:, None] * stride_o + offs_n[None, :],
                  total.to(out_ptr.dtype.element_ty), mask=mask)
 
+    @triton.jit
+    def _silu_mul(gate, up):
+        # fused_ops' SwiGLU, rounding where it rounds: the same bits as its output.
+        g = gate.to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+        return (act * up.to(tl.float32)).to(gate.dtype)
+
     @triton.jit(do_not_specialize=["M", "split_k"])
     def _skinny_gemm_kernel(
         x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
         M, N, K, stride_x, stride_w, stride_o, k_per_split, split_k,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         DOT: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+        GLU: tl.constexpr,
     ):  # fmt: skip
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -82,10 +90,15 @@ if triton is not None:
         for k0 in range(k_start, k_end, BLOCK_K):
             if EVEN_K:
                 x = tl.load(x_ptrs + k0, mask=x_ok, other=0.0)
+                if GLU:  # x holds [gate | up]: the K inputs are silu(gate) * up
+                    x = _silu_mul(x, tl.load(x_ptrs + K + k0, mask=x_ok, other=0.0))
                 w = tl.load(w_ptrs + k0)
             else:
                 k_ok = (k0 + offs_k) < K
                 x = tl.load(x_ptrs + k0, mask=x_ok & k_ok[None, :], other=0.0)
+                if GLU:
+                    up = tl.load(x_ptrs + K + k0, mask=x_ok & k_ok[None, :], other=0.0)
+                    x = _silu_mul(x, up)
                 w = tl.load(w_ptrs + k0, mask=k_ok[None, :], other=0.0)
             if DOT:
                 acc = tl.dot(w, tl.trans(x), acc)
@@ -205,16 +218,18 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
 def _launch(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: SkinnyConfig,
     out: torch.Tensor, part: torch.Tensor, counters: torch.Tensor, shape: LaunchShape,
+    glu: bool = False,
 ) -> tuple[tuple, dict]:
-    """The kernel's arguments and constexprs (with the launch options) for one call."""
-    m, k = x.shape
-    n = weight.shape[0]
+    """The kernel's arguments and constexprs (with the launch options) for one call; with
+    ``glu`` x is ``[M, 2K]`` (gate | up) for a weight ``[N, K]``."""
+    m = x.shape[0]
+    n, k = weight.shape
     args = (x, weight, out if bias is None else bias, out, part, counters, m, n, k,
             x.stride(0), weight.stride(0), out.stride(0), shape.k_per_split, shape.split_k)
     constexprs = dict(
         BLOCK_M=shape.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot,
         SPLIT=shape.split_k > 1, EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GLU=glu, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return args, constexprs
 
@@ -226,16 +241,21 @@ def _workspace(shape: LaunchShape, m: int, n: int, stand_in: torch.Tensor) -> to
 
 
 def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  cfg: SkinnyConfig) -> torch.Tensor:
+                  cfg: SkinnyConfig, glu: bool = False) -> torch.Tensor:
     """``x @ weight.T (+ bias)`` in ``x``'s dtype for ``x`` [M <= 16, K] with unit column stride
-    and a row-major ``weight`` [N, K] of the same dtype (and ``bias`` [N]).
+    and a row-major ``weight`` [N, K] of the same dtype (and ``bias`` [N]). With ``glu``, ``x``
+    is ``[M, 2K]``, gate then up, and the product is ``silu_and_mul(x) @ weight.T (+ bias)``
+    (SwiGLU in the kernel's loads, rounded as ``fused_ops.silu_and_mul`` rounds).
 
     Launches on the current stream; the split launches of one device share its counters, so
     two of them must not run at the same time on different streams."""
     if triton is None:
         raise ImportError("skinny GEMMs need triton")
-    m, k = x.shape
-    n = weight.shape[0]
+    m = x.shape[0]
+    n, k = weight.shape
+    if x.shape[1] != (2 * k if glu else k):
+        raise ValueError(f"x {tuple(x.shape)} does not fit a weight {tuple(weight.shape)}"
+                         f"{' (gate | up)' if glu else ''}")
     if m > DOT_ROWS:
         raise ValueError(f"skinny GEMMs take at most {DOT_ROWS} rows, got {m}")
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -246,7 +266,7 @@ def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     shape = launch_shape(m, n, k, cfg)
     counters, stand_in = _scratch(x.device)
     part = _workspace(shape, m, n, stand_in)
-    args, constexprs = _launch(x, weight, bias, cfg, out, part, counters, shape)
+    args, constexprs = _launch(x, weight, bias, cfg, out, part, counters, shape, glu)
     _SKINNY((shape.column_blocks, shape.split_k), args, **constexprs)
     return out
 
@@ -261,6 +281,7 @@ class SkinnyPlan:
     m: int
     n: int
     k: int
+    x_width: int  # K, or 2K for a GLU plan
     shape: LaunchShape
     device: int
     counters: torch.Tensor
@@ -272,20 +293,22 @@ class SkinnyPlan:
         m, n, shape = self.m, self.n, self.shape
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
         part = _workspace(shape, m, n, self.stand_in)
-        # x's row stride matters only past one row, where contiguity makes it K.
+        # x's row stride matters only past one row, where contiguity makes it its width.
         self.launch(shape.column_blocks, shape.split_k, 1, self.device, (
             x, weight, out if bias is None else bias, out, part, self.counters, m, n, self.k,
-            self.k, self.k, n, shape.k_per_split, shape.split_k))  # fmt: skip
+            self.x_width, self.k, n, shape.k_per_split, shape.split_k))  # fmt: skip
         return out
 
 
 def skinny_plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                cfg: SkinnyConfig) -> SkinnyPlan | None:
-    """The plan of ``skinny_matmul(x, weight, bias, cfg)`` once that call has run (it compiles
-    the kernel); None where the launch must keep going through ``skinny_matmul``."""
-    m, k = x.shape
-    n = weight.shape[0]
+                cfg: SkinnyConfig, glu: bool = False) -> SkinnyPlan | None:
+    """The plan of ``skinny_matmul(x, weight, bias, cfg, glu)`` once that call has run (it
+    compiles the kernel); None where the launch must keep going through ``skinny_matmul``."""
+    m, width = x.shape
+    n, k = weight.shape
     if triton is None or not (0 < m <= DOT_ROWS and n and k) or not has_scratch(x.device):
+        return None
+    if width != (2 * k if glu else k):
         return None
     if not (x.is_contiguous() and weight.is_contiguous() and weight.stride(0) == k):
         return None
@@ -293,9 +316,9 @@ def skinny_plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     counters, stand_in = _scratch(x.device)
     part = _workspace(shape, m, n, stand_in)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    args, constexprs = _launch(x.as_strided((m, k), (k, 1)), weight, bias, cfg, out, part,
-                               counters, shape)
+    args, constexprs = _launch(x.as_strided((m, width), (width, 1)), weight, bias, cfg, out,
+                               part, counters, shape, glu)
     launch = _SKINNY.prepared(args, **constexprs)
     if launch is None:
         return None
-    return SkinnyPlan(m, n, k, shape, x.get_device(), counters, stand_in, launch)
+    return SkinnyPlan(m, n, k, width, shape, x.get_device(), counters, stand_in, launch)

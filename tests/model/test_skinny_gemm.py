@@ -93,6 +93,22 @@ def check_kernel(device: str, dtype: torch.dtype, m: int, n: int, k: int,
     assert int(counters.count_nonzero()) == 0  # every split launch put its counters back
 
 
+def check_glu(device: str, dtype: torch.dtype, m: int, n: int, k: int,
+              cfg: SkinnyConfig) -> None:
+    """SwiGLU in the kernel's loads gives the bits of the SwiGLU kernel, then the GEMM."""
+    from cadence.model.fused_ops import silu_and_mul_triton
+
+    gen = torch.Generator(device).manual_seed(m + n + k)
+    gate_up = torch.randn(m, 2 * k, generator=gen, device=device).to(dtype)
+    _, w, b = _operands(m, n, k, dtype, device, seed=m + n + k + 1)
+    h = silu_and_mul_triton(gate_up)
+    for bias in (b, None):
+        assert torch.equal(skinny_matmul(gate_up, w, bias, cfg, glu=True),
+                           skinny_matmul(h, w, bias, cfg))
+    with pytest.raises(ValueError, match="does not fit"):
+        skinny_matmul(h, w, b, cfg, glu=True)
+
+
 def run_interpreter_cases() -> None:
     for cfg in SMALL_CONFIGS:
         for m, n, k in SMALL_SHAPES:
@@ -100,6 +116,8 @@ def run_interpreter_cases() -> None:
             check_kernel("cpu", torch.float16, m, n, k, cfg)
             if not cfg.dot:  # the interpreter's tl.dot does not take bfloat16
                 check_kernel("cpu", torch.bfloat16, m, n, k, cfg)
+                check_glu("cpu", torch.bfloat16, m, n, k, cfg)
+            check_glu("cpu", torch.float32, m, n, k, cfg)
 
 
 # --- CPU ----------------------------------------------------------------------------------------
@@ -362,6 +380,38 @@ def test_planned_launches_repeat_the_first_call_bit_for_bit(monkeypatch, bias):
         assert torch.equal(layer(wide), F.linear(wide, layer.weight, layer.bias))
     layer.float()  # new parameters: the plans are dropped
     assert "_skinny_plans" not in layer.__dict__
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", SMALL_CONFIGS, ids=str)
+def test_glu_on_gpu(cfg):
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for m, n, k in SMALL_SHAPES:
+            check_glu("cuda", dtype, m, n, k, cfg)
+
+
+@pytest.mark.gpu
+def test_down_projection_with_swiglu_inside_is_the_two_calls(monkeypatch):
+    """SkinnyLinear.forward_glu == forward(silu_and_mul(gate_up)) bit for bit: first call,
+    planned calls and a CUDA graph; past 16 rows it is the two calls."""
+    from cadence.model.fused_ops import silu_and_mul
+
+    torch.manual_seed(0)
+    n, k = 1024, 3072  # Qwen3-0.6B's down projection (a table shape)
+    layer = nn.Linear(k, n, bias=False).cuda().to(torch.bfloat16)
+    layer.__class__ = SkinnyLinear
+    with torch.no_grad():
+        for rows in (1, 5, 16, 17):
+            gate_up = torch.randn(rows, 2 * k, device="cuda").to(torch.bfloat16)
+            want = layer(silu_and_mul(gate_up))
+            for _ in range(3):
+                assert torch.equal(layer.forward_glu(gate_up), want)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = layer.forward_glu(gate_up)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, want)
 
 
 @pytest.mark.gpu
