@@ -7,6 +7,8 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
+
 
 @dataclass
 class StructuredOutputsParams:
@@ -29,6 +31,9 @@ class StructuredOutputsParams:
         if self.choice is not None and (
                 not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
             raise ValueError("structured_outputs: choice must be non-empty strings.")
+        if self.json is not None and nesting_depth(self.json) > MAX_JSON_DEPTH:
+            raise ValueError(f"structured_outputs: the JSON schema nests deeper than "
+                             f"{MAX_JSON_DEPTH} levels.")
 
 
 class RequestOutputKind(enum.Enum):
@@ -146,8 +151,11 @@ class SamplingParams:
             if not _is_real(value) or not -2.0 <= value <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {value!r}.")
         rp = self.repetition_penalty
-        if not _is_real(rp) or not math.isfinite(rp) or not rp > 0.0:
-            raise ValueError(f"repetition_penalty must be greater than zero, got {rp!r}.")
+        # Applied to float32 logits: past these bounds the penalty (or a logit scaled by it)
+        # underflows to 0 or overflows to inf.
+        if not _is_real(rp) or not REPETITION_PENALTY_MIN <= rp <= REPETITION_PENALTY_MAX:
+            raise ValueError(f"repetition_penalty must be in [{REPETITION_PENALTY_MIN:g}, "
+                             f"{REPETITION_PENALTY_MAX:g}] (greater than zero), got {rp!r}.")
         if not _is_real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}.")
         if self.logit_bias is not None:
@@ -192,6 +200,8 @@ class SamplingParams:
 
 
 _SAMPLING_EPS = 1e-5
+REPETITION_PENALTY_MIN = 1e-30
+REPETITION_PENALTY_MAX = 1e30
 MAX_N = 128  # choices per request (OpenAI's bound)
 # Smallest non-greedy temperature; smaller ones are raised to it (vLLM's ``_MAX_TEMP``).
 MIN_TEMPERATURE = 1e-2

@@ -27,6 +27,8 @@ from cadence.sampling_params import RequestOutputKind, SamplingParams
         ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"frequency_penalty": float("nan")}, "frequency_penalty"),
         ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"repetition_penalty": 1e-31}, "repetition_penalty"),
+        ({"repetition_penalty": 2e30}, "repetition_penalty"),
         ({"min_p": -0.1}, "min_p"),
         ({"logit_bias": {-1: 1.0}}, "logit_bias"),
         ({"logit_bias": {1: float("inf")}}, "logit_bias"),

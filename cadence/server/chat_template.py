@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 from cadence.server.protocol import ChatMessage, ParamError
 
 # Used only when the tokenizer ships no template (the built-in byte-level model): ChatML.
@@ -33,7 +34,7 @@ def _chatml(
     return "".join(parts)
 
 
-def template_message(message: ChatMessage) -> dict[str, Any]:
+def template_message(message: ChatMessage, index: int = 0) -> dict[str, Any]:
     """One message in the shape Hugging Face chat templates read: text content, an assistant's
     ``tool_calls`` with their arguments as objects (templates serialise them themselves, as
     vLLM hands them), and a tool message's ``tool_call_id`` and ``name``."""
@@ -43,13 +44,17 @@ def template_message(message: ChatMessage) -> dict[str, Any]:
     if message.tool_calls:
         calls = []
         for i, call in enumerate(message.tool_calls):
+            param = f"messages.{index}.tool_calls.{i}.function.arguments"
+            text = call.function.arguments
+            if nesting_depth(text) > MAX_JSON_DEPTH:
+                raise ParamError(param, f"tool call arguments nest deeper than {MAX_JSON_DEPTH} "
+                                 "levels.")
             try:
-                arguments = json.loads(call.function.arguments)
-            except json.JSONDecodeError:
-                raise ParamError(
-                    f"messages.tool_calls.{i}.function.arguments",
-                    f"tool call arguments must be JSON, got {call.function.arguments!r}.",
-                ) from None
+                arguments = json.loads(text)
+            except (ValueError, RecursionError):  # e.g. an integer past Python's digit limit
+                shown = text if len(text) <= 200 else text[:200] + "..."
+                raise ParamError(param, f"tool call arguments must be JSON, got {shown!r}.") \
+                    from None
             calls.append({"id": call.id, "type": call.type,
                           "function": {"name": call.function.name, "arguments": arguments}})
         out["tool_calls"] = calls
@@ -81,7 +86,7 @@ def render_chat(
             "continue_final_message",
             "continue_final_message requires the last message to be from the assistant.",
         )
-    conversation = [template_message(m) for m in messages]
+    conversation = [template_message(m, i) for i, m in enumerate(messages)]
     if chat_template is not None or getattr(tokenizer, "chat_template", None):
         try:
             text = tokenizer.apply_chat_template(

@@ -231,8 +231,8 @@ class _SamplingRequest(OpenAIModel):
         if rf.type == "json_object":
             return StructuredOutputsParams(json_object=True)
         assert rf.json_schema is not None
-        spec = StructuredOutputsParams(json=rf.json_schema.schema_)
         try:
+            spec = StructuredOutputsParams(json=rf.json_schema.schema_)
             check_structured_outputs(spec)  # the error names response_format, not the engine's
         except ValueError as exc:
             raise ParamError("response_format", str(exc).replace(
@@ -428,15 +428,16 @@ class ChatCompletionRequest(_SamplingRequest):
             return super()._structured_outputs()
         tools = {t.function.name: t.function.parameters or {"type": "object"}
                  for t in self.tools or []}
-        if isinstance(self.tool_choice, NamedToolChoice):
-            spec = StructuredOutputsParams(json=tools[self.tool_choice.function.name])
-        else:
-            spec = StructuredOutputsParams(json={"type": "array", "minItems": 1, "items": {
-                "anyOf": [{"type": "object",
-                           "properties": {"name": {"type": "string", "enum": [name]},
-                                          "parameters": params},
-                           "required": ["name", "parameters"]} for name, params in tools.items()]}})
         try:
+            if isinstance(self.tool_choice, NamedToolChoice):
+                spec = StructuredOutputsParams(json=tools[self.tool_choice.function.name])
+            else:
+                spec = StructuredOutputsParams(json={"type": "array", "minItems": 1, "items": {
+                    "anyOf": [{"type": "object",
+                               "properties": {"name": {"type": "string", "enum": [name]},
+                                              "parameters": params},
+                               "required": ["name", "parameters"]}
+                              for name, params in tools.items()]}})
             check_structured_outputs(spec)
         except ValueError as exc:
             raise ParamError("tools", f"tools: a function's parameters are not a schema this "

@@ -37,7 +37,10 @@ __all__ = ["GrammarState", "check_structured_outputs", "grammar_of"]
 def check_structured_outputs(spec: StructuredOutputsParams) -> None:
     """Parse ``spec`` once (in the front end): an invalid schema or grammar is the request's
     error, not the engine's."""
-    grammar_of(spec)
+    try:
+        grammar_of(spec)
+    except RecursionError:  # a parser's recursion on nesting the depth bound let through
+        raise ValueError("structured_outputs: the schema or grammar nests too deeply.") from None
 
 
 @dataclass

@@ -165,7 +165,17 @@ def test_tool_call_arguments_that_are_not_json_are_a_400(http: httpx.Client) -> 
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]
     resp = http.post(CHAT, json={"messages": bad, "max_tokens": 1})
     assert resp.status_code == 400
-    assert resp.json()["error"]["param"] == "messages.tool_calls.0.function.arguments"
+    assert resp.json()["error"]["param"] == "messages.1.tool_calls.0.function.arguments"
+    # Arguments that nest past the bound, or that Python's int parser refuses: a 400 naming
+    # them (not a recursion error's 500), and the server goes on serving.
+    for arguments in ("[" * 1000 + "]" * 1000, "1" * 5000):
+        call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
+        messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]}]
+        resp = http.post(CHAT, json={"messages": messages, "max_tokens": 1})
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["param"] == "messages.1.tool_calls.0.function.arguments"
+    assert http.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}],
+                                 "max_tokens": 1}).status_code == 200
 
 
 def test_tools_reach_the_template(hf_tokenizer: Any) -> None:

@@ -88,6 +88,10 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     (CHAT, {"messages": MSG, "frequency_penalty": -3}, 400, "frequency_penalty", "[-2, 2]"),
     (COMPLETIONS, {"prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty",
      "greater than zero"),
+    (COMPLETIONS, {"prompt": "x", "repetition_penalty": 1e-40}, 400, "repetition_penalty",
+     "greater than zero"),  # float32 would make it 0
+    (CHAT, {"messages": MSG, "repetition_penalty": 1e308}, 400, "repetition_penalty",
+     "greater than zero"),  # float32 would make it inf
     (COMPLETIONS, {"prompt": "x", "min_p": 1.5}, 400, "min_p", "[0, 1]"),
     (COMPLETIONS, {"prompt": "x", "logit_bias": {"one": 1}}, 400, "logit_bias", "token ids"),
     (COMPLETIONS, {"prompt": "x", "logit_bias": {"-4": 1}}, 400, "logit_bias", "negative"),

@@ -54,7 +54,19 @@ def test_completions_structured_outputs_field(client, stream) -> None:
         assert check(text), text
 
 
+def _deep_schema(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
 @pytest.mark.parametrize(("body", "param", "fragment"), [
+    # Nesting past the bound: refused before anything recursive walks it (it was a 500).
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                  "schema": _deep_schema(300)}}},
+     "response_format", "nests deeper"),
+    ({"structured_outputs": {"json": _deep_schema(40)}}, "structured_outputs", "nests deeper"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
                                                                   "schema": {"type": "nope"}}}},
      "response_format", "invalid json_schema"),
