@@ -13,10 +13,15 @@ def check_stop(request: Request, max_model_len: int) -> bool:
     output = request.output_token_ids
     num_output = len(output)
     params = request.sampling_params
+    last_token_id = output[-1]
+    # Under a grammar EOS is allowed only where the grammar is complete: nothing else could
+    # follow, so it ends the request whatever ignore_eos and min_tokens say.
+    if params.structured_outputs is not None and last_token_id == request.eos_token_id:
+        request.status = RequestStatus.FINISHED_STOPPED
+        return True
     # min_tokens defers EOS, stop ids and max_tokens, but never the context-length limit: a
     # request at max_model_len cannot be scheduled again.
     if num_output >= params.min_tokens:
-        last_token_id = output[-1]
         if last_token_id == request.eos_token_id and not params.ignore_eos:
             request.status = RequestStatus.FINISHED_STOPPED
             return True

@@ -48,6 +48,7 @@ class _Constrained:
     matcher: Any
     accepted: int = 0  # outputs the matcher has consumed
     history: list[int] = field(default_factory=list)  # outputs the host knows, in order
+    warned: bool = False
 
 
 class GrammarState:
@@ -94,7 +95,8 @@ class GrammarState:
     def _advance(self, req_id: str, state: _Constrained, upto: int) -> None:
         while state.accepted < upto:
             token = state.history[state.accepted]
-            if not state.matcher.accept_token(token):
+            if not state.matcher.accept_token(token) and not state.warned:
+                state.warned = True  # once per request: later tokens would repeat it
                 logger.warning("Request %s: token %d does not fit its grammar.", req_id, token)
             state.accepted += 1
 

@@ -100,7 +100,9 @@ class SamplingMetadata:
         wanted = [p.logprobs for p in params if p.logprobs is not None]
         banned: dict[int, list[int]] = {}
         for row, (p, n_out) in enumerate(zip(params, num_output_tokens, strict=True)):
-            if n_out < p.min_tokens and p.all_stop_token_ids:
+            # A grammar decides where structured output ends: min_tokens bans no stop id there
+            # (banning the grammar's only allowed token would leave the row nothing to sample).
+            if n_out < p.min_tokens and p.all_stop_token_ids and p.structured_outputs is None:
                 banned[row] = sorted(p.all_stop_token_ids)
         min_p = None
         min_p_rows = np.nonzero(rows.min_p > 0.0)[0]  # greedy rows have min_p 0

@@ -65,3 +65,19 @@ def test_no_eos_id_never_stops_on_eos():
     request = Request("0", [1], SamplingParams(max_tokens=5), eos_token_id=None)
     request.append_output_token_ids(EOS)
     assert check_stop(request, max_model_len=100) is False
+
+
+def test_eos_ends_structured_output_whatever_ignore_eos_and_min_tokens_say():
+    """A grammar allows EOS only where it is complete: the request ends there."""
+    from cadence.sampling_params import StructuredOutputsParams
+
+    for params in ({"ignore_eos": True}, {"min_tokens": 5}):
+        request = _request(max_tokens=20, structured_outputs=StructuredOutputsParams(regex="ab"),
+                           **params)
+        request.append_output_token_ids([10, 11, EOS])
+        assert check_stop(request, max_model_len=100) is True
+        assert request.get_finished_reason() == FinishReason.STOP
+        # Without a grammar the same tokens go on.
+        plain = _request(max_tokens=20, **params)
+        plain.append_output_token_ids([10, 11, EOS])
+        assert check_stop(plain, max_model_len=100) is False

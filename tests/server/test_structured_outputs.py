@@ -84,3 +84,23 @@ def test_bad_specs_are_400s_naming_the_field(http, body, param, fragment) -> Non
     error = resp.json()["error"]
     assert error["param"] == param and fragment in error["message"]
     assert http.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("extra", [{"ignore_eos": True}, {"min_tokens": 5}])
+def test_the_grammar_ends_the_output(http, extra) -> None:
+    """ignore_eos and min_tokens cannot push a structured output past its grammar's end (they
+    gave unconstrained tokens, or token 0 where every token was masked)."""
+    for stream in (False, True):
+        body = {"prompt": "x", "max_tokens": 10, "structured_outputs": {"regex": "ab"},
+                "stream": stream, **extra}
+        resp = http.post("/v1/completions", json=body)
+        assert resp.status_code == 200, resp.text
+        if stream:
+            chunks = [json.loads(line[6:]) for line in resp.text.splitlines()
+                      if line.startswith("data: {")]
+            text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+            reason = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1]
+        else:
+            choice = resp.json()["choices"][0]
+            text, reason = choice["text"], choice["finish_reason"]
+        assert (text, reason) == ("ab", "stop")
