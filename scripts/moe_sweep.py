@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from skinny_gemm_sweep import time_calls  # noqa: E402  (this directory is on sys.path)
 
 from cadence.model.moe import (  # noqa: E402
     DEFAULT_TILE,
@@ -41,24 +42,11 @@ TILES = [MoeTile(n, k, w, st) for (n, k), w, st in itertools.product(
 KEEP_MARGIN = 0.97
 
 
-def time_graph(call, total: int = 200) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        calls = call()
-    graph.replay()
-    replays = max(2, math.ceil(total / calls))
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (replays * calls)
+def time_graph(call) -> float:
+    """us per fused MoE call: ``call()`` issues some calls and returns how many; replayed from
+    a CUDA graph by skinny_gemm_sweep.time_calls."""
+    count = call()  # the warm-up: compiles
+    return time_calls([call], max(2, 200 // count)) / count
 
 
 def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
