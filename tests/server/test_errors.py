@@ -93,6 +93,9 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     (CHAT, {"messages": MSG, "repetition_penalty": 1e308}, 400, "repetition_penalty",
      "greater than zero"),  # float32 would make it inf
     (COMPLETIONS, {"prompt": "x", "min_p": 1.5}, 400, "min_p", "[0, 1]"),
+    (CHAT, {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://127.0.0.1/x.png"}}]}]},
+     400, "messages.0.content", "only text content parts"),
     (COMPLETIONS, {"prompt": "x", "logit_bias": {"one": 1}}, 400, "logit_bias", "token ids"),
     (COMPLETIONS, {"prompt": "x", "logit_bias": {"-4": 1}}, 400, "logit_bias", "negative"),
     (CHAT, {"messages": MSG, "logit_bias": {"100000": 1}}, 400, "logit_bias",
