@@ -150,7 +150,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
     width = x.shape[-1]
     k = weight.shape[1]
     rows = x.numel() // width if width else 0
-    if ENABLED and 0 < rows <= MAX_ROWS and x.is_cuda and _usable(x, weight, bias):
+    fits = width == (2 * k if glu else k)  # else F.linear raises the shape error
+    if ENABLED and fits and 0 < rows <= MAX_ROWS and x.is_cuda and _usable(x, weight, bias):
         n = weight.shape[0]
         key = (x.device.index, n, k, row_bucket(rows))
         cfg = _CHOSEN[key] if key in _CHOSEN else _choose(x.device, n, k, key[3])
@@ -195,7 +196,7 @@ class SkinnyLinear(nn.Linear):
             plans = self.__dict__["_skinny_plans"] = {}
         # The parameters' pointers are in the key: a weight or bias replaced (not copied into)
         # after planning gets plans of its own.
-        key = (rows, glu, input.dtype, input.get_device(), input.data_ptr() & 15,
+        key = (rows, width, glu, input.dtype, input.get_device(), input.data_ptr() & 15,
                input.is_contiguous(), torch.is_grad_enabled(), weight.data_ptr(),
                None if bias is None else bias.data_ptr())
         plan = plans.get(key, _NO_PLAN)

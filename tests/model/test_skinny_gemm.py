@@ -199,6 +199,19 @@ def test_cpu_forward_is_nn_linear(shape):
     assert torch.equal(skinny_linear(xb, wb), F.linear(xb, wb))
 
 
+def test_cpu_glu_forward_is_swiglu_then_linear():
+    from cadence.model.fused_ops import silu_and_mul
+
+    torch.manual_seed(0)
+    layer = nn.Linear(8, 4)
+    layer.__class__ = SkinnyLinear
+    gate_up = torch.randn(3, 16)
+    assert torch.equal(layer.forward_glu(gate_up), layer(silu_and_mul(gate_up)))
+    for bad, call in ((torch.randn(2, 6), layer), (torch.randn(2, 8), layer.forward_glu)):
+        with pytest.raises(RuntimeError, match="cannot be multiplied"):
+            call(bad)  # the shape error F.linear gives
+
+
 @pytest.mark.parametrize("family", ["qwen3", "gemma2", "llama-bias"])
 def test_decoder_projections_are_skinny_linears(family):
     with torch.device("meta"):
