@@ -3,12 +3,13 @@
 At load every projection of the decoder layers (qkv, o, gate_up, down) and every MoE expert is
 quantized to e4m3 with one scale per output channel (``amax / 448``); the embedding, the LM head
 and MoE routers stay in the model dtype. (The experts run weight-only at every batch size: the
-grouped GEMMs convert their tiles and apply the row scales to the sums.) At run time a GEMM of few rows (decode) streams the FP8 weight
-into a Triton kernel that multiplies it with the activations in the model dtype and applies the
-channel scales at the end (weights in FP8, activations not: half the bytes of a bf16 step); a
-larger GEMM (prefill) quantizes each token's activations with a scale of its own and multiplies
-the two FP8 operands on the tensor cores with float32 accumulation (``torch._scaled_mm``'s
-row-wise scaling). On the CPU the same arithmetic is emulated in float32.
+grouped GEMMs convert their tiles and apply the row scales to the sums.) At run time a GEMM of
+few rows (decode) streams the FP8 weight into a Triton kernel that multiplies it with the
+activations in the model dtype and applies the channel scales at the end (weights in FP8,
+activations not: half the bytes of a bf16 step); a larger GEMM (prefill) quantizes each token's
+activations with a scale of its own and multiplies the two FP8 operands on the tensor cores with
+float32 accumulation (``torch._scaled_mm``'s row-wise scaling). On the CPU the same arithmetic
+is emulated in float32.
 """
 
 from __future__ import annotations

@@ -141,6 +141,12 @@ def _usable(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     return has_scratch(x.device) or not torch.cuda.is_current_stream_capturing()
 
 
+def _torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  glu: bool) -> torch.Tensor:
+    """What the kernel stands for, in torch (cuBLAS): the path wherever it does not apply."""
+    return F.linear(silu_and_mul(x) if glu else x, weight, bias)
+
+
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
                   bias: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, through the skinny kernel where it is faster (see the
@@ -164,7 +170,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
                 _CHOSEN[key] = None
             else:
                 return out.view(*x.shape[:-1], n)
-    return F.linear(silu_and_mul(x) if glu else x, weight, bias)
+    return _torch_linear(x, weight, bias, glu)
 
 
 _NO_PLAN = object()  # not resolved yet
@@ -190,7 +196,7 @@ class SkinnyLinear(nn.Linear):
         rows = input.numel() // width if width else 0
         weight, bias = self.weight, self.bias
         if rows > MAX_ROWS or not ENABLED:
-            return F.linear(silu_and_mul(input) if glu else input, weight, bias)
+            return _torch_linear(input, weight, bias, glu)
         plans = self.__dict__.get("_skinny_plans")
         if plans is None:
             plans = self.__dict__["_skinny_plans"] = {}
@@ -201,7 +207,7 @@ class SkinnyLinear(nn.Linear):
                None if bias is None else bias.data_ptr())
         plan = plans.get(key, _NO_PLAN)
         if plan is None:
-            return F.linear(silu_and_mul(input) if glu else input, weight, bias)
+            return _torch_linear(input, weight, bias, glu)
         if plan is _DISPATCH:
             return skinny_linear(input, weight, bias, glu)
         if plan is not _NO_PLAN:

@@ -26,16 +26,14 @@ def next_pow2(n: int, floor: int = 1) -> int:
 
 
 def _spec(arg: Any) -> Hashable:
-    if type(arg) is int:  # not bool: Triton does not specialize those
-        return (arg == 1, not arg & 15)
-    ptr = getattr(arg, "data_ptr", None)  # a tensor: its dtype and pointer alignment
-    if ptr is not None:
-        return (arg.dtype, not ptr() & 15)
-    return type(arg)
+    """One argument's specialization class (as ``_key`` computes it for each)."""
+    return _key((arg,))[0]
 
 
 def _key(args: Sequence[Any]) -> tuple[Hashable, ...]:
-    """``tuple(map(_spec, args))``, inlined: this runs on every launch."""
+    """What Triton specializes each argument on: an int's ``== 1`` and ``% 16 == 0`` classes
+    (not a bool's: Triton does not specialize those), a tensor's dtype and 16-byte pointer
+    alignment, the type of anything else. One loop: this runs on every launch."""
     out = []
     for arg in args:
         if type(arg) is int:
@@ -46,8 +44,10 @@ def _key(args: Sequence[Any]) -> tuple[Hashable, ...]:
     return tuple(out)
 
 
-@dataclass
-class _Compiled:
+@dataclass(frozen=True)
+class PreparedLaunch:
+    """One specialization's compiled kernel, launched with no key and no argument inspection."""
+
     launch: Any  # the C launcher: (gx, gy, gz, stream, function, coop, pdl, gs, ps, *rest)
     function: int
     packed_metadata: Any
@@ -56,13 +56,19 @@ class _Compiled:
     constexprs: tuple[Any, ...]
     current_stream: Callable[[int], int]  # device index -> the raw current stream
 
+    def __call__(self, gx: int, gy: int, gz: int, device: int, args: Sequence[Any]) -> None:
+        self.launch(
+            gx, gy, gz, self.current_stream(device), self.function, self.cooperative, self.pdl,
+            None, None, self.packed_metadata, None, None, None, *args, *self.constexprs,
+        )  # fmt: skip
+
 
 class TritonLaunch:
     """Launch ``kernel`` (a ``@triton.jit`` function whose constexpr parameters come last)."""
 
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
-        self._compiled: dict[Hashable, _Compiled | None] = {}
+        self._compiled: dict[Hashable, PreparedLaunch | None] = {}
         self.fast_launches = 0
 
     def __call__(
@@ -84,15 +90,10 @@ class TritonLaunch:
             if not _INTERPRETED and key not in self._compiled:
                 self._compiled[key] = _bind(ran, constexprs)
             return
-        gx = grid[0]
         gy = grid[1] if len(grid) > 1 else 1
         gz = grid[2] if len(grid) > 2 else 1
         device = next(a for a in args if hasattr(a, "get_device")).get_device()
-        stream = compiled.current_stream(device)
-        compiled.launch(
-            gx, gy, gz, stream, compiled.function, compiled.cooperative, compiled.pdl, None, None,
-            compiled.packed_metadata, None, None, None, *args, *compiled.constexprs,
-        )  # fmt: skip
+        compiled(grid[0], gy, gz, device, args)
         self.fast_launches += 1
 
     def prepared(
@@ -101,26 +102,10 @@ class TritonLaunch:
         """The compiled launch of ``args``' specialization, for a caller that keeps it per call
         site (after one launch of that specialization has compiled it) and itself makes sure
         that later arguments specialize alike; None where launches take Triton's path."""
-        key = (_key(args), tuple(constexprs.items()), num_warps, num_stages)
-        compiled = self._compiled.get(key)
-        return None if compiled is None else PreparedLaunch(compiled)
+        return self._compiled.get((_key(args), tuple(constexprs.items()), num_warps, num_stages))
 
 
-@dataclass(frozen=True)
-class PreparedLaunch:
-    """One specialization's compiled launch: no key, no argument inspection."""
-
-    compiled: _Compiled
-
-    def __call__(self, gx: int, gy: int, gz: int, device: int, args: Sequence[Any]) -> None:
-        c = self.compiled
-        c.launch(
-            gx, gy, gz, c.current_stream(device), c.function, c.cooperative, c.pdl, None, None,
-            c.packed_metadata, None, None, None, *args, *c.constexprs,
-        )  # fmt: skip
-
-
-def _bind(ran: Any, constexprs: dict[str, Any]) -> _Compiled | None:
+def _bind(ran: Any, constexprs: dict[str, Any]) -> PreparedLaunch | None:
     """The compiled kernel's launcher, or None when it must keep going through Triton."""
     import torch
 
@@ -129,7 +114,7 @@ def _bind(ran: Any, constexprs: dict[str, Any]) -> _Compiled | None:
         launch = runner.launch
         if runner.global_scratch_size or runner.profile_scratch_size or runner.num_ctas != 1:
             return None
-        return _Compiled(launch, ran.function, ran.packed_metadata,
+        return PreparedLaunch(launch, ran.function, ran.packed_metadata,
                          runner.launch_cooperative_grid, runner.launch_pdl,
                          tuple(constexprs.values()), torch._C._cuda_getCurrentRawStream)
     except AttributeError:  # another Triton version or backend: its own path is always right
