@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from skinny_gemm_sweep import time_calls  # noqa: E402  (this directory is on sys.path)
 
+from cadence.model.fp8 import quantize_rows  # noqa: E402
 from cadence.model.moe import (  # noqa: E402
     DEFAULT_TILE,
     MoeTile,
@@ -50,8 +51,9 @@ def time_graph(call) -> float:
 
 
 def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = w.float().abs().amax(dim=-1).clamp(min=1e-12) / 448.0
-    return (w.float() / scale[..., None]).to(torch.float8_e4m3fn), scale
+    """Experts ``[E, rows, K]`` in e4m3 with row scales ``[E, rows]``, as --quantization does."""
+    q, scale = quantize_rows(w.reshape(-1, w.shape[-1]))
+    return q.view(w.shape), scale.view(w.shape[:2])
 
 
 DECODE_CANDIDATES = [DecodeTile(16, 128, 4, 3), DecodeTile(8, 256, 4, 3),
