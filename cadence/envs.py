@@ -29,6 +29,8 @@ class Envs:
     disable_custom_all_reduce: bool = False
     # Leave every decoder projection to cuBLAS (no skinny GEMM kernel for few-row steps).
     disable_skinny_gemm: bool = False
+    # Keep SwiGLU a kernel of its own before the skinny down projection (not in its loads).
+    disable_skinny_glu: bool = False
 
     @property
     def cpu_threads(self) -> int | None:
@@ -54,4 +56,5 @@ def read_envs() -> Envs:
         cpu_threads_text=os.environ.get("CADENCE_CPU_THREADS", ""),
         disable_custom_all_reduce=bool(_flag("CADENCE_DISABLE_CUSTOM_ALL_REDUCE")),
         disable_skinny_gemm=bool(_flag("CADENCE_DISABLE_SKINNY_GEMM")),
+        disable_skinny_glu=bool(_flag("CADENCE_DISABLE_SKINNY_GLU")),
     )

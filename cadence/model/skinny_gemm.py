@@ -8,7 +8,8 @@ tensors in bfloat16 / float16 (x, weight and bias of one dtype, contiguous), at 
 for smaller weights it does not list, ``heuristic_config`` gives a configuration; the rest is
 ``F.linear`` unchanged (the CPU path above all). ``SkinnyLinear`` is an ``nn.Linear`` whose
 forward is ``skinny_linear``; ``use_skinny_gemm(model)`` turns the decoder's projections into
-one. ``CADENCE_DISABLE_SKINNY_GEMM=1`` leaves every projection to ``F.linear``.
+one. ``CADENCE_DISABLE_SKINNY_GEMM=1`` leaves every projection to ``F.linear``;
+``CADENCE_DISABLE_SKINNY_GLU=1`` keeps SwiGLU a kernel of its own before the down projection.
 
 The first call of a configuration compiles it, so the first call on a device (which also
 allocates the kernel's counters) must run outside a CUDA graph capture, as warm-ups do; a
@@ -49,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 MAX_ROWS = 16
 ENABLED = not read_envs().disable_skinny_gemm
+GLU = not read_envs().disable_skinny_glu  # SwiGLU in the down projection's loads
 # The decoder layers' projections (module names) that use_skinny_gemm converts.
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 _DTYPES = (torch.bfloat16, torch.float16)

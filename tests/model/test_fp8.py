@@ -366,13 +366,15 @@ def test_fp8_models_track_bf16_over_256_decode_steps(tmp_path) -> None:
         cos = _cosine(got, ref)
         top1, ref_top1 = got.argmax(-1), ref.argmax(-1)
         agree = float((top1 == ref_top1).float().mean())
-        # Where the two disagree, each one's choice is the other's runner-up: a near tie of a
-        # random model's flat distribution (vLLM's check for quantized models), never a miss.
-        runner_up = (got.topk(2).indices == ref_top1[:, None]).any(-1)
-        ref_runner_up = (ref.topk(2).indices == top1[:, None]).any(-1)
-        why = (quantization, kv_dtype, float(cos.min()), float(cos.mean()), agree)
+        # Where the two disagree, each one's choice is among the other's top 8 (vLLM's check
+        # for quantized models, check_logprobs_close with 8 logprobs): a near tie of a random
+        # model's flat distribution, never a miss.
+        rank = (got > got.gather(1, ref_top1[:, None])).sum(-1)  # ref's choice, in got
+        ref_rank = (ref > ref.gather(1, top1[:, None])).sum(-1)
+        worst = (int(rank.max()), int(ref_rank.max()))
+        why = (quantization, kv_dtype, float(cos.min()), float(cos.mean()), agree, worst)
         assert float(cos.min()) >= 0.99 and agree >= 0.90, why
-        assert bool(runner_up.all()) and bool(ref_runner_up.all()), why
+        assert max(worst) < 8, why
 
 
 @pytest.mark.gpu

@@ -235,6 +235,31 @@ def test_disable_switch(monkeypatch):
     assert not any(isinstance(m, SkinnyLinear) for m in model.modules())
 
 
+def test_glu_switch_keeps_swiglu_a_kernel_of_its_own(monkeypatch):
+    """With ``GLU`` off the MLP runs SwiGLU then the down projection's plain forward; on, it
+    calls ``forward_glu``; the same numbers on the CPU either way."""
+    monkeypatch.setenv("CADENCE_DISABLE_SKINNY_GLU", "1")
+    assert read_envs().disable_skinny_glu
+    monkeypatch.delenv("CADENCE_DISABLE_SKINNY_GLU")
+    assert not read_envs().disable_skinny_glu
+    torch.manual_seed(0)
+    model = CausalLM(hf_config("qwen3", tie=False), attn_backend=None)  # type: ignore[arg-type]
+    mlp = model.model.layers[0].mlp
+    assert isinstance(mlp.down_proj, SkinnyLinear)
+    x = torch.randn(3, mlp.gate_up_proj.in_features)
+    with torch.no_grad():
+        gate, up = mlp.gate_up_proj(x).chunk(2, -1)
+        want = F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+    calls = []
+    real = SkinnyLinear.forward_glu
+    monkeypatch.setattr(SkinnyLinear, "forward_glu", lambda s, g: calls.append(1) or real(s, g))
+    with torch.no_grad():
+        for glu, expected_calls in ((True, 1), (False, 1)):
+            monkeypatch.setattr(skinny_gemm, "GLU", glu)
+            torch.testing.assert_close(mlp(x), want)
+            assert len(calls) == expected_calls
+
+
 # --- GPU ----------------------------------------------------------------------------------------
 
 
@@ -449,18 +474,22 @@ def test_plans_follow_replaced_parameters_and_unplannable_inputs(monkeypatch):
             assert torch.equal(layer(x), real(x, layer.weight, None, cfg))
         assert len(calls) == 3  # one dispatch per new parameter set, then its plan
 
-        # A shape no other test launches: its stride-K specialization is never compiled.
+        # A one-row input whose row stride (1048) specializes otherwise than its width: the
+        # plan launches with the width as the stride (one row never reads it) when that
+        # specialization is compiled, else the kernel keeps the checked path; never cuBLAS.
         n, k = 136, 1040
         cfg = _table_or_heuristic(1, n, k)
         fresh = nn.Linear(k, n, bias=False).cuda().to(torch.bfloat16)
         fresh.__class__ = SkinnyLinear
-        row = torch.randn(2, k + 8, device="cuda").to(torch.bfloat16)[:1, :k]  # stride 1048
+        row = torch.randn(2, k + 8, device="cuda").to(torch.bfloat16)[:1, :k]
         assert row.is_contiguous() and row.stride(0) % 16
         want = real(row, fresh.weight, None, cfg)
         calls.clear()
         for _ in range(3):
             assert torch.equal(fresh(row), want)
-        assert len(calls) == 3  # no plan for that specialization: the checked path each time
+        (plan,) = fresh.__dict__["_skinny_plans"].values()
+        assert plan is not None  # not cuBLAS
+        assert len(calls) == (3 if plan is skinny_gemm._DISPATCH else 1)
 
 
 if __name__ == "__main__":
