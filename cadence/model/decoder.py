@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from cadence.model import skinny_gemm
 from cadence.model.arch import DecoderArch
 from cadence.model.attention_layer import SelfAttention
 from cadence.model.attention_metadata import AttentionBackend, AttentionMetadata
@@ -38,7 +37,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if skinny_gemm.GLU and isinstance(self.down_proj, SkinnyLinear):  # SwiGLU in its loads
+        if isinstance(self.down_proj, SkinnyLinear):  # SwiGLU in its loads, for few rows
             out = self.down_proj.forward_glu(gate_up)
         else:
             out = self.down_proj(silu_and_mul(gate_up))

@@ -196,13 +196,24 @@ MOE_TILES: dict[tuple[str, int, int, bool, int], MoeTile] = {
 }
 
 
-# Up to this many (token, expert) pairs fused_moe_triton takes the two-launch decode kernels
-# (moe_decode), with these tiles. Measured on an H200 (2026-12-01, scripts/moe_sweep.py
+# The two-launch decode kernels (moe_decode) per (FP8 experts, up to this many (token, expert)
+# pairs); fused_moe_triton takes them at the smallest bucket that holds a step's pairs, the
+# grouped GEMMs past the largest. Measured on an H200 (2026-12-01, scripts/moe_sweep.py
 # --decode, Qwen3-30B-A3B's experts, us per call, grouped -> decode): 1 token bf16 30.5 ->
-# 29.4, FP8 30.2 -> 22.8; 2 tokens 45.2 -> 41.6, FP8 47.5 -> 31.1; 4 tokens 77.7 -> 72.5,
-# FP8 65.6 -> 51.6.
-DECODE_MAX_PAIRS = 32
-DECODE_TILES = (DecodeTile(8, 256, 4, 3), DecodeTile(8, 256, 4, 3))
+# 29.4, FP8 30.2 -> 22.8; 4 tokens bf16 77.7 -> 72.5, FP8 65.6 -> 51.6 (8 x 256 tiles);
+# 8 tokens bf16 133.0 -> 124.4, FP8 101.0 -> 78.5; 16 tokens FP8 145.6 -> 136.0 (32 x 128
+# tiles, 8 warps), bf16 191.9 against 215.7 (grouped).
+_NARROW, _WIDE = DecodeTile(8, 256, 4, 3), DecodeTile(32, 128, 8, 3)
+DECODE_TILES: dict[tuple[bool, int], DecodeTile] = {
+    (False, 32): _NARROW, (False, 64): _WIDE,
+    (True, 32): _NARROW, (True, 64): _WIDE, (True, 128): _WIDE,
+}
+
+
+def decode_tile(num_pairs: int, fp8: bool) -> DecodeTile | None:
+    """The decode kernels' tile for a step of ``num_pairs`` pairs; None: the grouped GEMMs."""
+    buckets = sorted(b for f, b in DECODE_TILES if f == fp8 and b >= num_pairs)
+    return DECODE_TILES[(fp8, buckets[0])] if buckets else None
 
 
 def pair_bucket(num_pairs: int) -> int:
@@ -233,9 +244,9 @@ def fused_moe_triton(
     tiles: tuple[MoeTile, MoeTile] | None = None,
     decode: bool | None = None,
 ) -> torch.Tensor:
-    """``fused_moe`` on CUDA (or Triton's interpreter): the decode kernels up to
-    ``DECODE_MAX_PAIRS`` pairs (``decode=None``), else, or with ``decode=False``, the grouped
-    GEMMs with ``tiles`` (default: ``moe_tiles``)."""
+    """``fused_moe`` on CUDA (or Triton's interpreter): the decode kernels where ``decode_tile``
+    gives a tile (``decode=None``; ``decode=True`` always), else, or with ``decode=False``,
+    the grouped GEMMs with ``tiles`` (default: ``moe_tiles``)."""
     num_tokens, hidden = x.shape
     num_experts, two_inter, _ = gate_up.shape
     inter = two_inter // 2
@@ -245,8 +256,11 @@ def fused_moe_triton(
         return torch.zeros_like(x)
     x = x.contiguous()
     gate_up, down = gate_up.contiguous(), down.contiguous()
-    if decode or (decode is None and num_pairs <= DECODE_MAX_PAIRS):
-        return fused_moe_decode(x, weights, ids, gate_up, down, scales, DECODE_TILES)
+    tile = decode_tile(num_pairs, scales is not None) if decode is not False else None
+    if decode and tile is None:
+        tile = _WIDE
+    if tile is not None:
+        return fused_moe_decode(x, weights, ids, gate_up, down, scales, (tile, tile))
     ieee = x.dtype == torch.float32
     fp8 = scales is not None
     block_m = 16 if num_pairs <= 64 * num_experts else 64

@@ -13,8 +13,8 @@ With a handful of (token, expert) pairs every pair has its own expert, so sortin
 
 Two launches instead of four (grouping, two grouped GEMMs, the sum over the top k). Each expert
 a token reaches is read once per token, so this pays only while few tokens share an expert:
-``moe.fused_moe_triton`` takes it up to ``DECODE_MAX_PAIRS`` pairs (four tokens of a top-8
-model; ``decode=True`` forces it, ``decode=False`` forbids it). FP8 experts (e4m3 rows and
+``moe.fused_moe_triton`` takes it where ``moe.decode_tile`` has a measured tile (up to 64 pairs,
+128 with FP8 experts; ``decode=True`` forces it, ``decode=False`` forbids it). FP8 experts (e4m3 rows and
 row scales) convert their tiles and scale the sums as the grouped kernels do. Expert ids are
 clamped into range (a CUDA graph's padding rows may route garbage).
 """

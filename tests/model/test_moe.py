@@ -89,6 +89,19 @@ def test_tiles_by_dtype_shape_and_pairs():
         assert got[0 if kernel == "gate_up" else 1] == tile
 
 
+def test_decode_kernels_up_to_their_measured_buckets():
+    """Decode steps take the two-launch kernels up to 64 pairs (128 with FP8 experts), in
+    narrow tiles up to 32 pairs and wide ones past; larger steps take the grouped GEMMs."""
+    from cadence.model.moe import decode_tile
+    from cadence.model.moe_decode import DecodeTile
+
+    narrow, wide = DecodeTile(8, 256, 4, 3), DecodeTile(32, 128, 8, 3)
+    for fp8 in (False, True):
+        assert [decode_tile(p, fp8) for p in (1, 8, 32, 33, 64)] == [narrow] * 3 + [wide] * 2
+    assert decode_tile(65, False) is None and decode_tile(65, True) == wide
+    assert decode_tile(128, True) == wide and decode_tile(129, True) is None
+
+
 def test_route_renormalizes_the_top_k():
     logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
     weights, ids = route(logits, 2, renormalize=True)

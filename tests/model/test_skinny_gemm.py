@@ -235,9 +235,9 @@ def test_disable_switch(monkeypatch):
     assert not any(isinstance(m, SkinnyLinear) for m in model.modules())
 
 
-def test_glu_switch_keeps_swiglu_a_kernel_of_its_own(monkeypatch):
-    """With ``GLU`` off the MLP runs SwiGLU then the down projection's plain forward; on, it
-    calls ``forward_glu``; the same numbers on the CPU either way."""
+def test_glu_rows_and_switch(monkeypatch):
+    """``forward_glu`` fuses SwiGLU up to ``GLU_MAX_ROWS`` rows (0 with the switch set) and
+    otherwise runs SwiGLU then the plain forward; the same numbers on the CPU either way."""
     monkeypatch.setenv("CADENCE_DISABLE_SKINNY_GLU", "1")
     assert read_envs().disable_skinny_glu
     monkeypatch.delenv("CADENCE_DISABLE_SKINNY_GLU")
@@ -246,18 +246,24 @@ def test_glu_switch_keeps_swiglu_a_kernel_of_its_own(monkeypatch):
     model = CausalLM(hf_config("qwen3", tie=False), attn_backend=None)  # type: ignore[arg-type]
     mlp = model.model.layers[0].mlp
     assert isinstance(mlp.down_proj, SkinnyLinear)
-    x = torch.randn(3, mlp.gate_up_proj.in_features)
-    with torch.no_grad():
-        gate, up = mlp.gate_up_proj(x).chunk(2, -1)
-        want = F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
-    calls = []
-    real = SkinnyLinear.forward_glu
-    monkeypatch.setattr(SkinnyLinear, "forward_glu", lambda s, g: calls.append(1) or real(s, g))
-    with torch.no_grad():
-        for glu, expected_calls in ((True, 1), (False, 1)):
-            monkeypatch.setattr(skinny_gemm, "GLU", glu)
-            torch.testing.assert_close(mlp(x), want)
-            assert len(calls) == expected_calls
+    seen = []
+    real = SkinnyLinear._run
+    def run(self, x, glu):
+        if self is mlp.down_proj:
+            seen.append(glu)
+        return real(self, x, glu)
+
+    monkeypatch.setattr(SkinnyLinear, "_run", run)
+    for limit in (4, 0):
+        monkeypatch.setattr(skinny_gemm, "GLU_MAX_ROWS", limit)
+        for rows in (1, 4, 5):
+            x = torch.randn(rows, mlp.gate_up_proj.in_features)
+            with torch.no_grad():
+                gate, up = mlp.gate_up_proj(x).chunk(2, -1)
+                want = F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+                seen.clear()
+                torch.testing.assert_close(mlp(x), want)
+            assert seen == [rows <= limit]
 
 
 # --- GPU ----------------------------------------------------------------------------------------
