@@ -8,8 +8,7 @@ only reads shapes and ``max_query_len``, so the decode path is CUDA-graph captur
 Decode: one program per (sequence, kv head, split) handles all query heads of its group (GQA)
 with a tensor-core dot, and also stores the sequence's new K/V (no separate store launch); short
 batches split each sequence's context into ``num_splits`` chunks
-(split-K) whose partial results the last split of each (sequence, kv head) to finish merges,
-in the same launch (arrival counters; a second kernel merges where there are none). The split count depends only on shapes
+(split-K) whose partial results a second kernel merges. The split count depends only on shapes
 (batch, kv heads, block-table width) and the device, never on sequence lengths.
 Varlen (prefill, chunked prefill, mixed batches): a causal flash-attention per (query block of
 one sequence, kv head) over all query heads of the group, reading keys and values from the
@@ -27,7 +26,6 @@ from dataclasses import dataclass
 import torch
 
 from cadence.model.attention_metadata import AttentionMetadata
-from cadence.model.skinny_gemm_kernels import MAX_COUNTERS, arrival_counters, has_scratch
 from cadence.model.triton_attention_kernels import (
     _decode_kernel,
     _merge_splits_kernel,
@@ -52,15 +50,6 @@ if triton is not None:
     _VARLEN = TritonLaunch(_varlen_kernel)
 _MAX_SPLITS = 64
 _MIN_TOKENS_PER_SPLIT = 64
-_MERGE_ELEMENTS = 4096
-
-
-def _counters(device: torch.device) -> torch.Tensor | None:
-    """The device's arrival counters (shared with the split-K GEMMs: zero between launches),
-    or None where they would first be allocated inside a graph capture."""
-    if not has_scratch(device) and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return None
-    return arrival_counters(device)
 
 
 def _require_triton() -> None:
@@ -192,11 +181,6 @@ def paged_decode_attention(
     fp8 = kv_cache.dtype == _FP8
     qk_scale, cap_scale = _score_scales(scale * k_scale if fp8 else scale, softcap)
     split = num_splits > 1
-    # The last split of each (sequence, kv head) to finish merges the group's partials (one
-    # launch); without the device's arrival counters (first use inside a graph capture) a
-    # second kernel merges.
-    counters = _counters(q.device) if split and num_seqs * num_kv_heads <= MAX_COUNTERS else None
-    merge_g = next_pow2(group)
     if split:
         part_acc = torch.empty(
             (num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
@@ -240,7 +224,6 @@ def paged_decode_attention(
             v_scale,
             1.0 / k_scale,
             1.0 / v_scale,
-            out if counters is None else counters,
         ),
         NUM_HEADS=num_heads,
         GROUP=group,
@@ -255,15 +238,10 @@ def paged_decode_attention(
         SOFTCAP=softcap > 0,
         IEEE=fp32,
         FP8=fp8,
-        MERGE=counters is not None,
-        MERGE_G=merge_g,
-        # Splits merged per step: ~32 float32 registers a thread for the partials in flight.
-        MERGE_S=max(1, min(next_pow2(num_splits), _MERGE_ELEMENTS // (merge_g * next_pow2(
-            head_dim, 16)))),
         num_warps=4,
         num_stages=2,
     )
-    if split and counters is None:
+    if split:
         _MERGE_SPLITS(
             (num_seqs, num_heads),
             (

@@ -14,7 +14,6 @@ except ImportError:  # pragma: no cover - CPU installs
     tl = None
 
 _store_kv_kernel = _decode_kernel = _merge_splits_kernel = _varlen_kernel = _varlen_tile = None
-_merge_group = None
 _tanh = None
 
 if triton is not None:
@@ -112,7 +111,6 @@ if triton is not None:
         v_scale,
         k_inv,
         v_inv,
-        count_ptr,
         NUM_HEADS: tl.constexpr,
         GROUP: tl.constexpr,
         HEAD_DIM: tl.constexpr,
@@ -126,9 +124,6 @@ if triton is not None:
         SOFTCAP: tl.constexpr,
         IEEE: tl.constexpr,
         FP8: tl.constexpr,
-        MERGE: tl.constexpr = False,
-        MERGE_G: tl.constexpr = 1,
-        MERGE_S: tl.constexpr = 1,
     ):
         # Scores and values are computed in q's dtype (an FP8 cache's entries are converted to
         # it); an FP8 cache's key scale is folded into qk_scale, its value scale into the output.
@@ -215,25 +210,7 @@ if triton is not None:
 
         if FP8:
             acc = acc * v_scale  # linear: the split merge needs no scale of its own
-        if SPLIT and MERGE:
-            # Only the splits holding keys store partials and arrive; the last of them merges.
-            used = tl.where(valid, tl.cdiv(seq_len - lo, per_split), 0)
-            if split < used:
-                row = (b * NUM_HEADS + heads).to(tl.int64) * num_splits + split
-                tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc,
-                         mask=gmask[:, None] & dmask[None, :])
-                tl.store(part_ml_ptr + row * 2, m_i, mask=gmask)
-                tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=gmask)
-                # Every thread's partial stores happen before the (single-thread) release.
-                tl.debug_barrier()
-                counter = count_ptr + b * (NUM_HEADS // GROUP) + kvh
-                arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-                if arrived == used - 1:
-                    _merge_group(part_acc_ptr, part_ml_ptr, out_ptr, b, kvh, q_tok, used,
-                                 num_splits, stride_ot, stride_oh, NUM_HEADS, GROUP, HEAD_DIM,
-                                 BLOCK_D, MERGE_G, MERGE_S)
-                    tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-        elif SPLIT:
+        if SPLIT:
             row = (b * NUM_HEADS + heads).to(tl.int64) * num_splits + split
             tl.store(
                 part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
@@ -250,50 +227,6 @@ if triton is not None:
                 out.to(out_ptr.dtype.element_ty),
                 mask=qmask,
             )
-
-    @triton.jit
-    def _merge_group(part_acc_ptr, part_ml_ptr, out_ptr, b, kvh, q_tok, used, num_splits,
-                     stride_ot, stride_oh, NUM_HEADS: tl.constexpr, GROUP: tl.constexpr,
-                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MERGE_G: tl.constexpr,
-                     MERGE_S: tl.constexpr):
-        """The group's heads of one sequence from its first ``used`` splits' partials, merged
-        in split order: the largest running max first, then the rescaled sums, ``MERGE_S``
-        splits' loads in flight at a time (.cg: from L2, where the other SMs' stores are)."""
-        offs_s = tl.arange(0, MERGE_S)
-        offs_g = tl.arange(0, MERGE_G)
-        offs_d = tl.arange(0, BLOCK_D)
-        gmask = offs_g < GROUP
-        dmask = offs_d < HEAD_DIM
-        rows = (b * NUM_HEADS + kvh * GROUP + offs_g).to(tl.int64) * num_splits
-        m_max = tl.full([MERGE_G], float("-inf"), tl.float32)
-        for s0 in range(0, used, MERGE_S):
-            smask = (s0 + offs_s) < used
-            idx = rows[None, :] + (s0 + offs_s)[:, None]
-            m = tl.load(part_ml_ptr + idx * 2, mask=smask[:, None] & gmask[None, :],
-                        other=float("-inf"), cache_modifier=".cg")
-            m_max = tl.maximum(m_max, tl.max(m, 0))
-        m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-        denom = tl.zeros([MERGE_G], tl.float32)
-        total = tl.zeros([MERGE_G, BLOCK_D], tl.float32)
-        for s0 in range(0, used, MERGE_S):
-            smask = (s0 + offs_s) < used
-            idx = rows[None, :] + (s0 + offs_s)[:, None]
-            mask2 = smask[:, None] & gmask[None, :]
-            m = tl.load(part_ml_ptr + idx * 2, mask=mask2, other=float("-inf"),
-                        cache_modifier=".cg")
-            l_part = tl.load(part_ml_ptr + idx * 2 + 1, mask=mask2, other=0.0,
-                             cache_modifier=".cg")
-            w = tl.exp2(m - m_max[None, :])
-            acc = tl.load(part_acc_ptr + idx[:, :, None] * HEAD_DIM + offs_d[None, None, :],
-                          mask=mask2[:, :, None] & dmask[None, None, :], other=0.0,
-                          cache_modifier=".cg")
-            denom += tl.sum(l_part * w, 0)
-            total += tl.sum(acc * w[:, :, None], 0)
-        denom = tl.where(denom > 0.0, denom, 1.0)
-        out = total / denom[:, None]
-        heads = kvh * GROUP + offs_g
-        tl.store(out_ptr + q_tok * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
 
     @triton.jit
     def _merge_splits_kernel(

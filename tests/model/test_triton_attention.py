@@ -184,20 +184,8 @@ MIXED_SEQS = [(90, 1), (300, 1), (64, 64), (31, 1), (200, 100), (7, 7), (129, 1)
 
 
 def run_decode(device: str, dtype: torch.dtype, page: int, splits: int | None, fused: bool,
-               window: int = 0, softcap: float = 0.0, fp8: bool = False,
-               merge_kernel: bool = False) -> None:
-    """``merge_kernel``: split partials merged by the second kernel (no arrival counters), as
-    where the counters would first be allocated inside a graph capture."""
-    from cadence.model import triton_attention
+               window: int = 0, softcap: float = 0.0, fp8: bool = False) -> None:
     from cadence.model.triton_attention import paged_decode_attention, store_kv_cache
-
-    if merge_kernel:
-        real, triton_attention._counters = triton_attention._counters, lambda device: None
-        try:
-            run_decode(device, dtype, page, splits, fused, window, softcap, fp8)
-        finally:
-            triton_attention._counters = real
-        return
 
     case = make_case(DECODE_SEQS, 8, 2, 64, page, dtype, device, num_padding=3, window=window,
                      softcap=softcap, kv_dtype=FP8 if fp8 else None,
@@ -307,13 +295,11 @@ def test_split_choice_depends_on_shapes_only() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("dtype", "page"), [(torch.float32, 16), (torch.bfloat16, 32)])
-@pytest.mark.parametrize(("splits", "fused", "merge_kernel"), [
-    (None, True, False), (1, False, False), (1, True, False), (3, True, False), (3, True, True),
-    (64, True, False), (64, False, True)])
+@pytest.mark.parametrize(("splits", "fused"), [(None, True), (1, False), (1, True), (3, True)])
 def test_decode_matches_reference(
-    dtype: torch.dtype, page: int, splits: int | None, fused: bool, merge_kernel: bool
+    dtype: torch.dtype, page: int, splits: int | None, fused: bool
 ) -> None:
-    run_decode("cuda", dtype, page, splits, fused, merge_kernel=merge_kernel)
+    run_decode("cuda", dtype, page, splits, fused)
 
 
 @pytest.mark.gpu
@@ -413,8 +399,6 @@ if __name__ == "__main__":
     run_decode("cpu", torch.float32, 16, 1, False)
     run_decode("cpu", torch.float32, 16, 1, True)
     run_decode("cpu", torch.float32, 8, 3, True)
-    run_decode("cpu", torch.float32, 8, 3, True, merge_kernel=True)
-    run_decode("cpu", torch.float32, 4, 64, True)  # more splits than a merge step takes
     run_prefill("cpu", torch.float32, 4, 2, 32)
     run_prefill("cpu", torch.float32, 3, 3, 24)
     run_mixed_padded("cpu", torch.float32, 8, 2, 32, extra_tokens=13, empty_rows=5)
