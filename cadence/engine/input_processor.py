@@ -117,6 +117,7 @@ class InputProcessor:
             extra = [t for t in self.eos_token_ids[1:] if t not in params.stop_token_ids]
             params.stop_token_ids = list(params.stop_token_ids) + extra
         params.all_stop_token_ids |= set(params.stop_token_ids or [])
+        self._check_some_token_allowed(params)
 
         request = EngineCoreRequest(
             request_id=request_id,
@@ -320,6 +321,24 @@ class InputProcessor:
         # a word spelled with one is never generated, and banning it would index past the logits.
         params.bad_words_token_ids = [seq for seq in bad_word_sequences(self.tokenizer, words)
                                       if all(0 <= t < v for t in seq)]
+
+    @staticmethod
+    def _check_some_token_allowed(params: SamplingParams) -> None:
+        """allowed_token_ids that bad_words (one-token words) and, while min_tokens lasts, the
+        stop ids exclude entirely would leave the sampler no token: a 400 here."""
+        if params.allowed_token_ids is None:
+            return
+        left = set(params.allowed_token_ids)
+        left -= {seq[0] for seq in params.bad_words_token_ids if len(seq) == 1}
+        why = "bad_words"
+        if params.min_tokens > 0 and params.structured_outputs is None:
+            left -= params.all_stop_token_ids
+            why = "bad_words or (while min_tokens lasts) the stop and end-of-sequence ids"
+        if not left:
+            raise InputValidationError(
+                f"allowed_token_ids: every allowed token is excluded by {why}; no token could "
+                "be sampled.", "allowed_token_ids",
+            )
 
     def _resolve_max_tokens(self, num_prompt: int, max_tokens: int | None) -> int:
         limit = self.max_model_len

@@ -101,7 +101,7 @@ class OpenAIServing:
             async for out in gen:
                 final = out
         except RequestFailedError as exc:
-            raise InternalServerError(str(exc)) from exc
+            raise request_failed(exc) from exc
         except EngineDeadError as exc:
             raise engine_unavailable(exc) from exc
         finally:
@@ -135,6 +135,15 @@ def to_bad_request(exc: ValueError, prompt_param: str, max_tokens_param: str,
     return BadRequestError(message, param)
 
 
+def request_failed(exc: RequestFailedError) -> APIError:
+    """A request that failed in the engine: a 400 when the reason names one of its parameters
+    (its own content was at fault, e.g. constraints that leave no token), else a 500."""
+    m = _LEADING_PARAM.match(exc.reason)
+    if m is not None:
+        return BadRequestError(exc.reason, m.group(1))
+    return InternalServerError(str(exc))
+
+
 def engine_unavailable(exc: EngineDeadError) -> ServiceUnavailableError:
     return ServiceUnavailableError(f"The engine is not running: {exc}")
 
@@ -146,7 +155,7 @@ def stream_error_frame(exc: BaseException) -> str:
     if isinstance(exc, EngineDeadError):
         return engine_unavailable(exc).sse_frame()
     if isinstance(exc, RequestFailedError):
-        return InternalServerError(str(exc)).sse_frame()
+        return request_failed(exc).sse_frame()
     logger.exception("Error while streaming a response.", exc_info=exc)
     return InternalServerError(f"Internal error while streaming: {exc!r}").sse_frame()
 

@@ -43,12 +43,17 @@ def check_structured_outputs(spec: StructuredOutputsParams) -> None:
         raise ValueError("structured_outputs: the schema or grammar nests too deeply.") from None
 
 
+NO_TOKEN_FITS = (
+    "structured_outputs: no token fits the grammar under the request's other constraints "
+    "(allowed_token_ids, bad_words, logit_bias, min_tokens), or the grammar cannot be completed."
+)
+
+
 @dataclass
 class _Constrained:
     matcher: Any
     accepted: int = 0  # outputs the matcher has consumed
     history: list[int] = field(default_factory=list)  # outputs the host knows, in order
-    warned: bool = False
 
 
 class GrammarState:
@@ -63,6 +68,8 @@ class GrammarState:
         self._row_fill_s = 0.0  # moving average of one row's fill, single-threaded
         self._fills = 0
         self._reqs: dict[str, _Constrained] = {}
+        # Requests whose sampled token broke their grammar since the last take_failed().
+        self._failed: dict[str, str] = {}
 
     @property
     def active(self) -> bool:
@@ -92,13 +99,27 @@ class GrammarState:
         if state is not None and len(state.history) == index:
             state.history.append(token)
 
-    def _advance(self, req_id: str, state: _Constrained, upto: int) -> None:
+    def take_failed(self) -> dict[str, str]:
+        """Requests whose output broke their grammar since the last call (id -> reason)."""
+        failed, self._failed = self._failed, {}
+        return failed
+
+    def _advance(self, req_id: str, state: _Constrained, upto: int) -> bool:
+        """Feed the matcher the outputs up to ``upto``; False if one broke the grammar: the
+        request is reported failed and constrained no longer."""
         while state.accepted < upto:
             token = state.history[state.accepted]
-            if not state.matcher.accept_token(token) and not state.warned:
-                state.warned = True  # once per request: later tokens would repeat it
-                logger.warning("Request %s: token %d does not fit its grammar.", req_id, token)
             state.accepted += 1
+            if state.matcher.is_terminated():
+                continue  # sampled past the grammar's end by a step scheduled ahead: dropped
+            if not state.matcher.accept_token(token):
+                # Only a row with every token masked samples outside its grammar: the other
+                # constraints excluded all the grammar allowed, or the grammar cannot finish.
+                logger.warning("Request %s: token %d does not fit its grammar.", req_id, token)
+                self._failed[req_id] = NO_TOKEN_FITS
+                self._reqs.pop(req_id, None)
+                return False
+        return True
 
     def bitmask(self, req_ids: Sequence[str], num_outputs: Sequence[int],
                 in_flight: Callable[[], Mapping[str, int]]) -> GrammarMask | None:
@@ -120,7 +141,8 @@ class GrammarState:
                 if token is not None and len(state.history) == need - 1:
                     state.history.append(token)
             try:
-                self._advance(req_id, state, min(need, len(state.history)))
+                if not self._advance(req_id, state, min(need, len(state.history))):
+                    continue
             except Exception:
                 self._drop(req_id)
                 continue

@@ -253,6 +253,7 @@ class ModelRunner:
         with self.main.context(), torch.inference_mode():
             out = self._execute(so)
         failed = self.input_batch.take_failed()
+        failed.update(self.sampling.grammar.take_failed())
         if failed:
             logger.warning("Requests refused by the model runner: %s", failed)
             return WithFailedRequests(out, failed)

@@ -156,3 +156,28 @@ def test_extra_eos_ids_become_stop_token_ids():
     req, _ = proc.process("b", {"prompt_token_ids": [5, 6]},
                           SamplingParams(max_tokens=4, ignore_eos=True))
     assert req.sampling_params.stop_token_ids == []
+
+
+def test_allowed_tokens_that_nothing_is_left_of(tokenizer: PreTrainedTokenizerFast) -> None:
+    """allowed_token_ids emptied by one-token bad words, or (while min_tokens lasts) by the stop
+    and end ids, is a 400 naming it; a token left over, or a multi-token bad word, is fine."""
+    proc = _proc(tokenizer)
+    (word,) = [w for w in ("h", "hello", "e") if len(tokenizer.encode(w)) == 1][:1]
+    tok = tokenizer.encode(word)[0]
+    spaced = tokenizer.encode(" " + word)
+    excluded = [tok] + (spaced if len(spaced) == 1 else [])  # the word with a leading space too
+    for params in (
+        SamplingParams(allowed_token_ids=excluded, bad_words=[word]),
+        SamplingParams(allowed_token_ids=[0, 1], min_tokens=1),  # the two end ids
+        SamplingParams(allowed_token_ids=[1, 9], min_tokens=1, stop_token_ids=[9]),
+    ):
+        with pytest.raises(InputValidationError, match="no token could be sampled") as err:
+            proc.process("r", "hi", params)
+        assert err.value.parameter == "allowed_token_ids"
+    for params in (
+        SamplingParams(allowed_token_ids=excluded + [7], bad_words=[word]),
+        SamplingParams(allowed_token_ids=[0, 1]),  # no min_tokens: the end may come at once
+        SamplingParams(allowed_token_ids=[0, 1], min_tokens=1, ignore_eos=True),
+        SamplingParams(allowed_token_ids=[tok], bad_words=[word + word]),  # not one token
+    ):
+        proc.process("r", "hi", params)

@@ -205,3 +205,33 @@ def test_preempted_constrained_requests_stay_valid_and_deterministic() -> None:
     assert len(finished) >= 3, roomy
     for kind, text in finished:
         FORMATS[kind][1](text)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_constraints_that_leave_no_token_fail_the_request(async_scheduling) -> None:
+    """A grammar that the request's allowed_token_ids exclude entirely, or one that can never
+    finish, fails its own request with an error (it sampled token 0
+    on and on); the free request beside it runs to its end and every KV block comes back."""
+    engine = LLM(**vars(tiny_args(async_scheduling=async_scheduling)))
+    tok = engine.get_tokenizer()
+    (x,) = tok.encode("x", add_special_tokens=False)
+    free_blocks = engine.engine_core.num_free_kv_blocks
+    free = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    alone = engine.generate(["Hello"], free, use_tqdm=False)[0].outputs[0].token_ids
+    bad = [
+        SamplingParams(max_tokens=16, allowed_token_ids=[x],
+                       structured_outputs=StructuredOutputsParams(regex="ab")),
+        SamplingParams(max_tokens=16, temperature=1.0, seed=3, allowed_token_ids=[x],
+                       structured_outputs=StructuredOutputsParams(choice=["yes", "no"])),
+        SamplingParams(max_tokens=16, structured_outputs=StructuredOutputsParams(
+            grammar="root ::= root")),
+    ]
+    outs = engine.generate(["Hello"] * 4, [free, *bad], use_tqdm=False)
+    assert outs[0].outputs[0].token_ids == alone
+    assert outs[0].outputs[0].finish_reason == "length"
+    for out in outs[1:]:
+        assert out.outputs[0].finish_reason == "error", out
+        # At most the masked row's token and one step scheduled before the news.
+        assert len(out.outputs[0].token_ids) <= 2
+    assert engine.engine_core.num_free_kv_blocks == free_blocks
+    engine.shutdown()

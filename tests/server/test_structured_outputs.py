@@ -11,6 +11,7 @@ import pytest
 jsonschema = pytest.importorskip("jsonschema")
 
 from tests.engine.test_structured_outputs import CHOICES, REGEX, SCHEMA  # noqa: E402
+from tests.server.waiting import wait_until  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +105,36 @@ def test_the_grammar_ends_the_output(http, extra) -> None:
             choice = resp.json()["choices"][0]
             text, reason = choice["text"], choice["finish_reason"]
         assert (text, reason) == ("ab", "stop")
+
+
+def test_constraints_that_leave_no_token_are_400s(http, server) -> None:
+    """Constraints that exclude every token: allowed_token_ids against bad_words is refused up
+    front; against a grammar it is found at the first masked step: a 400 naming
+    structured_outputs (a streamed response ends with that error frame). The server stays up
+    and every KV block comes back."""
+    x = http.post("/tokenize", json={"prompt": "x", "add_special_tokens": False}).json()["tokens"]
+    body = {"prompt": "x", "max_tokens": 8, "allowed_token_ids": x}
+    resp = http.post("/v1/completions", json={**body, "bad_words": ["x"]})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "allowed_token_ids"
+    grammar = {**body, "structured_outputs": {"regex": "ab"}}
+    resp = http.post("/v1/completions", json=grammar)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == "structured_outputs" and "no token fits" in error["message"]
+    resp = http.post("/v1/completions", json={**grammar, "stream": True})
+    frames = [json.loads(line[6:]) for line in resp.text.splitlines()
+              if line.startswith("data: {")]
+    assert frames[-1]["error"]["param"] == "structured_outputs", frames[-1]
+    assert http.get("/health").status_code == 200
+    ok = http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 3})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+
+    engine = server.engine
+
+    def idle() -> bool:
+        stats = engine.engine_core.call_utility("make_stats")
+        return (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
+
+    wait_until(idle, "an idle engine")
+    core = engine.engine_core.proc.engine_core
+    assert core.num_free_kv_blocks == core.num_kv_blocks - 1
