@@ -162,8 +162,10 @@ class SamplingParams:
             for tok, bias in self.logit_bias.items():
                 if not _is_int(tok) or not 0 <= tok <= INT64_MAX:
                     raise ValueError(f"logit_bias keys must be token ids, got {tok!r}.")
-                if not _is_real(bias) or not math.isfinite(bias):
-                    raise ValueError(f"logit_bias values must be finite numbers, got {bias!r}.")
+                # float32 logits: a bias past the bound becomes inf, and its row NaN.
+                if not _is_real(bias) or not -LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX:
+                    raise ValueError(f"logit_bias values must be in [-{LOGIT_BIAS_MAX:g}, "
+                                     f"{LOGIT_BIAS_MAX:g}], got {bias!r}.")
         if self.allowed_token_ids is not None:
             if not self.allowed_token_ids:
                 raise ValueError("allowed_token_ids must not be empty.")
@@ -202,6 +204,7 @@ class SamplingParams:
 _SAMPLING_EPS = 1e-5
 REPETITION_PENALTY_MIN = 1e-30
 REPETITION_PENALTY_MAX = 1e30
+LOGIT_BIAS_MAX = 1e30
 MAX_N = 128  # choices per request (OpenAI's bound)
 # Smallest non-greedy temperature; smaller ones are raised to it (vLLM's ``_MAX_TEMP``).
 MIN_TEMPERATURE = 1e-2

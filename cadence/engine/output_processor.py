@@ -225,12 +225,17 @@ class OutputProcessor:
         )
 
     def engine_request_ids(self, request_ids: list[str]) -> list[str]:
-        """``request_ids`` with each n > 1 request replaced by its children's ids."""
+        """``request_ids`` with each n > 1 request, or any one of its children, replaced by all
+        its children's ids (a child's siblings may wait on its prefill to be sent: one child
+        alone cannot end while they run on)."""
         out: list[str] = []
         for request_id in request_ids:
             parent = self.parents.get(request_id)
+            if parent is None:
+                state = self.request_states.get(request_id)
+                parent = state.parent if state is not None else None
             out.extend(parent.child_ids if parent is not None else [request_id])
-        return out
+        return list(dict.fromkeys(out))
 
     def _emit(self, state: _RequestState, out: RequestOutput,
               request_outputs: list[RequestOutput]) -> None:

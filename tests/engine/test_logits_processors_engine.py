@@ -161,3 +161,19 @@ def test_bad_words_are_never_generated(async_scheduling):
     out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
     assert not _contains(out, word_ids)
     assert out[: free.index(word_ids[0])] == free[: free.index(word_ids[0])]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_largest_biases_keep_their_meaning(temperature):
+    """Biases at the bound (1e30) stay finite in float32: +1e30 forces its token, and -1e30 on
+    every allowed token still samples among the allowed ones (a bias that overflowed to inf
+    made the row NaN and sampled token 0)."""
+    llm = LLM(**vars(tiny_args()))
+    kw = dict(max_tokens=4, temperature=temperature, seed=1, ignore_eos=True)
+    out = llm.generate(["Hello"] * 2, [SamplingParams(logit_bias={9: 1e30}, **kw),
+                                   SamplingParams(allowed_token_ids=[5, 6],
+                                                  logit_bias={5: -1e30, 6: -1e30}, **kw)],
+                       use_tqdm=False)
+    assert out[0].outputs[0].token_ids == [9, 9, 9, 9]
+    assert set(out[1].outputs[0].token_ids) <= {5, 6}
+    llm.shutdown()

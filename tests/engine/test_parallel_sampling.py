@@ -151,6 +151,39 @@ def test_abort_before_the_first_token_frees_the_id() -> None:
     assert [len(c.token_ids) for c in again[-1].outputs] == [4, 4, 4] and not draining
 
 
+def test_aborting_one_child_id_aborts_its_whole_request() -> None:
+    """A child's id (internal, but abort takes any id) aborts every choice of its request: its
+    siblings, held until its prefill, would otherwise never be sent and the request never end."""
+    from tests.gated_core import GatedCore
+
+    async def main():
+        args = tiny_args()
+        gated: list[GatedCore] = []
+
+        def factory() -> GatedCore:
+            gated.append(GatedCore(args))
+            return gated[0]
+
+        engine = AsyncLLM(args, core_factory=factory)
+        try:
+            params = SamplingParams(n=3, temperature=1.0, max_tokens=4, ignore_eos=True)
+            collector = await engine.add_request("p", PROMPT, params)
+            await engine.abort("0_p")  # the first child, before any step ran
+            final = await collector.get()
+            assert final.finished and [c.finish_reason for c in final.outputs] == ["abort"] * 3
+            assert engine.output_processor.parents == {}
+            assert not engine.output_processor.request_states
+            gated[0].open()
+            stats = await engine.get_scheduler_stats()
+            return stats, await engine.get_num_free_kv_blocks(), engine.num_kv_blocks
+        finally:
+            gated[0].open()
+            engine.shutdown()
+
+    stats, free, total = _run(main())
+    assert (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0) and free == total - 1
+
+
 def test_a_failing_first_child_offline_leaves_the_other_choices(monkeypatch) -> None:
     from cadence.worker import input_batch
 
