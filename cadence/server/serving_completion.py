@@ -54,36 +54,51 @@ class Echo:
         prompt = list(out.prompt_token_ids or [])
         prompt_rows = list(out.prompt_logprobs or [None] * len(prompt))
         return completion_logprobs(prompt + token_ids, prompt_rows + list(rows or []), num,
-                                   offset, self.token)
+                                   offset, self.token, self.decode)
+
+
+_MAX_CHAR_TOKENS = 4  # a UTF-8 character spans at most four byte tokens
 
 
 def completion_logprobs(
     token_ids: list[int], rows: list[dict[int, Logprob] | None], num: int, offset: int,
     decode: Callable[[int], str] | None = None,
+    decode_ids: Callable[[list[int]], str] | None = None,
 ) -> CompletionLogProbs:
     """OpenAI legacy logprobs: the sampled token plus the ``num`` most likely per position. A
     row of None (the first prompt token, echoed) has no logprob: its text comes from
-    ``decode``."""
+    ``decode``. ``text_offset`` is where each token's text starts in the completion's text:
+    tokens holding part of a character (shown as U+FFFD) start where that character does, and
+    the character counts once its last byte arrives (``decode_ids`` decodes them together;
+    without it each token counts its own text's length, as vLLM does)."""
     out = CompletionLogProbs()
+    pending: list[int] = []  # tokens of a character not yet complete
     for tid, row in zip(token_ids, rows, strict=False):
         if row is None:
             text = decode(tid) if decode is not None else f"token_id:{tid}"
             out.tokens.append(text)
             out.token_logprobs.append(None)
             out.top_logprobs.append(None)
-            out.text_offset.append(offset)
-            offset += len(text)
-            continue
-        sampled = row.get(tid)
-        text = token_text(tid, sampled) if sampled is not None else f"token_id:{tid}"
-        out.tokens.append(text)
-        out.token_logprobs.append(clamp_logprob(sampled.logprob) if sampled is not None else None)
-        top = {token_text(t, lp): clamp_logprob(lp.logprob) for t, lp in top_by_rank(row, num)}
-        if sampled is not None:
-            top.setdefault(text, clamp_logprob(sampled.logprob))
-        out.top_logprobs.append(top)
+        else:
+            sampled = row.get(tid)
+            text = token_text(tid, sampled) if sampled is not None else f"token_id:{tid}"
+            out.tokens.append(text)
+            out.token_logprobs.append(
+                clamp_logprob(sampled.logprob) if sampled is not None else None)
+            top = {token_text(t, lp): clamp_logprob(lp.logprob)
+                   for t, lp in top_by_rank(row, num)}
+            if sampled is not None:
+                top.setdefault(text, clamp_logprob(sampled.logprob))
+            out.top_logprobs.append(top)
         out.text_offset.append(offset)
-        offset += len(text)
+        if decode_ids is not None and (pending or "\ufffd" in text):
+            pending.append(tid)
+            whole = decode_ids(pending)
+            if not whole.endswith("\ufffd") or len(pending) >= _MAX_CHAR_TOKENS:
+                offset += len(whole)
+                pending = []
+        else:
+            offset += len(text)
     return out
 
 
@@ -126,7 +141,7 @@ class CompletionStream:
                                              request.logprobs, self.offsets[k])
             elif request.logprobs is not None and c.logprobs is not None and c.token_ids:
                 lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs,
-                                          self.offsets[k])
+                                          self.offsets[k], decode_ids=self.echo.decode)
             self.offsets[k] += len(text)
             ids = list(c.token_ids) if self.with_ids else None
             if not text and not ids and not c.finished() and lps is None:
@@ -215,7 +230,8 @@ class OpenAIServingCompletion(OpenAIServing):
             if request.logprobs is not None:
                 lps = echo.logprobs(final, list(c.token_ids), c.logprobs, request.logprobs, 0)
         elif request.logprobs is not None and c.logprobs is not None:
-            lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs, 0)
+            lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs, 0,
+                                      decode_ids=echo.decode)
         return CompletionResponseChoice(
             index=first_index + c.index,
             text=text,

@@ -77,3 +77,37 @@ def test_prompt_logprobs_shape_in_completions_and_chat(server, client: openai.Op
     assert body["choices"][0].get("prompt_logprobs") is not None
     plain = _create(client, prompt=PROMPT).model_dump()
     assert plain["choices"][0].get("prompt_logprobs") is None
+
+
+def _check_offsets(text: str, tokens: list[str], offsets: list[int]) -> None:
+    """Each whole token's text starts at its offset; a token holding part of a character (shown
+    as U+FFFD) starts where that character does, so offsets never pass the text's end."""
+    assert len(tokens) == len(offsets) and offsets == sorted(offsets)
+    for i, (token, at) in enumerate(zip(tokens, offsets, strict=True)):
+        if "\ufffd" in token:
+            # The character it is part of starts here and is not ASCII.
+            assert at < len(text) and ord(text[at]) > 127, (i, token, at, text)
+        elif token != "<|endoftext|>":
+            assert text[at:].startswith(token), (i, token, at, text)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_text_offsets_count_characters_not_byte_tokens(client: openai.OpenAI, stream) -> None:
+    """Characters of several byte tokens (€, é) count once in text_offset, in the completion and
+    in an echoed prompt (each such token counted one U+FFFD and the offsets drifted past the
+    text's end)."""
+    kw = dict(model="tiny", max_tokens=16, temperature=0.0, logprobs=0,
+              extra_body={"structured_outputs": {"regex": "€ abc é"}})
+    for prompt, echo in (("x", False), ("café € tr", True)):
+        if stream:
+            chunks = [c.choices[0] for c in client.completions.create(
+                prompt=prompt, echo=echo, stream=True, **kw) if c.choices]
+            text = "".join(c.text for c in chunks)
+            tokens = [t for c in chunks if c.logprobs for t in c.logprobs.tokens]
+            offsets = [o for c in chunks if c.logprobs for o in c.logprobs.text_offset]
+        else:
+            choice = client.completions.create(prompt=prompt, echo=echo, **kw).choices[0]
+            text, tokens, offsets = choice.text, choice.logprobs.tokens, choice.logprobs.text_offset
+        assert text.endswith("€ abc é")
+        assert sum("\ufffd" in t for t in tokens) >= 3  # the test needs byte tokens
+        _check_offsets(text, tokens, offsets)
