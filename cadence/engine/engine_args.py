@@ -92,6 +92,10 @@ class EngineArgs:
             raise ValueError(
                 f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}."
             )
+        # What torch's generators take.
+        if (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                or not -(1 << 63) <= self.seed < 1 << 64):
+            raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}.")
         if self.kv_cache_dtype not in _KV_CACHE_DTYPE_ALIASES:
             raise ValueError(
                 f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported; supported: "

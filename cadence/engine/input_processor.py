@@ -84,6 +84,10 @@ class InputProcessor:
     ) -> tuple[EngineCoreRequest, str | None]:
         """Validate and tokenize. Returns the engine request and the prompt text (None when the
         prompt was given as token ids). The caller's ``params`` is never modified."""
+        if not isinstance(request_id, str) or not request_id:
+            raise InputValidationError(
+                f"request_id must be a non-empty string, got {request_id!r}.", "request_id"
+            )
         if not isinstance(params, SamplingParams):
             raise InputValidationError(
                 f"sampling_params must be a SamplingParams, got {type(params).__name__}.",
@@ -171,7 +175,11 @@ class InputProcessor:
         if not text:
             raise InputValidationError("The prompt cannot be empty.", "prompt")
         self.check_prompt_text(text)
-        return list(self.tokenizer.encode(text))
+        try:
+            return list(self.tokenizer.encode(text))
+        except (TypeError, UnicodeError) as exc:  # e.g. a lone surrogate (no UTF-8 for it)
+            raise InputValidationError(f"prompt: the text cannot be tokenized ({exc}).",
+                                       "prompt") from None
 
     def check_prompt_text(self, text: str) -> None:
         """Refuse, without tokenizing it, a text that cannot fit in the context."""
@@ -288,10 +296,10 @@ class InputProcessor:
             )
         allowed = params.allowed_token_ids
         if allowed is not None:
-            if len(allowed) > v:
+            if len(set(allowed)) > v:
                 raise InputValidationError(
-                    f"allowed_token_ids: at most {v} ids (the vocabulary size), "
-                    f"got {len(allowed)}.", "allowed_token_ids",
+                    f"allowed_token_ids: at most {v} distinct ids (the vocabulary size), "
+                    f"got {len(set(allowed))}.", "allowed_token_ids",
                 )
             bad = next((t for t in allowed if t >= v), None)
             if bad is not None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from cadence.chat import conversation_of, render_conversation
 from cadence.core_types import EngineCoreRequest
 from cadence.engine.core import EngineCore
 from cadence.engine.engine_args import EngineArgs
@@ -49,6 +50,9 @@ class LLM:
     ) -> list[RequestOutput]:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
+        if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Sequence):
+            raise ValueError("prompts: a prompt (a string or a dict) or a list of prompts, got "
+                             f"{type(prompts).__name__}.")
         prompts = list(prompts)
         n = len(prompts)
         if sampling_params is None:
@@ -77,6 +81,45 @@ class LLM:
             for engine_req in self.output_processor.add_request(req, text):
                 self.engine_core.add_request(engine_req)
         return self._run_engine(order, use_tqdm)
+
+    def chat(
+        self,
+        messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """``generate`` for one conversation (a list of message dicts) or a list of them, each
+        rendered through ``chat_template`` or the tokenizer's (ChatML without one), as vLLM's
+        ``LLM.chat``; one output per conversation, its ``prompt`` the rendered text."""
+        tokenizer = self.get_tokenizer()
+        if tokenizer is None:
+            raise ValueError("messages: chat needs a tokenizer, and this engine has none.")
+        one = (isinstance(messages, Sequence) and bool(messages)
+               and isinstance(messages[0], dict))
+        conversations = [messages] if one else messages
+        if isinstance(conversations, (str, bytes)) or not isinstance(conversations, Sequence) \
+                or not conversations:
+            raise ValueError("messages: a conversation (a list of message dicts) or a non-empty "
+                             "list of them.")
+        prompts: list[PromptType] = []
+        for conversation in conversations:
+            text = render_conversation(
+                tokenizer, conversation_of(conversation),
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, chat_template=chat_template,
+                tools=tools, chat_template_kwargs=chat_template_kwargs,
+            )
+            self.frontend.input_processor.check_prompt_text(text)
+            # The template already holds every special token it wants (BOS included).
+            ids = list(tokenizer.encode(text, add_special_tokens=False))
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
+        return self.generate(prompts, sampling_params, use_tqdm, priority)
 
     def _run_engine(self, order: dict[str, int], use_tqdm: bool) -> list[RequestOutput]:
         results: list[RequestOutput | None] = [None] * len(order)

@@ -6,32 +6,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from cadence.chat import render_conversation
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 from cadence.server.protocol import ChatMessage, ParamError
-
-# Used only when the tokenizer ships no template (the built-in byte-level model): ChatML.
-_CHATML_START = "<|im_start|>"
-_CHATML_END = "<|im_end|>"
-
-
-def _chatml(
-    messages: list[dict[str, Any]], add_generation_prompt: bool, continue_final: bool
-) -> str:
-    parts = []
-    for i, m in enumerate(messages):
-        last = i == len(messages) - 1
-        end = "" if (continue_final and last) else f"{_CHATML_END}\n"
-        content = m["content"]
-        for call in m.get("tool_calls", []):
-            # The <tool_call> JSON lines of the Qwen templates.
-            fn = call["function"]
-            body = json.dumps({"name": fn["name"], "arguments": fn["arguments"]},
-                              ensure_ascii=False)
-            content += f"{chr(10) if content else ''}<tool_call>\n{body}\n</tool_call>"
-        parts.append(f"{_CHATML_START}{m['role']}\n{content}{end}")
-    if add_generation_prompt:
-        parts.append(f"{_CHATML_START}assistant\n")
-    return "".join(parts)
 
 
 def template_message(message: ChatMessage, index: int = 0) -> dict[str, Any]:
@@ -87,21 +64,14 @@ def render_chat(
             "continue_final_message requires the last message to be from the assistant.",
         )
     conversation = [template_message(m, i) for i, m in enumerate(messages)]
-    if chat_template is not None or getattr(tokenizer, "chat_template", None):
-        try:
-            text = tokenizer.apply_chat_template(
-                conversation,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                chat_template=chat_template,
-                tools=tools,
-                **(chat_template_kwargs or {}),
-            )
-        except Exception as exc:  # jinja errors, template-level raise_exception()
-            raise ParamError("messages", f"chat template rendering failed: {exc}") from exc
-    else:
-        text = _chatml(conversation, add_generation_prompt, continue_final_message)
+    try:
+        text = render_conversation(
+            tokenizer, conversation, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, chat_template=chat_template,
+            tools=tools, chat_template_kwargs=chat_template_kwargs,
+        )
+    except ValueError as exc:
+        raise ParamError("messages", str(exc).removeprefix("messages: ")) from exc
     if check_text is not None:
         check_text(text)
     # The template already holds every special token it wants (BOS included).

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from cadence import chat
 from cadence.sampling_params import (
     INT64_MAX,
     INT64_MIN,
@@ -21,27 +22,6 @@ from cadence.worker.grammar import check_structured_outputs
 
 # Prompts one completions request may carry (each becomes an engine request).
 MAX_PROMPTS_PER_REQUEST = 1024
-# chat_template_kwargs may not override what the server passes to the template itself.
-RESERVED_TEMPLATE_KWARGS = frozenset(
-    {
-        "conversation",
-        "messages",
-        "chat_template",
-        "tokenize",
-        "tokenizer",
-        "add_generation_prompt",
-        "continue_final_message",
-        "return_dict",
-        "return_tensors",
-        "return_assistant_tokens_mask",
-        "padding",
-        "truncation",
-        "max_length",
-        "tools",
-        "documents",
-    }
-)
-
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 
 
@@ -68,17 +48,10 @@ def check_template_options(
     continue_final_message: bool,
 ) -> None:
     """The chat-template options of a conversation (chat completions, /tokenize)."""
-    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(chat_template_kwargs or {}))
-    if reserved:
-        raise ParamError(
-            "chat_template_kwargs",
-            f"chat_template_kwargs cannot set {', '.join(reserved)}.",
-        )
-    if continue_final_message and add_generation_prompt:
-        raise ParamError(
-            "continue_final_message",
-            "continue_final_message and add_generation_prompt cannot both be true.",
-        )
+    problem = chat.check_template_options(chat_template_kwargs, add_generation_prompt,
+                                          continue_final_message)
+    if problem is not None:
+        raise ParamError(*problem)
 
 
 class OpenAIModel(BaseModel):

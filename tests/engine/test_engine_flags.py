@@ -159,3 +159,14 @@ def test_tokenizer_gives_a_preset_text_prompts(tiny_dir: Path,
     # Text (the dummy weights' ids mostly lie past the tiny vocabulary: often ""), not ids.
     assert len(lines) == 2 and not lines[0].startswith("[")
     assert lines[1] == "[2 tokens, finish_reason=length]"
+
+
+@pytest.mark.parametrize("seed", [1 << 70, -(1 << 63) - 1, 1.5, True, "3"])
+def test_seeds_torch_cannot_take_are_errors_naming_seed(seed) -> None:
+    with pytest.raises(ValueError, match=r"^seed must be an integer"):
+        EngineArgs(model="tiny", seed=seed)
+
+
+def test_seeds_at_the_bounds_are_accepted() -> None:
+    for seed in (-(1 << 63), (1 << 64) - 1, 0):
+        assert EngineArgs(model="tiny", seed=seed).seed == seed

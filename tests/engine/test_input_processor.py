@@ -181,3 +181,21 @@ def test_allowed_tokens_that_nothing_is_left_of(tokenizer: PreTrainedTokenizerFa
         SamplingParams(allowed_token_ids=[tok], bad_words=[word + word]),  # not one token
     ):
         proc.process("r", "hi", params)
+
+
+def test_request_ids_lone_surrogates_and_duplicate_allowed_ids(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    proc = _proc(tokenizer)
+    for bad in ("", None, 7, b"x"):
+        with pytest.raises(InputValidationError, match="request_id") as err:
+            proc.process(bad, "hi", SamplingParams())  # type: ignore[arg-type]
+        assert err.value.parameter == "request_id"
+    with pytest.raises(InputValidationError, match="cannot be tokenized") as err:
+        proc.process("r", "Hel\ud800lo", SamplingParams())
+    assert err.value.parameter == "prompt"
+    # 1000 ids, one distinct: within the vocabulary's 280.
+    req, _ = proc.process("r", "hi", SamplingParams(allowed_token_ids=[5] * 1000))
+    assert set(req.sampling_params.allowed_token_ids) == {5}
+    with pytest.raises(InputValidationError, match="at most 280 distinct ids"):
+        proc.process("r", "hi", SamplingParams(allowed_token_ids=list(range(281))))

@@ -1,0 +1,117 @@
+"""Conversations rendered through a tokenizer's chat template: the offline ``LLM.chat`` and the
+server's chat endpoints share it. Messages here are plain dicts in the shape Hugging Face chat
+templates read (``role``, text ``content``, an assistant's ``tool_calls``, ...)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["RESERVED_TEMPLATE_KWARGS", "check_template_options", "conversation_of",
+           "render_conversation"]
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+# chat_template_kwargs may not override what the renderer passes to the template itself.
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "chat_template", "tokenize", "tokenizer", "add_generation_prompt",
+    "continue_final_message", "return_dict", "return_tensors", "return_assistant_tokens_mask",
+    "padding", "truncation", "max_length", "tools", "documents",
+})
+
+# Used only when the tokenizer ships no template (the built-in byte-level model): ChatML.
+_CHATML_START = "<|im_start|>"
+_CHATML_END = "<|im_end|>"
+
+
+def check_template_options(chat_template_kwargs: Mapping[str, Any] | None,
+                           add_generation_prompt: bool, continue_final_message: bool
+                           ) -> tuple[str, str] | None:
+    """(parameter, message) of what is wrong with a conversation's template options, or None."""
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(chat_template_kwargs or {}))
+    if reserved:
+        return "chat_template_kwargs", f"chat_template_kwargs cannot set {', '.join(reserved)}."
+    if continue_final_message and add_generation_prompt:
+        return ("continue_final_message",
+                "continue_final_message and add_generation_prompt cannot both be true.")
+    return None
+
+
+def conversation_of(messages: Any) -> list[dict[str, Any]]:
+    """One offline conversation as the templates read it: each message a mapping with a known
+    ``role`` and ``content`` text, a list of text parts (joined by newlines), or None (an
+    assistant's tool calls); other keys pass through. A ValueError names the bad message."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise ValueError("messages: a conversation is a non-empty list of message dicts.")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise ValueError(f"messages.{i}: a message is a dict, got "
+                             f"{type(message).__name__}.")
+        if message.get("role") not in ROLES:
+            raise ValueError(f"messages.{i}.role: must be one of {', '.join(ROLES)}, got "
+                             f"{message.get('role')!r}.")
+        content = message.get("content")
+        if isinstance(content, Sequence) and not isinstance(content, str):
+            if not all(isinstance(p, Mapping) and p.get("type") == "text"
+                       and isinstance(p.get("text"), str) for p in content):
+                raise ValueError(f"messages.{i}.content: only text parts "
+                                 "({'type': 'text', 'text': ...}) are supported.")
+            content = "\n".join(p["text"] for p in content)
+        elif content is None:
+            content = ""
+        elif not isinstance(content, str):
+            raise ValueError(f"messages.{i}.content: must be a string or a list of text parts, "
+                             f"got {type(content).__name__}.")
+        out.append({**message, "content": content})
+    return out
+
+
+def render_conversation(
+    tokenizer: Any,
+    conversation: list[dict[str, Any]],
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    chat_template: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """The prompt text of ``conversation``: ``chat_template`` or the tokenizer's, else ChatML.
+    A template that fails is a ValueError naming ``messages``."""
+    problem = check_template_options(chat_template_kwargs, add_generation_prompt,
+                                     continue_final_message)
+    if problem is not None:
+        raise ValueError(problem[1])
+    if continue_final_message and conversation[-1]["role"] != "assistant":
+        raise ValueError("continue_final_message requires the last message to be from the "
+                         "assistant.")
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        return _chatml(conversation, add_generation_prompt, continue_final_message)
+    try:
+        return tokenizer.apply_chat_template(
+            conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, chat_template=chat_template,
+            tools=tools, **(chat_template_kwargs or {}),
+        )
+    except Exception as exc:  # jinja errors, template-level raise_exception()
+        raise ValueError(f"messages: chat template rendering failed: {exc}") from exc
+
+
+def _chatml(messages: list[dict[str, Any]], add_generation_prompt: bool,
+            continue_final: bool) -> str:
+    parts = []
+    for i, m in enumerate(messages):
+        last = i == len(messages) - 1
+        end = "" if (continue_final and last) else f"{_CHATML_END}\n"
+        content = m["content"]
+        for call in m.get("tool_calls") or []:
+            # The <tool_call> JSON lines of the Qwen templates.
+            fn = call["function"]
+            body = json.dumps({"name": fn["name"], "arguments": fn["arguments"]},
+                              ensure_ascii=False)
+            content += f"{chr(10) if content else ''}<tool_call>\n{body}\n</tool_call>"
+        parts.append(f"{_CHATML_START}{m['role']}\n{content}{end}")
+    if add_generation_prompt:
+        parts.append(f"{_CHATML_START}assistant\n")
+    return "".join(parts)

@@ -1,0 +1,70 @@
+"""LLM.chat (vLLM's offline chat): conversations rendered through the tokenizer's template (the
+built-in model has none: ChatML) or a given one, then generated like prompts."""
+
+from __future__ import annotations
+
+import pytest
+
+from cadence import LLM, SamplingParams
+from tests.tiny import tiny_args
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+TEMPLATE = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+            "{% if add_generation_prompt %}[assistant]{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def llm():
+    engine = LLM(**vars(tiny_args()))
+    yield engine
+    engine.shutdown()
+
+
+def test_one_conversation_is_its_chatml_prompt(llm) -> None:
+    conversation = [{"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": [{"type": "text", "text": "Hi"},
+                                                 {"type": "text", "text": "there"}]}]
+    text = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi\nthere<|im_end|>\n"
+            "<|im_start|>assistant\n")
+    (out,) = llm.chat(conversation, GREEDY, use_tqdm=False)
+    (want,) = llm.generate([text], GREEDY, use_tqdm=False)
+    assert out.prompt == text
+    assert out.prompt_token_ids == want.prompt_token_ids
+    assert out.outputs[0].token_ids == want.outputs[0].token_ids
+
+
+def test_several_conversations_a_given_template_and_continuation(llm) -> None:
+    first = [{"role": "user", "content": "a"}]
+    second = [{"role": "user", "content": "b"}, {"role": "assistant", "content": "c"}]
+    outs = llm.chat([first, second], GREEDY, use_tqdm=False, chat_template=TEMPLATE)
+    assert [o.prompt for o in outs] == ["[user]a[assistant]", "[user]b[assistant]c[assistant]"]
+    (cont,) = llm.chat(second, GREEDY, use_tqdm=False, chat_template=TEMPLATE,
+                       add_generation_prompt=False, continue_final_message=True)
+    assert cont.prompt == "[user]b[assistant]c"
+    (kw,) = llm.chat(first, GREEDY, use_tqdm=False, chat_template="{{ greeting }}",
+                     chat_template_kwargs={"greeting": "hello"})
+    assert kw.prompt == "hello"
+
+
+@pytest.mark.parametrize(("messages", "kwargs", "fragment"), [
+    ([], {}, "messages: a conversation"),
+    ("hi", {}, "messages: a conversation"),
+    ([{"role": "robot", "content": "x"}], {}, "messages.0.role"),
+    ([{"role": "user", "content": 3}], {}, "messages.0.content"),
+    ([{"role": "user", "content": "a"}, "b"], {}, "messages.1: a message is a dict"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], {},
+     "only text parts"),
+    ([{"role": "user", "content": "a"}], {"continue_final_message": True},
+     "cannot both be true"),
+    ([{"role": "user", "content": "a"}], {"continue_final_message": True,
+                                          "add_generation_prompt": False}, "from the assistant"),
+    ([{"role": "user", "content": "a"}], {"chat_template_kwargs": {"tools": []}},
+     "cannot set tools"),
+    ([{"role": "user", "content": "a"}], {"chat_template": "{{ raise_exception('no') }}"},
+     "messages: chat template rendering failed"),
+])
+def test_bad_conversations_are_value_errors_naming_the_field(llm, messages, kwargs,
+                                                              fragment) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        llm.chat(messages, GREEDY, use_tqdm=False, **kwargs)
+    assert llm.engine_core.num_free_kv_blocks == llm.engine_core.num_kv_blocks - 1
