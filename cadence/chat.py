@@ -8,6 +8,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
+
 __all__ = ["RESERVED_TEMPLATE_KWARGS", "check_template_options", "conversation_of",
            "render_conversation"]
 
@@ -63,8 +65,32 @@ def conversation_of(messages: Any) -> list[dict[str, Any]]:
         elif not isinstance(content, str):
             raise ValueError(f"messages.{i}.content: must be a string or a list of text parts, "
                              f"got {type(content).__name__}.")
-        out.append({**message, "content": content})
+        shaped = {**message, "content": content}
+        if message.get("tool_calls"):
+            shaped["tool_calls"] = [_tool_call(call, f"messages.{i}.tool_calls.{j}")
+                                    for j, call in enumerate(message["tool_calls"])]
+        out.append(shaped)
     return out
+
+
+def _tool_call(call: Any, where: str) -> dict[str, Any]:
+    """An assistant's tool call as templates read it: OpenAI's ``function.arguments`` JSON text
+    parsed into an object (templates serialise it themselves), as the server and vLLM hand it."""
+    fn = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+        raise ValueError(f"{where}: a tool call is {{'type': 'function', 'function': "
+                         "{'name': str, 'arguments': str}}.")
+    arguments = fn.get("arguments", "{}")
+    if isinstance(arguments, str):
+        if nesting_depth(arguments) > MAX_JSON_DEPTH:
+            raise ValueError(f"{where}.function.arguments: nests deeper than {MAX_JSON_DEPTH} "
+                             "levels.")
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            raise ValueError(f"{where}.function.arguments: must be JSON.") from None
+    return {**call, "type": call.get("type", "function"),
+            "function": {**fn, "arguments": arguments}}
 
 
 def render_conversation(

@@ -16,6 +16,12 @@ class LogprobsLists:
     sampled_token_ranks: list[int]
 
 
+# What a row samples, in the host's copy only, when every token of its row was masked (its
+# constraints left none): the scheduler fails that request. The device keeps a real id, which
+# the next step may already read as its input.
+NO_TOKEN = -1
+
+
 @dataclass
 class ModelRunnerOutput:
     # Requests of this step in the runner's row order.

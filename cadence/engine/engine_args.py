@@ -64,7 +64,7 @@ class EngineArgs:
     # activation scales) and the KV-cache dtype ("fp8" / "fp8_e4m3": e4m3), vLLM's names.
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
-    seed: int = 0
+    seed: int | None = 0  # None: a random seed
     num_gpu_blocks_override: int | None = None
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
@@ -92,6 +92,8 @@ class EngineArgs:
             raise ValueError(
                 f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}."
             )
+        if self.seed is None:  # vLLM's "no fixed seed": a fresh one each run
+            self.seed = int.from_bytes(os.urandom(8), "little") >> 1
         # What torch's generators take.
         if (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                 or not -(1 << 63) <= self.seed < 1 << 64):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -87,6 +87,7 @@ class LLM:
         messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        *,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
@@ -101,7 +102,7 @@ class LLM:
         if tokenizer is None:
             raise ValueError("messages: chat needs a tokenizer, and this engine has none.")
         one = (isinstance(messages, Sequence) and bool(messages)
-               and isinstance(messages[0], dict))
+               and isinstance(messages[0], Mapping))
         conversations = [messages] if one else messages
         if isinstance(conversations, (str, bytes)) or not isinstance(conversations, Sequence) \
                 or not conversations:
@@ -116,8 +117,10 @@ class LLM:
                 tools=tools, chat_template_kwargs=chat_template_kwargs,
             )
             self.frontend.input_processor.check_prompt_text(text)
-            # The template already holds every special token it wants (BOS included).
-            ids = list(tokenizer.encode(text, add_special_tokens=False))
+            try:  # the template already holds every special token it wants (BOS included)
+                ids = list(tokenizer.encode(text, add_special_tokens=False))
+            except (TypeError, UnicodeError) as exc:  # e.g. a lone surrogate
+                raise ValueError(f"messages: the text cannot be tokenized ({exc}).") from None
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm, priority)
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from cadence.config import CacheConfig, SchedulerConfig
 from cadence.core_types import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
-from cadence.runner_output import ModelRunnerOutput
+from cadence.runner_output import NO_TOKEN, ModelRunnerOutput
 from cadence.scheduler.block_pool import KVCacheBlock
 from cadence.scheduler.kv_cache_manager import KVCacheManager
 from cadence.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
@@ -29,6 +29,18 @@ _NO_NEW_BLOCKS: list[KVCacheBlock] = []  # shared, never mutated
 
 def _victim_key(request: Request) -> tuple[int, float]:
     return request.priority, request.arrival_time
+
+
+def _no_token_reason(request: Request) -> str:
+    """Why a request whose row had every token masked failed, naming what constrained it."""
+    params = request.sampling_params
+    if params.structured_outputs is not None:
+        return ("structured_outputs: no token fits the grammar under the request's other "
+                "constraints (allowed_token_ids, bad_words), or the grammar cannot be completed.")
+    if params.allowed_token_ids is not None:
+        return ("allowed_token_ids: every allowed token was excluded (bad_words, logit_bias "
+                "with the penalties); no token could be sampled.")
+    return "logit_bias: the biases and penalties excluded every token; none could be sampled."
 
 
 class Scheduler:
@@ -342,6 +354,7 @@ class Scheduler:
         update = self._update_request_with_output
 
         scheduled = self._scheduled_in.pop(id(scheduler_output), None)
+        failed = dict(model_runner_output.failed_requests)
         for req_id in scheduler_output.num_scheduled_tokens:
             request = requests.get(req_id)
             if request is None or request.status > _PREEMPTED:
@@ -353,6 +366,11 @@ class Scheduler:
             if row is None:
                 continue
             new_token_ids = sampled[row]
+            if req_id in failed:
+                continue  # refused by the runner: its row's token means nothing
+            if new_token_ids and new_token_ids[0] == NO_TOKEN:
+                failed[req_id] = _no_token_reason(request)
+                continue
             prompt_lps = prompt_logprobs.get(req_id) if prompt_logprobs else None
             if not new_token_ids:
                 # A partial prefill chunk samples nothing; it may have scored prompt tokens.
@@ -411,8 +429,8 @@ class Scheduler:
             self.running = [r for r in self.running if r not in stopped_running]
         if stopped_preempted:
             self.waiting.remove_requests(stopped_preempted)
-        if model_runner_output.failed_requests:
-            outputs.extend(self._fail_requests(model_runner_output.failed_requests))
+        if failed:
+            outputs.extend(self._fail_requests(failed, scheduled))
 
         finished = self._finished_since_output
         self._finished_since_output = set()
@@ -420,9 +438,12 @@ class Scheduler:
             outputs=outputs, scheduler_stats=self.make_stats(), finished_requests=finished
         )
 
-    def _fail_requests(self, failed: dict[str, str]) -> list[EngineCoreOutput]:
-        """Finish requests the runner refused with an error; the rest of the batch goes on."""
-        live = [r for r in failed if r in self.requests]
+    def _fail_requests(self, failed: dict[str, str], scheduled: dict[str, Request] | None
+                       ) -> list[EngineCoreOutput]:
+        """Finish requests the runner refused with an error; the rest of the batch goes on.
+        ``scheduled``: the step's requests, so that an id aborted and reused since is spared."""
+        live = [r for r in failed if r in self.requests
+                and (scheduled is None or scheduled.get(r, self.requests[r]) is self.requests[r])]
         self.finish_requests(live, RequestStatus.FINISHED_ERROR)
         return [
             EngineCoreOutput(r, [], finish_reason=FinishReason.ERROR, error=failed[r]) for r in live

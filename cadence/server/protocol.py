@@ -187,6 +187,13 @@ class _SamplingRequest(OpenAIModel):
             output_kind=kind,
         )
 
+    @property
+    def grammar_param(self) -> str:
+        """The field that carried the request's structured output (errors name it)."""
+        if self.structured_outputs is None and self.response_format is not None:
+            return "response_format"
+        return "structured_outputs"
+
     def _structured_outputs(self) -> StructuredOutputsParams | None:
         """``structured_outputs`` (vLLM's field) or ``response_format`` (OpenAI's)."""
         so, rf = self.structured_outputs, self.response_format
@@ -404,6 +411,10 @@ class ChatCompletionRequest(_SamplingRequest):
         """tool_choice "required" or a named function: the answer is the calls' JSON."""
         return bool(self.tools) and (self.tool_choice == "required"
                                      or isinstance(self.tool_choice, NamedToolChoice))
+
+    @property
+    def grammar_param(self) -> str:
+        return "tool_choice" if self.forced_tools else super().grammar_param
 
     def _structured_outputs(self) -> StructuredOutputsParams | None:
         """A forced tool choice constrains the answer to the calls' JSON (vLLM): the named

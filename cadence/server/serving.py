@@ -93,15 +93,17 @@ class OpenAIServing:
         assert isinstance(started.collector, RequestOutputCollector)
         return self.engine.outputs(started.request_id, started.collector)
 
-    async def final_output(self, started: StartedRequest) -> RequestOutput:
-        """The last output of a FINAL_ONLY request (aborted if the caller is cancelled)."""
+    async def final_output(self, started: StartedRequest,
+                           grammar_param: str = "structured_outputs") -> RequestOutput:
+        """The last output of a FINAL_ONLY request (aborted if the caller is cancelled).
+        ``grammar_param``: the request's field that carried its structured output."""
         final: RequestOutput | None = None
         gen = self.outputs(started)
         try:
             async for out in gen:
                 final = out
         except RequestFailedError as exc:
-            raise request_failed(exc) from exc
+            raise request_failed(exc, grammar_param) from exc
         except EngineDeadError as exc:
             raise engine_unavailable(exc) from exc
         finally:
@@ -135,12 +137,16 @@ def to_bad_request(exc: ValueError, prompt_param: str, max_tokens_param: str,
     return BadRequestError(message, param)
 
 
-def request_failed(exc: RequestFailedError) -> APIError:
+def request_failed(exc: RequestFailedError, grammar_param: str = "structured_outputs"
+                   ) -> APIError:
     """A request that failed in the engine: a 400 when the reason names one of its parameters
-    (its own content was at fault, e.g. constraints that leave no token), else a 500."""
+    (its own content was at fault, e.g. constraints that leave no token), else a 500. The
+    engine's ``structured_outputs`` is named as the request gave it (``grammar_param``)."""
     m = _LEADING_PARAM.match(exc.reason)
     if m is not None:
-        return BadRequestError(exc.reason, m.group(1))
+        param = m.group(1)
+        return BadRequestError(exc.reason, grammar_param if param == "structured_outputs"
+                               else param)
     return InternalServerError(str(exc))
 
 
@@ -148,14 +154,15 @@ def engine_unavailable(exc: EngineDeadError) -> ServiceUnavailableError:
     return ServiceUnavailableError(f"The engine is not running: {exc}")
 
 
-def stream_error_frame(exc: BaseException) -> str:
-    """An SSE frame for an error raised after the stream started."""
+def stream_error_frame(exc: BaseException, grammar_param: str = "structured_outputs") -> str:
+    """An SSE frame for an error raised after the stream started (``grammar_param``: as in
+    ``request_failed``)."""
     if isinstance(exc, APIError):
         return exc.sse_frame()
     if isinstance(exc, EngineDeadError):
         return engine_unavailable(exc).sse_frame()
     if isinstance(exc, RequestFailedError):
-        return request_failed(exc).sse_frame()
+        return request_failed(exc, grammar_param).sse_frame()
     logger.exception("Error while streaming a response.", exc_info=exc)
     return InternalServerError(f"Internal error while streaming: {exc!r}").sse_frame()
 

@@ -226,7 +226,7 @@ class OpenAIServingChat(OpenAIServing):
         request_id = request_id or random_id("chatcmpl")
         tools = self.parses_tools(request)
         started = await self.start_chat(request, request_id)
-        final = await self.final_output(started)
+        final = await self.final_output(started, request.grammar_param)
         choices = []
         completion_tokens = 0
         for c in final.outputs:
@@ -286,7 +286,7 @@ class OpenAIServingChat(OpenAIServing):
             while (frames := await cs.stream.next()) is not None:
                 yield frames
             if cs.stream.error is not None:
-                yield stream_error_frame(cs.stream.error)
+                yield stream_error_frame(cs.stream.error, cs.request.grammar_param)
             elif cs.request.include_usage:
                 yield cs.frames.usage(cs.prompt_tokens, cs.completion_tokens)
         except Exception as exc:

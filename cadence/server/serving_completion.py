@@ -49,12 +49,12 @@ class Echo:
         return self.decode([token_id]) if self.decode else f"token_id:{token_id}"
 
     def logprobs(self, out: RequestOutput, token_ids: list[int],
-                 rows: list[dict[int, Logprob]] | None, num: int, offset: int
-                 ) -> CompletionLogProbs:
+                 rows: list[dict[int, Logprob]] | None, num: int, offset: int,
+                 pending: list[int] | None = None) -> CompletionLogProbs:
         prompt = list(out.prompt_token_ids or [])
         prompt_rows = list(out.prompt_logprobs or [None] * len(prompt))
         return completion_logprobs(prompt + token_ids, prompt_rows + list(rows or []), num,
-                                   offset, self.token, self.decode)
+                                   offset, self.token, self.decode, pending)
 
 
 _MAX_CHAR_TOKENS = 4  # a UTF-8 character spans at most four byte tokens
@@ -64,15 +64,19 @@ def completion_logprobs(
     token_ids: list[int], rows: list[dict[int, Logprob] | None], num: int, offset: int,
     decode: Callable[[int], str] | None = None,
     decode_ids: Callable[[list[int]], str] | None = None,
+    pending: list[int] | None = None,
 ) -> CompletionLogProbs:
     """OpenAI legacy logprobs: the sampled token plus the ``num`` most likely per position. A
     row of None (the first prompt token, echoed) has no logprob: its text comes from
     ``decode``. ``text_offset`` is where each token's text starts in the completion's text:
     tokens holding part of a character (shown as U+FFFD) start where that character does, and
     the character counts once its last byte arrives (``decode_ids`` decodes them together;
-    without it each token counts its own text's length, as vLLM does)."""
+    without it each token counts its own text's length, as vLLM does). ``pending``: the tokens
+    of a character not yet complete, carried from one streamed chunk to the next (updated in
+    place)."""
     out = CompletionLogProbs()
-    pending: list[int] = []  # tokens of a character not yet complete
+    if pending is None:
+        pending = []
     for tid, row in zip(token_ids, rows, strict=False):
         if row is None:
             text = decode(tid) if decode is not None else f"token_id:{tid}"
@@ -96,7 +100,7 @@ def completion_logprobs(
             whole = decode_ids(pending)
             if not whole.endswith("\ufffd") or len(pending) >= _MAX_CHAR_TOKENS:
                 offset += len(whole)
-                pending = []
+                pending.clear()
         else:
             offset += len(text)
     return out
@@ -116,6 +120,7 @@ class CompletionStream:
         self.prompt_tokens = [0] * n
         self.completion_tokens = [0] * n
         self.offsets = [0] * choices
+        self.pending: list[list[int]] = [[] for _ in range(choices)]  # see completion_logprobs
         self.finished = [False] * n
         # With return_token_ids, each choice's first chunk carries its prompt's ids.
         self.prompt_ids_due = [request.return_token_ids] * choices
@@ -138,10 +143,11 @@ class CompletionStream:
                 text = self.echo.text(out) + text
                 if request.logprobs is not None:
                     lps = self.echo.logprobs(out, list(c.token_ids), c.logprobs,
-                                             request.logprobs, self.offsets[k])
+                                             request.logprobs, self.offsets[k], self.pending[k])
             elif request.logprobs is not None and c.logprobs is not None and c.token_ids:
                 lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs,
-                                          self.offsets[k], decode_ids=self.echo.decode)
+                                          self.offsets[k], decode_ids=self.echo.decode,
+                                          pending=self.pending[k])
             self.offsets[k] += len(text)
             ids = list(c.token_ids) if self.with_ids else None
             if not text and not ids and not c.finished() and lps is None:
@@ -208,7 +214,7 @@ class OpenAIServingCompletion(OpenAIServing):
         usage = UsageInfo()
         try:
             for s in started:
-                final = await self.final_output(s)
+                final = await self.final_output(s, request.grammar_param)
                 for c in final.outputs:
                     choices.append(self._choice(request, final, c, s.index * request.n, echo))
                     usage.completion_tokens += len(c.token_ids)
@@ -260,7 +266,7 @@ class OpenAIServingCompletion(OpenAIServing):
             while (frames := await cs.stream.next()) is not None:
                 yield frames
             if cs.stream.error is not None:
-                yield stream_error_frame(cs.stream.error)
+                yield stream_error_frame(cs.stream.error, cs.request.grammar_param)
             elif cs.request.include_usage:
                 yield cs.frames.usage(sum(cs.prompt_tokens), sum(cs.completion_tokens))
         except Exception as exc:

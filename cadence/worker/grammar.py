@@ -43,10 +43,7 @@ def check_structured_outputs(spec: StructuredOutputsParams) -> None:
         raise ValueError("structured_outputs: the schema or grammar nests too deeply.") from None
 
 
-NO_TOKEN_FITS = (
-    "structured_outputs: no token fits the grammar under the request's other constraints "
-    "(allowed_token_ids, bad_words, logit_bias, min_tokens), or the grammar cannot be completed."
-)
+NO_TOKEN_FITS = "structured_outputs: a sampled token does not fit the request's grammar."
 
 
 @dataclass
@@ -97,6 +94,9 @@ class GrammarState:
     def record(self, req_id: str, index: int, token: int) -> None:
         state = self._reqs.get(req_id)
         if state is not None and len(state.history) == index:
+            if token < 0:  # NO_TOKEN: the request is failing; nothing more to constrain
+                self._reqs.pop(req_id, None)
+                return
             state.history.append(token)
 
     def take_failed(self) -> dict[str, str]:
@@ -113,8 +113,8 @@ class GrammarState:
             if state.matcher.is_terminated():
                 continue  # sampled past the grammar's end by a step scheduled ahead: dropped
             if not state.matcher.accept_token(token):
-                # Only a row with every token masked samples outside its grammar: the other
-                # constraints excluded all the grammar allowed, or the grammar cannot finish.
+                # NOTE: a backstop. A row whose masks left no token is failed in its own step
+                # (NO_TOKEN); a token outside the grammar otherwise means a broken mask.
                 logger.warning("Request %s: token %d does not fit its grammar.", req_id, token)
                 self._failed[req_id] = NO_TOKEN_FITS
                 self._reqs.pop(req_id, None)
@@ -138,6 +138,9 @@ class GrammarState:
                 if peeked is None:
                     peeked = in_flight()
                 token = peeked.get(req_id)
+                if token is not None and token < 0:  # NO_TOKEN: the request is failing
+                    self._reqs.pop(req_id, None)
+                    continue
                 if token is not None and len(state.history) == need - 1:
                     state.history.append(token)
             try:

@@ -24,6 +24,7 @@ from cadence.model.fp8 import fp8_supported
 from cadence.numba_kernels.launcher import TokenBuffers, make_token_kernels
 from cadence.profiling import nvtx_range
 from cadence.runner_output import (
+    NO_TOKEN,
     AsyncModelRunnerOutput,
     ModelRunnerOutput,
     ReadyOutput,
@@ -318,8 +319,11 @@ class ModelRunner:
             n = len(rows)
             self.sampled[:n].copy_(sampled.sampled_token_ids)
             self.scatter_kernel.scatter(self.main)
+            to_host = self.sampled
+            if sampled.no_token is not None:  # masked steps only: the host sees NO_TOKEN
+                to_host = torch.where(sampled.no_token, NO_TOKEN, self.sampled[:n])
         with nvtx_range("copy"):
-            out = self.copier.start(req_ids, rows, self.sampled, n, sampled.logprobs)
+            out = self.copier.start(req_ids, rows, to_host, n, sampled.logprobs)
             out = self.sampling.record_history(out, inp)
             return WithPromptLogprobs(out, scored) if scored else out
 

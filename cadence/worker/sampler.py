@@ -162,6 +162,9 @@ class LogprobsTensors:
 class SamplerOutput:
     sampled_token_ids: torch.Tensor  # [N] int64 on the logits' device
     logprobs: LogprobsTensors | None
+    # [N] bool: rows whose masks left no token (their sampled id is meaningless); None when
+    # no row of the step had a mask.
+    no_token: torch.Tensor | None = None
 
 
 def seed_generator(gen: torch.Generator, seed: int, step: int) -> None:
@@ -199,13 +202,18 @@ class Sampler:
 
         if md.processors is not None or md.banned_token_ids:
             apply_logits_processors(logits, md.processors, md.banned_token_ids)
+        no_token = None
+        if md.grammar is not None or md.processors is not None or md.banned_token_ids:
+            # Constraints that exclude every token (a grammar against allowed_token_ids, a
+            # grammar that cannot finish, a penalty overflowing a huge negative bias).
+            no_token = logits.amax(dim=-1) == float("-inf")
         sampled = self._sample(logits, md)
 
         logprobs = None
         if raw_logprobs is not None:
             assert md.max_num_logprobs is not None
             logprobs = gather_logprobs(raw_logprobs, md.max_num_logprobs, sampled)
-        return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs, no_token=no_token)
 
     def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         greedy = None

@@ -167,6 +167,8 @@ def test_seeds_torch_cannot_take_are_errors_naming_seed(seed) -> None:
         EngineArgs(model="tiny", seed=seed)
 
 
-def test_seeds_at_the_bounds_are_accepted() -> None:
+def test_seeds_at_the_bounds_are_accepted_and_none_draws_one() -> None:
     for seed in (-(1 << 63), (1 << 64) - 1, 0):
         assert EngineArgs(model="tiny", seed=seed).seed == seed
+    drawn = {EngineArgs(model="tiny", seed=None).seed for _ in range(4)}
+    assert all(isinstance(s, int) and 0 <= s < 1 << 63 for s in drawn) and len(drawn) > 1

@@ -46,7 +46,31 @@ def test_several_conversations_a_given_template_and_continuation(llm) -> None:
     assert kw.prompt == "hello"
 
 
+def test_tool_calls_reach_the_template_as_objects(llm) -> None:
+    """An assistant's OpenAI-style tool call (arguments as JSON text) is handed to the template
+    with its arguments parsed, as the server and vLLM hand it (not JSON text in JSON)."""
+    conversation = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "get", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    template = ("{% for m in messages %}{{ m.role }}:{{ m.content }}"
+                "{% for c in m.tool_calls or [] %}[{{ c.function.name }}"
+                "({{ c.function.arguments | tojson }})]{% endfor %};{% endfor %}")
+    (out,) = llm.chat(conversation, GREEDY, use_tqdm=False, chat_template=template)
+    assert out.prompt == 'user:Weather?;assistant:[get({"city": "Paris"})];tool:sunny;'
+
+
 @pytest.mark.parametrize(("messages", "kwargs", "fragment"), [
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "",
+                                         "tool_calls": [{"id": "x"}]}], {},
+     "messages.1.tool_calls.0: a tool call is"),
+    ([{"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "f", "arguments": "{not json"}}]}], {},
+     "messages.0.tool_calls.0.function.arguments: must be JSON"),
+    ([{"role": "user", "content": "a\ud800b"}], {}, "messages: the text cannot be tokenized"),
     ([], {}, "messages: a conversation"),
     ("hi", {}, "messages: a conversation"),
     ([{"role": "robot", "content": "x"}], {}, "messages.0.role"),

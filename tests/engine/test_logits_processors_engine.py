@@ -176,4 +176,12 @@ def test_the_largest_biases_keep_their_meaning(temperature):
                        use_tqdm=False)
     assert out[0].outputs[0].token_ids == [9, 9, 9, 9]
     assert set(out[1].outputs[0].token_ids) <= {5, 6}
+    # A penalty that pushes those biases past float32 leaves the row no token: the request
+    # fails (it sampled token 0, outside allowed_token_ids).
+    prompt = {"prompt_token_ids": [5, 6, 7]}
+    (over,) = llm.generate([prompt], SamplingParams(
+        allowed_token_ids=[5, 6], logit_bias={5: -1e30, 6: -1e30}, repetition_penalty=1e9, **kw),
+        use_tqdm=False)
+    assert over.outputs[0].finish_reason == "error" and over.outputs[0].token_ids == []
+    assert llm.engine_core.num_free_kv_blocks == llm.engine_core.num_kv_blocks - 1
     llm.shutdown()

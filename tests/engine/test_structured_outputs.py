@@ -210,28 +210,56 @@ def test_preempted_constrained_requests_stay_valid_and_deterministic() -> None:
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_constraints_that_leave_no_token_fail_the_request(async_scheduling) -> None:
     """A grammar that the request's allowed_token_ids exclude entirely, or one that can never
-    finish, fails its own request with an error (it sampled token 0
-    on and on); the free request beside it runs to its end and every KV block comes back."""
-    engine = LLM(**vars(tiny_args(async_scheduling=async_scheduling)))
-    tok = engine.get_tokenizer()
+    finish, fails its own request in the step whose row had no token left, whatever max_tokens
+    (it sampled token 0 on and on); nothing of that row's token reaches the output; the free
+    request beside it runs to its end and every KV block comes back."""
+    from cadence.core_types import EngineCoreRequest, FinishReason
+    from cadence.engine.core import EngineCore
+
+    core = EngineCore(tiny_args(async_scheduling=async_scheduling))
+    tok = core_tokenizer()
     (x,) = tok.encode("x", add_special_tokens=False)
-    free_blocks = engine.engine_core.num_free_kv_blocks
-    free = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-    alone = engine.generate(["Hello"], free, use_tqdm=False)[0].outputs[0].token_ids
-    bad = [
-        SamplingParams(max_tokens=16, allowed_token_ids=[x],
-                       structured_outputs=StructuredOutputsParams(regex="ab")),
-        SamplingParams(max_tokens=16, temperature=1.0, seed=3, allowed_token_ids=[x],
-                       structured_outputs=StructuredOutputsParams(choice=["yes", "no"])),
-        SamplingParams(max_tokens=16, structured_outputs=StructuredOutputsParams(
-            grammar="root ::= root")),
-    ]
-    outs = engine.generate(["Hello"] * 4, [free, *bad], use_tqdm=False)
-    assert outs[0].outputs[0].token_ids == alone
-    assert outs[0].outputs[0].finish_reason == "length"
-    for out in outs[1:]:
-        assert out.outputs[0].finish_reason == "error", out
-        # At most the masked row's token and one step scheduled before the news.
-        assert len(out.outputs[0].token_ids) <= 2
-    assert engine.engine_core.num_free_kv_blocks == free_blocks
-    engine.shutdown()
+    free_blocks = core.num_free_kv_blocks
+    bad = {
+        f"{name}-{max_tokens}": SamplingParams(max_tokens=max_tokens, **kw)
+        for max_tokens in (1, 2, 16)
+        for name, kw in (
+            ("regex", dict(allowed_token_ids=[x],
+                           structured_outputs=StructuredOutputsParams(regex="ab"))),
+            ("choice", dict(temperature=1.0, seed=3, allowed_token_ids=[x],
+                            structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))),
+            ("endless", dict(structured_outputs=StructuredOutputsParams(
+                grammar="root ::= root"))),
+            # Token 0 (byte 0x00) fits this grammar: the masked row's token must not pass.
+            ("zero", dict(allowed_token_ids=[x], structured_outputs=StructuredOutputsParams(
+                regex="[^x]+"))),
+        )
+    }
+    prompt = tok.encode("Hello")
+    core.add_request(EngineCoreRequest("free", prompt, SamplingParams(
+        temperature=0.0, max_tokens=16, ignore_eos=True)))
+    for req_id, params in bad.items():
+        core.add_request(EngineCoreRequest(req_id, prompt, params))
+    tokens: dict[str, list[int]] = {}
+    finished = {}
+    while core.has_work():
+        outs, _ = core.step_fn()
+        for o in outs.outputs if outs is not None else []:
+            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+            if o.finished:
+                finished[o.request_id] = o
+    assert finished["free"].finish_reason == FinishReason.LENGTH and len(tokens["free"]) == 16
+    for req_id in bad:
+        assert finished[req_id].finish_reason == FinishReason.ERROR, req_id
+        assert finished[req_id].error.startswith("structured_outputs: no token fits"), req_id
+        assert tokens.get(req_id, []) == [], req_id  # the masked row's token is not output
+    assert core.num_free_kv_blocks == free_blocks
+    core.shutdown()
+
+
+def core_tokenizer():
+    from transformers import AutoTokenizer
+
+    from cadence.model.tiny import ensure_tiny_model
+
+    return AutoTokenizer.from_pretrained(ensure_tiny_model())

@@ -102,6 +102,44 @@ def test_decode_kernels_up_to_their_measured_buckets():
     assert decode_tile(128, True) == wide and decode_tile(129, True) is None
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+def test_fused_moe_dispatches_by_bucket_and_decode_flag(monkeypatch, fp8):
+    """Steps up to a bucket take the decode kernels with its tile; larger ones, or
+    decode=False, the grouped GEMMs; decode=True takes the decode kernels past every bucket."""
+    from cadence.model import moe
+
+    calls = []
+
+    class Grouped(Exception):
+        pass
+
+    def grouped(*args, **kwargs):
+        raise Grouped
+
+    monkeypatch.setattr(moe, "fused_moe_decode", lambda *a: calls.append(a[-1]) or a[0])
+    monkeypatch.setattr(moe, "group_by_expert", grouped)
+    experts, hidden, inter, top_k = 4, 8, 6, 2
+    gate_up = torch.zeros(experts, 2 * inter, hidden)
+    down = torch.zeros(experts, hidden, inter)
+    scales = (torch.ones(experts, 2 * inter), torch.ones(experts, hidden)) if fp8 else None
+    largest = max(b for f, b in moe.DECODE_TILES if f == fp8)
+    for tokens, decode, want in ((1, None, moe.decode_tile(2, fp8)),
+                                 (largest // top_k, None, moe.decode_tile(largest, fp8)),
+                                 (largest // top_k + 1, None, None),
+                                 (1, False, None),
+                                 (largest, True, moe._WIDE)):
+        x = torch.zeros(tokens, hidden)
+        ids = torch.zeros(tokens, top_k, dtype=torch.int64)
+        weights = torch.ones(tokens, top_k)
+        calls.clear()
+        try:
+            moe.fused_moe_triton(x, weights, ids, gate_up, down, scales, decode=decode)
+        except Grouped:
+            assert want is None, (tokens, decode)
+        else:
+            assert calls == [(want, want)], (tokens, decode)
+
+
 def test_route_renormalizes_the_top_k():
     logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
     weights, ids = route(logits, 2, renormalize=True)

@@ -238,10 +238,14 @@ def test_disable_switch(monkeypatch):
 def test_glu_rows_and_switch(monkeypatch):
     """``forward_glu`` fuses SwiGLU up to ``GLU_MAX_ROWS`` rows (0 with the switch set) and
     otherwise runs SwiGLU then the plain forward; the same numbers on the CPU either way."""
-    monkeypatch.setenv("CADENCE_DISABLE_SKINNY_GLU", "1")
-    assert read_envs().disable_skinny_glu
-    monkeypatch.delenv("CADENCE_DISABLE_SKINNY_GLU")
-    assert not read_envs().disable_skinny_glu
+    import subprocess
+
+    probe = "from cadence.model import skinny_gemm; print(skinny_gemm.GLU_MAX_ROWS)"
+    for value, rows in (("1", "0"), ("0", "4")):  # read once, at import
+        env = {**os.environ, "CADENCE_DISABLE_SKINNY_GLU": value}
+        got = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                             text=True, check=True, cwd=Path(__file__).parents[2]).stdout
+        assert got.strip() == rows
     torch.manual_seed(0)
     model = CausalLM(hf_config("qwen3", tie=False), attn_backend=None)  # type: ignore[arg-type]
     mlp = model.model.layers[0].mlp

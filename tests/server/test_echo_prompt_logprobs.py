@@ -111,3 +111,36 @@ def test_text_offsets_count_characters_not_byte_tokens(client: openai.OpenAI, st
         assert text.endswith("€ abc é")
         assert sum("\ufffd" in t for t in tokens) >= 3  # the test needs byte tokens
         _check_offsets(text, tokens, offsets)
+
+
+def test_a_character_split_across_streamed_chunks_keeps_its_offsets() -> None:
+    """Chunks of several tokens (a slow reader's merged deltas): the bytes of a character that
+    the first chunk ends inside are carried into the next, whose offsets continue from the
+    text sent so far (which holds that character back)."""
+    from transformers import AutoTokenizer
+
+    from cadence.model.tiny import ensure_tiny_model
+    from cadence.outputs import Logprob
+    from cadence.server.serving_completion import completion_logprobs
+
+    tok = AutoTokenizer.from_pretrained(ensure_tiny_model())
+    text = "x€ ab"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert len(ids) == 6  # x, three bytes of €, " a", b
+
+    def rows(chunk):
+        return [{t: Logprob(-1.0, 1, tok.decode([t]))} for t in chunk]
+
+    def decode(chunk):
+        return tok.decode(chunk)
+
+    whole = completion_logprobs(ids, rows(ids), 0, 0, decode_ids=decode).text_offset
+    assert whole == [0, 1, 1, 1, 2, 4]  # "x" 0, € at 1 (three tokens), " a" at 2, "b" at 4
+    for cut in range(1, 6):
+        pending: list[int] = []
+        first = completion_logprobs(ids[:cut], rows(ids[:cut]), 0, 0, decode_ids=decode,
+                                    pending=pending).text_offset
+        sent = len(tok.decode(ids[:cut]).rstrip("\ufffd"))  # the detokenizer holds bytes back
+        second = completion_logprobs(ids[cut:], rows(ids[cut:]), 0, sent, decode_ids=decode,
+                                     pending=pending).text_offset
+        assert first + second == whole, cut

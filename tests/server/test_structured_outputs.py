@@ -125,6 +125,18 @@ def test_constraints_that_leave_no_token_are_400s(http, server) -> None:
     frames = [json.loads(line[6:]) for line in resp.text.splitlines()
               if line.startswith("data: {")]
     assert frames[-1]["error"]["param"] == "structured_outputs", frames[-1]
+    # Named as the request gave it: OpenAI's response_format.
+    chat = {"messages": MSG, "max_tokens": 8, "allowed_token_ids": x,
+            "response_format": {"type": "json_object"}}
+    for stream in (False, True):
+        resp = http.post("/v1/chat/completions", json={**chat, "stream": stream})
+        if stream:
+            error = [json.loads(line[6:]) for line in resp.text.splitlines()
+                     if line.startswith("data: {")][-1]["error"]
+        else:
+            assert resp.status_code == 400, resp.text
+            error = resp.json()["error"]
+        assert error["param"] == "response_format", error
     assert http.get("/health").status_code == 200
     ok = http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 3})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
