@@ -438,7 +438,7 @@ class Scheduler:
             outputs=outputs, scheduler_stats=self.make_stats(), finished_requests=finished
         )
 
-    def _fail_requests(self, failed: dict[str, str], scheduled: dict[str, Request] | None
+    def _fail_requests(self, failed: dict[str, str], scheduled: dict[str, Request] | None = None
                        ) -> list[EngineCoreOutput]:
         """Finish requests the runner refused with an error; the rest of the batch goes on.
         ``scheduled``: the step's requests, so that an id aborted and reused since is spared."""
