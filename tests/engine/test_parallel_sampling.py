@@ -118,19 +118,24 @@ def test_aborting_the_parent_aborts_every_child():
     assert free == total - 1
 
 
-def test_abort_before_the_first_token_frees_the_id() -> None:
-    """Children never sent to the core are not waited for: the id can be used again at once."""
+def _gated_engine():
+    """An AsyncLLM whose core steps only when opened (``gated[0].open()``)."""
     from tests.gated_core import GatedCore
 
+    args = tiny_args()
+    gated: list[GatedCore] = []
+
+    def factory() -> GatedCore:
+        gated.append(GatedCore(args))
+        return gated[0]
+
+    return AsyncLLM(args, core_factory=factory), gated
+
+
+def test_abort_before_the_first_token_frees_the_id() -> None:
+    """Children never sent to the core are not waited for: the id can be used again at once."""
     async def main():
-        args = tiny_args()
-        gated: list[GatedCore] = []
-
-        def factory() -> GatedCore:
-            gated.append(GatedCore(args))
-            return gated[0]
-
-        engine = AsyncLLM(args, core_factory=factory)
+        engine, gated = _gated_engine()
         try:
             params = SamplingParams(n=3, temperature=1.0, max_tokens=4, ignore_eos=True)
             collector = await engine.add_request("p", PROMPT, params)
@@ -154,17 +159,8 @@ def test_abort_before_the_first_token_frees_the_id() -> None:
 def test_aborting_one_child_id_aborts_its_whole_request() -> None:
     """A child's id (internal, but abort takes any id) aborts every choice of its request: its
     siblings, held until its prefill, would otherwise never be sent and the request never end."""
-    from tests.gated_core import GatedCore
-
     async def main():
-        args = tiny_args()
-        gated: list[GatedCore] = []
-
-        def factory() -> GatedCore:
-            gated.append(GatedCore(args))
-            return gated[0]
-
-        engine = AsyncLLM(args, core_factory=factory)
+        engine, gated = _gated_engine()
         try:
             params = SamplingParams(n=3, temperature=1.0, max_tokens=4, ignore_eos=True)
             collector = await engine.add_request("p", PROMPT, params)
