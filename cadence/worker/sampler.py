@@ -203,9 +203,12 @@ class Sampler:
         if md.processors is not None or md.banned_token_ids:
             apply_logits_processors(logits, md.processors, md.banned_token_ids)
         no_token = None
-        if md.grammar is not None or md.processors is not None or md.banned_token_ids:
-            # Constraints that exclude every token (a grammar against allowed_token_ids, a
-            # grammar that cannot finish, a penalty overflowing a huge negative bias).
+        p = md.processors
+        if (md.grammar is not None or md.banned_token_ids
+                or (p is not None and (p.allowed or p.bias or p.conditional is not None))):
+            # Masks that can exclude every token (a grammar against allowed_token_ids, a
+            # grammar that cannot finish, a penalty overflowing a huge negative bias); steps
+            # with penalties alone, the common case, skip this pass over the logits.
             no_token = logits.amax(dim=-1) == float("-inf")
         sampled = self._sample(logits, md)
 

@@ -529,3 +529,17 @@ def test_seeded_row_draws_fresh_noise_at_every_step() -> None:
     assert _seeded_stream(123, 32) == tokens
     other = _seeded_stream(124, 32)
     assert sum(a == b for a, b in zip(tokens, other)) <= 4  # about 0.5 expected
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rows_with_every_token_masked_are_flagged(temperature: float) -> None:
+    """A row whose masks leave no token is flagged (its sampled id means nothing); steps with
+    no mask that could empty a row are not inspected at all."""
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(0))
+    sampler = Sampler()
+    assert sampler(logits, _md(3, temperature)).no_token is None
+    every = list(range(VOCAB))
+    banned = {1: every, 2: every[:-1]}  # row 1: nothing left; row 2: the last id only
+    out = sampler(logits, _md(3, temperature, banned=banned))
+    assert out.no_token is not None and out.no_token.tolist() == [False, True, False]
+    assert int(out.sampled_token_ids[2]) == VOCAB - 1
