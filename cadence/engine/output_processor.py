@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cadence.core_types import EngineCoreOutput, EngineCoreRequest, FinishReason
-from cadence.engine.detokenizer import IncrementalDetokenizer, make_decode_fn
 from cadence.engine.output_collector import OutputSink, RequestFailedError, RequestOutputCollector
 from cadence.engine.parent_request import ParentRequest
+from cadence.engine.request_state import RequestState, TokenTextCache
 from cadence.metrics import FinishedRequestStats, IterationStats
-from cadence.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from cadence.sampling_params import RequestOutputKind
+from cadence.outputs import CompletionOutput, RequestOutput
 
 __all__ = [
     "FinishedRequestStats",
@@ -40,151 +39,18 @@ class OutputProcessorOutput:
     reqs_to_add: list[EngineCoreRequest] = field(default_factory=list)
 
 
-class _TokenTextCache:
-    """Text of single tokens (for logprobs), decoded once per token id."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._decode = make_decode_fn(tokenizer)
-        self._texts: dict[int, str] = {}
-
-    def get(self, token_id: int) -> str:
-        text = self._texts.get(token_id)
-        if text is None:
-            text = self._texts[token_id] = self._decode([token_id], False)
-        return text
-
-
-class _RequestState:
-    def __init__(
-        self,
-        request: EngineCoreRequest,
-        prompt: str | None,
-        tokenizer: Any | None,
-        queue: OutputSink | None,
-        arrival_time: float,
-        token_text: _TokenTextCache | None,
-        parent: ParentRequest | None = None,
-    ) -> None:
-        params = request.sampling_params
-        self.request_id = request.request_id
-        self.parent = parent
-        self.prompt = prompt
-        self.prompt_token_ids = request.prompt_token_ids
-        self.output_kind = params.output_kind
-        self.queue = queue
-        self.snapshot_metrics = queue is None or queue.needs_metrics
-        self.detokenizer = IncrementalDetokenizer(tokenizer, request)
-        self.token_text = token_text
-        self.num_logprobs = params.logprobs
-        self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
-        self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
-        self.max_tokens_param = params.max_tokens
-        self.num_prompt_logprobs = params.prompt_logprobs
-        # vLLM's shape: None for the first prompt token, then one dict per prompt token.
-        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
-            [None] if params.prompt_logprobs is not None else None)
-        self.prompt_logprobs_sent = False
-        self.num_cached_tokens = 0
-        self.metrics = RequestMetrics(arrival_time=arrival_time)
-
-    def update_logprobs(self, output: EngineCoreOutput) -> int:
-        """Append this output's logprob rows; returns how many were added."""
-        if self.logprobs is None or not output.new_logprobs:
-            return 0
-        assert self.num_logprobs is not None and self.cumulative_logprob is not None
-        n = self.num_logprobs + 1
-        for ids, lps, rank in output.new_logprobs:
-            self.logprobs.append(self._logprob_row(ids[:n], lps[:n], rank))
-            self.cumulative_logprob += lps[0]
-        return len(output.new_logprobs)
-
-    def update_prompt_logprobs(self, output: EngineCoreOutput) -> None:
-        """Append the prompt tokens this output scored (once each: a recomputation after
-        preemption scores them again)."""
-        if self.prompt_logprobs is None or output.new_prompt_logprobs is None:
-            return
-        first, rows = output.new_prompt_logprobs
-        skip = len(self.prompt_logprobs) - first
-        assert self.num_prompt_logprobs is not None and skip >= 0
-        n = self.num_prompt_logprobs + 1
-        for ids, lps, rank in list(zip(rows.logprob_token_ids, rows.logprobs,
-                                       rows.sampled_token_ranks))[skip:]:
-            self.prompt_logprobs.append(self._logprob_row(ids[:n], lps[:n], rank))
-
-    def _logprob_row(self, ids: list[int], lps: list[float], rank: int) -> dict[int, Logprob]:
-        """The chosen token (with its rank) first, then the top-N not already in the row."""
-        row: dict[int, Logprob] = {ids[0]: Logprob(lps[0], rank, self._decode_one(ids[0]))}
-        for i in range(1, len(ids)):
-            if ids[i] not in row:
-                row[ids[i]] = Logprob(lps[i], i, self._decode_one(ids[i]))
-        return row
-
-    def _decode_one(self, token_id: int) -> str | None:
-        return None if self.token_text is None else self.token_text.get(token_id)
-
-    def make_output(
-        self,
-        new_token_ids: list[int],
-        num_new_logprobs: int,
-        finish_reason: FinishReason | None,
-        stop_reason: int | str | None,
-    ) -> RequestOutput | None:
-        finished = finish_reason is not None
-        if not finished and self.output_kind == RequestOutputKind.FINAL_ONLY:
-            return None
-        delta = self.output_kind == RequestOutputKind.DELTA
-        text = self.detokenizer.get_next_output_text(finished, delta)
-        logprobs = self.logprobs
-        if delta:
-            token_ids = list(new_token_ids)
-            if logprobs is not None:
-                logprobs = logprobs[len(logprobs) - num_new_logprobs :]
-        else:
-            # Copies: an output handed out must not change when later tokens arrive.
-            token_ids = list(self.detokenizer.output_token_ids)
-            if logprobs is not None:
-                logprobs = list(logprobs)
-        completion = CompletionOutput(
-            index=0,
-            text=text,
-            token_ids=token_ids,
-            cumulative_logprob=self.cumulative_logprob,
-            logprobs=logprobs,
-            finish_reason=str(finish_reason) if finished else None,
-            stop_reason=stop_reason if finished else None,
-        )
-        prompt_logprobs = self.prompt_logprobs
-        if prompt_logprobs is not None:
-            # Delta outputs carry them once, in the first output (vLLM).
-            if delta and self.prompt_logprobs_sent:
-                prompt_logprobs = None
-            else:
-                prompt_logprobs = list(prompt_logprobs)
-            self.prompt_logprobs_sent = True
-        return RequestOutput(
-            request_id=self.request_id,
-            prompt=self.prompt,
-            prompt_token_ids=self.prompt_token_ids,
-            outputs=[completion],
-            finished=finished,
-            num_cached_tokens=self.num_cached_tokens,
-            metrics=self.metrics.copy() if finished or self.snapshot_metrics else None,
-            prompt_logprobs=prompt_logprobs,
-        )
-
-
 class OutputProcessor:
     """Turns ``EngineCoreOutput``s into ``RequestOutput``s; one state per unfinished request."""
 
     def __init__(self, tokenizer: Any | None) -> None:
         self.tokenizer = tokenizer
-        self.request_states: dict[str, _RequestState] = {}
+        self.request_states: dict[str, RequestState] = {}
         self.parents: dict[str, ParentRequest] = {}  # requests with n > 1, by their own id
         # Children ended because a sibling failed, still to abort in the engine core.
         self.failed_siblings: list[str] = []
         # Children to send to the core that no output of theirs released (a sibling failed).
         self.released: list[EngineCoreRequest] = []
-        self._token_text = _TokenTextCache(tokenizer) if tokenizer is not None else None
+        self._token_text = TokenTextCache(tokenizer) if tokenizer is not None else None
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.request_states)
@@ -220,7 +86,7 @@ class OutputProcessor:
 
     def _add_state(self, request: EngineCoreRequest, prompt: str | None,
                    queue: OutputSink | None, parent: ParentRequest | None) -> None:
-        self.request_states[request.request_id] = _RequestState(
+        self.request_states[request.request_id] = RequestState(
             request, prompt, self.tokenizer, queue, time.monotonic(), self._token_text, parent
         )
 
@@ -237,7 +103,7 @@ class OutputProcessor:
             out.extend(parent.child_ids if parent is not None else [request_id])
         return list(dict.fromkeys(out))
 
-    def _emit(self, state: _RequestState, out: RequestOutput,
+    def _emit(self, state: RequestState, out: RequestOutput,
               request_outputs: list[RequestOutput]) -> None:
         """Hand one output on: merged into its parent's for a child, to the request's sink (or
         the offline caller)."""
@@ -329,7 +195,7 @@ class OutputProcessor:
 
     def _process_one(
         self,
-        state: _RequestState,
+        state: RequestState,
         eco: EngineCoreOutput,
         now: float,
         request_outputs: list[RequestOutput],
@@ -376,7 +242,7 @@ class OutputProcessor:
 
     def _fail(
         self,
-        state: _RequestState,
+        state: RequestState,
         reason: str,
         now: float,
         request_outputs: list[RequestOutput],
@@ -428,7 +294,7 @@ class OutputProcessor:
 
     @staticmethod
     def _finished_stats(
-        state: _RequestState, finish_reason: FinishReason, now: float
+        state: RequestState, finish_reason: FinishReason, now: float
     ) -> FinishedRequestStats:
         m = state.metrics
         scheduled, first, last = m.first_scheduled_time, m.first_token_time, m.last_token_time
@@ -451,7 +317,7 @@ class OutputProcessor:
         )
 
     @staticmethod
-    def _record_tokens(state: _RequestState, n: int, now: float, stats: IterationStats) -> None:
+    def _record_tokens(state: RequestState, n: int, now: float, stats: IterationStats) -> None:
         m = state.metrics
         if m.first_token_time is None:
             m.first_token_time = now
