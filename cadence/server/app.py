@@ -29,12 +29,8 @@ from cadence.server.errors import (
 from cadence.server.lifecycle import InFlightMiddleware, RequestLifecycle, shutting_down_error
 from cadence.server.live_stats import SecondsRecorder, engine_config_summary
 from cadence.server.openapi import Operation, openapi_document
-from cadence.server.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ParamError,
-    random_id,
-)
+from cadence.server.protocol import CompletionRequest, ParamError, random_id
+from cadence.server.protocol_chat import ChatCompletionRequest
 from cadence.server.protocol_responses import (
     ChatCompletionResponse,
     CompletionResponse,

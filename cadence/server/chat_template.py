@@ -8,7 +8,8 @@ from typing import Any
 
 from cadence.chat import render_conversation
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
-from cadence.server.protocol import ChatMessage, ParamError
+from cadence.server.protocol import ParamError
+from cadence.server.protocol_chat import ChatMessage
 
 
 def template_message(message: ChatMessage, index: int = 0) -> dict[str, Any]:

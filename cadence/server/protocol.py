@@ -1,4 +1,5 @@
-"""OpenAI-compatible request and response schemas (vLLM's field names and extensions)."""
+"""OpenAI-compatible request schemas (vLLM's field names and extensions): what every sampling
+request shares, and completions; chat requests are in ``protocol_chat``."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from cadence import chat
 from cadence.sampling_params import (
     INT64_MAX,
     INT64_MIN,
@@ -37,21 +37,7 @@ def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-_NO_DEFAULTS: Mapping[str, Any] = MappingProxyType({})
-
-
-NO_MESSAGES = "messages must contain at least one message."
-
-
-def check_template_options(
-    chat_template_kwargs: dict[str, Any] | None, add_generation_prompt: bool,
-    continue_final_message: bool,
-) -> None:
-    """The chat-template options of a conversation (chat completions, /tokenize)."""
-    problem = chat.check_template_options(chat_template_kwargs, add_generation_prompt,
-                                          continue_final_message)
-    if problem is not None:
-        raise ParamError(*problem)
+NO_DEFAULTS: Mapping[str, Any] = MappingProxyType({})
 
 
 class OpenAIModel(BaseModel):
@@ -86,7 +72,7 @@ class StructuredOutputsField(OpenAIModel):
     json_object: bool | None = None
 
 
-class _SamplingRequest(OpenAIModel):
+class SamplingRequest(OpenAIModel):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
@@ -247,7 +233,7 @@ class _SamplingRequest(OpenAIModel):
         )
 
 
-class CompletionRequest(_SamplingRequest):
+class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=1)
     logprobs: int | None = Field(default=None, ge=0)  # at most --max-logprobs (the engine)
@@ -294,7 +280,7 @@ class CompletionRequest(_SamplingRequest):
             return [{"prompt_token_ids": list(p)}]
         return [x if isinstance(x, str) else {"prompt_token_ids": list(x)} for x in p]
 
-    def to_sampling_params(self, defaults: Mapping[str, Any] = _NO_DEFAULTS) -> SamplingParams:
+    def to_sampling_params(self, defaults: Mapping[str, Any] = NO_DEFAULTS) -> SamplingParams:
         """``defaults``: the model's default sampling fields (generation config)."""
         # vLLM: a completion without max_tokens (absent or null) gets 16 tokens.
         max_tokens = self.max_tokens if self.max_tokens is not None else 16
@@ -308,146 +294,3 @@ class CompletionRequest(_SamplingRequest):
         if self.echo and self.logprobs is not None and n != -1:
             n = max(n or 0, self.logprobs)
         return n
-
-
-class TextContentPart(OpenAIModel):
-    type: Literal["text"]
-    text: str
-
-
-class FunctionCall(OpenAIModel):
-    name: str
-    arguments: str  # JSON text, as OpenAI sends it
-
-
-class ToolCall(OpenAIModel):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class ChatMessage(OpenAIModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
-    tool_call_id: str | None = None  # a tool message: the call it answers
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _text_parts_only(cls, value: Any) -> Any:
-        # Said plainly, instead of the union's "Input should be a valid string".
-        if isinstance(value, list):
-            for part in value:
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind is not None and kind != "text":
-                    raise ValueError(f"only text content parts are supported, got {kind!r}")
-        return value
-
-    def text(self) -> str:
-        """The content as one text; text parts are joined by newlines (vLLM)."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "\n".join(part.text for part in self.content)
-
-
-class FunctionDefinition(OpenAIModel):
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-
-
-class ChatTool(OpenAIModel):
-    type: Literal["function"] = "function"
-    function: FunctionDefinition
-
-
-class NamedFunction(OpenAIModel):
-    name: str
-
-
-class NamedToolChoice(OpenAIModel):
-    type: Literal["function"] = "function"
-    function: NamedFunction
-
-
-class ChatCompletionRequest(_SamplingRequest):
-    messages: list[ChatMessage]
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0)  # at most --max-logprobs
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
-    return_token_ids: bool = False  # vLLM: ids of the prompt and of each chunk
-    tools: list[ChatTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-
-    def check(self) -> None:
-        """Semantic checks beyond the schema; raise ``ParamError`` naming the parameter."""
-        self._check_common()
-        if not self.messages:
-            raise ParamError("messages", NO_MESSAGES)
-        if self.top_logprobs and not self.logprobs:
-            raise ParamError("top_logprobs", "when using top_logprobs, logprobs must be true.")
-        if self.tool_choice is not None and not self.tools and self.tool_choice != "none":
-            raise ParamError("tool_choice", "When using `tool_choice`, `tools` must be set.")
-        if isinstance(self.tool_choice, NamedToolChoice):
-            name = self.tool_choice.function.name
-            if name not in {t.function.name for t in self.tools or []}:
-                raise ParamError("tool_choice", f"Tool {name!r} has not been passed in `tools`.")
-        if self.forced_tools and (self.structured_outputs is not None or (
-                self.response_format is not None and self.response_format.type != "text")):
-            raise ParamError("tool_choice", "tool_choice 'required' or a named function "
-                             "cannot be combined with response_format or structured_outputs.")
-        check_template_options(self.chat_template_kwargs, self.add_generation_prompt,
-                               self.continue_final_message)
-
-    @property
-    def forced_tools(self) -> bool:
-        """tool_choice "required" or a named function: the answer is the calls' JSON."""
-        return bool(self.tools) and (self.tool_choice == "required"
-                                     or isinstance(self.tool_choice, NamedToolChoice))
-
-    @property
-    def grammar_param(self) -> str:
-        return "tool_choice" if self.forced_tools else super().grammar_param
-
-    def _structured_outputs(self) -> StructuredOutputsParams | None:
-        """A forced tool choice constrains the answer to the calls' JSON (vLLM): the named
-        function's arguments, or a list of {name, parameters} of the given tools."""
-        if not self.forced_tools:
-            return super()._structured_outputs()
-        tools = {t.function.name: t.function.parameters or {"type": "object"}
-                 for t in self.tools or []}
-        try:
-            if isinstance(self.tool_choice, NamedToolChoice):
-                spec = StructuredOutputsParams(json=tools[self.tool_choice.function.name])
-            else:
-                spec = StructuredOutputsParams(json={"type": "array", "minItems": 1, "items": {
-                    "anyOf": [{"type": "object",
-                               "properties": {"name": {"type": "string", "enum": [name]},
-                                              "parameters": params},
-                               "required": ["name", "parameters"]}
-                              for name, params in tools.items()]}})
-            check_structured_outputs(spec)
-        except ValueError as exc:
-            raise ParamError("tools", f"tools: a function's parameters are not a schema this "
-                             f"server can follow: {exc}") from None
-        return spec
-
-    @property
-    def requested_max_tokens(self) -> int | None:
-        # max_completion_tokens supersedes the deprecated max_tokens, as in OpenAI's API.
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens
-        return self.max_tokens
-
-    def to_sampling_params(self, defaults: Mapping[str, Any] = _NO_DEFAULTS) -> SamplingParams:
-        """``defaults``: the model's default sampling fields (generation config)."""
-        logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._sampling_params(self.requested_max_tokens, logprobs, defaults,
-                                     self.prompt_logprobs)

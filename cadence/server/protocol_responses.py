@@ -7,7 +7,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from cadence.server.protocol import OpenAIModel, ToolCall
+from cadence.server.protocol import OpenAIModel
+from cadence.server.protocol_chat import ToolCall
 
 
 class UsageInfo(OpenAIModel):

@@ -8,13 +8,12 @@ from typing import TYPE_CHECKING
 from cadence.server.chat_template import render_chat
 from cadence.server.frame_stream import FrameStream
 from cadence.server.frames import ChatFrames
-from cadence.server.protocol import (
+from cadence.server.protocol import ParamError, random_id
+from cadence.server.protocol_chat import (
     ChatCompletionRequest,
     FunctionCall,
     NamedToolChoice,
-    ParamError,
     ToolCall,
-    random_id,
 )
 from cadence.server.protocol_responses import (
     ChatCompletionResponse,

@@ -7,10 +7,7 @@ from typing import TYPE_CHECKING
 
 from cadence.server.frame_stream import FrameStream
 from cadence.server.frames import CompletionFrames
-from cadence.server.protocol import (
-    CompletionRequest,
-    random_id,
-)
+from cadence.server.protocol import CompletionRequest, random_id
 from cadence.server.protocol_responses import (
     CompletionLogProbs,
     CompletionResponse,

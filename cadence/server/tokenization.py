@@ -14,13 +14,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from cadence.server.chat_template import render_chat
-from cadence.server.protocol import (
-    NO_MESSAGES,
-    ChatMessage,
-    OpenAIModel,
-    ParamError,
-    check_template_options,
-)
+from cadence.server.protocol import OpenAIModel, ParamError
+from cadence.server.protocol_chat import NO_MESSAGES, ChatMessage, check_template_options
 
 if TYPE_CHECKING:
     from cadence.engine.async_llm import AsyncLLM

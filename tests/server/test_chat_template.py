@@ -134,7 +134,7 @@ def test_tool_calls_and_tool_messages_reach_the_template(hf_tokenizer: Any) -> N
     """The template reads an assistant's call with its arguments as an object, and a tool
     message's id and name (the shapes Hugging Face templates expect)."""
     from cadence.server.chat_template import render_chat
-    from cadence.server.protocol import ChatMessage
+    from cadence.server.protocol_chat import ChatMessage
 
     messages = [ChatMessage.model_validate(m) for m in TOOL_HISTORY]
     ids = render_chat(hf_tokenizer, messages, chat_template=TOOL_TEMPLATE)
@@ -148,7 +148,7 @@ def test_tool_history_in_the_chatml_fallback(hf_tokenizer: Any) -> None:
     import copy
 
     from cadence.server.chat_template import render_chat
-    from cadence.server.protocol import ChatMessage
+    from cadence.server.protocol_chat import ChatMessage
 
     bare = copy.deepcopy(hf_tokenizer)
     bare.chat_template = None
@@ -180,7 +180,7 @@ def test_tool_call_arguments_that_are_not_json_are_a_400(http: httpx.Client) -> 
 
 def test_tools_reach_the_template(hf_tokenizer: Any) -> None:
     from cadence.server.chat_template import render_chat
-    from cadence.server.protocol import ChatMessage
+    from cadence.server.protocol_chat import ChatMessage
 
     template = ("{% for t in tools or [] %}[tool {{ t.function.name }}: "
                 "{{ t.function.parameters.properties | list | join(',') }}]{% endfor %}"
