@@ -263,3 +263,16 @@ def test_find_stop_string(
     text: str, new: int, stop: list[str], include: bool, expected: tuple[str, int] | None
 ) -> None:
     assert find_stop_string(text, new, stop, include) == expected
+
+
+def test_stop_strings_inside_min_tokens_of_one_update_do_not_count(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """Several tokens in one update: a stop string within the first min_tokens tokens does not
+    end the request (vLLM), one after them does."""
+    ids = byte_ids(tokenizer, "aSbS")
+    detok = IncrementalDetokenizer(tokenizer, _request([5], stop=["S"], min_tokens=2))
+    assert detok.update(ids[:3], stop_terminated=False, finished=False) is None
+    assert detok.output_text == "aSb"
+    assert detok.update(ids[3:], stop_terminated=False, finished=False) == "S"
+    assert detok.output_text == "aSb"

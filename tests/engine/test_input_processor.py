@@ -199,3 +199,26 @@ def test_request_ids_lone_surrogates_and_duplicate_allowed_ids(
     assert set(req.sampling_params.allowed_token_ids) == {5}
     with pytest.raises(InputValidationError, match="at most 280 distinct ids"):
         proc.process("r", "hi", SamplingParams(allowed_token_ids=list(range(281))))
+
+
+class _FakeTokenizer:
+    """encode() from a table: how the bare and the spaced word tokenize."""
+
+    def __init__(self, table: dict[str, list[int]]) -> None:
+        self.table = table
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.table[text]
+
+
+@pytest.mark.parametrize(("bare", "spaced", "want"), [
+    ([1, 2], [3, 2], [[1, 2], [3, 2]]),  # the space changes the first token only: both
+    ([1, 2], [3], [[1, 2]]),  # the space merged the word into another token: bare only
+    ([1, 2], [1, 2], [[1, 2]]),  # the same tokens: once
+    ([1], [4], [[1], [4]]),
+])
+def test_bad_words_spaced_form_follows_vllms_rule(bare, spaced, want) -> None:
+    from cadence.engine.input_processor import bad_word_sequences
+
+    tok = _FakeTokenizer({"foo": bare, " foo": spaced})
+    assert bad_word_sequences(tok, ["foo"]) == want  # type: ignore[arg-type]

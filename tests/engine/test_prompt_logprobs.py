@@ -74,15 +74,23 @@ def test_prompt_logprobs_with_sample_logprobs_and_delta_outputs(hf):
         try:
             params = SamplingParams(temperature=0.0, max_tokens=4, logprobs=2,
                                     prompt_logprobs=0, output_kind=RequestOutputKind.DELTA)
-            return [o async for o in engine.generate({"prompt_token_ids": prompts[2]}, params,
-                                                     request_id="r")]
+            delta = [o async for o in engine.generate({"prompt_token_ids": prompts[2]}, params,
+                                                      request_id="r")]
+            params.output_kind = RequestOutputKind.CUMULATIVE
+            whole = [o async for o in engine.generate({"prompt_token_ids": prompts[2]}, params,
+                                                      request_id="c")]
+            return delta, whole
         finally:
             engine.shutdown()
 
-    outs = asyncio.run(run())
+    outs, cumulative = asyncio.run(run())
     first = outs[0].prompt_logprobs
     assert first is not None and len(first) == len(prompts[2])
     assert all(o.prompt_logprobs is None for o in outs[1:])
+    # Cumulative outputs are whole: every one carries the prompt's, the last one too.
+    assert len(cumulative) > 1
+    assert all(o.prompt_logprobs is not None and len(o.prompt_logprobs) == len(prompts[2])
+               for o in cumulative)
     tok = prompts[2][5]
     assert first[5][tok].logprob == pytest.approx(float(expected[2][4][tok]), abs=1e-4)
     assert all(len(o.outputs[0].logprobs or []) == len(o.outputs[0].token_ids) for o in outs)

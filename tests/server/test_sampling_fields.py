@@ -96,3 +96,37 @@ def test_bad_words_and_min_p_in_chat(server, client: openai.OpenAI) -> None:
     }
     # min_p 1 keeps only the most likely token: every seed gives the greedy text.
     assert sampled == {text}
+
+
+def test_logit_bias_keys_and_clipping() -> None:
+    """OpenAI's string token ids become ints; biases are clipped to [-100, 100] (vLLM)."""
+    from cadence.server.protocol import CompletionRequest
+
+    request = CompletionRequest(prompt="x", logit_bias={"5": -1000, "6": 50.5, "7": 1e9,
+                                                        "8": -100})
+    assert request.to_sampling_params().logit_bias == {5: -100.0, 6: 50.5, 7: 100.0, 8: -100.0}
+
+
+def test_stream_options_default_to_usage() -> None:
+    """stream_options given without include_usage includes usage (vLLM's default), and
+    continuous_usage_stats then puts it in every chunk; without stream_options, none."""
+    from cadence.server.protocol import CompletionRequest
+
+    cont = CompletionRequest(prompt="x", stream=True,
+                             stream_options={"continuous_usage_stats": True})
+    assert cont.include_usage and cont.continuous_usage
+    plain = CompletionRequest(prompt="x", stream=True)
+    assert not plain.include_usage and not plain.continuous_usage
+    off = CompletionRequest(prompt="x", stream=True,
+                            stream_options={"include_usage": False, "continuous_usage_stats": True})
+    assert not off.include_usage and not off.continuous_usage
+
+
+def test_top_logprobs_rows_hold_n_entries_when_the_sampled_token_is_not_among_them() -> None:
+    from cadence.outputs import Logprob
+    from cadence.server.serving import top_by_rank
+
+    row = {9: Logprob(-5.0, 7, "z"), 1: Logprob(-0.1, 1, "a"), 2: Logprob(-0.2, 2, "b"),
+           3: Logprob(-0.3, 3, "c")}
+    assert [t for t, _ in top_by_rank(row, 2)] == [1, 2]
+    assert top_by_rank(row, 0) == []

@@ -543,3 +543,12 @@ def test_rows_with_every_token_masked_are_flagged(temperature: float) -> None:
     out = sampler(logits, _md(3, temperature, banned=banned))
     assert out.no_token is not None and out.no_token.tolist() == [False, True, False]
     assert int(out.sampled_token_ids[2]) == VOCAB - 1
+
+
+def test_a_sampled_token_tied_for_best_has_rank_one() -> None:
+    from cadence.worker.sampler import gather_logprobs
+
+    logprobs = torch.log_softmax(torch.tensor([[1.0, 1.0, 0.0]]), dim=-1)
+    for sampled, rank in ((0, 1), (1, 1), (2, 3)):  # ties share the better rank
+        out = gather_logprobs(logprobs, 2, torch.tensor([sampled]))
+        assert out.sampled_token_ranks.tolist() == [rank]
