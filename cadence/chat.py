@@ -11,7 +11,7 @@ from typing import Any
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 
 __all__ = ["RESERVED_TEMPLATE_KWARGS", "check_template_options", "conversation_of",
-           "render_conversation"]
+           "render_conversation", "tool_arguments"]
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # chat_template_kwargs may not override what the renderer passes to the template itself.
@@ -82,15 +82,24 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
                          "{'name': str, 'arguments': str}}.")
     arguments = fn.get("arguments", "{}")
     if isinstance(arguments, str):
-        if nesting_depth(arguments) > MAX_JSON_DEPTH:
-            raise ValueError(f"{where}.function.arguments: nests deeper than {MAX_JSON_DEPTH} "
-                             "levels.")
         try:
-            arguments = json.loads(arguments)
-        except (ValueError, RecursionError):
-            raise ValueError(f"{where}.function.arguments: must be JSON.") from None
+            arguments = tool_arguments(arguments)
+        except ValueError as exc:
+            raise ValueError(f"{where}.function.arguments: {exc}") from None
     return {**call, "type": call.get("type", "function"),
             "function": {**fn, "arguments": arguments}}
+
+
+def tool_arguments(text: str) -> Any:
+    """A tool call's arguments (OpenAI's JSON text) as the object templates read; a ValueError
+    says what is wrong (nesting past MAX_JSON_DEPTH, checked without recursion; not JSON)."""
+    if nesting_depth(text) > MAX_JSON_DEPTH:
+        raise ValueError(f"nest deeper than {MAX_JSON_DEPTH} levels.")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):  # e.g. an integer past Python's digit limit
+        shown = text if len(text) <= 200 else text[:200] + "..."
+        raise ValueError(f"must be JSON, got {shown!r}.") from None
 
 
 def render_conversation(

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
-from cadence.chat import render_conversation
-from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
+from cadence.chat import render_conversation, tool_arguments
 from cadence.server.protocol import ParamError
 from cadence.server.protocol_chat import ChatMessage
 
@@ -22,17 +20,11 @@ def template_message(message: ChatMessage, index: int = 0) -> dict[str, Any]:
     if message.tool_calls:
         calls = []
         for i, call in enumerate(message.tool_calls):
-            param = f"messages.{index}.tool_calls.{i}.function.arguments"
-            text = call.function.arguments
-            if nesting_depth(text) > MAX_JSON_DEPTH:
-                raise ParamError(param, f"tool call arguments nest deeper than {MAX_JSON_DEPTH} "
-                                 "levels.")
             try:
-                arguments = json.loads(text)
-            except (ValueError, RecursionError):  # e.g. an integer past Python's digit limit
-                shown = text if len(text) <= 200 else text[:200] + "..."
-                raise ParamError(param, f"tool call arguments must be JSON, got {shown!r}.") \
-                    from None
+                arguments = tool_arguments(call.function.arguments)
+            except ValueError as exc:
+                raise ParamError(f"messages.{index}.tool_calls.{i}.function.arguments",
+                                 f"tool call arguments {exc}") from None
             calls.append({"id": call.id, "type": call.type,
                           "function": {"name": call.function.name, "arguments": arguments}})
         out["tool_calls"] = calls
