@@ -380,3 +380,21 @@ def test_multibyte_delta_streaming(tokenizer: PreTrainedTokenizerFast) -> None:
     outs, _ = _run(proc, {"u": tokens})
     assert all("\ufffd" not in o.outputs[0].text for o in outs)
     assert "".join(o.outputs[0].text for o in outs) == text
+
+
+def test_abort_of_an_n_request_returns_only_the_children_the_core_has(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """Only sent children are aborted in the core (and waited for): the others never reach it."""
+    proc = OutputProcessor(tokenizer)
+    req = _req("p", [5, 6], n=3)
+    sent = proc.add_request(req, prompt="xy")
+    assert [r.request_id for r in sent] == ["0_p"]
+    assert proc.abort_requests(["p"]) == ["0_p"]
+    assert not proc.request_states and not proc.parents
+    # Once the first child's prompt is prefilled, the others are sent: all three are aborted.
+    req = _req("q", [5, 6], n=3)
+    proc.add_request(req, prompt="xy")
+    res = proc.process_outputs([EngineCoreOutput("0_q", [7])])
+    assert sorted(r.request_id for r in res.reqs_to_add) == ["1_q", "2_q"]
+    assert sorted(proc.abort_requests(["q"])) == ["0_q", "1_q", "2_q"]

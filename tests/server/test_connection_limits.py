@@ -177,6 +177,28 @@ def test_a_chunked_body_past_the_limit_is_413(strict) -> None:
     assert status == 200 and json.loads(answer)["usage"]["completion_tokens"] == 2
 
 
+def _sized(size: int) -> bytes:
+    """A valid completions body of exactly ``size`` bytes (JSON padded with blanks)."""
+    body = json.dumps({"prompt": "Hi", "max_tokens": 2}).encode()
+    return body + b" " * (size - len(body))
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_body_of_exactly_the_limit_is_served_and_one_byte_more_is_413(strict, framing) -> None:
+    for size, status in ((LIMIT, 200), (LIMIT + 1, 413)):
+        body = _sized(size)
+        assert len(body) == size
+        with connect(strict) as sock:
+            if framing == "chunked":
+                sock.sendall(CHUNKED_HEAD + chunked(body))
+            else:
+                sock.sendall(request_head(size, "Content-Type: application/json") + body)
+            got, _, answer = split_response(read_response(sock))
+        assert got == status, (size, answer)
+        if status == 200:
+            assert json.loads(answer)["usage"]["completion_tokens"] == 2
+
+
 def test_expect_continue_within_the_limit_gets_100(strict) -> None:
     body = json.dumps({"prompt": "Hi", "max_tokens": 2}).encode()
     with connect(strict) as sock:

@@ -21,6 +21,9 @@ CASES = [  # text, qwen3's (reasoning, content), deepseek_r1's
     ("<think></think>x", (None, "x"), (None, "x")),
     ("a < b </thin", (None, "a < b </thin"), ("a < b </thin", None)),
     ("", (None, None), (None, None)),
+    ("<th", (None, "<th"), ("<th", None)),  # a tag's start that the output ends on stays
+    ("  <think", (None, "  <think"), ("  <think", None)),
+    ("<think>why</th", ("why</th", None), ("why</th", None)),
 ]
 
 

@@ -61,6 +61,18 @@ def test_detokenize_inverts_tokenize(http: httpx.Client, hf_tokenizer) -> None:
     assert resp.json()["prompt"] == TEXT
 
 
+def test_detokenize_accepts_the_whole_vocabulary_and_nothing_past_it(
+    http: httpx.Client, hf_tokenizer
+) -> None:
+    vocab = len(hf_tokenizer)  # the tokenizer's own count, added tokens included
+    last = http.post("/detokenize", json={"tokens": [0, vocab - 1]})
+    assert last.status_code == 200, last.text
+    assert last.json()["prompt"] == hf_tokenizer.decode([0, vocab - 1])
+    past = http.post("/detokenize", json={"tokens": [0, vocab]})
+    assert past.status_code == 400 and past.json()["error"]["param"] == "tokens"
+    assert str(vocab) in past.json()["error"]["message"]
+
+
 @pytest.mark.parametrize(
     ("route", "body", "status", "param"),
     [

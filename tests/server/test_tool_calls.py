@@ -53,6 +53,35 @@ def test_any_split_streams_the_same_calls(seed) -> None:
         assert (shown or None) == content and _shape(got) == calls, pieces
 
 
+NOT_CALLS = [  # streamed, each is content as it stands: no call, nothing lost or reordered
+    "Hi <tool", "Hi <tool_ca", "a <b> <", "<tool_call>{not json}</tool_call>",
+    '<tool_call>{"arguments": {}}</tool_call>', "<tool_call>[1, 2]</tool_call> after",
+]
+
+
+@pytest.mark.parametrize("text", NOT_CALLS)
+@pytest.mark.parametrize("seed", range(8))
+def test_text_that_is_not_a_call_streams_as_it_stands(text, seed) -> None:
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(len(text) + 1), k=min(len(text), rng.randrange(0, 5))))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    stream = ToolCallStream()
+    shown, got = "", []
+    for i, piece in enumerate(pieces):
+        c, new = stream.feed(piece, final=i == len(pieces) - 1)
+        shown += c
+        got.extend(new)
+    assert got == [] and shown.startswith(text.split("</tool_call>")[0]), pieces
+    assert parse_tool_calls(text) == (text, [])
+
+
+def test_the_last_piece_lets_a_held_tag_start_out() -> None:
+    s = ToolCallStream()
+    assert s.feed("Hi <tool") == ("Hi ", [])  # may be a tag: held back
+    assert s.feed("", final=True) == ("<tool", [])
+    assert ToolCallStream().feed("Hi <tool", final=True) == ("Hi <tool", [])
+
+
 class ScriptedCore(EngineCore):
     """The real engine, except that every request's sampled tokens are ``SCRIPT`` in order."""
 
@@ -91,7 +120,8 @@ def tool_server(server_factory):
     from cadence.model.tiny import ensure_tiny_model
 
     tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
-    ScriptedCore.SCRIPT = tok.encode("Sure." + CALL, add_special_tokens=False)
+    ScriptedCore.SCRIPT = tok.encode("Sure." + CALL + "\n" + CALL.replace("Paris", "Rome"),
+                                     add_special_tokens=False)
     srv = server_factory(core_factory=ScriptedCore, app_kwargs={
         "enable_auto_tool_choice": True, "tool_call_parser": "hermes"})
     return srv, len(ScriptedCore.SCRIPT)
@@ -106,21 +136,24 @@ def test_tool_calls_through_the_openai_client(tool_server) -> None:
     choice = out.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content == "Sure."
-    (call,) = choice.message.tool_calls
-    assert call.type == "function" and call.function.name == "get_weather"
-    assert json.loads(call.function.arguments) == {"city": "Paris", "days": 2}
-    content, calls, finish = "", [], None
-    for chunk in client.chat.completions.create(**kw, stream=True):
-        if not chunk.choices:
-            continue
+    first, second = choice.message.tool_calls
+    assert first.type == "function" and first.function.name == "get_weather"
+    assert json.loads(first.function.arguments) == {"city": "Paris", "days": 2}
+    assert json.loads(second.function.arguments) == {"city": "Rome", "days": 2}
+    assert first.id != second.id
+    content, calls, finishes = "", [], []
+    chunks = [c for c in client.chat.completions.create(**kw, stream=True) if c.choices]
+    for chunk in chunks:
         delta = chunk.choices[0].delta
         content += delta.content or ""
         calls.extend(delta.tool_calls or [])
-        finish = chunk.choices[0].finish_reason or finish
-    assert content == "Sure." and finish == "tool_calls"
-    (streamed,) = calls
-    assert streamed.index == 0 and streamed.function.name == "get_weather"
-    assert json.loads(streamed.function.arguments) == {"city": "Paris", "days": 2}
+        finishes.append(chunk.choices[0].finish_reason)
+    assert content == "Sure."
+    # The finish reason comes once, on the last chunk; each call is a later chunk's delta.
+    assert finishes == [None] * (len(chunks) - 1) + ["tool_calls"]
+    assert [c.index for c in calls] == [0, 1]
+    assert [json.loads(c.function.arguments)["city"] for c in calls] == ["Paris", "Rome"]
+    assert all(c.function.name == "get_weather" and c.type == "function" for c in calls)
     # tool_choice "none": the answer is plain text.
     plain = client.chat.completions.create(**kw, tool_choice="none")
     assert plain.choices[0].message.content.startswith("Sure.<tool_call>")
