@@ -169,7 +169,11 @@ def run_api_servers(args: EngineArgs, options: FrontEndOptions, count: int) -> i
                     continue
                 p = running.pop(sentinel)
                 p.join()
-                if p.exitcode != 0:
+                if handler.count and p.exitcode == -signal.SIGTERM:
+                    # Our SIGTERM came before the process took the signal over: it was still
+                    # starting and had served nothing. Asked to stop, it stopped.
+                    logger.info("API server %s stopped before it started serving.", p.name)
+                elif p.exitcode != 0:
                     status = 1
                     if handler.count == 0:
                         logger.error("API server %s exited with status %s: stopping the others.",

@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -119,6 +120,10 @@ def test_cadence_serve_with_two_api_servers(tmp_path: Path) -> None:
     args = ["tiny", "--api-server-count", "2", "--max-model-len", "256",
             "--num-gpu-blocks-override", "96"]
     with ServeProcess(args, tmp_path / "serve.log") as srv:
+        # /health answers once one front end serves; the test is about both.
+        wait_until(lambda: srv.log.read_text().count("Started server process") == 2,
+                   "both API servers", timeout=120)
+
         async def run() -> list[list[int]]:
             async with httpx.AsyncClient(base_url=srv.base, timeout=60) as client:
                 async def one(p: list[int]) -> list[int]:
@@ -148,6 +153,31 @@ def test_cadence_serve_with_two_api_servers(tmp_path: Path) -> None:
     assert srv.returncode == 0, srv.text
     assert "Traceback" not in srv.text
     assert srv.text.count("Received SIGTERM: shutting down") == 2  # each front end drained
+
+
+def test_sigint_while_the_api_servers_start_is_a_clean_stop(tmp_path: Path) -> None:
+    """A SIGINT as soon as the front ends are spawned, before they can take SIGTERM over (a
+    process still importing dies of it): the launcher still exits 0, with no core left."""
+    log = tmp_path / "serve.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cadence", "serve", "tiny", "--api-server-count", "2",
+         "--max-model-len", "128", "--num-gpu-blocks-override", "64", "--port", "0"],
+        stdout=log.open("w"), stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])})
+    try:
+        line = wait_until(lambda: _serving_line(log), "the launcher's serving line", timeout=120)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert code == 0, text
+    assert "Traceback" not in text and "exited with status" not in text
+    core_pid = int(re.search(r"engine-core process \(pid (\d+)", line).group(1))
+    with pytest.raises(ProcessLookupError):
+        os.kill(core_pid, 0)
 
 
 @pytest.mark.slow
