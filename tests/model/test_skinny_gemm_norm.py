@@ -140,6 +140,9 @@ def test_decoder_hands_each_norm_to_its_projection(monkeypatch, family):
     two calls' (the layers as they were)."""
     torch.manual_seed(0)
     model = CausalLM(hf_config(family, tie=False), attn_backend=None)  # type: ignore[arg-type]
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # some are left uninitialized (torch.empty)
+            p.copy_(1 + 0.2 * torch.randn_like(p) if "norm" in name else 0.1 * torch.randn_like(p))
     calls: list[tuple[str, bool]] = []
     names = {id(m): n for n, m in model.named_modules()}
     real = SkinnyLinear.forward_norm
@@ -163,6 +166,7 @@ def test_decoder_hands_each_norm_to_its_projection(monkeypatch, family):
     assert calls == want
     assert any(isinstance(layer.mlp, SparseMoE) for layer in model.model.layers) == (
         family == "qwen3-moe")
+    assert bool(torch.isfinite(h).all())
     assert torch.equal(h, old_h) and torch.equal(residual, old_residual)
 
 
