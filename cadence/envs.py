@@ -31,6 +31,9 @@ class Envs:
     disable_skinny_gemm: bool = False
     # Keep SwiGLU a kernel of its own before the skinny down projection (not in its loads).
     disable_skinny_glu: bool = False
+    # Keep the decoder's (residual add +) RMSNorms kernels of their own before the skinny qkv
+    # and gate_up projections (not in their loads).
+    disable_fused_norm: bool = False
 
     @property
     def cpu_threads(self) -> int | None:
@@ -57,4 +60,5 @@ def read_envs() -> Envs:
         disable_custom_all_reduce=bool(_flag("CADENCE_DISABLE_CUSTOM_ALL_REDUCE")),
         disable_skinny_gemm=bool(_flag("CADENCE_DISABLE_SKINNY_GEMM")),
         disable_skinny_glu=bool(_flag("CADENCE_DISABLE_SKINNY_GLU")),
+        disable_fused_norm=bool(_flag("CADENCE_DISABLE_FUSED_NORM")),
     )

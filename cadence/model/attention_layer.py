@@ -51,8 +51,20 @@ class SelfAttention(nn.Module):
         kv_cache: torch.Tensor,
         attn: AttentionMetadata,
     ) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return self.attend(self.qkv_proj(x), positions, cos_sin, kv_cache, attn)
+
+    def attend(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        """``forward`` from the qkv projection's output on (the decoder layer projects its
+        norm's input itself, see ``RMSNorm.project``)."""
+        num_tokens = qkv.shape[0]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)

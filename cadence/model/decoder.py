@@ -36,7 +36,10 @@ class MLP(nn.Module):
         self.tp = arch.tp_size > 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
+        return self.down(self.gate_up_proj(x))
+
+    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """SwiGLU and the down projection (all-reduced under tensor parallelism)."""
         if isinstance(self.down_proj, SkinnyLinear):  # SwiGLU in its loads, for few rows
             out = self.down_proj.forward_glu(gate_up)
         else:
@@ -64,13 +67,16 @@ class DecoderLayer(nn.Module):
         attn: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` is the previous layer's MLP output, added to ``residual`` here (the first layer
-        gets the embeddings and no residual). Returns this layer's MLP output and residual."""
-        if residual is None:
-            residual = x
-            h = self.input_layernorm(x)
-        else:
-            h, residual = self.input_layernorm.add_and_norm(x, residual)
-        h = self.self_attn(h, positions, cos_sin, kv_cache, attn)
+        gets the embeddings and no residual). Returns this layer's MLP output and residual.
+        Each norm hands its input to the projection that takes its output (``RMSNorm.project``),
+        which for few rows runs it in its loads."""
+        qkv, residual = self.input_layernorm.project(self.self_attn.qkv_proj, x, residual)
+        h = self.self_attn.attend(qkv, positions, cos_sin, kv_cache, attn)
+        if isinstance(self.mlp, MLP):
+            gate_up, residual = self.post_attention_layernorm.project(
+                self.mlp.gate_up_proj, h, residual
+            )
+            return self.mlp.down(gate_up), residual
         h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
         return self.mlp(h), residual
 

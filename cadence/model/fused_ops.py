@@ -5,7 +5,8 @@ one transformers uses, and a Triton kernel (``*_triton``) that does the same in 
 CUDA. The public functions pick the kernel for CUDA tensors when Triton is importable and the
 reference otherwise. The kernels compute in float32 and round to the activation dtype where the
 reference does between steps, so in float32 they agree with the reference to a few ulps and in
-half precision to about one rounding step.
+half precision to about one rounding step. The RMSNorm kernel lives in ``rms_norm_kernels``, whose
+arithmetic the skinny GEMM's fused-norm variant shares.
 
 The kernels read only shapes on the host and allocate outputs by shape, so they are
 CUDA-graph capturable. Row counts are grid sizes, never kernel arguments, so one compiled kernel
@@ -17,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from cadence.model.rms_norm_kernels import as_rows, launch_rms_norm
 from cadence.model.rope import apply_rotary, lookup_cos_sin
 from cadence.runtime.triton_launch import TritonLaunch, next_pow2
 
@@ -29,39 +31,6 @@ except ImportError:  # pragma: no cover - CPU installs
 
 
 if triton is not None:
-
-    @triton.jit
-    def _rms_norm_kernel(
-        x_ptr,
-        res_ptr,
-        w_ptr,
-        out_ptr,
-        res_out_ptr,
-        stride_x,
-        stride_r,
-        stride_o,
-        stride_ro,
-        eps,
-        N: tl.constexpr,
-        HAS_RESIDUAL: tl.constexpr,
-        BLOCK: tl.constexpr,
-    ):
-        row = tl.program_id(0).to(tl.int64)
-        offs = tl.arange(0, BLOCK)
-        mask = offs < N
-        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-        if HAS_RESIDUAL:
-            r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
-            # The sum is rounded to the residual stream's dtype before it is normalized.
-            x = (x + r).to(res_out_ptr.dtype.element_ty)
-            tl.store(res_out_ptr + row * stride_ro + offs, x, mask=mask)
-            x = x.to(tl.float32)
-        rstd = tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps)
-        normed = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
-        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(
-            out_ptr + row * stride_o + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=mask
-        )
 
     @triton.jit
     def _qk_norm_rope_kernel(
@@ -159,7 +128,6 @@ if triton is not None:
 
     # Launched through the compiled kernels' own launchers after the first call (see
     # cadence.runtime.triton_launch): the eager path's per-launch host cost.
-    _RMS_NORM = TritonLaunch(_rms_norm_kernel)
     _QK_NORM_ROPE = TritonLaunch(_qk_norm_rope_kernel)
     _SILU_AND_MUL = TritonLaunch(_silu_and_mul_kernel)
 
@@ -170,13 +138,6 @@ def triton_available() -> bool:
 
 def _use_triton(x: torch.Tensor) -> bool:
     return triton is not None and x.is_cuda
-
-
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """``x`` as ``[rows, width]`` with a contiguous last dimension (a view where possible)."""
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    return x.reshape(-1, x.shape[-1])
 
 
 # --- references -------------------------------------------------------------------------------
@@ -220,57 +181,14 @@ def silu_and_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
 # --- Triton launchers -------------------------------------------------------------------------
 
 
-def _norm_warps(block: int) -> int:
-    return min(8, max(1, block // 256))
-
-
-def _launch_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    shape, width = x.shape, x.shape[-1]
-    x2 = _rows(x)
-    out = torch.empty(x2.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
-    if residual is None:
-        r2 = res_out = x2  # unused
-    else:
-        r2 = _rows(residual)
-        res_out = torch.empty(
-            x2.shape, dtype=torch.promote_types(x.dtype, residual.dtype), device=x.device
-        )
-    if x2.shape[0] > 0:
-        block = next_pow2(width)
-        _RMS_NORM(
-            (x2.shape[0],),
-            (
-                x2,
-                r2,
-                weight,
-                out,
-                res_out,
-                x2.stride(0),
-                r2.stride(0),
-                out.stride(0),
-                res_out.stride(0),
-                eps,
-            ),
-            N=width,
-            HAS_RESIDUAL=residual is not None,
-            BLOCK=block,
-            num_warps=_norm_warps(block),
-        )
-    if residual is None:
-        return out.view(shape), None
-    return out.view(shape), res_out.view(shape)
-
-
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return _launch_rms_norm(x, None, weight.contiguous(), eps)[0]
+    return launch_rms_norm(x, None, weight.contiguous(), eps)[0]
 
 
 def add_rms_norm_triton(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    out, new_residual = _launch_rms_norm(x, residual, weight.contiguous(), eps)
+    out, new_residual = launch_rms_norm(x, residual, weight.contiguous(), eps)
     assert new_residual is not None
     return out, new_residual
 
@@ -344,7 +262,7 @@ def silu_and_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     if width % 2:
         raise ValueError(f"gate_up needs an even last dimension, got {width}")
     d = width // 2
-    x2 = _rows(gate_up)
+    x2 = as_rows(gate_up)
     out = torch.empty((x2.shape[0], d), dtype=gate_up.dtype, device=gate_up.device)
     if x2.shape[0] > 0:
         block = min(1024, next_pow2(d))

@@ -1,7 +1,8 @@
 """Small building blocks of the decoder: RMSNorm, Gemma's (1 + w) RMSNorm and the SwiGLU activation.
 
 Both run the fused kernels of :mod:`cadence.model.fused_ops` on CUDA and transformers' plain
-torch arithmetic elsewhere.
+torch arithmetic elsewhere. ``RMSNorm.project`` hands its input to the projection that takes the
+norm's output, which runs the norm in its loads where it can (``SkinnyLinear.forward_norm``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from torch import nn
 
 from cadence.model import fused_ops
 from cadence.model.fused_ops import silu_and_mul
+from cadence.model.skinny_gemm import SkinnyLinear
 
 __all__ = ["GemmaRMSNorm", "RMSNorm", "silu_and_mul"]
 
@@ -35,6 +37,19 @@ class RMSNorm(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(norm(residual + x), residual + x)``: the normed input and the new residual."""
         return fused_ops.add_rms_norm(x, residual, self.weight, self.eps)
+
+    def project(
+        self, linear: nn.Module, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(linear(h), s)`` for ``h, s = add_and_norm(x, residual)`` (``h = self(x)`` and
+        ``s = x`` without a residual); a skinny projection takes the norm into its loads for
+        few rows, with the same bits."""
+        if isinstance(linear, SkinnyLinear):
+            return linear.forward_norm(x, residual, self.weight, self.eps)
+        if residual is None:
+            return linear(self(x)), x
+        h, residual = self.add_and_norm(x, residual)
+        return linear(h), residual
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

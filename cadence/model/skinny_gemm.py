@@ -9,7 +9,9 @@ for smaller weights it does not list, ``heuristic_config`` gives a configuration
 ``F.linear`` unchanged (the CPU path above all). ``SkinnyLinear`` is an ``nn.Linear`` whose
 forward is ``skinny_linear``; ``use_skinny_gemm(model)`` turns the decoder's projections into
 one. ``CADENCE_DISABLE_SKINNY_GEMM=1`` leaves every projection to ``F.linear``;
-``CADENCE_DISABLE_SKINNY_GLU=1`` keeps SwiGLU a kernel of its own before the down projection.
+``CADENCE_DISABLE_SKINNY_GLU=1`` keeps SwiGLU a kernel of its own before the down projection;
+``CADENCE_DISABLE_FUSED_NORM=1`` keeps the decoder's (residual add +) RMSNorm a kernel of its own
+before the qkv and gate_up projections (``SkinnyLinear.forward_norm``).
 
 The first call of a configuration compiles it, so the first call on a device (which also
 allocates the kernel's counters) must run outside a CUDA graph capture, as warm-ups do; a
@@ -25,13 +27,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from cadence.envs import read_envs
-from cadence.model.fused_ops import silu_and_mul
+from cadence.model.fused_ops import add_rms_norm, rms_norm, silu_and_mul
 from cadence.model.skinny_gemm_kernels import (
     SkinnyConfig,
     SkinnyPlan,
     has_scratch,
     row_bucket,
     skinny_matmul,
+    skinny_matmul_norm,
     skinny_plan,
 )
 
@@ -55,6 +58,10 @@ ENABLED = not read_envs().disable_skinny_gemm
 # 1.110-1.112 ms; 2 and 4 rows equal within 0.005 ms (28 launches fewer for eager steps);
 # 8 rows 1.267-1.282 against 1.262-1.264 ms.
 GLU_MAX_ROWS = 0 if read_envs().disable_skinny_glu else 4
+# Up to this many rows the decoder's (residual add +) RMSNorm runs in the loads of the skinny
+# projection that takes its output (forward_norm): two kernels and their gaps fewer per layer,
+# against every program reading its rows whole from L2 to take their norms.
+NORM_MAX_ROWS = 0 if read_envs().disable_fused_norm else 4
 # The decoder layers' projections (module names) that use_skinny_gemm converts.
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -115,8 +122,14 @@ def heuristic_config(rows: int, n: int, k: int, num_sms: int) -> SkinnyConfig:
     return SkinnyConfig(block_n, block_k, split, num_warps=4, num_stages=3, dot=True)
 
 
+# (N, K, row bucket) -> the fused-norm launch's configuration (None: the norm kernel, then the
+# projection as SKINNY_CONFIGS has it) on the table's device, measured with the norm in the loads
+# by scripts/skinny_gemm_sweep.py --norm; shapes it does not list take _choose_norm's rule.
+NORM_CONFIGS: dict[tuple[int, int, int], SkinnyConfig | None] = {}
+
 # (device index, N, K, row bucket) -> the configuration in use (None: F.linear).
 _CHOSEN: dict[tuple[int | None, int, int, int], SkinnyConfig | None] = {}
+_CHOSEN_NORM: dict[tuple[int | None, int, int, int], SkinnyConfig | None] = {}
 
 
 def _choose(device: torch.device, n: int, k: int, bucket: int) -> SkinnyConfig | None:
@@ -132,6 +145,26 @@ def _choose(device: torch.device, n: int, k: int, bucket: int) -> SkinnyConfig |
             sms = torch.cuda.get_device_properties(device).multi_processor_count
             cfg = heuristic_config(bucket, n, k, sms)
     _CHOSEN[key] = cfg
+    return cfg
+
+
+def _choose_norm(device: torch.device, n: int, k: int, bucket: int) -> SkinnyConfig | None:
+    """The configuration of the projection with its input's norm in the loads: NORM_CONFIGS'
+    where it lists the shape, else the plain GEMM's where that is the kernel, else (where cuBLAS
+    was the faster GEMM: by 0.2-0.4 us at Qwen3-0.6B's qkv and gate_up shapes) heuristic_config
+    up to HEURISTIC_MAX_WEIGHT_BYTES, as the fusion saves a norm kernel and its launch gap."""
+    key = (device.index, n, k, bucket)
+    if key in _CHOSEN_NORM:
+        return _CHOSEN_NORM[key]
+    capability = torch.cuda.get_device_capability(device)
+    if capability == TABLE_CAPABILITY and (n, k, bucket) in NORM_CONFIGS:
+        cfg = NORM_CONFIGS[(n, k, bucket)]
+    else:
+        cfg = _CHOSEN[key] if key in _CHOSEN else _choose(device, n, k, bucket)
+        if cfg is None and capability >= _MIN_CAPABILITY and 2 * n * k <= HEURISTIC_MAX_WEIGHT_BYTES:
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            cfg = heuristic_config(bucket, n, k, sms)
+    _CHOSEN_NORM[key] = cfg
     return cfg
 
 
@@ -200,6 +233,81 @@ class SkinnyLinear(nn.Linear):
         if rows > GLU_MAX_ROWS:
             return self._run(silu_and_mul(gate_up), False)
         return self._run(gate_up, True)
+
+    def forward_norm(self, x: torch.Tensor, residual: torch.Tensor | None,
+                     norm_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(forward(h), s)`` for ``h, s = add_rms_norm(x, residual, norm_weight, eps)``
+        (``h = rms_norm(x, norm_weight, eps)`` and ``s = x`` without a residual): the decoder's
+        norm before this projection, in the skinny kernel's loads up to ``NORM_MAX_ROWS`` rows
+        (the bits of the two calls with the same configuration), else the two calls."""
+        width = x.shape[-1]
+        rows = x.numel() // width if width else 0
+        if 0 < rows <= NORM_MAX_ROWS and ENABLED and x.is_cuda:
+            fused = self._run_norm(x, rows, residual, norm_weight, eps)
+            if fused is not None:
+                return fused
+        if residual is None:
+            return self(rms_norm(x, norm_weight, eps)), x
+        h, residual = add_rms_norm(x, residual, norm_weight, eps)
+        return self(h), residual
+
+    def _run_norm(self, x: torch.Tensor, rows: int, residual: torch.Tensor | None,
+                  norm_weight: torch.Tensor, eps: float
+                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``forward_norm``'s single launch, or None where it does not apply."""
+        weight, bias = self.weight, self.bias
+        plans = self.__dict__.get("_skinny_plans")
+        if plans is None:
+            plans = self.__dict__["_skinny_plans"] = {}
+        key = ("norm", rows, x.dtype, x.get_device(), x.data_ptr() & 15, x.is_contiguous(),
+               None if residual is None else (residual.data_ptr() & 15, residual.dtype,
+                                              residual.shape, residual.is_contiguous()),
+               norm_weight.data_ptr(), norm_weight.dtype, torch.is_grad_enabled(),
+               weight.data_ptr(), None if bias is None else bias.data_ptr())
+        plan = plans.get(key, _NO_PLAN)
+        if plan is None:
+            return None
+        width, n = x.shape[-1], self.out_features
+        x2 = x.reshape(rows, width)
+        r2 = None if residual is None else residual.reshape(rows, width)
+        if isinstance(plan, SkinnyPlan):
+            out, new_residual = plan.with_norm(x2, r2, norm_weight, eps, weight, bias)
+            return out.view(*x.shape[:-1], n), new_residual.view(x.shape)
+        cfg = self._norm_config(x, residual, norm_weight, rows)
+        if cfg is None:
+            plans[key] = None
+            return None
+        try:
+            out, new_residual = skinny_matmul_norm(x2, r2, norm_weight, eps, weight, bias, cfg)
+        except Exception:  # e.g. a configuration Triton cannot compile here
+            logger.warning("skinny GEMM %s with its input's norm for [%d, %d] x [%d, %d] failed;"
+                           " the norm kernel from now on", cfg, rows, width, n, width,
+                           exc_info=True)
+            plans[key] = None
+            return None
+        if plan is _NO_PLAN and not torch.is_grad_enabled():
+            made = skinny_plan(x2, weight, bias, cfg, norm=(r2, norm_weight, eps))
+            plans[key] = _DISPATCH if made is None else made
+        return out.view(*x.shape[:-1], n), new_residual.view(x.shape)
+
+    def _norm_config(self, x: torch.Tensor, residual: torch.Tensor | None,
+                     norm_weight: torch.Tensor, rows: int) -> SkinnyConfig | None:
+        """The fused-norm launch's configuration; None where it does not apply."""
+        weight, bias = self.weight, self.bias
+        k = weight.shape[1]
+        if x.shape[-1] != k or rows > MAX_ROWS or not _usable(x, weight, bias):
+            return None
+        if norm_weight.shape != (k,) or norm_weight.dtype != x.dtype:
+            return None
+        if not norm_weight.is_contiguous() or norm_weight.device != x.device:
+            return None
+        if residual is not None and not (residual.shape == x.shape and residual.dtype == x.dtype
+                                         and residual.is_contiguous()):
+            return None
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                           for t in (residual, norm_weight)):
+            return None  # no backward
+        return _choose_norm(x.device, weight.shape[0], k, row_bucket(rows))
 
     def _run(self, input: torch.Tensor, glu: bool) -> torch.Tensor:
         width = input.shape[-1]

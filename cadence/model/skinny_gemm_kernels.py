@@ -1,16 +1,10 @@
-"""The Triton kernel behind ``skinny_gemm``: ``x @ W.T (+ b)`` for a few rows of ``x`` [M, K] and
-an ``nn.Linear`` weight ``W`` [N, K], split over K so that every SM streams its share of ``W``.
+"""Launches of the skinny GEMM kernel (``skinny_gemm_triton``): ``x @ W.T (+ b)`` for a few rows
+of ``x`` [M, K] and an ``nn.Linear`` weight ``W`` [N, K], split over K so that every SM streams
+its share of ``W``; its configurations, grid shapes, split-K scratch (arrival counters) and the
+plans that resolve a launch once per projection and row count. ``skinny_matmul_norm`` runs the
+GEMM with the input's residual add and RMSNorm in its loads.
 
-Program ``(i, s)`` takes output columns ``[i * BLOCK_N, (i + 1) * BLOCK_N)`` and the ``s``-th of
-``split_k`` slices of K. With one slice it writes the output; with several it stores its float32
-partial sums in a workspace ``[split_k, M, N]`` and bumps the arrival counter of its column
-block: the last program to arrive adds the slices up in slice order (so the result does not
-depend on the order the programs ran in: a CUDA graph and an eager call give the same bits),
-writes the output and puts the counter back to zero for the next launch. One kernel, no memset.
-
-The products run on the tensor cores (``DOT``: the rows padded to 16, ``W`` as the left operand)
-or as float32 multiply-adds (``BLOCK_M`` rows, for one to a few rows).
-Importing this module without Triton defines ``SkinnyConfig`` and a ``skinny_matmul`` that raises.
+Importing this module without Triton defines ``SkinnyConfig`` and launchers that raise.
 """
 
 from __future__ import annotations
@@ -20,18 +14,19 @@ from dataclasses import dataclass
 
 import torch
 
+from cadence.model.fused_ops import add_rms_norm, rms_norm
+from cadence.model.rms_norm_kernels import norm_chunk
+from cadence.model.skinny_gemm_triton import _skinny_gemm_kernel
 from cadence.runtime.triton_launch import PreparedLaunch, TritonLaunch
 
 try:
     import triton
-    import triton.language as tl
 except ImportError:  # pragma: no cover - CPU installs
     triton = None
-    tl = None
 
 __all__ = [
     "MAX_COUNTERS", "SkinnyConfig", "SkinnyPlan", "arrival_counters", "has_scratch", "launch_shape",
-    "row_bucket", "skinny_matmul", "skinny_plan",
+    "row_bucket", "skinny_matmul", "skinny_matmul_norm", "skinny_plan",
 ]
 
 # Arrival counters per device, one per column block of a split launch; a launch with more
@@ -39,106 +34,7 @@ __all__ = [
 MAX_COUNTERS = 1 << 16
 DOT_ROWS = 16  # tl.dot's smallest tile: the rows of x are padded with zeros up to it
 
-_skinny_gemm_kernel = None
-
 if triton is not None:
-
-    @triton.jit
-    def _finish(total, out_ptr, b_ptr, offs_m, offs_n, M, N, stride_o, HAS_BIAS: tl.constexpr):
-        if HAS_BIAS:
-            bias = tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0)
-            total += bias.to(tl.float32)[None, :]
-        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        tl.store(out_ptr + offs_m[:, None] * stride_o + offs_n[None, :],
-                 total.to(out_ptr.dtype.element_ty), mask=mask)
-
-    @triton.jit
-    def _silu_mul(gate, up):
-        # fused_ops' SwiGLU, rounding where it rounds: the same bits as its output.
-        g = gate.to(tl.float32)
-        act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
-        return (act * up.to(tl.float32)).to(gate.dtype)
-
-    @triton.jit(do_not_specialize=["M", "split_k"])
-    def _skinny_gemm_kernel(
-        x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
-        M, N, K, stride_x, stride_w, stride_o, k_per_split, split_k,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        DOT: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-        GLU: tl.constexpr,
-    ):  # fmt: skip
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        offs_m = tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
-        # Rows of x past M read as zeros (no memory traffic); rows of W past N re-read the last
-        # one (in bounds: no mask on the weight stream). Neither result is stored.
-        x_ok = offs_m[:, None] < M
-        w_rows = tl.minimum(offs_n, N - 1).to(tl.int64)
-        x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_x + offs_k[None, :]
-        w_ptrs = w_ptr + w_rows[:, None] * stride_w + offs_k[None, :]
-        # k_per_split is a multiple of BLOCK_K: no tile crosses into the next slice.
-        k_start = pid_k * k_per_split
-        k_end = tl.minimum(k_start + k_per_split, K)
-        if DOT:
-            acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        elif BLOCK_M == 1:
-            acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        else:
-            acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in range(k_start, k_end, BLOCK_K):
-            if EVEN_K:
-                x = tl.load(x_ptrs + k0, mask=x_ok, other=0.0)
-                if GLU:  # x holds [gate | up]: the K inputs are silu(gate) * up
-                    x = _silu_mul(x, tl.load(x_ptrs + K + k0, mask=x_ok, other=0.0))
-                w = tl.load(w_ptrs + k0)
-            else:
-                k_ok = (k0 + offs_k) < K
-                x = tl.load(x_ptrs + k0, mask=x_ok & k_ok[None, :], other=0.0)
-                if GLU:
-                    up = tl.load(x_ptrs + K + k0, mask=x_ok & k_ok[None, :], other=0.0)
-                    x = _silu_mul(x, up)
-                w = tl.load(w_ptrs + k0, mask=k_ok[None, :], other=0.0)
-            if DOT:
-                acc = tl.dot(w, tl.trans(x), acc)
-            elif BLOCK_M == 1:
-                acc += w.to(tl.float32) * x.to(tl.float32)
-            else:
-                acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-        if DOT:
-            total = tl.trans(acc)
-        elif BLOCK_M == 1:
-            total = tl.sum(acc, axis=1)[None, :]
-        else:
-            total = tl.sum(acc, axis=2)
-        if not SPLIT:
-            _finish(total, out_ptr, b_ptr, offs_m, offs_n, M, N, stride_o, HAS_BIAS)
-        else:
-            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-            part_offs = offs_m[:, None] * N + offs_n[None, :]
-            tl.store(part_ptr + pid_k * M * N + part_offs, total, mask=mask)
-            # Every thread's partial stores happen before the (single-thread) release below.
-            tl.debug_barrier()
-            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-            if arrived == split_k - 1:
-                summed = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                slice_size = M * N
-                for s in range(0, split_k, 4):
-                    # Four slices' loads in flight, added in slice order (absent slices add 0).
-                    # .cg: from L2, where the other SMs' stores are (L1 is not coherent).
-                    base = part_ptr + s * slice_size + part_offs
-                    p0 = tl.load(base, mask=mask, other=0.0, cache_modifier=".cg")
-                    p1 = tl.load(base + slice_size, mask=mask & (s + 1 < split_k), other=0.0,
-                                 cache_modifier=".cg")
-                    p2 = tl.load(base + 2 * slice_size, mask=mask & (s + 2 < split_k),
-                                 other=0.0, cache_modifier=".cg")
-                    p3 = tl.load(base + 3 * slice_size, mask=mask & (s + 3 < split_k),
-                                 other=0.0, cache_modifier=".cg")
-                    summed = (((summed + p0) + p1) + p2) + p3
-                _finish(summed, out_ptr, b_ptr, offs_m, offs_n, M, N, stride_o, HAS_BIAS)
-                tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
-
     _SKINNY = TritonLaunch(_skinny_gemm_kernel)
 
 
@@ -215,21 +111,30 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
     return _scratch(device)[0]
 
 
+# An RMSNorm fused into a launch: (residual or None, norm weight, eps, new residual's buffer).
+NormArgs = tuple[torch.Tensor | None, torch.Tensor, float, torch.Tensor]
+
+
 def _launch(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: SkinnyConfig,
     out: torch.Tensor, part: torch.Tensor, counters: torch.Tensor, shape: LaunchShape,
-    glu: bool = False,
+    glu: bool = False, norm: NormArgs | None = None,
 ) -> tuple[tuple, dict]:
     """The kernel's arguments and constexprs (with the launch options) for one call; with
     ``glu`` x is ``[M, 2K]`` (gate | up) for a weight ``[N, K]``."""
     m = x.shape[0]
     n, k = weight.shape
-    args = (x, weight, out if bias is None else bias, out, part, counters, m, n, k,
+    residual, norm_weight, eps, res_out = (x, x, 0.0, x) if norm is None else norm
+    args = (x, weight, out if bias is None else bias, out, part, counters,
+            x if residual is None else residual, norm_weight, res_out, eps, m, n, k,
             x.stride(0), weight.stride(0), out.stride(0), shape.k_per_split, shape.split_k)
     constexprs = dict(
         BLOCK_M=shape.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot,
         SPLIT=shape.split_k > 1, EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
-        GLU=glu, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GLU=glu, NORM=norm is not None, HAS_RES=norm is not None and residual is not None,
+        NORM_ROWS=1 if norm is None else row_bucket(m),
+        NORM_CHUNK=1 if norm is None else norm_chunk(k),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return args, constexprs
 
@@ -271,6 +176,52 @@ def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return out
 
 
+def _norm_fits(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+               k: int) -> bool:
+    """What the fused norm takes: a contiguous ``residual`` of x's shape and dtype (or none)
+    and a contiguous ``norm_weight`` [K] of that dtype, next to a contiguous x [M, K]."""
+    if not x.is_contiguous() or norm_weight.shape != (k,) or not norm_weight.is_contiguous():
+        return False
+    if norm_weight.dtype != x.dtype or x.shape[1] != k:
+        return False
+    return residual is None or (residual.shape == x.shape and residual.dtype == x.dtype
+                                and residual.is_contiguous())
+
+
+def skinny_matmul_norm(x: torch.Tensor, residual: torch.Tensor | None,
+                       norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                       bias: torch.Tensor | None, cfg: SkinnyConfig
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(skinny_matmul(h, weight, bias, cfg), s)`` for ``h, s = fused_ops.add_rms_norm(x,
+    residual, norm_weight, eps)`` (``h = fused_ops.rms_norm(x, norm_weight, eps)`` and
+    ``s = x`` without a residual), in one launch and with the bits of those two kernels: every
+    program adds, normalizes and scales its part of x as it loads it. ``x``, ``residual``
+    [M <= 16, K] and ``norm_weight`` [K] are contiguous and of ``weight``'s dtype; ``s`` is a
+    new tensor (x itself without a residual)."""
+    if triton is None:
+        raise ImportError("skinny GEMMs need triton")
+    m = x.shape[0]
+    n, k = weight.shape
+    if not _norm_fits(x, residual, norm_weight, k) or x.dtype != weight.dtype:
+        raise ValueError(f"x {tuple(x.shape)} {x.dtype}, its residual and its norm weight "
+                         f"do not fit a weight {tuple(weight.shape)} {weight.dtype}")
+    if m > DOT_ROWS:
+        raise ValueError(f"skinny GEMMs take at most {DOT_ROWS} rows, got {m}")
+    if m == 0 or n == 0 or k == 0:
+        h, s = ((rms_norm(x, norm_weight, eps), x) if residual is None
+                else add_rms_norm(x, residual, norm_weight, eps))
+        return skinny_matmul(h, weight, bias, cfg), s
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    res_out = x if residual is None else torch.empty_like(x)
+    shape = launch_shape(m, n, k, cfg)
+    counters, stand_in = _scratch(x.device)
+    part = _workspace(shape, m, n, stand_in)
+    args, constexprs = _launch(x, weight, bias, cfg, out, part, counters, shape,
+                               norm=(residual, norm_weight, eps, res_out))
+    _SKINNY((shape.column_blocks, shape.split_k), args, **constexprs)
+    return out, res_out
+
+
 @dataclass(frozen=True)
 class SkinnyPlan:
     """``skinny_matmul`` for one weight, row count and configuration, resolved once: an eager
@@ -295,15 +246,35 @@ class SkinnyPlan:
         part = _workspace(shape, m, n, self.stand_in)
         # x's row stride matters only past one row, where contiguity makes it its width.
         self.launch(shape.column_blocks, shape.split_k, 1, self.device, (
-            x, weight, out if bias is None else bias, out, part, self.counters, m, n, self.k,
-            self.x_width, self.k, n, shape.k_per_split, shape.split_k))  # fmt: skip
+            x, weight, out if bias is None else bias, out, part, self.counters, x, x, x, 0.0,
+            m, n, self.k, self.x_width, self.k, n, shape.k_per_split, shape.split_k))  # fmt: skip
         return out
+
+    def with_norm(self, x: torch.Tensor, residual: torch.Tensor | None,
+                  norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                  bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``skinny_matmul_norm`` through a plan made with a norm (and a residual where this
+        call has one)."""
+        m, n, shape = self.m, self.n, self.shape
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        res_out = x if residual is None else torch.empty((m, self.k), dtype=x.dtype,
+                                                         device=x.device)
+        part = _workspace(shape, m, n, self.stand_in)
+        self.launch(shape.column_blocks, shape.split_k, 1, self.device, (
+            x, weight, out if bias is None else bias, out, part, self.counters,
+            x if residual is None else residual, norm_weight, res_out, eps, m, n, self.k,
+            self.x_width, self.k, n, shape.k_per_split, shape.split_k))  # fmt: skip
+        return out, res_out
 
 
 def skinny_plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                cfg: SkinnyConfig, glu: bool = False) -> SkinnyPlan | None:
-    """The plan of ``skinny_matmul(x, weight, bias, cfg, glu)`` once that call has run (it
-    compiles the kernel); None where the launch must keep going through ``skinny_matmul``."""
+                cfg: SkinnyConfig, glu: bool = False,
+                norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None,
+                ) -> SkinnyPlan | None:
+    """The plan of ``skinny_matmul(x, weight, bias, cfg, glu)`` (with ``norm = (residual,
+    norm_weight, eps)``: of ``skinny_matmul_norm``, called through ``SkinnyPlan.with_norm``)
+    once that call has run (it compiles the kernel); None where the launch must keep going
+    through the checked call."""
     m, width = x.shape
     n, k = weight.shape
     if triton is None or not (0 < m <= DOT_ROWS and n and k) or not has_scratch(x.device):
@@ -316,8 +287,17 @@ def skinny_plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     counters, stand_in = _scratch(x.device)
     part = _workspace(shape, m, n, stand_in)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    args, constexprs = _launch(x.as_strided((m, width), (width, 1)), weight, bias, cfg, out,
-                               part, counters, shape, glu)
+    x = x.as_strided((m, width), (width, 1))
+    norm_args = None
+    if norm is not None:
+        residual, norm_weight, eps = norm
+        if not _norm_fits(x, residual, norm_weight, k):
+            return None
+        res_out = x if residual is None else torch.empty_like(x)
+        if residual is not None:
+            residual = residual.as_strided((m, width), (width, 1))
+        norm_args = (residual, norm_weight, eps, res_out)
+    args, constexprs = _launch(x, weight, bias, cfg, out, part, counters, shape, glu, norm_args)
     launch = _SKINNY.prepared(args, **constexprs)
     if launch is None:
         return None

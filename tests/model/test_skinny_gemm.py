@@ -375,8 +375,11 @@ def test_decoder_steps_take_the_kernel_and_agree_with_cublas(monkeypatch):
     prefill = make_batch([Chunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)])
     step = make_batch([Chunk([5], len(p), t) for p, t in zip(prompts, tables, strict=True)], 1)
     calls = []
-    real = skinny_gemm.skinny_matmul
+    real, real_norm = skinny_gemm.skinny_matmul, skinny_gemm.skinny_matmul_norm
     monkeypatch.setattr(skinny_gemm, "skinny_matmul", lambda *a: calls.append(a) or real(*a))
+    # qkv and gate_up with their input's norm in the loads (4 rows)
+    monkeypatch.setattr(skinny_gemm, "skinny_matmul_norm",
+                        lambda *a: calls.append(a) or real_norm(*a))
     with torch.no_grad():
         model(*cuda_args(prefill))  # 15 tokens: the kernel's too
         saved = [c.clone() for c in caches]
