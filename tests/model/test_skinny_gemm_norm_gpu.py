@@ -125,7 +125,7 @@ def test_forward_norm_plans_graphs_and_fallbacks(monkeypatch, bias):
     real = skinny_gemm.skinny_matmul_norm
     monkeypatch.setattr(skinny_gemm, "skinny_matmul_norm",
                         lambda *a: calls.append(a) or real(*a))
-    buf = torch.randn(2, 16 * k + 1, device="cuda").to(torch.bfloat16)
+    buf = torch.randn(2, 17 * k + 1, device="cuda").to(torch.bfloat16)  # up to 17 rows, offset 1
     with torch.no_grad():
         for rows in (1, 3, 4, 5, 17):
             for off in (0, 1):
