@@ -17,7 +17,7 @@ import torch
 from cadence.runner_output import AsyncModelRunnerOutput, ModelRunnerOutput
 from cadence.worker.input_batch import InputBatch, StepInputs
 from cadence.worker.logits_processors import to_device
-from cadence.worker.sampler import LogprobsTensors
+from cadence.worker.sampler import LogprobsTensors, gather_logprobs
 
 _SLICE = 256  # prompt positions whose logits are materialised at once
 
@@ -62,18 +62,12 @@ def score_prompt(hidden: torch.Tensor, chunk: PromptChunk,
         hi = min(n, lo + _SLICE)
         logits = compute_logits(hidden[chunk.flat + lo : chunk.flat + hi])
         lp = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-        tgt = targets[lo:hi].unsqueeze(1)
-        tgt_lp = lp.gather(1, tgt)
-        ranks = (lp > tgt_lp).sum(dim=-1) + 1
-        k = min(chunk.k, lp.shape[-1])
-        if k > 0:
-            top_lp, top_ids = lp.topk(k, dim=-1)
-            ids, lps = torch.cat([tgt, top_ids], dim=1), torch.cat([tgt_lp, top_lp], dim=1)
-        else:
-            ids, lps = tgt, tgt_lp
-        parts.append((ids, lps, ranks))
-    return LogprobsTensors(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
-                           torch.cat([p[2] for p in parts]))
+        parts.append(gather_logprobs(lp, chunk.k, targets[lo:hi]))
+    if len(parts) == 1:
+        return parts[0]
+    return LogprobsTensors(torch.cat([p.logprob_token_ids for p in parts]),
+                           torch.cat([p.logprobs for p in parts]),
+                           torch.cat([p.sampled_token_ranks for p in parts]))
 
 
 class WithPromptLogprobs:

@@ -276,3 +276,16 @@ def test_stop_strings_inside_min_tokens_of_one_update_do_not_count(
     assert detok.output_text == "aSb"
     assert detok.update(ids[3:], stop_terminated=False, finished=False) == "S"
     assert detok.output_text == "aSb"
+
+
+def test_text_flushed_at_exactly_min_tokens_is_not_checked_for_stops(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """A request that ends at exactly min_tokens tokens (max_tokens == min_tokens): the text its
+    last token flushes (a held-back partial character) lies within min_tokens; no stop counts."""
+    ids = byte_ids(tokenizer, "a") + byte_ids(tokenizer, "\u00e9")[:1]  # "a", half of "é"
+    for min_tokens, stop in ((2, None), (1, "\ufffd")):
+        detok = IncrementalDetokenizer(tokenizer, _request([5], stop=["\ufffd"],
+                                                           min_tokens=min_tokens))
+        assert detok.update(ids, stop_terminated=False, finished=True) == stop
+        assert detok.output_text == ("a\ufffd" if stop is None else "a")

@@ -222,3 +222,20 @@ def test_bad_words_spaced_form_follows_vllms_rule(bare, spaced, want) -> None:
 
     tok = _FakeTokenizer({"foo": bare, " foo": spaced})
     assert bad_word_sequences(tok, ["foo"]) == want  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("field", "make", "limit"), [
+    ("stop", lambda n: [f"s{i}" for i in range(n)], 64),
+    ("stop", lambda n: ["x" * n], 512),
+    ("stop_token_ids", lambda n: [5] * n, 256),
+    ("bad_words", lambda n: [f"w{i}" for i in range(n)], 128),
+    ("bad_words", lambda n: ["y" * n], 512),
+])
+def test_list_bounds_accept_the_limit_and_refuse_one_more(
+    tokenizer: PreTrainedTokenizerFast, field: str, make, limit: int
+) -> None:
+    proc = _proc(tokenizer)
+    proc.process("ok", "hi", SamplingParams(max_tokens=2, **{field: make(limit)}))
+    with pytest.raises(InputValidationError, match=str(limit)) as info:
+        proc.process("no", "hi", SamplingParams(max_tokens=2, **{field: make(limit + 1)}))
+    assert info.value.parameter == field

@@ -185,3 +185,22 @@ def test_the_largest_biases_keep_their_meaning(temperature):
     assert over.outputs[0].finish_reason == "error" and over.outputs[0].token_ids == []
     assert llm.engine_core.num_free_kv_blocks == llm.engine_core.num_kv_blocks - 1
     llm.shutdown()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_bad_words_survive_preemption(async_scheduling):
+    """A request with bad_words, preempted after it has produced tokens and resumed, keeps its
+    history: its tokens equal those it produces alone (greedy)."""
+    prompt = "the cat sat on the"
+    word = " mat"  # banned from the start; a multi-token word needs the history to be banned
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, bad_words=[word])
+    filler = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    alone = LLM(**vars(tiny_args(async_scheduling=async_scheduling)))
+    want = alone.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+    # Four requests of 18 + 48 tokens want 20 blocks of 16; 12 make the last one (the victim
+    # under fcfs) give its blocks back once it has outputs, then resume.
+    llm = LLM(**vars(tiny_args(async_scheduling=async_scheduling, num_gpu_blocks_override=12)))
+    prompts = ["a dog ran in the", "my hat is on a", "we sat by the", prompt]
+    outs = llm.generate(prompts, [filler] * 3 + [params], use_tqdm=False)
+    assert llm.engine_core.make_stats().num_preemptions > 0
+    assert outs[3].outputs[0].token_ids == want

@@ -398,3 +398,29 @@ def test_abort_of_an_n_request_returns_only_the_children_the_core_has(
     res = proc.process_outputs([EngineCoreOutput("0_q", [7])])
     assert sorted(r.request_id for r in res.reqs_to_add) == ["1_q", "2_q"]
     assert sorted(proc.abort_requests(["q"])) == ["0_q", "1_q", "2_q"]
+
+
+@pytest.mark.parametrize("kind", [DELTA, CUMULATIVE])
+def test_prompt_logprobs_in_delta_and_cumulative_outputs(
+    tokenizer: PreTrainedTokenizerFast, kind: RequestOutputKind
+) -> None:
+    """The prompt's logprobs come with the first output of a delta stream and with every
+    output of a cumulative one (each is whole)."""
+    from cadence.runner_output import LogprobsLists
+
+    proc = OutputProcessor(tokenizer)
+    proc.add_request(_req("r", [5, 6, 7], prompt_logprobs=0, max_tokens=3, output_kind=kind),
+                     prompt=None)
+    scored = (1, LogprobsLists([[6], [7]], [[-1.5], [-0.25]], [2, 1]))
+    steps = [EngineCoreOutput("r", [8], new_prompt_logprobs=scored), EngineCoreOutput("r", [9]),
+             EngineCoreOutput("r", [10], finish_reason=FinishReason.LENGTH)]
+    outs = [o for step in steps for o in proc.process_outputs([step]).request_outputs]
+    assert len(outs) == 3
+    for i, out in enumerate(outs):
+        if kind == DELTA and i > 0:
+            assert out.prompt_logprobs is None
+            continue
+        first, six, seven = out.prompt_logprobs
+        assert first is None  # the first prompt token has no logprob
+        assert (six[6].logprob, six[6].rank, seven[7].logprob, seven[7].rank) == (
+            -1.5, 2, -0.25, 1)

@@ -87,8 +87,9 @@ def test_prompt_logprobs_with_sample_logprobs_and_delta_outputs(hf):
     first = outs[0].prompt_logprobs
     assert first is not None and len(first) == len(prompts[2])
     assert all(o.prompt_logprobs is None for o in outs[1:])
-    # Cumulative outputs are whole: every one carries the prompt's, the last one too.
-    assert len(cumulative) > 1
+    # Cumulative outputs are whole: every one carries the prompt's, the last one too. (How many
+    # there are depends on how fast this consumer reads; test_output_processor checks each.)
+    assert cumulative
     assert all(o.prompt_logprobs is not None and len(o.prompt_logprobs) == len(prompts[2])
                for o in cumulative)
     tok = prompts[2][5]

@@ -144,6 +144,7 @@ def test_chat_stream_equals_non_stream_with_logprobs(server, client: openai.Open
     n_prompt = len(server.engine.tokenizer.encode(ids, add_special_tokens=False))
     assert full.usage is not None
     assert (full.usage.prompt_tokens, full.usage.completion_tokens) == (n_prompt, 20)
+    assert full.usage.total_tokens == n_prompt + 20
     content = full.choices[0].logprobs.content  # type: ignore[union-attr]
     assert content is not None and len(content) == 20
     assert "".join(c.token for c in content) == msg.content
@@ -160,6 +161,8 @@ def test_chat_stream_equals_non_stream_with_logprobs(server, client: openai.Open
     assert text == msg.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 20
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.total_tokens) == (n_prompt,
+                                                                               n_prompt + 20)
     # The deprecated max_tokens works too; max_completion_tokens wins when both are given.
     legacy = client.chat.completions.create(
         model="tiny",

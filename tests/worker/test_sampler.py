@@ -552,3 +552,26 @@ def test_a_sampled_token_tied_for_best_has_rank_one() -> None:
     for sampled, rank in ((0, 1), (1, 1), (2, 3)):  # ties share the better rank
         out = gather_logprobs(logprobs, 2, torch.tensor([sampled]))
         assert out.sampled_token_ranks.tolist() == [rank]
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_unseeded_rows_beside_seeded_ones_follow_their_distribution(fast: bool) -> None:
+    """A batch mixing seeded and unseeded random rows: every unseeded row draws fresh noise
+    from the global generator (not only when no row is seeded)."""
+    probs = [0.5, 0.25, 0.125, 0.125]
+    logits = _log_probs(probs).repeat(3, 1)  # rows: unseeded, seeded, unseeded
+    sampler, gen = Sampler(), torch.Generator()
+    torch.manual_seed(0)
+    counts = [[0] * len(probs) for _ in range(2)]
+    draws = 800
+    for step in range(draws):
+        seed_generator(gen, 5, step)
+        md = _md(3, top_k=[len(probs)] * 3 if fast else None, generators={1: gen}, fast=fast)
+        tokens = sampler(logits, md).sampled_token_ids.tolist()
+        counts[0][tokens[0]] += 1
+        counts[1][tokens[2]] += 1
+    # Each frequency within 5.5 standard deviations of its probability (a false alarm has odds
+    # below 1e-7 per count).
+    for row in counts:
+        for p, c in zip(probs, row, strict=True):
+            assert abs(c / draws - p) <= 5.5 * (p * (1 - p) / draws) ** 0.5, counts
