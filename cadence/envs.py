@@ -34,6 +34,8 @@ class Envs:
     # Keep the decoder's (residual add +) RMSNorms kernels of their own before the skinny qkv
     # and gate_up projections (not in their loads).
     disable_fused_norm: bool = False
+    # Keep the q/k norms and RoPE of decode steps a kernel of their own before attention.
+    disable_fused_rope: bool = False
 
     @property
     def cpu_threads(self) -> int | None:
@@ -61,4 +63,5 @@ def read_envs() -> Envs:
         disable_skinny_gemm=bool(_flag("CADENCE_DISABLE_SKINNY_GEMM")),
         disable_skinny_glu=bool(_flag("CADENCE_DISABLE_SKINNY_GLU")),
         disable_fused_norm=bool(_flag("CADENCE_DISABLE_FUSED_NORM")),
+        disable_fused_rope=bool(_flag("CADENCE_DISABLE_FUSED_ROPE")),
     )

@@ -56,7 +56,7 @@ MUTATIONS = [
              "x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps * 100)",
              ("tests/model", "tests/engine/test_llm_correctness.py")),
     Mutation("attention-exp-decode", "exp for exp2 in the paged decode attention kernel",
-             "cadence/model/triton_attention_kernels.py",
+             "cadence/model/triton_decode_kernels.py",
              "\n            p = tl.exp2(s - m_new[:, None])", "\n            p = tl.exp(s - m_new[:, None])",
              ("tests/model/test_triton_attention.py",), (_BF16_ENGINE,)),
     Mutation("attention-exp-varlen", "exp for exp2 in the varlen (prefill) attention kernel",
@@ -222,7 +222,13 @@ MUTATIONS = [
              "if not self.stop or len(self.token_ids) <= self.min_tokens:",
              "if not self.stop or len(self.token_ids) < self.min_tokens:",
              ("tests/engine/test_detokenizer.py",)),
+    Mutation("decode-rope-sign", "RoPE in the decode kernel's loads rotates the wrong way",
+             "cadence/model/triton_decode_kernels.py",
+             "sign = tl.where(offs_d < half, -1.0, 1.0)", "sign = tl.where(offs_d < half, 1.0, -1.0)",
+             ("tests/model/test_triton_attention.py",), (_BF16_ENGINE,)),
 ]
+
+
 def _copy_tree(dest: Path) -> None:
     ignore = shutil.ignore_patterns(".git", ".venv*", "__pycache__", ".pytest_cache", "out",
                                     ".whl", "*.egg-info")

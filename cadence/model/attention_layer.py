@@ -2,8 +2,8 @@
 attention through the backend, output projection (all-reduced under tensor parallelism).
 
 One block serves every family: the layer's sliding window, score scale and soft cap come from
-the architecture; Gemma's (1 + w) q/k norms run on their own, the others' are fused into the
-RoPE kernel.
+the architecture; Gemma's (1 + w) q/k norms run on their own, the others' go with RoPE to the
+backend (which applies them in its decode kernel's loads where it can).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import torch
 from torch import nn
 
 from cadence.model.arch import DecoderArch
-from cadence.model.attention_metadata import AttentionBackend, AttentionMetadata
-from cadence.model.fused_ops import qk_norm_rope
+from cadence.model.attention_metadata import AttentionBackend, AttentionMetadata, QKRope
 from cadence.model.layers import GemmaRMSNorm, RMSNorm
 from cadence.model.parallel import all_reduce
 
@@ -75,10 +74,10 @@ class SelfAttention(nn.Module):
                 q_weight, k_weight, eps = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
             else:
                 q, k = self.q_norm(q), self.k_norm(k)
-        q, k = qk_norm_rope(q, k, positions, cos_sin, q_weight, k_weight, eps)
+        # The backend applies the q/k norms and RoPE (in its decode kernel where it can).
         out = self.backend.forward(
             q, k, v, kv_cache, attn, self.scale, self.sliding_window, self.softcap,
-            self.k_scale, self.v_scale,
+            self.k_scale, self.v_scale, QKRope(positions, cos_sin, q_weight, k_weight, eps),
         )
         out = self.o_proj(out.reshape(num_tokens, self.q_size))
         return all_reduce(out) if self.tp else out

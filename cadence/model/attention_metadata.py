@@ -39,6 +39,19 @@ class AttentionMetadata:
         return self.max_query_len == 1
 
 
+@dataclass(frozen=True)
+class QKRope:
+    """The q/k norms (both weights given) and rotate-half RoPE still to apply to a pass's q and
+    k (``fused_ops.qk_norm_rope``'s arguments): a backend applies them in its decode kernel's
+    loads where it can, else before attending."""
+
+    positions: torch.Tensor  # [T]
+    cos_sin: torch.Tensor  # [max_positions, head_dim]: cos in the first half, sin in the second
+    q_weight: torch.Tensor | None = None
+    k_weight: torch.Tensor | None = None
+    eps: float = 0.0
+
+
 class AttentionBackend(Protocol):
     """Writes this pass's K/V into the paged cache, then attends.
 
@@ -48,7 +61,8 @@ class AttentionBackend(Protocol):
     Causal within each sequence; grouped-query attention when num_heads > num_kv_heads.
     With ``sliding_window`` W > 0 a query at position p sees only keys at p - W + 1 ... p; with
     ``softcap`` c > 0 the scaled scores s are capped to ``c * tanh(s / c)`` before the softmax.
-    An FP8 cache (``float8_e4m3fn``) stores ``k / k_scale`` and ``v / v_scale``.
+    An FP8 cache (``float8_e4m3fn``) stores ``k / k_scale`` and ``v / v_scale``. With ``rope``,
+    q and k are not yet normed and rotated: the backend applies ``rope`` first.
     """
 
     name: str
@@ -65,4 +79,5 @@ class AttentionBackend(Protocol):
         softcap: float = 0.0,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        rope: QKRope | None = None,
     ) -> torch.Tensor: ...

@@ -25,13 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
-from cadence.model.attention_metadata import AttentionMetadata
-from cadence.model.triton_attention_kernels import (
-    _decode_kernel,
-    _merge_splits_kernel,
-    _store_kv_kernel,
-    _varlen_kernel,
-)
+from cadence.envs import read_envs
+from cadence.model.attention_metadata import AttentionMetadata, QKRope
+from cadence.model.fused_ops import qk_norm_rope
+from cadence.model.triton_attention_kernels import _store_kv_kernel, _varlen_kernel
+from cadence.model.triton_decode_kernels import _decode_kernel, _merge_splits_kernel
 from cadence.runtime.triton_launch import TritonLaunch, next_pow2
 
 try:
@@ -136,6 +134,18 @@ def choose_num_splits(
     return 1 if splits <= 1 else 1 << (splits.bit_length() - 1)
 
 
+def rope_fusable(q: torch.Tensor, k: torch.Tensor, rope: QKRope) -> bool:
+    """Whether the decode kernel can apply ``rope`` itself: the arithmetic of
+    ``fused_ops.qk_norm_rope`` in q's dtype (table and weights in it, contiguous) and an even
+    head size."""
+    head_dim = q.shape[-1]
+    weights = [w for w in (rope.q_weight, rope.k_weight) if w is not None]
+    return (head_dim % 2 == 0 and rope.cos_sin.shape[-1] == head_dim
+            and rope.cos_sin.stride(-1) == 1 and rope.positions.is_contiguous()
+            and all(t.dtype == q.dtype for t in (k, rope.cos_sin, *weights))
+            and all(w.is_contiguous() and w.shape == (head_dim,) for w in weights))
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -150,6 +160,7 @@ def paged_decode_attention(
     softcap: float = 0.0,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    rope: QKRope | None = None,
 ) -> None:
     """Decode (one query token per sequence) attention into ``out`` [T, num_heads, head_dim].
     With ``sliding_window`` W > 0 each query sees its last W keys only; ``softcap`` c > 0 caps
@@ -157,7 +168,8 @@ def paged_decode_attention(
 
     With ``k`` and ``v`` given, each sequence's new key and value are first written to the cache
     at ``metadata.slot_mapping`` inside the same kernel (no separate store launch); tokens that
-    belong to no sequence (padding) are not written."""
+    belong to no sequence (padding) are not written. With ``rope`` (and ``k``, ``v``), q and the
+    new k get their norms and RoPE in the kernel's loads (``rope_fusable`` must hold)."""
     _require_triton()
     _check_cache(kv_cache)
     store = k is not None and v is not None
@@ -165,6 +177,9 @@ def paged_decode_attention(
         k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
     else:
         k = v = q  # unused
+    if rope is not None and not (store and rope_fusable(q, k, rope)):
+        raise ValueError("rope in the decode kernel needs k and v and rope_fusable(q, k, rope)")
+    norm = rope is not None and rope.q_weight is not None and rope.k_weight is not None
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, page = kv_cache.shape[3], kv_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -224,6 +239,12 @@ def paged_decode_attention(
             v_scale,
             1.0 / k_scale,
             1.0 / v_scale,
+            rope.positions if rope is not None else metadata.seq_lens,
+            rope.cos_sin if rope is not None else q,
+            rope.cos_sin.stride(0) if rope is not None else 0,
+            rope.q_weight if norm else q,
+            rope.k_weight if norm else q,
+            rope.eps if norm else 0.0,
         ),
         NUM_HEADS=num_heads,
         GROUP=group,
@@ -238,6 +259,8 @@ def paged_decode_attention(
         SOFTCAP=softcap > 0,
         IEEE=fp32,
         FP8=fp8,
+        ROPE=rope is not None,
+        QK_NORM=norm,
         num_warps=4,
         num_stages=2,
     )
@@ -369,9 +392,12 @@ class TritonAttentionBackend:
 
     name = "triton"
 
-    def __init__(self) -> None:
+    def __init__(self, fuse_rope: bool | None = None) -> None:
         _require_triton()
         self._num_sms: dict[int, int] = {}
+        # Decode steps apply the q/k norms and RoPE in the attention kernel's loads (one kernel
+        # fewer per layer); off: fused_ops.qk_norm_rope first, as prefill always does.
+        self.fuse_rope = not read_envs().disable_fused_rope if fuse_rope is None else fuse_rope
 
     def num_sms(self, device: torch.device) -> int:
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -393,10 +419,16 @@ class TritonAttentionBackend:
         softcap: float = 0.0,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        rope: QKRope | None = None,
     ) -> torch.Tensor:
         num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
         if num_heads % num_kv_heads:
             raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} kv heads")
+        fuse = (rope is not None and self.fuse_rope and metadata.is_decode_only
+                and rope_fusable(q, k, rope))
+        if rope is not None and not fuse:
+            q, k = qk_norm_rope(q, k, rope.positions, rope.cos_sin, rope.q_weight, rope.k_weight,
+                                rope.eps)
         q = _last_dim_contiguous(q)
         out = torch.empty_like(q)
         if metadata.is_decode_only:
@@ -404,6 +436,7 @@ class TritonAttentionBackend:
             paged_decode_attention(
                 q, kv_cache, metadata, scale, out, sms, k=k, v=v,
                 sliding_window=sliding_window, softcap=softcap, k_scale=k_scale, v_scale=v_scale,
+                rope=rope if fuse else None,
             )  # fmt: skip
         else:
             store_kv_cache(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)

@@ -1,4 +1,5 @@
-"""The Triton kernels behind ``triton_attention``: KV store, paged decode, split merge, varlen.
+"""The Triton kernels behind ``triton_attention``: KV store and varlen (prefill, mixed steps); the
+decode kernels are in ``triton_decode_kernels``.
 
 Launch them through ``cadence.model.triton_attention``, which checks shapes and picks grids.
 Importing this module without Triton installed defines nothing.
@@ -13,29 +14,11 @@ except ImportError:  # pragma: no cover - CPU installs
     triton = None
     tl = None
 
-_store_kv_kernel = _decode_kernel = _merge_splits_kernel = _varlen_kernel = _varlen_tile = None
-_tanh = None
+from cadence.model.triton_decode_kernels import _for_cache, _tanh
+
+_store_kv_kernel = _varlen_kernel = _varlen_tile = None
 
 if triton is not None:
-
-    @triton.jit
-    def _tanh(x):
-        # Saturates to +-1 without NaN: exp2 overflows to inf for large x. Near 0 the difference
-        # 1 - 2 / (e + 1) cancels (a relative error of ~1e-4 at |x| = 1e-3), so small |x| take
-        # the Taylor series instead (error < 1e-7 below 0.25).
-        big = 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
-        x2 = x * x
-        small = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333
-                                                               + x2 * -0.05396825396825397)))
-        return tl.where(tl.abs(x) < 0.25, small, big)
-
-    @triton.jit
-    def _for_cache(x, inv_scale, FP8: tl.constexpr):
-        # An FP8 cache holds x / scale, saturated to e4m3's finite range (no NaN on overflow).
-        if FP8:
-            return tl.minimum(tl.maximum(x.to(tl.float32) * inv_scale, -448.0), 448.0)
-        else:
-            return x
 
     @triton.jit
     def _store_kv_kernel(
@@ -77,201 +60,6 @@ if triton is not None:
         cache_ty = cache_ptr.dtype.element_ty
         tl.store(cache_ptr + dst, _for_cache(k, k_inv, FP8).to(cache_ty), mask=mask)
         tl.store(cache_ptr + stride_c0 + dst, _for_cache(v, v_inv, FP8).to(cache_ty), mask=mask)
-
-    @triton.jit
-    def _decode_kernel(
-        q_ptr,
-        cache_ptr,
-        out_ptr,
-        part_acc_ptr,
-        part_ml_ptr,
-        k_ptr,
-        v_ptr,
-        slot_ptr,
-        seq_lens_ptr,
-        qsl_ptr,
-        bt_ptr,
-        stride_qt,
-        stride_qh,
-        stride_kt,
-        stride_kh,
-        stride_vt,
-        stride_vh,
-        stride_ot,
-        stride_oh,
-        stride_c0,
-        stride_c1,
-        stride_c2,
-        stride_c3,
-        stride_bt,
-        qk_scale,
-        num_splits,
-        window,
-        cap_scale,
-        v_scale,
-        k_inv,
-        v_inv,
-        NUM_HEADS: tl.constexpr,
-        GROUP: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        PAGE: tl.constexpr,
-        BLOCK_G: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        SPLIT: tl.constexpr,
-        STORE: tl.constexpr,
-        SLIDING: tl.constexpr,
-        SOFTCAP: tl.constexpr,
-        IEEE: tl.constexpr,
-        FP8: tl.constexpr,
-    ):
-        # Scores and values are computed in q's dtype (an FP8 cache's entries are converted to
-        # it); an FP8 cache's key scale is folded into qk_scale, its value scale into the output.
-        b = tl.program_id(0)
-        kvh = tl.program_id(1)
-        split = tl.program_id(2)
-        seq_len = tl.load(seq_lens_ptr + b)
-        q_tok = tl.load(qsl_ptr + b).to(tl.int64)
-        q_end = tl.load(qsl_ptr + b + 1)
-        valid = (q_end > q_tok) & (seq_len > 0)
-        # The query (position seq_len - 1) sees keys lo ... seq_len - 1; the splits share them.
-        if SLIDING:
-            lo = tl.maximum(seq_len - window, 0)
-        else:
-            lo = 0
-        per_split = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
-        start = lo + split * per_split
-        end = tl.minimum(start + per_split, seq_len)
-        end = tl.where(valid, end, start)
-
-        offs_g = tl.arange(0, BLOCK_G)
-        offs_d = tl.arange(0, BLOCK_D)
-        heads = kvh * GROUP + offs_g
-        gmask = offs_g < GROUP
-        dmask = offs_d < HEAD_DIM
-        qmask = gmask[:, None] & dmask[None, :] & valid
-        q = tl.load(
-            q_ptr + q_tok * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-            mask=qmask,
-            other=0.0,
-        )
-
-        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-        bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-        head_off = kvh.to(tl.int64) * stride_c3
-        if STORE:
-            # The split holding the new token (position seq_len - 1) writes its K/V for this kv
-            # head, then reads it back in the loop below like any other cached token.
-            owner = (seq_len - 1 >= start) & (seq_len - 1 < end)
-            slot = tl.load(slot_ptr + q_tok, mask=owner, other=-1).to(tl.int64)
-            smask = dmask & owner & (slot >= 0)
-            safe = tl.maximum(slot, 0)
-            dst = (safe // PAGE) * stride_c1 + (safe % PAGE) * stride_c2 + head_off + offs_d
-            kvh64 = kvh.to(tl.int64)
-            k_new = tl.load(k_ptr + q_tok * stride_kt + kvh64 * stride_kh + offs_d, mask=smask)
-            v_new = tl.load(v_ptr + q_tok * stride_vt + kvh64 * stride_vh + offs_d, mask=smask)
-            cache_ty = cache_ptr.dtype.element_ty
-            tl.store(cache_ptr + dst, _for_cache(k_new, k_inv, FP8).to(cache_ty), mask=smask)
-            tl.store(cache_ptr + stride_c0 + dst, _for_cache(v_new, v_inv, FP8).to(cache_ty),
-                     mask=smask)
-            # Global writes become visible to the other threads of the program at the barrier.
-            tl.debug_barrier()
-        for n0 in range(start, end, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            nmask = offs_n < end
-            page = tl.load(bt_row + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
-            kv_off = page * stride_c1 + (offs_n % PAGE).to(tl.int64) * stride_c2 + head_off
-            kvmask = nmask[:, None] & dmask[None, :]
-            k = tl.load(cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
-            k = k.to(q.dtype)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = s * qk_scale
-            if SOFTCAP:
-                s = cap_scale * _tanh(s)
-            s = tl.where(nmask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(
-                cache_ptr + stride_c0 + kv_off[:, None] + offs_d[None, :], mask=kvmask, other=0.0
-            ).to(q.dtype)
-            if IEEE:
-                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
-
-        if FP8:
-            acc = acc * v_scale  # linear: the split merge needs no scale of its own
-        if SPLIT:
-            row = (b * NUM_HEADS + heads).to(tl.int64) * num_splits + split
-            tl.store(
-                part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
-                acc,
-                mask=gmask[:, None] & dmask[None, :],
-            )
-            tl.store(part_ml_ptr + row * 2, m_i, mask=gmask)
-            tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=gmask)
-        else:
-            l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-            out = acc / l_safe[:, None]
-            tl.store(
-                out_ptr + q_tok * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-                out.to(out_ptr.dtype.element_ty),
-                mask=qmask,
-            )
-
-    @triton.jit
-    def _merge_splits_kernel(
-        part_acc_ptr,
-        part_ml_ptr,
-        out_ptr,
-        seq_lens_ptr,
-        qsl_ptr,
-        stride_ot,
-        stride_oh,
-        num_splits,
-        NUM_HEADS: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        BLOCK_S: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-    ):
-        b = tl.program_id(0)
-        h = tl.program_id(1)
-        seq_len = tl.load(seq_lens_ptr + b)
-        q_tok = tl.load(qsl_ptr + b).to(tl.int64)
-        q_end = tl.load(qsl_ptr + b + 1)
-        valid = (q_end > q_tok) & (seq_len > 0)
-        offs_s = tl.arange(0, BLOCK_S)
-        offs_d = tl.arange(0, BLOCK_D)
-        smask = offs_s < num_splits
-        dmask = offs_d < HEAD_DIM
-        row = (b * NUM_HEADS + h).to(tl.int64) * num_splits + offs_s
-        m = tl.load(part_ml_ptr + row * 2, mask=smask, other=float("-inf"))
-        l_part = tl.load(part_ml_ptr + row * 2 + 1, mask=smask, other=0.0)
-        m_max = tl.max(m, 0)
-        m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-        w = tl.exp2(m - m_max)
-        acc = tl.load(
-            part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
-            mask=smask[:, None] & dmask[None, :],
-            other=0.0,
-        )
-        denom = tl.sum(l_part * w, 0)
-        denom = tl.where(denom > 0.0, denom, 1.0)
-        out = tl.sum(acc * w[:, None], 0) / denom
-        tl.store(
-            out_ptr + q_tok * stride_ot + h * stride_oh + offs_d,
-            out.to(out_ptr.dtype.element_ty),
-            mask=dmask & valid,
-        )
 
     @triton.jit
     def _varlen_tile(

@@ -206,6 +206,38 @@ def run_decode(device: str, dtype: torch.dtype, page: int, splits: int | None, f
     assert_matches(case, out, cache)
 
 
+def run_decode_rope(device: str, dtype: torch.dtype, norm: bool, splits: int | None,
+                    page: int = 16) -> None:
+    """The decode kernel with the q/k norms and RoPE in its loads against qk_norm_rope's
+    reference followed by the reference attention: outputs and the stored keys."""
+    from cadence.model.attention_metadata import QKRope
+    from cadence.model.fused_ops import qk_norm_rope_reference
+    from cadence.model.triton_attention import paged_decode_attention, rope_fusable
+
+    case = make_case(DECODE_SEQS, 8, 2, 64, page, dtype, device, num_padding=3, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    md = case.metadata
+    positions = (md.seq_lens.cpu().long() - 1).clamp(min=0).to(device)  # one token per sequence
+    table = torch.randn(400, 64, generator=gen).to(device, dtype)
+    qw, kw = (torch.rand(64, generator=gen).add(0.5).to(device, dtype) for _ in range(2))
+    rope = QKRope(positions, table, qw if norm else None, kw if norm else None, 1e-6)
+    q_ref, k_ref = qk_norm_rope_reference(case.q, case.k, positions, table, rope.q_weight,
+                                          rope.k_weight, rope.eps)
+    rotated = Case(q_ref, k_ref, case.v, case.cache, md, case.scale)
+    want, want_cache = reference(rotated)
+    assert rope_fusable(case.q, case.k, rope)
+    cache = case.cache.clone()
+    out = torch.full_like(case.q, float("nan"))
+    paged_decode_attention(case.q, cache, md, case.scale, out, 132, splits, case.k, case.v,
+                           rope=rope)
+    n = md.num_actual_tokens
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out[:n].double(), want[:n].double(), atol=tol, rtol=tol)
+    # The stored keys: qk_norm_rope's, up to the rounding of the norm's sum (one ulp).
+    torch.testing.assert_close(cache[:, 1:].double(), want_cache[:, 1:].double(), equal_nan=True,
+                               atol=tol, rtol=tol)
+
+
 def run_prefill(device: str, dtype: torch.dtype, heads: int, kv_heads: int, dim: int,
                 window: int = 0, softcap: float = 0.0, fp8: bool = False) -> None:
     from cadence.model.triton_attention import TritonAttentionBackend
@@ -300,6 +332,14 @@ def test_decode_matches_reference(
     dtype: torch.dtype, page: int, splits: int | None, fused: bool
 ) -> None:
     run_decode("cuda", dtype, page, splits, fused)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("norm", "splits"), [(True, None), (False, None), (True, 1)])
+def test_decode_with_qk_norm_rope_matches_reference(dtype: torch.dtype, norm: bool,
+                                                    splits: int | None) -> None:
+    run_decode_rope("cuda", dtype, norm, splits)
 
 
 @pytest.mark.gpu
@@ -399,6 +439,9 @@ if __name__ == "__main__":
     run_decode("cpu", torch.float32, 16, 1, False)
     run_decode("cpu", torch.float32, 16, 1, True)
     run_decode("cpu", torch.float32, 8, 3, True)
+    for norm in (True, False):
+        run_decode_rope("cpu", torch.float32, norm, None)
+        run_decode_rope("cpu", torch.float32, norm, 1)
     run_prefill("cpu", torch.float32, 4, 2, 32)
     run_prefill("cpu", torch.float32, 3, 3, 24)
     run_mixed_padded("cpu", torch.float32, 8, 2, 32, extra_tokens=13, empty_rows=5)
