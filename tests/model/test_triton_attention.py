@@ -231,9 +231,15 @@ def run_decode_rope(device: str, dtype: torch.dtype, norm: bool, splits: int | N
     paged_decode_attention(case.q, cache, md, case.scale, out, 132, splits, case.k, case.v,
                            rope=rope)
     n = md.num_actual_tokens
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(out[:n].double(), want[:n].double(), atol=tol, rtol=tol)
-    # The stored keys: qk_norm_rope's, up to the rounding of the norm's sum (one ulp).
+    got, ref = out[:n].double(), want[:n].double()
+    # bf16: q and k may differ from the reference's by one rounding of the norm (its sum runs
+    # in another order), which a score near a tie can amplify in a rare output element.
+    fp32 = dtype == torch.float32
+    assert float((got - ref).norm() / ref.norm()) < (1e-5 if fp32 else 1e-2)
+    tol = 1e-5 if fp32 else 6e-2
+    torch.testing.assert_close(got, ref, atol=tol, rtol=tol)
+    # The stored keys: qk_norm_rope's, up to that rounding (one ulp of bf16: 2 ** -8 relative).
+    tol = 1e-5 if fp32 else 8e-3
     torch.testing.assert_close(cache[:, 1:].double(), want_cache[:, 1:].double(), equal_nan=True,
                                atol=tol, rtol=tol)
 
