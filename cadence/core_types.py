@@ -38,6 +38,8 @@ class EngineCoreRequest:
     eos_token_id: int | None = None
     arrival_time: float = field(default_factory=time.time)
     priority: int = 0
+    # Prefix-cache isolation (vLLM's cache_salt): only requests with the same salt share blocks.
+    cache_salt: str | None = None
 
 
 @dataclass

@@ -137,6 +137,7 @@ class EngineCore:
             priority=req.priority,
             block_hasher=self._block_hasher,
             grammar_ready=grammar_ready,
+            cache_salt=req.cache_salt,
         ))
 
     def set_failure_callback(self, callback) -> None:

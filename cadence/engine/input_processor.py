@@ -104,6 +104,7 @@ class InputProcessor:
         params = params.clone()
         self._validate_params(params)
         prompt_text, token_ids = self._parse_prompt(prompt)
+        cache_salt = self._cache_salt(prompt)
         self._validate_token_ids(token_ids)
         params.max_tokens = self._resolve_max_tokens(len(token_ids), params.max_tokens)
         if params.min_tokens > params.max_tokens:
@@ -130,8 +131,20 @@ class InputProcessor:
             eos_token_id=self.eos_token_ids[0] if self.eos_token_ids else None,
             arrival_time=time.time() if arrival_time is None else arrival_time,
             priority=priority,
+            cache_salt=cache_salt,
         )
         return request, prompt_text
+
+    @staticmethod
+    def _cache_salt(prompt: PromptType) -> str | None:
+        """A dict prompt's ``cache_salt`` (vLLM): a non-empty string, or absent."""
+        if not isinstance(prompt, Mapping) or prompt.get("cache_salt") is None:
+            return None
+        salt = prompt["cache_salt"]
+        if not isinstance(salt, str) or not salt:
+            raise InputValidationError(
+                f"cache_salt must be a non-empty string if given, got {salt!r}.", "cache_salt")
+        return salt
 
     # Prompt ------------------------------------------------------------------------------------
     def _parse_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:

@@ -1,7 +1,9 @@
 """Prefix-cache block hashes: sha256 of (parent hash, the block's token ids), chained per request.
 
 Two requests share a cached block only when every token before and inside it is identical, so
-the hash of block ``i`` covers the whole prefix ``[0, (i + 1) * block_size)``.
+the hash of block ``i`` covers the whole prefix ``[0, (i + 1) * block_size)``. A request's
+``cache_salt`` goes into its first block's parent, so requests with different salts (or one
+with and one without) share nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +18,13 @@ if TYPE_CHECKING:
 
 # Parent of a request's first block. Fixed, so hashes are stable across processes and runs.
 ROOT_HASH = hashlib.sha256(b"cadence.prefix-cache.root").digest()
+
+
+def salted_root(salt: str | None, root_hash: bytes = ROOT_HASH) -> bytes:
+    """The parent of a request's first block: ``root_hash``, mixed with the salt if any."""
+    if salt is None:
+        return root_hash
+    return hashlib.sha256(root_hash + b"salt:" + salt.encode("utf-8", "surrogatepass")).digest()
 
 
 def hash_block_tokens(parent_hash: bytes, token_ids: Sequence[int]) -> bytes:
@@ -41,7 +50,7 @@ def make_block_hasher(
         start = len(hashes) * block_size
         if len(tokens) - start < block_size:
             return []
-        parent = hashes[-1] if hashes else root_hash
+        parent = hashes[-1] if hashes else salted_root(request.cache_salt, root_hash)
         new_hashes: list[bytes] = []
         end = start + block_size
         while end <= len(tokens):

@@ -50,8 +50,10 @@ class Request:
         priority: int = 0,
         block_hasher: Callable[[Request], list[bytes]] | None = None,
         grammar_ready: Callable[[], bool] | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id
+        self.cache_salt = cache_salt  # mixed into the prefix-cache hash of the first block
         # Structured outputs: whether the grammar has compiled (vLLM's WAITING_FOR_FSM); the
         # request is not scheduled before. None: no grammar, or it is ready.
         self._grammar_ready = grammar_ready

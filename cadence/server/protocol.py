@@ -103,8 +103,12 @@ class SamplingRequest(OpenAIModel):
     structured_outputs: StructuredOutputsField | None = None
     response_format: ResponseFormat | None = None
     user: str | None = None
+    # vLLM: prefix-cache isolation; only requests with the same salt share cached blocks.
+    cache_salt: str | None = None
 
     def _check_common(self) -> None:
+        if self.cache_salt is not None and not self.cache_salt:
+            raise ParamError("cache_salt", "cache_salt must be a non-empty string if provided.")
         if self.stream_options is not None and not self.stream:
             raise ParamError("stream_options", "stream_options can only be set when stream=true.")
         if (self.response_format is not None and self.response_format.type == "json_schema"
@@ -275,10 +279,15 @@ class CompletionRequest(SamplingRequest):
         """The request's prompts, each as ``AsyncLLM.generate`` takes it."""
         p = self.prompt
         if isinstance(p, str):
-            return [p]
-        if all(isinstance(x, int) for x in p):
-            return [{"prompt_token_ids": list(p)}]
-        return [x if isinstance(x, str) else {"prompt_token_ids": list(x)} for x in p]
+            prompts: list[str | dict[str, Any]] = [p]
+        elif all(isinstance(x, int) for x in p):
+            prompts = [{"prompt_token_ids": list(p)}]
+        else:
+            prompts = [x if isinstance(x, str) else {"prompt_token_ids": list(x)} for x in p]
+        if self.cache_salt is None:
+            return prompts
+        return [{**({"prompt": x} if isinstance(x, str) else x), "cache_salt": self.cache_salt}
+                for x in prompts]
 
     def to_sampling_params(self, defaults: Mapping[str, Any] = NO_DEFAULTS) -> SamplingParams:
         """``defaults``: the model's default sampling fields (generation config)."""

@@ -210,7 +210,7 @@ class OpenAIServingChat(OpenAIServing):
             stream.prompt_token_ids = list(prompt_ids)
         return await self.start(
             request_id,
-            {"prompt_token_ids": prompt_ids},
+            {"prompt_token_ids": prompt_ids, "cache_salt": request.cache_salt},
             request.to_sampling_params(self.engine.generation_defaults),
             priority=request.priority,
             prompt_param="messages",

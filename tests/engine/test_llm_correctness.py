@@ -143,3 +143,28 @@ def test_longrope_long_factors_like_transformers(tmp_path, async_scheduling):
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == expected
+
+
+def test_cache_salt_isolates_the_prefix_cache():
+    """vLLM's cache_salt: a prompt is served from cached blocks only to requests with the same
+    salt (or, without one, to requests without one); the tokens never change."""
+    from tests.tiny import tiny_args
+
+    llm = LLM(**vars(tiny_args()))
+    prompt = list(range(3, 3 + 40))  # two full blocks of 16 and a partial one
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+    def run(salt):
+        p = {"prompt_token_ids": prompt} if salt is None else {"prompt_token_ids": prompt,
+                                                              "cache_salt": salt}
+        out = llm.generate([p], params, use_tqdm=False)[0]
+        return out.num_cached_tokens, out.outputs[0].token_ids
+
+    first = run("tenant-a")
+    assert first[0] == 0
+    assert run("tenant-a") == (32, first[1])  # the same salt: both full blocks
+    assert run("tenant-b") == (0, first[1])
+    assert run(None) == (0, first[1])
+    assert run(None) == (32, first[1])
+    with pytest.raises(ValueError, match="cache_salt"):
+        run("")

@@ -41,3 +41,21 @@ def test_hashes_follow_output_tokens():
     req.append_output_token_ids([8, 9, 10, 11, 12])
     assert len(req.block_hashes) == 3
     assert req.block_hashes == _request(list(range(1, 13))).block_hashes
+
+
+def test_a_cache_salt_changes_every_hash_and_equal_salts_agree() -> None:
+    from cadence.sampling_params import SamplingParams
+    from cadence.scheduler.block_hash import ROOT_HASH, make_block_hasher, salted_root
+    from cadence.scheduler.request import Request
+
+    hasher = make_block_hasher(4)
+    tokens = list(range(10))  # two full blocks
+
+    def hashes(salt):
+        return Request("r", tokens, SamplingParams(), block_hasher=hasher,
+                       cache_salt=salt).block_hashes
+
+    plain, a, a2, b = hashes(None), hashes("a"), hashes("a"), hashes("b")
+    assert len(plain) == 2 and a == a2
+    assert not set(plain) & set(a) and not set(a) & set(b)
+    assert salted_root(None) == ROOT_HASH != salted_root("")

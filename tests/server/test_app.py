@@ -461,3 +461,20 @@ def test_without_tokenizer_token_prompts_only(server_factory) -> None:
             "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
         )
         assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages"
+
+
+def test_cache_salt_is_accepted_and_keeps_the_tokens(server) -> None:
+    """vLLM's cache_salt on both endpoints: the same greedy tokens as without it (the salt only
+    keeps the prompt's cached blocks apart), one prompt or several."""
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        for route, body in (
+            ("/v1/completions", {"prompt": ["Hello there", "Bye now"], "max_tokens": 5}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                      "max_tokens": 5}),
+        ):
+            body = {**body, "temperature": 0, "ignore_eos": True}
+            plain = http.post(route, json=body).json()["choices"]
+            for salt in ("a", "a", "b"):
+                salted = http.post(route, json={**body, "cache_salt": salt})
+                assert salted.status_code == 200, salted.text
+                assert salted.json()["choices"] == plain

@@ -42,6 +42,8 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     (COMPLETIONS, {"prompt": "x", "stop_token_ids": [1 << 64]}, 400, "stop_token_ids", "64-bit"),
     (COMPLETIONS, {"prompt": "x", "stop_token_ids": [-1]}, 400, "stop_token_ids", "64-bit"),
     (COMPLETIONS, {"prompt": "x", "stop": ["a"] * 65}, 400, "stop", "at most 64"),
+    (COMPLETIONS, {"prompt": "x", "cache_salt": ""}, 400, "cache_salt", "non-empty"),
+    (COMPLETIONS, {"prompt": [1, 2], "cache_salt": 7}, 400, "cache_salt", "string"),
     (COMPLETIONS, {"prompt": "x", "stop": ["a" * 513]}, 400, "stop", "at most 512"),
     (
         COMPLETIONS,
@@ -54,6 +56,7 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     (COMPLETIONS, {"prompt": [1, 2, 1 << 80]}, 400, "prompt", "out of vocabulary"),
     (COMPLETIONS, {"prompt": "x", "min_tokens": 1 << 70}, 400, "min_tokens", "max_tokens"),
     (CHAT, {"messages": MSG, "min_tokens": 600}, 400, "min_tokens", "max_tokens"),
+    (CHAT, {"messages": MSG, "cache_salt": ""}, 400, "cache_salt", "non-empty"),
     (
         CHAT,
         {"messages": MSG, "chat_template_kwargs": {"tokenize": True}},
