@@ -68,6 +68,8 @@ class SamplingParams:
     bad_words: list[str] | None = None
     structured_outputs: StructuredOutputsParams | None = None
     skip_special_tokens: bool = True
+    # Keep only the prompt's last k tokens (left truncation); -1: the model's context length.
+    truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Filled in by the engine from the tokenizer / generation config; not user-facing.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
@@ -131,6 +133,9 @@ class SamplingParams:
                 f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
                 f"got {self.min_tokens}."
             )
+        k = self.truncate_prompt_tokens
+        if k is not None and (not _is_int(k) or k == 0 or k < -1):
+            raise ValueError(f"truncate_prompt_tokens must be an integer >= 1 or -1, got {k!r}.")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < -1):

@@ -103,7 +103,10 @@ class InputProcessor:
             )
         params = params.clone()
         self._validate_params(params)
-        prompt_text, token_ids = self._parse_prompt(prompt)
+        # A prompt to truncate may be longer than the context: no bound on its text.
+        truncating = params.truncate_prompt_tokens is not None
+        prompt_text, token_ids = self._parse_prompt(prompt, bound=not truncating)
+        token_ids = self._truncate(token_ids, params.truncate_prompt_tokens)
         cache_salt = self._cache_salt(prompt)
         self._validate_token_ids(token_ids)
         params.max_tokens = self._resolve_max_tokens(len(token_ids), params.max_tokens)
@@ -135,6 +138,20 @@ class InputProcessor:
         )
         return request, prompt_text
 
+    def _truncate(self, token_ids: list[int], k: int | None) -> list[int]:
+        """vLLM's truncate_prompt_tokens: the prompt's last ``k`` tokens (-1: the context length;
+        more than the context is an error). The prompt text, if any, is kept as given."""
+        if k is None:
+            return token_ids
+        if k == -1:
+            k = self.max_model_len
+        if k > self.max_model_len:
+            raise InputValidationError(
+                f"truncate_prompt_tokens value ({k}) is greater than max_model_len "
+                f"({self.max_model_len}); select a smaller truncation size.",
+                "truncate_prompt_tokens", k)
+        return token_ids[-k:] if len(token_ids) > k else token_ids
+
     @staticmethod
     def _cache_salt(prompt: PromptType) -> str | None:
         """A dict prompt's ``cache_salt`` (vLLM): a non-empty string, or absent."""
@@ -147,9 +164,10 @@ class InputProcessor:
         return salt
 
     # Prompt ------------------------------------------------------------------------------------
-    def _parse_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+    def _parse_prompt(self, prompt: PromptType, bound: bool = True
+                      ) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
-            return prompt, self._tokenize(prompt)
+            return prompt, self._tokenize(prompt, bound)
         if not isinstance(prompt, Mapping):
             raise InputValidationError(
                 "prompt must be a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}, "
@@ -172,12 +190,12 @@ class InputProcessor:
             text = prompt["prompt"]
             if not isinstance(text, str):
                 raise InputValidationError("prompt must be a string.", "prompt")
-            return text, self._tokenize(text)
+            return text, self._tokenize(text, bound)
         raise InputValidationError(
             "A dict prompt needs a 'prompt' or a 'prompt_token_ids' key.", "prompt"
         )
 
-    def _tokenize(self, text: str) -> list[int]:
+    def _tokenize(self, text: str, bound: bool = True) -> list[int]:
         if self.tokenizer is None:
             raise InputValidationError(
                 "Text prompts need a tokenizer, and this engine has none (skip_tokenizer_init, "
@@ -187,7 +205,8 @@ class InputProcessor:
             )
         if not text:
             raise InputValidationError("The prompt cannot be empty.", "prompt")
-        self.check_prompt_text(text)
+        if bound:
+            self.check_prompt_text(text)
         try:
             return list(self.tokenizer.encode(text))
         except (TypeError, UnicodeError) as exc:  # e.g. a lone surrogate (no UTF-8 for it)

@@ -105,6 +105,8 @@ class SamplingRequest(OpenAIModel):
     user: str | None = None
     # vLLM: prefix-cache isolation; only requests with the same salt share cached blocks.
     cache_salt: str | None = None
+    # vLLM: keep the prompt's last k tokens (-1: the context length).
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
 
     def _check_common(self) -> None:
         if self.cache_salt is not None and not self.cache_salt:
@@ -174,6 +176,7 @@ class SamplingRequest(OpenAIModel):
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
             output_kind=kind,
         )
 

@@ -197,7 +197,8 @@ class OpenAIServingChat(OpenAIServing):
                 add_generation_prompt=request.add_generation_prompt,
                 continue_final_message=request.continue_final_message,
                 chat_template_kwargs=request.chat_template_kwargs,
-                check_text=self.engine.input_processor.check_prompt_text,
+                check_text=(self.engine.input_processor.check_prompt_text
+                            if request.truncate_prompt_tokens is None else None),
                 chat_template=self.chat_template,
                 tools=([t.model_dump(exclude_none=True) for t in request.tools]
                        if request.tools else None),

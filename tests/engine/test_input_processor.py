@@ -239,3 +239,29 @@ def test_list_bounds_accept_the_limit_and_refuse_one_more(
     with pytest.raises(InputValidationError, match=str(limit)) as info:
         proc.process("no", "hi", SamplingParams(max_tokens=2, **{field: make(limit + 1)}))
     assert info.value.parameter == field
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(tokenizer: PreTrainedTokenizerFast) -> None:
+    proc = _proc(tokenizer)  # max_model_len 64
+    ids = list(range(3, 3 + 100))  # longer than the context
+    req, _ = proc.process("a", {"prompt_token_ids": ids},
+                          SamplingParams(max_tokens=4, truncate_prompt_tokens=10))
+    assert req.prompt_token_ids == ids[-10:]
+    req, _ = proc.process("b", {"prompt_token_ids": ids[:5]},
+                          SamplingParams(max_tokens=4, truncate_prompt_tokens=10))
+    assert req.prompt_token_ids == ids[:5]  # shorter than k: unchanged
+    # -1: the context length, which then leaves no room for an output token.
+    with pytest.raises(InputValidationError) as info:
+        proc.process("c", {"prompt_token_ids": ids}, SamplingParams(truncate_prompt_tokens=-1))
+    assert info.value.parameter in ("prompt", "max_tokens")
+    with pytest.raises(InputValidationError, match="greater than max_model_len") as info:
+        proc.process("d", {"prompt_token_ids": ids}, SamplingParams(truncate_prompt_tokens=65))
+    assert info.value.parameter == "truncate_prompt_tokens"
+    # A text far past the context is tokenized, then truncated (no bound on its length).
+    text = "hello world, " * 400
+    req, prompt_text = proc.process("e", text, SamplingParams(max_tokens=4,
+                                                              truncate_prompt_tokens=20))
+    assert req.prompt_token_ids == tokenizer.encode(text)[-20:] and prompt_text == text
+    for bad in (0, -2, 1.5):
+        with pytest.raises(ValueError, match="truncate_prompt_tokens"):
+            SamplingParams(truncate_prompt_tokens=bad)

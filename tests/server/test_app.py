@@ -478,3 +478,21 @@ def test_cache_salt_is_accepted_and_keeps_the_tokens(server) -> None:
                 salted = http.post(route, json={**body, "cache_salt": salt})
                 assert salted.status_code == 200, salted.text
                 assert salted.json()["choices"] == plain
+
+
+def test_truncate_prompt_tokens_serves_the_prompts_tail(server) -> None:
+    """vLLM's truncate_prompt_tokens: only the prompt's last k tokens count (usage says k), and
+    the answer is the one for that tail; on chat, the rendered conversation's tail."""
+    text = "The quick brown fox jumps over the lazy dog. " * 30
+    ids = server.engine.tokenizer.encode(text)
+    greedy = {"temperature": 0, "ignore_eos": True, "max_tokens": 6}
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        cut = http.post("/v1/completions", json={"prompt": text, "truncate_prompt_tokens": 12,
+                                                 **greedy}).json()
+        tail = http.post("/v1/completions", json={"prompt": ids[-12:], **greedy}).json()
+        assert cut["usage"]["prompt_tokens"] == 12
+        assert cut["choices"][0]["text"] == tail["choices"][0]["text"]
+        chat = http.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": text}], "truncate_prompt_tokens": 9,
+            **greedy}).json()
+        assert chat["usage"]["prompt_tokens"] == 9

@@ -43,6 +43,12 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     (COMPLETIONS, {"prompt": "x", "stop_token_ids": [-1]}, 400, "stop_token_ids", "64-bit"),
     (COMPLETIONS, {"prompt": "x", "stop": ["a"] * 65}, 400, "stop", "at most 64"),
     (COMPLETIONS, {"prompt": "x", "cache_salt": ""}, 400, "cache_salt", "non-empty"),
+    (COMPLETIONS, {"prompt": "x", "truncate_prompt_tokens": 0}, 400, "truncate_prompt_tokens",
+     ">= 1 or -1"),
+    (COMPLETIONS, {"prompt": "x", "truncate_prompt_tokens": -2}, 400, "truncate_prompt_tokens",
+     "greater than"),
+    (CHAT, {"messages": MSG, "truncate_prompt_tokens": 10**6}, 400, "truncate_prompt_tokens",
+     "max_model_len"),
     (COMPLETIONS, {"prompt": [1, 2], "cache_salt": 7}, 400, "cache_salt", "string"),
     (COMPLETIONS, {"prompt": "x", "stop": ["a" * 513]}, 400, "stop", "at most 512"),
     (
