@@ -107,6 +107,8 @@ class SamplingRequest(OpenAIModel):
     cache_salt: str | None = None
     # vLLM: keep the prompt's last k tokens (-1: the context length).
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    # vLLM: logprobs show each token as "token_id:N" (for tokens that are not valid text alone).
+    return_tokens_as_token_ids: bool = False
 
     def _check_common(self) -> None:
         if self.cache_salt is not None and not self.cache_salt:

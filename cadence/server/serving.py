@@ -181,8 +181,12 @@ def prompt_logprobs_out(rows: EnginePromptLogprobs | None) -> PromptLogprobs | N
             for row in rows]
 
 
-def token_text(token_id: int, lp: Logprob) -> str:
-    return lp.decoded_token if lp.decoded_token is not None else f"token_id:{token_id}"
+def token_text(token_id: int, lp: Logprob, as_ids: bool = False) -> str:
+    """A logprobs entry's token as shown: its text, or ``token_id:N`` (vLLM's
+    ``return_tokens_as_token_ids``, or where it has no text)."""
+    if as_ids or lp.decoded_token is None:
+        return f"token_id:{token_id}"
+    return lp.decoded_token
 
 
 def top_by_rank(row: dict[int, Logprob], n: int) -> list[tuple[int, Logprob]]:

@@ -48,16 +48,18 @@ if TYPE_CHECKING:
     from cadence.outputs import Logprob, RequestOutput
 
 
-def chat_logprobs(token_ids: list[int], rows: list[dict[int, Logprob]], num: int) -> ChatLogProbs:
+def chat_logprobs(token_ids: list[int], rows: list[dict[int, Logprob]], num: int,
+                  as_ids: bool = False) -> ChatLogProbs:
+    """``as_ids``: tokens shown as ``token_id:N`` (vLLM's return_tokens_as_token_ids)."""
     content: list[ChatLogProbsContent] = []
     for tid, row in zip(token_ids, rows, strict=False):
         sampled = row.get(tid)
-        text = token_text(tid, sampled) if sampled is not None else f"token_id:{tid}"
+        text = token_text(tid, sampled, as_ids) if sampled is not None else f"token_id:{tid}"
         top = [
             ChatLogProb(
-                token=token_text(t, lp),
+                token=token_text(t, lp, as_ids),
                 logprob=clamp_logprob(lp.logprob),
-                bytes=list(token_text(t, lp).encode("utf-8")),
+                bytes=list(token_text(t, lp, as_ids).encode("utf-8")),
             )
             for t, lp in top_by_rank(row, num)
         ]
@@ -114,7 +116,8 @@ class ChatStream:
             self.finished = out.finished
             lps = None
             if request.logprobs and c.logprobs is not None and c.token_ids:
-                lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0)
+                lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0,
+                                     request.return_tokens_as_token_ids)
             ids = list(c.token_ids) if request.return_token_ids else None
             content: str | None = c.text
             reasoning = None
@@ -232,7 +235,8 @@ class OpenAIServingChat(OpenAIServing):
         for c in final.outputs:
             lps = None
             if request.logprobs and c.logprobs is not None:
-                lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0)
+                lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0,
+                                     request.return_tokens_as_token_ids)
             content, reasoning = c.text, None
             if self.reasoning is not None:
                 reasoning, content = self.reasoning.split(c.text)

@@ -34,8 +34,9 @@ class Echo:
     """What ``echo`` puts before a completion: the prompt's text, and with logprobs its tokens'
     (the first has none)."""
 
-    def __init__(self, decode: Callable[[list[int]], str] | None) -> None:
+    def __init__(self, decode: Callable[[list[int]], str] | None, as_ids: bool = False) -> None:
         self.decode = decode
+        self.as_ids = as_ids  # return_tokens_as_token_ids
 
     def text(self, out: RequestOutput) -> str:
         if out.prompt is not None:
@@ -51,7 +52,7 @@ class Echo:
         prompt = list(out.prompt_token_ids or [])
         prompt_rows = list(out.prompt_logprobs or [None] * len(prompt))
         return completion_logprobs(prompt + token_ids, prompt_rows + list(rows or []), num,
-                                   offset, self.token, self.decode, pending)
+                                   offset, self.token, self.decode, pending, self.as_ids)
 
 
 _MAX_CHAR_TOKENS = 4  # a UTF-8 character spans at most four byte tokens
@@ -62,6 +63,7 @@ def completion_logprobs(
     decode: Callable[[int], str] | None = None,
     decode_ids: Callable[[list[int]], str] | None = None,
     pending: list[int] | None = None,
+    as_ids: bool = False,
 ) -> CompletionLogProbs:
     """OpenAI legacy logprobs: the sampled token plus the ``num`` most likely per position. A
     row of None (the first prompt token, echoed) has no logprob: its text comes from
@@ -70,26 +72,28 @@ def completion_logprobs(
     the character counts once its last byte arrives (``decode_ids`` decodes them together;
     without it each token counts its own text's length, as vLLM does). ``pending``: the tokens
     of a character not yet complete, carried from one streamed chunk to the next (updated in
-    place)."""
+    place). ``as_ids``: tokens shown as ``token_id:N`` (vLLM's return_tokens_as_token_ids); the
+    offsets still count the text."""
     out = CompletionLogProbs()
     if pending is None:
         pending = []
     for tid, row in zip(token_ids, rows, strict=False):
         if row is None:
             text = decode(tid) if decode is not None else f"token_id:{tid}"
-            out.tokens.append(text)
+            out.tokens.append(f"token_id:{tid}" if as_ids else text)
             out.token_logprobs.append(None)
             out.top_logprobs.append(None)
         else:
             sampled = row.get(tid)
             text = token_text(tid, sampled) if sampled is not None else f"token_id:{tid}"
-            out.tokens.append(text)
+            shown = f"token_id:{tid}" if as_ids else text
+            out.tokens.append(shown)
             out.token_logprobs.append(
                 clamp_logprob(sampled.logprob) if sampled is not None else None)
-            top = {token_text(t, lp): clamp_logprob(lp.logprob)
+            top = {token_text(t, lp, as_ids): clamp_logprob(lp.logprob)
                    for t, lp in top_by_rank(row, num)}
             if sampled is not None:
-                top.setdefault(text, clamp_logprob(sampled.logprob))
+                top.setdefault(shown, clamp_logprob(sampled.logprob))
             out.top_logprobs.append(top)
         out.text_offset.append(offset)
         if decode_ids is not None and (pending or "\ufffd" in text):
@@ -144,7 +148,7 @@ class CompletionStream:
             elif request.logprobs is not None and c.logprobs is not None and c.token_ids:
                 lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs,
                                           self.offsets[k], decode_ids=self.echo.decode,
-                                          pending=self.pending[k])
+                                          pending=self.pending[k], as_ids=self.echo.as_ids)
             self.offsets[k] += len(text)
             ids = list(c.token_ids) if self.with_ids else None
             if not text and not ids and not c.finished() and lps is None:
@@ -173,7 +177,7 @@ class CompletionStream:
 class OpenAIServingCompletion(OpenAIServing):
     def new_stream(self, request: CompletionRequest, base_id: str) -> CompletionStream:
         return CompletionStream(request, base_id, self.served_model_name, self._with_ids(request),
-                                self._echo())
+                                self._echo(request))
 
     async def start_all(
         self, request: CompletionRequest, base_id: str, stream: CompletionStream | None = None
@@ -206,7 +210,7 @@ class OpenAIServingCompletion(OpenAIServing):
     ) -> CompletionResponse:
         base_id = base_id or random_id("cmpl")
         started = await self.start_all(request, base_id)
-        echo = self._echo()
+        echo = self._echo(request)
         choices: list[CompletionResponseChoice] = []
         usage = UsageInfo()
         try:
@@ -234,7 +238,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 lps = echo.logprobs(final, list(c.token_ids), c.logprobs, request.logprobs, 0)
         elif request.logprobs is not None and c.logprobs is not None:
             lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs, 0,
-                                      decode_ids=echo.decode)
+                                      decode_ids=echo.decode, as_ids=echo.as_ids)
         return CompletionResponseChoice(
             index=first_index + c.index,
             text=text,
@@ -248,9 +252,9 @@ class OpenAIServingCompletion(OpenAIServing):
                              if request.prompt_logprobs is not None else None),
         )
 
-    def _echo(self) -> Echo:
+    def _echo(self, request: CompletionRequest) -> Echo:
         tok = self.engine.tokenizer
-        return Echo(None if tok is None else tok.decode)
+        return Echo(None if tok is None else tok.decode, request.return_tokens_as_token_ids)
 
     def _with_ids(self, request: CompletionRequest) -> bool:
         return request.return_token_ids or self.engine.tokenizer is None

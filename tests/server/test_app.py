@@ -496,3 +496,49 @@ def test_truncate_prompt_tokens_serves_the_prompts_tail(server) -> None:
             "messages": [{"role": "user", "content": text}], "truncate_prompt_tokens": 9,
             **greedy}).json()
         assert chat["usage"]["prompt_tokens"] == 9
+
+
+def test_return_tokens_as_token_ids_in_logprobs(server) -> None:
+    """vLLM's return_tokens_as_token_ids: every logprobs token (sampled, top, echoed prompt) is
+    "token_id:N", with N the id; the offsets and the text are those of the plain answer."""
+    import re
+
+    as_id = re.compile(r"token_id:\d+")
+    greedy = {"temperature": 0, "ignore_eos": True, "max_tokens": 6}
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        body = {"prompt": "Hello there", "logprobs": 2, "return_token_ids": True, **greedy}
+        plain = http.post("/v1/completions", json=body).json()["choices"][0]
+        for stream in (False, True):
+            got_body = {**body, "return_tokens_as_token_ids": True}
+            if not stream:
+                choice = http.post("/v1/completions", json=got_body).json()["choices"][0]
+                ids, tokens = choice["token_ids"], choice["logprobs"]["tokens"]
+                offsets, tops = choice["logprobs"]["text_offset"], choice["logprobs"]["top_logprobs"]
+                assert choice["text"] == plain["text"]
+            else:
+                with http.stream("POST", "/v1/completions",
+                                 json={**got_body, "stream": True}) as r:
+                    chunks = [json.loads(line[6:]) for line in r.iter_lines()
+                              if line.startswith("data: {")]
+                parts = [c["choices"][0] for c in chunks if c["choices"]]
+                ids = [t for p in parts for t in p.get("token_ids") or []]
+                lps = [p["logprobs"] for p in parts if p.get("logprobs")]
+                tokens = [t for lp in lps for t in lp["tokens"]]
+                offsets = [o for lp in lps for o in lp["text_offset"]]
+                tops = [t for lp in lps for t in lp["top_logprobs"]]
+            assert tokens == [f"token_id:{t}" for t in ids] == [
+                f"token_id:{t}" for t in plain["token_ids"]]
+            assert offsets == plain["logprobs"]["text_offset"]
+            assert all(tok in top and all(as_id.fullmatch(k) for k in top)
+                       for tok, top in zip(tokens, tops, strict=True))
+        echoed = http.post("/v1/completions", json={**body, "echo": True, "max_tokens": 2,
+                                                    "return_tokens_as_token_ids": True}).json()
+        assert all(as_id.fullmatch(t) for t in echoed["choices"][0]["logprobs"]["tokens"])
+        chat = http.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 2,
+            "return_tokens_as_token_ids": True, "return_token_ids": True, **greedy}).json()
+        choice = chat["choices"][0]
+        content = choice["logprobs"]["content"]
+        assert [c["token"] for c in content] == [f"token_id:{t}" for t in choice["token_ids"]]
+        assert all(as_id.fullmatch(t["token"]) for c in content for t in c["top_logprobs"])
+        assert all(bytes(c["bytes"]) == c["token"].encode() for c in content)
