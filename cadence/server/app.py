@@ -401,6 +401,7 @@ def build_app(
     web_page: bool = True,
     reasoning_parser: str | None = None,
     tool_call_parser: str | None = None,
+    trust_request_chat_template: bool = False,
 ) -> Starlette:
     """The application serving ``engine``; the caller owns the engine's lifetime.
     ``front_end_index``: this is one of several API server processes (``--api-server-count``).
@@ -419,6 +420,7 @@ def build_app(
     )
     server.chat.reasoning = reasoning_parser_named(reasoning_parser)
     server.chat.tool_call_parser = tool_call_parser
+    server.chat.trust_request_chat_template = trust_request_chat_template
     routes = [
         Route("/v1/completions", server.create_completion, methods=["POST"]),
         Route("/v1/chat/completions", server.create_chat_completion, methods=["POST"]),

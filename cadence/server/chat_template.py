@@ -33,6 +33,16 @@ def template_message(message: ChatMessage, index: int = 0) -> dict[str, Any]:
     return out
 
 
+def check_template_syntax(template: str) -> None:
+    """A 400 naming ``chat_template`` for a request's template that does not parse."""
+    import jinja2
+
+    try:
+        jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ParamError("chat_template", f"the chat template does not parse: {exc}") from None
+
+
 def render_chat(
     tokenizer: Any,
     messages: list[ChatMessage],

@@ -115,6 +115,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "Qwen3 templates)",
     )
     parser.add_argument(
+        "--trust-request-chat-template", action="store_true",
+        help="let chat requests carry their own chat_template (a template runs on the server's "
+        "CPU: trust the clients); without it such a request gets a 400",
+    )
+    parser.add_argument(
         "--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
         help="put the model's <think> ... </think> text into the chat message's reasoning "
         "field: qwen3 (the model opens the tag) or deepseek_r1 (the prompt opens it)",
@@ -212,6 +217,7 @@ def settings_from(ns: argparse.Namespace) -> ServerSettings:
         reasoning_parser=ns.reasoning_parser,
         enable_auto_tool_choice=ns.enable_auto_tool_choice,
         tool_call_parser=ns.tool_call_parser,
+        trust_request_chat_template=ns.trust_request_chat_template,
     )
 
 

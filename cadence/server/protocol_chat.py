@@ -98,6 +98,10 @@ class ChatCompletionRequest(SamplingRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM: this request's own Jinja template (only with --trust-request-chat-template).
+    chat_template: str | None = None
+    # False: at most one tool call per answer (the first), as vLLM.
+    parallel_tool_calls: bool | None = None
     return_token_ids: bool = False  # vLLM: ids of the prompt and of each chunk
     tools: list[ChatTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
-from cadence.server.chat_template import render_chat
+from cadence.server.chat_template import check_template_syntax, render_chat
 from cadence.server.frame_stream import FrameStream
 from cadence.server.frames import ChatFrames
 from cadence.server.protocol import ParamError, random_id
@@ -74,6 +74,12 @@ def chat_logprobs(token_ids: list[int], rows: list[dict[int, Logprob]], num: int
     return ChatLogProbs(content=content)
 
 
+def one_call_at_most(request: ChatCompletionRequest, calls: list[ParsedCall]
+                     ) -> list[ParsedCall]:
+    """``calls``, or only the first with ``parallel_tool_calls`` false (vLLM)."""
+    return calls[:1] if request.parallel_tool_calls is False else calls
+
+
 def forced_calls(request: ChatCompletionRequest, text: str) -> list[ParsedCall] | None:
     """The calls of a forced tool choice's answer (None when it is not the calls' JSON)."""
     choice = request.tool_choice
@@ -136,13 +142,15 @@ class ChatStream:
                     if parsed is None:  # not the calls' JSON (cut short): it goes out as text
                         content = self.forced[c.index]
                     else:
-                        calls = [_delta_call(i, call) for i, call in enumerate(parsed)]
+                        calls = [_delta_call(i, call)
+                                 for i, call in enumerate(one_call_at_most(request, parsed))]
                         if request.tool_choice == "required":
                             finish = "tool_calls"
             if self.tools is not None and content is not None:
                 content, parsed = self.tools[c.index].feed(content, final=c.finished())
-                calls = [_delta_call(i, call) for i, call in enumerate(
-                    parsed, len(self.tools[c.index].calls) - len(parsed))] or None
+                first = len(self.tools[c.index].calls) - len(parsed)
+                calls = [_delta_call(i, call) for i, call in enumerate(parsed, first)
+                         if request.parallel_tool_calls is not False or i == 0] or None
                 content = content or (None if reasoning or calls else "")
             if finish is not None and self.tools is not None and self.tools[c.index].calls:
                 finish = "tool_calls"
@@ -169,8 +177,19 @@ class ChatStream:
 
 class OpenAIServingChat(OpenAIServing):
     chat_template: str | None = None  # the server's (--chat-template), else the tokenizer's
+    trust_request_chat_template = False  # a request may carry its own template
     reasoning: ReasoningParser | None = None  # --reasoning-parser
     tool_call_parser: str | None = None  # with --enable-auto-tool-choice
+
+    def _template(self, request: ChatCompletionRequest) -> str | None:
+        """The template to render ``request`` with: its own (where trusted), else the server's."""
+        if request.chat_template is None:
+            return self.chat_template
+        if not self.trust_request_chat_template:
+            raise ParamError("chat_template", "Chat template is passed with the request, but "
+                             "--trust-request-chat-template is not set: refused.")
+        check_template_syntax(request.chat_template)
+        return request.chat_template
 
     def parses_tools(self, request: ChatCompletionRequest) -> bool:
         """Whether this request's answer is searched for tool calls (tool_choice "auto")."""
@@ -202,7 +221,7 @@ class OpenAIServingChat(OpenAIServing):
                 chat_template_kwargs=request.chat_template_kwargs,
                 check_text=(self.engine.input_processor.check_prompt_text
                             if request.truncate_prompt_tokens is None else None),
-                chat_template=self.chat_template,
+                chat_template=self._template(request),
                 tools=([t.model_dump(exclude_none=True) for t in request.tools]
                        if request.tools else None),
             )
@@ -254,7 +273,7 @@ class OpenAIServingChat(OpenAIServing):
                 if parsed:
                     finish = "tool_calls"
             calls = [ToolCall(id=p.id, function=FunctionCall(name=p.name, arguments=p.arguments))
-                     for p in parsed or []]
+                     for p in one_call_at_most(request, parsed or [])]
             choices.append(ChatCompletionResponseChoice(
                 index=c.index,
                 message=ChatResponseMessage(content=content, reasoning=reasoning,

@@ -54,6 +54,8 @@ class ServerSettings:
     # Tool calls parsed out of chat answers for tool_choice "auto" (cadence.server.tool_calls).
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
+    # Chat requests may carry their own Jinja chat template (vLLM's flag; off: a 400).
+    trust_request_chat_template: bool = False
 
     def __post_init__(self) -> None:
         for name in _CORS_LISTS:

@@ -190,3 +190,28 @@ def test_tools_reach_the_template(hf_tokenizer: Any) -> None:
     ids = render_chat(hf_tokenizer, [ChatMessage(role="user", content="hi")],
                       chat_template=template, tools=tools)
     assert ids == encode(hf_tokenizer, "[tool get_weather: city,days]hi")
+
+
+REQUEST_TEMPLATE = ("{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}\n{% endfor %}"
+                    "{% if add_generation_prompt %}<<assistant>>{% endif %}")
+
+
+def test_a_requests_own_template_needs_the_servers_trust(server, server_factory,
+                                                         hf_tokenizer) -> None:
+    """vLLM's chat_template field: refused (400 naming it) unless the server runs with
+    --trust-request-chat-template; then the conversation is rendered with it (the usage counts
+    the tokens of that rendering) and a template that does not parse is a 400."""
+    messages = [{"role": "user", "content": "Hi there"}]
+    body = {"messages": messages, "max_tokens": 2, "chat_template": REQUEST_TEMPLATE}
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        refused = http.post("/v1/chat/completions", json=body)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template"
+    trusted = server_factory(app_kwargs={"trust_request_chat_template": True})
+    with httpx.Client(base_url=trusted.base_url, timeout=30) as http:
+        ok = http.post("/v1/chat/completions", json=body)
+        assert ok.status_code == 200, ok.text
+        want = hf_tokenizer.encode("<<user>>Hi there\n<<assistant>>", add_special_tokens=False)
+        assert ok.json()["usage"]["prompt_tokens"] == len(want)
+        broken = http.post("/v1/chat/completions", json={**body, "chat_template": "{% for %}"})
+        assert broken.status_code == 400 and broken.json()["error"]["param"] == "chat_template"
+        assert http.get("/health").status_code == 200

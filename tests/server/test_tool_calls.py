@@ -154,6 +154,15 @@ def test_tool_calls_through_the_openai_client(tool_server) -> None:
     assert [c.index for c in calls] == [0, 1]
     assert [json.loads(c.function.arguments)["city"] for c in calls] == ["Paris", "Rome"]
     assert all(c.function.name == "get_weather" and c.type == "function" for c in calls)
+    # parallel_tool_calls false (vLLM): the first call only, whole or streamed.
+    one = client.chat.completions.create(**kw, parallel_tool_calls=False).choices[0]
+    assert one.finish_reason == "tool_calls" and len(one.message.tool_calls) == 1
+    assert json.loads(one.message.tool_calls[0].function.arguments)["city"] == "Paris"
+    streamed_one = [d for c in client.chat.completions.create(**kw, stream=True,
+                                                               parallel_tool_calls=False)
+                    if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert [(d.index, json.loads(d.function.arguments)["city"]) for d in streamed_one] == [
+        (0, "Paris")]
     # tool_choice "none": the answer is plain text.
     plain = client.chat.completions.create(**kw, tool_choice="none")
     assert plain.choices[0].message.content.startswith("Sure.<tool_call>")
