@@ -102,6 +102,9 @@ class ChatCompletionRequest(SamplingRequest):
     chat_template: str | None = None
     # False: at most one tool call per answer (the first), as vLLM.
     parallel_tool_calls: bool | None = None
+    # vLLM: the answer starts with the last message's content when that is the assistant's
+    # (a continued final message is returned whole).
+    echo: bool = False
     return_token_ids: bool = False  # vLLM: ids of the prompt and of each chunk
     tools: list[ChatTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
@@ -125,6 +128,13 @@ class ChatCompletionRequest(SamplingRequest):
                              "cannot be combined with response_format or structured_outputs.")
         check_template_options(self.chat_template_kwargs, self.add_generation_prompt,
                                self.continue_final_message)
+
+    @property
+    def echoed(self) -> str:
+        """What ``echo`` puts before each choice's content ("" when nothing)."""
+        if self.echo and self.messages and self.messages[-1].role == "assistant":
+            return self.messages[-1].text()
+        return ""
 
     @property
     def forced_tools(self) -> bool:

@@ -274,6 +274,8 @@ class OpenAIServingChat(OpenAIServing):
                     finish = "tool_calls"
             calls = [ToolCall(id=p.id, function=FunctionCall(name=p.name, arguments=p.arguments))
                      for p in one_call_at_most(request, parsed or [])]
+            if request.echoed:
+                content = request.echoed + (content or "")
             choices.append(ChatCompletionResponseChoice(
                 index=c.index,
                 message=ChatResponseMessage(content=content, reasoning=reasoning,
@@ -303,9 +305,12 @@ class OpenAIServingChat(OpenAIServing):
     async def stream(self, started: StartedRequest, cs: ChatStream) -> AsyncGenerator[str, None]:
         """SSE frames of a streamed chat completion; always ends with ``[DONE]``."""
         try:
+            echoed = cs.request.echoed
             for index in range(cs.n):
                 yield cs.frames.chunk(role="assistant", content="", index=index,
                                       prompt_token_ids=cs.prompt_token_ids)
+                if echoed:
+                    yield cs.frames.chunk(content=echoed, index=index)
             while (frames := await cs.stream.next()) is not None:
                 yield frames
             if cs.stream.error is not None:

@@ -542,3 +542,25 @@ def test_return_tokens_as_token_ids_in_logprobs(server) -> None:
         assert [c["token"] for c in content] == [f"token_id:{t}" for t in choice["token_ids"]]
         assert all(as_id.fullmatch(t["token"]) for c in content for t in c["top_logprobs"])
         assert all(bytes(c["bytes"]) == c["token"].encode() for c in content)
+
+
+def test_chat_echo_returns_a_continued_message_whole(server) -> None:
+    """vLLM's chat echo: when the last message is the assistant's (continue_final_message),
+    the answer's content starts with it, streamed or not; otherwise echo adds nothing."""
+    greedy = {"temperature": 0, "ignore_eos": True, "max_tokens": 5}
+    cont = {"messages": [{"role": "user", "content": "Tell me"},
+                         {"role": "assistant", "content": "Once upon"}],
+            "add_generation_prompt": False, "continue_final_message": True, **greedy}
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        plain = http.post("/v1/chat/completions", json=cont).json()["choices"][0]["message"]
+        echoed = http.post("/v1/chat/completions", json={**cont, "echo": True}).json()
+        assert echoed["choices"][0]["message"]["content"] == "Once upon" + plain["content"]
+        with http.stream("POST", "/v1/chat/completions",
+                         json={**cont, "echo": True, "stream": True}) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        assert text == "Once upon" + plain["content"]
+        user_last = {"messages": [{"role": "user", "content": "Hi"}], **greedy}
+        a = http.post("/v1/chat/completions", json=user_last).json()["choices"][0]["message"]
+        b = http.post("/v1/chat/completions", json={**user_last, "echo": True}).json()
+        assert b["choices"][0]["message"]["content"] == a["content"]
