@@ -250,6 +250,8 @@ class CompletionRequest(SamplingRequest):
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
+    # vLLM: text prompts get the tokenizer's special tokens (e.g. BOS); false: the text alone.
+    add_special_tokens: bool = True
 
     def check(self) -> None:
         """Semantic checks beyond the schema; raise ``ParamError`` naming the parameter."""

@@ -564,3 +564,39 @@ def test_chat_echo_returns_a_continued_message_whole(server) -> None:
         a = http.post("/v1/chat/completions", json=user_last).json()["choices"][0]["message"]
         b = http.post("/v1/chat/completions", json={**user_last, "echo": True}).json()
         assert b["choices"][0]["message"]["content"] == a["content"]
+
+
+def test_add_special_tokens_false_leaves_the_bos_out(tmp_path, server_factory) -> None:
+    """vLLM's add_special_tokens on completions: by default a text prompt gets the tokenizer's
+    special tokens (here a BOS its post-processor adds); false tokenizes the text alone.
+    Token-id prompts are never changed."""
+    import shutil
+
+    from cadence.model.tiny import ensure_tiny_model
+
+    model = tmp_path / "tiny-bos"
+    shutil.copytree(ensure_tiny_model(), model)
+    spec = json.loads((model / "tokenizer.json").read_text())
+    bos = next(t for t in spec["added_tokens"] if t["content"] == "<|im_start|>")
+    spec["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+                   {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [bos["id"]],
+                                             "tokens": ["<|im_start|>"]}},
+    }
+    (model / "tokenizer.json").write_text(json.dumps(spec))
+    srv = server_factory(model=str(model))
+    body = {"prompt": "hello", "max_tokens": 2, "temperature": 0, "ignore_eos": True,
+            "echo": True, "logprobs": 0, "return_token_ids": True}
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        with_bos = http.post("/v1/completions", json=body).json()
+        alone = http.post("/v1/completions", json={**body, "add_special_tokens": False}).json()
+        ids = http.post("/v1/completions", json={**body, "prompt": [5, 6],
+                                                 "add_special_tokens": False}).json()
+    assert with_bos["choices"][0]["prompt_token_ids"][0] == bos["id"]
+    assert alone["choices"][0]["prompt_token_ids"] == with_bos["choices"][0]["prompt_token_ids"][1:]
+    assert alone["usage"]["prompt_tokens"] == with_bos["usage"]["prompt_tokens"] - 1
+    assert alone["choices"][0]["text"].startswith("hello")  # echo: the prompt's text
+    assert ids["choices"][0]["prompt_token_ids"] == [5, 6]
