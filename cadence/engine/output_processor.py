@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cadence.core_types import EngineCoreOutput, EngineCoreRequest, FinishReason
+from cadence.engine.input_processor import InputValidationError
 from cadence.engine.output_collector import OutputSink, RequestFailedError, RequestOutputCollector
 from cadence.engine.parent_request import ParentRequest
 from cadence.engine.request_state import RequestState, TokenTextCache
@@ -72,13 +73,13 @@ class OutputProcessor:
         child (the others come back in ``reqs_to_add`` once its prompt is prefilled)."""
         request_id = request.request_id
         if request_id in self.request_states or request_id in self.parents:
-            raise ValueError(f"Request id {request_id} already running.")
+            raise InputValidationError(f"Request id {request_id} already running.", "request_id")
         if request.sampling_params.n == 1:
             self._add_state(request, prompt, queue, None)
             return [request]
         parent = ParentRequest(request)
         if any(c in self.request_states for c in parent.child_ids):
-            raise ValueError(f"Request id {request_id} already running.")
+            raise InputValidationError(f"Request id {request_id} already running.", "request_id")
         self.parents[request_id] = parent
         for child in parent.children:
             self._add_state(child, prompt, queue, parent)

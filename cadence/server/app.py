@@ -186,7 +186,7 @@ class OpenAIServer:
     async def create_completion(self, request: Request) -> Response:
         body = await self._stoppable(self.read_json(request, CompletionRequest))
         self.completions.check_model(body.model)
-        base_id = random_id("cmpl")
+        base_id = random_id("cmpl", body.request_id)
         if body.stream:
             cs = self.completions.new_stream(body, base_id)
             started = await self._stoppable(self.completions.start_all(body, base_id, cs))
@@ -197,7 +197,7 @@ class OpenAIServer:
     async def create_chat_completion(self, request: Request) -> Response:
         body = await self._stoppable(self.read_json(request, ChatCompletionRequest))
         self.chat.check_model(body.model)
-        request_id = random_id("chatcmpl")
+        request_id = random_id("chatcmpl", body.request_id)
         if body.stream:
             cs = self.chat.new_stream(body, request_id)
             started = await self._stoppable(self.chat.start_chat(body, request_id, cs))

@@ -33,8 +33,9 @@ class ParamError(ValueError):
         self.param = param
 
 
-def random_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+def random_id(prefix: str, given: str | None = None) -> str:
+    """``prefix-<given>``, or ``prefix-<random hex>`` without one."""
+    return f"{prefix}-{given if given is not None else uuid.uuid4().hex}"
 
 
 NO_DEFAULTS: Mapping[str, Any] = MappingProxyType({})
@@ -105,6 +106,8 @@ class SamplingRequest(OpenAIModel):
     user: str | None = None
     # vLLM: prefix-cache isolation; only requests with the same salt share cached blocks.
     cache_salt: str | None = None
+    # vLLM: the response's id is "cmpl-<request_id>" / "chatcmpl-<request_id>" (tracing).
+    request_id: str | None = Field(default=None, min_length=1, max_length=256)
     # vLLM: keep the prompt's last k tokens (-1: the context length).
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     # vLLM: logprobs show each token as "token_id:N" (for tokens that are not valid text alone).

@@ -197,3 +197,34 @@ def test_a_failing_first_child_offline_leaves_the_other_choices(monkeypatch) -> 
                                                     ignore_eos=True), use_tqdm=False)
     assert [c.finish_reason for c in out.outputs] == ["error", "length", "length"]
     assert not llm.output_processor.request_states and not llm.output_processor.parents
+
+
+def test_an_id_already_running_is_refused_naming_request_id() -> None:
+    """A second request under an id that is still running (or one of an n > 1 request's child
+    ids) is an InputValidationError naming request_id; the first runs on."""
+    from cadence.engine.input_processor import InputValidationError
+
+    async def main():
+        engine, gated = _gated_engine()
+        try:
+            params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+            first = await engine.add_request("p", PROMPT, params)
+            errors = []
+            for rid, p in (("p", params), ("0_q", params)):
+                if rid == "0_q":
+                    await engine.add_request("q", PROMPT, SamplingParams(
+                        n=2, temperature=1.0, max_tokens=3, ignore_eos=True))
+                with pytest.raises(InputValidationError) as info:
+                    await engine.add_request(rid, PROMPT, p)
+                errors.append(info.value.parameter)
+            gated[0].open()
+            final = None
+            while final is None or not final.finished:
+                final = await first.get()
+            return errors, final
+        finally:
+            gated[0].open()
+            engine.shutdown()
+
+    errors, final = _run(main())
+    assert errors == ["request_id", "request_id"] and len(final.outputs[0].token_ids) == 3

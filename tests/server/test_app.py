@@ -600,3 +600,22 @@ def test_add_special_tokens_false_leaves_the_bos_out(tmp_path, server_factory) -
     assert alone["usage"]["prompt_tokens"] == with_bos["usage"]["prompt_tokens"] - 1
     assert alone["choices"][0]["text"].startswith("hello")  # echo: the prompt's text
     assert ids["choices"][0]["prompt_token_ids"] == [5, 6]
+
+
+def test_a_given_request_id_names_the_response(server) -> None:
+    """vLLM's request_id field: the response (and every streamed chunk) is "cmpl-<id>" /
+    "chatcmpl-<id>"; an empty one is a 400 naming request_id."""
+    greedy = {"temperature": 0, "ignore_eos": True, "max_tokens": 3}
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        out = http.post("/v1/completions", json={"prompt": "Hi", "request_id": "trace-1",
+                                                 **greedy}).json()
+        assert out["id"] == "cmpl-trace-1"
+        chat = http.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "Hi"}], "request_id": "trace-2",
+            "stream": True, **greedy})
+        ids = {json.loads(line[6:])["id"] for line in chat.text.splitlines()
+               if line.startswith("data: {")}
+        assert ids == {"chatcmpl-trace-2"}
+        empty = http.post("/v1/completions", json={"prompt": "Hi", "request_id": "", **greedy})
+        assert empty.status_code == 400 and empty.json()["error"]["param"] == "request_id"
+        assert http.get("/health").status_code == 200
