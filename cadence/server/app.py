@@ -23,6 +23,7 @@ from cadence.server.errors import (
     AuthenticationError,
     BadRequestError,
     InternalServerError,
+    NotFoundError,
     ServiceUnavailableError,
     from_validation_error,
 )
@@ -77,6 +78,8 @@ API_OPERATIONS = [
     Operation("/v1/chat/completions", "POST", "Chat completions (OpenAI)",
               ChatCompletionRequest, ChatCompletionResponse, streams=True),
     Operation("/v1/models", "GET", "The served model", response=ModelList),
+    Operation("/v1/models/{model}", "GET", "One served model's card (OpenAI), or 404",
+              response=ModelCard),
     Operation("/tokenize", "POST", "Token ids of a prompt or a conversation (vLLM)",
               (TokenizeCompletionRequest, TokenizeChatRequest), TokenizeResponse),
     Operation("/detokenize", "POST", "Text of token ids (vLLM)", DetokenizeRequest,
@@ -238,9 +241,19 @@ class OpenAIServer:
         )
 
     async def show_models(self, request: Request) -> Response:
-        cards = [ModelCard(id=name, root=self.engine.model_name,
-                           max_model_len=self.engine.max_model_len) for name in self.model_names]
-        return JSONResponse(ModelList(data=cards).model_dump(mode="json"))
+        return JSONResponse(ModelList(data=self._cards()).model_dump(mode="json"))
+
+    async def show_model(self, request: Request) -> Response:
+        """OpenAI's model retrieval (``client.models.retrieve``): one served name's card."""
+        name = request.path_params["model"]
+        card = next((c for c in self._cards() if c.id == name), None)
+        if card is None:
+            return NotFoundError(f"The model `{name}` does not exist.", param="model").response()
+        return JSONResponse(card.model_dump(mode="json"))
+
+    def _cards(self) -> list[ModelCard]:
+        return [ModelCard(id=name, root=self.engine.model_name,
+                          max_model_len=self.engine.max_model_len) for name in self.model_names]
 
     async def health(self, request: Request) -> Response:
         if not self.lifecycle.accepting:
@@ -425,6 +438,7 @@ def build_app(
         Route("/v1/completions", server.create_completion, methods=["POST"]),
         Route("/v1/chat/completions", server.create_chat_completion, methods=["POST"]),
         Route("/v1/models", server.show_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", server.show_model, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
         Route("/ping", server.health, methods=["GET", "POST"]),
         Route("/tokenize", server.tokenize, methods=["POST"]),

@@ -619,3 +619,13 @@ def test_a_given_request_id_names_the_response(server) -> None:
         empty = http.post("/v1/completions", json={"prompt": "Hi", "request_id": "", **greedy})
         assert empty.status_code == 400 and empty.json()["error"]["param"] == "request_id"
         assert http.get("/health").status_code == 200
+
+
+def test_models_retrieve_through_the_openai_client(server) -> None:
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+    card = client.models.retrieve("tiny")
+    assert card.id == "tiny" and card.object == "model"
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-4")
+    assert info.value.body["param"] == "model" and "gpt-4" in info.value.body["message"]
