@@ -6,6 +6,7 @@ import enum
 import math
 import numbers
 from dataclasses import dataclass, field
+from typing import Any
 
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 
@@ -68,6 +69,10 @@ class SamplingParams:
     bad_words: list[str] | None = None
     structured_outputs: StructuredOutputsParams | None = None
     skip_special_tokens: bool = True
+    # False: outputs carry token ids only (no text; stop strings need it), as vLLM.
+    detokenize: bool = True
+    # Free-form arguments for custom logits processors and extensions (vLLM), carried as is.
+    extra_args: dict[str, Any] | None = None
     # Keep only the prompt's last k tokens (left truncation); -1: the model's context length.
     truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
@@ -133,6 +138,12 @@ class SamplingParams:
                 f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
                 f"got {self.min_tokens}."
             )
+        if not isinstance(self.detokenize, bool):
+            raise ValueError(f"detokenize must be a bool, got {self.detokenize!r}.")
+        if not self.detokenize and self.stop:
+            raise ValueError("stop strings are only supported when detokenize is True.")
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise ValueError(f"extra_args must be a dict, got {type(self.extra_args).__name__}.")
         k = self.truncate_prompt_tokens
         if k is not None and (not _is_int(k) or k == 0 or k < -1):
             raise ValueError(f"truncate_prompt_tokens must be an integer >= 1 or -1, got {k!r}.")

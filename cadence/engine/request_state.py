@@ -50,8 +50,10 @@ class RequestState:
         self.output_kind = params.output_kind
         self.queue = queue
         self.snapshot_metrics = queue is None or queue.needs_metrics
-        self.detokenizer = IncrementalDetokenizer(tokenizer, request)
-        self.token_text = token_text
+        # detokenize=False (vLLM): token ids only; the text and logprobs' tokens stay empty.
+        detokenize = params.detokenize
+        self.detokenizer = IncrementalDetokenizer(tokenizer if detokenize else None, request)
+        self.token_text = token_text if detokenize else None
         self.num_logprobs = params.logprobs
         self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None

@@ -168,3 +168,22 @@ def test_cache_salt_isolates_the_prefix_cache():
     assert run(None) == (32, first[1])
     with pytest.raises(ValueError, match="cache_salt"):
         run("")
+
+
+def test_detokenize_false_gives_ids_only():
+    """vLLM's detokenize=False: the same token ids, no text (logprobs' tokens undecoded); stop
+    strings need text and are refused."""
+    from tests.tiny import tiny_args
+
+    llm = LLM(**vars(tiny_args()))
+    base = dict(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2)
+    with_text = llm.generate(["the cat"], SamplingParams(**base), use_tqdm=False)[0].outputs[0]
+    ids_only = llm.generate(["the cat"], SamplingParams(**base, detokenize=False),
+                            use_tqdm=False)[0].outputs[0]
+    assert ids_only.token_ids == with_text.token_ids and with_text.text
+    assert ids_only.text == ""
+    assert all(lp.decoded_token is None for row in ids_only.logprobs for lp in row.values())
+    assert [sorted(r) for r in ids_only.logprobs] == [sorted(r) for r in with_text.logprobs]
+    with pytest.raises(ValueError, match="detokenize"):
+        SamplingParams(stop=["x"], detokenize=False)
+    assert SamplingParams(extra_args={"k": 1}).clone().extra_args == {"k": 1}
