@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib import metadata
@@ -14,13 +13,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cadence.engine.core_client import EngineDeadError
 from cadence.metrics import CONTENT_TYPE_LATEST, PrometheusStatLogger
 from cadence.server.errors import (
     APIError,
-    AuthenticationError,
     BadRequestError,
     InternalServerError,
     NotFoundError,
@@ -29,6 +26,7 @@ from cadence.server.errors import (
 )
 from cadence.server.lifecycle import InFlightMiddleware, RequestLifecycle, shutting_down_error
 from cadence.server.live_stats import SecondsRecorder, engine_config_summary
+from cadence.server.middleware import ApiKeyMiddleware
 from cadence.server.openapi import Operation, openapi_document
 from cadence.server.protocol import CompletionRequest, ParamError, random_id
 from cadence.server.protocol_chat import ChatCompletionRequest
@@ -39,7 +37,7 @@ from cadence.server.protocol_responses import (
     ModelList,
 )
 from cadence.server.reasoning import reasoning_parser as reasoning_parser_named
-from cadence.server.request_body import parse_json_body, read_body
+from cadence.server.request_body import parse_json_body, read_body, validate_request
 from cadence.server.serving import DONE_FRAME, engine_unavailable
 from cadence.server.serving_chat import OpenAIServingChat
 from cadence.server.serving_completion import OpenAIServingCompletion
@@ -101,32 +99,6 @@ def cadence_version() -> str:
         return "0.0.0+unknown"
 
 
-# Besides every /v1 route, the routes that tell what the server runs and does.
-KEY_PROTECTED_PATHS = frozenset({"/stats"})
-
-
-class ApiKeyMiddleware:
-    """Require ``Authorization: Bearer <key>`` on every ``/v1`` route and on
-    ``KEY_PROTECTED_PATHS`` (pure ASGI)."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "")
-        if scope["type"] == "http" and (path.startswith("/v1") or path in KEY_PROTECTED_PATHS):
-            headers = dict(scope.get("headers") or [])
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                err = AuthenticationError("Unauthorized: a valid API key is required.", None)
-                response = err.response()
-                response.headers["www-authenticate"] = "Bearer"
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
 class OpenAIServer:
     """Route handlers over one ``AsyncLLM``."""
 
@@ -176,7 +148,7 @@ class OpenAIServer:
     async def read_json(self, request: Request, model: type[M]) -> M:
         body = await read_body(request, self.max_request_body_bytes, self.body_read_timeout)
         # Parsing and validating a body of megabytes is CPU work: off the event loop.
-        parsed, unknown = await self.engine.run_cpu(len(body), _parse_request, body, model)
+        parsed, unknown = await self.engine.run_cpu(len(body), validate_request, body, model)
         if unknown and not unknown <= self._unknown_fields_logged:
             new = sorted(unknown - self._unknown_fields_logged)
             self._unknown_fields_logged |= unknown
@@ -348,22 +320,6 @@ def _tokenizer_call(work: Callable[[dict[str, Any]], BaseModel], raw: bytes,
         return work(data)  # a ParamError becomes a 400 through the app's handler
     except ValidationError as exc:
         raise from_validation_error(exc) from exc
-
-
-def _parse_request(body: bytes, model: type[M]) -> tuple[M, set[str]]:
-    """The validated request, and the names of the top-level fields it ignored."""
-    data = parse_json_body(body)
-    try:
-        parsed = model.model_validate(data)
-    except ValidationError as exc:
-        raise from_validation_error(exc) from exc
-    try:
-        parsed.check()  # type: ignore[attr-defined]
-    except ParamError as exc:
-        raise BadRequestError(str(exc), exc.param) from exc
-    known = model.model_fields.keys()
-    unknown = {k for k in data if k not in known} if isinstance(data, dict) else set()
-    return parsed, unknown
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

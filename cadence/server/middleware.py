@@ -1,16 +1,45 @@
-"""What ``cadence serve`` puts around the application: CORS and a proxy's path prefix (vLLM's
-``--allowed-origins`` ... ``--allow-credentials`` and ``--root-path``)."""
+"""What ``cadence serve`` puts around the application: the API key, CORS and a proxy's path prefix
+(vLLM's ``--api-key``, ``--allowed-origins`` ... ``--allow-credentials`` and ``--root-path``)."""
 
 from __future__ import annotations
 
+import hmac
 import ssl
 
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from cadence.server.errors import AuthenticationError
 from cadence.server.settings import ServerSettings
 
-__all__ = ["RootPathMiddleware", "check_ssl_files", "wrap_app"]
+__all__ = ["KEY_PROTECTED_PATHS", "ApiKeyMiddleware", "RootPathMiddleware", "check_ssl_files",
+           "wrap_app"]
+
+
+# Besides every /v1 route, the routes that tell what the server runs and does.
+KEY_PROTECTED_PATHS = frozenset({"/stats"})
+
+
+class ApiKeyMiddleware:
+    """Require ``Authorization: Bearer <key>`` on every ``/v1`` route and on
+    ``KEY_PROTECTED_PATHS`` (pure ASGI)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and (path.startswith("/v1") or path in KEY_PROTECTED_PATHS):
+            headers = dict(scope.get("headers") or [])
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                err = AuthenticationError("Unauthorized: a valid API key is required.", None)
+                response = err.response()
+                response.headers["www-authenticate"] = "Bearer"
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class RootPathMiddleware:

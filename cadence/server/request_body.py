@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from cadence.server.errors import (
@@ -21,10 +22,14 @@ from cadence.server.errors import (
     RequestTimeoutError,
     RequestTooLargeError,
     UnsupportedMediaTypeError,
+    from_validation_error,
 )
+from cadence.server.protocol import ParamError
 from cadence.server.sse import ClientDisconnected
 
-__all__ = ["check_json_content_type", "parse_json_body", "read_body"]
+__all__ = ["check_json_content_type", "parse_json_body", "read_body", "validate_request"]
+
+M = TypeVar("M", bound=BaseModel)
 
 _CLOSE = {"connection": "close"}
 # A JSON string escape of a UTF-16 surrogate; a lone one decodes to a str that cannot be encoded.
@@ -139,3 +144,19 @@ def _encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def validate_request(body: bytes, model: type[M]) -> tuple[M, set[str]]:
+    """The validated request, and the names of the top-level fields it ignored."""
+    data = parse_json_body(body)
+    try:
+        parsed = model.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from exc
+    try:
+        parsed.check()  # type: ignore[attr-defined]
+    except ParamError as exc:
+        raise BadRequestError(str(exc), exc.param) from exc
+    known = model.model_fields.keys()
+    unknown = {k for k in data if k not in known} if isinstance(data, dict) else set()
+    return parsed, unknown
