@@ -40,10 +40,10 @@ _BF16_ENGINE = ("tests/engine/test_gpu_engine.py::"
                 "test_bf16_greedy_agrees_with_transformers_within_bf16_rounding")
 
 MUTATIONS = [
-    Mutation("rmsnorm-eps-kernel", "RMSNorm eps x100 in the Triton kernel",
-             "cadence/model/fused_ops.py",
-             "rstd = tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps)",
-             "rstd = tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps * 100)",
+    Mutation("rmsnorm-eps-kernel", "RMSNorm eps x100 in the Triton kernels",
+             "cadence/model/rms_norm_kernels.py",
+             "return tl.math.rsqrt(mean + eps)",
+             "return tl.math.rsqrt(mean + eps * 100)",
              ("tests/model/test_fused_ops.py",), (_BF16_ENGINE,)),
     Mutation("qk-norm-eps-kernel", "q/k RMSNorm eps x100 in the fused q/k-norm + RoPE kernel",
              "cadence/model/fused_ops.py",
@@ -61,7 +61,7 @@ MUTATIONS = [
              ("tests/model/test_triton_attention.py",), (_BF16_ENGINE,)),
     Mutation("attention-exp-varlen", "exp for exp2 in the varlen (prefill) attention kernel",
              "cadence/model/triton_attention_kernels.py",
-             "\n        p = tl.exp2(s - m_new[:, None])", "\n        p = tl.exp(s - m_new[:, None])",
+             "\n        p = tl.exp2(s - m_use[:, None])", "\n        p = tl.exp(s - m_use[:, None])",
              ("tests/model/test_triton_attention.py",), (_BF16_ENGINE,)),
     Mutation("causal-bound", "causal mask off by one (a token cannot see itself)",
              "cadence/model/triton_attention_kernels.py",
