@@ -18,6 +18,7 @@ def test_every_planted_bug_still_finds_its_code() -> None:
     """scripts/mutation_check.py plants each bug by replacing one exact snippet: a refactor that
     moves the code must update the snippet, or the check would test nothing."""
     import importlib.util
+    import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
@@ -25,7 +26,11 @@ def test_every_planted_bug_still_finds_its_code() -> None:
                                                   root / "scripts" / "mutation_check.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
     stale = [m.id for m in module.MUTATIONS if (root / m.path).read_text().count(m.old) != 1]
     assert not stale, f"snippets not found exactly once: {stale}"
     assert len({m.id for m in module.MUTATIONS}) == len(module.MUTATIONS)
