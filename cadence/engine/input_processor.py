@@ -9,9 +9,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from cadence.core_types import EngineCoreRequest
+from cadence.engine.param_checks import (
+    MAX_BAD_WORDS,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    InputValidationError,
+    Tokenizer,
+    bad_word_sequences,
+    check_params,
+    check_some_token_allowed,
+)
 from cadence.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 
 __all__ = [
@@ -22,36 +33,16 @@ __all__ = [
     "InputProcessor",
     "InputValidationError",
     "PromptType",
+    "bad_word_sequences",
 ]
 
-# Caps on what one request may ask for (docs/serving.md): every stop string is matched against
-# every new piece of text, and every stop id against every new token.
-MAX_STOP_STRINGS = 64
-MAX_STOP_STRING_CHARS = 512
-MAX_STOP_TOKEN_IDS = 256
-MAX_BAD_WORDS = 128
-MAX_GRAMMAR_CHARS = 65536
-
 PromptType = str | Mapping[str, Any]
-
-
-class InputValidationError(ValueError):
-    """A request the engine cannot serve; ``parameter`` names the offending request field."""
-
-    def __init__(self, message: str, parameter: str, value: object = None) -> None:
-        super().__init__(message)
-        self.parameter = parameter
-        self.value = value
-
-
-class _Tokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
 
 
 class InputProcessor:
     def __init__(
         self,
-        tokenizer: _Tokenizer | None,
+        tokenizer: Tokenizer | None,
         vocab_size: int,
         max_model_len: int,
         eos_token_ids: list[int],
@@ -102,7 +93,7 @@ class InputProcessor:
                 f"priority must fit in 64 bits, got {priority}.", "priority", priority
             )
         params = params.clone()
-        self._validate_params(params)
+        check_params(params, self.tokenizer, self.vocab_size, self.max_logprobs)
         # A prompt to truncate may be longer than the context: no bound on its text.
         truncating = params.truncate_prompt_tokens is not None
         prompt_text, token_ids = self._parse_prompt(prompt, bound=not truncating)
@@ -125,7 +116,7 @@ class InputProcessor:
             extra = [t for t in self.eos_token_ids[1:] if t not in params.stop_token_ids]
             params.stop_token_ids = list(params.stop_token_ids) + extra
         params.all_stop_token_ids |= set(params.stop_token_ids or [])
-        self._check_some_token_allowed(params)
+        check_some_token_allowed(params)
 
         request = EngineCoreRequest(
             request_id=request_id,
@@ -240,146 +231,6 @@ class InputProcessor:
             )
 
     # Sampling parameters -------------------------------------------------------------------------
-    def _validate_params(self, params: SamplingParams) -> None:
-        """Request-independent bounds; normalises top_k at or above the vocabulary to off."""
-        if params.top_k >= self.vocab_size:
-            params.top_k = -1  # vLLM: a top-k covering the whole vocabulary is no top-k
-        stops = params.stop or []
-        if len(stops) > MAX_STOP_STRINGS:
-            raise InputValidationError(
-                f"stop: at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}.",
-                "stop",
-            )
-        longest = max((len(s) for s in stops), default=0)
-        if longest > MAX_STOP_STRING_CHARS:
-            raise InputValidationError(
-                f"stop: a stop string may have at most {MAX_STOP_STRING_CHARS} characters, "
-                f"got one of {longest}.",
-                "stop",
-            )
-        if len(params.stop_token_ids or []) > MAX_STOP_TOKEN_IDS:
-            raise InputValidationError(
-                f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} ids are allowed, "
-                f"got {len(params.stop_token_ids or [])}.",
-                "stop_token_ids",
-            )
-        if params.stop and self.tokenizer is None:
-            raise InputValidationError(
-                "Stop strings need a tokenizer, and this engine was started with "
-                "skip_tokenizer_init=True; use stop_token_ids instead.",
-                "stop",
-            )
-        self._validate_token_fields(params)
-        if params.structured_outputs is not None:
-            self._check_structured_outputs(params)
-        for name, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
-            setattr(params, name, self._check_logprobs(getattr(params, name), name, kind))
-
-    def _check_logprobs(self, n: int | None, name: str, kind: str) -> int | None:
-        """``n`` logprobs per token within --max-logprobs; -1 (all) becomes the vocabulary
-        size, allowed only where the cap is the vocabulary (--max-logprobs -1)."""
-        if n is None:
-            return None
-        if n == -1:
-            if self.max_logprobs < self.vocab_size:
-                raise InputValidationError(
-                    f"{name}=-1 (all) needs --max-logprobs -1; the maximum allowed is "
-                    f"{self.max_logprobs}.", name, n,
-                )
-            return self.vocab_size
-        if n > self.max_logprobs:
-            raise InputValidationError(
-                f"Requested {kind} logprobs of {n}, which is greater than max "
-                f"allowed: {self.max_logprobs}",
-                name,
-                n,
-            )
-        return n
-
-    def _check_structured_outputs(self, params: SamplingParams) -> None:
-        from cadence.worker.grammar import check_structured_outputs
-
-        spec = params.structured_outputs
-        assert spec is not None
-        if self.tokenizer is None:
-            raise InputValidationError(
-                "structured outputs need a tokenizer, and this engine has none.",
-                "structured_outputs")
-        text = str(spec.json or "") + (spec.regex or "") + (spec.grammar or "") + "".join(
-            spec.choice or [])
-        if len(text) > MAX_GRAMMAR_CHARS:
-            raise InputValidationError(
-                f"structured_outputs: at most {MAX_GRAMMAR_CHARS} characters of schema, regex, "
-                f"choices or grammar, got {len(text)}.", "structured_outputs")
-        try:
-            check_structured_outputs(spec)
-        except ValueError as exc:
-            raise InputValidationError(str(exc), "structured_outputs") from None
-
-    def _validate_token_fields(self, params: SamplingParams) -> None:
-        """logit_bias, allowed_token_ids and bad_words against the vocabulary; the bad words
-        become token sequences here."""
-        v = self.vocab_size
-        bad = next((t for t in params.logit_bias or {} if t >= v), None)
-        if bad is not None:
-            raise InputValidationError(
-                f"logit_bias: token id {bad} is out of vocabulary (vocabulary size {v}).",
-                "logit_bias", bad,
-            )
-        allowed = params.allowed_token_ids
-        if allowed is not None:
-            if len(set(allowed)) > v:
-                raise InputValidationError(
-                    f"allowed_token_ids: at most {v} distinct ids (the vocabulary size), "
-                    f"got {len(set(allowed))}.", "allowed_token_ids",
-                )
-            bad = next((t for t in allowed if t >= v), None)
-            if bad is not None:
-                raise InputValidationError(
-                    f"allowed_token_ids: token id {bad} is out of vocabulary "
-                    f"(vocabulary size {v}).", "allowed_token_ids", bad,
-                )
-        words = params.bad_words or []
-        if not words:
-            return
-        if len(words) > MAX_BAD_WORDS:
-            raise InputValidationError(
-                f"bad_words: at most {MAX_BAD_WORDS} words are allowed, got {len(words)}.",
-                "bad_words",
-            )
-        if max(len(w) for w in words) > MAX_STOP_STRING_CHARS:
-            raise InputValidationError(
-                f"bad_words: a word may have at most {MAX_STOP_STRING_CHARS} characters.",
-                "bad_words",
-            )
-        if self.tokenizer is None:
-            raise InputValidationError(
-                "bad_words need a tokenizer, and this engine has none; use logit_bias or "
-                "allowed_token_ids instead.", "bad_words",
-            )
-        # Ids past the model's vocabulary (tokens added to the tokenizer) cannot be sampled:
-        # a word spelled with one is never generated, and banning it would index past the logits.
-        params.bad_words_token_ids = [seq for seq in bad_word_sequences(self.tokenizer, words)
-                                      if all(0 <= t < v for t in seq)]
-
-    @staticmethod
-    def _check_some_token_allowed(params: SamplingParams) -> None:
-        """allowed_token_ids that bad_words (one-token words) and, while min_tokens lasts, the
-        stop ids exclude entirely would leave the sampler no token: a 400 here."""
-        if params.allowed_token_ids is None:
-            return
-        left = set(params.allowed_token_ids)
-        left -= {seq[0] for seq in params.bad_words_token_ids if len(seq) == 1}
-        why = "bad_words"
-        if params.min_tokens > 0 and params.structured_outputs is None:
-            left -= params.all_stop_token_ids
-            why = "bad_words or (while min_tokens lasts) the stop and end-of-sequence ids"
-        if not left:
-            raise InputValidationError(
-                f"allowed_token_ids: every allowed token is excluded by {why}; no token could "
-                "be sampled.", "allowed_token_ids",
-            )
-
     def _resolve_max_tokens(self, num_prompt: int, max_tokens: int | None) -> int:
         limit = self.max_model_len
         if num_prompt >= limit:
@@ -424,26 +275,3 @@ class InputProcessor:
         if self.num_kv_blocks is None:
             return None
         return max(self.num_kv_blocks - 1, 0) * self.block_size
-
-
-def bad_word_sequences(tokenizer: _Tokenizer, words: Sequence[str]) -> list[list[int]]:
-    """Token sequences to ban for ``words``: each word as it starts a text and after a space
-    (vLLM's rule: the spaced form counts when its tokens differ from the bare form's in the first
-    token only, so that a merge with the space is not mistaken for a different word)."""
-    encode = tokenizer.encode
-    seqs: list[list[int]] = []
-    for word in words:
-        bare = _encode_plain(encode, word.lstrip())
-        if bare:
-            seqs.append(bare)
-        spaced = _encode_plain(encode, " " + word.lstrip())
-        if spaced and (not bare or (spaced[0] != bare[0] and len(spaced) == len(bare))):
-            seqs.append(spaced)
-    return seqs
-
-
-def _encode_plain(encode: Any, text: str) -> list[int]:
-    try:
-        return list(encode(text, add_special_tokens=False))
-    except TypeError:  # a tokenizer without special tokens to add
-        return list(encode(text))
