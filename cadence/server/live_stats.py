@@ -94,7 +94,9 @@ class SecondsRecorder:
             return self._seconds[-1][1]
         bucket = self._seconds[-1][1].carried() if self._seconds else _Second()
         self._seconds.append((t, bucket))
-        while self._seconds[0][0] <= t - self.window_s:
+        # Keep the newest second at or before the window's start: the window's first seconds
+        # carry its gauges when nothing was recorded in them.
+        while len(self._seconds) > 1 and self._seconds[1][0] <= t - self.window_s:
             self._seconds.popleft()
         return bucket
 

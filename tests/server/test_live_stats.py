@@ -187,3 +187,21 @@ def test_every_page_file_is_package_data() -> None:
     assert sorted(files) == ["static/page.css", "static/page.html", "static/page.js"]
     for f in files:
         assert any(fnmatch.fnmatch(f, pat) for pat in patterns), f
+
+
+def test_the_oldest_row_carries_the_gauges_from_before_the_window() -> None:
+    """A gauge (running requests) seen before the window still holds in the window's first
+    seconds when nothing was recorded there: the recorder keeps the last second before the
+    window to carry from, and several seconds' TTFT maximum is over all of them."""
+    clock = Clock()
+    rec = SecondsRecorder(window_s=3, clock=clock)
+    clock.t = 100.5  # second 0
+    rec.record(sched(7), None)
+    clock.t = 104.5  # second 4: seconds 1-3 saw nothing
+    rec.record(sched(7), IterationStats(time_to_first_tokens=[0.5]))
+    rec.record(None, IterationStats(time_to_first_tokens=[0.1]))
+    clock.t = 105.0
+    rows = rec.history()
+    assert [(r["t"], r["running"]) for r in rows] == [(2, 7), (3, 7), (4, 7)]
+    assert rows[-1]["ttft_max"] == pytest.approx(0.5)
+    assert len(rec._seconds) <= rec.window_s + 1  # still bounded
