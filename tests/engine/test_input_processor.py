@@ -250,10 +250,15 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(tokenizer: PreTrainedToken
     req, _ = proc.process("b", {"prompt_token_ids": ids[:5]},
                           SamplingParams(max_tokens=4, truncate_prompt_tokens=10))
     assert req.prompt_token_ids == ids[:5]  # shorter than k: unchanged
-    # -1: the context length, which then leaves no room for an output token.
+    # -1: the whole context length (64), which then leaves no room for even one output token;
+    # 63 tokens would have.
     with pytest.raises(InputValidationError) as info:
-        proc.process("c", {"prompt_token_ids": ids}, SamplingParams(truncate_prompt_tokens=-1))
+        proc.process("c", {"prompt_token_ids": ids},
+                     SamplingParams(max_tokens=1, truncate_prompt_tokens=-1))
     assert info.value.parameter in ("prompt", "max_tokens")
+    req, _ = proc.process("c2", {"prompt_token_ids": ids},
+                          SamplingParams(max_tokens=1, truncate_prompt_tokens=63))
+    assert req.prompt_token_ids == ids[-63:]
     with pytest.raises(InputValidationError, match="greater than max_model_len") as info:
         proc.process("d", {"prompt_token_ids": ids}, SamplingParams(truncate_prompt_tokens=65))
     assert info.value.parameter == "truncate_prompt_tokens"
@@ -265,3 +270,27 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(tokenizer: PreTrainedToken
     for bad in (0, -2, 1.5):
         with pytest.raises(ValueError, match="truncate_prompt_tokens"):
             SamplingParams(truncate_prompt_tokens=bad)
+
+
+def test_booleans_are_not_integers_and_min_tokens_may_equal_max_tokens(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    proc = _proc(tokenizer)
+    with pytest.raises(InputValidationError) as info:
+        proc.process("a", {"prompt_token_ids": [True, 5]}, SamplingParams(max_tokens=2))
+    assert info.value.parameter == "prompt_token_ids"
+    with pytest.raises(InputValidationError) as info:
+        proc.process("b", "hi", SamplingParams(max_tokens=2), priority=True)
+    assert info.value.parameter == "priority"
+    # vLLM: min_tokens up to max_tokens, equal included, also when max_tokens is resolved
+    # from the context (64 - 5 prompt tokens = 59).
+    req, _ = proc.process("c", {"prompt_token_ids": [5] * 5},
+                          SamplingParams(max_tokens=4, min_tokens=4))
+    assert req.sampling_params.min_tokens == req.sampling_params.max_tokens == 4
+    req, _ = proc.process("d", {"prompt_token_ids": [5] * 5},
+                          SamplingParams(max_tokens=None, min_tokens=59))
+    assert req.sampling_params.max_tokens == 59
+    with pytest.raises(InputValidationError) as info:
+        proc.process("e", {"prompt_token_ids": [5] * 5},
+                     SamplingParams(max_tokens=None, min_tokens=60))
+    assert info.value.parameter == "min_tokens"

@@ -92,3 +92,14 @@ def test_bad_conversations_are_value_errors_naming_the_field(llm, messages, kwar
     with pytest.raises(ValueError, match=fragment):
         llm.chat(messages, GREEDY, use_tqdm=False, **kwargs)
     assert llm.engine_core.num_free_kv_blocks == llm.engine_core.num_kv_blocks - 1
+
+
+def test_chat_hands_priority_and_generate_counts_its_params(llm) -> None:
+    conversation = [{"role": "user", "content": "Hi"}]
+    # The priority reaches the engine: under the fcfs policy a non-zero one is refused.
+    with pytest.raises(ValueError, match="priority"):
+        llm.chat(conversation, GREEDY, use_tqdm=False, priority=[5])
+    with pytest.raises(ValueError, match="sampling_params"):
+        llm.generate(["a", "b"], [GREEDY], use_tqdm=False)  # one short: no prompt dropped
+    with pytest.raises(ValueError, match="sampling_params"):
+        llm.generate(["a"], [GREEDY, GREEDY], use_tqdm=False)

@@ -68,3 +68,30 @@ def test_priority_order_is_priority_then_arrival_then_id():
 def test_unknown_policy_is_an_error():
     with pytest.raises(ValueError, match="scheduling_policy"):
         create_request_queue("sjf")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_priority_queue_pops_in_order_after_any_removal(seed: int) -> None:
+    """Removing waiting requests (aborts) from anywhere in the heap, the root first, one at a
+    time or several at once, leaves the rest popping in priority order."""
+    import random
+
+    rng = random.Random(seed)
+    n = 24
+    reqs = create_requests(n, priorities=[rng.randrange(4) for _ in range(n)],
+                           arrival_times=[rng.random() for _ in range(n)])
+    key = {r.request_id: (r.priority, r.arrival_time, r.request_id) for r in reqs}
+    queue = create_request_queue("priority")
+    for r in reqs:
+        queue.add_request(r)
+    removed = [queue.peek_request()]
+    queue.remove_request(removed[0])  # the root
+    one = rng.choice(list(queue))
+    queue.remove_request(one)
+    popped = [queue.pop_request().request_id for _ in range(4)]  # before any other change
+    several = rng.sample(list(queue), 3)
+    queue.remove_requests(several)
+    popped += [queue.pop_request().request_id for _ in range(len(queue))]
+    gone = {r.request_id for r in [*removed, one, *several]}
+    assert popped == sorted(popped, key=key.__getitem__)
+    assert len(popped) == n - 5 and not gone & set(popped)
