@@ -629,3 +629,51 @@ def test_models_retrieve_through_the_openai_client(server) -> None:
     with pytest.raises(openai.NotFoundError) as info:
         client.models.retrieve("gpt-4")
     assert info.value.body["param"] == "model" and "gpt-4" in info.value.body["message"]
+
+
+def test_request_count_bounds_accept_their_limit_and_streams_are_not_cached(server) -> None:
+    """Exactly 1024 prompts, or prompts x n exactly 1024, are served (one more is a 400, see
+    test_errors); tool_choice "none" needs no tools (OpenAI); a stream may ask for
+    prompt_logprobs=0 (vLLM refuses only more); SSE responses are marked no-cache."""
+    with httpx.Client(base_url=server.base_url, timeout=120) as http:
+        many = http.post("/v1/completions", json={"prompt": [[5]] * 1024, "max_tokens": 1})
+        assert many.status_code == 200, many.text
+        assert len(many.json()["choices"]) == 1024
+        times_n = http.post("/v1/completions", json={"prompt": [[5]] * 8, "n": 128,
+                                                     "max_tokens": 1})
+        assert times_n.status_code == 200, times_n.text
+        none = http.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "Hi"}], "tool_choice": "none",
+            "max_tokens": 1})
+        assert none.status_code == 200, none.text
+        with http.stream("POST", "/v1/completions", json={
+                "prompt": "Hi", "max_tokens": 2, "stream": True, "prompt_logprobs": 0}) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            assert "no-cache" in r.headers["cache-control"]
+            assert any(line == "data: [DONE]" for line in r.iter_lines())
+
+
+def test_streamed_prompt_token_ids_come_once_and_only_when_asked(server) -> None:
+    def chunks(http, route, body):
+        with http.stream("POST", route, json={**body, "stream": True}) as r:
+            return [json.loads(line[6:]) for line in r.iter_lines()
+                    if line.startswith("data: {")]
+
+    greedy = {"temperature": 0, "ignore_eos": True, "max_tokens": 4}
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        got = chunks(http, "/v1/completions", {"prompt": "Hi there", "n": 2,
+                                               "return_token_ids": True, **greedy})
+        seen: dict[int, list[bool]] = {}
+        for c in got:
+            for ch in c["choices"]:
+                seen.setdefault(ch["index"], []).append(ch.get("prompt_token_ids") is not None)
+        assert sorted(seen) == [0, 1]
+        assert all(flags[0] and not any(flags[1:]) for flags in seen.values()), seen
+        chat = chunks(http, "/v1/chat/completions",
+                      {"messages": [{"role": "user", "content": "Hi"}], **greedy})
+        assert chat and all(c.get("prompt_token_ids") is None for c in chat)
+        asked = chunks(http, "/v1/chat/completions",
+                       {"messages": [{"role": "user", "content": "Hi"}],
+                        "return_token_ids": True, **greedy})
+        assert asked[0].get("prompt_token_ids")
