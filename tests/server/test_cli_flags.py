@@ -229,6 +229,9 @@ def test_cors_and_root_path_settings(server_factory) -> None:
             assert http.get(path, headers=key).json()["data"][0]["id"] == "tiny", path
         assert http.get("/llm/health").status_code == 200
         assert http.get("/llm").status_code == 200  # the page at /
+        body = {"prompt": "Hi", "max_tokens": 2, "ignore_eos": True}
+        done = http.post("/llm/v1/completions", json=body, headers=key)
+        assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 2
     # Only the prefix as a whole path segment is stripped: under root /v, /v1/models is the
     # route itself (not /v + "1/models").
     short = server_factory(app_kwargs={"root_path": "/v"})
@@ -236,9 +239,6 @@ def test_cors_and_root_path_settings(server_factory) -> None:
         assert http.get("/v1/models").status_code == 200
         assert http.get("/v/v1/models").status_code == 200
         assert http.get("/vhealth").status_code == 404
-        body = {"prompt": "Hi", "max_tokens": 2, "ignore_eos": True}
-        done = http.post("/llm/v1/completions", json=body, headers=key)
-        assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 2
 
 
 def _self_signed(tmp_path: Path) -> tuple[str, str]:
