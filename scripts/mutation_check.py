@@ -278,6 +278,18 @@ MUTATIONS = [
     Mutation("prompts-limit", "exactly 1024 prompts are refused",
              "cadence/server/protocol.py", "len(self.prompt) > MAX_PROMPTS_PER_REQUEST",
              "len(self.prompt) >= MAX_PROMPTS_PER_REQUEST", ("tests/server/test_app.py",)),
+    Mutation("stop-holdback-shown", "text is held back even when the stop string is shown",
+             "cadence/engine/detokenizer.py",
+             "if self.stop and not self.include_stop_str_in_output:", "if self.stop:",
+             ("tests/engine/test_detokenizer.py",)),
+    Mutation("legacy-top-sampled", "legacy top_logprobs leave out a sampled token past the top n",
+             "cadence/server/serving_completion.py",
+             "top.setdefault(shown, clamp_logprob(sampled.logprob))", "pass",
+             ("tests/server/test_echo_prompt_logprobs.py",)),
+    Mutation("chat-truncate-bound", "a chat prompt to truncate is refused for its length",
+             "cadence/server/serving_chat.py",
+             "if request.truncate_prompt_tokens is None else None),",
+             "if True else None),", ("tests/server/test_app.py",)),
 ]
 
 

@@ -289,3 +289,19 @@ def test_text_flushed_at_exactly_min_tokens_is_not_checked_for_stops(
                                                            min_tokens=min_tokens))
         assert detok.update(ids, stop_terminated=False, finished=True) == stop
         assert detok.output_text == ("a\ufffd" if stop is None else "a")
+
+
+def test_stop_strings_hold_text_back_unless_they_go_out_anyway(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """While unfinished, the last len(longest stop) - 1 characters are held back (they may
+    begin a stop string that must not be shown); with include_stop_str_in_output nothing is
+    (vLLM: a stop buffer of 0)."""
+    ids = byte_ids(tokenizer, "hello wor")
+    held = IncrementalDetokenizer(tokenizer, _request([5], stop=["world"]))
+    held.update(ids, stop_terminated=False)
+    assert held.get_next_output_text(False, delta=True) == "hello"  # " wor" may start it
+    shown = IncrementalDetokenizer(tokenizer, _request([5], stop=["world"],
+                                                      include_stop_str_in_output=True))
+    shown.update(ids, stop_terminated=False)
+    assert shown.get_next_output_text(False, delta=True) == "hello wor"

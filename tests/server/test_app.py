@@ -496,6 +496,12 @@ def test_truncate_prompt_tokens_serves_the_prompts_tail(server) -> None:
             "messages": [{"role": "user", "content": text}], "truncate_prompt_tokens": 9,
             **greedy}).json()
         assert chat["usage"]["prompt_tokens"] == 9
+        # A conversation far past the context is refused before tokenizing, unless truncated.
+        huge = {"messages": [{"role": "user", "content": "word " * 40000}], **greedy}
+        refused = http.post("/v1/chat/completions", json=huge)
+        assert refused.status_code == 400, refused.text
+        cut = http.post("/v1/chat/completions", json={**huge, "truncate_prompt_tokens": 20})
+        assert cut.status_code == 200 and cut.json()["usage"]["prompt_tokens"] == 20
 
 
 def test_return_tokens_as_token_ids_in_logprobs(server) -> None:

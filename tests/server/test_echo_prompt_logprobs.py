@@ -144,3 +144,18 @@ def test_a_character_split_across_streamed_chunks_keeps_its_offsets() -> None:
         second = completion_logprobs(ids[cut:], rows(ids[cut:]), 0, sent, decode_ids=decode,
                                      pending=pending).text_offset
         assert first + second == whole, cut
+
+
+def test_legacy_top_logprobs_hold_the_sampled_token_outside_the_top_n() -> None:
+    """vLLM's legacy completions: each position's top_logprobs are the n most likely plus the
+    sampled token when it is not among them (n + 1 entries)."""
+    from cadence.outputs import Logprob
+    from cadence.server.serving_completion import completion_logprobs
+
+    row = {7: Logprob(-3.0, 5, "x"), 1: Logprob(-0.5, 1, "a"), 2: Logprob(-1.0, 2, "b"),
+           3: Logprob(-1.5, 3, "c")}
+    out = completion_logprobs([7], [row], 2, 0)
+    assert out.tokens == ["x"] and out.token_logprobs == [-3.0]
+    assert out.top_logprobs == [{"a": -0.5, "b": -1.0, "x": -3.0}]
+    inside = completion_logprobs([2], [row], 2, 0)  # sampled among the top 2: n entries
+    assert inside.top_logprobs == [{"a": -0.5, "b": -1.0}]
