@@ -290,6 +290,9 @@ MUTATIONS = [
              "cadence/server/serving_chat.py",
              "if request.truncate_prompt_tokens is None else None),",
              "if True else None),", ("tests/server/test_app.py",)),
+    Mutation("histogram-le", "a value equal to a bucket bound counts in the next bucket",
+             "cadence/metrics.py", "counts[bisect_left(bounds, v)] += 1",
+             "counts[sum(b <= v for b in bounds)] += 1", ("tests/test_metrics.py",)),
 ]
 
 

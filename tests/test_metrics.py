@@ -125,3 +125,25 @@ def test_token_count_buckets_follow_the_model_length() -> None:
 
     assert buckets_1_2_5(1000) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
     assert buckets_1_2_5(4096) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]
+
+
+def test_batch_histogram_buckets_are_less_or_equal() -> None:
+    """Prometheus' le: a value equal to a bound is counted in that bound's bucket, as
+    prometheus_client's own Histogram counts it."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from cadence.metrics import BatchHistogram
+
+    values = [0.1, 0.25, 0.5, 0.5000001, 1.0, 7.0]
+    ours_registry, ref_registry = CollectorRegistry(), CollectorRegistry()
+    ours = BatchHistogram("lat", "doc", [0.1, 0.5, 1.0], {"model_name": "m"}, ours_registry)
+    ref = Histogram("lat", "doc", ["model_name"], buckets=[0.1, 0.5, 1.0],
+                    registry=ref_registry).labels("m")
+    ours.observe_many(values)
+    for v in values:
+        ref.observe(v)
+    for le in ("0.1", "0.5", "1.0", "+Inf"):
+        labels = {"model_name": "m", "le": le}
+        assert ours_registry.get_sample_value("lat_bucket", labels) == \
+            ref_registry.get_sample_value("lat_bucket", labels), le
+    assert ours_registry.get_sample_value("lat_bucket", {"model_name": "m", "le": "0.5"}) == 3
