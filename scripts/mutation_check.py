@@ -293,6 +293,23 @@ MUTATIONS = [
     Mutation("histogram-le", "a value equal to a bucket bound counts in the next bucket",
              "cadence/metrics.py", "counts[bisect_left(bounds, v)] += 1",
              "counts[sum(b <= v for b in bounds)] += 1", ("tests/test_metrics.py",)),
+    Mutation("metrics-shared", "every output shares one live metrics object",
+             "cadence/engine/request_state.py",
+             "metrics=self.metrics.copy() if finished or self.snapshot_metrics else None,",
+             "metrics=self.metrics if finished or self.snapshot_metrics else None,",
+             ("tests/engine/test_output_processor.py",)),
+    Mutation("offset-five-bytes", "byte tokens that never make a character wait for a fifth",
+             "cadence/server/serving_completion.py", "len(pending) >= _MAX_CHAR_TOKENS",
+             "len(pending) > _MAX_CHAR_TOKENS", ("tests/server/test_echo_prompt_logprobs.py",)),
+    Mutation("n-param-one", "the request_params_n histogram always records 1",
+             "cadence/engine/output_processor.py",
+             "n_param=state.parent.n if state.parent is not None else 1,", "n_param=1,",
+             ("tests/engine/test_output_processor.py",)),
+    Mutation("timing-swapped", "the core's queued and scheduled times are swapped",
+             "cadence/engine/output_processor.py",
+             "state.metrics.queued_time, state.metrics.first_scheduled_time = eco.timing",
+             "state.metrics.first_scheduled_time, state.metrics.queued_time = eco.timing",
+             ("tests/engine/test_output_processor.py",)),
 ]
 
 

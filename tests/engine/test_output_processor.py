@@ -424,3 +424,36 @@ def test_prompt_logprobs_in_delta_and_cumulative_outputs(
         assert first is None  # the first prompt token has no logprob
         assert (six[6].logprob, six[6].rank, seven[7].logprob, seven[7].rank) == (
             -1.5, 2, -0.25, 1)
+
+
+def test_each_output_keeps_its_own_metrics_snapshot(tokenizer: PreTrainedTokenizerFast) -> None:
+    """An output handed out earlier is not changed by later tokens: its metrics say how many
+    tokens had come when it was made."""
+    proc = OutputProcessor(tokenizer)
+    proc.add_request(_req("r", [5, 6], max_tokens=3, output_kind=CUMULATIVE), prompt=None)
+    steps = [EngineCoreOutput("r", [7]), EngineCoreOutput("r", [8]),
+             EngineCoreOutput("r", [9], finish_reason=FinishReason.LENGTH)]
+    outs = [o for step in steps for o in proc.process_outputs([step]).request_outputs]
+    assert [o.metrics.num_generation_tokens for o in outs] == [1, 2, 3]
+    assert outs[0].metrics.finished_time is None and outs[-1].metrics.finished_time is not None
+
+
+def test_finished_stats_carry_n_and_the_phases_in_order(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """The request histograms' inputs: n of an n > 1 request for each of its children, and the
+    phases from the core's (queued, first scheduled) timing, never negative."""
+    import time as _time
+
+    proc = OutputProcessor(tokenizer)
+    proc.add_request(_req("p", [5, 6], max_tokens=1, n=2), prompt=None)
+    t0 = _time.monotonic()
+    first = proc.process_outputs([EngineCoreOutput(
+        "0_p", [7], finish_reason=FinishReason.LENGTH, timing=(t0 - 0.5, t0 - 0.2))])
+    second = proc.process_outputs([EngineCoreOutput(
+        "1_p", [8], finish_reason=FinishReason.LENGTH, timing=(t0 - 0.4, t0 - 0.1))])
+    stats = first.iteration_stats.finished_requests + second.iteration_stats.finished_requests
+    assert [s.n_param for s in stats] == [2, 2]
+    for s in stats:
+        assert s.queued_time is not None and s.prefill_time is not None
+        assert 0.29 <= s.queued_time <= 0.31 and s.prefill_time >= 0.1

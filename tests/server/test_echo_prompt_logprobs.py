@@ -159,3 +159,15 @@ def test_legacy_top_logprobs_hold_the_sampled_token_outside_the_top_n() -> None:
     assert out.top_logprobs == [{"a": -0.5, "b": -1.0, "x": -3.0}]
     inside = completion_logprobs([2], [row], 2, 0)  # sampled among the top 2: n entries
     assert inside.top_logprobs == [{"a": -0.5, "b": -1.0}]
+
+
+def test_text_offsets_move_on_after_four_tokens_that_never_make_a_character() -> None:
+    """Byte tokens that never complete a character are counted after four (the most one UTF-8
+    character takes): a fifth one starts after them."""
+    from cadence.outputs import Logprob
+    from cadence.server.serving_completion import completion_logprobs
+
+    ids = [1, 2, 3, 4, 5]
+    rows = [{t: Logprob(-1.0, 1, "\ufffd")} for t in ids]
+    out = completion_logprobs(ids, rows, 0, 0, decode_ids=lambda seq: "\ufffd" * len(seq))
+    assert out.text_offset == [0, 0, 0, 0, 4]
