@@ -310,6 +310,12 @@ MUTATIONS = [
              "state.metrics.queued_time, state.metrics.first_scheduled_time = eco.timing",
              "state.metrics.first_scheduled_time, state.metrics.queued_time = eco.timing",
              ("tests/engine/test_output_processor.py",)),
+    Mutation("pending-seventeen", "a byte run that never completes waits a seventeenth token",
+             "cadence/engine/detokenizer.py", "if pending >= _MAX_PENDING:",
+             "if pending > _MAX_PENDING:", ("tests/engine/test_detokenizer.py",)),
+    Mutation("tqdm-inverted", "use_tqdm shows the bar when asked not to",
+             "cadence/engine/llm.py", "disable=not use_tqdm", "disable=use_tqdm",
+             ("tests/engine/test_llm_chat.py",)),
 ]
 
 

@@ -305,3 +305,18 @@ def test_stop_strings_hold_text_back_unless_they_go_out_anyway(
                                                       include_stop_str_in_output=True))
     shown.update(ids, stop_terminated=False)
     assert shown.get_next_output_text(False, delta=True) == "hello wor"
+
+
+def test_a_byte_run_that_never_completes_goes_out_after_sixteen_tokens(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """Lead bytes that never complete a character are held back (they may still), but not for
+    ever: at the sixteenth pending token the text goes out, replacement characters and all."""
+    lead = byte_ids(tokenizer, "\u00e9")[:1]  # 0xC3 alone
+    detok = IncrementalDetokenizer(tokenizer, _request([5]))
+    lengths = []
+    for _ in range(16):
+        detok.update(lead, stop_terminated=False)
+        lengths.append(len(detok.output_text))
+    assert lengths[:15] == [0] * 15 and lengths[15] > 0
+    assert set(detok.output_text) == {"\ufffd"}

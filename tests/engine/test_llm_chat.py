@@ -103,3 +103,10 @@ def test_chat_hands_priority_and_generate_counts_its_params(llm) -> None:
         llm.generate(["a", "b"], [GREEDY], use_tqdm=False)  # one short: no prompt dropped
     with pytest.raises(ValueError, match="sampling_params"):
         llm.generate(["a"], [GREEDY, GREEDY], use_tqdm=False)
+
+
+def test_use_tqdm_shows_a_progress_bar_only_when_asked(llm, capsys) -> None:
+    llm.generate(["a", "b"], GREEDY, use_tqdm=False)
+    assert "Processed prompts" not in capsys.readouterr().err
+    llm.generate(["a", "b"], GREEDY, use_tqdm=True)
+    assert "Processed prompts" in capsys.readouterr().err
