@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 
 from cadence.model.attention_metadata import AttentionMetadata, QKRope
-from cadence.model.fused_ops import qk_norm_rope
 
 _FP8 = torch.float8_e4m3fn
 _FP8_MAX = 448.0
@@ -78,8 +77,7 @@ class TorchAttentionBackend:
         ``k_scale`` / ``v_scale``: an FP8 cache's dequantization scales. ``rope``: the q/k norms
         and RoPE, applied first."""
         if rope is not None:
-            q, k = qk_norm_rope(q, k, rope.positions, rope.cos_sin, rope.q_weight, rope.k_weight,
-                                rope.eps)
+            q, k = rope.apply(q, k)
         write_kv_cache(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)
         num_tokens, num_heads, head_dim = q.shape
         block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]

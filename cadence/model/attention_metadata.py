@@ -7,6 +7,8 @@ from typing import Protocol
 
 import torch
 
+from cadence.model.fused_ops import qk_norm_rope
+
 
 @dataclass
 class AttentionMetadata:
@@ -50,6 +52,11 @@ class QKRope:
     q_weight: torch.Tensor | None = None
     k_weight: torch.Tensor | None = None
     eps: float = 0.0
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q, k)`` normed and rotated by ``fused_ops.qk_norm_rope`` (new tensors)."""
+        return qk_norm_rope(q, k, self.positions, self.cos_sin, self.q_weight, self.k_weight,
+                            self.eps)
 
 
 class AttentionBackend(Protocol):

@@ -27,7 +27,6 @@ import torch
 
 from cadence.envs import read_envs
 from cadence.model.attention_metadata import AttentionMetadata, QKRope
-from cadence.model.fused_ops import qk_norm_rope
 from cadence.model.triton_attention_kernels import _store_kv_kernel, _varlen_kernel
 from cadence.model.triton_decode_kernels import _decode_kernel, _merge_splits_kernel
 from cadence.runtime.triton_launch import TritonLaunch, next_pow2
@@ -427,8 +426,7 @@ class TritonAttentionBackend:
         fuse = (rope is not None and self.fuse_rope and metadata.is_decode_only
                 and rope_fusable(q, k, rope))
         if rope is not None and not fuse:
-            q, k = qk_norm_rope(q, k, rope.positions, rope.cos_sin, rope.q_weight, rope.k_weight,
-                                rope.eps)
+            q, k = rope.apply(q, k)
         q = _last_dim_contiguous(q)
         out = torch.empty_like(q)
         if metadata.is_decode_only:
