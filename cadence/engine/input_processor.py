@@ -22,6 +22,7 @@ from cadence.engine.param_checks import (
     bad_word_sequences,
     check_params,
     check_some_token_allowed,
+    encode_plain,
 )
 from cadence.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 
@@ -181,12 +182,18 @@ class InputProcessor:
             text = prompt["prompt"]
             if not isinstance(text, str):
                 raise InputValidationError("prompt must be a string.", "prompt")
-            return text, self._tokenize(text, bound)
+            special = prompt.get("add_special_tokens", True)
+            if not isinstance(special, bool):
+                raise InputValidationError(
+                    f"add_special_tokens must be a bool, got {special!r}.", "add_special_tokens")
+            return text, self._tokenize(text, bound, special)
         raise InputValidationError(
             "A dict prompt needs a 'prompt' or a 'prompt_token_ids' key.", "prompt"
         )
 
-    def _tokenize(self, text: str, bound: bool = True) -> list[int]:
+    def _tokenize(self, text: str, bound: bool = True, special: bool = True) -> list[int]:
+        """``text``'s ids, with the tokenizer's special tokens (e.g. BOS) unless ``special`` is
+        false; ``bound``: first refuse a text too long for the context."""
         if self.tokenizer is None:
             raise InputValidationError(
                 "Text prompts need a tokenizer, and this engine has none (skip_tokenizer_init, "
@@ -199,6 +206,8 @@ class InputProcessor:
         if bound:
             self.check_prompt_text(text)
         try:
+            if not special:
+                return encode_plain(self.tokenizer.encode, text)
             return list(self.tokenizer.encode(text))
         except (TypeError, UnicodeError) as exc:  # e.g. a lone surrogate (no UTF-8 for it)
             raise InputValidationError(f"prompt: the text cannot be tokenized ({exc}).",

@@ -14,7 +14,7 @@ from cadence.sampling_params import SamplingParams
 __all__ = [
     "MAX_BAD_WORDS", "MAX_GRAMMAR_CHARS", "MAX_STOP_STRINGS", "MAX_STOP_STRING_CHARS",
     "MAX_STOP_TOKEN_IDS", "InputValidationError", "Tokenizer", "bad_word_sequences",
-    "check_params", "check_some_token_allowed",
+    "check_params", "check_some_token_allowed", "encode_plain",
 ]
 
 # Caps on what one request may ask for (docs/serving.md): every stop string is matched against
@@ -192,16 +192,17 @@ def bad_word_sequences(tokenizer: Tokenizer, words: Sequence[str]) -> list[list[
     encode = tokenizer.encode
     seqs: list[list[int]] = []
     for word in words:
-        bare = _encode_plain(encode, word.lstrip())
+        bare = encode_plain(encode, word.lstrip())
         if bare:
             seqs.append(bare)
-        spaced = _encode_plain(encode, " " + word.lstrip())
+        spaced = encode_plain(encode, " " + word.lstrip())
         if spaced and (not bare or (spaced[0] != bare[0] and len(spaced) == len(bare))):
             seqs.append(spaced)
     return seqs
 
 
-def _encode_plain(encode: Any, text: str) -> list[int]:
+def encode_plain(encode: Any, text: str) -> list[int]:
+    """``text``'s ids without the tokenizer's special tokens (e.g. BOS)."""
     try:
         return list(encode(text, add_special_tokens=False))
     except TypeError:  # a tokenizer without special tokens to add

@@ -294,10 +294,14 @@ class CompletionRequest(SamplingRequest):
             prompts = [{"prompt_token_ids": list(p)}]
         else:
             prompts = [x if isinstance(x, str) else {"prompt_token_ids": list(x)} for x in p]
-        if self.cache_salt is None:
+        extra: dict[str, Any] = {}
+        if self.cache_salt is not None:
+            extra["cache_salt"] = self.cache_salt
+        if not self.add_special_tokens:
+            extra["add_special_tokens"] = False  # read with text prompts only
+        if not extra:
             return prompts
-        return [{**({"prompt": x} if isinstance(x, str) else x), "cache_salt": self.cache_salt}
-                for x in prompts]
+        return [{**({"prompt": x} if isinstance(x, str) else x), **extra} for x in prompts]
 
     def to_sampling_params(self, defaults: Mapping[str, Any] = NO_DEFAULTS) -> SamplingParams:
         """``defaults``: the model's default sampling fields (generation config)."""

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cadence.server.frame_stream import FrameStream
 from cadence.server.frames import CompletionFrames
-from cadence.server.protocol import CompletionRequest, ParamError, random_id
+from cadence.server.protocol import CompletionRequest, random_id
 from cadence.server.protocol_responses import (
     CompletionLogProbs,
     CompletionResponse,
@@ -21,7 +21,6 @@ from cadence.server.serving import (
     clamp_logprob,
     prompt_logprobs_out,
     stream_error_frame,
-    to_bad_request,
     token_text,
     top_by_rank,
 )
@@ -184,9 +183,6 @@ class OpenAIServingCompletion(OpenAIServing):
         self, request: CompletionRequest, base_id: str, stream: CompletionStream | None = None
     ) -> list[StartedRequest]:
         prompts = request.prompts()
-        if not request.add_special_tokens:
-            bound = request.truncate_prompt_tokens is None
-            prompts = [await self._without_special_tokens(p, bound) for p in prompts]
         params = request.to_sampling_params(self.engine.generation_defaults)
         started: list[StartedRequest] = []
         try:
@@ -255,30 +251,6 @@ class OpenAIServingCompletion(OpenAIServing):
             prompt_logprobs=(prompt_logprobs_out(final.prompt_logprobs)
                              if request.prompt_logprobs is not None else None),
         )
-
-    async def _without_special_tokens(self, prompt: str | dict[str, Any], bound: bool = True
-                                      ) -> str | dict[str, Any]:
-        """A text prompt tokenized without the tokenizer's special tokens (add_special_tokens
-        false), as ids with its text; token prompts as they are."""
-        text = prompt if isinstance(prompt, str) else prompt.get("prompt")
-        tokenizer = self.engine.tokenizer
-        if text is None or tokenizer is None:
-            return prompt  # ids already, or no tokenizer (the engine's error names the prompt)
-        if not text:
-            raise ParamError("prompt", "The prompt cannot be empty.")
-
-        def encode() -> list[int]:
-            if bound:  # the length bound first (not for a prompt to truncate)
-                self.engine.input_processor.check_prompt_text(text)
-            return list(tokenizer.encode(text, add_special_tokens=False))
-
-        try:
-            ids = await self.engine.run_cpu(len(text), encode)
-        except ValueError as exc:
-            raise to_bad_request(exc, "prompt", "max_tokens") from exc
-        extra = {} if isinstance(prompt, str) else {k: v for k, v in prompt.items()
-                                                    if k != "prompt"}
-        return {"prompt": text, "prompt_token_ids": ids, **extra}
 
     def _echo(self, request: CompletionRequest) -> Echo:
         tok = self.engine.tokenizer

@@ -282,6 +282,10 @@ def test_booleans_are_not_integers_and_min_tokens_may_equal_max_tokens(
     with pytest.raises(InputValidationError) as info:
         proc.process("b", "hi", SamplingParams(max_tokens=2), priority=True)
     assert info.value.parameter == "priority"
+    with pytest.raises(InputValidationError) as info:
+        proc.process("b2", {"prompt": "hi", "add_special_tokens": "no"},
+                     SamplingParams(max_tokens=2))
+    assert info.value.parameter == "add_special_tokens"
     # vLLM: min_tokens up to max_tokens, equal included, also when max_tokens is resolved
     # from the context (64 - 5 prompt tokens = 59).
     req, _ = proc.process("c", {"prompt_token_ids": [5] * 5},
