@@ -15,6 +15,8 @@ serves every batch size.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -315,6 +317,17 @@ def qk_norm_rope(
     if _use_triton(q):
         return qk_norm_rope_triton(q, k, positions, cos_sin, q_weight, k_weight, eps)
     return qk_norm_rope_reference(q, k, positions, cos_sin, q_weight, k_weight, eps)
+
+
+def norm_and_project(linear: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+                     residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(linear(h), s)`` for ``h, s = add_rms_norm(x, residual, weight, eps)``; without a
+    residual ``h = rms_norm(x, weight, eps)`` and ``s = x``: a norm kernel, then the projection."""
+    if residual is None:
+        return linear(rms_norm(x, weight, eps)), x
+    h, residual = add_rms_norm(x, residual, weight, eps)
+    return linear(h), residual
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -46,10 +46,7 @@ class RMSNorm(nn.Module):
         few rows, with the same bits."""
         if isinstance(linear, SkinnyLinear):
             return linear.forward_norm(x, residual, self.weight, self.eps)
-        if residual is None:
-            return linear(self(x)), x
-        h, residual = self.add_and_norm(x, residual)
-        return linear(h), residual
+        return fused_ops.norm_and_project(linear, x, residual, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

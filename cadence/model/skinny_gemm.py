@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cadence.envs import read_envs
-from cadence.model.fused_ops import add_rms_norm, rms_norm, silu_and_mul
+from cadence.model.fused_ops import norm_and_project, silu_and_mul
 from cadence.model.skinny_gemm_kernels import (
     SkinnyConfig,
     SkinnyPlan,
@@ -250,10 +250,7 @@ class SkinnyLinear(nn.Linear):
             fused = self._run_norm(x, rows, residual, norm_weight, eps)
             if fused is not None:
                 return fused
-        if residual is None:
-            return self(rms_norm(x, norm_weight, eps)), x
-        h, residual = add_rms_norm(x, residual, norm_weight, eps)
-        return self(h), residual
+        return norm_and_project(self, x, residual, norm_weight, eps)
 
     def _run_norm(self, x: torch.Tensor, rows: int, residual: torch.Tensor | None,
                   norm_weight: torch.Tensor, eps: float
