@@ -316,6 +316,14 @@ MUTATIONS = [
     Mutation("tqdm-inverted", "use_tqdm shows the bar when asked not to",
              "cadence/engine/llm.py", "disable=not use_tqdm", "disable=use_tqdm",
              ("tests/engine/test_llm_chat.py",)),
+    Mutation("prompt-special-context", "the prompt's decoding context skips special tokens always",
+             "cadence/engine/detokenizer.py",
+             'self._prefix = self._decode(self._ids, self._skip) if self._ids else ""',
+             'self._prefix = self._decode(self._ids, True) if self._ids else ""',
+             ("tests/engine/test_detokenizer.py",)),
+    Mutation("skip-special-dropped", "the server ignores skip_special_tokens",
+             "cadence/server/protocol.py", "skip_special_tokens=self.skip_special_tokens,",
+             "skip_special_tokens=True,", ("tests/server/test_sampling_fields.py",)),
 ]
 
 

@@ -131,6 +131,22 @@ def test_skip_special_tokens(tokenizer: PreTrainedTokenizerFast) -> None:
     assert "".join(_stream(keep, ids)[0]) == "hello<|eos|> world"
 
 
+@pytest.mark.parametrize("skip", [True, False], ids=["skip", "keep"])
+def test_a_prompt_ending_in_special_tokens_leaks_none_into_the_output(
+        tokenizer: PreTrainedTokenizerFast, skip: bool) -> None:
+    """The prompt's last tokens are the decoding context of the first output tokens: with
+    skip_special_tokens=False its special tokens are in that context's text too, and none of
+    them may reach the output (nor may the output's own special tokens be lost)."""
+    eos = tokenizer.convert_tokens_to_ids("<|eos|>")
+    pad = tokenizer.convert_tokens_to_ids("<|pad|>")
+    prompt = tokenizer.encode("the world") + [pad, eos]
+    out = tokenizer.encode(" hello") + [eos] + tokenizer.encode(" world") + [pad]
+    detok = IncrementalDetokenizer(tokenizer, _request(prompt, skip_special_tokens=skip))
+    deltas, _ = _stream(detok, out)
+    want = " hello world" if skip else " hello<|eos|> world<|pad|>"
+    assert "".join(deltas) == detok.output_text == want
+
+
 def test_long_run_of_skipped_special_tokens(tokenizer: PreTrainedTokenizerFast) -> None:
     pad = tokenizer.convert_tokens_to_ids("<|pad|>")
     ids = tokenizer.encode("hi") + [pad] * 100 + tokenizer.encode(" there")

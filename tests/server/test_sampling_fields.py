@@ -130,3 +130,31 @@ def test_top_logprobs_rows_hold_n_entries_when_the_sampled_token_is_not_among_th
            3: Logprob(-0.3, 3, "c")}
     assert [t for t, _ in top_by_rank(row, 2)] == [1, 2]
     assert top_by_rank(row, 0) == []
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_skip_special_tokens_in_the_generated_text_and_echo(server, client: openai.OpenAI,
+                                                             stream: bool) -> None:
+    """skip_special_tokens=False shows the special tokens the model generates, True (the
+    default) leaves them out; the echoed prompt is the prompt as given either way (it is not
+    generated text), its special tokens included."""
+    tok = server.engine.tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    prompt = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.encode(prompt)[0] == tok.convert_tokens_to_ids("<|im_start|>")
+    prompt_ids = tok.encode(prompt)
+
+    def text(p, skip: bool) -> str:
+        kw = dict(model="tiny", prompt=p, max_tokens=3, temperature=0.0, echo=True,
+                  logit_bias={str(im_end): 100},  # every generated token is <|im_end|>
+                  extra_body={"ignore_eos": True, "skip_special_tokens": skip})
+        if stream:
+            return "".join(c.choices[0].text for c in client.completions.create(**kw, stream=True)
+                           if c.choices)
+        return client.completions.create(**kw).choices[0].text
+
+    assert text(prompt, False) == prompt + "<|im_end|>" * 3
+    assert text(prompt, True) == prompt
+    # A token-id prompt's echo is its decoding with its special tokens.
+    assert text(prompt_ids, False) == prompt + "<|im_end|>" * 3
+    assert text(prompt_ids, True) == prompt
