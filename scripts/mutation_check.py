@@ -324,6 +324,22 @@ MUTATIONS = [
     Mutation("skip-special-dropped", "the server ignores skip_special_tokens",
              "cadence/server/protocol.py", "skip_special_tokens=self.skip_special_tokens,",
              "skip_special_tokens=True,", ("tests/server/test_sampling_fields.py",)),
+    Mutation("handler-failure-unmarked", "a failed output handler leaves the engine not errored",
+             "cadence/engine/async_llm.py",
+             "            self._handler_failed = True\n            if not isinstance(exc, EngineDead",
+             "            if not isinstance(exc, EngineDead",
+             ("tests/engine/test_async_llm.py",)),
+    Mutation("handler-cancel-silent", "a cancelled output handler leaves its requests waiting",
+             "cadence/engine/async_llm.py",
+             'self.output_processor.propagate_error(EngineDeadError("The engine was shut down."))',
+             "pass", ("tests/engine/test_async_llm.py",)),
+    Mutation("dead-requests-kept", "an engine death leaves every request (each child) registered",
+             "cadence/engine/output_processor.py",
+             "        self.request_states.clear()\n        self.parents.clear()\n", "",
+             ("tests/engine/test_parallel_sampling.py",)),
+    Mutation("failed-siblings-run", "a child failing alone leaves its siblings running in the core",
+             "cadence/engine/output_processor.py", "self.failed_siblings.append(child_id)",
+             "pass", ("tests/engine/test_parallel_sampling.py",)),
 ]
 
 

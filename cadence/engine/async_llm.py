@@ -122,6 +122,9 @@ class AsyncLLM:
         self.last_scheduler_stats: SchedulerStats | None = None
         self.output_handler: asyncio.Task[None] | None = None
         self._handler_loop: asyncio.AbstractEventLoop | None = None
+        # Set when the output handler fails: it may still be stopping the core (which runs on
+        # meanwhile), but nothing will collect outputs any more.
+        self._handler_failed = False
         try:
             asyncio.get_running_loop()
             self._run_output_handler()
@@ -135,6 +138,8 @@ class AsyncLLM:
     # -- state -------------------------------------------------------------------------------
     @property
     def is_running(self) -> bool:
+        if self._handler_failed:
+            return False
         return self.output_handler is None or not self.output_handler.done()
 
     @property
@@ -324,11 +329,13 @@ class AsyncLLM:
                 # After every chunk: the ended requests' last tokens are behind us.
                 self._stop_draining(outputs.finished_requests)
         except asyncio.CancelledError:
+            self._handler_failed = True
             self.output_processor.propagate_error(EngineDeadError("The engine was shut down."))
             self._record_engine_gone()
             self._stop_draining(list(self._draining))
             raise
         except Exception as exc:
+            self._handler_failed = True
             if not isinstance(exc, EngineDeadError):
                 logger.exception("AsyncLLM output handler failed.")
             self.output_processor.propagate_error(

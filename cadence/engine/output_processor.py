@@ -153,10 +153,16 @@ class OutputProcessor:
         return aborted
 
     def propagate_error(self, exc: Exception) -> None:
-        """Hand ``exc`` to every waiting consumer (e.g. the engine died)."""
+        """Hand ``exc`` to every waiting consumer (e.g. the engine died) and forget every
+        request: none will get another output (an n > 1 request's consumer gets ``exc`` once
+        per child, in its one collector, and every child ends)."""
         for state in self.request_states.values():
             if state.queue is not None:
                 state.queue.put(exc)
+        self.request_states.clear()
+        self.parents.clear()
+        self.failed_siblings.clear()
+        self.released.clear()
 
     def process_outputs(
         self, outputs: list[EngineCoreOutput], engine_core_timestamp: float | None = None

@@ -433,6 +433,72 @@ async def test_output_handler_failure_stops_the_core() -> None:
         llm.shutdown()
 
 
+async def test_a_dead_output_handler_marks_the_engine_errored_while_the_core_lives(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The output handler fails and stops the core; until the core has stopped it still runs,
+    yet the engine is errored from the moment the handler failed: a request then is refused
+    at once instead of being handed to a core whose outputs nobody collects (a hang)."""
+    import threading
+
+    llm = AsyncLLM(tiny_args())
+    stopping, release = threading.Event(), threading.Event()
+    real_shutdown = llm.engine_core.shutdown
+
+    def held_shutdown(timeout: float | None = 10.0) -> None:
+        stopping.set()
+        release.wait(30)  # only a bound: the test releases it
+        real_shutdown(timeout)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("detokenizer exploded")
+
+    monkeypatch.setattr(llm.engine_core, "shutdown", held_shutdown)
+    monkeypatch.setattr(llm.output_processor, "process_outputs", broken)
+    try:
+        params = SamplingParams(max_tokens=50, ignore_eos=True, temperature=0.0)
+        with pytest.raises(EngineDeadError):
+            async for _ in llm.generate(TEXT_PROMPT, params, "x"):
+                pass
+        await asyncio.to_thread(stopping.wait, 30)
+        assert llm.engine_core.proc.is_alive and not llm.engine_core.errored  # the core lives
+        assert llm.errored
+        with pytest.raises(EngineDeadError):
+            await llm.check_health()
+        with pytest.raises(EngineDeadError):
+            async for _ in llm.generate({"prompt_token_ids": [1, 2, 3]}, params, "late"):
+                pass
+        assert not llm.output_processor.has_unfinished_requests()
+        release.set()
+        await asyncio.wait_for(llm.output_handler, 30)
+        assert not llm.engine_core.proc.is_alive
+    finally:
+        release.set()
+        llm.shutdown()
+
+
+async def test_a_cancelled_output_handler_fails_the_waiting_requests(engine: AsyncLLM) -> None:
+    """The output handler ends (cancelled) while the core runs on: the engine is errored and
+    every waiting request, n > 1 ones included, gets EngineDeadError instead of hanging."""
+    params = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.0)
+    tasks = {rid: asyncio.ensure_future(generate(engine, rid, TEXT_PROMPT,
+                                                 RequestOutputKind.DELTA, 400))
+             for rid in ("a", "b")}
+    await wait_for_tokens(engine, list(tasks))
+    handler = engine.output_handler
+    assert handler is not None
+    handler.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handler
+    assert engine.engine_core.proc.is_alive and not engine.engine_core.errored
+    assert engine.errored
+    for task in tasks.values():
+        with pytest.raises(EngineDeadError):
+            await asyncio.wait_for(task, 30)
+    with pytest.raises(EngineDeadError):
+        async for _ in engine.generate(TEXT_PROMPT, params, "after"):
+            pass
+
+
 async def test_small_inputs_are_processed_inline_unless_the_input_thread_is_busy(
     engine: AsyncLLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:

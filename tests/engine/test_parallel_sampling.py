@@ -228,3 +228,74 @@ def test_an_id_already_running_is_refused_naming_request_id() -> None:
 
     errors, final = _run(main())
     assert errors == ["request_id", "request_id"] and len(final.outputs[0].token_ids) == 3
+
+
+@pytest.mark.parametrize("fail_at", [1, 6], ids=["children-unsent", "children-running"])
+def test_an_engine_failure_ends_every_child_with_the_error(fail_at: int) -> None:
+    """The engine dies under an n > 1 request (before its first child's prefill released the
+    others, or with all three running): the parent's stream ends with EngineDeadError and no
+    child, sent or not, stays pending."""
+    from cadence.engine.async_llm import EngineDeadError
+    from tests.engine.test_async_llm import FailingCore
+
+    async def main():
+        args = tiny_args()
+        engine = AsyncLLM(args, core_factory=lambda: FailingCore(args, fail_at=fail_at))
+        try:
+            params = SamplingParams(n=3, temperature=1.0, seed=3, max_tokens=400,
+                                    ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+            indices: set[int] = set()
+            with pytest.raises(EngineDeadError):
+                async for out in engine.generate(PROMPT, params, request_id="p"):
+                    indices |= {c.index for c in out.outputs if c.token_ids}
+            proc = engine.output_processor
+            return (indices, engine.errored, dict(proc.request_states), dict(proc.parents),
+                    engine.has_unfinished_requests())
+        finally:
+            engine.shutdown()
+
+    indices, errored, states, parents, unfinished = _run(main())
+    assert indices == (set() if fail_at == 1 else {0, 1, 2})
+    assert errored and not states and not parents and not unfinished
+
+
+def test_a_child_failing_alone_ends_its_request_and_aborts_its_siblings(monkeypatch) -> None:
+    """One child of an n > 1 request is refused by the core while its siblings run: the
+    consumer gets RequestFailedError once, the siblings are aborted in the core (no KV block
+    held) and the engine serves on."""
+    from cadence.engine.output_collector import RequestFailedError
+    from cadence.worker import input_batch
+
+    real_add = input_batch.InputBatch.add
+
+    def add(self, req_id, *args, **kwargs):
+        if req_id == "2_p":
+            raise ValueError("refused for the test")
+        return real_add(self, req_id, *args, **kwargs)
+
+    monkeypatch.setattr(input_batch.InputBatch, "add", add)
+
+    async def main():
+        engine = AsyncLLM(tiny_args())
+        try:
+            params = SamplingParams(n=3, temperature=1.0, seed=3, max_tokens=400,
+                                    ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+            with pytest.raises(RequestFailedError) as info:
+                async for _ in engine.generate(PROMPT, params, request_id="p"):
+                    pass
+            # The siblings' aborts went to the core before the error reached the consumer.
+            stats = await engine.get_scheduler_stats()
+            free = await engine.get_num_free_kv_blocks()
+            proc = engine.output_processor
+            left = (dict(proc.request_states), dict(proc.parents))
+            again = [o async for o in engine.generate(
+                PROMPT, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), "q")]
+            return info.value, stats, free, engine.num_kv_blocks, left, again, engine.errored
+        finally:
+            engine.shutdown()
+
+    error, stats, free, total, left, again, errored = _run(main())
+    assert error.request_id == "p"
+    assert (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0) and free == total - 1
+    assert left == ({}, {})
+    assert len(again[-1].outputs[0].token_ids) == 3 and not errored
