@@ -340,6 +340,16 @@ MUTATIONS = [
     Mutation("failed-siblings-run", "a child failing alone leaves its siblings running in the core",
              "cadence/engine/output_processor.py", "self.failed_siblings.append(child_id)",
              "pass", ("tests/engine/test_parallel_sampling.py",)),
+    Mutation("usage-after-error", "a streamed completion sends usage after its error frame",
+             "cadence/server/serving_completion.py",
+             "            elif cs.request.include_usage:\n                yield cs.frames.usage(sum(",
+             "            if cs.request.include_usage:\n                yield cs.frames.usage(sum(",
+             ("tests/server/test_engine_failure.py",)),
+    Mutation("chat-usage-after-error", "a streamed chat sends usage after its error frame",
+             "cadence/server/serving_chat.py",
+             "            elif cs.request.include_usage:\n                yield cs.frames.usage(cs.",
+             "            if cs.request.include_usage:\n                yield cs.frames.usage(cs.",
+             ("tests/server/test_engine_failure.py",)),
 ]
 
 

@@ -10,6 +10,7 @@ import logging
 import threading
 
 import httpx
+import pytest
 
 from cadence.engine.core import EngineCore
 from cadence.engine.engine_args import EngineArgs
@@ -215,6 +216,46 @@ def test_a_request_failing_after_its_stream_started_ends_with_an_error_event(
             resp = http.post("/v1/completions", json={**LONG, "max_tokens": 4})
             assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 4
             assert http.get("/health").status_code == 200
+        wait_released(srv.engine)
+    finally:
+        core.open()
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_no_usage_chunk_follows_an_error_frame(server_factory, route: str) -> None:
+    """stream_options.include_usage with a request that fails mid-stream: the error frame is
+    the last before [DONE]; no usage chunk comes (a stream that ends well does get it)."""
+    srv = server_factory(core_factory=RequestFailingCore)
+    core: RequestFailingCore = srv.engine.engine_core.proc.engine_core
+    body: dict = {"max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True,
+                  "stream_options": {"include_usage": True}}
+    if route == "/v1/completions":
+        body["prompt"] = PROMPT
+    else:
+        body["messages"] = [{"role": "user", "content": PROMPT}]
+
+    def frames(http: httpx.Client, fail: bool) -> list:
+        with http.stream("POST", route, json=body) as r:
+            assert r.status_code == 200
+            lines = (line for line in r.iter_lines() if line.startswith("data: "))
+            if fail:
+                core.allow(2)
+                core.wait_at_gate(2)  # two steps of this request went through
+                core.to_fail = set(core.scheduler.requests)
+                core.open()
+            rest = list(lines)
+        assert rest[-1] == "data: [DONE]"
+        return [json.loads(line[6:]) for line in rest[:-1]]
+
+    try:
+        with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+            failed = frames(http, fail=True)
+            assert "error" in failed[-1]
+            assert all("error" not in f and f["choices"] for f in failed[:-1])
+            core.to_fail = set()
+            body["max_tokens"] = 4
+            ok = frames(http, fail=False)
+            assert ok[-1]["choices"] == [] and ok[-1]["usage"]["completion_tokens"] == 4
         wait_released(srv.engine)
     finally:
         core.open()
