@@ -350,6 +350,18 @@ MUTATIONS = [
              "            elif cs.request.include_usage:\n                yield cs.frames.usage(cs.",
              "            if cs.request.include_usage:\n                yield cs.frames.usage(cs.",
              ("tests/server/test_engine_failure.py",)),
+    Mutation("echo-all-prompt-logprobs", "echo with logprobs turns prompt_logprobs -1 into logprobs",
+             "cadence/server/protocol.py",
+             "if self.echo and self.logprobs is not None and n != -1:",
+             "if self.echo and self.logprobs is not None:",
+             ("tests/server/test_echo_prompt_logprobs.py",)),
+    Mutation("echo-prompt-logprobs-lower", "echo with logprobs lowers a larger prompt_logprobs",
+             "cadence/server/protocol.py", "n = max(n or 0, self.logprobs)", "n = self.logprobs",
+             ("tests/server/test_echo_prompt_logprobs.py",)),
+    Mutation("prompt-logprobs-untrimmed", "prompt_logprobs show what the echo needed, not the n asked",
+             "cadence/server/serving.py",
+             "if top is None or lp.rank is None or lp.rank <= top:", "if True:",
+             ("tests/server/test_echo_prompt_logprobs.py",)),
 ]
 
 

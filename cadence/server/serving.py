@@ -6,7 +6,7 @@ import asyncio
 import logging
 import math
 import re
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -171,14 +171,25 @@ def clamp_logprob(value: float) -> float:
     return LOGPROB_FLOOR if math.isinf(value) or math.isnan(value) else max(value, LOGPROB_FLOOR)
 
 
-def prompt_logprobs_out(rows: EnginePromptLogprobs | None) -> PromptLogprobs | None:
-    """vLLM's ``prompt_logprobs`` field from the engine's."""
+def prompt_logprobs_out(rows: EnginePromptLogprobs | None, num: int | None = None,
+                        token_ids: Sequence[int] | None = None) -> PromptLogprobs | None:
+    """vLLM's ``prompt_logprobs`` field from the engine's. ``num`` (with the prompt's
+    ``token_ids``): the top entries asked for, where the engine computed more for an echo with
+    more logprobs; each row keeps its prompt token too. -1 or None: every entry."""
     if rows is None:
         return None
+    top = num if num is not None and num >= 0 and token_ids is not None else None
+
+    def keep(i: int, t: int, lp: Logprob) -> bool:
+        if top is None or lp.rank is None or lp.rank <= top:
+            return True
+        return token_ids is not None and t == token_ids[i]
+
     return [None if row is None else
             {t: PromptLogprob(logprob=clamp_logprob(lp.logprob), rank=lp.rank,
-                              decoded_token=lp.decoded_token) for t, lp in row.items()}
-            for row in rows]
+                              decoded_token=lp.decoded_token)
+             for t, lp in row.items() if keep(i, t, lp)}
+            for i, row in enumerate(rows)]
 
 
 def token_text(token_id: int, lp: Logprob, as_ids: bool = False) -> str:

@@ -248,7 +248,8 @@ class OpenAIServingCompletion(OpenAIServing):
             token_ids=list(c.token_ids) if self._with_ids(request) else None,
             prompt_token_ids=(list(final.prompt_token_ids or [])
                               if request.return_token_ids else None),
-            prompt_logprobs=(prompt_logprobs_out(final.prompt_logprobs)
+            prompt_logprobs=(prompt_logprobs_out(final.prompt_logprobs, request.prompt_logprobs,
+                                                 final.prompt_token_ids)
                              if request.prompt_logprobs is not None else None),
         )
 

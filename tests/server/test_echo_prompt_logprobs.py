@@ -171,3 +171,52 @@ def test_text_offsets_move_on_after_four_tokens_that_never_make_a_character() ->
     rows = [{t: Logprob(-1.0, 1, "\ufffd")} for t in ids]
     out = completion_logprobs(ids, rows, 0, 0, decode_ids=lambda seq: "\ufffd" * len(seq))
     assert out.text_offset == [0, 0, 0, 0, 4]
+
+
+def test_echo_with_logprobs_asks_the_engine_for_enough_prompt_logprobs() -> None:
+    """echo with logprobs needs the prompt's logprobs (vLLM): the engine computes the larger
+    of prompt_logprobs and logprobs, and -1 (all) stays all; without echo, or without
+    logprobs, only what prompt_logprobs asks."""
+    from cadence.server.protocol import CompletionRequest
+
+    def engine_n(**kw) -> int | None:
+        request = CompletionRequest(prompt="x", **kw)
+        assert request.to_sampling_params().prompt_logprobs == request.engine_prompt_logprobs
+        return request.engine_prompt_logprobs
+
+    assert engine_n(echo=True, logprobs=2) == 2
+    assert engine_n(echo=True, logprobs=0) == 0
+    assert engine_n(echo=True, logprobs=5, prompt_logprobs=1) == 5
+    assert engine_n(echo=True, logprobs=2, prompt_logprobs=5) == 5
+    assert engine_n(echo=True, logprobs=2, prompt_logprobs=-1) == -1
+    assert engine_n(echo=True) is None
+    assert engine_n(logprobs=2) is None
+    assert engine_n(logprobs=2, prompt_logprobs=3) == 3
+
+
+def test_echo_logprobs_with_all_prompt_logprobs(server_factory) -> None:
+    """echo + logprobs 2 + prompt_logprobs -1 (all; --max-logprobs -1): prompt_logprobs rows
+    hold the whole vocabulary, the echoed prompt tokens' top_logprobs the two asked for (and
+    the prompt token when it is not among them); prompt_logprobs 1 with logprobs 3: the echo
+    shows three per prompt token, prompt_logprobs the one asked for."""
+    srv = server_factory(max_logprobs=-1)
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="unused", max_retries=0)
+    tok = srv.engine.tokenizer
+    n_prompt = len(tok.encode(PROMPT))
+    body = _create(client, prompt=PROMPT, echo=True, logprobs=2,
+                   extra_body={"prompt_logprobs": -1}).model_dump()
+    choice = body["choices"][0]
+    rows = choice["prompt_logprobs"]
+    assert len(rows) == n_prompt and rows[0] is None
+    assert all(len(row) >= len(tok) for row in rows[1:])
+    tops = choice["logprobs"]["top_logprobs"]
+    assert len(tops) == n_prompt + 6 and tops[0] is None
+    assert all(2 <= len(t) <= 3 for t in tops[1:])
+    # The engine computes three per prompt token for the echo; prompt_logprobs shows the one
+    # asked for (and the prompt token), as without echo.
+    narrow = _create(client, prompt=PROMPT, echo=True, logprobs=3,
+                     extra_body={"prompt_logprobs": 1}).model_dump()["choices"][0]
+    assert all(3 <= len(t) <= 4 for t in narrow["logprobs"]["top_logprobs"][1:n_prompt])
+    alone = _create(client, prompt=PROMPT, extra_body={"prompt_logprobs": 1}).model_dump()
+    assert narrow["prompt_logprobs"] == alone["choices"][0]["prompt_logprobs"]
+    assert all(1 <= len(row) <= 2 for row in narrow["prompt_logprobs"][1:])
