@@ -362,6 +362,10 @@ MUTATIONS = [
              "cadence/server/serving.py",
              "if top is None or lp.rank is None or lp.rank <= top:", "if True:",
              ("tests/server/test_echo_prompt_logprobs.py",)),
+    Mutation("interrupt-parent-ids", "an interrupted generate aborts n > 1 requests by parent id",
+             "cadence/engine/llm.py",
+             "core.abort_requests(self.output_processor.engine_request_ids(pending))",
+             "core.abort_requests(pending)", ("tests/engine/test_llm_interrupt.py",)),
 ]
 
 

@@ -47,3 +47,42 @@ def test_generate_interrupted_then_usable(error: type[BaseException], async_sche
     assert all(o.outputs[0].finish_reason == "length" for o in again)
     assert core.num_free_kv_blocks == free
     llm.shutdown()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_ctrl_c_with_n_choices_aborts_every_child(async_scheduling: bool,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C during a generate of n > 1 requests: every child (running, waiting or not yet
+    sent) leaves the engine, no KV block stays held, and the next generate gives what a fresh
+    run gives."""
+    llm = LLM("tiny", device="cpu", max_model_len=128, max_num_seqs=2,
+              async_scheduling=async_scheduling)
+    core = llm.engine_core
+    params = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=24, ignore_eos=True)
+    reference = [[c.token_ids for c in o.outputs]
+                 for o in llm.generate(PROMPTS[:2], params, use_tqdm=False)]
+    free = core.num_free_kv_blocks
+    assert free == core.num_kv_blocks - 1
+
+    inner = llm.output_processor.process_outputs
+    calls = 0
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 4:  # children running and waiting, tokens delivered
+            raise KeyboardInterrupt("interrupted")
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(llm.output_processor, "process_outputs", interrupted)
+    with pytest.raises(KeyboardInterrupt, match="interrupted"):
+        llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    monkeypatch.undo()
+    assert not llm.output_processor.has_unfinished_requests()
+    assert not llm.output_processor.parents
+    assert core.scheduler.get_num_unfinished_requests() == 0
+    assert core.num_free_kv_blocks == free
+    again = llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    assert [[c.token_ids for c in o.outputs] for o in again] == reference
+    assert core.num_free_kv_blocks == free
+    llm.shutdown()
