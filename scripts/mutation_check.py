@@ -366,6 +366,10 @@ MUTATIONS = [
              "cadence/engine/llm.py",
              "core.abort_requests(self.output_processor.engine_request_ids(pending))",
              "core.abort_requests(pending)", ("tests/engine/test_llm_interrupt.py",)),
+    Mutation("chat-salt-dropped", "chat requests lose their cache_salt (shared prefix cache)",
+             "cadence/server/serving_chat.py",
+             '{"prompt_token_ids": prompt_ids, "cache_salt": request.cache_salt},',
+             '{"prompt_token_ids": prompt_ids},', ("tests/server/test_app.py",)),
 ]
 
 

@@ -480,6 +480,34 @@ def test_cache_salt_is_accepted_and_keeps_the_tokens(server) -> None:
                 assert salted.json()["choices"] == plain
 
 
+def test_chat_cache_salt_keeps_the_prefix_cache_apart(server) -> None:
+    """Two chats with the same long conversation share its cached blocks only under the same
+    cache_salt: a different salt (or none) finds nothing cached (prefix-cache hits in
+    /metrics, refreshed with every scrape)."""
+    from tests.server.waiting import metric, scrape
+
+    content = "A long and unique conversation about cache salts and tenants. " * 6
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 2,
+            "temperature": 0, "ignore_eos": True}
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        def hits_of(salt: str | None) -> float:
+            before = metric(scrape(http), "cadence:prefix_cache_hits_total", model_name="tiny")
+            resp = http.post("/v1/chat/completions",
+                             json=body if salt is None else {**body, "cache_salt": salt})
+            assert resp.status_code == 200, resp.text
+            after = metric(scrape(http), "cadence:prefix_cache_hits_total", model_name="tiny")
+            return after - before
+
+        prompt_tokens = http.post("/v1/chat/completions", json={**body, "cache_salt": "t0"}
+                                  ).json()["usage"]["prompt_tokens"]
+        assert prompt_tokens >= 4 * server.engine.block_size  # several full blocks
+        assert hits_of("tenant-a") == 0
+        assert hits_of("tenant-b") == 0
+        assert hits_of(None) == 0
+        assert hits_of("tenant-a") >= 4 * server.engine.block_size
+        assert hits_of(None) >= 4 * server.engine.block_size
+
+
 def test_truncate_prompt_tokens_serves_the_prompts_tail(server) -> None:
     """vLLM's truncate_prompt_tokens: only the prompt's last k tokens count (usage says k), and
     the answer is the one for that tail; on chat, the rendered conversation's tail."""
