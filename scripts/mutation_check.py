@@ -370,6 +370,11 @@ MUTATIONS = [
              "cadence/server/serving_chat.py",
              '{"prompt_token_ids": prompt_ids, "cache_salt": request.cache_salt},',
              '{"prompt_token_ids": prompt_ids},', ("tests/server/test_app.py",)),
+    Mutation("orphans-left-running", "a departed front end's requests run on in the core",
+             "cadence/engine/core_host.py",
+             "                if orphans:\n                    client.abort_requests(orphans)\n",
+             "", ("tests/server/test_api_servers.py::"
+                  "test_a_departed_front_ends_requests_are_aborted_in_the_core",)),
 ]
 
 

@@ -105,6 +105,54 @@ def test_two_front_ends_over_one_core_each_get_their_own_outputs() -> None:
             core.kill()
 
 
+def test_a_departed_front_ends_requests_are_aborted_in_the_core() -> None:
+    """A front end leaves with a long request in flight: the core aborts the orphan at once
+    rather than run it to its end for no one. How far it ran shows in the prefix cache: its
+    prompt plus its whole continuation, asked for afterwards, finds few blocks cached."""
+    big = dict(max_model_len=1024, num_gpu_blocks_override=160)
+    max_tokens = 1000
+    prompt = PROMPTS[2]
+    llm = LLM(**{**vars(tiny_args(**big)), "engine_process": False})
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        whole = prompt + list(llm.generate([{"prompt_token_ids": prompt}], params,
+                                           use_tqdm=False)[0].outputs[0].token_ids)
+    finally:
+        llm.shutdown()
+    args = tiny_args(engine_process=True, **big)
+    core, channels, facts = start_core_process(args, 2)
+
+    async def main() -> tuple[int, int]:
+        a, b = (AsyncLLM(args, core_client=ProcessEngineCoreClient(ch, facts))
+                for ch in channels)
+        try:
+            gen = b.generate({"prompt_token_ids": prompt}, _params(max_tokens), "orphan")
+            await gen.__anext__()  # the orphan runs in the core
+            b.shutdown()  # leaves without a word: its pipes close
+            await gen.aclose()
+            while True:  # each call waits for the core between two steps
+                stats = await a.get_scheduler_stats()
+                if (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0):
+                    break
+            probe = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+            outs = [o async for o in a.generate({"prompt_token_ids": whole}, probe, "probe")]
+            return outs[-1].num_cached_tokens, a.block_size
+        finally:
+            a.shutdown()
+            b.shutdown()
+
+    try:
+        cached, block_size = asyncio.run(main())
+        core.join(30)
+        assert core.exitcode == 0
+    finally:
+        if core.is_alive():
+            core.kill()
+    # Run to its end, the orphan would have left every full block of ``whole`` cached.
+    assert (len(whole) - 1) // block_size * block_size > 900
+    assert cached < 512, cached
+
+
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
     return [int(x) for x in out.split()]
