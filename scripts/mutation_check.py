@@ -375,6 +375,13 @@ MUTATIONS = [
              "                if orphans:\n                    client.abort_requests(orphans)\n",
              "", ("tests/server/test_api_servers.py::"
                   "test_a_departed_front_ends_requests_are_aborted_in_the_core",)),
+    Mutation("engine-stats-every-front", "every API server records the engine-wide metrics",
+             "cadence/server/app.py", "engine_stats=front_end_index in (None, 0),",
+             "engine_stats=True,",
+             ("tests/server/test_api_servers.py::test_cadence_serve_with_two_api_servers",)),
+    Mutation("engine-stats-ignored", "a front end other than 0 records the engine-wide gauges",
+             "cadence/metrics.py", "if scheduler_stats is not None and self.engine_stats:",
+             "if scheduler_stats is not None:", ("tests/test_metrics.py",)),
 ]
 
 

@@ -31,6 +31,28 @@ def test_scheduler_gauges_and_cumulative_counters() -> None:
     assert sample(logger, "cadence:num_requests_running") == 0
 
 
+def test_a_front_end_without_engine_stats_records_only_its_requests() -> None:
+    """With several API servers, only front end 0 records the engine-wide gauges and counters
+    (running, waiting, KV usage, prefix cache, preemptions) and the cache info: every other
+    records its own requests' figures alone, so the sum over processes counts each once."""
+    other = PrometheusStatLogger("m", engine_stats=False, cache_info={"block_size": "16"})
+    other.record(SchedulerStats(3, 2, 0.25, prefix_cache_queries=10, prefix_cache_hits=4,
+                                num_preemptions=1), IterationStats(num_generation_tokens=5))
+    for name in ("cadence:num_requests_running", "cadence:num_requests_waiting",
+                 "cadence:kv_cache_usage_perc", "cadence:prefix_cache_queries_total",
+                 "cadence:prefix_cache_hits_total", "cadence:num_preemptions_total"):
+        assert sample(other, name) == 0, name
+    assert other.registry.get_sample_value(
+        "cadence:cache_config_info", {"model_name": "m", "engine": "0", "block_size": "16"}
+    ) is None
+    assert sample(other, "cadence:generation_tokens_total") == 5  # its own requests' tokens
+    first = PrometheusStatLogger("m", cache_info={"block_size": "16"})
+    first.record(SchedulerStats(3, 2, 0.25, prefix_cache_queries=10), None)
+    assert sample(first, "cadence:num_requests_running") == 3
+    assert sample(first, "cadence:prefix_cache_queries_total") == 10
+    assert sample(first, "cadence:cache_config_info", {"block_size": "16"}) == 1
+
+
 def test_iteration_stats_feed_counters_and_histograms() -> None:
     logger = PrometheusStatLogger("m")
     it = IterationStats(

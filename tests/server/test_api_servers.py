@@ -198,6 +198,12 @@ def test_cadence_serve_with_two_api_servers(tmp_path: Path) -> None:
             assert metric(text, "cadence:time_to_first_token_seconds_count",
                           model_name="tiny") == 18
             assert metric(text, "cadence:num_requests_running", model_name="tiny") == 0
+            # Engine-wide figures come from front end 0 alone (the other hears only the steps
+            # of its own requests): each of the 18 prompts was looked up in the prefix cache
+            # once, not once per front end.
+            assert metric(text, "cadence:prefix_cache_queries_total", model_name="tiny") == 3 * sum(
+                len(p) for p in PROMPTS)
+            assert metric(text, "cadence:cache_config_info", model_name="tiny") == 1
     assert srv.returncode == 0, srv.text
     assert "Traceback" not in srv.text
     assert srv.text.count("Received SIGTERM: shutting down") == 2  # each front end drained
