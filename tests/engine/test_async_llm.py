@@ -478,7 +478,7 @@ async def test_a_dead_output_handler_marks_the_engine_errored_while_the_core_liv
 
 async def test_a_cancelled_output_handler_fails_the_waiting_requests(engine: AsyncLLM) -> None:
     """The output handler ends (cancelled) while the core runs on: the engine is errored and
-    every waiting request, n > 1 ones included, gets EngineDeadError instead of hanging."""
+    every waiting request gets EngineDeadError instead of hanging."""
     params = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.0)
     tasks = {rid: asyncio.ensure_future(generate(engine, rid, TEXT_PROMPT,
                                                  RequestOutputKind.DELTA, 400))
