@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from cadence.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from cadence.scheduler.block_pool import KVCacheBlock
+    from cadence.scheduler.request import Request
 
 
 @dataclass
@@ -53,3 +59,35 @@ class SchedulerOutput:
     @classmethod
     def empty(cls) -> SchedulerOutput:
         return cls([], CachedRequestData(), {}, 0)
+
+
+def scheduled_request_data(
+    scheduled_new: Sequence[Request],
+    scheduled_running: Sequence[Request],
+    new_blocks_of: dict[str, list[KVCacheBlock]],
+    block_ids_of: Callable[[str], list[int]],
+) -> tuple[list[NewRequestData], CachedRequestData]:
+    """The step's requests as the runner takes them: new (or resumed) ones whole, with all
+    their blocks (``block_ids_of``); running ones by id with the blocks added this step."""
+    new_reqs = [
+        NewRequestData(
+            req_id=req.request_id,
+            prompt_token_ids=req.prompt_token_ids,
+            output_token_ids=list(req.output_token_ids),
+            sampling_params=req.sampling_params,
+            block_ids=block_ids_of(req.request_id),
+            num_computed_tokens=req.num_computed_tokens,
+        )
+        for req in scheduled_new
+    ]
+    cached = CachedRequestData()
+    req_ids = cached.req_ids
+    new_block_ids = cached.new_block_ids
+    num_computed = cached.num_computed_tokens
+    for req in scheduled_running:
+        req_id = req.request_id
+        req_ids.append(req_id)
+        blocks = new_blocks_of[req_id]
+        new_block_ids.append([b.block_id for b in blocks] if blocks else None)
+        num_computed.append(req.num_computed_tokens)
+    return new_reqs, cached

@@ -16,11 +16,12 @@ from cadence.config import CacheConfig, SchedulerConfig
 from cadence.core_types import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from cadence.runner_output import NO_TOKEN, ModelRunnerOutput
 from cadence.scheduler.block_pool import KVCacheBlock
+from cadence.scheduler.core_output import no_token_reason, request_output
 from cadence.scheduler.kv_cache_manager import KVCacheManager
-from cadence.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
+from cadence.scheduler.output import SchedulerOutput, scheduled_request_data
 from cadence.scheduler.request import FinishReason, Request, RequestStatus
 from cadence.scheduler.request_queue import create_request_queue
-from cadence.scheduler.stop import check_stop
+from cadence.scheduler.stop import append_until_stop
 
 _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
@@ -29,18 +30,6 @@ _NO_NEW_BLOCKS: list[KVCacheBlock] = []  # shared, never mutated
 
 def _victim_key(request: Request) -> tuple[int, float]:
     return request.priority, request.arrival_time
-
-
-def _no_token_reason(request: Request) -> str:
-    """Why a request whose row had every token masked failed, naming what constrained it."""
-    params = request.sampling_params
-    if params.structured_outputs is not None:
-        return ("structured_outputs: no token fits the grammar under the request's other "
-                "constraints (allowed_token_ids, bad_words), or the grammar cannot be completed.")
-    if params.allowed_token_ids is not None:
-        return ("allowed_token_ids: every allowed token was excluded (bad_words, logit_bias "
-                "with the penalties); no token could be sampled.")
-    return "logit_bias: the biases and penalties excluded every token; none could be sampled."
 
 
 class Scheduler:
@@ -275,28 +264,8 @@ class Scheduler:
         preempted: list[Request],
     ) -> SchedulerOutput:
         kv = self.kv_cache_manager
-        new_reqs = [
-            NewRequestData(
-                req_id=req.request_id,
-                prompt_token_ids=req.prompt_token_ids,
-                output_token_ids=list(req.output_token_ids),
-                sampling_params=req.sampling_params,
-                block_ids=kv.get_block_ids(req.request_id),
-                num_computed_tokens=req.num_computed_tokens,
-            )
-            for req in scheduled_new
-        ]
-        cached = CachedRequestData()
-        req_ids = cached.req_ids
-        new_block_ids = cached.new_block_ids
-        num_computed = cached.num_computed_tokens
-        for req in scheduled_running:
-            req_id = req.request_id
-            req_ids.append(req_id)
-            blocks = new_blocks_of[req_id]
-            new_block_ids.append([b.block_id for b in blocks] if blocks else None)
-            num_computed.append(req.num_computed_tokens)
-
+        new_reqs, cached = scheduled_request_data(scheduled_new, scheduled_running,
+                                                  new_blocks_of, kv.get_block_ids)
         preempted_ids = {req.request_id for req in preempted}
         if self._preempted_outside_step:
             preempted_ids |= self._preempted_outside_step
@@ -369,7 +338,7 @@ class Scheduler:
             if req_id in failed:
                 continue  # refused by the runner: its row's token means nothing
             if new_token_ids and new_token_ids[0] == NO_TOKEN:
-                failed[req_id] = _no_token_reason(request)
+                failed[req_id] = no_token_reason(request)
                 continue
             prompt_lps = prompt_logprobs.get(req_id) if prompt_logprobs else None
             if not new_token_ids:
@@ -392,38 +361,8 @@ class Scheduler:
             elif not new_token_ids:
                 continue
 
-            new_logprobs = None
-            if (
-                logprobs is not None
-                and len(new_token_ids) == 1
-                and request.sampling_params.logprobs is not None
-            ):
-                new_logprobs = [
-                    (
-                        logprobs.logprob_token_ids[row],
-                        logprobs.logprobs[row],
-                        logprobs.sampled_token_ranks[row],
-                    )
-                ]
-            timing = None
-            if not request.timing_sent:
-                request.timing_sent = True
-                timing = (request.queued_time, request.scheduled_time)
-            # Positional: (request_id, new_token_ids, new_logprobs, finish_reason, stop_reason,
-            # num_cached_tokens, error, new_prompt_logprobs, timing); once per request per step.
-            outputs.append(
-                EngineCoreOutput(
-                    req_id,
-                    new_token_ids,
-                    new_logprobs,
-                    finish_reason,
-                    request.stop_reason,
-                    request.num_cached_tokens,
-                    None,
-                    prompt_lps,
-                    timing,
-                )
-            )
+            outputs.append(request_output(request, row, new_token_ids, finish_reason, logprobs,
+                                          prompt_lps))
 
         if stopped_running:
             self.running = [r for r in self.running if r not in stopped_running]
@@ -453,15 +392,7 @@ class Scheduler:
         self, request: Request, new_token_ids: list[int]
     ) -> tuple[list[int], bool]:
         """Append sampled tokens one by one, stopping at the first that ends the request."""
-        max_model_len = self.max_model_len
-        if len(new_token_ids) == 1:
-            request.append_output_token_ids(new_token_ids[0])
-            return new_token_ids, check_stop(request, max_model_len)
-        for num_kept, token_id in enumerate(new_token_ids, 1):
-            request.append_output_token_ids(token_id)
-            if check_stop(request, max_model_len):
-                return new_token_ids[:num_kept], True
-        return new_token_ids, False
+        return append_until_stop(request, new_token_ids, self.max_model_len)
 
     def _free_request(self, request: Request) -> None:
         assert request.is_finished()

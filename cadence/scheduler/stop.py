@@ -38,3 +38,18 @@ def check_stop(request: Request, max_model_len: int) -> bool:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False
+
+
+def append_until_stop(
+    request: Request, new_token_ids: list[int], max_model_len: int
+) -> tuple[list[int], bool]:
+    """Append a step's sampled tokens one by one, stopping at the first that ends the request:
+    the tokens kept and whether it ended."""
+    if len(new_token_ids) == 1:
+        request.append_output_token_ids(new_token_ids[0])
+        return new_token_ids, check_stop(request, max_model_len)
+    for num_kept, token_id in enumerate(new_token_ids, 1):
+        request.append_output_token_ids(token_id)
+        if check_stop(request, max_model_len):
+            return new_token_ids[:num_kept], True
+    return new_token_ids, False
