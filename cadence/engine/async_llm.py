@@ -10,11 +10,9 @@ the core the requests that a stop string finished.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from cadence.config import EngineConfig
@@ -23,6 +21,7 @@ from cadence.engine.core_client import EngineCoreClient, EngineDeadError, Inproc
 from cadence.engine.core_proc import EngineCoreLike
 from cadence.engine.engine_args import EngineArgs
 from cadence.engine.frontend import load_frontend
+from cadence.engine.input_worker import InputWorker, input_size, params_size
 from cadence.engine.output_processor import (
     IterationStats,
     OutputProcessor,
@@ -45,11 +44,6 @@ PromptType = str | dict[str, Any]
 
 # Engine outputs processed between two yields to the event loop (vLLM's output chunk size).
 OUTPUT_CHUNK_SIZE = 128
-
-# Per-request CPU work on an input at most this large (bytes, characters or tokens) runs on the
-# event loop when the input thread is idle: for a small request the two thread hand-offs cost
-# more than the work, and under load each may wait for the interpreter lock.
-INLINE_INPUT_LIMIT = 4096
 
 T = TypeVar("T")
 
@@ -108,10 +102,9 @@ class AsyncLLM:
         self.num_kv_blocks: int = core.num_kv_blocks
         self.block_size: int = core.block_size
         self.output_processor = OutputProcessor(self.tokenizer)
-        # Tokenization, chat templates and request validation run here, off the event loop.
-        # One worker, as in vLLM: a HF tokenizer is not safe to call from several threads.
-        self._cpu_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cadence-input")
-        self._cpu_inflight = 0  # calls handed to the input thread and not yet collected
+        # Tokenization, chat templates and request validation: off the event loop but for
+        # small inputs.
+        self._input_worker = InputWorker(lambda: self.errored, EngineDeadError)
 
         # Requests ended here (aborted, or finished by a stop string) whose end the core has not
         # reported yet: their tokens may still be on the way, so a new request reusing such an
@@ -163,32 +156,13 @@ class AsyncLLM:
         return max(0.0, time.monotonic() - self.engine_core.last_progress_time)
 
     async def run_in_executor(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run per-request CPU work (tokenizing, rendering templates) off the event loop."""
-        loop = asyncio.get_running_loop()
-        try:
-            future = loop.run_in_executor(
-                self._cpu_executor, functools.partial(fn, *args, **kwargs)
-            )
-        except RuntimeError as exc:  # the executor is shut down with the engine
-            raise EngineDeadError("The engine was shut down.") from exc
-        self._cpu_inflight += 1
-        future.add_done_callback(self._cpu_done)  # called on the loop
-        return await future
-
-    def _cpu_done(self, _: object) -> None:
-        self._cpu_inflight -= 1
+        """Run per-request CPU work (tokenizing, rendering templates) in the input thread."""
+        return await self._input_worker.run_in_thread(fn, *args, **kwargs)
 
     async def run_cpu(self, size: int, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``run_in_executor``, except that work on an input of ``size`` at most
-        ``INLINE_INPUT_LIMIT`` runs here at once while the input thread is idle.
-
-        NOTE: inline work never overlaps the input thread's (it is idle), so the tokenizer is
-        still used by one request at a time."""
-        if size <= INLINE_INPUT_LIMIT and self._cpu_inflight == 0:
-            if self.errored:
-                raise EngineDeadError()
-            return fn(*args, **kwargs)
-        return await self.run_in_executor(fn, *args, **kwargs)
+        """``run_in_executor``, or here at once for an input of ``size`` at most
+        ``INLINE_INPUT_LIMIT`` while the input thread is idle (see :mod:`.input_worker`)."""
+        return await self._input_worker.run(size, fn, *args, **kwargs)
 
     def add_stat_logger(self, stat_logger: StatLogger) -> None:
         self.stat_loggers.append(stat_logger)
@@ -209,7 +183,7 @@ class AsyncLLM:
         if self.errored:
             raise EngineDeadError()
         request, prompt_text = await self.run_cpu(
-            _input_size(prompt) + _params_size(sampling_params),
+            input_size(prompt) + params_size(sampling_params),
             self._process_input, request_id, prompt, sampling_params, arrival_time, priority,
         )  # fmt: skip
         if self.errored:
@@ -407,7 +381,7 @@ class AsyncLLM:
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop the engine core thread; consumers still waiting get ``EngineDeadError``."""
         self.engine_core.shutdown(timeout)
-        self._cpu_executor.shutdown(wait=False, cancel_futures=True)
+        self._input_worker.shutdown()
         handler = self.output_handler
         if handler is not None and not handler.done():
             loop = self._handler_loop
@@ -421,23 +395,3 @@ class AsyncLLM:
                 else:
                     loop.call_soon_threadsafe(handler.cancel)
 
-
-def _params_size(params: SamplingParams) -> int:
-    """The per-request work its sampling parameters bring (validated and copied): large token
-    maps and grammars are handled off the event loop."""
-    if not isinstance(params, SamplingParams):
-        return 0
-    so = params.structured_outputs
-    grammar = INLINE_INPUT_LIMIT + 1 if so is not None else 0
-    return (len(params.logit_bias or ()) + len(params.allowed_token_ids or ())
-            + 16 * len(params.bad_words or ()) + grammar)
-
-
-def _input_size(prompt: PromptType) -> int:
-    """The size of a prompt for ``run_cpu``: its tokens. Text is always tokenized in the input
-    thread (a tokenizer may be slow on pathological input; the loop must not wait for it)."""
-    if isinstance(prompt, dict) and "prompt" not in prompt:
-        prompt = prompt.get("prompt_token_ids")  # type: ignore[assignment]
-    if isinstance(prompt, (list, tuple)):
-        return len(prompt)
-    return INLINE_INPUT_LIMIT + 1

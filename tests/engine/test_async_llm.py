@@ -504,7 +504,8 @@ async def test_small_inputs_are_processed_inline_unless_the_input_thread_is_busy
 ) -> None:
     import threading
 
-    from cadence.engine.async_llm import INLINE_INPUT_LIMIT, _input_size
+    from cadence.engine.input_worker import INLINE_INPUT_LIMIT
+    from cadence.engine.input_worker import input_size as _input_size
 
     here = threading.current_thread()
     assert await engine.run_cpu(INLINE_INPUT_LIMIT, threading.current_thread) is here
@@ -528,7 +529,7 @@ async def test_small_inputs_are_processed_inline_unless_the_input_thread_is_busy
     # Both paths give the same request.
     params = SamplingParams(max_tokens=3, ignore_eos=True, temperature=0.0)
     small = [t async for t in engine.generate({"prompt_token_ids": [7] * 5}, params, "a")]
-    monkeypatch.setattr("cadence.engine.async_llm.INLINE_INPUT_LIMIT", 0)
+    monkeypatch.setattr("cadence.engine.input_worker.INLINE_INPUT_LIMIT", 0)
     big = [t async for t in engine.generate({"prompt_token_ids": [7] * 5}, params, "b")]
     assert small[-1].outputs[0].token_ids == big[-1].outputs[0].token_ids
 
