@@ -14,7 +14,7 @@ def make_attention_backend(device: str) -> AttentionBackend:
     """Triton attention on CUDA (where Triton imports), the torch reference elsewhere."""
     if device == "cuda":
         try:
-            from cadence.model.triton_attention import TritonAttentionBackend
+            from cadence.model.triton_backend import TritonAttentionBackend
 
             return TritonAttentionBackend()
         except ImportError:  # pragma: no cover - depends on the install

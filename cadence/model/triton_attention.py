@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import torch
 
-from cadence.envs import read_envs
 from cadence.model.attention_metadata import AttentionMetadata, QKRope
 from cadence.model.triton_attention_kernels import _store_kv_kernel, _varlen_kernel
 from cadence.model.triton_decode_kernels import _decode_kernel, _merge_splits_kernel
@@ -384,62 +383,3 @@ def paged_varlen_attention(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-
-
-class TritonAttentionBackend:
-    """``AttentionBackend`` on Triton kernels: store K/V, then decode or varlen prefill."""
-
-    name = "triton"
-
-    def __init__(self, fuse_rope: bool | None = None) -> None:
-        _require_triton()
-        self._num_sms: dict[int, int] = {}
-        # Decode steps apply the q/k norms and RoPE in the attention kernel's loads (one kernel
-        # fewer per layer); off: fused_ops.qk_norm_rope first, as prefill always does.
-        self.fuse_rope = not read_envs().disable_fused_rope if fuse_rope is None else fuse_rope
-
-    def num_sms(self, device: torch.device) -> int:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        found = self._num_sms.get(index)
-        if found is None:
-            found = torch.cuda.get_device_properties(index).multi_processor_count
-            self._num_sms[index] = found
-        return found
-
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        kv_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-        scale: float,
-        sliding_window: int = 0,
-        softcap: float = 0.0,
-        k_scale: float = 1.0,
-        v_scale: float = 1.0,
-        rope: QKRope | None = None,
-    ) -> torch.Tensor:
-        num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
-        if num_heads % num_kv_heads:
-            raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} kv heads")
-        fuse = (rope is not None and self.fuse_rope and metadata.is_decode_only
-                and rope_fusable(q, k, rope))
-        if rope is not None and not fuse:
-            q, k = rope.apply(q, k)
-        q = _last_dim_contiguous(q)
-        out = torch.empty_like(q)
-        if metadata.is_decode_only:
-            sms = self.num_sms(q.device)
-            paged_decode_attention(
-                q, kv_cache, metadata, scale, out, sms, k=k, v=v,
-                sliding_window=sliding_window, softcap=softcap, k_scale=k_scale, v_scale=v_scale,
-                rope=rope if fuse else None,
-            )  # fmt: skip
-        else:
-            store_kv_cache(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)
-            paged_varlen_attention(
-                q, kv_cache, metadata, scale, out, sliding_window=sliding_window, softcap=softcap,
-                k_scale=k_scale, v_scale=v_scale,
-            )
-        return out

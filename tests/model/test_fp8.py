@@ -349,7 +349,7 @@ def _cuda_logits(model, batch) -> torch.Tensor:
 
 @pytest.mark.gpu
 def test_fp8_models_track_bf16_over_256_decode_steps(tmp_path) -> None:
-    from cadence.model.triton_attention import TritonAttentionBackend
+    from cadence.model.triton_backend import TritonAttentionBackend
 
     path = save_hf_model(unit_gain_model("qwen3"), tmp_path)
     spec = resolve_model(str(path))

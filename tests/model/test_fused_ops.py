@@ -231,7 +231,7 @@ def test_dispatch_on_cuda_runs_the_kernels():
 
 
 def _decode_model(num_layers: int, dtype: torch.dtype) -> tuple[CausalLM, list[torch.Tensor]]:
-    from cadence.model.triton_attention import TritonAttentionBackend
+    from cadence.model.triton_backend import TritonAttentionBackend
 
     config = hf_config("qwen3", tie=False)
     config.num_hidden_layers = num_layers

@@ -163,7 +163,7 @@ def test_forward_norm_plans_graphs_and_fallbacks(monkeypatch, bias):
 
 
 def _decode_model(num_layers: int) -> tuple[CausalLM, list[torch.Tensor]]:
-    from cadence.model.triton_attention import TritonAttentionBackend
+    from cadence.model.triton_backend import TritonAttentionBackend
     from tests.model.helpers import new_kv_caches
 
     config = hf_config("qwen3", tie=False)

@@ -246,7 +246,7 @@ def run_decode_rope(device: str, dtype: torch.dtype, norm: bool, splits: int | N
 
 def run_prefill(device: str, dtype: torch.dtype, heads: int, kv_heads: int, dim: int,
                 window: int = 0, softcap: float = 0.0, fp8: bool = False) -> None:
-    from cadence.model.triton_attention import TritonAttentionBackend
+    from cadence.model.triton_backend import TritonAttentionBackend
 
     case = make_case(PREFILL_SEQS, heads, kv_heads, dim, 16, dtype, device, 1, padding_slot=-1,
                      window=window, softcap=softcap, kv_dtype=FP8 if fp8 else None,
@@ -262,7 +262,7 @@ def run_prefill(device: str, dtype: torch.dtype, heads: int, kv_heads: int, dim:
 def run_mixed_padded(device: str, dtype: torch.dtype, heads: int, kv_heads: int, dim: int,
                      extra_tokens: int, empty_rows: int, window: int = 0,
                      softcap: float = 0.0) -> None:
-    from cadence.model.triton_attention import TritonAttentionBackend
+    from cadence.model.triton_backend import TritonAttentionBackend
 
     case = make_case(MIXED_SEQS, heads, kv_heads, dim, 16, dtype, device, seed=3, window=window,
                      softcap=softcap)
@@ -396,7 +396,7 @@ def test_fp8_cache_matches_reference(dtype: torch.dtype, window: int, cap: float
 
 @pytest.mark.gpu
 def test_qwen3_decode_shapes_bf16() -> None:
-    from cadence.model.triton_attention import TritonAttentionBackend
+    from cadence.model.triton_backend import TritonAttentionBackend
 
     gen = torch.Generator().manual_seed(5)
     seqs = [(int(n), 1) for n in torch.randint(1, 1500, (33,), generator=gen)]
@@ -409,7 +409,7 @@ def test_qwen3_decode_shapes_bf16() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_replays_inside_a_cuda_graph(dtype: torch.dtype) -> None:
-    from cadence.model.triton_attention import TritonAttentionBackend
+    from cadence.model.triton_backend import TritonAttentionBackend
 
     backend = TritonAttentionBackend()
     seqs = [(20, 1), (47, 1), (16, 1)]
