@@ -9,17 +9,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from cadence.engine.core_client import EngineDeadError
 from cadence.metrics import CONTENT_TYPE_LATEST, PrometheusStatLogger
+from cadence.server.error_handlers import exception_handlers
 from cadence.server.errors import (
-    APIError,
     BadRequestError,
-    InternalServerError,
     NotFoundError,
     ServiceUnavailableError,
     from_validation_error,
@@ -28,7 +25,7 @@ from cadence.server.lifecycle import InFlightMiddleware, RequestLifecycle, shutt
 from cadence.server.live_stats import SecondsRecorder, engine_config_summary
 from cadence.server.middleware import ApiKeyMiddleware
 from cadence.server.openapi import Operation, openapi_document
-from cadence.server.protocol import CompletionRequest, ParamError, random_id
+from cadence.server.protocol import CompletionRequest, random_id
 from cadence.server.protocol_chat import ChatCompletionRequest
 from cadence.server.protocol_responses import (
     ChatCompletionResponse,
@@ -38,7 +35,7 @@ from cadence.server.protocol_responses import (
 )
 from cadence.server.reasoning import reasoning_parser as reasoning_parser_named
 from cadence.server.request_body import parse_json_body, read_body, validate_request
-from cadence.server.serving import DONE_FRAME, engine_unavailable
+from cadence.server.serving import DONE_FRAME
 from cadence.server.serving_chat import OpenAIServingChat
 from cadence.server.serving_completion import OpenAIServingCompletion
 from cadence.server.settings import DEFAULT_MAX_REQUEST_BODY_BYTES, ServerSettings
@@ -322,41 +319,6 @@ def _tokenizer_call(work: Callable[[dict[str, Any]], BaseModel], raw: bytes,
         raise from_validation_error(exc) from exc
 
 
-async def _api_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, APIError)
-    return exc.response()
-
-
-async def _param_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ParamError)
-    return BadRequestError(str(exc), exc.param).response()
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    err = APIError(str(exc.detail), None)
-    err.status_code = exc.status_code
-    err.type = "NotFoundError" if exc.status_code == 404 else "HTTPError"
-    return err.response()
-
-
-async def _engine_dead(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, EngineDeadError)
-    return engine_unavailable(exc).response()
-
-
-async def _client_disconnected(request: Request, exc: Exception) -> Response:
-    client = request.client
-    peer = f"{client.host}:{client.port}" if client else "a client"
-    logger.info("Client %s disconnected %s.", peer, exc)
-    return Response(status_code=499)  # never sent: the connection is gone
-
-
-async def _unexpected_error(request: Request, exc: Exception) -> Response:
-    logger.exception("Unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
-    return InternalServerError(f"Internal server error: {exc!r}").response()
-
-
 def build_app(
     engine: AsyncLLM,
     *,
@@ -408,14 +370,7 @@ def build_app(
         routes.append(Route("/", WebPage().serve, methods=["GET"]))
     app = Starlette(
         routes=routes,
-        exception_handlers={
-            APIError: _api_error,
-            ParamError: _param_error,
-            HTTPException: _http_error,
-            EngineDeadError: _engine_dead,
-            ClientDisconnected: _client_disconnected,
-            Exception: _unexpected_error,
-        },
+        exception_handlers=exception_handlers(),
     )
     app.add_middleware(InFlightMiddleware, lifecycle=server.lifecycle)
     if api_key:  # outermost: checked first
