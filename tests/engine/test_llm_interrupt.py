@@ -12,6 +12,22 @@ from cadence import LLM, SamplingParams
 PROMPTS = ["The quick brown fox", "Once upon a time", "Hello, my name is", "Numbers: 1 2 3"]
 
 
+def _raise_at_call(llm: LLM, monkeypatch: pytest.MonkeyPatch, at: int,
+                   error: type[BaseException]) -> list[int]:
+    """Make the ``at``-th output-processing call raise ``error``; returns the call counter."""
+    inner = llm.output_processor.process_outputs
+    calls = [0]
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == at:
+            raise error("interrupted")
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(llm.output_processor, "process_outputs", failing)
+    return calls
+
+
 @pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_generate_interrupted_then_usable(error: type[BaseException], async_scheduling: bool,
@@ -24,20 +40,11 @@ def test_generate_interrupted_then_usable(error: type[BaseException], async_sche
     free = core.num_free_kv_blocks
     assert free == core.num_kv_blocks - 1
 
-    inner = llm.output_processor.process_outputs
-    calls = 0
-
-    def failing(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == 5:  # two requests running, two waiting (max_num_seqs=2), tokens delivered
-            raise error("interrupted")
-        return inner(*args, **kwargs)
-
-    monkeypatch.setattr(llm.output_processor, "process_outputs", failing)
+    # The fifth call: two requests running, two waiting (max_num_seqs=2), tokens delivered.
+    calls = _raise_at_call(llm, monkeypatch, 5, error)
     with pytest.raises(error, match="interrupted"):
         llm.generate(PROMPTS, params, use_tqdm=False)
-    assert calls == 5
+    assert calls == [5]
     monkeypatch.undo()
     # Nothing is left behind: no request in the engine or the output processor.
     assert not llm.output_processor.has_unfinished_requests()
@@ -64,19 +71,11 @@ def test_ctrl_c_with_n_choices_aborts_every_child(async_scheduling: bool,
     free = core.num_free_kv_blocks
     assert free == core.num_kv_blocks - 1
 
-    inner = llm.output_processor.process_outputs
-    calls = 0
-
-    def interrupted(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == 4:  # children running and waiting, tokens delivered
-            raise KeyboardInterrupt("interrupted")
-        return inner(*args, **kwargs)
-
-    monkeypatch.setattr(llm.output_processor, "process_outputs", interrupted)
+    # The fourth call: children running and waiting, tokens delivered.
+    calls = _raise_at_call(llm, monkeypatch, 4, KeyboardInterrupt)
     with pytest.raises(KeyboardInterrupt, match="interrupted"):
         llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    assert calls == [4]
     monkeypatch.undo()
     assert not llm.output_processor.has_unfinished_requests()
     assert not llm.output_processor.parents
