@@ -298,3 +298,65 @@ def test_booleans_are_not_integers_and_min_tokens_may_equal_max_tokens(
         proc.process("e", {"prompt_token_ids": [5] * 5},
                      SamplingParams(max_tokens=None, min_tokens=60))
     assert info.value.parameter == "min_tokens"
+
+
+@pytest.mark.parametrize("field", ["logit_bias", "allowed_token_ids"])
+def test_token_fields_accept_the_last_id_and_refuse_the_vocabulary_size(
+    tokenizer: PreTrainedTokenizerFast, field: str
+) -> None:
+    """Ids index the logits row: 279 is the last of a 280-token vocabulary, 280 is past it."""
+    def params(tok: int) -> SamplingParams:
+        if field == "logit_bias":
+            return SamplingParams(max_tokens=2, logit_bias={tok: 1.0})
+        return SamplingParams(max_tokens=2, allowed_token_ids=[5, tok])
+
+    proc = _proc(tokenizer)
+    proc.process("ok", "hi", params(279))
+    with pytest.raises(InputValidationError, match="token id 280 is out of vocabulary") as info:
+        proc.process("no", "hi", params(280))
+    assert info.value.parameter == field and info.value.value == 280
+
+
+@pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])
+def test_logprobs_accept_the_cap_and_refuse_one_more(
+    tokenizer: PreTrainedTokenizerFast, field: str
+) -> None:
+    proc = _proc(tokenizer, max_logprobs=5)
+    req, _ = proc.process("ok", "hi", SamplingParams(max_tokens=2, **{field: 5}))
+    assert getattr(req.sampling_params, field) == 5
+    with pytest.raises(InputValidationError, match="max allowed: 5") as info:
+        proc.process("no", "hi", SamplingParams(max_tokens=2, **{field: 6}))
+    assert info.value.parameter == field
+
+
+def test_bad_words_spelled_past_the_vocabulary_are_dropped() -> None:
+    """A word with an id past the model's vocabulary (a token added to the tokenizer) can never
+    be generated; banning it would index past the logits, so its sequence is left out."""
+    tok = _FakeTokenizer({"foo": [3, 9], " foo": [4, 9], "bar": [2], " bar": [10]})
+    proc = InputProcessor(tok, vocab_size=10, max_model_len=64,  # type: ignore[arg-type]
+                          eos_token_ids=[0])
+    req, _ = proc.process("r", {"prompt_token_ids": [5]},
+                          SamplingParams(max_tokens=2, bad_words=["foo", "bar"]))
+    assert req.sampling_params.bad_words_token_ids == [[3, 9], [4, 9], [2]]
+
+
+def test_structured_outputs_need_a_tokenizer_and_fit_the_size_cap(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    from cadence.engine.param_checks import MAX_GRAMMAR_CHARS
+    from cadence.sampling_params import StructuredOutputsParams
+
+    with pytest.raises(InputValidationError, match="need a tokenizer") as info:
+        _proc(None).process("r", {"prompt_token_ids": [5]}, SamplingParams(
+            max_tokens=2, structured_outputs=StructuredOutputsParams(regex="a+")))
+    assert info.value.parameter == "structured_outputs"
+    # The cap counts every form of the spec, the choices' characters included.
+    half = MAX_GRAMMAR_CHARS // 2
+    for spec in (StructuredOutputsParams(choice=["a" * half, "b" * (half + 1)]),
+                 StructuredOutputsParams(regex="a" * (MAX_GRAMMAR_CHARS + 1))):
+        with pytest.raises(InputValidationError, match=f"at most {MAX_GRAMMAR_CHARS}") as info:
+            _proc(tokenizer).process("r", "hi", SamplingParams(max_tokens=2,
+                                                               structured_outputs=spec))
+        assert info.value.parameter == "structured_outputs"
+    _proc(tokenizer).process("r", "hi", SamplingParams(
+        max_tokens=2, structured_outputs=StructuredOutputsParams(choice=["yes", "no"])))
