@@ -59,3 +59,12 @@ def test_a_cache_salt_changes_every_hash_and_equal_salts_agree() -> None:
     assert len(plain) == 2 and a == a2
     assert not set(plain) & set(a) and not set(a) & set(b)
     assert salted_root(None) == ROOT_HASH != salted_root("")
+
+
+def test_salts_with_lone_surrogates_hash_apart() -> None:
+    """A Python str may hold a lone surrogate (offline callers; the server refuses them): each
+    such salt is hashed as it is, not replaced, so two of them never share a cache."""
+    from cadence.scheduler.block_hash import salted_root
+
+    roots = {salted_root(s) for s in ("\ud800", "\ud801", "?", "\ufffd")}
+    assert len(roots) == 4

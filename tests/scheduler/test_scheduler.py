@@ -513,3 +513,19 @@ def test_a_request_waits_for_its_grammar_while_others_run() -> None:
     alone.add_request(only)
     assert alone.schedule().total_num_scheduled_tokens == 0
     assert stall_reason(alone) is None  # compiling, not stalled
+
+
+def test_queue_timing_goes_out_with_a_requests_first_output_only():
+    """The (queued, first scheduled) times do not change after the first schedule, so they
+    cross the process boundary once, not with every step's output."""
+    scheduler = create_scheduler()
+    (request,) = create_requests(num_requests=1, max_tokens=3)
+    scheduler.add_request(request)
+    timings = []
+    for _ in range(3):
+        output = scheduler.schedule()
+        eco = scheduler.update_from_output(output, output_for(output))
+        timings += [o.timing for o in eco.outputs]
+    assert len(timings) == 3
+    assert timings[0] == (request.queued_time, request.scheduled_time)
+    assert timings[0][1] is not None and timings[1:] == [None, None]

@@ -208,10 +208,13 @@ def test_invalid_json_and_oversized_body(http: httpx.Client) -> None:
 
 
 def test_unknown_route_and_method(http: httpx.Client) -> None:
+    # The OpenAI shape, with the type an OpenAI client maps the status to.
     resp = http.get("/v1/nothing-here")
     assert resp.status_code == 404 and resp.json()["error"]["code"] == 404
+    assert resp.json()["error"]["type"] == "NotFoundError"
     resp = http.get(COMPLETIONS)
     assert resp.status_code == 405 and resp.json()["error"]["code"] == 405
+    assert resp.json()["error"]["type"] == "HTTPError"
 
 
 def test_server_keeps_serving_after_bad_inputs(server, http: httpx.Client) -> None:

@@ -192,16 +192,19 @@ def test_every_page_file_is_package_data() -> None:
 def test_the_oldest_row_carries_the_gauges_from_before_the_window() -> None:
     """A gauge (running requests) seen before the window still holds in the window's first
     seconds when nothing was recorded there: the recorder keeps the last second before the
-    window to carry from, and several seconds' TTFT maximum is over all of them."""
+    window to carry from, and a second's TTFT and ITL maxima are over all of its records."""
     clock = Clock()
     rec = SecondsRecorder(window_s=3, clock=clock)
     clock.t = 100.5  # second 0
     rec.record(sched(7), None)
     clock.t = 104.5  # second 4: seconds 1-3 saw nothing
-    rec.record(sched(7), IterationStats(time_to_first_tokens=[0.5]))
-    rec.record(None, IterationStats(time_to_first_tokens=[0.1]))
+    rec.record(sched(7), IterationStats(time_to_first_tokens=[0.5],
+                                        inter_token_latencies=[0.3, 0.05]))
+    rec.record(None, IterationStats(time_to_first_tokens=[0.1], inter_token_latencies=[0.2]))
     clock.t = 105.0
     rows = rec.history()
     assert [(r["t"], r["running"]) for r in rows] == [(2, 7), (3, 7), (4, 7)]
     assert rows[-1]["ttft_max"] == pytest.approx(0.5)
+    assert rows[-1]["itl_max"] == pytest.approx(0.3)
+    assert rows[-1]["itl_mean"] == pytest.approx(0.55 / 3, abs=1e-6)  # rounded to 6 places
     assert len(rec._seconds) <= rec.window_s + 1  # still bounded
