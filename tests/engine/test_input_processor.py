@@ -41,6 +41,21 @@ def test_token_and_dict_prompts(tokenizer: PreTrainedTokenizerFast) -> None:
     assert req.prompt_token_ids == [3, 4, 5] and text is None
     req, text = proc.process("b", {"prompt": "hello"}, SamplingParams())
     assert text == "hello" and req.prompt_token_ids == tokenizer.encode("hello")
+    # Ids with their text (vLLM's TokensPrompt with "prompt"): the ids are used, the text kept.
+    req, text = proc.process("c", {"prompt_token_ids": [3, 4], "prompt": "xy"}, SamplingParams())
+    assert req.prompt_token_ids == [3, 4] and text == "xy"
+
+
+def test_cache_salt_is_a_non_empty_string(tokenizer: PreTrainedTokenizerFast) -> None:
+    proc = _proc(tokenizer)
+    req, _ = proc.process("a", {"prompt": "hi", "cache_salt": "s"}, SamplingParams())
+    assert req.cache_salt == "s"
+    req, _ = proc.process("b", {"prompt": "hi", "cache_salt": None}, SamplingParams())
+    assert req.cache_salt is None
+    for bad in ("", 7):
+        with pytest.raises(InputValidationError, match="non-empty string") as info:
+            proc.process("c", {"prompt_token_ids": [3], "cache_salt": bad}, SamplingParams())
+        assert info.value.parameter == "cache_salt"
 
 
 def test_ignore_eos_keeps_only_stop_token_ids(tokenizer: PreTrainedTokenizerFast) -> None:

@@ -90,3 +90,28 @@ def test_reasoning_through_the_openai_client(server_factory, name) -> None:
             streamed["reasoning"] += getattr(delta, "reasoning", None) or ""
             streamed["content"] += delta.content or ""
     assert (streamed["reasoning"] or None, streamed["content"] or None) == want
+
+
+def test_each_streamed_choice_splits_its_own_reasoning(server_factory) -> None:
+    """n = 2 with an answer scripted to close the reasoning: each choice has a splitter of its
+    own (a shared one, past the first choice's </think>, would show the second's reasoning as
+    content)."""
+    from transformers import AutoTokenizer
+
+    from cadence.model.tiny import ensure_tiny_model
+    from tests.server.test_tool_calls import ScriptedCore
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+    ScriptedCore.SCRIPT = tok.encode("plan it</think>the answer", add_special_tokens=False)
+    srv = server_factory(core_factory=ScriptedCore, app_kwargs={
+        "reasoning_parser": "deepseek_r1", "chat_template": THINKING_TEMPLATE})
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    streamed = {i: {"reasoning": "", "content": ""} for i in (0, 1)}
+    for chunk in client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "why?"}], n=2, stream=True,
+            max_tokens=len(ScriptedCore.SCRIPT), extra_body={"ignore_eos": True}):
+        for choice in chunk.choices:
+            streamed[choice.index]["reasoning"] += getattr(choice.delta, "reasoning", None) or ""
+            streamed[choice.index]["content"] += choice.delta.content or ""
+    want = {"reasoning": "plan it", "content": "the answer"}
+    assert streamed == {0: want, 1: want}

@@ -169,6 +169,31 @@ def test_tool_calls_through_the_openai_client(tool_server) -> None:
     assert not plain.choices[0].message.tool_calls
 
 
+def test_each_streamed_choice_parses_its_own_tool_calls(tool_server) -> None:
+    """n = 2: every choice's text goes through a splitter of its own (a shared one would take
+    the second choice's text for the inside of the first's calls)."""
+    srv, n = tool_server
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    chunks = [c for c in client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS,
+        max_tokens=n, temperature=0.0, n=2, stream=True, extra_body={"ignore_eos": True})
+        if c.choices]
+    content: dict[int, str] = {0: "", 1: ""}
+    calls: dict[int, list] = {0: [], 1: []}
+    finish: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            content[choice.index] += choice.delta.content or ""
+            calls[choice.index] += choice.delta.tool_calls or []
+            if choice.finish_reason is not None:
+                finish[choice.index] = choice.finish_reason
+    for i in (0, 1):  # every request's answer is the same script
+        assert content[i] == "Sure.", i
+        assert [(c.index, json.loads(c.function.arguments)["city"]) for c in calls[i]] == [
+            (0, "Paris"), (1, "Rome")], i
+    assert finish == {0: "tool_calls", 1: "tool_calls"}
+
+
 @pytest.mark.parametrize(("body", "fragment"), [
     ({"tools": TOOLS}, "--enable-auto-tool-choice"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
