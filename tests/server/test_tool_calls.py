@@ -75,6 +75,15 @@ def test_text_that_is_not_a_call_streams_as_it_stands(text, seed) -> None:
     assert parse_tool_calls(text) == (text, [])
 
 
+def test_arguments_keep_their_characters() -> None:
+    """Arguments are re-serialized with their characters unescaped (vLLM: ensure_ascii=False): a
+    client that shows them, or sends them back in the conversation, sees Zürich, not
+    Z\\u00fcrich."""
+    _, calls = parse_tool_calls('<tool_call>{"name": "f", "arguments": {"city": "Zürich"}}'
+                                "</tool_call>")
+    assert [c.arguments for c in calls] == ['{"city": "Zürich"}']
+
+
 def test_the_last_piece_lets_a_held_tag_start_out() -> None:
     s = ToolCallStream()
     assert s.feed("Hi <tool") == ("Hi ", [])  # may be a tag: held back
