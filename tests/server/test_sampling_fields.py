@@ -132,6 +132,17 @@ def test_top_logprobs_rows_hold_n_entries_when_the_sampled_token_is_not_among_th
     assert top_by_rank(row, 0) == []
 
 
+def test_logprobs_are_floored_at_minus_9999_as_in_vllm() -> None:
+    """JSON has no -inf, and vLLM floors every logprob it shows at -9999.0: a finite one below it
+    (a tiny temperature over a wide logit gap) is floored too, not only -inf and NaN."""
+    from cadence.server.serving import LOGPROB_FLOOR, clamp_logprob
+
+    assert LOGPROB_FLOOR == -9999.0
+    for value in (float("-inf"), float("nan"), -12345.5, -9999.0):
+        assert clamp_logprob(value) == -9999.0, value
+    assert clamp_logprob(-9998.5) == -9998.5 and clamp_logprob(-0.25) == -0.25
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_skip_special_tokens_in_the_generated_text_and_echo(server, client: openai.OpenAI,
                                                              stream: bool) -> None:
