@@ -2,7 +2,7 @@
 
 Every step writes its index arrays into one of a few pinned host staging sets and copies them
 into the same persistent device buffers with asynchronous host-to-device copies on the main
-stream; a set is reused only after the event recorded behind its copies has completed, so the
+stream (the per-row int32 arrays live in one block, uploaded whole in one copy); a set is reused only after the event recorded behind its copies has completed, so the
 host never waits on the GPU here in steady state. A step that runs as a CUDA graph pads its
 tokens and rows up to the graph's bucket: padding tokens write no KV (slot -1), padding rows have
 an empty query range and sequence length 0, and neither ever takes a sampled token.
@@ -20,6 +20,18 @@ _NUM_STAGING_SETS = 3
 _INT64 = ("input_ids", "positions", "slot_mapping")
 _INT32_ROWS = ("seq_lens", "req_slots", "last_token_index", "use_sampled", "sample_slots",
                "logits_index")
+_ALIGN = 32  # int32 elements: every array of the row block starts 128-byte aligned
+
+
+def _row_block_layout(max_num_reqs: int) -> tuple[dict[str, tuple[int, int]], int]:
+    """Offset and length of each int32 array in the row block, and the block's length."""
+    lengths = {"query_start_loc": max_num_reqs + 1, **dict.fromkeys(_INT32_ROWS, max_num_reqs),
+               "counts": 2}
+    layout, offset = {}, 0
+    for name, n in lengths.items():
+        layout[name] = (offset, n)
+        offset += -(-n // _ALIGN) * _ALIGN
+    return layout, offset
 
 
 class StepBuffers:
@@ -41,25 +53,25 @@ class StepBuffers:
         self.input_ids = dev(max_num_tokens, torch.int64)
         self.positions = dev(max_num_tokens, torch.int64)
         self.slot_mapping = dev(max_num_tokens, torch.int64)
-        self.query_start_loc = dev(max_num_reqs + 1, torch.int32)
-        self.seq_lens = dev(max_num_reqs, torch.int32)
-        self.req_slots = dev(max_num_reqs, torch.int32)
-        self.last_token_index = dev(max_num_reqs, torch.int32)
-        self.use_sampled = dev(max_num_reqs, torch.int32)
-        self.sample_slots = dev(max_num_reqs, torch.int32)
-        self.logits_index = dev(max_num_reqs, torch.int32)  # flat token index of sampling rows
+        # query_start_loc, seq_lens, req_slots, last_token_index, use_sampled, sample_slots,
+        # logits_index (flat token index of sampling rows) and counts ([rows to combine, rows to
+        # scatter]): views of one int32 block, so that a step uploads them in one copy.
+        layout, block_len = _row_block_layout(max_num_reqs)
+        self._rows = dev(block_len, torch.int32)
+        for name, (offset, n) in layout.items():
+            setattr(self, name, self._rows[offset : offset + n])
         self.block_tables = dev(max_num_reqs, torch.int32, max_blocks)
         # Packed [rows, columns-used] upload area; a device copy scatters it into block_tables.
         self._block_tables_flat = dev(max_num_reqs * max_blocks, torch.int32)
-        self.counts = dev(2, torch.int32)  # [rows to combine, rows to scatter]
 
         self._sets = []
         for _ in range(_NUM_STAGING_SETS):
             s = {name: host(max_num_tokens, torch.int64) for name in _INT64}
-            s.update({name: host(max_num_reqs, torch.int32) for name in _INT32_ROWS})
-            s["query_start_loc"] = host(max_num_reqs + 1, torch.int32)
+            rows_block = host(block_len, torch.int32)
+            s["rows"] = rows_block
+            s.update({name: rows_block[offset : offset + n]
+                      for name, (offset, n) in layout.items()})
             s["block_tables"] = host(max_num_reqs * max_blocks, torch.int32)
-            s["counts"] = host(2, torch.int32)
             s = {k: (v, v.numpy()) for k, v in s.items()}
             self._sets.append((s, rt.create_event()))
         self._next = 0
@@ -105,14 +117,11 @@ class StepBuffers:
 
         with self.main.context():
             # NOTE: pinned sources make these copies asynchronous; ordered on the main stream.
-            for name, n in (("input_ids", tokens), ("positions", tokens),
-                            ("slot_mapping", tokens), ("query_start_loc", rows + 1),
-                            ("seq_lens", rows), ("req_slots", rows),
-                            ("last_token_index", rows), ("use_sampled", rows),
-                            ("sample_slots", num_sample), ("logits_index", num_sample),
-                            ("counts", 2)):
-                if n:
-                    getattr(self, name)[:n].copy_(staging[name][0][:n], non_blocking=True)
+            for name in _INT64:
+                getattr(self, name)[:tokens].copy_(staging[name][0][:tokens], non_blocking=True)
+            # The whole row block: past each array's rows this step it carries values of an
+            # earlier step, which nothing reads (each reader stops at its row count).
+            self._rows.copy_(staging["rows"][0], non_blocking=True)
             # NOTE: a contiguous upload, then a device-side strided copy: a strided host->device
             # copy would go through an unpinned temporary.
             flat = self._block_tables_flat[: b * nb]

@@ -78,3 +78,36 @@ def test_mixed_bucket_upload_pads_tokens_and_rows():
     assert (buf.input_ids[17:32] == 0).all() and (buf.positions[17:32] == 0).all()
     assert buf.counts.tolist() == [2, 1]  # two rows to combine, one sampling row
     assert buf.logits_index[0].item() == 9  # "a"'s last token
+
+
+def test_row_arrays_upload_as_one_block_and_later_steps_read_their_own_rows():
+    """The per-row arrays are views of one block (one host-to-device copy per step); a step of
+    fewer rows after one of more reads its own values up to its row counts, whatever the
+    earlier step left past them."""
+    rt = get_device("cpu")
+    batch = InputBatch(8, 64, 4, 16)
+    buf = StepBuffers(rt, rt.create_stream(), 64, 8, 4, torch.device("cpu"))
+    names = ("query_start_loc", "seq_lens", "req_slots", "last_token_index", "use_sampled",
+             "sample_slots", "logits_index", "counts")
+    storages = {getattr(buf, n).untyped_storage().data_ptr() for n in names}
+    assert len(storages) == 1
+    base = buf.query_start_loc.data_ptr()
+    # Each array 128 bytes from the block's start (16-byte aligned, as kernels specialize).
+    assert all((getattr(buf, n).data_ptr() - base) % 128 == 0 for n in names) and base % 16 == 0
+    so = _decode_step(batch, 3)
+    batch.apply(so)
+    buf.upload(batch.prepare(so))
+    assert buf.counts.tolist() == [3, 3]
+    np.testing.assert_array_equal(buf.seq_lens[:3].numpy(), [20, 21, 22])
+    # Then a step of one request (another batch) through the same buffers.
+    one = InputBatch(8, 64, 4, 16)
+    so = _decode_step(one, 1)
+    one.apply(so)
+    inp = one.prepare(so)
+    md = buf.upload(inp)
+    assert buf.counts.tolist() == [1, 1]
+    np.testing.assert_array_equal(md.query_start_loc.numpy(), [0, 1])
+    np.testing.assert_array_equal(md.seq_lens.numpy(), [20])
+    assert buf.req_slots[0].item() == inp.slots[0]
+    assert buf.logits_index[0].item() == 0 and buf.use_sampled[0].item() == 1
+    assert buf.slot_mapping[0].item() == 50 * 16 + 3
