@@ -223,22 +223,33 @@ def test_streamed_logprobs_equal_the_non_streamed_ones(server) -> None:
                     assert len(got["top_logprobs"]) == 3
 
 
-def test_continuous_usage_stats(server) -> None:
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_continuous_usage_stats(server, route: str) -> None:
     body = {
         "model": "tiny",
-        "prompt": PROMPT,
         "max_tokens": 6,
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
-    with httpx.stream("POST", server.base_url + "/v1/completions", json=body) as r:
+    if route == "/v1/completions":
+        body["prompt"] = PROMPT
+    else:
+        body["messages"] = [{"role": "user", "content": PROMPT}]
+    with httpx.stream("POST", server.base_url + route, json=body) as r:
         lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
-    counts = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
+    final = chunks[-1]["usage"]
+    assert final["completion_tokens"] == 6 and final["prompt_tokens"] > 6
+    usages = [c["usage"] for c in chunks if c["choices"] and c.get("usage")]
+    counts = [u["completion_tokens"] for u in usages]
     assert counts == sorted(counts) and counts[-1] == 6
+    # Each chunk's usage: the prompt's tokens, the completion's so far, and their sum.
+    for u in usages:
+        assert u["prompt_tokens"] == final["prompt_tokens"], u
+        assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"], u
 
 
 def test_api_key_protects_v1_routes(server_factory) -> None:
