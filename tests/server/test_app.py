@@ -605,6 +605,15 @@ def test_chat_echo_returns_a_continued_message_whole(server) -> None:
             chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
         text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
         assert text == "Once upon" + plain["content"]
+        # n = 2: each choice starts with the echo (greedy: both answers are the same).
+        with http.stream("POST", "/v1/chat/completions",
+                         json={**cont, "echo": True, "stream": True, "n": 2}) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        texts = {0: "", 1: ""}
+        for c in chunks:
+            for ch in c["choices"]:
+                texts[ch["index"]] += ch["delta"].get("content") or ""
+        assert texts == {0: "Once upon" + plain["content"], 1: "Once upon" + plain["content"]}
         user_last = {"messages": [{"role": "user", "content": "Hi"}], **greedy}
         a = http.post("/v1/chat/completions", json=user_last).json()["choices"][0]["message"]
         b = http.post("/v1/chat/completions", json={**user_last, "echo": True}).json()
