@@ -31,22 +31,31 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_batch(core, batch: int, input_len: int, output_len: int, seed: int) -> list[float]:
-    """One round: `batch` requests prefilled together then decoded; returns decode step times."""
+def _output_wait_s(core) -> float:
+    """Seconds the engine has waited for step outputs so far (0 where the runner keeps no
+    count, e.g. tensor parallelism)."""
+    copier = getattr(core.runner, "copier", None)
+    return float(getattr(copier, "wait_s", 0.0))
+
+
+def run_batch(core, batch: int, input_len: int, output_len: int, seed: int
+              ) -> list[tuple[float, float]]:
+    """One round: `batch` requests prefilled together then decoded; returns each decode
+    step's time and the part of it the host spent waiting for the GPU's output."""
     from cadence.core_types import EngineCoreRequest
     from cadence.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     for i, prompt in enumerate(random_prompts(batch, input_len, core.vocab_size, seed)):
         core.add_request(EngineCoreRequest(f"b{batch}-{seed}-{i}", prompt, params))
-    stamps: list[float] = []
+    stamps: list[tuple[float, float]] = []
     step = core.step_fn
     while core.has_work():
         outs, _ = step()
         if outs is not None and outs.outputs:
-            stamps.append(time.perf_counter())
+            stamps.append((time.perf_counter(), _output_wait_s(core)))
     # stamps[0] closes the prefill step; every later one closes one decode step.
-    return [b - a for a, b in zip(stamps[1:], stamps[2:])]
+    return [(b[0] - a[0], b[1] - a[1]) for a, b in zip(stamps[1:], stamps[2:])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,10 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for batch in progress(batches, ns, "batch sizes"):
         run_batch(core, batch, ns.input_len, min(ns.output_len, 8), seed=99)  # warm-up
-        times: list[float] = []
+        steps: list[tuple[float, float]] = []
         for r in range(ns.repeats):
-            times.extend(run_batch(core, batch, ns.input_len, ns.output_len, seed=r))
+            steps.extend(run_batch(core, batch, ns.input_len, ns.output_len, seed=r))
+        times = [t for t, _ in steps]
         step_s = median(times)
+        # The host's own work per step: the step less its wait for the GPU's output. Near the
+        # step time, the host sets the pace (a faster GPU step would not show).
+        host_s = median(t - w for t, w in steps)
         avg_ctx = ns.input_len + ns.output_len / 2
         bytes_step = weight_bytes(model, batch) + batch * avg_ctx * kv_tok
         row = {
@@ -93,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             row["roofline_ms"] = round(roofline_s * 1e3, 4)
             row["ratio_to_roofline"] = round(roofline_s / step_s, 4)
         row.update({
+            "host_busy_ms_per_step": round(host_s * 1e3, 4),
             "steps_measured": len(times),
             "kernels_per_step": core.runner.kernels_per_step(batch)
             if hasattr(core.runner, "kernels_per_step") else None,

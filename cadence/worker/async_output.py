@@ -8,6 +8,7 @@ same calls degenerate to synchronous copies.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,6 +68,9 @@ class OutputCopier:
         self.copy = copy
         self.pool = rt.create_slot_pool(_NUM_SLOTS, max_rows, torch.int64)
         self.last: PendingOutput | None = None  # the newest step's (read by structured outputs)
+        # Seconds the host has spent waiting in finish() for outputs' copies: the GPU (not the
+        # host) setting the pace. Read by benchmarks.
+        self.wait_s = 0.0
 
     def start(self, req_ids: list[str], rows: np.ndarray, sampled: torch.Tensor, n: int,
               logprobs) -> PendingOutput:
@@ -80,7 +84,9 @@ class OutputCopier:
         return self.last.peek() if self.last is not None else {}
 
     def finish(self, pending: PendingOutput) -> ModelRunnerOutput:
+        started = time.perf_counter()
         sampled = pending.slot.fetch(pending.n).tolist()  # waits for this slot's copy only
+        self.wait_s += time.perf_counter() - started
         self.pool.release(pending.slot)
         lp = pending.logprobs
         if lp is not None:

@@ -86,3 +86,25 @@ def test_latency_roofline_only_with_a_bandwidth(capsys, bandwidth) -> None:
     rows = rec["figures"]["results"]
     assert [r["batch"] for r in rows] == [1, 2]
     assert all(("roofline_ms" in r) == (bandwidth is not None) for r in rows)
+
+
+def test_latency_reports_the_hosts_share_of_each_step(capsys) -> None:
+    """host_busy_ms_per_step: each step less the host's wait for the GPU's output, so never
+    more than the step; on the CPU, where nothing runs beside the host, about all of it."""
+    from cadence.engine.core import EngineCore
+    from cadence.engine.engine_args import EngineArgs
+
+    assert latency.main([*TINY, "--batch-sizes", "1", "--input-len", "8", "--output-len", "6",
+                         "--repeats", "1", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["figures"]["results"][0]
+    assert 0 < row["host_busy_ms_per_step"] <= row["decode_ms_per_step"] + 1e-3
+    core = EngineCore(EngineArgs(model="tiny", device="cpu", max_model_len=64, max_num_seqs=2,
+                                 skip_tokenizer_init=True))
+    try:
+        before = latency._output_wait_s(core)
+        steps = latency.run_batch(core, 2, 8, 6, seed=0)
+        assert len(steps) == 4  # six tokens: the prefill's, then five steps of which four timed
+        assert all(0 <= wait <= step for step, wait in steps)
+        assert latency._output_wait_s(core) > before  # every step's output was waited for
+    finally:
+        core.shutdown()
