@@ -610,6 +610,19 @@ MUTATIONS = [
              'json.dumps(i.get("parameters", {}), ensure_ascii=False)',
              'json.dumps(i.get("arguments", {}), ensure_ascii=False)',
              ("tests/server/test_tool_calls.py",)),
+    Mutation("row-block-unaligned", "the row block's arrays packed without alignment",
+             "cadence/worker/step_buffers.py",
+             "offset += -(-n // _ALIGN) * _ALIGN", "offset += n",
+             ("tests/worker/test_step_buffers.py",)),
+    Mutation("row-block-not-uploaded", "the step's row block never reaches the device",
+             "cadence/worker/step_buffers.py",
+             "            self._rows.copy_(staging[\"rows\"][0], non_blocking=True)",
+             "            pass",
+             ("tests/worker/test_step_buffers.py",)),
+    Mutation("output-wait-untimed", "the host's wait for step outputs is not counted",
+             "cadence/worker/async_output.py",
+             "self.wait_s += time.perf_counter() - started", "pass",
+             ("tests/bench/test_report.py::test_latency_reports_the_hosts_share_of_each_step",)),
 ]
 
 
