@@ -2,10 +2,11 @@
 
 Every step writes its index arrays into one of a few pinned host staging sets and copies them
 into the same persistent device buffers with asynchronous host-to-device copies on the main
-stream (the per-row int32 arrays live in one block, uploaded whole in one copy); a set is reused only after the event recorded behind its copies has completed, so the
-host never waits on the GPU here in steady state. A step that runs as a CUDA graph pads its
-tokens and rows up to the graph's bucket: padding tokens write no KV (slot -1), padding rows have
-an empty query range and sequence length 0, and neither ever takes a sampled token.
+stream (the per-row int32 arrays live in one block, uploaded whole in one copy); a set is reused
+only after the event recorded behind its copies has completed, so the host never waits on the
+GPU here in steady state. A step that runs as a CUDA graph pads its tokens and rows up to the
+graph's bucket: padding tokens write no KV (slot -1), padding rows have an empty query range and
+sequence length 0, and neither ever takes a sampled token.
 """
 
 from __future__ import annotations
