@@ -144,6 +144,28 @@ def rope_fusable(q: torch.Tensor, k: torch.Tensor, rope: QKRope) -> bool:
             and all(w.is_contiguous() and w.shape == (head_dim,) for w in weights))
 
 
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Tile of the decode kernel: ``block_n`` keys per step of a program's loop, and the
+    launch's warps and pipeline stages."""
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self) -> None:
+        if self.block_n < 16 or self.block_n & (self.block_n - 1):
+            raise ValueError(f"block_n must be a power of two >= 16, got {self.block_n}")
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+            raise ValueError(f"bad launch options: {self.num_warps} warps, "
+                             f"{self.num_stages} stages")
+
+
+def decode_config(fp32: bool) -> DecodeConfig:
+    """The decode tile: 32 keys per step in float32 (its registers), 64 otherwise."""
+    return DecodeConfig(block_n=32) if fp32 else DecodeConfig()
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -159,6 +181,7 @@ def paged_decode_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     rope: QKRope | None = None,
+    config: DecodeConfig | None = None,
 ) -> None:
     """Decode (one query token per sequence) attention into ``out`` [T, num_heads, head_dim].
     With ``sliding_window`` W > 0 each query sees its last W keys only; ``softcap`` c > 0 caps
@@ -167,7 +190,8 @@ def paged_decode_attention(
     With ``k`` and ``v`` given, each sequence's new key and value are first written to the cache
     at ``metadata.slot_mapping`` inside the same kernel (no separate store launch); tokens that
     belong to no sequence (padding) are not written. With ``rope`` (and ``k``, ``v``), q and the
-    new k get their norms and RoPE in the kernel's loads (``rope_fusable`` must hold)."""
+    new k get their norms and RoPE in the kernel's loads (``rope_fusable`` must hold).
+    ``config`` overrides the tile (``decode_config``'s by default)."""
     _require_triton()
     _check_cache(kv_cache)
     store = k is not None and v is not None
@@ -189,7 +213,7 @@ def paged_decode_attention(
             max_context = min(max_context, sliding_window)
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, num_sms)
     fp32 = q.dtype == torch.float32
-    block_n = 32 if fp32 else 64
+    cfg = decode_config(fp32) if config is None else config
     # An FP8 cache's key scale multiplies every score; other caches are unscaled.
     fp8 = kv_cache.dtype == _FP8
     qk_scale, cap_scale = _score_scales(scale * k_scale if fp8 else scale, softcap)
@@ -250,7 +274,7 @@ def paged_decode_attention(
         PAGE=page,
         BLOCK_G=next_pow2(group, 16),
         BLOCK_D=next_pow2(head_dim, 16),
-        BLOCK_N=block_n,
+        BLOCK_N=cfg.block_n,
         SPLIT=split,
         STORE=store,
         SLIDING=sliding_window > 0,
@@ -259,8 +283,8 @@ def paged_decode_attention(
         FP8=fp8,
         ROPE=rope is not None,
         QK_NORM=norm,
-        num_warps=4,
-        num_stages=2,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     if split:
         _MERGE_SPLITS(

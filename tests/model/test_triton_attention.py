@@ -184,8 +184,13 @@ MIXED_SEQS = [(90, 1), (300, 1), (64, 64), (31, 1), (200, 100), (7, 7), (129, 1)
 
 
 def run_decode(device: str, dtype: torch.dtype, page: int, splits: int | None, fused: bool,
-               window: int = 0, softcap: float = 0.0, fp8: bool = False) -> None:
-    from cadence.model.triton_attention import paged_decode_attention, store_kv_cache
+               window: int = 0, softcap: float = 0.0, fp8: bool = False,
+               tile: tuple[int, int, int] | None = None) -> None:
+    from cadence.model.triton_attention import (
+        DecodeConfig,
+        paged_decode_attention,
+        store_kv_cache,
+    )
 
     case = make_case(DECODE_SEQS, 8, 2, 64, page, dtype, device, num_padding=3, window=window,
                      softcap=softcap, kv_dtype=FP8 if fp8 else None,
@@ -194,15 +199,16 @@ def run_decode(device: str, dtype: torch.dtype, page: int, splits: int | None, f
     out = torch.full_like(case.q, float("nan"))  # every real row must be written
     md = case.metadata
     scales = {"k_scale": case.k_scale, "v_scale": case.v_scale}
+    config = None if tile is None else DecodeConfig(*tile)
     if fused:
         paged_decode_attention(
             case.q, cache, md, case.scale, out, 132, splits, case.k, case.v,
-            sliding_window=window, softcap=softcap, **scales,
+            sliding_window=window, softcap=softcap, config=config, **scales,
         )  # fmt: skip
     else:
         store_kv_cache(case.k, case.v, cache, md.slot_mapping, case.k_scale, case.v_scale)
         paged_decode_attention(case.q, cache, md, case.scale, out, 132, splits,
-                               sliding_window=window, softcap=softcap, **scales)
+                               sliding_window=window, softcap=softcap, config=config, **scales)
     assert_matches(case, out, cache)
 
 
@@ -328,6 +334,18 @@ def test_split_choice_depends_on_shapes_only() -> None:
         assert s & (s - 1) == 0 and 1 <= s <= 64
 
 
+def test_decode_config_checks_its_tile() -> None:
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    from cadence.model.triton_attention import DecodeConfig, decode_config
+
+    assert decode_config(True) == DecodeConfig(32, 4, 2)
+    assert decode_config(False) == DecodeConfig(64, 4, 2)
+    for bad in ((48, 4, 2), (8, 4, 2), (64, 3, 2), (64, 4, 0)):
+        with pytest.raises(ValueError):
+            DecodeConfig(*bad)
+
+
 # ---- GPU ----
 
 
@@ -338,6 +356,13 @@ def test_decode_matches_reference(
     dtype: torch.dtype, page: int, splits: int | None, fused: bool
 ) -> None:
     run_decode("cuda", dtype, page, splits, fused)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", [(32, 2, 1), (64, 8, 1), (128, 8, 2)])
+@pytest.mark.parametrize("splits", [None, 1])
+def test_decode_tiles_match_reference(tile: tuple[int, int, int], splits: int | None) -> None:
+    run_decode("cuda", torch.bfloat16, 16, splits, True, tile=tile)
 
 
 @pytest.mark.gpu
@@ -445,6 +470,9 @@ if __name__ == "__main__":
     run_decode("cpu", torch.float32, 16, 1, False)
     run_decode("cpu", torch.float32, 16, 1, True)
     run_decode("cpu", torch.float32, 8, 3, True)
+    # Other tiles (keys per step, warps, stages) than the default, split and not.
+    run_decode("cpu", torch.float32, 16, None, True, tile=(16, 2, 1))
+    run_decode("cpu", torch.float32, 8, 1, True, tile=(64, 8, 3))
     for norm in (True, False):
         run_decode_rope("cpu", torch.float32, norm, None)
         run_decode_rope("cpu", torch.float32, norm, 1)
