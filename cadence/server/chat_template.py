@@ -53,12 +53,15 @@ def render_chat(
     check_text: Callable[[str], None] | None = None,
     chat_template: str | None = None,
     tools: list[dict[str, Any]] | None = None,
+    add_special_tokens: bool = False,
 ) -> list[int]:
     """Prompt token ids of a conversation. Template errors are ``ParamError("messages")``.
     ``chat_template``: the server's template (``--chat-template``) instead of the tokenizer's.
 
     CPU-heavy for long conversations: callers run it off the event loop. ``check_text`` sees the
-    rendered text before it is tokenized (to refuse one that cannot fit the context)."""
+    rendered text before it is tokenized (to refuse one that cannot fit the context).
+    ``add_special_tokens``: the tokenizer's own special tokens around the rendered text too
+    (vLLM's /tokenize option; the chat endpoint never adds them)."""
     if tokenizer is None:
         raise ParamError("messages", "chat requires a tokenizer; the server runs without one.")
     if continue_final_message and messages[-1].role != "assistant":
@@ -78,4 +81,4 @@ def render_chat(
     if check_text is not None:
         check_text(text)
     # The template already holds every special token it wants (BOS included).
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))

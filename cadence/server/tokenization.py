@@ -99,9 +99,9 @@ class Tokenization:
                 continue_final_message=request.continue_final_message,
                 chat_template_kwargs=request.chat_template_kwargs,
                 chat_template=self.chat_template,
+                # vLLM: the rendered text is tokenized with the tokenizer's own specials too.
+                add_special_tokens=request.add_special_tokens,
             )
-            if request.add_special_tokens:  # vLLM: also the tokenizer's own specials
-                ids = tokenizer.build_inputs_with_special_tokens(ids)
         else:
             request = TokenizeCompletionRequest.model_validate(body)
             ids = list(tokenizer.encode(request.prompt,

@@ -54,6 +54,19 @@ def test_tokenize_a_conversation_as_chat_completions_renders_it(
     assert no_prompt.json()["tokens"] == hf_tokenizer.encode(text2, add_special_tokens=False)
 
 
+def test_tokenize_a_conversation_with_the_tokenizers_special_tokens(
+    http: httpx.Client, hf_tokenizer
+) -> None:
+    # vLLM: the rendered conversation is tokenized with add_special_tokens as asked (a 500
+    # once: the ids were wrapped by a tokenizer method this tokenizer does not have).
+    text = hf_tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    resp = http.post("/tokenize", json={"messages": CHAT, "add_special_tokens": True})
+    assert resp.status_code == 200, resp.text
+    expected = hf_tokenizer.encode(text, add_special_tokens=True)
+    assert resp.json()["tokens"] == expected and resp.json()["count"] == len(expected)
+    assert http.get("/health").status_code == 200
+
+
 def test_detokenize_inverts_tokenize(http: httpx.Client, hf_tokenizer) -> None:
     ids = hf_tokenizer.encode(TEXT, add_special_tokens=False)
     resp = http.post("/detokenize", json={"model": "tiny", "tokens": ids})
