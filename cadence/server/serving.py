@@ -73,11 +73,13 @@ class OpenAIServing:
         prompt_param: str,
         max_tokens_param: str,
         logprobs_param: str = "logprobs",
+        grammar_param: str = "structured_outputs",
         index: int = 0,
         sink: OutputSink | None = None,
     ) -> StartedRequest:
         """Validate and enqueue one prompt; invalid input becomes a 400 naming the parameter.
-        Its outputs go to ``sink`` (a streamed response), else to a new collector."""
+        Its outputs go to ``sink`` (a streamed response), else to a new collector.
+        ``grammar_param``: the request's field that carried its structured output."""
         try:
             # The input processor works on a copy of ``params``: one object serves many prompts.
             collector = await self.engine.add_request(
@@ -86,7 +88,8 @@ class OpenAIServing:
         except EngineDeadError as exc:
             raise engine_unavailable(exc) from exc
         except ValueError as exc:
-            raise to_bad_request(exc, prompt_param, max_tokens_param, logprobs_param) from exc
+            raise to_bad_request(exc, prompt_param, max_tokens_param, logprobs_param,
+                                 grammar_param) from exc
         return StartedRequest(request_id, collector, index)
 
     def outputs(self, started: StartedRequest) -> AsyncGenerator[RequestOutput, None]:
@@ -117,7 +120,8 @@ class OpenAIServing:
 
 
 def to_bad_request(exc: ValueError, prompt_param: str, max_tokens_param: str,
-                   logprobs_param: str = "logprobs") -> BadRequestError:
+                   logprobs_param: str = "logprobs",
+                   grammar_param: str = "structured_outputs") -> BadRequestError:
     message = str(exc)
     param = getattr(exc, "parameter", None) or getattr(exc, "param", None)
     if param is None:
@@ -134,6 +138,10 @@ def to_bad_request(exc: ValueError, prompt_param: str, max_tokens_param: str,
         param = max_tokens_param
     elif param == "logprobs":
         param = logprobs_param
+    elif param == "structured_outputs":  # or response_format, or a forced tool choice
+        param = grammar_param
+        if message.startswith("structured_outputs"):
+            message = grammar_param + message.removeprefix("structured_outputs")
     return BadRequestError(message, param)
 
 

@@ -239,6 +239,7 @@ class OpenAIServingChat(OpenAIServing):
             prompt_param="messages",
             max_tokens_param=max_tokens_param,
             logprobs_param="top_logprobs",
+            grammar_param=request.grammar_param,
             sink=stream.sink() if stream is not None else None,
         )
 

@@ -196,6 +196,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         priority=request.priority,
                         prompt_param="prompt",
                         max_tokens_param="max_tokens",
+                        grammar_param=request.grammar_param,
                         index=i,
                         sink=stream.sink(i) if stream is not None else None,
                     )

@@ -87,6 +87,33 @@ def test_bad_specs_are_400s_naming_the_field(http, body, param, fragment) -> Non
     assert http.get("/health").status_code == 200
 
 
+# Past the engine's cap on a grammar's characters (65536, param_checks.MAX_GRAMMAR_CHARS).
+_HUGE = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "d" * 100}
+                                          for i in range(700)}}
+
+
+@pytest.mark.parametrize(("route", "body", "param"), [
+    ("/v1/completions", {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": _HUGE}}}, "response_format"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": _HUGE}}}, "response_format"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {
+        "name": "f", "parameters": _HUGE}}], "tool_choice": "required"}, "tool_choice"),
+    ("/v1/completions", {"structured_outputs": {"json": _HUGE}, "stream": True},
+     "structured_outputs"),
+])
+def test_a_grammar_over_the_cap_names_the_field_the_request_used(http, route, body,
+                                                                 param) -> None:
+    # The engine's refusal named structured_outputs, a field these requests did not send.
+    prompt = {"prompt": "x"} if route == "/v1/completions" else {"messages": MSG}
+    resp = http.post(route, json={**prompt, "max_tokens": 4, **body})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param and "65536" in error["message"], error
+    assert error["message"].startswith(param), error
+    assert http.get("/health").status_code == 200
+
+
 @pytest.mark.parametrize("extra", [{"ignore_eos": True}, {"min_tokens": 5}])
 def test_the_grammar_ends_the_output(http, extra) -> None:
     """ignore_eos and min_tokens cannot push a structured output past its grammar's end (they
