@@ -1,10 +1,10 @@
 """Reading a request body and parsing it as JSON: every failure is a 4xx, never a 500.
 
-What can be refused from the headers alone (a non-JSON ``Content-Type``: 415, a declared length
-over the limit: 413) is refused before the body is read, so that a client sending
-``Expect: 100-continue`` never gets ``100 Continue`` (the server sends it on the first read).
-The whole body must arrive within a deadline (408 otherwise); a client that leaves mid-upload
-raises ``ClientDisconnected``.
+What can be refused from the headers alone (a non-JSON ``Content-Type`` or a compressed body,
+``Content-Encoding`` other than identity: 415; a declared length over the limit: 413) is
+refused before the body is read, so that a client sending ``Expect: 100-continue`` never gets
+``100 Continue`` (the server sends it on the first read). The whole body must arrive within a
+deadline (408 otherwise); a client that leaves mid-upload raises ``ClientDisconnected``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from cadence.server.errors import (
 from cadence.server.protocol import ParamError
 from cadence.server.sse import ClientDisconnected
 
-__all__ = ["check_json_content_type", "parse_json_body", "read_body", "validate_request"]
+__all__ = ["check_content_encoding", "check_json_content_type", "parse_json_body", "read_body",
+           "validate_request"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -52,6 +53,22 @@ def check_json_content_type(value: str | None) -> None:
     )
 
 
+def check_content_encoding(value: str | None) -> None:
+    """No content coding (or ``identity``): a compressed body is refused with 415 (RFC 9110),
+    not parsed as JSON, which would fail with a confusing message or, for a plain body labelled
+    as compressed, succeed on a body the client did not describe."""
+    if value is None:
+        return
+    codings = [c.strip().lower() for c in value.split(",") if c.strip()]
+    if all(c == "identity" for c in codings):
+        return
+    raise UnsupportedMediaTypeError(
+        f"Unsupported Content-Encoding {value[:100]!r}: the request body must not be "
+        "compressed.",
+        None,
+    )
+
+
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:
     """The request body, at most ``limit`` bytes, received within ``timeout`` seconds."""
     headers = request.headers
@@ -61,6 +78,7 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
     early_headers = _CLOSE if expects_continue else None
     try:
         check_json_content_type(headers.get("content-type"))
+        check_content_encoding(headers.get("content-encoding"))
     except UnsupportedMediaTypeError as exc:
         exc.headers = early_headers
         raise

@@ -229,6 +229,27 @@ def test_non_json_content_type_is_415_and_json_types_are_accepted(strict) -> Non
         assert resp.status_code == 200
 
 
+def test_compressed_body_is_415_naming_the_encoding(strict) -> None:
+    import gzip
+
+    body = json.dumps({"prompt": "Hi", "max_tokens": 2}).encode()
+    with httpx.Client(base_url=strict.base_url, timeout=30) as http:
+        # A gzip body was parsed as JSON (a 400 about UTF-8); a plain one labelled gzip served.
+        for content, coding in ((gzip.compress(body), "gzip"), (body, "gzip"), (body, "br"),
+                                (body, "identity, gzip")):
+            resp = http.post("/v1/completions", content=content,
+                             headers={"content-type": "application/json",
+                                      "content-encoding": coding})
+            assert resp.status_code == 415, (coding, resp.text)
+            err = resp.json()["error"]
+            assert err["type"] == "UnsupportedMediaTypeError" and coding in err["message"]
+        for coding in ("identity", "Identity"):
+            resp = http.post("/v1/completions", content=body,
+                             headers={"content-type": "application/json",
+                                      "content-encoding": coding})
+            assert resp.status_code == 200, (coding, resp.text)
+
+
 def test_server_still_serves_after_slow_clients(strict) -> None:
     with httpx.Client(base_url=strict.base_url, timeout=30) as http:
         assert http.get("/health").status_code == 200
