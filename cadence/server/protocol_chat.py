@@ -27,8 +27,19 @@ def check_template_options(
 
 
 class TextContentPart(OpenAIModel):
-    type: Literal["text"]
+    # vLLM reads the Responses API's input_text / output_text parts as text too.
+    type: Literal["text", "input_text", "output_text"]
     text: str
+
+
+class RefusalContentPart(OpenAIModel):
+    """An assistant's refusal, as OpenAI clients replay it; text to the template (vLLM)."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+
+TEXT_PART_TYPES = ("text", "input_text", "output_text", "refusal")
 
 
 class FunctionCall(OpenAIModel):
@@ -44,7 +55,7 @@ class ToolCall(OpenAIModel):
 
 class ChatMessage(OpenAIModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextContentPart] | None = None
+    content: str | list[TextContentPart | RefusalContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message: the call it answers
@@ -56,7 +67,7 @@ class ChatMessage(OpenAIModel):
         if isinstance(value, list):
             for part in value:
                 kind = part.get("type") if isinstance(part, dict) else None
-                if kind is not None and kind != "text":
+                if kind is not None and kind not in TEXT_PART_TYPES:
                     raise ValueError(f"only text content parts are supported, got {kind!r}")
         return value
 
@@ -66,7 +77,8 @@ class ChatMessage(OpenAIModel):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(part.text for part in self.content)
+        return "\n".join(part.text if isinstance(part, TextContentPart) else part.refusal
+                         for part in self.content)
 
 
 class FunctionDefinition(OpenAIModel):

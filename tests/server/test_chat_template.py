@@ -61,6 +61,23 @@ def test_content_as_text_parts_or_none(http: httpx.Client, hf_tokenizer: Any) ->
     assert prompt_ids(http, none) == encode(hf_tokenizer, expected)
 
 
+def test_refusal_and_responses_text_parts_are_text(http: httpx.Client, hf_tokenizer: Any) -> None:
+    # OpenAI clients replay an assistant's refusal as a part; vLLM reads it, and the Responses
+    # API's input_text / output_text parts, as text (each was a 400 here).
+    messages = [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+                {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't"},
+                                                  {"type": "output_text", "text": "Sorry"}]},
+                {"role": "user", "content": "ok"}]
+    expected = ("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nI can't\nSorry"
+                "<|im_end|>\n<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n")
+    assert prompt_ids(http, messages) == encode(hf_tokenizer, expected)
+    # Other part types are still refused, naming the message's content.
+    image = [{"role": "user", "content": [{"type": "image_url",
+                                            "image_url": {"url": "data:image/png;base64,AA"}}]}]
+    resp = http.post(CHAT, json={"messages": image, "max_tokens": 1})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "messages.0.content"
+
+
 @pytest.fixture(scope="module")
 def templated() -> Iterator[Any]:
     """A server of its own: the tests change its tokenizer's chat template."""
