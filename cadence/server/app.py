@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from cadence.metrics import CONTENT_TYPE_LATEST, PrometheusStatLogger
-from cadence.server.error_handlers import exception_handlers
+from cadence.server.error_handlers import UnexpectedErrorMiddleware, exception_handlers
 from cadence.server.errors import (
     BadRequestError,
     NotFoundError,
@@ -372,6 +372,7 @@ def build_app(
         routes=routes,
         exception_handlers=exception_handlers(),
     )
+    app.add_middleware(UnexpectedErrorMiddleware)  # innermost: next to the routes' handlers
     app.add_middleware(InFlightMiddleware, lifecycle=server.lifecycle)
     if api_key:  # outermost: checked first
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)

@@ -1,6 +1,7 @@
 """How each exception a route lets escape becomes a response: OpenAI-style errors as they
 are, a bad parameter as a 400 naming it, Starlette's HTTP errors in the same shape, a dead
-engine as a 503, a departed client as nothing (logged), anything else as a logged 500."""
+engine as a 503, a departed client as nothing (logged), anything else as a logged 500
+(``UnexpectedErrorMiddleware``: answered on a connection that stays open)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cadence.engine.core_client import EngineDeadError
 from cadence.server.errors import APIError, BadRequestError, InternalServerError
@@ -55,6 +57,36 @@ async def _client_disconnected(request: Request, exc: Exception) -> Response:
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
     logger.exception("Unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
     return InternalServerError(f"Internal server error: {exc!r}").response()
+
+
+class UnexpectedErrorMiddleware:
+    """An exception no handler took, before its response started, becomes the logged 500 of
+    ``_unexpected_error`` here (pure ASGI, inside Starlette's own catch-all). Starlette's
+    catch-all answers too but then re-raises, so the server logs the error a second time and
+    drops the client's keep-alive connection. Once a response has started (a stream) the error
+    propagates: there is nothing left to answer with."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as exc:
+            if started:
+                raise
+            response = await _unexpected_error(Request(scope, receive), exc)
+            await response(scope, receive, send)
 
 
 def exception_handlers() -> dict[type[Exception], Handler]:
