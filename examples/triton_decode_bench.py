@@ -19,11 +19,9 @@ from collections.abc import Callable
 import torch
 
 from cadence.model.attention_metadata import AttentionMetadata
-from cadence.model.triton_attention import (
-    TritonAttentionBackend,
-    choose_num_splits,
-    paged_decode_attention,
-)
+from cadence.model.attention_tiles import choose_num_splits
+from cadence.model.triton_attention import paged_decode_attention
+from cadence.model.triton_backend import TritonAttentionBackend
 
 HEADS, KV_HEADS, DIM, PAGE = 16, 8, 128, 16
 HBM_READ_TBPS = 4.11  # measured on the H200 (docs/perf.md, DESIGN.md)

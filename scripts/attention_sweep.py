@@ -50,7 +50,8 @@ def main() -> int:
     import torch
     from triton.testing import do_bench
 
-    from cadence.model.triton_attention import VarlenConfig, paged_varlen_attention, varlen_config
+    from cadence.model.attention_tiles import VarlenConfig, varlen_config
+    from cadence.model.triton_attention import paged_varlen_attention
 
     p = argparse.ArgumentParser()
     p.add_argument("--heads", type=int, default=16)

@@ -27,12 +27,12 @@ import torch  # noqa: E402
 from skinny_gemm_sweep import time_calls  # noqa: E402
 
 from cadence.model.attention_metadata import AttentionMetadata, QKRope  # noqa: E402
-from cadence.model.triton_attention import (  # noqa: E402
+from cadence.model.attention_tiles import (  # noqa: E402
     DecodeConfig,
     choose_num_splits,
     decode_config,
-    paged_decode_attention,
 )
+from cadence.model.triton_attention import paged_decode_attention  # noqa: E402
 
 HEADS, KV_HEADS, DIM, PAGE = 16, 8, 128, 16
 TILES = [DecodeConfig(n, w, st) for n in (32, 64, 128) for w in (2, 4, 8) for st in (1, 2, 3)]

@@ -21,11 +21,16 @@ their output rows are left unspecified (the reference backend zeroes them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from cadence.model.attention_metadata import AttentionMetadata, QKRope
+from cadence.model.attention_tiles import (
+    DecodeConfig,
+    VarlenConfig,
+    choose_num_splits,
+    decode_config,
+    varlen_config,
+)
 from cadence.model.triton_attention_kernels import _store_kv_kernel, _varlen_kernel
 from cadence.model.triton_decode_kernels import _decode_kernel, _merge_splits_kernel
 from cadence.runtime.triton_launch import TritonLaunch, next_pow2
@@ -44,8 +49,6 @@ if triton is not None:
     _DECODE = TritonLaunch(_decode_kernel)
     _MERGE_SPLITS = TritonLaunch(_merge_splits_kernel)
     _VARLEN = TritonLaunch(_varlen_kernel)
-_MAX_SPLITS = 64
-_MIN_TOKENS_PER_SPLIT = 64
 
 
 def _require_triton() -> None:
@@ -114,24 +117,6 @@ def store_kv_cache(
     )
 
 
-def choose_num_splits(
-    num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int, block_n: int = 64
-) -> int:
-    """Split-K factor for decode. Without splitting, ``num_seqs * num_kv_heads`` programs run;
-    below two waves over the SMs, split until about four waves, with at least
-    ``_MIN_TOKENS_PER_SPLIT`` context tokens per split; a power of two (few merge variants).
-
-    Depends on shapes only (``max_context`` is the block table's capacity, not a sequence
-    length), so a graph captured with it stays right for every later sequence length."""
-    programs = num_seqs * num_kv_heads
-    if programs >= 2 * num_sms:
-        return 1
-    want = -(-4 * num_sms // programs)
-    cap = max(1, max_context // max(_MIN_TOKENS_PER_SPLIT, block_n))
-    splits = min(want, cap, _MAX_SPLITS)
-    return 1 if splits <= 1 else 1 << (splits.bit_length() - 1)
-
-
 def rope_fusable(q: torch.Tensor, k: torch.Tensor, rope: QKRope) -> bool:
     """Whether the decode kernel can apply ``rope`` itself: the arithmetic of
     ``fused_ops.qk_norm_rope`` in q's dtype (table and weights in it, contiguous) and an even
@@ -142,28 +127,6 @@ def rope_fusable(q: torch.Tensor, k: torch.Tensor, rope: QKRope) -> bool:
             and rope.cos_sin.stride(-1) == 1 and rope.positions.is_contiguous()
             and all(t.dtype == q.dtype for t in (k, rope.cos_sin, *weights))
             and all(w.is_contiguous() and w.shape == (head_dim,) for w in weights))
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """Tile of the decode kernel: ``block_n`` keys per step of a program's loop, and the
-    launch's warps and pipeline stages."""
-
-    block_n: int = 64
-    num_warps: int = 4
-    num_stages: int = 2
-
-    def __post_init__(self) -> None:
-        if self.block_n < 16 or self.block_n & (self.block_n - 1):
-            raise ValueError(f"block_n must be a power of two >= 16, got {self.block_n}")
-        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
-            raise ValueError(f"bad launch options: {self.num_warps} warps, "
-                             f"{self.num_stages} stages")
-
-
-def decode_config(fp32: bool) -> DecodeConfig:
-    """The decode tile: 32 keys per step in float32 (its registers), 64 otherwise."""
-    return DecodeConfig(block_n=32) if fp32 else DecodeConfig()
 
 
 def paged_decode_attention(
@@ -305,33 +268,6 @@ def paged_decode_attention(
             BLOCK_D=next_pow2(head_dim),
             num_warps=1 if head_dim <= 64 else 2,
         )
-
-
-@dataclass(frozen=True)
-class VarlenConfig:
-    """Tile of the varlen kernel: ``block_m`` rows (query tokens x the group's query heads,
-    padded to a power of two) against ``block_n`` keys per step."""
-
-    block_m: int = 64
-    block_n: int = 64
-    num_warps: int = 4
-    num_stages: int = 2
-
-    def block_q(self, group: int) -> int:
-        return max(1, self.block_m // next_pow2(group))
-
-
-def varlen_config(num_tokens: int, fp32: bool) -> VarlenConfig:
-    """The tile for a pass of ``num_tokens`` tokens: a function of shapes only, so a graph
-    captured at a token bucket keeps it."""
-    if fp32:
-        return VarlenConfig(block_m=32, block_n=32)
-    # From scripts/attention_sweep.py on the H200 (Qwen3-0.6B heads): 128 x 128 tiles lead at
-    # 1024 and 4096 tokens (278 TFLOP/s at 4096), 64 x 64 with three stages at 128 tokens and
-    # for a 512-token chunk beside 64 decodes.
-    if num_tokens >= 1024:
-        return VarlenConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
-    return VarlenConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
 
 
 def paged_varlen_attention(

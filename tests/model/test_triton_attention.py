@@ -186,11 +186,8 @@ MIXED_SEQS = [(90, 1), (300, 1), (64, 64), (31, 1), (200, 100), (7, 7), (129, 1)
 def run_decode(device: str, dtype: torch.dtype, page: int, splits: int | None, fused: bool,
                window: int = 0, softcap: float = 0.0, fp8: bool = False,
                tile: tuple[int, int, int] | None = None) -> None:
-    from cadence.model.triton_attention import (
-        DecodeConfig,
-        paged_decode_attention,
-        store_kv_cache,
-    )
+    from cadence.model.attention_tiles import DecodeConfig
+    from cadence.model.triton_attention import paged_decode_attention, store_kv_cache
 
     case = make_case(DECODE_SEQS, 8, 2, 64, page, dtype, device, num_padding=3, window=window,
                      softcap=softcap, kv_dtype=FP8 if fp8 else None,
@@ -321,7 +318,7 @@ def test_kernels_in_triton_interpreter() -> None:
 def test_split_choice_depends_on_shapes_only() -> None:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
-    from cadence.model.triton_attention import choose_num_splits
+    from cadence.model.attention_tiles import choose_num_splits
 
     assert choose_num_splits(1, 8, 4096, 132) == 64
     assert choose_num_splits(1, 8, 256, 132) == 4
@@ -337,7 +334,7 @@ def test_split_choice_depends_on_shapes_only() -> None:
 def test_decode_config_checks_its_tile() -> None:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
-    from cadence.model.triton_attention import DecodeConfig, decode_config
+    from cadence.model.attention_tiles import DecodeConfig, decode_config
 
     assert decode_config(True) == DecodeConfig(32, 4, 2)
     assert decode_config(False) == DecodeConfig(64, 4, 2)
