@@ -44,7 +44,7 @@ class FreeKVCacheBlockQueue:
     def popleft(self) -> KVCacheBlock:
         block = self.fake_head.next_free_block
         if block is self.fake_tail or block is None:
-            raise ValueError("No free blocks available.")
+            raise ValueError("No free blocks available")
         self.remove(block)
         return block
 

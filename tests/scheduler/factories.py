@@ -53,6 +53,7 @@ def create_requests(
     priorities: list[int] | None = None,
     arrival_times: list[float] | None = None,
     starting_idx: int = 0,
+    prompt_logprobs: int | None = None,
 ) -> list[Request]:
     """Request i has prompt ``[i] * num_tokens`` (``[starting_idx] * num_tokens`` if same_prompt)."""
     hasher = make_block_hasher(block_size)
@@ -63,6 +64,7 @@ def create_requests(
             max_tokens=max_tokens,
             min_tokens=min_tokens,
             stop_token_ids=stop_token_ids,
+            prompt_logprobs=prompt_logprobs,
         )
         token = starting_idx if same_prompt else i + starting_idx
         requests.append(

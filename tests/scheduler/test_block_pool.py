@@ -107,3 +107,117 @@ def test_reset_prefix_cache_only_when_nothing_is_held():
     assert pool.reset_prefix_cache()
     assert pool.get_cached_block(b"x" * 32) is None
     assert all(b.block_hash is None for b in pool.blocks)
+
+
+# Ported from vLLM's tests/v1/core/test_kv_cache_utils.py (same inputs, same outcomes) -------
+def test_free_kv_cache_block_queue_initialization():
+    block = KVCacheBlock(block_id=0)
+    queue = FreeKVCacheBlockQueue([block])
+    assert queue.num_free_blocks == 1
+    assert queue.fake_head.next_free_block is block
+    assert queue.fake_tail.prev_free_block is block
+
+
+def test_free_kv_cache_block_queue_operations():
+    blocks = [KVCacheBlock(block_id=i) for i in range(5)]
+    queue = FreeKVCacheBlockQueue(blocks)
+    assert queue.num_free_blocks == 5
+    assert queue.fake_head.next_free_block is blocks[0]
+    assert queue.fake_tail.prev_free_block is blocks[4]
+
+    assert queue.popleft() is blocks[0]
+    assert queue.num_free_blocks == 4
+    assert queue.fake_head.next_free_block is blocks[1]
+    assert queue.fake_tail.prev_free_block is blocks[4]
+
+    # Remove from the middle.
+    block_to_remove = blocks[2]
+    queue.remove(block_to_remove)
+    assert queue.num_free_blocks == 3
+    assert blocks[1].next_free_block is blocks[3]
+    assert blocks[3].prev_free_block is blocks[1]
+
+    # Append it back.
+    queue.append(block_to_remove)
+    assert queue.num_free_blocks == 4
+    assert queue.fake_tail.prev_free_block is block_to_remove
+    assert block_to_remove.prev_free_block is blocks[4]
+    assert block_to_remove.next_free_block is queue.fake_tail
+
+    for _ in range(4):
+        queue.popleft()
+    assert queue.num_free_blocks == 0
+    assert queue.fake_head.next_free_block is queue.fake_tail
+    assert queue.fake_tail.prev_free_block is queue.fake_head
+
+    with pytest.raises(ValueError) as e:
+        queue.popleft()
+    assert str(e.value) == "No free blocks available"
+
+
+def _assert_chain(queue: FreeKVCacheBlockQueue, chain: list[KVCacheBlock]) -> None:
+    """fake_head -> chain... -> fake_tail, with every link in both directions."""
+    nodes = [queue.fake_head, *chain, queue.fake_tail]
+    for prev, nxt in zip(nodes, nodes[1:]):
+        assert prev.next_free_block is nxt
+        assert nxt.prev_free_block is prev
+
+
+def test_free_kv_cache_block_queue_append_n():
+    queue = FreeKVCacheBlockQueue([])
+    blocks = [KVCacheBlock(block_id=i) for i in range(6)]
+    queue.append_n([])
+    assert queue.num_free_blocks == 0
+    _assert_chain(queue, [])
+    queue.append_n(blocks[0:1])
+    assert queue.num_free_blocks == 1
+    _assert_chain(queue, [blocks[0]])
+    queue.append_n(blocks[4:6])
+    assert queue.num_free_blocks == 3
+    _assert_chain(queue, [blocks[0], blocks[4], blocks[5]])
+    queue.append_n(blocks[1:4])
+    assert queue.num_free_blocks == 6
+    _assert_chain(queue, [blocks[0], blocks[4], blocks[5], blocks[1], blocks[2], blocks[3]])
+
+    # A broken tail link trips append_n's assertion and changes nothing.
+    invalid_queue = FreeKVCacheBlockQueue([])
+    invalid_queue.fake_tail.prev_free_block = None
+    with pytest.raises(AssertionError):
+        invalid_queue.append_n(blocks[0:1])
+    assert invalid_queue.num_free_blocks == 0
+    assert invalid_queue.fake_head.next_free_block is invalid_queue.fake_tail
+
+
+def test_free_kv_cache_block_queue_popleft_n():
+    blocks = [KVCacheBlock(block_id=i) for i in range(6)]
+    order = [blocks[1], blocks[3], blocks[5], blocks[4], blocks[0], blocks[2]]
+    queue = FreeKVCacheBlockQueue(order)
+    assert queue.num_free_blocks == 6
+    _assert_chain(queue, order)
+
+    assert len(queue.popleft_n(0)) == 0
+    assert queue.num_free_blocks == 6
+    expected_pops = [[blocks[1]], [blocks[3], blocks[5]], [blocks[4], blocks[0], blocks[2]]]
+    remaining = 6
+    for expected in expected_pops:
+        result = queue.popleft_n(len(expected))
+        remaining -= len(expected)
+        assert queue.num_free_blocks == remaining
+        assert len(result) == len(expected)
+        assert all(got is want for got, want in zip(result, expected))
+        for block in result:
+            assert block.prev_free_block is None and block.next_free_block is None
+    _assert_chain(queue, [])
+
+
+def test_free_kv_cache_block_queue_get_all_free_blocks():
+    blocks = [KVCacheBlock(block_id=i) for i in range(5)]
+    queue = FreeKVCacheBlockQueue(blocks)
+    assert queue.get_all_free_blocks() == blocks
+    queue.popleft()
+    assert queue.get_all_free_blocks() == blocks[1:]
+    block_to_remove = blocks[2]
+    queue.remove(block_to_remove)
+    assert queue.get_all_free_blocks() == blocks[1:2] + blocks[3:]
+    queue.append(block_to_remove)
+    assert queue.get_all_free_blocks() == blocks[1:2] + blocks[3:] + [block_to_remove]
