@@ -1,13 +1,15 @@
 """Plant realistic bugs one at a time and report which the test suite catches.
 
     python scripts/mutation_check.py [--only ID[,ID...]] [--gpu] [--list] [--keep]
+        [--extra FILE.py]
 
 Each mutation replaces one exact snippet of one source file (it must occur exactly once, so a
 refactor that moves the code makes the check fail loudly rather than silently test nothing) in a
 copy of the working tree, then runs the tests that should notice it. A mutation is *caught* when
 those tests fail. Every mutation must be caught: the script exits 1 otherwise. ``--gpu`` also
 runs the ``gpu``-marked tests (on a machine with CUDA); without it the Triton kernels are checked
-under Triton's interpreter, as in CPU CI.
+under Triton's interpreter, as in CPU CI. ``--extra`` adds the ``MUTATIONS`` list of another
+file (``Mutation`` is in its namespace) to try candidates before they join this list.
 """
 
 from __future__ import annotations
@@ -695,14 +697,19 @@ def main() -> int:
     p.add_argument("--gpu", action="store_true", help="also run the gpu-marked tests")
     p.add_argument("--list", action="store_true", help="list the mutations and exit")
     p.add_argument("--keep", action="store_true", help="keep the mutated copies (debugging)")
+    p.add_argument("--extra", default=None, help="a file whose MUTATIONS list is added")
     ns = p.parse_args()
-    chosen = MUTATIONS
+    chosen = list(MUTATIONS)
+    if ns.extra:
+        namespace: dict = {"Mutation": Mutation, "_BF16_ENGINE": _BF16_ENGINE}
+        exec(compile(Path(ns.extra).read_text(), ns.extra, "exec"), namespace)
+        chosen += namespace["MUTATIONS"]
     if ns.only:
         wanted = set(ns.only.split(","))
-        unknown = wanted - {m.id for m in MUTATIONS}
+        unknown = wanted - {m.id for m in chosen}
         if unknown:
             p.error(f"unknown mutation(s): {', '.join(sorted(unknown))}")
-        chosen = [m for m in MUTATIONS if m.id in wanted]
+        chosen = [m for m in chosen if m.id in wanted]
     if ns.list:
         for m in chosen:
             print(f"{m.id:20s} {m.what}  ({m.path})")
