@@ -10,10 +10,13 @@ from typing import Any
 
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 
-__all__ = ["RESERVED_TEMPLATE_KWARGS", "check_template_options", "conversation_of",
+__all__ = ["RESERVED_TEMPLATE_KWARGS", "TEXT_PARTS", "check_template_options", "conversation_of",
            "render_conversation", "tool_arguments"]
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+# Content parts read as text (vLLM): each type and the key holding its text. An assistant's
+# refusal as OpenAI clients replay it, and the Responses API's input_text / output_text.
+TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}
 # chat_template_kwargs may not override what the renderer passes to the template itself.
 RESERVED_TEMPLATE_KWARGS = frozenset({
     "conversation", "messages", "chat_template", "tokenize", "tokenizer", "add_generation_prompt",
@@ -41,8 +44,9 @@ def check_template_options(chat_template_kwargs: Mapping[str, Any] | None,
 
 def conversation_of(messages: Any) -> list[dict[str, Any]]:
     """One offline conversation as the templates read it: each message a mapping with a known
-    ``role`` and ``content`` text, a list of text parts (joined by newlines), or None (an
-    assistant's tool calls); other keys pass through. A ValueError names the bad message."""
+    ``role`` and ``content`` text, a list of text parts (``TEXT_PARTS``, joined by newlines), or
+    None (an assistant's tool calls); other keys pass through. A ValueError names the bad
+    message."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise ValueError("messages: a conversation is a non-empty list of message dicts.")
     out = []
@@ -55,11 +59,12 @@ def conversation_of(messages: Any) -> list[dict[str, Any]]:
                              f"{message.get('role')!r}.")
         content = message.get("content")
         if isinstance(content, Sequence) and not isinstance(content, str):
-            if not all(isinstance(p, Mapping) and p.get("type") == "text"
-                       and isinstance(p.get("text"), str) for p in content):
+            if not all(isinstance(p, Mapping) and p.get("type") in TEXT_PARTS
+                       and isinstance(p.get(TEXT_PARTS[p["type"]]), str) for p in content):
                 raise ValueError(f"messages.{i}.content: only text parts "
-                                 "({'type': 'text', 'text': ...}) are supported.")
-            content = "\n".join(p["text"] for p in content)
+                                 "({'type': 'text', 'text': ...}, or refusal, input_text, "
+                                 "output_text) are supported.")
+            content = "\n".join(p[TEXT_PARTS[p["type"]]] for p in content)
         elif content is None:
             content = ""
         elif not isinstance(content, str):

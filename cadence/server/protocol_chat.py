@@ -39,7 +39,7 @@ class RefusalContentPart(OpenAIModel):
     refusal: str
 
 
-TEXT_PART_TYPES = ("text", "input_text", "output_text", "refusal")
+TEXT_PART_TYPES = tuple(chat.TEXT_PARTS)
 
 
 class FunctionCall(OpenAIModel):

@@ -174,6 +174,8 @@ def test_sse_frames_format(server) -> None:
     with httpx.stream("POST", server.base_url + "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
+        # As OpenAI's streams: no cache between the client and the server may hold the events.
+        assert r.headers["cache-control"] == "no-cache"
         raw = r.read().decode()
     frames = raw.split("\n\n")
     assert frames[-1] == "" and frames[-2] == "data: [DONE]"
