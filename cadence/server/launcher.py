@@ -72,6 +72,12 @@ class CadenceServer(uvicorn.Server):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._exit_at: float | None = None
 
+    @property
+    def exit_deadline(self) -> float | None:
+        """When (``time.monotonic()``) the server exits after its engine died: the death was
+        noticed ``engine_death_grace`` seconds before. None while the engine lives."""
+        return self._exit_at
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
