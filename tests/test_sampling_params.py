@@ -45,6 +45,8 @@ from cadence.sampling_params import RequestOutputKind, SamplingParams
         ({"stop_token_ids": [1 << 64]}, "stop_token_ids"),
         ({"n": 0}, "n"),
         ({"n": 129}, "n"),
+        ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+        ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ],
 )
 def test_bad_values_name_the_parameter(kwargs: dict[str, object], param: str) -> None:
@@ -97,3 +99,57 @@ def test_clone_is_independent() -> None:
     q.stop.append("b")  # type: ignore[union-attr]
     q.all_stop_token_ids.add(99)
     assert p.stop == ["a"] and p.all_stop_token_ids == {1}
+
+
+def test_greedy_also_turns_min_p_off() -> None:
+    # vLLM normalises every sampling knob of a greedy request, min_p included.
+    p = SamplingParams(temperature=0.0, min_p=0.5)
+    assert p.greedy and p.min_p == 0.0 and not p.needs_logits_processing
+    assert SamplingParams(temperature=0.7, min_p=0.5).min_p == 0.5
+
+
+@pytest.mark.parametrize(("kwargs", "penalised"), [
+    ({}, False),
+    ({"repetition_penalty": 1.2}, True),
+    ({"repetition_penalty": 0.8}, True),
+    ({"presence_penalty": 0.5}, True),
+    ({"frequency_penalty": -0.5}, True),
+])
+def test_any_penalty_alone_needs_the_token_counts(kwargs: dict[str, float],
+                                                  penalised: bool) -> None:
+    p = SamplingParams(**kwargs)  # type: ignore[arg-type]
+    assert p.has_penalties is penalised
+    assert p.needs_logits_processing is penalised
+
+
+def test_engine_added_stop_ids_survive_a_copy_with_replace() -> None:
+    import dataclasses
+
+    p = SamplingParams(stop_token_ids=[7])
+    p.all_stop_token_ids |= {2}  # the EOS id, as the engine's input processor adds it
+    q = dataclasses.replace(p, max_tokens=5)
+    assert q.all_stop_token_ids == {2, 7} and q.stop_token_ids == [7]
+
+
+def test_whitespace_only_bad_words_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"\bbad_words\b"):
+        SamplingParams(bad_words=["ok", "  "])
+    assert SamplingParams(bad_words=[" ok "]).bad_words == [" ok "]
+
+
+def test_stop_strings_need_detokenize() -> None:
+    with pytest.raises(ValueError, match="detokenize"):
+        SamplingParams(detokenize=False, stop=["###"])
+    p = SamplingParams(detokenize=False, stop_token_ids=[3])
+    assert p.stop == [] and p.all_stop_token_ids == {3}
+
+
+def test_list_and_dict_arguments_are_copied() -> None:
+    bias = {5: 1.0}
+    allowed = [1, 2]
+    words = ["bad"]
+    p = SamplingParams(logit_bias=bias, allowed_token_ids=allowed, bad_words=words)
+    bias[6] = -1.0
+    allowed.append(3)
+    words.append("worse")
+    assert (p.logit_bias, p.allowed_token_ids, p.bad_words) == ({5: 1.0}, [1, 2], ["bad"])

@@ -4,6 +4,7 @@ calls and their errors, start-up errors, and a dead core process failing its con
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import signal
 from pathlib import Path
@@ -11,8 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cadence.core_types import EngineCoreOutputs
 from cadence.engine.async_llm import AsyncLLM
 from cadence.engine.core_client import EngineDeadError
+from cadence.engine.core_process import CoreChannel, ProcessEngineCoreClient
 from cadence.sampling_params import RequestOutputKind, SamplingParams
 from tests.server.waiting import ServeProcess
 from tests.tiny import tiny_args
@@ -101,3 +104,37 @@ def test_cadence_serve_with_an_engine_process(tmp_path: Path) -> None:
         assert "cadence:num_requests_running" in metrics
     assert srv.returncode == 0, srv.text
     assert "Traceback" not in srv.text
+
+
+def test_the_client_fails_pending_calls_and_every_reader_when_the_core_is_gone() -> None:
+    # The client over plain pipes (no core process): what the core's end sends, then EOF.
+    req_recv, req_send = multiprocessing.Pipe(duplex=False)
+    rep_recv, rep_send = multiprocessing.Pipe(duplex=False)
+    client = ProcessEngineCoreClient(CoreChannel(req_send, rep_recv), None)  # type: ignore[arg-type]
+    try:
+        answered = client._submit_utility("max_model_len", (), {})
+        failed = client._submit_utility("no_such_method", (), {})
+        pending = client._submit_utility("make_stats", (), {})
+        calls = [req_recv.recv() for _ in range(3)]
+        assert [c[:3] for c in calls] == [("utility", 0, "max_model_len"),
+                                          ("utility", 1, "no_such_method"),
+                                          ("utility", 2, "make_stats")]
+        rep_send.send(("reply", 0, True, 128))
+        rep_send.send(("reply", 1, False, AttributeError("no_such_method")))
+        rep_send.send(("out", EngineCoreOutputs(finished_requests={"r"})))
+        assert answered.result(timeout=30) == 128
+        with pytest.raises(AttributeError):
+            failed.result(timeout=30)
+        assert client.get_output(timeout=30).finished_requests == {"r"}
+        rep_send.close()  # the core process is gone before it answered the last call
+        with pytest.raises(EngineDeadError):
+            pending.result(timeout=30)
+        for _ in range(2):  # every reader, not only the first, learns of the death
+            with pytest.raises(EngineDeadError):
+                client.get_output(timeout=30)
+        assert client.errored
+        with pytest.raises(EngineDeadError):
+            client.call_utility("make_stats")
+        client.abort_requests(["r"])  # cleanup paths never raise
+    finally:
+        client.shutdown()

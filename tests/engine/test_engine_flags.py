@@ -161,7 +161,7 @@ def test_tokenizer_gives_a_preset_text_prompts(tiny_dir: Path,
     assert lines[1] == "[2 tokens, finish_reason=length]"
 
 
-@pytest.mark.parametrize("seed", [1 << 70, -(1 << 63) - 1, 1.5, True, "3"])
+@pytest.mark.parametrize("seed", [1 << 64, 1 << 70, -(1 << 63) - 1, 1.5, True, "3"])
 def test_seeds_torch_cannot_take_are_errors_naming_seed(seed) -> None:
     with pytest.raises(ValueError, match=r"^seed must be an integer"):
         EngineArgs(model="tiny", seed=seed)

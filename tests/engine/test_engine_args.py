@@ -1,0 +1,66 @@
+"""EngineArgs resolved into the engine's configs: defaults that follow vLLM, values that must
+reach the configs unchanged, and the bounds that clamp them."""
+
+from __future__ import annotations
+
+import pytest
+
+from cadence.engine.engine_args import EngineArgs
+
+
+@pytest.fixture(autouse=True)
+def no_env_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CADENCE_ASYNC_SCHEDULING", raising=False)
+
+
+def config(**kw: object):
+    return EngineArgs(model="tiny", device="cpu", **kw).create_engine_config(2048)
+
+
+def test_async_scheduling_is_on_by_default_and_overridable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # DESIGN: depth-2 async scheduling by default, two batches in flight.
+    sched = config().scheduler
+    assert sched.async_scheduling is True and sched.max_concurrent_batches == 2
+    assert config(async_scheduling=False).scheduler.max_concurrent_batches == 1
+    monkeypatch.setenv("CADENCE_ASYNC_SCHEDULING", "0")
+    assert config().scheduler.async_scheduling is False
+    assert config(async_scheduling=True).scheduler.async_scheduling is True  # the argument wins
+
+
+def test_mixed_graph_capture_never_exceeds_the_step_budget() -> None:
+    # A captured mixed step holds at most max_num_batched_tokens tokens: larger graphs would
+    # never replay, so the capture bound is clamped to the budget.
+    assert config(max_num_batched_tokens=1024).graphs.max_capture_tokens == 1024
+    assert config(max_num_batched_tokens=1024,
+                  max_capture_tokens=4096).graphs.max_capture_tokens == 1024
+    assert config(max_num_batched_tokens=1024,
+                  max_capture_tokens=512).graphs.max_capture_tokens == 512
+    # 0: decode graphs only (documented), not an error; below 0 is.
+    assert config(max_capture_tokens=0).graphs.max_capture_tokens == 0
+    with pytest.raises(ValueError, match="max_capture_tokens"):
+        config(max_capture_tokens=-1)
+    # The default: min(8192, budget); the budget defaults to max(8192, max_model_len <= 16384).
+    assert config().graphs.max_capture_tokens == 8192
+
+
+@pytest.mark.parametrize("max_logprobs", [-1, 0, 5, 20])
+def test_max_logprobs_reaches_the_model_config(max_logprobs: int) -> None:
+    # -1 is vLLM's "the whole vocabulary": accepted and kept as -1.
+    assert config(max_logprobs=max_logprobs).model.max_logprobs == max_logprobs
+
+
+def test_cache_and_scheduler_values_reach_their_configs() -> None:
+    cfg = config(block_size=32, num_gpu_blocks_override=77, gpu_memory_utilization=0.5,
+                 enable_prefix_caching=False, max_num_seqs=3, scheduling_policy="priority",
+                 enable_chunked_prefill=False, max_num_batched_tokens=4096, seed=11,
+                 enforce_eager=True, emulate_graphs=True)
+    assert (cfg.cache.block_size, cfg.cache.num_gpu_blocks_override,
+            cfg.cache.gpu_memory_utilization, cfg.cache.enable_prefix_caching) == (
+        32, 77, 0.5, False)
+    assert (cfg.scheduler.max_num_seqs, cfg.scheduler.policy,
+            cfg.scheduler.enable_chunked_prefill, cfg.scheduler.max_num_batched_tokens,
+            cfg.scheduler.max_model_len) == (3, "priority", False, 4096, 2048)
+    assert (cfg.model.seed, cfg.graphs.enforce_eager, cfg.graphs.emulate) == (11, True, True)
+    assert cfg.use_graphs is False  # enforce_eager wins over emulation

@@ -1,0 +1,86 @@
+"""The engine configs validate their own values: the bounds vLLM documents, inclusive where it
+says so."""
+
+from __future__ import annotations
+
+import pytest
+
+from cadence.config import (
+    CacheConfig,
+    EngineConfig,
+    GraphConfig,
+    ModelConfig,
+    SchedulerConfig,
+    resolved_dtype,
+)
+
+
+def test_max_logprobs_minus_one_means_the_whole_vocabulary() -> None:
+    assert ModelConfig(max_logprobs=-1).max_logprobs == -1
+    assert ModelConfig(max_logprobs=0).max_logprobs == 0
+    with pytest.raises(ValueError, match="max_logprobs"):
+        ModelConfig(max_logprobs=-2)
+
+
+@pytest.mark.parametrize("value", [1.0, 0.5, 1e-3])
+def test_gpu_memory_utilization_accepts_the_half_open_interval(value: float) -> None:
+    assert CacheConfig(gpu_memory_utilization=value).gpu_memory_utilization == value
+
+
+@pytest.mark.parametrize("value", [0.0, -0.1, 1.01])
+def test_gpu_memory_utilization_outside_zero_one_is_refused(value: float) -> None:
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        CacheConfig(gpu_memory_utilization=value)
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"num_gpu_blocks_override": 0}, "num_gpu_blocks_override"),
+    ({"block_size": 0}, "block_size"),
+    ({"cache_dtype": "fp8_e5m2"}, "cache_dtype"),
+])
+def test_cache_config_bounds(kwargs: dict[str, object], name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        CacheConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_cache_config_smallest_valid_values() -> None:
+    cfg = CacheConfig(block_size=1, num_gpu_blocks_override=1)
+    assert (cfg.block_size, cfg.num_gpu_blocks_override) == (1, 1)
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"max_model_len": 0}, "max_model_len"),
+    ({"dtype": "int8"}, "dtype"),
+    ({"load_format": "pt"}, "load_format"),
+    ({"quantization": "awq"}, "quantization"),
+])
+def test_model_config_bounds(kwargs: dict[str, object], name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        ModelConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_scheduler_budget_may_equal_max_model_len_without_chunking() -> None:
+    # vLLM: without chunked prefill the budget must hold a whole max_model_len prompt.
+    ok = SchedulerConfig(max_num_batched_tokens=2048, max_model_len=2048,
+                         enable_chunked_prefill=False)
+    assert ok.max_num_batched_tokens == ok.max_model_len
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        SchedulerConfig(max_num_batched_tokens=2047, max_model_len=2048,
+                        enable_chunked_prefill=False)
+    assert SchedulerConfig(max_num_batched_tokens=16, max_model_len=2048).max_model_len == 2048
+
+
+def test_auto_dtype_is_bfloat16_on_cuda_and_float32_on_the_cpu() -> None:
+    assert resolved_dtype("auto", "cuda") == "bfloat16"
+    assert resolved_dtype("auto", "cpu") == "float32"
+    assert resolved_dtype("float16", "cpu") == "float16"
+    assert EngineConfig(device="cpu").dtype == "float32"
+
+
+def test_graphs_are_captured_on_cuda_or_when_emulated_unless_eager() -> None:
+    assert EngineConfig(device="cuda").use_graphs
+    assert not EngineConfig(device="cpu").use_graphs
+    assert EngineConfig(device="cpu", graphs=GraphConfig(emulate=True)).use_graphs
+    assert not EngineConfig(device="cuda", graphs=GraphConfig(enforce_eager=True)).use_graphs
+    with pytest.raises(ValueError, match="device"):
+        EngineConfig(device="mps")
