@@ -215,3 +215,25 @@ def test_cuda_bf16_and_graph_captured_decode(tmp_path):
         torch.cuda.synchronize()
     torch.testing.assert_close(captured[:3], eager[:3], atol=1e-2, rtol=0)
     torch.testing.assert_close(captured[:3].cpu(), decode_ref, atol=0.25, rtol=0)
+
+
+def test_kv_caches_without_the_key_value_dimension_are_refused():
+    model = CausalLM(hf_config("qwen3", tie=False), TorchAttentionBackend())
+    shape = list(model.kv_cache_shape(4, 4))
+    for first in (1, 3):
+        bad = [torch.zeros([first, *shape[1:]])] * model.num_layers
+        with pytest.raises(ValueError, match="KV cache 0 has shape"):
+            model.bind_kv_caches(bad)
+    with pytest.raises(ValueError, match="KV cache 0 has shape"):
+        model.bind_kv_caches([torch.zeros(shape[1:])] * model.num_layers)
+
+
+@pytest.mark.parametrize("length", [31, 32, 33])
+def test_longrope_switches_factors_only_past_the_original_length(tmp_path, length):
+    """transformers' Phi-3 uses the long factors for a sequence longer than
+    original_max_position_embeddings (32 here); one of exactly 32 tokens stays short."""
+    hf = make_hf_model("phi3-long", tie=False, seed=2)
+    model = load_ours(save_hf_model(hf, tmp_path))
+    tokens = [random.Random(length).randrange(VOCAB) for _ in range(length)]
+    logits = run_ours(model, make_batch([Chunk(tokens, 0, list(range(1, 10)))]))
+    _assert_close(logits, hf_logits(hf, tokens))

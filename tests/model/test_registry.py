@@ -161,3 +161,32 @@ def test_tiny_resolves_to_its_cache_directory(tmp_path, monkeypatch):
     assert spec.path == str(tmp_path / "tiny-v1") == spec.tokenizer_path
     assert spec.architecture == "Qwen3ForCausalLM" and not spec.is_preset
     assert spec.max_model_len == 2048 and spec.eos_token_ids == [637]
+
+
+# From the published config.json of each model: (rope base, sliding layers' rope base,
+# rms_norm_eps, max_position_embeddings).
+PRESET_NUMBERS = {
+    "qwen3-0.6b": (1e6, None, 1e-6, 40960),
+    "qwen2.5-0.5b": (1e6, None, 1e-6, 32768),
+    "llama3.2-1b": (500000.0, None, 1e-5, 131072),
+    "llama3-8b": (500000.0, None, 1e-5, 8192),
+    "mistral-7b": (10000.0, None, 1e-5, 32768),
+    "phi3-mini-4k": (10000.0, None, 1e-5, 4096),
+    "gemma2-2b": (10000.0, None, 1e-6, 8192),
+    "gemma3-1b": (1e6, 10000.0, 1e-6, 32768),
+    "qwen3-30b-a3b": (1e6, None, 1e-6, 40960),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRESET_NUMBERS))
+def test_presets_have_the_real_rope_bases_and_norm_eps(name):
+    """What the model reads from a preset: its rope bases and norm epsilon, as published."""
+    from cadence.model.rope import RopeParams
+
+    theta, local_theta, eps, positions = PRESET_NUMBERS[name]
+    config = resolve_model(name).hf_config
+    assert RopeParams.from_hf_config(config).theta == theta
+    if local_theta is not None:
+        assert RopeParams.from_hf_config(config, "sliding_attention").theta == local_theta
+    arch = DecoderArch.from_hf_config(config)
+    assert (arch.rms_norm_eps, arch.max_position_embeddings) == (eps, positions)

@@ -143,3 +143,20 @@ def test_every_regular_token_is_a_byte_string(tokenizer):
     vocab = tiny.build_tokenizer().get_vocab(with_added_tokens=False)
     assert sorted(vocab.values()) == list(range(tiny.VOCAB_SIZE - len(tiny.SPECIAL_TOKENS)))
     assert all(len(symbol_bytes(token)) >= 1 for token in vocab)
+
+
+def test_residual_channel_zero_is_a_constant_bias(tokenizer, hf_model):
+    """Every embedding sets residual channel 0 to 0.4 and no layer writes it, so every layer's
+    output (before the final norm) still holds 0.4 there, for every token."""
+    ids = tokenizer("The river ran past the old mill, slowly.", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        states = hf_model(ids, output_hidden_states=True).hidden_states
+    assert len(states) == hf_model.config.num_hidden_layers + 1
+    for layer, h in enumerate(states[:-1]):  # the last one is after the final norm
+        torch.testing.assert_close(h[0, :, 0], torch.full((ids.shape[1],), 0.4), atol=1e-6,
+                                   rtol=0, msg=f"after layer {layer}")
+    assert (states[-1][0, :, 0] > 0).all()
+
+
+def test_tokenizer_knows_the_context_length(tokenizer, hf_model):
+    assert tokenizer.model_max_length == hf_model.config.max_position_embeddings == 2048

@@ -90,3 +90,58 @@ def test_kv_heads_are_split_or_replicated():
     assert [s.kv_head_start for s in four] == [0, 0, 1, 1]
     assert {s.num_kv_heads for s in four} == {1}
     assert [s.vocab_start for s in four] == [0, 64, 128, 192]
+
+
+def test_an_uneven_vocabulary_is_split_in_padded_equal_ranges():
+    shards = [TPShard.of(_arch(vocab_size=250), r, 4) for r in range(4)]
+    assert {s.vocab_per_rank for s in shards} == {63}  # ceil(250 / 4); the last rank pads 2
+    assert [s.vocab_start for s in shards] == [0, 63, 126, 189]
+
+
+@pytest.mark.parametrize("rank", [-1, 2])
+def test_a_rank_outside_the_group_is_refused(rank):
+    with pytest.raises(ValueError, match=f"rank {rank} outside a tensor-parallel group of 2"):
+        TPShard.of(_arch(), rank, 2)
+
+
+def test_vocab_parallel_embeddings_sum_to_the_whole_embedding(monkeypatch):
+    """Each rank embeds its own ids and zeros for the others'; the all-reduce (a sum) of the
+    ranks' outputs is the plain embedding, ids at every range edge included."""
+    from cadence.model import parallel
+
+    monkeypatch.setattr(parallel, "all_reduce", lambda x: x)  # one rank's share, unreduced
+    arch = _arch(vocab_size=250)
+    full = torch.randn(252, 8, generator=torch.Generator().manual_seed(0))
+    full[250:] = 0.0  # the padded rows
+    ids = torch.tensor([0, 62, 63, 125, 126, 188, 189, 249, 7])
+    total = torch.zeros(len(ids), 8)
+    for r in range(4):
+        shard = TPShard.of(arch, r, 4)
+        emb = parallel.VocabParallelEmbedding(shard, 8)
+        with torch.no_grad():
+            emb.weight.copy_(full[shard.vocab_start:shard.vocab_start + shard.vocab_per_rank])
+        total += emb(ids)
+    torch.testing.assert_close(total, torch.nn.functional.embedding(ids, full[:250]))
+
+
+def test_gathered_logits_are_in_vocabulary_order(monkeypatch):
+    """gather_vocab puts rank r's columns at [r * per_rank, ...) of every row and drops the
+    padded tail (all_gather stacks the ranks' tensors along dimension 0)."""
+    from cadence.model.parallel import gather_vocab
+
+    arch = _arch(vocab_size=250)
+    shards = [TPShard.of(arch, r, 4) for r in range(4)]
+    n = 3
+    logits = torch.randn(n, 250, generator=torch.Generator().manual_seed(1))
+    padded = torch.cat([logits, torch.full((n, 2), 99.0)], dim=1)
+    per_rank = [padded[:, s.vocab_start:s.vocab_start + s.vocab_per_rank] for s in shards]
+
+    def all_gather(out: torch.Tensor, local: torch.Tensor) -> None:
+        assert torch.equal(local, per_rank[0])
+        out.copy_(torch.cat(per_rank, dim=0))
+
+    monkeypatch.setattr(torch.distributed, "all_gather_single", all_gather, raising=False)
+    monkeypatch.setattr(torch.distributed, "all_gather_into_tensor", all_gather)
+    got = gather_vocab(per_rank[0].contiguous(), shards[0], 250)
+    assert got.shape == (n, 250) and got.is_contiguous()
+    assert torch.equal(got, logits)

@@ -192,3 +192,24 @@ def test_cuda_errors_survive_pickling() -> None:
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is CudaError and str(back) == str(err)
     assert (back.call, back.code, back.name) == ("cudaMalloc", 2, "cudaErrorMemoryAllocation")
+
+
+def test_stream_records_the_event_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [5.0]
+    monkeypatch.setattr(cpu, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    dev = CpuDevice()
+    s = dev.create_stream(priority=-1)
+    assert s.priority == -1 and dev.create_stream().priority is None  # as the CUDA stream keeps it
+    start, end = dev.create_event(timing=True), dev.create_event(timing=True)
+    assert s.record(start) is start
+    now[0] += 0.002
+    assert s.record(end) is end
+    assert start.elapsed_ms(end) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("nbytes", [0, -8])
+def test_empty_buffers_are_refused_like_cuda_ones(nbytes: int) -> None:
+    dev = CpuDevice()
+    for alloc in (dev.alloc_pinned, dev.alloc_device):
+        with pytest.raises(ValueError, match=f"nbytes must be at least 1, got {nbytes}"):
+            alloc(nbytes)

@@ -40,3 +40,98 @@ def test_threaded_and_single_fills_agree(monkeypatch) -> None:
         assert torch.equal(words_a, words_b)
     # Rows under different grammars allow different tokens.
     assert not torch.equal(single[0][1][0], single[0][1][1])
+
+
+@pytest.fixture(scope="module")
+def tiny_path() -> str:
+    from cadence.model.tiny import ensure_tiny_model
+
+    return str(ensure_tiny_model())
+
+
+def _ids() -> dict[str, int]:
+    from cadence.model.tiny import EOS_TOKEN, build_tokenizer
+
+    tok = build_tokenizer()
+    return {s: tok.token_to_id(s) for s in ("a", "b", "c", "d", "x", EOS_TOKEN)}
+
+
+def _allowed(mask, i: int) -> set[int]:
+    """The token ids row ``i`` of ``mask`` allows (bit t % 32 of word t // 32)."""
+    words = mask.words[i].tolist()
+    return {32 * w + b for w, word in enumerate(words) for b in range(32) if (word >> b) & 1}
+
+
+def _ab_or_cd(path: str) -> tuple[GrammarState, SamplingParams]:
+    state = GrammarState(path, vocab_size=640, max_rows=4)
+    return state, SamplingParams(structured_outputs=StructuredOutputsParams(choice=["ab", "cd"]))
+
+
+def test_in_flight_token_advances_the_matcher(tiny_path) -> None:
+    """Under async scheduling the previous step's token, still unknown to the host's history,
+    is read from in_flight() and consumed before the mask is filled."""
+    ids = _ids()
+    state, params = _ab_or_cd(tiny_path)
+    state.admit("r", params, [])
+    first = state.bitmask(["r"], [0], dict)
+    assert first is not None and {ids["a"], ids["c"]} <= _allowed(first, 0)
+    assert ids["b"] not in _allowed(first, 0)
+    second = state.bitmask(["r"], [1], lambda: {"r": ids["a"]})
+    assert second is not None and _allowed(second, 0) == {ids["b"]}
+    state.close()
+
+
+def test_a_token_recorded_twice_is_consumed_once(tiny_path) -> None:
+    ids = _ids()
+    state, params = _ab_or_cd(tiny_path)
+    state.admit("r", params, [])
+    state.record("r", 0, ids["a"])
+    state.record("r", 0, ids["a"])  # the same output again (index 0): ignored
+    state.record("r", 1, ids["b"])
+    mask = state.bitmask(["r"], [2], dict)
+    assert state.take_failed() == {}
+    assert mask is not None and _allowed(mask, 0) == {ids["<|endoftext|>"]}
+    state.close()
+
+
+def test_tokens_sampled_past_the_grammars_end_are_dropped(tiny_path) -> None:
+    """After the stop token a step scheduled ahead may sample one more token: it neither fails
+    the request nor gets a mask row (its grammar is done)."""
+    ids = _ids()
+    state, params = _ab_or_cd(tiny_path)
+    state.admit("r", params, [ids["a"], ids["b"], ids["<|endoftext|>"], ids["x"]])
+    assert state.bitmask(["free", "r"], [0, 4], dict) is None
+    assert state.take_failed() == {} and state.wants("r")
+    state.close()
+
+
+def test_a_token_outside_the_grammar_fails_the_request_once(tiny_path) -> None:
+    ids = _ids()
+    state, params = _ab_or_cd(tiny_path)
+    state.admit("r", params, [ids["a"], ids["d"]])
+    assert "grammar" in state.take_failed()["r"]
+    assert not state.wants("r")
+    assert state.bitmask(["r"], [3], lambda: {"r": ids["x"]}) is None
+    assert state.take_failed() == {}
+    state.close()
+
+
+def test_no_token_ends_the_constraint(tiny_path) -> None:
+    ids = _ids()
+    state, params = _ab_or_cd(tiny_path)
+    state.admit("r", params, [])
+    state.admit("s", params, [ids["a"]])
+    state.record("r", 0, -1)  # NO_TOKEN: the row's masks left nothing; the request fails
+    assert not state.wants("r") and state.wants("s")
+    mask = state.bitmask(["r", "s"], [1, 1], dict)
+    assert mask is not None and mask.rows.tolist() == [1]
+    state.close()
+
+
+def test_retain_keeps_the_live_requests_only(tiny_path) -> None:
+    state, params = _ab_or_cd(tiny_path)
+    for rid in ("a", "b", "c"):
+        state.admit(rid, params, [])
+    state.retain({"a": 0, "c": 2})
+    assert [state.wants(r) for r in ("a", "b", "c")] == [True, False, True]
+    state.close()

@@ -192,3 +192,53 @@ def test_sampler_order_penalties_before_greedy_and_min_p_after_temperature():
         assert out[0] == 1  # token 0 was seen: 5 - 1 < 4.9
         # At temperature 2, p(1)/p(0) = e^-0.5 > 0.5 and p(2)/p(0) = e^-1 < 0.5.
         assert out[1] in (0, 1)
+
+
+def test_banned_ids_outside_the_vocabulary_are_ignored():
+    """min_tokens' stop ids and one-token bad words may name ids past the model's vocabulary
+    (a tokenizer's added tokens): they ban nothing, and the ids inside it are banned."""
+    from cadence.worker.logits_processors import apply_banned_tokens
+
+    logits = _logits(2, seed=6)
+    got = logits.clone()
+    apply_banned_tokens(got, {0: [V, V + 7, -1, 3], 1: [V - 1]})
+    want = logits.clone()
+    want[0, 3] = float("-inf")
+    want[1, V - 1] = float("-inf")
+    assert torch.equal(got, want)
+
+
+def test_conditional_bans_leave_unmatched_rows_untouched_and_stack():
+    """Two bad words ending in the same token, both waiting on the in-flight token: the ban
+    holds when either prefix matched, and a row whose in-flight token matches neither keeps
+    its logits exactly."""
+    params = [SamplingParams(), SamplingParams(), SamplingParams()]
+    for p in params:
+        p.bad_words_token_ids = [[1, 2], [3, 2]]
+    state = _state([[9]] * 3, [[]] * 3, params)
+    last_sampled = torch.tensor([3, 5, 1])  # slots 0 and 2 match a prefix, slot 1 neither
+    inputs, bans = state.step_inputs(np.arange(3), ["r0", "r1", "r2"], np.arange(3), params,
+                                     [1, 1, 1], last_sampled)
+    assert bans == {}
+    logits = _logits(3, seed=7)
+    got = logits.clone()
+    apply_logits_processors(got, inputs, bans)
+    assert torch.isinf(got[0, 2]) and torch.isinf(got[2, 2])
+    assert torch.equal(got[1], logits[1])
+    assert torch.equal(got[0, :2], logits[0, :2]) and torch.equal(got[0, 3:], logits[0, 3:])
+
+
+def test_penalties_read_the_state_slot_not_the_logits_row():
+    """Logits rows and state slots differ once the batch is condensed: row 0 is slot 2."""
+    counts = TokenCounts(3, V, torch.device("cpu"))
+    counts.reset(0, [], [])
+    counts.reset(1, [], [])
+    counts.reset(2, [], [4, 4])
+    params = [SamplingParams(frequency_penalty=1.0), SamplingParams(frequency_penalty=1.0)]
+    pen = penalty_rows(np.array([0, 1]), np.array([2, 0]), params, torch.device("cpu"))
+    logits = _logits(2, seed=8)
+    got = logits.clone()
+    apply_penalties(got, pen, counts.counts, counts.prompt_mask)
+    want = logits.clone()
+    want[0, 4] -= 2.0
+    torch.testing.assert_close(got, want)
