@@ -9,7 +9,8 @@ copy of the working tree, then runs the tests that should notice it. A mutation 
 those tests fail. Every mutation must be caught: the script exits 1 otherwise. ``--gpu`` also
 runs the ``gpu``-marked tests (on a machine with CUDA); without it the Triton kernels are checked
 under Triton's interpreter, as in CPU CI. ``--extra`` adds the ``MUTATIONS`` list of another
-file (``Mutation`` is in its namespace) to try candidates before they join this list.
+file (``Mutation`` is in its namespace) to try candidates before they join this list; the
+engine and worker layers' planted bugs live in such files beside this one (``mutations_*.py``).
 """
 
 from __future__ import annotations
@@ -679,6 +680,18 @@ MUTATIONS = [
 ]
 
 
+def load_registry(path: Path) -> list[Mutation]:
+    """The ``MUTATIONS`` list of another file, run with ``Mutation`` in its namespace."""
+    namespace: dict = {"Mutation": Mutation, "_BF16_ENGINE": _BF16_ENGINE}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    return list(namespace["MUTATIONS"])
+
+
+# The registries of further layers, one file each beside this one.
+for _name in ("mutations_engine.py", "mutations_worker.py"):
+    MUTATIONS += load_registry(Path(__file__).with_name(_name))
+
+
 def _copy_tree(dest: Path) -> None:
     ignore = shutil.ignore_patterns(".git", ".venv*", "__pycache__", ".pytest_cache", "out",
                                     ".whl", "*.egg-info")
@@ -723,9 +736,7 @@ def main() -> int:
     ns = p.parse_args()
     chosen = list(MUTATIONS)
     if ns.extra:
-        namespace: dict = {"Mutation": Mutation, "_BF16_ENGINE": _BF16_ENGINE}
-        exec(compile(Path(ns.extra).read_text(), ns.extra, "exec"), namespace)
-        chosen += namespace["MUTATIONS"]
+        chosen += load_registry(Path(ns.extra))
     if ns.only:
         wanted = set(ns.only.split(","))
         unknown = wanted - {m.id for m in chosen}
