@@ -21,7 +21,7 @@ from cadence.model.gemma import GemmaDecoderLayer
 from cadence.model.layers import GemmaRMSNorm, RMSNorm, silu_and_mul
 from cadence.model.moe import SparseMoE
 from cadence.model.parallel import TPShard, VocabParallelEmbedding, all_reduce, gather_vocab
-from cadence.model.rope import RopeParams, RotaryEmbedding
+from cadence.model.rope import RopeParams, RotaryEmbedding, longrope_rows
 from cadence.model.skinny_gemm import SkinnyLinear, use_skinny_gemm
 
 
@@ -198,7 +198,9 @@ class CausalLM(nn.Module):
             raise RuntimeError("bind_kv_caches() must be called before the first forward.")
         cos_sin = self.rotary_emb.cos_sin
         if self.rotary_emb.long_offset:
-            positions = self._longrope_rows(positions, attn)
+            positions = longrope_rows(positions, attn.query_start_loc, attn.seq_lens,
+                                      self.rotary_emb.params.original_max_position_embeddings,
+                                      self.rotary_emb.long_offset)
         local = cos_sin if self.rotary_emb_local is None else self.rotary_emb_local.cos_sin
         x = self.model.embed_tokens(input_ids)
         if self.arch.gemma:
@@ -212,19 +214,6 @@ class CausalLM(nn.Module):
         if residual is None:
             return self.model.norm(x)
         return self.model.norm.add_and_norm(x, residual)[0]
-
-    def _longrope_rows(self, positions: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
-        """Rope table rows of longrope: the long factors' rows for every token of a sequence
-        longer than the original length after this pass (transformers picks the factors per
-        forward from its longest position), the short ones' otherwise. On the device, no sync.
-        A sequence that grows past the original length while decoding keeps its earlier keys as
-        they were rotated (transformers' Phi-3 recomputes its whole cache at that step)."""
-        starts = attn.query_start_loc
-        tokens = torch.arange(positions.shape[0], device=positions.device, dtype=starts.dtype)
-        seq = torch.searchsorted(starts[1:], tokens, right=True)
-        seq = seq.clamp_(max=attn.seq_lens.shape[0] - 1)  # padding tokens past the last sequence
-        long = attn.seq_lens[seq] > self.rotary_emb.params.original_max_position_embeddings
-        return positions + long.to(positions.dtype) * self.rotary_emb.long_offset
 
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """``[N, hidden] -> [N, vocab]`` float32 logits."""

@@ -225,6 +225,23 @@ class RotaryEmbedding(nn.Module):
         return lookup_cos_sin(self.cos_sin, positions)
 
 
+def longrope_rows(positions: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                  original: int, long_offset: int) -> torch.Tensor:
+    """Rope table rows of longrope for a pass's tokens (sequence ``i`` owns tokens
+    ``query_start_loc[i]:query_start_loc[i + 1]``): the long factors' rows (``long_offset`` +
+    position) for every token of a sequence longer than ``original`` tokens after this pass, the
+    short ones' otherwise, as transformers picks the factors per forward from its longest
+    position. On the device, no sync. A sequence that grows past the original length while
+    decoding keeps its earlier keys as they were rotated (transformers' Phi-3 recomputes its
+    whole cache at that step)."""
+    tokens = torch.arange(positions.shape[0], device=positions.device,
+                          dtype=query_start_loc.dtype)
+    seq = torch.searchsorted(query_start_loc[1:], tokens, right=True)
+    seq = seq.clamp_(max=seq_lens.shape[0] - 1)  # padding tokens past the last sequence
+    long = seq_lens[seq] > original
+    return positions + long.to(positions.dtype) * long_offset
+
+
 def lookup_cos_sin(
     cos_sin: torch.Tensor, positions: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

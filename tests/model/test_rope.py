@@ -15,6 +15,7 @@ from cadence.model.rope import (
     apply_rotary,
     attention_scaling,
     inverse_frequencies,
+    longrope_rows,
 )
 from tests.hf_models import LLAMA3_ROPE_SCALING
 
@@ -153,6 +154,19 @@ def test_longrope_matches_transformers(seq_len):
         inverse_frequencies(params, 64, long=long), expected, atol=0, rtol=1e-6
     )
     assert attention_scaling(params) == pytest.approx(factor, rel=1e-12) and factor > 1.0
+
+
+def test_longrope_rows_switch_past_the_original_length_per_sequence():
+    # transformers takes the long factors when its longest position + 1 exceeds the original
+    # length (32 here): a sequence of exactly 32 tokens stays on the short rows.
+    positions = torch.tensor([*range(32), 31, 32, 99, 0, 0])
+    query_start_loc = torch.tensor([0, 32, 34, 35], dtype=torch.int32)
+    seq_lens = torch.tensor([32, 33, 100], dtype=torch.int32)  # after this pass
+    rows = longrope_rows(positions, query_start_loc, seq_lens, 32, 1000)
+    # A prefill of 32 (short), a chunk that takes its sequence to 33 (long), a decode at 100
+    # (long); the two padding tokens past the last sequence follow it.
+    assert rows.tolist() == [*range(32), 1031, 1032, 1099, 1000, 1000]
+    assert rows.dtype == positions.dtype
 
 
 def test_longrope_needs_both_factor_lists():
