@@ -79,10 +79,15 @@ def test_get_num_unfinished_requests():
     assert scheduler.has_finished_requests() and scheduler.has_requests()
 
 
-@pytest.mark.parametrize("enable_prefix_caching", [False, True])
-def test_schedule(enable_prefix_caching: bool):
+# vLLM's parametrization: [False-None] and [True-5] (prefix caching, prompt logprobs).
+CACHING_AND_PROMPT_LOGPROBS = [(False, None), (True, None), (True, 5)]
+
+
+@pytest.mark.parametrize(("enable_prefix_caching", "prompt_logprobs"),
+                         CACHING_AND_PROMPT_LOGPROBS)
+def test_schedule(enable_prefix_caching: bool, prompt_logprobs: int | None):
     scheduler = create_scheduler(enable_prefix_caching=enable_prefix_caching)
-    requests = create_requests(num_requests=10)
+    requests = create_requests(num_requests=10, prompt_logprobs=prompt_logprobs)
     for request in requests:
         scheduler.add_request(request)
 
@@ -246,12 +251,13 @@ def test_stop_via_max_model_len():
     assert eco.outputs[0].finish_reason == FinishReason.LENGTH
 
 
-@pytest.mark.parametrize("enable_prefix_caching", [False, True])
-def test_schedule_concurrent_batches(enable_prefix_caching: bool):
+@pytest.mark.parametrize(("enable_prefix_caching", "prompt_logprobs"),
+                         CACHING_AND_PROMPT_LOGPROBS)
+def test_schedule_concurrent_batches(enable_prefix_caching: bool, prompt_logprobs: int | None):
     scheduler = create_scheduler(
         max_num_batched_tokens=1024, max_num_seqs=2, enable_prefix_caching=enable_prefix_caching
     )
-    requests = create_requests(num_requests=2, num_tokens=512)
+    requests = create_requests(num_requests=2, num_tokens=512, prompt_logprobs=prompt_logprobs)
 
     scheduler.add_request(requests[0])
     output0 = scheduler.schedule()

@@ -2,7 +2,8 @@
 same inputs and expected outcomes (vLLM's test_scheduler_e2e.py is in
 tests/engine/test_scheduler_e2e.py). Each test names the vLLM test it mirrors; where vLLM's test
 also covers a feature cadence lacks (skipped_waiting queues, KV connectors, per-interval stats),
-only the part that applies is kept and the docstring says what was left out."""
+only the part that applies is kept and the docstring says what was left out. test_schedule and
+test_schedule_concurrent_batches with prompt logprobs are parametrizations in test_scheduler.py."""
 
 from __future__ import annotations
 
@@ -14,53 +15,6 @@ from cadence.scheduler.block_pool import KVCacheBlock
 from cadence.scheduler.request import Request, RequestStatus
 from cadence.scheduler.scheduler import Scheduler
 from tests.scheduler.factories import create_requests, create_scheduler, runner_output
-
-
-def test_schedule_with_prefix_caching_and_prompt_logprobs():
-    """vLLM's test_schedule[True-5]: prefix caching on, every request wants 5 prompt logprobs."""
-    scheduler = create_scheduler(enable_prefix_caching=True)
-    requests = create_requests(num_requests=10, prompt_logprobs=5)
-    for request in requests:
-        scheduler.add_request(request)
-
-    output = scheduler.schedule()
-    assert len(output.scheduled_new_reqs) == len(requests)
-    assert output.scheduled_cached_reqs.num_reqs == 0
-    assert len(output.finished_req_ids) == 0
-    for req_id, num_tokens in output.num_scheduled_tokens.items():
-        assert num_tokens == len(requests[int(req_id)].prompt_token_ids)
-    assert len(scheduler.waiting) == 0
-    assert len(scheduler.running) == len(requests)
-    for i, request in enumerate(requests):
-        assert scheduler.running[i] == request
-
-
-def test_schedule_concurrent_batches_with_prefix_caching_and_prompt_logprobs():
-    """vLLM's test_schedule_concurrent_batches[True-5]: a second batch is scheduled while the
-    first is in flight; the first request decodes as soon as its output is back."""
-    scheduler = create_scheduler(
-        max_num_batched_tokens=1024, max_num_seqs=2, enable_prefix_caching=True
-    )
-    requests = create_requests(num_requests=2, num_tokens=512, prompt_logprobs=5)
-
-    scheduler.add_request(requests[0])
-    output0 = scheduler.schedule()
-    assert len(output0.scheduled_new_reqs) == 1
-    assert output0.num_scheduled_tokens[requests[0].request_id] == 512
-
-    # The first request is still in flight: only the second one is scheduled.
-    scheduler.add_request(requests[1])
-    output1 = scheduler.schedule()
-    assert len(output1.scheduled_new_reqs) == 1
-    assert output1.num_scheduled_tokens[requests[1].request_id] == 512
-
-    scheduler.update_from_output(output0, runner_output([requests[0].request_id], [[0]]))
-    output2 = scheduler.schedule()
-    assert output2.num_scheduled_tokens[requests[0].request_id] == 1
-
-    scheduler.update_from_output(output1, runner_output([requests[1].request_id], [[0]]))
-    assert requests[0].output_token_ids == [0]
-    assert requests[1].output_token_ids == [0]
 
 
 def _stats(scheduler: Scheduler) -> tuple[int, int, int]:
