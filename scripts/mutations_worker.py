@@ -166,4 +166,8 @@ MUTATIONS = [
              SP, "        if not self._lent[slot.index]:\n", "        if False:\n", T_SP),
     Mutation("wk-sp-ctor-and", "a pool of zero slots is accepted when capacity is positive",
              SP, "if num_slots < 1 or capacity < 1:", "if num_slots < 1 and capacity < 1:", T_SP),
+    Mutation("wk-mr-decode-bucket-all-rows",
+             "a one-token step with a row that does not sample takes the decode graph", MR,
+             "if inp.max_query_len == 1 and len(inp.sample_rows) == inp.num_reqs:",
+             "if inp.max_query_len == 1:", ("tests/engine/test_graph_buckets.py",)),
 ]
