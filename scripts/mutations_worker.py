@@ -170,4 +170,7 @@ MUTATIONS = [
              "a one-token step with a row that does not sample takes the decode graph", MR,
              "if inp.max_query_len == 1 and len(inp.sample_rows) == inp.num_reqs:",
              "if inp.max_query_len == 1:", ("tests/engine/test_graph_buckets.py",)),
+    Mutation("wk-mr-grammar-failed-dropped", "a token outside the grammar never fails its request",
+             MR, "        failed.update(self.sampling.grammar.take_failed())\n", "",
+             ("tests/engine/test_structured_outputs.py",)),
 ]

@@ -257,6 +257,40 @@ def test_constraints_that_leave_no_token_fail_the_request(async_scheduling) -> N
     core.shutdown()
 
 
+def test_a_token_outside_the_grammar_fails_its_request(monkeypatch) -> None:
+    """The grammar's backstop: were a mask ever broken, the token it let through fails its
+    request with the grammar's error (here the masks are switched off; the request's greedy
+    first token, read from an unconstrained run, is outside its one-choice grammar)."""
+    from cadence.core_types import EngineCoreRequest, FinishReason
+    from cadence.engine.core import EngineCore
+    from cadence.worker.grammar import NO_TOKEN_FITS
+
+    core = EngineCore(tiny_args())
+    tok = core_tokenizer()
+    prompt = tok.encode("Hello")
+    greedy = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+
+    def run(req_id: str, params: SamplingParams):
+        core.add_request(EngineCoreRequest(req_id, prompt, params))
+        while core.has_work():
+            outs, _ = core.step_fn()
+            for o in outs.outputs if outs is not None else []:
+                if o.finished:
+                    return o
+        raise AssertionError("the request never finished")
+
+    (first,) = run("free", greedy).new_token_ids
+    # A choice the greedy token cannot begin (it is not a prefix of "qqq", or else of "zzz").
+    choice = "z" if "qqq".startswith(tok.decode([first])) else "q"
+    monkeypatch.setattr("cadence.worker.sampler.apply_grammar_mask", lambda logits, mask: None)
+    out = run("broken", SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
+                                       structured_outputs=StructuredOutputsParams(
+                                           choice=[choice * 3])))
+    assert out.finish_reason == FinishReason.ERROR and out.error == NO_TOKEN_FITS
+    assert core.num_free_kv_blocks == core.num_kv_blocks - 1
+    core.shutdown()
+
+
 def core_tokenizer():
     from transformers import AutoTokenizer
 
