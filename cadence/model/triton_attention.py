@@ -170,13 +170,13 @@ def paged_decode_attention(
     group = num_heads // num_kv_heads
     num_seqs = metadata.seq_lens.shape[0]
     block_tables = metadata.block_tables
+    fp32 = q.dtype == torch.float32
+    cfg = decode_config(fp32) if config is None else config
     if num_splits is None:
         max_context = block_tables.shape[1] * page
         if sliding_window > 0:
             max_context = min(max_context, sliding_window)
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, num_sms)
-    fp32 = q.dtype == torch.float32
-    cfg = decode_config(fp32) if config is None else config
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, num_sms, cfg.block_n)
     # An FP8 cache's key scale multiplies every score; other caches are unscaled.
     fp8 = kv_cache.dtype == _FP8
     qk_scale, cap_scale = _score_scales(scale * k_scale if fp8 else scale, softcap)
