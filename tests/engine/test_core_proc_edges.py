@@ -82,9 +82,8 @@ def test_a_request_the_core_refuses_fails_alone(args: EngineArgs) -> None:
 def test_an_abort_reports_the_finished_id_in_an_output_without_tokens(args: EngineArgs) -> None:
     # The front end waits for the finished id of an aborted request before a new request may
     # reuse the id; the step after the abort has no token for it, only the id.
-    holder: list[GatedCore] = []
-    client = InprocEngineCoreClient(lambda: holder.append(GatedCore(args)) or holder[-1])
-    core = holder[0]
+    client = InprocEngineCoreClient(lambda: GatedCore(args))
+    core: GatedCore = client.proc.engine_core  # type: ignore[assignment]
     try:
         client.add_request(make_request("x", max_tokens=100))
         core.allow()
@@ -159,9 +158,8 @@ def test_a_utility_call_that_races_the_threads_death_fails(
 def test_every_completed_step_counts_as_progress(args: EngineArgs) -> None:
     # The watchdog compares last_progress_time with the clock while requests are unfinished:
     # each completed step must move it, not only waking up to new work.
-    holder: list[GatedCore] = []
-    client = InprocEngineCoreClient(lambda: holder.append(GatedCore(args)) or holder[-1])
-    core = holder[0]
+    client = InprocEngineCoreClient(lambda: GatedCore(args))
+    core: GatedCore = client.proc.engine_core  # type: ignore[assignment]
     try:
         client.add_request(make_request("x", max_tokens=50))
         core.allow()
