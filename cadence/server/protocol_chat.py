@@ -77,8 +77,7 @@ class ChatMessage(OpenAIModel):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(part.text if isinstance(part, TextContentPart) else part.refusal
-                         for part in self.content)
+        return "\n".join(getattr(part, chat.TEXT_PARTS[part.type]) for part in self.content)
 
 
 class FunctionDefinition(OpenAIModel):
