@@ -98,18 +98,29 @@ def _sweep(calls, auto: int, total: int) -> str:
             f"{cfg.num_warps} warps, {cfg.num_stages} stages")
 
 
+def _positive_ints(text: str) -> list[int]:
+    """A comma-separated list of positive integers (argparse reports anything else)."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"every value must be at least 1: {text!r}")
+    return values
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", default="1,8,64")
-    parser.add_argument("--contexts", default="256,1024")
-    parser.add_argument("--layers", type=int, default=28)
-    parser.add_argument("--max-model-len", type=int, default=4096)
-    parser.add_argument("--calls", type=int, default=5600)
+    parser.add_argument("--batches", type=_positive_ints, default=[1, 8, 64])
+    parser.add_argument("--contexts", type=_positive_ints, default=[256, 1024])
+    parser.add_argument("--layers", type=lambda t: _positive_ints(t)[0], default=28)
+    parser.add_argument("--max-model-len", type=lambda t: _positive_ints(t)[0], default=4096)
+    parser.add_argument("--calls", type=lambda t: _positive_ints(t)[0], default=5600)
     parser.add_argument("--sweep", action="store_true")
     ns = parser.parse_args()
     print("batch  context  splits  us_per_call  kv_MB_per_call")
-    for batch in (int(b) for b in ns.batches.split(",")):
-        for context in (int(c) for c in ns.contexts.split(",")):
+    for batch in ns.batches:
+        for context in ns.contexts:
             calls, splits = _case(batch, context, ns.max_model_len, ns.layers)
             us = time_calls(calls(splits, None), ns.calls)  # the launch's own tile
             kv_mb = batch * context * KV_HEADS * DIM * 2 * 2 / 1e6

@@ -739,6 +739,8 @@ def main() -> int:
     ns = p.parse_args()
     chosen = list(MUTATIONS)
     if ns.extra:
+        if not Path(ns.extra).is_file():
+            p.error(f"--extra: no such file: {ns.extra}")
         chosen += load_registry(Path(ns.extra))
     if ns.only:
         wanted = set(ns.only.split(","))
