@@ -58,6 +58,10 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--gemv-only", action="store_true",
                     help="time only the one-row CUDA-core kernel (and bf16) against each other")
+    ap.add_argument("--f16", action="store_true",
+                    help="time tiles with f16 products against the tables' choice of today")
+    ap.add_argument("--table-only", action="store_true",
+                    help="time only the tables' choice per shape (and bf16 cuBLAS)")
     args = ap.parse_args()
     grid = [WeightOnlyConfig(bn, bk, w, s, sk) for bn, bk, w, s, sk in itertools.product(
         (32, 64), (256, 512), (4, 8), (3, 4), (1, 2, 4, 8))]
@@ -67,6 +71,13 @@ def main() -> None:
                 (1, 2, 4, 8))]
     if args.gemv_only:
         grid = []
+    if args.f16:
+        grid = [WeightOnlyConfig(bn, bk, w, s, sk, f16=True)
+                for bn, bk, w, s, sk in itertools.product(
+                    (32, 64, 128), (128, 256, 512), (4, 8), (3,), (1, 2, 4, 8))]
+        gemv = []
+    if args.table_only:
+        grid, gemv = [None], []
     best_cfg: dict[tuple[int, int], WeightOnlyConfig] = {}
     print(f"{'model':<11} {'N x K':>12} {'M':>3} {'bf16 us':>8} {'TB/s':>5} {'fp8 wo us':>9} "
           f"{'TB/s':>5} {'scaled_mm us':>12} best tile", flush=True)
@@ -89,7 +100,12 @@ def main() -> None:
                         continue
                     scores.append((us, cfg))
                 us, cfg = min(scores, key=lambda t: t[0])
-                if m == 1:
+                if args.f16:
+                    today = timed(lambda i, x=x, w=w8: weight_only_linear(
+                        x, w[i % len(w)][0], w[i % len(w)][1]), args.replays)
+                    print(f"  today's table: {today:.2f} us ({n * k / today / 1e6:.2f} TB/s)",
+                          flush=True)
+                if m == 1 and cfg is not None:
                     best_cfg[(n, k)] = cfg
 
                 def scaled(i, x=x, w=w8):
@@ -102,15 +118,17 @@ def main() -> None:
                     mm = f"{timed(scaled, args.replays):12.2f}"
                 except Exception as exc:
                     mm = f"{type(exc).__name__:>12}"
+                tile = "the tables' choice" if cfg is None else (
+                    f"{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} "
+                    f"split{cfg.split_k}{' gemv' if cfg.gemv else ''}{' f16' if cfg.f16 else ''}")
                 print(f"{model:<11} {n:>5} x {k:<5} {m:>3} {bf16:8.2f} "
                       f"{n * k * 2 / bf16 / 1e6:5.2f} {us:9.2f} {n * k / us / 1e6:5.2f} {mm} "
-                      f"{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} "
-                      f"split{cfg.split_k}{' gemv' if cfg.gemv else ''}",
-                      flush=True)
+                      f"{tile}", flush=True)
     print("WEIGHT_ONLY_CONFIGS = {")
     for (n, k), c in best_cfg.items():
         print(f"    ({n}, {k}): WeightOnlyConfig({c.block_n}, {c.block_k}, {c.num_warps}, "
-              f"{c.num_stages}, {c.split_k}{', True' if c.gemv else ''}),")
+              f"{c.num_stages}, {c.split_k}{', True' if c.gemv else ''}"
+              f"{', f16=True' if c.f16 else ''}),")
     print("}")
 
 

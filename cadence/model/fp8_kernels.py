@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover - CPU installs
 
 __all__ = ["WeightOnlyConfig", "quantize_tokens", "weight_only_linear"]
 
-_quant_kernel = _weight_only_kernel = None
+_quant_kernel = _weight_only_kernel = _weight_only_loop = None
 
 if triton is not None:
 
@@ -38,10 +38,39 @@ if triton is not None:
         tl.store(s_ptr + row, scale)
 
     @triton.jit
+    def _weight_only_loop(
+        acc, x_rows, w_rows, mmask, nmask, offs_k, k_start, k_end,
+        BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, F16: tl.constexpr,
+        STAGES: tl.constexpr,
+    ):
+        """acc + x[:, k_start:k_end] @ w[:, k_start:k_end].T; with F16 the products take
+        both operands in f16 (e4m3 -> f16 is one conversion per two weights, while bf16 takes
+        a detour through float32): the caller makes sure x fits f16's range."""
+        for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
+            kk = k0 + offs_k
+            if EVEN_K:
+                x = tl.load(x_rows + kk[None, :], mask=mmask[:, None], other=0.0)
+                w = tl.load(w_rows + kk[None, :], mask=nmask[:, None], other=0.0)
+            else:
+                kmask = kk < k_end
+                x = tl.load(x_rows + kk[None, :], mask=mmask[:, None] & kmask[None, :],
+                            other=0.0)
+                w = tl.load(w_rows + kk[None, :], mask=nmask[:, None] & kmask[None, :],
+                            other=0.0)
+            if IEEE:
+                acc += tl.dot(x, tl.trans(w.to(x.dtype)), input_precision="ieee")
+            elif F16:
+                acc += tl.dot(x.to(tl.float16), tl.trans(w.to(tl.float16)))
+            else:
+                acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+        return acc
+
+    @triton.jit
     def _weight_only_kernel(
         x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, count_ptr, M, N, K, stride_x, stride_w, stride_o,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+        SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, F16: tl.constexpr,
+        NUM_STAGES: tl.constexpr,
     ):
         # Program (n, s) multiplies BLOCK_N output channels by the s-th of SPLIT_K runs of K,
         # for all (<= BLOCK_M) rows: the weight is read once, the activations (a few KB) from
@@ -61,21 +90,18 @@ if triton is not None:
         k_start = split * per_split
         k_end = tl.minimum(k_start + per_split, K)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for k0 in range(k_start, k_end, BLOCK_K):
-            kk = k0 + offs_k
-            if EVEN_K:
-                x = tl.load(x_rows + kk[None, :], mask=mmask[:, None], other=0.0)
-                w = tl.load(w_rows + kk[None, :], mask=nmask[:, None], other=0.0)
-            else:
-                kmask = kk < k_end
-                x = tl.load(x_rows + kk[None, :], mask=mmask[:, None] & kmask[None, :],
-                            other=0.0)
-                w = tl.load(w_rows + kk[None, :], mask=nmask[:, None] & kmask[None, :],
-                            other=0.0)
-            if IEEE:
-                acc += tl.dot(x, tl.trans(w.to(x.dtype)), input_precision="ieee")
-            else:
-                acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+        # NOTE: an activation past f16's range (65504) is +-inf in f16, and makes every sum of
+        # products with it inf or NaN (0 * inf included): a program whose f16 sums are not all
+        # finite does its slice again in the model dtype (as a NaN or inf in x itself does).
+        # That loop is not pipelined: pipelined, it cost up to 30% at one row (run AW).
+        acc = _weight_only_loop(acc, x_rows, w_rows, mmask, nmask, offs_k, k_start, k_end,
+                                BLOCK_K, EVEN_K, IEEE, F16, NUM_STAGES)
+        if F16:
+            finite = (acc == acc) & (tl.abs(acc) < float("inf"))
+            if tl.sum(tl.sum(tl.where(finite, 0, 1), 1), 0) > 0:
+                acc = _weight_only_loop(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), x_rows,
+                                        w_rows, mmask, nmask, offs_k, k_start, k_end, BLOCK_K,
+                                        EVEN_K, IEEE, False, 1)
         omask = mmask[:, None] & nmask[None, :]
         if SPLIT_K > 1:
             tile = offs_m[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
@@ -161,27 +187,36 @@ class WeightOnlyConfig:
     num_stages: int = 3
     split_k: int = 1
     gemv: bool = False  # one row on the CUDA cores (_gemv_kernel) instead of the tensor cores
+    f16: bool = False  # tensor-core products in f16 where the activations fit its range
 
 
-# Measured per (N, K) on the H200 (scripts/fp8_sweep.py, docs/perf.md); other shapes take the
-# default. (Tiles of 64-128 channels with the weight as the dot's left operand measured slower.)
+# Measured per (N, K) on the H200 for 16 rows (scripts/fp8_sweep.py --f16, docs/perf.md): the
+# f16 tiles beat the bf16 ones on every shape (Llama-3-8B 12.9 / 10.2 / 41.1 / 23.7 us ->
+# 10.8 / 8.7 / 32.4 / 19.3 for qkv / o / gate_up / down). Other shapes take _DEFAULT_CONFIG.
 WEIGHT_ONLY_CONFIGS: dict[tuple[int, int], WeightOnlyConfig] = {
-    (6144, 4096): WeightOnlyConfig(32, 256, 4, 3, 4),  # Llama-3-8B
-    (4096, 4096): WeightOnlyConfig(32, 256, 4, 3, 4),
-    (28672, 4096): WeightOnlyConfig(32, 256, 4, 3, 1),
-    (4096, 14336): WeightOnlyConfig(32, 256, 4, 3, 8),
-    (1024, 2048): WeightOnlyConfig(32, 256, 4, 3, 8),  # Qwen3-0.6B
-    (1024, 3072): WeightOnlyConfig(32, 256, 4, 3, 4),
+    (6144, 4096): WeightOnlyConfig(64, 256, 4, 3, 4, f16=True),  # Llama-3-8B
+    (4096, 4096): WeightOnlyConfig(64, 256, 4, 3, 4, f16=True),
+    (28672, 4096): WeightOnlyConfig(128, 256, 4, 3, 1, f16=True),
+    (4096, 14336): WeightOnlyConfig(64, 256, 4, 3, 4, f16=True),
+    (4096, 1024): WeightOnlyConfig(32, 256, 4, 3, 1, f16=True),  # Qwen3-0.6B
+    (1024, 2048): WeightOnlyConfig(32, 128, 4, 3, 8, f16=True),
+    (6144, 1024): WeightOnlyConfig(64, 256, 4, 3, 1, f16=True),
+    (1024, 3072): WeightOnlyConfig(32, 128, 4, 3, 8, f16=True),
 }
-# One row (batch-1 decode): the CUDA-core kernel, measured per shape (scripts/fp8_sweep.py
-# --gemv-only): 10.5 / 8.2 / 37.6 / 21.0 us against the tensor-core tiles' 12.7 / 10.0 / 40.9 /
-# 23.5 for Llama-3-8B's qkv / o / gate_up / down.
+# One row (batch-1 decode), measured per shape: the f16 tiles where they win (Llama-3-8B qkv
+# 10.9 -> 10.1 us, gate_up 37.4 -> 30.7, down 20.9 -> 18.5 against the CUDA-core kernel),
+# the CUDA-core kernel for Llama-3-8B's o (8.2 us against 8.4).
 GEMV_CONFIGS: dict[tuple[int, int], WeightOnlyConfig] = {
-    (6144, 4096): WeightOnlyConfig(16, 512, 4, 3, 1, True),
+    (6144, 4096): WeightOnlyConfig(128, 128, 4, 3, 8, f16=True),
     (4096, 4096): WeightOnlyConfig(16, 1024, 8, 3, 1, True),
-    (28672, 4096): WeightOnlyConfig(32, 256, 4, 3, 1, True),
-    (4096, 14336): WeightOnlyConfig(32, 256, 4, 3, 4, True),
+    (28672, 4096): WeightOnlyConfig(128, 256, 4, 3, 1, f16=True),
+    (4096, 14336): WeightOnlyConfig(128, 128, 4, 3, 8, f16=True),
+    (4096, 1024): WeightOnlyConfig(32, 256, 4, 3, 1, f16=True),
+    (1024, 2048): WeightOnlyConfig(64, 128, 4, 3, 8, f16=True),
+    (6144, 1024): WeightOnlyConfig(64, 256, 4, 3, 1, f16=True),
+    (1024, 3072): WeightOnlyConfig(64, 128, 4, 3, 8, f16=True),
 }
+_DEFAULT_CONFIG = WeightOnlyConfig(32, 256, 4, 3, 1, f16=True)
 # float32 activations (tests) double the tiles' shared memory: a small tile fits every shape.
 _FLOAT32_CONFIG = WeightOnlyConfig(32, 128, 4, 2)
 
@@ -225,7 +260,7 @@ def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
     elif m == 1 and (n, k) in GEMV_CONFIGS:
         cfg = GEMV_CONFIGS[(n, k)]
     else:
-        cfg = WEIGHT_ONLY_CONFIGS.get((n, k), WeightOnlyConfig())
+        cfg = WEIGHT_ONLY_CONFIGS.get((n, k), _DEFAULT_CONFIG)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     blocks = triton.cdiv(n, cfg.block_n)
     split = cfg.split_k if blocks <= MAX_COUNTERS else 1
@@ -246,6 +281,7 @@ def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
              out.stride(0)),
             BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
             EVEN_K=k % cfg.block_k == 0, IEEE=x.dtype == torch.float32,
+            F16=cfg.f16 and x.dtype != torch.float32, NUM_STAGES=cfg.num_stages,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     return out

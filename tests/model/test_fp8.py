@@ -271,6 +271,9 @@ def test_weight_only_kernel_matches_float64(dtype: torch.dtype, m: int, n: int, 
     if dtype != torch.float32:  # larger tiles of float32 activations exceed shared memory
         configs += [WeightOnlyConfig(32, 256, 4, 3, 4), WeightOnlyConfig(64, 512, 8, 3, 8)]
     configs += [WeightOnlyConfig(16, 512, 4, 3, 1, True), WeightOnlyConfig(32, 256, 4, 3, 4, True)]
+    if dtype != torch.float32:  # f16 products (float32 ignores the flag)
+        configs += [WeightOnlyConfig(64, 256, 4, 3, 1, f16=True),
+                    WeightOnlyConfig(128, 128, 4, 3, 8, f16=True)]
     for cfg in configs:
         first = weight_only_linear(x, wq, ws, cfg)
         for _ in range(20):  # split-K sums in a fixed order: every launch gives the same bits
@@ -280,6 +283,26 @@ def test_weight_only_kernel_matches_float64(dtype: torch.dtype, m: int, n: int, 
         assert rel < (1e-5 if dtype == torch.float32 else 8e-3), (cfg, rel)
     torch.cuda.synchronize()
     assert int(arrival_counters(x.device).abs().sum()) == 0
+
+
+@pytest.mark.gpu
+def test_f16_products_keep_large_and_small_activations() -> None:
+    """The f16 tiles scale activations into f16's range: values far past 65504 and far below
+    its normal range keep bf16 accuracy."""
+    from cadence.model.fp8_kernels import WeightOnlyConfig, weight_only_linear
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    wq, ws = quantize_rows(torch.randn(256, 1024, device="cuda", generator=gen))
+    x = torch.randn(2, 1024, device="cuda", generator=gen)
+    x[0] *= 3e4  # |x| up to ~1e5: past f16's largest value (65504)
+    x[1] *= 1e-3  # many below f16's smallest normal (6e-5) once scaled
+    x = x.to(torch.bfloat16)
+    want = (x.double() @ wq.double().T) * ws.double()
+    got = weight_only_linear(x, wq, ws, WeightOnlyConfig(32, 256, 4, 3, 2, f16=True)).double()
+    assert torch.isfinite(got).all()
+    for row in range(2):
+        rel = float((got[row] - want[row]).norm() / want[row].norm())
+        assert rel < 8e-3, (row, rel)
 
 
 @pytest.mark.gpu

@@ -25,7 +25,7 @@ from tests.model.triton_interpreter import DONE, patch_interpreter, run_interpre
 SHAPES = [(1, 96, 64), (3, 100, 200), (16, 64, 512), (5, 33, 1000)]
 
 
-def run_weight_only(device: str, dtype: torch.dtype) -> None:
+def run_weight_only(device: str, dtype: torch.dtype, f16_only: bool = False) -> None:
     from cadence.model.fp8_kernels import WeightOnlyConfig, weight_only_linear
     from cadence.model.skinny_gemm_kernels import arrival_counters
 
@@ -33,6 +33,9 @@ def run_weight_only(device: str, dtype: torch.dtype) -> None:
     configs = [WeightOnlyConfig(32, 64, 4, 1, 1), WeightOnlyConfig(16, 32, 4, 1, 4),
                WeightOnlyConfig(32, 128, 4, 1, 3), WeightOnlyConfig(16, 64, 4, 1, 8),
                WeightOnlyConfig(16, 64, 4, 1, 1, True), WeightOnlyConfig(32, 128, 4, 1, 4, True)]
+    # f16 products (bf16 and f16 activations only; float32 ignores the flag).
+    f16 = [WeightOnlyConfig(32, 64, 4, 1, 1, f16=True), WeightOnlyConfig(16, 64, 4, 1, 4, f16=True)]
+    configs = f16 if f16_only else configs + f16
     for m, n, k in SHAPES:
         w = torch.randn(n, k, generator=gen)
         x = torch.randn(m, k, generator=gen)
@@ -54,4 +57,5 @@ def test_weight_only_kernel_in_triton_interpreter() -> None:
 if __name__ == "__main__":
     patch_interpreter()
     run_weight_only("cpu", torch.float32)
+    run_weight_only("cpu", torch.bfloat16, f16_only=True)
     print(DONE)
