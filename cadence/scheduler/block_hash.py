@@ -51,13 +51,15 @@ def make_block_hasher(
         if len(tokens) - start < block_size:
             return []
         parent = hashes[-1] if hashes else salted_root(request.cache_salt, root_hash)
+        full = (len(tokens) - start) // block_size
+        # One pack for every new block (the bytes hash_block_tokens would make, block by block).
+        payload = struct.pack(f"<{full * block_size}q", *tokens[start : start + full * block_size])
+        step = 8 * block_size
+        sha256 = hashlib.sha256
         new_hashes: list[bytes] = []
-        end = start + block_size
-        while end <= len(tokens):
-            parent = hash_block_tokens(parent, tokens[start:end])
+        for offset in range(0, full * step, step):
+            parent = sha256(parent + payload[offset : offset + step]).digest()
             new_hashes.append(parent)
-            start = end
-            end += block_size
         return new_hashes
 
     return hasher
