@@ -27,10 +27,19 @@ def salted_root(salt: str | None, root_hash: bytes = ROOT_HASH) -> bytes:
     return hashlib.sha256(root_hash + b"salt:" + salt.encode("utf-8", "surrogatepass")).digest()
 
 
+def pack_tokens(token_ids: Sequence[int]) -> bytes:
+    """The bytes a block's ids are hashed as: little-endian int64, 8 per id."""
+    return struct.pack(f"<{len(token_ids)}q", *token_ids)
+
+
+def hash_block_bytes(parent_hash: bytes, payload: bytes) -> bytes:
+    """Hash one full block from its packed ids: the parent's digest followed by them."""
+    return hashlib.sha256(parent_hash + payload).digest()
+
+
 def hash_block_tokens(parent_hash: bytes, token_ids: Sequence[int]) -> bytes:
     """Hash one full block: the parent's digest followed by the ids as little-endian int64."""
-    payload = struct.pack(f"<{len(token_ids)}q", *token_ids)
-    return hashlib.sha256(parent_hash + payload).digest()
+    return hash_block_bytes(parent_hash, pack_tokens(token_ids))
 
 
 def make_block_hasher(
@@ -52,13 +61,12 @@ def make_block_hasher(
             return []
         parent = hashes[-1] if hashes else salted_root(request.cache_salt, root_hash)
         full = (len(tokens) - start) // block_size
-        # One pack for every new block (the bytes hash_block_tokens would make, block by block).
-        payload = struct.pack(f"<{full * block_size}q", *tokens[start : start + full * block_size])
+        # One pack for every new block, hashed block by block in slices of it.
+        payload = pack_tokens(tokens[start : start + full * block_size])
         step = 8 * block_size
-        sha256 = hashlib.sha256
         new_hashes: list[bytes] = []
         for offset in range(0, full * step, step):
-            parent = sha256(parent + payload[offset : offset + step]).digest()
+            parent = hash_block_bytes(parent, payload[offset : offset + step])
             new_hashes.append(parent)
         return new_hashes
 
