@@ -45,7 +45,8 @@ if triton is not None:
     ):
         """acc + x[:, k_start:k_end] @ w[:, k_start:k_end].T; with F16 the products take
         both operands in f16 (e4m3 -> f16 is one conversion per two weights, while bf16 takes
-        a detour through float32): the caller makes sure x fits f16's range."""
+        a detour through float32): the caller makes sure x fits f16's range. STAGES None
+        pipelines the loop as the launch's num_stages says."""
         for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
             kk = k0 + offs_k
             if EVEN_K:
@@ -70,7 +71,6 @@ if triton is not None:
         x_ptr, w_ptr, s_ptr, out_ptr, ws_ptr, count_ptr, M, N, K, stride_x, stride_w, stride_o,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, F16: tl.constexpr,
-        NUM_STAGES: tl.constexpr,
     ):
         # Program (n, s) multiplies BLOCK_N output channels by the s-th of SPLIT_K runs of K,
         # for all (<= BLOCK_M) rows: the weight is read once, the activations (a few KB) from
@@ -95,7 +95,7 @@ if triton is not None:
         # finite does its slice again in the model dtype (as a NaN or inf in x itself does).
         # That loop is not pipelined: pipelined, it cost up to 30% at one row (run AW).
         acc = _weight_only_loop(acc, x_rows, w_rows, mmask, nmask, offs_k, k_start, k_end,
-                                BLOCK_K, EVEN_K, IEEE, F16, NUM_STAGES)
+                                BLOCK_K, EVEN_K, IEEE, F16, None)
         if F16:
             finite = (acc == acc) & (tl.abs(acc) < float("inf"))
             if tl.sum(tl.sum(tl.where(finite, 0, 1), 1), 0) > 0:
@@ -281,7 +281,7 @@ def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
              out.stride(0)),
             BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
             EVEN_K=k % cfg.block_k == 0, IEEE=x.dtype == torch.float32,
-            F16=cfg.f16 and x.dtype != torch.float32, NUM_STAGES=cfg.num_stages,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            F16=cfg.f16 and x.dtype != torch.float32, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
         )
     return out
