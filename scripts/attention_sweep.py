@@ -2,8 +2,10 @@
 
     python scripts/attention_sweep.py [--heads 16 --kv-heads 8 --head-dim 128]
 
-Cases: one prompt prefilled from scratch (128, 1024, 4096 tokens) and a mixed step (a 512-token
-chunk beside 64 decodes at 1000 tokens of context). Prints us per call and TFLOP/s of the
+Cases: one prompt prefilled from scratch (128, 1024, 4096 tokens), the 1024-token prompt in a
+graph bucket of 256 rows (255 padding rows, as a server's mixed-step graph holds it) and a mixed
+step (a 512-token chunk beside 64 decodes at 1000 tokens of context). Grids are sized for the
+device's SMs, as the engine sizes them. Prints us per call and TFLOP/s of the
 causal attention work for each configuration, the default marked.
 """
 
@@ -62,10 +64,12 @@ def main() -> int:
         "prefill 128": [(128, 128)],
         "prefill 1024": [(1024, 1024)],
         "prefill 4096": [(4096, 4096)],
+        "prefill 1024, 256-row bucket": [(1024, 1024)] + [(0, 0)] * 255,
         "chunk 512 + 64 decodes": [(1536, 512)] + [(1000, 1)] * 64,
     }
     configs = [VarlenConfig(m, n, w, s) for m, n, w, s in
-               itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))]
+               itertools.product((32, 64, 128), (32, 64, 128), (4, 8), (2, 3))]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for label, seqs in cases.items():
         q, cache, md, flops = make(seqs, ns.heads, ns.kv_heads, ns.head_dim)
         out = torch.empty_like(q)
@@ -73,7 +77,8 @@ def main() -> int:
         rows = []
         for cfg in configs:
             try:
-                call = functools.partial(paged_varlen_attention, q, cache, md, 0.088, out, cfg)
+                call = functools.partial(paged_varlen_attention, q, cache, md, 0.088, out, cfg,
+                                         num_sms=sms)
                 us = do_bench(call, warmup=10, rep=40) * 1e3
             except Exception as exc:  # out of shared memory or registers
                 print(f"{label}: {cfg} failed: {type(exc).__name__}")

@@ -9,7 +9,14 @@ from dataclasses import dataclass
 
 from cadence.runtime.triton_launch import next_pow2
 
-__all__ = ["DecodeConfig", "VarlenConfig", "choose_num_splits", "decode_config", "varlen_config"]
+__all__ = [
+    "DecodeConfig",
+    "VarlenConfig",
+    "choose_num_splits",
+    "decode_config",
+    "varlen_config",
+    "varlen_programs",
+]
 
 _MAX_SPLITS = 64
 _MIN_TOKENS_PER_SPLIT = 64
@@ -80,3 +87,19 @@ def varlen_config(num_tokens: int, fp32: bool) -> VarlenConfig:
     if num_tokens >= 1024:
         return VarlenConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
     return VarlenConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
+
+
+def varlen_programs(
+    num_tokens: int, block_q: int, num_seqs: int, num_kv_heads: int, num_sms: int | None
+) -> int:
+    """Programs per kv head of the varlen kernel. A pass of ``num_tokens`` tokens in
+    ``num_seqs`` sequences has at most ``num_tokens // block_q + num_seqs`` query blocks (a
+    graph's bucket counts its padding sequences too); each program walks every P-th of the
+    blocks that exist. With ``num_sms``: about two programs per SM over the kv heads, and at
+    least one per block of a single sequence (one long prompt keeps a program per block);
+    without: one per possible block. At most 65535 (the grid's second axis)."""
+    bound = min(max(1, num_tokens // block_q + num_seqs), 65535)  # a grid's y limit
+    if num_sms is None:
+        return bound
+    want = max(-(-2 * num_sms // num_kv_heads), num_tokens // block_q + 1)
+    return min(bound, want)

@@ -12,8 +12,9 @@ batches split each sequence's context into ``num_splits`` chunks
 (batch, kv heads, block-table width) and the device, never on sequence lengths.
 Varlen (prefill, chunked prefill, mixed batches): a causal flash-attention per (query block of
 one sequence, kv head) over all query heads of the group, reading keys and values from the
-cache, queries at positions ``seq_len - query_len ...``; its grid depends on the token and
-sequence counts only, so a mixed step is CUDA-graph capturable too.
+cache, queries at positions ``seq_len - query_len ...``; a program per (kv head, slot) walks
+query blocks slot, slot + P, ... (the longest first), so its grid depends on the token and
+sequence counts only and a mixed step is CUDA-graph capturable too.
 
 Padding sequences (``seq_len == 0`` or an empty query range) read nothing and write nothing:
 their output rows are left unspecified (the reference backend zeroes them).
@@ -30,6 +31,7 @@ from cadence.model.attention_tiles import (
     choose_num_splits,
     decode_config,
     varlen_config,
+    varlen_programs,
 )
 from cadence.model.triton_attention_kernels import _store_kv_kernel, _varlen_kernel
 from cadence.model.triton_decode_kernels import _decode_kernel, _merge_splits_kernel
@@ -43,6 +45,9 @@ except ImportError:  # pragma: no cover - CPU installs
     tl = None
 
 _LOG2E = 1.4426950408889634
+# Up to this many sequences the varlen kernel holds the sequence table in registers through its
+# walk; longer tables are read again per query block (their registers would crowd the tiles').
+_TABLE_IN_REGISTERS = 256
 _FP8 = torch.float8_e4m3fn
 if triton is not None:
     _STORE_KV = TritonLaunch(_store_kv_kernel)
@@ -281,15 +286,18 @@ def paged_varlen_attention(
     softcap: float = 0.0,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    num_sms: int | None = None,
+    programs: int | None = None,
 ) -> None:
     """Causal varlen attention of any batch (prefill, chunked prefill, mixed) into ``out``;
     with ``sliding_window`` W > 0 a query at position p sees keys p - W + 1 ... p only, and
     ``softcap`` c > 0 caps the scaled scores to ``c * tanh(s / c)``.
 
     The grid depends only on the number of tokens and sequences (``q.shape[0]`` and
-    ``seq_lens.shape[0]``), never on their lengths, so one launch serves every batch that pads
-    to the same shapes (CUDA graphs of mixed steps). Padding tokens and sequences with
-    ``seq_len == 0`` or an empty query range produce no output."""
+    ``seq_lens.shape[0]``) and ``num_sms`` (``varlen_programs``), never on their lengths, so
+    one launch serves every batch that pads to the same shapes (CUDA graphs of mixed steps).
+    Padding tokens and sequences with ``seq_len == 0`` or an empty query range produce no
+    output. ``programs`` overrides the programs per kv head (tests, sweeps)."""
     _require_triton()
     _check_cache(kv_cache)
     num_tokens, num_heads, head_dim = q.shape
@@ -301,7 +309,9 @@ def paged_varlen_attention(
     fp32 = q.dtype == torch.float32
     cfg = config or varlen_config(num_tokens, fp32)
     block_q = cfg.block_q(group)
-    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    per_head = programs or varlen_programs(num_tokens, block_q, num_seqs, num_kv_heads, num_sms)
+    grid = (num_kv_heads, per_head)
+    block_s = next_pow2(num_seqs, 16)
     # An FP8 cache's key scale multiplies every score; other caches are unscaled.
     fp8 = kv_cache.dtype == _FP8
     qk_scale, cap_scale = _score_scales(scale * k_scale if fp8 else scale, softcap)
@@ -334,6 +344,8 @@ def paged_varlen_attention(
         HEAD_DIM=head_dim,
         PAGE=page,
         BLOCK_Q=block_q,
+        BLOCK_S=block_s,
+        RELOAD=block_s > _TABLE_IN_REGISTERS,
         BLOCK_N=cfg.block_n,
         BLOCK_D=next_pow2(head_dim, 16),
         SLIDING=sliding_window > 0,

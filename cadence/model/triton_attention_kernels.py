@@ -16,7 +16,7 @@ except ImportError:  # pragma: no cover - CPU installs
 
 from cadence.model.triton_decode_kernels import _for_cache, _tanh
 
-_store_kv_kernel = _varlen_kernel = _varlen_tile = None
+_store_kv_kernel = _varlen_kernel = _varlen_block = _varlen_tile = None
 
 if triton is not None:
 
@@ -140,74 +140,26 @@ if triton is not None:
         return acc, m_new, l_i
 
     @triton.jit
-    def _varlen_kernel(
-        q_ptr,
-        cache_ptr,
-        out_ptr,
-        seq_lens_ptr,
-        qsl_ptr,
-        bt_ptr,
-        stride_qt,
-        stride_qh,
-        stride_ot,
-        stride_oh,
-        stride_c0,
-        stride_c1,
-        stride_c2,
-        stride_c3,
-        stride_bt,
-        qk_scale,
-        num_seqs,
-        window,
-        cap_scale,
-        v_scale,
-        GROUP: tl.constexpr,
-        GROUP_P: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        PAGE: tl.constexpr,
-        BLOCK_Q: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        SLIDING: tl.constexpr,
-        SOFTCAP: tl.constexpr,
-        IEEE: tl.constexpr,
-        FP8: tl.constexpr,
-    ):
-        # Program (pid, kvh) covers BLOCK_Q query tokens of one sequence times the GROUP query
-        # heads of kv head kvh. Sequence b's query blocks are numbered from
-        # qsl[b] // BLOCK_Q + b upwards: strictly increasing in b, and never more than
-        # num_tokens // BLOCK_Q + num_seqs in all, so the grid depends on shapes only.
-        BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_P
-        pid = tl.program_id(0)
-        kvh = tl.program_id(1)
-        lo = 0
-        hi = num_seqs
-        while lo < hi:  # the last sequence whose first block is at or before pid
-            mid = (lo + hi) // 2
-            if tl.load(qsl_ptr + mid) // BLOCK_Q + mid <= pid:
-                lo = mid + 1
-            else:
-                hi = mid
-        b = lo - 1
-        q_start = tl.load(qsl_ptr + b)
-        q_len = tl.load(qsl_ptr + b + 1) - q_start
-        seq_len = tl.load(seq_lens_ptr + b)
-        qb = pid - (q_start // BLOCK_Q + b)
-        num_blocks = tl.cdiv(q_len, BLOCK_Q)
-        if (qb >= num_blocks) | (seq_len <= 0):
-            return  # past the sequence's queries, or a padding sequence
-        # The last blocks see the most keys: they take the lowest program ids (start first).
-        qb = num_blocks - 1 - qb
+    def _varlen_block(
+        q_ptr, cache_ptr, out_ptr, bt_ptr, b, kvh, q_start, q_len, seq_len, qb, stride_qt,
+        stride_qh, stride_ot, stride_oh, stride_c0, stride_c1, stride_c2, stride_c3, stride_bt,
+        qk_scale, window, cap_scale, v_scale, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
+        SLIDING: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr, FP8: tl.constexpr,
+    ):  # fmt: skip
+        """Query block ``qb`` of sequence ``b`` (numbered from the sequence's end) against its
+        keys, rows ``BLOCK_Q`` tokens x the group's ``GROUP`` query heads, into ``out``."""
         ctx = seq_len - q_len
-
         offs_m = tl.arange(0, BLOCK_M)
-        q_idx = qb * BLOCK_Q + offs_m // GROUP_P
         g = offs_m % GROUP_P
         offs_d = tl.arange(0, BLOCK_D)
         dmask = offs_d < HEAD_DIM
+        heads = kvh * GROUP + g
+        head_off = kvh.to(tl.int64) * stride_c3
+        q_idx = qb * BLOCK_Q + offs_m // GROUP_P
         rmask = (q_idx < q_len) & (g < GROUP)
         rows = (q_start + q_idx).to(tl.int64)
-        heads = kvh * GROUP + g
         mask2 = rmask[:, None] & dmask[None, :]
         q = tl.load(
             q_ptr + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
@@ -236,7 +188,6 @@ if triton is not None:
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-        head_off = kvh.to(tl.int64) * stride_c3
         if SLIDING:
             for n0 in range(kv_start, full_start, BLOCK_N):
                 acc, m_i, l_i = _varlen_tile(
@@ -266,3 +217,80 @@ if triton is not None:
             out.to(out_ptr.dtype.element_ty),
             mask=mask2,
         )
+
+    @triton.jit
+    def _varlen_kernel(
+        q_ptr,
+        cache_ptr,
+        out_ptr,
+        seq_lens_ptr,
+        qsl_ptr,
+        bt_ptr,
+        stride_qt,
+        stride_qh,
+        stride_ot,
+        stride_oh,
+        stride_c0,
+        stride_c1,
+        stride_c2,
+        stride_c3,
+        stride_bt,
+        qk_scale,
+        num_seqs,
+        window,
+        cap_scale,
+        v_scale,
+        GROUP: tl.constexpr,
+        GROUP_P: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        PAGE: tl.constexpr,
+        BLOCK_Q: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+        RELOAD: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        SLIDING: tl.constexpr,
+        SOFTCAP: tl.constexpr,
+        IEEE: tl.constexpr,
+        FP8: tl.constexpr,
+    ):
+        # Query blocks: sequence b's are numbered from first[b] = qsl[b] // BLOCK_Q + b upwards
+        # (strictly increasing in b, never more than num_tokens // BLOCK_Q + num_seqs in all).
+        # Program (kvh, p) takes blocks p, p + P, p + 2P, ... of kv head kvh, up to the last
+        # live sequence's last block: the grid depends on shapes only, and a bucket's padding
+        # sequences cost each program one look at the sequence table, not a program each.
+        BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_P
+        kvh = tl.program_id(0)
+        offs_s = tl.arange(0, BLOCK_S)
+        smask = offs_s < num_seqs
+        starts = tl.load(qsl_ptr + offs_s, mask=smask, other=0)
+        ends = tl.load(qsl_ptr + offs_s + 1, mask=smask, other=0)
+        lens = tl.load(seq_lens_ptr + offs_s, mask=smask, other=0)
+        first = starts // BLOCK_Q + offs_s
+        live = smask & (lens > 0) & (ends > starts)
+        end_block = tl.max(tl.where(live, first + tl.cdiv(ends - starts, BLOCK_Q), 0), 0)
+        for vb in range(tl.program_id(1), end_block, tl.num_programs(1)):
+            if RELOAD:  # a long table is read again per block, not held through the attention
+                b_starts = tl.load(qsl_ptr + offs_s, mask=smask, other=0)
+                b_ends = tl.load(qsl_ptr + offs_s + 1, mask=smask, other=0)
+                b_lens = tl.load(seq_lens_ptr + offs_s, mask=smask, other=0)
+            else:
+                b_starts, b_ends, b_lens = starts, ends, lens
+            # The last sequence whose first block is at or before vb.
+            b_first = b_starts // BLOCK_Q + offs_s
+            b = tl.max(tl.where(smask & (b_first <= vb), offs_s, 0), 0)
+            pick = offs_s == b
+            q_start = tl.sum(tl.where(pick, b_starts, 0), 0)
+            q_len = tl.sum(tl.where(pick, b_ends, 0), 0) - q_start
+            seq_len = tl.sum(tl.where(pick, b_lens, 0), 0)
+            qb = vb - (q_start // BLOCK_Q + b)
+            num_blocks = tl.cdiv(q_len, BLOCK_Q)
+            # Past the sequence's queries, or a padding sequence: nothing to do.
+            if (qb < num_blocks) & (seq_len > 0):
+                _varlen_block(
+                    q_ptr, cache_ptr, out_ptr, bt_ptr, b, kvh, q_start, q_len, seq_len,
+                    num_blocks - 1 - qb, stride_qt, stride_qh, stride_ot, stride_oh, stride_c0,
+                    stride_c1, stride_c2, stride_c3, stride_bt, qk_scale, window, cap_scale,
+                    v_scale, GROUP, GROUP_P, HEAD_DIM, BLOCK_Q, BLOCK_M, BLOCK_N, BLOCK_D, PAGE,
+                    SLIDING, SOFTCAP, IEEE, FP8,
+                )  # fmt: skip

@@ -23,14 +23,19 @@ class TritonAttentionBackend:
 
     name = "triton"
 
-    def __init__(self, fuse_rope: bool | None = None) -> None:
+    def __init__(self, fuse_rope: bool | None = None, num_sms: int | None = None) -> None:
         _require_triton()
         self._num_sms: dict[int, int] = {}
+        self._fixed_sms = num_sms  # the device's SM count when None (tests pin it)
         # Decode steps apply the q/k norms and RoPE in the attention kernel's loads (one kernel
         # fewer per layer); off: fused_ops.qk_norm_rope first, as prefill always does.
         self.fuse_rope = not read_envs().disable_fused_rope if fuse_rope is None else fuse_rope
 
     def num_sms(self, device: torch.device) -> int:
+        if self._fixed_sms is not None:
+            return self._fixed_sms
+        if device.type != "cuda":  # Triton's interpreter: no SMs to size grids by
+            return 1
         index = device.index if device.index is not None else torch.cuda.current_device()
         found = self._num_sms.get(index)
         if found is None:
@@ -72,6 +77,6 @@ class TritonAttentionBackend:
             store_kv_cache(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)
             paged_varlen_attention(
                 q, kv_cache, metadata, scale, out, sliding_window=sliding_window, softcap=softcap,
-                k_scale=k_scale, v_scale=v_scale,
+                k_scale=k_scale, v_scale=v_scale, num_sms=self.num_sms(q.device),
             )
         return out

@@ -248,14 +248,17 @@ def run_decode_rope(device: str, dtype: torch.dtype, norm: bool, splits: int | N
 
 
 def run_prefill(device: str, dtype: torch.dtype, heads: int, kv_heads: int, dim: int,
-                window: int = 0, softcap: float = 0.0, fp8: bool = False) -> None:
+                window: int = 0, softcap: float = 0.0, fp8: bool = False,
+                num_sms: int | None = None) -> None:
+    """``num_sms`` pins the varlen grid's size: with few SMs each program walks several query
+    blocks of several sequences."""
     from cadence.model.triton_backend import TritonAttentionBackend
 
     case = make_case(PREFILL_SEQS, heads, kv_heads, dim, 16, dtype, device, 1, padding_slot=-1,
                      window=window, softcap=softcap, kv_dtype=FP8 if fp8 else None,
                      kv_scales=FP8_SCALES if fp8 else (1.0, 1.0))
     cache = case.cache.clone()
-    out = TritonAttentionBackend().forward(
+    out = TritonAttentionBackend(num_sms=num_sms).forward(
         case.q, case.k, case.v, cache, case.metadata, case.scale, window, softcap,
         case.k_scale, case.v_scale,
     )
@@ -264,16 +267,33 @@ def run_prefill(device: str, dtype: torch.dtype, heads: int, kv_heads: int, dim:
 
 def run_mixed_padded(device: str, dtype: torch.dtype, heads: int, kv_heads: int, dim: int,
                      extra_tokens: int, empty_rows: int, window: int = 0,
-                     softcap: float = 0.0) -> None:
+                     softcap: float = 0.0, num_sms: int | None = None) -> None:
     from cadence.model.triton_backend import TritonAttentionBackend
 
     case = make_case(MIXED_SEQS, heads, kv_heads, dim, 16, dtype, device, seed=3, window=window,
                      softcap=softcap)
     padded = pad_like_a_graph(case, extra_tokens, empty_rows)
     cache = case.cache.clone()
-    out = TritonAttentionBackend().forward(
+    out = TritonAttentionBackend(num_sms=num_sms).forward(
         padded.q, padded.k, padded.v, cache, padded.metadata, padded.scale, window, softcap
     )
+    assert_matches(case, out[: case.q.shape[0]], cache)
+
+
+def run_walk(device: str, dtype: torch.dtype, programs: int, empty_rows: int,
+             window: int = 0) -> None:
+    """The varlen kernel with ``programs`` programs per kv head, each walking many query blocks
+    of many sequences; with more than 256 rows (``empty_rows`` padding) the kernel reads its
+    sequence table again per block instead of holding it."""
+    from cadence.model.triton_attention import paged_varlen_attention, store_kv_cache
+
+    case = make_case(MIXED_SEQS, 8, 2, 32, 16, dtype, device, seed=5, window=window)
+    padded = pad_like_a_graph(case, 11, empty_rows)
+    cache = case.cache.clone()
+    store_kv_cache(padded.k, padded.v, cache, padded.metadata.slot_mapping)
+    out = torch.full_like(padded.q, float("nan"))
+    paged_varlen_attention(padded.q, cache, padded.metadata, padded.scale, out,
+                           sliding_window=window, programs=programs)
     assert_matches(case, out[: case.q.shape[0]], cache)
 
 
@@ -313,6 +333,25 @@ def run_fp8_reads(device: str, dtype: torch.dtype, window: int = 0, softcap: flo
 
 def test_kernels_in_triton_interpreter() -> None:
     run_interpreted(__file__)
+
+
+def test_varlen_programs_cover_every_block_with_few_idle_programs() -> None:
+    """The varlen grid: a program per possible query block without an SM count; with one,
+    about two programs per SM over the kv heads, never fewer than one long prompt's blocks,
+    never more than the blocks a bucket can hold (padding rows add none past that)."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    from cadence.model.attention_tiles import varlen_programs
+
+    assert varlen_programs(1024, 64, 256, 8, None) == 1024 // 64 + 256
+    # A 1024-token bucket of 256 rows: 33 programs per kv head (264 on 132 SMs), not 272.
+    assert varlen_programs(1024, 64, 256, 8, 132) == 33
+    assert varlen_programs(4096, 64, 8, 8, 132) == 4096 // 64 + 1  # one per block of a prompt
+    assert varlen_programs(16, 16, 1, 8, 132) == 2  # the bound: one 16-token sequence
+    assert varlen_programs(48, 64, 3, 2, 132) == 3
+    for tokens, block_q, seqs, heads in ((1, 1, 1, 1), (7, 4, 7, 3), (2048, 32, 512, 4)):
+        p = varlen_programs(tokens, block_q, seqs, heads, 132)
+        assert 1 <= p <= tokens // block_q + seqs
 
 
 def test_split_choice_depends_on_shapes_only() -> None:
@@ -384,6 +423,11 @@ def test_mixed_padded_matches_reference(
     dtype: torch.dtype, heads: int, kv_heads: int, dim: int
 ) -> None:
     run_mixed_padded("cuda", dtype, heads, kv_heads, dim, extra_tokens=37, empty_rows=9)
+    for sms in (1, 5):  # few programs, each walking several query blocks
+        run_mixed_padded("cuda", dtype, heads, kv_heads, dim, 37, 9, num_sms=sms)
+        run_prefill("cuda", dtype, heads, kv_heads, dim, num_sms=sms)
+    for programs, empty_rows in ((1, 3), (2, 9), (3, 300), (7, 1100)):
+        run_walk("cuda", dtype, programs, empty_rows)
 
 
 @pytest.mark.gpu
@@ -477,6 +521,12 @@ if __name__ == "__main__":
     run_prefill("cpu", torch.float32, 3, 3, 24)
     run_mixed_padded("cpu", torch.float32, 8, 2, 32, extra_tokens=13, empty_rows=5)
     run_mixed_padded("cpu", torch.float32, 6, 1, 16, extra_tokens=0, empty_rows=1)
+    # Few programs: each walks several query blocks, of several sequences.
+    run_prefill("cpu", torch.float32, 4, 2, 32, num_sms=1)
+    run_mixed_padded("cpu", torch.float32, 8, 2, 32, extra_tokens=13, empty_rows=5, num_sms=1)
+    run_mixed_padded("cpu", torch.float32, 8, 2, 32, extra_tokens=13, empty_rows=5, num_sms=3)
+    run_walk("cpu", torch.float32, programs=1, empty_rows=3)  # one program walks every block
+    run_walk("cpu", torch.float32, programs=2, empty_rows=260, window=37)  # a table past 256
     # Sliding windows: shorter and longer than a tile (32 keys in fp32), not tile-aligned.
     for window in (5, 37, 100):
         run_decode("cpu", torch.float32, 16, None, True, window)
