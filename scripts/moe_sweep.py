@@ -2,6 +2,8 @@
 
     python scripts/moe_sweep.py [--model qwen3-30b-a3b] [--tokens 1,8,32] [--budget-s 240]
     python scripts/moe_sweep.py --decode [--tokens 1,2]   # decode kernels against grouped
+    python scripts/moe_sweep.py --down [--tokens 1,8]     # the decode down kernel's tiles
+    python scripts/moe_sweep.py --router [--tokens 1,64]  # route_fused against linear + route
 
 For each token count the routing is random (top-k of a softmax over random logits); the graph
 repeats the call with the expert ids shifted, so that the calls together touch about three times
@@ -31,11 +33,12 @@ from cadence.model.fp8 import quantize_rows  # noqa: E402
 from cadence.model.moe import (  # noqa: E402
     DEFAULT_TILE,
     MoeTile,
+    decode_tile,
     fused_moe_triton,
     pair_bucket,
-    route,
 )
 from cadence.model.moe_decode import DecodeTile, fused_moe_decode  # noqa: E402
+from cadence.model.moe_router import route, route_fused  # noqa: E402
 from cadence.model.presets import preset_config  # noqa: E402
 
 TILES = [MoeTile(n, k, w, st) for (n, k), w, st in itertools.product(
@@ -91,6 +94,75 @@ def compare_decode(tokens, x, weights, ids, w, fp8, l2, hidden, inter, experts) 
     print(line, f"({step_bytes / 1e6:.1f} MB)", flush=True)
 
 
+DOWN_CANDIDATES = [DecodeTile(n, k, w, st) for (n, k), w, st in itertools.product(
+    [(4, 128), (4, 256), (8, 64), (8, 128), (16, 64), (16, 128), (32, 64)], (4, 8), (2, 3, 4))]
+
+
+def compare_down(tokens, x, weights, ids, w, fp8, l2, hidden, inter, experts) -> None:
+    """us per decode MoE call with the measured gate_up tile and each down tile (the down
+    kernel's share differs by the same amount), experts rotated past L2."""
+    touched = int(torch.unique(ids).numel())
+    step_bytes = touched * 3 * inter * hidden * (1 if fp8 else 2)
+    copies = max(2, math.ceil(3 * l2 / step_bytes))
+    shift = [torch.remainder(ids + 17 * i, experts) for i in range(copies)]
+    gate_up_tile, current = decode_tile(tokens * ids.shape[1], fp8) or (None, None)
+    if gate_up_tile is None:
+        print(f"tokens {tokens}: past the decode kernels' buckets")
+        return
+    want = fused_moe_triton(x, weights, ids, w[0], w[1], w[2], decode=False).float()
+    rows = []
+    for tile in DOWN_CANDIDATES:
+        try:
+            got = fused_moe_decode(x, weights, ids, w[0], w[1], w[2], (gate_up_tile, tile))
+            if not torch.allclose(got.float(), want, atol=2e-2, rtol=2e-2):
+                print(f"  down {tile}: wrong result, skipped")
+                continue
+
+            def call(tile=tile):
+                for ids_i in shift:
+                    fused_moe_decode(x, weights, ids_i, w[0], w[1], w[2], (gate_up_tile, tile))
+                return len(shift)
+
+            rows.append((time_graph(call), tile))
+        except Exception as exc:  # noqa: BLE001 - a tile that does not compile
+            print(f"  down {tile}: {type(exc).__name__}, skipped")
+    rows.sort(key=lambda r: r[0])
+    now = next((us for us, tile in rows if tile == current), float("nan"))
+    print(f"tokens {tokens} {'fp8' if fp8 else 'bf16'}: gate_up {gate_up_tile}, current down "
+          f"{current} {now:.2f} us; best: " + "; ".join(
+              f"{t.block_n}x{t.block_k} w{t.num_warps} s{t.num_stages} {us:.2f}"
+              for us, t in rows[:5]), flush=True)
+
+
+def compare_router(tokens: int, hidden: int, experts: int, top_k: int, l2: int) -> None:
+    """us per routing of ``tokens`` tokens: the router's linear layer then route(), against
+    route_fused; router weights rotated past L2 (a step reads them after its experts)."""
+    copies = max(2, math.ceil(3 * l2 / (experts * hidden * 2)))
+    gates = [torch.randn(experts, hidden, device="cuda", dtype=torch.bfloat16) / hidden**0.5
+             for _ in range(copies)]
+    x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+    counter = torch.zeros(tokens, dtype=torch.int32, device="cuda")
+    want = route(torch.nn.functional.linear(x, gates[0]), top_k, True)
+    got = route_fused(x, gates[0], top_k, True, counter)
+    same = float((got[1] == want[1]).float().mean())
+
+    def unfused():
+        for g in gates:
+            route(torch.nn.functional.linear(x, g), top_k, True)
+        return len(gates)
+
+    line = f"router, {tokens} tokens: linear + route {time_graph(unfused):.2f} us"
+    for rows in (1, 2, 4, 8):
+
+        def fused(rows=rows):
+            for g in gates:
+                route_fused(x, g, top_k, True, counter, rows)
+            return len(gates)
+
+        line += f"; fused, {rows} rows per program {time_graph(fused):.2f} us"
+    print(line + f" (same ids {100 * same:.1f}%)", flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="qwen3-30b-a3b")
@@ -98,6 +170,9 @@ def main() -> int:
     p.add_argument("--budget-s", type=float, default=240.0)
     p.add_argument("--decode", action="store_true",
                    help="time the decode kernels (a few tiles) against the grouped path")
+    p.add_argument("--down", action="store_true", help="time the decode down kernel's tiles")
+    p.add_argument("--router", action="store_true",
+                   help="time route_fused against the linear layer and route()")
     args = p.parse_args()
     cfg = preset_config(args.model)
     experts, hidden = cfg.num_experts, cfg.hidden_size
@@ -112,6 +187,10 @@ def main() -> int:
     began = time.monotonic()
     table: dict = {}
     print(f"{args.model}: {experts} experts, hidden {hidden}, intermediate {inter}, top {top_k}")
+    if args.router:
+        for tokens in [int(t) for t in args.tokens.split(",")]:
+            compare_router(tokens, hidden, experts, top_k, l2)
+        return 0
     for tokens in [int(t) for t in args.tokens.split(",")]:
         x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
         weights, ids = route(torch.randn(tokens, experts, device="cuda"), top_k, True)
@@ -119,6 +198,9 @@ def main() -> int:
         touched = int(torch.unique(ids).numel())
         for fp8 in (False, True):
             w = (gq, dq, (gs, ds)) if fp8 else (gate_up, down, None)
+            if args.down:
+                compare_down(tokens, x, weights, ids, w, fp8, l2, hidden, inter, experts)
+                continue
             if args.decode:
                 compare_decode(tokens, x, weights, ids, w, fp8, l2, hidden, inter, experts)
                 continue

@@ -190,6 +190,9 @@ class CausalLM(nn.Module):
         self.rotary_emb.reset_table()
         if self.rotary_emb_local is not None:
             self.rotary_emb_local.reset_table()
+        for module in self.modules():
+            if isinstance(module, SparseMoE):
+                module.reset_buffers()
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata

@@ -4,7 +4,8 @@
 (the CPU path and the reference, transformers' arithmetic) or, on CUDA, as two grouped Triton
 GEMMs over (token, expert) pairs sorted by expert (``group_by_expert``). The Triton path reads
 only shapes on the host: its grid is sized for the worst case of ``num_tokens * top_k`` pairs
-spread over every expert, so it is CUDA-graph capturable.
+spread over every expert, so it is CUDA-graph capturable. The router's softmax and top k are in
+``moe_router`` (decode-sized batches on CUDA compute the logits and route them in one launch).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from cadence.model.moe_kernels import (
     _moe_align_kernel,
     _moe_down_kernel,
     _moe_gate_up_kernel,
-    _moe_route_kernel,
 )
+from cadence.model.moe_router import ROUTER_MAX_TOKENS, route, route_fused
 from cadence.model.parallel import all_reduce
 from cadence.runtime.triton_launch import TritonLaunch, next_pow2
 
@@ -34,39 +35,10 @@ except ImportError:  # pragma: no cover - CPU installs
 if triton is not None:
     _GATE_UP = TritonLaunch(_moe_gate_up_kernel)
     _DOWN = TritonLaunch(_moe_down_kernel)
-    _ROUTE = TritonLaunch(_moe_route_kernel)
     _ALIGN = TritonLaunch(_moe_align_kernel)
 # Up to this many (token, expert) pairs one program groups them (a pairs x pairs comparison);
 # more take the torch operations.
 ALIGN_MAX_PAIRS = 256
-
-
-def route(
-    router_logits: torch.Tensor, top_k: int, renormalize: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(weights [T, k], expert ids [T, k])``: softmax in float32 over all experts, the top k,
-    renormalized to sum to one when ``renormalize``; weights in the logits' dtype. On CUDA one
-    Triton launch (route_triton; among exactly equal probabilities the lower id first)."""
-    if triton is not None and router_logits.is_cuda and router_logits.shape[-1] <= 1024:
-        return route_triton(router_logits, top_k, renormalize)
-    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights.to(router_logits.dtype), ids
-
-
-def route_triton(
-    router_logits: torch.Tensor, top_k: int, renormalize: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    tokens, experts = router_logits.shape
-    weights = torch.empty((tokens, top_k), dtype=router_logits.dtype, device=router_logits.device)
-    ids = torch.empty((tokens, top_k), dtype=torch.long, device=router_logits.device)
-    if tokens:
-        _ROUTE((tokens,), (router_logits, weights, ids, router_logits.stride(0)),
-               NUM_EXPERTS=experts, TOP_K=top_k, BLOCK_K=next_pow2(top_k),
-               BLOCK_E=next_pow2(experts, 16), RENORMALIZE=renormalize, num_warps=1)
-    return weights, ids
 
 
 Scales = tuple[torch.Tensor, torch.Tensor] | None  # FP8 experts' row scales [E, 2I], [E, H]
@@ -197,24 +169,37 @@ MOE_TILES: dict[tuple[str, int, int, bool, int], MoeTile] = {
 
 
 # The two-launch decode kernels (moe_decode) per (FP8 experts, up to this many (token, expert)
-# pairs); fused_moe_triton takes them at the smallest bucket that holds a step's pairs, the
-# grouped GEMMs past the largest. Measured on an H200 (2026-12-01, scripts/moe_sweep.py
-# --decode, Qwen3-30B-A3B's experts, us per call, grouped -> decode): 1 token bf16 30.5 ->
-# 29.4, FP8 30.2 -> 22.8; 4 tokens bf16 77.7 -> 72.5, FP8 65.6 -> 51.6 (8 x 256 tiles);
-# 8 tokens bf16 133.0 -> 124.4, FP8 101.0 -> 78.5; 16 tokens FP8 145.6 -> 136.0 (32 x 128
-# tiles, 8 warps); 16 tokens bf16 stay grouped (191.9 against 215.7 for the decode kernels).
+# pairs): (gate_up tile, down tile); fused_moe_triton takes them at the smallest bucket that
+# holds a step's pairs, the grouped GEMMs past the largest. Measured on an H200 (2026-12-01,
+# scripts/moe_sweep.py --decode, Qwen3-30B-A3B's experts, us per call, grouped -> decode): 1
+# token bf16 30.5 -> 29.4, FP8 30.2 -> 22.8; 4 tokens bf16 77.7 -> 72.5, FP8 65.6 -> 51.6 (8 x
+# 256 tiles); 8 tokens bf16 133.0 -> 124.4, FP8 101.0 -> 78.5; 16 tokens FP8 145.6 -> 136.0 (32
+# x 128 tiles, 8 warps); 16 tokens bf16 stay grouped (191.9 against 215.7 for the decode
+# kernels). The down kernel's tile holds all top-k experts ([k, block_n, block_k]).
 _NARROW, _WIDE = DecodeTile(8, 256, 4, 3), DecodeTile(32, 128, 8, 3)
-DECODE_TILES: dict[tuple[bool, int], DecodeTile] = {
-    (False, 32): _NARROW, (False, 64): _WIDE,
-    (True, 32): _NARROW, (True, 64): _WIDE, (True, 128): _WIDE,
+_WIDE_DOWN = DecodeTile(8, 64, 8, 2)
+DecodeTiles = tuple[DecodeTile, DecodeTile]
+# Down tiles (scripts/moe_sweep.py --down, 2026-12-01, whole call with the gate_up tile above):
+# 1 token bf16 4x256 w4 s4 24.40 us (8x128 w4 s3 26.45), FP8 17.11; 2-4 tokens bf16 8x64 w8 s2
+# 38.22 / 71.36, FP8 8x128 w4 s2 27.10 / 49.48; 8 tokens bf16 8x64 w8 s2 125.46, FP8 8x128 w4
+# s4 80.75. (Before the down kernel took all experts in one tile: 29.4 us at 1 token bf16.)
+DECODE_TILES: dict[tuple[bool, int], DecodeTiles] = {
+    (False, 8): (_NARROW, DecodeTile(4, 256, 4, 4)),
+    (False, 32): (_NARROW, _WIDE_DOWN),
+    (False, 64): (_WIDE, _WIDE_DOWN),
+    (True, 8): (_NARROW, DecodeTile(4, 256, 4, 4)),
+    (True, 32): (_NARROW, DecodeTile(8, 128, 4, 2)),
+    (True, 64): (_WIDE, DecodeTile(8, 128, 4, 4)),
+    (True, 128): (_WIDE, DecodeTile(8, 128, 4, 4)),
 }
 
 
 _DECODE_BUCKETS = {fp8: sorted(b for f, b in DECODE_TILES if f == fp8) for fp8 in (False, True)}
 
 
-def decode_tile(num_pairs: int, fp8: bool) -> DecodeTile | None:
-    """The decode kernels' tile for a step of ``num_pairs`` pairs; None: the grouped GEMMs."""
+def decode_tile(num_pairs: int, fp8: bool) -> DecodeTiles | None:
+    """The decode kernels' (gate_up, down) tiles for a step of ``num_pairs`` pairs; None: the
+    grouped GEMMs."""
     for bucket in _DECODE_BUCKETS[fp8]:
         if num_pairs <= bucket:
             return DECODE_TILES[(fp8, bucket)]
@@ -261,11 +246,11 @@ def fused_moe_triton(
         return torch.zeros_like(x)
     x = x.contiguous()
     gate_up, down = gate_up.contiguous(), down.contiguous()
-    tile = decode_tile(num_pairs, scales is not None) if decode is not False else None
-    if decode and tile is None:
-        tile = _WIDE
-    if tile is not None:
-        return fused_moe_decode(x, weights, ids, gate_up, down, scales, (tile, tile))
+    tiles_decode = decode_tile(num_pairs, scales is not None) if decode is not False else None
+    if decode and tiles_decode is None:
+        tiles_decode = (_WIDE, _WIDE_DOWN)
+    if tiles_decode is not None:
+        return fused_moe_decode(x, weights, ids, gate_up, down, scales, tiles_decode)
     ieee = x.dtype == torch.float32
     fp8 = scales is not None
     block_m = 16 if num_pairs <= 64 * num_experts else 64
@@ -346,9 +331,22 @@ class SparseMoE(nn.Module):
         # Tensor parallelism: every rank routes alike (the router is whole) and holds a slice
         # of each expert's intermediate channels; the partial outputs sum over the ranks.
         self.tp = arch.tp_size > 1
+        # route_fused's per-token counters (zeroed by reset_buffers after to_empty).
+        self.register_buffer("route_counter", torch.zeros(ROUTER_MAX_TOKENS, dtype=torch.int32),
+                             persistent=False)
+
+    def reset_buffers(self) -> None:
+        self.route_counter.zero_()
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        w = self.gate.weight
+        if (triton is not None and x.is_cuda and x.shape[0] <= ROUTER_MAX_TOKENS
+                and w.dtype == x.dtype and w.shape[0] <= 1024):
+            return route_fused(x, w, self.top_k, self.renormalize, self.route_counter)
+        return route(self.gate(x), self.top_k, self.renormalize)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        weights, ids = self.route(x)
         out = fused_moe(x, weights, ids, self.experts.gate_up_proj, self.experts.down_proj,
                         self.experts.scales)
         return all_reduce(out) if self.tp else out

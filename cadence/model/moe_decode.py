@@ -6,9 +6,10 @@ With a handful of (token, expert) pairs every pair has its own expert, so sortin
 - ``_decode_gate_up_kernel``: program ``(pair, column block)`` reads its token's activations and
   ``BLOCK_N`` gate and up rows of the pair's expert, multiply-adds on the CUDA cores and writes
   ``silu(gate) * up`` for the pair;
-- ``_decode_down_kernel``: program ``(token, column block)`` walks the token's ``TOP_K`` experts
-  in order, each one's ``BLOCK_N`` down rows against the pair's intermediate activations,
-  weighted by the routing weight: the top-k sum happens in registers, in a fixed order (one
+- ``_decode_down_kernel``: program ``(token, column block)`` reads ``BLOCK_N`` down rows of all
+  the token's ``TOP_K`` experts at once (``[TOP_K, BLOCK_N, BLOCK_K]`` tiles, every expert's
+  loads in flight together) against the pairs' intermediate activations; the sum over the
+  experts, weighted by the routing weights, is one reduction in registers in a fixed order (one
   result, whatever order the programs run in), and the output is written once.
 
 Two launches instead of four (grouping, two grouped GEMMs, the sum over the top k). Each expert
@@ -88,29 +89,35 @@ if triton is not None:
         h_ptr, w_ptr, ids_ptr, weight_ptr, scale_ptr, out_ptr, stride_ht, stride_we,
         stride_wn, stride_ot,
         TOP_K: tl.constexpr, NUM_EXPERTS: tl.constexpr, HIDDEN: tl.constexpr,
-        INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr,
+        INTER: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, FP8: tl.constexpr,
     ):  # fmt: skip
+        # All TOP_K experts of the token in one [BLOCK_J, BLOCK_N, BLOCK_K] tile per step: the
+        # loads of every expert are in flight together (a loop over the experts restarts its
+        # pipeline per expert), and the weighted sum over them is one fixed-order reduction.
         token = tl.program_id(0).to(tl.int64)
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         nmask = offs_n < HIDDEN
         rows = tl.minimum(offs_n, HIDDEN - 1).to(tl.int64)
-        total = tl.zeros([BLOCK_N], tl.float32)
-        for j in range(TOP_K):
-            pair = token * TOP_K + j
-            expert = tl.load(ids_ptr + pair).to(tl.int64)
-            expert = tl.minimum(tl.maximum(expert, 0), NUM_EXPERTS - 1)
-            w_rows = w_ptr + expert * stride_we + rows[:, None] * stride_wn
-            acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-            for k0 in range(0, INTER, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                kmask = offs_k < INTER
-                a = tl.load(h_ptr + pair * stride_ht + offs_k, mask=kmask, other=0.0)
-                w = tl.load(w_rows + offs_k[None, :], mask=kmask[None, :], other=0.0)
-                acc += w.to(tl.float32) * a.to(tl.float32)[None, :]
-            part = tl.sum(acc, axis=1)
-            if FP8:
-                part = part * tl.load(scale_ptr + expert * HIDDEN + rows)
-            total += part * tl.load(weight_ptr + pair).to(tl.float32)
+        offs_j = tl.arange(0, BLOCK_J)
+        jmask = offs_j < TOP_K
+        pairs = token * TOP_K + tl.minimum(offs_j, TOP_K - 1)
+        experts = tl.load(ids_ptr + pairs).to(tl.int64)
+        experts = tl.minimum(tl.maximum(experts, 0), NUM_EXPERTS - 1)
+        route_w = tl.where(jmask, tl.load(weight_ptr + pairs).to(tl.float32), 0.0)
+        w_rows = w_ptr + experts[:, None, None] * stride_we + rows[None, :, None] * stride_wn
+        h_rows = h_ptr + pairs[:, None] * stride_ht
+        acc = tl.zeros([BLOCK_J, BLOCK_N, BLOCK_K], tl.float32)
+        for k0 in range(0, INTER, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            kmask = offs_k < INTER
+            a = tl.load(h_rows + offs_k[None, :], mask=kmask[None, :], other=0.0)
+            w = tl.load(w_rows + offs_k[None, None, :], mask=kmask[None, None, :], other=0.0)
+            acc += w.to(tl.float32) * a.to(tl.float32)[:, None, :]
+        part = tl.sum(acc, axis=2)
+        if FP8:
+            part = part * tl.load(scale_ptr + experts[:, None] * HIDDEN + rows[None, :])
+        total = tl.sum(part * route_w[:, None], axis=0)
         tl.store(out_ptr + token * stride_ot + offs_n, total.to(out_ptr.dtype.element_ty),
                  mask=nmask)
 
@@ -125,7 +132,7 @@ def fused_moe_decode(
     gate_up: torch.Tensor,
     down: torch.Tensor,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
-    tiles: tuple[DecodeTile, DecodeTile] = (DecodeTile(), DecodeTile()),
+    tiles: tuple[DecodeTile, DecodeTile] = (DecodeTile(), DecodeTile(block_n=8)),
 ) -> torch.Tensor:
     """``moe.fused_moe`` for contiguous experts ``gate_up [E, 2I, H]``, ``down [E, H, I]`` and
     ``x [T, H]`` (same arguments), in two launches."""
@@ -157,8 +164,9 @@ def fused_moe_decode(
         (num_tokens, triton.cdiv(hidden, dn.block_n)),
         (h, down, ids, route, down_scale, out, h.stride(0), down.stride(0), down.stride(1),
          out.stride(0)),
-        TOP_K=top_k, NUM_EXPERTS=num_experts, HIDDEN=hidden, INTER=inter, BLOCK_N=dn.block_n,
-        BLOCK_K=min(dn.block_k, next_pow2(inter)), FP8=fp8, num_warps=dn.num_warps,
+        TOP_K=top_k, NUM_EXPERTS=num_experts, HIDDEN=hidden, INTER=inter,
+        BLOCK_J=next_pow2(top_k), BLOCK_N=dn.block_n, BLOCK_K=min(dn.block_k, next_pow2(inter)),
+        FP8=fp8, num_warps=dn.num_warps,
         num_stages=dn.num_stages,
     )  # fmt: skip
     return out

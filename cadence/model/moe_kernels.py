@@ -160,23 +160,17 @@ if triton is not None:
             mask=pmask[:, None] & nmask[None, :],
         )
 
-_moe_route_kernel = _moe_align_kernel = None
+_moe_route_kernel = _moe_router_kernel = _moe_align_kernel = None
 
 if triton is not None:
 
     @triton.jit
-    def _moe_route_kernel(
-        logits_ptr, weights_ptr, ids_ptr, stride_l, NUM_EXPERTS: tl.constexpr,
-        TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+    def _softmax_top_k(
+        x, emask, offs_e, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
         RENORMALIZE: tl.constexpr,
     ):
-        # One token: softmax in float32 over the experts, the top k by repeated argmax (the
-        # lowest id first among equals), renormalized to sum to one.
-        t = tl.program_id(0).to(tl.int64)
-        offs_e = tl.arange(0, BLOCK_E)
-        emask = offs_e < NUM_EXPERTS
-        x = tl.load(logits_ptr + t * stride_l + offs_e, mask=emask, other=float("-inf"))
-        x = x.to(tl.float32)
+        # Softmax in float32 over the experts, the top k by repeated argmax (the lowest id first
+        # among equals), renormalized to sum to one: (weights, ids) as [BLOCK_K] vectors.
         p = tl.exp(x - tl.max(x, 0))
         p = p / tl.sum(p, 0)
         # NOTE: a graph's padding rows may hold garbage (NaN logits); a NaN never equals the
@@ -194,10 +188,71 @@ if triton is not None:
             left = tl.where(offs_e == idx, -2.0, left)
         if RENORMALIZE:  # (a garbage row's weights are all 0: divided by 1e-30, they stay 0)
             chosen_w = chosen_w / tl.maximum(tl.sum(chosen_w, 0), 1e-30)
+        return chosen_w, chosen_i
+
+    @triton.jit
+    def _moe_route_kernel(
+        logits_ptr, weights_ptr, ids_ptr, stride_l, NUM_EXPERTS: tl.constexpr,
+        TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+        RENORMALIZE: tl.constexpr,
+    ):
+        # One token: its logits' softmax and top k (_softmax_top_k).
+        t = tl.program_id(0).to(tl.int64)
+        offs_e = tl.arange(0, BLOCK_E)
+        emask = offs_e < NUM_EXPERTS
+        x = tl.load(logits_ptr + t * stride_l + offs_e, mask=emask, other=float("-inf"))
+        chosen_w, chosen_i = _softmax_top_k(x.to(tl.float32), emask, offs_e, TOP_K, BLOCK_K,
+                                            BLOCK_E, RENORMALIZE)
+        offs_k = tl.arange(0, BLOCK_K)
         kmask = offs_k < TOP_K
         tl.store(weights_ptr + t * TOP_K + offs_k, chosen_w.to(weights_ptr.dtype.element_ty),
                  mask=kmask)
         tl.store(ids_ptr + t * TOP_K + offs_k, chosen_i.to(ids_ptr.dtype.element_ty), mask=kmask)
+
+    @triton.jit
+    def _moe_router_kernel(
+        x_ptr, w_ptr, logits_ptr, counter_ptr, weights_ptr, ids_ptr, stride_xt, stride_wn,
+        HIDDEN: tl.constexpr, NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr,
+        BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_E: tl.constexpr, RENORMALIZE: tl.constexpr,
+    ):
+        # The router's logits and the top k in one launch. Program (t, r) computes BLOCK_R
+        # logits of token t (rounded to the input's dtype, as the router's linear layer gives
+        # them) into the float32 scratch row; the last of the token's programs to finish
+        # (counted on counter[t]) routes the whole row and sets the counter back to 0.
+        t = tl.program_id(0).to(tl.int64)
+        offs_r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+        rmask = offs_r < NUM_EXPERTS
+        rows = tl.minimum(offs_r, NUM_EXPERTS - 1).to(tl.int64)
+        acc = tl.zeros([BLOCK_R, BLOCK_H], tl.float32)
+        for h0 in range(0, HIDDEN, BLOCK_H):
+            offs_h = h0 + tl.arange(0, BLOCK_H)
+            hmask = offs_h < HIDDEN
+            a = tl.load(x_ptr + t * stride_xt + offs_h, mask=hmask, other=0.0)
+            w = tl.load(w_ptr + rows[:, None] * stride_wn + offs_h[None, :], mask=hmask[None, :],
+                        other=0.0)
+            acc += w.to(tl.float32) * a.to(tl.float32)[None, :]
+        logit = tl.sum(acc, axis=1).to(x_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(logits_ptr + t * NUM_EXPERTS + offs_r, logit, mask=rmask)
+        # NOTE: every thread's store is ordered before the count by the barrier and the
+        # release of the (one-thread) atomic; the last program's acquire and volatile loads
+        # then see all of the row.
+        tl.debug_barrier()
+        done = tl.atomic_add(counter_ptr + t, 1, sem="acq_rel", scope="gpu")
+        if done == tl.num_programs(1) - 1:
+            offs_e = tl.arange(0, BLOCK_E)
+            emask = offs_e < NUM_EXPERTS
+            x = tl.load(logits_ptr + t * NUM_EXPERTS + offs_e, mask=emask, other=float("-inf"),
+                        volatile=True)
+            chosen_w, chosen_i = _softmax_top_k(x, emask, offs_e, TOP_K, BLOCK_K, BLOCK_E,
+                                                RENORMALIZE)
+            offs_k = tl.arange(0, BLOCK_K)
+            kmask = offs_k < TOP_K
+            tl.store(weights_ptr + t * TOP_K + offs_k,
+                     chosen_w.to(weights_ptr.dtype.element_ty), mask=kmask)
+            tl.store(ids_ptr + t * TOP_K + offs_k, chosen_i.to(ids_ptr.dtype.element_ty),
+                     mask=kmask)
+            tl.atomic_xchg(counter_ptr + t, 0, sem="relaxed", scope="gpu")
 
     @triton.jit
     def _moe_align_kernel(

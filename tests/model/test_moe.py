@@ -21,8 +21,8 @@ import torch  # noqa: E402
 from cadence.model.moe import (  # noqa: E402
     fused_moe_reference,
     group_by_expert,
-    route,
 )
+from cadence.model.moe_router import route  # noqa: E402
 from tests.model.triton_interpreter import DONE, patch_interpreter, run_interpreted  # noqa: E402
 
 
@@ -97,9 +97,12 @@ def test_decode_kernels_up_to_their_measured_buckets():
 
     narrow, wide = DecodeTile(8, 256, 4, 3), DecodeTile(32, 128, 8, 3)
     for fp8 in (False, True):
-        assert [decode_tile(p, fp8) for p in (1, 8, 32, 33, 64)] == [narrow] * 3 + [wide] * 2
-    assert decode_tile(65, False) is None and decode_tile(65, True) == wide
-    assert decode_tile(128, True) == wide and decode_tile(129, True) is None
+        tiles = [decode_tile(p, fp8) for p in (1, 8, 9, 32, 33, 64)]
+        assert [t[0] for t in tiles] == [narrow] * 4 + [wide] * 2
+        assert tiles[0] == tiles[1] and tiles[2] == tiles[3]  # one token; two to four
+        assert all(t[1].block_n * t[1].block_k <= 1024 for t in tiles)  # [k, n, k] registers
+    assert decode_tile(65, False) is None and decode_tile(65, True)[0] == wide
+    assert decode_tile(128, True)[0] == wide and decode_tile(129, True) is None
 
 
 @pytest.mark.parametrize("fp8", [False, True])
@@ -127,7 +130,7 @@ def test_fused_moe_dispatches_by_bucket_and_decode_flag(monkeypatch, fp8):
                                  (largest // top_k, None, moe.decode_tile(largest, fp8)),
                                  (largest // top_k + 1, None, None),
                                  (1, False, None),
-                                 (largest, True, moe._WIDE)):
+                                 (largest, True, (moe._WIDE, moe._WIDE_DOWN))):
         x = torch.zeros(tokens, hidden)
         ids = torch.zeros(tokens, top_k, dtype=torch.int64)
         weights = torch.ones(tokens, top_k)
@@ -137,7 +140,7 @@ def test_fused_moe_dispatches_by_bucket_and_decode_flag(monkeypatch, fp8):
         except Grouped:
             assert want is None, (tokens, decode)
         else:
-            assert calls == [(want, want)], (tokens, decode)
+            assert calls == [want], (tokens, decode)
 
 
 def test_route_renormalizes_the_top_k():
@@ -229,7 +232,8 @@ def run_triton_case(tokens: int, hidden: int, inter: int, num_experts: int, top_
 def run_routing_case(tokens: int, num_experts: int, top_k: int, block_m: int, seed: int,
                      device: str = "cpu") -> None:
     """The one-launch router and grouping (decode batches) against the torch operations."""
-    from cadence.model.moe import _group_by_expert_triton, route_triton
+    from cadence.model.moe import _group_by_expert_triton
+    from cadence.model.moe_router import route_triton
 
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(tokens, num_experts, generator=gen)
@@ -246,10 +250,49 @@ def run_routing_case(tokens: int, num_experts: int, top_k: int, block_m: int, se
     assert torch.equal(got.block_expert.cpu(), want.block_expert)
 
 
+def run_fused_router_case(tokens: int, hidden: int, num_experts: int, top_k: int, seed: int,
+                          device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+    """The router's logits and routing in one launch against the linear layer and route():
+    the same experts, the same weights; the counters are left at zero for the next call."""
+    from cadence.model.moe_router import route_fused
+
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=gen).to(dtype)
+    gate = (torch.randn(num_experts, hidden, generator=gen) / hidden**0.5).to(dtype)
+    x[0, 0] = float("nan") if tokens > 2 else x[0, 0]  # a graph's garbage padding row
+    counter = torch.zeros(tokens + 3, dtype=torch.int32, device=device)
+    for renormalize in (True, False):
+        logits = (x.double() @ gate.double().T).to(dtype)
+        want_w, want_ids = route(logits, top_k, renormalize)  # torch, on the CPU
+        for _ in range(2):  # the second call reuses the counters
+            got_w, got_ids = route_fused(x.to(device), gate.to(device), top_k, renormalize,
+                                         counter)
+            assert torch.equal(counter.cpu(), torch.zeros_like(counter.cpu()))
+            got_w, got_ids = got_w.cpu(), got_ids.cpu()
+            real = slice(1, None) if tokens > 2 else slice(None)
+            if dtype == torch.float32:
+                assert torch.equal(got_ids[real], want_ids[real])
+                torch.testing.assert_close(got_w[real], want_w[real], atol=1e-5, rtol=1e-5)
+            else:
+                # bf16 logits tie often and the kernel's sums round apart from the float64
+                # ones by an ulp: every chosen expert must be among the top k up to 2^-6.
+                ref = logits.float()[real]
+                chosen = torch.gather(ref, 1, got_ids[real])
+                kth = torch.topk(ref, top_k, dim=1).values[:, -1:]
+                assert bool((chosen >= kth - 2**-6 * kth.abs().clamp(min=1)).all())
+                probs = torch.softmax(ref, dim=1)
+                w = torch.gather(probs, 1, got_ids[real])
+                if renormalize:
+                    w = w / w.sum(dim=1, keepdim=True)
+                torch.testing.assert_close(got_w[real].float(), w, atol=2e-2, rtol=2e-2)
+            assert bool(((got_ids >= 0) & (got_ids < num_experts)).all())
+            assert all(len(set(row.tolist())) == top_k for row in got_ids)
+
+
 def run_garbage_routing_case(device: str = "cpu") -> None:
     """A CUDA graph's padding rows may hold NaN (unwritten memory): the router still picks
     real experts for them and routes the other rows as torch does."""
-    from cadence.model.moe import route_triton
+    from cadence.model.moe_router import route_triton
 
     logits = torch.randn(4, 12, generator=torch.Generator().manual_seed(9))
     logits[1] = float("nan")
@@ -306,6 +349,16 @@ def run_decode_garbage_ids_case(device: str = "cpu") -> None:
 def test_garbage_rows_route_to_real_experts_on_gpu() -> None:
     run_decode_garbage_ids_case("cuda")
     run_garbage_routing_case("cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("tokens", "hidden", "experts", "top_k"),
+                         [(1, 2048, 128, 8), (64, 2048, 128, 8), (7, 96, 60, 4), (3, 40, 8, 1)])
+def test_fused_router_matches_linear_and_route_on_gpu(tokens, hidden, experts, top_k,
+                                                      dtype) -> None:
+    for seed in range(20):  # many launches: a lost count would leave a row unrouted
+        run_fused_router_case(tokens, hidden, experts, top_k, seed, "cuda", dtype)
 
 
 @pytest.mark.gpu
@@ -375,4 +428,6 @@ if __name__ == "__main__":
     run_routing_case(32, 128, 8, 16, 4)  # 256 pairs: the largest one-launch grouping
     run_routing_case(7, 10, 3, 4, 5)
     run_garbage_routing_case()
+    run_fused_router_case(1, 64, 32, 4, 6)
+    run_fused_router_case(5, 40, 12, 3, 7)  # rows and experts off the block sizes
     print(DONE)
