@@ -44,6 +44,8 @@ MODELS = {  # name -> (layers, {projection: (N, K)})
                         "down": (1024, 3072)}),
     "llama3-8b": (32, {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
                        "down": (4096, 14336)}),
+    # The attention projections only (its MLP is the experts; its router is not a projection).
+    "qwen3-30b-a3b": (48, {"qkv": (5120, 2048), "o": (2048, 4096)}),
 }  # fmt: skip
 # (block_n, block_k), the likelier first: --quick takes the first three of each.
 DOT_TILES = [(32, 256), (16, 512), (64, 128), (32, 128), (32, 512), (16, 256), (64, 256),

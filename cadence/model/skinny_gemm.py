@@ -113,6 +113,11 @@ SKINNY_CONFIGS: dict[tuple[int, int, int], SkinnyConfig | None] = {
     (28672, 4096, 4): None,  # 58.75 vs 56.96
     (28672, 4096, 8): None,  # 59.06 vs 57.40
     (28672, 4096, 16): None,  # 60.08 vs 57.87
+    # Qwen3-30B-A3B's attention projections (sweep of 2026-12-01, rows 1 and 4).
+    (5120, 2048, 1): SkinnyConfig(8, 512, 1, 4, 1, False),  # 7.35 vs 8.11
+    (5120, 2048, 4): None,  # 8.94 vs 7.95
+    (2048, 4096, 1): SkinnyConfig(4, 1024, 1, 4, 1, False),  # 6.72 vs 9.36 (heuristic 8.89)
+    (2048, 4096, 4): SkinnyConfig(64, 128, 4, 4, 4, True),  # 7.85 vs 9.40 (heuristic 8.91)
 }
 
 

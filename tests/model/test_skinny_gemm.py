@@ -48,9 +48,10 @@ SMALL_SHAPES = [(1, 64, 128), (3, 40, 100), (16, 33, 70), (5, 17, 300)]
 QWEN3_06B = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
 LLAMA3_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
              "down": (4096, 14336)}  # fmt: skip
+QWEN3_30B_A3B = {"qkv": (5120, 2048), "o": (2048, 4096)}  # attention; the MLP is the experts
 REAL_SHAPES = [(f"qwen3-0.6b-{k}", *v) for k, v in QWEN3_06B.items()] + [
     (f"llama3-8b-{k}", *v) for k, v in LLAMA3_8B.items()
-]
+] + [(f"qwen3-30b-a3b-{k}", *v) for k, v in QWEN3_30B_A3B.items()]
 
 
 def _operands(m: int, n: int, k: int, dtype: torch.dtype, device: str, seed: int = 0,
