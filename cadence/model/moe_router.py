@@ -3,7 +3,10 @@
 ``route`` takes the router's logits (torch on the CPU, one Triton launch on CUDA);
 ``route_fused`` also computes the logits, in the same launch, for decode-sized batches: each
 program computes a few logits of one token into a scratch row and counts itself done on the
-token's counter, and the last one to finish routes the row.
+token's counter, and the last one to finish routes the row. Its logits are summed in another
+order than the linear layer's, and in an order that depends on the launch's token count
+(``router_rows``), as the skinny GEMMs' split depends on their row bucket: a graph of a padded
+size and an eager step of the real size may route a near tie apart by one bf16 rounding.
 """
 
 from __future__ import annotations

@@ -251,9 +251,11 @@ def run_routing_case(tokens: int, num_experts: int, top_k: int, block_m: int, se
 
 
 def run_fused_router_case(tokens: int, hidden: int, num_experts: int, top_k: int, seed: int,
-                          device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+                          device: str = "cpu", dtype: torch.dtype = torch.float32,
+                          rows: int | None = None) -> None:
     """The router's logits and routing in one launch against the linear layer and route():
-    the same experts, the same weights; the counters are left at zero for the next call."""
+    the same experts, the same weights; the counters are left at zero for the next call.
+    ``rows``: logits per program (route_fused's choice by default)."""
     from cadence.model.moe_router import route_fused
 
     gen = torch.Generator().manual_seed(seed)
@@ -266,7 +268,7 @@ def run_fused_router_case(tokens: int, hidden: int, num_experts: int, top_k: int
         want_w, want_ids = route(logits, top_k, renormalize)  # torch, on the CPU
         for _ in range(2):  # the second call reuses the counters
             got_w, got_ids = route_fused(x.to(device), gate.to(device), top_k, renormalize,
-                                         counter)
+                                         counter, rows)
             assert torch.equal(counter.cpu(), torch.zeros_like(counter.cpu()))
             got_w, got_ids = got_w.cpu(), got_ids.cpu()
             real = slice(1, None) if tokens > 2 else slice(None)
@@ -359,6 +361,31 @@ def test_fused_router_matches_linear_and_route_on_gpu(tokens, hidden, experts, t
                                                       dtype) -> None:
     for seed in range(20):  # many launches: a lost count would leave a row unrouted
         run_fused_router_case(tokens, hidden, experts, top_k, seed, "cuda", dtype)
+    run_fused_router_case(tokens, hidden, experts, top_k, 99, "cuda", dtype, rows=8)
+
+
+@pytest.mark.gpu
+def test_fused_router_replays_in_a_cuda_graph() -> None:
+    """route_fused captured once and replayed with new activations routes each replay as the
+    linear layer and route() do, and leaves its counters at zero."""
+    from cadence.model.moe_router import route_fused
+
+    gen = torch.Generator().manual_seed(11)
+    tokens, hidden, experts, top_k = 4, 256, 60, 4
+    gate = (torch.randn(experts, hidden, generator=gen) / hidden**0.5).cuda()
+    x = torch.zeros(tokens, hidden, device="cuda")
+    counter = torch.zeros(tokens, dtype=torch.int32, device="cuda")
+    route_fused(x, gate, top_k, True, counter)  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        weights, ids = route_fused(x, gate, top_k, True, counter)
+    for _ in range(50):
+        x.copy_(torch.randn(tokens, hidden, generator=gen))
+        graph.replay()
+        want_w, want_ids = route((x.double() @ gate.double().T).float().cpu(), top_k, True)
+        assert torch.equal(ids.cpu(), want_ids)
+        torch.testing.assert_close(weights.cpu(), want_w, atol=1e-5, rtol=1e-5)
+    assert int(counter.abs().sum()) == 0
 
 
 @pytest.mark.gpu
@@ -430,4 +457,5 @@ if __name__ == "__main__":
     run_garbage_routing_case()
     run_fused_router_case(1, 64, 32, 4, 6)
     run_fused_router_case(5, 40, 12, 3, 7)  # rows and experts off the block sizes
+    run_fused_router_case(3, 40, 12, 3, 8, rows=8)  # a partial last block of experts
     print(DONE)
