@@ -1,6 +1,7 @@
 """Time the varlen attention kernel over tile configurations (GPU).
 
     python scripts/attention_sweep.py [--heads 16 --kv-heads 8 --head-dim 128]
+        [--programs 8,16,33,65]   # the default tile at other programs per kv head
 
 Cases: one prompt prefilled from scratch (128, 1024, 4096 tokens), the 1024-token prompt in a
 graph bucket of 256 rows (255 padding rows, as a server's mixed-step graph holds it) and a mixed
@@ -59,6 +60,9 @@ def main() -> int:
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--programs", default="",
+                   help="comma-separated programs per kv head to time the default tile at "
+                        "(the walk's P), beside the engine's choice")
     ns = p.parse_args()
     cases = {
         "prefill 128": [(128, 128)],
@@ -89,6 +93,12 @@ def main() -> int:
         for us, cfg in rows[:6] + [r for r in rows if r[1] == default]:
             mark = " (default)" if cfg == default else ""
             print(f"{us:9.1f} us  {flops / us / 1e6:7.1f} TFLOP/s  {cfg}{mark}")
+        for programs in [int(x) for x in ns.programs.split(",") if x]:
+            call = functools.partial(paged_varlen_attention, q, cache, md, 0.088, out, default,
+                                     programs=programs)
+            us = do_bench(call, warmup=10, rep=40) * 1e3
+            print(f"{us:9.1f} us  {flops / us / 1e6:7.1f} TFLOP/s  default tile, "
+                  f"{programs} programs per kv head")
     return 0
 
 
