@@ -23,7 +23,7 @@ from cadence.model.moe_kernels import (
     _moe_down_kernel,
     _moe_gate_up_kernel,
 )
-from cadence.model.moe_router import ROUTER_MAX_TOKENS, route, route_fused
+from cadence.model.moe_router import ROUTER_MAX_TOKENS, route_hidden
 from cadence.model.parallel import all_reduce
 from cadence.runtime.triton_launch import TritonLaunch, next_pow2
 
@@ -177,20 +177,22 @@ MOE_TILES: dict[tuple[str, int, int, bool, int], MoeTile] = {
 # x 128 tiles, 8 warps); 16 tokens bf16 stay grouped (191.9 against 215.7 for the decode
 # kernels). The down kernel's tile holds all top-k experts ([k, block_n, block_k]).
 _NARROW, _WIDE = DecodeTile(8, 256, 4, 3), DecodeTile(32, 128, 8, 3)
+_ONE_DOWN = DecodeTile(4, 256, 4, 4)
 _WIDE_DOWN = DecodeTile(8, 64, 8, 2)
+_FP8_DOWN = DecodeTile(8, 128, 4, 4)
 DecodeTiles = tuple[DecodeTile, DecodeTile]
 # Down tiles (scripts/moe_sweep.py --down, 2026-12-01, whole call with the gate_up tile above):
 # 1 token bf16 4x256 w4 s4 24.40 us (8x128 w4 s3 26.45), FP8 17.11; 2-4 tokens bf16 8x64 w8 s2
 # 38.22 / 71.36, FP8 8x128 w4 s2 27.10 / 49.48; 8 tokens bf16 8x64 w8 s2 125.46, FP8 8x128 w4
 # s4 80.75. (Before the down kernel took all experts in one tile: 29.4 us at 1 token bf16.)
 DECODE_TILES: dict[tuple[bool, int], DecodeTiles] = {
-    (False, 8): (_NARROW, DecodeTile(4, 256, 4, 4)),
+    (False, 8): (_NARROW, _ONE_DOWN),
     (False, 32): (_NARROW, _WIDE_DOWN),
     (False, 64): (_WIDE, _WIDE_DOWN),
-    (True, 8): (_NARROW, DecodeTile(4, 256, 4, 4)),
+    (True, 8): (_NARROW, _ONE_DOWN),
     (True, 32): (_NARROW, DecodeTile(8, 128, 4, 2)),
-    (True, 64): (_WIDE, DecodeTile(8, 128, 4, 4)),
-    (True, 128): (_WIDE, DecodeTile(8, 128, 4, 4)),
+    (True, 64): (_WIDE, _FP8_DOWN),
+    (True, 128): (_WIDE, _FP8_DOWN),
 }
 
 
@@ -338,15 +340,9 @@ class SparseMoE(nn.Module):
     def reset_buffers(self) -> None:
         self.route_counter.zero_()
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        w = self.gate.weight
-        if (triton is not None and x.is_cuda and x.shape[0] <= ROUTER_MAX_TOKENS
-                and w.dtype == x.dtype and w.shape[0] <= 1024):
-            return route_fused(x, w, self.top_k, self.renormalize, self.route_counter)
-        return route(self.gate(x), self.top_k, self.renormalize)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.route(x)
+        weights, ids = route_hidden(x, self.gate, self.top_k, self.renormalize,
+                                    self.route_counter)
         out = fused_moe(x, weights, ids, self.experts.gate_up_proj, self.experts.down_proj,
                         self.experts.scales)
         return all_reduce(out) if self.tp else out

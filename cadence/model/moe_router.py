@@ -12,6 +12,7 @@ size and an eager step of the real size may route a near tie apart by one bf16 r
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from cadence.model.moe_kernels import _moe_route_kernel, _moe_router_kernel
 from cadence.runtime.triton_launch import TritonLaunch, next_pow2
@@ -21,7 +22,11 @@ try:
 except ImportError:  # pragma: no cover - CPU installs
     triton = None
 
-__all__ = ["ROUTER_MAX_TOKENS", "route", "route_fused", "route_triton", "router_rows"]
+__all__ = ["ROUTER_MAX_TOKENS", "route", "route_fused", "route_hidden", "route_triton",
+           "router_rows"]
+
+# The routing kernels hold all of a token's experts in one program: up to this many.
+MAX_EXPERTS = 1024
 
 if triton is not None:
     _ROUTE = TritonLaunch(_moe_route_kernel)
@@ -34,7 +39,7 @@ def route(
     """``(weights [T, k], expert ids [T, k])``: softmax in float32 over all experts, the top k,
     renormalized to sum to one when ``renormalize``; weights in the logits' dtype. On CUDA one
     Triton launch (route_triton; among exactly equal probabilities the lower id first)."""
-    if triton is not None and router_logits.is_cuda and router_logits.shape[-1] <= 1024:
+    if triton is not None and router_logits.is_cuda and router_logits.shape[-1] <= MAX_EXPERTS:
         return route_triton(router_logits, top_k, renormalize)
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
     weights, ids = torch.topk(probs, top_k, dim=-1)
@@ -92,3 +97,16 @@ def route_fused(
             BLOCK_H=min(4096 // rows, next_pow2(hidden, 16)), BLOCK_K=next_pow2(top_k),
             BLOCK_E=next_pow2(experts, 16), RENORMALIZE=renormalize, num_warps=4)
     return weights, ids
+
+
+def route_hidden(
+    x: torch.Tensor, gate: nn.Linear, top_k: int, renormalize: bool, counter: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``route(gate(x), top_k, renormalize)``: in one launch (``route_fused``) for up to
+    ``ROUTER_MAX_TOKENS`` tokens on CUDA with the router in ``x``'s dtype and no bias, else the
+    linear layer and then ``route``."""
+    w = gate.weight
+    if (triton is not None and x.is_cuda and x.shape[0] <= ROUTER_MAX_TOKENS
+            and gate.bias is None and w.dtype == x.dtype and w.shape[0] <= MAX_EXPERTS):
+        return route_fused(x, w, top_k, renormalize, counter)
+    return route(gate(x), top_k, renormalize)

@@ -274,10 +274,10 @@ if triton is not None:
                 b_starts = tl.load(qsl_ptr + offs_s, mask=smask, other=0)
                 b_ends = tl.load(qsl_ptr + offs_s + 1, mask=smask, other=0)
                 b_lens = tl.load(seq_lens_ptr + offs_s, mask=smask, other=0)
+                b_first = b_starts // BLOCK_Q + offs_s
             else:
-                b_starts, b_ends, b_lens = starts, ends, lens
+                b_starts, b_ends, b_lens, b_first = starts, ends, lens, first
             # The last sequence whose first block is at or before vb.
-            b_first = b_starts // BLOCK_Q + offs_s
             b = tl.max(tl.where(smask & (b_first <= vb), offs_s, 0), 0)
             pick = offs_s == b
             q_start = tl.sum(tl.where(pick, b_starts, 0), 0)
