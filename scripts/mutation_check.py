@@ -48,6 +48,21 @@ MUTATIONS = [
              "return tl.math.rsqrt(mean + eps)",
              "return tl.math.rsqrt(mean + eps * 100)",
              ("tests/model/test_fused_ops.py",), (_BF16_ENGINE,)),
+    Mutation("rope-store-v-from-k", "the rope launch stores the rotated k as the token's value",
+             "cadence/model/fused_ops.py",
+             "tl.store(dst + stride_c0, v1.to(cache_ty), mask=ms)",
+             "tl.store(dst + stride_c0, y1.to(cache_ty), mask=ms)",
+             ("tests/model/test_triton_attention.py",), (_BF16_ENGINE,)),
+    Mutation("rope-store-negative-slot", "the rope launch stores tokens whose slot is negative",
+             "cadence/model/fused_ops.py", "ms = mk & (slot >= 0)", "ms = mk",
+             ("tests/model/test_triton_attention.py",), (_BF16_ENGINE,)),
+    Mutation("rope-store-skipped", "the backend skips the separate K/V store after a rope "
+             "launch that did not store (an FP8 cache)", "cadence/model/triton_backend.py",
+             "            elif kv_cache.dtype == torch.float8_e4m3fn:\n"
+             "                q, k = rope.apply(q, k)\n",
+             "            elif kv_cache.dtype == torch.float8_e4m3fn:\n"
+             "                q, k = rope.apply(q, k)\n                stored = True\n",
+             ("tests/model/test_triton_attention.py",), (_BF16_ENGINE,)),
     Mutation("qk-norm-eps-kernel", "q/k RMSNorm eps x100 in the fused q/k-norm + RoPE kernel",
              "cadence/model/fused_ops.py",
              "rstd = tl.math.rsqrt(ss / HEAD_DIM + eps)[:, None]",

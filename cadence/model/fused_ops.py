@@ -16,6 +16,7 @@ serves every batch size.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -54,15 +55,29 @@ if triton is not None:
         stride_koh,
         stride_cs,
         eps,
+        v_ptr,
+        cache_ptr,
+        slot_ptr,
+        stride_vt,
+        stride_vh,
+        stride_c0,
+        stride_c1,
+        stride_c2,
+        stride_c3,
         NUM_Q_HEADS: tl.constexpr,
         NUM_HEADS: tl.constexpr,
         HEAD_DIM: tl.constexpr,
         HAS_NORM: tl.constexpr,
         BLOCK: tl.constexpr,
         BLOCK_H: tl.constexpr,
+        STORE: tl.constexpr,
+        PAGE: tl.constexpr,
     ):
         # One program: BLOCK_H heads of one token, q heads first, then k heads (a tile of
         # BLOCK_H x half head_dim; a program per (token, head) was bound by block scheduling).
+        # STORE: the k heads (as k_out holds them) and the token's v also go to the paged
+        # cache at the token's slot (none for a negative slot), as _store_kv_kernel writes a
+        # cache that is not FP8.
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         half: tl.constexpr = HEAD_DIM // 2
@@ -107,6 +122,20 @@ if triton is not None:
         tl.store(q_dst + half, y2, mask=mq)
         tl.store(k_dst, y1, mask=mk)
         tl.store(k_dst + half, y2, mask=mk)
+        if STORE:
+            slot = tl.load(slot_ptr + t).to(tl.int64)
+            ms = mk & (slot >= 0)
+            safe = tl.maximum(slot, 0)
+            dst = (safe // PAGE) * stride_c1 + (safe % PAGE) * stride_c2
+            dst = cache_ptr + dst + hk[:, None] * stride_c3 + offs[None, :]
+            cache_ty = cache_ptr.dtype.element_ty
+            tl.store(dst, y1.to(cache_ty), mask=ms)
+            tl.store(dst + half, y2.to(cache_ty), mask=ms)
+            v_src = v_ptr + t * stride_vt + hk[:, None] * stride_vh + offs[None, :]
+            v1 = tl.load(v_src, mask=ms, other=0.0)
+            v2 = tl.load(v_src + half, mask=ms, other=0.0)
+            tl.store(dst + stride_c0, v1.to(cache_ty), mask=ms)
+            tl.store(dst + stride_c0 + half, v2.to(cache_ty), mask=ms)
 
     @triton.jit
     def _silu_and_mul_kernel(
@@ -195,6 +224,17 @@ def add_rms_norm_triton(
     return out, new_residual
 
 
+@dataclass(frozen=True)
+class KVStore:
+    """Where ``qk_norm_rope_triton`` also writes the rotated keys and ``v``: the paged
+    ``kv_cache`` (``[2, blocks, page, kv_heads, head_dim]``, not FP8) at ``slot_mapping``, as
+    ``triton_attention.store_kv_cache`` would."""
+
+    v: torch.Tensor
+    kv_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+
+
 def qk_norm_rope_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -203,7 +243,9 @@ def qk_norm_rope_triton(
     q_weight: torch.Tensor | None,
     k_weight: torch.Tensor | None,
     eps: float,
+    store: KVStore | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``qk_norm_rope`` in one launch; with ``store``, the same launch writes the cache."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     if head_dim % 2 or k.shape[2] != head_dim or cos_sin.shape[-1] != head_dim:
@@ -247,6 +289,7 @@ def qk_norm_rope_triton(
                 k_out.stride(1),
                 cos_sin.stride(0),
                 eps,
+                *_store_args(store, k_out),
             ),
             NUM_Q_HEADS=num_heads,
             NUM_HEADS=total,
@@ -254,9 +297,25 @@ def qk_norm_rope_triton(
             HAS_NORM=has_norm,
             BLOCK=block,
             BLOCK_H=block_h,
+            STORE=store is not None,
+            PAGE=1 if store is None else store.kv_cache.shape[2],
             num_warps=4 if block * block_h >= 1024 else 1,
         )
     return q_out, k_out
+
+
+def _store_args(store: KVStore | None, k_out: torch.Tensor) -> tuple:
+    """The kernel's cache arguments (unread placeholders without ``store``)."""
+    if store is None:
+        return (k_out, k_out, k_out, 0, 0, 0, 0, 0, 0)
+    v, cache = store.v, store.kv_cache
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    if (cache.stride(-1) != 1 or v.shape != k_out.shape or cache.shape[3:] != k_out.shape[1:]
+            or cache.dtype == torch.float8_e4m3fn):
+        raise ValueError(f"v {tuple(v.shape)} and cache {tuple(cache.shape)} ({cache.dtype}) "
+                         f"do not fit k {tuple(k_out.shape)}")
+    return (v, cache, store.slot_mapping, v.stride(0), v.stride(1), *cache.stride()[:4])
 
 
 def silu_and_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:

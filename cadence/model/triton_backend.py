@@ -1,6 +1,8 @@
 """``AttentionBackend`` on the Triton kernels of :mod:`cadence.model.triton_attention`: decode
 steps through the paged decode kernel (which stores the new K/V, and applies the q/k norms and
-RoPE in its loads where it can), every other step through a KV store and the varlen kernel."""
+RoPE in its loads where it can), every other step through the q/k norm + RoPE launch (which
+stores the K/V, except into an FP8 cache; a store launch of its own otherwise) and the varlen
+kernel."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import torch
 
 from cadence.envs import read_envs
 from cadence.model.attention_metadata import AttentionMetadata, QKRope
+from cadence.model.fused_ops import KVStore, qk_norm_rope_triton
 from cadence.model.triton_attention import (
     _last_dim_contiguous,
     _require_triton,
@@ -60,13 +63,22 @@ class TritonAttentionBackend:
         num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
         if num_heads % num_kv_heads:
             raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} kv heads")
-        fuse = (rope is not None and self.fuse_rope and metadata.is_decode_only
-                and rope_fusable(q, k, rope))
+        decode = metadata.is_decode_only
+        fuse = rope is not None and self.fuse_rope and decode and rope_fusable(q, k, rope)
+        stored = False
         if rope is not None and not fuse:
-            q, k = rope.apply(q, k)
+            if decode:
+                q, k = rope.apply(q, k)
+            elif kv_cache.dtype == torch.float8_e4m3fn:
+                q, k = rope.apply(q, k)
+            else:  # the rope launch also writes this pass's K/V to the cache
+                store = KVStore(v, kv_cache, metadata.slot_mapping)
+                q, k = qk_norm_rope_triton(q, k, rope.positions, rope.cos_sin, rope.q_weight,
+                                           rope.k_weight, rope.eps, store)
+                stored = True
         q = _last_dim_contiguous(q)
         out = torch.empty_like(q)
-        if metadata.is_decode_only:
+        if decode:
             sms = self.num_sms(q.device)
             paged_decode_attention(
                 q, kv_cache, metadata, scale, out, sms, k=k, v=v,
@@ -74,7 +86,8 @@ class TritonAttentionBackend:
                 rope=rope if fuse else None,
             )  # fmt: skip
         else:
-            store_kv_cache(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)
+            if not stored:
+                store_kv_cache(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)
             paged_varlen_attention(
                 q, kv_cache, metadata, scale, out, sliding_window=sliding_window, softcap=softcap,
                 k_scale=k_scale, v_scale=v_scale, num_sms=self.num_sms(q.device),

@@ -247,6 +247,54 @@ def run_decode_rope(device: str, dtype: torch.dtype, norm: bool, splits: int | N
                                atol=tol, rtol=tol)
 
 
+def run_varlen_rope(device: str, dtype: torch.dtype, norm: bool, fp8: bool = False) -> None:
+    """A varlen step with the q/k norms and RoPE: the rope launch that also stores K/V gives
+    the same q, k and cache bytes as the rope launch followed by store_kv_cache (it refuses an
+    FP8 cache, which the backend stores on its own), and the backend's output and cache match
+    the reference on the rotated q and k."""
+    from cadence.model.attention_metadata import QKRope
+    from cadence.model.fused_ops import KVStore, qk_norm_rope_triton
+    from cadence.model.triton_attention import store_kv_cache
+    from cadence.model.triton_backend import TritonAttentionBackend
+
+    scales = FP8_SCALES if fp8 else (1.0, 1.0)
+    case = make_case(MIXED_SEQS, 8, 2, 64, 16, dtype, device, num_padding=3, padding_slot=-1,
+                     seed=6, kv_dtype=FP8 if fp8 else None, kv_scales=scales)
+    md = case.metadata
+    gen = torch.Generator().manual_seed(7)
+    positions = torch.randint(0, 400, (case.q.shape[0],), generator=gen).to(device)
+    table = torch.randn(400, 64, generator=gen).to(device, dtype)
+    qw, kw = (torch.rand(64, generator=gen).add(0.5).to(device, dtype) for _ in range(2))
+    rope = QKRope(positions, table, qw if norm else None, kw if norm else None, 1e-6)
+    args = (case.q, case.k, positions, table, rope.q_weight, rope.k_weight, rope.eps)
+    q1, k1 = qk_norm_rope_triton(*args)
+    split = case.cache.clone()
+    store_kv_cache(k1, case.v, split, md.slot_mapping, *scales)
+    fused = case.cache.clone()
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> None:  # unwritten slots hold NaN
+        # Padding tokens have slot -1: nothing may land in any block, the dummy one included.
+        torch.testing.assert_close(_bits(a), _bits(b), equal_nan=True, atol=0, rtol=0)
+
+    if fp8:
+        with pytest.raises(ValueError, match="float8"):
+            qk_norm_rope_triton(*args, KVStore(case.v, fused, md.slot_mapping))
+    else:
+        q2, k2 = qk_norm_rope_triton(*args, KVStore(case.v, fused, md.slot_mapping))
+        assert torch.equal(q1, q2) and torch.equal(k1, k2)
+        same(fused, split)
+    cache = case.cache.clone()
+    out = TritonAttentionBackend(num_sms=3).forward(
+        case.q, case.k, case.v, cache, md, case.scale, k_scale=scales[0], v_scale=scales[1],
+        rope=rope)
+    same(cache, split)
+    if fp8 and device == "cpu":
+        return  # the interpreter's e4m3 rounding is not torch's (see run_fp8_reads)
+    rotated = Case(q1, k1, case.v, case.cache, md, case.scale, k_scale=scales[0],
+                   v_scale=scales[1])
+    assert_matches(rotated, out, cache)
+
+
 def run_prefill(device: str, dtype: torch.dtype, heads: int, kv_heads: int, dim: int,
                 window: int = 0, softcap: float = 0.0, fp8: bool = False,
                 num_sms: int | None = None) -> None:
@@ -432,6 +480,14 @@ def test_mixed_padded_matches_reference(
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_varlen_rope_stores_the_cache(dtype: torch.dtype, fp8: bool) -> None:
+    for norm in (True, False):
+        run_varlen_rope("cuda", dtype, norm, fp8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [5, 37, 100, 4096])
 def test_sliding_window_matches_reference(dtype: torch.dtype, window: int) -> None:
     run_decode("cuda", dtype, 16, None, True, window)
@@ -527,6 +583,9 @@ if __name__ == "__main__":
     run_mixed_padded("cpu", torch.float32, 8, 2, 32, extra_tokens=13, empty_rows=5, num_sms=3)
     run_walk("cpu", torch.float32, programs=1, empty_rows=3)  # one program walks every block
     run_walk("cpu", torch.float32, programs=2, empty_rows=260, window=37)  # a table past 256
+    for norm in (True, False):  # the rope launch that stores K/V; an FP8 cache keeps its own
+        run_varlen_rope("cpu", torch.float32, norm)
+        run_varlen_rope("cpu", torch.float32, norm, fp8=True)
     # Sliding windows: shorter and longer than a tile (32 keys in fp32), not tile-aligned.
     for window in (5, 37, 100):
         run_decode("cpu", torch.float32, 16, None, True, window)
