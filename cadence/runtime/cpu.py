@@ -129,6 +129,11 @@ class CpuStream:
         if nbytes:
             ctypes.memmove(dst, src, nbytes)
 
+    def copy_2d_ptr_async(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int,
+                          height: int) -> None:
+        for row in range(height if width else 0):
+            ctypes.memmove(dst + row * dst_pitch, src + row * src_pitch, width)
+
     @contextmanager
     def capture(self, pool: Any = None, mode: str = "thread_local") -> Iterator[CpuGraph]:
         yield CpuGraph()

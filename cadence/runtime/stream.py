@@ -103,6 +103,17 @@ class Stream:
         if err:
             raise_for(err, "cudaMemcpyAsync")
 
+    def copy_2d_ptr_async(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int,
+                          height: int) -> None:
+        """``cudaMemcpy2DAsync``: ``height`` rows of ``width`` bytes, rows ``src_pitch`` bytes
+        apart in the source and ``dst_pitch`` in the destination (direction inferred), in one
+        call; nothing is checked."""
+        if width and height:
+            (err,) = self._rt.cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height,
+                                                self._memcpy_default, self.handle)
+            if err:
+                raise_for(err, "cudaMemcpy2DAsync")
+
     def capture(self, pool: Any = None, mode: str = "thread_local") -> AbstractContextManager[Graph]:
         """``with stream.capture() as graph:`` records the block's work on this stream into a
         ``Graph`` (instantiated when the block ends); see ``cadence.runtime.graph``."""

@@ -2,9 +2,10 @@
 
 Every step writes its index arrays into one of a few pinned host staging sets and copies them
 into the same persistent device buffers with asynchronous host-to-device copies on the main
-stream (the per-row int32 arrays live in one block, uploaded whole in one copy); a set is reused
-only after the event recorded behind its copies has completed, so the host never waits on the
-GPU here in steady state. A step that runs as a CUDA graph pads its tokens and rows up to the
+stream: raw ``cudaMemcpyAsync`` calls on addresses taken once (a torch copy costs tens of
+microseconds of host time each), the per-row int32 arrays as one block, the block table as one
+2D copy of the columns in use. A set is reused only after the event recorded behind its copies
+has completed, so the host never waits on the GPU here in steady state. A step that runs as a CUDA graph pads its tokens and rows up to the
 graph's bucket: padding tokens write no KV (slot -1), padding rows have an empty query range and
 sequence length 0, and neither ever takes a sampled token.
 """
@@ -62,8 +63,12 @@ class StepBuffers:
         for name, (offset, n) in layout.items():
             setattr(self, name, self._rows[offset : offset + n])
         self.block_tables = dev(max_num_reqs, torch.int32, max_blocks)
-        # Packed [rows, columns-used] upload area; a device copy scatters it into block_tables.
-        self._block_tables_flat = dev(max_num_reqs * max_blocks, torch.int32)
+        # Device addresses of the copies' destinations (fixed: graphs read these buffers).
+        self._dst = {name: getattr(self, name).data_ptr() for name in _INT64}
+        self._dst["rows"] = self._rows.data_ptr()
+        self._dst["block_tables"] = self.block_tables.data_ptr()
+        self._rows_nbytes = block_len * 4
+        self._bt_pitch = max_blocks * 4
 
         self._sets = []
         for _ in range(_NUM_STAGING_SETS):
@@ -72,16 +77,18 @@ class StepBuffers:
             s["rows"] = rows_block
             s.update({name: rows_block[offset : offset + n]
                       for name, (offset, n) in layout.items()})
-            s["block_tables"] = host(max_num_reqs * max_blocks, torch.int32)
-            s = {k: (v, v.numpy()) for k, v in s.items()}
-            self._sets.append((s, rt.create_event()))
+            s["block_tables"] = host(max_num_reqs, torch.int32, max_blocks)
+            src = {name: s[name].data_ptr() for name in (*_INT64, "rows", "block_tables")}
+            s = {k: v.numpy() for k, v in s.items()}
+            # NOTE: the staging tensors stay alive through their numpy views.
+            self._sets.append((s, src, rt.create_event()))
         self._next = 0
 
     def _staging(self):
-        staging, event = self._sets[self._next]
+        staging, src, event = self._sets[self._next]
         self._next = (self._next + 1) % len(self._sets)
         event.synchronize()  # normally long complete: the set was used steps ago
-        return staging, event
+        return staging, src, event
 
     def upload(self, inp: StepInputs, padded_tokens: int | None = None,
                padded_rows: int | None = None) -> AttentionMetadata:
@@ -91,7 +98,7 @@ class StepBuffers:
         tokens (past the last row's) belong to no row and write no KV (slot -1); padding rows
         have an empty query range and sequence length 0, so no kernel reads their block table.
         """
-        staging, event = self._staging()
+        staging, src, event = self._staging()
         b, t = inp.num_reqs, inp.num_tokens
         tokens = padded_tokens or t
         rows = padded_rows or b
@@ -99,7 +106,7 @@ class StepBuffers:
         nb = inp.block_tables.shape[1]  # columns this step uses; later ones are never read
 
         def put(name: str, values: np.ndarray, n: int, pad: int = 0) -> None:
-            arr = staging[name][1]
+            arr = staging[name]
             arr[: len(values)] = values
             arr[len(values) : n] = pad
 
@@ -113,29 +120,27 @@ class StepBuffers:
         put("use_sampled", inp.use_sampled, rows)
         put("sample_slots", inp.slots[inp.sample_rows], num_sample)
         put("logits_index", inp.last_token_index[inp.sample_rows], num_sample)
-        staging["block_tables"][1][: b * nb] = inp.block_tables[:, :nb].ravel()
-        staging["counts"][1][:] = (b, num_sample)
+        staging["block_tables"][:b, :nb] = inp.block_tables[:, :nb]
+        staging["counts"][:] = (b, num_sample)
 
-        with self.main.context():
-            # NOTE: pinned sources make these copies asynchronous; ordered on the main stream.
-            for name in _INT64:
-                getattr(self, name)[:tokens].copy_(staging[name][0][:tokens], non_blocking=True)
-            # The whole row block: past each array's rows this step it carries values of an
-            # earlier step, which nothing reads (each reader stops at its row count).
-            self._rows.copy_(staging["rows"][0], non_blocking=True)
-            # NOTE: a contiguous upload, then a device-side strided copy: a strided host->device
-            # copy would go through an unpinned temporary.
-            flat = self._block_tables_flat[: b * nb]
-            flat.copy_(staging["block_tables"][0][: b * nb], non_blocking=True)
-            self.block_tables[:b, :nb].copy_(flat.view(b, nb))
+        # NOTE: pinned sources make these copies asynchronous; ordered on the main stream.
+        copy, dst = self.main.copy_ptr_async, self._dst
+        for name in _INT64:
+            copy(dst[name], src[name], tokens * 8)
+        # The whole row block: past each array's rows this step it carries values of an
+        # earlier step, which nothing reads (each reader stops at its row count).
+        copy(dst["rows"], src["rows"], self._rows_nbytes)
+        pitch = self._bt_pitch
+        self.main.copy_2d_ptr_async(dst["block_tables"], pitch, src["block_tables"], pitch,
+                                    nb * 4, b)
         event.record(self.main)
 
         # A graph was captured over the full block-table width: pass that view to match.
         graph = padded_tokens is not None
         md = self.metadata(tokens, rows, inp.max_query_len,
                            self.max_blocks if graph else nb, inp.max_seq_len)
-        md.query_start_loc_cpu = torch.from_numpy(staging["query_start_loc"][1][: rows + 1].copy())
-        md.seq_lens_cpu = torch.from_numpy(staging["seq_lens"][1][:rows].copy())
+        md.query_start_loc_cpu = torch.from_numpy(staging["query_start_loc"][: rows + 1].copy())
+        md.seq_lens_cpu = torch.from_numpy(staging["seq_lens"][:rows].copy())
         return md
 
     def metadata(self, tokens: int, rows: int, max_query_len: int, num_block_cols: int,
@@ -163,7 +168,7 @@ class StepBuffers:
             self.counts.zero_()
 
     def close(self) -> None:
-        for _, event in self._sets:
+        for _, _, event in self._sets:
             event.synchronize()
             event.close()
         self._sets = []

@@ -77,6 +77,20 @@ def test_buffers_copies_are_synchronous() -> None:
         stream.copy(small, host)
 
 
+def test_2d_copy_moves_rows_between_pitches() -> None:
+    dev = CpuDevice()
+    stream = dev.create_stream()
+    src = np.arange(24, dtype=np.int32).reshape(4, 6)  # pitch 24 bytes
+    dst = np.full((3, 8), -1, dtype=np.int32)  # pitch 32 bytes
+    stream.copy_2d_ptr_async(dst.ctypes.data, 32, src.ctypes.data, 24, 3 * 4, 3)
+    want = np.full((3, 8), -1, dtype=np.int32)
+    want[:, :3] = src[:3, :3]
+    np.testing.assert_array_equal(dst, want)
+    stream.copy_2d_ptr_async(dst.ctypes.data, 32, src.ctypes.data, 24, 0, 3)  # nothing
+    stream.copy_2d_ptr_async(dst.ctypes.data, 32, src.ctypes.data, 24, 12, 0)
+    np.testing.assert_array_equal(dst, want)
+
+
 def test_capture_on_cpu_runs_the_block_once_and_cannot_replay() -> None:
     dev = CpuDevice()
     s = dev.create_stream()

@@ -104,6 +104,21 @@ def test_copy_checks_sizes_and_keeps_the_raw_form(dev) -> None:
     s.close()
 
 
+def test_2d_copy_moves_rows_between_pitches(dev) -> None:
+    s = dev.create_stream()
+    with dev.alloc_pinned(96) as host, dev.alloc_device(96) as device:
+        src = host.numpy(np.int32).reshape(4, 6)
+        src[:] = np.arange(24).reshape(4, 6)
+        device.torch(torch.int32).fill_(-1)
+        s.copy_2d_ptr_async(device.ptr, 32, host.ptr, 24, 12, 3)  # 3 x 3 ints into pitch 32
+        s.synchronize()
+        got = device.torch(torch.int32)[:24].view(3, 8).cpu().numpy()
+        want = np.full((3, 8), -1, dtype=np.int32)
+        want[:, :3] = src[:3, :3]
+        np.testing.assert_array_equal(got, want)
+    s.close()
+
+
 def test_streams_events_and_buffers_live_on_the_device_they_name() -> None:
     from cuda.bindings import runtime as rt
 
