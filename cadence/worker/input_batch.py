@@ -16,6 +16,7 @@ import numpy as np
 
 from cadence.sampling_params import SamplingParams
 from cadence.scheduler.output import SchedulerOutput
+from cadence.worker.step_layout import layout_step
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -208,25 +209,9 @@ class InputBatch:
         start = np.asarray(computed, dtype=np.int64)
         n = np.fromiter((so.num_scheduled_tokens[r] for r in req_ids), dtype=np.int64, count=b)
         end = start + n
-        qsl = np.zeros(b + 1, dtype=np.int32)
-        np.cumsum(n, out=qsl[1:])
-        t = int(qsl[-1])
-
-        row_of_token = np.repeat(np.arange(b), n)
-        positions = np.arange(t, dtype=np.int64) - np.repeat(qsl[:-1], n) + start[row_of_token]
-        tok_slots = slots[row_of_token]
-        # Positions the host does not know read a stale id here; only a row's last token can be
-        # unknown (the token sampled one step before), and combine overwrites it on device.
-        input_ids = self.token_ids[tok_slots, np.minimum(positions, self.max_model_len - 1)]
-        blk = self.block_table[tok_slots, positions // self.block_size].astype(np.int64)
-        slot_mapping = blk * self.block_size + positions % self.block_size
-
-        last_token_index = (qsl[1:] - 1).astype(np.int32)
-        use_sampled = (end - 1 >= self.num_known[slots]).astype(np.int32)
-        sample_mask = end >= self.num_tokens[slots]
-        sample_rows = np.nonzero(sample_mask)[0].astype(np.int32)
-        self.num_tokens[slots[sample_rows]] += 1
-
+        (positions, input_ids, slot_mapping, qsl, last_token_index, use_sampled,
+         sample_rows) = layout_step(slots, start, n, self.token_ids, self.block_table,
+                                    self.num_known, self.num_tokens, self.block_size)
         max_blocks = int(self.num_blocks[slots].max()) if b else 0
         return StepInputs(
             req_ids=req_ids,
