@@ -34,7 +34,8 @@ class Envs:
     # Keep the decoder's (residual add +) RMSNorms kernels of their own before the skinny qkv
     # and gate_up projections (not in their loads).
     disable_fused_norm: bool = False
-    # Keep the q/k norms and RoPE of decode steps a kernel of their own before attention.
+    # Keep the q/k norms and RoPE of decode steps a kernel of their own before attention, and
+    # the K/V store of other steps a kernel of its own after them.
     disable_fused_rope: bool = False
 
     @property

@@ -311,7 +311,8 @@ def _store_args(store: KVStore | None, k_out: torch.Tensor) -> tuple:
     v, cache = store.v, store.kv_cache
     if v.stride(-1) != 1:
         v = v.contiguous()
-    if (cache.stride(-1) != 1 or v.shape != k_out.shape or cache.shape[3:] != k_out.shape[1:]
+    if (cache.dim() != 5 or cache.shape[0] != 2 or cache.stride(-1) != 1
+            or v.shape != k_out.shape or cache.shape[3:] != k_out.shape[1:]
             or cache.dtype == torch.float8_e4m3fn):
         raise ValueError(f"v {tuple(v.shape)} and cache {tuple(cache.shape)} ({cache.dtype}) "
                          f"do not fit k {tuple(k_out.shape)}")

@@ -30,8 +30,9 @@ class TritonAttentionBackend:
         _require_triton()
         self._num_sms: dict[int, int] = {}
         self._fixed_sms = num_sms  # the device's SM count when None (tests pin it)
-        # Decode steps apply the q/k norms and RoPE in the attention kernel's loads (one kernel
-        # fewer per layer); off: fused_ops.qk_norm_rope first, as prefill always does.
+        # Decode steps apply the q/k norms and RoPE in the attention kernel's loads, and other
+        # steps' rope launch stores their K/V (one kernel fewer per layer either way); off:
+        # fused_ops.qk_norm_rope first, and a store launch of its own.
         self.fuse_rope = not read_envs().disable_fused_rope if fuse_rope is None else fuse_rope
 
     def num_sms(self, device: torch.device) -> int:
@@ -69,7 +70,7 @@ class TritonAttentionBackend:
         if rope is not None and not fuse:
             if decode:
                 q, k = rope.apply(q, k)
-            elif kv_cache.dtype == torch.float8_e4m3fn:
+            elif not self.fuse_rope or kv_cache.dtype == torch.float8_e4m3fn:
                 q, k = rope.apply(q, k)
             else:  # the rope launch also writes this pass's K/V to the cache
                 store = KVStore(v, kv_cache, metadata.slot_mapping)

@@ -32,12 +32,13 @@ def _spec(arg: Any) -> Hashable:
 
 def _key(args: Sequence[Any]) -> tuple[Hashable, ...]:
     """What Triton specializes each argument on: an int's ``== 1`` and ``% 16 == 0`` classes
-    (not a bool's: Triton does not specialize those), a tensor's dtype and 16-byte pointer
-    alignment, the type of anything else. One loop: this runs on every launch."""
+    and whether it fits int32 (Triton types it i32 or i64 by its value; not a bool's: Triton
+    does not specialize those), a tensor's dtype and 16-byte pointer alignment, the type of
+    anything else. One loop: this runs on every launch."""
     out = []
     for arg in args:
         if type(arg) is int:
-            out.append((arg == 1, not arg & 15))
+            out.append((arg == 1, not arg & 15, -0x80000000 <= arg <= 0x7FFFFFFF))
             continue
         ptr = getattr(arg, "data_ptr", None)
         out.append((arg.dtype, not ptr() & 15) if ptr is not None else type(arg))

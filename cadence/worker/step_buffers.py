@@ -68,6 +68,7 @@ class StepBuffers:
         self._dst["rows"] = self._rows.data_ptr()
         self._dst["block_tables"] = self.block_tables.data_ptr()
         self._rows_nbytes = block_len * 4
+        self._max_tokens = max_num_tokens
         self._bt_pitch = max_blocks * 4
 
         self._sets = []
@@ -98,10 +99,14 @@ class StepBuffers:
         tokens (past the last row's) belong to no row and write no KV (slot -1); padding rows
         have an empty query range and sequence length 0, so no kernel reads their block table.
         """
-        staging, src, event = self._staging()
         b, t = inp.num_reqs, inp.num_tokens
         tokens = padded_tokens or t
         rows = padded_rows or b
+        if tokens > self._max_tokens or rows > self.max_num_reqs:
+            # NOTE: the raw copies below check nothing: this bound keeps them in the buffers.
+            raise ValueError(f"a step of {tokens} tokens and {rows} rows does not fit buffers "
+                             f"of {self._max_tokens} tokens and {self.max_num_reqs} rows")
+        staging, src, event = self._staging()
         num_sample = len(inp.sample_rows)
         nb = inp.block_tables.shape[1]  # columns this step uses; later ones are never read
 

@@ -261,6 +261,11 @@ def run_varlen_rope(device: str, dtype: torch.dtype, norm: bool, fp8: bool = Fal
     case = make_case(MIXED_SEQS, 8, 2, 64, 16, dtype, device, num_padding=3, padding_slot=-1,
                      seed=6, kv_dtype=FP8 if fp8 else None, kv_scales=scales)
     md = case.metadata
+    # q, k and v as the attention layer passes them: views of one fused qkv projection.
+    t = case.q.shape[0]
+    qkv = torch.cat([case.q.reshape(t, -1), case.k.reshape(t, -1), case.v.reshape(t, -1)], 1)
+    q, k, v = qkv.split([case.q[0].numel(), case.k[0].numel(), case.v[0].numel()], dim=1)
+    case.q, case.k, case.v = q.view(case.q.shape), k.view(case.k.shape), v.view(case.v.shape)
     gen = torch.Generator().manual_seed(7)
     positions = torch.randint(0, 400, (case.q.shape[0],), generator=gen).to(device)
     table = torch.randn(400, 64, generator=gen).to(device, dtype)

@@ -76,7 +76,11 @@ def test_spec_classes():
     t = torch.zeros(8)
     assert _spec(t) == (torch.float32, True)
     assert _spec(t[1:]) == (torch.float32, False)
-    assert _spec(1) == (True, False) and _spec(32) == (False, True) and _spec(7) == (False, False)
+    assert _spec(1) == (True, False, True) and _spec(32) == (False, True, True)
+    assert _spec(7) == (False, False, True)
+    # Triton types an int i32 or i64 by its value: a stride past int32 is another kernel.
+    assert _spec(2**31 - 16) == (False, True, True) and _spec(2**31) == (False, True, False)
+    assert _spec(-(2**31)) == (False, True, True) and _spec(-(2**31) - 16)[2] is False
     assert _spec(0.5) is float and _spec(True) is bool
     mixed = (t, t[1:], 1, 32, 7, 0, 0.5, True, None, t.double())
     assert _key(mixed) == tuple(map(_spec, mixed))

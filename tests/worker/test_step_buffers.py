@@ -111,3 +111,20 @@ def test_row_arrays_upload_as_one_block_and_later_steps_read_their_own_rows():
     assert buf.req_slots[0].item() == inp.slots[0]
     assert buf.logits_index[0].item() == 0 and buf.use_sampled[0].item() == 1
     assert buf.slot_mapping[0].item() == 50 * 16 + 3
+
+
+def test_upload_refuses_a_step_larger_than_its_buffers():
+    """The raw copies check nothing: upload bounds the step by the buffers first."""
+    import pytest
+
+    rt = get_device("cpu")
+    batch = InputBatch(8, 64, 4, 16)
+    so = _decode_step(batch, 3)
+    batch.apply(so)
+    inp = batch.prepare(so)
+    buf = StepBuffers(rt, rt.create_stream(), 64, 8, 4, torch.device("cpu"))
+    with pytest.raises(ValueError, match="65 tokens"):
+        buf.upload(inp, padded_tokens=65, padded_rows=4)
+    with pytest.raises(ValueError, match="9 rows"):
+        buf.upload(inp, padded_tokens=8, padded_rows=9)
+    assert buf.upload(inp, padded_tokens=64, padded_rows=8).num_actual_tokens == 64
