@@ -293,6 +293,13 @@ def run_varlen_rope(device: str, dtype: torch.dtype, norm: bool, fp8: bool = Fal
         case.q, case.k, case.v, cache, md, case.scale, k_scale=scales[0], v_scale=scales[1],
         rope=rope)
     same(cache, split)
+    if device == "cuda":  # rope.apply runs the same kernel there (the CPU's is the reference)
+        unfused = case.cache.clone()
+        out2 = TritonAttentionBackend(fuse_rope=False, num_sms=3).forward(
+            case.q, case.k, case.v, unfused, md, case.scale, k_scale=scales[0],
+            v_scale=scales[1], rope=rope)
+        same(unfused, split)
+        assert torch.equal(out2[: md.num_actual_tokens], out[: md.num_actual_tokens])
     if fp8 and device == "cpu":
         return  # the interpreter's e4m3 rounding is not torch's (see run_fp8_reads)
     rotated = Case(q1, k1, case.v, case.cache, md, case.scale, k_scale=scales[0],
