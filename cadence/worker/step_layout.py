@@ -6,11 +6,15 @@ last input is the token sampled on device, and whether it samples this step. As 
 some 25 calls of a few microseconds each, more with the caches cold after a forward pass; the
 host pays it before the step's first kernel (a prompt's time to first token waits on it).
 
-Compiled with numba on first use (cached on disk); ``layout_step_numpy`` is the same arithmetic
-in numpy, the reference the tests hold the compiled pass to.
+Compiled with numba on first use (cached on disk where numba finds a writable place, else
+compiled once per process); ``layout_step_numpy`` is the same arithmetic in numpy, the
+reference the tests hold the compiled pass to.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -18,7 +22,16 @@ from numba import njit
 __all__ = ["layout_step", "layout_step_numpy"]
 
 
-@njit(cache=True, nogil=True)
+def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` compiled by numba, its machine code cached on disk when numba has a writable
+    cache location (next to this module, the user's cache directory or NUMBA_CACHE_DIR)."""
+    try:
+        return njit(cache=True, nogil=True)(fn)
+    except RuntimeError:  # numba found no writable cache location: compile per process
+        return njit(nogil=True)(fn)
+
+
+@compiled
 def layout_step(slots, start, n, token_ids, block_table, num_known, num_tokens,
                 block_size):  # pragma: no cover - compiled; layout_step_numpy is its twin
     """(positions, input_ids, slot_mapping, query_start_loc, last_token_index, use_sampled,

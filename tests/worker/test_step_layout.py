@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cadence.worker import step_layout
 from cadence.worker.step_layout import layout_step, layout_step_numpy
 
 
@@ -53,3 +54,20 @@ def test_layout_by_hand() -> None:
     assert use_sampled.tolist() == [0, 1]
     # Row 0 ends at 33 < 40 tokens (a chunk): no sample; row 1 reaches 18: samples.
     assert sample_rows.tolist() == [1] and num_tokens.tolist() == [19, 40]
+
+
+def test_compiles_without_a_disk_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where numba finds no writable cache location (it raises when asked to cache), the pass
+    is compiled per process instead of failing the import."""
+    calls = []
+
+    def njit(**options):
+        calls.append(options)
+        if options.get("cache"):
+            raise RuntimeError("cannot cache function: no locator available")
+        return lambda fn: fn
+
+    monkeypatch.setattr(step_layout, "njit", njit)
+    fn = step_layout.compiled(layout_step_numpy)
+    assert fn is layout_step_numpy
+    assert calls == [{"cache": True, "nogil": True}, {"nogil": True}]
