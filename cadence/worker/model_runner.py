@@ -198,7 +198,8 @@ class ModelRunner:
                    else EagerGraphBackend(self.main))
         self.buffers.fill_padding(self.max_num_tokens, self.max_num_reqs)
         mem_before = self._graph_memory()
-        mixed_sizes = token_capture_sizes(cfg.max_capture_tokens)
+        # EngineArgs caps max_capture_tokens at the step budget; a config built by hand may not.
+        mixed_sizes = token_capture_sizes(min(cfg.max_capture_tokens, self.max_num_tokens))
         seconds = 0.0
         with torch.inference_mode():
             # Largest activations first: the mixed graphs, then decode (one shared pool).

@@ -76,3 +76,19 @@ def test_a_budget_below_max_num_seqs_still_fits_a_full_decode_batch() -> None:
     runner.capture_graphs()
     assert runner.graphs is not None and runner.graphs.bucket_for(8) == 8
     runner.close()
+
+
+def test_mixed_graphs_never_exceed_the_step_buffers() -> None:
+    """A config built without EngineArgs may ask for mixed graphs past the step budget: the
+    runner captures none larger than its buffers (a step's upload would refuse them)."""
+    from dataclasses import replace
+
+    from cadence.config import GraphConfig
+
+    runner = _runner(max_model_len=100, max_num_seqs=4, max_num_batched_tokens=64)
+    runner.config = replace(runner.config, graphs=GraphConfig(max_capture_tokens=4096,
+                                                              emulate=True))
+    runner.initialize_kv_cache(runner.determine_num_kv_blocks())
+    runner.capture_graphs()
+    assert runner.max_num_tokens == 64 and runner.mixed_graphs.sizes[-1] == 64
+    runner.close()
