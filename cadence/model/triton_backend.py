@@ -68,9 +68,7 @@ class TritonAttentionBackend:
         fuse = rope is not None and self.fuse_rope and decode and rope_fusable(q, k, rope)
         stored = False
         if rope is not None and not fuse:
-            if decode:
-                q, k = rope.apply(q, k)
-            elif not self.fuse_rope or kv_cache.dtype == torch.float8_e4m3fn:
+            if decode or not self.fuse_rope or kv_cache.dtype == torch.float8_e4m3fn:
                 q, k = rope.apply(q, k)
             else:  # the rope launch also writes this pass's K/V to the cache
                 store = KVStore(v, kv_cache, metadata.slot_mapping)

@@ -5,9 +5,10 @@ into the same persistent device buffers with asynchronous host-to-device copies 
 stream: raw ``cudaMemcpyAsync`` calls on addresses taken once (a torch copy costs tens of
 microseconds of host time each), the per-row int32 arrays as one block, the block table as one
 2D copy of the columns in use. A set is reused only after the event recorded behind its copies
-has completed, so the host never waits on the GPU here in steady state. A step that runs as a CUDA graph pads its tokens and rows up to the
-graph's bucket: padding tokens write no KV (slot -1), padding rows have an empty query range and
-sequence length 0, and neither ever takes a sampled token.
+has completed, so the host never waits on the GPU here in steady state. A step that runs as a
+CUDA graph pads its tokens and rows up to the graph's bucket: padding tokens write no KV (slot
+-1), padding rows have an empty query range and sequence length 0, and neither ever takes a
+sampled token.
 """
 
 from __future__ import annotations
@@ -68,7 +69,6 @@ class StepBuffers:
         self._dst["rows"] = self._rows.data_ptr()
         self._dst["block_tables"] = self.block_tables.data_ptr()
         self._rows_nbytes = block_len * 4
-        self._max_tokens = max_num_tokens
         self._bt_pitch = max_blocks * 4
 
         self._sets = []
@@ -102,10 +102,11 @@ class StepBuffers:
         b, t = inp.num_reqs, inp.num_tokens
         tokens = padded_tokens or t
         rows = padded_rows or b
-        if tokens > self._max_tokens or rows > self.max_num_reqs:
+        max_tokens = self.input_ids.shape[0]
+        if tokens > max_tokens or rows > self.max_num_reqs:
             # NOTE: the raw copies below check nothing: this bound keeps them in the buffers.
             raise ValueError(f"a step of {tokens} tokens and {rows} rows does not fit buffers "
-                             f"of {self._max_tokens} tokens and {self.max_num_reqs} rows")
+                             f"of {max_tokens} tokens and {self.max_num_reqs} rows")
         staging, src, event = self._staging()
         num_sample = len(inp.sample_rows)
         nb = inp.block_tables.shape[1]  # columns this step uses; later ones are never read
