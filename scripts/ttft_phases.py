@@ -54,6 +54,9 @@ def main() -> int:
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=20)
     ns = p.parse_args()
+    if ns.input_len < 1 or ns.repeats < 1:
+        p.error(f"--input-len and --repeats must be at least 1, got {ns.input_len} and "
+                f"{ns.repeats}")
     args = EngineArgs.from_cli_args(ns)
     args.skip_tokenizer_init = True
     args.max_num_seqs = min(args.max_num_seqs, 8)  # as bench ttft runs
