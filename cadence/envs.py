@@ -37,6 +37,9 @@ class Envs:
     # Keep the q/k norms and RoPE of decode steps a kernel of their own before attention, and
     # the K/V store of other steps a kernel of its own after them.
     disable_fused_rope: bool = False
+    # Run every eager step's forward as it is: no launch tapes (graphs/tapes.py) for decode
+    # steps that no CUDA graph runs.
+    disable_launch_tapes: bool = False
 
     @property
     def cpu_threads(self) -> int | None:
@@ -65,4 +68,5 @@ def read_envs() -> Envs:
         disable_skinny_glu=bool(_flag("CADENCE_DISABLE_SKINNY_GLU")),
         disable_fused_norm=bool(_flag("CADENCE_DISABLE_FUSED_NORM")),
         disable_fused_rope=bool(_flag("CADENCE_DISABLE_FUSED_ROPE")),
+        disable_launch_tapes=bool(_flag("CADENCE_DISABLE_LAUNCH_TAPES")),
     )

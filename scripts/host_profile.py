@@ -34,6 +34,8 @@ def main() -> int:
     p.add_argument("--prefill-len", type=int, default=0)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--sort", default="tottime", choices=("tottime", "cumulative"),
+                   help="order of the functions listed (pstats' keys)")
     ns = p.parse_args()
     args = EngineArgs.from_cli_args(ns)
     args.skip_tokenizer_init = True
@@ -68,7 +70,7 @@ def main() -> int:
           f"(eager={args.enforce_eager}, batch={ns.batch_size}, prefill={ns.prefill_len})")
     out = io.StringIO()
     stats = pstats.Stats(prof, stream=out)
-    stats.sort_stats("tottime").print_stats(ns.top)
+    stats.sort_stats(ns.sort).print_stats(ns.top)
     print(out.getvalue())
     core.shutdown()
     return 0

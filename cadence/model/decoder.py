@@ -17,6 +17,7 @@ from transformers import PretrainedConfig
 from cadence.model.arch import DecoderArch
 from cadence.model.attention_layer import SelfAttention
 from cadence.model.attention_metadata import AttentionBackend, AttentionMetadata
+from cadence.model.embedding import embed
 from cadence.model.gemma import GemmaDecoderLayer
 from cadence.model.layers import GemmaRMSNorm, RMSNorm, silu_and_mul
 from cadence.model.moe import SparseMoE
@@ -205,7 +206,7 @@ class CausalLM(nn.Module):
                                       self.rotary_emb.params.original_max_position_embeddings,
                                       self.rotary_emb.long_offset)
         local = cos_sin if self.rotary_emb_local is None else self.rotary_emb_local.cos_sin
-        x = self.model.embed_tokens(input_ids)
+        x = embed(self.model.embed_tokens, input_ids)
         if self.arch.gemma:
             # transformers rounds the float32 scale to the weights' dtype first.
             scale = torch.tensor(self.arch.hidden_size**0.5, dtype=torch.float32).to(x.dtype)

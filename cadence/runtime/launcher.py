@@ -31,6 +31,7 @@ from cadence.runtime.kernel_params import (
     raw_params,
     triton_params,
 )
+from cadence.runtime.launch_tape import active_recorder
 
 Dims = int | Sequence[int]
 
@@ -117,7 +118,19 @@ class BoundKernel:
         if blocks > 0:
             self._launch(stream, blocks, 1, 1)
 
+    def c_call(self, stream: Any) -> Any:
+        """This launch on ``stream`` as a call of no arguments into libcuda that returns the
+        driver's error code (0: launched), or None where there is no C entry point."""
+        if self._c_launch is None or self._empty:
+            return None
+        bx, by, bz = self.block
+        return functools.partial(self._c_launch, *self.grid, bx, by, bz, self.shared_mem,
+                                 _stream_int(stream), self.params.address, None)
+
     def _launch(self, stream: Any, gx: int, gy: int, gz: int) -> None:
+        recorder = active_recorder()
+        if recorder is not None:  # its caller may change what it passes between launches
+            recorder.refuse(f"{self!r} launched during a recording")
         if self._c_launch is not None:
             handle = self._handles.get(stream)
             if handle is None:
@@ -220,11 +233,27 @@ def bind_triton(jit_fn: Any, grid: Dims, args: Sequence[Any], *, num_warps: int 
                                 "memory launch through Triton")
     names = list(compiled.src.signature)
     values = list(args) + [constexprs.get(name) for name in names[len(args):]]
+    return bind_compiled_triton(compiled, grid3, values)
+
+
+def bind_compiled_triton(compiled: Any, grid: Dims, values: Sequence[Any],
+                         device_index: int | None = None,
+                         keepalive: Sequence[Any] | None = None) -> BoundKernel:
+    """Bind a compiled, loaded Triton kernel to ``values``: every parameter of its signature in
+    order, constexprs included (ignored, as its own launcher ignores them). The binding keeps
+    ``keepalive`` alive, by default the kernel and ``values``."""
+    md = compiled.metadata
+    if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_cooperative_grid", False)
+            or getattr(md, "launch_pdl", False) or getattr(md, "global_scratch_size", 0)
+            or getattr(md, "profile_scratch_size", 0)):
+        raise LaunchUnsupported("kernels with clusters, cooperative or PDL launches or scratch "
+                                "memory launch through Triton")
     scratch = sum(hasattr(md, a) for a in ("global_scratch_size", "profile_scratch_size"))
     params = PackedParams(triton_params(list(compiled.src.signature.values()), values, scratch))
     warp = 32
-    return BoundKernel(compiled.function, grid3, (warp * md.num_warps, 1, 1), params, md.shared,
-                       keepalive=(compiled, *args))
+    return BoundKernel(compiled.function, grid, (warp * md.num_warps, 1, 1), params, md.shared,
+                       device_index,
+                       keepalive=(compiled, *values) if keepalive is None else keepalive)
 
 
 def bind_function(function: Any, grid: Dims, block: Dims, args: Sequence[Any],

@@ -17,6 +17,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cadence.runtime.launch_tape import active_recorder
+
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -56,12 +58,18 @@ class PreparedLaunch:
     pdl: bool
     constexprs: tuple[Any, ...]
     current_stream: Callable[[int], int]  # device index -> the raw current stream
+    compiled: Any  # Triton's compiled kernel (a launch tape binds it to packed parameters)
 
     def __call__(self, gx: int, gy: int, gz: int, device: int, args: Sequence[Any]) -> None:
+        stream = self.current_stream(device)
         self.launch(
-            gx, gy, gz, self.current_stream(device), self.function, self.cooperative, self.pdl,
+            gx, gy, gz, stream, self.function, self.cooperative, self.pdl,
             None, None, self.packed_metadata, None, None, None, *args, *self.constexprs,
         )  # fmt: skip
+        recorder = active_recorder()
+        if recorder is not None:
+            recorder.add_triton(self.compiled, (gx, gy, gz), stream, device,
+                                (*args, *self.constexprs))
 
 
 class TritonLaunch:
@@ -85,6 +93,10 @@ class TritonLaunch:
         key = (_key(args), tuple(constexprs.items()), num_warps, num_stages)
         compiled = self._compiled.get(key)
         if compiled is None:
+            recorder = active_recorder()
+            if recorder is not None:  # Triton's own launch: nothing a tape can bind
+                recorder.refuse(f"{getattr(self.kernel, '__name__', 'a Triton kernel')} "
+                                "launched through Triton")
             ran = self.kernel[tuple(grid)](
                 *args, **constexprs, num_warps=num_warps, num_stages=num_stages
             )
@@ -117,6 +129,6 @@ def _bind(ran: Any, constexprs: dict[str, Any]) -> PreparedLaunch | None:
             return None
         return PreparedLaunch(launch, ran.function, ran.packed_metadata,
                          runner.launch_cooperative_grid, runner.launch_pdl,
-                         tuple(constexprs.values()), torch._C._cuda_getCurrentRawStream)
+                         tuple(constexprs.values()), torch._C._cuda_getCurrentRawStream, ran)
     except AttributeError:  # another Triton version or backend: its own path is always right
         return None

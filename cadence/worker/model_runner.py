@@ -19,6 +19,8 @@ import numpy as np
 import torch
 
 from cadence.config import EngineConfig
+from cadence.envs import read_envs
+from cadence.graphs.tapes import TapedSteps
 from cadence.model.dtypes import kv_cache_dtype
 from cadence.model.fp8 import fp8_supported
 from cadence.numba_kernels.launcher import TokenBuffers, make_token_kernels
@@ -99,6 +101,9 @@ class ModelRunner:
         self.graphs = None  # decode graphs by batch size (a GraphRunner) once captured
         self.mixed_graphs = None  # mixed-step graphs by token count, once captured
         self.capture_seconds = 0.0
+        # Eager decode steps replayed from launch tapes (by batch size), where no graph runs.
+        self.tapes = (TapedSteps(device) if device.type == "cuda"
+                      and not read_envs().disable_launch_tapes else None)
 
     # KV cache --------------------------------------------------------------------------------
     def kv_block_bytes(self) -> int:
@@ -280,10 +285,16 @@ class ModelRunner:
             b, rows = inp.num_reqs, inp.sample_rows
             req_ids = inp.req_ids
             decode_bucket, mixed_bucket = self._buckets(inp)
+            tape_key = None
             if decode_bucket is not None:
                 md = self.buffers.upload(inp, decode_bucket, decode_bucket)
             elif mixed_bucket is not None:
                 md = self.buffers.upload(inp, mixed_bucket, self.mixed_rows(mixed_bucket))
+            elif (self.tapes is not None and inp.max_query_len == 1
+                  and self.tapes.wants(inp.num_reqs)):
+                # A tape freezes the decode kernel's grid: the graphs' full block-table width.
+                tape_key = inp.num_reqs
+                md = self.buffers.upload(inp, inp.num_tokens, inp.num_reqs)
             else:
                 md = self.buffers.upload(inp)
         scored: dict = {}
@@ -300,8 +311,12 @@ class ModelRunner:
                 with nvtx_range("forward"):
                     self.combine_kernel.combine(self.main)
                     t = inp.num_tokens
-                    hidden = self.model(self.buffers.input_ids[:t], self.buffers.positions[:t],
-                                        md)
+
+                    def forward() -> torch.Tensor:
+                        return self.model(self.buffers.input_ids[:t], self.buffers.positions[:t],
+                                          md)
+
+                    hidden = forward() if tape_key is None else self.tapes.run(tape_key, forward)
             scored = self.sampling.score_prompts(inp, hidden, self.model.compute_logits)
             if len(rows) == 0:
                 out = ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)},
@@ -337,6 +352,8 @@ class ModelRunner:
             if graphs is not None:
                 graphs.close()
         self.graphs = self.mixed_graphs = None
+        if self.tapes is not None:
+            self.tapes.close()
         self.copier.close()
         self.copier = None
         self.buffers.close()
