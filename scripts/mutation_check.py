@@ -756,8 +756,12 @@ MUTATIONS = [
              ("tests/graphs/test_tapes.py",)),
     Mutation("tape-guard-blind", "torch ops in a recorded pass go unnoticed (their kernels are "
              "not on the tape)", "cadence/graphs/tapes.py",
-             "        elif not (func.is_view or func in _VIEWS or _no_tensors(args, kwargs, out)):",
+             "        elif not _no_tensors(args, kwargs, out):",
              "        elif False:", ("tests/graphs/test_tapes.py",)),
+    Mutation("tape-copying-views", "a composite that copies under inference mode passes as a "
+             "view (its copy is not on the tape)", "cadence/graphs/tapes.py",
+             "            if not _shares_storage(out, args, kwargs):", "            if False:",
+             ("tests/graphs/test_tapes.py",)),
     Mutation("tape-keeps-pass-buffers", "a tape keeps its pass's own buffers alive instead of "
              "the outside ones", "cadence/graphs/tapes.py",
              "                    and value.untyped_storage().data_ptr() not in allocated):",
@@ -767,18 +771,13 @@ MUTATIONS = [
              "cadence/graphs/tapes.py",
              "        self.op(*self.args, **self.kwargs, out=self.out)", "        pass",
              ("tests/graphs/test_tapes.py",), ("tests/graphs/test_tapes.py",)),
-    Mutation("tape-any-stream", "a tape with matrix products replays on another stream",
-             "cadence/graphs/tapes.py",
-             "(not found.torch_ops or self._on_stream(found.launches.stream))",
-             "(not found.torch_ops or True)", ("tests/graphs/test_tapes.py",),
-             ("tests/graphs/test_tapes.py",)),
     Mutation("tape-replay-order", "a tape replays its launches last first",
              "cadence/runtime/launch_tape.py", "        for i, call in enumerate(self._calls):",
              "        for i, call in reversed(list(enumerate(self._calls))):",
              ("tests/runtime/test_launch_tape.py",), ("tests/runtime/test_launch_tape.py",)),
     Mutation("tape-bound-kernel", "a BoundKernel launched while recording is left off the tape "
              "silently", "cadence/runtime/launcher.py",
-             "            recorder.refuse(f\"{self!r} launched during a recording\")",
+             "            recorder.refuse(\"a BoundKernel launched during a recording\")",
              "            pass", ("tests/runtime/test_launch_tape.py",)),
     Mutation("tape-triton-path", "a launch through Triton's own path is left off the tape "
              "silently", "cadence/runtime/triton_launch.py",

@@ -106,9 +106,22 @@ class _TorchOpGuard(TorchDispatchMode):
                       else 0)
             self.allocated.add(out.untyped_storage().data_ptr())
             self.recorder.add(_TorchOp(_REPLAYED[func], args, dict(kwargs), out), stream)
-        elif not (func.is_view or func in _VIEWS or _no_tensors(args, kwargs, out)):
+        elif func.is_view or func in _VIEWS:
+            # Under inference mode composites such as ``contiguous`` or ``reshape`` arrive
+            # whole and marked as views, yet copy where a view cannot do.
+            if not _shares_storage(out, args, kwargs):
+                self.recorder.refuse(f"torch op {func} copied during the recording")
+        elif not _no_tensors(args, kwargs, out):
             self.recorder.refuse(f"torch op {func} ran during the recording")
         return out
+
+
+def _shares_storage(out: Any, args: Any, kwargs: Any) -> bool:
+    """Whether every tensor ``out`` holds is a view of one of the inputs' storages."""
+    inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
+              if isinstance(t, torch.Tensor)}
+    return all(t.untyped_storage().data_ptr() in inputs for t in tree_leaves(out)
+               if isinstance(t, torch.Tensor))
 
 
 def _no_tensors(*trees: Any) -> bool:
@@ -133,11 +146,15 @@ def outside_buffers(values: Sequence[Sequence[Any]], allocated: set[int]) -> lis
 class _Tape:
     launches: LaunchTape
     output: Any
-    torch_ops: bool  # ops that run on torch's current stream, which must be the tape's
 
 
 class TapedSteps:
-    """Launch tapes of eager passes by key, with the pool their memory comes from."""
+    """Launch tapes of eager passes by key, with the pool their memory comes from.
+
+    Memory: the pool holds the largest recorded pass's live intermediates and every tape's
+    output, about what CUDA graphs of the same keys would hold in theirs (tapes run where no
+    graph does). NOTE: later recordings reuse a tape's freed blocks, even for their outputs,
+    so a step's output must be consumed (on the stream) before the next pass, as a graph's."""
 
     def __init__(self, device: torch.device, max_tapes: int = 256) -> None:
         self.device = device
@@ -145,6 +162,9 @@ class TapedSteps:
         self._tapes: dict[Hashable, _Tape] = {}
         self._runs: dict[Hashable, int] = {}  # passes run as they are, per key without a tape
         self.refused: dict[Hashable, str] = {}  # the last reason per key not (yet) on tape
+        # Set when no pool can be made: no key is recorded then. (A model that no key can
+        # tape, as under tensor parallelism, pays RECORD_ATTEMPTS watched passes per key once.)
+        self.disabled: str | None = None
         self._pool: Any = None
         self.replays = 0
 
@@ -158,32 +178,35 @@ class TapedSteps:
     def wants(self, key: Hashable) -> bool:
         """Whether ``key``'s passes go through ``run``: not once it runs as it is for good (the
         caller may then shape its pass for running as it is)."""
-        return (key in self._tapes or self._runs.get(key, 0) <= RECORD_ATTEMPTS
+        if key in self._tapes:
+            return True
+        return (self.disabled is None and self._runs.get(key, 0) <= RECORD_ATTEMPTS
                 and len(self._tapes) < self.max_tapes)
 
     def run(self, key: Hashable, step: Callable[[], T]) -> T:
         """``step()``: replayed from ``key``'s tape once there is one."""
         found = self._tapes.get(key)
-        if found is not None and (not found.torch_ops or self._on_stream(found.launches.stream)):
+        if found is not None:
+            if not self._on_stream(found.launches.stream):
+                return step()  # another stream than the recorded one: as it is
             found.launches.replay()
             self.replays += 1
             return found.output
-        if found is not None:
-            return step()  # another stream than the recorded one: as it is
         runs = self._runs.get(key, 0)
+        record = runs > 0 and self.wants(key)  # the first pass compiles and plans: not yet
         self._runs[key] = runs + 1
-        if runs == 0 or runs > RECORD_ATTEMPTS or len(self._tapes) >= self.max_tapes:
-            return step()  # the first pass compiles and plans: nothing to record yet
-        return self._record(key, step)
+        return self._record(key, step) if record else step()
 
     def _record(self, key: Hashable, step: Callable[[], T]) -> T:
-        with recording() as recorder, self._allocations(), _TorchOpGuard(recorder) as guard:
+        allocations = self._allocations()
+        if allocations is None:
+            return step()
+        with recording() as recorder, allocations, _TorchOpGuard(recorder) as guard:
             output = step()
         if recorder.refused is None and not recorder.launches:
             recorder.refuse("the pass launched no kernel")
         if recorder.refused is not None:
-            self.refused[key] = recorder.refused
-            logger.debug("No launch tape for %r: %s", key, recorder.refused)
+            self._refuse(key, recorder.refused)
             return output
         if self._pool is None:  # no pool holds the pass's memory: the tape holds all of it
             keep = [v for values in recorder.values for v in values]
@@ -192,11 +215,14 @@ class TapedSteps:
             for launch in recorder.launches:
                 if isinstance(launch, _TorchOp):
                     launch.unown(guard.allocated)
-        torch_ops = any(isinstance(launch, _TorchOp) for launch in recorder.launches)
-        self._tapes[key] = _Tape(LaunchTape(recorder, keep), output, torch_ops)
+        self._tapes[key] = _Tape(LaunchTape(recorder, keep), output)
         self.refused.pop(key, None)
         self._runs.pop(key, None)
         return output
+
+    def _refuse(self, key: Hashable, why: str) -> None:
+        self.refused[key] = why
+        logger.debug("No launch tape for %r: %s", key, why)
 
     def _on_stream(self, stream: int) -> bool:
         if self.device.type != "cuda":
@@ -204,12 +230,18 @@ class TapedSteps:
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         return torch._C._cuda_getCurrentRawStream(index) == stream
 
-    def _allocations(self) -> contextlib.AbstractContextManager[Any]:
+    def _allocations(self) -> contextlib.AbstractContextManager[Any] | None:
+        """Where the recorded pass allocates (None: nowhere a tape can keep, tapes are off)."""
         if self.device.type != "cuda":
             return contextlib.nullcontext()
-        if self._pool is None:
-            self._pool = torch.cuda.MemPool()
-        return torch.cuda.use_mem_pool(self._pool, self.device.index)  # None: the current one
+        try:
+            if self._pool is None:
+                self._pool = torch.cuda.MemPool()
+            return torch.cuda.use_mem_pool(self._pool, self.device.index)  # None: current
+        except Exception as exc:  # e.g. an allocator backend without private pools
+            self.disabled = f"no memory pool for the tapes: {exc}"
+            logger.warning("Eager steps run without launch tapes: %s", self.disabled)
+            return None
 
     def close(self) -> None:
         self._tapes.clear()

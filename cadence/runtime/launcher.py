@@ -130,7 +130,7 @@ class BoundKernel:
     def _launch(self, stream: Any, gx: int, gy: int, gz: int) -> None:
         recorder = active_recorder()
         if recorder is not None:  # its caller may change what it passes between launches
-            recorder.refuse(f"{self!r} launched during a recording")
+            recorder.refuse("a BoundKernel launched during a recording")
         if self._c_launch is not None:
             handle = self._handles.get(stream)
             if handle is None:

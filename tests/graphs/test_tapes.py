@@ -112,6 +112,42 @@ def test_allocations_and_views_are_allowed_other_ops_are_named() -> None:
     assert "_local_scalar_dense" in tapes.refused["item"]
 
 
+@pytest.mark.parametrize("copying", ["contiguous", "reshape", "flatten", "to", "double"])
+def test_composites_that_copy_under_inference_mode_refuse_the_recording(copying: str) -> None:
+    """The engine records under inference mode, where ``contiguous`` and friends reach the
+    guard whole, marked as views: a copy among them is refused; a true view is not."""
+    tapes = TapedSteps(torch.device("cpu"))
+    x = torch.randn(4, 6)
+    kernel = _Kernel(lambda: None)
+    ops = {"contiguous": lambda: x.t().contiguous(), "reshape": lambda: x.t().reshape(24),
+           "flatten": lambda: x.t().flatten(), "to": lambda: x.to(torch.float64),
+           "double": lambda: x.double()}
+
+    def views() -> Any:
+        kernel()
+        return x.contiguous(), x.reshape(24), x.flatten(), x.to(torch.float32), x.t()
+
+    with torch.inference_mode():
+        for _ in range(2):
+            tapes.run("copy", lambda: (kernel(), ops[copying]()))
+            tapes.run("views", views)
+    assert "copied" in tapes.refused["copy"] and tapes.tape("copy") is None
+    assert tapes.tape("views") is not None
+
+
+def test_no_pool_for_the_tapes_turns_them_off() -> None:
+    """Where no private pool can be made (here: a CUDA device in name only), steps run as
+    they are and no key is recorded again."""
+    if torch.cuda.is_available():
+        pytest.skip("the pool exists on a GPU")
+    tapes = TapedSteps(torch.device("cuda"))
+    step = _Step(torch.ones(2))
+    for _ in range(4):
+        tapes.run("k", step)
+    assert tapes.disabled is not None and not tapes.wants("k") and len(tapes) == 0
+    assert step.calls == 4 and step.recorded == [False] * 4
+
+
 def test_a_tape_keeps_buffers_from_outside_the_pass_alive_but_not_its_own() -> None:
     from cadence.graphs.tapes import outside_buffers
 
@@ -153,13 +189,15 @@ def test_matrix_products_are_replayed_into_the_tensors_they_made(bias: bool) -> 
         kernel()
         return z
 
-    outs = [tapes.run("k", step) for _ in range(2)]
+    with torch.inference_mode():  # the engine's mode: F.linear reaches the guard whole
+        outs = [tapes.run("k", step) for _ in range(2)]
     tape = tapes.tape("k")
     assert tape is not None and len(tape) == 3 and not tapes.refused
     x.copy_(torch.randn(3, 8))
-    out = tapes.run("k", step)
-    assert out is outs[1] and tapes.replays == 1 and kernel.launches == 3
-    torch.testing.assert_close(out, step(), rtol=0, atol=0)  # the same products, recomputed
+    with torch.inference_mode():
+        out = tapes.run("k", step)
+        assert out is outs[1] and tapes.replays == 1 and kernel.launches == 3
+        torch.testing.assert_close(out, step(), rtol=0, atol=0)  # the same products, again
 
 
 def test_at_most_max_tapes_and_close_forgets_them() -> None:
