@@ -1,5 +1,6 @@
 """CUDA graphs per bucket: decode steps by batch size, mixed steps by token count (capture
-sizes, capture/replay, inspection)."""
+sizes, capture/replay, inspection); launch tapes for the eager steps no graph runs
+(``graphs.tapes``)."""
 
 from __future__ import annotations
 
