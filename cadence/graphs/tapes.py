@@ -198,10 +198,15 @@ class TapedSteps:
         return self._record(key, step) if record else step()
 
     def _record(self, key: Hashable, step: Callable[[], T]) -> T:
-        allocations = self._allocations()
-        if allocations is None:
-            return step()
-        with recording() as recorder, allocations, _TorchOpGuard(recorder) as guard:
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self._allocations())
+            except Exception as exc:  # e.g. an allocator backend without private pools
+                self.disabled = f"no memory pool for the tapes: {exc}"
+                logger.warning("Eager steps run without launch tapes: %s", self.disabled)
+                return step()
+            recorder = stack.enter_context(recording())
+            guard = stack.enter_context(_TorchOpGuard(recorder))
             output = step()
         if recorder.refused is None and not recorder.launches:
             recorder.refuse("the pass launched no kernel")
@@ -230,18 +235,13 @@ class TapedSteps:
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         return torch._C._cuda_getCurrentRawStream(index) == stream
 
-    def _allocations(self) -> contextlib.AbstractContextManager[Any] | None:
-        """Where the recorded pass allocates (None: nowhere a tape can keep, tapes are off)."""
+    def _allocations(self) -> contextlib.AbstractContextManager[Any]:
+        """Where the recorded pass allocates: the tapes' pool on CUDA."""
         if self.device.type != "cuda":
             return contextlib.nullcontext()
-        try:
-            if self._pool is None:
-                self._pool = torch.cuda.MemPool()
-            return torch.cuda.use_mem_pool(self._pool, self.device.index)  # None: current
-        except Exception as exc:  # e.g. an allocator backend without private pools
-            self.disabled = f"no memory pool for the tapes: {exc}"
-            logger.warning("Eager steps run without launch tapes: %s", self.disabled)
-            return None
+        if self._pool is None:
+            self._pool = torch.cuda.MemPool()
+        return torch.cuda.use_mem_pool(self._pool, self.device.index)  # None: the current one
 
     def close(self) -> None:
         self._tapes.clear()

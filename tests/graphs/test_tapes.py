@@ -148,6 +148,23 @@ def test_no_pool_for_the_tapes_turns_them_off() -> None:
     assert step.calls == 4 and step.recorded == [False] * 4
 
 
+def test_a_pool_that_fails_when_entered_turns_the_tapes_off(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    from contextlib import contextmanager
+
+    @contextmanager
+    def failing():  # as use_mem_pool under an allocator backend without private pools
+        raise RuntimeError("no private pools here")
+        yield
+
+    tapes = TapedSteps(torch.device("cpu"))
+    monkeypatch.setattr(tapes, "_allocations", failing)
+    step = _Step(torch.ones(2))
+    for _ in range(3):
+        assert torch.equal(tapes.run("k", step), torch.full((2,), 2.0))
+    assert "no private pools" in (tapes.disabled or "") and step.calls == 3
+
+
 def test_a_tape_keeps_buffers_from_outside_the_pass_alive_but_not_its_own() -> None:
     from cadence.graphs.tapes import outside_buffers
 
