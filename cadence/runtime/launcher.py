@@ -225,12 +225,6 @@ def bind_triton(jit_fn: Any, grid: Dims, args: Sequence[Any], *, num_warps: int 
     if hasattr(compiled, "result"):  # Triton's asynchronous compile mode hands back a future
         compiled = compiled.result()
     compiled._init_handles()  # loads the module: the function handle exists from here on
-    md = compiled.metadata
-    if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_cooperative_grid", False)
-            or getattr(md, "launch_pdl", False) or getattr(md, "global_scratch_size", 0)
-            or getattr(md, "profile_scratch_size", 0)):
-        raise LaunchUnsupported("kernels with clusters, cooperative or PDL launches or scratch "
-                                "memory launch through Triton")
     names = list(compiled.src.signature)
     values = list(args) + [constexprs.get(name) for name in names[len(args):]]
     return bind_compiled_triton(compiled, grid3, values)
