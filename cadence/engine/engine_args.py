@@ -225,7 +225,9 @@ class EngineArgs:
         parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
                             action="store_false", help="turn prefix caching off")
         parser.add_argument("--enforce-eager", action="store_true",
-                            help="run every step eagerly (no CUDA graphs)")
+                            help="run every step eagerly (no CUDA graphs; decode steps replay "
+                                 "their recorded kernel launches unless "
+                                 "CADENCE_DISABLE_LAUNCH_TAPES=1)")
         parser.add_argument("--max-capture-tokens", type=_non_negative_int, default=None,
                             help="capture mixed prefill/decode steps as CUDA graphs up to this "
                                  "many tokens; 0 = decode graphs only (default: 8192)")
