@@ -771,6 +771,16 @@ MUTATIONS = [
              "cadence/graphs/tapes.py",
              "        self.op(*self.args, **self.kwargs, out=self.out)", "        pass",
              ("tests/graphs/test_tapes.py",), ("tests/graphs/test_tapes.py",)),
+    Mutation("tape-step-width", "a taped decode step uploads the block table's used columns "
+             "(its frozen split count no longer covers a longer context)",
+             "cadence/worker/model_runner.py",
+             "                md = self.buffers.upload(inp, inp.num_tokens, inp.num_reqs)",
+             "                md = self.buffers.upload(inp)", ("tests/graphs/test_tapes.py",),
+             ("tests/graphs/test_tapes.py",)),
+    Mutation("tape-given-up-width", "a batch size that gave up its tape still uploads the "
+             "graphs' width", "cadence/worker/model_runner.py",
+             "                  and self.tapes.wants(inp.num_reqs)):", "                  ):",
+             ("tests/graphs/test_tapes.py",)),
     Mutation("tape-replay-order", "a tape replays its launches last first",
              "cadence/runtime/launch_tape.py", "        for i, call in enumerate(self._calls):",
              "        for i, call in reversed(list(enumerate(self._calls))):",

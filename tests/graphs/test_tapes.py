@@ -323,3 +323,41 @@ def test_a_replay_survives_other_allocations_and_refuses_another_stream() -> Non
     side.synchronize()
     assert tapes.replays == 3
     tapes.close()
+
+
+def test_the_runner_tries_each_batch_size_then_uploads_as_before(monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    """The model runner with tapes (forced on the CPU, where every decode pass holds torch ops
+    and is refused): each batch size's first passes upload the graphs' full block-table width
+    and are recorded (and refused) under the guard; once the key gives up its steps upload as
+    without tapes; the tokens are those of a run without tapes."""
+    from cadence import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [5 + i, 9, 11 + 2 * i, 4]} for i in range(3)]
+    plain = LLM(model="tiny", dtype="float32", enforce_eager=True)
+    expected = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+    plain.engine_core.shutdown()
+
+    llm = LLM(model="tiny", dtype="float32", enforce_eager=True)
+    runner = llm.engine_core.runner
+    assert runner.tapes is None  # the CPU: no tapes unless forced
+    runner.tapes = TapedSteps(torch.device("cpu"))
+    widths: list[tuple[int, bool]] = []
+    upload = runner.buffers.upload
+
+    def spy(inp, padded_tokens=None, padded_rows=None):  # type: ignore[no-untyped-def]
+        md = upload(inp, padded_tokens, padded_rows)
+        if inp.max_query_len == 1:
+            widths.append((inp.num_reqs, md.block_tables.shape[1] == runner.buffers.max_blocks))
+        return md
+
+    monkeypatch.setattr(runner.buffers, "upload", spy)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    tapes = runner.tapes
+    assert len(tapes) == 0 and "torch op" in tapes.refused[3] and not tapes.wants(3)
+    full = [wide for rows, wide in widths if rows == 3]
+    assert full[: 1 + RECORD_ATTEMPTS] == [True] * (1 + RECORD_ATTEMPTS)
+    assert full[1 + RECORD_ATTEMPTS:] and not any(full[1 + RECORD_ATTEMPTS:])
+    llm.engine_core.shutdown()
