@@ -42,39 +42,21 @@ class TapeRecorder:
         self.stream: int | None = None
         self.refused: str | None = None
 
-    def add(self, kernel: Any, stream: int) -> None:
-        """Append ``kernel`` (launched on the raw ``stream`` handle)."""
+    def add(self, kernel: Any, stream: int, values: Sequence[Any] | None = None) -> None:
+        """Append ``kernel`` (launched on the raw ``stream`` handle); ``values``: the
+        parameter values it was bound to, when it holds only their addresses."""
         if self.stream is None:
             self.stream = stream
         elif stream != self.stream:
             self.refuse(f"launches on two streams ({self.stream:#x} and {stream:#x})")
         self.launches.append(kernel)
-
-    def add_triton(self, compiled: Any, grid: tuple[int, int, int], stream: int, device: int,
-                   values: Sequence[Any]) -> None:
-        """Append a compiled Triton kernel's launch: ``values`` are all its parameters in
-        order, constexprs included (as its C launcher takes them)."""
-        if self.refused is not None:
-            return
-        from cadence.runtime.kernel_params import LaunchUnsupported
-        from cadence.runtime.launcher import bind_compiled_triton
-
-        try:
-            kernel = bind_compiled_triton(compiled, grid, values, device, keepalive=(compiled,))
-        except (LaunchUnsupported, ValueError, TypeError) as exc:  # e.g. a defaulted constexpr
-            self.refuse(f"{_name(compiled)}: {exc}")
-            return
-        self.values.append(values)
-        self.add(kernel, stream)
+        if values is not None:
+            self.values.append(values)
 
     def refuse(self, why: str) -> None:
         """Mark the recording as not replayable (the first reason is kept)."""
         if self.refused is None:
             self.refused = why
-
-
-def _name(compiled: Any) -> str:
-    return str(getattr(getattr(compiled, "metadata", None), "name", None) or "a Triton kernel")
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cadence.runtime.launch_tape import active_recorder
+from cadence.runtime.launch_tape import TapeRecorder, active_recorder
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -68,8 +68,27 @@ class PreparedLaunch:
         )  # fmt: skip
         recorder = active_recorder()
         if recorder is not None:
-            recorder.add_triton(self.compiled, (gx, gy, gz), stream, device,
-                                (*args, *self.constexprs))
+            record_launch(recorder, self.compiled, (gx, gy, gz), stream, device,
+                          (*args, *self.constexprs))
+
+
+def record_launch(recorder: TapeRecorder, compiled: Any, grid: tuple[int, int, int],
+                  stream: int, device: int, values: Sequence[Any]) -> None:
+    """Append a compiled Triton kernel's launch to ``recorder``, bound to ``values`` (all its
+    parameters in order, constexprs included, as its C launcher takes them); refuse the
+    recording where the launch cannot be bound."""
+    if recorder.refused is not None:
+        return
+    from cadence.runtime.kernel_params import LaunchUnsupported
+    from cadence.runtime.launcher import bind_compiled_triton
+
+    try:
+        kernel = bind_compiled_triton(compiled, grid, values, device, keepalive=(compiled,))
+    except (LaunchUnsupported, ValueError, TypeError) as exc:  # e.g. a defaulted constexpr
+        name = getattr(getattr(compiled, "metadata", None), "name", None) or "a Triton kernel"
+        recorder.refuse(f"{name}: {exc}")
+        return
+    recorder.add(kernel, stream, values)
 
 
 class TritonLaunch:

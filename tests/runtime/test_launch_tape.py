@@ -12,7 +12,7 @@ import pytest
 from cadence.runtime import launcher
 from cadence.runtime.kernel_params import triton_params
 from cadence.runtime.launch_tape import LaunchTape, TapeRecorder, active_recorder, recording
-from cadence.runtime.triton_launch import PreparedLaunch, TritonLaunch
+from cadence.runtime.triton_launch import PreparedLaunch, TritonLaunch, record_launch
 from tests.runtime.test_launcher import _bound, _bound_c, _CLaunch, _Driver, _Runtime, _Stream
 
 
@@ -138,7 +138,7 @@ def test_a_triton_launch_is_bound_to_its_packed_parameters(monkeypatch: pytest.M
     monkeypatch.setattr(launcher, "cudart", lambda: _Runtime())
     compiled, x = _compiled(), _Ptr(0x1000)
     recorder = TapeRecorder()
-    recorder.add_triton(compiled, (3, 2, 1), 0x9, 0, (x, 77, 1.5, 256))
+    record_launch(recorder, compiled, (3, 2, 1), 0x9, 0, (x, 77, 1.5, 256))
     assert recorder.refused is None and recorder.stream == 0x9
     (kernel,) = recorder.launches
     assert kernel.grid == (3, 2, 1) and kernel.block == (128, 1, 1) and kernel.shared_mem == 512
@@ -148,30 +148,30 @@ def test_a_triton_launch_is_bound_to_its_packed_parameters(monkeypatch: pytest.M
     assert x not in kernel._keepalive  # the tape's owner decides what stays alive
 
     refused = TapeRecorder()
-    refused.add_triton(_compiled(launch_pdl=True), (1, 1, 1), 0x9, 0, (x, 1, 1.0, 256))
+    record_launch(refused, _compiled(launch_pdl=True), (1, 1, 1), 0x9, 0, (x, 1, 1.0, 256))
     assert refused.launches == [] and "PDL" in (refused.refused or "")
     short = TapeRecorder()  # fewer values than parameters (a constexpr left to its default)
-    short.add_triton(compiled, (1, 1, 1), 0x9, 0, (x, 1, 1.0))
+    record_launch(short, compiled, (1, 1, 1), 0x9, 0, (x, 1, 1.0))
     assert short.launches == [] and short.refused is not None
 
 
-def test_prepared_launches_record_themselves_and_tritons_own_path_refuses() -> None:
+def test_prepared_launches_record_themselves_and_tritons_own_path_refuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cadence.runtime import triton_launch
+
     calls: list[tuple[Any, ...]] = []
     compiled = _compiled()
     prepared = PreparedLaunch(lambda *a: calls.append(a), 0xABC, "meta", False, False, (256,),
                               lambda device: 0x40 + device, compiled)
     seen: list[tuple[Any, ...]] = []
-
-    class Recorder(TapeRecorder):
-        def add_triton(self, *args: Any) -> None:
-            seen.append(args)
+    monkeypatch.setattr(triton_launch, "record_launch", lambda *args: seen.append(args))
 
     prepared(4, 1, 1, 2, (_Ptr(8), 5, 0.5))
     assert len(calls) == 1 and calls[0][3] == 0x42 and seen == []
-    recorder = Recorder()
-    with _use(recorder):
+    with recording() as recorder:
         prepared(4, 1, 1, 2, (x := _Ptr(8), 5, 0.5))
-    assert seen == [(compiled, (4, 1, 1), 0x42, 2, (x, 5, 0.5, 256))]
+    assert seen == [(recorder, compiled, (4, 1, 1), 0x42, 2, (x, 5, 0.5, 256))]
 
     class Kernel:  # Triton's own path: kernel[grid](...), nothing the launcher can bind
         def __getitem__(self, grid: Any) -> Any:
@@ -181,22 +181,6 @@ def test_prepared_launches_record_themselves_and_tritons_own_path_refuses() -> N
     with recording() as rec:
         launch((2,), (_Ptr(16), 3), BLOCK=64)
     assert calls[-1] == ("triton", (2,)) and "through Triton" in (rec.refused or "")
-
-
-def _use(recorder: TapeRecorder) -> Any:
-    from contextlib import contextmanager
-
-    from cadence.runtime import launch_tape
-
-    @contextmanager
-    def ctx():
-        token = launch_tape._RECORDER.set(recorder)
-        try:
-            yield recorder
-        finally:
-            launch_tape._RECORDER.reset(token)
-
-    return ctx()
 
 
 @pytest.mark.gpu
