@@ -166,6 +166,7 @@ class TapedSteps:
         # tape, as under tensor parallelism, pays RECORD_ATTEMPTS watched passes per key once.)
         self.disabled: str | None = None
         self._pool: Any = None
+        self._index = device.index  # the CUDA device's index, once known
         self.replays = 0
 
     def __len__(self) -> int:
@@ -232,8 +233,9 @@ class TapedSteps:
     def _on_stream(self, stream: int) -> bool:
         if self.device.type != "cuda":
             return True
-        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        return torch._C._cuda_getCurrentRawStream(index) == stream
+        if self._index is None:  # resolved once: this runs before every replay
+            self._index = torch.cuda.current_device()
+        return torch._C._cuda_getCurrentRawStream(self._index) == stream
 
     def _allocations(self) -> contextlib.AbstractContextManager[Any]:
         """Where the recorded pass allocates: the tapes' pool on CUDA."""
