@@ -40,6 +40,9 @@ class Envs:
     # Run every eager step's forward as it is: no launch tapes (graphs/tapes.py) for decode
     # steps that no CUDA graph runs.
     disable_launch_tapes: bool = False
+    # Attend every prefill through the paged varlen kernel, also a lone prompt from position
+    # 0 (no dense cuDNN attention over the pass's own keys, model/dense_prefill.py).
+    disable_dense_prefill: bool = False
 
     @property
     def cpu_threads(self) -> int | None:
@@ -69,4 +72,5 @@ def read_envs() -> Envs:
         disable_fused_norm=bool(_flag("CADENCE_DISABLE_FUSED_NORM")),
         disable_fused_rope=bool(_flag("CADENCE_DISABLE_FUSED_ROPE")),
         disable_launch_tapes=bool(_flag("CADENCE_DISABLE_LAUNCH_TAPES")),
+        disable_dense_prefill=bool(_flag("CADENCE_DISABLE_DENSE_PREFILL")),
     )

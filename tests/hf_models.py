@@ -122,7 +122,8 @@ def _family_config(
     raise ValueError(family)
 
 
-def build_hf_model(arch: str, path: Path, tie: bool = False, seed: int = 0):
+def build_hf_model(arch: str, path: Path, tie: bool = False, seed: int = 0,
+                   max_positions: int = 512):
     """Build, save and return a random HF causal LM of the given family."""
     import transformers
 
@@ -137,7 +138,7 @@ def build_hf_model(arch: str, path: Path, tie: bool = False, seed: int = 0):
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=max_positions,
         rms_norm_eps=1e-6,
         bos_token_id=1,
         eos_token_id=2,

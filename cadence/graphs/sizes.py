@@ -44,6 +44,19 @@ def token_capture_sizes(max_tokens: int, min_tokens: int = 16) -> list[int]:
     return sizes
 
 
+# A dense attention pass over a graph bucket attends its padding rows too (work ~ rows^2); the
+# varlen kernel attends the prompt's tokens only. Dense wins by 1.2-1.5x from 1024 tokens
+# (docs/perf.md, run BV): padding may add this much work.
+DENSE_PADDING_WORK = 1.15
+
+
+def dense_padding_ok(tokens: int, size: int) -> bool:
+    """Whether a lone prompt of ``tokens`` tokens in a graph bucket of ``size`` rows is worth
+    attending densely: the padded pass's causal work at most ``DENSE_PADDING_WORK`` times the
+    prompt's own."""
+    return 0 < tokens <= size and size * size <= DENSE_PADDING_WORK * tokens * tokens
+
+
 def padded_batch_size(n: int, sizes: Sequence[int]) -> int | None:
     """The smallest size in ascending ``sizes`` that holds ``n`` rows; None if none does
     (``n`` < 1 or larger than every size: such a batch runs eagerly)."""

@@ -19,6 +19,10 @@ class AttentionMetadata:
     ``seq_lens[i] - query_len_i ... seq_lens[i] - 1``. Tokens past ``num_actual_tokens`` are
     padding (CUDA-graph buckets): their slot is the reserved dummy slot and their output is unused.
     A padded sequence has ``seq_lens == 0`` and an empty query range.
+
+    ``fresh_prompt``: the pass is one sequence from position 0 (no cached context), its tokens
+    first and padding after them, so a backend may attend causally over the pass's own q, k and
+    v as one dense sequence (padding rows only see earlier rows; their output is unused).
     """
 
     num_actual_tokens: int
@@ -31,6 +35,7 @@ class AttentionMetadata:
     # Host copies (numpy-backed CPU tensors) for backends that loop on the host.
     query_start_loc_cpu: torch.Tensor | None = None
     seq_lens_cpu: torch.Tensor | None = None
+    fresh_prompt: bool = False
 
     @property
     def num_seqs(self) -> int:

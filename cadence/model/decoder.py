@@ -157,6 +157,18 @@ class CausalLM(nn.Module):
     def vocab_size(self) -> int:
         return self.arch.vocab_size
 
+    def dense_prefill_min_tokens(self, dtype: torch.dtype, cache_dtype: torch.dtype,
+                                 device: torch.device) -> int | None:
+        """The fewest tokens of a lone prompt from position 0 from which some layer's backend
+        attends densely (``AttentionMetadata.fresh_prompt``); None where none ever does."""
+        find = getattr(self.attn_backend, "dense_prefill_min_tokens", None)
+        if find is None:
+            return None
+        arch = self.arch
+        found = [find(dtype, arch.head_dim, cache_dtype, arch.window(i), arch.attn_softcap, device)
+                 for i in range(arch.num_layers)]
+        return min((f for f in found if f is not None), default=None)
+
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int, int]:
         """The shape of one layer's cache: ``[2, num_blocks, block_size, kv_heads, head_dim]``."""
         return (2, num_blocks, block_size, self.arch.num_kv_heads, self.arch.head_dim)

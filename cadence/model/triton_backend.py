@@ -2,7 +2,7 @@
 steps through the paged decode kernel (which stores the new K/V, and applies the q/k norms and
 RoPE in its loads where it can), every other step through the q/k norm + RoPE launch (which
 stores the K/V, except into an FP8 cache; a store launch of its own otherwise) and the varlen
-kernel."""
+kernel, or, for a lone prompt from position 0, cuDNN's dense attention (``dense_prefill``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 from cadence.envs import read_envs
 from cadence.model.attention_metadata import AttentionMetadata, QKRope
+from cadence.model.dense_prefill import DensePrefill
 from cadence.model.fused_ops import KVStore, qk_norm_rope_triton
 from cadence.model.triton_attention import (
     _last_dim_contiguous,
@@ -26,7 +27,8 @@ class TritonAttentionBackend:
 
     name = "triton"
 
-    def __init__(self, fuse_rope: bool | None = None, num_sms: int | None = None) -> None:
+    def __init__(self, fuse_rope: bool | None = None, num_sms: int | None = None,
+                 dense_prefill: DensePrefill | None = None) -> None:
         _require_triton()
         self._num_sms: dict[int, int] = {}
         self._fixed_sms = num_sms  # the device's SM count when None (tests pin it)
@@ -34,6 +36,17 @@ class TritonAttentionBackend:
         # steps' rope launch stores their K/V (one kernel fewer per layer either way); off:
         # fused_ops.qk_norm_rope first, and a store launch of its own.
         self.fuse_rope = not read_envs().disable_fused_rope if fuse_rope is None else fuse_rope
+        self.dense_prefill = dense_prefill or DensePrefill(not read_envs().disable_dense_prefill)
+
+    def dense_prefill_min_tokens(self, dtype: torch.dtype, head_dim: int,
+                                 cache_dtype: torch.dtype, sliding_window: int, softcap: float,
+                                 device: torch.device) -> int | None:
+        """The fewest tokens of a lone fresh prompt that this layer attends densely (cuDNN),
+        None where it never does."""
+        dense = self.dense_prefill
+        if dense.supports(dtype, head_dim, cache_dtype, sliding_window, softcap, device):
+            return dense.min_tokens
+        return None
 
     def num_sms(self, device: torch.device) -> int:
         if self._fixed_sms is not None:
@@ -76,8 +89,8 @@ class TritonAttentionBackend:
                                            rope.k_weight, rope.eps, store)
                 stored = True
         q = _last_dim_contiguous(q)
-        out = torch.empty_like(q)
         if decode:
+            out = torch.empty_like(q)
             sms = self.num_sms(q.device)
             paged_decode_attention(
                 q, kv_cache, metadata, scale, out, sms, k=k, v=v,
@@ -87,6 +100,12 @@ class TritonAttentionBackend:
         else:
             if not stored:
                 store_kv_cache(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)
+            dense = self.dense_prefill
+            if dense.applies(q, kv_cache, metadata.fresh_prompt, sliding_window, softcap):
+                found = dense.attend(q, k, v, scale)
+                if found is not None:
+                    return found
+            out = torch.empty_like(q)
             paged_varlen_attention(
                 q, kv_cache, metadata, scale, out, sliding_window=sliding_window, softcap=softcap,
                 k_scale=k_scale, v_scale=v_scale, num_sms=self.num_sms(q.device),

@@ -47,6 +47,11 @@ class StepInputs:
     def num_tokens(self) -> int:
         return int(self.query_start_loc[-1])
 
+    @property
+    def fresh_prompt(self) -> bool:
+        """One request whose every token so far is in this step (no cached context)."""
+        return len(self.req_ids) == 1 and int(self.seq_lens[0]) == self.num_tokens
+
 
 class InputBatch:
     def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_req: int,

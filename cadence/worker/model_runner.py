@@ -20,6 +20,7 @@ import torch
 
 from cadence.config import EngineConfig
 from cadence.envs import read_envs
+from cadence.graphs.sizes import dense_padding_ok
 from cadence.graphs.tapes import TapedSteps
 from cadence.model.dtypes import kv_cache_dtype
 from cadence.model.fp8 import fp8_supported
@@ -100,6 +101,8 @@ class ModelRunner:
         self.copier = OutputCopier(self.rt, self.main, self.copy, self.max_num_reqs)
         self.graphs = None  # decode graphs by batch size (a GraphRunner) once captured
         self.mixed_graphs = None  # mixed-step graphs by token count, once captured
+        # Mixed-step graphs of a lone prompt from position 0 (dense prefill attention).
+        self.fresh_graphs = None
         self.capture_seconds = 0.0
         # Eager decode steps replayed from launch tapes (by batch size), where no graph runs.
         self.tapes = (TapedSteps(device) if device.type == "cuda"
@@ -174,16 +177,21 @@ class ModelRunner:
         hidden = self.model(buf.input_ids[:rows], buf.positions[:rows], md)
         return self.model.compute_logits(hidden)
 
-    def _mixed_graph_step(self, tokens: int) -> torch.Tensor:
+    def _mixed_graph_step(self, tokens: int, fresh_prompt: bool = False) -> torch.Tensor:
         """What a mixed-step graph holds: combine and the forward over ``tokens`` tokens of up
         to ``mixed_rows(tokens)`` rows; it returns the hidden states (logits are taken after
-        the replay, for the sampling rows only)."""
+        the replay, for the sampling rows only). ``fresh_prompt``: the graph only ever replays
+        a lone prompt from position 0, attended densely where the backend can."""
         buf = self.buffers
         rows = self.mixed_rows(tokens)
         self.combine_kernel.combine(self.main)
         # max_query_len > 1 selects the varlen attention path, whose grid depends on shapes only.
-        md = buf.metadata(tokens, rows, tokens, self.max_blocks_per_req, self.max_model_len)
+        md = buf.metadata(tokens, rows, tokens, self.max_blocks_per_req, self.max_model_len,
+                          fresh_prompt)
         return self.model(buf.input_ids[:tokens], buf.positions[:tokens], md)
+
+    def _fresh_graph_step(self, tokens: int) -> torch.Tensor:
+        return self._mixed_graph_step(tokens, fresh_prompt=True)
 
     def mixed_rows(self, tokens: int) -> int:
         """Rows of a mixed graph of ``tokens`` tokens: as many requests as could fit."""
@@ -211,15 +219,23 @@ class ModelRunner:
             if mixed_sizes:
                 self.mixed_graphs = GraphRunner(self._mixed_graph_step, mixed_sizes, backend)
                 seconds += self.mixed_graphs.capture().seconds
+            dense_min = self.model.dense_prefill_min_tokens(self.dtype, self.kv_dtype,
+                                                            self.device)
+            fresh_sizes = [s for s in mixed_sizes if dense_min is not None and s >= dense_min]
+            if fresh_sizes:
+                self.fresh_graphs = GraphRunner(self._fresh_graph_step, fresh_sizes, backend)
+                seconds += self.fresh_graphs.capture().seconds
             self.graphs = GraphRunner(self._decode_graph_step,
                                       capture_sizes(self.max_num_reqs), backend)
             report = self.graphs.capture()
         seconds += report.seconds
         logger.info(
-            "Captured %d decode graphs (batch 1-%d) and %d mixed-step graphs (%s tokens) in "
-            "%.1f s, %.2f GiB of graph memory; kernels per decode graph: %s",
+            "Captured %d decode graphs (batch 1-%d), %d mixed-step graphs (%s tokens) and %d of "
+            "a lone fresh prompt in %.1f s, %.2f GiB of graph memory; kernels per decode "
+            "graph: %s",
             len(report.sizes), report.sizes[-1], len(mixed_sizes),
-            f"{mixed_sizes[0]}-{mixed_sizes[-1]}" if mixed_sizes else "no", seconds,
+            f"{mixed_sizes[0]}-{mixed_sizes[-1]}" if mixed_sizes else "no", len(fresh_sizes),
+            seconds,
             (self._graph_memory() - mem_before) / 2**30,
             {s: report.kernels.get(s) for s in report.sizes[:3] + report.sizes[-1:]})
         self.capture_seconds = seconds
@@ -229,14 +245,20 @@ class ModelRunner:
             return 0
         return torch.cuda.memory_reserved(self.device)
 
-    def _buckets(self, inp: StepInputs) -> tuple[int | None, int | None]:
-        """(decode graph, mixed graph) bucket of a step; (None, None) runs it eagerly."""
+    def _buckets(self, inp: StepInputs) -> tuple[int | None, int | None, bool]:
+        """(decode graph, mixed graph) bucket of a step, and whether the mixed bucket is a
+        lone fresh prompt's graph; (None, None, False) runs it eagerly."""
         if inp.max_query_len == 1 and len(inp.sample_rows) == inp.num_reqs:
             if self.graphs is not None:
-                return self.graphs.bucket_for(inp.num_reqs), None
+                return self.graphs.bucket_for(inp.num_reqs), None, False
         elif self.mixed_graphs is not None:
-            return None, self.mixed_graphs.bucket_for(inp.num_tokens)
-        return None, None
+            t = inp.num_tokens
+            if self.fresh_graphs is not None and inp.fresh_prompt:
+                size = self.fresh_graphs.bucket_for(t)
+                if size is not None and dense_padding_ok(t, size):
+                    return None, size, True
+            return None, self.mixed_graphs.bucket_for(t), False
+        return None, None, False
 
     def kernels_per_step(self, batch: int) -> int | None:
         if self.graphs is None:
@@ -284,7 +306,7 @@ class ModelRunner:
                 return ReadyOutput(ModelRunnerOutput.empty())
             b, rows = inp.num_reqs, inp.sample_rows
             req_ids = inp.req_ids
-            decode_bucket, mixed_bucket = self._buckets(inp)
+            decode_bucket, mixed_bucket, fresh = self._buckets(inp)
             tape_key = None
             if decode_bucket is not None:
                 md = self.buffers.upload(inp, decode_bucket, decode_bucket)
@@ -305,8 +327,9 @@ class ModelRunner:
                 logits = self.graphs.replay(decode_bucket)[:b]
         else:
             if mixed_bucket is not None:
+                graphs = self.fresh_graphs if fresh else self.mixed_graphs
                 with nvtx_range("replay"):
-                    hidden = self.mixed_graphs.replay(mixed_bucket)
+                    hidden = graphs.replay(mixed_bucket)
             else:
                 with nvtx_range("forward"):
                     self.combine_kernel.combine(self.main)
@@ -348,10 +371,10 @@ class ModelRunner:
         if self.copier is None:
             return
         self.main.synchronize()  # NOTE: a replay or copy may still be running
-        for graphs in (self.graphs, self.mixed_graphs):
+        for graphs in (self.graphs, self.mixed_graphs, self.fresh_graphs):
             if graphs is not None:
                 graphs.close()
-        self.graphs = self.mixed_graphs = None
+        self.graphs = self.mixed_graphs = self.fresh_graphs = None
         if self.tapes is not None:
             self.tapes.close()
         self.copier.close()

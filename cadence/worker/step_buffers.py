@@ -144,13 +144,13 @@ class StepBuffers:
         # A graph was captured over the full block-table width: pass that view to match.
         graph = padded_tokens is not None
         md = self.metadata(tokens, rows, inp.max_query_len,
-                           self.max_blocks if graph else nb, inp.max_seq_len)
+                           self.max_blocks if graph else nb, inp.max_seq_len, inp.fresh_prompt)
         md.query_start_loc_cpu = torch.from_numpy(staging["query_start_loc"][: rows + 1].copy())
         md.seq_lens_cpu = torch.from_numpy(staging["seq_lens"][:rows].copy())
         return md
 
     def metadata(self, tokens: int, rows: int, max_query_len: int, num_block_cols: int,
-                 max_seq_len: int) -> AttentionMetadata:
+                 max_seq_len: int, fresh_prompt: bool = False) -> AttentionMetadata:
         return AttentionMetadata(
             num_actual_tokens=tokens,
             max_query_len=max_query_len,
@@ -159,6 +159,7 @@ class StepBuffers:
             seq_lens=self.seq_lens[:rows],
             block_tables=self.block_tables[:rows, :num_block_cols],
             slot_mapping=self.slot_mapping[:tokens],
+            fresh_prompt=fresh_prompt,
         )
 
     def fill_padding(self, tokens: int, rows: int) -> None:

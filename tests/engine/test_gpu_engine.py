@@ -132,8 +132,16 @@ def test_bf16_greedy_agrees_with_transformers_within_bf16_rounding(tmp_path):
         [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
     _free(llm)
 
+    _check_within_bf16_rounding(model, tmp_path, prompts, outs)
+
+
+def _check_within_bf16_rounding(model, tmp_path, prompts, outs, max_positions=512) -> None:
+    """Per step, teacher-forced on cadence's own sequences: cadence's token is the float32
+    reference's argmax or within twice transformers' own bf16 noise of it (see below)."""
+    from tests.hf_models import build_hf_model
+
     ref32 = model.float().cuda().eval()
-    ref16 = build_hf_model("qwen3", tmp_path / "copy")  # same seed: same weights
+    ref16 = build_hf_model("qwen3", tmp_path / "copy", max_positions=max_positions)  # same weights
     with torch.no_grad():
         ref16.model.embed_tokens.weight.mul_(0.05)
     ref16 = ref16.to(device="cuda", dtype=torch.bfloat16).eval()
@@ -152,6 +160,31 @@ def test_bf16_greedy_agrees_with_transformers_within_bf16_rounding(tmp_path):
     assert 0 < noise < 0.5, noise  # bf16 noise of this model: small, but not zero
     assert max(gaps) <= tol, (max(gaps), tol)
     assert agree >= 0.9 * len(gaps), (agree, len(gaps))
+
+
+def test_fresh_prompt_graphs_agree_with_transformers_within_bf16_rounding(tmp_path):
+    """Lone prompts of 800-1024 tokens replay the graphs of a fresh prompt (dense cuDNN
+    attention over the pass's own keys); their greedy tokens pass the same bf16 check."""
+    from cadence import SamplingParams
+    from tests.hf_models import VOCAB, build_hf_model
+
+    model = build_hf_model("qwen3", tmp_path, max_positions=2048)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(0.05)
+    model.save_pretrained(tmp_path)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (800, 900, 1024)]
+    llm = _llm(model=str(tmp_path), dtype="bfloat16", skip_tokenizer_init=True,
+               max_model_len=1100, max_num_seqs=4, async_scheduling=True)
+    runner = llm.engine_core.runner
+    assert runner.fresh_graphs is not None
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outs = [llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0]
+            .outputs[0].token_ids for p in prompts]  # one at a time: each a lone prompt
+    assert runner.fresh_graphs.num_replays == 3
+    assert runner.model.attn_backend.dense_prefill.enabled  # cuDNN ran every time
+    _free(llm)
+    _check_within_bf16_rounding(model, tmp_path, prompts, outs, max_positions=2048)
 
 
 FAMILIES = ["mistral", "phi3", "phi3-long", "gemma2", "gemma3", "llama-yarn", "qwen3-moe"]

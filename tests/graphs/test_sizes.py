@@ -36,3 +36,23 @@ def test_padded_batch_size_picks_the_smallest_bucket() -> None:
         b = padded_batch_size(n, sizes)
         assert b is not None and b >= n
         assert all(s < n for s in sizes if s < b)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "size", "ok"),
+    [
+        # size^2 against 1.15 * tokens^2, worked by hand.
+        (1000, 1024, True),  # 1,048,576 <= 1,150,000
+        (955, 1024, True),  # 1,048,576 <= 1,048,878
+        (954, 1024, False),  # 1,048,576 > 1,046,681
+        (45, 48, True),  # 2,304 <= 2,328.75
+        (44, 48, False),  # 2,304 > 2,226.4
+        (48, 48, True),
+        (0, 48, False),
+        (49, 48, False),  # does not fit
+    ],
+)
+def test_dense_padding_ok(tokens, size, ok):
+    from cadence.graphs.sizes import dense_padding_ok
+
+    assert dense_padding_ok(tokens, size) is ok

@@ -1,0 +1,141 @@
+"""Dense prefill attention (cuDNN through torch) for a lone prompt from position 0: when it
+applies, its refusal path, and on the GPU its output and K/V store against the varlen path."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from cadence.model.dense_prefill import DensePrefill
+
+CUDA = torch.device("cuda")  # a device name only: nothing below touches CUDA on the CPU
+BF16 = torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    ("change", "ok"),
+    [
+        ({}, True),
+        ({"dtype": torch.float16, "cache_dtype": torch.float16}, True),
+        ({"dtype": torch.float32, "cache_dtype": torch.float32}, False),  # cuDNN: half only
+        ({"cache_dtype": torch.float8_e4m3fn}, False),  # the cache's rounding is attended
+        ({"head_dim": 256}, False),
+        ({"head_dim": 60}, False),
+        ({"sliding_window": 4096}, False),
+        ({"softcap": 50.0}, False),
+        ({"device": torch.device("cpu")}, False),
+    ],
+)
+def test_supports(change, ok):
+    args = dict(dtype=BF16, head_dim=128, cache_dtype=BF16, sliding_window=0, softcap=0.0,
+                device=CUDA)
+    args.update(change)
+    assert DensePrefill().supports(**args) is ok
+    assert DensePrefill(enabled=False).supports(**args) is False
+
+
+def test_applies_needs_a_fresh_prompt_of_enough_tokens():
+    dense = DensePrefill(min_tokens=512)
+    # Meta tensors: shapes, dtypes and a CUDA-like device without a GPU.
+    q = torch.empty(512, 16, 128, dtype=BF16, device="meta")
+    cache = torch.empty(2, 4, 16, 8, 128, dtype=BF16, device="meta")
+    dense.supports = lambda *a: True  # the meta device is no CUDA device
+    assert dense.applies(q, cache, True, 0, 0.0)
+    assert not dense.applies(q, cache, False, 0, 0.0)
+    assert not dense.applies(q[:511], cache, True, 0, 0.0)
+    with pytest.raises(ValueError, match="min_tokens"):
+        DensePrefill(min_tokens=0)
+
+
+def test_a_refused_call_turns_it_off_for_good(caplog):
+    """Where cuDNN cannot run the call (here: CPU tensors), attend gives None, says so once,
+    and the pass goes through the varlen kernel; later passes never try again."""
+    dense = DensePrefill()
+    q, k = torch.randn(8, 4, 16), torch.randn(8, 2, 16)
+    with caplog.at_level(logging.WARNING, logger="cadence.model.dense_prefill"):
+        assert dense.attend(q, k, k, 0.25) is None
+    assert not dense.enabled
+    assert "unavailable" in caplog.text
+    assert not dense.supports(BF16, 128, BF16, 0, 0.0, CUDA)
+
+
+def _gpu() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+
+
+def _pass(t_real: int, t_pad: int, heads: int, kv_heads: int, dim: int, seed: int):
+    """One prompt of ``t_real`` tokens from position 0, padded to ``t_pad`` rows as a graph
+    bucket pads it: the step buffers' metadata for it, q / k / v as one qkv projection's
+    views, and an empty cache."""
+    from cadence.model.attention_metadata import AttentionMetadata
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    page = 16
+    blocks = -(-t_real // page)
+    qkv = torch.randn(t_pad, (heads + 2 * kv_heads) * dim, generator=g, device="cuda",
+                      dtype=BF16)
+    q = qkv[:, : heads * dim].view(t_pad, heads, dim)
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(t_pad, kv_heads, dim)
+    v = qkv[:, (heads + kv_heads) * dim :].view(t_pad, kv_heads, dim)
+    cache = torch.zeros(2, blocks + 1, page, kv_heads, dim, dtype=BF16, device="cuda")
+    slots = torch.full((t_pad,), -1, dtype=torch.int64, device="cuda")
+    slots[:t_real] = torch.arange(page, page + t_real, device="cuda")  # blocks 1.. in order
+    rows = 4  # a bucket's padding rows: empty query ranges, length 0
+    qsl = torch.full((rows + 1,), t_real, dtype=torch.int32, device="cuda")
+    qsl[0] = 0
+    seq_lens = torch.zeros(rows, dtype=torch.int32, device="cuda")
+    seq_lens[0] = t_real
+    tables = torch.zeros(rows, blocks, dtype=torch.int32, device="cuda")
+    tables[0] = torch.arange(1, blocks + 1, device="cuda")
+    md = AttentionMetadata(num_actual_tokens=t_pad, max_query_len=t_pad, max_seq_len=t_real,
+                           query_start_loc=qsl, seq_lens=seq_lens, block_tables=tables,
+                           slot_mapping=slots, fresh_prompt=True)
+    return q, k, v, cache, md
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("t_real", "t_pad", "heads", "kv_heads", "dim"),
+    [(600, 640, 16, 8, 128), (1024, 1024, 16, 8, 128), (700, 704, 8, 8, 64),
+     (520, 576, 12, 4, 128)],
+)
+def test_dense_equals_varlen_and_stores_the_same_kv(t_real, t_pad, heads, kv_heads, dim):
+    """The backend with ``fresh_prompt`` (dense, cuDNN) against the same backend told nothing
+    (the paged varlen kernel): real rows within bf16 rounding of each other and of a float32
+    reference, padding rows ignored, and the same K/V bytes in the cache (stored either way,
+    through the rope launch)."""
+    _gpu()
+    from dataclasses import replace
+
+    from cadence.model.attention_metadata import QKRope
+    from cadence.model.triton_backend import TritonAttentionBackend
+
+    q, k, v, cache, md = _pass(t_real, t_pad, heads, kv_heads, dim, seed=t_real)
+    positions = torch.arange(t_pad, device="cuda")
+    inv = 10000.0 ** (-torch.arange(0, dim, 2, device="cuda").float() / dim)
+    angles = positions.float()[:, None] * inv[None, :]
+    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=1).to(BF16)
+    w = torch.rand(dim, device="cuda", dtype=BF16) + 0.5
+    rope = QKRope(positions, cos_sin, w, w, 1e-6)
+    scale = dim**-0.5
+    backend = TritonAttentionBackend(num_sms=132, dense_prefill=DensePrefill(min_tokens=512))
+    cache_dense, cache_varlen = cache.clone(), cache.clone()
+    dense = backend.forward(q, k, v, cache_dense, md, scale, rope=rope)
+    varlen = backend.forward(q, k, v, cache_varlen, replace(md, fresh_prompt=False), scale,
+                             rope=rope)
+    assert backend.dense_prefill.enabled  # cuDNN ran: not the refusal path
+    assert torch.equal(cache_dense, cache_varlen)
+    # The float32 reference from the stored (normed, rotated) K/V and the rotated q.
+    q_rot, k_rot = rope.apply(q, k)
+    ks = cache_dense[0, 1:].reshape(-1, kv_heads, dim)[:t_real].float()
+    vs = cache_dense[1, 1:].reshape(-1, kv_heads, dim)[:t_real].float()
+    assert torch.equal(ks.to(BF16), k_rot[:t_real])
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q_rot[:t_real].float().transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1),
+        is_causal=True, scale=scale, enable_gqa=True).transpose(0, 1)
+    for got in (dense[:t_real].float(), varlen[:t_real].float()):
+        assert (got - ref).abs().max().item() < 2e-2
+    assert dense.shape == (t_pad, heads, dim) and torch.isfinite(dense).all()
