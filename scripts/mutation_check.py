@@ -797,6 +797,36 @@ MUTATIONS = [
              "cadence/model/embedding.py", "        inside = (row >= 0) & (row < num_rows)",
              "        inside = row >= 0", ("tests/model/test_embedding.py",),
              ("tests/model/test_embedding.py",)),
+    Mutation("fresh-prompt-any-count", "a step of several prompts from position 0 counts as a "
+             "lone fresh prompt (dense attention across sequences)",
+             "cadence/worker/input_batch.py",
+             "return len(self.req_ids) == 1 and int(self.seq_lens[0]) == self.num_tokens",
+             "return int(self.seq_lens[0]) == self.num_tokens",
+             ("tests/worker/test_input_batch.py", "tests/engine/test_fresh_prompt_graphs.py")),
+    Mutation("fresh-prompt-with-context", "a prompt's later chunk (context in the cache) "
+             "counts as fresh", "cadence/worker/input_batch.py",
+             "return len(self.req_ids) == 1 and int(self.seq_lens[0]) == self.num_tokens",
+             "return len(self.req_ids) == 1",
+             ("tests/worker/test_input_batch.py", "tests/engine/test_fresh_prompt_graphs.py")),
+    Mutation("dense-padding-linear", "dense attention's padding is weighed by rows, not by "
+             "work", "cadence/graphs/sizes.py",
+             "size * size <= DENSE_PADDING_WORK * tokens * tokens",
+             "size <= DENSE_PADDING_WORK * tokens", ("tests/graphs/test_sizes.py",)),
+    Mutation("fresh-graph-any-padding", "a lone prompt replays its fresh graph whatever the "
+             "padding", "cadence/worker/model_runner.py",
+             "if size is not None and dense_padding_ok(t, size):", "if size is not None:",
+             ("tests/engine/test_fresh_prompt_graphs.py",)),
+    Mutation("fresh-graphs-above-minimum", "no fresh graph at the dense minimum itself",
+             "cadence/worker/model_runner.py",
+             "dense_min is not None and s >= dense_min]", "dense_min is not None and s > dense_min]",
+             ("tests/engine/test_fresh_prompt_graphs.py",)),
+    Mutation("dense-refusal-retried", "a refused dense call stays on (every later pass tries "
+             "cuDNN again)", "cadence/model/dense_prefill.py",
+             "            self.enabled = False\n", "            pass\n",
+             ("tests/model/test_dense_prefill.py",)),
+    Mutation("dense-fp8-cache", "an FP8 cache's layer attends densely over unrounded K/V",
+             "cadence/model/dense_prefill.py", "and cache_dtype == dtype and head_dim % 8 == 0",
+             "and head_dim % 8 == 0", ("tests/model/test_dense_prefill.py",)),
 ]
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from cadence.sampling_params import SamplingParams
 from cadence.scheduler.output import CachedRequestData, NewRequestData, SchedulerOutput
@@ -67,3 +68,35 @@ def test_resumed_request_is_readded_with_its_outputs():
     slot = batch.req_id_to_slot["r0"]
     assert batch.num_known[slot] == 4 and list(batch.token_ids[slot, :4]) == [1, 1, 5, 6]
     assert len(batch) == 2
+
+
+def _inputs(seq_lens: list[int], query_lens: list[int]):
+    from cadence.worker.input_batch import StepInputs
+
+    qsl = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
+    t, b = int(qsl[-1]), len(seq_lens)
+    zeros = np.zeros(t, dtype=np.int64)
+    return StepInputs(
+        req_ids=[f"r{i}" for i in range(b)], slots=np.arange(b, dtype=np.int32),
+        input_ids=zeros, positions=zeros, slot_mapping=zeros, query_start_loc=qsl,
+        seq_lens=np.array(seq_lens, dtype=np.int32), block_tables=np.zeros((b, 4), np.int32),
+        last_token_index=qsl[1:] - 1, use_sampled=np.zeros(b, np.int32),
+        sample_rows=np.arange(b, dtype=np.int32), max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("seq_lens", "query_lens", "fresh"),
+    [
+        ([10], [10], True),  # one prompt, all of it this step
+        ([26], [10], False),  # a later chunk: 16 tokens of context
+        ([1], [1], True),  # a one-token prompt
+        ([10, 10], [10, 10], False),  # two prompts
+        # A decode at length 11 beside a 10-token prompt: the first row's length equals the
+        # step's tokens, yet two sequences share the pass.
+        ([11, 10], [1, 10], False),
+    ],
+)
+def test_fresh_prompt_is_one_request_without_context(seq_lens, query_lens, fresh):
+    assert _inputs(seq_lens, query_lens).fresh_prompt is fresh
