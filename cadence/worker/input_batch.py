@@ -201,23 +201,22 @@ class InputBatch:
         req_ids.extend(cached.req_ids)
         computed.extend(cached.num_computed_tokens)
 
-        b = len(req_ids)
         slot_of = self.req_id_to_slot
-        slots = np.fromiter((slot_of.get(r, -1) for r in req_ids), dtype=np.int32, count=b)
-        if b and slots.min() < 0:
+        slot_list = [slot_of.get(r, -1) for r in req_ids]
+        if -1 in slot_list:
             # Requests refused on admission (this step or one still in flight) run no tokens.
-            known = np.nonzero(slots >= 0)[0]
+            known = [i for i, s in enumerate(slot_list) if s >= 0]
             req_ids = [req_ids[i] for i in known]
             computed = [computed[i] for i in known]
-            slots = slots[known]
-            b = len(req_ids)
-        start = np.asarray(computed, dtype=np.int64)
-        n = np.fromiter((so.num_scheduled_tokens[r] for r in req_ids), dtype=np.int64, count=b)
-        end = start + n
-        (positions, input_ids, slot_mapping, qsl, last_token_index, use_sampled,
-         sample_rows) = layout_step(slots, start, n, self.token_ids, self.block_table,
-                                    self.num_known, self.num_tokens, self.block_size)
-        max_blocks = int(self.num_blocks[slots].max()) if b else 0
+            slot_list = [slot_list[i] for i in known]
+        slots = np.array(slot_list, dtype=np.int32)
+        start = np.array(computed, dtype=np.int64)
+        scheduled = so.num_scheduled_tokens
+        n = np.array([scheduled[r] for r in req_ids], dtype=np.int64)
+        (positions, input_ids, slot_mapping, qsl, last_token_index, use_sampled, sample_rows,
+         seq_lens, max_query_len, max_seq_len, max_blocks) = layout_step(
+            slots, start, n, self.token_ids, self.block_table, self.num_known, self.num_tokens,
+            self.num_blocks, self.block_size)
         return StepInputs(
             req_ids=req_ids,
             slots=slots,
@@ -225,11 +224,11 @@ class InputBatch:
             positions=positions,
             slot_mapping=slot_mapping,
             query_start_loc=qsl,
-            seq_lens=end.astype(np.int32),
+            seq_lens=seq_lens,
             block_tables=self.block_table[slots, : max(max_blocks, 1)],
             last_token_index=last_token_index,
             use_sampled=use_sampled,
             sample_rows=sample_rows,
-            max_query_len=int(n.max()) if b else 0,
-            max_seq_len=int(end.max()) if b else 0,
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
         )

@@ -309,9 +309,10 @@ class ModelRunner:
             decode_bucket, mixed_bucket, fresh = self._buckets(inp)
             tape_key = None
             if decode_bucket is not None:
-                md = self.buffers.upload(inp, decode_bucket, decode_bucket)
+                self.buffers.upload(inp, decode_bucket, decode_bucket, metadata=False)
             elif mixed_bucket is not None:
-                md = self.buffers.upload(inp, mixed_bucket, self.mixed_rows(mixed_bucket))
+                self.buffers.upload(inp, mixed_bucket, self.mixed_rows(mixed_bucket),
+                                    metadata=False)
             elif (self.tapes is not None and inp.max_query_len == 1
                   and self.tapes.wants(inp.num_reqs)):
                 # A tape freezes the decode kernel's grid: the graphs' full block-table width.

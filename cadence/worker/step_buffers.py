@@ -18,6 +18,7 @@ import torch
 
 from cadence.model.attention_metadata import AttentionMetadata
 from cadence.worker.input_batch import StepInputs
+from cadence.worker.step_layout import ROW_ARRAYS, stage_step
 
 _NUM_STAGING_SETS = 3
 _INT64 = ("input_ids", "positions", "slot_mapping")
@@ -69,6 +70,7 @@ class StepBuffers:
         self._dst["rows"] = self._rows.data_ptr()
         self._dst["block_tables"] = self.block_tables.data_ptr()
         self._rows_nbytes = block_len * 4
+        self._row_offsets = np.array([layout[name][0] for name in ROW_ARRAYS], dtype=np.int64)
         self._bt_pitch = max_blocks * 4
 
         self._sets = []
@@ -92,8 +94,10 @@ class StepBuffers:
         return staging, src, event
 
     def upload(self, inp: StepInputs, padded_tokens: int | None = None,
-               padded_rows: int | None = None) -> AttentionMetadata:
-        """Stage and copy one step's inputs.
+               padded_rows: int | None = None, metadata: bool = True) -> AttentionMetadata | None:
+        """Stage and copy one step's inputs; return the attention metadata of a forward over
+        them (None with ``metadata=False``: a graph replay reads the buffers it was captured
+        with, and the views would only cost host time).
 
         For a graph bucket, pad to ``padded_tokens`` tokens and ``padded_rows`` rows: padding
         tokens (past the last row's) belong to no row and write no KV (slot -1); padding rows
@@ -108,26 +112,12 @@ class StepBuffers:
             raise ValueError(f"a step of {tokens} tokens and {rows} rows does not fit buffers "
                              f"of {max_tokens} tokens and {self.max_num_reqs} rows")
         staging, src, event = self._staging()
-        num_sample = len(inp.sample_rows)
         nb = inp.block_tables.shape[1]  # columns this step uses; later ones are never read
-
-        def put(name: str, values: np.ndarray, n: int, pad: int = 0) -> None:
-            arr = staging[name]
-            arr[: len(values)] = values
-            arr[len(values) : n] = pad
-
-        put("input_ids", inp.input_ids, tokens)
-        put("positions", inp.positions, tokens)
-        put("slot_mapping", inp.slot_mapping, tokens, pad=-1)
-        put("query_start_loc", inp.query_start_loc, rows + 1, pad=t)
-        put("seq_lens", inp.seq_lens, rows)
-        put("req_slots", inp.slots, rows)
-        put("last_token_index", inp.last_token_index, rows)
-        put("use_sampled", inp.use_sampled, rows)
-        put("sample_slots", inp.slots[inp.sample_rows], num_sample)
-        put("logits_index", inp.last_token_index[inp.sample_rows], num_sample)
-        staging["block_tables"][:b, :nb] = inp.block_tables[:, :nb]
-        staging["counts"][:] = (b, num_sample)
+        stage_step(staging["input_ids"], staging["positions"], staging["slot_mapping"],
+                   staging["rows"], self._row_offsets, staging["block_tables"], inp.input_ids,
+                   inp.positions, inp.slot_mapping, inp.query_start_loc, inp.seq_lens,
+                   inp.slots, inp.last_token_index, inp.use_sampled, inp.sample_rows,
+                   inp.block_tables, tokens, rows)
 
         # NOTE: pinned sources make these copies asynchronous; ordered on the main stream.
         copy, dst = self.main.copy_ptr_async, self._dst
@@ -140,13 +130,19 @@ class StepBuffers:
         self.main.copy_2d_ptr_async(dst["block_tables"], pitch, src["block_tables"], pitch,
                                     nb * 4, b)
         event.record(self.main)
+        if not metadata:
+            return None
 
         # A graph was captured over the full block-table width: pass that view to match.
         graph = padded_tokens is not None
         md = self.metadata(tokens, rows, inp.max_query_len,
                            self.max_blocks if graph else nb, inp.max_seq_len, inp.fresh_prompt)
-        md.query_start_loc_cpu = torch.from_numpy(staging["query_start_loc"][: rows + 1].copy())
-        md.seq_lens_cpu = torch.from_numpy(staging["seq_lens"][:rows].copy())
+        if self.device.type != "cuda":
+            # Host copies for the torch reference backend's loop (CUDA backends never read
+            # them; the reference reads the device tensors where they are missing).
+            md.query_start_loc_cpu = torch.from_numpy(
+                staging["query_start_loc"][: rows + 1].copy())
+            md.seq_lens_cpu = torch.from_numpy(staging["seq_lens"][:rows].copy())
         return md
 
     def metadata(self, tokens: int, rows: int, max_query_len: int, num_block_cols: int,

@@ -26,13 +26,23 @@ def test_compiled_layout_equals_numpy(seed: int) -> None:
     n = rng.integers(1, 40, b).astype(np.int64)
     start = np.minimum(num_known[slots], 300 - n).astype(np.int64)
     start[rng.random(b) < 0.3] += 1  # a last input the host does not know (sampled on device)
+    num_blocks = rng.integers(0, 20, 8).astype(np.int32)
     counts_a, counts_b = num_tokens.copy(), num_tokens.copy()
-    got = layout_step(slots, start, n, token_ids, block_table, num_known, counts_a, 16)
-    want = layout_step_numpy(slots, start, n, token_ids, block_table, num_known, counts_b, 16)
-    for g, w, dtype in zip(got, want, (np.int64, np.int64, np.int64, np.int32, np.int32,
-                                       np.int32, np.int32), strict=True):
+    got = layout_step(slots, start, n, token_ids, block_table, num_known, counts_a, num_blocks,
+                      16)
+    want = layout_step_numpy(slots, start, n, token_ids, block_table, num_known, counts_b,
+                             num_blocks, 16)
+    assert len(got) == len(want) == 11
+    for g, w, dtype in zip(got[:8], want[:8], (np.int64, np.int64, np.int64, np.int32,
+                                               np.int32, np.int32, np.int32, np.int32),
+                           strict=True):
         assert g.dtype == dtype and w.dtype == dtype
         np.testing.assert_array_equal(g, w)
+    assert tuple(got[8:]) == tuple(want[8:])
+    # The extents by their definition, from the inputs.
+    assert got[7].tolist() == (start + n).tolist()
+    assert got[8:] == ((max(n.tolist(), default=0), max((start + n).tolist(), default=0),
+                        max(num_blocks[slots].tolist(), default=0)))
     np.testing.assert_array_equal(counts_a, counts_b)
 
 
@@ -43,9 +53,11 @@ def test_layout_by_hand() -> None:
     num_known = np.array([17, 40], dtype=np.int64)  # slot 0's position 17 is sampled on device
     num_tokens = np.array([18, 40], dtype=np.int64)
     slots = np.array([1, 0], dtype=np.int32)
-    positions, ids, slot_map, qsl, last, use_sampled, sample_rows = layout_step(
-        slots, np.array([30, 17]), np.array([3, 1]), token_ids, block_table, num_known,
-        num_tokens, 16)
+    num_blocks = np.array([2, 3], dtype=np.int32)
+    (positions, ids, slot_map, qsl, last, use_sampled, sample_rows, seq_lens, max_q, max_seq,
+     max_blocks) = layout_step(slots, np.array([30, 17]), np.array([3, 1]), token_ids,
+                               block_table, num_known, num_tokens, num_blocks, 16)
+    assert seq_lens.tolist() == [33, 18] and (max_q, max_seq, max_blocks) == (3, 33, 3)
     assert positions.tolist() == [30, 31, 32, 17]
     assert ids.tolist() == [70, 71, 72, 17]
     # Slot 1: positions 30, 31 in its block 1 (id 9), 32 in block 2 (id 4); slot 0: block 1 (6).
