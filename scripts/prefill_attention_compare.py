@@ -4,8 +4,8 @@
 
 Times, for Qwen3-0.6B's heads by default: the engine's paged varlen kernel (its default tile,
 keys from the cache), torch's bundled flash attention (varlen, keys from the contiguous k / v),
-cuDNN's fused attention through torch (ragged, contiguous inputs) and a Triton kernel that reads
-q, k and v through TMA descriptors, with and without ``warp_specialize``. Each is checked against
+cuDNN's fused attention through torch (ragged, contiguous inputs; dense with grouped heads) and a
+Triton kernel that reads q, k and v through TMA descriptors. Each is checked against
 a float32 reference and, where it runs, captured in a CUDA graph and replayed. Prints us per
 call and TFLOP/s of the causal attention work.
 """
@@ -23,16 +23,35 @@ import triton.language as tl
 
 
 @triton.jit
+def _tma_tile(q, acc, m_i, l_i, k_desc, v_desc, n0, col, offs_m, qk_scale,
+              BLOCK_N: tl.constexpr, MASK: tl.constexpr):  # fmt: skip
+    """One key/value tile of the online softmax; MASK for the diagonal's tiles."""
+    k = k_desc.load([n0, col])
+    s = tl.dot(q, k.T) * qk_scale
+    if MASK:
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = v_desc.load([n0, col])
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _tma_attention(
     q_desc, k_desc, v_desc, o_ptr, stride_o, num_tokens, qk_scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    WS: tl.constexpr, ONE_LOOP: tl.constexpr,
 ):  # fmt: skip
     """Causal attention of one sequence; query block ``BLOCK_M`` rows of one head, the
-    heaviest blocks first. BLOCK_M is a multiple of BLOCK_N."""
+    heaviest blocks first. BLOCK_M is a multiple of BLOCK_N. (Triton 3.6 compiles
+    ``tl.range(..., warp_specialize=True)`` for sm_90 only with one such loop and 4 warps,
+    and that kernel hung the H200: docs/perf.md, run BV.)"""
     mb = tl.num_programs(0) - 1 - tl.program_id(0)
     h = tl.program_id(1)
-    kvh = h // GROUP
+    col = (h // GROUP) * HEAD_DIM
     start_m = mb * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -40,47 +59,18 @@ def _tma_attention(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    # ONE_LOOP: every tile masked in a single loop (the warp-specialization pass takes one
-    # specialized loop per kernel); otherwise unmasked tiles, then the diagonal's.
-    if ONE_LOOP:
-        hi = start_m + BLOCK_M
-    else:
-        hi = start_m
-    for n0 in tl.range(0, hi, BLOCK_N, warp_specialize=WS):
-        k = k_desc.load([n0, kvh * HEAD_DIM])
-        s = tl.dot(q, k.T) * qk_scale
-        if ONE_LOOP:
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        v = v_desc.load([n0, kvh * HEAD_DIM])
-        acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
-    if not ONE_LOOP:
-        for n0 in tl.range(start_m, start_m + BLOCK_M, BLOCK_N):
-            k = k_desc.load([n0, kvh * HEAD_DIM])
-            s = tl.dot(q, k.T) * qk_scale
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp2(s - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            v = v_desc.load([n0, kvh * HEAD_DIM])
-            acc = tl.dot(p.to(v.dtype), v, acc)
-            m_i = m_new
+    for n0 in range(0, start_m, BLOCK_N):
+        acc, m_i, l_i = _tma_tile(q, acc, m_i, l_i, k_desc, v_desc, n0, col, offs_m, qk_scale,
+                                  BLOCK_N, False)
+    for n0 in range(start_m, start_m + BLOCK_M, BLOCK_N):
+        acc, m_i, l_i = _tma_tile(q, acc, m_i, l_i, k_desc, v_desc, n0, col, offs_m, qk_scale,
+                                  BLOCK_N, True)
     out = acc / l_i[:, None]
     ptrs = o_ptr + offs_m[:, None].to(tl.int64) * stride_o + h * HEAD_DIM + offs_d[None, :]
     tl.store(ptrs, out.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < num_tokens)
 
 
-def tma_attention(q, k, v, out, scale, block_m=128, block_n=128, num_warps=8, num_stages=2,
-                  ws=False, one_loop=False):  # fmt: skip
+def tma_attention(q, k, v, out, scale, block_m=128, block_n=128, num_warps=8, num_stages=2):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     t, heads, dim = q.shape
@@ -94,8 +84,7 @@ def tma_attention(q, k, v, out, scale, block_m=128, block_n=128, num_warps=8, nu
     def call():
         _tma_attention[grid](
             qd, kd, vd, out, out.stride(0), t, scale * 1.4426950408889634,
-            GROUP=heads // kv_heads, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, WS=ws,
-            ONE_LOOP=one_loop,
+            GROUP=heads // kv_heads, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n,
             num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
         return out
@@ -156,16 +145,9 @@ def time_length(t: int, h: int, hk: int, d: int, sms: int, only: list[str]) -> N
             q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
             None, False, 0.0, True, False, scale=scale)[0][0].transpose(0, 1))
     cands["cudnn sdpa public (enable_gqa, strided views)"] = lambda: _public_cudnn(q, k, v, scale)
-    # (block_m, block_n, warps, stages, warp_specialize, one loop): Triton 3.6 specializes
-    # one loop per kernel, and only at 4 warps (one producer, two 4-warp consumers).
-    for bm, bn, w, s, ws, one in (
-        (128, 128, 8, 2, False, False), (128, 64, 8, 3, False, False),
-        (128, 128, 4, 2, False, False), (128, 64, 4, 3, False, True),
-        (128, 128, 4, 2, True, True), (128, 64, 4, 3, True, True),
-        (128, 64, 4, 2, True, True),
-    ):
-        cands[f"triton tma {bm}x{bn} w{w} s{s} ws={ws} one_loop={one}"] = tma_attention(
-            q, k, v, out, scale, bm, bn, w, s, ws, one)
+    for bm, bn, w, st in ((128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3)):
+        cands[f"triton tma {bm}x{bn} w{w} s{st}"] = tma_attention(q, k, v, out, scale, bm, bn,
+                                                                  w, st)
     print(f"\n== one prompt of {t} tokens: {flops / 1e9:.2f} GFLOP", flush=True)
     for name, call in cands.items():
         if only and not any(o in name for o in only):
