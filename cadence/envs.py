@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
 
 def _flag(name: str) -> bool | None:
+    """A switch's value: None when unset or empty; anything but the words for on or off reads
+    as off, with a warning naming the variable (a typo must not pass silently; raising here
+    would stop every command, which all read the switches before they can report errors)."""
     value = os.environ.get(name)
     if value is None or value == "":
         return None
-    return value.strip().lower() in ("1", "true", "yes", "on")
+    word = value.strip().lower()
+    if word not in _TRUE and word not in _FALSE:
+        warnings.warn(f"{name}={value!r} is neither on ({'/'.join(_TRUE)}) nor off "
+                      f"({'/'.join(_FALSE)}); read as off.", stacklevel=3)
+    return word in _TRUE
 
 
 @dataclass(frozen=True)

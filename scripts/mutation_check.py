@@ -827,6 +827,9 @@ MUTATIONS = [
     Mutation("dense-fp8-cache", "an FP8 cache's layer attends densely over unrounded K/V",
              "cadence/model/dense_prefill.py", "and cache_dtype == dtype and head_dim % 8 == 0",
              "and head_dim % 8 == 0", ("tests/model/test_dense_prefill.py",)),
+    Mutation("env-typo-silent", "a switch set to an unknown word reads as off silently",
+             "cadence/envs.py", "    if word not in _TRUE and word not in _FALSE:",
+             "    if False:", ("tests/test_envs.py",)),
 ]
 
 
