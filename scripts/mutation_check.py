@@ -830,6 +830,10 @@ MUTATIONS = [
     Mutation("env-typo-silent", "a switch set to an unknown word reads as off silently",
              "cadence/envs.py", "    if word not in _TRUE and word not in _FALSE:",
              "    if False:", ("tests/test_envs.py",)),
+    Mutation("stage-padding-rows-stale", "a padded step's padding rows keep what an earlier "
+             "step left in the staging set", "cadence/worker/step_layout.py",
+             "    for r in range(rows):\n        inside = r < b",
+             "    for r in range(b):\n        inside = r < b", ("tests/worker/test_step_buffers.py",)),
 ]
 
 

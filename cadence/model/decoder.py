@@ -159,15 +159,19 @@ class CausalLM(nn.Module):
 
     def dense_prefill_min_tokens(self, dtype: torch.dtype, cache_dtype: torch.dtype,
                                  device: torch.device) -> int | None:
-        """The fewest tokens of a lone prompt from position 0 from which some layer's backend
-        attends densely (``AttentionMetadata.fresh_prompt``); None where none ever does."""
+        """The fewest tokens of a lone prompt from position 0 from which every layer's backend
+        attends densely (``AttentionMetadata.fresh_prompt``); None where some layer never does.
+
+        Every layer or none: a dense layer reads the K/V of a graph bucket's padding rows (a
+        causal mask zeroes their weights, and 0 x NaN is NaN), which a varlen layer would leave
+        unwritten in its output."""
         find = getattr(self.attn_backend, "dense_prefill_min_tokens", None)
         if find is None:
             return None
         arch = self.arch
-        found = [find(dtype, arch.head_dim, cache_dtype, arch.window(i), arch.attn_softcap, device)
-                 for i in range(arch.num_layers)]
-        return min((f for f in found if f is not None), default=None)
+        found = {find(dtype, arch.num_heads, arch.num_kv_heads, arch.head_dim, cache_dtype,
+                      arch.window(i), arch.attn_softcap, device) for i in range(arch.num_layers)}
+        return None if None in found else min(found)
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int, int]:
         """The shape of one layer's cache: ``[2, num_blocks, block_size, kv_heads, head_dim]``."""

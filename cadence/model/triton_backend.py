@@ -38,13 +38,14 @@ class TritonAttentionBackend:
         self.fuse_rope = not read_envs().disable_fused_rope if fuse_rope is None else fuse_rope
         self.dense_prefill = dense_prefill or DensePrefill(not read_envs().disable_dense_prefill)
 
-    def dense_prefill_min_tokens(self, dtype: torch.dtype, head_dim: int,
-                                 cache_dtype: torch.dtype, sliding_window: int, softcap: float,
-                                 device: torch.device) -> int | None:
+    def dense_prefill_min_tokens(self, dtype: torch.dtype, num_heads: int, num_kv_heads: int,
+                                 head_dim: int, cache_dtype: torch.dtype, sliding_window: int,
+                                 softcap: float, device: torch.device) -> int | None:
         """The fewest tokens of a lone fresh prompt that this layer attends densely (cuDNN),
-        None where it never does."""
+        None where it never does (a first small call tells whether cuDNN runs the shape)."""
         dense = self.dense_prefill
-        if dense.supports(dtype, head_dim, cache_dtype, sliding_window, softcap, device):
+        if (dense.supports(dtype, head_dim, cache_dtype, sliding_window, softcap, device)
+                and dense.probe(dtype, num_heads, num_kv_heads, head_dim, device)):
             return dense.min_tokens
         return None
 

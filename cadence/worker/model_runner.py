@@ -254,6 +254,8 @@ class ModelRunner:
         elif self.mixed_graphs is not None:
             t = inp.num_tokens
             if self.fresh_graphs is not None and inp.fresh_prompt:
+                # A prompt a little below the dense minimum may pad into a fresh bucket: dense
+                # attention at the bucket's size still beats the varlen kernel at the prompt's.
                 size = self.fresh_graphs.bucket_for(t)
                 if size is not None and dense_padding_ok(t, size):
                     return None, size, True

@@ -135,11 +135,13 @@ class StepBuffers:
 
         # A graph was captured over the full block-table width: pass that view to match.
         graph = padded_tokens is not None
+        # NOTE: fresh_prompt stays False: dense attention is for the fresh graphs' bucketed
+        # shapes only (model/dense_prefill.py).
         md = self.metadata(tokens, rows, inp.max_query_len,
-                           self.max_blocks if graph else nb, inp.max_seq_len, inp.fresh_prompt)
+                           self.max_blocks if graph else nb, inp.max_seq_len)
         if self.device.type != "cuda":
-            # Host copies for the torch reference backend's loop (CUDA backends never read
-            # them; the reference reads the device tensors where they are missing).
+            # Host copies for the torch reference backend's loop (the Triton backend never
+            # reads them; the reference on CUDA reads the device tensors instead, a sync).
             md.query_start_loc_cpu = torch.from_numpy(
                 staging["query_start_loc"][: rows + 1].copy())
             md.seq_lens_cpu = torch.from_numpy(staging["seq_lens"][:rows].copy())

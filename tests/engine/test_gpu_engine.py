@@ -182,7 +182,9 @@ def test_fresh_prompt_graphs_agree_with_transformers_within_bf16_rounding(tmp_pa
     outs = [llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0]
             .outputs[0].token_ids for p in prompts]  # one at a time: each a lone prompt
     assert runner.fresh_graphs.num_replays == 3
-    assert runner.model.attn_backend.dense_prefill.enabled  # cuDNN ran every time
+    dense = runner.model.attn_backend.dense_prefill
+    # cuDNN ran in the captures (each layer's call counts once per capture and warm-up).
+    assert dense.enabled and dense.calls >= 2 * len(runner.fresh_graphs.sizes)
     _free(llm)
     _check_within_bf16_rounding(model, tmp_path, prompts, outs, max_positions=2048)
 

@@ -61,6 +61,55 @@ def test_a_refused_call_turns_it_off_for_good(caplog):
     assert not dense.supports(BF16, 128, BF16, 0, 0.0, CUDA)
 
 
+def test_probe_asks_once_per_shape_and_a_refusal_turns_it_off():
+    dense = DensePrefill()
+    cpu = torch.device("cpu")  # no cuDNN attention on CPU tensors: refused
+    assert dense.probe(BF16, 4, 2, 16, cpu) is False
+    assert not dense.enabled and dense.calls == 0
+    calls = []
+    dense2 = DensePrefill()
+    dense2._attend = lambda *a: calls.append(a) or torch.zeros(1)
+    assert dense2.probe(BF16, 4, 2, 16, cpu) and dense2.probe(BF16, 4, 2, 16, cpu)
+    assert dense2.probe(BF16, 8, 2, 16, cpu) and len(calls) == 2  # two shapes, two calls
+    assert dense2.calls == 0  # a probe is not a pass
+
+
+@pytest.mark.parametrize("error", [torch.OutOfMemoryError("out of memory"),
+                                   getattr(torch, "AcceleratorError", torch.OutOfMemoryError)(
+                                       "an illegal memory access")])
+def test_memory_and_cuda_errors_are_raised_not_taken_for_refusals(monkeypatch, error):
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", fail)
+    dense = DensePrefill()
+    q, k = torch.randn(8, 4, 16), torch.randn(8, 2, 16)
+    with pytest.raises(type(error)):
+        dense.attend(q, k, k, 0.25)
+    assert dense.enabled
+
+
+def test_every_layer_or_none():
+    """A model whose layers do not all attend densely gets no fresh graphs: a varlen layer
+    leaves a bucket's padding rows unwritten, and the next dense layer reads their K/V."""
+    from types import SimpleNamespace
+
+    from cadence.model.decoder import CausalLM
+
+    def answer(dtype, heads, kv_heads, head_dim, cache_dtype, window, softcap, device):
+        return None if window else 768
+
+    arch = SimpleNamespace(num_heads=16, num_kv_heads=8, head_dim=128, num_layers=4,
+                           attn_softcap=0.0, window=lambda i: 0)
+    model = SimpleNamespace(attn_backend=SimpleNamespace(dense_prefill_min_tokens=answer),
+                            arch=arch)
+    find = CausalLM.dense_prefill_min_tokens
+    assert find(model, BF16, BF16, CUDA) == 768
+    arch.window = lambda i: 4096 if i % 2 else 0  # alternating sliding layers
+    assert find(model, BF16, BF16, CUDA) is None
+    assert find(SimpleNamespace(attn_backend=object(), arch=arch), BF16, BF16, CUDA) is None
+
+
 def _gpu() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
@@ -124,9 +173,10 @@ def test_dense_equals_varlen_and_stores_the_same_kv(t_real, t_pad, heads, kv_hea
     backend = TritonAttentionBackend(num_sms=132, dense_prefill=DensePrefill(min_tokens=512))
     cache_dense, cache_varlen = cache.clone(), cache.clone()
     dense = backend.forward(q, k, v, cache_dense, md, scale, rope=rope)
+    assert backend.dense_prefill.calls == 1  # cuDNN ran, not the refusal path
     varlen = backend.forward(q, k, v, cache_varlen, replace(md, fresh_prompt=False), scale,
                              rope=rope)
-    assert backend.dense_prefill.enabled  # cuDNN ran: not the refusal path
+    assert backend.dense_prefill.calls == 1 and backend.dense_prefill.enabled
     assert torch.equal(cache_dense, cache_varlen)
     # The float32 reference from the stored (normed, rotated) K/V and the rotated q.
     q_rot, k_rot = rope.apply(q, k)

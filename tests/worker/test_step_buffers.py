@@ -128,3 +128,39 @@ def test_upload_refuses_a_step_larger_than_its_buffers():
     with pytest.raises(ValueError, match="9 rows"):
         buf.upload(inp, padded_tokens=8, padded_rows=9)
     assert buf.upload(inp, padded_tokens=64, padded_rows=8).num_actual_tokens == 64
+
+
+def test_padding_overwrites_what_an_earlier_larger_step_left_in_the_staging_set():
+    """Staging sets rotate (three of them): a small padded step lands in a set that held a
+    larger one, whose values must not leak into the padding (ids and positions 0, slot -1,
+    empty query ranges at the step's end, zero lengths and flags)."""
+    rt = get_device("cpu")
+    batch = InputBatch(8, 64, 4, 16)
+    big = [NewRequestData(f"g{i}", list(range(1 + i, 13 + i)), [], SamplingParams(),
+                          [10 + i], 0) for i in range(4)]
+    so_big = SchedulerOutput(big, CachedRequestData(), {f"g{i}": 12 for i in range(4)}, 48)
+    batch.apply(so_big)
+    big_inp = batch.prepare(so_big)
+    small = [NewRequestData("s", list(range(2, 7)), [], SamplingParams(), [30], 0)]
+    so_small = SchedulerOutput(small, CachedRequestData(), {"s": 5}, 5)
+    batch.apply(so_small)
+    small_inp = batch.prepare(so_small)
+    buf = StepBuffers(rt, rt.create_stream(), 64, 8, 4, torch.device("cpu"))
+    for _ in range(3):  # every set holds the big step once
+        buf.upload(big_inp, padded_tokens=48, padded_rows=8)
+    assert buf.seq_lens[:4].tolist() == [12] * 4
+    buf.upload(small_inp, padded_tokens=48, padded_rows=8, metadata=False)
+    assert buf.input_ids[:5].tolist() == [2, 3, 4, 5, 6]
+    assert buf.positions[:5].tolist() == [0, 1, 2, 3, 4]
+    assert buf.slot_mapping[:5].tolist() == [30 * 16 + i for i in range(5)]
+    assert (buf.input_ids[5:48] == 0).all() and (buf.positions[5:48] == 0).all()
+    assert (buf.slot_mapping[5:48] == -1).all()
+    assert buf.query_start_loc[:9].tolist() == [0] + [5] * 8
+    assert buf.seq_lens[:8].tolist() == [5] + [0] * 7
+    assert buf.use_sampled[:8].tolist() == [0] * 8
+    assert buf.last_token_index[:8].tolist() == [4] + [0] * 7
+    assert buf.req_slots[1:8].tolist() == [0] * 7
+    assert buf.counts.tolist() == [1, 1] and buf.logits_index[0].item() == 4
+    slot = buf.req_slots[0].item()
+    assert buf.sample_slots[0].item() == slot
+    assert buf.block_tables[0, 0].item() == 30
