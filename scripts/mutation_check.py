@@ -834,6 +834,20 @@ MUTATIONS = [
              "step left in the staging set", "cadence/worker/step_layout.py",
              "    for r in range(rows):\n        inside = r < b",
              "    for r in range(b):\n        inside = r < b", ("tests/worker/test_step_buffers.py",)),
+    Mutation("dense-some-layers", "fresh graphs for a model of which only some layers attend "
+             "densely", "cadence/model/decoder.py",
+             "        return None if None in found else min(found)",
+             "        return min((f for f in found if f is not None), default=None)",
+             ("tests/model/test_dense_prefill.py",)),
+    Mutation("dense-eager-passes", "eager passes of a lone fresh prompt attend densely (a cuDNN "
+             "plan for every new length)", "cadence/worker/step_buffers.py",
+             "                           self.max_blocks if graph else nb, inp.max_seq_len)",
+             "                           self.max_blocks if graph else nb, inp.max_seq_len, "
+             "inp.fresh_prompt)", ("tests/engine/test_fresh_prompt_graphs.py",)),
+    Mutation("dense-oom-refusal", "out of memory in a dense call turns the path off as if "
+             "cuDNN refused", "cadence/model/dense_prefill.py",
+             "            if (isinstance(exc, (torch.OutOfMemoryError, _ACCELERATOR_ERROR))",
+             "            if (False", ("tests/model/test_dense_prefill.py",)),
 ]
 
 
