@@ -848,6 +848,15 @@ MUTATIONS = [
              "cuDNN refused", "cadence/model/dense_prefill.py",
              "            if (isinstance(exc, (torch.OutOfMemoryError, _ACCELERATOR_ERROR))",
              "            if (False", ("tests/model/test_dense_prefill.py",)),
+    Mutation("stage-warm-up-types", "the staging pass is warmed with another signature than "
+             "a step's (the first request compiles it)", "cadence/worker/step_buffers.py",
+             "                   none64, np.zeros(1, np.int32), none32,",
+             "                   none64, np.zeros(1, np.int64), none32,",
+             ("tests/worker/test_step_buffers.py",)),
+    Mutation("layout-warm-up-types", "the layout pass is warmed with int64 slots (a step's are "
+             "int32: the first request compiles it)", "cadence/worker/input_batch.py",
+             "        layout_step(none32, none64, none64,", "        layout_step(none64, none64, none64,",
+             ("tests/worker/test_step_buffers.py",)),
 ]
 
 

@@ -86,6 +86,13 @@ class InputBatch:
         # Requests refused on admission since the last take_failed(): id -> reason.
         self._failed: dict[str, str] = {}
 
+    def warm_up(self) -> None:
+        """Compile the layout pass for this batch's array types now (numba compiles on first
+        call, ~1 s on a machine without its disk cache), not in the first request's step."""
+        none32, none64 = np.zeros(0, np.int32), np.zeros(0, np.int64)
+        layout_step(none32, none64, none64, self.token_ids, self.block_table, self.num_known,
+                    self.num_tokens, self.num_blocks, self.block_size)
+
     # Membership ------------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.req_id_to_slot)

@@ -86,6 +86,8 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.buffers = StepBuffers(self.rt, self.main, self.max_num_tokens, self.max_num_reqs,
                                    self.max_blocks_per_req, device)
+        self.input_batch.warm_up()  # the compiled host passes, before any request waits
+        self.buffers.warm_up()
         buf = self.buffers
         # GPU-resident last sampled token of every slot (DESIGN: combine / scatter).
         self.last_sampled = torch.zeros(self.max_num_reqs, dtype=torch.int64, device=device)

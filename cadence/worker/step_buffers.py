@@ -87,6 +87,16 @@ class StepBuffers:
             self._sets.append((s, src, rt.create_event()))
         self._next = 0
 
+    def warm_up(self) -> None:
+        """Compile the staging pass for these buffers' array types now (numba compiles on
+        first call), not in the first request's step. Writes an empty step into a set."""
+        staging = self._sets[0][0]
+        none32, none64 = np.zeros(0, np.int32), np.zeros(0, np.int64)
+        stage_step(staging["input_ids"], staging["positions"], staging["slot_mapping"],
+                   staging["rows"], self._row_offsets, staging["block_tables"], none64, none64,
+                   none64, np.zeros(1, np.int32), none32, none32, none32, none32, none32,
+                   np.zeros((0, 1), np.int32), 0, 0)
+
     def _staging(self):
         staging, src, event = self._sets[self._next]
         self._next = (self._next + 1) % len(self._sets)

@@ -164,3 +164,40 @@ def test_padding_overwrites_what_an_earlier_larger_step_left_in_the_staging_set(
     slot = buf.req_slots[0].item()
     assert buf.sample_slots[0].item() == slot
     assert buf.block_tables[0, 0].item() == 30
+
+
+def test_warm_up_compiles_the_signatures_a_real_step_uses(monkeypatch):
+    """The runner warms the two compiled host passes at start-up; a real step afterwards must
+    call them with the argument types the warm-up compiled (numba specializes on them), so the
+    first request's step compiles nothing."""
+    import cadence.worker.input_batch as input_batch
+    import cadence.worker.step_buffers as step_buffers
+
+    seen: dict[str, list[tuple]] = {"layout_step": [], "stage_step": []}
+
+    def recording(module, name):
+        fn = getattr(module, name)
+
+        def call(*args):
+            seen[name].append(tuple(fn.typeof_pyval(a) for a in args))
+            return fn(*args)
+
+        monkeypatch.setattr(module, name, call)
+
+    recording(input_batch, "layout_step")
+    recording(step_buffers, "stage_step")
+    rt = get_device("cpu")
+    batch = InputBatch(8, 64, 4, 16)
+    buf = StepBuffers(rt, rt.create_stream(), 64, 8, 4, torch.device("cpu"))
+    batch.warm_up()
+    buf.warm_up()
+    new = [NewRequestData("a", list(range(1, 11)), [], SamplingParams(), [3], 0),
+           NewRequestData("b", list(range(1, 31)), [], SamplingParams(), [4, 5], 0)]
+    so = SchedulerOutput(new, CachedRequestData(), {"a": 10, "b": 7}, 17)
+    batch.apply(so)
+    inp = batch.prepare(so)
+    buf.upload(inp, padded_tokens=32, padded_rows=8)
+    buf.upload(inp)
+    for name, calls in seen.items():
+        warm, *steps = calls
+        assert steps and all(step == warm for step in steps), name
