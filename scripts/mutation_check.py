@@ -857,6 +857,12 @@ MUTATIONS = [
              "int32: the first request compiles it)", "cadence/worker/input_batch.py",
              "        layout_step(none32, none64, none64,", "        layout_step(none64, none64, none64,",
              ("tests/worker/test_step_buffers.py",)),
+    Mutation("output-handler-at-first-request", "a server collects the core's outputs only "
+             "from its first request (front end 0 of several may never record engine-wide "
+             "metrics)", "cadence/server/launcher.py",
+             "        self.watchdog.engine.start_output_handler()\n", "",
+             ("tests/server/test_app.py::"
+              "test_the_output_handler_runs_from_start_up_before_any_request",)),
 ]
 
 

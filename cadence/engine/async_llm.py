@@ -286,6 +286,12 @@ class AsyncLLM:
             self._record_stats(None, stats)  # counted as finished with reason "abort" (vLLM)
 
     # -- output handler ----------------------------------------------------------------------
+    def start_output_handler(self) -> None:
+        """Start collecting the core's outputs now (in the running event loop), not at the
+        first request: a server's front end 0 records the engine-wide metrics from every
+        step's outputs, also when no request of its own ever comes."""
+        self._run_output_handler()
+
     def _run_output_handler(self) -> None:
         if self.output_handler is not None:
             return

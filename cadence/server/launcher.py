@@ -80,6 +80,9 @@ class CadenceServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
+        # NOTE: before the first request: with several API servers, front end 0 may never get
+        # one, yet it must hear every step (it records the engine-wide metrics).
+        self.watchdog.engine.start_output_handler()
         await super().startup(sockets)
 
     # -- signals -----------------------------------------------------------------------------

@@ -731,3 +731,13 @@ def test_streamed_prompt_token_ids_come_once_and_only_when_asked(server) -> None
                        {"messages": [{"role": "user", "content": "Hi"}],
                         "return_token_ids": True, **greedy})
         assert asked[0].get("prompt_token_ids")
+
+
+def test_the_output_handler_runs_from_start_up_before_any_request(server_factory) -> None:
+    """Each server collects the core's outputs from start-up: with several API servers, front
+    end 0 records the engine-wide metrics from every step, also when no request of its own
+    ever comes (it used to start collecting at its first request, and then read 0)."""
+    running = server_factory()
+    handler = running.engine.output_handler
+    assert handler is not None and not handler.done()
+    assert not running.engine.has_unfinished_requests()
