@@ -61,16 +61,13 @@ def make_block_hasher(
             return []
         parent = hashes[-1] if hashes else salted_root(request.cache_salt, root_hash)
         full = (len(tokens) - start) // block_size
-        # One pack for every new block, hashed block by block in slices of it (the loop is
-        # hash_block_bytes inlined: a prompt's blocks are hashed before its first kernel).
+        # One pack for every new block, hashed block by block in slices of it.
         payload = pack_tokens(tokens[start : start + full * block_size])
         step = 8 * block_size
-        sha256 = hashlib.sha256
         new_hashes: list[bytes] = []
-        append = new_hashes.append
         for offset in range(0, full * step, step):
-            parent = sha256(parent + payload[offset : offset + step]).digest()
-            append(parent)
+            parent = hash_block_bytes(parent, payload[offset : offset + step])
+            new_hashes.append(parent)
         return new_hashes
 
     return hasher
