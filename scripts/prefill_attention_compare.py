@@ -187,8 +187,17 @@ def main() -> int:
     p.add_argument("--only", default="", help="comma-separated parts of the names to time")
     ns = p.parse_args()
     h, hk, d = ns.heads, ns.kv_heads, ns.head_dim
+    try:
+        lens = [int(x) for x in ns.lens.split(",")]
+    except ValueError:
+        p.error(f"--lens must be comma-separated integers, got {ns.lens!r}")
+    if min(lens) < 1 or min(h, hk, d) < 1 or h % hk or d % 16:
+        p.error("--lens, --heads and --kv-heads must be positive, --heads a multiple of "
+                "--kv-heads, and --head-dim a positive multiple of 16")
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA device")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for t in [int(x) for x in ns.lens.split(",")]:
+    for t in lens:
         time_length(t, h, hk, d, sms, [o for o in ns.only.split(",") if o])
     return 0
 

@@ -57,3 +57,16 @@ def test_launch_cost_script_prints_every_row() -> None:
     figures = json.loads(proc.stdout)["us_per_launch"]
     bound = [v for k, v in figures.items() if k.startswith("cadence: bind")]
     assert len(bound) == 3 and all(isinstance(v, float) for v in bound), figures
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [(["--lens", "abc"], "--lens"), (["--lens", "1024,0"], "--lens"),
+     (["--heads", "5"], "--heads"), (["--head-dim", "60"], "--head-dim")],
+)
+def test_prefill_attention_compare_refuses_bad_input_in_one_line(argv, names) -> None:
+    proc = _run("scripts/prefill_attention_compare.py", *argv, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("prefill_attention_compare.py: error:") and names in last
+    assert "Traceback" not in proc.stderr
