@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from dataclasses import dataclass
@@ -19,9 +20,16 @@ def _flag(name: str) -> bool | None:
         return None
     word = value.strip().lower()
     if word not in _TRUE and word not in _FALSE:
-        warnings.warn(f"{name}={value!r} is neither on ({'/'.join(_TRUE)}) nor off "
-                      f"({'/'.join(_FALSE)}); read as off.", stacklevel=3)
+        _warn_unknown(name, value)
     return word in _TRUE
+
+
+@functools.cache
+def _warn_unknown(name: str, value: str) -> None:
+    # NOTE: once per process: read_envs has many callers, and library imports between them
+    # reset the registry that Python's own once-per-place filter relies on.
+    warnings.warn(f"{name}={value!r} is neither on ({'/'.join(_TRUE)}) nor off "
+                  f"({'/'.join(_FALSE)}); read as off.", stacklevel=4)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,9 @@ def test_the_words_for_on_and_off(monkeypatch, value, on):
 
 @pytest.mark.parametrize("value", ["ture", "2", "enabled"])
 def test_any_other_value_reads_as_off_and_says_so(monkeypatch, value):
+    from cadence import envs
+
+    envs._warn_unknown.cache_clear()  # warned once per process: this test must see it
     monkeypatch.setenv(NAME, value)
     with pytest.warns(UserWarning, match=f"{NAME}='{value}' is neither on"):
         assert read_envs().disable_launch_tapes is False
@@ -35,3 +38,19 @@ def test_unset_or_empty_is_the_default(monkeypatch):
     assert read_envs().async_scheduling is None
     monkeypatch.setenv("CADENCE_ASYNC_SCHEDULING", "")
     assert read_envs().async_scheduling is None
+
+
+def test_an_unknown_value_warns_once_however_often_it_is_read(monkeypatch):
+    """Every command reads the switches in several places; the user hears of a typo once."""
+    import subprocess
+    import sys
+
+    code = ("from cadence.envs import read_envs\n"
+            "def a(): read_envs()\n"
+            "def b(): read_envs()\n"
+            "a(); b(); a()\n")
+    env = dict(__import__("os").environ, CADENCE_DISABLE_DENSE_PREFILL="garbage")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("CADENCE_DISABLE_DENSE_PREFILL='garbage' is neither on") == 1
