@@ -9,6 +9,11 @@ phase's p50 and maximum in microseconds: what the host does before the first ker
 (``add_request``, ``schedule``, ``apply``, ``prepare``, ``upload``, the graph launch) and
 what overlaps the GPU (``sampling.metadata``). Before that, the host cost of one graph replay
 per captured size it can reach (launch only, the GPU idle).
+
+``--timeline`` instead prints when each call of a request's path starts and ends, measured from
+the moment ``add_request`` is called (p50 over the requests), and the GPU's time from the
+prefill step's first launch to its sampled ids (CUDA events): where the time between the
+kernels' end and the token on the host goes.
 """
 
 from __future__ import annotations
@@ -38,6 +43,100 @@ def _timed(obj: Any, name: str, label: str, acc: dict[str, list[float]]) -> None
     setattr(obj, name, wrapper)
 
 
+def _marked(obj: Any, name: str, label: str, marks: list[tuple[str, float, float]]) -> None:
+    """Replace ``obj.name`` with a wrapper that appends ``(label, start, end)`` per call."""
+    fn: Callable[..., Any] = getattr(obj, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            marks.append((label, start, time.perf_counter()))
+
+    setattr(obj, name, wrapper)
+
+
+def timeline(core: Any, prompts: list[list[int]]) -> None:
+    """Print each traced call's p50 start and end (us after ``add_request`` was called), by
+    its order within a request, and the GPU's time from the first launch to the sampled ids."""
+    import torch
+
+    from cadence.bench.ttft import time_one
+
+    runner = core.runner
+    marks: list[tuple[str, float, float]] = []
+    _marked(core, "add_request", "add_request", marks)
+    _marked(core.scheduler, "schedule", "schedule", marks)
+    _marked(core.runner, "execute_model", "execute_model", marks)
+    _marked(runner.copier, "finish", "wait for ids", marks)
+    _marked(core.scheduler, "update_from_output", "update", marks)
+    events: list[tuple[Any, Any]] = []
+    graph_ends: list[Any] = []
+    for graphs in (runner.mixed_graphs, runner.fresh_graphs):
+        if graphs is None:
+            continue
+        replay = graphs.replay
+
+        def marked_replay(size: int, _replay: Callable[..., Any] = replay) -> Any:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            events.append((start, None))
+            began = time.perf_counter()
+            out = _replay(size)
+            marks.append(("graph launch", began, time.perf_counter()))
+            graph_end = torch.cuda.Event(enable_timing=True)
+            graph_end.record()
+            graph_ends.append(graph_end)
+            return out
+
+        graphs.replay = marked_replay
+    _marked(runner.copier, "start", "copy ids", marks)
+    start_copy = runner.copier.start
+
+    def copy_and_mark(*args: Any, **kwargs: Any) -> Any:
+        out = start_copy(*args, **kwargs)
+        if events and events[-1][1] is None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            events[-1] = (events[-1][0], end)
+        return out
+
+    runner.copier.start = copy_and_mark
+    rows: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
+    gpu_ms: list[float] = []
+    graph_ms: list[float] = []
+    ttft: list[float] = []
+    for i, prompt in enumerate(prompts):
+        marks.clear()
+        events.clear()
+        graph_ends.clear()
+        ttft.append(time_one(core, prompt, f"tl-{i}"))
+        torch.cuda.synchronize()
+        origin = min(start for _, start, _ in marks)  # add_request's call
+        seen: dict[str, int] = defaultdict(int)
+        for label, start, end in sorted(marks, key=lambda m: m[1]):
+            rows[(seen[label], label)].append((start - origin, end - origin))
+            seen[label] += 1
+        if events and events[0][1] is not None:
+            gpu_ms.append(events[0][0].elapsed_time(events[0][1]))
+            graph_ms.append(events[0][0].elapsed_time(graph_ends[0]))
+    print(_row("TTFT", ttft))
+    if gpu_ms:
+        gpu_ms.sort()
+        graph_ms.sort()
+        mid = len(gpu_ms) // 2
+        print(f"GPU, first launch -> its graph's end: p50 {graph_ms[mid] * 1e3:.1f} us; -> the "
+              f"sampled ids staged: p50 {gpu_ms[mid] * 1e3:.1f} us")
+    order = sorted(rows, key=lambda key: sorted(s for s, _ in rows[key])[len(rows[key]) // 2])
+    for key in order:
+        starts = sorted(s for s, _ in rows[key])
+        ends = sorted(e for _, e in rows[key])
+        mid = len(starts) // 2
+        print(f"{key[1]:>16s} #{key[0]}  n={len(starts):3d}  start {starts[mid] * 1e6:8.1f} us"
+              f"  end {ends[mid] * 1e6:8.1f} us")
+
+
 def _row(label: str, seconds: list[float]) -> str:
     s = sorted(seconds)
     return f"{label:20s} n={len(s):4d}  p50 {s[len(s) // 2] * 1e6:9.1f} us  max {s[-1] * 1e6:9.1f}"
@@ -53,6 +152,8 @@ def main() -> int:
     EngineArgs.add_cli_args(p)
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--timeline", action="store_true",
+                   help="when each call of a request's path starts and ends (see above)")
     ns = p.parse_args()
     if ns.input_len < 1 or ns.repeats < 1:
         p.error(f"--input-len and --repeats must be at least 1, got {ns.input_len} and "
@@ -67,6 +168,11 @@ def main() -> int:
     prompts = random_prompts(ns.repeats + 4, ns.input_len, core.vocab_size, seed=5)
     for i in range(4):
         time_one(core, prompts[i], f"warm-{i}")
+    if ns.timeline:
+        if runner.device.type != "cuda":
+            p.error("--timeline needs a CUDA device (it times the GPU with CUDA events)")
+        timeline(core, prompts[4:])
+        return 0
     for label, graphs in (("mixed", runner.mixed_graphs), ("decode", runner.graphs)):
         if graphs is None:
             continue

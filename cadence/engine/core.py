@@ -69,7 +69,9 @@ class EngineCore:
             if cfg.use_graphs:
                 self.runner.capture_graphs()
             sched_cls = AsyncScheduler if cfg.scheduler.async_scheduling else Scheduler
-            self.scheduler: Scheduler = sched_cls(cfg.scheduler, cfg.cache, self.num_kv_blocks)
+            # Prompts are hashed for the prefix cache after their step launches (see step).
+            self.scheduler: Scheduler = sched_cls(cfg.scheduler, cfg.cache, self.num_kv_blocks,
+                                                  defer_prefix_caching=True)
         except BaseException:
             self.runner.close()  # NOTE: worker processes and streams do not outlive a failed start
             raise
@@ -171,6 +173,7 @@ class EngineCore:
         if so.total_num_scheduled_tokens == 0 and not so.preempted_req_ids:
             self._check_stall()
         pending = self.runner.execute_model(so)
+        self.scheduler.flush_deferred_caching()  # while the step runs
         with nvtx_range("update"):
             outs = self.scheduler.update_from_output(so, pending.get_output())
         return outs, so.total_num_scheduled_tokens > 0
@@ -186,6 +189,7 @@ class EngineCore:
                     and not any(q.total_num_scheduled_tokens for _, q in queue)):
                 self._check_stall()  # nothing scheduled now nor in flight
             pending = self.runner.execute_model(so)
+            self.scheduler.flush_deferred_caching()  # while the step runs
             executed = so.total_num_scheduled_tokens > 0
             queue.appendleft((pending, so))
             if executed and len(queue) < self.batch_queue_size:

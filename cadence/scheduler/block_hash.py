@@ -44,23 +44,25 @@ def hash_block_tokens(parent_hash: bytes, token_ids: Sequence[int]) -> bytes:
 
 def make_block_hasher(
     block_size: int, root_hash: bytes = ROOT_HASH
-) -> Callable[[Request], list[bytes]]:
+) -> Callable[[Request, list[bytes], int | None], list[bytes]]:
     """Return the hasher to pass as ``Request(block_hasher=...)``.
 
-    Called whenever the request's tokens grow, it returns the hashes of the blocks that became
-    full since the last call (possibly none), chained to ``request.block_hashes[-1]``.
+    ``hasher(request, hashes, num_blocks)`` returns the hashes of the request's full blocks
+    after the ``len(hashes)`` already in ``hashes`` (chained to ``hashes[-1]``), up to block
+    ``num_blocks`` (every full block when None); possibly none.
     """
     if block_size < 1:
         raise ValueError(f"block_size must be at least 1, got {block_size}.")
 
-    def hasher(request: Request) -> list[bytes]:
-        hashes = request.block_hashes
+    def hasher(request: Request, hashes: list[bytes], num_blocks: int | None) -> list[bytes]:
         tokens = request.all_token_ids
         start = len(hashes) * block_size
-        if len(tokens) - start < block_size:
+        full = (len(tokens) - start) // block_size
+        if num_blocks is not None and len(hashes) + full > num_blocks:
+            full = num_blocks - len(hashes)
+        if full <= 0:
             return []
         parent = hashes[-1] if hashes else salted_root(request.cache_salt, root_hash)
-        full = (len(tokens) - start) // block_size
         # One pack for every new block, hashed block by block in slices of it.
         payload = pack_tokens(tokens[start : start + full * block_size])
         step = 8 * block_size

@@ -1,5 +1,12 @@
 """Per-request KV block tables over the block pool, with prefix caching (vLLM v1
-``KVCacheManager`` for one full-attention group)."""
+``KVCacheManager`` for one full-attention group).
+
+With ``defer_caching`` the full blocks an allocation makes cacheable are registered in the
+prefix cache (and hashed) by ``flush_deferred``, which the engine calls once a step has
+launched, so that a prompt's hashing overlaps its forward pass instead of delaying it. Every
+lookup, free and reset flushes first, so what any request hits is what it would hit with
+immediate registration.
+"""
 
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ class KVCacheManager:
         block_size: int,
         enable_caching: bool,
         max_model_len: int,
+        defer_caching: bool = False,
     ) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
@@ -44,6 +52,9 @@ class KVCacheManager:
         # How many leading blocks of each request are registered in the prefix cache.
         self.num_cached_block: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
+        self.defer_caching = defer_caching
+        # req_id -> (request, tokens known): registrations waiting for flush_deferred.
+        self._deferred: dict[str, tuple[Request, int]] = {}
 
     @property
     def usage(self) -> float:
@@ -63,11 +74,18 @@ class KVCacheManager:
         """
         if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
+        if self._deferred:
+            self.flush_deferred()
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         pool = self.block_pool
         hits: list[KVCacheBlock] = []
-        for block_hash in request.block_hashes[:max_hit_blocks]:
-            block = pool.get_cached_block(block_hash)
+        # Hashed as far as the lookup goes (doubling), not the whole prompt: a miss on the
+        # first block costs one hash.
+        hashes = request.hash_blocks(min(1, max_hit_blocks))
+        for i in range(max_hit_blocks):
+            if i == len(hashes):
+                request.hash_blocks(min(2 * i, max_hit_blocks))  # extends ``hashes``
+            block = pool.get_cached_block(hashes[i])
             if block is None:
                 break
             hits.append(block)
@@ -145,9 +163,28 @@ class KVCacheManager:
         return new_blocks
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        """Register the request's blocks that are full within its first ``num_computed_tokens``."""
+        """Register the request's blocks that are full within its first ``num_computed_tokens``
+        (at the next ``flush_deferred`` with ``defer_caching``)."""
         if not self.enable_caching:
             return
+        if self.defer_caching:
+            req_id = request.request_id
+            pending = self._deferred.get(req_id)
+            if pending is None or pending[1] < num_computed_tokens:
+                self._deferred[req_id] = (request, num_computed_tokens)
+            return
+        self._cache_now(request, num_computed_tokens)
+
+    def flush_deferred(self) -> None:
+        """Register every deferred block now."""
+        deferred = self._deferred
+        if not deferred:
+            return
+        for request, num_tokens in deferred.values():  # in the order they were deferred
+            self._cache_now(request, num_tokens)
+        deferred.clear()
+
+    def _cache_now(self, request: Request, num_computed_tokens: int) -> None:
         req_id = request.request_id
         num_full = num_computed_tokens // self.block_size
         num_cached = self.num_cached_block.get(req_id, 0)
@@ -158,12 +195,16 @@ class KVCacheManager:
             return
         if num_full > len(blocks):
             num_full = len(blocks)
-        self.block_pool.cache_full_blocks(blocks, request.block_hashes, num_cached, num_full)
+        self.block_pool.cache_full_blocks(blocks, request.hash_blocks(num_full), num_cached,
+                                          num_full)
         self.num_cached_block[req_id] = num_full
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, so its last blocks are evicted first."""
         req_id = request.request_id
+        pending = self._deferred.pop(req_id, None)
+        if pending is not None:  # registered before its blocks go back, as without deferral
+            self._cache_now(*pending)
         blocks = self.req_to_blocks.pop(req_id, None)
         self.num_cached_block.pop(req_id, None)
         if blocks:
@@ -186,4 +227,5 @@ class KVCacheManager:
         return count
 
     def reset_prefix_cache(self) -> bool:
+        self.flush_deferred()
         return self.block_pool.reset_prefix_cache()

@@ -48,7 +48,7 @@ class Request:
         eos_token_id: int | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
-        block_hasher: Callable[[Request], list[bytes]] | None = None,
+        block_hasher: Callable[[Request, list[bytes], int | None], list[bytes]] | None = None,
         grammar_ready: Callable[[], bool] | None = None,
         cache_salt: str | None = None,
     ) -> None:
@@ -83,9 +83,11 @@ class Request:
         self.scheduled_time: float | None = None
         self.timing_sent = False
 
-        self.block_hashes: list[bytes] = []
+        # Prefix-cache hashes of the leading full blocks, computed when first needed
+        # (hash_blocks): a prompt's blocks are hashed after its first step has launched, not
+        # on its way to the GPU.
+        self._block_hashes: list[bytes] = []
         self._block_hasher = block_hasher
-        self.update_block_hashes()
 
     @property
     def waiting_for_grammar(self) -> bool:
@@ -126,12 +128,21 @@ class Request:
         else:
             self._output_token_ids.extend(token_ids)
             self._all_token_ids.extend(token_ids)
-        if self._block_hasher is not None:
-            self.block_hashes.extend(self._block_hasher(self))
 
-    def update_block_hashes(self) -> None:
-        if self._block_hasher is not None:
-            self.block_hashes.extend(self._block_hasher(self))
+    @property
+    def block_hashes(self) -> list[bytes]:
+        """The prefix-cache hash of every full block (of the tokens known so far)."""
+        return self.hash_blocks(None)
+
+    def hash_blocks(self, num_blocks: int | None) -> list[bytes]:
+        """The block hash list, extended to cover at least the first ``num_blocks`` blocks
+        (every full block when None) as far as full blocks go. The list is the request's own:
+        it only grows, and a longer prefix than asked for may already be there."""
+        hashes = self._block_hashes
+        hasher = self._block_hasher
+        if hasher is not None and (num_blocks is None or len(hashes) < num_blocks):
+            hashes.extend(hasher(self, hashes, num_blocks))
+        return hashes
 
     # Status ----------------------------------------------------------------------------------
     def is_finished(self) -> bool:

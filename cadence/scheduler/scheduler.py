@@ -38,7 +38,11 @@ class Scheduler:
         scheduler_config: SchedulerConfig,
         cache_config: CacheConfig,
         num_kv_blocks: int,
+        defer_prefix_caching: bool = False,
     ) -> None:
+        """``defer_prefix_caching``: a step's full blocks enter the prefix cache at
+        ``flush_deferred_caching`` (the engine calls it once the step has launched) or at the
+        next lookup or free, whichever comes first; no request hits differently."""
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.max_num_running_reqs = scheduler_config.max_num_seqs
@@ -52,6 +56,7 @@ class Scheduler:
             block_size=cache_config.block_size,
             enable_caching=cache_config.enable_prefix_caching,
             max_model_len=scheduler_config.max_model_len,
+            defer_caching=defer_prefix_caching,
         )
 
         self.requests: dict[str, Request] = {}
@@ -307,6 +312,10 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
+
+    def flush_deferred_caching(self) -> None:
+        """Register the blocks scheduled steps filled in the prefix cache (and hash them)."""
+        self.kv_cache_manager.flush_deferred()
 
     # Step output -----------------------------------------------------------------------------
     def update_from_output(

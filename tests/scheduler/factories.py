@@ -24,6 +24,7 @@ def create_scheduler(
     async_scheduling: bool = False,
     enable_chunked_prefill: bool = True,
     policy: str = "fcfs",
+    defer_prefix_caching: bool = False,
 ) -> Scheduler:
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
@@ -37,7 +38,8 @@ def create_scheduler(
     )
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     cls = AsyncScheduler if async_scheduling else Scheduler
-    return cls(scheduler_config, cache_config, num_blocks)
+    return cls(scheduler_config, cache_config, num_blocks,
+               defer_prefix_caching=defer_prefix_caching)
 
 
 def create_requests(

@@ -68,3 +68,57 @@ def test_salts_with_lone_surrogates_hash_apart() -> None:
 
     roots = {salted_root(s) for s in ("\ud800", "\ud801", "?", "\ufffd")}
     assert len(roots) == 4
+
+
+def _counting_hasher(block_size: int):
+    """make_block_hasher's hasher, recording how many blocks each call hashed (calls that
+    hash none are not recorded)."""
+    inner = make_block_hasher(block_size)
+    calls: list[int] = []
+
+    def hasher(request, hashes, num_blocks):
+        new = inner(request, hashes, num_blocks)
+        if new:
+            calls.append(len(new))
+        return new
+
+    return hasher, calls
+
+
+def test_blocks_are_hashed_when_first_needed_and_agree_with_hashing_all_at_once():
+    hasher, calls = _counting_hasher(4)
+    tokens = list(range(1, 23))  # five full blocks and two tokens
+    req = Request("r", tokens, SamplingParams(), block_hasher=hasher)
+    assert calls == []  # nothing on admission
+    expected, parent = [], ROOT_HASH
+    for i in range(5):
+        parent = hash_block_tokens(parent, tokens[4 * i: 4 * i + 4])
+        expected.append(parent)
+    assert req.hash_blocks(2) == expected[:2] and calls == [2]
+    assert req.hash_blocks(1) == expected[:2] and calls == [2]  # never shrinks, no new work
+    assert req.hash_blocks(9) == expected and calls == [2, 3]  # only full blocks
+    assert req.block_hashes == expected and calls == [2, 3]
+    req.append_output_token_ids([23, 24])
+    assert calls == [2, 3]  # a filled block waits for the next need
+    assert req.block_hashes == expected + [hash_block_tokens(expected[-1], [21, 22, 23, 24])]
+
+
+def test_a_prefix_lookup_hashes_only_as_far_as_it_hits():
+    from cadence.scheduler.kv_cache_manager import KVCacheManager
+
+    hasher, calls = _counting_hasher(4)
+    kv = KVCacheManager(num_blocks=64, block_size=4, enable_caching=True, max_model_len=200)
+    miss = Request("a", list(range(100, 180)), SamplingParams(), block_hasher=hasher)
+    assert kv.get_computed_blocks(miss) == ([], 0)
+    assert sum(calls) == 1  # a miss on the first block hashes one block, not twenty
+    calls.clear()
+    shared = list(range(1, 41))  # ten full blocks
+    first = Request("b", shared + [7], SamplingParams(), block_hasher=hasher)
+    kv.allocate_slots(first, 41)  # registers its ten full blocks
+    assert sum(calls) == 10
+    calls.clear()
+    second = Request("c", shared[:24] + [99] * 20, SamplingParams(), block_hasher=hasher)
+    hits, num_hit_tokens = kv.get_computed_blocks(second)
+    assert num_hit_tokens == 24 and len(hits) == 6
+    # Hashed in doubling runs (1, 1, 2, 4: blocks 0-7) past its six hits, not all 11 blocks.
+    assert calls == [1, 1, 2, 4]

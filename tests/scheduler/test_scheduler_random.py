@@ -8,6 +8,11 @@ scheduler outputs alone, writes each computed token into a simulated paged KV ca
 that every position a step attends to holds the right token. The fake model's next token
 depends only on (request, output index), so every request that was not aborted must end with
 exactly the tokens and finish reason that check_stop's rules give.
+
+With deferred prefix caching (as the engine runs it) the blocks a step fills enter the cache
+when the engine flushes them after the launch, or at the next lookup or free: the same
+workload must then give the same scheduler outputs, block for block, with flushes after every
+step, after some, or after none.
 """
 
 from __future__ import annotations
@@ -177,8 +182,14 @@ def run_simulation(
     seed: int,
     num_steps: int,
     enable_chunked_prefill: bool = True,
-) -> None:
+    defer_prefix_caching: bool = False,
+    flush_probability: float = 1.0,
+) -> list[tuple]:
+    """Run the workload; return its transcript: what every step scheduled (new requests with
+    their blocks and hits, running requests with their new blocks, preemptions)."""
     rng = random.Random(seed)
+    flush_rng = random.Random(seed + 1)  # apart, so the workload is the same either way
+    transcript: list[tuple] = []
     scheduler = create_scheduler(
         max_num_seqs=6,
         # Without chunked prefill the budget must hold a whole max_model_len prompt.
@@ -189,6 +200,7 @@ def run_simulation(
         block_size=BLOCK_SIZE,
         async_scheduling=async_scheduling,
         policy=policy,
+        defer_prefix_caching=defer_prefix_caching,
     )
     depth = 2 if async_scheduling else 1
     hasher = make_block_hasher(BLOCK_SIZE)
@@ -246,6 +258,9 @@ def run_simulation(
             check_step(scheduler, so, forced_reset)
             forced_reset = False
             in_flight.append((so, runner.execute(so, scheduler)))
+            transcript.append(summarize(so))
+            if defer_prefix_caching and flush_rng.random() < flush_probability:
+                scheduler.flush_deferred_caching()  # EngineCore, once the step launched
             if so.total_num_scheduled_tokens > 0 and len(in_flight) < depth:
                 continue
         elif not in_flight:
@@ -277,6 +292,17 @@ def run_simulation(
     stats = scheduler.make_stats()
     assert stats.prefix_cache_hits > 0
     assert (stats.num_running_reqs, stats.num_waiting_reqs, stats.kv_cache_usage) == (0, 0, 0.0)
+    return transcript
+
+
+def summarize(so: SchedulerOutput) -> tuple:
+    new = tuple((r.req_id, tuple(r.block_ids), r.num_computed_tokens)
+                for r in so.scheduled_new_reqs)
+    cached = so.scheduled_cached_reqs
+    running = tuple(zip(cached.req_ids, map(tuple, (b or () for b in cached.new_block_ids)),
+                        cached.num_computed_tokens, strict=True))
+    return (new, running, tuple(sorted(so.num_scheduled_tokens.items())),
+            tuple(sorted(so.preempted_req_ids)))
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
@@ -287,3 +313,17 @@ def test_random_workload(policy: str, async_scheduling: bool):
 
 def test_random_workload_without_chunked_prefill():
     run_simulation("fcfs", True, seed=99, num_steps=1500, enable_chunked_prefill=False)
+
+
+@pytest.mark.parametrize("flush_probability", [1.0, 0.5, 0.0], ids=["flush", "some", "none"])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_deferred_caching_schedules_the_same(async_scheduling: bool, flush_probability: float):
+    """Deferred prefix caching (the engine's) against registering at allocation: the same
+    steps, the same blocks, the same hits, whenever (or whether) the engine flushes."""
+    policy = "priority" if async_scheduling else "fcfs"
+    immediate = run_simulation(policy, async_scheduling, seed=4321, num_steps=800)
+    deferred = run_simulation(policy, async_scheduling, seed=4321, num_steps=800,
+                              defer_prefix_caching=True, flush_probability=flush_probability)
+    assert len(deferred) == len(immediate)
+    for step, (a, b) in enumerate(zip(immediate, deferred, strict=True)):
+        assert a == b, f"step {step} differs"
