@@ -3,8 +3,9 @@
 Every step writes its index arrays into one of a few pinned host staging sets and copies them
 into the same persistent device buffers with asynchronous host-to-device copies on the main
 stream: raw ``cudaMemcpyAsync`` calls on addresses taken once (a torch copy costs tens of
-microseconds of host time each), the per-row int32 arrays as one block, the block table as one
-2D copy of the columns in use. A set is reused only after the event recorded behind its copies
+microseconds of host time each), the per-token int64 arrays (rows of one block) as one 2D copy
+of the tokens in use, the per-row int32 arrays as one block, the block table as one 2D copy of
+the columns in use: three copies a step. A set is reused only after the event recorded behind its copies
 has completed, so the host never waits on the GPU here in steady state. A step that runs as a
 CUDA graph pads its tokens and rows up to the graph's bucket: padding tokens write no KV (slot
 -1), padding rows have an empty query range and sequence length 0, and neither ever takes a
@@ -54,9 +55,10 @@ class StepBuffers:
         def host(n, dtype, *rest):
             return torch.zeros(n, *rest, dtype=dtype, pin_memory=pin)
 
-        self.input_ids = dev(max_num_tokens, torch.int64)
-        self.positions = dev(max_num_tokens, torch.int64)
-        self.slot_mapping = dev(max_num_tokens, torch.int64)
+        # input_ids, positions, slot_mapping: the rows of one block, uploaded in one 2D copy.
+        self._tokens = dev(len(_INT64), torch.int64, max_num_tokens)
+        for i, name in enumerate(_INT64):
+            setattr(self, name, self._tokens[i])
         # query_start_loc, seq_lens, req_slots, last_token_index, use_sampled, sample_slots,
         # logits_index (flat token index of sampling rows) and counts ([rows to combine, rows to
         # scatter]): views of one int32 block, so that a step uploads them in one copy.
@@ -66,22 +68,24 @@ class StepBuffers:
             setattr(self, name, self._rows[offset : offset + n])
         self.block_tables = dev(max_num_reqs, torch.int32, max_blocks)
         # Device addresses of the copies' destinations (fixed: graphs read these buffers).
-        self._dst = {name: getattr(self, name).data_ptr() for name in _INT64}
-        self._dst["rows"] = self._rows.data_ptr()
+        self._dst = {"tokens": self._tokens.data_ptr(), "rows": self._rows.data_ptr()}
         self._dst["block_tables"] = self.block_tables.data_ptr()
         self._rows_nbytes = block_len * 4
         self._row_offsets = np.array([layout[name][0] for name in ROW_ARRAYS], dtype=np.int64)
         self._bt_pitch = max_blocks * 4
+        self._tokens_pitch = max_num_tokens * 8
 
         self._sets = []
         for _ in range(_NUM_STAGING_SETS):
-            s = {name: host(max_num_tokens, torch.int64) for name in _INT64}
+            tokens_block = host(len(_INT64), torch.int64, max_num_tokens)
+            s = {name: tokens_block[i] for i, name in enumerate(_INT64)}
+            s["tokens"] = tokens_block
             rows_block = host(block_len, torch.int32)
             s["rows"] = rows_block
             s.update({name: rows_block[offset : offset + n]
                       for name, (offset, n) in layout.items()})
             s["block_tables"] = host(max_num_reqs, torch.int32, max_blocks)
-            src = {name: s[name].data_ptr() for name in (*_INT64, "rows", "block_tables")}
+            src = {name: s[name].data_ptr() for name in ("tokens", "rows", "block_tables")}
             s = {k: v.numpy() for k, v in s.items()}
             # NOTE: the staging tensors stay alive through their numpy views.
             self._sets.append((s, src, rt.create_event()))
@@ -130,12 +134,12 @@ class StepBuffers:
                    inp.block_tables, tokens, rows)
 
         # NOTE: pinned sources make these copies asynchronous; ordered on the main stream.
-        copy, dst = self.main.copy_ptr_async, self._dst
-        for name in _INT64:
-            copy(dst[name], src[name], tokens * 8)
+        dst, pitch = self._dst, self._tokens_pitch
+        self.main.copy_2d_ptr_async(dst["tokens"], pitch, src["tokens"], pitch, tokens * 8,
+                                    len(_INT64))
         # The whole row block: past each array's rows this step it carries values of an
         # earlier step, which nothing reads (each reader stops at its row count).
-        copy(dst["rows"], src["rows"], self._rows_nbytes)
+        self.main.copy_ptr_async(dst["rows"], src["rows"], self._rows_nbytes)
         pitch = self._bt_pitch
         self.main.copy_2d_ptr_async(dst["block_tables"], pitch, src["block_tables"], pitch,
                                     nb * 4, b)
