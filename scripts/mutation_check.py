@@ -756,6 +756,15 @@ MUTATIONS = [
              "cadence/worker/step_buffers.py",
              "offset += -(-n // _ALIGN) * _ALIGN", "offset += n",
              ("tests/worker/test_step_buffers.py",)),
+    Mutation("plain-greedy-logprobs", "a greedy row that wants logprobs samples through the "
+             "greedy shortcut (its logprobs are never computed)", "cadence/worker/sampler.py",
+             "            and params.logprobs is None and not params.needs_logits_processing",
+             "            and not params.needs_logits_processing",
+             ("tests/worker/test_plain_greedy.py",)),
+    Mutation("plain-greedy-not-moved", "a row moved to fill a hole keeps the old row's greedy "
+             "flag", "cadence/worker/input_batch.py",
+             "self.processed,\n                    self.plain_greedy):",
+             "self.processed):", ("tests/worker/test_plain_greedy.py",)),
     Mutation("token-block-short", "the step's slot mapping (third row of the token block) never "
              "reaches the device", "cadence/worker/step_buffers.py",
              "tokens * 8,\n                                    len(_INT64))",

@@ -16,6 +16,7 @@ import numpy as np
 
 from cadence.sampling_params import SamplingParams
 from cadence.scheduler.output import SchedulerOutput
+from cadence.worker.sampler import plain_greedy_row
 from cadence.worker.step_layout import layout_step
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -83,6 +84,9 @@ class InputBatch:
         # Rows with a logits processor (penalties, bias, allowed ids, bad words): only these
         # are looked at each step.
         self.processed = np.zeros(max_num_reqs, dtype=np.bool_)
+        # Rows that sample greedily with nothing else (sampler.plain_greedy_row): a step whose
+        # sampling rows are all such builds no per-row sampling metadata.
+        self.plain_greedy = np.zeros(max_num_reqs, dtype=np.bool_)
         # Requests refused on admission since the last take_failed(): id -> reason.
         self._failed: dict[str, str] = {}
 
@@ -118,6 +122,7 @@ class InputBatch:
         self.temperature[slot], self.top_p[slot], self.top_k[slot] = temperature, top_p, top_k
         self.min_p[slot] = min_p
         self.processed[slot] = params.needs_logits_processing
+        self.plain_greedy[slot] = plain_greedy_row(params, temperature, top_p, top_k, min_p)
         self.token_ids[slot, : len(prompt)] = prompt
         self.token_ids[slot, len(prompt) : n] = outputs
         self.num_known[slot] = n
@@ -148,7 +153,8 @@ class InputBatch:
         nb = int(self.num_blocks[src])
         self.block_table[dst, :nb] = self.block_table[src, :nb]
         for arr in (self.num_known, self.num_tokens, self.num_prompt, self.num_blocks,
-                    self.temperature, self.top_p, self.top_k, self.min_p, self.processed):
+                    self.temperature, self.top_p, self.top_k, self.min_p, self.processed,
+                    self.plain_greedy):
             arr[dst] = arr[src]
         self.params[dst] = self.params[src]
         self.slot_req_ids[dst] = req_id

@@ -67,7 +67,10 @@ class RequestSampling:
         """The sampling inputs of the step's sampling rows (``in_flight()``: the previous
         step's tokens by request, for grammars)."""
         batch = self.batch
-        slots = inp.slots[inp.sample_rows].tolist()
+        slot_array = inp.slots[inp.sample_rows]
+        if slot_array.size and not self.grammar.active and batch.plain_greedy[slot_array].all():
+            return SamplingMetadata.greedy()  # what the rows below would build, per row
+        slots = slot_array.tolist()
         params = [batch.params[s] for s in slots]
         # Index of the token being sampled among each request's outputs.
         out_index = (batch.num_tokens[slots] - 1 - batch.num_prompt[slots]).tolist()

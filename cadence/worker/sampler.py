@@ -56,6 +56,11 @@ class SamplingMetadata:
     grammar: GrammarMask | None = None
 
     @classmethod
+    def greedy(cls) -> SamplingMetadata:
+        """``from_rows``' metadata for rows that are all ``plain_greedy_row``."""
+        return cls(temperature=None, all_greedy=True, all_random=False, top_p=None, top_k=None)
+
+    @classmethod
     def from_params(
         cls,
         params: Sequence[SamplingParams],
@@ -121,6 +126,18 @@ class SamplingMetadata:
             max_top_k=max_top_k,
             min_p=min_p,
         )
+
+
+def plain_greedy_row(params: SamplingParams, temperature: float, top_p: float, top_k: int,
+                     min_p: float) -> bool:
+    """Whether a row (its parameters, and its numeric ones as ``SamplingRows`` holds them)
+    adds nothing to the metadata ``from_rows`` builds beyond greedy: no temperature, top-p,
+    top-k or min-p, no logprobs, no min_tokens bans, no logits processor, no grammar. A batch
+    of such rows samples with ``SamplingMetadata.greedy()``."""
+    return (temperature < _SAMPLING_EPS and top_p >= 1.0 and top_k <= 0 and min_p <= 0.0
+            and params.logprobs is None and not params.needs_logits_processing
+            and params.structured_outputs is None
+            and not (params.min_tokens > 0 and params.all_stop_token_ids))
 
 
 @dataclass
