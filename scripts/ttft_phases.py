@@ -29,8 +29,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _timed(obj: Any, name: str, label: str, acc: dict[str, list[float]]) -> None:
-    """Replace ``obj.name`` with a wrapper that appends each call's seconds to ``acc[label]``."""
+def _wrap(obj: Any, name: str, record: Callable[[float, float], None]) -> None:
+    """Replace ``obj.name`` with a wrapper that calls ``record(start, end)`` after each call."""
     fn: Callable[..., Any] = getattr(obj, name)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -38,23 +38,19 @@ def _timed(obj: Any, name: str, label: str, acc: dict[str, list[float]]) -> None
         try:
             return fn(*args, **kwargs)
         finally:
-            acc[label].append(time.perf_counter() - start)
+            record(start, time.perf_counter())
 
     setattr(obj, name, wrapper)
+
+
+def _timed(obj: Any, name: str, label: str, acc: dict[str, list[float]]) -> None:
+    """Append each call's seconds to ``acc[label]``."""
+    _wrap(obj, name, lambda start, end: acc[label].append(end - start))
 
 
 def _marked(obj: Any, name: str, label: str, marks: list[tuple[str, float, float]]) -> None:
-    """Replace ``obj.name`` with a wrapper that appends ``(label, start, end)`` per call."""
-    fn: Callable[..., Any] = getattr(obj, name)
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            marks.append((label, start, time.perf_counter()))
-
-    setattr(obj, name, wrapper)
+    """Append ``(label, start, end)`` to ``marks`` per call."""
+    _wrap(obj, name, lambda start, end: marks.append((label, start, end)))
 
 
 def timeline(core: Any, prompts: list[list[int]]) -> None:

@@ -70,3 +70,37 @@ def test_prefill_attention_compare_refuses_bad_input_in_one_line(argv, names) ->
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("prefill_attention_compare.py: error:") and names in last
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_ttft_phases_times_each_phase_of_a_request() -> None:
+    proc = _run("scripts/ttft_phases.py", "--model", "tiny", "--input-len", "32", "--repeats",
+                "3", timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines() if " n=" in line}
+    for phase in ("TTFT", "add_request", "schedule", "apply", "prepare", "upload"):
+        assert phase in rows, proc.stdout
+    assert "n=   3" in rows["TTFT"] and "n=   3" in rows["add_request"]
+
+
+def test_ttft_phases_timeline_refuses_a_machine_without_cuda() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    proc = _run("scripts/ttft_phases.py", "--model", "tiny", "--input-len", "16", "--repeats",
+                "1", "--timeline", timeout=240)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--timeline needs a CUDA device" in proc.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.gpu
+def test_ttft_phases_timeline_on_a_gpu() -> None:
+    proc = _run("scripts/ttft_phases.py", "--model", "tiny", "--device", "cuda", "--input-len",
+                "32", "--repeats", "4", "--timeline")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "GPU, first launch -> its graph's end" in out, out
+    for phase in ("add_request #0", "graph launch #0", "wait for ids #0", "update #0"):
+        assert phase in out, out
