@@ -538,10 +538,15 @@ MUTATIONS = [
              "cadence/scheduler/kv_cache_manager.py",
              "        if self._deferred:\n            self.flush_deferred()\n", "",
              ("tests/scheduler/test_scheduler_random.py",)),
-    Mutation("deferred-free-dropped", "a request freed before the flush never registers its "
-             "deferred blocks", "cadence/scheduler/kv_cache_manager.py",
-             "        if pending is not None:  # registered before its blocks go back, as without "
-             "deferral\n            self._cache_now(*pending)\n", "",
+    Mutation("deferred-out-of-order", "deferred registrations replayed newest first (of two "
+             "blocks with one hash, a lookup finds the other)", "cadence/scheduler/kv_cache_manager.py",
+             "        for request, num_tokens in deferred:",
+             "        for request, num_tokens in reversed(deferred):",
+             ("tests/scheduler/test_scheduler_random.py",)),
+    Mutation("deferred-free-dropped", "a free does not register the deferred blocks first "
+             "(a request freed before the flush never registers its blocks)", "cadence/scheduler/kv_cache_manager.py",
+             "        if self._deferred:  # everything registered before these blocks go back, "
+             "in order\n            self.flush_deferred()\n", "",
              ("tests/scheduler/test_scheduler_random.py",)),
     Mutation("bh-salt-replace", "lone surrogates in salts replaced (distinct salts collide)",
              "cadence/scheduler/block_hash.py",

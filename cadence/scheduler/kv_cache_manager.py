@@ -3,9 +3,10 @@
 
 With ``defer_caching`` the full blocks an allocation makes cacheable are registered in the
 prefix cache (and hashed) by ``flush_deferred``, which the engine calls once a step has
-launched, so that a prompt's hashing overlaps its forward pass instead of delaying it. Every
-lookup, free and reset flushes first, so what any request hits is what it would hit with
-immediate registration.
+launched, so that a prompt's hashing overlaps its forward pass instead of delaying it. The
+registrations are replayed in the order they were asked for (blocks of equal hash are found
+in registration order), and every lookup, free and reset flushes them all first, so what any
+request hits is what it would hit with immediate registration.
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ class KVCacheManager:
         self.num_cached_block: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
         self.defer_caching = defer_caching
-        # req_id -> (request, tokens known): registrations waiting for flush_deferred.
-        self._deferred: dict[str, tuple[Request, int]] = {}
+        # (request, tokens known) per cache_blocks call, in call order: registrations waiting
+        # for flush_deferred.
+        self._deferred: list[tuple[Request, int]] = []
 
     @property
     def usage(self) -> float:
@@ -85,6 +87,8 @@ class KVCacheManager:
         for i in range(max_hit_blocks):
             if i == len(hashes):
                 request.hash_blocks(min(2 * i, max_hit_blocks))  # extends ``hashes``
+                if i == len(hashes):
+                    break  # a request without a hasher has no hashes
             block = pool.get_cached_block(hashes[i])
             if block is None:
                 break
@@ -168,21 +172,19 @@ class KVCacheManager:
         if not self.enable_caching:
             return
         if self.defer_caching:
-            req_id = request.request_id
-            pending = self._deferred.get(req_id)
-            if pending is None or pending[1] < num_computed_tokens:
-                self._deferred[req_id] = (request, num_computed_tokens)
+            self._deferred.append((request, num_computed_tokens))
             return
         self._cache_now(request, num_computed_tokens)
 
     def flush_deferred(self) -> None:
-        """Register every deferred block now."""
+        """Register every deferred block now, in the order the registrations were asked for
+        (as immediate registration would have: a lookup takes the first block of a hash)."""
         deferred = self._deferred
         if not deferred:
             return
-        for request, num_tokens in deferred.values():  # in the order they were deferred
+        self._deferred = []
+        for request, num_tokens in deferred:
             self._cache_now(request, num_tokens)
-        deferred.clear()
 
     def _cache_now(self, request: Request, num_computed_tokens: int) -> None:
         req_id = request.request_id
@@ -202,9 +204,8 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, so its last blocks are evicted first."""
         req_id = request.request_id
-        pending = self._deferred.pop(req_id, None)
-        if pending is not None:  # registered before its blocks go back, as without deferral
-            self._cache_now(*pending)
+        if self._deferred:  # everything registered before these blocks go back, in order
+            self.flush_deferred()
         blocks = self.req_to_blocks.pop(req_id, None)
         self.num_cached_block.pop(req_id, None)
         if blocks:

@@ -55,10 +55,12 @@ class StepBuffers:
         def host(n, dtype, *rest):
             return torch.zeros(n, *rest, dtype=dtype, pin_memory=pin)
 
-        # input_ids, positions, slot_mapping: the rows of one block, uploaded in one 2D copy.
-        self._tokens = dev(len(_INT64), torch.int64, max_num_tokens)
+        # input_ids, positions, slot_mapping: the rows of one block, uploaded in one 2D copy;
+        # rows 128-byte aligned, as kernels specialize on their arguments' alignment.
+        pitch = -(-max_num_tokens // 16) * 16
+        self._tokens = dev(len(_INT64), torch.int64, pitch)
         for i, name in enumerate(_INT64):
-            setattr(self, name, self._tokens[i])
+            setattr(self, name, self._tokens[i, :max_num_tokens])
         # query_start_loc, seq_lens, req_slots, last_token_index, use_sampled, sample_slots,
         # logits_index (flat token index of sampling rows) and counts ([rows to combine, rows to
         # scatter]): views of one int32 block, so that a step uploads them in one copy.
@@ -73,12 +75,12 @@ class StepBuffers:
         self._rows_nbytes = block_len * 4
         self._row_offsets = np.array([layout[name][0] for name in ROW_ARRAYS], dtype=np.int64)
         self._bt_pitch = max_blocks * 4
-        self._tokens_pitch = max_num_tokens * 8
+        self._tokens_pitch = pitch * 8
 
         self._sets = []
         for _ in range(_NUM_STAGING_SETS):
-            tokens_block = host(len(_INT64), torch.int64, max_num_tokens)
-            s = {name: tokens_block[i] for i, name in enumerate(_INT64)}
+            tokens_block = host(len(_INT64), torch.int64, pitch)
+            s = {name: tokens_block[i, :max_num_tokens] for i, name in enumerate(_INT64)}
             s["tokens"] = tokens_block
             rows_block = host(block_len, torch.int32)
             s["rows"] = rows_block

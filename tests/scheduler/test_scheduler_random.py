@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 import zlib
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -79,6 +80,8 @@ class SimRunner:
 
     states: dict[str, RunnerState] = field(default_factory=dict)
     kv: dict[int, list[int | None]] = field(default_factory=dict)
+    # The fake model: (request id, output index) -> the token it samples.
+    token_fn: Callable[[str, int], int] = model_token
 
     def execute(self, so: SchedulerOutput, scheduler: Scheduler) -> ModelRunnerOutput:
         for req_id in so.finished_req_ids | so.preempted_req_ids:
@@ -123,7 +126,7 @@ class SimRunner:
                 assert stored == state.tokens[pos], f"{req_id} reads a wrong KV slot at {pos}"
             state.num_computed = end
             if end == len(state.tokens):
-                token = model_token(req_id, len(state.tokens) - state.num_prompt_tokens)
+                token = self.token_fn(req_id, len(state.tokens) - state.num_prompt_tokens)
                 state.tokens.append(token)
                 sampled.append([token])
             else:
@@ -327,3 +330,82 @@ def test_deferred_caching_schedules_the_same(async_scheduling: bool, flush_proba
     assert len(deferred) == len(immediate)
     for step, (a, b) in enumerate(zip(immediate, deferred, strict=True)):
         assert a == b, f"step {step} differs"
+
+
+def _run_identical_groups(policy: str, async_scheduling: bool, seed: int, defer: bool,
+                          flush_probability: float = 1.0, num_steps: int = 300) -> list[tuple]:
+    """Requests in three groups of identical prompts whose fake model samples the same tokens
+    (greedy n > 1, or one prompt sent twice): their filled blocks have equal hashes, and which
+    of two such blocks a later lookup finds depends on the order they were registered in."""
+    rng = random.Random(seed)
+    flush_rng = random.Random(seed + 1)
+    scheduler = create_scheduler(max_num_seqs=6, max_num_batched_tokens=32,
+                                 max_model_len=MAX_MODEL_LEN, num_blocks=24,
+                                 block_size=BLOCK_SIZE, async_scheduling=async_scheduling,
+                                 policy=policy, defer_prefix_caching=defer)
+    group: dict[str, int] = {}
+
+    def token_fn(req_id: str, index: int) -> int:
+        return 1 + zlib.crc32(f"{group[req_id]}:{index}".encode()) % (VOCAB - 1)
+
+    runner = SimRunner(token_fn=token_fn)
+    hasher = make_block_hasher(BLOCK_SIZE)
+    prompts = [[rng.randrange(1, VOCAB) for _ in range(rng.randrange(5, 20))] for _ in range(3)]
+    depth = 2 if async_scheduling else 1
+    in_flight: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
+    transcript: list[tuple] = []
+    next_id = 0
+    for step in range(num_steps * 4):
+        arriving = step < num_steps
+        if not arriving and not in_flight and not scheduler.has_requests():
+            break
+        if arriving and rng.random() < 0.35:
+            g = rng.randrange(3)
+            for _ in range(rng.choice((1, 2, 3))):
+                req_id = f"r{next_id}"
+                next_id += 1
+                group[req_id] = g
+                scheduler.add_request(Request(
+                    req_id, prompts[g],
+                    SamplingParams(max_tokens=rng.randrange(5, 30), ignore_eos=True),
+                    eos_token_id=EOS, arrival_time=float(step),
+                    priority=rng.randrange(3) if policy == "priority" else 0,
+                    block_hasher=hasher))
+        if scheduler.requests and rng.random() < 0.03:
+            scheduler.finish_requests(rng.choice(sorted(scheduler.requests)),
+                                      RequestStatus.FINISHED_ABORTED)
+        if scheduler.has_requests():
+            so = scheduler.schedule()
+            in_flight.append((so, runner.execute(so, scheduler)))
+            transcript.append(summarize(so))
+            if defer and flush_rng.random() < flush_probability:
+                scheduler.flush_deferred_caching()
+            if so.total_num_scheduled_tokens > 0 and len(in_flight) < depth:
+                continue
+        elif not in_flight:
+            continue
+        so, out = in_flight.popleft()
+        scheduler.update_from_output(so, out)
+        check_blocks(scheduler)
+    else:
+        pytest.fail("the simulation did not drain")
+    assert_scheduler_empty(scheduler)
+    return transcript
+
+
+@pytest.mark.parametrize("flush_probability", [1.0, 0.5, 0.0], ids=["flush", "some", "none"])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_deferred_caching_keeps_the_order_of_equal_blocks(policy: str, async_scheduling: bool,
+                                                          flush_probability: float):
+    """Identical requests fill blocks of equal hashes: deferred registration must replay the
+    registrations in the order immediate registration made them (a preemption's free among
+    them included), or a lookup takes another block and the block tables, free counts and
+    later preemptions drift apart."""
+    for seed in range(12):
+        immediate = _run_identical_groups(policy, async_scheduling, seed, defer=False)
+        deferred = _run_identical_groups(policy, async_scheduling, seed, defer=True,
+                                         flush_probability=flush_probability)
+        assert len(deferred) == len(immediate), seed
+        for step, (a, b) in enumerate(zip(immediate, deferred, strict=True)):
+            assert a == b, f"seed {seed}: step {step} differs"

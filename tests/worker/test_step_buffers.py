@@ -201,3 +201,27 @@ def test_warm_up_compiles_the_signatures_a_real_step_uses(monkeypatch):
     for name, calls in seen.items():
         warm, *steps = calls
         assert steps and all(step == warm for step in steps), name
+
+
+def test_token_arrays_are_aligned_rows_of_one_block_for_any_buffer_size():
+    """input_ids, positions and slot_mapping upload as one 2D copy: rows of one block, each
+    starting 128 bytes apart from the others whatever max_num_tokens is (kernels specialize on
+    alignment), each exactly max_num_tokens long; an odd size uploads the same values."""
+    rt = get_device("cpu")
+    batch = InputBatch(8, 64, 4, 16)
+    new = [NewRequestData("a", list(range(1, 11)), [], SamplingParams(), [3], 0)]
+    so = SchedulerOutput(new, CachedRequestData(), {"a": 10}, 10)
+    batch.apply(so)
+    inp = batch.prepare(so)
+    for max_tokens in (37, 64):
+        buf = StepBuffers(rt, rt.create_stream(), max_tokens, 8, 4, torch.device("cpu"))
+        rows = (buf.input_ids, buf.positions, buf.slot_mapping)
+        assert all(r.shape == (max_tokens,) and r.is_contiguous() for r in rows)
+        starts = [r.data_ptr() for r in rows]
+        assert all((s - starts[0]) % 128 == 0 and s - starts[0] >= 8 * max_tokens * i
+                   for i, s in enumerate(starts))
+        buf.upload(inp, padded_tokens=16, padded_rows=1)
+        np.testing.assert_array_equal(buf.input_ids[:10].numpy(), range(1, 11))
+        np.testing.assert_array_equal(buf.positions[:10].numpy(), range(10))
+        np.testing.assert_array_equal(buf.slot_mapping[:10].numpy(), range(48, 58))
+        assert (buf.slot_mapping[10:16] == -1).all()
