@@ -105,3 +105,19 @@ def test_a_step_takes_the_shortcut_only_when_every_sampling_row_is_plain():
     batch.remove("t")
     md = sampling.metadata(_step(batch), last, dict)
     assert _same(md, SamplingMetadata.greedy())
+
+
+def test_only_the_sampling_rows_decide():
+    """A row that does not sample this step (a prompt chunk) does not keep the others from
+    the shortcut; once it samples, it does."""
+    batch = InputBatch(8, 64, 4, 16)
+    sampling = RequestSampling(batch, vocab_size=32, device=torch.device("cpu"))
+    last = torch.zeros(8, dtype=torch.int64)
+    batch.add("g", [1, 2, 3], [], SamplingParams(temperature=0.0), [1])
+    batch.add("t", [1, 2], [], SamplingParams(temperature=0.9, logprobs=1), [2])
+    step = _step(batch)
+    step.sample_rows = np.array([0], dtype=np.int32)  # "t" runs a chunk and samples nothing
+    assert _same(sampling.metadata(step, last, dict), SamplingMetadata.greedy())
+    step.sample_rows = np.array([0, 1], dtype=np.int32)
+    md = sampling.metadata(step, last, dict)
+    assert md.max_num_logprobs == 1 and md.temperature is not None
