@@ -538,6 +538,10 @@ MUTATIONS = [
              "cadence/scheduler/kv_cache_manager.py",
              "        if self._deferred:\n            self.flush_deferred()\n", "",
              ("tests/scheduler/test_scheduler_random.py",)),
+    Mutation("evict-keeps-entry", "an evicted block stays findable under its old hash (a "
+             "later prompt hits a block holding other tokens)", "cadence/scheduler/block_pool.py",
+             "            entry.pop(block.block_id, None)\n", "",
+             ("tests/scheduler/test_scheduler_random.py", "tests/scheduler/test_prefix_caching_vllm_ports.py")),
     Mutation("deferred-out-of-order", "deferred registrations replayed newest first (of two "
              "blocks with one hash, a lookup finds the other)", "cadence/scheduler/kv_cache_manager.py",
              "        for request, num_tokens in deferred:",
