@@ -5,11 +5,11 @@ into the same persistent device buffers with asynchronous host-to-device copies 
 stream: raw ``cudaMemcpyAsync`` calls on addresses taken once (a torch copy costs tens of
 microseconds of host time each), the per-token int64 arrays (rows of one block) as one 2D copy
 of the tokens in use, the per-row int32 arrays as one block, the block table as one 2D copy of
-the columns in use: three copies a step. A set is reused only after the event recorded behind its copies
-has completed, so the host never waits on the GPU here in steady state. A step that runs as a
-CUDA graph pads its tokens and rows up to the graph's bucket: padding tokens write no KV (slot
--1), padding rows have an empty query range and sequence length 0, and neither ever takes a
-sampled token.
+the columns in use: three copies a step. A set is reused only after the event recorded behind
+its copies has completed, so the host never waits on the GPU here in steady state. A step that
+runs as a CUDA graph pads its tokens and rows up to the graph's bucket: padding tokens write no
+KV (slot -1), padding rows have an empty query range and sequence length 0, and neither ever
+takes a sampled token.
 """
 
 from __future__ import annotations
