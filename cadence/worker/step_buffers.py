@@ -70,8 +70,8 @@ class StepBuffers:
             setattr(self, name, self._rows[offset : offset + n])
         self.block_tables = dev(max_num_reqs, torch.int32, max_blocks)
         # Device addresses of the copies' destinations (fixed: graphs read these buffers).
-        self._dst = {"tokens": self._tokens.data_ptr(), "rows": self._rows.data_ptr()}
-        self._dst["block_tables"] = self.block_tables.data_ptr()
+        self._dst = {"tokens": self._tokens.data_ptr(), "rows": self._rows.data_ptr(),
+                     "block_tables": self.block_tables.data_ptr()}
         self._rows_nbytes = block_len * 4
         self._row_offsets = np.array([layout[name][0] for name in ROW_ARRAYS], dtype=np.int64)
         self._bt_pitch = max_blocks * 4
@@ -136,15 +136,15 @@ class StepBuffers:
                    inp.block_tables, tokens, rows)
 
         # NOTE: pinned sources make these copies asynchronous; ordered on the main stream.
-        dst, pitch = self._dst, self._tokens_pitch
-        self.main.copy_2d_ptr_async(dst["tokens"], pitch, src["tokens"], pitch, tokens * 8,
-                                    len(_INT64))
+        dst, main = self._dst, self.main
+        tokens_pitch, bt_pitch = self._tokens_pitch, self._bt_pitch
+        main.copy_2d_ptr_async(dst["tokens"], tokens_pitch, src["tokens"], tokens_pitch,
+                               tokens * 8, len(_INT64))
         # The whole row block: past each array's rows this step it carries values of an
         # earlier step, which nothing reads (each reader stops at its row count).
-        self.main.copy_ptr_async(dst["rows"], src["rows"], self._rows_nbytes)
-        pitch = self._bt_pitch
-        self.main.copy_2d_ptr_async(dst["block_tables"], pitch, src["block_tables"], pitch,
-                                    nb * 4, b)
+        main.copy_ptr_async(dst["rows"], src["rows"], self._rows_nbytes)
+        main.copy_2d_ptr_async(dst["block_tables"], bt_pitch, src["block_tables"], bt_pitch,
+                               nb * 4, b)
         event.record(self.main)
         if not metadata:
             return None
