@@ -547,6 +547,11 @@ MUTATIONS = [
              "        for request, num_tokens in deferred:",
              "        for request, num_tokens in reversed(deferred):",
              ("tests/scheduler/test_scheduler_random.py",)),
+    Mutation("deferred-evict-dropped", "the deferred evictions are never replayed (a block "
+             "taken for new tokens stays findable under its old hash)",
+             "cadence/scheduler/kv_cache_manager.py",
+             "                self.block_pool.evict_blocks(num_tokens)\n", "                pass\n",
+             ("tests/scheduler/test_scheduler_random.py",)),
     Mutation("deferred-free-dropped", "a free does not register the deferred blocks first "
              "(a request freed before the flush never registers its blocks)", "cadence/scheduler/kv_cache_manager.py",
              "        if self._deferred:  # everything registered before these blocks go back, "

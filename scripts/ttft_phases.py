@@ -67,6 +67,25 @@ def timeline(core: Any, prompts: list[list[int]]) -> None:
     _marked(core.runner, "execute_model", "execute_model", marks)
     _marked(runner.copier, "finish", "wait for ids", marks)
     _marked(core.scheduler, "update_from_output", "update", marks)
+    # The calls inside those: where the host's time before the launch and after the ids goes.
+    kv = core.scheduler.kv_cache_manager
+    for obj, name, label in (
+            (kv, "get_computed_blocks", "  prefix lookup"),
+            (kv, "allocate_slots", "  allocate"),
+            (kv, "free", "  free blocks"),
+            (core.scheduler, "_make_output", "  scheduler output"),
+            (core.scheduler, "flush_deferred_caching", "flush caching"),
+            (runner.input_batch, "apply", "  apply"),
+            (runner.sampling, "update", "  sampling.update"),
+            (runner.input_batch, "prepare", "  prepare"),
+            (runner.buffers, "upload", "  upload"),
+            (runner.sampling, "score_prompts", "  score_prompts"),
+            (runner.model, "compute_logits", "  compute_logits"),
+            (runner.sampling, "metadata", "  sampling.metadata"),
+            (runner, "sampler", "  sampler"),
+            (runner.scatter_kernel, "scatter", "  scatter"),
+            (runner.sampling, "record_history", "  record_history")):
+        _marked(obj, name, label, marks)
     events: list[tuple[Any, Any]] = []
     graph_ends: list[Any] = []
     for graphs in (runner.mixed_graphs, runner.fresh_graphs):

@@ -49,6 +49,7 @@ class Stream:
         # Used by wait(stream): a stream-to-stream wait records this marker on the other stream.
         self._marker = Event(timing=False, device_index=device_index)
         self._torch: Any = None
+        self._scope: tuple[Any, Any, tuple[int, int, int]] | None = None
         self.closed = False
 
     def __cuda_stream__(self) -> tuple[int, int]:
@@ -67,10 +68,17 @@ class Stream:
         return self._torch
 
     def context(self) -> AbstractContextManager[Any]:
-        """``with stream.context():`` makes torch issue its work on this stream."""
-        import torch
+        """``with stream.context():`` makes torch issue its work on this stream (and restores
+        the thread's current stream after). Same effect as ``torch.cuda.stream(s.torch)``, at a
+        fraction of its host cost: the engine enters it every step, before the step's first
+        kernel."""
+        if self._scope is None:
+            import torch
 
-        return torch.cuda.stream(self.torch)
+            ts = self.torch
+            torch.cuda.init()  # the raw getters assume torch's CUDA state is set up
+            self._scope = (torch, ts, (ts.stream_id, ts.device_index, ts.device_type))
+        return _TorchStreamScope(*self._scope)
 
     def wait(self, other: EventLike | StreamLike) -> None:
         """Order this stream after an event, or after all work queued so far on another stream
@@ -154,3 +162,35 @@ class Stream:
     def __repr__(self) -> str:
         return (f"Stream(ptr={self.ptr:#x}, device={self.device_index}, "
                 f"priority={self.priority}, closed={self.closed})")
+
+
+class _TorchStreamScope:
+    """Makes a stream torch's current stream of its device for one ``with`` block, through
+    torch's own setter (one call each way) instead of ``torch.cuda.stream``'s dozen Python
+    calls. One per entry (so threads and nesting need no care). A thread whose current device
+    is another one takes ``torch.cuda.stream``, which also switches devices."""
+
+    __slots__ = ("_torch", "_stream", "_ids", "_prev")
+
+    def __init__(self, torch: Any, stream: Any, ids: tuple[int, int, int]) -> None:
+        self._torch = torch
+        self._stream = stream
+        self._ids = ids
+        self._prev: Any = None
+
+    def __enter__(self) -> None:
+        c = self._torch._C
+        device = self._ids[1]
+        if c._cuda_getDevice() != device:
+            self._prev = self._torch.cuda.stream(self._stream)
+            self._prev.__enter__()
+            return
+        self._prev = c._cuda_getCurrentStream(device)
+        c._cuda_setStream(*self._ids)
+
+    def __exit__(self, *exc: object) -> None:
+        prev = self._prev
+        if isinstance(prev, tuple):
+            self._torch._C._cuda_setStream(*prev)
+        else:
+            prev.__exit__(*exc)

@@ -166,17 +166,25 @@ class BlockPool:
             else:
                 entry[block.block_id] = block
 
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Take ``num_blocks`` blocks from the head of the free queue, evicting cached ones."""
+    def get_new_blocks(self, num_blocks: int, evict: bool = True) -> list[KVCacheBlock]:
+        """Take ``num_blocks`` blocks from the head of the free queue, evicting cached ones.
+        ``evict=False`` leaves that to a later ``evict_blocks(blocks)``; until then the
+        blocks' old hashes still find them, so no lookup may run in between."""
         if num_blocks > self.free_block_queue.num_free_blocks:
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool.")
         blocks = self.free_block_queue.popleft_n(num_blocks)
         for block in blocks:
-            if block.block_hash is not None:
+            if evict and block.block_hash is not None:
                 self._evict_cached_block(block)
             assert block.ref_cnt == 0
             block.ref_cnt = 1
         return blocks
+
+    def evict_blocks(self, blocks: list[KVCacheBlock]) -> None:
+        """Drop the prefix-cache entries of blocks taken with ``get_new_blocks(evict=False)``."""
+        for block in blocks:
+            if block.block_hash is not None:
+                self._evict_cached_block(block)
 
     def _evict_cached_block(self, block: KVCacheBlock) -> None:
         block_hash = block.block_hash

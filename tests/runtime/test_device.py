@@ -51,6 +51,36 @@ def test_stream_wait_orders_work_across_streams(dev) -> None:
     b.close()
 
 
+def test_stream_context_sets_and_restores_torchs_current_stream(dev) -> None:
+    import threading
+
+    a, b = dev.create_stream(), dev.create_stream()
+    outer = torch.cuda.current_stream()
+    with a.context():
+        assert torch.cuda.current_stream().cuda_stream == a.ptr
+        with b.context():  # nested
+            assert torch.cuda.current_stream().cuda_stream == b.ptr
+            seen = []
+            # Another thread's current stream is its own (torch keeps it per thread).
+            t = threading.Thread(target=lambda: seen.append(torch.cuda.current_stream()))
+            t.start()
+            t.join()
+            assert seen[0].cuda_stream != b.ptr
+        assert torch.cuda.current_stream().cuda_stream == a.ptr
+        x = torch.ones(4, device="cuda") * 3  # issued on a
+        a.synchronize()
+        assert x.sum().item() == 12
+    assert torch.cuda.current_stream() == outer
+    try:
+        with a.context():
+            raise KeyError("inside")
+    except KeyError:
+        pass
+    assert torch.cuda.current_stream() == outer  # restored on the way out of an error
+    a.close()
+    b.close()
+
+
 def test_timing_events(dev) -> None:
     s = dev.create_stream()
 
