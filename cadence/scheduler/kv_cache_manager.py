@@ -153,10 +153,11 @@ class KVCacheManager:
             # Hits are registered in the cache already; caching resumes after them.
             self.num_cached_block[req_id] = len(req_blocks)
         if num_new_blocks > 0:
-            defer = self.defer_caching
+            defer = self.defer_caching and self.enable_caching  # no hashes, nothing to evict
             new_blocks = pool.get_new_blocks(num_new_blocks, evict=not defer)
             if defer:
-                self._deferred.append((None, new_blocks))
+                # Its own list: the caller's may change before the flush replays it.
+                self._deferred.append((None, list(new_blocks)))
             req_blocks.extend(new_blocks)
         else:
             new_blocks = []
