@@ -86,6 +86,22 @@ def timeline(core: Any, prompts: list[list[int]]) -> None:
             (runner.scatter_kernel, "scatter", "  scatter"),
             (runner.sampling, "record_history", "  record_history")):
         _marked(obj, name, label, marks)
+    # One level further down (module functions are looked up at each call, so wrapping the
+    # module's name reaches them). Each mark adds ~1 us to the call it times.
+    import cadence.scheduler.scheduler as scheduler_module
+    import cadence.worker.input_batch as input_batch_module
+    import cadence.worker.step_buffers as step_buffers_module
+    for obj, name, label in (
+            (core.scheduler, "add_request", "  scheduler.add_request"),
+            (scheduler_module, "scheduled_request_data", "    request data"),
+            (kv.block_pool, "get_new_blocks", "    get_new_blocks"),
+            (runner.input_batch, "add", "    batch.add"),
+            (input_batch_module, "layout_step", "    layout_step"),
+            (runner, "_buckets", "  buckets"),
+            (step_buffers_module, "stage_step", "    stage_step"),
+            (runner.main, "copy_2d_ptr_async", "    copy 2d"),
+            (runner.main, "copy_ptr_async", "    copy")):
+        _marked(obj, name, label, marks)
     events: list[tuple[Any, Any]] = []
     graph_ends: list[Any] = []
     for graphs in (runner.mixed_graphs, runner.fresh_graphs):
