@@ -544,13 +544,13 @@ MUTATIONS = [
              ("tests/scheduler/test_scheduler_random.py", "tests/scheduler/test_prefix_caching_vllm_ports.py")),
     Mutation("deferred-out-of-order", "deferred registrations replayed newest first (of two "
              "blocks with one hash, a lookup finds the other)", "cadence/scheduler/kv_cache_manager.py",
-             "        for request, num_tokens in deferred:",
-             "        for request, num_tokens in reversed(deferred):",
+             "        for request, tokens_or_blocks in deferred:",
+             "        for request, tokens_or_blocks in reversed(deferred):",
              ("tests/scheduler/test_scheduler_random.py",)),
     Mutation("deferred-evict-dropped", "the deferred evictions are never replayed (a block "
              "taken for new tokens stays findable under its old hash)",
              "cadence/scheduler/kv_cache_manager.py",
-             "                self.block_pool.evict_blocks(num_tokens)\n", "                pass\n",
+             "                self.block_pool.evict_blocks(tokens_or_blocks)\n", "                pass\n",
              ("tests/scheduler/test_scheduler_random.py",)),
     Mutation("deferred-free-dropped", "a free does not register the deferred blocks first "
              "(a request freed before the flush never registers its blocks)", "cadence/scheduler/kv_cache_manager.py",

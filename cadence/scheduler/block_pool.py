@@ -174,14 +174,15 @@ class BlockPool:
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool.")
         blocks = self.free_block_queue.popleft_n(num_blocks)
         for block in blocks:
-            if evict and block.block_hash is not None:
-                self._evict_cached_block(block)
             assert block.ref_cnt == 0
             block.ref_cnt = 1
+        if evict:
+            self.evict_blocks(blocks)
         return blocks
 
     def evict_blocks(self, blocks: list[KVCacheBlock]) -> None:
-        """Drop the prefix-cache entries of blocks taken with ``get_new_blocks(evict=False)``."""
+        """Drop the prefix-cache entries of blocks just taken from the free queue (by
+        ``get_new_blocks``, or later for ``get_new_blocks(evict=False)``)."""
         for block in blocks:
             if block.block_hash is not None:
                 self._evict_cached_block(block)

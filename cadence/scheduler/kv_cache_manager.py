@@ -189,11 +189,11 @@ class KVCacheManager:
         if not deferred:
             return
         self._deferred = []
-        for request, num_tokens in deferred:
+        for request, tokens_or_blocks in deferred:
             if request is None:
-                self.block_pool.evict_blocks(num_tokens)
+                self.block_pool.evict_blocks(tokens_or_blocks)
             else:
-                self._cache_now(request, num_tokens)
+                self._cache_now(request, tokens_or_blocks)
 
     def _cache_now(self, request: Request, num_computed_tokens: int) -> None:
         req_id = request.request_id
