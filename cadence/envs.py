@@ -53,6 +53,9 @@ class Envs:
     # Keep the decoder's (residual add +) RMSNorms kernels of their own before the skinny qkv
     # and gate_up projections (not in their loads).
     disable_fused_norm: bool = False
+    # Keep a one-token step's o_proj, post-attention norm and MLP three projections' kernels of
+    # their own (no one-launch MLP block, model/mlp_block.py).
+    disable_mlp_block: bool = False
     # Keep the q/k norms and RoPE of decode steps a kernel of their own before attention, and
     # the K/V store of other steps a kernel of its own after them.
     disable_fused_rope: bool = False
@@ -90,6 +93,7 @@ def read_envs() -> Envs:
         disable_skinny_glu=bool(_flag("CADENCE_DISABLE_SKINNY_GLU")),
         disable_fused_norm=bool(_flag("CADENCE_DISABLE_FUSED_NORM")),
         disable_fused_rope=bool(_flag("CADENCE_DISABLE_FUSED_ROPE")),
+        disable_mlp_block=bool(_flag("CADENCE_DISABLE_MLP_BLOCK")),
         disable_launch_tapes=bool(_flag("CADENCE_DISABLE_LAUNCH_TAPES")),
         disable_dense_prefill=bool(_flag("CADENCE_DISABLE_DENSE_PREFILL")),
     )

@@ -62,6 +62,18 @@ class SelfAttention(nn.Module):
     ) -> torch.Tensor:
         """``forward`` from the qkv projection's output on (the decoder layer projects its
         norm's input itself, see ``RMSNorm.project``)."""
+        out = self.o_proj(self.attend_heads(qkv, positions, cos_sin, kv_cache, attn))
+        return all_reduce(out) if self.tp else out
+
+    def attend_heads(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        """``attend`` up to the output projection: the heads' outputs, ``[T, q_size]``."""
         num_tokens = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
@@ -79,5 +91,5 @@ class SelfAttention(nn.Module):
             q, k, v, kv_cache, attn, self.scale, self.sliding_window, self.softcap,
             self.k_scale, self.v_scale, QKRope(positions, cos_sin, q_weight, k_weight, eps),
         )
-        out = self.o_proj(out.reshape(num_tokens, self.q_size))
-        return all_reduce(out) if self.tp else out
+        return out.reshape(num_tokens, self.q_size)
+

@@ -20,10 +20,16 @@ from cadence.model.attention_metadata import AttentionBackend, AttentionMetadata
 from cadence.model.embedding import embed
 from cadence.model.gemma import GemmaDecoderLayer
 from cadence.model.layers import GemmaRMSNorm, RMSNorm, silu_and_mul
+from cadence.model.mlp_block import block_applies, mlp_block
 from cadence.model.moe import SparseMoE
 from cadence.model.parallel import TPShard, VocabParallelEmbedding, all_reduce, gather_vocab
 from cadence.model.rope import RopeParams, RotaryEmbedding, longrope_rows
 from cadence.model.skinny_gemm import SkinnyLinear, use_skinny_gemm
+
+
+def _plain_linear(module: nn.Module) -> bool:
+    """An ``nn.Linear`` (or its skinny form): no quantized or sharded projection."""
+    return type(module) in (nn.Linear, SkinnyLinear)
 
 
 class MLP(nn.Module):
@@ -57,6 +63,10 @@ class DecoderLayer(nn.Module):
         self.self_attn = SelfAttention(arch, backend, layer)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.mlp: nn.Module = SparseMoE(arch) if arch.is_moe_layer(layer) else MLP(arch)
+        # The one-launch block for one-token steps (model/mlp_block.py): a dense MLP with no
+        # bias and no all-reduce between its projections.
+        self.block_ok = (isinstance(self.mlp, MLP) and arch.tp_size == 1 and not arch.o_bias
+                         and not arch.mlp_bias)
 
     def forward(
         self,
@@ -72,6 +82,10 @@ class DecoderLayer(nn.Module):
         Each norm hands its input to the projection that takes its output (``RMSNorm.project``),
         which for few rows runs it in its loads."""
         qkv, residual = self.input_layernorm.project(self.self_attn.qkv_proj, x, residual)
+        if self.block_ok and qkv.shape[0] == 1:
+            fused = self._block(qkv, residual, positions, cos_sin, kv_cache, attn)
+            if fused is not None:
+                return fused
         h = self.self_attn.attend(qkv, positions, cos_sin, kv_cache, attn)
         if isinstance(self.mlp, MLP):
             gate_up, residual = self.post_attention_layernorm.project(
@@ -80,6 +94,30 @@ class DecoderLayer(nn.Module):
             return self.mlp.down(gate_up), residual
         h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
         return self.mlp(h), residual
+
+    def _block(
+        self, qkv: torch.Tensor, residual: torch.Tensor, positions: torch.Tensor,
+        cos_sin: torch.Tensor, kv_cache: torch.Tensor, attn: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``forward`` after the qkv projection in one launch after attention (one token); None
+        where the block does not apply, before anything ran."""
+        sa, mlp, norm = self.self_attn, self.mlp, self.post_attention_layernorm
+        o_w, gu_w, d_w = sa.o_proj.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight
+        rows = residual.reshape(1, -1)
+        if not (_plain_linear(sa.o_proj) and _plain_linear(mlp.gate_up_proj)
+                and _plain_linear(mlp.down_proj)):
+            return None
+        if not block_applies(qkv.shape[0], qkv.dtype, qkv.device, rows, o_w, norm.weight, gu_w,
+                             d_w):
+            return None
+        a = sa.attend_heads(qkv, positions, cos_sin, kv_cache, attn).contiguous()
+        fused = mlp_block(a, rows, o_w, norm.weight, norm.eps, gu_w, d_w)
+        if fused is None:  # the launch could not run: the unfused kernels from the heads on
+            h = sa.o_proj(a)
+            gate_up, residual = norm.project(mlp.gate_up_proj, h, residual)
+            return mlp.down(gate_up), residual
+        out, new_residual = fused
+        return out, new_residual.view(residual.shape)
 
 
 class DecoderModel(nn.Module):

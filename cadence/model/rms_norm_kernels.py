@@ -61,10 +61,12 @@ if triton is not None:
     def row_sum_squares(
         x_ptr, r_ptr, stride, rows, width,
         HAS_RES: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, res_dtype: tl.constexpr,
+        CACHE: tl.constexpr,
     ):  # fmt: skip
         """``[ROWS]`` float32: each row's sum of squares of ``x`` (of ``residual_sum(x, r)``
         with ``HAS_RES``) over its ``width`` elements, for rows ``< rows`` of a row stride
-        ``stride`` shared by ``x`` and ``r`` (0 past ``rows``)."""
+        ``stride`` shared by ``x`` and ``r`` (0 past ``rows``); ``CACHE`` is the loads' cache
+        modifier (``".cg"`` for rows other programs of the same launch wrote)."""
         offs_m = tl.arange(0, ROWS)
         offs_c = tl.arange(0, CHUNK)
         row_ok = offs_m[:, None] < rows
@@ -72,9 +74,10 @@ if triton is not None:
         acc = tl.zeros([ROWS, CHUNK], tl.float32)
         for k0 in range(0, width, CHUNK):
             ok = row_ok & (k0 + offs_c[None, :] < width)
-            s = tl.load(x_ptr + row_offs + k0, mask=ok, other=0.0)
+            s = tl.load(x_ptr + row_offs + k0, mask=ok, other=0.0, cache_modifier=CACHE)
             if HAS_RES:
-                s = residual_sum(s, tl.load(r_ptr + row_offs + k0, mask=ok, other=0.0), res_dtype)
+                r = tl.load(r_ptr + row_offs + k0, mask=ok, other=0.0, cache_modifier=CACHE)
+                s = residual_sum(s, r, res_dtype)
             s = s.to(tl.float32)
             acc += s * s
         return pairwise_row_sum(acc)
@@ -105,9 +108,9 @@ if triton is not None:
         # The residual sum is rounded to the residual stream's dtype before it is normalized;
         # the sum of squares adds it up chunk by chunk, the row is then normalized at once.
         if HAS_RESIDUAL:
-            ss = row_sum_squares(x_row, r_row, 0, 1, N, True, 1, CHUNK, res_dtype)
+            ss = row_sum_squares(x_row, r_row, 0, 1, N, True, 1, CHUNK, res_dtype, "")
         else:
-            ss = row_sum_squares(x_row, x_row, 0, 1, N, False, 1, CHUNK, res_dtype)
+            ss = row_sum_squares(x_row, x_row, 0, 1, N, False, 1, CHUNK, res_dtype, "")
         rstd = inverse_rms(ss, N, eps)
         offs = tl.arange(0, BLOCK)
         mask = offs[None, :] < N

@@ -92,7 +92,7 @@ if triton is not None:
             # from L2); the programs of column block 0 write the new residual, each its slice
             # of K. r and the residual written are [M, K] with x's row stride.
             ss = row_sum_squares(x_ptr, r_ptr, stride_x, M, K, HAS_RES, NORM_ROWS, NORM_CHUNK,
-                                 x_ptr.dtype.element_ty)
+                                 x_ptr.dtype.element_ty, "")
             rstd = inverse_rms(ss, K, eps)
             if NORM_ROWS != BLOCK_M:  # the tile's rows (padded to 16 for DOT): 0 past them
                 picked = offs_m[:, None] == tl.arange(0, NORM_ROWS)[None, :]

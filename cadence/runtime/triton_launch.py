@@ -92,10 +92,13 @@ def record_launch(recorder: TapeRecorder, compiled: Any, grid: tuple[int, int, i
 
 
 class TritonLaunch:
-    """Launch ``kernel`` (a ``@triton.jit`` function whose constexpr parameters come last)."""
+    """Launch ``kernel`` (a ``@triton.jit`` function whose constexpr parameters come last).
+    ``cooperative``: every launch is a cooperative one (all programs resident at once, or the
+    launch fails), for kernels whose programs wait for each other."""
 
-    def __init__(self, kernel: Any) -> None:
+    def __init__(self, kernel: Any, cooperative: bool = False) -> None:
         self.kernel = kernel
+        self._options = {"launch_cooperative_grid": True} if cooperative else {}
         self._compiled: dict[Hashable, PreparedLaunch | None] = {}
         self.fast_launches = 0
 
@@ -117,7 +120,7 @@ class TritonLaunch:
                 recorder.refuse(f"{getattr(self.kernel, '__name__', 'a Triton kernel')} "
                                 "launched through Triton")
             ran = self.kernel[tuple(grid)](
-                *args, **constexprs, num_warps=num_warps, num_stages=num_stages
+                *args, **constexprs, num_warps=num_warps, num_stages=num_stages, **self._options
             )
             if not _INTERPRETED and key not in self._compiled:
                 self._compiled[key] = _bind(ran, constexprs)
