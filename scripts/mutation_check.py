@@ -906,6 +906,17 @@ MUTATIONS = [
              "        self.watchdog.engine.start_output_handler()\n", "",
              ("tests/server/test_app.py::"
               "test_the_output_handler_runs_from_start_up_before_any_request",)),
+    Mutation("mlp-block-tile-skipped", "the one-launch MLP block prefetches the tile after its "
+             "next one (a program with several tiles sums the wrong rows)",
+             "cadence/model/mlp_block_triton.py",
+             "            w_next = _tile(w_ptr, t + programs, n, k, offs_r, offs_k, ROWS)",
+             "            w_next = _tile(w_ptr, t + 2 * programs, n, k, offs_r, offs_k, ROWS)",
+             ("tests/model/test_mlp_block.py",)),
+    Mutation("mlp-block-residual-unwritten", "the one-launch MLP block never writes the new "
+             "residual", "cadence/model/mlp_block_triton.py",
+             "tl.store(res_out_ptr + offs_h, s, mask=h_ok & (pid == 0))",
+             "tl.store(res_out_ptr + offs_h, s, mask=h_ok & (pid == programs))",
+             ("tests/model/test_mlp_block.py",)),
 ]
 
 

@@ -38,9 +38,10 @@ logger = logging.getLogger(__name__)
 ENABLED = not read_envs().disable_mlp_block
 MAX_WIDTH = 4096
 ROWS = 8  # output rows per weight tile
-# H200, Qwen3-0.6B shapes (scripts/mlp_block_bench.py): 8 warps and 8-row tiles 15.96 us a
-# layer against 16.87 for the three kernels; every program's whole slices loaded up front in
-# 16 warps (register-bound) 26.2.
+# H200, Qwen3-0.6B shapes (scripts/mlp_block_bench.py), us a layer: 8 warps and 8-row tiles
+# 15.9-16.3 against 16.9 for the three kernels; 4-row tiles 15.6-17.3, 16-row 21.7, 4 warps
+# 19.5, 16 warps 25.7; two gate / up tiles in flight 16.5-16.7; every program's whole slices
+# loaded up front (16 warps, register-bound) 26.2.
 NUM_WARPS = 8
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
