@@ -12,6 +12,9 @@ attention ``add_rms_norm`` and the MLP give, with the unfused kernels' rounding 
 one row, CUDA (or Triton's interpreter, one phase per launch), no bias, one dtype, rows of the
 three weights at most ``MAX_WIDTH`` wide (a tile row is held in registers).
 ``CADENCE_DISABLE_MLP_BLOCK=1`` keeps the three projections' own kernels.
+
+NOTE: the launches of one device share its scratch vectors and barrier counters (as the split-K
+skinny launches share theirs), so two must not run at the same time on different streams.
 """
 
 from __future__ import annotations
