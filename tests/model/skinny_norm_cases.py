@@ -22,7 +22,7 @@ try:
     def _sum_squares_probe(x_ptr, r_ptr, out_ptr, rows, width, stride, HAS_RES: tl.constexpr,
                            ROWS: tl.constexpr, CHUNK: tl.constexpr):
         ss = row_sum_squares(x_ptr, r_ptr, stride, rows, width, HAS_RES, ROWS, CHUNK,
-                             x_ptr.dtype.element_ty)
+                             x_ptr.dtype.element_ty, "")
         tl.store(out_ptr + tl.arange(0, ROWS), ss)
 except ImportError:  # pragma: no cover - CPU installs without triton
     triton = None
