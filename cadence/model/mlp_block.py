@@ -147,13 +147,3 @@ def mlp_block(a: torch.Tensor, residual: torch.Tensor, o_weight: torch.Tensor,
         _REFUSED.add(a.device.index)
         return None
     return out, res_out.view(residual.shape)
-    programs = _sm_count(a.device)
-    try:
-        _COOPERATIVE((programs,), args, PHASE=-1, num_warps=NUM_WARPS, num_stages=1,
-                     **constexprs)
-    except Exception:  # e.g. a cooperative launch this device or capture refuses
-        logger.warning("the one-launch MLP block failed; its three projections run as kernels "
-                       "of their own from now on", exc_info=True)
-        _REFUSED.add(a.device.index)
-        return None
-    return out, res_out.view(residual.shape)
