@@ -28,8 +28,8 @@ from cadence.model.skinny_gemm import SkinnyLinear, use_skinny_gemm
 
 
 def _plain_linear(module: nn.Module) -> bool:
-    """An ``nn.Linear`` (or its skinny form): no quantized or sharded projection."""
-    return type(module) in (nn.Linear, SkinnyLinear)
+    """An ``nn.Linear`` (or its skinny form) without bias: no quantized or sharded projection."""
+    return type(module) in (nn.Linear, SkinnyLinear) and module.bias is None
 
 
 class MLP(nn.Module):

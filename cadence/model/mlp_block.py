@@ -75,7 +75,7 @@ def _sm_count(device: torch.device) -> int:
 
 def _programs(device: torch.device) -> int:
     """One program per SM (the interpreter: a few, so that several hold rows)."""
-    return INTERPRETED_PROGRAMS if device.type != "cuda" else _sm_count(device)
+    return INTERPRETED_PROGRAMS if _INTERPRETED or device.type != "cuda" else _sm_count(device)
 
 
 def _scratch(device: torch.device, dtype: torch.dtype, hidden: int, inter: int
@@ -134,16 +134,18 @@ def mlp_block(a: torch.Tensor, residual: torch.Tensor, o_weight: torch.Tensor,
             out, res_out, counters, eps, hidden, q_width, inter)
     constexprs = dict(ROWS=ROWS, BLOCK_Q=next_pow2(q_width, 16), BLOCK_H=next_pow2(hidden, 16),
                       BLOCK_I=next_pow2(inter, 16), NORM_CHUNK=norm_chunk(hidden))
-    if not a.is_cuda:  # the interpreter: one phase per launch
+    if _INTERPRETED or not a.is_cuda:  # the interpreter runs programs in turn: phase by phase
         for phase in (0, 1, 2):
             _PHASED((programs,), args, PHASE=phase, num_warps=NUM_WARPS, **constexprs)
         return out, res_out.view(residual.shape)
     try:
         _COOPERATIVE((programs,), args, PHASE=-1, num_warps=NUM_WARPS, num_stages=1,
                      **constexprs)
-    except Exception:  # e.g. a cooperative launch this device or capture refuses
+    except Exception:  # e.g. a cooperative launch this device refuses
+        _REFUSED.add(a.device.index)
+        if torch.cuda.is_current_stream_capturing():
+            raise  # the capture is broken already: its caller captures again, unfused
         logger.warning("the one-launch MLP block failed; its three projections run as kernels "
                        "of their own from now on", exc_info=True)
-        _REFUSED.add(a.device.index)
         return None
     return out, res_out.view(residual.shape)

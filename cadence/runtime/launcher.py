@@ -71,15 +71,37 @@ def _libcuda_launch() -> Any:
     return fn
 
 
+@functools.cache
+def _libcuda_cooperative_launch() -> Any:
+    """libcuda's ``cuLaunchCooperativeKernel`` as a ctypes function (``cuLaunchKernel``'s
+    parameters less the last, ``extra``), or None without it."""
+    name = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+    try:
+        fn = ctypes.CDLL(name).cuLaunchCooperativeKernel
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 2
+    fn.restype = ctypes.c_int
+    return fn
+
+
 class BoundKernel:
-    """A kernel with its launch shape and packed parameters; ``launch(stream)`` enqueues it."""
+    """A kernel with its launch shape and packed parameters; ``launch(stream)`` enqueues it.
+    ``cooperative``: every launch is a cooperative one (``cuLaunchCooperativeKernel``: all of
+    the grid's blocks resident at once, or the launch fails), for kernels whose blocks wait
+    for each other."""
 
     def __init__(self, function: Any, grid: Dims, block: Dims, params: PackedParams,
                  shared_mem: int = 0, device_index: int | None = None,
-                 keepalive: Sequence[Any] = ()) -> None:
+                 keepalive: Sequence[Any] = (), cooperative: bool = False) -> None:
         drv = cudriver()
         self._drv = drv
-        self._cu_launch = drv.cuLaunchKernel
+        self.cooperative = cooperative
+        self._entry = "cuLaunchCooperativeKernel" if cooperative else "cuLaunchKernel"
+        self._cu_launch = getattr(drv, self._entry)
+        # NOTE: the cooperative entry point takes no ``extra`` parameter after the parameters.
+        self._cu_tail: tuple[Any, ...] = () if cooperative else (0,)
+        self._c_tail: tuple[Any, ...] = () if cooperative else (None,)
         self._invalid_context = drv.CUresult.CUDA_ERROR_INVALID_CONTEXT
         self.function = drv.CUfunction(int(function))
         self.grid = _dims(grid)
@@ -93,8 +115,9 @@ class BoundKernel:
         self._streams: dict[Any, Any] = {}  # stream object -> CUstream, made on first use
         # The C entry point when the bindings are cuda-python's own (tests stand in a recording
         # driver): the same driver, the same contexts, the same stream handles.
-        c_launch = _libcuda_launch() if getattr(drv, "__name__", "") == "cuda.bindings.driver" \
-            else None
+        c_launch = None
+        if getattr(drv, "__name__", "") == "cuda.bindings.driver":
+            c_launch = _libcuda_cooperative_launch() if cooperative else _libcuda_launch()
         self._c_launch = None if c_launch is None else functools.partial(
             c_launch, int(function))
         self._handles: dict[Any, int] = {}  # stream object -> raw handle, for the C entry point
@@ -125,7 +148,7 @@ class BoundKernel:
             return None
         bx, by, bz = self.block
         return functools.partial(self._c_launch, *self.grid, bx, by, bz, self.shared_mem,
-                                 _stream_int(stream), self.params.address, None)
+                                 _stream_int(stream), self.params.address, *self._c_tail)
 
     def _launch(self, stream: Any, gx: int, gy: int, gz: int) -> None:
         recorder = active_recorder()
@@ -137,27 +160,27 @@ class BoundKernel:
                 handle = self._handles[stream] = _stream_int(stream)
             bx, by, bz = self.block
             err = self._c_launch(gx, gy, gz, bx, by, bz, self.shared_mem, handle,
-                                 self.params.address, None)
+                                 self.params.address, *self._c_tail)
             if err == 0:
                 return
             if err != int(self._invalid_context):
-                raise_for_driver(self._drv.CUresult(err), "cuLaunchKernel")
+                raise_for_driver(self._drv.CUresult(err), self._entry)
         cu = self._streams.get(stream)  # None (the legacy stream) is cached like any other
         if cu is None:
             cu = self._cu_stream(stream)
         bx, by, bz = self.block
         (err,) = self._cu_launch(self.function, gx, gy, gz, bx, by, bz, self.shared_mem, cu,
-                                 self.params.address, 0)
+                                 self.params.address, *self._cu_tail)
         if err:
             if err != self._invalid_context:
-                raise_for_driver(err, "cuLaunchKernel")
+                raise_for_driver(err, self._entry)
             # A thread that never touched the device has no current context: make the
             # device's primary context current (cudaSetDevice) and launch again.
             check(cudart().cudaSetDevice(self.device_index), "cudaSetDevice")
             (err,) = self._cu_launch(self.function, gx, gy, gz, bx, by, bz, self.shared_mem, cu,
-                                     self.params.address, 0)
+                                     self.params.address, *self._cu_tail)
             if err:
-                raise_for_driver(err, "cuLaunchKernel")
+                raise_for_driver(err, self._entry)
 
     __call__ = launch
 
@@ -235,19 +258,20 @@ def bind_compiled_triton(compiled: Any, grid: Dims, values: Sequence[Any],
                          keepalive: Sequence[Any] | None = None) -> BoundKernel:
     """Bind a compiled, loaded Triton kernel to ``values``: every parameter of its signature in
     order, constexprs included (ignored, as its own launcher ignores them). The binding keeps
-    ``keepalive`` alive, by default the kernel and ``values``."""
+    ``keepalive`` alive, by default the kernel and ``values``; a kernel compiled for
+    cooperative launches is bound to cooperative launches."""
     md = compiled.metadata
-    if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_cooperative_grid", False)
-            or getattr(md, "launch_pdl", False) or getattr(md, "global_scratch_size", 0)
-            or getattr(md, "profile_scratch_size", 0)):
-        raise LaunchUnsupported("kernels with clusters, cooperative or PDL launches or scratch "
-                                "memory launch through Triton")
+    if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_pdl", False)
+            or getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0)):
+        raise LaunchUnsupported("kernels with clusters, PDL launches or scratch memory launch "
+                                "through Triton")
     scratch = sum(hasattr(md, a) for a in ("global_scratch_size", "profile_scratch_size"))
     params = PackedParams(triton_params(list(compiled.src.signature.values()), values, scratch))
     warp = 32
     return BoundKernel(compiled.function, grid, (warp * md.num_warps, 1, 1), params, md.shared,
                        device_index,
-                       keepalive=(compiled, *values) if keepalive is None else keepalive)
+                       keepalive=(compiled, *values) if keepalive is None else keepalive,
+                       cooperative=bool(getattr(md, "launch_cooperative_grid", False)))
 
 
 def bind_function(function: Any, grid: Dims, block: Dims, args: Sequence[Any],

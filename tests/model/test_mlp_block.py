@@ -58,16 +58,31 @@ def _close(got: torch.Tensor, want: torch.Tensor, units: float) -> None:
 def check_block(device: str, dtype: torch.dtype, hidden: int, q: int, inter: int) -> None:
     """Each phase against float64 from the phase before's output (the kernel's scratch), so
     that a half-precision rounding landing one unit apart does not carry: o_proj, the residual
-    sum (exact), RMSNorm, gate_up and SwiGLU, then down_proj."""
+    sum (exact), RMSNorm, gate_up and SwiGLU, then down_proj. Three launches in a row: other
+    inputs (the scratch and counters of the launch before are not read), then the first inputs
+    again (the same bits)."""
     a, residual, o_w, norm_w, gate_up_w, down_w = _operands(hidden, q, inter, dtype, device,
                                                           seed=hidden + q + inter)
     assert block_applies(1, dtype, a.device, residual, o_w, norm_w, gate_up_w, down_w)
+    first = _check_launch(device, a, residual, o_w, norm_w, gate_up_w, down_w)
+    _check_launch(device, -2 * a, residual.flip(-1), o_w, norm_w, gate_up_w, down_w)
+    again = mlp_block(a, residual, o_w, norm_w, EPS, gate_up_w, down_w)
+    assert again is not None and torch.equal(again[0], first[0])
+    assert torch.equal(again[1], first[1])
+    counters = mlp_block_module._SCRATCH[(a.device.index, dtype, hidden, inter)][2]
+    assert int(counters.count_nonzero()) == 0
+
+
+def _check_launch(device: str, a: torch.Tensor, residual: torch.Tensor, o_w: torch.Tensor,
+                  norm_w: torch.Tensor, gate_up_w: torch.Tensor, down_w: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    dtype, hidden, inter = a.dtype, o_w.shape[0], down_w.shape[1]
     got = mlp_block(a, residual, o_w, norm_w, EPS, gate_up_w, down_w)
     assert got is not None
     out, new_residual = got
     assert out.shape == (1, hidden) and out.dtype == dtype
     assert new_residual.shape == residual.shape and new_residual.dtype == dtype
-    o_buf, act_buf, counters = mlp_block_module._SCRATCH[(a.device.index, dtype, hidden, inter)]
+    o_buf, act_buf, _ = mlp_block_module._SCRATCH[(a.device.index, dtype, hidden, inter)]
     _close(o_buf, (a.double() @ o_w.double().T)[0], 1)
     s = _round(o_buf.double() + residual.double()[0], dtype)
     if device == "cuda":
@@ -81,15 +96,14 @@ def check_block(device: str, dtype: torch.dtype, hidden: int, q: int, inter: int
     act = _round(_round(gate * torch.sigmoid(gate), dtype) * up, dtype)
     _close(act_buf, act, 4)  # gate and up a unit apart each, then two roundings
     _close(out, (act_buf.double() @ down_w.double().T)[None], 1)
-    # A second launch gives the same bits (the counters were put back, no stale scratch).
-    again = mlp_block(a, residual, o_w, norm_w, EPS, gate_up_w, down_w)
-    assert again is not None and torch.equal(again[0], out) and torch.equal(again[1], new_residual)
-    assert int(counters.count_nonzero()) == 0
+    return out, new_residual
 
 
 def check_decoder(device: str) -> None:
     """A one-token step through the decoder takes the block in every layer and gives what the
-    unfused kernels give; a two-token step does not take it."""
+    unfused kernels give; a two-token step does not take it, nor a layer whose projection has
+    a bias; a launch that cannot run (None) leaves the layer to the unfused kernels, with
+    their bits."""
     from cadence.model.attention import TorchAttentionBackend
     from tests.model.helpers import Chunk, cuda_args, make_batch, new_kv_caches, run_ours
 
@@ -109,10 +123,16 @@ def check_decoder(device: str) -> None:
     two = make_batch([Chunk([9], 5, [1, 2]), Chunk([4, 5], 0, [3])])
     calls = []
     real = mlp_block_module.mlp_block
+    refuse = []  # set: every launch "cannot run"
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
         calls.append(1)
-        return real(*args, **kwargs)
+        return None if refuse else real(*args, **kwargs)
+
+    def step_again() -> torch.Tensor:
+        for cache, before in zip(caches, saved, strict=True):
+            cache.copy_(before)
+        return run(model, step)
 
     import cadence.model.decoder as decoder
 
@@ -125,14 +145,20 @@ def check_decoder(device: str) -> None:
             assert not calls
             ours = run(model, step)
             assert len(calls) == model.num_layers
-            for cache, before in zip(caches, saved, strict=True):
-                cache.copy_(before)
             mlp_block_module.ENABLED = False
-            theirs = run(model, step)
+            theirs = step_again()
             mlp_block_module.ENABLED = True
             assert len(calls) == model.num_layers
             run(model, two)
             assert len(calls) == model.num_layers
+            refuse.append(True)
+            assert torch.equal(step_again(), theirs)
+            assert len(calls) == 2 * model.num_layers
+            refuse.clear()
+            down = model.model.layers[0].mlp.down_proj
+            down.bias = torch.nn.Parameter(torch.zeros(down.out_features, device=device))
+            step_again()
+            assert len(calls) == 3 * model.num_layers - 1  # not layer 0
     finally:
         decoder.mlp_block = original
         mlp_block_module.ENABLED = True

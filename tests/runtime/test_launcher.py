@@ -102,6 +102,10 @@ class _Driver:
         self.calls.append(args)
         return (self.errors.pop(0) if self.errors else 0,)
 
+    def cuLaunchCooperativeKernel(self, *args: Any) -> tuple[int]:  # noqa: N802
+        self.calls.append(("cooperative", *args))
+        return (self.errors.pop(0) if self.errors else 0,)
+
 
 class _Runtime:
     def __init__(self) -> None:
@@ -262,6 +266,60 @@ def test_a_recording_driver_never_meets_the_c_entry_point(monkeypatch: pytest.Mo
     kernel, _ = _bound(monkeypatch, drv, rt)
     kernel.launch(_Stream(5))
     assert c_launch.calls == [] and len(drv.calls) == 1
+
+
+def test_a_cooperative_binding_launches_through_the_cooperative_entry_point(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bindings' cuLaunchCooperativeKernel, and libcuda's through ctypes (a launch tape's
+    C call too): cuLaunchKernel's parameters less ``extra``; cuLaunchKernel is never called."""
+    drv, rt = _Driver(), _Runtime()
+    monkeypatch.setattr(launcher, "cudriver", lambda: drv)
+    monkeypatch.setattr(launcher, "cudart", lambda: rt)
+    params = PackedParams([ctypes.c_int32(1)])
+    kernel = launcher.BoundKernel(0xF00, (132,), 256, params, device_index=0, cooperative=True)
+    kernel.launch(_Stream(0x77))
+    assert drv.calls == [("cooperative", ("fn", 0xF00), 132, 1, 1, 256, 1, 1, 0,
+                          ("stream", 0x77), params.address)]
+    c_launch, plain = _CLaunch(), _CLaunch()
+    drv.__name__ = "cuda.bindings.driver"
+    monkeypatch.setattr(launcher, "_libcuda_cooperative_launch", lambda: c_launch)
+    monkeypatch.setattr(launcher, "_libcuda_launch", lambda: plain)
+    kernel = launcher.BoundKernel(0xF00, (132,), 256, params, device_index=0, cooperative=True)
+    kernel.launch(_Stream(0x77))
+    kernel.c_call(0x99)()
+    assert c_launch.calls == [(0xF00, 132, 1, 1, 256, 1, 1, 0, 0x77, params.address),
+                              (0xF00, 132, 1, 1, 256, 1, 1, 0, 0x99, params.address)]
+    assert plain.calls == [] and len(drv.calls) == 1
+
+
+class _Compiled:
+    """A compiled Triton kernel as bind_compiled_triton reads it: one i32 parameter."""
+
+    class src:  # noqa: N801 (Triton's attribute)
+        signature = {"n": "i32"}
+
+    def __init__(self, **metadata: Any) -> None:
+        base = dict(num_ctas=1, num_warps=8, shared=0, launch_pdl=False,
+                    launch_cooperative_grid=False)
+        self.metadata = type("Metadata", (), {**base, **metadata})()
+        self.function = 0xBEE
+
+
+def test_triton_kernels_compiled_for_cooperative_launches_bind_cooperatively(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    drv, rt = _Driver(), _Runtime()
+    monkeypatch.setattr(launcher, "cudriver", lambda: drv)
+    monkeypatch.setattr(launcher, "cudart", lambda: rt)
+    coop = launcher.bind_compiled_triton(_Compiled(launch_cooperative_grid=True), (132,), [7], 0)
+    plain = launcher.bind_compiled_triton(_Compiled(), (132,), [7], 0)
+    assert coop.cooperative and not plain.cooperative
+    coop.launch(None)
+    plain.launch(None)
+    assert [c[0] for c in drv.calls] == ["cooperative", ("fn", 0xBEE)]
+    with pytest.raises(LaunchUnsupported, match="PDL"):
+        launcher.bind_compiled_triton(_Compiled(launch_pdl=True), (132,), [7], 0)
 
 
 def test_bind_refuses_a_kernel_without_a_block_size() -> None:
