@@ -6,6 +6,8 @@ kernel (``block`` is then ``num_warps``; constexprs by keyword) or a function ha
 (``kernel_params``) and returns a ``BoundKernel`` whose ``launch(stream)`` is a single driver
 call: no per-launch typing, marshalling or allocation. The kernel reads the bound memory at
 every launch, so a launch (or a graph that captured one) sees the buffers' current contents.
+A Triton kernel compiled for cooperative launches (``launch_cooperative_grid``) is bound to
+``cuLaunchCooperativeKernel`` instead.
 
 Hazard: the binding holds addresses, not ownership: the argument buffers must stay allocated
 (and must not be re-allocated, e.g. by a resize) for as long as the binding is launched.

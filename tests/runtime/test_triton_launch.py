@@ -91,3 +91,27 @@ def test_next_pow2() -> None:
 
     assert [next_pow2(n) for n in (0, 1, 2, 3, 4, 5, 128, 129)] == [1, 1, 2, 4, 4, 8, 128, 256]
     assert next_pow2(3, 16) == 16 and next_pow2(40, 16) == 64
+
+
+class _RecordingKernel:
+    """A stand-in for a ``@triton.jit`` kernel: ``kernel[grid](...)`` records its keywords."""
+
+    def __init__(self) -> None:
+        self.launches: list[dict] = []
+
+    def __getitem__(self, grid):  # type: ignore[no-untyped-def]
+        def run(*args, **kwargs):  # type: ignore[no-untyped-def]
+            self.launches.append(kwargs)
+
+        return run
+
+
+def test_cooperative_launches_ask_triton_for_a_cooperative_grid() -> None:
+    from cadence.runtime.triton_launch import TritonLaunch
+
+    coop, plain = _RecordingKernel(), _RecordingKernel()
+    TritonLaunch(coop, cooperative=True)((4,), (torch.zeros(4), 3), num_warps=8, BLOCK=16)
+    TritonLaunch(plain)((4,), (torch.zeros(4), 3), num_warps=8, BLOCK=16)
+    assert coop.launches[0]["launch_cooperative_grid"] is True
+    assert coop.launches[0]["num_warps"] == 8 and coop.launches[0]["BLOCK"] == 16
+    assert "launch_cooperative_grid" not in plain.launches[0]
