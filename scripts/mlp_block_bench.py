@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from skinny_gemm_sweep import time_calls  # noqa: E402 (this script's directory)
 from torch import nn  # noqa: E402
 
 from cadence.model import mlp_block as block_module  # noqa: E402
@@ -37,21 +39,9 @@ def _linear(n: int, k: int) -> SkinnyLinear:
     return layer.requires_grad_(False)
 
 
-def _graph_us(fn, layers: int, replays: int = 50) -> float:
-    fn()  # compile and plan outside capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (replays * layers)
+def _graph_us(fn: Callable[[], object], layers: int, replays: int = 50) -> float:
+    """us per layer: ``fn`` (a step's ``layers`` layers) captured in a CUDA graph, replayed."""
+    return time_calls([fn], replays) / layers
 
 
 Layer = tuple[SkinnyLinear, SkinnyLinear, SkinnyLinear, torch.Tensor]

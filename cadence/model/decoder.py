@@ -63,10 +63,9 @@ class DecoderLayer(nn.Module):
         self.self_attn = SelfAttention(arch, backend, layer)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.mlp: nn.Module = SparseMoE(arch) if arch.is_moe_layer(layer) else MLP(arch)
-        # The one-launch block for one-token steps (model/mlp_block.py): a dense MLP with no
-        # bias and no all-reduce between its projections.
-        self.block_ok = (isinstance(self.mlp, MLP) and arch.tp_size == 1 and not arch.o_bias
-                         and not arch.mlp_bias)
+        # The one-launch block for one-token steps (model/mlp_block.py): a dense MLP and no
+        # all-reduce between its projections (``_block`` checks the projections themselves).
+        self.block_ok = isinstance(self.mlp, MLP) and arch.tp_size == 1
 
     def forward(
         self,
@@ -102,11 +101,11 @@ class DecoderLayer(nn.Module):
         """``forward`` after the qkv projection in one launch after attention (one token); None
         where the block does not apply, before anything ran."""
         sa, mlp, norm = self.self_attn, self.mlp, self.post_attention_layernorm
-        o_w, gu_w, d_w = sa.o_proj.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight
-        rows = residual.reshape(1, -1)
         if not (_plain_linear(sa.o_proj) and _plain_linear(mlp.gate_up_proj)
                 and _plain_linear(mlp.down_proj)):
             return None
+        o_w, gu_w, d_w = sa.o_proj.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight
+        rows = residual.reshape(1, -1)
         if not block_applies(qkv.shape[0], qkv.dtype, qkv.device, rows, o_w, norm.weight, gu_w,
                              d_w):
             return None

@@ -59,32 +59,32 @@ def _stream_int(stream: Any) -> int:
     return int(handle)
 
 
+def _libcuda_function(name: str, pointers: int) -> Any:
+    """libcuda's launch entry point ``name`` as a ctypes function: the function, grid and
+    block (seven unsigned ints: shared memory last), then ``pointers`` pointers; None without
+    it."""
+    library = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+    try:
+        fn = getattr(ctypes.CDLL(library), name)
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * pointers
+    fn.restype = ctypes.c_int
+    return fn
+
+
 @functools.cache
 def _libcuda_launch() -> Any:
     """libcuda's ``cuLaunchKernel`` as a ctypes function (one C call, none of the bindings'
     per-argument conversion: about half the host cost of a launch), or None without it."""
-    name = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
-    try:
-        fn = ctypes.CDLL(name).cuLaunchKernel
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-    fn.restype = ctypes.c_int
-    return fn
+    return _libcuda_function("cuLaunchKernel", 3)  # stream, parameters, extra
 
 
 @functools.cache
 def _libcuda_cooperative_launch() -> Any:
     """libcuda's ``cuLaunchCooperativeKernel`` as a ctypes function (``cuLaunchKernel``'s
     parameters less the last, ``extra``), or None without it."""
-    name = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
-    try:
-        fn = ctypes.CDLL(name).cuLaunchCooperativeKernel
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 2
-    fn.restype = ctypes.c_int
-    return fn
+    return _libcuda_function("cuLaunchCooperativeKernel", 2)  # stream, parameters
 
 
 class BoundKernel:
