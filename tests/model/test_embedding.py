@@ -54,6 +54,7 @@ def check_strided_table(device: str) -> None:
     assert torch.equal(embedding_lookup(table, ids), table[ids])
 
 
+@pytest.mark.timeout(600)  # the interpreter's subprocess, minutes on 2 cores
 def test_kernel_in_triton_interpreter() -> None:
     run_interpreted(__file__)
 

@@ -17,6 +17,7 @@ if __name__ == "__main__":  # the interpreter driver: before triton is imported
     os.environ["TRITON_INTERPRET"] = "1"
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from cadence.model.fp8 import quantize_rows  # noqa: E402
@@ -50,6 +51,7 @@ def run_weight_only(device: str, dtype: torch.dtype, f16_only: bool = False) -> 
     assert int(arrival_counters(torch.device(device)).abs().sum()) == 0
 
 
+@pytest.mark.timeout(600)  # the interpreter's subprocess, minutes on 2 cores
 def test_weight_only_kernel_in_triton_interpreter() -> None:
     run_interpreted(__file__)
 

@@ -193,6 +193,7 @@ def test_qk_norm_rope_reference_matches_transformers(norm):
     torch.testing.assert_close(ours[1], hk[0].transpose(0, 1))
 
 
+@pytest.mark.timeout(600)  # the interpreter's subprocess, minutes on 2 cores
 def test_kernels_in_triton_interpreter():
     run_interpreted(__file__)
 

@@ -175,6 +175,7 @@ def run_interpreter_cases() -> None:
 # --- CPU ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.timeout(600)  # the interpreter's subprocess, minutes on 2 cores
 def test_block_in_triton_interpreter():
     run_interpreted(__file__)
 

@@ -396,6 +396,7 @@ def test_one_launch_routing_matches_torch_on_gpu(tokens, experts, top_k) -> None
         run_routing_case(tokens, experts, top_k, block_m, seed=tokens, device="cuda")
 
 
+@pytest.mark.timeout(600)  # the interpreter's subprocess, minutes on 2 cores
 def test_triton_moe_in_triton_interpreter() -> None:
     run_interpreted(__file__)
 

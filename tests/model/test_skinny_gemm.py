@@ -124,6 +124,7 @@ def run_interpreter_cases() -> None:
 # --- CPU ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.timeout(600)  # the interpreter's subprocess, minutes on 2 cores
 def test_kernels_in_triton_interpreter():
     run_interpreted(__file__)
 

@@ -33,6 +33,7 @@ from tests.model.triton_interpreter import DONE, patch_interpreter, run_interpre
 # --- CPU ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.timeout(600)  # the interpreter's subprocess, minutes on 2 cores
 def test_kernels_in_triton_interpreter():
     run_interpreted(__file__)
 

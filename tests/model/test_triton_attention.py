@@ -391,6 +391,7 @@ def run_fp8_reads(device: str, dtype: torch.dtype, window: int = 0, softcap: flo
 # ---- CPU: Triton's interpreter, in a subprocess (the interpreter mode is process-wide) ----
 
 
+@pytest.mark.timeout(600)  # the interpreter's subprocess, minutes on 2 cores
 def test_kernels_in_triton_interpreter() -> None:
     run_interpreted(__file__)
 

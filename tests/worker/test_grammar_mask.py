@@ -91,6 +91,7 @@ def test_staging_gives_the_first_rows_of_its_buffer() -> None:
     assert mask.launch is None  # CPU: torch ops
 
 
+@pytest.mark.timeout(600)  # the interpreter's subprocess, minutes on 2 cores
 def test_kernel_under_the_interpreter() -> None:
     run_interpreted(__file__)
 
