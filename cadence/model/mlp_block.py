@@ -11,7 +11,9 @@ attention ``add_rms_norm`` and the MLP give, with the unfused kernels' rounding 
 (only each dot product's order of additions differs). ``block_applies`` says where it runs:
 one row, CUDA (or Triton's interpreter, one phase per launch), no bias, one dtype, rows of the
 three weights at most ``MAX_WIDTH`` wide (a tile row is held in registers).
-``CADENCE_DISABLE_MLP_BLOCK=1`` keeps the three projections' own kernels.
+``CADENCE_DISABLE_MLP_BLOCK=1`` keeps the three projections' own kernels. On Hopper the launch
+is also a programmatic dependent one (``pdl_enabled``): its first weight tiles load while the
+attention before it ends, and it lets the next layer's qkv kernel start during its last phase.
 
 NOTE: the launches of one device share its scratch vectors and barrier counters (as the split-K
 skinny launches share theirs), so two must not run at the same time on different streams.
@@ -27,7 +29,7 @@ import torch
 from cadence.envs import read_envs
 from cadence.model.mlp_block_triton import _mlp_block_kernel
 from cadence.model.rms_norm_kernels import norm_chunk
-from cadence.runtime.triton_launch import TritonLaunch, next_pow2
+from cadence.runtime.triton_launch import TritonLaunch, next_pow2, pdl_enabled
 
 try:
     import triton
@@ -133,14 +135,15 @@ def mlp_block(a: torch.Tensor, residual: torch.Tensor, o_weight: torch.Tensor,
     args = (a, o_weight, residual, norm_weight, gate_up_weight, down_weight, o_buf, act_buf,
             out, res_out, counters, eps, hidden, q_width, inter)
     constexprs = dict(ROWS=ROWS, BLOCK_Q=next_pow2(q_width, 16), BLOCK_H=next_pow2(hidden, 16),
-                      BLOCK_I=next_pow2(inter, 16), NORM_CHUNK=norm_chunk(hidden))
+                      BLOCK_I=next_pow2(inter, 16), NORM_CHUNK=norm_chunk(hidden), PDL=False)
     if _INTERPRETED or not a.is_cuda:  # the interpreter runs programs in turn: phase by phase
         for phase in (0, 1, 2):
             _PHASED((programs,), args, PHASE=phase, num_warps=NUM_WARPS, **constexprs)
         return out, res_out.view(residual.shape)
     try:
+        pdl = pdl_enabled(a.device)
         _COOPERATIVE((programs,), args, PHASE=-1, num_warps=NUM_WARPS, num_stages=1,
-                     **constexprs)
+                     **{**constexprs, "PDL": pdl}, pdl=pdl)
     except Exception:  # e.g. a cooperative launch this device refuses
         _REFUSED.add(a.device.index)
         if torch.cuda.is_current_stream_capturing():

@@ -31,6 +31,8 @@ except ImportError:  # pragma: no cover - CPU installs
     tl = None
 
 if triton is not None:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
     from cadence.model.rms_norm_kernels import (
         inverse_rms,
         normalize,
@@ -103,6 +105,7 @@ if triton is not None:
         count_ptr, eps, hidden, q_width, inter,
         ROWS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr,
         BLOCK_I: tl.constexpr, NORM_CHUNK: tl.constexpr, PHASE: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
         pid = tl.program_id(0)
         programs = tl.num_programs(0)
@@ -115,8 +118,10 @@ if triton is not None:
 
         # Phase 0: o = W_o a (a: the attention's output, written by an earlier kernel).
         if PHASE == -1 or PHASE == 0:
-            a = tl.load(a_ptr + offs_q, mask=offs_q < q_width, other=0.0).to(tl.float32)
             w0 = _tile(wo_ptr, pid, hidden, q_width, offs_r, offs_q, ROWS)
+            if PDL:  # the weight tile is in flight while the kernel before ends
+                gdc_wait()
+            a = tl.load(a_ptr + offs_q, mask=offs_q < q_width, other=0.0).to(tl.float32)
             _project(wo_ptr, w0, a, o_ptr, hidden, q_width, pid, programs, offs_r, offs_q, ROWS)
         if PHASE == -1:  # the next phase's first tiles in flight while this program waits
             g0 = _tile(wgu_ptr, pid, inter, hidden, offs_r, offs_h, ROWS)
@@ -145,6 +150,8 @@ if triton is not None:
             _grid_barrier(count_ptr + 1, programs)
 
         # Phase 2: out = W_down act.
+        if PDL:  # the next kernel may start (it waits for this one's end before its reads)
+            gdc_launch_dependents()
         if PHASE == -1 or PHASE == 2:
             if PHASE == 2:
                 d0 = _tile(wd_ptr, pid, hidden, inter, offs_r, offs_i, ROWS)

@@ -17,7 +17,7 @@ import torch
 from cadence.model.fused_ops import add_rms_norm, rms_norm
 from cadence.model.rms_norm_kernels import norm_chunk
 from cadence.model.skinny_gemm_triton import _skinny_gemm_kernel
-from cadence.runtime.triton_launch import PreparedLaunch, TritonLaunch
+from cadence.runtime.triton_launch import PreparedLaunch, TritonLaunch, pdl_enabled
 
 try:
     import triton
@@ -125,6 +125,7 @@ def _launch(
     m = x.shape[0]
     n, k = weight.shape
     residual, norm_weight, eps, res_out = (x, x, 0.0, x) if norm is None else norm
+    pdl = pdl_enabled(x.device)
     args = (x, weight, out if bias is None else bias, out, part, counters,
             x if residual is None else residual, norm_weight, res_out, eps, m, n, k,
             x.stride(0), weight.stride(0), out.stride(0), shape.k_per_split, shape.split_k)
@@ -134,7 +135,7 @@ def _launch(
         GLU=glu, NORM=norm is not None, HAS_RES=norm is not None and residual is not None,
         NORM_ROWS=1 if norm is None else row_bucket(m),
         NORM_CHUNK=1 if norm is None else norm_chunk(k),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=pdl, pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return args, constexprs
 

@@ -15,6 +15,8 @@ or as float32 multiply-adds (``BLOCK_M`` rows, for one to a few rows).
 With ``GLU`` the loads apply SwiGLU to x (gate | up); with ``NORM`` they add the residual and
 apply RMSNorm as ``rms_norm_kernels`` defines it (each program takes its rows' norms over all of K
 first), so that a projection with its input's norm fused in gives the bits of the two kernels.
+With ``PDL`` (a programmatic dependent launch, ``triton_launch.pdl_enabled``) a program waits for
+the kernel before to end before it touches memory, then lets the next kernel start launching.
 Without Triton this module defines ``_skinny_gemm_kernel = None``.
 """
 
@@ -28,6 +30,8 @@ except ImportError:  # pragma: no cover - CPU installs
     tl = None
 
 if triton is not None:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
     from cadence.model.rms_norm_kernels import (
         inverse_rms,
         normalize,
@@ -73,8 +77,11 @@ if triton is not None:
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         DOT: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
         GLU: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr,
-        NORM_ROWS: tl.constexpr, NORM_CHUNK: tl.constexpr,
+        NORM_ROWS: tl.constexpr, NORM_CHUNK: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
+        if PDL:  # nothing before: x, the workspace and the counters are earlier kernels' too
+            gdc_wait()
+            gdc_launch_dependents()
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_m = tl.arange(0, BLOCK_M)

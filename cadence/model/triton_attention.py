@@ -35,7 +35,7 @@ from cadence.model.attention_tiles import (
 )
 from cadence.model.triton_attention_kernels import _store_kv_kernel, _varlen_kernel
 from cadence.model.triton_decode_kernels import _decode_kernel, _merge_splits_kernel
-from cadence.runtime.triton_launch import TritonLaunch, next_pow2
+from cadence.runtime.triton_launch import TritonLaunch, next_pow2, pdl_enabled
 
 try:
     import triton
@@ -186,6 +186,7 @@ def paged_decode_attention(
     fp8 = kv_cache.dtype == _FP8
     qk_scale, cap_scale = _score_scales(scale * k_scale if fp8 else scale, softcap)
     split = num_splits > 1
+    pdl = pdl_enabled(q.device)
     if split:
         part_acc = torch.empty(
             (num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
@@ -251,6 +252,8 @@ def paged_decode_attention(
         FP8=fp8,
         ROPE=rope is not None,
         QK_NORM=norm,
+        PDL=pdl,
+        pdl=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -271,6 +274,8 @@ def paged_decode_attention(
             HEAD_DIM=head_dim,
             BLOCK_S=next_pow2(num_splits),
             BLOCK_D=next_pow2(head_dim),
+            PDL=pdl,
+            pdl=pdl,
             num_warps=1 if head_dim <= 64 else 2,
         )
 

@@ -17,6 +17,7 @@ except ImportError:  # pragma: no cover - CPU installs
 _decode_kernel = _merge_splits_kernel = _tanh = _for_cache = None
 
 if triton is not None:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     @triton.jit
     def _tanh(x):
@@ -114,7 +115,11 @@ if triton is not None:
         FP8: tl.constexpr,
         ROPE: tl.constexpr,
         QK_NORM: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        if PDL:  # q, k, v, the step's metadata and the cache are earlier kernels' writes
+            gdc_wait()
+            gdc_launch_dependents()
         # With ROPE, q and the new k arrive as the qkv projection left them: the q/k norms (with
         # QK_NORM) and RoPE are applied here, as fused_ops.qk_norm_rope would have.
         # Scores and values are computed in q's dtype (an FP8 cache's entries are converted to
@@ -244,7 +249,11 @@ if triton is not None:
         HEAD_DIM: tl.constexpr,
         BLOCK_S: tl.constexpr,
         BLOCK_D: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
         b = tl.program_id(0)
         h = tl.program_id(1)
         seq_len = tl.load(seq_lens_ptr + b)

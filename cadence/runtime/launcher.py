@@ -261,12 +261,13 @@ def bind_compiled_triton(compiled: Any, grid: Dims, values: Sequence[Any],
     """Bind a compiled, loaded Triton kernel to ``values``: every parameter of its signature in
     order, constexprs included (ignored, as its own launcher ignores them). The binding keeps
     ``keepalive`` alive, by default the kernel and ``values``; a kernel compiled for
-    cooperative launches is bound to cooperative launches."""
+    cooperative launches is bound to cooperative launches. One compiled for programmatic
+    dependent launches is bound to plain ones: its waits on the kernel before (``griddepcontrol``)
+    then return at once, as that kernel has ended when it starts."""
     md = compiled.metadata
-    if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_pdl", False)
-            or getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0)):
-        raise LaunchUnsupported("kernels with clusters, PDL launches or scratch memory launch "
-                                "through Triton")
+    if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "global_scratch_size", 0)
+            or getattr(md, "profile_scratch_size", 0)):
+        raise LaunchUnsupported("kernels with clusters or scratch memory launch through Triton")
     scratch = sum(hasattr(md, a) for a in ("global_scratch_size", "profile_scratch_size"))
     params = PackedParams(triton_params(list(compiled.src.signature.values()), values, scratch))
     warp = 32

@@ -22,6 +22,29 @@ from cadence.runtime.launch_tape import TapeRecorder, active_recorder
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+_PDL: dict[int, bool] = {}
+
+
+def pdl_enabled(device: Any) -> bool:
+    """Whether kernels on ``device`` (a torch device) launch as programmatic dependent launches:
+    CUDA with compute capability 9.0 or newer, not Triton's interpreter, and not
+    ``CADENCE_DISABLE_PDL``. Such a kernel may start while the kernel before it on the stream
+    is still running; it calls ``gdc_wait`` before it touches memory any earlier kernel writes
+    or reads, and ``gdc_launch_dependents`` to let the next one start."""
+    if _INTERPRETED or getattr(device, "type", None) != "cuda":
+        return False
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    found = _PDL.get(index)
+    if found is None:
+        from cadence.envs import read_envs
+
+        found = _PDL[index] = (not read_envs().disable_pdl
+                               and torch.cuda.get_device_capability(index)[0] >= 9)
+    return found
+
+
 def next_pow2(n: int, floor: int = 1) -> int:
     """The smallest power of two >= ``n`` and >= ``floor`` (Triton block sizes)."""
     return max(floor, 1 << max(0, n - 1).bit_length())
@@ -109,18 +132,22 @@ class TritonLaunch:
         *,
         num_warps: int = 4,
         num_stages: int = 2,
+        pdl: bool = False,
         **constexprs: Any,
     ) -> None:
-        """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``, fast."""
-        key = (_key(args), tuple(constexprs.items()), num_warps, num_stages)
+        """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``, fast. ``pdl``:
+        a programmatic dependent launch (the kernel may start before the one before it ends;
+        it must wait for it, ``gdc_wait``, before it reads that kernel's outputs)."""
+        key = (_key(args), tuple(constexprs.items()), num_warps, num_stages, pdl)
         compiled = self._compiled.get(key)
         if compiled is None:
             recorder = active_recorder()
             if recorder is not None:  # Triton's own launch: nothing a tape can bind
                 recorder.refuse(f"{getattr(self.kernel, '__name__', 'a Triton kernel')} "
                                 "launched through Triton")
+            options = {**self._options, "launch_pdl": True} if pdl else self._options
             ran = self.kernel[tuple(grid)](
-                *args, **constexprs, num_warps=num_warps, num_stages=num_stages, **self._options
+                *args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options
             )
             if not _INTERPRETED and key not in self._compiled:
                 self._compiled[key] = _bind(ran, constexprs)
@@ -132,12 +159,14 @@ class TritonLaunch:
         self.fast_launches += 1
 
     def prepared(
-        self, args: Sequence[Any], *, num_warps: int = 4, num_stages: int = 2, **constexprs: Any
+        self, args: Sequence[Any], *, num_warps: int = 4, num_stages: int = 2, pdl: bool = False,
+        **constexprs: Any,
     ) -> PreparedLaunch | None:
         """The compiled launch of ``args``' specialization, for a caller that keeps it per call
         site (after one launch of that specialization has compiled it) and itself makes sure
         that later arguments specialize alike; None where launches take Triton's path."""
-        return self._compiled.get((_key(args), tuple(constexprs.items()), num_warps, num_stages))
+        return self._compiled.get(
+            (_key(args), tuple(constexprs.items()), num_warps, num_stages, pdl))
 
 
 def _bind(ran: Any, constexprs: dict[str, Any]) -> PreparedLaunch | None:

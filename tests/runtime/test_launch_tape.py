@@ -147,9 +147,12 @@ def test_a_triton_launch_is_bound_to_its_packed_parameters(monkeypatch: pytest.M
     assert recorder.values == [(x, 77, 1.5, 256)]
     assert x not in kernel._keepalive  # the tape's owner decides what stays alive
 
+    pdl = TapeRecorder()  # a PDL kernel is taped as a plain launch
+    record_launch(pdl, _compiled(launch_pdl=True), (1, 1, 1), 0x9, 0, (x, 1, 1.0, 256))
+    assert pdl.refused is None and len(pdl.launches) == 1
     refused = TapeRecorder()
-    record_launch(refused, _compiled(launch_pdl=True), (1, 1, 1), 0x9, 0, (x, 1, 1.0, 256))
-    assert refused.launches == [] and "PDL" in (refused.refused or "")
+    record_launch(refused, _compiled(num_ctas=2), (1, 1, 1), 0x9, 0, (x, 1, 1.0, 256))
+    assert refused.launches == [] and "clusters" in (refused.refused or "")
     short = TapeRecorder()  # fewer values than parameters (a constexpr left to its default)
     record_launch(short, compiled, (1, 1, 1), 0x9, 0, (x, 1, 1.0))
     assert short.launches == [] and short.refused is not None

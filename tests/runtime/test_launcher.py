@@ -318,8 +318,13 @@ def test_triton_kernels_compiled_for_cooperative_launches_bind_cooperatively(
     coop.launch(None)
     plain.launch(None)
     assert [c[0] for c in drv.calls] == ["cooperative", ("fn", 0xBEE)]
-    with pytest.raises(LaunchUnsupported, match="PDL"):
-        launcher.bind_compiled_triton(_Compiled(launch_pdl=True), (132,), [7], 0)
+    # A kernel compiled for programmatic dependent launches binds to a plain launch (its
+    # griddepcontrol waits then return at once); clusters still take Triton's path.
+    pdl = launcher.bind_compiled_triton(_Compiled(launch_pdl=True), (132,), [7], 0)
+    pdl.launch(None)
+    assert not pdl.cooperative and drv.calls[-1][0] == ("fn", 0xBEE)
+    with pytest.raises(LaunchUnsupported, match="clusters"):
+        launcher.bind_compiled_triton(_Compiled(num_ctas=2), (132,), [7], 0)
 
 
 def test_bind_refuses_a_kernel_without_a_block_size() -> None:

@@ -115,3 +115,34 @@ def test_cooperative_launches_ask_triton_for_a_cooperative_grid() -> None:
     assert coop.launches[0]["launch_cooperative_grid"] is True
     assert coop.launches[0]["num_warps"] == 8 and coop.launches[0]["BLOCK"] == 16
     assert "launch_cooperative_grid" not in plain.launches[0]
+
+
+def test_pdl_launches_ask_triton_for_one_and_key_apart() -> None:
+    from cadence.runtime.triton_launch import TritonLaunch
+
+    kernel = _RecordingKernel()
+    launch = TritonLaunch(kernel, cooperative=True)
+    args = (torch.zeros(4), 3)
+    launch((4,), args, pdl=True, BLOCK=16)
+    launch((4,), args, BLOCK=16)  # another specialization: Triton's path again, no PDL
+    assert kernel.launches[0]["launch_pdl"] is True
+    assert kernel.launches[0]["launch_cooperative_grid"] is True
+    assert "launch_pdl" not in kernel.launches[1]
+    assert "pdl" not in kernel.launches[0]  # an option of the launch, not a kernel argument
+
+
+def test_pdl_is_off_on_the_cpu_and_under_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cadence.runtime import triton_launch
+
+    assert not triton_launch.pdl_enabled(torch.device("cpu"))
+    monkeypatch.setattr(triton_launch, "_PDL", {})
+    monkeypatch.setenv("CADENCE_DISABLE_PDL", "1")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    assert not triton_launch.pdl_enabled(torch.device("cuda", 0))
+    monkeypatch.setattr(triton_launch, "_PDL", {})
+    monkeypatch.delenv("CADENCE_DISABLE_PDL")
+    assert triton_launch.pdl_enabled(torch.device("cuda", 0)) is (
+        not triton_launch._INTERPRETED)
+    monkeypatch.setattr(triton_launch, "_PDL", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (8, 0))
+    assert not triton_launch.pdl_enabled(torch.device("cuda", 0))
