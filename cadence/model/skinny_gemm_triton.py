@@ -30,7 +30,10 @@ except ImportError:  # pragma: no cover - CPU installs
     tl = None
 
 if triton is not None:
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    try:
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    except ImportError:  # an older Triton: no PDL launches (pdl_enabled says so)
+        gdc_launch_dependents = gdc_wait = None
 
     from cadence.model.rms_norm_kernels import (
         inverse_rms,

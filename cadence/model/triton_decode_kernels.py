@@ -17,7 +17,10 @@ except ImportError:  # pragma: no cover - CPU installs
 _decode_kernel = _merge_splits_kernel = _tanh = _for_cache = None
 
 if triton is not None:
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    try:
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    except ImportError:  # an older Triton: no PDL launches (pdl_enabled says so)
+        gdc_launch_dependents = gdc_wait = None
 
     @triton.jit
     def _tanh(x):

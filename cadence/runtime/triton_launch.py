@@ -25,10 +25,18 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _PDL: dict[int, bool] = {}
 
 
+def _triton_has_pdl() -> bool:
+    try:
+        from triton.language.extra.cuda import gdc_wait  # noqa: F401
+    except ImportError:  # Triton before 3.4, or none
+        return False
+    return True
+
+
 def pdl_enabled(device: Any) -> bool:
     """Whether kernels on ``device`` (a torch device) launch as programmatic dependent launches:
-    CUDA with compute capability 9.0 or newer, not Triton's interpreter, and not
-    ``CADENCE_DISABLE_PDL``. Such a kernel may start while the kernel before it on the stream
+    CUDA with compute capability 9.0 or newer, a Triton that has the grid-dependency calls, not
+    Triton's interpreter, and not ``CADENCE_DISABLE_PDL``. Such a kernel may start while the kernel before it on the stream
     is still running; it calls ``gdc_wait`` before it touches memory any earlier kernel writes
     or reads, and ``gdc_launch_dependents`` to let the next one start."""
     if _INTERPRETED or getattr(device, "type", None) != "cuda":
@@ -40,7 +48,7 @@ def pdl_enabled(device: Any) -> bool:
     if found is None:
         from cadence.envs import read_envs
 
-        found = _PDL[index] = (not read_envs().disable_pdl
+        found = _PDL[index] = (not read_envs().disable_pdl and _triton_has_pdl()
                                and torch.cuda.get_device_capability(index)[0] >= 9)
     return found
 
