@@ -917,6 +917,12 @@ MUTATIONS = [
              "tl.store(res_out_ptr + offs_h, s, mask=h_ok & (pid == 0))",
              "tl.store(res_out_ptr + offs_h, s, mask=h_ok & (pid == programs))",
              ("tests/model/test_mlp_block.py",)),
+    Mutation("pdl-wait-dropped", "the skinny GEMM kernel, launched with PDL, no longer waits "
+             "for the kernel before it (reads its input while that kernel may still run)",
+             "cadence/model/skinny_gemm_triton.py",
+             "            gdc_wait()\n            gdc_launch_dependents()\n        pid_n",
+             "            gdc_launch_dependents()\n        pid_n",
+             ("tests/model/test_pdl.py",)),
 ]
 
 

@@ -61,3 +61,73 @@ def test_decode_steps_with_and_without_pdl_agree_bit_for_bit(monkeypatch, sequen
     assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[0])
     for got, want in zip(on[2] + on[3], off[2] + off[3], strict=True):
         assert torch.equal(got.nan_to_num(), want.nan_to_num())  # the K/V written alike
+
+
+# --- CPU: the PTX a GPU would run, compiled for sm_90 (Triton's own ptxas, no device) ----------
+
+_FLOATS = {"eps", "qk_scale", "cap_scale", "v_scale", "k_inv", "v_inv"}
+_INT_PTRS = {"count_ptr", "slot_ptr", "seq_lens_ptr", "qsl_ptr", "bt_ptr", "pos_ptr"}
+_F32_PTRS = {"part_ptr", "part_acc_ptr", "part_ml_ptr", "cs_ptr"}
+
+
+def _ptx(kernel, constexprs: dict, num_warps: int, cooperative: bool = False) -> list[str]:
+    """The memory and grid-dependency instructions of ``kernel`` compiled for sm_90 with
+    ``constexprs``, in program order."""
+    import re
+
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = ("*i32" if name in _INT_PTRS else "*fp32" if name in _F32_PTRS
+                               else "*bf16")
+        else:
+            signature[name] = "fp32" if name in _FLOATS else "i32"
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    options = {"num_warps": num_warps, "launch_pdl": True}
+    if cooperative:
+        options["launch_cooperative_grid"] = True
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    pattern = re.compile(r"\s*(@%p\d+\s+)?(griddepcontrol\.\w+|ld\.global|st\.global|atom)")
+    return [m.group(2) for line in compiled.asm["ptx"].splitlines()
+            if (m := pattern.match(line))]
+
+
+def _wait_first(ops: list[str]) -> None:
+    assert ops[0] == "griddepcontrol.wait", ops[:4]
+    assert "griddepcontrol.launch_dependents" in ops
+
+
+@pytest.mark.timeout(600)  # four compilations, ~10 s each on 2 cores
+def test_pdl_kernels_wait_before_they_touch_memory():
+    """Each kernel's first memory instruction comes after its grid-dependency wait; the MLP
+    block only loads (its first weight tile) before it, and lets the next kernel launch only
+    after its two grid barriers."""
+    from cadence.model.mlp_block_triton import _mlp_block_kernel
+    from cadence.model.skinny_gemm_triton import _skinny_gemm_kernel
+    from cadence.model.triton_decode_kernels import _decode_kernel, _merge_splits_kernel
+
+    if _decode_kernel is None:
+        pytest.skip("triton is not installed")
+    _wait_first(_ptx(_merge_splits_kernel, dict(NUM_HEADS=16, HEAD_DIM=128, BLOCK_S=4,
+                                                BLOCK_D=128, PDL=True), 2))
+    _wait_first(_ptx(_decode_kernel, dict(
+        NUM_HEADS=16, GROUP=2, HEAD_DIM=128, PAGE=16, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
+        SPLIT=True, STORE=True, SLIDING=False, SOFTCAP=False, IEEE=False, FP8=False, ROPE=True,
+        QK_NORM=True, PDL=True), 4))
+    _wait_first(_ptx(_skinny_gemm_kernel, dict(
+        BLOCK_M=1, BLOCK_N=64, BLOCK_K=128, DOT=False, SPLIT=True, EVEN_K=True,
+        HAS_BIAS=False, GLU=False, NORM=True, HAS_RES=True, NORM_ROWS=1, NORM_CHUNK=1024,
+        PDL=True), 4))
+    block = _ptx(_mlp_block_kernel, dict(ROWS=8, BLOCK_Q=2048, BLOCK_H=1024, BLOCK_I=4096,
+                                         NORM_CHUNK=1024, PHASE=-1, PDL=True), 8,
+                 cooperative=True)
+    wait = block.index("griddepcontrol.wait")
+    assert wait > 0 and set(block[:wait]) == {"ld.global"}  # the o_proj tile's loads only
+    trigger = block.index("griddepcontrol.launch_dependents")
+    assert block[wait:trigger].count("atom") >= 2  # both barriers' arrivals come first
