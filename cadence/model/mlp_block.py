@@ -135,15 +135,14 @@ def mlp_block(a: torch.Tensor, residual: torch.Tensor, o_weight: torch.Tensor,
     args = (a, o_weight, residual, norm_weight, gate_up_weight, down_weight, o_buf, act_buf,
             out, res_out, counters, eps, hidden, q_width, inter)
     constexprs = dict(ROWS=ROWS, BLOCK_Q=next_pow2(q_width, 16), BLOCK_H=next_pow2(hidden, 16),
-                      BLOCK_I=next_pow2(inter, 16), NORM_CHUNK=norm_chunk(hidden), PDL=False)
+                      BLOCK_I=next_pow2(inter, 16), NORM_CHUNK=norm_chunk(hidden))
     if _INTERPRETED or not a.is_cuda:  # the interpreter runs programs in turn: phase by phase
         for phase in (0, 1, 2):
             _PHASED((programs,), args, PHASE=phase, num_warps=NUM_WARPS, **constexprs)
         return out, res_out.view(residual.shape)
     try:
-        pdl = pdl_enabled(a.device)
         _COOPERATIVE((programs,), args, PHASE=-1, num_warps=NUM_WARPS, num_stages=1,
-                     **{**constexprs, "PDL": pdl}, pdl=pdl)
+                     pdl=pdl_enabled(a.device), **constexprs)
     except Exception:  # e.g. a cooperative launch this device refuses
         _REFUSED.add(a.device.index)
         if torch.cuda.is_current_stream_capturing():

@@ -125,7 +125,6 @@ def _launch(
     m = x.shape[0]
     n, k = weight.shape
     residual, norm_weight, eps, res_out = (x, x, 0.0, x) if norm is None else norm
-    pdl = pdl_enabled(x.device)
     args = (x, weight, out if bias is None else bias, out, part, counters,
             x if residual is None else residual, norm_weight, res_out, eps, m, n, k,
             x.stride(0), weight.stride(0), out.stride(0), shape.k_per_split, shape.split_k)
@@ -135,7 +134,7 @@ def _launch(
         GLU=glu, NORM=norm is not None, HAS_RES=norm is not None and residual is not None,
         NORM_ROWS=1 if norm is None else row_bucket(m),
         NORM_CHUNK=1 if norm is None else norm_chunk(k),
-        PDL=pdl, pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        pdl=pdl_enabled(x.device), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return args, constexprs
 

@@ -252,7 +252,6 @@ def paged_decode_attention(
         FP8=fp8,
         ROPE=rope is not None,
         QK_NORM=norm,
-        PDL=pdl,
         pdl=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -274,7 +273,6 @@ def paged_decode_attention(
             HEAD_DIM=head_dim,
             BLOCK_S=next_pow2(num_splits),
             BLOCK_D=next_pow2(head_dim),
-            PDL=pdl,
             pdl=pdl,
             num_warps=1 if head_dim <= 64 else 2,
         )

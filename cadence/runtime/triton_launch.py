@@ -36,9 +36,10 @@ def _triton_has_pdl() -> bool:
 def pdl_enabled(device: Any) -> bool:
     """Whether kernels on ``device`` (a torch device) launch as programmatic dependent launches:
     CUDA with compute capability 9.0 or newer, a Triton that has the grid-dependency calls, not
-    Triton's interpreter, and not ``CADENCE_DISABLE_PDL``. Such a kernel may start while the kernel before it on the stream
-    is still running; it calls ``gdc_wait`` before it touches memory any earlier kernel writes
-    or reads, and ``gdc_launch_dependents`` to let the next one start."""
+    Triton's interpreter, and not ``CADENCE_DISABLE_PDL``. Such a kernel may start while the
+    kernel before it on the stream is still running; it calls ``gdc_wait`` before it touches
+    memory any earlier kernel writes or reads, and ``gdc_launch_dependents`` to let the next
+    one start."""
     if _INTERPRETED or getattr(device, "type", None) != "cuda":
         return False
     import torch
@@ -125,11 +126,14 @@ def record_launch(recorder: TapeRecorder, compiled: Any, grid: tuple[int, int, i
 class TritonLaunch:
     """Launch ``kernel`` (a ``@triton.jit`` function whose constexpr parameters come last).
     ``cooperative``: every launch is a cooperative one (all programs resident at once, or the
-    launch fails), for kernels whose programs wait for each other."""
+    launch fails), for kernels whose programs wait for each other. A kernel with a ``PDL``
+    constexpr gets it from each call's ``pdl``, so its waits are compiled in exactly where the
+    launch is a programmatic dependent one."""
 
     def __init__(self, kernel: Any, cooperative: bool = False) -> None:
         self.kernel = kernel
         self._options = {"launch_cooperative_grid": True} if cooperative else {}
+        self._pdl_param = "PDL" in getattr(kernel, "arg_names", ())
         self._compiled: dict[Hashable, PreparedLaunch | None] = {}
         self.fast_launches = 0
 
@@ -146,6 +150,8 @@ class TritonLaunch:
         """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``, fast. ``pdl``:
         a programmatic dependent launch (the kernel may start before the one before it ends;
         it must wait for it, ``gdc_wait``, before it reads that kernel's outputs)."""
+        if self._pdl_param:
+            constexprs["PDL"] = pdl
         key = (_key(args), tuple(constexprs.items()), num_warps, num_stages, pdl)
         compiled = self._compiled.get(key)
         if compiled is None:
@@ -173,6 +179,8 @@ class TritonLaunch:
         """The compiled launch of ``args``' specialization, for a caller that keeps it per call
         site (after one launch of that specialization has compiled it) and itself makes sure
         that later arguments specialize alike; None where launches take Triton's path."""
+        if self._pdl_param:
+            constexprs["PDL"] = pdl
         return self._compiled.get(
             (_key(args), tuple(constexprs.items()), num_warps, num_stages, pdl))
 

@@ -129,6 +129,23 @@ def test_pdl_launches_ask_triton_for_one_and_key_apart() -> None:
     assert kernel.launches[0]["launch_cooperative_grid"] is True
     assert "launch_pdl" not in kernel.launches[1]
     assert "pdl" not in kernel.launches[0]  # an option of the launch, not a kernel argument
+    assert "PDL" not in kernel.launches[0]  # the kernel has no such constexpr
+
+
+def test_a_kernels_pdl_constexpr_follows_the_launch() -> None:
+    """A kernel with a ``PDL`` constexpr gets the launch's ``pdl``: its waits are compiled in
+    exactly where the launch lets it start early (never one without the other)."""
+    from cadence.runtime.triton_launch import TritonLaunch
+
+    kernel = _RecordingKernel()
+    kernel.arg_names = ["x", "n", "BLOCK", "PDL"]
+    launch = TritonLaunch(kernel)
+    args = (torch.zeros(4), 3)
+    launch((4,), args, pdl=True, BLOCK=16)
+    launch((4,), args, BLOCK=16, PDL=True)  # a caller's own PDL gives way to the launch's
+    assert kernel.launches[0]["PDL"] is True and kernel.launches[0]["launch_pdl"] is True
+    assert kernel.launches[1]["PDL"] is False and "launch_pdl" not in kernel.launches[1]
+    assert launch.prepared(args, pdl=True, BLOCK=16) is None  # a stand-in binds nothing
 
 
 def test_pdl_is_off_on_the_cpu_and_under_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
