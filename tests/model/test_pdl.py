@@ -56,7 +56,10 @@ def test_decode_steps_with_and_without_pdl_agree_bit_for_bit(monkeypatch, sequen
                 graph.replay()
             torch.cuda.synchronize()
             results[on] = (eager, out.clone(), eager_cache, [c.clone() for c in caches])
-    off, on = results[False], results[True]
+    # Only the sequences' rows: the padding row of the three-sequence step is an empty query
+    # whose logits no one reads (they differ between an eager pass and a graph, PDL or not).
+    off = [t[:sequences] for t in results[False][:2]] + list(results[False][2:])
+    on = [t[:sequences] for t in results[True][:2]] + list(results[True][2:])
     assert torch.equal(off[0], off[1])  # graphs == eager without PDL: the baseline holds
     assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[0])
     for got, want in zip(on[2] + on[3], off[2] + off[3], strict=True):
