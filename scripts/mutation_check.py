@@ -923,6 +923,12 @@ MUTATIONS = [
              "            gdc_wait()\n            gdc_launch_dependents()\n        pid_n",
              "            gdc_launch_dependents()\n        pid_n",
              ("tests/model/test_pdl.py",)),
+    Mutation("late-norm-first-slice-only", "a split late-norm launch scales the summed "
+             "products by the first K slice's sum of squares alone",
+             "cadence/model/skinny_gemm_triton.py",
+             "                    for s in range(0, split_k):\n                        ss_all +=",
+             "                    for s in range(0, 1):\n                        ss_all +=",
+             ("tests/model/test_skinny_gemm_norm.py",)),
 ]
 
 

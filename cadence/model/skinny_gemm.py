@@ -44,6 +44,7 @@ __all__ = [
     "SkinnyConfig",
     "SkinnyLinear",
     "heuristic_config",
+    "norm_fusion",
     "row_bucket",
     "skinny_linear",
     "use_skinny_gemm",
@@ -66,6 +67,15 @@ GLU_MAX_ROWS = 0 if read_envs().disable_skinny_glu else 4
 # 7.7 -> 9.7; Llama-3-8B qkv (K 4096) 1 row 17.55 -> 20.14.
 NORM_MAX_ROWS = 0 if read_envs().disable_fused_norm else 1
 NORM_MAX_K = 2048
+# Past NORM_MAX_K, up to this many bfloat16 rows the norm still runs in the projection, with its
+# scale applied after the products (``late_norm``): nothing is read ahead of the weights, at the
+# cost of the two kernels' bits (h is not rounded before the products). Not for float16, whose
+# range s * w could leave before the scale. H200, norm + GEMM against the late launch inside
+# graphs, us: Llama-3-8B qkv 1 row 16.96 -> 16.12, gate_up 1 row 60.68 -> 62.66 (the table keeps
+# cuBLAS there); Qwen3-0.6B qkv / gate_up at 4 and 8 rows 7.0-7.7 -> 8.9-21.6 (the loads of x,
+# the residual and the norm weight lengthen every K step; tensor-core tiles also lose their
+# pipelined x operand), hence one row.
+LATE_NORM_MAX_ROWS = 0 if read_envs().disable_fused_norm else 1
 # The decoder layers' projections (module names) that use_skinny_gemm converts.
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -134,7 +144,9 @@ def heuristic_config(rows: int, n: int, k: int, num_sms: int) -> SkinnyConfig:
 # (N, K, row bucket) -> the fused-norm launch's configuration (None: the norm kernel, then the
 # projection as SKINNY_CONFIGS has it) on the table's device, measured with the norm in the loads
 # by scripts/skinny_gemm_sweep.py --norm; shapes it does not list take _choose_norm's rule.
-NORM_CONFIGS: dict[tuple[int, int, int], SkinnyConfig | None] = {}
+NORM_CONFIGS: dict[tuple[int, int, int], SkinnyConfig | None] = {
+    (6144, 4096, 1): SkinnyConfig(16, 512, 1, 4, 1, False),  # late norm: 16.12 vs 16.96
+}
 
 # (device index, N, K, row bucket) -> the configuration in use (None: F.linear).
 _CHOSEN: dict[tuple[int | None, int, int, int], SkinnyConfig | None] = {}
@@ -221,6 +233,18 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
     return _torch_linear(x, weight, bias, glu)
 
 
+def norm_fusion(rows: int, width: int, dtype: torch.dtype) -> str | None:
+    """How ``SkinnyLinear.forward_norm`` takes a norm of ``rows`` rows of ``width``: "exact"
+    (the two kernels' bits), "late" (the scale after the products) or None (the two calls)."""
+    if rows <= 0:
+        return None
+    if rows <= NORM_MAX_ROWS and width <= NORM_MAX_K:
+        return "exact"
+    if rows <= LATE_NORM_MAX_ROWS and width > NORM_MAX_K and dtype == torch.bfloat16:
+        return "late"
+    return None
+
+
 _NO_PLAN = object()  # not resolved yet
 _DISPATCH = object()  # the kernel, but no plan could be made: through skinny_linear each time
 
@@ -248,24 +272,27 @@ class SkinnyLinear(nn.Linear):
         """``(forward(h), s)`` for ``h, s = add_rms_norm(x, residual, norm_weight, eps)``
         (``h = rms_norm(x, norm_weight, eps)`` and ``s = x`` without a residual): the decoder's
         norm before this projection, in the skinny kernel's loads up to ``NORM_MAX_ROWS`` rows
-        (the bits of the two calls with the same configuration), else the two calls."""
+        of at most ``NORM_MAX_K`` (the bits of the two calls with the same configuration), past
+        them as a late norm up to ``LATE_NORM_MAX_ROWS`` bfloat16 rows (within a rounding),
+        else the two calls."""
         width = x.shape[-1]
         rows = x.numel() // width if width else 0
-        if 0 < rows <= NORM_MAX_ROWS and ENABLED and x.is_cuda:
-            fused = self._run_norm(x, rows, residual, norm_weight, eps)
+        mode = norm_fusion(rows, width, x.dtype)
+        if mode is not None and ENABLED and x.is_cuda:
+            fused = self._run_norm(x, rows, residual, norm_weight, eps, mode == "late")
             if fused is not None:
                 return fused
         return norm_and_project(self, x, residual, norm_weight, eps)
 
     def _run_norm(self, x: torch.Tensor, rows: int, residual: torch.Tensor | None,
-                  norm_weight: torch.Tensor, eps: float
+                  norm_weight: torch.Tensor, eps: float, late: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``forward_norm``'s single launch, or None where it does not apply."""
         weight, bias = self.weight, self.bias
         plans = self.__dict__.get("_skinny_plans")
         if plans is None:
             plans = self.__dict__["_skinny_plans"] = {}
-        key = ("norm", rows, x.dtype, x.get_device(), x.data_ptr() & 15, x.is_contiguous(),
+        key = ("norm", late, rows, x.dtype, x.get_device(), x.data_ptr() & 15, x.is_contiguous(),
                None if residual is None else (residual.data_ptr() & 15, residual.dtype,
                                               residual.shape, residual.is_contiguous()),
                norm_weight.data_ptr(), norm_weight.dtype, torch.is_grad_enabled(),
@@ -279,12 +306,13 @@ class SkinnyLinear(nn.Linear):
         if isinstance(plan, SkinnyPlan):
             out, new_residual = plan.with_norm(x2, r2, norm_weight, eps, weight, bias)
             return out.view(*x.shape[:-1], n), new_residual.view(x.shape)
-        cfg = self._norm_config(x, residual, norm_weight, rows)
+        cfg = self._norm_config(x, residual, norm_weight, rows, late)
         if cfg is None:
             plans[key] = None
             return None
         try:
-            out, new_residual = skinny_matmul_norm(x2, r2, norm_weight, eps, weight, bias, cfg)
+            out, new_residual = skinny_matmul_norm(x2, r2, norm_weight, eps, weight, bias, cfg,
+                                                   late)
         except Exception:  # e.g. a configuration Triton cannot compile here
             logger.warning("skinny GEMM %s with its input's norm for [%d, %d] x [%d, %d] failed;"
                            " the norm kernel from now on", cfg, rows, width, n, width,
@@ -292,16 +320,20 @@ class SkinnyLinear(nn.Linear):
             plans[key] = None
             return None
         if plan is _NO_PLAN and not torch.is_grad_enabled():
-            made = skinny_plan(x2, weight, bias, cfg, norm=(r2, norm_weight, eps))
+            made = skinny_plan(x2, weight, bias, cfg, norm=(r2, norm_weight, eps, late))
             plans[key] = _DISPATCH if made is None else made
         return out.view(*x.shape[:-1], n), new_residual.view(x.shape)
 
     def _norm_config(self, x: torch.Tensor, residual: torch.Tensor | None,
-                     norm_weight: torch.Tensor, rows: int) -> SkinnyConfig | None:
-        """The fused-norm launch's configuration; None where it does not apply."""
+                     norm_weight: torch.Tensor, rows: int, late: bool = False
+                     ) -> SkinnyConfig | None:
+        """The fused-norm launch's configuration (``late``: the late norm's, which takes rows
+        of any width); None where it does not apply."""
         weight, bias = self.weight, self.bias
         k = weight.shape[1]
-        if x.shape[-1] != k or k > NORM_MAX_K or rows > MAX_ROWS or not _usable(x, weight, bias):
+        if x.shape[-1] != k or (k > NORM_MAX_K and not late) or rows > MAX_ROWS:
+            return None
+        if not _usable(x, weight, bias):
             return None
         if norm_weight.shape != (k,) or norm_weight.dtype != x.dtype:
             return None

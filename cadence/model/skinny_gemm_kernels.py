@@ -2,7 +2,8 @@
 of ``x`` [M, K] and an ``nn.Linear`` weight ``W`` [N, K], split over K so that every SM streams
 its share of ``W``; its configurations, grid shapes, split-K scratch (arrival counters) and the
 plans that resolve a launch once per projection and row count. ``skinny_matmul_norm`` runs the
-GEMM with the input's residual add and RMSNorm in its loads.
+GEMM with the input's residual add and RMSNorm in its loads (``late_norm``: the norm's scale
+applied after the products, see ``skinny_gemm_triton``).
 
 Importing this module without Triton defines ``SkinnyConfig`` and launchers that raise.
 """
@@ -111,8 +112,9 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
     return _scratch(device)[0]
 
 
-# An RMSNorm fused into a launch: (residual or None, norm weight, eps, new residual's buffer).
-NormArgs = tuple[torch.Tensor | None, torch.Tensor, float, torch.Tensor]
+# An RMSNorm fused into a launch: (residual or None, norm weight, eps, new residual's buffer,
+# late: the norm's scale after the products).
+NormArgs = tuple[torch.Tensor | None, torch.Tensor, float, torch.Tensor, bool]
 
 
 def _launch(
@@ -124,7 +126,7 @@ def _launch(
     ``glu`` x is ``[M, 2K]`` (gate | up) for a weight ``[N, K]``."""
     m = x.shape[0]
     n, k = weight.shape
-    residual, norm_weight, eps, res_out = (x, x, 0.0, x) if norm is None else norm
+    residual, norm_weight, eps, res_out, late = (x, x, 0.0, x, False) if norm is None else norm
     args = (x, weight, out if bias is None else bias, out, part, counters,
             x if residual is None else residual, norm_weight, res_out, eps, m, n, k,
             x.stride(0), weight.stride(0), out.stride(0), shape.k_per_split, shape.split_k)
@@ -132,17 +134,20 @@ def _launch(
         BLOCK_M=shape.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot,
         SPLIT=shape.split_k > 1, EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
         GLU=glu, NORM=norm is not None, HAS_RES=norm is not None and residual is not None,
-        NORM_ROWS=1 if norm is None else row_bucket(m),
-        NORM_CHUNK=1 if norm is None else norm_chunk(k),
+        NORM_ROWS=1 if norm is None or late else row_bucket(m),
+        NORM_CHUNK=1 if norm is None or late else norm_chunk(k), NORM_LATE=late,
         pdl=pdl_enabled(x.device), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return args, constexprs
 
 
 def _workspace(shape: LaunchShape, m: int, n: int, stand_in: torch.Tensor) -> torch.Tensor:
+    """A split launch's float32 partial products ``[split_k, M, N]``, then room for its slices'
+    sums of squares ``[split_k, M]`` (used by the late norm)."""
     if shape.split_k == 1:
         return stand_in
-    return torch.empty((shape.split_k, m, n), dtype=torch.float32, device=stand_in.device)
+    return torch.empty(shape.split_k * m * (n + 1), dtype=torch.float32,
+                       device=stand_in.device)
 
 
 def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -190,14 +195,16 @@ def _norm_fits(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torc
 
 def skinny_matmul_norm(x: torch.Tensor, residual: torch.Tensor | None,
                        norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                       bias: torch.Tensor | None, cfg: SkinnyConfig
+                       bias: torch.Tensor | None, cfg: SkinnyConfig, late_norm: bool = False
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(skinny_matmul(h, weight, bias, cfg), s)`` for ``h, s = fused_ops.add_rms_norm(x,
     residual, norm_weight, eps)`` (``h = fused_ops.rms_norm(x, norm_weight, eps)`` and
     ``s = x`` without a residual), in one launch and with the bits of those two kernels: every
     program adds, normalizes and scales its part of x as it loads it. ``x``, ``residual``
     [M <= 16, K] and ``norm_weight`` [K] are contiguous and of ``weight``'s dtype; ``s`` is a
-    new tensor (x itself without a residual)."""
+    new tensor (x itself without a residual). With ``late_norm`` the rows' inverse RMS scales
+    the products instead (no read of the rows ahead of the weights; ``s`` exact, the output
+    within a rounding of ``h``'s)."""
     if triton is None:
         raise ImportError("skinny GEMMs need triton")
     m = x.shape[0]
@@ -217,7 +224,7 @@ def skinny_matmul_norm(x: torch.Tensor, residual: torch.Tensor | None,
     counters, stand_in = _scratch(x.device)
     part = _workspace(shape, m, n, stand_in)
     args, constexprs = _launch(x, weight, bias, cfg, out, part, counters, shape,
-                               norm=(residual, norm_weight, eps, res_out))
+                               norm=(residual, norm_weight, eps, res_out, late_norm))
     _SKINNY((shape.column_blocks, shape.split_k), args, **constexprs)
     return out, res_out
 
@@ -269,10 +276,11 @@ class SkinnyPlan:
 
 def skinny_plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 cfg: SkinnyConfig, glu: bool = False,
-                norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None,
+                norm: tuple[torch.Tensor | None, torch.Tensor, float, bool] | None = None,
                 ) -> SkinnyPlan | None:
     """The plan of ``skinny_matmul(x, weight, bias, cfg, glu)`` (with ``norm = (residual,
-    norm_weight, eps)``: of ``skinny_matmul_norm``, called through ``SkinnyPlan.with_norm``)
+    norm_weight, eps, late_norm)``: of ``skinny_matmul_norm``, called through
+    ``SkinnyPlan.with_norm``)
     once that call has run (it compiles the kernel); None where the launch must keep going
     through the checked call."""
     m, width = x.shape
@@ -290,13 +298,13 @@ def skinny_plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     x = x.as_strided((m, width), (width, 1))
     norm_args = None
     if norm is not None:
-        residual, norm_weight, eps = norm
+        residual, norm_weight, eps, late = norm
         if not _norm_fits(x, residual, norm_weight, k):
             return None
         res_out = x if residual is None else torch.empty_like(x)
         if residual is not None:
             residual = residual.as_strided((m, width), (width, 1))
-        norm_args = (residual, norm_weight, eps, res_out)
+        norm_args = (residual, norm_weight, eps, res_out, late)
     args, constexprs = _launch(x, weight, bias, cfg, out, part, counters, shape, glu, norm_args)
     launch = _SKINNY.prepared(args, **constexprs)
     if launch is None:

@@ -15,6 +15,12 @@ or as float32 multiply-adds (``BLOCK_M`` rows, for one to a few rows).
 With ``GLU`` the loads apply SwiGLU to x (gate | up); with ``NORM`` they add the residual and
 apply RMSNorm as ``rms_norm_kernels`` defines it (each program takes its rows' norms over all of K
 first), so that a projection with its input's norm fused in gives the bits of the two kernels.
+With ``NORM_LATE`` instead, nothing is read ahead: the loads add the residual and scale by the
+norm weight only, each program sums its slice's squares as it goes, and the output is scaled by
+the rows' inverse RMS at the end (split launches store each slice's sums of squares after the
+partial products; the last program adds them in slice order). Mathematically the same product,
+one rounding fewer (``s * w`` is rounded to the model dtype, not ``s * rstd`` and then ``* w``),
+so not the two kernels' bits.
 With ``PDL`` (a programmatic dependent launch, ``triton_launch.pdl_enabled``) a program waits for
 the kernel before to end before it touches memory, then lets the next kernel start launching.
 Without Triton this module defines ``_skinny_gemm_kernel = None``.
@@ -73,6 +79,19 @@ if triton is not None:
         nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0)
         return normalize(x, rstd, nw, x.dtype).to(x.dtype)
 
+    @triton.jit
+    def _late_norm_input(x, r_ptrs, res_ptrs, nw_ptr, offs_k, mask, k_ok, store_res,
+                         HAS_RES: tl.constexpr):
+        """A tile of the late-norm GEMM's input: the residual sum (stored where
+        ``store_res``) times the norm weight, rounded to x's dtype, and the residual sum's
+        squares (float32, added up across the row only after the K loop)."""
+        if HAS_RES:
+            x = residual_sum(x, tl.load(r_ptrs, mask=mask, other=0.0), x.dtype)
+            tl.store(res_ptrs, x, mask=mask & store_res)
+        xf = x.to(tl.float32)
+        nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0)
+        return (xf * nw.to(tl.float32)[None, :]).to(x.dtype), xf * xf
+
     @triton.jit(do_not_specialize=["M", "split_k"])
     def _skinny_gemm_kernel(
         x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, r_ptr, nw_ptr, res_out_ptr, eps,
@@ -80,7 +99,8 @@ if triton is not None:
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         DOT: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
         GLU: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr,
-        NORM_ROWS: tl.constexpr, NORM_CHUNK: tl.constexpr, PDL: tl.constexpr,
+        NORM_ROWS: tl.constexpr, NORM_CHUNK: tl.constexpr, NORM_LATE: tl.constexpr,
+        PDL: tl.constexpr,
     ):  # fmt: skip
         if PDL:  # nothing before: x, the workspace and the counters are earlier kernels' too
             gdc_wait()
@@ -98,6 +118,10 @@ if triton is not None:
         x_ptrs = x_ptr + row_offs
         w_ptrs = w_ptr + w_rows[:, None] * stride_w + offs_k[None, :]
         if NORM:
+            store_res = pid_n == 0
+        if NORM and NORM_LATE:
+            squares = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+        if NORM and not NORM_LATE:
             # Every program normalizes with the whole rows' norms (the rows are a few KB, read
             # from L2); the programs of column block 0 write the new residual, each its slice
             # of K. r and the residual written are [M, K] with x's row stride.
@@ -107,7 +131,6 @@ if triton is not None:
             if NORM_ROWS != BLOCK_M:  # the tile's rows (padded to 16 for DOT): 0 past them
                 picked = offs_m[:, None] == tl.arange(0, NORM_ROWS)[None, :]
                 rstd = tl.sum(tl.where(picked, rstd[None, :], 0.0), axis=1)
-            store_res = pid_n == 0
         # k_per_split is a multiple of BLOCK_K: no tile crosses into the next slice.
         k_start = pid_k * k_per_split
         k_end = tl.minimum(k_start + k_per_split, K)
@@ -122,7 +145,12 @@ if triton is not None:
                 x = tl.load(x_ptrs + k0, mask=x_ok, other=0.0)
                 if GLU:  # x holds [gate | up]: the K inputs are silu(gate) * up
                     x = _silu_mul(x, tl.load(x_ptrs + K + k0, mask=x_ok, other=0.0))
-                if NORM:
+                if NORM and NORM_LATE:
+                    x, tile_ss = _late_norm_input(
+                        x, r_ptr + row_offs + k0, res_out_ptr + row_offs + k0, nw_ptr + k0,
+                        offs_k, x_ok, (k0 + offs_k) < K, store_res, HAS_RES)
+                    squares += tile_ss
+                elif NORM:
                     x = _norm_input(x, r_ptr + row_offs + k0, res_out_ptr + row_offs + k0,
                                     nw_ptr + k0, rstd, offs_k, x_ok, (k0 + offs_k) < K,
                                     store_res, HAS_RES)
@@ -133,7 +161,12 @@ if triton is not None:
                 if GLU:
                     up = tl.load(x_ptrs + K + k0, mask=x_ok & k_ok[None, :], other=0.0)
                     x = _silu_mul(x, up)
-                if NORM:
+                if NORM and NORM_LATE:
+                    x, tile_ss = _late_norm_input(
+                        x, r_ptr + row_offs + k0, res_out_ptr + row_offs + k0, nw_ptr + k0,
+                        offs_k, x_ok & k_ok[None, :], k_ok, store_res, HAS_RES)
+                    squares += tile_ss
+                elif NORM:
                     x = _norm_input(x, r_ptr + row_offs + k0, res_out_ptr + row_offs + k0,
                                     nw_ptr + k0, rstd, offs_k, x_ok & k_ok[None, :], k_ok,
                                     store_res, HAS_RES)
@@ -150,12 +183,21 @@ if triton is not None:
             total = tl.sum(acc, axis=1)[None, :]
         else:
             total = tl.sum(acc, axis=2)
+        if NORM and NORM_LATE:
+            ss = tl.sum(squares, axis=1)
         if not SPLIT:
+            if NORM and NORM_LATE:
+                total = total * inverse_rms(ss, K, eps)[:, None]
             _finish(total, out_ptr, b_ptr, offs_m, offs_n, M, N, stride_o, HAS_BIAS)
         else:
             mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
             part_offs = offs_m[:, None] * N + offs_n[None, :]
             tl.store(part_ptr + pid_k * M * N + part_offs, total, mask=mask)
+            if NORM and NORM_LATE:
+                # After the M * N * split_k partial products: [split_k, M] sums of squares. Every
+                # column block's program of a slice stores the same values there.
+                ss_ptr = part_ptr + split_k * M * N
+                tl.store(ss_ptr + pid_k * M + offs_m, ss, mask=offs_m < M)
             # Every thread's partial stores happen before the (single-thread) release below.
             tl.debug_barrier()
             arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
@@ -174,5 +216,11 @@ if triton is not None:
                     p3 = tl.load(base + 3 * slice_size, mask=mask & (s + 3 < split_k),
                                  other=0.0, cache_modifier=".cg")
                     summed = (((summed + p0) + p1) + p2) + p3
+                if NORM and NORM_LATE:
+                    ss_all = tl.zeros([BLOCK_M], tl.float32)
+                    for s in range(0, split_k):
+                        ss_all += tl.load(ss_ptr + s * M + offs_m, mask=offs_m < M, other=0.0,
+                                          cache_modifier=".cg")
+                    summed = summed * inverse_rms(ss_all, K, eps)[:, None]
                 _finish(summed, out_ptr, b_ptr, offs_m, offs_n, M, N, stride_o, HAS_BIAS)
                 tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")

@@ -114,6 +114,40 @@ def check_fused(device: str, dtype: torch.dtype, m: int, n: int, k: int,
     assert torch.equal(x, before[0]) and torch.equal(r, before[1])  # never in place
 
 
+def late_reference(s: torch.Tensor, nw: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
+                   ) -> torch.Tensor:
+    """The late norm's result in float64 from the residual sum s (as the RMSNorm kernel
+    rounds it): ``rms_norm(s) * nw @ w.T + b``."""
+    s64 = s.double().cpu()
+    nw, w = nw.cpu(), w.cpu()
+    h = s64 * torch.rsqrt(s64.pow(2).mean(dim=1, keepdim=True) + EPS) * nw.double()
+    out = h @ w.double().T
+    return out if b is None else out + b.double().cpu()
+
+
+def check_late(device: str, dtype: torch.dtype, m: int, n: int, k: int,
+               cfg: SkinnyConfig) -> None:
+    """The late norm (scale after the products): the new residual exact, the output within
+    the dtype's rounding of float64's, the same bits on repeat; x and r untouched."""
+    x, r, nw, w, b = norm_operands(m, n, k, dtype, device, seed=m + n + k)
+    x[0, 0] = 40.0  # a row far from unit size: the scale really is applied per row
+    before = (x.clone(), r.clone())
+    for res in (r, None):
+        for bias in (b, None):
+            out, s = skinny_matmul_norm(x, res, nw, EPS, w, bias, cfg, late_norm=True)
+            _, want_s = two_kernels(x, res, nw, w, bias, cfg)
+            assert torch.equal(s, want_s), (cfg, m, n, k, dtype)
+            want = late_reference(s, nw, w, bias)
+            assert s is x if res is None else s.data_ptr() not in (x.data_ptr(), r.data_ptr())
+            err = (out.double().cpu() - want).abs()
+            scale = want.abs().max().item()
+            # bf16: a rounding of s * nw (2^-9 relative, over K terms) and of the output.
+            assert err.max().item() <= 2e-2 * scale, (cfg, m, n, k, dtype, err.max().item())
+            again, _ = skinny_matmul_norm(x, res, nw, EPS, w, bias, cfg, late_norm=True)
+            assert torch.equal(out, again), (cfg, m, n, k, dtype)
+    assert torch.equal(x, before[0]) and torch.equal(r, before[1])  # never in place
+
+
 def run_interpreter_cases() -> None:
     check_sum_order("cpu", torch.float16, (4,))
     for cfg in SMALL_CONFIGS:
@@ -121,3 +155,4 @@ def run_interpreter_cases() -> None:
             check_fused("cpu", torch.float16, m, n, k, cfg)
             if not cfg.dot:  # the interpreter's tl.dot does not take bfloat16
                 check_fused("cpu", torch.bfloat16, m, n, k, cfg)
+            check_late("cpu", torch.bfloat16 if not cfg.dot else torch.float16, m, n, k, cfg)

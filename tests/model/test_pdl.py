@@ -125,7 +125,7 @@ def test_pdl_kernels_wait_before_they_touch_memory():
         QK_NORM=True, PDL=True), 4))
     _wait_first(_ptx(_skinny_gemm_kernel, dict(
         BLOCK_M=1, BLOCK_N=64, BLOCK_K=128, DOT=False, SPLIT=True, EVEN_K=True,
-        HAS_BIAS=False, GLU=False, NORM=True, HAS_RES=True, NORM_ROWS=1, NORM_CHUNK=1024,
+        HAS_BIAS=False, GLU=False, NORM=True, HAS_RES=True, NORM_ROWS=1, NORM_CHUNK=1024, NORM_LATE=False,
         PDL=True), 4))
     block = _ptx(_mlp_block_kernel, dict(ROWS=8, BLOCK_Q=2048, BLOCK_H=1024, BLOCK_I=4096,
                                          NORM_CHUNK=1024, PHASE=-1, PDL=True), 8,

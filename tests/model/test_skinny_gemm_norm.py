@@ -39,12 +39,31 @@ def test_kernels_in_triton_interpreter():
 
 
 def test_switch_is_read_once_at_import():
-    probe = "from cadence.model import skinny_gemm; print(skinny_gemm.NORM_MAX_ROWS)"
-    for value, rows in (("1", "0"), ("0", "1"), ("", "1")):
+    probe = ("from cadence.model import skinny_gemm; "
+             "print(skinny_gemm.NORM_MAX_ROWS, skinny_gemm.LATE_NORM_MAX_ROWS)")
+    for value, rows in (("1", "0 0"), ("0", "1 1"), ("", "1 1")):
         env = {**os.environ, "CADENCE_DISABLE_FUSED_NORM": value}
         got = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                              text=True, check=True, cwd=Path(__file__).parents[2]).stdout
         assert got.strip() == rows
+
+
+def test_which_norm_fusion_a_projection_takes(monkeypatch):
+    """The two kernels' bits up to NORM_MAX_ROWS rows of at most NORM_MAX_K; past NORM_MAX_K
+    the late norm up to LATE_NORM_MAX_ROWS bfloat16 rows; the two calls elsewhere."""
+    monkeypatch.setattr(skinny_gemm, "NORM_MAX_ROWS", 1)
+    monkeypatch.setattr(skinny_gemm, "NORM_MAX_K", 2048)
+    monkeypatch.setattr(skinny_gemm, "LATE_NORM_MAX_ROWS", 2)
+    bf16, fp16 = torch.bfloat16, torch.float16
+    cases = [((1, 1024, bf16), "exact"), ((1, 2048, fp16), "exact"), ((2, 1024, bf16), None),
+             ((1, 2049, bf16), "late"), ((2, 4096, bf16), "late"), ((3, 4096, bf16), None),
+             ((1, 4096, fp16), None), ((0, 4096, bf16), None), ((1, 4096, torch.float32), None)]
+    for (rows, width, dtype), want in cases:
+        assert skinny_gemm.norm_fusion(rows, width, dtype) == want, (rows, width, dtype)
+    monkeypatch.setattr(skinny_gemm, "NORM_MAX_ROWS", 0)  # CADENCE_DISABLE_FUSED_NORM=1
+    monkeypatch.setattr(skinny_gemm, "LATE_NORM_MAX_ROWS", 0)
+    assert skinny_gemm.norm_fusion(1, 1024, bf16) is None
+    assert skinny_gemm.norm_fusion(1, 4096, bf16) is None
 
 
 def _skinny(k: int, n: int, dtype: torch.dtype = torch.float32, bias: bool = True

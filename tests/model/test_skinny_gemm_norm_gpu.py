@@ -1,6 +1,7 @@
 """The decoder's (residual add +) RMSNorm in the skinny GEMM's loads on a GPU: the bits of the
 RMSNorm kernel then the GEMM (split-K, CUDA graphs, the real shapes, planned launches), the sum
-of squares' order under every layout, and a decode step with and without the fusion."""
+of squares' order under every layout, the late norm against float64, and a decode step with and
+without the fusion."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from tests.model.skinny_norm_cases import (
     SMALL_CONFIGS,
     SMALL_SHAPES,
     check_fused,
+    check_late,
     check_sum_order,
     norm_operands,
     two_kernels,
@@ -78,6 +80,60 @@ def test_real_shapes_bit_for_bit(n, k, rows):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cfg", SMALL_CONFIGS, ids=str)
+def test_late_norm_paths_on_gpu(cfg):
+    for m, n, k in SMALL_SHAPES + [(8, 1000, 1000), (4, 4100, 1030)]:
+        check_late("cuda", torch.bfloat16, m, n, k, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("n,k", REAL_SHAPES, ids=[f"{n}x{k}" for n, k in REAL_SHAPES])
+def test_late_norm_real_shapes(n, k, rows):
+    """The late norm at the configuration the decoder would take, the heuristic's and a
+    one-row configuration, at the real shapes."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cfgs = {heuristic_config(row_bucket(rows), n, k, sms)}
+    chosen = skinny_gemm._choose_norm(torch.device("cuda", 0), n, k, row_bucket(rows))
+    if chosen is not None:
+        cfgs.add(chosen)
+    if rows <= 4:
+        cfgs.add(SkinnyConfig(8, 512, 1, num_warps=4, num_stages=1, dot=False))
+    for cfg in cfgs:
+        check_late("cuda", torch.bfloat16, rows, n, k, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [1, 4])
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_late_norm_inside_a_cuda_graph(rows, split):
+    """Replays of a captured late-norm launch (split slices' sums of squares through the
+    workspace) give the eager launch's bits on fresh inputs; the counters end at zero."""
+    from cadence.model import skinny_gemm_kernels
+
+    n, k = 6144, 4096
+    dot = rows > 1
+    cfg = SkinnyConfig(block_n=64 if dot else 16, block_k=128 if dot else 512, split_k=split,
+                       num_warps=4 if dot else 8, num_stages=3 if dot else 1, dot=dot)
+    x, r, nw, w, b = norm_operands(rows, n, k, torch.bfloat16, "cuda", seed=1)
+    static_x, static_r = x.clone(), r.clone()
+    skinny_matmul_norm(static_x, static_r, nw, EPS, w, b, cfg, late_norm=True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, s = skinny_matmul_norm(static_x, static_r, nw, EPS, w, b, cfg, late_norm=True)
+    for seed in (2, 3):
+        fresh_x, fresh_r, _, _, _ = norm_operands(rows, n, k, torch.bfloat16, "cuda", seed=seed)
+        static_x.copy_(fresh_x)
+        static_r.copy_(fresh_r)
+        graph.replay()
+        want, want_s = skinny_matmul_norm(fresh_x, fresh_r, nw, EPS, w, b, cfg, late_norm=True)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want) and torch.equal(s, want_s)
+    assert int(skinny_gemm_kernels._SCRATCH[0][0].count_nonzero()) == 0
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("split", [1, 4])
 @pytest.mark.parametrize("rows", [1, 3, 16])
 def test_fused_inside_a_cuda_graph(rows, split):
@@ -113,8 +169,9 @@ def test_fused_inside_a_cuda_graph(rows, split):
 @pytest.mark.parametrize("bias", [True, False])
 def test_forward_norm_plans_graphs_and_fallbacks(monkeypatch, bias):
     """SkinnyLinear.forward_norm: up to NORM_MAX_ROWS rows one launch with the bits of the
-    two kernels at the fused configuration (first call, planned calls, a CUDA graph, aligned
-    and misaligned inputs), past them the two calls; the same with the switch set."""
+    two kernels at the fused configuration, then up to LATE_NORM_MAX_ROWS one late-norm launch
+    (first call, planned calls, a CUDA graph, aligned and misaligned inputs), past them the two
+    calls; the two calls with the switch set."""
     from cadence.model import skinny_gemm_kernels
 
     torch.manual_seed(0)
@@ -133,15 +190,20 @@ def test_forward_norm_plans_graphs_and_fallbacks(monkeypatch, bias):
                 for r in (buf[1, off : off + rows * k].view(rows, k), None):
                     h, want_s = (fused_ops.rms_norm(x, nw, EPS), x) if r is None else (
                         fused_ops.add_rms_norm(x, r, nw, EPS))
-                    if rows <= skinny_gemm.NORM_MAX_ROWS:
-                        cfg = skinny_gemm._choose_norm(x.device, n, k, row_bucket(rows))
+                    mode = skinny_gemm.norm_fusion(rows, k, x.dtype)
+                    exact, late = mode == "exact", mode == "late"
+                    cfg = skinny_gemm._choose_norm(x.device, n, k, row_bucket(rows))
+                    if exact:
                         want = skinny_matmul(h, layer.weight, layer.bias, cfg)
+                    elif late:
+                        want = real(x, r, nw, EPS, layer.weight, layer.bias, cfg, True)[0]
+                        two = layer(h).float()
+                        assert (want.float() - two).abs().max() <= 3e-2 * two.abs().max()
                     else:
                         want = layer(h)
                     before = len(calls)
                     got = [layer.forward_norm(x, r, nw, EPS) for _ in range(3)]
-                    fused = rows <= skinny_gemm.NORM_MAX_ROWS
-                    assert len(calls) - before == (1 if fused else 0)  # then the plan
+                    assert len(calls) - before == (1 if exact or late else 0)  # then the plan
                     for out, s in got:
                         assert torch.equal(out, want) and torch.equal(s, want_s)
                     static_x = x.clone()
@@ -155,6 +217,7 @@ def test_forward_norm_plans_graphs_and_fallbacks(monkeypatch, bias):
                     assert torch.equal(out, want) and torch.equal(s, want_s)
         assert int(skinny_gemm_kernels._SCRATCH[0][0].count_nonzero()) == 0
         monkeypatch.setattr(skinny_gemm, "NORM_MAX_ROWS", 0)
+        monkeypatch.setattr(skinny_gemm, "LATE_NORM_MAX_ROWS", 0)
         x, r = buf[0, : 2 * k].view(2, k), buf[1, : 2 * k].view(2, k)
         h, want_s = fused_ops.add_rms_norm(x, r, nw, EPS)
         before = len(calls)
@@ -184,8 +247,9 @@ def _decode_model(num_layers: int) -> tuple[CausalLM, list[torch.Tensor]]:
 @pytest.mark.gpu
 def test_decode_step_with_and_without_the_fusion(monkeypatch):
     """A decode step of 3 rows gives the same logits with the norms fused and with the norm
-    kernels (the tiny model's projections take the same configuration either way), eagerly
-    and as a CUDA graph, whose kernels are two per layer fewer."""
+    kernels (the tiny model's projections take the same configuration either way), and within
+    a rounding of them as late norms, eagerly and as a CUDA graph, whose kernels are two per
+    layer fewer."""
     from cadence.runtime.graph_launch import graph_kernel_count
     from tests.model.helpers import Chunk, cuda_args, make_batch
 
@@ -200,8 +264,11 @@ def test_decode_step_with_and_without_the_fusion(monkeypatch):
     with torch.no_grad():
         model(*cuda_args(prefill))
         saved = [c.clone() for c in caches]
-        for limit in (4, 0):
+        for limit, late_limit in ((4, 0), (0, 0), (0, 16)):
             monkeypatch.setattr(skinny_gemm, "NORM_MAX_ROWS", limit)
+            monkeypatch.setattr(skinny_gemm, "LATE_NORM_MAX_ROWS", late_limit)
+            # The tiny model's rows (64) count as wide for the late norm.
+            monkeypatch.setattr(skinny_gemm, "NORM_MAX_K", 32 if late_limit else 2048)
             for cache, before in zip(caches, saved, strict=True):
                 cache.copy_(before)
             eager = model.compute_logits(model(ids, pos, md)[:3])
@@ -215,6 +282,9 @@ def test_decode_step_with_and_without_the_fusion(monkeypatch):
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(model.compute_logits(captured[:3]), eager)
-            results[limit] = (eager, graph_kernel_count(graph.raw_cuda_graph()))
-    assert torch.equal(results[4][0], results[0][0])
-    assert results[0][1] - results[4][1] == 2 * num_layers, results
+            results[limit, late_limit] = (eager, graph_kernel_count(graph.raw_cuda_graph()))
+    exact, unfused, late = results[4, 0], results[0, 0], results[0, 16]
+    assert torch.equal(exact[0], unfused[0])
+    assert unfused[1] - exact[1] == 2 * num_layers == unfused[1] - late[1], results
+    diff = (late[0].float() - unfused[0].float()).abs().max()
+    assert diff <= 3e-2 * unfused[0].float().abs().max(), diff
