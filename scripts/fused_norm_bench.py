@@ -10,13 +10,13 @@ Per shape (the projections that take a norm) and row count, us per call of:
   split   add_rms_norm, then the skinny GEMM at the fused configuration (_choose_norm)
   fused   the one launch at that configuration (SkinnyLinear.forward_norm)
 and whether fused and split gave the same bits (with ``--late``, the late norm: whether they
-agree within a bf16 rounding, as its bits differ by design). Calls run back to back in one graph, each on
+agree within 3% of each element or 0.03, as its bits differ by design). Calls run back to back in one graph, each on
 another copy of the weight (the copies three times the L2, as in skinny_gemm_sweep.py), on one
 x and residual (in L2, as a decode step's are). A graph of back-to-back calls hides the launch
 gaps that a decode step also pays per kernel (about 1 us each), so "fused" against "today"
 understates the step's gain by about that much per norm. With --sweep the fused launch is also
 timed over skinny_gemm_sweep.py's grid, and the best configurations are printed as a
-NORM_CONFIGS literal for cadence/model/skinny_gemm.py.
+NORM_CONFIGS (with ``--late``: LATE_NORM_CONFIGS) literal for cadence/model/skinny_gemm.py.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def bench(n: int, k: int, rows: int, copies: list[torch.Tensor], calls: int, swe
             layer(x)  # plans, outside the capture
         times = {"today": time_calls([functools.partial(_today, x, r, nw, m) for m in layers],
                                      calls)}
-        cfg = skinny_gemm._choose_norm(x.device, n, k, row_bucket(rows))
+        cfg = skinny_gemm._choose_norm(x.device, n, k, row_bucket(rows), LATE)
         same = False
         if cfg is not None:
             split = _split(x, r, nw, copies[0], cfg)
@@ -155,9 +155,12 @@ def main() -> int:
             del copies
             torch.cuda.empty_cache()
     if table:
-        print("\nNORM_CONFIGS: dict[tuple[int, int, int], SkinnyConfig | None] = {")
+        name, kind = ("LATE_NORM_CONFIGS", "SkinnyConfig") if LATE else (
+            "NORM_CONFIGS", "SkinnyConfig | None")
+        print(f"\n{name}: dict[tuple[int, int, int], {kind}] = {{")
         for (n, k, rows), (best, us, today) in sorted(table.items()):
-            print(f"    ({n}, {k}, {rows}): {fmt_cfg(best)},  # {us:.2f} vs {today:.2f} us")
+            if best is not None or not LATE:  # the late table lists only its wins
+                print(f"    ({n}, {k}, {rows}): {fmt_cfg(best)},  # {us:.2f} vs {today:.2f} us")
         print("}", flush=True)
     return 0
 

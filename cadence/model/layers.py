@@ -43,7 +43,8 @@ class RMSNorm(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(linear(h), s)`` for ``h, s = add_and_norm(x, residual)`` (``h = self(x)`` and
         ``s = x`` without a residual); a skinny projection takes the norm into its loads for
-        few rows, with the same bits."""
+        few rows (``SkinnyLinear.forward_norm``: the same bits, or for wide rows within a
+        rounding)."""
         if isinstance(linear, SkinnyLinear):
             return linear.forward_norm(x, residual, self.weight, self.eps)
         return fused_ops.norm_and_project(linear, x, residual, self.weight, self.eps)

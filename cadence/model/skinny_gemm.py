@@ -70,11 +70,11 @@ NORM_MAX_K = 2048
 # Past NORM_MAX_K, up to this many bfloat16 rows the norm still runs in the projection, with its
 # scale applied after the products (``late_norm``): nothing is read ahead of the weights, at the
 # cost of the two kernels' bits (h is not rounded before the products). Not for float16, whose
-# range s * w could leave before the scale. H200, norm + GEMM against the late launch inside
-# graphs, us: Llama-3-8B qkv 1 row 16.96 -> 16.12, gate_up 1 row 60.68 -> 62.66 (the table keeps
-# cuBLAS there); Qwen3-0.6B qkv / gate_up at 4 and 8 rows 7.0-7.7 -> 8.9-21.6 (the loads of x,
-# the residual and the norm weight lengthen every K step; tensor-core tiles also lose their
-# pipelined x operand), hence one row.
+# range s * w could leave before the scale. Only shapes LATE_NORM_CONFIGS lists take it. H200,
+# norm + GEMM against the late launch inside graphs, us: Llama-3-8B qkv 1 row 16.96 -> 16.12,
+# gate_up 1 row 60.68 -> 62.66 (not listed); Qwen3-0.6B qkv / gate_up at 4 and 8 rows 7.0-7.7 ->
+# 8.9-21.6 (the loads of x, the residual and the norm weight lengthen every K step; tensor-core
+# tiles also lose their pipelined x operand), hence one row.
 LATE_NORM_MAX_ROWS = 0 if read_envs().disable_fused_norm else 1
 # The decoder layers' projections (module names) that use_skinny_gemm converts.
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -143,14 +143,19 @@ def heuristic_config(rows: int, n: int, k: int, num_sms: int) -> SkinnyConfig:
 
 # (N, K, row bucket) -> the fused-norm launch's configuration (None: the norm kernel, then the
 # projection as SKINNY_CONFIGS has it) on the table's device, measured with the norm in the loads
-# by scripts/skinny_gemm_sweep.py --norm; shapes it does not list take _choose_norm's rule.
-NORM_CONFIGS: dict[tuple[int, int, int], SkinnyConfig | None] = {
-    (6144, 4096, 1): SkinnyConfig(16, 512, 1, 4, 1, False),  # late norm: 16.12 vs 16.96
+# by scripts/fused_norm_bench.py --sweep; shapes it does not list take _choose_norm's rule.
+NORM_CONFIGS: dict[tuple[int, int, int], SkinnyConfig | None] = {}
+
+# (N, K, row bucket) -> the late norm's configuration on the table's device, measured by
+# scripts/fused_norm_bench.py --late (--sweep prints this table); shapes it does not list (and
+# other devices) keep the norm kernel.
+LATE_NORM_CONFIGS: dict[tuple[int, int, int], SkinnyConfig] = {
+    (6144, 4096, 1): SkinnyConfig(16, 512, 1, 4, 1, False),  # 16.12 vs 16.96 us
 }
 
 # (device index, N, K, row bucket) -> the configuration in use (None: F.linear).
 _CHOSEN: dict[tuple[int | None, int, int, int], SkinnyConfig | None] = {}
-_CHOSEN_NORM: dict[tuple[int | None, int, int, int], SkinnyConfig | None] = {}
+_CHOSEN_NORM: dict[tuple[int | None, int, int, int, bool], SkinnyConfig | None] = {}
 
 
 def _choose(device: torch.device, n: int, k: int, bucket: int) -> SkinnyConfig | None:
@@ -169,23 +174,27 @@ def _choose(device: torch.device, n: int, k: int, bucket: int) -> SkinnyConfig |
     return cfg
 
 
-def _choose_norm(device: torch.device, n: int, k: int, bucket: int) -> SkinnyConfig | None:
+def _choose_norm(device: torch.device, n: int, k: int, bucket: int, late: bool = False
+                 ) -> SkinnyConfig | None:
     """The configuration of the projection with its input's norm in the loads: NORM_CONFIGS'
     where it lists the shape, else the plain GEMM's where that is the kernel, else (where cuBLAS
     was the faster GEMM: by 0.2-0.4 us at Qwen3-0.6B's qkv and gate_up shapes) heuristic_config
-    up to HEURISTIC_MAX_WEIGHT_BYTES, as the fusion saves a norm kernel and its launch gap."""
+    up to HEURISTIC_MAX_WEIGHT_BYTES, as the fusion saves a norm kernel and its launch gap. With
+    ``late``, LATE_NORM_CONFIGS' on the table's device, else None (only measured shapes)."""
     key = (device.index, n, k, bucket)
-    if key in _CHOSEN_NORM:
-        return _CHOSEN_NORM[key]
+    if (*key, late) in _CHOSEN_NORM:
+        return _CHOSEN_NORM[(*key, late)]
     capability = torch.cuda.get_device_capability(device)
-    if capability == TABLE_CAPABILITY and (n, k, bucket) in NORM_CONFIGS:
+    if late:
+        cfg = LATE_NORM_CONFIGS.get((n, k, bucket)) if capability == TABLE_CAPABILITY else None
+    elif capability == TABLE_CAPABILITY and (n, k, bucket) in NORM_CONFIGS:
         cfg = NORM_CONFIGS[(n, k, bucket)]
     else:
         cfg = _CHOSEN[key] if key in _CHOSEN else _choose(device, n, k, bucket)
         if cfg is None and capability >= _MIN_CAPABILITY and 2 * n * k <= HEURISTIC_MAX_WEIGHT_BYTES:
             sms = torch.cuda.get_device_properties(device).multi_processor_count
             cfg = heuristic_config(bucket, n, k, sms)
-    _CHOSEN_NORM[key] = cfg
+    _CHOSEN_NORM[(*key, late)] = cfg
     return cfg
 
 
@@ -345,7 +354,7 @@ class SkinnyLinear(nn.Linear):
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                            for t in (residual, norm_weight)):
             return None  # no backward
-        return _choose_norm(x.device, weight.shape[0], k, row_bucket(rows))
+        return _choose_norm(x.device, weight.shape[0], k, row_bucket(rows), late)
 
     def _run(self, input: torch.Tensor, glu: bool) -> torch.Tensor:
         width = input.shape[-1]

@@ -199,12 +199,15 @@ def skinny_matmul_norm(x: torch.Tensor, residual: torch.Tensor | None,
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(skinny_matmul(h, weight, bias, cfg), s)`` for ``h, s = fused_ops.add_rms_norm(x,
     residual, norm_weight, eps)`` (``h = fused_ops.rms_norm(x, norm_weight, eps)`` and
-    ``s = x`` without a residual), in one launch and with the bits of those two kernels: every
-    program adds, normalizes and scales its part of x as it loads it. ``x``, ``residual``
-    [M <= 16, K] and ``norm_weight`` [K] are contiguous and of ``weight``'s dtype; ``s`` is a
-    new tensor (x itself without a residual). With ``late_norm`` the rows' inverse RMS scales
-    the products instead (no read of the rows ahead of the weights; ``s`` exact, the output
-    within a rounding of ``h``'s)."""
+    ``s = x`` without a residual), in one launch: every program adds, normalizes and scales its
+    part of x as it loads it, with the bits of those two kernels. ``x``, ``residual`` [M <= 16,
+    K] and ``norm_weight`` [K] are contiguous and of ``weight``'s dtype; ``s`` is a new tensor
+    (x itself without a residual). With ``late_norm`` the loads scale by the norm weight only
+    and the rows' inverse RMS scales the products (no read of the rows ahead of the weights;
+    ``s`` exact, the output within a rounding of ``h``'s, not its bits). ``s * norm_weight``
+    is then rounded before the scale: in float16 it must stay in range, which the decoder's
+    dispatch (``skinny_gemm.norm_fusion``, bfloat16 only) ensures and which tests in float16
+    (the interpreter's dots take no bfloat16) keep to."""
     if triton is None:
         raise ImportError("skinny GEMMs need triton")
     m = x.shape[0]

@@ -93,7 +93,8 @@ def test_when_the_fusion_applies(monkeypatch):
     """_norm_config: the fused launch's configuration, or None where it does not apply."""
     chosen = SkinnyConfig(block_n=32, block_k=256)
     monkeypatch.setattr(skinny_gemm, "_usable", lambda x, w, b: True)
-    monkeypatch.setattr(skinny_gemm, "_choose_norm", lambda device, n, k, bucket: chosen)
+    monkeypatch.setattr(skinny_gemm, "_choose_norm",
+                        lambda device, n, k, bucket, late=False: chosen)
     layer = _skinny(64, 48, torch.bfloat16)
     x, r = torch.randn(3, 64).bfloat16(), torch.randn(3, 64).bfloat16()
     nw = torch.ones(64, dtype=torch.bfloat16)
@@ -111,7 +112,8 @@ def test_when_the_fusion_applies(monkeypatch):
 
 def test_norm_configuration_rule(monkeypatch):
     """The plain GEMM's configuration where it runs the kernel; where cuBLAS is the faster GEMM,
-    the heuristic up to HEURISTIC_MAX_WEIGHT_BYTES; NORM_CONFIGS over both."""
+    the heuristic up to HEURISTIC_MAX_WEIGHT_BYTES; NORM_CONFIGS over both. The late norm:
+    LATE_NORM_CONFIGS' shapes alone, on the table's device alone."""
     class Props:
         multi_processor_count = 132
 
@@ -122,16 +124,27 @@ def test_norm_configuration_rule(monkeypatch):
     monkeypatch.setattr(skinny_gemm, "SKINNY_CONFIGS", {
         (4096, 1024, 1): listed, (4096, 1024, 4): None, (28672, 4096, 4): None})
     monkeypatch.setattr(skinny_gemm, "NORM_CONFIGS", {(6144, 1024, 4): measured})
+    late_cfg = SkinnyConfig(block_n=16, block_k=512, split_k=1, num_warps=4, num_stages=1,
+                            dot=False)
+    monkeypatch.setattr(skinny_gemm, "LATE_NORM_CONFIGS", {(6144, 4096, 1): late_cfg})
 
-    def choose(n: int, k: int, bucket: int) -> SkinnyConfig | None:
+    def choose(n: int, k: int, bucket: int, late: bool = False) -> SkinnyConfig | None:
         monkeypatch.setattr(skinny_gemm, "_CHOSEN", {})
         monkeypatch.setattr(skinny_gemm, "_CHOSEN_NORM", {})
-        return skinny_gemm._choose_norm(torch.device("cuda", 0), n, k, bucket)
+        return skinny_gemm._choose_norm(torch.device("cuda", 0), n, k, bucket, late)
 
     assert choose(4096, 1024, 1) == listed
     assert choose(4096, 1024, 4) == heuristic_config(4, 4096, 1024, 132)  # cuBLAS's GEMM
     assert choose(6144, 1024, 4) == measured
     assert choose(28672, 4096, 4) is None  # 235 MB: cuBLAS and the norm kernel
+    assert choose(6144, 4096, 1, late=True) == late_cfg
+    assert choose(4096, 1024, 1, late=True) is None  # listed for the plain GEMM, not the late
+    assert choose(28672, 4096, 1, late=True) is None
+    # Both modes of one shape are cached apart.
+    assert skinny_gemm._choose_norm(torch.device("cuda", 0), 6144, 4096, 1) is None
+    assert skinny_gemm._choose_norm(torch.device("cuda", 0), 6144, 4096, 1, True) == late_cfg
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert choose(6144, 4096, 1, late=True) is None  # another device: not measured there
 
 
 def _fake_attention(self, qkv, *args):  # type: ignore[no-untyped-def]
