@@ -106,7 +106,7 @@ def _wait_first(ops: list[str]) -> None:
     assert "griddepcontrol.launch_dependents" in ops
 
 
-@pytest.mark.timeout(600)  # four compilations, ~10 s each on 2 cores
+@pytest.mark.timeout(600)  # five compilations, ~10 s each on 2 cores
 def test_pdl_kernels_wait_before_they_touch_memory():
     """Each kernel's first memory instruction comes after its grid-dependency wait; the MLP
     block only loads (its first weight tile) before it, and lets the next kernel launch only
@@ -123,10 +123,11 @@ def test_pdl_kernels_wait_before_they_touch_memory():
         NUM_HEADS=16, GROUP=2, HEAD_DIM=128, PAGE=16, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
         SPLIT=True, STORE=True, SLIDING=False, SOFTCAP=False, IEEE=False, FP8=False, ROPE=True,
         QK_NORM=True, PDL=True), 4))
-    _wait_first(_ptx(_skinny_gemm_kernel, dict(
-        BLOCK_M=1, BLOCK_N=64, BLOCK_K=128, DOT=False, SPLIT=True, EVEN_K=True,
-        HAS_BIAS=False, GLU=False, NORM=True, HAS_RES=True, NORM_ROWS=1, NORM_CHUNK=1024, NORM_LATE=False,
-        PDL=True), 4))
+    for late in (False, True):  # the exact fused norm's and the late norm's launches
+        _wait_first(_ptx(_skinny_gemm_kernel, dict(
+            BLOCK_M=1, BLOCK_N=64, BLOCK_K=128, DOT=False, SPLIT=True, EVEN_K=True,
+            HAS_BIAS=False, GLU=False, NORM=True, HAS_RES=True, NORM_ROWS=1, NORM_CHUNK=1024,
+            NORM_LATE=late, PDL=True), 4))
     block = _ptx(_mlp_block_kernel, dict(ROWS=8, BLOCK_Q=2048, BLOCK_H=1024, BLOCK_I=4096,
                                          NORM_CHUNK=1024, PHASE=-1, PDL=True), 8,
                  cooperative=True)
