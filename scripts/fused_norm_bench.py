@@ -10,8 +10,9 @@ Per shape (the projections that take a norm) and row count, us per call of:
   split   add_rms_norm, then the skinny GEMM at the fused configuration (_choose_norm)
   fused   the one launch at that configuration (SkinnyLinear.forward_norm)
 and whether fused and split gave the same bits (with ``--late``, the late norm: whether they
-agree within 3% of each element or 0.03, as its bits differ by design). Calls run back to back in one graph, each on
-another copy of the weight (the copies three times the L2, as in skinny_gemm_sweep.py), on one
+agree within 3% of each element or 0.03, as its bits differ by design). Calls run back to back
+in one graph, each on another copy of the weight (the copies three times the L2, as in
+skinny_gemm_sweep.py), on one
 x and residual (in L2, as a decode step's are). A graph of back-to-back calls hides the launch
 gaps that a decode step also pays per kernel (about 1 us each), so "fused" against "today"
 understates the step's gain by about that much per norm. With --sweep the fused launch is also
@@ -43,18 +44,18 @@ from cadence.model.skinny_gemm_kernels import (  # noqa: E402
 
 NORMED = ("qkv", "gate_up")  # the projections that take a norm's output
 EPS = 1e-6
-LATE = False  # --late: the late norm (its scale after the products)
 
 
-def _agrees(fused: torch.Tensor, split: torch.Tensor) -> bool:
-    if not LATE:
+def _agrees(fused: torch.Tensor, split: torch.Tensor, late: bool) -> bool:
+    if not late:
         return torch.equal(fused, split)
     return torch.allclose(fused.float(), split.float(), rtol=3e-2, atol=3e-2)
 
 
 def _fused(x: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, w: torch.Tensor,
-           cfg: SkinnyConfig) -> torch.Tensor:
-    return skinny_matmul_norm(x, r, nw, EPS, w, None, cfg, LATE)[0]
+           cfg: SkinnyConfig, late: bool) -> torch.Tensor:
+    """The one launch; ``late``: the late norm (its scale after the products)."""
+    return skinny_matmul_norm(x, r, nw, EPS, w, None, cfg, late)[0]
 
 
 def _linears(copies: list[torch.Tensor]) -> list[SkinnyLinear]:
@@ -80,7 +81,7 @@ def _today(x: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, layer: SkinnyLine
 
 
 def bench(n: int, k: int, rows: int, copies: list[torch.Tensor], calls: int, sweep: bool,
-          sms: int) -> tuple[dict[str, float], SkinnyConfig | None, bool, dict]:
+          sms: int, late: bool) -> tuple[dict[str, float], SkinnyConfig | None, bool, dict]:
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     r = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     nw = (1 + 0.2 * torch.randn(k, device="cuda")).to(torch.bfloat16)
@@ -90,25 +91,25 @@ def bench(n: int, k: int, rows: int, copies: list[torch.Tensor], calls: int, swe
             layer(x)  # plans, outside the capture
         times = {"today": time_calls([functools.partial(_today, x, r, nw, m) for m in layers],
                                      calls)}
-        cfg = skinny_gemm._choose_norm(x.device, n, k, row_bucket(rows), LATE)
+        cfg = skinny_gemm._choose_norm(x.device, n, k, row_bucket(rows), late)
         same = False
         if cfg is not None:
             split = _split(x, r, nw, copies[0], cfg)
-            same = _agrees(_fused(x, r, nw, copies[0], cfg), split)
+            same = _agrees(_fused(x, r, nw, copies[0], cfg, late), split, late)
             times["split"] = time_calls(
                 [functools.partial(_split, x, r, nw, w, cfg) for w in copies], calls)
             times["fused"] = time_calls(
-                [functools.partial(_fused, x, r, nw, w, cfg) for w in copies], calls)
+                [functools.partial(_fused, x, r, nw, w, cfg, late) for w in copies], calls)
         swept: dict[SkinnyConfig, float] = {}
         if sweep:
             for cand in dict.fromkeys(grid(rows, n, k, sms, quick=False)):
                 try:
-                    out = _fused(x, r, nw, copies[0], cand)
-                    if not _agrees(out, _split(x, r, nw, copies[0], cand)):
+                    out = _fused(x, r, nw, copies[0], cand, late)
+                    if not _agrees(out, _split(x, r, nw, copies[0], cand), late):
                         print(f"  {fmt_cfg(cand)}: not the two kernels' result", flush=True)
                         continue
                     swept[cand] = time_calls(
-                        [functools.partial(_fused, x, r, nw, w, cand) for w in copies], calls)
+                        [functools.partial(_fused, x, r, nw, w, cand, late) for w in copies], calls)
                 except Exception as exc:  # a configuration that cannot run here
                     print(f"  {fmt_cfg(cand)}: {type(exc).__name__}", flush=True)
     return times, cfg, same, swept
@@ -122,8 +123,6 @@ def main() -> int:
     p.add_argument("--sweep", action="store_true", help="time the fused launch over the grid")
     p.add_argument("--late", action="store_true", help="the late norm (scale after products)")
     ns = p.parse_args()
-    global LATE
-    LATE = ns.late
     if not torch.cuda.is_available():
         print("fused_norm_bench.py needs a CUDA device", file=sys.stderr)
         return 2
@@ -141,7 +140,8 @@ def main() -> int:
                 continue
             copies = weight_copies(n, k, l2)
             for rows in (int(v) for v in ns.rows.split(",")):
-                times, cfg, same, swept = bench(n, k, rows, copies, ns.calls, ns.sweep, sms)
+                times, cfg, same, swept = bench(n, k, rows, copies, ns.calls, ns.sweep, sms,
+                                                ns.late)
                 fused, today = times.get("fused", math.inf), times["today"]
                 print(f"{model + ' ' + proj + f' {n}x{k}':<28}{rows:>3} {today:>8.2f} "
                       f"{times.get('split', math.inf):>8.2f} {fused:>8.2f} "
@@ -155,11 +155,11 @@ def main() -> int:
             del copies
             torch.cuda.empty_cache()
     if table:
-        name, kind = ("LATE_NORM_CONFIGS", "SkinnyConfig") if LATE else (
+        name, kind = ("LATE_NORM_CONFIGS", "SkinnyConfig") if ns.late else (
             "NORM_CONFIGS", "SkinnyConfig | None")
         print(f"\n{name}: dict[tuple[int, int, int], {kind}] = {{")
         for (n, k, rows), (best, us, today) in sorted(table.items()):
-            if best is not None or not LATE:  # the late table lists only its wins
+            if best is not None or not ns.late:  # the late table lists only its wins
                 print(f"    ({n}, {k}, {rows}): {fmt_cfg(best)},  # {us:.2f} vs {today:.2f} us")
         print("}", flush=True)
     return 0

@@ -69,13 +69,20 @@ if triton is not None:
         return (act * up.to(tl.float32)).to(gate.dtype)
 
     @triton.jit
+    def _add_residual(x, r_ptrs, res_ptrs, mask, store_res, HAS_RES: tl.constexpr):
+        """A tile of the new residual stream (x + r with ``HAS_RES``, else x), stored where
+        ``store_res``."""
+        if HAS_RES:
+            x = residual_sum(x, tl.load(r_ptrs, mask=mask, other=0.0), x.dtype)
+            tl.store(res_ptrs, x, mask=mask & store_res)
+        return x
+
+    @triton.jit
     def _norm_input(x, r_ptrs, res_ptrs, nw_ptr, rstd, offs_k, mask, k_ok, store_res,
                     HAS_RES: tl.constexpr):
         """A tile of the fused-norm GEMM's input: the residual sum (stored where
         ``store_res``), normalized and scaled as the RMSNorm kernel does."""
-        if HAS_RES:
-            x = residual_sum(x, tl.load(r_ptrs, mask=mask, other=0.0), x.dtype)
-            tl.store(res_ptrs, x, mask=mask & store_res)
+        x = _add_residual(x, r_ptrs, res_ptrs, mask, store_res, HAS_RES)
         nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0)
         return normalize(x, rstd, nw, x.dtype).to(x.dtype)
 
@@ -85,9 +92,7 @@ if triton is not None:
         """A tile of the late-norm GEMM's input: the residual sum (stored where
         ``store_res``) times the norm weight, rounded to x's dtype, and the residual sum's
         squares (float32, added up across the row only after the K loop)."""
-        if HAS_RES:
-            x = residual_sum(x, tl.load(r_ptrs, mask=mask, other=0.0), x.dtype)
-            tl.store(res_ptrs, x, mask=mask & store_res)
+        x = _add_residual(x, r_ptrs, res_ptrs, mask, store_res, HAS_RES)
         xf = x.to(tl.float32)
         nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0)
         return (xf * nw.to(tl.float32)[None, :]).to(x.dtype), xf * xf
