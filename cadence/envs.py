@@ -56,6 +56,9 @@ class Envs:
     # Keep a one-token step's o_proj, post-attention norm and MLP three projections' kernels of
     # their own (no one-launch MLP block, model/mlp_block.py).
     disable_mlp_block: bool = False
+    # Keep one-row bfloat16 projections on the skinny GEMM / cuBLAS instead of the bulk-copy
+    # GEMV (model/bulk_gemv.py) where its table lists the shape.
+    disable_bulk_gemv: bool = False
     # Launch one-token steps' kernels (skinny projections, decode attention and its merge, the
     # MLP block) as ordinary launches instead of programmatic dependent ones
     # (runtime/triton_launch.py's ``pdl_enabled``).
@@ -98,6 +101,7 @@ def read_envs() -> Envs:
         disable_fused_norm=bool(_flag("CADENCE_DISABLE_FUSED_NORM")),
         disable_fused_rope=bool(_flag("CADENCE_DISABLE_FUSED_ROPE")),
         disable_mlp_block=bool(_flag("CADENCE_DISABLE_MLP_BLOCK")),
+        disable_bulk_gemv=bool(_flag("CADENCE_DISABLE_BULK_GEMV")),
         disable_pdl=bool(_flag("CADENCE_DISABLE_PDL")),
         disable_launch_tapes=bool(_flag("CADENCE_DISABLE_LAUNCH_TAPES")),
         disable_dense_prefill=bool(_flag("CADENCE_DISABLE_DENSE_PREFILL")),

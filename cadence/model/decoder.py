@@ -24,7 +24,7 @@ from cadence.model.mlp_block import block_applies, mlp_block
 from cadence.model.moe import SparseMoE
 from cadence.model.parallel import TPShard, VocabParallelEmbedding, all_reduce, gather_vocab
 from cadence.model.rope import RopeParams, RotaryEmbedding, longrope_rows
-from cadence.model.skinny_gemm import SkinnyLinear, use_skinny_gemm
+from cadence.model.skinny_gemm import SkinnyLinear, bulk_takes_mlp, use_skinny_gemm
 
 
 def _plain_linear(module: nn.Module) -> bool:
@@ -81,7 +81,7 @@ class DecoderLayer(nn.Module):
         Each norm hands its input to the projection that takes its output (``RMSNorm.project``),
         which for few rows runs it in its loads."""
         qkv, residual = self.input_layernorm.project(self.self_attn.qkv_proj, x, residual)
-        if self.block_ok and qkv.shape[0] == 1:
+        if self.block_ok and qkv.shape[0] == 1 and not self._bulk_mlp():
             fused = self._block(qkv, residual, positions, cos_sin, kv_cache, attn)
             if fused is not None:
                 return fused
@@ -93,6 +93,11 @@ class DecoderLayer(nn.Module):
             return self.mlp.down(gate_up), residual
         h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
         return self.mlp(h), residual
+
+    def _bulk_mlp(self) -> bool:
+        """One-token steps take the bulk-copy GEMVs instead of the MLP block (see
+        ``skinny_gemm.bulk_takes_mlp``)."""
+        return bulk_takes_mlp(self.self_attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
 
     def _block(
         self, qkv: torch.Tensor, residual: torch.Tensor, positions: torch.Tensor,

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cadence.envs import read_envs
+from cadence.model.bulk_gemv import BulkConfig, bulk_config, bulk_gemv, bulk_gemv_norm, bulk_listed
 from cadence.model.fused_ops import norm_and_project, silu_and_mul
 from cadence.model.skinny_gemm_kernels import (
     SkinnyConfig,
@@ -43,6 +44,7 @@ __all__ = [
     "SKINNY_CONFIGS",
     "SkinnyConfig",
     "SkinnyLinear",
+    "bulk_takes_mlp",
     "heuristic_config",
     "norm_fusion",
     "row_bucket",
@@ -315,6 +317,13 @@ class SkinnyLinear(nn.Linear):
         if isinstance(plan, SkinnyPlan):
             out, new_residual = plan.with_norm(x2, r2, norm_weight, eps, weight, bias)
             return out.view(*x.shape[:-1], n), new_residual.view(x.shape)
+        if plan is _NO_PLAN and rows == 1:
+            bulk = bulk_config(x2, weight, bias, "norm", r2, norm_weight)
+            if bulk is not None:
+                plan = plans[key] = bulk
+        if isinstance(plan, BulkConfig):
+            out, new_residual = bulk_gemv_norm(x2, r2, norm_weight, eps, weight, plan)
+            return out.view(*x.shape[:-1], n), new_residual.view(x.shape)
         cfg = self._norm_config(x, residual, norm_weight, rows, late)
         if cfg is None:
             plans[key] = None
@@ -373,6 +382,13 @@ class SkinnyLinear(nn.Linear):
         plan = plans.get(key, _NO_PLAN)
         if plan is None:
             return _torch_linear(input, weight, bias, glu)
+        if plan is _NO_PLAN and rows == 1:
+            bulk = bulk_config(input, weight, bias, "glu" if glu else "plain")
+            if bulk is not None:
+                plan = plans[key] = bulk
+        if isinstance(plan, BulkConfig):
+            return bulk_gemv(input.reshape(1, width), weight, plan, glu).view(
+                *input.shape[:-1], self.out_features)
         if plan is _DISPATCH:
             return skinny_linear(input, weight, bias, glu)
         if plan is not _NO_PLAN:
@@ -397,6 +413,18 @@ class SkinnyLinear(nn.Linear):
     def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
         self.__dict__.pop("_skinny_plans", None)  # .to(), .half(), ...: new parameters
         return super()._apply(fn, recurse)
+
+
+def bulk_takes_mlp(o_proj: nn.Module, gate_up_proj: nn.Module, down_proj: nn.Module) -> bool:
+    """Whether a one-token step's o_proj, post-attention norm + gate_up and SwiGLU + down all run
+    as bulk-copy GEMVs (``bulk_gemv``), which measured faster than the MLP block."""
+    if not (ENABLED and NORM_MAX_ROWS >= 1 and GLU_MAX_ROWS >= 1):
+        return False
+    if not all(type(m) is SkinnyLinear and m.bias is None
+               for m in (o_proj, gate_up_proj, down_proj)):
+        return False
+    return (bulk_listed(o_proj.weight, "plain") and bulk_listed(gate_up_proj.weight, "norm")
+            and bulk_listed(down_proj.weight, "glu"))
 
 
 def use_skinny_gemm(model: nn.Module) -> int:

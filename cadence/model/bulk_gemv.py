@@ -1,0 +1,272 @@
+"""One-row projections through the bulk-copy GEMV (``bulk_gemv_kernel``): ``x @ W.T`` for a
+single bfloat16 row on Hopper, the weight streamed through shared memory by ``cp.async.bulk``
+copies that start before the kernel waits for the one before it (a programmatic dependent
+launch), with the decoder's (residual add +) RMSNorm or SwiGLU applied to the input in the same
+launch.
+
+``bulk_gemv(x, weight, cfg)``, ``bulk_gemv_norm(x, residual, norm_weight, eps, weight, cfg)``
+and ``bulk_gemv(x, weight, cfg, glu=True)`` are the three launches; ``bulk_applies`` says where
+they can run (CUDA, compute capability 9.0+, NVRTC, bfloat16, one contiguous row, 16-byte
+aligned, K a multiple of 8; the norm needs K >= 512 and an aligned norm weight). The kernel is compiled once per device,
+configuration and mode (NVRTC, about a second). Launches on the current torch stream; a launch
+inside ``launch_tape.recording()`` is recorded with its parameters.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cadence.envs import read_envs
+from cadence.model.bulk_gemv_kernel import KERNEL, NORM_LANES, SOURCE, defines, shared_bytes
+from cadence.runtime.launch_tape import active_recorder
+from cadence.runtime.triton_launch import pdl_enabled
+
+__all__ = ["BULK_CONFIGS", "BulkConfig", "bulk_applies", "bulk_config", "bulk_gemv",
+           "bulk_gemv_norm", "bulk_listed", "MAX_SHARED"]
+
+ENABLED = not read_envs().disable_bulk_gemv
+MAX_SHARED = 227 * 1024  # Hopper's dynamic shared memory per block
+_MODES = {"plain": 0, "norm": 1, "glu": 2}
+# The device BULK_CONFIGS was measured on; no other takes the kernel.
+TABLE_CAPABILITY = (9, 0)
+
+
+@dataclass(frozen=True)
+class BulkConfig:
+    """``rows`` weight rows per stage, ``stages`` stages in the ring, ``threads`` per block
+    (one block per SM)."""
+
+    rows: int
+    stages: int
+    threads: int = 256
+
+    def __post_init__(self) -> None:
+        if self.threads not in (128, 256, 512):
+            raise ValueError(f"threads must be 128, 256 or 512, got {self.threads}")
+        if self.rows < 1 or self.rows & (self.rows - 1) or self.rows > self.threads:
+            raise ValueError(f"rows must be a power of two up to threads, got {self.rows}")
+        if not 1 <= self.stages <= 8:
+            raise ValueError(f"stages must be 1 to 8, got {self.stages}")
+
+    def shared_bytes(self, k: int) -> int:
+        return shared_bytes(k, self.rows, self.stages)
+
+
+# (N, K, mode) -> the configuration of a one-row projection of that weight shape, in that mode
+# ("plain", "norm": the input's add + RMSNorm first, "glu": SwiGLU of [gate | up] first). H200,
+# scripts/bulk_gemv_bench.py --quick: us per call, calls back to back in a graph, against
+# today's path (skinny GEMM / cuBLAS, with the norm as SkinnyLinear.forward_norm runs it). Every
+# shape is listed even where its isolated call is slower: in a layer's chain each kernel's
+# weights stream while the one before ends (PDL), which the isolated calls do not show. Chain of
+# the four projections, us per layer: Llama-3-8B 121.45 -> 114.63; Qwen3-0.6B 19.97 (qkv, then
+# the MLP block) -> 15.62.
+BULK_CONFIGS: dict[tuple[int, int, str], BulkConfig] = {
+    (1024, 2048, "plain"): BulkConfig(8, 2, 256),  # 2.18 vs 4.67 us
+    (1024, 3072, "glu"): BulkConfig(8, 2, 256),  # 3.44 vs 4.97 us
+    (4096, 1024, "norm"): BulkConfig(16, 2, 256),  # 3.90 vs 4.89 us
+    (4096, 4096, "plain"): BulkConfig(8, 3, 256),  # 10.00 vs 11.24 us
+    (4096, 14336, "glu"): BulkConfig(2, 3, 256),  # 34.95 vs 36.21 us
+    (6144, 1024, "norm"): BulkConfig(16, 3, 256),  # 4.87 vs 6.82 us
+    (6144, 4096, "norm"): BulkConfig(4, 4, 256),  # 16.60 vs 16.16 us
+    (28672, 4096, "norm"): BulkConfig(4, 4, 256),  # 58.28 vs 58.78 us
+}
+
+
+@functools.cache
+def _nvrtc_ok() -> bool:
+    try:
+        from cuda.bindings import nvrtc
+
+        return not int(nvrtc.nvrtcVersion()[0])
+    except Exception:  # noqa: BLE001 - no cuda-python, or no libnvrtc
+        return False
+
+
+def bulk_applies(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, mode: str = "plain",
+                 residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None
+                 ) -> bool:
+    """Whether the kernel takes this call: see the module docstring. ``x`` is the input as
+    passed (``[1, K]``, or ``[1, 2K]`` for "glu"); "norm" also checks its ``residual`` (or
+    None) and ``norm_weight`` (contiguous, x's dtype, [K], 16-byte aligned)."""
+    if not (x.is_cuda and weight.is_cuda and x.dtype == torch.bfloat16 == weight.dtype):
+        return False
+    n, k = weight.shape
+    width = 2 * k if mode == "glu" else k
+    if x.numel() != width or n == 0 or k % 8 or not (x.is_contiguous() and weight.is_contiguous()):
+        return False
+    if (x.data_ptr() | weight.data_ptr()) & 15 or cfg.shared_bytes(k) > MAX_SHARED:
+        return False
+    if mode == "norm":
+        if k < NORM_LANES or norm_weight is None or norm_weight.shape != (k,):
+            return False
+        if norm_weight.dtype != x.dtype or not norm_weight.is_contiguous():
+            return False
+        if norm_weight.data_ptr() & 15 or norm_weight.device != x.device:
+            return False
+        if residual is not None and not (residual.numel() == k and residual.dtype == x.dtype
+                                         and residual.is_contiguous()
+                                         and residual.device == x.device):
+            return False
+    return torch.cuda.get_device_capability(x.device) >= (9, 0) and _nvrtc_ok()
+
+
+_CAPABILITY: dict[int, tuple[int, int]] = {}
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    found = _CAPABILITY.get(index)
+    if found is None:
+        found = _CAPABILITY[index] = torch.cuda.get_device_capability(index)
+    return found
+
+
+def bulk_listed(weight: torch.Tensor, mode: str) -> bool:
+    """Whether one-row calls of this weight in ``mode`` take the kernel on its device (the
+    table lists its shape; the call's own operands are checked by ``bulk_config``)."""
+    return (ENABLED and weight.is_cuda and weight.dtype == torch.bfloat16 and weight.dim() == 2
+            and (*weight.shape, mode) in BULK_CONFIGS
+            and _capability(weight.device) == TABLE_CAPABILITY)
+
+
+def bulk_config(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
+                residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None
+                ) -> BulkConfig | None:
+    """The configuration a one-row call takes, or None where it keeps its other kernels: the
+    table lists the shape on this device, no bias, no autograd, and ``bulk_applies``."""
+    if bias is not None or not bulk_listed(weight, mode):
+        return None
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (x, weight, residual, norm_weight)):
+        return None
+    cfg = BULK_CONFIGS[(*weight.shape, mode)]
+    return cfg if bulk_applies(x, weight, cfg, mode, residual, norm_weight) else None
+
+
+class _Kernel:
+    """The compiled kernel of one device, configuration and mode."""
+
+    def __init__(self, device: int, cfg: BulkConfig, mode: int, has_res: bool) -> None:
+        from cadence.runtime.module import Module
+
+        options = defines(cfg.rows, cfg.stages, cfg.threads, mode, has_res)
+        self.module = Module.from_source(SOURCE, "bulk_gemv.cu", options, device_index=device)
+        self.function = self.module.function(KERNEL)
+        self.shared_set = 48 * 1024
+        self.lock = threading.Lock()
+
+    def allow_shared(self, nbytes: int) -> None:
+        if nbytes <= self.shared_set:
+            return
+        from cuda.bindings import driver as drv
+
+        from cadence.runtime.errors import check_driver
+
+        with self.lock:
+            attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check_driver(drv.cuFuncSetAttribute(self.function, attr, nbytes),
+                         "cuFuncSetAttribute")
+            self.shared_set = nbytes
+
+
+_KERNELS: dict[tuple[int, BulkConfig, int, bool], _Kernel] = {}
+_SMS: dict[int, int] = {}
+
+
+def _kernel(device: int, cfg: BulkConfig, mode: int, has_res: bool) -> _Kernel:
+    key = (device, cfg, mode, has_res)
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        kernel = _KERNELS[key] = _Kernel(device, cfg, mode, has_res)
+    return kernel
+
+
+def _blocks(device: int, n: int) -> int:
+    sms = _SMS.get(device)
+    if sms is None:
+        sms = _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return min(sms, n)
+
+
+class BulkLaunch:
+    """One launch with its parameters bound (what a launch tape replays)."""
+
+    def __init__(self, kernel: _Kernel, blocks: int, threads: int, shared: int, pdl: bool,
+                 args: tuple[Any, ...]) -> None:
+        from cadence.runtime.kernel_params import PackedParams, raw_params
+
+        self.kernel, self.blocks, self.threads, self.shared, self.pdl = (
+            kernel, blocks, threads, shared, pdl)
+        self.args = args  # the tensors stay alive as long as the launch
+        self.params = PackedParams(raw_params(args))
+
+    def launch(self, stream: int) -> None:
+        from cuda.bindings import driver as drv
+
+        from cadence.runtime.errors import check_driver
+
+        config = drv.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = self.blocks, 1, 1
+        config.blockDimX, config.blockDimY, config.blockDimZ = self.threads, 1, 1
+        config.sharedMemBytes = self.shared
+        config.hStream = drv.CUstream(stream)
+        if self.pdl:
+            attr = drv.CUlaunchAttribute()
+            attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            config.attrs = [attr]
+            config.numAttrs = 1
+        check_driver(drv.cuLaunchKernelEx(config, self.kernel.function, self.params.address, 0),
+                     "cuLaunchKernelEx")
+
+
+def _run(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, mode: int,
+         residual: torch.Tensor | None, norm_weight: torch.Tensor | None, eps: float,
+         out: torch.Tensor, res_out: torch.Tensor | None) -> None:
+    device = x.get_device()
+    n, k = weight.shape
+    kernel = _kernel(device, cfg, mode, residual is not None)
+    shared = cfg.shared_bytes(k)
+    kernel.allow_shared(shared)
+    args = (weight, x, x if residual is None else residual,
+            x if norm_weight is None else norm_weight, out, out if res_out is None else res_out,
+            ctypes.c_int32(n), ctypes.c_int32(k), ctypes.c_float(eps))
+    launch = BulkLaunch(kernel, _blocks(device, n), cfg.threads, shared,
+                        pdl_enabled(x.device), args)
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    launch.launch(stream)
+    recorder = active_recorder()
+    if recorder is not None:
+        recorder.add(launch, stream, args)
+
+
+def bulk_gemv(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, glu: bool = False
+              ) -> torch.Tensor:
+    """``x @ weight.T`` ([1, N]) for one row ``x`` ([1, K]; with ``glu`` ``[1, 2K]``, gate then
+    up, and the product is ``silu_and_mul(x) @ weight.T``). The caller checks
+    ``bulk_applies``."""
+    n = weight.shape[0]
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    _run(x, weight, cfg, _MODES["glu" if glu else "plain"], None, None, 0.0, out, None)
+    return out
+
+
+def bulk_gemv_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                   eps: float, weight: torch.Tensor, cfg: BulkConfig
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(bulk_gemv(h, weight, cfg), s)`` for ``h, s = add_rms_norm(x, residual, norm_weight,
+    eps)`` (``rms_norm`` and ``s = x`` without a residual): one launch, ``h`` with the RMSNorm
+    kernel's bits. ``residual`` and ``norm_weight`` are contiguous bfloat16 of x's and K's
+    shape; ``bulk_applies(x, weight, cfg, "norm")`` holds."""
+    n, k = weight.shape
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    res_out = x if residual is None else torch.empty_like(x)
+    _run(x, weight, cfg, _MODES["norm"], residual, norm_weight, eps, out,
+         None if residual is None else res_out)
+    return out, res_out

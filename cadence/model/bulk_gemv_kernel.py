@@ -1,0 +1,274 @@
+"""The CUDA C++ source of the bulk-copy GEMV (``bulk_gemv``): ``out = W x`` for one row ``x``
+[K] and a row-major bfloat16 weight ``W`` [N, K], compiled by NVRTC for Hopper (sm_90+).
+
+Block ``b`` of ``G`` owns rows ``[b N / G, (b + 1) N / G)``: one contiguous range of the weight.
+One thread streams it into a ring of ``BG_STAGES`` shared-memory stages of ``BG_ROWS`` rows with
+``cp.async.bulk`` copies, each stage completing an mbarrier; every thread computes dot products
+out of the stages as they land, and the stage goes back to the copier once every thread is past
+it. The first stages are requested before ``griddepcontrol.wait``: weights do not depend on the
+kernel before, so under a programmatic dependent launch they stream while that kernel ends.
+
+Only after the wait does a block read the input, transformed into shared memory (``BG_MODE``):
+0 as is; 1 the decoder's (residual add +) RMSNorm, with the RMSNorm kernel's arithmetic (the sum
+of squares added in ``rms_norm_kernels``' fixed order, so the normalized row has that kernel's
+bits; block 0 writes the new residual); 2 SwiGLU of ``[gate | up]`` (``x`` is [2K]).
+
+Thread ``t`` of a stage takes row ``t / (T / BG_ROWS)`` and every ``T / BG_ROWS``-th 16-byte
+vector of it; each row's sum is reduced with warp shuffles (and across warps through shared
+memory where a row has more than 32 threads), so an output's bits depend on the configuration
+but not on timing: a graph replay and an eager call agree.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SOURCE", "KERNEL", "NORM_LANES", "defines", "shared_bytes"]
+
+KERNEL = "bulk_gemv"
+NORM_LANES = 512  # rms_norm_kernels.NORM_CHUNK_MAX: the sum of squares' lanes
+_HEADER = 384  # mbarriers (<= 8 stages) and the reduction scratch, before the input row
+
+
+def _round(n: int, to: int = 128) -> int:
+    return -(-n // to) * to
+
+
+def shared_bytes(k: int, rows: int, stages: int) -> int:
+    """Dynamic shared memory of one block: header, the input row (bf16), the stages."""
+    return _HEADER + _round(2 * k) + stages * rows * 2 * k
+
+
+def defines(rows: int, stages: int, threads: int, mode: int, has_res: bool) -> list[str]:
+    """The NVRTC options that specialize ``SOURCE``: rows per stage, stages, threads per
+    block, mode (0 plain, 1 norm, 2 SwiGLU) and whether the norm adds a residual first."""
+    return [f"-DBG_ROWS={rows}", f"-DBG_STAGES={stages}", f"-DBG_THREADS={threads}",
+            f"-DBG_MODE={mode}", f"-DBG_HAS_RES={int(has_res)}"]
+
+
+SOURCE = r"""
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// BG_ROWS rows per stage, BG_STAGES stages, BG_THREADS threads, BG_MODE (0 plain, 1 norm,
+// 2 SwiGLU), BG_HAS_RES (mode 1: a residual is added first).
+#define TPR (BG_THREADS / BG_ROWS)
+#define WARPS (BG_THREADS / 32)
+#define HEADER 384
+#define NORM_LANES 512
+#define LPT (NORM_LANES / BG_THREADS)
+#define COPY_CHUNK 16384u
+
+__device__ __forceinline__ float lo_bf(u32 v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float hi_bf(u32 v) { return __uint_as_float(v & 0xffff0000u); }
+__device__ __forceinline__ float bf(u16 v) { return __uint_as_float(((u32)v) << 16); }
+__device__ __forceinline__ u16 to_bf(float f) {
+    u16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+__device__ __forceinline__ float round_bf(float f) { return bf(to_bf(f)); }
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    u32 done = 0;
+    while (!done) {
+        asm volatile("{\n .reg .pred p;\n"
+                     " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    }
+}
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1], %2, [%3];"
+                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+__device__ __forceinline__ float dot4(u32 w0, u32 w1, u32 x0, u32 x1, float acc) {
+    acc = fmaf(lo_bf(w0), lo_bf(x0), acc);
+    acc = fmaf(hi_bf(w0), hi_bf(x0), acc);
+    acc = fmaf(lo_bf(w1), lo_bf(x1), acc);
+    return fmaf(hi_bf(w1), hi_bf(x1), acc);
+}
+
+// SwiGLU as fused_ops.silu_and_mul rounds it: silu(g) rounded, then times up, rounded.
+__device__ __forceinline__ u16 silu_mul(u16 gate, u16 up) {
+    float g = bf(gate);
+    float act = round_bf(g / (1.0f + __expf(-g)));
+    return to_bf(act * bf(up));
+}
+
+__device__ __forceinline__ u32 pack(u16 lo, u16 hi) { return (u32)lo | ((u32)hi << 16); }
+__device__ __forceinline__ u32 silu_mul2(u32 g, u32 u) {
+    return pack(silu_mul((u16)(g & 0xffffu), (u16)(u & 0xffffu)),
+                silu_mul((u16)(g >> 16), (u16)(u >> 16)));
+}
+// RMSNorm's scaling as the RMSNorm kernel rounds it: s * rstd rounded, times w, rounded.
+__device__ __forceinline__ u32 norm2(u32 s, u32 w, float rstd) {
+    return pack(to_bf(round_bf(lo_bf(s) * rstd) * lo_bf(w)),
+                to_bf(round_bf(hi_bf(s) * rstd) * hi_bf(w)));
+}
+
+// Stage i of this block's rows: rows [first + i * BG_ROWS, ...), at most BG_ROWS of them.
+__device__ __forceinline__ void issue(const u16* w, long first, int rows_left, int i, int k,
+                                      u32 stages, u32 bars) {
+    int slot = i % BG_STAGES;
+    int rows = min(BG_ROWS, rows_left - i * BG_ROWS);
+    u32 bytes = (u32)rows * (u32)k * 2u;
+    u32 bar = bars + 8u * slot;
+    u32 dst = stages + (u32)slot * (u32)(BG_ROWS * k * 2);
+    const char* src = (const char*)(w + (first + (long)i * BG_ROWS) * (long)k);
+    mbar_expect(bar, bytes);
+    for (u32 off = 0; off < bytes; off += COPY_CHUNK) {
+        bulk_copy(dst + off, src + off, min(COPY_CHUNK, bytes - off), bar);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
+    const u16* __restrict__ w, const u16* __restrict__ x, const u16* __restrict__ res,
+    const u16* __restrict__ nw, u16* __restrict__ out, u16* __restrict__ res_out,
+    int n, int k, float eps)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    float* red = (float*)(smem + 64);  // 2 * WARPS floats, then 1 (the norm's scale)
+    u16* xs = (u16*)(smem + HEADER);
+    u16* st = (u16*)(smem + HEADER + ((2 * k + 127) / 128) * 128);
+    const u32 bars = smem_u32(smem);
+    const u32 stages = smem_u32(st);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const long first = (long)blockIdx.x * n / gridDim.x;
+    const int my_rows = (int)((long)(blockIdx.x + 1) * n / gridDim.x - first);
+    const int count = (my_rows + BG_ROWS - 1) / BG_ROWS;
+
+    if (tid == 0) {
+        for (int s = 0; s < BG_STAGES; s++) mbar_init(bars + 8u * s, 1u);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (tid == 0) {
+        for (int i = 0; i < min(BG_STAGES, count); i++) issue(w, first, my_rows, i, k, stages, bars);
+    }
+    // NOTE: nothing above reads memory an earlier kernel writes; everything below may.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+
+#if BG_MODE == 0
+    #pragma unroll 4
+    for (int v = tid; v < k / 8; v += BG_THREADS) ((uint4*)xs)[v] = ((const uint4*)x)[v];
+#elif BG_MODE == 2
+    // NOTE: vector loads, unrolled, so that several are in flight: each round trip to L2 that
+    // this prologue waits for serially adds to the kernel (the weights are streaming meanwhile).
+    #pragma unroll 4
+    for (int v = tid; v < k / 8; v += BG_THREADS) {
+        uint4 g = ((const uint4*)x)[v], u = ((const uint4*)x)[k / 8 + v];
+        ((uint4*)xs)[v] = make_uint4(silu_mul2(g.x, u.x), silu_mul2(g.y, u.y),
+                                     silu_mul2(g.z, u.z), silu_mul2(g.w, u.w));
+    }
+#else
+    {
+        // The new residual s = x (+ res), rounded; lane j of NORM_LANES adds the squares of
+        // s[j], s[j + NORM_LANES], ... in order; lanes are then added pairwise, level by level.
+        float lanes[LPT];
+        #pragma unroll
+        for (int l = 0; l < LPT; l++) lanes[l] = 0.0f;
+        #pragma unroll 8
+        for (int c = 0; c < k; c += NORM_LANES) {
+            #pragma unroll
+            for (int l = 0; l < LPT; l++) {
+                int i = c + tid * LPT + l;
+                if (i < k) {
+                    float s = bf(x[i]);
+#if BG_HAS_RES
+                    u16 sb = to_bf(s + bf(res[i]));
+                    s = bf(sb);
+                    xs[i] = sb;
+                    if (blockIdx.x == 0) res_out[i] = sb;
+#else
+                    xs[i] = x[i];
+#endif
+                    lanes[l] = fmaf(s, s, lanes[l]);
+                }
+            }
+        }
+        #pragma unroll
+        for (int width = LPT; width > 1; width /= 2) {
+            #pragma unroll
+            for (int l = 0; l < width / 2; l++) lanes[l] = lanes[2 * l] + lanes[2 * l + 1];
+        }
+        float ss = lanes[0];
+        #pragma unroll
+        for (int off = 1; off < 32; off *= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+        if (lane == 0) red[warp] = ss;
+        __syncthreads();
+        if (tid == 0) {
+            float v[WARPS];
+            #pragma unroll
+            for (int i = 0; i < WARPS; i++) v[i] = red[i];
+            #pragma unroll
+            for (int width = WARPS; width > 1; width /= 2) {
+                #pragma unroll
+                for (int i = 0; i < width / 2; i++) v[i] = v[2 * i] + v[2 * i + 1];
+            }
+            red[2 * WARPS] = rsqrtf(__fdiv_rn(v[0], (float)k) + eps);
+        }
+        __syncthreads();
+        const float rstd = red[2 * WARPS];
+        #pragma unroll 4
+        for (int v = tid; v < k / 8; v += BG_THREADS) {
+            uint4 a = ((uint4*)xs)[v], b = ((const uint4*)nw)[v];
+            ((uint4*)xs)[v] = make_uint4(norm2(a.x, b.x, rstd), norm2(a.y, b.y, rstd),
+                                         norm2(a.z, b.z, rstd), norm2(a.w, b.w, rstd));
+        }
+    }
+#endif
+    __syncthreads();
+
+    const int row = tid / TPR, part = tid % TPR;
+    const uint4* xv = (const uint4*)xs;
+    for (int i = 0; i < count; i++) {
+        const int slot = i % BG_STAGES;
+        const int rows = min(BG_ROWS, my_rows - i * BG_ROWS);
+        mbar_wait(bars + 8u * slot, (u32)((i / BG_STAGES) & 1));
+        float a0 = 0.0f, a1 = 0.0f;
+        if (row < rows) {
+            const uint4* wv = (const uint4*)(st + ((long)slot * BG_ROWS + row) * k);
+            #pragma unroll 4
+            for (int v = part; v < k / 8; v += TPR) {
+                uint4 a = wv[v], b = xv[v];
+                a0 = dot4(a.x, a.y, b.x, b.y, a0);
+                a1 = dot4(a.z, a.w, b.z, b.w, a1);
+            }
+        }
+        float acc = a0 + a1;
+        #pragma unroll
+        for (int off = (TPR < 32 ? TPR : 32) / 2; off > 0; off /= 2) {
+            acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        }
+        float* parts = red + (i & 1) * WARPS;
+#if TPR > 32
+        if (lane == 0) parts[warp] = acc;
+#else
+        if (part == 0 && row < rows) out[first + (long)i * BG_ROWS + row] = to_bf(acc);
+#endif
+        __syncthreads();  // every thread is past the stage: it goes back to the copier
+        if (tid == 0 && i + BG_STAGES < count) issue(w, first, my_rows, i + BG_STAGES, k, stages, bars);
+#if TPR > 32
+        if (tid < rows) {
+            float sum = 0.0f;
+            #pragma unroll
+            for (int j = 0; j < TPR / 32; j++) sum += parts[tid * (TPR / 32) + j];
+            out[first + (long)i * BG_ROWS + tid] = to_bf(sum);
+        }
+#endif
+    }
+}
+"""

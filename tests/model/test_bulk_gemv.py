@@ -1,0 +1,55 @@
+"""The bulk-copy GEMV's host side (no GPU needed): configurations, shared memory, where it
+applies, and that its CUDA source compiles for Hopper in every mode (where NVRTC is installed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cadence.model.bulk_gemv import MAX_SHARED, BulkConfig, bulk_applies
+from cadence.model.bulk_gemv_kernel import KERNEL, SOURCE, defines, shared_bytes
+
+
+@pytest.mark.parametrize("kwargs", [dict(rows=3, stages=2), dict(rows=0, stages=2),
+                                    dict(rows=4, stages=0), dict(rows=4, stages=9),
+                                    dict(rows=4, stages=2, threads=64),
+                                    dict(rows=256, stages=2, threads=128)])
+def test_bad_configurations_are_refused(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        BulkConfig(**kwargs)
+
+
+def test_shared_memory_holds_the_input_row_and_every_stage() -> None:
+    # A 384-byte header, the row rounded up to 128 bytes, then stages * rows rows of bf16.
+    assert shared_bytes(4096, 4, 3) == 384 + 8192 + 3 * 4 * 8192
+    assert shared_bytes(1000, 1, 2) == 384 + 2048 + 2 * 2000
+    assert BulkConfig(4, 3).shared_bytes(4096) == shared_bytes(4096, 4, 3)
+    assert BulkConfig(8, 8).shared_bytes(14336) > MAX_SHARED
+
+
+def test_cpu_tensors_never_take_the_kernel() -> None:
+    x = torch.zeros(1, 1024, dtype=torch.bfloat16)
+    w = torch.zeros(64, 1024, dtype=torch.bfloat16)
+    assert not bulk_applies(x, w, BulkConfig(4, 2))
+    assert not bulk_applies(x, w, BulkConfig(4, 2), "norm")
+
+
+def _nvrtc_available() -> bool:
+    try:
+        from cuda.bindings import nvrtc
+
+        return not int(nvrtc.nvrtcVersion()[0])
+    except Exception:  # noqa: BLE001 - no cuda-python, or no libnvrtc
+        return False
+
+
+@pytest.mark.skipif(not _nvrtc_available(), reason="needs NVRTC")
+@pytest.mark.parametrize("mode,res", [(0, 0), (1, 0), (1, 1), (2, 0)])
+@pytest.mark.parametrize("cfg", [BulkConfig(1, 4, 256), BulkConfig(16, 2, 128),
+                                 BulkConfig(2, 8, 512)], ids=str)
+def test_the_source_compiles_for_hopper(cfg: BulkConfig, mode: int, res: int) -> None:
+    from cadence.runtime.module import compile_cuda
+
+    cubin = compile_cuda(SOURCE, "bulk_gemv.cu", "sm_90",
+                         defines(cfg.rows, cfg.stages, cfg.threads, mode, bool(res)))
+    assert KERNEL.encode() in cubin
