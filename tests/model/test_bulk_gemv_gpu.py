@@ -165,7 +165,7 @@ def test_decode_step_takes_the_bulk_kernels(monkeypatch) -> None:
                             or _real(*a, **kw))
     prompt, table = [3, 4, 5, 6, 7], [1, 2]
     prefill = make_batch([Chunk(prompt, 0, table)])
-    step = make_batch([Chunk([9], len(prompt), table)], 1)
+    step = make_batch([Chunk([9], len(prompt), table)])  # one row: no padding
     ids, pos, md = cuda_args(step)
     with torch.no_grad():
         model(*cuda_args(prefill))
