@@ -195,35 +195,40 @@ def _blocks(device: int, n: int) -> int:
 
 
 class BulkLaunch:
-    """One launch with its parameters bound (what a launch tape replays)."""
+    """One launch with its parameters and launch configuration bound (what a launch tape
+    replays: a replay pays one driver call, not the configuration's construction)."""
 
     def __init__(self, kernel: _Kernel, blocks: int, threads: int, shared: int, pdl: bool,
                  args: tuple[Any, ...]) -> None:
-        from cadence.runtime.kernel_params import PackedParams, raw_params
-
-        self.kernel, self.blocks, self.threads, self.shared, self.pdl = (
-            kernel, blocks, threads, shared, pdl)
-        self.args = args  # the tensors stay alive as long as the launch
-        self.params = PackedParams(raw_params(args))
-
-    def launch(self, stream: int) -> None:
         from cuda.bindings import driver as drv
 
-        from cadence.runtime.errors import check_driver
+        from cadence.runtime.kernel_params import PackedParams, raw_params
 
+        self.kernel = kernel
+        self.args = args  # the tensors stay alive as long as the launch
+        self.params = PackedParams(raw_params(args))
         config = drv.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = self.blocks, 1, 1
-        config.blockDimX, config.blockDimY, config.blockDimZ = self.threads, 1, 1
-        config.sharedMemBytes = self.shared
-        config.hStream = drv.CUstream(stream)
-        if self.pdl:
+        config.gridDimX, config.gridDimY, config.gridDimZ = blocks, 1, 1
+        config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+        config.sharedMemBytes = shared
+        if pdl:
             attr = drv.CUlaunchAttribute()
             attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
             attr.value.programmaticStreamSerializationAllowed = 1
             config.attrs = [attr]
             config.numAttrs = 1
-        check_driver(drv.cuLaunchKernelEx(config, self.kernel.function, self.params.address, 0),
-                     "cuLaunchKernelEx")
+        self.config = config
+        self.stream: int | None = None
+        self._drv = drv
+
+    def launch(self, stream: int) -> None:
+        from cadence.runtime.errors import check_driver
+
+        if stream != self.stream:
+            self.config.hStream = self._drv.CUstream(stream)
+            self.stream = stream
+        check_driver(self._drv.cuLaunchKernelEx(self.config, self.kernel.function,
+                                                self.params.address, 0), "cuLaunchKernelEx")
 
 
 def _run(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, mode: int,
