@@ -24,6 +24,8 @@ import torch
 
 from cadence.envs import read_envs
 from cadence.model.bulk_gemv_kernel import KERNEL, NORM_LANES, SOURCE, defines, shared_bytes
+from cadence.model.mlp_block import _sm_count
+from cadence.model.skinny_gemm_kernels import _norm_fits
 from cadence.runtime.launch_tape import active_recorder
 from cadence.runtime.triton_launch import pdl_enabled
 
@@ -92,8 +94,9 @@ def bulk_applies(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, mode: s
                  residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None
                  ) -> bool:
     """Whether the kernel takes this call: see the module docstring. ``x`` is the input as
-    passed (``[1, K]``, or ``[1, 2K]`` for "glu"); "norm" also checks its ``residual`` (or
-    None) and ``norm_weight`` (contiguous, x's dtype, [K], 16-byte aligned)."""
+    passed (``[1, K]``, or ``[1, 2K]`` for "glu"); "norm" also checks its ``residual`` (None,
+    or contiguous of x's shape and dtype) and ``norm_weight`` (contiguous, x's dtype, [K],
+    16-byte aligned) on x's device."""
     if not (x.is_cuda and weight.is_cuda and x.dtype == torch.bfloat16 == weight.dtype):
         return False
     n, k = weight.shape
@@ -103,17 +106,16 @@ def bulk_applies(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, mode: s
     if (x.data_ptr() | weight.data_ptr()) & 15 or cfg.shared_bytes(k) > MAX_SHARED:
         return False
     if mode == "norm":
-        if k < NORM_LANES or norm_weight is None or norm_weight.shape != (k,):
+        # skinny_matmul_norm's operand rule, plus what this kernel's loads need.
+        if k < NORM_LANES or norm_weight is None or x.dim() != 2:
             return False
-        if norm_weight.dtype != x.dtype or not norm_weight.is_contiguous():
+        if not _norm_fits(x, residual, norm_weight, k):
             return False
         if norm_weight.data_ptr() & 15 or norm_weight.device != x.device:
             return False
-        if residual is not None and not (residual.numel() == k and residual.dtype == x.dtype
-                                         and residual.is_contiguous()
-                                         and residual.device == x.device):
+        if residual is not None and residual.device != x.device:
             return False
-    return torch.cuda.get_device_capability(x.device) >= (9, 0) and _nvrtc_ok()
+    return _capability(x.device) >= (9, 0) and _nvrtc_ok()
 
 
 _CAPABILITY: dict[int, tuple[int, int]] = {}
@@ -176,7 +178,6 @@ class _Kernel:
 
 
 _KERNELS: dict[tuple[int, BulkConfig, int, bool], _Kernel] = {}
-_SMS: dict[int, int] = {}
 
 
 def _kernel(device: int, cfg: BulkConfig, mode: int, has_res: bool) -> _Kernel:
@@ -187,11 +188,8 @@ def _kernel(device: int, cfg: BulkConfig, mode: int, has_res: bool) -> _Kernel:
     return kernel
 
 
-def _blocks(device: int, n: int) -> int:
-    sms = _SMS.get(device)
-    if sms is None:
-        sms = _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return min(sms, n)
+def _blocks(device: torch.device, n: int) -> int:
+    return min(_sm_count(device), n)  # one block per SM, each with at least one row
 
 
 class BulkLaunch:
@@ -242,7 +240,7 @@ def _run(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, mode: int,
     args = (weight, x, x if residual is None else residual,
             x if norm_weight is None else norm_weight, out, out if res_out is None else res_out,
             ctypes.c_int32(n), ctypes.c_int32(k), ctypes.c_float(eps))
-    launch = BulkLaunch(kernel, _blocks(device, n), cfg.threads, shared,
+    launch = BulkLaunch(kernel, _blocks(x.device, n), cfg.threads, shared,
                         pdl_enabled(x.device), args)
     stream = torch.cuda.current_stream(x.device).cuda_stream
     launch.launch(stream)
