@@ -81,7 +81,7 @@ BULK_CONFIGS: dict[tuple[int, int, str], BulkConfig] = {
 
 
 @functools.cache
-def _nvrtc_ok() -> bool:
+def nvrtc_ok() -> bool:
     try:
         from cuda.bindings import nvrtc
 
@@ -115,13 +115,13 @@ def bulk_applies(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, mode: s
             return False
         if residual is not None and residual.device != x.device:
             return False
-    return _capability(x.device) >= (9, 0) and _nvrtc_ok()
+    return device_capability(x.device) >= (9, 0) and nvrtc_ok()
 
 
 _CAPABILITY: dict[int, tuple[int, int]] = {}
 
 
-def _capability(device: torch.device) -> tuple[int, int]:
+def device_capability(device: torch.device) -> tuple[int, int]:
     index = device.index if device.index is not None else torch.cuda.current_device()
     found = _CAPABILITY.get(index)
     if found is None:
@@ -134,7 +134,7 @@ def bulk_listed(weight: torch.Tensor, mode: str) -> bool:
     table lists its shape; the call's own operands are checked by ``bulk_config``)."""
     return (ENABLED and weight.is_cuda and weight.dtype == torch.bfloat16 and weight.dim() == 2
             and (*weight.shape, mode) in BULK_CONFIGS
-            and _capability(weight.device) == TABLE_CAPABILITY)
+            and device_capability(weight.device) == TABLE_CAPABILITY)
 
 
 def bulk_config(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
@@ -151,15 +151,16 @@ def bulk_config(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return cfg if bulk_applies(x, weight, cfg, mode, residual, norm_weight) else None
 
 
-class _Kernel:
-    """The compiled kernel of one device, configuration and mode."""
+class CompiledKernel:
+    """A kernel of CUDA C++ ``source`` compiled by NVRTC for one device with ``options``
+    (shared by the bulk kernels: ``bulk_mma`` too), its dynamic shared memory raised on
+    demand."""
 
-    def __init__(self, device: int, cfg: BulkConfig, mode: int, has_res: bool) -> None:
+    def __init__(self, device: int, source: str, name: str, options: list[str]) -> None:
         from cadence.runtime.module import Module
 
-        options = defines(cfg.rows, cfg.stages, cfg.threads, mode, has_res)
-        self.module = Module.from_source(SOURCE, "bulk_gemv.cu", options, device_index=device)
-        self.function = self.module.function(KERNEL)
+        self.module = Module.from_source(source, f"{name}.cu", options, device_index=device)
+        self.function = self.module.function(name)
         self.shared_set = 48 * 1024
         self.lock = threading.Lock()
 
@@ -177,18 +178,32 @@ class _Kernel:
             self.shared_set = nbytes
 
 
-_KERNELS: dict[tuple[int, BulkConfig, int, bool], _Kernel] = {}
+_KERNELS: dict[tuple[int, str, tuple[str, ...]], CompiledKernel] = {}
 
 
-def _kernel(device: int, cfg: BulkConfig, mode: int, has_res: bool) -> _Kernel:
-    key = (device, cfg, mode, has_res)
+def compiled(device: int, source: str, name: str, options: list[str]) -> CompiledKernel:
+    """The kernel ``name`` of ``source`` with ``options`` on ``device``, compiled once."""
+    key = (device, name, tuple(options))
     kernel = _KERNELS.get(key)
     if kernel is None:
-        kernel = _KERNELS[key] = _Kernel(device, cfg, mode, has_res)
+        kernel = _KERNELS[key] = CompiledKernel(device, source, name, options)
     return kernel
 
 
-def _blocks(device: torch.device, n: int) -> int:
+def launch(kernel: CompiledKernel, blocks: int, threads: int, shared: int, device: torch.device,
+           args: tuple[Any, ...]) -> None:
+    """Launch on the current torch stream (a programmatic dependent launch where enabled);
+    recorded with its parameters inside ``launch_tape.recording()``."""
+    kernel.allow_shared(shared)
+    bound = BulkLaunch(kernel, blocks, threads, shared, pdl_enabled(device), args)
+    stream = torch.cuda.current_stream(device).cuda_stream
+    bound.launch(stream)
+    recorder = active_recorder()
+    if recorder is not None:
+        recorder.add(bound, stream, args)
+
+
+def blocks_for(device: torch.device, n: int) -> int:
     return min(_sm_count(device), n)  # one block per SM, each with at least one row
 
 
@@ -196,7 +211,7 @@ class BulkLaunch:
     """One launch with its parameters and launch configuration bound (what a launch tape
     replays: a replay pays one driver call, not the configuration's construction)."""
 
-    def __init__(self, kernel: _Kernel, blocks: int, threads: int, shared: int, pdl: bool,
+    def __init__(self, kernel: CompiledKernel, blocks: int, threads: int, shared: int, pdl: bool,
                  args: tuple[Any, ...]) -> None:
         from cuda.bindings import driver as drv
 
@@ -232,21 +247,13 @@ class BulkLaunch:
 def _run(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, mode: int,
          residual: torch.Tensor | None, norm_weight: torch.Tensor | None, eps: float,
          out: torch.Tensor, res_out: torch.Tensor | None) -> None:
-    device = x.get_device()
     n, k = weight.shape
-    kernel = _kernel(device, cfg, mode, residual is not None)
-    shared = cfg.shared_bytes(k)
-    kernel.allow_shared(shared)
+    options = defines(cfg.rows, cfg.stages, cfg.threads, mode, residual is not None)
+    kernel = compiled(x.get_device(), SOURCE, KERNEL, options)
     args = (weight, x, x if residual is None else residual,
             x if norm_weight is None else norm_weight, out, out if res_out is None else res_out,
             ctypes.c_int32(n), ctypes.c_int32(k), ctypes.c_float(eps))
-    launch = BulkLaunch(kernel, _blocks(x.device, n), cfg.threads, shared,
-                        pdl_enabled(x.device), args)
-    stream = torch.cuda.current_stream(x.device).cuda_stream
-    launch.launch(stream)
-    recorder = active_recorder()
-    if recorder is not None:
-        recorder.add(launch, stream, args)
+    launch(kernel, blocks_for(x.device, n), cfg.threads, cfg.shared_bytes(k), x.device, args)
 
 
 def bulk_gemv(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, glu: bool = False

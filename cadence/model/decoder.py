@@ -47,8 +47,9 @@ class MLP(nn.Module):
 
     def down(self, gate_up: torch.Tensor) -> torch.Tensor:
         """SwiGLU and the down projection (all-reduced under tensor parallelism)."""
-        if isinstance(self.down_proj, SkinnyLinear):  # SwiGLU in its loads, for few rows
-            out = self.down_proj.forward_glu(gate_up)
+        forward_glu = getattr(self.down_proj, "forward_glu", None)  # SkinnyLinear, Fp8Linear
+        if forward_glu is not None:  # SwiGLU in the projection's loads, for few rows
+            out = forward_glu(gate_up)
         else:
             out = self.down_proj(silu_and_mul(gate_up))
         return all_reduce(out) if self.tp else out

@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from cadence.model import fp8_kernels
+from cadence.model.bulk_mma import MmaConfig, bulk_mma, bulk_mma_norm, mma_config, mma_listed
+from cadence.model.fused_ops import norm_and_project, silu_and_mul
 from cadence.model.moe import Experts
 
 __all__ = ["FP8_MAX", "Fp8Linear", "quantize_model_fp8", "quantize_rows"]
@@ -71,6 +73,7 @@ class Fp8Linear(nn.Module):
             out = fn(t)
             return out if out.dtype == t.dtype else t.to(out.device)
 
+        self.__dict__.pop("_mma_plans", None)  # new parameters
         return super()._apply(keep_dtype, recurse)
 
     @classmethod
@@ -82,6 +85,10 @@ class Fp8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
+        cfg = self._mma_plan(x2, "plain")
+        if cfg is not None:
+            return bulk_mma(x2, self.weight, cfg, scale=self.weight_scale).view(
+                *shape[:-1], self.out_features)
         if not x2.is_cuda:
             out = self._emulated(x2)
         elif x2.shape[0] <= WEIGHT_ONLY_MAX_ROWS:
@@ -91,6 +98,46 @@ class Fp8Linear(nn.Module):
         if self.bias is not None:
             out = out + self.bias
         return out.view(*shape[:-1], self.out_features)
+
+    def forward_glu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``forward(silu_and_mul(gate_up))``: SwiGLU in the bulk kernel's prologue where its
+        table lists the call (weights in e4m3, activations in bfloat16, as the weight-only
+        kernel)."""
+        x2 = gate_up.reshape(-1, gate_up.shape[-1])
+        cfg = self._mma_plan(x2, "glu")
+        if cfg is None:
+            return self(silu_and_mul(gate_up))
+        return bulk_mma(x2, self.weight, cfg, glu=True, scale=self.weight_scale).view(
+            *gate_up.shape[:-1], self.out_features)
+
+    def forward_norm(self, x: torch.Tensor, residual: torch.Tensor | None,
+                     norm_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(forward(h), s)`` for ``h, s = add_rms_norm(x, residual, norm_weight, eps)`` (as
+        ``SkinnyLinear.forward_norm``): one bulk launch where its table lists the call, with
+        ``h`` the RMSNorm kernel's bits; else the two calls."""
+        x2 = x.reshape(-1, x.shape[-1])
+        r2 = None if residual is None else residual.reshape(x2.shape)
+        cfg = self._mma_plan(x2, "norm", r2, norm_weight)
+        if cfg is None:
+            return norm_and_project(self, x, residual, norm_weight, eps)
+        out, s = bulk_mma_norm(x2, r2, norm_weight, eps, self.weight, cfg, self.weight_scale)
+        return out.view(*x.shape[:-1], self.out_features), s.view(x.shape)
+
+    def _mma_plan(self, x2: torch.Tensor, mode: str, residual: torch.Tensor | None = None,
+                  norm_weight: torch.Tensor | None = None) -> MmaConfig | None:
+        """The bulk kernel's configuration for this call, resolved once per kind of call."""
+        if not (x2.is_cuda and mma_listed(self.weight, mode, x2.shape[0])):
+            return None
+        plans = self.__dict__.setdefault("_mma_plans", {})
+        key = (mode, x2.shape[0], x2.is_contiguous(), x2.data_ptr() & 15, torch.is_grad_enabled(),
+               None if residual is None else (residual.data_ptr() & 15, residual.is_contiguous(),
+                                              residual.dtype),
+               None if norm_weight is None else norm_weight.data_ptr(),
+               self.weight.data_ptr(), self.weight_scale.data_ptr())
+        if key not in plans:
+            plans[key] = mma_config(x2, self.weight, self.bias, mode, self.weight_scale,
+                                    residual, norm_weight)
+        return plans[key]
 
     def _scaled_mm(self, x: torch.Tensor) -> torch.Tensor:
         xq, xs = fp8_kernels.quantize_tokens(x)

@@ -12,7 +12,6 @@ from torch import nn
 
 from cadence.model import fused_ops
 from cadence.model.fused_ops import silu_and_mul
-from cadence.model.skinny_gemm import SkinnyLinear
 
 __all__ = ["GemmaRMSNorm", "RMSNorm", "silu_and_mul"]
 
@@ -45,8 +44,9 @@ class RMSNorm(nn.Module):
         ``s = x`` without a residual); a skinny projection takes the norm into its loads for
         few rows (``SkinnyLinear.forward_norm``: the same bits, or for wide rows within a
         rounding)."""
-        if isinstance(linear, SkinnyLinear):
-            return linear.forward_norm(x, residual, self.weight, self.eps)
+        forward_norm = getattr(linear, "forward_norm", None)  # SkinnyLinear, Fp8Linear
+        if forward_norm is not None:
+            return forward_norm(x, residual, self.weight, self.eps)
         return fused_ops.norm_and_project(linear, x, residual, self.weight, self.eps)
 
     def extra_repr(self) -> str:

@@ -28,6 +28,7 @@ from torch import nn
 
 from cadence.envs import read_envs
 from cadence.model.bulk_gemv import BulkConfig, bulk_config, bulk_gemv, bulk_gemv_norm, bulk_listed
+from cadence.model.bulk_mma import MmaConfig, bulk_mma, bulk_mma_norm, mma_config, mma_listed
 from cadence.model.fused_ops import norm_and_project, silu_and_mul
 from cadence.model.skinny_gemm_kernels import (
     SkinnyConfig,
@@ -274,7 +275,7 @@ class SkinnyLinear(nn.Linear):
         the skinny kernel's loads up to ``GLU_MAX_ROWS`` rows; the same bits as the two
         calls."""
         rows = gate_up.numel() // gate_up.shape[-1] if gate_up.shape[-1] else 0
-        if rows > GLU_MAX_ROWS:
+        if rows > GLU_MAX_ROWS and not mma_listed(self.weight, "glu", rows):
             return self._run(silu_and_mul(gate_up), False)
         return self._run(gate_up, True)
 
@@ -289,16 +290,18 @@ class SkinnyLinear(nn.Linear):
         width = x.shape[-1]
         rows = x.numel() // width if width else 0
         mode = norm_fusion(rows, width, x.dtype)
-        if mode is not None and ENABLED and x.is_cuda:
-            fused = self._run_norm(x, rows, residual, norm_weight, eps, mode == "late")
+        if ENABLED and x.is_cuda and (mode is not None or mma_listed(self.weight, "norm", rows)):
+            fused = self._run_norm(x, rows, residual, norm_weight, eps, mode == "late",
+                                   skinny=mode is not None)
             if fused is not None:
                 return fused
         return norm_and_project(self, x, residual, norm_weight, eps)
 
     def _run_norm(self, x: torch.Tensor, rows: int, residual: torch.Tensor | None,
-                  norm_weight: torch.Tensor, eps: float, late: bool = False
+                  norm_weight: torch.Tensor, eps: float, late: bool = False, skinny: bool = True
                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``forward_norm``'s single launch, or None where it does not apply."""
+        """``forward_norm``'s single launch, or None where it does not apply: the bulk
+        kernels where their tables list the call, else (``skinny``) the skinny GEMM's."""
         weight, bias = self.weight, self.bias
         plans = self.__dict__.get("_skinny_plans")
         if plans is None:
@@ -317,14 +320,17 @@ class SkinnyLinear(nn.Linear):
         if isinstance(plan, SkinnyPlan):
             out, new_residual = plan.with_norm(x2, r2, norm_weight, eps, weight, bias)
             return out.view(*x.shape[:-1], n), new_residual.view(x.shape)
-        if plan is _NO_PLAN and rows == 1:
-            bulk = bulk_config(x2, weight, bias, "norm", r2, norm_weight)
+        if plan is _NO_PLAN:
+            bulk = _bulk_plan(x2, weight, bias, "norm", r2, norm_weight)
             if bulk is not None:
                 plan = plans[key] = bulk
+        if isinstance(plan, MmaConfig):
+            out, new_residual = bulk_mma_norm(x2, r2, norm_weight, eps, weight, plan)
+            return out.view(*x.shape[:-1], n), new_residual.view(x.shape)
         if isinstance(plan, BulkConfig):
             out, new_residual = bulk_gemv_norm(x2, r2, norm_weight, eps, weight, plan)
             return out.view(*x.shape[:-1], n), new_residual.view(x.shape)
-        cfg = self._norm_config(x, residual, norm_weight, rows, late)
+        cfg = self._norm_config(x, residual, norm_weight, rows, late) if skinny else None
         if cfg is None:
             plans[key] = None
             return None
@@ -382,10 +388,13 @@ class SkinnyLinear(nn.Linear):
         plan = plans.get(key, _NO_PLAN)
         if plan is None:
             return _torch_linear(input, weight, bias, glu)
-        if plan is _NO_PLAN and rows == 1:
-            bulk = bulk_config(input, weight, bias, "glu" if glu else "plain")
+        if plan is _NO_PLAN:
+            bulk = _bulk_plan(input.reshape(rows, width), weight, bias, "glu" if glu else "plain")
             if bulk is not None:
                 plan = plans[key] = bulk
+        if isinstance(plan, MmaConfig):
+            return bulk_mma(input.reshape(rows, width), weight, plan, glu).view(
+                *input.shape[:-1], self.out_features)
         if isinstance(plan, BulkConfig):
             return bulk_gemv(input.reshape(1, width), weight, plan, glu).view(
                 *input.shape[:-1], self.out_features)
@@ -413,6 +422,17 @@ class SkinnyLinear(nn.Linear):
     def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
         self.__dict__.pop("_skinny_plans", None)  # .to(), .half(), ...: new parameters
         return super()._apply(fn, recurse)
+
+
+def _bulk_plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
+               residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None
+               ) -> MmaConfig | BulkConfig | None:
+    """The bulk kernel a call of ``x`` [rows, width] takes, if any: the tensor-core one where
+    its table lists the row count (it measured faster there), else the one-row GEMV."""
+    mma = mma_config(x, weight, bias, mode, None, residual, norm_weight)
+    if mma is not None or x.shape[0] != 1:
+        return mma
+    return bulk_config(x, weight, bias, mode, residual, norm_weight)
 
 
 def bulk_takes_mlp(o_proj: nn.Module, gate_up_proj: nn.Module, down_proj: nn.Module) -> bool:

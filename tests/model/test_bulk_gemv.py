@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cadence.model.bulk_gemv import MAX_SHARED, BulkConfig, _nvrtc_ok, bulk_applies
+from cadence.model.bulk_gemv import MAX_SHARED, BulkConfig, bulk_applies, nvrtc_ok
 from cadence.model.bulk_gemv_kernel import KERNEL, SOURCE, defines, shared_bytes
 
 
@@ -34,7 +34,7 @@ def test_cpu_tensors_never_take_the_kernel() -> None:
     assert not bulk_applies(x, w, BulkConfig(4, 2), "norm")
 
 
-@pytest.mark.skipif(not _nvrtc_ok(), reason="needs NVRTC")
+@pytest.mark.skipif(not nvrtc_ok(), reason="needs NVRTC")
 @pytest.mark.parametrize("mode,res", [(0, 0), (1, 0), (1, 1), (2, 0)])
 @pytest.mark.parametrize("cfg", [BulkConfig(1, 4, 256), BulkConfig(16, 2, 128),
                                  BulkConfig(2, 8, 512)], ids=str)

@@ -1,0 +1,151 @@
+"""The tensor-core bulk GEMM on a Hopper GPU: bfloat16 and e4m3 weights, 1 to 8 rows, each mode
+(plain, the input's add + RMSNorm, SwiGLU) against float64 on fresh random inputs; the new
+residual with the RMSNorm kernel's bits; odd shapes (fewer rows than SMs, row groups and column
+chunks that do not fill a stage); inputs past f16's range for e4m3 weights; CUDA graph replays
+against the eager call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cadence.model.bulk_mma import MmaConfig, bulk_mma, bulk_mma_norm, mma_applies
+from cadence.model.fp8 import quantize_rows
+from cadence.model.fused_ops import add_rms_norm, rms_norm, silu_and_mul
+
+EPS = 1e-6
+CONFIGS = [MmaConfig(16, 1024, 3, 256), MmaConfig(16, 4096, 2, 256, padded=False),
+           MmaConfig(32, 256, 4, 256), MmaConfig(16, 512, 2, 128, padded=False),
+           MmaConfig(32, 2048, 2, 512)]
+SHAPES = [(1, 512), (37, 1024), (131, 2048), (1000, 1088), (3072, 4096)]
+ROWS = [1, 3, 8]
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU")]
+
+
+def _operands(n: int, k: int, m: int, seed: int, fp8: bool, glu: bool = False,
+              spread: float = 1.0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).bfloat16()
+    scale = None
+    if fp8:
+        w, scale = quantize_rows(w)
+    x = (spread * torch.randn(m, 2 * k if glu else k, device="cuda", generator=g)).bfloat16()
+    r = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+    nw = (1 + 0.2 * torch.randn(k, device="cuda", generator=g)).bfloat16()
+    return w, scale, x, r, nw
+
+
+def _close(out: torch.Tensor, h: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None
+           ) -> None:
+    wd = w.double() if scale is None else w.double() * scale.double()[:, None]
+    ref = F.linear(h.double(), wd)
+    # bf16 output rounding (2^-8 relative) plus float32 sums over K, per output row.
+    tol = ref.abs() * 2**-7 + 1e-3 * ref.abs().amax(dim=1, keepdim=True)
+    assert out.shape == ref.shape
+    bad = (out.double() - ref).abs() > tol
+    assert not bool(bad.any()), f"{int(bad.sum())} of {bad.numel()} outside the tolerance"
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_plain_against_float64(cfg: MmaConfig, n: int, k: int, m: int, fp8: bool) -> None:
+    w, scale, x, _, _ = _operands(n, k, m, n + k + m, fp8)
+    if not mma_applies(x, w, cfg, scale=scale):
+        pytest.skip("configuration does not fit")
+    _close(bulk_mma(x, w, cfg, scale=scale), x, w, scale)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("cfg", CONFIGS[:3], ids=str)
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_swiglu_against_float64(cfg: MmaConfig, n: int, k: int, m: int, fp8: bool) -> None:
+    w, scale, x, _, _ = _operands(n, k, m, 7 * n + k + m, fp8, glu=True)
+    if not mma_applies(x, w, cfg, "glu", scale):
+        pytest.skip("configuration does not fit")
+    # silu_and_mul's own kernel rounds as the bulk kernel does: within a rounding of it.
+    _close(bulk_mma(x, w, cfg, glu=True, scale=scale), silu_and_mul(x), w, scale)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("residual", [True, False])
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("cfg", CONFIGS[:3], ids=str)
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_norm_against_float64(cfg: MmaConfig, n: int, k: int, m: int, residual: bool,
+                              fp8: bool) -> None:
+    w, scale, x, r, nw = _operands(n, k, m, 3 * n + k + m, fp8)
+    res = r if residual else None
+    if not mma_applies(x, w, cfg, "norm", scale, res, nw):
+        pytest.skip("configuration does not fit")
+    out, s = bulk_mma_norm(x, res, nw, EPS, w, cfg, scale)
+    if residual:
+        h, s_ref = add_rms_norm(x, r, nw, EPS)
+        assert torch.equal(s, s_ref)
+    else:
+        h = rms_norm(x, nw, EPS)
+        assert s is x
+    _close(out, h, w, scale)
+
+
+@pytest.mark.parametrize("spread", [3e4, 1e6, 1e-30])
+def test_fp8_inputs_outside_f16s_range(spread: float) -> None:
+    # Activations past f16's 65504 (and far below its smallest normal) are scaled into it.
+    cfg = CONFIGS[0]
+    w, scale, x, _, _ = _operands(256, 1024, 4, 11, True, spread=spread)
+    assert mma_applies(x, w, cfg, scale=scale)
+    out = bulk_mma(x, w, cfg, scale=scale)
+    assert bool(out.float().isfinite().all())
+    _close(out, x, w, scale)
+
+
+def test_one_outlier_does_not_drown_its_row() -> None:
+    # One element at 1e5 next to unit ones: the row's power-of-two scale keeps the rest exact
+    # enough that the other outputs (where the outlier's weight is zero) stay within tolerance.
+    cfg = CONFIGS[0]
+    w, scale, x, _, _ = _operands(512, 1024, 2, 5, True)
+    w[:256, 7] = 0
+    x[0, 7] = 1e5
+    out = bulk_mma(x, w, cfg, scale=scale)
+    _close(out, x, w, scale)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_graph_replay_equals_the_eager_call(fp8: bool) -> None:
+    cfg = CONFIGS[2]
+    w, scale, x, r, nw = _operands(3072, 4096, 5, 9, fp8)
+    eager, eager_s = bulk_mma_norm(x, r, nw, EPS, w, cfg, scale)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out, s = bulk_mma_norm(x, r, nw, EPS, w, cfg, scale)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(3):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager) and torch.equal(s, eager_s)
+
+
+def test_rows_are_independent() -> None:
+    # Row i of an 8-row call equals the one-row call on row i, bit for bit (the sums of a
+    # column do not depend on the other columns of the tile).
+    cfg = CONFIGS[0]
+    for fp8 in (False, True):
+        w, scale, x, _, _ = _operands(1000, 2048, 8, 21, fp8)
+        whole = bulk_mma(x, w, cfg, scale=scale)
+        for i in range(8):
+            # (With e4m3 weights each row has its own f16 scale, the same alone or batched.)
+            one = bulk_mma(x[i:i + 1].contiguous(), w, cfg, scale=scale)
+            assert torch.equal(one, whole[i:i + 1])
