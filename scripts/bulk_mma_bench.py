@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
+import json
 import math
 import sys
 from pathlib import Path
@@ -37,17 +38,21 @@ from cadence.model.fused_ops import add_rms_norm, silu_and_mul  # noqa: E402
 
 
 def configs(k: int, fp8: bool, quick: bool) -> list[bm.MmaConfig]:
+    """Stages of whole rows (kc = K) or of column chunks, 1 stage (a block's rows all at once,
+    where they fit) to 6; --quick: 256 threads, chunks of 2048 or more, up to 4 stages."""
     out = []
+    widths = (2048, 4096) if quick else (256, 512, 1024, 2048, 4096)
     for threads in (256,) if quick else (128, 256, 512):
-        for rows in (16,) if quick else (16, 32):
-            for kc in (256, 512, 1024, 2048, 4096):
-                for stages, padded in itertools.product((2, 3, 4, 6), (True, False)):
+        for rows in (16, 32):
+            for kc in sorted({min(c, k) for c in widths}):
+                for stages, padded in itertools.product((1, 2, 3, 4) if quick
+                                                        else (1, 2, 3, 4, 6), (True, False)):
                     try:
                         cfg = bm.MmaConfig(rows, kc, stages, threads, padded)
                     except ValueError:
                         continue
                     stage = rows * min(kc, k) * (1 if fp8 else 2)
-                    if kc <= 2 * k and 4096 <= stage <= 131072 and \
+                    if 4096 <= stage <= 131072 and \
                             cfg.shared_bytes(1, k, fp8) <= bm.MAX_SHARED:
                         out.append(cfg)
     return out
@@ -75,6 +80,12 @@ class Proj:
         self.x = torch.randn(bm.MAX_M, width, device="cuda", generator=g).bfloat16()
         self.r = torch.randn(bm.MAX_M, k, device="cuda", generator=g).bfloat16()
         self.nw = (1 + 0.1 * torch.randn(k, device="cuda", generator=g)).bfloat16()
+        self.h = self.pre(self.x, self.r)  # the plain launch's input, for its checks
+
+    def pre(self, x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        """The input of the product: the norm's or SwiGLU's output, or x."""
+        return (add_rms_norm(x, r, self.nw, EPS)[0] if self.mode == "norm"
+                else silu_and_mul(x) if self.mode == "glu" else x)
 
     def today(self, i: int, m: int) -> torch.Tensor:
         x, r = self.x[:m], self.r[:m]
@@ -83,27 +94,27 @@ class Proj:
             if self.mode == "norm":
                 return mod.forward_norm(x, r, self.nw, EPS)[0]
             return mod.forward_glu(x) if self.mode == "glu" else mod(x)
-        h = (add_rms_norm(x, r, self.nw, EPS)[0] if self.mode == "norm"
-             else silu_and_mul(x) if self.mode == "glu" else x)
-        return weight_only_linear(h, self.w[i], self.s[i])
+        return weight_only_linear(self.pre(x, r), self.w[i], self.s[i])
 
-    def mma(self, i: int, m: int, cfg: bm.MmaConfig) -> torch.Tensor:
+    def mma(self, i: int, m: int, cfg: bm.MmaConfig, split: bool = False) -> torch.Tensor:
+        """The fused launch, or with ``split`` the norm or SwiGLU kernel, then a plain one."""
         x, r = self.x[:m], self.r[:m]
+        if split:
+            return bm.bulk_mma(self.pre(x, r), self.w[i], cfg, scale=self.s[i])
         if self.mode == "norm":
             return bm.bulk_mma_norm(x, r, self.nw, EPS, self.w[i], cfg, self.s[i])[0]
         return bm.bulk_mma(x, self.w[i], cfg, glu=self.mode == "glu", scale=self.s[i])
 
-    def applies(self, cfg: bm.MmaConfig, m: int) -> bool:
+    def applies(self, cfg: bm.MmaConfig, m: int, split: bool = False) -> bool:
+        if split:
+            return bm.mma_applies(self.h[:m], self.w[0], cfg, "plain", self.s[0])
         return bm.mma_applies(self.x[:m], self.w[0], cfg, self.mode, self.s[0], self.r[:m],
                               self.nw)
 
-    def wrong(self, cfg: bm.MmaConfig, m: int) -> str | None:
-        x, r = self.x[:m], self.r[:m]
-        h = (add_rms_norm(x, r, self.nw, EPS)[0] if self.mode == "norm"
-             else silu_and_mul(x) if self.mode == "glu" else x)
+    def wrong(self, cfg: bm.MmaConfig, m: int, split: bool = False) -> str | None:
         w = self.w[0].double() if not self.fp8 else self.w[0].double() * self.s[0].double()[:, None]
-        ref = F.linear(h.double(), w)
-        err = float((self.mma(0, m, cfg).double() - ref).abs().max())
+        ref = F.linear(self.h[:m].double(), w)
+        err = float((self.mma(0, m, cfg, split).double() - ref).abs().max())
         return None if err <= 0.01 * float(ref.abs().max()) + 1e-3 else f"max error {err:.3g}"
 
 
@@ -113,8 +124,13 @@ def main() -> int:
     p.add_argument("--weights", default="bf16,fp8")
     p.add_argument("--rows", default="1,2,4,8")
     p.add_argument("--calls", type=int, default=200)
-    p.add_argument("--quick", action="store_true", help="16-row stages and 256 threads only")
+    p.add_argument("--quick", action="store_true",
+                   help="256 threads, 1-4 stages of 2048 columns or more only")
     p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--no-split", action="store_true",
+                   help="skip the norm or SwiGLU kernel + plain launch comparison")
+    p.add_argument("--json", help="also write the table here: [[n, k, mode, wtype, rows, "
+                   "[rows, kc, stages, threads, padded]], ...]")
     ns = p.parse_args()
     if not torch.cuda.is_available():
         print("bulk_mma_bench.py needs a CUDA device", file=sys.stderr)
@@ -136,11 +152,26 @@ def main() -> int:
                 pr = Proj(n, k, mode, fp8, l2)
                 every = configs(k, fp8, ns.quick)
                 for m in rows:
-                    cands = [c for c in every if pr.applies(c, m)
-                             and not _report_wrong(model, proj, c, pr.wrong(c, m))]
                     pr.today(0, m)  # compiles, plans
                     today = time_calls([functools.partial(pr.today, i, m)
                                         for i in range(len(pr.w))], ns.calls)
+                    if mode != "plain" and not ns.no_split:
+                        # The norm or SwiGLU kernel, then a plain launch: where it beats the
+                        # other path the table lists the plain launch, and the fused one only
+                        # where it beats both.
+                        split = {c: time_calls([functools.partial(pr.mma, i, m, c, True)
+                                                for i in range(len(pr.w))], ns.calls)
+                                 for c in every if pr.applies(c, m, True)
+                                 and not _report_wrong(model, proj, c, pr.wrong(c, m, True))}
+                        if split:
+                            c = min(split, key=split.__getitem__)
+                            print(f"{model} {wtype} {proj} rows {m}: {mode} kernel + plain mma "
+                                  f"{split[c]:.2f} us {c}", flush=True)
+                            if split[c] < today:
+                                table[(n, k, "plain", wtype, m)] = (c, split[c], today)
+                                today = split[c]
+                    cands = [c for c in every if pr.applies(c, m)
+                             and not _report_wrong(model, proj, c, pr.wrong(c, m))]
                     timings = {c: time_calls([functools.partial(pr.mma, i, m, c)
                                               for i in range(len(pr.w))], ns.calls)
                                for c in cands}
@@ -167,6 +198,10 @@ def main() -> int:
         print(f"    ({n}, {k}, \"{mode}\", \"{wtype}\", {m}): MmaConfig({cfg.rows}, {cfg.kc}, "
               f"{cfg.stages}, {cfg.threads}, {cfg.padded}),  # {us:.2f} vs {today:.2f} us")
     print("}", flush=True)
+    if ns.json:
+        entries = [[*key, [c.rows, c.kc, c.stages, c.threads, c.padded]]
+                   for key, (c, _, _) in sorted(table.items())]
+        Path(ns.json).write_text(json.dumps(entries))
     return 0
 
 

@@ -149,3 +149,55 @@ def test_rows_are_independent() -> None:
             # (With e4m3 weights each row has its own f16 scale, the same alone or batched.)
             one = bulk_mma(x[i:i + 1].contiguous(), w, cfg, scale=scale)
             assert torch.equal(one, whole[i:i + 1])
+
+
+@pytest.mark.parametrize("quantization", [None, "fp8"], ids=["bf16", "fp8"])
+def test_the_engine_takes_the_kernel_and_graphs_equal_eager(tmp_path, monkeypatch,
+                                                            quantization: str | None) -> None:
+    # A random Llama whose projections the table is made to list at every row bucket: decode
+    # steps of 1-8 rows run the kernel (counted), and CUDA graphs give the eager tokens.
+    import random
+
+    import transformers
+
+    from cadence.engine.llm import LLM
+    from cadence.model import bulk_mma as bm
+    from cadence.sampling_params import SamplingParams
+    from tests.hf_models import hf_config
+
+    config = hf_config("llama", False, 10000.0, vocab_size=512, hidden_size=512, intermediate_size=1024,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=256, rms_norm_eps=1e-6, eos_token_id=2)
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    hf.save_pretrained(tmp_path)
+    wtype = "bf16" if quantization is None else "fp8"
+    for bucket in (1, 2, 4, 8):
+        for n, k, mode in ((1024, 512, "norm"), (512, 512, "plain"), (2048, 512, "norm"),
+                           (512, 1024, "glu")):
+            monkeypatch.setitem(bm.MMA_CONFIGS, (n, k, mode, wtype, bucket),
+                                MmaConfig(16, 512, 2, 256))
+    launches = []
+    run = bm._run
+
+    def counted(*args, **kwargs):
+        launches.append(args[4])  # the mode
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(bm, "_run", counted)
+    rng = random.Random(3)
+    prompts = [{"prompt_token_ids": [rng.randrange(3, 512) for _ in range(5 + 3 * i)]}
+               for i in range(6)]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    outs = {}
+    for eager in (False, True):
+        launches.clear()
+        llm = LLM(str(tmp_path), dtype="bfloat16", quantization=quantization,
+                  enforce_eager=eager, max_model_len=256, max_num_seqs=8,
+                  gpu_memory_utilization=0.3, max_num_batched_tokens=512)
+        try:
+            outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        finally:
+            llm.engine_core.shutdown()
+        assert {"norm", "plain", "glu"} <= set(launches), launches[:8]
+    assert outs[False] == outs[True]
