@@ -21,7 +21,7 @@ but not on timing: a graph replay and an eager call agree.
 
 from __future__ import annotations
 
-__all__ = ["SOURCE", "KERNEL", "NORM_LANES", "defines", "shared_bytes"]
+__all__ = ["PRELUDE", "SOURCE", "KERNEL", "NORM_LANES", "defines", "shared_bytes"]
 
 KERNEL = "bulk_gemv"
 NORM_LANES = 512  # rms_norm_kernels.NORM_CHUNK_MAX: the sum of squares' lanes
@@ -44,19 +44,10 @@ def defines(rows: int, stages: int, threads: int, mode: int, has_res: bool) -> l
             f"-DBG_MODE={mode}", f"-DBG_HAS_RES={int(has_res)}"]
 
 
-SOURCE = r"""
+PRELUDE = r"""
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
-
-// BG_ROWS rows per stage, BG_STAGES stages, BG_THREADS threads, BG_MODE (0 plain, 1 norm,
-// 2 SwiGLU), BG_HAS_RES (mode 1: a residual is added first).
-#define TPR (BG_THREADS / BG_ROWS)
-#define WARPS (BG_THREADS / 32)
-#define HEADER 384
-#define NORM_LANES 512
-#define LPT (NORM_LANES / BG_THREADS)
-#define COPY_CHUNK 16384u
 
 __device__ __forceinline__ float lo_bf(u32 v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float hi_bf(u32 v) { return __uint_as_float(v & 0xffff0000u); }
@@ -93,13 +84,6 @@ __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u
                  :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
-__device__ __forceinline__ float dot4(u32 w0, u32 w1, u32 x0, u32 x1, float acc) {
-    acc = fmaf(lo_bf(w0), lo_bf(x0), acc);
-    acc = fmaf(hi_bf(w0), hi_bf(x0), acc);
-    acc = fmaf(lo_bf(w1), lo_bf(x1), acc);
-    return fmaf(hi_bf(w1), hi_bf(x1), acc);
-}
-
 // SwiGLU as fused_ops.silu_and_mul rounds it: silu(g) rounded, then times up, rounded.
 __device__ __forceinline__ u16 silu_mul(u16 gate, u16 up) {
     float g = bf(gate);
@@ -116,6 +100,25 @@ __device__ __forceinline__ u32 silu_mul2(u32 g, u32 u) {
 __device__ __forceinline__ u32 norm2(u32 s, u32 w, float rstd) {
     return pack(to_bf(round_bf(lo_bf(s) * rstd) * lo_bf(w)),
                 to_bf(round_bf(hi_bf(s) * rstd) * hi_bf(w)));
+}
+
+"""
+
+SOURCE = PRELUDE + r"""
+// BG_ROWS rows per stage, BG_STAGES stages, BG_THREADS threads, BG_MODE (0 plain, 1 norm,
+// 2 SwiGLU), BG_HAS_RES (mode 1: a residual is added first).
+#define TPR (BG_THREADS / BG_ROWS)
+#define WARPS (BG_THREADS / 32)
+#define HEADER 384
+#define NORM_LANES 512
+#define LPT (NORM_LANES / BG_THREADS)
+#define COPY_CHUNK 16384u
+
+__device__ __forceinline__ float dot4(u32 w0, u32 w1, u32 x0, u32 x1, float acc) {
+    acc = fmaf(lo_bf(w0), lo_bf(x0), acc);
+    acc = fmaf(hi_bf(w0), hi_bf(x0), acc);
+    acc = fmaf(lo_bf(w1), lo_bf(x1), acc);
+    return fmaf(hi_bf(w1), hi_bf(x1), acc);
 }
 
 // Stage i of this block's rows: rows [first + i * BG_ROWS, ...), at most BG_ROWS of them.

@@ -24,6 +24,8 @@ elements below 2^-24 of it), and every output is scaled back with the row's weig
 
 from __future__ import annotations
 
+from cadence.model.bulk_gemv_kernel import PRELUDE
+
 __all__ = ["SOURCE", "KERNEL", "MAX_M", "NORM_LANES", "defines", "shared_bytes"]
 
 KERNEL = "bulk_mma"
@@ -61,9 +63,7 @@ def defines(rows: int, kc: int, stages: int, threads: int, mode: int, has_res: b
             f"-DBM_FP8={int(fp8)}", f"-DBM_PAD={int(padded)}"]
 
 
-SOURCE = r"""
-typedef unsigned short u16;
-typedef unsigned int u32;
+SOURCE = PRELUDE + r"""
 typedef unsigned char u8;
 
 #define WARPS (BM_THREADS / 32)
@@ -77,45 +77,10 @@ typedef unsigned char u8;
 #define LPT (NORM_LANES / BM_THREADS)
 #define XPAD (BM_FP8 ? 16 : 64)
 
-__device__ __forceinline__ float lo_bf(u32 v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float hi_bf(u32 v) { return __uint_as_float(v & 0xffff0000u); }
-__device__ __forceinline__ float bf(u16 v) { return __uint_as_float(((u32)v) << 16); }
-__device__ __forceinline__ u16 to_bf(float f) {
-    u16 r;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
-    return r;
-}
 __device__ __forceinline__ u16 to_h(float f) {
     u16 r;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
     return r;
-}
-__device__ __forceinline__ float round_bf(float f) { return bf(to_bf(f)); }
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-    return (u32)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ u32 pack(u16 lo, u16 hi) { return (u32)lo | ((u32)hi << 16); }
-
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                 :: "r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-    u32 done = 0;
-    while (!done) {
-        asm volatile("{\n .reg .pred p;\n"
-                     " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     " selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    }
-}
-__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1], %2, [%3];"
-                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
 // c += A B for one 16x8x16 tile: a0/a2 row g, a1/a3 row g + 8; b0/b1 column g.
@@ -141,21 +106,6 @@ __device__ __forceinline__ u32 e4m3_hi(u32 v) {
     return (t & 0x80008000u) | ((t >> 1) & 0x3f803f80u);
 }
 
-// SwiGLU as fused_ops.silu_and_mul rounds it: silu(g) rounded, then times up, rounded.
-__device__ __forceinline__ u16 silu_mul(u16 gate, u16 up) {
-    float g = bf(gate);
-    float act = round_bf(g / (1.0f + __expf(-g)));
-    return to_bf(act * bf(up));
-}
-__device__ __forceinline__ u32 silu_mul2(u32 g, u32 u) {
-    return pack(silu_mul((u16)(g & 0xffffu), (u16)(u & 0xffffu)),
-                silu_mul((u16)(g >> 16), (u16)(u >> 16)));
-}
-// RMSNorm's scaling as the RMSNorm kernel rounds it: s * rstd rounded, times w, rounded.
-__device__ __forceinline__ u32 norm2(u32 s, u32 w, float rstd) {
-    return pack(to_bf(round_bf(lo_bf(s) * rstd) * lo_bf(w)),
-                to_bf(round_bf(hi_bf(s) * rstd) * hi_bf(w)));
-}
 __device__ __forceinline__ u32 add2(u32 a, u32 b) {
     return pack(to_bf(lo_bf(a) + lo_bf(b)), to_bf(hi_bf(a) + hi_bf(b)));
 }
