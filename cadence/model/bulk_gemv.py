@@ -1,13 +1,14 @@
 """One-row projections through the bulk-copy GEMV (``bulk_gemv_kernel``): ``x @ W.T`` for a
-single bfloat16 row on Hopper, the weight streamed through shared memory by ``cp.async.bulk``
+single bfloat16 row on Hopper (``W`` in bfloat16, or in e4m3 with a float32 scale per row), the weight streamed through shared memory by ``cp.async.bulk``
 copies that start before the kernel waits for the one before it (a programmatic dependent
 launch), with the decoder's (residual add +) RMSNorm or SwiGLU applied to the input in the same
 launch.
 
 ``bulk_gemv(x, weight, cfg)``, ``bulk_gemv_norm(x, residual, norm_weight, eps, weight, cfg)``
 and ``bulk_gemv(x, weight, cfg, glu=True)`` are the three launches; ``bulk_applies`` says where
-they can run (CUDA, compute capability 9.0+, NVRTC, bfloat16, one contiguous row, 16-byte
-aligned, K a multiple of 8; the norm needs K >= 512 and an aligned norm weight). The kernel is compiled once per device,
+they can run (CUDA, compute capability 9.0+, NVRTC, a bfloat16 input, one contiguous row,
+16-byte aligned, K a multiple of 8, of 16 for e4m3; the norm needs K >= 512 and an aligned norm
+weight). The kernel is compiled once per device,
 configuration and mode (NVRTC, about a second). Launches on the current torch stream; a launch
 inside ``launch_tape.recording()`` is recorded with its parameters.
 """
@@ -29,8 +30,8 @@ from cadence.model.skinny_gemm_kernels import _norm_fits
 from cadence.runtime.launch_tape import active_recorder
 from cadence.runtime.triton_launch import pdl_enabled
 
-__all__ = ["BULK_CONFIGS", "BulkConfig", "bulk_applies", "bulk_config", "bulk_gemv",
-           "bulk_gemv_norm", "bulk_listed", "MAX_SHARED"]
+__all__ = ["BULK_CONFIGS", "BULK_FP8_CONFIGS", "BulkConfig", "bulk_applies", "bulk_config",
+           "bulk_gemv", "bulk_gemv_norm", "bulk_listed", "MAX_SHARED"]
 
 ENABLED = not read_envs().disable_bulk_gemv
 MAX_SHARED = 227 * 1024  # Hopper's dynamic shared memory per block
@@ -56,8 +57,8 @@ class BulkConfig:
         if not 1 <= self.stages <= 8:
             raise ValueError(f"stages must be 1 to 8, got {self.stages}")
 
-    def shared_bytes(self, k: int) -> int:
-        return shared_bytes(k, self.rows, self.stages)
+    def shared_bytes(self, k: int, fp8: bool = False) -> int:
+        return shared_bytes(k, self.rows, self.stages, fp8)
 
 
 # (N, K, mode) -> the configuration of a one-row projection of that weight shape, in that mode
@@ -80,6 +81,17 @@ BULK_CONFIGS: dict[tuple[int, int, str], BulkConfig] = {
 }
 
 
+# The same for e4m3 weights (Fp8Linear), keyed alike.
+BULK_FP8_CONFIGS: dict[tuple[int, int, str], BulkConfig] = {}
+FP8 = torch.float8_e4m3fn
+
+
+def _table(weight: torch.Tensor) -> dict[tuple[int, int, str], BulkConfig] | None:
+    if weight.dtype == torch.bfloat16:
+        return BULK_CONFIGS
+    return BULK_FP8_CONFIGS if weight.dtype == FP8 else None
+
+
 @functools.cache
 def nvrtc_ok() -> bool:
     try:
@@ -91,19 +103,26 @@ def nvrtc_ok() -> bool:
 
 
 def bulk_applies(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, mode: str = "plain",
-                 residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None
-                 ) -> bool:
+                 residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
+                 scale: torch.Tensor | None = None) -> bool:
     """Whether the kernel takes this call: see the module docstring. ``x`` is the input as
     passed (``[1, K]``, or ``[1, 2K]`` for "glu"); "norm" also checks its ``residual`` (None,
     or contiguous of x's shape and dtype) and ``norm_weight`` (contiguous, x's dtype, [K],
-    16-byte aligned) on x's device."""
-    if not (x.is_cuda and weight.is_cuda and x.dtype == torch.bfloat16 == weight.dtype):
+    16-byte aligned) on x's device; an e4m3 ``weight`` needs its ``scale`` (float32, [N],
+    contiguous, on its device)."""
+    if not (x.is_cuda and weight.is_cuda and x.dtype == torch.bfloat16):
+        return False
+    fp8 = weight.dtype == FP8
+    if not fp8 and weight.dtype != torch.bfloat16:
         return False
     n, k = weight.shape
+    if fp8 and not (scale is not None and scale.dtype == torch.float32 and scale.is_contiguous()
+                    and scale.numel() == n and scale.device == weight.device and k % 16 == 0):
+        return False
     width = 2 * k if mode == "glu" else k
     if x.numel() != width or n == 0 or k % 8 or not (x.is_contiguous() and weight.is_contiguous()):
         return False
-    if (x.data_ptr() | weight.data_ptr()) & 15 or cfg.shared_bytes(k) > MAX_SHARED:
+    if (x.data_ptr() | weight.data_ptr()) & 15 or cfg.shared_bytes(k, fp8) > MAX_SHARED:
         return False
     if mode == "norm":
         # skinny_matmul_norm's operand rule, plus what this kernel's loads need.
@@ -132,14 +151,15 @@ def device_capability(device: torch.device) -> tuple[int, int]:
 def bulk_listed(weight: torch.Tensor, mode: str) -> bool:
     """Whether one-row calls of this weight in ``mode`` take the kernel on its device (the
     table lists its shape; the call's own operands are checked by ``bulk_config``)."""
-    return (ENABLED and weight.is_cuda and weight.dtype == torch.bfloat16 and weight.dim() == 2
-            and (*weight.shape, mode) in BULK_CONFIGS
+    table = _table(weight)
+    return (ENABLED and table is not None and weight.is_cuda and weight.dim() == 2
+            and (*weight.shape, mode) in table
             and device_capability(weight.device) == TABLE_CAPABILITY)
 
 
 def bulk_config(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
-                residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None
-                ) -> BulkConfig | None:
+                residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
+                scale: torch.Tensor | None = None) -> BulkConfig | None:
     """The configuration a one-row call takes, or None where it keeps its other kernels: the
     table lists the shape on this device, no bias, no autograd, and ``bulk_applies``."""
     if bias is not None or not bulk_listed(weight, mode):
@@ -147,8 +167,8 @@ def bulk_config(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                        for t in (x, weight, residual, norm_weight)):
         return None
-    cfg = BULK_CONFIGS[(*weight.shape, mode)]
-    return cfg if bulk_applies(x, weight, cfg, mode, residual, norm_weight) else None
+    cfg = _table(weight)[(*weight.shape, mode)]  # type: ignore[index]
+    return cfg if bulk_applies(x, weight, cfg, mode, residual, norm_weight, scale) else None
 
 
 class CompiledKernel:
@@ -246,37 +266,40 @@ class BulkLaunch:
 
 def _run(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, mode: int,
          residual: torch.Tensor | None, norm_weight: torch.Tensor | None, eps: float,
-         out: torch.Tensor, res_out: torch.Tensor | None) -> None:
+         out: torch.Tensor, res_out: torch.Tensor | None, scale: torch.Tensor | None) -> None:
     n, k = weight.shape
-    options = defines(cfg.rows, cfg.stages, cfg.threads, mode, residual is not None)
+    fp8 = weight.dtype == FP8
+    options = defines(cfg.rows, cfg.stages, cfg.threads, mode, residual is not None, fp8)
     kernel = compiled(x.get_device(), SOURCE, KERNEL, options)
     args = (weight, x, x if residual is None else residual,
-            x if norm_weight is None else norm_weight, out, out if res_out is None else res_out,
-            ctypes.c_int32(n), ctypes.c_int32(k), ctypes.c_float(eps))
-    launch(kernel, blocks_for(x.device, n), cfg.threads, cfg.shared_bytes(k), x.device, args)
+            x if norm_weight is None else norm_weight, x if scale is None else scale, out,
+            out if res_out is None else res_out, ctypes.c_int32(n), ctypes.c_int32(k),
+            ctypes.c_float(eps))
+    launch(kernel, blocks_for(x.device, n), cfg.threads, cfg.shared_bytes(k, fp8), x.device,
+           args)
 
 
-def bulk_gemv(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, glu: bool = False
-              ) -> torch.Tensor:
+def bulk_gemv(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, glu: bool = False,
+              scale: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T`` ([1, N]) for one row ``x`` ([1, K]; with ``glu`` ``[1, 2K]``, gate then
-    up, and the product is ``silu_and_mul(x) @ weight.T``). The caller checks
-    ``bulk_applies``."""
+    up, and the product is ``silu_and_mul(x) @ weight.T``); an e4m3 ``weight`` is
+    ``weight * scale[:, None]``. The caller checks ``bulk_applies``."""
     n = weight.shape[0]
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    _run(x, weight, cfg, _MODES["glu" if glu else "plain"], None, None, 0.0, out, None)
+    _run(x, weight, cfg, _MODES["glu" if glu else "plain"], None, None, 0.0, out, None, scale)
     return out
 
 
 def bulk_gemv_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
-                   eps: float, weight: torch.Tensor, cfg: BulkConfig
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(bulk_gemv(h, weight, cfg), s)`` for ``h, s = add_rms_norm(x, residual, norm_weight,
-    eps)`` (``rms_norm`` and ``s = x`` without a residual): one launch, ``h`` with the RMSNorm
-    kernel's bits. ``residual`` and ``norm_weight`` are contiguous bfloat16 of x's and K's
-    shape; ``bulk_applies(x, weight, cfg, "norm")`` holds."""
+                   eps: float, weight: torch.Tensor, cfg: BulkConfig,
+                   scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(bulk_gemv(h, weight, cfg, scale=scale), s)`` for ``h, s = add_rms_norm(x, residual,
+    norm_weight, eps)`` (``rms_norm`` and ``s = x`` without a residual): one launch, ``h``
+    with the RMSNorm kernel's bits. ``residual`` and ``norm_weight`` are contiguous bfloat16
+    of x's and K's shape; ``bulk_applies(x, weight, cfg, "norm", ..., scale)`` holds."""
     n, k = weight.shape
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     res_out = x if residual is None else torch.empty_like(x)
     _run(x, weight, cfg, _MODES["norm"], residual, norm_weight, eps, out,
-         None if residual is None else res_out)
+         None if residual is None else res_out, scale)
     return out, res_out

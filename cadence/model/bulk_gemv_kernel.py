@@ -1,5 +1,6 @@
 """The CUDA C++ source of the bulk-copy GEMV (``bulk_gemv``): ``out = W x`` for one row ``x``
-[K] and a row-major bfloat16 weight ``W`` [N, K], compiled by NVRTC for Hopper (sm_90+).
+[K] and a row-major weight ``W`` [N, K] in bfloat16, or in e4m3 with one float32 scale per row
+(``BG_FP8``), compiled by NVRTC for Hopper (sm_90+).
 
 Block ``b`` of ``G`` owns rows ``[b N / G, (b + 1) N / G)``: one contiguous range of the weight.
 One thread streams it into a ring of ``BG_STAGES`` shared-memory stages of ``BG_ROWS`` rows with
@@ -12,6 +13,11 @@ Only after the wait does a block read the input, transformed into shared memory 
 0 as is; 1 the decoder's (residual add +) RMSNorm, with the RMSNorm kernel's arithmetic (the sum
 of squares added in ``rms_norm_kernels``' fixed order, so the normalized row has that kernel's
 bits; block 0 writes the new residual); 2 SwiGLU of ``[gate | up]`` (``x`` is [2K]).
+
+With e4m3 weights the input row is also laid out in float32, in four planes (plane ``j`` holds
+elements ``16 v + 4 j .. 16 v + 4 j + 3`` at index ``v``, so a warp's loads of one plane are
+consecutive: no bank conflicts); each weight pair becomes f16 by three integer operations
+(2^-8 times its value, exact; the 2^8 goes into the row's scale), then float32.
 
 Thread ``t`` of a stage takes row ``t / (T / BG_ROWS)`` and every ``T / BG_ROWS``-th 16-byte
 vector of it; each row's sum is reduced with warp shuffles (and across warps through shared
@@ -32,16 +38,21 @@ def _round(n: int, to: int = 128) -> int:
     return -(-n // to) * to
 
 
-def shared_bytes(k: int, rows: int, stages: int) -> int:
-    """Dynamic shared memory of one block: header, the input row (bf16), the stages."""
+def shared_bytes(k: int, rows: int, stages: int, fp8: bool = False) -> int:
+    """Dynamic shared memory of one block: header, the input row (bf16; with e4m3 weights
+    also in float32), the stages."""
+    if fp8:
+        return _HEADER + _round(2 * k) + _round(4 * k) + stages * rows * k
     return _HEADER + _round(2 * k) + stages * rows * 2 * k
 
 
-def defines(rows: int, stages: int, threads: int, mode: int, has_res: bool) -> list[str]:
+def defines(rows: int, stages: int, threads: int, mode: int, has_res: bool,
+            fp8: bool = False) -> list[str]:
     """The NVRTC options that specialize ``SOURCE``: rows per stage, stages, threads per
-    block, mode (0 plain, 1 norm, 2 SwiGLU) and whether the norm adds a residual first."""
+    block, mode (0 plain, 1 norm, 2 SwiGLU), whether the norm adds a residual first, and
+    whether the weight is e4m3."""
     return [f"-DBG_ROWS={rows}", f"-DBG_STAGES={stages}", f"-DBG_THREADS={threads}",
-            f"-DBG_MODE={mode}", f"-DBG_HAS_RES={int(has_res)}"]
+            f"-DBG_MODE={mode}", f"-DBG_HAS_RES={int(has_res)}", f"-DBG_FP8={int(fp8)}"]
 
 
 PRELUDE = r"""
@@ -91,6 +102,17 @@ __device__ __forceinline__ u16 silu_mul(u16 gate, u16 up) {
     return to_bf(act * bf(up));
 }
 
+// Bytes 0, 1 (lo) or 2, 3 (hi) of four e4m3 values as two f16 of 2^-8 times their value: the
+// sign stays on top, exponent and mantissa move down one bit into f16's (bias 15 against 7).
+__device__ __forceinline__ u32 e4m3_lo(u32 v) {
+    u32 t = __byte_perm(v, 0u, 0x1404);
+    return (t & 0x80008000u) | ((t >> 1) & 0x3f803f80u);
+}
+__device__ __forceinline__ u32 e4m3_hi(u32 v) {
+    u32 t = __byte_perm(v, 0u, 0x3424);
+    return (t & 0x80008000u) | ((t >> 1) & 0x3f803f80u);
+}
+
 __device__ __forceinline__ u32 pack(u16 lo, u16 hi) { return (u32)lo | ((u32)hi << 16); }
 __device__ __forceinline__ u32 silu_mul2(u32 g, u32 u) {
     return pack(silu_mul((u16)(g & 0xffffu), (u16)(u & 0xffffu)),
@@ -106,8 +128,9 @@ __device__ __forceinline__ u32 norm2(u32 s, u32 w, float rstd) {
 
 SOURCE = PRELUDE + r"""
 // BG_ROWS rows per stage, BG_STAGES stages, BG_THREADS threads, BG_MODE (0 plain, 1 norm,
-// 2 SwiGLU), BG_HAS_RES (mode 1: a residual is added first).
+// 2 SwiGLU), BG_HAS_RES (mode 1: a residual is added first), BG_FP8 (e4m3 weights).
 #define TPR (BG_THREADS / BG_ROWS)
+#define WB (BG_FP8 ? 1 : 2)
 #define WARPS (BG_THREADS / 32)
 #define HEADER 384
 #define NORM_LANES 512
@@ -121,30 +144,58 @@ __device__ __forceinline__ float dot4(u32 w0, u32 w1, u32 x0, u32 x1, float acc)
     return fmaf(hi_bf(w1), hi_bf(x1), acc);
 }
 
+// Two f16 (the low and high halves of v) as float32.
+__device__ __forceinline__ float2 f16x2_f32(u32 v) {
+    float a, b;
+    asm("{\n .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n"
+        " cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}" : "=f"(a), "=f"(b) : "r"(v));
+    return make_float2(a, b);
+}
+
+// acc + four e4m3 weights (one word, 2^-8 times their value) times four float32 inputs.
+__device__ __forceinline__ float dot4_e4m3(u32 w, float4 x, float acc) {
+    float2 lo = f16x2_f32(e4m3_lo(w)), hi = f16x2_f32(e4m3_hi(w));
+    acc = fmaf(lo.x, x.x, acc);
+    acc = fmaf(lo.y, x.y, acc);
+    acc = fmaf(hi.x, x.z, acc);
+    return fmaf(hi.y, x.w, acc);
+}
+
 // Stage i of this block's rows: rows [first + i * BG_ROWS, ...), at most BG_ROWS of them.
-__device__ __forceinline__ void issue(const u16* w, long first, int rows_left, int i, int k,
-                                      u32 stages, u32 bars) {
+__device__ __forceinline__ void issue(const unsigned char* w, long first, int rows_left, int i,
+                                      int k, u32 stages, u32 bars) {
     int slot = i % BG_STAGES;
     int rows = min(BG_ROWS, rows_left - i * BG_ROWS);
-    u32 bytes = (u32)rows * (u32)k * 2u;
+    u32 bytes = (u32)rows * (u32)k * WB;
     u32 bar = bars + 8u * slot;
-    u32 dst = stages + (u32)slot * (u32)(BG_ROWS * k * 2);
-    const char* src = (const char*)(w + (first + (long)i * BG_ROWS) * (long)k);
+    u32 dst = stages + (u32)slot * (u32)(BG_ROWS * k * WB);
+    const char* src = (const char*)(w + (first + (long)i * BG_ROWS) * (long)k * WB);
     mbar_expect(bar, bytes);
     for (u32 off = 0; off < bytes; off += COPY_CHUNK) {
         bulk_copy(dst + off, src + off, min(COPY_CHUNK, bytes - off), bar);
     }
 }
 
+// A row's sum as the output: with e4m3 weights times the row's scale and the 2^8 of the
+// weights' f16 form.
+__device__ __forceinline__ float scaled(float sum, const float* wscale, long r) {
+#if BG_FP8
+    return sum * (wscale[r] * 256.0f);
+#else
+    return sum;
+#endif
+}
+
 extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
-    const u16* __restrict__ w, const u16* __restrict__ x, const u16* __restrict__ res,
-    const u16* __restrict__ nw, u16* __restrict__ out, u16* __restrict__ res_out,
-    int n, int k, float eps)
+    const unsigned char* __restrict__ w, const u16* __restrict__ x, const u16* __restrict__ res,
+    const u16* __restrict__ nw, const float* __restrict__ wscale, u16* __restrict__ out,
+    u16* __restrict__ res_out, int n, int k, float eps)
 {
     extern __shared__ __align__(128) unsigned char smem[];
     float* red = (float*)(smem + 64);  // 2 * WARPS floats, then 1 (the norm's scale)
     u16* xs = (u16*)(smem + HEADER);
-    u16* st = (u16*)(smem + HEADER + ((2 * k + 127) / 128) * 128);
+    float* xf = (float*)(smem + HEADER + ((2 * k + 127) / 128) * 128);  // BG_FP8: 4 planes
+    unsigned char* st = (unsigned char*)xf + (BG_FP8 ? ((4 * k + 127) / 128) * 128 : 0);
     const u32 bars = smem_u32(smem);
     const u32 stages = smem_u32(st);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -234,6 +285,21 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
     }
 #endif
     __syncthreads();
+#if BG_FP8
+    {
+        const int planes = k / 16;
+        #pragma unroll 2
+        for (int v = tid; v < planes; v += BG_THREADS) {
+            uint4 a = ((const uint4*)xs)[2 * v], b = ((const uint4*)xs)[2 * v + 1];
+            float4* p = (float4*)xf + v;
+            p[0] = make_float4(lo_bf(a.x), hi_bf(a.x), lo_bf(a.y), hi_bf(a.y));
+            p[planes] = make_float4(lo_bf(a.z), hi_bf(a.z), lo_bf(a.w), hi_bf(a.w));
+            p[2 * planes] = make_float4(lo_bf(b.x), hi_bf(b.x), lo_bf(b.y), hi_bf(b.y));
+            p[3 * planes] = make_float4(lo_bf(b.z), hi_bf(b.z), lo_bf(b.w), hi_bf(b.w));
+        }
+    }
+    __syncthreads();
+#endif
 
     const int row = tid / TPR, part = tid % TPR;
     const uint4* xv = (const uint4*)xs;
@@ -243,13 +309,26 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
         mbar_wait(bars + 8u * slot, (u32)((i / BG_STAGES) & 1));
         float a0 = 0.0f, a1 = 0.0f;
         if (row < rows) {
-            const uint4* wv = (const uint4*)(st + ((long)slot * BG_ROWS + row) * k);
+            const uint4* wv = (const uint4*)(st + ((long)slot * BG_ROWS + row) * k * WB);
+#if BG_FP8
+            const float4* xp = (const float4*)xf;
+            const int planes = k / 16;
+            #pragma unroll 2
+            for (int v = part; v < planes; v += TPR) {
+                uint4 a = wv[v];
+                a0 = dot4_e4m3(a.x, xp[v], a0);
+                a1 = dot4_e4m3(a.y, xp[planes + v], a1);
+                a0 = dot4_e4m3(a.z, xp[2 * planes + v], a0);
+                a1 = dot4_e4m3(a.w, xp[3 * planes + v], a1);
+            }
+#else
             #pragma unroll 4
             for (int v = part; v < k / 8; v += TPR) {
                 uint4 a = wv[v], b = xv[v];
                 a0 = dot4(a.x, a.y, b.x, b.y, a0);
                 a1 = dot4(a.z, a.w, b.z, b.w, a1);
             }
+#endif
         }
         float acc = a0 + a1;
         #pragma unroll
@@ -260,7 +339,8 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
 #if TPR > 32
         if (lane == 0) parts[warp] = acc;
 #else
-        if (part == 0 && row < rows) out[first + (long)i * BG_ROWS + row] = to_bf(acc);
+        const long r0 = first + (long)i * BG_ROWS;
+        if (part == 0 && row < rows) out[r0 + row] = to_bf(scaled(acc, wscale, r0 + row));
 #endif
         __syncthreads();  // every thread is past the stage: it goes back to the copier
         if (tid == 0 && i + BG_STAGES < count) issue(w, first, my_rows, i + BG_STAGES, k, stages, bars);
@@ -269,7 +349,8 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
             float sum = 0.0f;
             #pragma unroll
             for (int j = 0; j < TPR / 32; j++) sum += parts[tid * (TPR / 32) + j];
-            out[first + (long)i * BG_ROWS + tid] = to_bf(sum);
+            out[first + (long)i * BG_ROWS + tid] = to_bf(scaled(sum, wscale,
+                                                                first + (long)i * BG_ROWS + tid));
         }
 #endif
     }

@@ -95,17 +95,6 @@ __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u3
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Bytes 0, 1 (lo) or 2, 3 (hi) of four e4m3 values as two f16 of 2^-8 times their value: the
-// sign stays on top, exponent and mantissa move down one bit into f16's (bias 15 against 7).
-__device__ __forceinline__ u32 e4m3_lo(u32 v) {
-    u32 t = __byte_perm(v, 0u, 0x1404);
-    return (t & 0x80008000u) | ((t >> 1) & 0x3f803f80u);
-}
-__device__ __forceinline__ u32 e4m3_hi(u32 v) {
-    u32 t = __byte_perm(v, 0u, 0x3424);
-    return (t & 0x80008000u) | ((t >> 1) & 0x3f803f80u);
-}
-
 __device__ __forceinline__ u32 add2(u32 a, u32 b) {
     return pack(to_bf(lo_bf(a) + lo_bf(b)), to_bf(hi_bf(a) + hi_bf(b)));
 }

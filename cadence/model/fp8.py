@@ -6,7 +6,8 @@ and MoE routers stay in the model dtype. (The experts run weight-only at every b
 grouped GEMMs convert their tiles and apply the row scales to the sums.) At run time a GEMM of
 few rows (decode) streams the FP8 weight into a Triton kernel that multiplies it with the
 activations in the model dtype and applies the channel scales at the end (weights in FP8,
-activations not: half the bytes of a bf16 step); a larger GEMM (prefill) quantizes each token's
+activations not: half the bytes of a bf16 step; one row, where ``bulk_gemv``'s e4m3 table
+lists the shape, through the bulk-copy GEMV instead); a larger GEMM (prefill) quantizes each token's
 activations with a scale of its own and multiplies the two FP8 operands on the tensor cores with
 float32 accumulation (``torch._scaled_mm``'s row-wise scaling). On the CPU the same arithmetic
 is emulated in float32.
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from cadence.model import fp8_kernels
+from cadence.model.bulk_gemv import BulkConfig, bulk_config, bulk_gemv, bulk_gemv_norm, bulk_listed
 from cadence.model.bulk_mma import MmaConfig, bulk_mma, bulk_mma_norm, mma_config, mma_listed
 from cadence.model.fused_ops import norm_and_project, silu_and_mul
 from cadence.model.moe import Experts
@@ -73,7 +75,7 @@ class Fp8Linear(nn.Module):
             out = fn(t)
             return out if out.dtype == t.dtype else t.to(out.device)
 
-        self.__dict__.pop("_mma_plans", None)  # new parameters
+        self.__dict__.pop("_bulk_plans", None)  # new parameters
         return super()._apply(keep_dtype, recurse)
 
     @classmethod
@@ -85,7 +87,10 @@ class Fp8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
-        cfg = self._mma_plan(x2, "plain")
+        cfg = self._bulk_plan(x2, "plain")
+        if isinstance(cfg, BulkConfig):
+            return bulk_gemv(x2, self.weight, cfg, scale=self.weight_scale).view(
+                *shape[:-1], self.out_features)
         if cfg is not None:
             return bulk_mma(x2, self.weight, cfg, scale=self.weight_scale).view(
                 *shape[:-1], self.out_features)
@@ -104,9 +109,12 @@ class Fp8Linear(nn.Module):
         table lists the call (weights in e4m3, activations in bfloat16, as the weight-only
         kernel)."""
         x2 = gate_up.reshape(-1, gate_up.shape[-1])
-        cfg = self._mma_plan(x2, "glu")
+        cfg = self._bulk_plan(x2, "glu")
         if cfg is None:
             return self(silu_and_mul(gate_up))
+        if isinstance(cfg, BulkConfig):
+            return bulk_gemv(x2, self.weight, cfg, glu=True, scale=self.weight_scale).view(
+                *gate_up.shape[:-1], self.out_features)
         return bulk_mma(x2, self.weight, cfg, glu=True, scale=self.weight_scale).view(
             *gate_up.shape[:-1], self.out_features)
 
@@ -117,26 +125,38 @@ class Fp8Linear(nn.Module):
         ``h`` the RMSNorm kernel's bits; else the two calls."""
         x2 = x.reshape(-1, x.shape[-1])
         r2 = None if residual is None else residual.reshape(x2.shape)
-        cfg = self._mma_plan(x2, "norm", r2, norm_weight)
+        cfg = self._bulk_plan(x2, "norm", r2, norm_weight)
         if cfg is None:
             return norm_and_project(self, x, residual, norm_weight, eps)
-        out, s = bulk_mma_norm(x2, r2, norm_weight, eps, self.weight, cfg, self.weight_scale)
+        if isinstance(cfg, BulkConfig):
+            out, s = bulk_gemv_norm(x2, r2, norm_weight, eps, self.weight, cfg,
+                                    self.weight_scale)
+        else:
+            out, s = bulk_mma_norm(x2, r2, norm_weight, eps, self.weight, cfg,
+                                   self.weight_scale)
         return out.view(*x.shape[:-1], self.out_features), s.view(x.shape)
 
-    def _mma_plan(self, x2: torch.Tensor, mode: str, residual: torch.Tensor | None = None,
-                  norm_weight: torch.Tensor | None = None) -> MmaConfig | None:
-        """The bulk kernel's configuration for this call, resolved once per kind of call."""
-        if not (x2.is_cuda and mma_listed(self.weight, mode, x2.shape[0])):
+    def _bulk_plan(self, x2: torch.Tensor, mode: str, residual: torch.Tensor | None = None,
+                   norm_weight: torch.Tensor | None = None) -> BulkConfig | MmaConfig | None:
+        """The bulk kernel's configuration for this call, resolved once per kind of call: the
+        tensor-core one where its table lists the row count, else for one row the GEMV."""
+        rows = x2.shape[0]
+        if not (x2.is_cuda and (mma_listed(self.weight, mode, rows)
+                                or (rows == 1 and bulk_listed(self.weight, mode)))):
             return None
-        plans = self.__dict__.setdefault("_mma_plans", {})
+        plans = self.__dict__.setdefault("_bulk_plans", {})
         key = (mode, x2.shape[0], x2.is_contiguous(), x2.data_ptr() & 15, torch.is_grad_enabled(),
                None if residual is None else (residual.data_ptr() & 15, residual.is_contiguous(),
                                               residual.dtype),
                None if norm_weight is None else norm_weight.data_ptr(),
                self.weight.data_ptr(), self.weight_scale.data_ptr())
         if key not in plans:
-            plans[key] = mma_config(x2, self.weight, self.bias, mode, self.weight_scale,
-                                    residual, norm_weight)
+            plan: BulkConfig | MmaConfig | None = mma_config(
+                x2, self.weight, self.bias, mode, self.weight_scale, residual, norm_weight)
+            if plan is None and rows == 1:
+                plan = bulk_config(x2, self.weight, self.bias, mode, residual, norm_weight,
+                                   self.weight_scale)
+            plans[key] = plan
         return plans[key]
 
     def _scaled_mm(self, x: torch.Tensor) -> torch.Tensor:

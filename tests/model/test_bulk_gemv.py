@@ -34,13 +34,27 @@ def test_cpu_tensors_never_take_the_kernel() -> None:
     assert not bulk_applies(x, w, BulkConfig(4, 2), "norm")
 
 
+def test_e4m3_weights_take_a_byte_a_weight_and_a_float32_input_row() -> None:
+    # The header, the bf16 row, its float32 planes, then stages of one byte a weight.
+    assert shared_bytes(4096, 4, 3, fp8=True) == 384 + 8192 + 16384 + 3 * 4 * 4096
+    assert shared_bytes(1040, 2, 2, fp8=True) == 384 + 2176 + 4224 + 2 * 2 * 1040
+    assert BulkConfig(4, 3).shared_bytes(4096, fp8=True) == shared_bytes(4096, 4, 3, True)
+
+
+def test_cpu_e4m3_weights_never_take_the_kernel() -> None:
+    x = torch.zeros(1, 1024, dtype=torch.bfloat16)
+    w = torch.zeros(64, 1024, dtype=torch.float8_e4m3fn)
+    assert not bulk_applies(x, w, BulkConfig(4, 2), scale=torch.ones(64))
+
+
 @pytest.mark.skipif(not nvrtc_ok(), reason="needs NVRTC")
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("mode,res", [(0, 0), (1, 0), (1, 1), (2, 0)])
 @pytest.mark.parametrize("cfg", [BulkConfig(1, 4, 256), BulkConfig(16, 2, 128),
                                  BulkConfig(2, 8, 512)], ids=str)
-def test_the_source_compiles_for_hopper(cfg: BulkConfig, mode: int, res: int) -> None:
+def test_the_source_compiles_for_hopper(cfg: BulkConfig, mode: int, res: int, fp8: bool) -> None:
     from cadence.runtime.module import compile_cuda
 
     cubin = compile_cuda(SOURCE, "bulk_gemv.cu", "sm_90",
-                         defines(cfg.rows, cfg.stages, cfg.threads, mode, bool(res)))
+                         defines(cfg.rows, cfg.stages, cfg.threads, mode, bool(res), fp8))
     assert KERNEL.encode() in cubin

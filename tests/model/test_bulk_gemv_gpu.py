@@ -1,5 +1,5 @@
-"""The bulk-copy GEMV on a Hopper GPU: each mode (plain, the input's add + RMSNorm, SwiGLU)
-against float64 on fresh random inputs, the new residual and the normalized row with the RMSNorm
+"""The bulk-copy GEMV on a Hopper GPU: each mode (plain, the input's add + RMSNorm, SwiGLU), with
+bfloat16 and with e4m3 weights, against float64 on fresh random inputs, the new residual and the normalized row with the RMSNorm
 kernel's bits, odd shapes (fewer rows than SMs, rows that do not fill a stage), every
 configuration shape (threads per row below, at and above a warp), CUDA graph replays and a
 launch tape against the eager call."""
@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from cadence.model.bulk_gemv import BulkConfig, bulk_applies, bulk_gemv, bulk_gemv_norm
+from cadence.model.fp8 import quantize_rows
 from cadence.model.fused_ops import add_rms_norm, rms_norm, silu_and_mul
 
 EPS = 1e-6
@@ -196,3 +197,127 @@ def test_decode_step_takes_the_bulk_kernels(monkeypatch) -> None:
     assert results[False][1] == []
     on, off = results[True][0].float(), results[False][0].float()
     assert float((on - off).abs().max()) <= 3e-2 * float(off.abs().max())
+
+
+FP8_SHAPES = [(1, 512), (37, 1024), (131, 2048), (1000, 1040), (3072, 4096), (257, 14336)]
+
+
+def _fp8_operands(n: int, k: int, seed: int, glu: bool = False, spread: float = 1.0):
+    w, x, r, nw = _operands(n, k, seed, glu)
+    q, scale = quantize_rows(w)
+    return q, scale, (spread * x.float()).bfloat16(), r, nw
+
+
+def _close_fp8(out: torch.Tensor, h: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
+    _close(out, h, q.double() * scale.double()[:, None])
+
+
+@pytest.mark.parametrize("mode", ["plain", "glu", "norm"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+@pytest.mark.parametrize("n,k", FP8_SHAPES)
+def test_fp8_weights_against_float64(cfg: BulkConfig, n: int, k: int, mode: str) -> None:
+    q, scale, x, r, nw = _fp8_operands(n, k, 5 * n + k, glu=mode == "glu")
+    if not bulk_applies(x, q, cfg, mode, r, nw, scale):
+        pytest.skip("configuration does not fit")
+    if mode == "norm":
+        out, s = bulk_gemv_norm(x, r, nw, EPS, q, cfg, scale)
+        h, s_ref = add_rms_norm(x, r, nw, EPS)
+        assert torch.equal(s, s_ref)
+        assert torch.equal(out, bulk_gemv(h, q, cfg, scale=scale))
+    elif mode == "glu":
+        out, h = bulk_gemv(x, q, cfg, glu=True, scale=scale), silu_and_mul(x)
+    else:
+        out, h = bulk_gemv(x, q, cfg, scale=scale), x
+    _close_fp8(out, h, q, scale)
+
+
+@pytest.mark.parametrize("spread", [1e-30, 1e4])
+def test_fp8_inputs_far_from_one(spread: float) -> None:
+    # The inputs stay in float32 (no f16 detour): tiny and large rows keep their precision.
+    q, scale, x, _, _ = _fp8_operands(512, 2048, 17, spread=spread)
+    _close_fp8(bulk_gemv(x, q, BulkConfig(4, 3, 256), scale=scale), x, q, scale)
+
+
+def test_fp8_needs_its_scale_and_sixteen_wide_rows() -> None:
+    cfg = BulkConfig(4, 3, 256)
+    q, scale, x, r, nw = _fp8_operands(64, 1024, 2)
+    assert bulk_applies(x, q, cfg, scale=scale)
+    assert not bulk_applies(x, q, cfg)
+    assert not bulk_applies(x, q, cfg, scale=scale.double())
+    assert not bulk_applies(x, q, cfg, scale=scale[:32])
+    q2, s2, x2, _, _ = _fp8_operands(64, 1032, 2)
+    assert not bulk_applies(x2, q2, cfg, scale=s2)  # K not a multiple of 16
+
+
+def test_fp8_graph_replay_matches_the_eager_call() -> None:
+    cfg = BulkConfig(8, 3, 256)
+    q, scale, x, r, nw = _fp8_operands(4096, 4096, 23)
+    eager = bulk_gemv_norm(x, r, nw, EPS, q, cfg, scale)[0]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        bulk_gemv_norm(x, r, nw, EPS, q, cfg, scale)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = bulk_gemv_norm(x, r, nw, EPS, q, cfg, scale)[0]
+    captured.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+
+
+def test_fp8_engine_takes_the_kernel_at_one_row(tmp_path, monkeypatch) -> None:
+    # A random Llama under --quantization fp8 whose shapes the e4m3 table is made to list: a
+    # lone request's decode steps run the kernel for all four projections (counted), and CUDA
+    # graphs give the eager tokens, with the table and without it (the weight-only kernel).
+    import transformers
+
+    from cadence.engine.llm import LLM
+    from cadence.model import bulk_gemv as bg
+    from cadence.sampling_params import SamplingParams
+    from tests.hf_models import hf_config
+
+    if torch.cuda.get_device_capability() != bg.TABLE_CAPABILITY:
+        pytest.skip("the table was measured on another device")
+    config = hf_config("llama", False, 10000.0, vocab_size=512, hidden_size=512,
+                       intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
+                       eos_token_id=2)
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    hf.save_pretrained(tmp_path)
+    launches = []
+    run = bg._run
+
+    def counted(*args, **kwargs):
+        if args[1].dtype == bg.FP8:
+            launches.append(args[3])  # the mode
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(bg, "_run", counted)
+    prompt = [{"prompt_token_ids": [5, 77, 301, 9, 42, 8, 130]}]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    outs = {}
+    for listed in (True, False):
+        for n, k, mode in ((1024, 512, "norm"), (512, 512, "plain"), (2048, 512, "norm"),
+                           (512, 1024, "glu")):
+            if listed:
+                monkeypatch.setitem(bg.BULK_FP8_CONFIGS, (n, k, mode), BulkConfig(4, 2, 256))
+            else:
+                bg.BULK_FP8_CONFIGS.pop((n, k, mode), None)
+        for eager in (False, True):
+            launches.clear()
+            llm = LLM(str(tmp_path), dtype="bfloat16", quantization="fp8", enforce_eager=eager,
+                      max_model_len=256, max_num_seqs=4, gpu_memory_utilization=0.3,
+                      max_num_batched_tokens=512)
+            try:
+                outs[listed, eager] = llm.generate(prompt, params)[0].outputs[0].token_ids
+            finally:
+                llm.engine_core.shutdown()
+            if listed:
+                assert {0, 1, 2} <= set(launches), launches[:8]
+            else:
+                assert launches == []
+    assert outs[True, False] == outs[True, True]
+    assert outs[False, False] == outs[False, True]
