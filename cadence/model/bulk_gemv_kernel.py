@@ -14,10 +14,15 @@ Only after the wait does a block read the input, transformed into shared memory 
 of squares added in ``rms_norm_kernels``' fixed order, so the normalized row has that kernel's
 bits; block 0 writes the new residual); 2 SwiGLU of ``[gate | up]`` (``x`` is [2K]).
 
-With e4m3 weights the input row is also laid out in float32, in four planes (plane ``j`` holds
-elements ``16 v + 4 j .. 16 v + 4 j + 3`` at index ``v``, so a warp's loads of one plane are
-consecutive: no bank conflicts); each weight pair becomes f16 by three integer operations
-(2^-8 times its value, exact; the 2^8 goes into the row's scale), then float32.
+With e4m3 weights the products are f16 pairs (``fma.rn.f16x2``, eight products a lane summed
+in f16, then in float32): float32 products would cost several times the integer and conversion
+work per byte, and the kernel is bound by that work rather than by the weight stream. Each
+weight pair becomes f16 by three integer operations (2^-8 times its value, exact); the input
+row is copied to f16 times the power of two ``2^s`` that brings its largest element below
+2^11 (exact where it stays in f16's normal range; eight products then stay below 2^15), in two
+planes (plane ``p`` holds elements ``16 v + 8 p .. 16 v + 8 p + 7`` at index ``v``: a warp's
+loads of a plane are consecutive, no bank conflicts); the output is the sum times the row's
+scale, 2^8 and 2^-s.
 
 Thread ``t`` of a stage takes row ``t / (T / BG_ROWS)`` and every ``T / BG_ROWS``-th 16-byte
 vector of it; each row's sum is reduced with warp shuffles (and across warps through shared
@@ -40,9 +45,9 @@ def _round(n: int, to: int = 128) -> int:
 
 def shared_bytes(k: int, rows: int, stages: int, fp8: bool = False) -> int:
     """Dynamic shared memory of one block: header, the input row (bf16; with e4m3 weights
-    also in float32), the stages."""
+    also scaled into f16), the stages."""
     if fp8:
-        return _HEADER + _round(2 * k) + _round(4 * k) + stages * rows * k
+        return _HEADER + 2 * _round(2 * k) + stages * rows * k
     return _HEADER + _round(2 * k) + stages * rows * 2 * k
 
 
@@ -118,6 +123,18 @@ __device__ __forceinline__ u32 silu_mul2(u32 g, u32 u) {
     return pack(silu_mul((u16)(g & 0xffffu), (u16)(u & 0xffffu)),
                 silu_mul((u16)(g >> 16), (u16)(u >> 16)));
 }
+__device__ __forceinline__ u16 to_h(float f) {
+    u16 r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+// The larger of m and the magnitudes of v's two bf16; v's two bf16 times s, as two f16.
+__device__ __forceinline__ float amax2(u32 v, float m) {
+    return fmaxf(m, fmaxf(fabsf(lo_bf(v)), fabsf(hi_bf(v))));
+}
+__device__ __forceinline__ u32 to_h2(u32 v, float s) {
+    return pack(to_h(lo_bf(v) * s), to_h(hi_bf(v) * s));
+}
 // RMSNorm's scaling as the RMSNorm kernel rounds it: s * rstd rounded, times w, rounded.
 __device__ __forceinline__ u32 norm2(u32 s, u32 w, float rstd) {
     return pack(to_bf(round_bf(lo_bf(s) * rstd) * lo_bf(w)),
@@ -152,13 +169,16 @@ __device__ __forceinline__ float2 f16x2_f32(u32 v) {
     return make_float2(a, b);
 }
 
-// acc + four e4m3 weights (one word, 2^-8 times their value) times four float32 inputs.
-__device__ __forceinline__ float dot4_e4m3(u32 w, float4 x, float acc) {
-    float2 lo = f16x2_f32(e4m3_lo(w)), hi = f16x2_f32(e4m3_hi(w));
-    acc = fmaf(lo.x, x.x, acc);
-    acc = fmaf(lo.y, x.y, acc);
-    acc = fmaf(hi.x, x.z, acc);
-    return fmaf(hi.y, x.w, acc);
+__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// acc + four e4m3 weights (one word, as f16 of 2^-8 times their value) times four f16 inputs
+// (x01: the first two, x23: the last two), pair by pair in f16.
+__device__ __forceinline__ u32 dot4_e4m3(u32 w, u32 x01, u32 x23, u32 acc) {
+    return hfma2(e4m3_hi(w), x23, hfma2(e4m3_lo(w), x01, acc));
 }
 
 // Stage i of this block's rows: rows [first + i * BG_ROWS, ...), at most BG_ROWS of them.
@@ -176,11 +196,11 @@ __device__ __forceinline__ void issue(const unsigned char* w, long first, int ro
     }
 }
 
-// A row's sum as the output: with e4m3 weights times the row's scale and the 2^8 of the
-// weights' f16 form.
-__device__ __forceinline__ float scaled(float sum, const float* wscale, long r) {
+// A row's sum as the output: with e4m3 weights times the row's scale, the 2^8 of the
+// weights' f16 form and the 2^-xexp of the input's.
+__device__ __forceinline__ float scaled(float sum, const float* wscale, long r, int xexp) {
 #if BG_FP8
-    return sum * (wscale[r] * 256.0f);
+    return ldexpf(sum * wscale[r] * 256.0f, -xexp);
 #else
     return sum;
 #endif
@@ -194,8 +214,8 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
     extern __shared__ __align__(128) unsigned char smem[];
     float* red = (float*)(smem + 64);  // 2 * WARPS floats, then 1 (the norm's scale)
     u16* xs = (u16*)(smem + HEADER);
-    float* xf = (float*)(smem + HEADER + ((2 * k + 127) / 128) * 128);  // BG_FP8: 4 planes
-    unsigned char* st = (unsigned char*)xf + (BG_FP8 ? ((4 * k + 127) / 128) * 128 : 0);
+    u16* xh = (u16*)(smem + HEADER + ((2 * k + 127) / 128) * 128);  // BG_FP8: two f16 planes
+    unsigned char* st = (unsigned char*)xh + (BG_FP8 ? ((2 * k + 127) / 128) * 128 : 0);
     const u32 bars = smem_u32(smem);
     const u32 stages = smem_u32(st);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -285,17 +305,35 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
     }
 #endif
     __syncthreads();
+    int xexp = 0;  // BG_FP8: the input's f16 copy is 2^xexp times it
 #if BG_FP8
     {
+        float mx = 0.0f;
+        #pragma unroll 4
+        for (int v = tid; v < k / 8; v += BG_THREADS) {
+            uint4 a = ((const uint4*)xs)[v];
+            mx = amax2(a.w, amax2(a.z, amax2(a.y, amax2(a.x, mx))));
+        }
+        #pragma unroll
+        for (int off = 1; off < 32; off *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        if (lane == 0) red[warp] = mx;
+        __syncthreads();
+        if (tid == 0) {
+            for (int i = 1; i < WARPS; i++) mx = fmaxf(mx, red[i]);
+            int e = (int)((__float_as_uint(mx) >> 23) & 0xffu) - 127;  // max < 2^(e + 1)
+            red[2 * WARPS + 1] = __int_as_float(min(max(10 - e, -126), 126));
+        }
+        __syncthreads();
+        xexp = __float_as_int(red[2 * WARPS + 1]);
+        const float sc = __uint_as_float((u32)(127 + xexp) << 23);
         const int planes = k / 16;
         #pragma unroll 2
         for (int v = tid; v < planes; v += BG_THREADS) {
             uint4 a = ((const uint4*)xs)[2 * v], b = ((const uint4*)xs)[2 * v + 1];
-            float4* p = (float4*)xf + v;
-            p[0] = make_float4(lo_bf(a.x), hi_bf(a.x), lo_bf(a.y), hi_bf(a.y));
-            p[planes] = make_float4(lo_bf(a.z), hi_bf(a.z), lo_bf(a.w), hi_bf(a.w));
-            p[2 * planes] = make_float4(lo_bf(b.x), hi_bf(b.x), lo_bf(b.y), hi_bf(b.y));
-            p[3 * planes] = make_float4(lo_bf(b.z), hi_bf(b.z), lo_bf(b.w), hi_bf(b.w));
+            ((uint4*)xh)[v] = make_uint4(to_h2(a.x, sc), to_h2(a.y, sc), to_h2(a.z, sc),
+                                         to_h2(a.w, sc));
+            ((uint4*)xh)[planes + v] = make_uint4(to_h2(b.x, sc), to_h2(b.y, sc),
+                                                  to_h2(b.z, sc), to_h2(b.w, sc));
         }
     }
     __syncthreads();
@@ -311,15 +349,18 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
         if (row < rows) {
             const uint4* wv = (const uint4*)(st + ((long)slot * BG_ROWS + row) * k * WB);
 #if BG_FP8
-            const float4* xp = (const float4*)xf;
+            const uint4* xp = (const uint4*)xh;
             const int planes = k / 16;
             #pragma unroll 2
             for (int v = part; v < planes; v += TPR) {
-                uint4 a = wv[v];
-                a0 = dot4_e4m3(a.x, xp[v], a0);
-                a1 = dot4_e4m3(a.y, xp[planes + v], a1);
-                a0 = dot4_e4m3(a.z, xp[2 * planes + v], a0);
-                a1 = dot4_e4m3(a.w, xp[3 * planes + v], a1);
+                uint4 a = wv[v], x0 = xp[v], x1 = xp[planes + v];
+                u32 h = dot4_e4m3(a.x, x0.x, x0.y, 0u);
+                h = dot4_e4m3(a.y, x0.z, x0.w, h);
+                h = dot4_e4m3(a.z, x1.x, x1.y, h);
+                h = dot4_e4m3(a.w, x1.z, x1.w, h);
+                const float2 f = f16x2_f32(h);
+                a0 += f.x;
+                a1 += f.y;
             }
 #else
             #pragma unroll 4
@@ -340,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
         if (lane == 0) parts[warp] = acc;
 #else
         const long r0 = first + (long)i * BG_ROWS;
-        if (part == 0 && row < rows) out[r0 + row] = to_bf(scaled(acc, wscale, r0 + row));
+        if (part == 0 && row < rows) out[r0 + row] = to_bf(scaled(acc, wscale, r0 + row, xexp));
 #endif
         __syncthreads();  // every thread is past the stage: it goes back to the copier
         if (tid == 0 && i + BG_STAGES < count) issue(w, first, my_rows, i + BG_STAGES, k, stages, bars);
@@ -349,8 +390,8 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
             float sum = 0.0f;
             #pragma unroll
             for (int j = 0; j < TPR / 32; j++) sum += parts[tid * (TPR / 32) + j];
-            out[first + (long)i * BG_ROWS + tid] = to_bf(scaled(sum, wscale,
-                                                                first + (long)i * BG_ROWS + tid));
+            out[first + (long)i * BG_ROWS + tid] = to_bf(
+                scaled(sum, wscale, first + (long)i * BG_ROWS + tid, xexp));
         }
 #endif
     }

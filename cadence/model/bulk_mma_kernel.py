@@ -77,12 +77,6 @@ typedef unsigned char u8;
 #define LPT (NORM_LANES / BM_THREADS)
 #define XPAD (BM_FP8 ? 16 : 64)
 
-__device__ __forceinline__ u16 to_h(float f) {
-    u16 r;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
-    return r;
-}
-
 // c += A B for one 16x8x16 tile: a0/a2 row g, a1/a3 row g + 8; b0/b1 column g.
 __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
 #if BM_FP8
@@ -97,12 +91,6 @@ __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u3
 
 __device__ __forceinline__ u32 add2(u32 a, u32 b) {
     return pack(to_bf(lo_bf(a) + lo_bf(b)), to_bf(hi_bf(a) + hi_bf(b)));
-}
-__device__ __forceinline__ float amax2(u32 v, float m) {
-    return fmaxf(m, fmaxf(fabsf(lo_bf(v)), fabsf(hi_bf(v))));
-}
-__device__ __forceinline__ u32 to_h2(u32 v, float s) {
-    return pack(to_h(lo_bf(v) * s), to_h(hi_bf(v) * s));
 }
 
 // Stage i: row group i / nkc of this block's rows, column chunk i % nkc; each row to its slot.

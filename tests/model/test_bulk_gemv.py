@@ -34,10 +34,10 @@ def test_cpu_tensors_never_take_the_kernel() -> None:
     assert not bulk_applies(x, w, BulkConfig(4, 2), "norm")
 
 
-def test_e4m3_weights_take_a_byte_a_weight_and_a_float32_input_row() -> None:
-    # The header, the bf16 row, its float32 planes, then stages of one byte a weight.
-    assert shared_bytes(4096, 4, 3, fp8=True) == 384 + 8192 + 16384 + 3 * 4 * 4096
-    assert shared_bytes(1040, 2, 2, fp8=True) == 384 + 2176 + 4224 + 2 * 2 * 1040
+def test_e4m3_weights_take_a_byte_a_weight_and_an_f16_input_row() -> None:
+    # The header, the bf16 row, its f16 copy, then stages of one byte a weight.
+    assert shared_bytes(4096, 4, 3, fp8=True) == 384 + 8192 + 8192 + 3 * 4 * 4096
+    assert shared_bytes(1040, 2, 2, fp8=True) == 384 + 2176 + 2176 + 2 * 2 * 1040
     assert BulkConfig(4, 3).shared_bytes(4096, fp8=True) == shared_bytes(4096, 4, 3, True)
 
 
