@@ -269,7 +269,7 @@ def _run(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, mode: int,
          out: torch.Tensor, res_out: torch.Tensor | None, scale: torch.Tensor | None) -> None:
     n, k = weight.shape
     fp8 = weight.dtype == FP8
-    options = defines(cfg.rows, cfg.stages, cfg.threads, mode, residual is not None, fp8)
+    options = defines(cfg.rows, cfg.stages, cfg.threads, mode, residual is not None, fp8, k)
     kernel = compiled(x.get_device(), SOURCE, KERNEL, options)
     args = (weight, x, x if residual is None else residual,
             x if norm_weight is None else norm_weight, x if scale is None else scale, out,

@@ -32,7 +32,8 @@ but not on timing: a graph replay and an eager call agree.
 
 from __future__ import annotations
 
-__all__ = ["PRELUDE", "SOURCE", "KERNEL", "NORM_LANES", "defines", "shared_bytes"]
+__all__ = ["PRELUDE", "SOURCE", "KERNEL", "NORM_LANES", "defines", "shared_bytes",
+           "x_in_registers"]
 
 KERNEL = "bulk_gemv"
 NORM_LANES = 512  # rms_norm_kernels.NORM_CHUNK_MAX: the sum of squares' lanes
@@ -51,13 +52,22 @@ def shared_bytes(k: int, rows: int, stages: int, fp8: bool = False) -> int:
     return _HEADER + _round(2 * k) + stages * rows * 2 * k
 
 
+def x_in_registers(k: int, rows: int, threads: int) -> bool:
+    """Whether an e4m3 launch keeps each thread's part of the input in registers (compiled for
+    its K): every thread of a row then takes the same number of 16-byte vectors, at most 8."""
+    vectors, tpr = k // 16, threads // rows
+    return k % 16 == 0 and vectors % tpr == 0 and vectors // tpr <= 8
+
+
 def defines(rows: int, stages: int, threads: int, mode: int, has_res: bool,
-            fp8: bool = False) -> list[str]:
+            fp8: bool = False, k: int = 0) -> list[str]:
     """The NVRTC options that specialize ``SOURCE``: rows per stage, stages, threads per
-    block, mode (0 plain, 1 norm, 2 SwiGLU), whether the norm adds a residual first, and
-    whether the weight is e4m3."""
+    block, mode (0 plain, 1 norm, 2 SwiGLU), whether the norm adds a residual first, whether
+    the weight is e4m3, and (e4m3, where ``x_in_registers``) K."""
+    regs = k if fp8 and k and x_in_registers(k, rows, threads) else 0
     return [f"-DBG_ROWS={rows}", f"-DBG_STAGES={stages}", f"-DBG_THREADS={threads}",
-            f"-DBG_MODE={mode}", f"-DBG_HAS_RES={int(has_res)}", f"-DBG_FP8={int(fp8)}"]
+            f"-DBG_MODE={mode}", f"-DBG_HAS_RES={int(has_res)}", f"-DBG_FP8={int(fp8)}",
+            f"-DBG_K={regs}"]
 
 
 PRELUDE = r"""
@@ -148,6 +158,9 @@ SOURCE = PRELUDE + r"""
 // 2 SwiGLU), BG_HAS_RES (mode 1: a residual is added first), BG_FP8 (e4m3 weights).
 #define TPR (BG_THREADS / BG_ROWS)
 #define WB (BG_FP8 ? 1 : 2)
+#if BG_K
+#define XV (BG_K / 16 / TPR)  // input vectors a thread holds
+#endif
 #define WARPS (BG_THREADS / 32)
 #define HEADER 384
 #define NORM_LANES 512
@@ -341,6 +354,16 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
 
     const int row = tid / TPR, part = tid % TPR;
     const uint4* xv = (const uint4*)xs;
+#if BG_FP8 && BG_K
+    // NOTE: a thread reads the same input vectors for every row: held in registers, the main
+    // loop's shared-memory reads are the weights' alone.
+    uint4 xr[XV], yr[XV];
+    #pragma unroll
+    for (int j = 0; j < XV; j++) {
+        xr[j] = ((const uint4*)xh)[part + j * TPR];
+        yr[j] = ((const uint4*)xh)[BG_K / 16 + part + j * TPR];
+    }
+#endif
     for (int i = 0; i < count; i++) {
         const int slot = i % BG_STAGES;
         const int rows = min(BG_ROWS, my_rows - i * BG_ROWS);
@@ -348,7 +371,19 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
         float a0 = 0.0f, a1 = 0.0f;
         if (row < rows) {
             const uint4* wv = (const uint4*)(st + ((long)slot * BG_ROWS + row) * k * WB);
-#if BG_FP8
+#if BG_FP8 && BG_K
+            #pragma unroll
+            for (int j = 0; j < XV; j++) {
+                uint4 a = wv[part + j * TPR];
+                u32 h = dot4_e4m3(a.x, xr[j].x, xr[j].y, 0u);
+                h = dot4_e4m3(a.y, xr[j].z, xr[j].w, h);
+                h = dot4_e4m3(a.z, yr[j].x, yr[j].y, h);
+                h = dot4_e4m3(a.w, yr[j].z, yr[j].w, h);
+                const float2 f = f16x2_f32(h);
+                a0 += f.x;
+                a1 += f.y;
+            }
+#elif BG_FP8
             const uint4* xp = (const uint4*)xh;
             const int planes = k / 16;
             #pragma unroll 2

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cadence.model.bulk_gemv import MAX_SHARED, BulkConfig, bulk_applies, nvrtc_ok
-from cadence.model.bulk_gemv_kernel import KERNEL, SOURCE, defines, shared_bytes
+from cadence.model.bulk_gemv_kernel import KERNEL, SOURCE, defines, shared_bytes, x_in_registers
 
 
 @pytest.mark.parametrize("kwargs", [dict(rows=3, stages=2), dict(rows=0, stages=2),
@@ -58,3 +58,27 @@ def test_the_source_compiles_for_hopper(cfg: BulkConfig, mode: int, res: int, fp
     cubin = compile_cuda(SOURCE, "bulk_gemv.cu", "sm_90",
                          defines(cfg.rows, cfg.stages, cfg.threads, mode, bool(res), fp8))
     assert KERNEL.encode() in cubin
+
+
+def test_e4m3_inputs_go_to_registers_where_every_thread_takes_as_many_vectors() -> None:
+    # K / 16 vectors a row, threads / rows threads a row: an equal share of at most 8.
+    assert x_in_registers(4096, 16, 512)  # 256 vectors, 32 threads: 8 each
+    assert x_in_registers(14336, 4, 512)  # 896, 128: 7 each
+    assert not x_in_registers(14336, 2, 512)  # 896 over 256 threads: unequal
+    assert not x_in_registers(4096, 1, 512) and not x_in_registers(1040, 4, 256)
+    assert not x_in_registers(14336, 16, 512)  # 28 each: too many registers
+    assert "-DBG_K=4096" in defines(16, 2, 512, 1, True, fp8=True, k=4096)
+    assert "-DBG_K=0" in defines(16, 2, 512, 1, True, fp8=False, k=4096)
+    assert "-DBG_K=0" in defines(2, 2, 512, 0, False, fp8=True, k=14336)
+
+
+@pytest.mark.skipif(not nvrtc_ok(), reason="needs NVRTC")
+@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("rows,threads,k", [(16, 512, 4096), (4, 512, 14336), (8, 128, 1024)])
+def test_the_register_path_compiles_for_hopper(rows: int, threads: int, k: int, mode: int
+                                               ) -> None:
+    from cadence.runtime.module import compile_cuda
+
+    options = defines(rows, 2, threads, mode, mode == 1, fp8=True, k=k)
+    assert f"-DBG_K={k}" in options
+    assert KERNEL.encode() in compile_cuda(SOURCE, "bulk_gemv.cu", "sm_90", options)
