@@ -211,9 +211,9 @@ __device__ __forceinline__ void issue(const unsigned char* w, long first, int ro
 
 // A row's sum as the output: with e4m3 weights times the row's scale, the 2^8 of the
 // weights' f16 form and the 2^-xexp of the input's.
-__device__ __forceinline__ float scaled(float sum, const float* wscale, long r, int xexp) {
+__device__ __forceinline__ float scaled(float sum, float wsc, int xexp) {
 #if BG_FP8
-    return ldexpf(sum * wscale[r] * 256.0f, -xexp);
+    return ldexpf(sum * wsc * 256.0f, -xexp);
 #else
     return sum;
 #endif
@@ -353,6 +353,9 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
 #endif
 
     const int row = tid / TPR, part = tid % TPR;
+    // The row whose output this thread writes (if any): a row's first thread, or with more
+    // than a warp per row thread t for row t.
+    const int wrow = TPR > 32 ? (tid < BG_ROWS ? tid : BG_ROWS) : (part == 0 ? row : BG_ROWS);
     const uint4* xv = (const uint4*)xs;
 #if BG_FP8 && BG_K
     // NOTE: a thread reads the same input vectors for every row: held in registers, the main
@@ -367,6 +370,13 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
     for (int i = 0; i < count; i++) {
         const int slot = i % BG_STAGES;
         const int rows = min(BG_ROWS, my_rows - i * BG_ROWS);
+        const long r0 = first + (long)i * BG_ROWS;
+        float wsc = 1.0f;
+#if BG_FP8
+        // NOTE: the row scale is loaded before the stage's wait, its latency hidden by the
+        // products: loaded at the end, it held every stage's hand-back to the copier.
+        if (wrow < rows) wsc = __ldg(wscale + r0 + wrow);
+#endif
         mbar_wait(bars + 8u * slot, (u32)((i / BG_STAGES) & 1));
         float a0 = 0.0f, a1 = 0.0f;
         if (row < rows) {
@@ -415,8 +425,7 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
 #if TPR > 32
         if (lane == 0) parts[warp] = acc;
 #else
-        const long r0 = first + (long)i * BG_ROWS;
-        if (part == 0 && row < rows) out[r0 + row] = to_bf(scaled(acc, wscale, r0 + row, xexp));
+        if (part == 0 && row < rows) out[r0 + row] = to_bf(scaled(acc, wsc, xexp));
 #endif
         __syncthreads();  // every thread is past the stage: it goes back to the copier
         if (tid == 0 && i + BG_STAGES < count) issue(w, first, my_rows, i + BG_STAGES, k, stages, bars);
@@ -425,8 +434,7 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
             float sum = 0.0f;
             #pragma unroll
             for (int j = 0; j < TPR / 32; j++) sum += parts[tid * (TPR / 32) + j];
-            out[first + (long)i * BG_ROWS + tid] = to_bf(
-                scaled(sum, wscale, first + (long)i * BG_ROWS + tid, xexp));
+            out[r0 + tid] = to_bf(scaled(sum, wsc, xexp));
         }
 #endif
     }
