@@ -54,10 +54,11 @@ def configs(k: int, threads_list: tuple[int, ...], fp8: bool = False) -> list[Bu
     for threads in threads_list:
         for rows in (1, 2, 4, 8, 16, 32):
             for stages in (2, 3, 4, 6, 8):
-                cfg = BulkConfig(rows, stages, threads)
-                stage = rows * (1 if fp8 else 2) * k
-                if 4096 <= stage <= 65536 and cfg.shared_bytes(k, fp8) <= 227 * 1024:
-                    out.append(cfg)
+                for hw_cvt in (False, True) if fp8 else (False,):
+                    cfg = BulkConfig(rows, stages, threads, hw_cvt)
+                    stage = rows * (1 if fp8 else 2) * k
+                    if 4096 <= stage <= 65536 and cfg.shared_bytes(k, fp8) <= 227 * 1024:
+                        out.append(cfg)
     return out
 
 
@@ -196,12 +197,14 @@ def main() -> int:
     name = "BULK_FP8_CONFIGS" if fp8 else "BULK_CONFIGS"
     print(f"\n{name}: dict[tuple[int, int, str], BulkConfig] = {{")
     for (n, k, mode), (cfg, us, today) in sorted(best.items()):
+        cvt = ", hw_cvt=True" if cfg.hw_cvt else ""
         print(f"    ({n}, {k}, \"{mode}\"): BulkConfig({cfg.rows}, {cfg.stages}, "
-              f"{cfg.threads}),  # {us:.2f} vs {today:.2f} us")
+              f"{cfg.threads}{cvt}),  # {us:.2f} vs {today:.2f} us")
     print("}", flush=True)
     if ns.json:
         rows = [dict(n=n, k=k, mode=mode, rows=cfg.rows, stages=cfg.stages, threads=cfg.threads,
-                     us=us, today_us=today) for (n, k, mode), (cfg, us, today) in best.items()]
+                     hw_cvt=cfg.hw_cvt, us=us, today_us=today)
+                for (n, k, mode), (cfg, us, today) in best.items()]
         Path(ns.json).write_text(json.dumps(dict(weights=ns.weights, table=rows), indent=1))
     return 0
 

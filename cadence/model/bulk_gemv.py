@@ -43,11 +43,13 @@ TABLE_CAPABILITY = (9, 0)
 @dataclass(frozen=True)
 class BulkConfig:
     """``rows`` weight rows per stage, ``stages`` stages in the ring, ``threads`` per block
-    (one block per SM)."""
+    (one block per SM); with e4m3 weights, ``hw_cvt``: each weight pair becomes f16 by the
+    hardware conversion (one instruction) rather than by integer operations (four)."""
 
     rows: int
     stages: int
     threads: int = 256
+    hw_cvt: bool = False
 
     def __post_init__(self) -> None:
         if self.threads not in (128, 256, 512):
@@ -277,7 +279,8 @@ def _run(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, mode: int,
          out: torch.Tensor, res_out: torch.Tensor | None, scale: torch.Tensor | None) -> None:
     n, k = weight.shape
     fp8 = weight.dtype == FP8
-    options = defines(cfg.rows, cfg.stages, cfg.threads, mode, residual is not None, fp8, k)
+    options = defines(cfg.rows, cfg.stages, cfg.threads, mode, residual is not None, fp8, k,
+                      cfg.hw_cvt)
     kernel = compiled(x.get_device(), SOURCE, KERNEL, options)
     args = (weight, x, x if residual is None else residual,
             x if norm_weight is None else norm_weight, x if scale is None else scale, out,

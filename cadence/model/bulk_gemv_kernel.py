@@ -17,12 +17,14 @@ bits; block 0 writes the new residual); 2 SwiGLU of ``[gate | up]`` (``x`` is [2
 With e4m3 weights the products are f16 pairs (``fma.rn.f16x2``, eight products a lane summed
 in f16, then in float32): float32 products would cost several times the integer and conversion
 work per byte, and the kernel is bound by that work rather than by the weight stream. Each
-weight pair becomes f16 by three integer operations (2^-8 times its value, exact); the input
-row is copied to f16 times the power of two ``2^s`` that brings its largest element below
-2^11 (exact where it stays in f16's normal range; eight products then stay below 2^15), in two
+weight pair becomes f16 by integer operations (2^-8 times its value, exact) or, with
+``BG_CVT``, by the hardware conversion (``cvt.rn.f16x2.e4m3x2``, its value); the input row is
+copied to f16 times the power of two ``2^s`` that brings its largest element below 2^11 (2^4
+with ``BG_CVT``; exact where it stays in f16's normal range; eight products then stay below
+2^15, or 57344, under f16's largest 65504), in two
 planes (plane ``p`` holds elements ``16 v + 8 p .. 16 v + 8 p + 7`` at index ``v``: a warp's
 loads of a plane are consecutive, no bank conflicts); the output is the sum times the row's
-scale, 2^8 and 2^-s.
+scale, 2^8 (without ``BG_CVT``) and 2^-s.
 
 Thread ``t`` of a stage takes row ``t / (T / BG_ROWS)`` and every ``T / BG_ROWS``-th 16-byte
 vector of it; each row's sum is reduced with warp shuffles (and across warps through shared
@@ -60,14 +62,15 @@ def x_in_registers(k: int, rows: int, threads: int) -> bool:
 
 
 def defines(rows: int, stages: int, threads: int, mode: int, has_res: bool,
-            fp8: bool = False, k: int = 0) -> list[str]:
+            fp8: bool = False, k: int = 0, hw_cvt: bool = False) -> list[str]:
     """The NVRTC options that specialize ``SOURCE``: rows per stage, stages, threads per
     block, mode (0 plain, 1 norm, 2 SwiGLU), whether the norm adds a residual first, whether
-    the weight is e4m3, and (e4m3, where ``x_in_registers``) K."""
+    the weight is e4m3, (e4m3, where ``x_in_registers``) K, and (e4m3) whether weight pairs
+    become f16 by the hardware conversion."""
     regs = k if fp8 and k and x_in_registers(k, rows, threads) else 0
     return [f"-DBG_ROWS={rows}", f"-DBG_STAGES={stages}", f"-DBG_THREADS={threads}",
             f"-DBG_MODE={mode}", f"-DBG_HAS_RES={int(has_res)}", f"-DBG_FP8={int(fp8)}",
-            f"-DBG_K={regs}"]
+            f"-DBG_K={regs}", f"-DBG_CVT={int(fp8 and hw_cvt)}"]
 
 
 PRELUDE = r"""
@@ -188,10 +191,25 @@ __device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
     return d;
 }
 
-// acc + four e4m3 weights (one word, as f16 of 2^-8 times their value) times four f16 inputs
-// (x01: the first two, x23: the last two), pair by pair in f16.
+#if BG_CVT
+#define XLOG2 4  // the f16 input below 2^4: eight products of e4m3 (<= 448) below 57344
+#define WMUL 1.0f
+#else
+#define XLOG2 11  // below 2^11: eight products of 2^-8 e4m3 (<= 1.75) below 2^15
+#define WMUL 256.0f
+#endif
+
+// acc + four e4m3 weights (one word, as f16: of 2^-8 times their value, or with BG_CVT of
+// their value) times four f16 inputs (x01: the first two, x23: the last two), pair by pair.
 __device__ __forceinline__ u32 dot4_e4m3(u32 w, u32 x01, u32 x23, u32 acc) {
+#if BG_CVT
+    u32 lo, hi;
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+        " cvt.rn.f16x2.e4m3x2 %1, h;\n}" : "=r"(lo), "=r"(hi) : "r"(w));
+    return hfma2(hi, x23, hfma2(lo, x01, acc));
+#else
     return hfma2(e4m3_hi(w), x23, hfma2(e4m3_lo(w), x01, acc));
+#endif
 }
 
 // Stage i of this block's rows: rows [first + i * BG_ROWS, ...), at most BG_ROWS of them.
@@ -210,10 +228,10 @@ __device__ __forceinline__ void issue(const unsigned char* w, long first, int ro
 }
 
 // A row's sum as the output: with e4m3 weights times the row's scale, the 2^8 of the
-// weights' f16 form and the 2^-xexp of the input's.
+// weights' f16 form (WMUL) and the 2^-xexp of the input's.
 __device__ __forceinline__ float scaled(float sum, float wsc, int xexp) {
 #if BG_FP8
-    return ldexpf(sum * wsc * 256.0f, -xexp);
+    return ldexpf(sum * wsc * WMUL, -xexp);
 #else
     return sum;
 #endif
@@ -334,7 +352,7 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
         if (tid == 0) {
             for (int i = 1; i < WARPS; i++) mx = fmaxf(mx, red[i]);
             int e = (int)((__float_as_uint(mx) >> 23) & 0xffu) - 127;  // max < 2^(e + 1)
-            red[2 * WARPS + 1] = __int_as_float(min(max(10 - e, -126), 126));
+            red[2 * WARPS + 1] = __int_as_float(min(max(XLOG2 - 1 - e, -126), 126));
         }
         __syncthreads();
         xexp = __float_as_int(red[2 * WARPS + 1]);

@@ -72,13 +72,22 @@ def test_e4m3_inputs_go_to_registers_where_every_thread_takes_as_many_vectors() 
     assert "-DBG_K=0" in defines(2, 2, 512, 0, False, fp8=True, k=14336)
 
 
+def test_the_hardware_conversion_is_an_e4m3_option() -> None:
+    assert not BulkConfig(4, 2).hw_cvt
+    assert "-DBG_CVT=1" in defines(4, 2, 256, 0, False, fp8=True, hw_cvt=True)
+    assert "-DBG_CVT=0" in defines(4, 2, 256, 0, False, fp8=False, hw_cvt=True)
+    assert "-DBG_CVT=0" in defines(4, 2, 256, 0, False, fp8=True)
+
+
 @pytest.mark.skipif(not nvrtc_ok(), reason="needs NVRTC")
+@pytest.mark.parametrize("hw_cvt", [False, True])
 @pytest.mark.parametrize("mode", [0, 1, 2])
-@pytest.mark.parametrize("rows,threads,k", [(16, 512, 4096), (4, 512, 14336), (8, 128, 1024)])
-def test_the_register_path_compiles_for_hopper(rows: int, threads: int, k: int, mode: int
-                                               ) -> None:
+@pytest.mark.parametrize("rows,threads,k", [(16, 512, 4096), (4, 512, 14336), (8, 128, 1024),
+                                            (2, 512, 14336)])
+def test_the_e4m3_paths_compile_for_hopper(rows: int, threads: int, k: int, mode: int,
+                                           hw_cvt: bool) -> None:
     from cadence.runtime.module import compile_cuda
 
-    options = defines(rows, 2, threads, mode, mode == 1, fp8=True, k=k)
-    assert f"-DBG_K={k}" in options
-    assert KERNEL.encode() in compile_cuda(SOURCE, "bulk_gemv.cu", "sm_90", options)
+    options = defines(rows, 2, threads, mode, mode == 1, fp8=True, k=k, hw_cvt=hw_cvt)
+    cubin = compile_cuda(SOURCE, "bulk_gemv.cu", "sm_90", options)
+    assert KERNEL.encode() in cubin

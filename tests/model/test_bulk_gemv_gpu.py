@@ -200,6 +200,9 @@ def test_decode_step_takes_the_bulk_kernels(monkeypatch) -> None:
 
 
 FP8_SHAPES = [(1, 512), (37, 1024), (131, 2048), (1000, 1040), (3072, 4096), (257, 14336)]
+# e4m3 -> f16 by integer operations, and by the hardware conversion (with registers or not).
+FP8_CONFIGS = CONFIGS + [BulkConfig(4, 3, 256, hw_cvt=True), BulkConfig(16, 2, 512, hw_cvt=True),
+                         BulkConfig(1, 2, 128, hw_cvt=True)]
 
 
 def _fp8_operands(n: int, k: int, seed: int, glu: bool = False, spread: float = 1.0):
@@ -213,7 +216,7 @@ def _close_fp8(out: torch.Tensor, h: torch.Tensor, q: torch.Tensor, scale: torch
 
 
 @pytest.mark.parametrize("mode", ["plain", "glu", "norm"])
-@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+@pytest.mark.parametrize("cfg", FP8_CONFIGS, ids=str)
 @pytest.mark.parametrize("n,k", FP8_SHAPES)
 def test_fp8_weights_against_float64(cfg: BulkConfig, n: int, k: int, mode: str) -> None:
     q, scale, x, r, nw = _fp8_operands(n, k, 5 * n + k, glu=mode == "glu")
@@ -231,11 +234,13 @@ def test_fp8_weights_against_float64(cfg: BulkConfig, n: int, k: int, mode: str)
     _close_fp8(out, h, q, scale)
 
 
-@pytest.mark.parametrize("spread", [1e-30, 1e4])
-def test_fp8_inputs_far_from_one(spread: float) -> None:
-    # The inputs stay in float32 (no f16 detour): tiny and large rows keep their precision.
+@pytest.mark.parametrize("hw_cvt", [False, True])
+@pytest.mark.parametrize("spread", [1e-30, 1e4, 1e36])
+def test_fp8_inputs_far_from_one(spread: float, hw_cvt: bool) -> None:
+    # The input's f16 copy is scaled by a power of two: tiny and huge rows keep their precision
+    # and no product or sum leaves f16's range.
     q, scale, x, _, _ = _fp8_operands(512, 2048, 17, spread=spread)
-    _close_fp8(bulk_gemv(x, q, BulkConfig(4, 3, 256), scale=scale), x, q, scale)
+    _close_fp8(bulk_gemv(x, q, BulkConfig(4, 3, 256, hw_cvt=hw_cvt), scale=scale), x, q, scale)
 
 
 def test_fp8_needs_its_scale_and_sixteen_wide_rows() -> None:
@@ -249,8 +254,9 @@ def test_fp8_needs_its_scale_and_sixteen_wide_rows() -> None:
     assert not bulk_applies(x2, q2, cfg, scale=s2)  # K not a multiple of 16
 
 
-def test_fp8_graph_replay_matches_the_eager_call() -> None:
-    cfg = BulkConfig(8, 3, 256)
+@pytest.mark.parametrize("hw_cvt", [False, True])
+def test_fp8_graph_replay_matches_the_eager_call(hw_cvt: bool) -> None:
+    cfg = BulkConfig(8, 3, 256, hw_cvt=hw_cvt)
     q, scale, x, r, nw = _fp8_operands(4096, 4096, 23)
     eager = bulk_gemv_norm(x, r, nw, EPS, q, cfg, scale)[0]
     side = torch.cuda.Stream()
