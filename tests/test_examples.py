@@ -104,3 +104,33 @@ def test_ttft_phases_timeline_on_a_gpu() -> None:
     assert "GPU, first launch -> its graph's end" in out, out
     for phase in ("add_request #0", "graph launch #0", "wait for ids #0", "update #0"):
         assert phase in out, out
+
+
+def test_with_tables_extends_the_bulk_tables_from_the_sweeps_json(tmp_path, monkeypatch) -> None:
+    import importlib.util
+    import json
+
+    from cadence.model import bulk_gemv, bulk_mma
+
+    spec = importlib.util.spec_from_file_location("with_tables", ROOT / "scripts/with_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(bulk_gemv, "BULK_FP8_CONFIGS", {})
+    monkeypatch.setattr(bulk_gemv, "BULK_CONFIGS", {})
+    monkeypatch.setattr(bulk_mma, "MMA_CONFIGS", {})
+    fp8 = tmp_path / "fp8.json"
+    fp8.write_text(json.dumps({"weights": "fp8", "table": [
+        {"n": 4096, "k": 4096, "mode": "plain", "rows": 8, "stages": 3, "threads": 512,
+         "hw_cvt": True, "us": 7.0, "today_us": 8.0}]}))
+    bf16 = tmp_path / "bf16.json"  # written before hw_cvt existed: no such field
+    bf16.write_text(json.dumps({"weights": "bf16", "table": [
+        {"n": 64, "k": 512, "mode": "norm", "rows": 4, "stages": 2, "threads": 256}]}))
+    mma = tmp_path / "mma.json"
+    mma.write_text(json.dumps([[1024, 512, "glu", "fp8", 8, [16, 512, 2, 256, False]]]))
+    assert [module.load(str(p)) for p in (fp8, bf16, mma)] == [1, 1, 1]
+    assert bulk_gemv.BULK_FP8_CONFIGS == {
+        (4096, 4096, "plain"): bulk_gemv.BulkConfig(8, 3, 512, hw_cvt=True)}
+    assert bulk_gemv.BULK_CONFIGS == {(64, 512, "norm"): bulk_gemv.BulkConfig(4, 2, 256)}
+    assert bulk_mma.MMA_CONFIGS == {
+        (1024, 512, "glu", "fp8", 8): bulk_mma.MmaConfig(16, 512, 2, 256, padded=False)}
+    assert module.main([]) == 2  # no table file: the usage, not the CLI

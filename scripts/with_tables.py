@@ -1,0 +1,54 @@
+"""Run the cadence CLI with the bulk kernels' tables extended from the JSON files the sweep
+scripts write: a table's candidate entries measured in a whole decode step before they are
+committed.
+
+    python scripts/with_tables.py TABLE.json [TABLE.json ...] bench latency --model llama3-8b ...
+
+A file from ``bulk_gemv_bench.py --json`` (``{"weights": "bf16" | "fp8", "table": [...]}``)
+goes into ``BULK_CONFIGS`` or ``BULK_FP8_CONFIGS``; one from ``bulk_mma_bench.py --json``
+(``[[n, k, mode, wtype, rows, [rows, kc, stages, threads, padded]], ...]``) into
+``MMA_CONFIGS``. Entries replace the committed ones of the same key; the arguments after the
+files are the CLI's.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cadence.model import bulk_gemv, bulk_mma  # noqa: E402
+
+
+def load(path: str) -> int:
+    """Put the file's entries into their table; how many."""
+    spec = json.loads(Path(path).read_text())
+    if isinstance(spec, dict):
+        table = bulk_gemv.BULK_FP8_CONFIGS if spec["weights"] == "fp8" else bulk_gemv.BULK_CONFIGS
+        for e in spec["table"]:
+            table[(e["n"], e["k"], e["mode"])] = bulk_gemv.BulkConfig(
+                e["rows"], e["stages"], e["threads"], e.get("hw_cvt", False))
+        return len(spec["table"])
+    for n, k, mode, wtype, rows, cfg in spec:
+        bulk_mma.MMA_CONFIGS[(n, k, mode, wtype, rows)] = bulk_mma.MmaConfig(*cfg)
+    return len(spec)
+
+
+def main(argv: list[str]) -> int:
+    files = []
+    while argv and argv[0].endswith(".json"):
+        files.append(argv.pop(0))
+    if not files:
+        print(__doc__, file=sys.stderr)
+        return 2
+    for path in files:
+        print(f"{path}: {load(path)} entries", flush=True)
+    from cadence.cli import main as cli
+
+    return cli(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
