@@ -3,17 +3,19 @@ scripts write: a table's candidate entries measured in a whole decode step befor
 committed.
 
     python scripts/with_tables.py TABLE.json [TABLE.json ...] bench latency --model llama3-8b ...
+    python scripts/with_tables.py TABLE.json [...] scripts/kernel_profile.py --decode-batch 8 ...
 
 A file from ``bulk_gemv_bench.py --json`` (``{"weights": "bf16" | "fp8", "table": [...]}``)
 goes into ``BULK_CONFIGS`` or ``BULK_FP8_CONFIGS``; one from ``bulk_mma_bench.py --json``
 (``[[n, k, mode, wtype, rows, [rows, kc, stages, threads, padded]], ...]``) into
 ``MMA_CONFIGS``. Entries replace the committed ones of the same key; the arguments after the
-files are the CLI's.
+files are the CLI's, or a Python script's path and its arguments.
 """
 
 from __future__ import annotations
 
 import json
+import runpy
 import sys
 from pathlib import Path
 
@@ -45,6 +47,13 @@ def main(argv: list[str]) -> int:
         return 2
     for path in files:
         print(f"{path}: {load(path)} entries", flush=True)
+    if argv and argv[0].endswith(".py"):
+        sys.argv = list(argv)
+        try:
+            runpy.run_path(argv[0], run_name="__main__")
+        except SystemExit as done:
+            return done.code if isinstance(done.code, int) else 0
+        return 0
     from cadence.cli import main as cli
 
     return cli(argv)

@@ -134,3 +134,18 @@ def test_with_tables_extends_the_bulk_tables_from_the_sweeps_json(tmp_path, monk
     assert bulk_mma.MMA_CONFIGS == {
         (1024, 512, "glu", "fp8", 8): bulk_mma.MmaConfig(16, 512, 2, 256, padded=False)}
     assert module.main([]) == 2  # no table file: the usage, not the CLI
+
+
+def test_with_tables_runs_a_script_after_the_tables(tmp_path) -> None:
+    import json
+
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"weights": "fp8", "table": [
+        {"n": 96, "k": 512, "mode": "plain", "rows": 4, "stages": 2, "threads": 256}]}))
+    probe = tmp_path / "probe.py"
+    probe.write_text("import sys\nfrom cadence.model import bulk_gemv\n"
+                     "print(sorted(bulk_gemv.BULK_FP8_CONFIGS)[0], sys.argv[1:])\n"
+                     "raise SystemExit(3)\n")
+    proc = _run("scripts/with_tables.py", str(table), str(probe), "--flag", timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "(96, 512, 'plain') ['--flag']" in proc.stdout
