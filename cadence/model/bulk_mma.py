@@ -23,7 +23,10 @@ from cadence.model.bulk_gemv import (
     ENABLED,
     MAX_SHARED,
     TABLE_CAPABILITY,
+    BulkConfig,
     blocks_for,
+    bulk_config,
+    bulk_listed,
     compiled,
     device_capability,
     launch,
@@ -32,8 +35,8 @@ from cadence.model.bulk_gemv import (
 from cadence.model.bulk_mma_kernel import KERNEL, MAX_M, NORM_LANES, SOURCE, defines, shared_bytes
 from cadence.model.skinny_gemm_kernels import _norm_fits
 
-__all__ = ["MAX_M", "MMA_CONFIGS", "MmaConfig", "bulk_mma", "bulk_mma_norm", "mma_applies",
-           "mma_bucket", "mma_config", "mma_listed"]
+__all__ = ["MAX_M", "MMA_CONFIGS", "MmaConfig", "bulk_mma", "bulk_mma_norm", "bulk_plan",
+           "bulk_plan_listed", "mma_applies", "mma_bucket", "mma_config", "mma_listed"]
 
 FP8 = torch.float8_e4m3fn
 _MODES = {"plain": 0, "norm": 1, "glu": 2}
@@ -136,6 +139,24 @@ def mma_config(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         return None
     cfg = MMA_CONFIGS[(*weight.shape, mode, _weight_type(weight), mma_bucket(rows))]
     return cfg if mma_applies(x, weight, cfg, mode, scale, residual, norm_weight) else None
+
+
+def bulk_plan_listed(weight: torch.Tensor, mode: str, rows: int) -> bool:
+    """Whether a table lists calls of ``rows`` rows on this weight in ``mode``: this kernel's
+    for the row count, or for one row ``bulk_gemv``'s (``bulk_plan`` checks the operands)."""
+    return mma_listed(weight, mode, rows) or (rows == 1 and bulk_listed(weight, mode))
+
+
+def bulk_plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
+              scale: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+              norm_weight: torch.Tensor | None = None) -> MmaConfig | BulkConfig | None:
+    """The bulk kernel a call of ``x`` [rows, width] takes, if any: this one where its table
+    lists the row count (it measured faster there), else for one row the GEMV's; ``scale``:
+    an e4m3 weight's row scales."""
+    mma = mma_config(x, weight, bias, mode, scale, residual, norm_weight)
+    if mma is not None or x.shape[0] != 1:
+        return mma
+    return bulk_config(x, weight, bias, mode, residual, norm_weight, scale)
 
 
 def _run(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, cfg: MmaConfig,

@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from cadence.model import fp8_kernels
-from cadence.model.bulk_gemv import BulkConfig, bulk_config, bulk_gemv, bulk_gemv_norm, bulk_listed
-from cadence.model.bulk_mma import MmaConfig, bulk_mma, bulk_mma_norm, mma_config, mma_listed
+from cadence.model.bulk_gemv import BulkConfig, bulk_gemv, bulk_gemv_norm
+from cadence.model.bulk_mma import MmaConfig, bulk_mma, bulk_mma_norm, bulk_plan, bulk_plan_listed
 from cadence.model.fused_ops import norm_and_project, silu_and_mul
 from cadence.model.moe import Experts
 
@@ -140,9 +140,7 @@ class Fp8Linear(nn.Module):
                    norm_weight: torch.Tensor | None = None) -> BulkConfig | MmaConfig | None:
         """The bulk kernel's configuration for this call, resolved once per kind of call: the
         tensor-core one where its table lists the row count, else for one row the GEMV."""
-        rows = x2.shape[0]
-        if not (x2.is_cuda and (mma_listed(self.weight, mode, rows)
-                                or (rows == 1 and bulk_listed(self.weight, mode)))):
+        if not (x2.is_cuda and bulk_plan_listed(self.weight, mode, x2.shape[0])):
             return None
         plans = self.__dict__.setdefault("_bulk_plans", {})
         key = (mode, x2.shape[0], x2.is_contiguous(), x2.data_ptr() & 15, torch.is_grad_enabled(),
@@ -151,12 +149,8 @@ class Fp8Linear(nn.Module):
                None if norm_weight is None else norm_weight.data_ptr(),
                self.weight.data_ptr(), self.weight_scale.data_ptr())
         if key not in plans:
-            plan: BulkConfig | MmaConfig | None = mma_config(
-                x2, self.weight, self.bias, mode, self.weight_scale, residual, norm_weight)
-            if plan is None and rows == 1:
-                plan = bulk_config(x2, self.weight, self.bias, mode, residual, norm_weight,
-                                   self.weight_scale)
-            plans[key] = plan
+            plans[key] = bulk_plan(x2, self.weight, self.bias, mode, self.weight_scale, residual,
+                                   norm_weight)
         return plans[key]
 
     def _scaled_mm(self, x: torch.Tensor) -> torch.Tensor:

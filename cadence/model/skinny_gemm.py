@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from cadence.envs import read_envs
-from cadence.model.bulk_gemv import BulkConfig, bulk_config, bulk_gemv, bulk_gemv_norm, bulk_listed
-from cadence.model.bulk_mma import MmaConfig, bulk_mma, bulk_mma_norm, mma_config, mma_listed
+from cadence.model.bulk_gemv import BulkConfig, bulk_gemv, bulk_gemv_norm, bulk_listed
+from cadence.model.bulk_mma import MmaConfig, bulk_mma, bulk_mma_norm, bulk_plan, mma_listed
 from cadence.model.fused_ops import norm_and_project, silu_and_mul
 from cadence.model.skinny_gemm_kernels import (
     SkinnyConfig,
@@ -321,7 +321,7 @@ class SkinnyLinear(nn.Linear):
             out, new_residual = plan.with_norm(x2, r2, norm_weight, eps, weight, bias)
             return out.view(*x.shape[:-1], n), new_residual.view(x.shape)
         if plan is _NO_PLAN:
-            bulk = _bulk_plan(x2, weight, bias, "norm", r2, norm_weight)
+            bulk = bulk_plan(x2, weight, bias, "norm", None, r2, norm_weight)
             if bulk is not None:
                 plan = plans[key] = bulk
         if isinstance(plan, MmaConfig):
@@ -389,7 +389,7 @@ class SkinnyLinear(nn.Linear):
         if plan is None:
             return _torch_linear(input, weight, bias, glu)
         if plan is _NO_PLAN:
-            bulk = _bulk_plan(input.reshape(rows, width), weight, bias, "glu" if glu else "plain")
+            bulk = bulk_plan(input.reshape(rows, width), weight, bias, "glu" if glu else "plain")
             if bulk is not None:
                 plan = plans[key] = bulk
         if isinstance(plan, MmaConfig):
@@ -422,17 +422,6 @@ class SkinnyLinear(nn.Linear):
     def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
         self.__dict__.pop("_skinny_plans", None)  # .to(), .half(), ...: new parameters
         return super()._apply(fn, recurse)
-
-
-def _bulk_plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
-               residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None
-               ) -> MmaConfig | BulkConfig | None:
-    """The bulk kernel a call of ``x`` [rows, width] takes, if any: the tensor-core one where
-    its table lists the row count (it measured faster there), else the one-row GEMV."""
-    mma = mma_config(x, weight, bias, mode, None, residual, norm_weight)
-    if mma is not None or x.shape[0] != 1:
-        return mma
-    return bulk_config(x, weight, bias, mode, residual, norm_weight)
 
 
 def bulk_takes_mlp(o_proj: nn.Module, gate_up_proj: nn.Module, down_proj: nn.Module) -> bool:

@@ -14,6 +14,8 @@ from cadence.model.bulk_mma import (
     MAX_M,
     MMA_CONFIGS,
     MmaConfig,
+    bulk_plan,
+    bulk_plan_listed,
     mma_applies,
     mma_bucket,
     mma_config,
@@ -57,6 +59,7 @@ def test_cpu_tensors_never_take_the_kernel() -> None:
     assert not mma_applies(x, w, MmaConfig(), "norm", None, None, torch.ones(1024).bfloat16())
     assert not mma_listed(w, "plain", 2)
     assert mma_config(x, w, None, "plain") is None
+    assert not bulk_plan_listed(w, "plain", 1) and bulk_plan(x[:1], w, None, "plain") is None
 
 
 def test_the_table_lists_valid_entries() -> None:
