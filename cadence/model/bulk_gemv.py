@@ -1,8 +1,8 @@
 """One-row projections through the bulk-copy GEMV (``bulk_gemv_kernel``): ``x @ W.T`` for a
-single bfloat16 row on Hopper (``W`` in bfloat16, or in e4m3 with a float32 scale per row), the weight streamed through shared memory by ``cp.async.bulk``
-copies that start before the kernel waits for the one before it (a programmatic dependent
-launch), with the decoder's (residual add +) RMSNorm or SwiGLU applied to the input in the same
-launch.
+single bfloat16 row on Hopper (``W`` in bfloat16, or in e4m3 with a float32 scale per row), the
+weight streamed through shared memory by ``cp.async.bulk`` copies that start before the kernel
+waits for the one before it (a programmatic dependent launch), with the decoder's (residual
+add +) RMSNorm or SwiGLU applied to the input in the same launch.
 
 ``bulk_gemv(x, weight, cfg)``, ``bulk_gemv_norm(x, residual, norm_weight, eps, weight, cfg)``
 and ``bulk_gemv(x, weight, cfg, glu=True)`` are the three launches; ``bulk_applies`` says where
