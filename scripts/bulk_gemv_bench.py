@@ -49,6 +49,22 @@ MODES = {"qkv": "norm", "o": "plain", "gate_up": "norm", "down": "glu"}
 SMALL_SHARED = 110 * 1024
 
 
+def weight_bytes(fp8: bool) -> int:
+    """Bytes a weight: e4m3 or bfloat16."""
+    return 1 if fp8 else 2
+
+
+def thread_counts(text: str) -> tuple[int, ...]:
+    """``--threads``: a comma-separated list of 128, 256 and 512."""
+    try:
+        counts = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or any(t not in (128, 256, 512) for t in counts):
+        raise argparse.ArgumentTypeError(f"expected 128, 256 or 512, comma-separated: {text!r}")
+    return counts
+
+
 def configs(k: int, threads_list: tuple[int, ...], fp8: bool = False) -> list[BulkConfig]:
     out = []
     for threads in threads_list:
@@ -56,7 +72,7 @@ def configs(k: int, threads_list: tuple[int, ...], fp8: bool = False) -> list[Bu
             for stages in (2, 3, 4, 6, 8):
                 for hw_cvt in (False, True) if fp8 else (False,):
                     cfg = BulkConfig(rows, stages, threads, hw_cvt)
-                    stage = rows * (1 if fp8 else 2) * k
+                    stage = rows * weight_bytes(fp8) * k
                     if 4096 <= stage <= 65536 and cfg.shared_bytes(k, fp8) <= 227 * 1024:
                         out.append(cfg)
     return out
@@ -116,7 +132,7 @@ def check(mode: str, t: dict, ws: Weight, cfg: BulkConfig) -> str | None:
 
 
 def copies_of(n: int, k: int, l2: int, fp8: bool) -> list[Weight]:
-    count = max(2, math.ceil(3 * l2 / ((1 if fp8 else 2) * n * k)))
+    count = max(2, math.ceil(3 * l2 / (weight_bytes(fp8) * n * k)))
     w, scale = weight_of(n, k, fp8)
     return [(w, scale)] + [(w.clone(), None if scale is None else scale.clone())
                            for _ in range(count - 1)]
@@ -136,14 +152,14 @@ def main() -> int:
     p.add_argument("--models", default="llama3-8b,qwen3-0.6b")
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--quick", action="store_true", help="256 threads only")
-    p.add_argument("--threads", default="128,256,512", help="threads per block to try")
+    p.add_argument("--threads", type=thread_counts, default=(128, 256, 512),
+                   help="threads per block to try (128, 256, 512)")
     p.add_argument("--json", help="write the best configuration per shape here")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--weights", choices=["bf16", "fp8"], default="bf16")
     ns = p.parse_args()
     fp8 = ns.weights == "fp8"
-    threads_list = (256,) if ns.quick else tuple(int(t) for t in ns.threads.split(","))
-    wb = 1 if fp8 else 2
+    threads_list = (256,) if ns.quick else ns.threads
     if not torch.cuda.is_available():
         print("bulk_gemv_bench.py needs a CUDA device", file=sys.stderr)
         return 2
@@ -179,7 +195,7 @@ def main() -> int:
                 continue
             ranked = sorted(timings, key=timings.__getitem__)
             cfg = ranked[0]
-            kb = wb * n * k / 1e3  # KB / us = GB/s
+            kb = weight_bytes(fp8) * n * k / 1e3  # KB / us = GB/s
             best[(n, k, mode)] = (cfg, timings[cfg], today)
             small = [c for c in ranked if c.shared_bytes(k, fp8) <= SMALL_SHARED]
             if small:
@@ -224,7 +240,7 @@ def chain(model: str, projs: dict, best: dict, best_small: dict, layers: int,
     r0 = torch.randn(1, k_in, device="cuda").bfloat16()
     nw = (1 + 0.1 * torch.randn(k_in, device="cuda")).bfloat16()
     a0 = torch.randn(1, projs["o"][1], device="cuda").bfloat16()  # the attention's output
-    total_kb = sum((1 if fp8 else 2) * n * k for n, k in projs.values()) / 1e3
+    total_kb = sum(weight_bytes(fp8) * n * k for n, k in projs.values()) / 1e3
 
     def layer_today(i: int) -> None:
         _, s = mods["qkv"][i].forward_norm(x0, r0, nw, EPS)

@@ -28,6 +28,8 @@ def load(path: str) -> int:
     """Put the file's entries into their table; how many."""
     spec = json.loads(Path(path).read_text())
     if isinstance(spec, dict):
+        if spec.get("weights") not in ("bf16", "fp8"):
+            raise ValueError(f"weights must be 'bf16' or 'fp8', got {spec.get('weights')!r}")
         table = bulk_gemv.BULK_FP8_CONFIGS if spec["weights"] == "fp8" else bulk_gemv.BULK_CONFIGS
         for e in spec["table"]:
             table[(e["n"], e["k"], e["mode"])] = bulk_gemv.BulkConfig(
@@ -46,7 +48,14 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     for path in files:
-        print(f"{path}: {load(path)} entries", flush=True)
+        try:
+            count = load(path)
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+            # NOTE: json.JSONDecodeError is a ValueError; a bad entry raises one of the others.
+            print(f"{path}: not a table file the sweeps write ({type(err).__name__}: {err})",
+                  file=sys.stderr)
+            return 2
+        print(f"{path}: {count} entries", flush=True)
     if argv and argv[0].endswith(".py"):
         sys.argv = list(argv)
         try:

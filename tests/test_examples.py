@@ -149,3 +149,15 @@ def test_with_tables_runs_a_script_after_the_tables(tmp_path) -> None:
     proc = _run("scripts/with_tables.py", str(table), str(probe), "--flag", timeout=120)
     assert proc.returncode == 3, proc.stderr
     assert "(96, 512, 'plain') ['--flag']" in proc.stdout
+
+
+@pytest.mark.parametrize("text", ["nope", '{"weights": "int4", "table": []}',
+                                  '{"weights": "fp8", "table": [{"n": 1}]}',
+                                  '[[1, 2, "plain", "bf16", 1, [16, 512, 2, 100, true]]]'])
+def test_with_tables_refuses_a_bad_table_in_one_line(tmp_path, text: str) -> None:
+    table = tmp_path / "bad.json"
+    table.write_text(text)
+    proc = _run("scripts/with_tables.py", str(table), "bench", "latency", timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith(f"{table}: not a table file the sweeps write")
