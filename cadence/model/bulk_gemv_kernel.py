@@ -150,6 +150,30 @@ __device__ __forceinline__ float amax2(u32 v, float m) {
 __device__ __forceinline__ u32 to_h2(u32 v, float s) {
     return pack(to_h(lo_bf(v) * s), to_h(hi_bf(v) * s));
 }
+// A sum of squares in the RMSNorm kernel's order: a thread's L lanes pairwise, level by level,
+// then the warp's threads by xor shuffles (fold_lanes); then the W warps' sums pairwise
+// (fold_warps).
+template <int L>
+__device__ __forceinline__ float fold_lanes(float (&lanes)[L]) {
+    #pragma unroll
+    for (int width = L; width > 1; width /= 2) {
+        #pragma unroll
+        for (int l = 0; l < width / 2; l++) lanes[l] = lanes[2 * l] + lanes[2 * l + 1];
+    }
+    float ss = lanes[0];
+    #pragma unroll
+    for (int off = 1; off < 32; off *= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    return ss;
+}
+template <int W>
+__device__ __forceinline__ float fold_warps(float (&v)[W]) {
+    #pragma unroll
+    for (int width = W; width > 1; width /= 2) {
+        #pragma unroll
+        for (int i = 0; i < width / 2; i++) v[i] = v[2 * i] + v[2 * i + 1];
+    }
+    return v[0];
+}
 // RMSNorm's scaling as the RMSNorm kernel rounds it: s * rstd rounded, times w, rounded.
 __device__ __forceinline__ u32 norm2(u32 s, u32 w, float rstd) {
     return pack(to_bf(round_bf(lo_bf(s) * rstd) * lo_bf(w)),
@@ -356,26 +380,14 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
                 }
             }
         }
-        #pragma unroll
-        for (int width = LPT; width > 1; width /= 2) {
-            #pragma unroll
-            for (int l = 0; l < width / 2; l++) lanes[l] = lanes[2 * l] + lanes[2 * l + 1];
-        }
-        float ss = lanes[0];
-        #pragma unroll
-        for (int off = 1; off < 32; off *= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+        const float ss = fold_lanes(lanes);
         if (lane == 0) red[warp] = ss;
         __syncthreads();
         if (tid == 0) {
             float v[WARPS];
             #pragma unroll
             for (int i = 0; i < WARPS; i++) v[i] = red[i];
-            #pragma unroll
-            for (int width = WARPS; width > 1; width /= 2) {
-                #pragma unroll
-                for (int i = 0; i < width / 2; i++) v[i] = v[2 * i] + v[2 * i + 1];
-            }
-            red[2 * WARPS] = rsqrtf(__fdiv_rn(v[0], (float)k) + eps);
+            red[2 * WARPS] = rsqrtf(__fdiv_rn(fold_warps(v), (float)k) + eps);
         }
         __syncthreads();
         const float rstd = red[2 * WARPS];

@@ -208,14 +208,7 @@ extern "C" __global__ void __launch_bounds__(BM_THREADS) bulk_mma(
                 }
             }
         }
-        #pragma unroll
-        for (int width = LPT; width > 1; width /= 2) {
-            #pragma unroll
-            for (int l = 0; l < width / 2; l++) lanes[l] = lanes[2 * l] + lanes[2 * l + 1];
-        }
-        float ss = lanes[0];
-        #pragma unroll
-        for (int off = 1; off < 32; off *= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+        const float ss = fold_lanes(lanes);
         if (lane == 0) part[r * WARPS + warp] = ss;
     }
     __syncthreads();
@@ -223,12 +216,7 @@ extern "C" __global__ void __launch_bounds__(BM_THREADS) bulk_mma(
         float v[WARPS];
         #pragma unroll
         for (int i = 0; i < WARPS; i++) v[i] = part[tid * WARPS + i];
-        #pragma unroll
-        for (int width = WARPS; width > 1; width /= 2) {
-            #pragma unroll
-            for (int i = 0; i < width / 2; i++) v[i] = v[2 * i] + v[2 * i + 1];
-        }
-        rstd[tid] = rsqrtf(__fdiv_rn(v[0], (float)k) + eps);
+        rstd[tid] = rsqrtf(__fdiv_rn(fold_warps(v), (float)k) + eps);
     }
     __syncthreads();
     #pragma unroll 4
