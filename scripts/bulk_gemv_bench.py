@@ -70,10 +70,8 @@ def configs(k: int, threads_list: tuple[int, ...], fp8: bool = False) -> list[Bu
     for threads in threads_list:
         for rows in (1, 2, 4, 8, 16, 32):
             for stages in (2, 3, 4, 6, 8):
-                # NOTE: e4m3 weights only with the hardware conversion: the integer one lost
-                # every shape of Llama-3-8B (run IA in docs/perf.md).
-                for dynamic in (False, True):
-                    cfg = BulkConfig(rows, stages, threads, hw_cvt=fp8, dynamic=dynamic)
+                for hw_cvt in (False, True) if fp8 else (False,):
+                    cfg = BulkConfig(rows, stages, threads, hw_cvt)
                     stage = rows * weight_bytes(fp8) * k
                     if 4096 <= stage <= 65536 and cfg.shared_bytes(k, fp8) <= 227 * 1024:
                         out.append(cfg)
@@ -215,13 +213,13 @@ def main() -> int:
     name = "BULK_FP8_CONFIGS" if fp8 else "BULK_CONFIGS"
     print(f"\n{name}: dict[tuple[int, int, str], BulkConfig] = {{")
     for (n, k, mode), (cfg, us, today) in sorted(best.items()):
-        extra = (", hw_cvt=True" if cfg.hw_cvt else "") + (", dynamic=True" if cfg.dynamic else "")
+        cvt = ", hw_cvt=True" if cfg.hw_cvt else ""
         print(f"    ({n}, {k}, \"{mode}\"): BulkConfig({cfg.rows}, {cfg.stages}, "
-              f"{cfg.threads}{extra}),  # {us:.2f} vs {today:.2f} us")
+              f"{cfg.threads}{cvt}),  # {us:.2f} vs {today:.2f} us")
     print("}", flush=True)
     if ns.json:
         rows = [dict(n=n, k=k, mode=mode, rows=cfg.rows, stages=cfg.stages, threads=cfg.threads,
-                     hw_cvt=cfg.hw_cvt, dynamic=cfg.dynamic, us=us, today_us=today)
+                     hw_cvt=cfg.hw_cvt, us=us, today_us=today)
                 for (n, k, mode), (cfg, us, today) in best.items()]
         Path(ns.json).write_text(json.dumps(dict(weights=ns.weights, table=rows), indent=1))
     return 0

@@ -33,8 +33,7 @@ def load(path: str) -> int:
         table = bulk_gemv.BULK_FP8_CONFIGS if spec["weights"] == "fp8" else bulk_gemv.BULK_CONFIGS
         for e in spec["table"]:
             table[(e["n"], e["k"], e["mode"])] = bulk_gemv.BulkConfig(
-                e["rows"], e["stages"], e["threads"], e.get("hw_cvt", False),
-                e.get("dynamic", False))
+                e["rows"], e["stages"], e["threads"], e.get("hw_cvt", False))
         return len(spec["table"])
     for n, k, mode, wtype, rows, cfg in spec:
         bulk_mma.MMA_CONFIGS[(n, k, mode, wtype, rows)] = bulk_mma.MmaConfig(*cfg)

@@ -44,16 +44,12 @@ TABLE_CAPABILITY = (9, 0)
 class BulkConfig:
     """``rows`` weight rows per stage, ``stages`` stages in the ring, ``threads`` per block
     (one block per SM); with e4m3 weights, ``hw_cvt``: each weight pair becomes f16 by the
-    hardware conversion (one instruction) rather than by integer operations (four);
-    ``dynamic``: after its first stages a block takes the next chunk of ``rows`` rows off a
-    shared counter rather than owning one range of rows (the blocks end together where some
-    SMs' weights stream faster than others')."""
+    hardware conversion (one instruction) rather than by integer operations (four)."""
 
     rows: int
     stages: int
     threads: int = 256
     hw_cvt: bool = False
-    dynamic: bool = False
 
     def __post_init__(self) -> None:
         if self.threads not in (128, 256, 512):
@@ -279,36 +275,20 @@ class BulkLaunch:
                                                 self.params.address, 0), "cuLaunchKernelEx")
 
 
-_WORK: dict[tuple[int, int], torch.Tensor] = {}
-
-
-def work_counter(weight: torch.Tensor) -> torch.Tensor:
-    """The chunk counter of a ``dynamic`` launch on ``weight`` (two uint32, zero between
-    launches: the last block of each resets it). One a weight: launches on one stream
-    never share a counter's use (each touches it after the one before has ended), and two
-    streams do not run one weight's projection at once."""
-    key = (weight.get_device(), weight.data_ptr())
-    counter = _WORK.get(key)
-    if counter is None:
-        counter = _WORK[key] = torch.zeros(2, dtype=torch.int32, device=weight.device)
-    return counter
-
-
 def _run(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, mode: int,
          residual: torch.Tensor | None, norm_weight: torch.Tensor | None, eps: float,
          out: torch.Tensor, res_out: torch.Tensor | None, scale: torch.Tensor | None) -> None:
     n, k = weight.shape
     fp8 = weight.dtype == FP8
     options = defines(cfg.rows, cfg.stages, cfg.threads, mode, residual is not None, fp8, k,
-                      cfg.hw_cvt, cfg.dynamic)
+                      cfg.hw_cvt)
     kernel = compiled(x.get_device(), SOURCE, KERNEL, options)
     args = (weight, x, x if residual is None else residual,
             x if norm_weight is None else norm_weight, x if scale is None else scale, out,
             out if res_out is None else res_out, ctypes.c_int32(n), ctypes.c_int32(k),
-            ctypes.c_float(eps), work_counter(weight) if cfg.dynamic else out)
-    chunks = -(-n // cfg.rows) if cfg.dynamic else n
-    launch(kernel, blocks_for(x.device, chunks), cfg.threads, cfg.shared_bytes(k, fp8),
-           x.device, args)
+            ctypes.c_float(eps))
+    launch(kernel, blocks_for(x.device, n), cfg.threads, cfg.shared_bytes(k, fp8), x.device,
+           args)
 
 
 def bulk_gemv(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, glu: bool = False,

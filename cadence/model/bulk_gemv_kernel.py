@@ -62,17 +62,15 @@ def x_in_registers(k: int, rows: int, threads: int) -> bool:
 
 
 def defines(rows: int, stages: int, threads: int, mode: int, has_res: bool,
-            fp8: bool = False, k: int = 0, hw_cvt: bool = False,
-            dynamic: bool = False) -> list[str]:
+            fp8: bool = False, k: int = 0, hw_cvt: bool = False) -> list[str]:
     """The NVRTC options that specialize ``SOURCE``: rows per stage, stages, threads per
     block, mode (0 plain, 1 norm, 2 SwiGLU), whether the norm adds a residual first, whether
-    the weight is e4m3, (e4m3, where ``x_in_registers``) K, (e4m3) whether weight pairs
-    become f16 by the hardware conversion, and whether blocks take chunks of rows off a
-    counter (``BG_DYN``) rather than one range each."""
+    the weight is e4m3, (e4m3, where ``x_in_registers``) K, and (e4m3) whether weight pairs
+    become f16 by the hardware conversion."""
     regs = k if fp8 and k and x_in_registers(k, rows, threads) else 0
     return [f"-DBG_ROWS={rows}", f"-DBG_STAGES={stages}", f"-DBG_THREADS={threads}",
             f"-DBG_MODE={mode}", f"-DBG_HAS_RES={int(has_res)}", f"-DBG_FP8={int(fp8)}",
-            f"-DBG_K={regs}", f"-DBG_CVT={int(fp8 and hw_cvt)}", f"-DBG_DYN={int(dynamic)}"]
+            f"-DBG_K={regs}", f"-DBG_CVT={int(fp8 and hw_cvt)}"]
 
 
 PRELUDE = r"""
@@ -265,29 +263,6 @@ __device__ __forceinline__ void issue(const unsigned char* w, long first, int ro
     }
 }
 
-#if BG_DYN
-// Chunk c (rows [c * BG_ROWS, ...), at most BG_ROWS of them) into stage slot ``slot``, its
-// index in chunk_of[slot] first (the mbarrier's arrive publishes it); a chunk past the last
-// completes the stage with no copy: the sign for the consumers to stop.
-__device__ __forceinline__ void issue_chunk(const unsigned char* w, int c, int chunks, int n,
-                                            int k, int slot, u32 stages, u32 bars,
-                                            int* chunk_of) {
-    chunk_of[slot] = c;
-    u32 bar = bars + 8u * slot;
-    if (c >= chunks) {
-        mbar_expect(bar, 0u);
-        return;
-    }
-    u32 bytes = (u32)min(BG_ROWS, n - c * BG_ROWS) * (u32)k * WB;
-    u32 dst = stages + (u32)slot * (u32)(BG_ROWS * k * WB);
-    const char* src = (const char*)(w + (long)c * BG_ROWS * (long)k * WB);
-    mbar_expect(bar, bytes);
-    for (u32 off = 0; off < bytes; off += COPY_CHUNK) {
-        bulk_copy(dst + off, src + off, min(COPY_CHUNK, bytes - off), bar);
-    }
-}
-#endif
-
 // A row's sum as the output: with e4m3 weights times the row's scale, the 2^8 of the
 // weights' f16 form (WMUL) and the 2^-xexp of the input's.
 __device__ __forceinline__ float scaled(float sum, float wsc, int xexp) {
@@ -301,7 +276,7 @@ __device__ __forceinline__ float scaled(float sum, float wsc, int xexp) {
 extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
     const unsigned char* __restrict__ w, const u16* __restrict__ x, const u16* __restrict__ res,
     const u16* __restrict__ nw, const float* __restrict__ wscale, u16* __restrict__ out,
-    u16* __restrict__ res_out, int n, int k, float eps, unsigned int* __restrict__ work)
+    u16* __restrict__ res_out, int n, int k, float eps)
 {
     extern __shared__ __align__(128) unsigned char smem[];
     float* red = (float*)(smem + 64);  // 2 * WARPS floats, then 1 (the norm's scale)
@@ -311,17 +286,9 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
     const u32 bars = smem_u32(smem);
     const u32 stages = smem_u32(st);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-#if BG_DYN
-    // Chunks of BG_ROWS rows: block b's first stages take chunks b, b + G, ... (requested
-    // before the wait); each later stage takes the next chunk off the counter work[0], so a
-    // block whose weights stream faster takes more of them and the blocks end together.
-    const int chunks = (n + BG_ROWS - 1) / BG_ROWS;
-    int* chunk_of = (int*)(smem + 256);
-#else
     const long first = (long)blockIdx.x * n / gridDim.x;
     const int my_rows = (int)((long)(blockIdx.x + 1) * n / gridDim.x - first);
     const int count = (my_rows + BG_ROWS - 1) / BG_ROWS;
-#endif
 
     if (tid == 0) {
         for (int s = 0; s < BG_STAGES; s++) mbar_init(bars + 8u * s, 1u);
@@ -329,14 +296,7 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
     }
     __syncthreads();
     if (tid == 0) {
-#if BG_DYN
-        for (int i = 0; i < BG_STAGES; i++) {
-            issue_chunk(w, min((int)blockIdx.x + i * (int)gridDim.x, chunks), chunks, n, k, i,
-                        stages, bars, chunk_of);
-        }
-#else
         for (int i = 0; i < min(BG_STAGES, count); i++) issue(w, first, my_rows, i, k, stages, bars);
-#endif
     }
     // NOTE: nothing above reads memory an earlier kernel writes; everything below may.
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -449,40 +409,17 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
         yr[j] = ((const uint4*)xh)[BG_K / 16 + part + j * TPR];
     }
 #endif
-#if BG_DYN
-    // NOTE: work[0] is touched only after the wait: the kernel before, which may have used
-    // the same counter, has ended (and reset it) by then.
-    int next = 0;  // thread 0: the chunk its next hand-back requests
-    for (int i = 0; ; i++) {
-        const int slot = i % BG_STAGES;
-        if (tid == 0) next = (int)(BG_STAGES * gridDim.x + atomicAdd(work, 1u));
-#if BG_STAGES > 1
-        // NOTE: chunk_of[slot] was written before a __syncthreads this thread has passed (the
-        // hand-back of stage i - BG_STAGES, or the first requests), and is next written after
-        // this stage's __syncthreads.
-        const int c = chunk_of[slot];
-#else
-        mbar_wait(bars, (u32)(i & 1));
-        const int c = chunk_of[0];
-#endif
-        if (c >= chunks) break;  // every thread at the same i: chunks come in rising order
-        const int rows = min(BG_ROWS, n - c * BG_ROWS);
-        const long r0 = (long)c * BG_ROWS;
-#else
     for (int i = 0; i < count; i++) {
         const int slot = i % BG_STAGES;
         const int rows = min(BG_ROWS, my_rows - i * BG_ROWS);
         const long r0 = first + (long)i * BG_ROWS;
-#endif
         float wsc = 1.0f;
 #if BG_FP8
         // NOTE: the row scale is loaded before the stage's wait, its latency hidden by the
         // products: loaded at the end, it held every stage's hand-back to the copier.
         if (wrow < rows) wsc = __ldg(wscale + r0 + wrow);
 #endif
-#if !(BG_DYN && BG_STAGES == 1)
         mbar_wait(bars + 8u * slot, (u32)((i / BG_STAGES) & 1));
-#endif
         float a0 = 0.0f, a1 = 0.0f;
         if (row < rows) {
             const uint4* wv = (const uint4*)(st + ((long)slot * BG_ROWS + row) * k * WB);
@@ -517,11 +454,7 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
         if (part == 0 && row < rows) out[r0 + row] = to_bf(scaled(acc, wsc, xexp));
 #endif
         __syncthreads();  // every thread is past the stage: it goes back to the copier
-#if BG_DYN
-        if (tid == 0) issue_chunk(w, min(next, chunks), chunks, n, k, slot, stages, bars, chunk_of);
-#else
         if (tid == 0 && i + BG_STAGES < count) issue(w, first, my_rows, i + BG_STAGES, k, stages, bars);
-#endif
 #if TPR > 32
         if (tid < rows) {
             float sum = 0.0f;
@@ -531,15 +464,5 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
         }
 #endif
     }
-#if BG_DYN
-    if (tid == 0) {
-        // The last block to end resets the counter for the next launch.
-        __threadfence();
-        if (atomicAdd(work + 1, 1u) == gridDim.x - 1) {
-            work[0] = 0u;
-            work[1] = 0u;
-        }
-    }
-#endif
 }
 """

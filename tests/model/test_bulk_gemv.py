@@ -51,14 +51,12 @@ def test_cpu_e4m3_weights_never_take_the_kernel() -> None:
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("mode,res", [(0, 0), (1, 0), (1, 1), (2, 0)])
 @pytest.mark.parametrize("cfg", [BulkConfig(1, 4, 256), BulkConfig(16, 2, 128),
-                                 BulkConfig(2, 8, 512), BulkConfig(4, 1, 256, dynamic=True),
-                                 BulkConfig(16, 3, 512, dynamic=True)], ids=str)
+                                 BulkConfig(2, 8, 512)], ids=str)
 def test_the_source_compiles_for_hopper(cfg: BulkConfig, mode: int, res: int, fp8: bool) -> None:
     from cadence.runtime.module import compile_cuda
 
     cubin = compile_cuda(SOURCE, "bulk_gemv.cu", "sm_90",
-                         defines(cfg.rows, cfg.stages, cfg.threads, mode, bool(res), fp8,
-                                 dynamic=cfg.dynamic))
+                         defines(cfg.rows, cfg.stages, cfg.threads, mode, bool(res), fp8))
     assert KERNEL.encode() in cubin
 
 
@@ -72,13 +70,6 @@ def test_e4m3_inputs_go_to_registers_where_every_thread_takes_as_many_vectors() 
     assert "-DBG_K=4096" in defines(16, 2, 512, 1, True, fp8=True, k=4096)
     assert "-DBG_K=0" in defines(16, 2, 512, 1, True, fp8=False, k=4096)
     assert "-DBG_K=0" in defines(2, 2, 512, 0, False, fp8=True, k=14336)
-
-
-def test_dynamic_chunks_are_an_option_of_every_weight_type() -> None:
-    assert not BulkConfig(4, 2).dynamic
-    for fp8 in (False, True):
-        assert "-DBG_DYN=1" in defines(4, 2, 256, 0, False, fp8=fp8, dynamic=True)
-        assert "-DBG_DYN=0" in defines(4, 2, 256, 0, False, fp8=fp8)
 
 
 def test_the_hardware_conversion_is_an_e4m3_option() -> None:
