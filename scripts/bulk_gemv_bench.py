@@ -197,8 +197,7 @@ def main() -> int:
             cfg = ranked[0]
             kb = weight_bytes(fp8) * n * k / 1e3  # KB / us = GB/s
             best[(n, k, mode)] = (cfg, timings[cfg], today)
-            small = [c for c in ranked
-                     if c.shared_bytes(k, fp8, mode == "norm") <= SMALL_SHARED]
+            small = [c for c in ranked if c.shared_bytes(k, fp8) <= SMALL_SHARED]
             if small:
                 best_small[(n, k, mode)] = small[0]
             print(f"{model} {proj} {n}x{k} ({mode}): today {today:.2f} us "

@@ -59,8 +59,8 @@ class BulkConfig:
         if not 1 <= self.stages <= 8:
             raise ValueError(f"stages must be 1 to 8, got {self.stages}")
 
-    def shared_bytes(self, k: int, fp8: bool = False, norm: bool = False) -> int:
-        return shared_bytes(k, self.rows, self.stages, fp8, norm)
+    def shared_bytes(self, k: int, fp8: bool = False) -> int:
+        return shared_bytes(k, self.rows, self.stages, fp8)
 
 
 # (N, K, mode) -> the configuration of a one-row projection of that weight shape, in that mode
@@ -133,9 +133,7 @@ def bulk_applies(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, mode: s
     width = 2 * k if mode == "glu" else k
     if x.numel() != width or n == 0 or k % 8 or not (x.is_contiguous() and weight.is_contiguous()):
         return False
-    if (x.data_ptr() | weight.data_ptr()) & 15:
-        return False
-    if cfg.shared_bytes(k, fp8, mode == "norm") > MAX_SHARED:
+    if (x.data_ptr() | weight.data_ptr()) & 15 or cfg.shared_bytes(k, fp8) > MAX_SHARED:
         return False
     if mode == "norm":
         # skinny_matmul_norm's operand rule, plus what this kernel's loads need.
@@ -289,8 +287,8 @@ def _run(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, mode: int,
             x if norm_weight is None else norm_weight, x if scale is None else scale, out,
             out if res_out is None else res_out, ctypes.c_int32(n), ctypes.c_int32(k),
             ctypes.c_float(eps))
-    launch(kernel, blocks_for(x.device, n), cfg.threads, cfg.shared_bytes(k, fp8, mode == 1),
-           x.device, args)
+    launch(kernel, blocks_for(x.device, n), cfg.threads, cfg.shared_bytes(k, fp8), x.device,
+           args)
 
 
 def bulk_gemv(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, glu: bool = False,

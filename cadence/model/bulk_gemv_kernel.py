@@ -9,8 +9,7 @@ out of the stages as they land, and the stage goes back to the copier once every
 it. The first stages are requested before ``griddepcontrol.wait``: weights do not depend on the
 kernel before, so under a programmatic dependent launch they stream while that kernel ends.
 
-The norm weight (a constant too) is copied in the same way. Only after the wait does a block
-read the input, transformed into shared memory (``BG_MODE``):
+Only after the wait does a block read the input, transformed into shared memory (``BG_MODE``):
 0 as is; 1 the decoder's (residual add +) RMSNorm, with the RMSNorm kernel's arithmetic (the sum
 of squares added in ``rms_norm_kernels``' fixed order, so the normalized row has that kernel's
 bits; block 0 writes the new residual); 2 SwiGLU of ``[gate | up]`` (``x`` is [2K]).
@@ -24,10 +23,8 @@ copied to f16 times the power of two ``2^s`` that brings its largest element bel
 with ``BG_CVT``; exact where it stays in f16's normal range; eight products then stay below
 2^15, or 57344, under f16's largest 65504), in two
 planes (plane ``p`` holds elements ``16 v + 8 p .. 16 v + 8 p + 7`` at index ``v``: a warp's
-loads of a plane are consecutive, no bank conflicts), or, where a thread keeps its input
-vectors in registers (``BG_K``), into those registers directly; the output is the sum times
-the row's scale, 2^8 (without ``BG_CVT``) and 2^-s. The row's largest magnitude is taken as the
-input is written to shared memory, not in a pass of its own.
+loads of a plane are consecutive, no bank conflicts); the output is the sum times the row's
+scale, 2^8 (without ``BG_CVT``) and 2^-s.
 
 Thread ``t`` of a stage takes row ``t / (T / BG_ROWS)`` and every ``T / BG_ROWS``-th 16-byte
 vector of it; each row's sum is reduced with warp shuffles (and across warps through shared
@@ -42,18 +39,19 @@ __all__ = ["PRELUDE", "SOURCE", "KERNEL", "NORM_LANES", "defines", "shared_bytes
 
 KERNEL = "bulk_gemv"
 NORM_LANES = 512  # rms_norm_kernels.NORM_CHUNK_MAX: the sum of squares' lanes
-_HEADER = 384  # mbarriers (<= 8 stages), the reduction scratch, the norm weight's mbarrier
+_HEADER = 384  # mbarriers (<= 8 stages) and the reduction scratch, before the input row
 
 
 def _round(n: int, to: int = 128) -> int:
     return -(-n // to) * to
 
 
-def shared_bytes(k: int, rows: int, stages: int, fp8: bool = False, norm: bool = False) -> int:
+def shared_bytes(k: int, rows: int, stages: int, fp8: bool = False) -> int:
     """Dynamic shared memory of one block: header, the input row (bf16; with e4m3 weights
-    also scaled into f16), (the norm) the norm weight, the stages."""
-    row = _round(2 * k)
-    return _HEADER + row * (1 + fp8 + norm) + stages * rows * (1 if fp8 else 2) * k
+    also scaled into f16), the stages."""
+    if fp8:
+        return _HEADER + 2 * _round(2 * k) + stages * rows * k
+    return _HEADER + _round(2 * k) + stages * rows * 2 * k
 
 
 def x_in_registers(k: int, rows: int, threads: int) -> bool:
@@ -143,19 +141,12 @@ __device__ __forceinline__ u16 to_h(float f) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
     return r;
 }
-// The larger of m and the magnitudes of v's two bf16 (amax4: of a vector's eight).
+// The larger of m and the magnitudes of v's two bf16; v's two bf16 times s, as two f16.
 __device__ __forceinline__ float amax2(u32 v, float m) {
     return fmaxf(m, fmaxf(fabsf(lo_bf(v)), fabsf(hi_bf(v))));
 }
-__device__ __forceinline__ float amax4(uint4 a, float m) {
-    return amax2(a.w, amax2(a.z, amax2(a.y, amax2(a.x, m))));
-}
-// v's two bf16 times s, as two f16 (to_h8: a vector's eight).
 __device__ __forceinline__ u32 to_h2(u32 v, float s) {
     return pack(to_h(lo_bf(v) * s), to_h(hi_bf(v) * s));
-}
-__device__ __forceinline__ uint4 to_h8(uint4 a, float s) {
-    return make_uint4(to_h2(a.x, s), to_h2(a.y, s), to_h2(a.z, s), to_h2(a.w, s));
 }
 // A sum of squares in the RMSNorm kernel's order: a thread's L lanes pairwise, level by level,
 // then the warp's threads by xor shuffles (fold_lanes); then the W warps' sums pairwise
@@ -292,15 +283,8 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
     u16* xs = (u16*)(smem + HEADER);
     u16* xh = (u16*)(smem + HEADER + ((2 * k + 127) / 128) * 128);  // BG_FP8: two f16 planes
     unsigned char* st = (unsigned char*)xh + (BG_FP8 ? ((2 * k + 127) / 128) * 128 : 0);
-#if BG_MODE == 1
-    u16* nws = (u16*)st;  // the norm weight, copied in before the wait
-    st += ((2 * k + 127) / 128) * 128;
-#endif
     const u32 bars = smem_u32(smem);
     const u32 stages = smem_u32(st);
-#if BG_MODE == 1
-    const u32 nw_bar = bars + 256u;
-#endif
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const long first = (long)blockIdx.x * n / gridDim.x;
     const int my_rows = (int)((long)(blockIdx.x + 1) * n / gridDim.x - first);
@@ -308,48 +292,27 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
 
     if (tid == 0) {
         for (int s = 0; s < BG_STAGES; s++) mbar_init(bars + 8u * s, 1u);
-#if BG_MODE == 1
-        mbar_init(nw_bar, 1u);
-#endif
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
     if (tid == 0) {
-#if BG_MODE == 1
-        // The norm weight, like the weights, is no earlier kernel's output: it streams in now.
-        const u32 nw_bytes = 2u * (u32)k;
-        mbar_expect(nw_bar, nw_bytes);
-        for (u32 off = 0; off < nw_bytes; off += COPY_CHUNK) {
-            bulk_copy(smem_u32(nws) + off, (const char*)nw + off, min(COPY_CHUNK, nw_bytes - off),
-                      nw_bar);
-        }
-#endif
         for (int i = 0; i < min(BG_STAGES, count); i++) issue(w, first, my_rows, i, k, stages, bars);
     }
     // NOTE: nothing above reads memory an earlier kernel writes; everything below may.
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
-    // BG_FP8: the largest magnitude in the input row, each thread's part taken as it writes
-    // its vectors of xs.
-    float mx = 0.0f;
 #if BG_MODE == 0
     #pragma unroll 4
-    for (int v = tid; v < k / 8; v += BG_THREADS) {
-        const uint4 a = ((const uint4*)x)[v];
-        ((uint4*)xs)[v] = a;
-        if (BG_FP8) mx = amax4(a, mx);
-    }
+    for (int v = tid; v < k / 8; v += BG_THREADS) ((uint4*)xs)[v] = ((const uint4*)x)[v];
 #elif BG_MODE == 2
     // NOTE: vector loads, unrolled, so that several are in flight: each round trip to L2 that
     // this prologue waits for serially adds to the kernel (the weights are streaming meanwhile).
     #pragma unroll 4
     for (int v = tid; v < k / 8; v += BG_THREADS) {
         uint4 g = ((const uint4*)x)[v], u = ((const uint4*)x)[k / 8 + v];
-        const uint4 a = make_uint4(silu_mul2(g.x, u.x), silu_mul2(g.y, u.y),
-                                   silu_mul2(g.z, u.z), silu_mul2(g.w, u.w));
-        ((uint4*)xs)[v] = a;
-        if (BG_FP8) mx = amax4(a, mx);
+        ((uint4*)xs)[v] = make_uint4(silu_mul2(g.x, u.x), silu_mul2(g.y, u.y),
+                                     silu_mul2(g.z, u.z), silu_mul2(g.w, u.w));
     }
 #else
     {
@@ -388,14 +351,11 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
         }
         __syncthreads();
         const float rstd = red[2 * WARPS];
-        mbar_wait(nw_bar, 0u);
         #pragma unroll 4
         for (int v = tid; v < k / 8; v += BG_THREADS) {
-            uint4 a = ((uint4*)xs)[v], b = ((const uint4*)nws)[v];
-            a = make_uint4(norm2(a.x, b.x, rstd), norm2(a.y, b.y, rstd), norm2(a.z, b.z, rstd),
-                           norm2(a.w, b.w, rstd));
-            ((uint4*)xs)[v] = a;
-            if (BG_FP8) mx = amax4(a, mx);
+            uint4 a = ((uint4*)xs)[v], b = ((const uint4*)nw)[v];
+            ((uint4*)xs)[v] = make_uint4(norm2(a.x, b.x, rstd), norm2(a.y, b.y, rstd),
+                                         norm2(a.z, b.z, rstd), norm2(a.w, b.w, rstd));
         }
     }
 #endif
@@ -403,6 +363,12 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
     int xexp = 0;  // BG_FP8: the input's f16 copy is 2^xexp times it
 #if BG_FP8
     {
+        float mx = 0.0f;
+        #pragma unroll 4
+        for (int v = tid; v < k / 8; v += BG_THREADS) {
+            uint4 a = ((const uint4*)xs)[v];
+            mx = amax2(a.w, amax2(a.z, amax2(a.y, amax2(a.x, mx))));
+        }
         #pragma unroll
         for (int off = 1; off < 32; off *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
         if (lane == 0) red[warp] = mx;
@@ -414,20 +380,18 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
         }
         __syncthreads();
         xexp = __float_as_int(red[2 * WARPS + 1]);
-    }
-    const float sc = __uint_as_float((u32)(127 + xexp) << 23);
-#if !BG_K
-    {
+        const float sc = __uint_as_float((u32)(127 + xexp) << 23);
         const int planes = k / 16;
         #pragma unroll 2
         for (int v = tid; v < planes; v += BG_THREADS) {
             uint4 a = ((const uint4*)xs)[2 * v], b = ((const uint4*)xs)[2 * v + 1];
-            ((uint4*)xh)[v] = to_h8(a, sc);
-            ((uint4*)xh)[planes + v] = to_h8(b, sc);
+            ((uint4*)xh)[v] = make_uint4(to_h2(a.x, sc), to_h2(a.y, sc), to_h2(a.z, sc),
+                                         to_h2(a.w, sc));
+            ((uint4*)xh)[planes + v] = make_uint4(to_h2(b.x, sc), to_h2(b.y, sc),
+                                                  to_h2(b.z, sc), to_h2(b.w, sc));
         }
     }
     __syncthreads();
-#endif
 #endif
 
     const int row = tid / TPR, part = tid % TPR;
@@ -436,14 +400,13 @@ extern "C" __global__ void __launch_bounds__(BG_THREADS) bulk_gemv(
     const int wrow = TPR > 32 ? (tid < BG_ROWS ? tid : BG_ROWS) : (part == 0 ? row : BG_ROWS);
     const uint4* xv = (const uint4*)xs;
 #if BG_FP8 && BG_K
-    // NOTE: a thread reads the same input vectors for every row: held in registers (taken
-    // into f16 here, from xs: no pass through the planes), the main loop's shared-memory
-    // reads are the weights' alone.
+    // NOTE: a thread reads the same input vectors for every row: held in registers, the main
+    // loop's shared-memory reads are the weights' alone.
     uint4 xr[XV], yr[XV];
     #pragma unroll
     for (int j = 0; j < XV; j++) {
-        xr[j] = to_h8(xv[2 * (part + j * TPR)], sc);
-        yr[j] = to_h8(xv[2 * (part + j * TPR) + 1], sc);
+        xr[j] = ((const uint4*)xh)[part + j * TPR];
+        yr[j] = ((const uint4*)xh)[BG_K / 16 + part + j * TPR];
     }
 #endif
     for (int i = 0; i < count; i++) {

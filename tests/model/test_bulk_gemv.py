@@ -39,10 +39,6 @@ def test_e4m3_weights_take_a_byte_a_weight_and_an_f16_input_row() -> None:
     assert shared_bytes(4096, 4, 3, fp8=True) == 384 + 8192 + 8192 + 3 * 4 * 4096
     assert shared_bytes(1040, 2, 2, fp8=True) == 384 + 2176 + 2176 + 2 * 2 * 1040
     assert BulkConfig(4, 3).shared_bytes(4096, fp8=True) == shared_bytes(4096, 4, 3, True)
-    # The norm's weight has its own row, before the stages.
-    assert shared_bytes(4096, 4, 3, fp8=True, norm=True) == 384 + 3 * 8192 + 3 * 4 * 4096
-    assert shared_bytes(1000, 1, 2, norm=True) == 384 + 2 * 2048 + 2 * 2000
-    assert BulkConfig(4, 3).shared_bytes(4096, True, True) == shared_bytes(4096, 4, 3, True, True)
 
 
 def test_cpu_e4m3_weights_never_take_the_kernel() -> None:
