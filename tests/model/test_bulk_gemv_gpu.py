@@ -309,7 +309,8 @@ def test_fp8_engine_takes_the_kernel_at_one_row(tmp_path, monkeypatch) -> None:
         for n, k, mode in ((1024, 512, "norm"), (512, 512, "plain"), (2048, 512, "norm"),
                            (512, 1024, "glu")):
             if listed:
-                monkeypatch.setitem(bg.BULK_FP8_CONFIGS, (n, k, mode), BulkConfig(4, 2, 256, hw_cvt=True))
+                monkeypatch.setitem(bg.BULK_FP8_CONFIGS, (n, k, mode),
+                                    BulkConfig(4, 2, 256, hw_cvt=True))
             else:
                 bg.BULK_FP8_CONFIGS.pop((n, k, mode), None)
         for eager in (False, True):
