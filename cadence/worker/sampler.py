@@ -17,6 +17,7 @@ import torch
 from cadence.runner_output import LogprobsLists
 from cadence.sampling_params import SamplingParams
 from cadence.worker.grammar_mask import GrammarMask, apply_grammar_mask
+from cadence.worker.greedy_argmax import ArgmaxScratch, argmax_rows
 from cadence.worker.logits_processors import (
     LogitsInputs,
     apply_logits_processors,
@@ -205,7 +206,14 @@ def _mix_seed(seed: int, step: int) -> int:
 class Sampler:
     """Samples one token per row of ``logits`` [N, V]."""
 
+    def __init__(self) -> None:
+        self._argmax_scratch = ArgmaxScratch()
+
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        if (md.all_greedy and md.grammar is None and md.processors is None
+                and not md.banned_token_ids and md.max_num_logprobs is None):
+            # Nothing changes the logits: no float32 copy, the argmax of the caller's.
+            return SamplerOutput(argmax_rows(logits, self._argmax_scratch), None)
         # Work on a float32 copy: the caller's logits are never modified.
         logits = logits.to(torch.float32, copy=True)
         if md.grammar is not None:
@@ -238,7 +246,7 @@ class Sampler:
     def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         greedy = None
         if not md.all_random:
-            greedy = logits.argmax(dim=-1)
+            greedy = argmax_rows(logits, self._argmax_scratch)
             if md.all_greedy:
                 return greedy
         assert md.temperature is not None, "temperature is required unless all rows are greedy"
