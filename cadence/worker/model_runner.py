@@ -88,6 +88,7 @@ class ModelRunner:
                                    self.max_blocks_per_req, device)
         self.input_batch.warm_up()  # the compiled host passes, before any request waits
         self.buffers.warm_up()
+        self.sampler.warm_up(self.vocab_size, device)
         buf = self.buffers
         # GPU-resident last sampled token of every slot (DESIGN: combine / scatter).
         self.last_sampled = torch.zeros(self.max_num_reqs, dtype=torch.int64, device=device)

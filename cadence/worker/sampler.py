@@ -209,6 +209,13 @@ class Sampler:
     def __init__(self) -> None:
         self._argmax_scratch = ArgmaxScratch()
 
+    def warm_up(self, vocab_size: int, device: torch.device) -> None:
+        """Compile (or load) the greedy argmax's kernels for this vocabulary at start-up, not
+        on the first request's time to first token."""
+        argmax_rows(torch.zeros(1, vocab_size, device=device), self._argmax_scratch)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # NOTE: start-up only; later steps use other streams
+
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         if (md.all_greedy and md.grammar is None and md.processors is None
                 and not md.banned_token_ids and md.max_num_logprobs is None):

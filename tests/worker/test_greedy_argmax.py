@@ -78,6 +78,32 @@ def test_the_sampler_takes_the_argmax_of_plain_greedy_rows_without_copying() -> 
     assert torch.equal(logits, before)
 
 
+def test_the_cpu_warm_up_is_harmless() -> None:
+    from cadence.worker.sampler import Sampler, SamplingMetadata
+
+    sampler = Sampler()
+    sampler.warm_up(50, torch.device("cpu"))
+    logits = torch.randn(2, 50)
+    assert torch.equal(sampler(logits, SamplingMetadata.greedy()).sampled_token_ids,
+                       logits.argmax(dim=-1))
+
+
+@pytest.mark.gpu
+def test_the_warm_up_compiles_what_the_first_step_launches() -> None:
+    from cadence.worker import greedy_argmax as ga
+    from cadence.worker.sampler import Sampler, SamplingMetadata
+
+    sampler = Sampler()
+    sampler.warm_up(151936, torch.device("cuda"))
+    before = (ga._BLOCK_MAX.fast_launches, ga._ROW_MAX.fast_launches)
+    logits = torch.randn(3, 151936, device="cuda")
+    got = sampler(logits, SamplingMetadata.greedy()).sampled_token_ids
+    # Both launches took the compiled launcher: nothing was left to compile.
+    assert (ga._BLOCK_MAX.fast_launches, ga._ROW_MAX.fast_launches) == (before[0] + 1,
+                                                                         before[1] + 1)
+    assert torch.equal(got, logits.argmax(dim=-1))
+
+
 @pytest.mark.timeout(600)  # the interpreter's subprocess
 def test_kernels_in_triton_interpreter() -> None:
     run_interpreted(__file__)
