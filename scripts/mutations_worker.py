@@ -14,6 +14,8 @@ TI = "cadence/model/tiny.py"
 PA = "cadence/model/parallel.py"
 CPU = "cadence/runtime/cpu.py"
 SP = "cadence/runtime/slot_pool.py"
+GA = "cadence/worker/greedy_argmax.py"
+SM = "cadence/worker/sampler.py"
 
 T_MR = ("tests/worker/test_model_runner.py",)
 T_GR = ("tests/worker/test_grammar.py",)
@@ -26,6 +28,8 @@ T_TI = ("tests/model/test_tiny.py",)
 T_PA = ("tests/model/test_tp_shards.py",)
 T_CPU = ("tests/runtime/test_cpu.py",)
 T_SP = ("tests/runtime/test_slot_pool.py",)
+T_GA = ("tests/worker/test_greedy_argmax.py",)
+T_SM = ("tests/worker/test_sampler.py", "tests/worker/test_logits_processors.py")
 
 MUTATIONS = [
     # model_runner
@@ -173,4 +177,18 @@ MUTATIONS = [
     Mutation("wk-mr-grammar-failed-dropped", "a token outside the grammar never fails its request",
              MR, "        failed.update(self.sampling.grammar.take_failed())\n", "",
              ("tests/engine/test_structured_outputs.py",)),
+    # greedy argmax
+    Mutation("wk-ga-tie-right", "a block's tie goes to its last largest entry",
+             GA, "return_indices_tie_break_left=True", "return_indices_tie_break_left=False",
+             T_GA),
+    Mutation("wk-ga-nan-by-bits", "a NaN counts by its bits (a negative NaN below every number)",
+             GA, "        key = tl.where(x != x, _INT_MAX, key)\n", "", T_GA),
+    Mutation("wk-ga-signed-zero", "-0.0 counts below 0.0",
+             GA, "        x = tl.where(x == 0.0, 0.0, x)", "        x = x", T_GA),
+    Mutation("wk-ga-last-block", "of the blocks holding the largest key, the last wins",
+             GA, "first = tl.min(tl.where(k == tl.max(k, 0), i, _INT_MAX), 0)",
+             "first = tl.max(tl.where(k == tl.max(k, 0), i, -1), 0)", T_GA),
+    Mutation("wk-sm-greedy-skips-processors", "plain greedy steps skip the logits processors",
+             SM, "        if (md.all_greedy and md.grammar is None and md.processors is None\n",
+             "        if (md.all_greedy and md.grammar is None\n", T_SM),
 ]

@@ -194,6 +194,20 @@ def test_sampler_order_penalties_before_greedy_and_min_p_after_temperature():
         assert out[1] in (0, 1)
 
 
+def test_all_greedy_steps_take_the_argmax_of_the_penalised_logits():
+    """A step whose rows are all greedy still applies their processors (the sampler's
+    shortcut for plain greedy steps is for steps without any)."""
+    logits = torch.tensor([[5.0, 4.9, 0.0, -1.0]])
+    params = [SamplingParams(temperature=0.0, presence_penalty=1.0)]
+    state = LogitsState(1, 4, torch.device("cpu"))
+    state.admit(0, "a", [1], [0], params[0])
+    md = SamplingMetadata.from_params(params, [1])
+    md.processors, _ = state.step_inputs(np.arange(1), ["a"], np.arange(1), params, [1],
+                                         torch.zeros(1, dtype=torch.int64))
+    assert md.all_greedy and md.processors is not None
+    assert Sampler()(logits, md).sampled_token_ids.tolist() == [1]  # 5 - 1 < 4.9
+
+
 def test_banned_ids_outside_the_vocabulary_are_ignored():
     """min_tokens' stop ids and one-token bad words may name ids past the model's vocabulary
     (a tokenizer's added tokens): they ban nothing, and the ids inside it are banned."""
