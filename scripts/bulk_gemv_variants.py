@@ -14,7 +14,6 @@ projections (us a layer). Rounds alternate the variants, so the machine's drift 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import importlib.util
 import inspect
 import math
@@ -53,10 +52,9 @@ def call(mod: ModuleType, cfg: bg.BulkConfig, fp8: bool, t: dict, ws: tuple) -> 
     extra = ({"norm": mode == "norm"}
              if "norm" in inspect.signature(mod.shared_bytes).parameters else {})
     shared = mod.shared_bytes(k, cfg.rows, cfg.stages, fp8, **extra)
-    x, norm = t["x"], mode == "norm"
-    args = (w, x, t["r"] if norm else x, t["nw"] if norm else x, x if scale is None else scale,
-            t["out"], t["res_out"] if norm else t["out"], ctypes.c_int32(n), ctypes.c_int32(k),
-            ctypes.c_float(1e-6))
+    norm = mode == "norm"
+    args = bg.kernel_args(t["x"], w, t["r"] if norm else None, t["nw"] if norm else None, scale,
+                          t["out"], t["res_out"] if norm else None, 1e-6)
     device = torch.device("cuda", 0)
     bg.launch(kernel, bg.blocks_for(device, n), cfg.threads, shared, device, args)
 

@@ -27,8 +27,8 @@ def main() -> int:
     from cadence.model.attention import TorchAttentionBackend
     from cadence.model.loader import build_model
     from cadence.model.registry import resolve_model
-    from tests.model.helpers import Chunk, cuda_args, make_batch, save_hf_model
-    from tests.model.test_fp8 import _prompts, unit_gain_model
+    from tests.model.helpers import save_hf_model
+    from tests.model.test_fp8 import _decode, _prompts, unit_gain_model
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--family", default="qwen3")
@@ -41,26 +41,8 @@ def main() -> int:
         from cadence.model.triton_backend import TritonAttentionBackend
 
     def decode(model, prompt, forced, dtype):
-        blocks = -(-(len(prompt) + ns.steps) // 4) + 1
-        shape = model.kv_cache_shape(blocks, 4)
-        model.bind_kv_caches([torch.zeros(shape, dtype=dtype, device=ns.device)
-                              for _ in range(model.num_layers)])
-        table = list(range(1, blocks))
-
-        def logits(batch):
-            args = cuda_args(batch) if cuda else (batch.input_ids, batch.positions,
-                                                  batch.metadata)
-            with torch.no_grad():
-                hidden = model(*args)
-                return model.compute_logits(hidden[: batch.metadata.num_actual_tokens])[-1]
-
-        out = [logits(make_batch([Chunk(prompt, 0, table)]))]
-        fed = []
-        for i in range(ns.steps):
-            token = forced[i] if forced is not None else int(out[-1].argmax())
-            fed.append(token)
-            out.append(logits(make_batch([Chunk([token], len(prompt) + i, table)])))
-        return torch.stack(out).float().cpu(), fed
+        logits, fed = _decode(model, prompt, ns.steps, dtype, forced, ns.device)
+        return logits.cpu(), fed
 
     def agree(a, b):
         return float((a.argmax(-1) == b.argmax(-1)).float().mean())

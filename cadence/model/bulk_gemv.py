@@ -283,12 +283,21 @@ def _run(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, mode: int,
     options = defines(cfg.rows, cfg.stages, cfg.threads, mode, residual is not None, fp8, k,
                       cfg.hw_cvt)
     kernel = compiled(x.get_device(), SOURCE, KERNEL, options)
-    args = (weight, x, x if residual is None else residual,
+    args = kernel_args(x, weight, residual, norm_weight, scale, out, res_out, eps)
+    launch(kernel, blocks_for(x.device, n), cfg.threads, cfg.shared_bytes(k, fp8), x.device,
+           args)
+
+
+def kernel_args(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
+                norm_weight: torch.Tensor | None, scale: torch.Tensor | None, out: torch.Tensor,
+                res_out: torch.Tensor | None, eps: float) -> tuple[Any, ...]:
+    """The kernel's parameters in order (an operand a mode does not read is passed as ``x``
+    or ``out``: any valid address)."""
+    n, k = weight.shape
+    return (weight, x, x if residual is None else residual,
             x if norm_weight is None else norm_weight, x if scale is None else scale, out,
             out if res_out is None else res_out, ctypes.c_int32(n), ctypes.c_int32(k),
             ctypes.c_float(eps))
-    launch(kernel, blocks_for(x.device, n), cfg.threads, cfg.shared_bytes(k, fp8), x.device,
-           args)
 
 
 def bulk_gemv(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, glu: bool = False,

@@ -15,7 +15,8 @@ import torch
 from cadence.model.attention import TorchAttentionBackend
 from cadence.model.loader import build_model
 from cadence.model.registry import resolve_model
-from tests.model.helpers import Chunk, make_batch, save_hf_model
+from tests.model.helpers import save_hf_model
+from tests.model.test_fp8 import _cosine, _decode, _worst_rank
 from tests.model.trained_model import markov_text, trained_model
 
 FP8 = torch.float8_e4m3fn
@@ -33,14 +34,6 @@ def _agreement(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got.argmax(-1) == ref.argmax(-1)).float().mean())
 
 
-def _worst_rank(got: torch.Tensor, ref: torch.Tensor) -> int:
-    """Over the steps, the lowest place (0 = first) either's choice takes in the other's
-    logits."""
-    ref_in_got = (got > got.gather(1, ref.argmax(-1)[:, None])).sum(-1)
-    got_in_ref = (ref > ref.gather(1, got.argmax(-1)[:, None])).sum(-1)
-    return int(torch.maximum(ref_in_got, got_in_ref).max())
-
-
 def _check(results: dict) -> None:
     """``results[variant]``: per model (agreement, worst rank, least cosine)."""
     for variant, runs in results.items():
@@ -51,27 +44,14 @@ def _check(results: dict) -> None:
 
 
 def _measure(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, int, float]:
-    cos = torch.nn.functional.cosine_similarity(got.double(), ref.double(), dim=-1)
-    return _agreement(got, ref), _worst_rank(got, ref), float(cos.min())
+    return _agreement(got, ref), _worst_rank(got, ref), float(_cosine(got, ref).min())
 
 
-def _cpu_logits(model, prompt: list[int], fed: list[int], kv_dtype: torch.dtype
+def _cpu_logits(model, prompt: list[int], text: list[int], kv_dtype: torch.dtype
                 ) -> torch.Tensor:
-    """The logits after the prompt and after each fed token (the decode path, one token a
-    step), on the CPU."""
-    blocks = -(-(len(prompt) + len(fed)) // 4) + 1
-    model.bind_kv_caches([torch.zeros(model.kv_cache_shape(blocks, 4), dtype=kv_dtype)
-                          for _ in range(model.num_layers)])
-    table = list(range(1, blocks))
-
-    def last(batch) -> torch.Tensor:
-        with torch.no_grad():
-            hidden = model(batch.input_ids, batch.positions, batch.metadata)
-            return model.compute_logits(hidden[: batch.metadata.num_actual_tokens])[-1]
-
-    out = [last(make_batch([Chunk(prompt, 0, table)]))]
-    out += [last(make_batch([Chunk([t], len(prompt) + i, table)])) for i, t in enumerate(fed)]
-    return torch.stack(out[:-1]).float()  # the last token's logits predict past the text
+    """The logits after the prompt and after each token of ``text`` but its last (which
+    predicts past the text), on the CPU."""
+    return _decode(model, prompt, len(text), kv_dtype, text, device="cpu")[0][:-1]
 
 
 @pytest.mark.timeout(900)
@@ -102,7 +82,6 @@ def test_emulated_fp8_keeps_trained_models_greedy_choices(tmp_path) -> None:
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_fp8_kernels_keep_trained_models_greedy_choices(family: str, tmp_path) -> None:
     from cadence.model.triton_backend import TritonAttentionBackend
-    from tests.model.test_fp8 import _decode
 
     results: dict = {variant: [] for variant in VARIANTS}
     for seed in (0, 1, 2):
