@@ -35,11 +35,20 @@ MODE = {"plain": 0, "norm": 1, "glu": 2}
 
 
 def load(path: str) -> ModuleType:
+    """The kernel-source module at ``path``; a one-line exit where it is not one."""
+    if not Path(path).is_file():
+        raise SystemExit(f"{path}: no such file")
     spec = importlib.util.spec_from_file_location(Path(path).stem, path)
     if spec is None or spec.loader is None:
-        raise SystemExit(f"cannot load {path}")
+        raise SystemExit(f"{path}: not a Python module")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - any error of the user's file, in one line
+        raise SystemExit(f"{path}: {type(exc).__name__}: {exc}") from None
+    missing = [n for n in ("SOURCE", "KERNEL", "defines", "shared_bytes") if not hasattr(module, n)]
+    if missing:
+        raise SystemExit(f"{path}: defines no {', '.join(missing)}")
     return module
 
 
@@ -65,13 +74,13 @@ def main() -> int:
     p.add_argument("--weights", choices=["bf16", "fp8"], default="fp8")
     p.add_argument("--rounds", type=int, default=2)
     ns = p.parse_args()
+    mods = {Path(v).stem: load(v) for v in ns.variants}
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
     torch.set_grad_enabled(False)
     fp8 = ns.weights == "fp8"
     table = bg.BULK_FP8_CONFIGS if fp8 else bg.BULK_CONFIGS
-    mods = {Path(v).stem: load(v) for v in ns.variants}
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     shapes = {}
     for name, (n, k, mode) in SHAPES.items():
