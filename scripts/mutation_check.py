@@ -924,6 +924,12 @@ MUTATIONS = [
              "            gdc_wait()\n            gdc_launch_dependents()\n        pid_n",
              "            gdc_launch_dependents()\n        pid_n",
              ("tests/model/test_pdl.py",)),
+    Mutation("pdl-decode-wait-dropped", "the decode attention kernel lets the o projection "
+             "launch and then reads q, k and v without waiting for the qkv projection",
+             "cadence/model/triton_decode_kernels.py",
+             "weight stages).\n            gdc_launch_dependents()\n            gdc_wait()\n",
+             "weight stages).\n            gdc_launch_dependents()\n",
+             ("tests/model/test_pdl.py",)),
     Mutation("late-norm-first-slice-only", "a split late-norm launch scales the summed "
              "products by the first K slice's sum of squares alone",
              "cadence/model/skinny_gemm_triton.py",

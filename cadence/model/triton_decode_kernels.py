@@ -121,8 +121,11 @@ if triton is not None:
         PDL: tl.constexpr,
     ):
         if PDL:  # q, k, v, the step's metadata and the cache are earlier kernels' writes
-            gdc_wait()
+            # NOTE: the next kernel may start before this one waits: its own wait still orders
+            # it after this grid (and so after the grid this one waits on), and what it does
+            # before that wait reads only constants (the o projection's weight stages).
             gdc_launch_dependents()
+            gdc_wait()
         # With ROPE, q and the new k arrive as the qkv projection left them: the q/k norms (with
         # QK_NORM) and RoPE are applied here, as fused_ops.qk_norm_rope would have.
         # Scores and values are computed in q's dtype (an FP8 cache's entries are converted to
@@ -254,9 +257,9 @@ if triton is not None:
         BLOCK_D: tl.constexpr,
         PDL: tl.constexpr,
     ):
-        if PDL:
-            gdc_wait()
+        if PDL:  # released first, as the decode kernel: o's weights stream during attention
             gdc_launch_dependents()
+            gdc_wait()
         b = tl.program_id(0)
         h = tl.program_id(1)
         seq_len = tl.load(seq_lens_ptr + b)
