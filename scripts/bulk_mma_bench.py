@@ -74,7 +74,7 @@ class Proj:
             else:
                 self.w.append(first.clone())
                 self.s.append(None)
-        self.mods = None if fp8 else [module_of(w) for w in self.w]
+        self.mods = None if fp8 else [module_of((w, None)) for w in self.w]
         g = torch.Generator(device="cuda").manual_seed(k)
         width = 2 * k if mode == "glu" else k
         self.x = torch.randn(bm.MAX_M, width, device="cuda", generator=g).bfloat16()
