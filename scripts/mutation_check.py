@@ -930,6 +930,12 @@ MUTATIONS = [
              "weight stages).\n            gdc_launch_dependents()\n            gdc_wait()\n",
              "weight stages).\n            gdc_launch_dependents()\n",
              ("tests/model/test_pdl.py",)),
+    Mutation("grammar-bounded-strings-admit-controls", "strings with minLength / maxLength "
+             "keep xgrammar's rule, which admits raw control characters (invalid JSON)",
+             "cadence/worker/grammar_compiler.py",
+             "    return xgr.Grammar.from_ebnf(fixed) if count else grammar",
+             "    return grammar",
+             ("tests/engine/test_structured_outputs.py",)),
     Mutation("late-norm-first-slice-only", "a split late-norm launch scales the summed "
              "products by the first K slice's sum of squares alone",
              "cadence/model/skinny_gemm_triton.py",

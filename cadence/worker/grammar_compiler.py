@@ -42,7 +42,8 @@ def grammar_of(spec: StructuredOutputsParams) -> Any:
             text = schema if isinstance(schema, str) else json.dumps(schema)
             # NOTE: runs of whitespace are bounded: a model that likes blanks could otherwise
             # pad the JSON for ever without breaking the grammar.
-            return xgr.Grammar.from_json_schema(text, max_whitespace_cnt=MAX_WHITESPACE_RUN)
+            return json_text_only(
+                xgr, xgr.Grammar.from_json_schema(text, max_whitespace_cnt=MAX_WHITESPACE_RUN))
         if spec.regex is not None:
             return xgr.Grammar.from_regex(spec.regex)
         if spec.choice is not None:
@@ -54,6 +55,21 @@ def grammar_of(spec: StructuredOutputsParams) -> Any:
         # xgrammar's messages start with a time stamp and a source location: keep the words.
         reason = re.sub(r"^\[[^\]]*\] \S+:\d+: ", "", str(exc).strip())
         raise ValueError(f"structured_outputs: invalid {kind}: {reason}") from None
+
+
+# xgrammar (0.2.x) writes the characters of a string with minLength / maxLength as this rule,
+# which admits the raw control characters U+0000-U+001F that JSON text forbids (its unbounded
+# strings exclude them): a constrained output could then fail to parse.
+_BOUNDED_CHARS = re.compile(r'^(\S+) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.MULTILINE)
+_JSON_CHARS = r'(([^\0-\x1f\"\\]))'  # an EBNF character class, as xgrammar writes it
+
+
+def json_text_only(xgr: Any, grammar: Any) -> Any:
+    """``grammar`` with every length-bounded string's characters limited to those JSON text
+    allows unescaped (the grammar itself where it has none)."""
+    ebnf = str(grammar)
+    fixed, count = _BOUNDED_CHARS.subn(lambda m: f"{m.group(1)} ::= {_JSON_CHARS}", ebnf)
+    return xgr.Grammar.from_ebnf(fixed) if count else grammar
 
 
 def spec_key(spec: StructuredOutputsParams) -> str:

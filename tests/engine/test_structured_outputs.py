@@ -297,3 +297,25 @@ def core_tokenizer():
     from cadence.model.tiny import ensure_tiny_model
 
     return AutoTokenizer.from_pretrained(ensure_tiny_model())
+
+
+def test_length_bounded_strings_hold_no_raw_control_characters(llm) -> None:
+    """JSON text forbids raw U+0000-U+001F inside a string. With every token that decodes to
+    such a character pushed up by logit_bias, strings with minLength / maxLength (a rule of
+    their own in the compiled grammar) must still parse."""
+    tok = llm.get_tokenizer()
+    controls = [i for i in range(len(tok))
+                if any(ord(c) < 0x20 for c in tok.decode([i]))]
+    assert controls
+    schema = {"type": "object", "properties": {
+        "b": {"type": "string", "minLength": 2, "maxLength": 10},
+        "c": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2}},
+        "required": ["b", "c"], "additionalProperties": False}
+    params = [SamplingParams(temperature=0.0 if i == 0 else 1.0, seed=i, max_tokens=120,
+                             logit_bias={t: 8.0 for t in controls},
+                             structured_outputs=StructuredOutputsParams(json=schema))
+              for i in range(8)]
+    outs = llm.generate(["Give me the data:"] * 8, params, use_tqdm=False)
+    for out in outs:
+        assert out.outputs[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(out.outputs[0].text), schema)
