@@ -5,6 +5,10 @@ chat-style one (``messages`` rendered through the chat template exactly as
 ``/v1/chat/completions`` renders them; the template holds its special tokens). It answers the
 token ids, their count and the context length, and with ``return_token_strs`` each token's
 string. ``/detokenize`` turns ids back into text. Both need the model's tokenizer.
+
+Unlike vLLM's, ``/tokenize`` refuses a text that cannot fit in the context, as the generation
+routes do and before tokenizing it: tokenizing runs on the engine's one input thread, where a
+multi-megabyte text would hold every other request up for seconds.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
+from cadence.engine.param_checks import InputValidationError
 from cadence.server.chat_template import render_chat
 from cadence.server.protocol import OpenAIModel, ParamError
 from cadence.server.protocol_chat import NO_MESSAGES, ChatMessage, check_template_options
@@ -85,6 +90,15 @@ class Tokenization:
             raise ParamError("model", "this server runs without a tokenizer.")
         return tokenizer
 
+    def _check_text(self, text: str, param: str = "prompt") -> None:
+        try:
+            self.engine.input_processor.check_prompt_text(text)
+        except InputValidationError as exc:
+            raise ParamError(param, str(exc)) from None
+
+    def _check_chat_text(self, text: str) -> None:
+        self._check_text(text, "messages")
+
     def tokenize(self, body: dict[str, Any]) -> TokenizeResponse:
         """``body``: the parsed JSON object (chat form when it has ``messages``)."""
         tokenizer = self._tokenizer()
@@ -101,9 +115,11 @@ class Tokenization:
                 chat_template=self.chat_template,
                 # vLLM: the rendered text is tokenized with the tokenizer's own specials too.
                 add_special_tokens=request.add_special_tokens,
+                check_text=self._check_chat_text,
             )
         else:
             request = TokenizeCompletionRequest.model_validate(body)
+            self._check_text(request.prompt)
             ids = list(tokenizer.encode(request.prompt,
                                         add_special_tokens=request.add_special_tokens))
         strs = tokenizer.convert_ids_to_tokens(ids) if request.return_token_strs else None

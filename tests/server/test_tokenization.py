@@ -208,3 +208,22 @@ def test_completions_return_the_prompt_token_ids(http: httpx.Client, hf_tokenize
     for i, p in enumerate(prompts):
         assert seen[i][0] == hf_tokenizer.encode(p)
         assert all(x is None for x in seen[i][1:])
+
+
+@pytest.mark.parametrize("form", ["prompt", "messages"])
+def test_a_text_that_cannot_fit_the_context_is_refused_before_tokenizing(
+    http: httpx.Client, server, form: str
+) -> None:
+    """Megabytes of text would hold the engine's input thread for seconds: the route refuses
+    a text longer than the context can hold by the characters-per-token bound alone (the
+    "at least" count is that bound's, not a tokenizer's)."""
+    text = "ab c" * 200_000  # 800 KB: under the test server's body limit
+    body = ({"prompt": text} if form == "prompt"
+            else {"messages": [{"role": "user", "content": text}]})
+    resp = http.post("/tokenize", json=body)
+    assert resp.status_code == 400, resp.text[:200]
+    err = resp.json()["error"]
+    assert err["param"] == form
+    assert f"maximum context length is {server.engine.max_model_len} tokens" in err["message"]
+    assert "at least" in err["message"]
+    assert http.post("/tokenize", json={"prompt": TEXT}).status_code == 200
