@@ -247,7 +247,8 @@ class SamplingRequest(OpenAIModel):
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)
+    # 0 only with echo: the prompt alone comes back (with its logprobs), as OpenAI's API does.
+    max_tokens: int | None = Field(default=16, ge=0)
     logprobs: int | None = Field(default=None, ge=0)  # at most --max-logprobs (the engine)
     return_token_ids: bool = False
     echo: bool = False
@@ -265,6 +266,9 @@ class CompletionRequest(SamplingRequest):
             )
         if self.suffix:
             raise ParamError("suffix", "suffix is not supported.")
+        if self.max_tokens == 0 and not self.echo:
+            raise ParamError("max_tokens",
+                             "max_tokens must be at least 1 (0 is allowed only with echo).")
         if isinstance(self.prompt, list) and len(self.prompt) == 0:
             raise ParamError("prompt", "prompt must not be empty.")
         if (
@@ -305,10 +309,18 @@ class CompletionRequest(SamplingRequest):
 
     def to_sampling_params(self, defaults: Mapping[str, Any] = NO_DEFAULTS) -> SamplingParams:
         """``defaults``: the model's default sampling fields (generation config)."""
-        # vLLM: a completion without max_tokens (absent or null) gets 16 tokens.
+        # vLLM: a completion without max_tokens (absent or null) gets 16 tokens; an echo of the
+        # prompt alone computes one, which the response leaves out.
         max_tokens = self.max_tokens if self.max_tokens is not None else 16
+        if self.echo_only:
+            max_tokens = 1
         return self._sampling_params(max_tokens, self.logprobs, defaults,
                                      self.engine_prompt_logprobs)
+
+    @property
+    def echo_only(self) -> bool:
+        """``echo`` with ``max_tokens`` 0: each choice is the prompt, nothing generated."""
+        return self.echo and self.max_tokens == 0
 
     @property
     def engine_prompt_logprobs(self) -> int | None:

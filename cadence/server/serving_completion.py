@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING
 
@@ -107,6 +108,14 @@ def completion_logprobs(
     return out
 
 
+def generated_nothing(c: CompletionOutput) -> CompletionOutput:
+    """``c`` as an echo of the prompt alone shows it: the one token computed left out, ended by
+    the length of zero tokens asked for."""
+    return dataclasses.replace(c, text="", token_ids=[], logprobs=None, cumulative_logprob=None,
+                               finish_reason="length" if c.finished() else None,
+                               stop_reason=None)
+
+
 class CompletionStream:
     """A streamed completion: its frame stream and the renderer of each prompt's outputs."""
 
@@ -134,6 +143,8 @@ class CompletionStream:
         def render(out: RequestOutput) -> str | None:
             c = out.outputs[0]
             k = i * request.n + c.index  # the choice
+            if request.echo_only:
+                c = generated_nothing(c)
             self.prompt_tokens[i] = len(out.prompt_token_ids or [])
             self.completion_tokens[i] += len(c.token_ids)
             self.finished[i] = out.finished
@@ -218,6 +229,8 @@ class OpenAIServingCompletion(OpenAIServing):
             for s in started:
                 final = await self.final_output(s, request.grammar_param)
                 for c in final.outputs:
+                    if request.echo_only:
+                        c = generated_nothing(c)
                     choices.append(self._choice(request, final, c, s.index * request.n, echo))
                     usage.completion_tokens += len(c.token_ids)
                 usage.prompt_tokens += len(final.prompt_token_ids or [])

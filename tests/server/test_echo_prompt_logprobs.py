@@ -57,6 +57,45 @@ def test_echo_with_logprobs_covers_the_prompt(server, client: openai.OpenAI, str
     assert token_lps[:n_prompt] == pytest.approx(want)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_echo_with_zero_max_tokens_returns_the_prompt_alone(server, client, stream) -> None:
+    """OpenAI's scoring form: echo with max_tokens 0 gives each choice the prompt and its
+    logprobs, nothing generated (the engine's one computed token is left out)."""
+    n_prompt = len(server.engine.tokenizer.encode(PROMPT))
+    kw = dict(model="tiny", prompt=PROMPT, max_tokens=0, echo=True, logprobs=1, n=2,
+              temperature=0.0)
+    if stream:
+        chunks = list(client.completions.create(
+            stream=True, stream_options={"include_usage": True}, **kw))
+        usage = chunks[-1].usage
+        by_choice: dict[int, list] = {0: [], 1: []}
+        for c in chunks:
+            for ch in c.choices:
+                by_choice[ch.index].append(ch)
+        texts = {i: "".join(ch.text for ch in chs) for i, chs in by_choice.items()}
+        reasons = {i: [ch.finish_reason for ch in chs if ch.finish_reason] for i, chs in
+                   by_choice.items()}
+        tokens = {i: [t for ch in chs if ch.logprobs for t in ch.logprobs.tokens]
+                  for i, chs in by_choice.items()}
+        token_lps = [x for ch in by_choice[0] if ch.logprobs for x in ch.logprobs.token_logprobs]
+    else:
+        resp = client.completions.create(**kw)
+        usage = resp.usage
+        texts = {ch.index: ch.text for ch in resp.choices}
+        reasons = {ch.index: [ch.finish_reason] for ch in resp.choices}
+        tokens = {ch.index: ch.logprobs.tokens for ch in resp.choices}
+        token_lps = resp.choices[0].logprobs.token_logprobs
+    assert texts == {0: PROMPT, 1: PROMPT}
+    assert reasons == {0: ["length"], 1: ["length"]}
+    assert all(len(t) == n_prompt for t in tokens.values())
+    assert usage.completion_tokens == 0 and usage.prompt_tokens == n_prompt
+    body = _create(client, prompt=PROMPT, extra_body={"prompt_logprobs": 0}).model_dump()
+    prompt_lps = body["choices"][0]["prompt_logprobs"]
+    ids = server.engine.tokenizer.encode(PROMPT)
+    want = [None] + [prompt_lps[i][str(ids[i])]["logprob"] for i in range(1, n_prompt)]
+    assert token_lps == pytest.approx(want)
+
+
 def test_prompt_logprobs_shape_in_completions_and_chat(server, client: openai.OpenAI) -> None:
     tok = server.engine.tokenizer
     ids = tok.encode(PROMPT)

@@ -24,7 +24,7 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     (COMPLETIONS, {"prompt": "x", "stop": 3}, 400, "stop", "(got 3)"),
     (COMPLETIONS, {"model": "gpt-9", "prompt": "x"}, 404, "model", "does not exist"),
     (COMPLETIONS, {"prompt": "x", "max_tokens": -3}, 400, "max_tokens", "greater than"),
-    (COMPLETIONS, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "greater than"),
+    (COMPLETIONS, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "only with echo"),
     (
         COMPLETIONS,
         {"prompt": "x", "max_tokens": 100000},
