@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from cadence.sampling_params import (
     INT64_MAX,
@@ -112,8 +112,28 @@ class SamplingRequest(OpenAIModel):
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     # vLLM: logprobs show each token as "token_id:N" (for tokens that are not valid text alone).
     return_tokens_as_token_ids: bool = False
+    # vLLM fields this server does not implement: refused (a 400 naming them) where they would
+    # change the output, rather than ignored as unknown fields are.
+    use_beam_search: bool = False
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+
+    @field_validator("stream", "n", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, value: Any, info: ValidationInfo) -> Any:
+        # OpenAI's schema lets these be null, meaning the default (vLLM takes null too).
+        return cls.model_fields[info.field_name].default if value is None else value
 
     def _check_common(self) -> None:
+        if self.use_beam_search:
+            raise ParamError("use_beam_search", "beam search is not supported.")
+        for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar"):
+            if getattr(self, name) is not None:
+                kind = name.removeprefix("guided_")
+                raise ParamError(name, f"{name} is not supported: use structured_outputs "
+                                       f"({{\"{kind}\": ...}}) or response_format.")
         if self.cache_salt is not None and not self.cache_salt:
             raise ParamError("cache_salt", "cache_salt must be a non-empty string if provided.")
         if self.stream_options is not None and not self.stream:
@@ -256,6 +276,11 @@ class CompletionRequest(SamplingRequest):
     suffix: str | None = None
     # vLLM: text prompts get the tokenizer's special tokens (e.g. BOS); false: the text alone.
     add_special_tokens: bool = True
+
+    @field_validator("echo", mode="before")
+    @classmethod
+    def _null_echo(cls, value: Any) -> Any:
+        return False if value is None else value  # OpenAI's schema lets echo be null
 
     def check(self) -> None:
         """Semantic checks beyond the schema; raise ``ParamError`` naming the parameter."""

@@ -59,6 +59,14 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
         "at most 256",
     ),
     (COMPLETIONS, {"prompt": [[1]] * 1025}, 400, "prompt", "at most 1024"),
+    (COMPLETIONS, {"prompt": "x", "use_beam_search": True}, 400, "use_beam_search", "beam"),
+    (CHAT, {"messages": MSG, "use_beam_search": True}, 400, "use_beam_search", "beam"),
+    (COMPLETIONS, {"prompt": "x", "guided_json": {"type": "object"}}, 400, "guided_json",
+     "structured_outputs"),
+    (CHAT, {"messages": MSG, "guided_regex": "a+"}, 400, "guided_regex", "structured_outputs"),
+    (COMPLETIONS, {"prompt": "x", "guided_choice": ["a"]}, 400, "guided_choice", "not supported"),
+    (CHAT, {"messages": MSG, "guided_grammar": "root ::= \"a\""}, 400, "guided_grammar",
+     "not supported"),
     (COMPLETIONS, {"prompt": [1, 2, 1 << 80]}, 400, "prompt", "out of vocabulary"),
     (COMPLETIONS, {"prompt": "x", "min_tokens": 1 << 70}, 400, "min_tokens", "max_tokens"),
     (CHAT, {"messages": MSG, "min_tokens": 600}, 400, "min_tokens", "max_tokens"),
@@ -340,3 +348,19 @@ def test_neutral_values_of_sampling_fields_are_accepted(server) -> None:
             "bad_words": [], "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}}
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
         assert http.post(COMPLETIONS, json=body).status_code == 200
+
+
+def test_null_means_the_default_where_openai_allows_it(http: httpx.Client) -> None:
+    """OpenAI's schema lets stream, n, echo and (chat) logprobs be null: the default."""
+    plain = http.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 3, "temperature": 0})
+    nulls = http.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 3, "temperature": 0,
+                                         "stream": None, "n": None, "echo": None})
+    assert nulls.status_code == 200, nulls.text
+    assert [c["text"] for c in nulls.json()["choices"]] == [plain.json()["choices"][0]["text"]]
+    chat = http.post(CHAT, json={"messages": MSG, "max_tokens": 3, "logprobs": None,
+                                 "stream": None, "n": None, "echo": None})
+    assert chat.status_code == 200, chat.text
+    body = chat.json()
+    assert len(body["choices"]) == 1 and body["choices"][0].get("logprobs") is None
+    assert http.post(COMPLETIONS, json={"prompt": "hi", "use_beam_search": False,
+                                        "max_tokens": 1}).status_code == 200
