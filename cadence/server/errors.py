@@ -72,6 +72,11 @@ class RequestTimeoutError(APIError):
     type = "RequestTimeoutError"
 
 
+class HeaderFieldsTooLargeError(APIError):
+    status_code = HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE
+    type = "RequestHeaderFieldsTooLargeError"
+
+
 class UnsupportedMediaTypeError(APIError):
     status_code = HTTPStatus.UNSUPPORTED_MEDIA_TYPE
     type = "UnsupportedMediaTypeError"

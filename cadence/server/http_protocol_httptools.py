@@ -6,6 +6,11 @@ came) and close; a request body the application does not read must end within
 ``body_read_timeout``, else close. httptools reports a request's first byte
 (``on_message_begin``), the end of its headers and the end of its body, which is all the
 deadlines need.
+
+A request's line and headers may also take at most ``MAX_HEADER_BYTES`` (h11 bounds them
+itself; uvicorn sets no bound for httptools, whose callbacks keep every byte): past it the
+client gets 431 and the connection closes, so one client streaming an endless header cannot
+hold the event loop or grow the server's memory.
 """
 
 from __future__ import annotations
@@ -14,15 +19,21 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from cadence.server.read_deadlines import ReadDeadlines
+from cadence.server.errors import HeaderFieldsTooLargeError
+from cadence.server.read_deadlines import ReadDeadlines, error_response, logger
 
-__all__ = ["TimedHttpToolsProtocol", "timed_httptools_protocol"]
+__all__ = ["MAX_HEADER_BYTES", "TimedHttpToolsProtocol", "timed_httptools_protocol"]
+
+# Bytes received while a request's headers are incomplete (counted by whole reads, so a read
+# that also ends the request before it counts in full: hence the room).
+MAX_HEADER_BYTES = 1 << 20
 
 
 class TimedHttpToolsProtocol(ReadDeadlines, HttpToolsProtocol):
     def connection_made(self, transport: Any) -> None:
         self._init_deadlines()
         self._partial = False  # part of a request came, its headers did not end
+        self._header_bytes = 0  # received since then
         super().connection_made(transport)
         self._arm("headers")
 
@@ -30,9 +41,25 @@ class TimedHttpToolsProtocol(ReadDeadlines, HttpToolsProtocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if not self._partial or self.transport.is_closing():
+            return
+        self._header_bytes += len(data)
+        if self._header_bytes > MAX_HEADER_BYTES:
+            self._disarm()
+            peer = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+            logger.info("Closed the connection of %s: its request headers exceed %d bytes.",
+                        peer, MAX_HEADER_BYTES)
+            err = HeaderFieldsTooLargeError(
+                f"The request line and headers exceed {MAX_HEADER_BYTES} bytes.")
+            self.transport.write(error_response(err))
+            self.transport.close()
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._partial = True
+        self._header_bytes = 0
         if self._read_phase is None:
             self._arm("headers")  # the first byte of a request on a kept-alive connection
 

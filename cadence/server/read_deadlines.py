@@ -12,23 +12,30 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from http import HTTPStatus
 from typing import Any
 
-from cadence.server.errors import RequestTimeoutError
+from cadence.server.errors import APIError, RequestTimeoutError
 
-__all__ = ["ReadDeadlines"]
+__all__ = ["ReadDeadlines", "error_response", "timeout_response"]
 
 logger = logging.getLogger("cadence.server.http_protocol")
 
 
-def timeout_response(timeout: float) -> bytes:
-    err = RequestTimeoutError(f"The request headers were not received within {timeout:g} s.")
+def error_response(err: APIError) -> bytes:
+    """A whole HTTP/1.1 response carrying ``err`` (JSON), that closes the connection."""
     body = json.dumps(err.body()).encode("ascii")
     head = (
-        "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        f"HTTP/1.1 {int(err.status_code)} {HTTPStatus(err.status_code).phrase}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
+
+
+def timeout_response(timeout: float) -> bytes:
+    return error_response(
+        RequestTimeoutError(f"The request headers were not received within {timeout:g} s."))
 
 
 class ReadDeadlines:
