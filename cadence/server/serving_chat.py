@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,7 @@ from cadence.server.serving import (
     token_text,
     top_by_rank,
 )
+from cadence.server.token_bytes import TokenBytes
 from cadence.server.tool_calls import (
     ParsedCall,
     ToolCallStream,
@@ -49,25 +51,29 @@ if TYPE_CHECKING:
 
 
 def chat_logprobs(token_ids: list[int], rows: list[dict[int, Logprob]], num: int,
-                  as_ids: bool = False) -> ChatLogProbs:
-    """``as_ids``: tokens shown as ``token_id:N`` (vLLM's return_tokens_as_token_ids)."""
+                  as_ids: bool = False, token_bytes: TokenBytes | None = None) -> ChatLogProbs:
+    """``as_ids``: tokens shown as ``token_id:N`` (vLLM's return_tokens_as_token_ids).
+    ``token_bytes``: each token's own bytes where its text is part of a character (else the
+    text's UTF-8)."""
+    def bytes_of(tid: int, text: str) -> list[int]:
+        if token_bytes is None or as_ids:
+            return list(text.encode("utf-8"))
+        return token_bytes.bytes_of(tid, text)
+
     content: list[ChatLogProbsContent] = []
     for tid, row in zip(token_ids, rows, strict=False):
         sampled = row.get(tid)
         text = token_text(tid, sampled, as_ids) if sampled is not None else f"token_id:{tid}"
-        top = [
-            ChatLogProb(
-                token=token_text(t, lp, as_ids),
-                logprob=clamp_logprob(lp.logprob),
-                bytes=list(token_text(t, lp, as_ids).encode("utf-8")),
-            )
-            for t, lp in top_by_rank(row, num)
-        ]
+        top = []
+        for t, lp in top_by_rank(row, num):
+            shown = token_text(t, lp, as_ids)
+            top.append(ChatLogProb(token=shown, logprob=clamp_logprob(lp.logprob),
+                                   bytes=bytes_of(t, shown)))
         content.append(
             ChatLogProbsContent(
                 token=text,
                 logprob=clamp_logprob(sampled.logprob) if sampled is not None else -9999.0,
-                bytes=list(text.encode("utf-8")),
+                bytes=bytes_of(tid, text),
                 top_logprobs=top,
             )
         )
@@ -97,8 +103,10 @@ class ChatStream:
     """A streamed chat completion: its frame stream and the renderer of its outputs."""
 
     def __init__(self, request: ChatCompletionRequest, request_id: str, model: str,
-                 reasoning: ReasoningParser | None = None, tools: bool = False) -> None:
+                 reasoning: ReasoningParser | None = None, tools: bool = False,
+                 token_bytes: TokenBytes | None = None) -> None:
         self.request = request
+        self.token_bytes = token_bytes
         self.tools = [ToolCallStream() for _ in range(request.n)] if tools else None
         # A forced tool choice: each choice's JSON is held and goes out as calls at its end.
         self.forced = [""] * request.n if request.forced_tools else None
@@ -123,7 +131,7 @@ class ChatStream:
             lps = None
             if request.logprobs and c.logprobs is not None and c.token_ids:
                 lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0,
-                                     request.return_tokens_as_token_ids)
+                                     request.return_tokens_as_token_ids, self.token_bytes)
             ids = list(c.token_ids) if request.return_token_ids else None
             content: str | None = c.text
             reasoning = None
@@ -203,7 +211,11 @@ class OpenAIServingChat(OpenAIServing):
 
     def new_stream(self, request: ChatCompletionRequest, request_id: str) -> ChatStream:
         return ChatStream(request, request_id, self.served_model_name, self.reasoning,
-                          self.parses_tools(request))
+                          self.parses_tools(request), self.token_bytes)
+
+    @functools.cached_property
+    def token_bytes(self) -> TokenBytes:
+        return TokenBytes(self.engine.tokenizer)
 
     async def start_chat(
         self, request: ChatCompletionRequest, request_id: str, stream: ChatStream | None = None
@@ -256,7 +268,7 @@ class OpenAIServingChat(OpenAIServing):
             lps = None
             if request.logprobs and c.logprobs is not None:
                 lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0,
-                                     request.return_tokens_as_token_ids)
+                                     request.return_tokens_as_token_ids, self.token_bytes)
             content, reasoning = c.text, None
             if self.reasoning is not None:
                 reasoning, content = self.reasoning.split(c.text)

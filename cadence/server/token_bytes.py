@@ -1,0 +1,84 @@
+"""A token's own bytes, for the chat logprobs' ``bytes`` fields.
+
+A token that holds part of a UTF-8 character (a byte-level BPE token of an emoji's second byte,
+a SentencePiece ``<0xF0>`` byte-fallback token) has no text of its own: it decodes to U+FFFD,
+whose UTF-8 is not its bytes. OpenAI's ``bytes`` are the token's bytes, so that a client can
+join them into the characters. ``TokenBytes`` finds them from the tokenizer's vocabulary: a
+byte-level token's characters through GPT-2's byte-to-character table, a byte-fallback token's
+``<0xNN>``. Other tokens, and tokenizers of other kinds, keep their text's UTF-8.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from typing import Any
+
+__all__ = ["TokenBytes"]
+
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+@functools.cache
+def byte_level_table() -> dict[str, int]:
+    """GPT-2's character for each byte, inverted: the printable Latin-1 bytes stand for
+    themselves, the other 68 take the characters from U+0100 on, in byte order."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
+                 *range(ord("\xae"), ord("\xff") + 1)}
+    table = {chr(b): b for b in printable}
+    shifted = 0
+    for b in range(256):
+        if b not in printable:
+            table[chr(256 + shifted)] = b
+            shifted += 1
+    return table
+
+
+def _decoder_kind(tokenizer: Any) -> str | None:
+    """"byte_level", "byte_fallback" or None, from a fast tokenizer's decoder."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        decoder = json.loads(backend.to_str()).get("decoder") or {}
+    except (AttributeError, TypeError, ValueError):
+        return None
+    parts = [decoder]
+    if decoder.get("type") == "Sequence":
+        parts = decoder.get("decoders") or []
+    kinds = {p.get("type") for p in parts if isinstance(p, dict)}
+    if "ByteLevel" in kinds:
+        return "byte_level"
+    return "byte_fallback" if "ByteFallback" in kinds else None
+
+
+class TokenBytes:
+    """``bytes_of(token_id, text)``: the bytes the logprobs show for a token whose text is
+    ``text``. Built once per tokenizer (it reads the decoder's description)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.kind = _decoder_kind(tokenizer) if tokenizer is not None else None
+
+    def bytes_of(self, token_id: int, text: str) -> list[int]:
+        if "\ufffd" in text and self.kind is not None:
+            own = self._own(token_id)
+            if own is not None:
+                return list(own)
+        return list(text.encode("utf-8"))
+
+    def _own(self, token_id: int) -> bytes | None:
+        try:
+            piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        except (IndexError, KeyError, OverflowError, TypeError, ValueError):
+            return None
+        if not isinstance(piece, str):
+            return None
+        if self.kind == "byte_level":
+            table = byte_level_table()
+            if all(ch in table for ch in piece):
+                return bytes(table[ch] for ch in piece)
+            return None  # an added token (written as itself)
+        match = _BYTE_FALLBACK.match(piece)
+        return bytes([int(match.group(1), 16)]) if match else None
