@@ -7,10 +7,14 @@ came) and close; a request body the application does not read must end within
 (``on_message_begin``), the end of its headers and the end of its body, which is all the
 deadlines need.
 
-A request's line and headers may also take at most ``MAX_HEADER_BYTES`` (h11 bounds them
-itself; uvicorn sets no bound for httptools, whose callbacks keep every byte): past it the
-client gets 431 and the connection closes, so one client streaming an endless header cannot
-hold the event loop or grow the server's memory.
+A request's bytes that are not its body (request line, headers, a chunked body's framing and
+trailers) are bounded too: ``MAX_HEADER_BYTES``, plus ``FRAMING_PER_BODY_BYTE`` for each body
+byte (a chunked body in one-byte chunks has five bytes of framing per byte). h11 bounds these
+itself; uvicorn sets no bound for httptools, whose callbacks keep every byte. Past the bound
+the client gets 431 (unless a response is already going out) and the connection closes, so one
+client streaming an endless header or trailer cannot hold the event loop or grow the server's
+memory. Bytes are counted by whole reads, each toward the request under way at its end, so the
+bound holds within one read (at most 256 KiB).
 """
 
 from __future__ import annotations
@@ -24,16 +28,17 @@ from cadence.server.read_deadlines import ReadDeadlines, error_response, logger
 
 __all__ = ["MAX_HEADER_BYTES", "TimedHttpToolsProtocol", "timed_httptools_protocol"]
 
-# Bytes received while a request's headers are incomplete (counted by whole reads, so a read
-# that also ends the request before it counts in full: hence the room).
 MAX_HEADER_BYTES = 1 << 20
+FRAMING_PER_BODY_BYTE = 8
 
 
 class TimedHttpToolsProtocol(ReadDeadlines, HttpToolsProtocol):
     def connection_made(self, transport: Any) -> None:
         self._init_deadlines()
         self._partial = False  # part of a request came, its headers did not end
-        self._header_bytes = 0  # received since then
+        self._framing = 0  # bytes of the request under way that were not body
+        self._body_bytes = 0  # body bytes of the request under way
+        self._read_body = 0  # body bytes of the read being parsed
         super().connection_made(transport)
         self._arm("headers")
 
@@ -42,24 +47,36 @@ class TimedHttpToolsProtocol(ReadDeadlines, HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        self._read_body = 0
         super().data_received(data)
-        if not self._partial or self.transport.is_closing():
+        if self.transport.is_closing():
             return
-        self._header_bytes += len(data)
-        if self._header_bytes > MAX_HEADER_BYTES:
-            self._disarm()
-            peer = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
-            logger.info("Closed the connection of %s: its request headers exceed %d bytes.",
-                        peer, MAX_HEADER_BYTES)
+        self._framing += len(data) - self._read_body
+        if self._framing > MAX_HEADER_BYTES + FRAMING_PER_BODY_BYTE * self._body_bytes:
+            self._refuse()
+
+    def on_body(self, body: bytes) -> None:
+        self._read_body += len(body)
+        self._body_bytes += len(body)
+        super().on_body(body)
+
+    def _refuse(self) -> None:
+        self._disarm()
+        peer = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+        logger.info("Closed the connection of %s: its request headers exceed %d bytes.", peer,
+                    MAX_HEADER_BYTES)
+        cycle = self.cycle
+        # NOTE: no answer into a response already going out (a pipelined request's).
+        if cycle is None or cycle.response_complete or not cycle.response_started:
             err = HeaderFieldsTooLargeError(
                 f"The request line and headers exceed {MAX_HEADER_BYTES} bytes.")
             self.transport.write(error_response(err))
-            self.transport.close()
+        self.transport.close()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._partial = True
-        self._header_bytes = 0
+        self._framing = self._body_bytes = 0
         if self._read_phase is None:
             self._arm("headers")  # the first byte of a request on a kept-alive connection
 

@@ -294,6 +294,8 @@ class CompletionRequest(SamplingRequest):
         if self.max_tokens == 0 and not self.echo:
             raise ParamError("max_tokens",
                              "max_tokens must be at least 1 (0 is allowed only with echo).")
+        if self.echo_only and self.min_tokens:
+            raise ParamError("min_tokens", "min_tokens must be 0 when max_tokens is 0.")
         if isinstance(self.prompt, list) and len(self.prompt) == 0:
             raise ParamError("prompt", "prompt must not be empty.")
         if (

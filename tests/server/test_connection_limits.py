@@ -124,18 +124,31 @@ def test_headers_dripped_byte_by_byte_are_cut_off(strict) -> None:
     assert raw == b"" or split_response(raw)[0] == 408
 
 
+FLOODS = {
+    # An endless header value; an endless run of trailer lines after a chunked body's last
+    # chunk; one endless trailer value.
+    "header": (b"GET /health HTTP/1.1\r\nHost: test\r\nX-Flood: ", b"a" * 65536),
+    "trailer lines": (request_head(0, "Transfer-Encoding: chunked").replace(
+        b"Content-Length: 0\r\n", b"") + b"2\r\n{}\r\n0\r\n", b"X-T: aaaa\r\n" * 5000),
+    "trailer value": (request_head(0, "Transfer-Encoding: chunked").replace(
+        b"Content-Length: 0\r\n", b"") + b"2\r\n{}\r\n0\r\nX-T: ", b"a" * 65536),
+}
+
+
+@pytest.mark.parametrize("flood", list(FLOODS))
 def test_an_endless_header_is_refused_early(strict, request: pytest.FixtureRequest,
-                                            caplog: pytest.LogCaptureFixture) -> None:
-    """A header line that never ends is cut off after a bounded size (httptools: 431 from the
-    server's own limit, logged; h11: its 400), not read until the header deadline; the server
-    serves on."""
+                                            caplog: pytest.LogCaptureFixture,
+                                            flood: str) -> None:
+    """Request line, headers and a chunked body's trailers that never end are cut off after a
+    bounded size (httptools: 431 from the server's own bound, logged; h11: its 400), not read
+    until a deadline; the server serves on."""
     from cadence.server.http_protocol_httptools import MAX_HEADER_BYTES
 
     impl = request.node.callspec.params["strict"]
-    piece = b"a" * 65536
+    head, piece = FLOODS[flood]
     caplog.set_level(logging.INFO, logger="cadence.server.http_protocol")
     with connect(strict) as sock:
-        sock.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\nX-Flood: ")
+        sock.sendall(head)
         for _ in range(4 * MAX_HEADER_BYTES // len(piece)):
             try:
                 sock.sendall(piece)
@@ -143,13 +156,27 @@ def test_an_endless_header_is_refused_early(strict, request: pytest.FixtureReque
                 break
         raw = read_until_closed(sock)
     # NOTE: the answer may be lost to a reset (the server closes with the flood still unread).
-    if raw:
-        assert split_response(raw)[0] == (431 if impl == "httptools" else 400)
+    if raw and impl == "httptools":
+        assert split_response(raw)[0] == 431
+    elif raw:
+        assert split_response(raw)[0] == 400
     if impl == "httptools":
         assert any("headers exceed" in r.getMessage() for r in caplog.records)
     with connect(strict) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")
         assert split_response(read_response(sock))[0] == 200
+
+
+def test_a_chunked_body_in_one_byte_chunks_is_not_framing(strict) -> None:
+    """A chunked body's framing is allowed in proportion to it (1-byte chunks: 5 bytes each)."""
+    body = json.dumps({"prompt": "hi", "max_tokens": 1, "pad": "x" * 3000}).encode()
+    assert len(body) < LIMIT
+    chunks = b"".join(b"1\r\n" + bytes([c]) + b"\r\n" for c in body) + b"0\r\n\r\n"
+    head = request_head(0, "Transfer-Encoding: chunked", "Content-Type: application/json")
+    with connect(strict) as sock:
+        sock.sendall(head.replace(b"Content-Length: 0\r\n", b"") + chunks)
+        status, _, _ = split_response(read_response(sock))
+    assert status == 200
 
 
 def test_declared_body_never_sent_gets_408(strict) -> None:

@@ -25,6 +25,8 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     (COMPLETIONS, {"model": "gpt-9", "prompt": "x"}, 404, "model", "does not exist"),
     (COMPLETIONS, {"prompt": "x", "max_tokens": -3}, 400, "max_tokens", "greater than"),
     (COMPLETIONS, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "only with echo"),
+    (COMPLETIONS, {"prompt": "x", "max_tokens": 0, "echo": True, "min_tokens": 1}, 400,
+     "min_tokens", "max_tokens is 0"),
     (
         COMPLETIONS,
         {"prompt": "x", "max_tokens": 100000},
