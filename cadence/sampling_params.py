@@ -97,7 +97,10 @@ class SamplingParams:
         if self.bad_words is not None:
             self.bad_words = list(self.bad_words)
         if isinstance(self.structured_outputs, dict):
-            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+            try:
+                self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+            except TypeError as exc:  # an unknown key
+                raise ValueError(f"structured_outputs: {exc}.") from None
         self._verify()
         if self.top_k == 0:
             self.top_k = -1  # vLLM: 0 disables top-k, as -1 does
@@ -138,8 +141,10 @@ class SamplingParams:
                 f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
                 f"got {self.min_tokens}."
             )
-        if not isinstance(self.detokenize, bool):
-            raise ValueError(f"detokenize must be a bool, got {self.detokenize!r}.")
+        for name in ("detokenize", "skip_special_tokens", "ignore_eos",
+                     "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
         if not self.detokenize and self.stop:
             raise ValueError("stop strings are only supported when detokenize is True.")
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
@@ -215,6 +220,13 @@ class SamplingParams:
         import copy
 
         return copy.deepcopy(self)
+
+    def verified(self) -> SamplingParams:
+        """A copy checked and normalised again, as at construction: a field set afterwards
+        gets the same ValueError (the engine takes requests' parameters through this)."""
+        out = self.clone()
+        out.__post_init__()
+        return out
 
 
 _SAMPLING_EPS = 1e-5

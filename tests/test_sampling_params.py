@@ -47,6 +47,11 @@ from cadence.sampling_params import RequestOutputKind, SamplingParams
         ({"n": 129}, "n"),
         ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
         ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
+        ({"skip_special_tokens": "no"}, "skip_special_tokens"),
+        ({"ignore_eos": 1}, "ignore_eos"),
+        ({"include_stop_str_in_output": None}, "include_stop_str_in_output"),
+        ({"detokenize": "yes"}, "detokenize"),
+        ({"structured_outputs": {"foo": 1}}, "structured_outputs"),
     ],
 )
 def test_bad_values_name_the_parameter(kwargs: dict[str, object], param: str) -> None:

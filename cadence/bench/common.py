@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -91,5 +93,30 @@ def now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
-def median(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
+def int_at_least(low: int, why: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``low`` (``why`` says why, in the error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= {low}{f' ({why})' if why else ''}, got {text!r}")
+        return value
+    return parse
+
+
+def int_list_at_least(low: int) -> Callable[[str], list[int]]:
+    """An argparse type: comma-separated integers, each at least ``low``."""
+    one = int_at_least(low)
+
+    def parse(text: str) -> list[int]:
+        return [one(part.strip()) for part in text.split(",")]
+    return parse
+
+
+def median(xs: Iterable[float]) -> float:
+    """The median, NaN for no values (a generator is taken whole first)."""
+    values = list(xs)
+    return statistics.median(values) if values else float("nan")

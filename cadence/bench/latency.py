@@ -9,6 +9,8 @@ from cadence.bench.common import (
     Record,
     device_name,
     git_commit,
+    int_at_least,
+    int_list_at_least,
     kv_bytes_per_token,
     median,
     now,
@@ -23,10 +25,12 @@ def _parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="cadence bench latency")
     EngineArgs.add_cli_args(p)
-    p.add_argument("--batch-sizes", default="1,8,32")
-    p.add_argument("--input-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--batch-sizes", type=int_list_at_least(1), default=[1, 8, 32])
+    p.add_argument("--input-len", type=int_at_least(1), default=128)
+    # The first output token closes the prefill, the second the first step timed from it.
+    p.add_argument("--output-len", type=int_at_least(3, "two tokens before the first timed "
+                                                     "decode step"), default=256)
+    p.add_argument("--repeats", type=int_at_least(1), default=3)
     add_report_args(p, bandwidth=True)
     return p
 
@@ -63,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     from cadence.engine.engine_args import EngineArgs
 
     ns = _parser().parse_args(argv)
-    batches = [int(x) for x in ns.batch_sizes.split(",")]
+    batches = ns.batch_sizes
     args = EngineArgs.from_cli_args(ns)
     args.max_num_seqs = max(batches)
     args.max_model_len = args.max_model_len or ns.input_len + ns.output_len + 16

@@ -15,7 +15,7 @@ import sys
 import time
 from collections import deque
 
-from cadence.bench.common import Record, git_commit, now
+from cadence.bench.common import Record, git_commit, int_at_least, now
 from cadence.bench.report import add_report_args, emit
 from cadence.config import SCHEDULING_POLICIES, CacheConfig, SchedulerConfig
 from cadence.runner_output import ModelRunnerOutput
@@ -30,9 +30,11 @@ from cadence.scheduler.scheduler import Scheduler
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cadence bench scheduler")
     p.add_argument("--num-requests", type=int, default=256, help="running decode requests")
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--steps", type=int, default=300, help="timed decode steps per repeat")
-    p.add_argument("--repeats", type=int, default=5, help="fresh schedulers, figures pooled")
+    p.add_argument("--prompt-len", type=int_at_least(1), default=128)
+    p.add_argument("--steps", type=int_at_least(1), default=300,
+                   help="timed decode steps per repeat")
+    p.add_argument("--repeats", type=int_at_least(1), default=5,
+                   help="fresh schedulers, figures pooled")
     p.add_argument("--warmup", type=int, default=30, help="untimed decode steps first")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--policy", choices=list(SCHEDULING_POLICIES), default="fcfs")

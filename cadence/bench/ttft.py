@@ -16,6 +16,7 @@ from cadence.bench.common import (
     Record,
     device_name,
     git_commit,
+    int_at_least,
     median,
     now,
     random_prompts,
@@ -33,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cadence bench ttft")
     EngineArgs.add_cli_args(p)
     p.add_argument("--input-lens", default="16,128,1024,4096")
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--repeats", type=int_at_least(1), default=10)
     p.add_argument("--flops", type=float, default=None,
                    help="matmul FLOP/s for the floor (default: the measured H200 bf16 figure "
                    "on an H200; none elsewhere)")

@@ -146,7 +146,9 @@ class EngineArgs:
 
     def create_engine_config(self, max_model_len: int) -> EngineConfig:
         """``max_model_len`` is the resolved context length (the model registry decides it)."""
-        batched = self.max_num_batched_tokens or self.default_max_num_batched_tokens(max_model_len)
+        batched = self.max_num_batched_tokens
+        if batched is None:
+            batched = self.default_max_num_batched_tokens(max_model_len)
         return EngineConfig(
             model=ModelConfig(model=self.model, dtype=self.dtype, load_format=self.load_format,
                               seed=self.seed, skip_tokenizer_init=self.skip_tokenizer_init,

@@ -93,7 +93,7 @@ class InputProcessor:
             raise InputValidationError(
                 f"priority must fit in 64 bits, got {priority}.", "priority", priority
             )
-        params = params.clone()
+        params = params.verified()
         check_params(params, self.tokenizer, self.vocab_size, self.max_logprobs)
         # A prompt to truncate may be longer than the context: no bound on its text.
         truncating = params.truncate_prompt_tokens is not None

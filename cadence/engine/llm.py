@@ -77,9 +77,14 @@ class LLM:
             self.engine_core.validate_request(req)
             requests.append((req, text))
         order = {req.request_id: i for i, (req, _) in enumerate(requests)}
-        for req, text in requests:
-            for engine_req in self.output_processor.add_request(req, text):
-                self.engine_core.add_request(engine_req)
+        try:
+            for req, text in requests:
+                for engine_req in self.output_processor.add_request(req, text):
+                    self.engine_core.add_request(engine_req)
+        except BaseException:  # leave none of this call's requests behind
+            self.engine_core.abort_requests(self.output_processor.engine_request_ids(list(order)))
+            self.output_processor.abort_requests(list(order))
+            raise
         return self._run_engine(order, use_tqdm)
 
     def chat(

@@ -230,6 +230,8 @@ def run_serve(ns: argparse.Namespace) -> int:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(ns.log_level.upper())
     settings = settings_from(ns)  # a ValueError is a one-line error (cadence.user_errors)
+    if any(not name.strip() for name in ns.served_model_name or ()):
+        raise ValueError("--served-model-name: a model name cannot be empty.")
     chat_template = load_chat_template(ns.chat_template)
     args = engine_args_from(ns)
     check_ssl_files(settings)
@@ -297,12 +299,22 @@ def load_chat_template(value: str | None) -> str | None:
     path = Path(value).expanduser()
     if path.is_file():
         try:
-            return path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"--chat-template: cannot read {value!r}: {exc}") from None
-    if "{{" in value or "{%" in value:
-        return value
-    raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template.")
+    elif "{{" in value or "{%" in value:
+        text = value
+    else:
+        raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template.")
+    # A template that does not parse would fail every chat request: refuse it at start-up.
+    from cadence.server.chat_template import check_template_syntax
+    from cadence.server.protocol import ParamError
+
+    try:
+        check_template_syntax(text)
+    except ParamError as exc:
+        raise ValueError(f"--chat-template: {exc}") from None
+    return text
 
 
 def serve_main(argv: list[str] | None = None) -> int:

@@ -84,3 +84,42 @@ def test_shutdown_is_idempotent():
     assert len(out[0].outputs[0].token_ids) == 4
     llm.shutdown()
     llm.shutdown()
+
+
+@pytest.mark.parametrize(("field", "value"), [("temperature", -1.0), ("n", 0),
+                                              ("max_tokens", 0), ("top_p", float("nan")),
+                                              ("skip_special_tokens", "no")])
+def test_a_field_set_after_construction_is_checked_at_submission(llm, field, value):
+    """SamplingParams is a plain dataclass: a field set later gets the constructor's check when
+    the request is submitted (and the caller's object stays as it was)."""
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    setattr(params, field, value)
+    with pytest.raises(ValueError, match=field):
+        llm.generate(["fine", "also fine"], params, use_tqdm=False)
+    assert getattr(params, field) is value
+    assert not llm.output_processor.has_unfinished_requests()
+    assert llm.engine_core.scheduler.get_num_unfinished_requests() == 0
+
+
+def test_a_request_failing_as_it_is_added_leaves_none_of_its_batch(llm, monkeypatch):
+    """If adding the second request of a call fails, the first is taken back too: the next
+    call runs only its own requests."""
+    free = llm.engine_core.num_free_kv_blocks
+    add = llm.output_processor.add_request
+    calls = []
+
+    def failing_second(req, text):
+        calls.append(req.request_id)
+        if len(calls) == 2:
+            raise RuntimeError("planted failure")
+        return add(req, text)
+
+    monkeypatch.setattr(llm.output_processor, "add_request", failing_second)
+    with pytest.raises(RuntimeError, match="planted"):
+        llm.generate(["one", "two"], GOOD, use_tqdm=False)
+    monkeypatch.undo()
+    assert not llm.output_processor.has_unfinished_requests()
+    assert llm.engine_core.scheduler.get_num_unfinished_requests() == 0
+    assert llm.engine_core.num_free_kv_blocks == free
+    out = llm.generate(["still serving"], GOOD, use_tqdm=False)
+    assert len(out) == 1 and len(out[0].outputs[0].token_ids) == 4

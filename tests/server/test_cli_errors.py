@@ -20,6 +20,9 @@ MISTAKES = [
     (["serve", "qwen3-0.6b"], "load_format='dummy'"),
     (["serve", "tiny", "--port", "99999"], "port must be in"),
     (["serve", "tiny", "--api-server-count", "0"], "api_server_count"),
+    (["serve", "tiny", "--chat-template", "{{ broken"], "chat template does not parse"),
+    (["serve", "tiny", "--served-model-name", ""], "cannot be empty"),
+    (["serve", "tiny", "--max-num-batched-tokens", "0"], "max_num_batched_tokens must be at"),
     (["generate", "--model", "/nonexistent/model"], "neither a local model directory"),
     (["bench", "latency", "--model", "/nonexistent/model"], "neither a local model directory"),
 ]

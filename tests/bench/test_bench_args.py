@@ -1,0 +1,35 @@
+"""Benchmark flags: a value that leaves nothing to time is a usage error naming the flag."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cadence.bench import latency, scheduler, ttft
+from cadence.bench.common import median
+
+
+@pytest.mark.parametrize(("module", "argv", "flag"), [
+    (latency, ["--output-len", "2"], "--output-len"),
+    (latency, ["--output-len", "1"], "--output-len"),
+    (latency, ["--repeats", "0"], "--repeats"),
+    (latency, ["--input-len", "0"], "--input-len"),
+    (latency, ["--batch-sizes", "1,abc"], "--batch-sizes"),
+    (latency, ["--batch-sizes", "0"], "--batch-sizes"),
+    (scheduler, ["--steps", "0"], "--steps"),
+    (scheduler, ["--repeats", "0"], "--repeats"),
+    (scheduler, ["--prompt-len", "0"], "--prompt-len"),
+    (ttft, ["--repeats", "0"], "--repeats"),
+])
+def test_values_that_time_nothing_are_usage_errors(module, argv, flag, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        module.main(["--model", "tiny", *argv])
+    assert info.value.code == 2
+    assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_median_takes_any_iterable() -> None:
+    assert median(x for x in (3.0, 1.0, 2.0)) == 2.0
+    assert math.isnan(median(x for x in ()))
+    assert math.isnan(median([]))
