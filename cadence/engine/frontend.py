@@ -28,7 +28,11 @@ def load_tokenizer(path: str | None) -> Any | None:
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # noqa: BLE001 - a broken tokenizer file raises anything
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"the tokenizer in {path} cannot be loaded: {reason}") from None
 
 
 def load_frontend(core: EngineCore) -> Frontend:

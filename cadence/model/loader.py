@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -252,6 +253,15 @@ def sharded_names(arch: DecoderArch, shard: TPShard, plain: dict[str, _Target]
     return out
 
 
+def _open_checkpoint(file: str) -> Any:
+    """``safe_open`` of one checkpoint file; a file that is not safetensors is a ValueError
+    naming it."""
+    try:
+        return safe_open(file, framework="pt", device="cpu")
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error type
+        raise ValueError(f"{file} is not a readable safetensors file: {exc}") from None
+
+
 @torch.no_grad()
 def load_safetensors(model: CausalLM, path: str) -> None:
     """Copy every checkpoint tensor into the already-allocated parameters, one at a time.
@@ -264,8 +274,7 @@ def load_safetensors(model: CausalLM, path: str) -> None:
     files = checkpoint_files(path)
     loaded: set[str] = set()
     with ExitStack() as stack:  # every file opened once (memory-mapped: nothing read yet)
-        handles = [stack.enter_context(safe_open(file, framework="pt", device="cpu"))
-                   for file in files]
+        handles = [stack.enter_context(_open_checkpoint(file)) for file in files]
         read_scale = _scale_reader(handles, model.arch.quant_block) if fp8 else None
         for file, f in zip(files, handles, strict=True):
             for name in f.keys():

@@ -101,7 +101,12 @@ def _resolve(model: str, max_model_len: int | None) -> ModelSpec:
 
 
 def _resolve_directory(path: str, max_model_len: int | None) -> ModelSpec:
-    config = AutoConfig.from_pretrained(path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError and others
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{os.path.join(path, 'config.json')} is not a model configuration "
+                         f"transformers can read: {reason}") from None
     arch = DecoderArch.from_hf_config(config)
     has_tokenizer = any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES)
     return ModelSpec(

@@ -78,3 +78,28 @@ def test_the_real_command_prints_no_traceback(extra: list[str]) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert proc.stderr.strip().splitlines()[-1].startswith("cadence serve: error: model ")
+
+
+BROKEN_FILES = {
+    # file of the tiny model's directory -> (what it is replaced with, a fragment of the line)
+    "config.json": (b"{bad", "config.json is not a model configuration"),
+    "model.safetensors": (b"garbage" * 10, "model.safetensors is not a readable safetensors"),
+    "tokenizer.json": (b'{"version": 1, "model": 5}', "the tokenizer in"),
+}
+
+
+@pytest.mark.parametrize("broken", list(BROKEN_FILES))
+def test_a_broken_model_file_is_one_line_naming_it(
+    broken: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    from cadence.model.tiny import ensure_tiny_model
+
+    model = tmp_path / "model"
+    shutil.copytree(ensure_tiny_model(), model)
+    content, fragment = BROKEN_FILES[broken]
+    assert (model / broken).is_file()
+    (model / broken).write_bytes(content)
+    line = _one_line_exit_2(["generate", "--model", str(model), "--max-tokens", "1"], capsys)
+    assert line.startswith("cadence generate: error: ") and fragment in line
