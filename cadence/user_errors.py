@@ -15,12 +15,19 @@ from contextlib import contextmanager
 
 from cadence.envs import read_envs
 
-__all__ = ["USAGE_EXIT_CODE", "USER_ERRORS", "one_line_errors"]
+__all__ = ["USAGE_EXIT_CODE", "USER_ERRORS", "first_line", "one_line_errors"]
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
     ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,
 )
 USAGE_EXIT_CODE = 2  # as argparse
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (a library's error often runs on), or its type's
+    name where it has none: what a one-line error quotes of a library's failure."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 @contextmanager

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from cadence.engine.input_processor import InputProcessor
 from cadence.engine.prompt_bound import max_chars_per_token
+from cadence.user_errors import first_line
 
 if TYPE_CHECKING:
     from cadence.engine.core import EngineCore
@@ -31,8 +32,8 @@ def load_tokenizer(path: str | None) -> Any | None:
     try:
         return AutoTokenizer.from_pretrained(path)
     except Exception as exc:  # noqa: BLE001 - a broken tokenizer file raises anything
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"the tokenizer in {path} cannot be loaded: {reason}") from None
+        raise ValueError(
+            f"the tokenizer in {path} cannot be loaded: {first_line(exc)}") from None
 
 
 def load_frontend(core: EngineCore) -> Frontend:

@@ -14,6 +14,7 @@ from transformers import AutoConfig, PretrainedConfig
 from cadence.model.arch import DecoderArch
 from cadence.model.generation_config import generation_defaults
 from cadence.model.presets import PRESETS, preset_config
+from cadence.user_errors import first_line
 
 TINY_MODEL = "tiny"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -104,9 +105,8 @@ def _resolve_directory(path: str, max_model_len: int | None) -> ModelSpec:
     try:
         config = AutoConfig.from_pretrained(path)
     except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError and others
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"{os.path.join(path, 'config.json')} is not a model configuration "
-                         f"transformers can read: {reason}") from None
+                         f"transformers can read: {first_line(exc)}") from None
     arch = DecoderArch.from_hf_config(config)
     has_tokenizer = any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES)
     return ModelSpec(

@@ -120,7 +120,8 @@ class SamplingRequest(OpenAIModel):
     guided_choice: Any = None
     guided_grammar: Any = None
 
-    @field_validator("stream", "n", mode="before")
+    # check_fields=False: echo and (chat) logprobs are the subclasses' fields.
+    @field_validator("stream", "n", "echo", "logprobs", mode="before", check_fields=False)
     @classmethod
     def _null_is_the_default(cls, value: Any, info: ValidationInfo) -> Any:
         # OpenAI's schema lets these be null, meaning the default (vLLM takes null too).
@@ -276,11 +277,6 @@ class CompletionRequest(SamplingRequest):
     suffix: str | None = None
     # vLLM: text prompts get the tokenizer's special tokens (e.g. BOS); false: the text alone.
     add_special_tokens: bool = True
-
-    @field_validator("echo", mode="before")
-    @classmethod
-    def _null_echo(cls, value: Any) -> Any:
-        return False if value is None else value  # OpenAI's schema lets echo be null
 
     def check(self) -> None:
         """Semantic checks beyond the schema; raise ``ParamError`` naming the parameter."""

@@ -120,11 +120,6 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[ChatTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
-    @field_validator("logprobs", "echo", mode="before")
-    @classmethod
-    def _null_is_false(cls, value: Any) -> Any:
-        return False if value is None else value  # OpenAI's schema lets logprobs be null
-
     def check(self) -> None:
         """Semantic checks beyond the schema; raise ``ParamError`` naming the parameter."""
         self._check_common()
