@@ -1,7 +1,7 @@
 """GPU time per kernel of one engine step, from the torch profiler (CUDA activities).
 
     python scripts/kernel_profile.py --model qwen3-0.6b --load-format dummy --enforce-eager \
-        --prefill-lens 128,1024,4096 [--decode-batch 1] [--steps 5] [--top 15]
+        --prefill-lens 128,1024,4096 [--decode-batch 1] [--decode-context 64] [--steps 5] [--top 15]
 
 For each prefill length, runs ``--steps`` steps that each prefill one fresh prompt (a decode
 step at ``--decode-batch`` with ``--prefill-lens 0``), and prints the kernels with the most GPU
@@ -36,6 +36,8 @@ def main() -> int:
     EngineArgs.add_cli_args(p)
     p.add_argument("--prefill-lens", default="128,1024")
     p.add_argument("--decode-batch", type=int, default=1)
+    p.add_argument("--decode-context", type=int, default=64,
+                   help="prompt tokens of each decoding sequence (--prefill-lens 0)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--top", type=int, default=15)
     ns = p.parse_args()
@@ -53,7 +55,8 @@ def main() -> int:
     long = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
     for length in lens:
         if length == 0:
-            for i, prompt in enumerate(random_prompts(ns.decode_batch, 64, core.vocab_size)):
+            for i, prompt in enumerate(random_prompts(ns.decode_batch, ns.decode_context,
+                                                       core.vocab_size)):
                 core.add_request(EngineCoreRequest(f"d{i}", prompt, long))
             for _ in range(5):
                 step()

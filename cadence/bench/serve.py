@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from cadence.bench.common import git_commit, now
+from cadence.bench.common import git_commit, int_at_least, now
 from cadence.bench.report import table
 from cadence.bench.serve_client import RequestResult, Send, Target, run_in_processes, run_requests
 
@@ -204,6 +204,16 @@ def _run_one_level(args: argparse.Namespace, rate: float, level: int | None) -> 
     return report
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
 def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
     parser.add_argument("--model", default=None, help="default: the first of /v1/models")
@@ -219,9 +229,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default="inf",
         help="comma-separated Poisson arrival rates, requests/s; inf = all at once",
     )
-    parser.add_argument("--num-prompts", type=int, default=64)
-    parser.add_argument("--input-len", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--num-prompts", type=int_at_least(1), default=64)
+    parser.add_argument("--input-len", type=int_at_least(1), default=128)
+    parser.add_argument("--output-len", type=int_at_least(1), default=128)
     parser.add_argument(
         "--prompt-kind",
         choices=("tokens", "text"),
@@ -235,9 +245,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="client processes that share the load (so that the client is not the limit at "
         "hundreds of streams)",
     )
-    parser.add_argument("--warmup", type=int, default=1, help="warm-up requests per level")
+    parser.add_argument("--warmup", type=int_at_least(0), default=1, help="warm-up requests per level")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--timeout", type=_positive_seconds, default=600.0)
     parser.add_argument("--json", action="store_true",
                         help="print each level's report as a JSON line instead of a table")
     parser.add_argument("--json-out", default=None, help="write all reports to this file")
@@ -280,7 +290,8 @@ def run_from_args(args: argparse.Namespace) -> int:
             json.dump({"reports": reports, "args": _plain(vars(args))}, f, indent=2)
     failed = sum(r["failed"] for r in reports)
     if failed:
-        print(f"{failed} request(s) failed", file=sys.stderr)
+        reasons = sorted({e for r in reports for e in r.get("errors", [])})
+        print(f"{failed} request(s) failed: {'; '.join(reasons[:5])}", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -28,6 +28,9 @@ _DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _DEFAULT_MAX_CAPTURE_TOKENS = 8192
 # Below this many parameters one CPU thread is fastest (measured: the built-in tiny model).
 SMALL_CPU_MODEL_PARAMS = 100_000_000
+# torch's thread pool crashes the process (SIGSEGV) when asked for ~100,000 threads; far more
+# than any machine has cores, so a larger request is a mistake, not a tuning choice.
+MAX_CPU_THREADS = 4096
 # vLLM's spellings of the FP8 KV cache; e5m2 is refused (no kernels store it).
 _KV_CACHE_DTYPE_ALIASES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8"}
 
@@ -110,8 +113,8 @@ class EngineArgs:
         read memory faster with every usable core."""
         threads = self.cpu_threads if self.cpu_threads is not None else read_envs().cpu_threads
         if threads is not None:
-            if threads < 1:
-                raise ValueError(f"cpu_threads must be at least 1, got {threads}.")
+            if not 1 <= threads <= MAX_CPU_THREADS:
+                raise ValueError(f"cpu_threads must be 1 to {MAX_CPU_THREADS}, got {threads}.")
             return threads
         if num_params < SMALL_CPU_MODEL_PARAMS:
             return 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -119,11 +120,27 @@ class ModelRunner:
     def determine_num_kv_blocks(self) -> int:
         override = self.config.cache.num_gpu_blocks_override
         if override is not None:
+            self._check_override(override)
             return override
         needed = self.max_num_reqs * self.max_blocks_per_req + 1
         if self.device.type == "cpu":
             return max(2, min(needed, _CPU_KV_CACHE_BYTES // self.kv_block_bytes()))
         return min(needed, self._profile_cuda_blocks())
+
+    def _check_override(self, blocks: int) -> None:
+        """A ``num_gpu_blocks_override`` whose cache cannot fit in the device's free memory (the
+        machine's physical memory on the CPU) is a configuration error, not an allocator's."""
+        need = blocks * self.kv_block_bytes()
+        if self.device.type == "cuda":
+            free = torch.cuda.mem_get_info(self.device)[0]
+        else:
+            free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if need > free:
+            raise ValueError(
+                f"num_gpu_blocks_override={blocks} needs {need / 2**30:.1f} GiB of KV cache "
+                f"({self.kv_block_bytes()} bytes a block) but the {self.device.type} has "
+                f"{free / 2**30:.1f} GiB {'free' if self.device.type == 'cuda' else 'in all'}."
+            )
 
     def _profile_cuda_blocks(self) -> int:
         """Run one maximal forward (no KV cache kept) to find the peak activation memory."""

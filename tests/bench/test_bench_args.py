@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from cadence.bench import latency, scheduler, ttft
+from cadence.bench import latency, scheduler, serve, ttft
 from cadence.bench.common import median
 
 
@@ -21,6 +21,12 @@ from cadence.bench.common import median
     (scheduler, ["--repeats", "0"], "--repeats"),
     (scheduler, ["--prompt-len", "0"], "--prompt-len"),
     (ttft, ["--repeats", "0"], "--repeats"),
+    (serve, ["--num-prompts", "0"], "--num-prompts"),
+    (serve, ["--input-len", "0"], "--input-len"),
+    (serve, ["--output-len", "0"], "--output-len"),
+    (serve, ["--warmup", "-1"], "--warmup"),
+    (serve, ["--timeout", "0"], "--timeout"),
+    (serve, ["--timeout", "nan"], "--timeout"),
 ])
 def test_values_that_time_nothing_are_usage_errors(module, argv, flag, capsys) -> None:
     with pytest.raises(SystemExit) as info:

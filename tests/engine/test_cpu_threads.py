@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cadence.engine.core import EngineCore
-from cadence.engine.engine_args import SMALL_CPU_MODEL_PARAMS, EngineArgs
+from cadence.engine.engine_args import MAX_CPU_THREADS, SMALL_CPU_MODEL_PARAMS, EngineArgs
 from cadence.model.dtypes import approx_num_params
 from cadence.model.registry import resolve_model
 from tests.tiny import tiny_args
@@ -28,6 +28,13 @@ def test_thread_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     assert EngineArgs(cpu_threads=2).resolve_cpu_threads(1) == 2  # the argument wins
     with pytest.raises(ValueError, match="cpu_threads"):
         EngineArgs(cpu_threads=0).resolve_cpu_threads(1)
+    assert EngineArgs(cpu_threads=MAX_CPU_THREADS).resolve_cpu_threads(1) == MAX_CPU_THREADS
+    with pytest.raises(ValueError, match="cpu_threads must be 1 to"):  # torch would crash
+        EngineArgs(cpu_threads=MAX_CPU_THREADS + 1).resolve_cpu_threads(1)
+    monkeypatch.setenv("CADENCE_CPU_THREADS", "100000")
+    with pytest.raises(ValueError, match="cpu_threads must be 1 to"):
+        args.resolve_cpu_threads(1)
+    monkeypatch.setenv("CADENCE_CPU_THREADS", "5")
     monkeypatch.setenv("CADENCE_CPU_THREADS", "many")
     with pytest.raises(ValueError, match="CADENCE_CPU_THREADS"):
         args.resolve_cpu_threads(1)

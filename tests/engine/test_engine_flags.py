@@ -172,3 +172,23 @@ def test_seeds_at_the_bounds_are_accepted_and_none_draws_one() -> None:
         assert EngineArgs(model="tiny", seed=seed).seed == seed
     drawn = {EngineArgs(model="tiny", seed=None).seed for _ in range(4)}
     assert all(isinstance(s, int) and 0 <= s < 1 << 63 for s in drawn) and len(drawn) > 1
+
+
+def test_a_kv_cache_past_memory_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    # The built-in model's blocks are 32 KiB: 10**12 of them are ~30 PiB, past any machine.
+    argv = ["generate", "--model", "tiny", "--num-gpu-blocks-override", str(10**12),
+            "--prompt", "Hello", "--max-tokens", "2"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "num_gpu_blocks_override=1000000000000 needs" in err[0], err
+
+
+def test_a_thread_count_torch_cannot_take_is_a_one_line_error(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--model", "tiny", "--cpu-threads", "100000", "--prompt", "Hello"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cpu_threads must be 1 to 4096, got 100000" in err[0], err

@@ -115,6 +115,17 @@ def test_bench_serve_splits_the_load_over_client_processes(server, tmp_path: Pat
     assert bench_serve.main(["--clients", "0"]) == 2
 
 
+def test_bench_serve_says_why_requests_failed(server, capsys) -> None:
+    # The fixture's server holds 512 tokens a sequence: every 600-token prompt is refused.
+    rc = bench_serve.main(
+        ["--base-url", server.base_url, "--concurrency", "1", "--num-prompts", "2",
+         "--input-len", "600", "--output-len", "4", "--warmup", "0"]
+    )  # fmt: skip
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "2 request(s) failed: HTTP 400" in err and "512" in err, err
+
+
 def test_bench_serve_poisson_arrivals_and_plot(server, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     out, png = tmp_path / "bench.json", tmp_path / "latency.png"
