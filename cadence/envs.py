@@ -72,6 +72,9 @@ class Envs:
     # Attend every prefill through the paged varlen kernel, also a lone prompt from position
     # 0 (no dense cuDNN attention over the pass's own keys, model/dense_prefill.py).
     disable_dense_prefill: bool = False
+    # Keep the narrow projections of 8-256 row steps whole cuBLAS products instead of K-split
+    # partial sums that the next RMSNorm adds up (model/split_k.py).
+    disable_split_k: bool = False
 
     @property
     def cpu_threads(self) -> int | None:
@@ -105,4 +108,5 @@ def read_envs() -> Envs:
         disable_pdl=bool(_flag("CADENCE_DISABLE_PDL")),
         disable_launch_tapes=bool(_flag("CADENCE_DISABLE_LAUNCH_TAPES")),
         disable_dense_prefill=bool(_flag("CADENCE_DISABLE_DENSE_PREFILL")),
+        disable_split_k=bool(_flag("CADENCE_DISABLE_SPLIT_K")),
     )

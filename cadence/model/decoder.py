@@ -25,6 +25,7 @@ from cadence.model.moe import SparseMoE
 from cadence.model.parallel import TPShard, VocabParallelEmbedding, all_reduce, gather_vocab
 from cadence.model.rope import RopeParams, RotaryEmbedding, longrope_rows
 from cadence.model.skinny_gemm import SkinnyLinear, bulk_takes_mlp, use_skinny_gemm
+from cadence.model.split_k import KParts, split_k_linear, weight_parts
 
 
 def _plain_linear(module: nn.Module) -> bool:
@@ -67,18 +68,21 @@ class DecoderLayer(nn.Module):
         # The one-launch block for one-token steps (model/mlp_block.py): a dense MLP and no
         # all-reduce between its projections (``_block`` checks the projections themselves).
         self.block_ok = isinstance(self.mlp, MLP) and arch.tp_size == 1
+        # K-split o and down projections (model/split_k.py): no all-reduce after them.
+        self.split_ok = arch.tp_size == 1
 
     def forward(
         self,
-        x: torch.Tensor,
+        x: torch.Tensor | KParts,
         residual: torch.Tensor | None,
         positions: torch.Tensor,
         cos_sin: torch.Tensor,
         kv_cache: torch.Tensor,
         attn: AttentionMetadata,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x`` is the previous layer's MLP output, added to ``residual`` here (the first layer
-        gets the embeddings and no residual). Returns this layer's MLP output and residual.
+    ) -> tuple[torch.Tensor | KParts, torch.Tensor]:
+        """``x`` is the previous layer's MLP output (or its K-split partial sums), added to
+        ``residual`` here (the first layer gets the embeddings and no residual). Returns this
+        layer's MLP output and residual.
         Each norm hands its input to the projection that takes its output (``RMSNorm.project``),
         which for few rows runs it in its loads."""
         qkv, residual = self.input_layernorm.project(self.self_attn.qkv_proj, x, residual)
@@ -86,14 +90,38 @@ class DecoderLayer(nn.Module):
             fused = self._block(qkv, residual, positions, cos_sin, kv_cache, attn)
             if fused is not None:
                 return fused
-        h = self.self_attn.attend(qkv, positions, cos_sin, kv_cache, attn)
+        h = self._attend(qkv, positions, cos_sin, kv_cache, attn)
         if isinstance(self.mlp, MLP):
             gate_up, residual = self.post_attention_layernorm.project(
                 self.mlp.gate_up_proj, h, residual
             )
-            return self.mlp.down(gate_up), residual
+            return self._down(gate_up), residual
         h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
         return self.mlp(h), residual
+
+    def _attend(
+        self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+        kv_cache: torch.Tensor, attn: AttentionMetadata,
+    ) -> torch.Tensor | KParts:
+        """Attention and o_proj; for the row counts ``split_k`` lists, o_proj's K-split partial
+        sums, which the post-attention norm adds up."""
+        sa = self.self_attn
+        if self.split_ok and _plain_linear(sa.o_proj):
+            parts = weight_parts(sa.o_proj.weight, qkv.shape[0], qkv.dtype)
+            if parts:
+                heads = sa.attend_heads(qkv, positions, cos_sin, kv_cache, attn)
+                return split_k_linear(heads, sa.o_proj.weight, parts)
+        return sa.attend(qkv, positions, cos_sin, kv_cache, attn)
+
+    def _down(self, gate_up: torch.Tensor) -> torch.Tensor | KParts:
+        """SwiGLU and down_proj; K-split partial sums where ``split_k`` lists the row count (the
+        next layer's input norm, or the final one, adds them up)."""
+        down = self.mlp.down_proj
+        if self.split_ok and _plain_linear(down):
+            parts = weight_parts(down.weight, gate_up.shape[0], gate_up.dtype)
+            if parts:
+                return split_k_linear(silu_and_mul(gate_up), down.weight, parts)
+        return self.mlp.down(gate_up)
 
     def _bulk_mlp(self) -> bool:
         """One-token steps take the bulk-copy GEMVs instead of the MLP block (see

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from cadence.model.rms_norm_kernels import as_rows, launch_rms_norm
+from cadence.model.rms_norm_kernels import as_rows, launch_parts_rms_norm, launch_rms_norm
 from cadence.model.rope import apply_rotary, lookup_cos_sin
+from cadence.model.split_k import KParts
 from cadence.runtime.triton_launch import TritonLaunch, next_pow2
 
 try:
@@ -354,9 +355,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor | KParts, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(rms_norm(residual + x), residual + x)``; the sum is the next residual stream."""
+    """``(rms_norm(residual + x), residual + x)``; the sum is the next residual stream. ``x``
+    may be a K-split projection's partial sums (``KParts``): the kernel adds them up first."""
+    if isinstance(x, KParts):
+        if _use_triton(x.parts) and residual.dtype == x.dtype and residual.is_contiguous():
+            out, new_residual = launch_parts_rms_norm(x.parts, x.dtype, residual,
+                                                      weight.contiguous(), eps)
+            return out.view(residual.shape), new_residual.view(residual.shape)
+        x = x.total().view(residual.shape)
     if _use_triton(x):
         return add_rms_norm_triton(x, residual, weight, eps)
     return add_rms_norm_reference(x, residual, weight, eps)
@@ -379,12 +387,14 @@ def qk_norm_rope(
     return qk_norm_rope_reference(q, k, positions, cos_sin, q_weight, k_weight, eps)
 
 
-def norm_and_project(linear: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+def norm_and_project(linear: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor | KParts,
                      residual: torch.Tensor | None, weight: torch.Tensor, eps: float
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(linear(h), s)`` for ``h, s = add_rms_norm(x, residual, weight, eps)``; without a
     residual ``h = rms_norm(x, weight, eps)`` and ``s = x``: a norm kernel, then the projection."""
     if residual is None:
+        if isinstance(x, KParts):
+            x = x.total()
         return linear(rms_norm(x, weight, eps)), x
     h, residual = add_rms_norm(x, residual, weight, eps)
     return linear(h), residual

@@ -12,6 +12,7 @@ from torch import nn
 
 from cadence.model import fused_ops
 from cadence.model.fused_ops import silu_and_mul
+from cadence.model.split_k import KParts
 
 __all__ = ["GemmaRMSNorm", "RMSNorm", "silu_and_mul"]
 
@@ -32,20 +33,21 @@ class RMSNorm(nn.Module):
         return fused_ops.rms_norm(x, self.weight, self.eps)
 
     def add_and_norm(
-        self, x: torch.Tensor, residual: torch.Tensor
+        self, x: torch.Tensor | KParts, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(norm(residual + x), residual + x)``: the normed input and the new residual."""
+        """``(norm(residual + x), residual + x)``: the normed input and the new residual
+        (``x`` may be a K-split projection's partial sums)."""
         return fused_ops.add_rms_norm(x, residual, self.weight, self.eps)
 
     def project(
-        self, linear: nn.Module, x: torch.Tensor, residual: torch.Tensor | None
+        self, linear: nn.Module, x: torch.Tensor | KParts, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(linear(h), s)`` for ``h, s = add_and_norm(x, residual)`` (``h = self(x)`` and
         ``s = x`` without a residual); a skinny projection takes the norm into its loads for
         few rows (``SkinnyLinear.forward_norm``: the same bits, or for wide rows within a
         rounding)."""
         forward_norm = getattr(linear, "forward_norm", None)  # SkinnyLinear, Fp8Linear
-        if forward_norm is not None:
+        if forward_norm is not None and not isinstance(x, KParts):
             return forward_norm(x, residual, self.weight, self.eps)
         return fused_ops.norm_and_project(linear, x, residual, self.weight, self.eps)
 

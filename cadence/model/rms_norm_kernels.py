@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover - CPU installs
     triton = None
     tl = None
 
-__all__ = ["NORM_CHUNK_MAX", "as_rows", "launch_rms_norm", "norm_chunk"]
+__all__ = ["NORM_CHUNK_MAX", "as_rows", "launch_parts_rms_norm", "launch_rms_norm", "norm_chunk"]
 
 # The longest chunk of the sum of squares: its lanes are an accumulator [rows, chunk] in
 # registers of the GEMM's programs.
@@ -123,9 +123,37 @@ if triton is not None:
         tl.store(out_ptr + row * stride_o + offs[None, :], y.to(out_ptr.dtype.element_ty),
                  mask=mask)
 
+    @triton.jit
+    def _parts_rms_norm_kernel(
+        p_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
+        stride_part, stride_p, stride_r, stride_o, stride_ro, eps,
+        N: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        # A K-split projection's float32 partials (model/split_k.py) are added in part order
+        # and rounded to the residual stream's dtype: the projection's output, as a whole
+        # product would have returned it. Then the residual add and the norm, as above.
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        mask = offs[None, :] < N
+        acc = tl.zeros([1, BLOCK], tl.float32)
+        for part in tl.static_range(PARTS):
+            acc += tl.load(p_ptr + part * stride_part + row * stride_p + offs[None, :], mask=mask,
+                           other=0.0)
+        res_dtype = res_out_ptr.dtype.element_ty
+        r = tl.load(res_ptr + row * stride_r + offs[None, :], mask=mask, other=0.0)
+        x = residual_sum(acc.to(res_dtype), r, res_dtype)
+        tl.store(res_out_ptr + row * stride_ro + offs[None, :], x, mask=mask)
+        xf = x.to(tl.float32)
+        rstd = inverse_rms(tl.sum(xf * xf, axis=1), N, eps)
+        w = tl.load(w_ptr + offs, mask=offs < N, other=0.0)
+        y = normalize(x, rstd, w, res_dtype)
+        tl.store(out_ptr + row * stride_o + offs[None, :], y.to(out_ptr.dtype.element_ty),
+                 mask=mask)
+
     # Launched through the compiled kernel's own launcher after the first call (see
     # cadence.runtime.triton_launch): the eager path's per-launch host cost.
     _RMS_NORM = TritonLaunch(_rms_norm_kernel)
+    _PARTS_RMS_NORM = TritonLaunch(_parts_rms_norm_kernel)
 
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:
@@ -166,3 +194,26 @@ def launch_rms_norm(
     if residual is None:
         return out.view(shape), None
     return out.view(shape), res_out.view(shape)
+
+
+def launch_parts_rms_norm(
+    parts: torch.Tensor, dtype: torch.dtype, residual: torch.Tensor, weight: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``launch_rms_norm(x, residual, weight, eps)`` for ``x = parts.sum(0)`` rounded to
+    ``dtype``: ``parts`` [S, rows, N] float32 (a K-split projection's partial sums, rows
+    contiguous), ``residual`` [rows, N] contiguous, ``weight`` contiguous. One program a row."""
+    num_parts, rows, width = parts.shape
+    out = torch.empty((rows, width), dtype=torch.promote_types(dtype, weight.dtype),
+                      device=parts.device)
+    res_out = torch.empty((rows, width), dtype=torch.promote_types(dtype, residual.dtype),
+                          device=parts.device)
+    if rows > 0:
+        block = next_pow2(width)
+        _PARTS_RMS_NORM(
+            (rows,),
+            (parts, residual, weight, out, res_out, parts.stride(0), parts.stride(1),
+             residual.stride(0), out.stride(0), res_out.stride(0), eps),
+            N=width, PARTS=num_parts, BLOCK=block, num_warps=_norm_warps(block),
+        )  # fmt: skip
+    return out, res_out
