@@ -36,10 +36,12 @@ MIN_ROWS = 8
 
 # (N, K) -> ((most rows, split count), ...) by increasing row ranges from MIN_ROWS. H200,
 # scripts/split_k_sweep.py, us a call against cuBLAS's whole product: o 1024 x 2048 at 64 rows
-# 4.29 against 5.85, down 1024 x 3072 4.77 against 7.90 (docs/perf.md, runs LA-LB).
+# 4.29 against 5.85, down 1024 x 3072 4.77 against 7.90; Qwen3-0.6B's step at batch 64 1.65
+# against 1.76 ms (docs/perf.md, runs LA, LD, LF).
 SPLIT_K_TABLE: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {
     (1024, 2048): ((64, 8), (128, 4), (256, 2)),
     (1024, 3072): ((64, 8), (128, 4), (256, 2)),
+    (2048, 4096): ((16, 8), (64, 2)),  # Qwen3-30B-A3B's o: 6.69 against 9.37 at 8 rows
 }
 
 _HALF = (torch.bfloat16, torch.float16)
