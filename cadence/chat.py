@@ -4,6 +4,8 @@ templates read (``role``, text ``content``, an assistant's ``tool_calls``, ...).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -11,18 +13,34 @@ from typing import Any
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 
 __all__ = ["RESERVED_TEMPLATE_KWARGS", "TEXT_PARTS", "check_template_options", "conversation_of",
-           "render_conversation", "tool_arguments"]
+           "render_conversation", "reserved_template_kwargs", "tool_arguments"]
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # Content parts read as text (vLLM): each type and the key holding its text. An assistant's
 # refusal as OpenAI clients replay it, and the Responses API's input_text / output_text.
 TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}
-# chat_template_kwargs may not override what the renderer passes to the template itself.
+
+# chat_template_kwargs may not override what the renderer passes to the template itself, nor
+# (``reserved_template_kwargs``) any other named argument of transformers' renderer.
 RESERVED_TEMPLATE_KWARGS = frozenset({
     "conversation", "messages", "chat_template", "tokenize", "tokenizer", "add_generation_prompt",
     "continue_final_message", "return_dict", "return_tensors", "return_assistant_tokens_mask",
     "padding", "truncation", "max_length", "tools", "documents",
 })
+
+
+@functools.cache
+def reserved_template_kwargs() -> frozenset[str]:
+    """``RESERVED_TEMPLATE_KWARGS`` and the named arguments of this transformers'
+    ``apply_chat_template`` (releases add some, e.g. ``sanitize_control_tokens``): they are the
+    renderer's options, not template variables."""
+    from transformers import PreTrainedTokenizerBase
+
+    params = inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters
+    return RESERVED_TEMPLATE_KWARGS | frozenset(
+        name for name, p in params.items()
+        if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
+
 
 # Used only when the tokenizer ships no template (the built-in byte-level model): ChatML.
 _CHATML_START = "<|im_start|>"
@@ -33,7 +51,7 @@ def check_template_options(chat_template_kwargs: Mapping[str, Any] | None,
                            add_generation_prompt: bool, continue_final_message: bool
                            ) -> tuple[str, str] | None:
     """(parameter, message) of what is wrong with a conversation's template options, or None."""
-    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(chat_template_kwargs or {}))
+    reserved = sorted(reserved_template_kwargs() & set(chat_template_kwargs or {}))
     if reserved:
         return "chat_template_kwargs", f"chat_template_kwargs cannot set {', '.join(reserved)}."
     if continue_final_message and add_generation_prompt:

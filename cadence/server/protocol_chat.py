@@ -155,7 +155,8 @@ class ChatCompletionRequest(SamplingRequest):
 
     @property
     def grammar_param(self) -> str:
-        return "tool_choice" if self.forced_tools else super().grammar_param
+        # A forced tool choice's grammar is built from the tools' parameter schemas.
+        return "tools" if self.forced_tools else super().grammar_param
 
     def _structured_outputs(self) -> StructuredOutputsParams | None:
         """A forced tool choice constrains the answer to the calls' JSON (vLLM): the named

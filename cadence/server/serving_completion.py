@@ -35,12 +35,16 @@ class Echo:
     """What ``echo`` puts before a completion: the prompt's text, and with logprobs its tokens'
     (the first has none)."""
 
-    def __init__(self, decode: Callable[[list[int]], str] | None, as_ids: bool = False) -> None:
+    def __init__(self, decode: Callable[[list[int]], str] | None, as_ids: bool = False,
+                 from_ids: bool = False) -> None:
         self.decode = decode
         self.as_ids = as_ids  # return_tokens_as_token_ids
+        # truncate_prompt_tokens: the engine saw the prompt's last tokens only, so the echo is
+        # their text (which the echoed logprobs and usage count), not the prompt as sent.
+        self.from_ids = from_ids
 
     def text(self, out: RequestOutput) -> str:
-        if out.prompt is not None:
+        if out.prompt is not None and not (self.from_ids and self.decode):
             return out.prompt
         return self.decode(list(out.prompt_token_ids or [])) if self.decode else ""
 
@@ -269,7 +273,8 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def _echo(self, request: CompletionRequest) -> Echo:
         tok = self.engine.tokenizer
-        return Echo(None if tok is None else tok.decode, request.return_tokens_as_token_ids)
+        return Echo(None if tok is None else tok.decode, request.return_tokens_as_token_ids,
+                    from_ids=request.truncate_prompt_tokens is not None)
 
     def _with_ids(self, request: CompletionRequest) -> bool:
         return request.return_token_ids or self.engine.tokenizer is None

@@ -6,7 +6,8 @@ lines of the Hermes / Qwen2.5 / Qwen3 chat templates,
     </tool_call>
 
 become OpenAI ``tool_calls`` (arguments as JSON text); the text before the first call is the
-message's content (text between or after calls is not). Streamed, a call goes out whole once its
+message's content (text between or after calls is not; a block that is not a valid call stays
+content, see ``ToolCallStream``). Streamed, a call goes out whole once its
 closing tag arrives; text that may be the start of a tag is held back until the next piece shows
 what it is.
 """
@@ -67,31 +68,23 @@ def parse_forced_calls(text: str, named: str | None) -> list[ParsedCall] | None:
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[ParsedCall]]:
-    """(content, calls) of a whole output. Text whose calls are not valid JSON objects with a
-    name stays content, with no calls (as vLLM's parser does)."""
-    head, tag, rest = text.partition(START)
-    if not tag:
-        return text or None, []
-    calls: list[ParsedCall] = []
-    while tag:
-        body, end, after = rest.partition(END)
-        call = _call(body.strip())
-        if call is None:
-            return text or None, []
-        calls.append(call)
-        if not end:
-            break
-        _, tag, rest = after.partition(START)
-    return head or None, calls
+    """(content, calls) of a whole output: what ``ToolCallStream`` gives for it, so that a
+    streamed answer and a whole one agree (see there)."""
+    content, calls = ToolCallStream().feed(text, final=True)
+    return content or None, calls
 
 
 class ToolCallStream:
-    """Splits streamed text into content and whole tool calls."""
+    """Splits streamed text into content and whole tool calls. Until the first valid call, all
+    text is content (a block that is not a valid call included, as vLLM keeps an output whose
+    calls do not parse); after it, valid blocks are calls, a block that is not one stays
+    content as it stands (a call already sent cannot be taken back), and text outside blocks
+    is dropped."""
 
     def __init__(self) -> None:
         self.pending = ""  # held back: the start of a tag, or a call whose end has not come
         self.in_call = False
-        self.started = False  # a call began: text outside calls is no longer content
+        self.started = False  # a valid call went out: text outside calls is no longer content
         self.calls: list[ParsedCall] = []
 
     def feed(self, piece: str, final: bool = False) -> tuple[str, list[ParsedCall]]:
@@ -107,7 +100,7 @@ class ToolCallStream:
                 if tag:
                     if not self.started:
                         content.append(head)
-                    self.in_call, self.started, text = True, True, rest
+                    self.in_call, text = True, rest
                     continue
                 keep = 0 if final else tag_prefix_len(text, START)
                 if not self.started:
@@ -123,6 +116,7 @@ class ToolCallStream:
                 content.append(START + body + tag)
             else:
                 new.append(call)
+                self.started = True
             self.in_call, text = False, rest
         self.calls.extend(new)
         return "".join(content), new

@@ -57,6 +57,37 @@ def test_echo_with_logprobs_covers_the_prompt(server, client: openai.OpenAI, str
     assert token_lps[:n_prompt] == pytest.approx(want)
 
 
+@pytest.mark.parametrize("max_tokens", [0, 3])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_echo_of_a_truncated_prompt_is_the_text_the_engine_saw(server, client, stream,
+                                                               max_tokens) -> None:
+    """With truncate_prompt_tokens the echo is the kept tokens' text, so that it agrees with
+    the echoed logprobs' tokens and offsets and with usage."""
+    tok = server.engine.tokenizer
+    ids = tok.encode(PROMPT, add_special_tokens=False)
+    kept = tok.decode(ids[-3:])
+    kw = dict(model="tiny", prompt=PROMPT, max_tokens=max_tokens, echo=True, logprobs=1,
+              temperature=0.0, extra_body={"truncate_prompt_tokens": 3})
+    if stream:
+        chunks = list(client.completions.create(
+            stream=True, stream_options={"include_usage": True}, **kw))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        tokens = [t for c in chunks if c.choices and c.choices[0].logprobs
+                  for t in c.choices[0].logprobs.tokens]
+        offsets = [o for c in chunks if c.choices and c.choices[0].logprobs
+                   for o in c.choices[0].logprobs.text_offset]
+        usage = chunks[-1].usage
+    else:
+        resp = client.completions.create(**kw)
+        text, usage = resp.choices[0].text, resp.usage
+        tokens, offsets = resp.choices[0].logprobs.tokens, resp.choices[0].logprobs.text_offset
+    assert text.startswith(kept) and not text.startswith(PROMPT)
+    assert usage.prompt_tokens == 3 and len(tokens) == 3 + max_tokens
+    # The tiny model's tokens are byte-level pieces of the text: they spell it, in order.
+    assert "".join(tokens) == text
+    assert offsets == [len("".join(tokens[:i])) for i in range(len(tokens))]
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_echo_with_zero_max_tokens_returns_the_prompt_alone(server, client, stream) -> None:
     """OpenAI's scoring form: echo with max_tokens 0 gives each choice the prompt and its

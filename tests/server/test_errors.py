@@ -80,6 +80,11 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
         "chat_template_kwargs",
         "tokenize",
     ),
+    # Any named argument of transformers' renderer, not only the ones cadence passes itself.
+    (CHAT, {"messages": MSG, "chat_template_kwargs": {"sanitize_control_tokens": True}}, 400,
+     "chat_template_kwargs", "sanitize_control_tokens"),
+    (CHAT, {"messages": MSG, "chat_template_kwargs": {"tokenizer_kwargs": {}}}, 400,
+     "chat_template_kwargs", "tokenizer_kwargs"),
     (COMPLETIONS, {"prompt": "word " * 600}, 400, "prompt", "maximum context length is 512 tokens"),
     (COMPLETIONS, {"prompt": ""}, 400, "prompt", "empty"),
     (COMPLETIONS, {"prompt": []}, 400, "prompt", "empty"),

@@ -98,7 +98,7 @@ _HUGE = {"type": "object", "properties": {f"p{i}": {"type": "string", "descripti
     ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": _HUGE}}}, "response_format"),
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {
-        "name": "f", "parameters": _HUGE}}], "tool_choice": "required"}, "tool_choice"),
+        "name": "f", "parameters": _HUGE}}], "tool_choice": "required"}, "tools"),
     ("/v1/completions", {"structured_outputs": {"json": _HUGE}, "stream": True},
      "structured_outputs"),
 ])

@@ -71,8 +71,35 @@ def test_text_that_is_not_a_call_streams_as_it_stands(text, seed) -> None:
         c, new = stream.feed(piece, final=i == len(pieces) - 1)
         shown += c
         got.extend(new)
-    assert got == [] and shown.startswith(text.split("</tool_call>")[0]), pieces
+    assert got == [] and shown == text, pieces
     assert parse_tool_calls(text) == (text, [])
+
+
+BAD = "<tool_call>{bad}</tool_call>"
+MIXED = [  # valid calls and blocks that are not calls: (text, content, calls)
+    (CALL + BAD, BAD, [("get_weather", {"city": "Paris", "days": 2})]),
+    (BAD + " then " + CALL + " after", BAD + " then ",
+     [("get_weather", {"city": "Paris", "days": 2})]),
+    ("Hi " + CALL + BAD + CALL.replace("Paris", "Rome"), "Hi " + BAD,
+     [("get_weather", {"city": "Paris", "days": 2}), ("get_weather", {"city": "Rome", "days": 2})]),
+]
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), MIXED)
+@pytest.mark.parametrize("seed", range(10))
+def test_streamed_and_whole_answers_agree(text, content, calls, seed) -> None:
+    # A call that went out in a stream cannot be taken back, so a whole answer keeps its valid
+    # calls too; the blocks that are not calls are content in both.
+    assert parse_tool_calls(text)[0] == content and _shape(parse_tool_calls(text)[1]) == calls
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(len(text) + 1), k=min(len(text), rng.randrange(0, 9))))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    stream, shown, got = ToolCallStream(), "", []
+    for i, piece in enumerate(pieces):
+        c, new = stream.feed(piece, final=i == len(pieces) - 1)
+        shown += c
+        got.extend(new)
+    assert shown == content and _shape(got) == calls, pieces
 
 
 def test_arguments_keep_their_characters() -> None:
