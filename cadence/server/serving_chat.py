@@ -116,6 +116,7 @@ class ChatStream:
         self.frames = ChatFrames(request_id, model)
         self.stream = FrameStream(1)
         self.prompt_tokens = self.completion_tokens = 0
+        self.choice_tokens = [0] * request.n  # continuous usage counts each choice's own (vLLM)
         self.finished = False
         self.prompt_token_ids: list[int] | None = None  # set when return_token_ids
         self.n = request.n  # choices, each streamed with its index
@@ -127,6 +128,7 @@ class ChatStream:
             c = out.outputs[0]
             self.prompt_tokens = len(out.prompt_token_ids or [])
             self.completion_tokens += len(c.token_ids)
+            self.choice_tokens[c.index] += len(c.token_ids)
             self.finished = out.finished
             lps = None
             if request.logprobs and c.logprobs is not None and c.token_ids:
@@ -167,7 +169,7 @@ class ChatStream:
                 return None  # nothing visible yet (held back for a possible stop string or tag)
             usage = None
             if request.continuous_usage:
-                usage = (self.prompt_tokens, self.completion_tokens)
+                usage = (self.prompt_tokens, self.choice_tokens[c.index])
             return frames.chunk(
                 content=content,
                 reasoning=reasoning,
@@ -241,8 +243,13 @@ class OpenAIServingChat(OpenAIServing):
             raise
         except ValueError as exc:  # a rendered text too long for the context
             raise to_bad_request(exc, "messages", max_tokens_param) from exc
-        if stream is not None and request.return_token_ids:
-            stream.prompt_token_ids = list(prompt_ids)
+        if stream is not None:
+            if request.return_token_ids:
+                stream.prompt_token_ids = list(prompt_ids)
+            k = request.truncate_prompt_tokens  # the engine keeps the last k (-1: the context)
+            kept = len(prompt_ids) if k is None else min(
+                len(prompt_ids), self.engine.max_model_len if k == -1 else k)
+            stream.prompt_tokens = kept  # the role chunks' continuous usage
         return await self.start(
             request_id,
             {"prompt_token_ids": prompt_ids, "cache_salt": request.cache_salt},
@@ -321,7 +328,9 @@ class OpenAIServingChat(OpenAIServing):
             echoed = cs.request.echoed
             for index in range(cs.n):
                 yield cs.frames.chunk(role="assistant", content="", index=index,
-                                      prompt_token_ids=cs.prompt_token_ids)
+                                      prompt_token_ids=cs.prompt_token_ids,
+                                      usage=((cs.prompt_tokens, 0)
+                                             if cs.request.continuous_usage else None))
                 if echoed:
                     yield cs.frames.chunk(content=echoed, index=index)
             while (frames := await cs.stream.next()) is not None:

@@ -133,6 +133,7 @@ class CompletionStream:
         self.with_ids = with_ids
         self.prompt_tokens = [0] * n
         self.completion_tokens = [0] * n
+        self.choice_tokens = [0] * choices  # continuous usage counts each choice's own (vLLM)
         self.offsets = [0] * choices
         self.pending: list[list[int]] = [[] for _ in range(choices)]  # see completion_logprobs
         self.finished = [False] * n
@@ -151,6 +152,7 @@ class CompletionStream:
                 c = generated_nothing(c)
             self.prompt_tokens[i] = len(out.prompt_token_ids or [])
             self.completion_tokens[i] += len(c.token_ids)
+            self.choice_tokens[k] += len(c.token_ids)
             self.finished[i] = out.finished
             lps = None
             text = c.text
@@ -170,7 +172,7 @@ class CompletionStream:
                 return None  # nothing visible yet (held back for a possible stop string)
             usage = None
             if request.continuous_usage:
-                usage = (self.prompt_tokens[i], self.completion_tokens[i])
+                usage = (self.prompt_tokens[i], self.choice_tokens[k])
             prompt_ids = None
             if self.prompt_ids_due[k]:
                 self.prompt_ids_due[k] = False

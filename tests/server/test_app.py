@@ -252,6 +252,35 @@ def test_continuous_usage_stats(server, route: str) -> None:
         assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"], u
 
 
+@pytest.mark.parametrize("truncate", [None, 3])
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_continuous_usage_counts_each_choice_of_n(server, route: str, truncate) -> None:
+    # vLLM: a chunk's completion_tokens are its own choice's so far; the final usage is the sum.
+    body = {"model": "tiny", "max_tokens": 5, "n": 3, "seed": 1, "ignore_eos": True,
+            "stream": True, "truncate_prompt_tokens": truncate,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    if route == "/v1/completions":
+        body["prompt"] = PROMPT
+    else:
+        body["messages"] = [{"role": "user", "content": PROMPT}]
+    with httpx.stream("POST", server.base_url + route, json=body) as r:
+        chunks = [json.loads(ln[6:]) for ln in r.iter_lines()
+                  if ln.startswith("data: ") and ln != "data: [DONE]"]
+    assert chunks[-1]["usage"]["completion_tokens"] == 15
+    assert truncate is None or chunks[-1]["usage"]["prompt_tokens"] == truncate
+    seen = {0: 0, 1: 0, 2: 0}
+    for c in chunks:
+        if not c["choices"]:
+            continue
+        (choice,) = c["choices"]
+        usage = c["usage"]  # every chunk, the chat role chunks too (with 0 tokens)
+        assert usage["prompt_tokens"] == chunks[-1]["usage"]["prompt_tokens"], c
+        count = usage["completion_tokens"]
+        assert seen[choice["index"]] <= count <= 5, (seen, c)  # its own count, never another's
+        seen[choice["index"]] = count
+    assert seen == {0: 5, 1: 5, 2: 5}
+
+
 def test_api_key_protects_v1_routes(server_factory) -> None:
     srv = server_factory(app_kwargs={"api_key": "sesame"})
     with httpx.Client(base_url=srv.base_url, timeout=30) as http:
