@@ -690,6 +690,12 @@ MUTATIONS = [
              "usage = (self.prompt_tokens[i], self.choice_tokens[k])",
              "usage = (self.prompt_tokens[i], self.completion_tokens[i])",
              ("tests/server/test_app.py::test_continuous_usage_counts_each_choice_of_n",)),
+    Mutation("grammar-special-literal", "a special token may spell its literal in a grammar",
+             "cadence/worker/grammar_compiler.py",
+             "    if not special or special <= set(info.special_token_ids):",
+             "    if True:",
+             ("tests/engine/test_structured_outputs.py::"
+              "test_a_special_token_never_stands_for_its_literal",)),
     Mutation("decode-tile-pow2", "a decode tile of keys per step not a power of two accepted",
              "cadence/model/attention_tiles.py",
              "if self.block_n < 16 or self.block_n & (self.block_n - 1):",

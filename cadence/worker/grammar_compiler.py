@@ -122,7 +122,9 @@ class GrammarCompilerService:
                 # xgrammar would treat every padding id as a special token on every fill (about
                 # 0.2 ms a row for 150k of them). Ids past it are banned by the mask's apply.
                 self.mask_vocab = max(tok.get_vocab().values()) + 1
-                info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=self.mask_vocab)
+                info = _without_special_text(
+                    xgr, tok, xgr.TokenizerInfo.from_huggingface(tok, vocab_size=self.mask_vocab),
+                    self.mask_vocab)
                 self._compiler = xgr.GrammarCompiler(info)
             return self._compiler
 
@@ -130,3 +132,29 @@ class GrammarCompilerService:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def _without_special_text(xgr: Any, tok: Any, info: Any, vocab_size: int) -> Any:
+    """``info`` with the tokenizer's special tokens (``<|im_start|>``, ...) as xgrammar's special
+    tokens, which never stand for text. xgrammar lists none for many tokenizers and would let
+    such a token spell its own literal (a choice of "<|im_start|>" as the one token 638), which
+    detokenization then drops: the text would break the grammar. The end-of-sequence token
+    stays what ends a grammar. Fast tokenizers only: xgrammar's vocabulary for them is
+    ``get_vocab()`` as it stands (other kinds it converts first)."""
+    from transformers import PreTrainedTokenizerFast
+
+    if not isinstance(tok, PreTrainedTokenizerFast):
+        return info
+    special = set(getattr(tok, "all_special_ids", ()))
+    special |= {i for i, t in getattr(tok, "added_tokens_decoder", {}).items()
+                if getattr(t, "special", False)}
+    special = {i for i in special if 0 <= i < vocab_size}
+    if not special or special <= set(info.special_token_ids):
+        return info
+    encoded = [""] * vocab_size
+    for text, i in tok.get_vocab().items():
+        if i < vocab_size and i not in special:
+            encoded[i] = text
+    return xgr.TokenizerInfo(encoded, info.vocab_type, vocab_size=vocab_size,
+                             stop_token_ids=info.stop_token_ids,
+                             add_prefix_space=info.add_prefix_space)

@@ -299,6 +299,24 @@ def core_tokenizer():
     return AutoTokenizer.from_pretrained(ensure_tiny_model())
 
 
+@pytest.mark.parametrize("literal", ["<|im_start|>", "<|endoftext|>", "a<|im_end|>"])
+def test_a_special_token_never_stands_for_its_literal(llm, literal: str) -> None:
+    """The tokenizer's special tokens are not text: a grammar whose text is a special token's
+    literal is spelled with ordinary tokens, even with the special ones pushed up by logit_bias
+    (detokenization drops special tokens, so the text would not match the grammar)."""
+    tok = llm.get_tokenizer()
+    special = sorted({i for i, t in tok.added_tokens_decoder.items() if t.special})
+    assert special
+    params = [SamplingParams(temperature=0.0 if i == 0 else 1.0, seed=i, max_tokens=40,
+                             logit_bias={t: 10.0 for t in special},
+                             structured_outputs=StructuredOutputsParams(choice=[literal]))
+              for i in range(6)]
+    for out in llm.generate(["Say it:"] * 6, params, use_tqdm=False):
+        c = out.outputs[0]
+        assert c.text == literal and c.finish_reason == "stop", (c.text, c.token_ids)
+        assert not set(c.token_ids[:-1]) & set(special), c.token_ids
+
+
 def test_length_bounded_strings_hold_no_raw_control_characters(llm) -> None:
     """JSON text forbids raw U+0000-U+001F inside a string. With every token that decodes to
     such a character pushed up by logit_bias, strings with minLength / maxLength (a rule of
