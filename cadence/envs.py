@@ -72,7 +72,7 @@ class Envs:
     # Attend every prefill through the paged varlen kernel, also a lone prompt from position
     # 0 (no dense cuDNN attention over the pass's own keys, model/dense_prefill.py).
     disable_dense_prefill: bool = False
-    # Keep the narrow projections of 8-256 row steps whole cuBLAS products instead of K-split
+    # Keep the narrow projections of 5-256 row steps whole cuBLAS products instead of K-split
     # partial sums that the next RMSNorm adds up (model/split_k.py).
     disable_split_k: bool = False
 

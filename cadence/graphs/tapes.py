@@ -46,9 +46,10 @@ _ALLOCATIONS = frozenset({
     _aten.new_empty.default, _aten.new_empty_strided.default,
 })
 _VIEWS = frozenset({_aten._unsafe_view.default})  # views that their schema does not mark
-# Ops a tape replays through their ``out=`` overload (cuBLAS's matrix products).
+# Ops a tape replays through their ``out=`` overload (cuBLAS's matrix products; the batched
+# one with float32 outputs is model/split_k.py's).
 _REPLAYED = {_aten.linear.default: _aten.linear.out, _aten.mm.default: _aten.mm.out,
-             _aten.addmm.default: _aten.addmm.out}
+             _aten.addmm.default: _aten.addmm.out, _aten.bmm.dtype: _aten.bmm.dtype_out}
 
 
 class _TorchOp:

@@ -124,31 +124,47 @@ if triton is not None:
                  mask=mask)
 
     @triton.jit
+    def _parts_sum(p_row, part_stride, offs, mask, PARTS: tl.constexpr):
+        """A K-split projection's float32 partial sums at ``offs``, added in part order."""
+        acc = tl.load(p_row + offs, mask=mask, other=0.0)
+        for part in tl.static_range(1, PARTS):
+            acc += tl.load(p_row + part * part_stride + offs, mask=mask, other=0.0)
+        return acc
+
+    @triton.jit
     def _parts_rms_norm_kernel(
         p_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
         stride_part, stride_p, stride_r, stride_o, stride_ro, eps,
-        N: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr,
+        N: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
     ):  # fmt: skip
-        # A K-split projection's float32 partials (model/split_k.py) are added in part order
-        # and rounded to the residual stream's dtype: the projection's output, as a whole
-        # product would have returned it. Then the residual add and the norm, as above.
+        # _rms_norm_kernel for x = a K-split projection's partial sums (model/split_k.py), added
+        # in part order and rounded to the residual stream's dtype (the projection's output, as
+        # a whole product returns it): the same arithmetic in the same order, so the same bits
+        # as that kernel given that x.
         row = tl.program_id(0).to(tl.int64)
-        offs = tl.arange(0, BLOCK)
-        mask = offs[None, :] < N
-        acc = tl.zeros([1, BLOCK], tl.float32)
-        for part in tl.static_range(PARTS):
-            acc += tl.load(p_ptr + part * stride_part + row * stride_p + offs[None, :], mask=mask,
-                           other=0.0)
+        p_row = p_ptr + row * stride_p
+        part_stride = tl.cast(stride_part, tl.int64)
+        r_row = res_ptr + row * stride_r
         res_dtype = res_out_ptr.dtype.element_ty
-        r = tl.load(res_ptr + row * stride_r + offs[None, :], mask=mask, other=0.0)
-        x = residual_sum(acc.to(res_dtype), r, res_dtype)
-        tl.store(res_out_ptr + row * stride_ro + offs[None, :], x, mask=mask)
-        xf = x.to(tl.float32)
-        rstd = inverse_rms(tl.sum(xf * xf, axis=1), N, eps)
-        w = tl.load(w_ptr + offs, mask=offs < N, other=0.0)
+        # The sum of squares as row_sum_squares adds it: chunk by chunk, lanes pairwise.
+        offs_c = tl.arange(0, CHUNK)[None, :]
+        acc = tl.zeros([1, CHUNK], tl.float32)
+        for k0 in range(0, N, CHUNK):
+            ok = k0 + offs_c < N
+            s = _parts_sum(p_row, part_stride, k0 + offs_c, ok, PARTS).to(res_dtype)
+            s = residual_sum(s, tl.load(r_row + k0 + offs_c, mask=ok, other=0.0), res_dtype)
+            s = s.to(tl.float32)
+            acc += s * s
+        rstd = inverse_rms(pairwise_row_sum(acc), N, eps)
+        cols = tl.arange(0, BLOCK)
+        offs = cols[None, :]
+        mask = offs < N
+        x = _parts_sum(p_row, part_stride, offs, mask, PARTS).to(res_dtype)
+        x = residual_sum(x, tl.load(r_row + offs, mask=mask, other=0.0), res_dtype)
+        tl.store(res_out_ptr + row * stride_ro + offs, x, mask=mask)
+        w = tl.load(w_ptr + cols, mask=cols < N, other=0.0)
         y = normalize(x, rstd, w, res_dtype)
-        tl.store(out_ptr + row * stride_o + offs[None, :], y.to(out_ptr.dtype.element_ty),
-                 mask=mask)
+        tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     # Launched through the compiled kernel's own launcher after the first call (see
     # cadence.runtime.triton_launch): the eager path's per-launch host cost.
@@ -214,6 +230,7 @@ def launch_parts_rms_norm(
             (rows,),
             (parts, residual, weight, out, res_out, parts.stride(0), parts.stride(1),
              residual.stride(0), out.stride(0), res_out.stride(0), eps),
-            N=width, PARTS=num_parts, BLOCK=block, num_warps=_norm_warps(block),
+            N=width, PARTS=num_parts, BLOCK=block, CHUNK=norm_chunk(width),
+            num_warps=_norm_warps(block),
         )  # fmt: skip
     return out, res_out

@@ -1,4 +1,4 @@
-"""K-split projections for steps of 8 to 256 rows, their sum left to the next RMSNorm.
+"""K-split projections for steps of 5 to 256 rows, their sum left to the next RMSNorm.
 
 At these row counts cuBLAS covers a narrow projection (1024 outputs, as Qwen3-0.6B's o and down)
 with a few dozen tiles, so most of the H200's SMs stream no weights. ``split_k_linear`` cuts K into
@@ -31,8 +31,11 @@ logger = logging.getLogger(__name__)
 
 ENABLED = not read_envs().disable_split_k
 TABLE_CAPABILITY = (9, 0)
-# Below this many rows the skinny and bulk kernels take the projections (skinny_gemm.py).
-MIN_ROWS = 8
+# Below this many rows the skinny and bulk kernels take the projections (skinny_gemm.py). Not 8:
+# a decode step of 5-7 rows replays the 8-row graph, which splits, and its eager step must take
+# the same kernels (the skinny kernel's bits hold across a row bucket, 5-8 rows, not across
+# kernels).
+MIN_ROWS = 5
 
 # (N, K) -> ((most rows, split count), ...) by increasing row ranges from MIN_ROWS. H200,
 # scripts/split_k_sweep.py, us a call against cuBLAS's whole product: o 1024 x 2048 at 64 rows
@@ -127,7 +130,7 @@ def split_k_linear(x: torch.Tensor, weight: torch.Tensor, parts: int) -> KParts 
         return KParts(torch.bmm(xs.float(), ws.float()), x.dtype)
     try:
         return KParts(torch.bmm(xs, ws, out_dtype=torch.float32), x.dtype)
-    except (RuntimeError, TypeError) as exc:  # torch before 2.8: no out_dtype
+    except TypeError as exc:  # torch before 2.8: no out_dtype (other errors are errors)
         if not _BROKEN:
             logger.warning("split-K projections are off: %s", str(exc).splitlines()[0])
             _BROKEN.append(True)

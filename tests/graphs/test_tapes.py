@@ -217,6 +217,23 @@ def test_matrix_products_are_replayed_into_the_tensors_they_made(bias: bool) -> 
         torch.testing.assert_close(out, step(), rtol=0, atol=0)  # the same products, again
 
 
+def test_the_split_k_product_goes_on_the_tape() -> None:
+    # model/split_k.py's batched product with float32 outputs (aten.bmm.dtype) is a matrix
+    # product the tape replays, not an op that refuses the recording. On the meta device: the
+    # CPU has no kernel for it.
+    from cadence.graphs.tapes import _TorchOpGuard
+    from cadence.runtime.launch_tape import recording
+
+    x = torch.empty(64, 2048, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(1024, 2048, dtype=torch.bfloat16, device="meta")
+    with torch.inference_mode(), recording() as rec, _TorchOpGuard(rec):
+        out = torch.bmm(x.view(64, 8, 256).transpose(0, 1), w.view(1024, 8, 256).permute(1, 2, 0),
+                        out_dtype=torch.float32)
+    assert rec.refused is None and len(rec.launches) == 1
+    assert out.shape == (8, 64, 1024) and out.dtype == torch.float32
+    assert rec.launches[0].op is torch.ops.aten.bmm.dtype_out
+
+
 def test_at_most_max_tapes_and_close_forgets_them() -> None:
     tapes = TapedSteps(torch.device("cpu"), max_tapes=1)
     x = torch.ones(2)
