@@ -11,6 +11,9 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 QUANTIZATION_METHODS = ("fp8",)  # --quantization (None: weights in the model dtype)
 KV_CACHE_DTYPES = ("auto", "fp8")  # "auto": the model dtype; "fp8": e4m3 with per-layer scales
+# Sequences in flight: the runner's per-sequence buffers are sized by it at start-up (3,000,000
+# asked for ~46 GiB of host arrays); far past what any step can batch.
+MAX_NUM_SEQS = 65536
 
 
 @dataclass(frozen=True)
@@ -78,8 +81,8 @@ class SchedulerConfig:
             raise ValueError(
                 f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.policy!r}."
             )
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
+        if not 1 <= self.max_num_seqs <= MAX_NUM_SEQS:
+            raise ValueError(f"max_num_seqs must be 1 to {MAX_NUM_SEQS}, got {self.max_num_seqs}.")
         if self.max_num_batched_tokens < 1:
             raise ValueError(
                 f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}."

@@ -102,6 +102,12 @@ class SamplingParams:
             except TypeError as exc:  # an unknown key
                 raise ValueError(f"structured_outputs: {exc}.") from None
         self._verify()
+        # numpy's integers pass the checks as numbers.Integral but overflow where the engine
+        # mixes a seed into 64-bit arithmetic: every integer field becomes a Python int.
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and type(value) is not int:
+                setattr(self, name, int(value))
         if self.top_k == 0:
             self.top_k = -1  # vLLM: 0 disables top-k, as -1 does
         if 0.0 < self.temperature < MIN_TEMPERATURE:
@@ -229,6 +235,8 @@ class SamplingParams:
         return out
 
 
+_INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs",
+               "truncate_prompt_tokens")
 _SAMPLING_EPS = 1e-5
 REPETITION_PENALTY_MIN = 1e-30
 REPETITION_PENALTY_MAX = 1e30

@@ -661,6 +661,11 @@ MUTATIONS = [
              "cadence/model/rms_norm_kernels.py",
              "for part in tl.static_range(1, PARTS):", "for part in tl.static_range(1, PARTS - 1):",
              ("tests/model/test_split_k.py::test_kernel_in_triton_interpreter",)),
+    Mutation("sp-numpy-ints", "a numpy seed reaches the sampler's 64-bit arithmetic",
+             "cadence/sampling_params.py", "                setattr(self, name, int(value))\n",
+             "                pass\n",
+             ("tests/engine/test_llm_bad_input.py::"
+              "test_numpy_integers_are_python_ints_to_the_engine",)),
     Mutation("splitk-min-rows", "eager steps of 5-7 rows keep the skinny kernel their graph does not",
              "cadence/model/split_k.py", "MIN_ROWS = 5", "MIN_ROWS = 8",
              ("tests/model/test_split_k.py::test_a_decode_step_splits_as_its_graph_does",)),

@@ -16,13 +16,24 @@ from tqdm import tqdm
 MEASURED_BANDWIDTH = {"H200": 4.11e12}
 
 
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number above 0 (a rate, a bandwidth, FLOP/s)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
 def add_report_args(p: argparse.ArgumentParser, bandwidth: bool = False) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the record as one JSON line instead of a table")
     p.add_argument("--json-out", default=None, metavar="FILE", help="also write the record here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     if bandwidth:
-        p.add_argument("--bandwidth", type=float, default=None, metavar="BYTES_PER_S",
+        p.add_argument("--bandwidth", type=positive_float, default=None, metavar="BYTES_PER_S",
                        help="read bandwidth for the roofline (default: the measured one of a "
                        "known device; none: no roofline)")
 

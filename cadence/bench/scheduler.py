@@ -29,14 +29,15 @@ from cadence.scheduler.scheduler import Scheduler
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cadence bench scheduler")
-    p.add_argument("--num-requests", type=int, default=256, help="running decode requests")
+    p.add_argument("--num-requests", type=int_at_least(1), default=256,
+                   help="running decode requests")
     p.add_argument("--prompt-len", type=int_at_least(1), default=128)
     p.add_argument("--steps", type=int_at_least(1), default=300,
                    help="timed decode steps per repeat")
     p.add_argument("--repeats", type=int_at_least(1), default=5,
                    help="fresh schedulers, figures pooled")
-    p.add_argument("--warmup", type=int, default=30, help="untimed decode steps first")
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--warmup", type=int_at_least(0), default=30, help="untimed decode steps first")
+    p.add_argument("--block-size", type=int_at_least(1), default=16)
     p.add_argument("--policy", choices=list(SCHEDULING_POLICIES), default="fcfs")
     p.add_argument("--async-scheduling", action="store_true", help="AsyncScheduler, depth 2")
     p.add_argument("--no-prefix-caching", action="store_true")

@@ -245,7 +245,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="client processes that share the load (so that the client is not the limit at "
         "hundreds of streams)",
     )
-    parser.add_argument("--warmup", type=int_at_least(0), default=1, help="warm-up requests per level")
+    parser.add_argument("--warmup", type=int_at_least(0), default=1,
+                        help="warm-up requests per level")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=_positive_seconds, default=600.0)
     parser.add_argument("--json", action="store_true",

@@ -22,7 +22,13 @@ from cadence.bench.common import (
     random_prompts,
     weight_bytes,
 )
-from cadence.bench.report import add_report_args, emit, progress, read_bandwidth
+from cadence.bench.report import (
+    add_report_args,
+    emit,
+    positive_float,
+    progress,
+    read_bandwidth,
+)
 
 # Dense bf16 tensor-core throughput measured on one H200 (matrix work), FLOP/s.
 H200_BF16_FLOPS = 790e12
@@ -35,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     EngineArgs.add_cli_args(p)
     p.add_argument("--input-lens", default="16,128,1024,4096")
     p.add_argument("--repeats", type=int_at_least(1), default=10)
-    p.add_argument("--flops", type=float, default=None,
+    p.add_argument("--flops", type=positive_float, default=None,
                    help="matmul FLOP/s for the floor (default: the measured H200 bf16 figure "
                    "on an H200; none elsewhere)")
     add_report_args(p, bandwidth=True)

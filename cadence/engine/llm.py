@@ -29,10 +29,17 @@ class LLM:
         self.frontend = load_frontend(self.engine_core)
         self.output_processor = OutputProcessor(self.frontend.tokenizer)
         self._counter = itertools.count()
+        self._closed = False
 
     def shutdown(self) -> None:
-        """Wait for the device and free the engine's streams, buffers and graphs."""
+        """Wait for the device and free the engine's streams, buffers and graphs; the LLM
+        takes no requests after it."""
+        self._closed = True
         self.engine_core.shutdown()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this LLM has been shut down; create a new one to generate.")
 
     def get_default_sampling_params(self) -> SamplingParams:
         """``SamplingParams()`` with the model's generation-config defaults (vLLM's)."""
@@ -48,6 +55,7 @@ class LLM:
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
+        self._check_open()
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Sequence):
@@ -103,6 +111,7 @@ class LLM:
         """``generate`` for one conversation (a list of message dicts) or a list of them, each
         rendered through ``chat_template`` or the tokenizer's (ChatML without one), as vLLM's
         ``LLM.chat``; one output per conversation, its ``prompt`` the rendered text."""
+        self._check_open()
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("messages: chat needs a tokenizer, and this engine has none.")

@@ -84,6 +84,28 @@ def test_shutdown_is_idempotent():
     assert len(out[0].outputs[0].token_ids) == 4
     llm.shutdown()
     llm.shutdown()
+    for call in (lambda: llm.generate(["x"], GOOD, use_tqdm=False),
+                 lambda: llm.chat([{"role": "user", "content": "x"}], GOOD, use_tqdm=False)):
+        with pytest.raises(RuntimeError, match="has been shut down"):
+            call()
+
+
+def test_numpy_integers_are_python_ints_to_the_engine(llm):
+    # A numpy seed passed the checks as an Integral, then overflowed where the sampler mixes it
+    # into 64-bit arithmetic: the step failed (and an AsyncLLM's engine died).
+    np = pytest.importorskip("numpy")
+    params = SamplingParams(temperature=1.0, max_tokens=5, seed=np.int64(5), n=np.int32(2),
+                            top_k=np.int64(20), logprobs=np.int16(1))
+    assert {type(v) for v in (params.seed, params.n, params.top_k, params.logprobs)} == {int}
+    late = SamplingParams(temperature=1.0, max_tokens=5, top_k=20, logprobs=1)
+    late.seed = np.uint64(5)  # set after construction: normalised at submission
+    plain = SamplingParams(temperature=1.0, max_tokens=5, seed=5, n=2, top_k=20, logprobs=1)
+    want = [c.token_ids for c in llm.generate("Hello", plain, use_tqdm=False)[0].outputs]
+    assert [c.token_ids for c in llm.generate("Hello", params, use_tqdm=False)[0].outputs] == want
+    got = llm.generate("Hello", late, use_tqdm=False)[0].outputs[0].token_ids
+    assert got == want[0]
+    with pytest.raises(ValueError, match="seed"):
+        SamplingParams(seed=np.uint64(1 << 63))  # past int64: refused, not wrapped
 
 
 @pytest.mark.parametrize(("field", "value"), [("temperature", -1.0), ("n", 0),

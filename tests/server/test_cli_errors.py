@@ -15,7 +15,9 @@ from cadence.cli import main
 MISTAKES = [
     (["serve", "/nonexistent/model"], "neither a local model directory"),
     (["serve", "tiny", "--max-model-len", "0"], "max_model_len must be at least 1"),
-    (["serve", "tiny", "--max-num-seqs", "0"], "max_num_seqs must be at least 1"),
+    (["serve", "tiny", "--max-num-seqs", "0"], "max_num_seqs must be 1 to 65536"),
+    (["serve", "tiny", "--max-num-seqs", "3000000"],
+     "max_num_seqs must be 1 to 65536, got 3000000"),
     (["serve", "tiny", "--gpu-memory-utilization", "1.5"], "gpu_memory_utilization"),
     (["serve", "qwen3-0.6b"], "load_format='dummy'"),
     (["serve", "tiny", "--port", "99999"], "port must be in"),
