@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import numbers
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from cadence.config import (
     DTYPE_ALIASES,
@@ -80,6 +81,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
+        self._check_types()
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
         if self.revision is not None:
             raise ValueError(
@@ -106,6 +108,30 @@ class EngineArgs:
                 f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported; supported: "
                 f"{', '.join(_KV_CACHE_DTYPE_ALIASES)} (auto: the model dtype; fp8 = fp8_e4m3)."
             )
+
+    def _check_types(self) -> None:
+        """Each field of its declared type (from Python, not the CLI, anything can arrive:
+        ``enable_prefix_caching="no"`` read as true, ``block_size=16.5`` failed deep inside);
+        integers and reals of other kinds (numpy's) become Python ones."""
+        for f in fields(self):
+            value, kind = getattr(self, f.name), str(f.type)
+            if value is None and kind.endswith("| None"):
+                continue
+            kind = kind.removesuffix(" | None")
+            if kind == "bool" and not isinstance(value, bool):
+                raise ValueError(f"{f.name} must be True or False, got {value!r}.")
+            if kind == "int":
+                if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                    raise ValueError(f"{f.name} must be an integer, got {value!r}.")
+                setattr(self, f.name, int(value))
+            if kind == "float":
+                if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                    raise ValueError(f"{f.name} must be a number, got {value!r}.")
+                setattr(self, f.name, float(value))
+            if kind == "str" and isinstance(value, os.PathLike):  # a model or tokenizer path
+                setattr(self, f.name, os.fspath(value))
+            elif kind == "str" and not isinstance(value, str):
+                raise ValueError(f"{f.name} must be a string, got {value!r}.")
 
     def resolve_cpu_threads(self, num_params: int) -> int:
         """Threads for the CPU backend: a model's matrices below ~100M parameters are too small

@@ -192,3 +192,28 @@ def test_a_thread_count_torch_cannot_take_is_a_one_line_error(
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cpu_threads must be 1 to 4096, got 100000" in err[0], err
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"enable_prefix_caching": "no"}, "enable_prefix_caching must be True or False"),
+    ({"async_scheduling": "false"}, "async_scheduling must be True or False"),
+    ({"block_size": 16.5}, "block_size must be an integer"),
+    ({"max_model_len": "100"}, "max_model_len must be an integer"),
+    ({"tensor_parallel_size": 2.0}, "tensor_parallel_size must be an integer"),
+    ({"max_num_seqs": True}, "max_num_seqs must be an integer"),
+    ({"gpu_memory_utilization": "0.5"}, "gpu_memory_utilization must be a number"),
+    ({"model": 3}, "model must be a string"),
+])
+def test_engine_args_from_python_are_of_their_types(kwargs, message) -> None:
+    # The CLI types its flags; the Python API takes anything (a string "no" used to read as true).
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(**kwargs)
+
+
+def test_engine_args_take_numpy_numbers_and_paths(tmp_path: Path) -> None:
+    import numpy as np
+
+    args = EngineArgs(model=tmp_path, block_size=np.int64(32), gpu_memory_utilization=1,
+                      async_scheduling=None, max_model_len=None)
+    assert args.model == str(tmp_path) and type(args.block_size) is int and args.block_size == 32
+    assert type(args.gpu_memory_utilization) is float
