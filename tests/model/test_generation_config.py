@@ -40,7 +40,16 @@ def test_only_fields_that_differ_from_transformers_defaults_count(tmp_path: Path
     ("content", "match"),
     [(None, "no generation_config.json"), ("{not json", "cannot read"), ("[1]", "JSON object"),
      ('{"temperature": "hot"}', "not a number"),
-     ('{"max_new_tokens": 0.5}', "positive integer")],
+     ('{"max_new_tokens": 0.5}', "positive integer"),
+     # Values SamplingParams refuses fail at start-up, not in every request that relies on them.
+     ('{"temperature": -1}', "temperature must be a finite number >= 0"),
+     ('{"temperature": 1e999}', "temperature must be a finite number >= 0"),
+     ('{"repetition_penalty": 0}', "repetition_penalty must be in"),
+     ('{"top_k": 5.5}', "top_k must be an integer >= -1"),
+     ('{"top_k": -2}', "top_k must be an integer >= -1"),
+     ('{"top_p": 1.5}', "top_p must be in"),
+     ('{"top_p": 0}', "top_p must be in"),
+     ('{"min_p": 2}', "min_p must be in")],
 )
 def test_bad_sources_name_the_problem(tmp_path: Path, content: str | None, match: str) -> None:
     d = tmp_path / "bad"
