@@ -39,10 +39,9 @@ def add_report_args(p: argparse.ArgumentParser, bandwidth: bool = False) -> None
 
 
 def read_bandwidth(given: float | None, device: str) -> float | None:
-    """The bandwidth for the roofline: ``given``, else a measured one for ``device``."""
+    """The bandwidth for the roofline: ``given`` (``--bandwidth``, positive: ``positive_float``),
+    else a measured one for ``device``."""
     if given is not None:
-        if not given > 0:
-            raise SystemExit("--bandwidth must be positive")
         return given
     return next((bw for name, bw in MEASURED_BANDWIDTH.items() if name in device), None)
 

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from cadence.bench.common import git_commit, int_at_least, now
-from cadence.bench.report import table
+from cadence.bench.report import positive_float, table
 from cadence.bench.serve_client import RequestResult, Send, Target, run_in_processes, run_requests
 
 PERCENTILES = (50, 90, 99)
@@ -204,16 +204,6 @@ def _run_one_level(args: argparse.Namespace, rate: float, level: int | None) -> 
     return report
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
-
-
 def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
     parser.add_argument("--model", default=None, help="default: the first of /v1/models")
@@ -248,7 +238,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int_at_least(0), default=1,
                         help="warm-up requests per level")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=_positive_seconds, default=600.0)
+    parser.add_argument("--timeout", type=positive_float, default=600.0)
     parser.add_argument("--json", action="store_true",
                         help="print each level's report as a JSON line instead of a table")
     parser.add_argument("--json-out", default=None, help="write all reports to this file")

@@ -99,9 +99,8 @@ class EngineArgs:
             )
         if self.seed is None:  # vLLM's "no fixed seed": a fresh one each run
             self.seed = int.from_bytes(os.urandom(8), "little") >> 1
-        # What torch's generators take.
-        if (isinstance(self.seed, bool) or not isinstance(self.seed, int)
-                or not -(1 << 63) <= self.seed < 1 << 64):
+        # What torch's generators take (an integer: _check_types).
+        if not -(1 << 63) <= self.seed < 1 << 64:
             raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}.")
         if self.kv_cache_dtype not in _KV_CACHE_DTYPE_ALIASES:
             raise ValueError(

@@ -33,11 +33,18 @@ __all__ = [
     "MAX_STOP_TOKEN_IDS",
     "InputProcessor",
     "InputValidationError",
+    "truncation_length",
     "PromptType",
     "bad_word_sequences",
 ]
 
 PromptType = str | Mapping[str, Any]
+
+
+def truncation_length(k: int, max_model_len: int) -> int:
+    """How many of a prompt's last tokens ``truncate_prompt_tokens=k`` keeps (-1: the context
+    length, as vLLM reads it)."""
+    return max_model_len if k == -1 else k
 
 
 class InputProcessor:
@@ -135,8 +142,7 @@ class InputProcessor:
         more than the context is an error). The prompt text, if any, is kept as given."""
         if k is None:
             return token_ids
-        if k == -1:
-            k = self.max_model_len
+        k = truncation_length(k, self.max_model_len)
         if k > self.max_model_len:
             raise InputValidationError(
                 f"truncate_prompt_tokens value ({k}) is greater than max_model_len "

@@ -25,6 +25,7 @@ import torch
 
 from cadence.envs import read_envs
 from cadence.model.bulk_gemv_kernel import KERNEL, NORM_LANES, SOURCE, defines, shared_bytes
+from cadence.model.capability import device_capability
 from cadence.model.mlp_block import _sm_count
 from cadence.model.skinny_gemm_kernels import _norm_fits
 from cadence.runtime.launch_tape import active_recorder
@@ -146,17 +147,6 @@ def bulk_applies(x: torch.Tensor, weight: torch.Tensor, cfg: BulkConfig, mode: s
         if residual is not None and residual.device != x.device:
             return False
     return device_capability(x.device) >= (9, 0) and nvrtc_ok()
-
-
-_CAPABILITY: dict[int, tuple[int, int]] = {}
-
-
-def device_capability(device: torch.device) -> tuple[int, int]:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    found = _CAPABILITY.get(index)
-    if found is None:
-        found = _CAPABILITY[index] = torch.cuda.get_device_capability(index)
-    return found
 
 
 def bulk_listed(weight: torch.Tensor, mode: str) -> bool:

@@ -28,11 +28,11 @@ from cadence.model.bulk_gemv import (
     bulk_config,
     bulk_listed,
     compiled,
-    device_capability,
     launch,
     nvrtc_ok,
 )
 from cadence.model.bulk_mma_kernel import KERNEL, MAX_M, NORM_LANES, SOURCE, defines, shared_bytes
+from cadence.model.capability import device_capability
 from cadence.model.skinny_gemm_kernels import _norm_fits
 
 __all__ = ["MAX_M", "MMA_CONFIGS", "MmaConfig", "bulk_mma", "bulk_mma_norm", "bulk_plan",

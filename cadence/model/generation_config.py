@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from pathlib import Path
 from typing import Any
+
+from cadence.sampling_params import SamplingParams
 
 __all__ = ["APPLIED_FIELDS", "generation_defaults"]
 
@@ -28,15 +29,6 @@ _HF_DEFAULTS: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "top_k": 50,
                                 "max_new_tokens": None}
 APPLIED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                   "max_new_tokens")
-# What SamplingParams accepts of each (checked at start-up: a bad default would otherwise fail
-# every request that leaves the field unset).
-_RANGES = {
-    "temperature": (lambda v: 0 <= v < math.inf, "a finite number >= 0"),
-    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
-    "top_k": (lambda v: isinstance(v, int) and v >= -1, "an integer >= -1"),
-    "min_p": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "repetition_penalty": (lambda v: 1e-30 <= v <= 1e30, "in [1e-30, 1e30]"),
-}
 
 
 def generation_defaults(source: str, model_dir: str | None) -> dict[str, Any]:
@@ -68,16 +60,16 @@ def generation_defaults(source: str, model_dir: str | None) -> dict[str, Any]:
     for k, v in defaults.items():
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ValueError(f"generation_config: {path} sets {k} to {v!r}, not a number.")
-    for k, v in defaults.items():
-        if k != "max_new_tokens" and not _RANGES[k][0](v):
-            raise ValueError(f"generation_config: {path} sets {k} to {v!r}; {k} must be "
-                             f"{_RANGES[k][1]}.")
     if "max_new_tokens" in defaults:
         n = defaults.pop("max_new_tokens")
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"generation_config: {path} sets max_new_tokens to {n!r}, not a "
                              "positive integer.")
         defaults["max_tokens"] = n
+    try:  # checked at start-up, as every request that leaves these fields unset would be
+        SamplingParams(**defaults)
+    except ValueError as exc:
+        raise ValueError(f"generation_config: {path}: {exc}") from None
     if defaults:
         logger.info("Default sampling parameters from %s: %s", path, defaults)
     return defaults

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from cadence.envs import read_envs
+from cadence.model.capability import device_capability
 
 __all__ = ["MIN_ROWS", "SPLIT_K_TABLE", "KParts", "split_k_linear", "split_k_parts", "table_parts",
            "weight_parts"]
@@ -48,7 +49,6 @@ SPLIT_K_TABLE: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {
 }
 
 _HALF = (torch.bfloat16, torch.float16)
-_CAPABILITY: dict[int, tuple[int, int]] = {}
 _BROKEN: list[bool] = []  # set once a batched product with float32 outputs failed
 
 
@@ -64,21 +64,9 @@ class KParts:
     def shape(self) -> torch.Size:
         return self.parts.shape[1:]
 
-    @property
-    def device(self) -> torch.device:
-        return self.parts.device
-
     def total(self) -> torch.Tensor:
         """The whole product ``[rows, N]`` in ``dtype`` (the reference of the norm's sum)."""
         return self.parts.sum(0).to(self.dtype)
-
-
-def _capability(device: torch.device) -> tuple[int, int]:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    found = _CAPABILITY.get(index)
-    if found is None:
-        found = _CAPABILITY[index] = torch.cuda.get_device_capability(index)
-    return found
 
 
 def table_parts(n: int, k: int, rows: int) -> int:
@@ -111,7 +99,7 @@ def weight_parts(weight: torch.Tensor, rows: int, dtype: torch.dtype) -> int:
     if torch.is_grad_enabled() and weight.requires_grad:
         return 0
     parts = table_parts(weight.shape[0], weight.shape[1], rows)
-    if parts == 0 or _capability(weight.device) != TABLE_CAPABILITY:
+    if parts == 0 or device_capability(weight.device) != TABLE_CAPABILITY:
         return 0
     return parts
 

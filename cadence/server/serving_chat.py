@@ -6,6 +6,7 @@ import functools
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
+from cadence.engine.input_processor import truncation_length
 from cadence.server.chat_template import check_template_syntax, render_chat
 from cadence.server.frame_stream import FrameStream
 from cadence.server.frames import ChatFrames
@@ -246,10 +247,10 @@ class OpenAIServingChat(OpenAIServing):
         if stream is not None:
             if request.return_token_ids:
                 stream.prompt_token_ids = list(prompt_ids)
-            k = request.truncate_prompt_tokens  # the engine keeps the last k (-1: the context)
-            kept = len(prompt_ids) if k is None else min(
-                len(prompt_ids), self.engine.max_model_len if k == -1 else k)
-            stream.prompt_tokens = kept  # the role chunks' continuous usage
+            k = request.truncate_prompt_tokens
+            # The role chunks' continuous usage: the prompt's tokens as the engine keeps them.
+            stream.prompt_tokens = len(prompt_ids) if k is None else min(
+                len(prompt_ids), truncation_length(k, self.engine.max_model_len))
         return await self.start(
             request_id,
             {"prompt_token_ids": prompt_ids, "cache_salt": request.cache_salt},

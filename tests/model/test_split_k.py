@@ -264,7 +264,7 @@ def test_the_engine_splits_and_graphs_equal_eager(tmp_path, monkeypatch) -> None
     q_size = 4 * config.head_dim
     monkeypatch.setattr(split_k, "SPLIT_K_TABLE", {(256, q_size): ((256, 4),),
                                                    (256, 512): ((64, 8), (256, 2))})
-    monkeypatch.setattr(split_k, "_capability", lambda device: split_k.TABLE_CAPABILITY)
+    monkeypatch.setattr(split_k, "device_capability", lambda device: split_k.TABLE_CAPABILITY)
     monkeypatch.setattr(split_k, "ENABLED", True)
     calls = []
     real = split_k_linear
