@@ -5,7 +5,10 @@
 
 For each prefill length, runs ``--steps`` steps that each prefill one fresh prompt (a decode
 step at ``--decode-batch`` with ``--prefill-lens 0``), and prints the kernels with the most GPU
-time per step: calls per step, us per call, us per step and share of the step's kernel time.
+time per step: calls per step, us per call, us per step and share of the step's kernel time,
+and its exposed time per call: the part of the kernel during which no earlier-started kernel was
+still running (a kernel launched early that waits on its predecessor, as with programmatic
+dependent launches, shows a long duration but a short exposed time).
 """
 
 from __future__ import annotations
@@ -20,6 +23,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def _short(name: str, width: int = 70) -> str:
     return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def exposed_times(spans: list[tuple[float, float]]) -> list[float]:
+    """For kernels' ``(start, end)`` spans, the time each adds to the union of those started
+    before it: ``end - max(start, latest end so far)``, at least 0 (in ``spans``' order)."""
+    order = sorted(range(len(spans)), key=lambda i: spans[i][0])
+    out = [0.0] * len(spans)
+    reach = float("-inf")
+    for i in order:
+        start, end = spans[i]
+        out[i] = max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return out
 
 
 def main() -> int:
@@ -79,19 +95,25 @@ def main() -> int:
                 work(i)
             torch.cuda.synchronize()
         per: dict[str, list[float]] = defaultdict(list)
-        for evt in prof.events():
-            if evt.device_type == torch.autograd.DeviceType.CUDA:
-                per[evt.name].append(evt.device_time)
+        gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        shown = defaultdict(list)
+        spans = [(e.time_range.start, e.time_range.end) for e in gpu]
+        for evt, exp in zip(gpu, exposed_times(spans), strict=True):
+            per[evt.name].append(evt.device_time)
+            shown[evt.name].append(exp)
         total = sum(sum(v) for v in per.values()) / ns.steps
+        union = sum(sum(v) for v in shown.values()) / ns.steps
         label = f"prefill {length}" if length else f"decode batch {ns.decode_batch}"
         print(f"\n== {label}: {total:.0f} us of kernel time per step, "
-              f"{sum(len(v) for v in per.values()) / ns.steps:.0f} kernels per step")
+              f"{sum(len(v) for v in per.values()) / ns.steps:.0f} kernels per step, "
+              f"{union:.0f} us with a kernel running (exposed: us per call outside others)")
         rows = sorted(per.items(), key=lambda kv: -sum(kv[1]))[: ns.top]
         for name, times in rows:
             calls = len(times) / ns.steps
             us_step = sum(times) / ns.steps
+            exposed = sum(shown[name]) / len(times)
             print(f"{calls:7.1f} x {sum(times) / len(times):8.2f} us = {us_step:9.1f} us "
-                  f"({100 * us_step / total:4.1f}%)  {_short(name)}")
+                  f"({100 * us_step / total:4.1f}%)  exposed {exposed:7.2f}  {_short(name)}")
         if length == 0:
             core.abort_requests([f"d{i}" for i in range(ns.decode_batch)])
             while core.has_work():

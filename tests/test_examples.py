@@ -161,3 +161,17 @@ def test_with_tables_refuses_a_bad_table_in_one_line(tmp_path, text: str) -> Non
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().startswith(f"{table}: not a table file the sweeps write")
+
+
+def test_kernel_profile_exposed_times() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kernel_profile", ROOT / "scripts/kernel_profile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # B runs inside A; C starts inside A and ends 2 after it; D after a gap; E overlaps D by 4.
+    spans = [(0.0, 10.0), (2.0, 5.0), (4.0, 12.0), (20.0, 25.0), (21.0, 30.0)]
+    assert module.exposed_times(spans) == [10.0, 0.0, 2.0, 5.0, 5.0]
+    # Order of the list does not matter, only start times: the same spans reversed.
+    assert module.exposed_times(spans[::-1]) == [5.0, 5.0, 2.0, 0.0, 10.0]
+    assert module.exposed_times([]) == []

@@ -135,33 +135,26 @@ if triton is not None:
     def _parts_rms_norm_kernel(
         p_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
         stride_part, stride_p, stride_r, stride_o, stride_ro, eps,
-        N: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+        N: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
-        # _rms_norm_kernel for x = a K-split projection's partial sums (model/split_k.py), added
-        # in part order and rounded to the residual stream's dtype (the projection's output, as
-        # a whole product returns it): the same arithmetic in the same order, so the same bits
-        # as that kernel given that x.
+        # A K-split projection's float32 partial sums (model/split_k.py) are added in part
+        # order and rounded to the residual stream's dtype: the projection's output, as a whole
+        # product returns it. Then the residual add and the norm, as _rms_norm_kernel does them,
+        # except that the sum of squares is one tl.sum over the row: the fixed chunk order of
+        # row_sum_squares cost this kernel 0.6-0.9 us a call on an H200 (it runs twice a
+        # layer), and the split's own K order already makes its bits differ from the whole
+        # product's.
         row = tl.program_id(0).to(tl.int64)
-        p_row = p_ptr + row * stride_p
-        part_stride = tl.cast(stride_part, tl.int64)
-        r_row = res_ptr + row * stride_r
-        res_dtype = res_out_ptr.dtype.element_ty
-        # The sum of squares as row_sum_squares adds it: chunk by chunk, lanes pairwise.
-        offs_c = tl.arange(0, CHUNK)[None, :]
-        acc = tl.zeros([1, CHUNK], tl.float32)
-        for k0 in range(0, N, CHUNK):
-            ok = k0 + offs_c < N
-            s = _parts_sum(p_row, part_stride, k0 + offs_c, ok, PARTS).to(res_dtype)
-            s = residual_sum(s, tl.load(r_row + k0 + offs_c, mask=ok, other=0.0), res_dtype)
-            s = s.to(tl.float32)
-            acc += s * s
-        rstd = inverse_rms(pairwise_row_sum(acc), N, eps)
-        cols = tl.arange(0, BLOCK)
-        offs = cols[None, :]
+        offs = tl.arange(0, BLOCK)[None, :]
         mask = offs < N
-        x = _parts_sum(p_row, part_stride, offs, mask, PARTS).to(res_dtype)
-        x = residual_sum(x, tl.load(r_row + offs, mask=mask, other=0.0), res_dtype)
+        x = _parts_sum(p_ptr + row * stride_p, tl.cast(stride_part, tl.int64), offs, mask, PARTS)
+        res_dtype = res_out_ptr.dtype.element_ty
+        r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
+        x = residual_sum(x.to(res_dtype), r, res_dtype)
         tl.store(res_out_ptr + row * stride_ro + offs, x, mask=mask)
+        xf = x.to(tl.float32)
+        rstd = inverse_rms(tl.sum(xf * xf, axis=1), N, eps)
+        cols = tl.arange(0, BLOCK)
         w = tl.load(w_ptr + cols, mask=cols < N, other=0.0)
         y = normalize(x, rstd, w, res_dtype)
         tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
@@ -230,7 +223,6 @@ def launch_parts_rms_norm(
             (rows,),
             (parts, residual, weight, out, res_out, parts.stride(0), parts.stride(1),
              residual.stride(0), out.stride(0), res_out.stride(0), eps),
-            N=width, PARTS=num_parts, BLOCK=block, CHUNK=norm_chunk(width),
-            num_warps=_norm_warps(block),
+            N=width, PARTS=num_parts, BLOCK=block, num_warps=_norm_warps(block),
         )  # fmt: skip
     return out, res_out

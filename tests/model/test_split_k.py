@@ -61,7 +61,8 @@ def check_parts_norm(device: str, dtype: torch.dtype, parts: int, rows: int, wid
     # Every row written, none past them: a second launch on other rows changes nothing here.
     again, _ = launch_parts_rms_norm(p, dtype, residual, weight, 1e-6)
     assert torch.equal(again, out)
-    # The RMSNorm kernel's bits for the projection output the parts add up to (in part order).
+    # The RMSNorm kernel given the projection output the parts add up to (in part order): the
+    # same new residual; the norm may differ in its sum of squares' order only.
     from cadence.model.rms_norm_kernels import launch_rms_norm
 
     x = p[0].clone()
@@ -70,7 +71,9 @@ def check_parts_norm(device: str, dtype: torch.dtype, parts: int, rows: int, wid
     if device == "cpu" and dtype == torch.bfloat16:
         return  # the interpreter's float32 -> bfloat16 is not torch's rounding (x.to(dtype))
     want_out, want_res = launch_rms_norm(x.to(dtype), residual, weight, 1e-6)
-    assert torch.equal(new_residual, want_res) and torch.equal(out, want_out)
+    assert torch.equal(new_residual, want_res)
+    ulp = {torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
+    torch.testing.assert_close(out, want_out, atol=ulp, rtol=ulp)
 
 
 def run_interpreter_cases() -> None:
