@@ -32,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
                                                      "decode step"), default=256)
     p.add_argument("--repeats", type=int_at_least(1), default=3)
     add_report_args(p, bandwidth=True)
+    p.set_defaults(max_num_seqs=None)  # the largest batch size unless given
     return p
 
 
@@ -44,32 +45,51 @@ def _output_wait_s(core) -> float:
 
 def run_batch(core, batch: int, input_len: int, output_len: int, seed: int
               ) -> list[tuple[float, float]]:
-    """One round: `batch` requests prefilled together then decoded; returns each decode
-    step's time and the part of it the host spent waiting for the GPU's output."""
+    """One round: `batch` requests prefilled together then decoded; returns the time of each
+    decode step of the whole batch and the part of it the host spent waiting for the GPU's
+    output. A step is timed from the previous step's output to its own, and only where both
+    steps gave every request of the batch one token after its first: steps that carry a
+    prefill chunk or follow a preemption, and steps after a request left early, are not
+    decode steps at this batch size."""
     from cadence.core_types import EngineCoreRequest
     from cadence.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    for i, prompt in enumerate(random_prompts(batch, input_len, core.vocab_size, seed)):
-        core.add_request(EngineCoreRequest(f"b{batch}-{seed}-{i}", prompt, params))
-    stamps: list[tuple[float, float]] = []
+    ids = [f"b{batch}-{seed}-{i}" for i in range(batch)]
+    for rid, prompt in zip(ids, random_prompts(batch, input_len, core.vocab_size, seed),
+                           strict=True):
+        core.add_request(EngineCoreRequest(rid, prompt, params))
+    produced = dict.fromkeys(ids, 0)
+    # (time, output wait so far, a decode step of the whole batch) per consumed step.
+    stamps: list[tuple[float, float, bool]] = []
     step = core.step_fn
     while core.has_work():
         outs, _ = step()
-        if outs is not None and outs.outputs:
-            stamps.append((time.perf_counter(), _output_wait_s(core)))
-    # stamps[0] closes the prefill step; every later one closes one decode step.
-    return [(b[0] - a[0], b[1] - a[1]) for a, b in zip(stamps[1:], stamps[2:])]
+        if outs is None:
+            continue  # a step launched ahead (async scheduling): its output comes later
+        now_s = time.perf_counter()
+        new = {o.request_id: len(o.new_token_ids) for o in outs.outputs}
+        decode = (len(new) == batch and all(n == 1 for n in new.values())
+                  and all(produced.get(rid, 0) >= 1 for rid in new))
+        for rid, n in new.items():
+            produced[rid] = produced.get(rid, 0) + n
+        stamps.append((now_s, _output_wait_s(core), decode))
+    return [(b[0] - a[0], b[1] - a[1]) for a, b in zip(stamps, stamps[1:]) if a[2] and b[2]]
 
 
 def main(argv: list[str] | None = None) -> int:
     from cadence.engine.core import EngineCore
     from cadence.engine.engine_args import EngineArgs
 
-    ns = _parser().parse_args(argv)
+    parser = _parser()
+    ns = parser.parse_args(argv)
     batches = ns.batch_sizes
+    if ns.max_num_seqs is None:
+        ns.max_num_seqs = max(batches)
+    elif ns.max_num_seqs < max(batches):
+        parser.error(f"--max-num-seqs {ns.max_num_seqs} is below the largest batch size "
+                     f"{max(batches)}: each decode step timed runs the whole batch")
     args = EngineArgs.from_cli_args(ns)
-    args.max_num_seqs = max(batches)
     args.max_model_len = args.max_model_len or ns.input_len + ns.output_len + 16
     args.max_num_batched_tokens = args.max_num_batched_tokens or max(
         8192, max(batches) * ns.input_len)
@@ -91,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(ns.repeats):
             steps.extend(run_batch(core, batch, ns.input_len, ns.output_len, seed=r))
         times = [t for t, _ in steps]
+        if not times:
+            raise SystemExit(
+                f"cadence bench latency: no decode step ran all {batch} requests at once (a "
+                "prefill chunk or a preemption in every step): raise --max-num-batched-tokens "
+                "or the KV cache, or lower the batch size.")
         step_s = median(times)
         # The host's own work per step: the step less its wait for the GPU's output. Near the
         # step time, the host sets the pace (a faster GPU step would not show).

@@ -108,3 +108,36 @@ def test_latency_reports_the_hosts_share_of_each_step(capsys) -> None:
         assert latency._output_wait_s(core) > before  # every step's output was waited for
     finally:
         core.shutdown()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_latency_times_only_decode_steps_of_the_whole_batch(async_scheduling) -> None:
+    """Two 8-token prompts under an 8-token step budget: step 1 prefills A (A's first token),
+    step 2 decodes A beside 7 of B's prompt tokens, step 3 decodes A and ends B's prefill (B's
+    first token), steps 4-6 decode both (A's sixth token ends it), steps 7-8 decode B alone.
+    Both A and B decode in steps 4, 5 and 6 only: two steps timed, from 4 to 5 and 5 to 6."""
+    from cadence.engine.core import EngineCore
+    from cadence.engine.engine_args import EngineArgs
+
+    core = EngineCore(EngineArgs(model="tiny", device="cpu", max_model_len=64, max_num_seqs=2,
+                                 max_num_batched_tokens=8, enable_chunked_prefill=True,
+                                 skip_tokenizer_init=True, async_scheduling=async_scheduling))
+    try:
+        assert len(latency.run_batch(core, 2, 8, 6, seed=0)) == 2
+    finally:
+        core.shutdown()
+
+
+def test_latency_refuses_max_num_seqs_below_the_batch(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        latency.main([*TINY, "--batch-sizes", "1,4", "--max-num-seqs", "2"])
+    assert exc.value.code == 2 and "--max-num-seqs 2" in capsys.readouterr().err
+
+
+def test_latency_says_so_when_no_step_decodes_the_whole_batch(capsys) -> None:
+    # Three 8-token prompts under an 8-token budget with four tokens each: the first is done
+    # before the third has its first token, so no step decodes all three.
+    with pytest.raises(SystemExit, match="no decode step ran all 3 requests"):
+        latency.main([*TINY, "--batch-sizes", "3", "--input-len", "8", "--output-len", "4",
+                      "--repeats", "1", "--max-num-batched-tokens", "8",
+                      "--enable-chunked-prefill"])
