@@ -25,10 +25,18 @@ def _generate(ns: argparse.Namespace) -> int:
     from cadence.engine.llm import LLM
     from cadence.sampling_params import SamplingParams
 
+    # Each flag given wins; a field left unset takes the generation config's default
+    # (--generation-config), else greedy decoding of up to 32 tokens.
+    given = {k: v for k, v in (("temperature", ns.temperature), ("top_p", ns.top_p),
+                               ("top_k", ns.top_k), ("max_tokens", ns.max_tokens))
+             if v is not None}
+    fallback = {"temperature": 0.0, "max_tokens": 32}
+    extra = {"seed": ns.sampling_seed, "stop": ns.stop or None}
+    SamplingParams(**{**fallback, **given}, **extra)  # a mistaken flag fails before the load
     args = EngineArgs.from_cli_args(ns)
     llm = LLM(**vars(args))
-    params = SamplingParams(temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k,
-                            max_tokens=ns.max_tokens, seed=ns.sampling_seed, stop=ns.stop or None)
+    defaults = llm.engine_core.spec.generation_defaults
+    params = SamplingParams(**{**fallback, **defaults, **given}, **extra)
     prompts = ns.prompt or ["Hello, my name is"]
     try:
         outs = llm.generate(prompts, params, use_tqdm=False)
@@ -70,15 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
     EngineArgs.add_cli_args(gen)
     gen.add_argument("--prompt", action="append",
                      help="a prompt (repeat for several) (default: 'Hello, my name is')")
-    gen.add_argument("--max-tokens", type=int, default=32,
-                     help="most tokens to generate per prompt (default: %(default)s)")
-    gen.add_argument("--temperature", type=float, default=0.0,
-                     help="sampling temperature; 0 = greedy (default: %(default)s)")
-    gen.add_argument("--top-p", type=float, default=1.0,
+    gen.add_argument("--max-tokens", type=int, default=None,
+                     help="most tokens to generate per prompt (default: the generation "
+                          "config's max_new_tokens, else 32)")
+    gen.add_argument("--temperature", type=float, default=None,
+                     help="sampling temperature; 0 = greedy (default: the generation config's, "
+                          "else 0)")
+    gen.add_argument("--top-p", type=float, default=None,
                      help="nucleus sampling: keep the most likely tokens up to this "
-                          "probability mass (default: %(default)s)")
-    gen.add_argument("--top-k", type=int, default=-1,
-                     help="keep the k most likely tokens; -1 = all (default: %(default)s)")
+                          "probability mass (default: the generation config's, else 1)")
+    gen.add_argument("--top-k", type=int, default=None,
+                     help="keep the k most likely tokens; -1 = all (default: the generation "
+                          "config's, else all)")
     gen.add_argument("--sampling-seed", type=int, default=None,
                      help="seed of each request's sampling, for repeatable output "
                           "(default: none)")
