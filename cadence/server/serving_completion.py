@@ -31,6 +31,17 @@ if TYPE_CHECKING:
     from cadence.outputs import CompletionOutput, Logprob, RequestOutput
 
 
+@dataclasses.dataclass
+class TextCursor:
+    """Where a choice's next token starts in its text (``text_offset``) and the tokens of a
+    character not yet complete: carried from one streamed chunk to the next, so that a stream's
+    offsets are the whole answer's (the text a chunk sends may lag its tokens: held back for a
+    possible stop string or an incomplete character)."""
+
+    offset: int = 0
+    pending: list[int] = dataclasses.field(default_factory=list)
+
+
 class Echo:
     """What ``echo`` puts before a completion: the prompt's text, and with logprobs its tokens'
     (the first has none)."""
@@ -52,22 +63,22 @@ class Echo:
         return self.decode([token_id]) if self.decode else f"token_id:{token_id}"
 
     def logprobs(self, out: RequestOutput, token_ids: list[int],
-                 rows: list[dict[int, Logprob]] | None, num: int, offset: int,
-                 pending: list[int] | None = None) -> CompletionLogProbs:
+                 rows: list[dict[int, Logprob]] | None, num: int,
+                 cursor: TextCursor | None = None) -> CompletionLogProbs:
         prompt = list(out.prompt_token_ids or [])
         prompt_rows = list(out.prompt_logprobs or [None] * len(prompt))
         return completion_logprobs(prompt + token_ids, prompt_rows + list(rows or []), num,
-                                   offset, self.token, self.decode, pending, self.as_ids)
+                                   cursor, self.token, self.decode, self.as_ids)
 
 
 _MAX_CHAR_TOKENS = 4  # a UTF-8 character spans at most four byte tokens
 
 
 def completion_logprobs(
-    token_ids: list[int], rows: list[dict[int, Logprob] | None], num: int, offset: int,
+    token_ids: list[int], rows: list[dict[int, Logprob] | None], num: int,
+    cursor: TextCursor | None = None,
     decode: Callable[[int], str] | None = None,
     decode_ids: Callable[[list[int]], str] | None = None,
-    pending: list[int] | None = None,
     as_ids: bool = False,
 ) -> CompletionLogProbs:
     """OpenAI legacy logprobs: the sampled token plus the ``num`` most likely per position. A
@@ -75,13 +86,15 @@ def completion_logprobs(
     ``decode``. ``text_offset`` is where each token's text starts in the completion's text:
     tokens holding part of a character (shown as U+FFFD) start where that character does, and
     the character counts once its last byte arrives (``decode_ids`` decodes them together;
-    without it each token counts its own text's length, as vLLM does). ``pending``: the tokens
-    of a character not yet complete, carried from one streamed chunk to the next (updated in
-    place). ``as_ids``: tokens shown as ``token_id:N`` (vLLM's return_tokens_as_token_ids); the
-    offsets still count the text."""
+    without it each token counts its own text's length, as vLLM does); a special token that the
+    text skips still counts its shown length (vLLM's offsets). ``cursor``: where the first token
+    starts and the incomplete character before it (a fresh one: the start of the text); updated
+    in place. ``as_ids``: tokens shown as ``token_id:N`` (vLLM's return_tokens_as_token_ids);
+    the offsets still count the text."""
     out = CompletionLogProbs()
-    if pending is None:
-        pending = []
+    if cursor is None:
+        cursor = TextCursor()
+    offset, pending = cursor.offset, cursor.pending
     for tid, row in zip(token_ids, rows, strict=False):
         if row is None:
             text = decode(tid) if decode is not None else f"token_id:{tid}"
@@ -109,6 +122,7 @@ def completion_logprobs(
                 pending.clear()
         else:
             offset += len(text)
+    cursor.offset = offset
     return out
 
 
@@ -134,8 +148,7 @@ class CompletionStream:
         self.prompt_tokens = [0] * n
         self.completion_tokens = [0] * n
         self.choice_tokens = [0] * choices  # continuous usage counts each choice's own (vLLM)
-        self.offsets = [0] * choices
-        self.pending: list[list[int]] = [[] for _ in range(choices)]  # see completion_logprobs
+        self.cursors = [TextCursor() for _ in range(choices)]
         self.finished = [False] * n
         # With return_token_ids, each choice's first chunk carries its prompt's ids.
         self.prompt_ids_due = [request.return_token_ids] * choices
@@ -161,12 +174,11 @@ class CompletionStream:
                 text = self.echo.text(out) + text
                 if request.logprobs is not None:
                     lps = self.echo.logprobs(out, list(c.token_ids), c.logprobs,
-                                             request.logprobs, self.offsets[k], self.pending[k])
+                                             request.logprobs, self.cursors[k])
             elif request.logprobs is not None and c.logprobs is not None and c.token_ids:
                 lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs,
-                                          self.offsets[k], decode_ids=self.echo.decode,
-                                          pending=self.pending[k], as_ids=self.echo.as_ids)
-            self.offsets[k] += len(text)
+                                          self.cursors[k], decode_ids=self.echo.decode,
+                                          as_ids=self.echo.as_ids)
             ids = list(c.token_ids) if self.with_ids else None
             if not text and not ids and not c.finished() and lps is None:
                 return None  # nothing visible yet (held back for a possible stop string)
@@ -255,9 +267,9 @@ class OpenAIServingCompletion(OpenAIServing):
         if request.echo:
             text = echo.text(final) + text
             if request.logprobs is not None:
-                lps = echo.logprobs(final, list(c.token_ids), c.logprobs, request.logprobs, 0)
+                lps = echo.logprobs(final, list(c.token_ids), c.logprobs, request.logprobs)
         elif request.logprobs is not None and c.logprobs is not None:
-            lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs, 0,
+            lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs,
                                       decode_ids=echo.decode, as_ids=echo.as_ids)
         return CompletionResponseChoice(
             index=first_index + c.index,

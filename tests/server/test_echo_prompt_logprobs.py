@@ -186,12 +186,12 @@ def test_text_offsets_count_characters_not_byte_tokens(client: openai.OpenAI, st
 def test_a_character_split_across_streamed_chunks_keeps_its_offsets() -> None:
     """Chunks of several tokens (a slow reader's merged deltas): the bytes of a character that
     the first chunk ends inside are carried into the next, whose offsets continue from the
-    text sent so far (which holds that character back)."""
+    first chunk's tokens (not from the text sent, which holds that character back)."""
     from transformers import AutoTokenizer
 
     from cadence.model.tiny import ensure_tiny_model
     from cadence.outputs import Logprob
-    from cadence.server.serving_completion import completion_logprobs
+    from cadence.server.serving_completion import TextCursor, completion_logprobs
 
     tok = AutoTokenizer.from_pretrained(ensure_tiny_model())
     text = "x€ ab"
@@ -204,16 +204,15 @@ def test_a_character_split_across_streamed_chunks_keeps_its_offsets() -> None:
     def decode(chunk):
         return tok.decode(chunk)
 
-    whole = completion_logprobs(ids, rows(ids), 0, 0, decode_ids=decode).text_offset
+    whole = completion_logprobs(ids, rows(ids), 0, decode_ids=decode).text_offset
     assert whole == [0, 1, 1, 1, 2, 4]  # "x" 0, € at 1 (three tokens), " a" at 2, "b" at 4
-    for cut in range(1, 6):
-        pending: list[int] = []
-        first = completion_logprobs(ids[:cut], rows(ids[:cut]), 0, 0, decode_ids=decode,
-                                    pending=pending).text_offset
-        sent = len(tok.decode(ids[:cut]).rstrip("\ufffd"))  # the detokenizer holds bytes back
-        second = completion_logprobs(ids[cut:], rows(ids[cut:]), 0, sent, decode_ids=decode,
-                                     pending=pending).text_offset
-        assert first + second == whole, cut
+    for cuts in ([1], [2], [3], [4], [5], [1, 2, 3], [2, 4], [1, 2, 3, 4, 5]):
+        cursor = TextCursor()
+        offsets = []
+        for a, b in zip([0, *cuts], [*cuts, len(ids)], strict=True):
+            offsets += completion_logprobs(ids[a:b], rows(ids[a:b]), 0, cursor,
+                                           decode_ids=decode).text_offset
+        assert offsets == whole, cuts
 
 
 def test_legacy_top_logprobs_hold_the_sampled_token_outside_the_top_n() -> None:
@@ -224,10 +223,10 @@ def test_legacy_top_logprobs_hold_the_sampled_token_outside_the_top_n() -> None:
 
     row = {7: Logprob(-3.0, 5, "x"), 1: Logprob(-0.5, 1, "a"), 2: Logprob(-1.0, 2, "b"),
            3: Logprob(-1.5, 3, "c")}
-    out = completion_logprobs([7], [row], 2, 0)
+    out = completion_logprobs([7], [row], 2)
     assert out.tokens == ["x"] and out.token_logprobs == [-3.0]
     assert out.top_logprobs == [{"a": -0.5, "b": -1.0, "x": -3.0}]
-    inside = completion_logprobs([2], [row], 2, 0)  # sampled among the top 2: n entries
+    inside = completion_logprobs([2], [row], 2)  # sampled among the top 2: n entries
     assert inside.top_logprobs == [{"a": -0.5, "b": -1.0}]
 
 
@@ -239,7 +238,7 @@ def test_text_offsets_move_on_after_four_tokens_that_never_make_a_character() ->
 
     ids = [1, 2, 3, 4, 5]
     rows = [{t: Logprob(-1.0, 1, "\ufffd")} for t in ids]
-    out = completion_logprobs(ids, rows, 0, 0, decode_ids=lambda seq: "\ufffd" * len(seq))
+    out = completion_logprobs(ids, rows, 0, decode_ids=lambda seq: "\ufffd" * len(seq))
     assert out.text_offset == [0, 0, 0, 0, 4]
 
 
@@ -290,3 +289,37 @@ def test_echo_logprobs_with_all_prompt_logprobs(server_factory) -> None:
     alone = _create(client, prompt=PROMPT, extra_body={"prompt_logprobs": 1}).model_dump()
     assert narrow["prompt_logprobs"] == alone["choices"][0]["prompt_logprobs"]
     assert all(1 <= len(row) <= 2 for row in narrow["prompt_logprobs"][1:])
+
+
+def _offsets(client: openai.OpenAI, stream: bool, **kw) -> tuple[str, list[str], list[int]]:
+    kw = dict(model="tiny", prompt="x", logprobs=0, temperature=0.0, **kw)
+    if not stream:
+        choice = client.completions.create(**kw).choices[0]
+        return choice.text, choice.logprobs.tokens, choice.logprobs.text_offset
+    chunks = [c.choices[0] for c in client.completions.create(stream=True, **kw) if c.choices]
+    return ("".join(c.text for c in chunks),
+            [t for c in chunks if c.logprobs for t in c.logprobs.tokens],
+            [o for c in chunks if c.logprobs for o in c.logprobs.text_offset])
+
+
+@pytest.mark.parametrize("case", ["held back", "skipped special"])
+def test_streamed_text_offsets_are_the_whole_answers(client: openai.OpenAI, case) -> None:
+    """A stream's offsets follow its tokens, not the text its chunks have sent so far: text held
+    back for a possible stop string ("a" might begin "ab"), and special tokens the text skips
+    (each counts its shown length, as vLLM's offsets do), gave other offsets when streamed."""
+    if case == "held back":
+        kw = dict(max_tokens=5, stop=["ab"], extra_body={"allowed_token_ids": [97, 98]})
+    else:
+        kw = dict(max_tokens=4, logit_bias={"637": 3.0},
+                  extra_body={"allowed_token_ids": [97, 637], "ignore_eos": True})
+    plain = _offsets(client, False, **kw)
+    text, tokens, offsets = plain
+    assert len(tokens) >= 4 and all(t in ("a", "b", "<|endoftext|>") for t in tokens)
+    # Each token starts where the ones before it end (one-character tokens and the shown
+    # "<|endoftext|>").
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    if case == "held back":
+        assert "ab" not in text and len(text) == len(tokens)
+    else:
+        assert "<|endoftext|>" in tokens and "<|endoftext|>" not in text
+    assert _offsets(client, True, **kw) == plain
