@@ -46,8 +46,18 @@ def _call(body: str) -> ParsedCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
-    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    # Arguments given as the text of a JSON object stay that text; any other value is
+    # serialized (a bare string too, as vLLM's parser does), so arguments are always JSON.
+    text = args if isinstance(args, str) and _is_json_object(args) else json.dumps(
+        args, ensure_ascii=False)
     return new_call(obj["name"], text)
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
 
 
 def parse_forced_calls(text: str, named: str | None) -> list[ParsedCall] | None:

@@ -21,6 +21,9 @@ TEXTS = [
      [("get_weather", {"city": "Paris", "days": 2}), ("get_weather", {"city": "Rome", "days": 2})]),
     ('<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>', None, [("f", {"x": 1})]),
     ('<tool_call>{"name": "f", "parameters": {"y": [1, 2]}}', None, [("f", {"y": [1, 2]})]),
+    # A bare string, or the text of JSON that is not an object, is serialized: still JSON.
+    ('<tool_call>{"name": "f", "arguments": "notobj"}</tool_call>', None, [("f", "notobj")]),
+    ('<tool_call>{"name": "f", "arguments": "[1, 2]"}</tool_call>', None, [("f", "[1, 2]")]),
     ("<tool_call>{not json}</tool_call>", "<tool_call>{not json}</tool_call>", []),
     ('<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
 ]
