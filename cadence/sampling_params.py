@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import math
 import numbers
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,9 @@ class SamplingParams:
     bad_words: list[str] | None = None
     structured_outputs: StructuredOutputsParams | None = None
     skip_special_tokens: bool = True
+    # vLLM's field for slow tokenizers' decoding; accepted and checked, without effect here:
+    # the tokenizers this engine decodes with ignore it (as vLLM's fast detokenizer does).
+    spaces_between_special_tokens: bool = True
     # False: outputs carry token ids only (no text; stop strings need it), as vLLM.
     detokenize: bool = True
     # Free-form arguments for custom logits processors and extensions (vLLM), carried as is.
@@ -88,19 +92,26 @@ class SamplingParams:
         elif isinstance(self.stop, str):
             self.stop = [self.stop]
         else:
-            self.stop = list(self.stop)
-        self.stop_token_ids = list(self.stop_token_ids or [])
+            self.stop = _as_list("stop", self.stop, what="a string or a list of strings")
+        self.stop_token_ids = _as_list("stop_token_ids", self.stop_token_ids or [])
         if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, Mapping):
+                raise ValueError("logit_bias must be a mapping of token ids to biases, got "
+                                 f"{type(self.logit_bias).__name__}.")
             self.logit_bias = dict(self.logit_bias)
         if self.allowed_token_ids is not None:
-            self.allowed_token_ids = list(self.allowed_token_ids)
+            self.allowed_token_ids = _as_list("allowed_token_ids", self.allowed_token_ids)
         if self.bad_words is not None:
-            self.bad_words = list(self.bad_words)
+            self.bad_words = _as_list("bad_words", self.bad_words, strings_ok=True)
         if isinstance(self.structured_outputs, dict):
             try:
                 self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
             except TypeError as exc:  # an unknown key
                 raise ValueError(f"structured_outputs: {exc}.") from None
+        elif self.structured_outputs is not None and not isinstance(
+                self.structured_outputs, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams or a dict of "
+                             f"its fields, got {type(self.structured_outputs).__name__}.")
         self._verify()
         # numpy's integers pass the checks as numbers.Integral but overflow where the engine
         # mixes a seed into 64-bit arithmetic: every integer field becomes a Python int.
@@ -147,8 +158,11 @@ class SamplingParams:
                 f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
                 f"got {self.min_tokens}."
             )
-        for name in ("detokenize", "skip_special_tokens", "ignore_eos",
-                     "include_stop_str_in_output"):
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise ValueError("output_kind must be a RequestOutputKind, got "
+                             f"{self.output_kind!r}.")
+        for name in ("detokenize", "skip_special_tokens", "spaces_between_special_tokens",
+                     "ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
         if not self.detokenize and self.stop:
@@ -246,6 +260,15 @@ MAX_N = 128  # choices per request (OpenAI's bound)
 MIN_TEMPERATURE = 1e-2
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
+
+
+def _as_list(name: str, value: object, strings_ok: bool = False, what: str = "a list") -> list:
+    """``value`` as a list, or a ValueError naming the field (``strings_ok``: a string is a
+    list of its characters, as vLLM takes bad_words)."""
+    if (not isinstance(value, Iterable) or isinstance(value, (bytes, Mapping))
+            or (isinstance(value, str) and not strings_ok)):
+        raise ValueError(f"{name} must be {what}, got {type(value).__name__}.")
+    return list(value)
 
 
 def _is_int(x: object) -> bool:

@@ -38,6 +38,18 @@ from cadence.sampling_params import RequestOutputKind, SamplingParams
         ({"bad_words": [""]}, "bad_words"),
         ({"logprobs": 1.5}, "logprobs"),
         ({"stop": ["ok", ""]}, "stop"),
+        # Fields of the wrong kind name themselves (they failed inside a conversion).
+        ({"stop": 5}, "stop"),
+        ({"stop_token_ids": 5}, "stop_token_ids"),
+        ({"stop_token_ids": "12"}, "stop_token_ids"),
+        ({"allowed_token_ids": 5}, "allowed_token_ids"),
+        ({"bad_words": 5}, "bad_words"),
+        ({"logit_bias": [1, 2]}, "logit_bias"),
+        ({"structured_outputs": 5}, "structured_outputs"),
+        ({"structured_outputs": "regex"}, "structured_outputs"),
+        ({"output_kind": "delta"}, "output_kind"),
+        ({"output_kind": 2}, "output_kind"),
+        ({"spaces_between_special_tokens": 1}, "spaces_between_special_tokens"),
         ({"stop": ["ok", 3]}, "stop"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
         ({"seed": 1.5}, "seed"),
@@ -158,3 +170,11 @@ def test_list_and_dict_arguments_are_copied() -> None:
     allowed.append(3)
     words.append("worse")
     assert (p.logit_bias, p.allowed_token_ids, p.bad_words) == ({5: 1.0}, [1, 2], ["bad"])
+
+
+def test_list_fields_take_any_iterable_and_bad_words_a_string() -> None:
+    p = SamplingParams(stop=("a", "b"), stop_token_ids=range(3), allowed_token_ids=(5,),
+                       bad_words="ab")
+    assert (p.stop, p.stop_token_ids, p.allowed_token_ids) == (["a", "b"], [0, 1, 2], [5])
+    assert p.bad_words == ["a", "b"]  # vLLM takes a string as its characters
+    assert SamplingParams().spaces_between_special_tokens is True

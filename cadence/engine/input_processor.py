@@ -7,6 +7,7 @@ each problem raises ``InputValidationError`` (a ``ValueError``) naming the param
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -174,11 +175,14 @@ class InputProcessor:
             )
         if "prompt_token_ids" in prompt:
             ids = prompt["prompt_token_ids"]
+            if hasattr(ids, "tolist") and getattr(ids, "ndim", None) == 1:
+                ids = ids.tolist()  # a numpy array or torch tensor of ids
             if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
                 raise InputValidationError(
                     "prompt_token_ids must be a list of integers.", "prompt_token_ids"
                 )
-            if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+            # numpy's integers count (they become Python ints).
+            if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) for t in ids):
                 raise InputValidationError(
                     "prompt_token_ids must be a list of integers.", "prompt_token_ids"
                 )

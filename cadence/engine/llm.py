@@ -65,6 +65,10 @@ class LLM:
         n = len(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
+        if not isinstance(sampling_params, (SamplingParams, Sequence)) or isinstance(
+                sampling_params, (str, bytes)):
+            raise ValueError("sampling_params: a SamplingParams or a list of them (one per "
+                             f"prompt), got {type(sampling_params).__name__}.")
         params = ([sampling_params] * n if isinstance(sampling_params, SamplingParams)
                   else list(sampling_params))
         if len(params) != n:

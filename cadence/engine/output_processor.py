@@ -16,6 +16,7 @@ from cadence.engine.parent_request import ParentRequest
 from cadence.engine.request_state import RequestState, TokenTextCache
 from cadence.metrics import FinishedRequestStats, IterationStats
 from cadence.outputs import CompletionOutput, RequestOutput
+from cadence.sampling_params import RequestOutputKind
 
 __all__ = [
     "FinishedRequestStats",
@@ -277,7 +278,12 @@ class OutputProcessor:
             if parent is not None:
                 # Offline, the other choices still run: the unsent ones go to the core now.
                 self.released.extend(parent.take_deferred())
-            # No detokenizing here: it may be what failed. The text is what was delivered.
+            # Offline callers see no exception: the reason goes to the log.
+            logger.warning("Request %s failed: %s", state.request_id, reason)
+            # No detokenizing here (it may be what failed): the text decoded so far, and the
+            # tokens and logprobs so far (a delta output: nothing new).
+            delta = state.output_kind == RequestOutputKind.DELTA
+            logprobs = None if state.logprobs is None else [] if delta else list(state.logprobs)
             self._emit(
                 state,
                 RequestOutput(
@@ -287,8 +293,10 @@ class OutputProcessor:
                     outputs=[
                         CompletionOutput(
                             0,
-                            "",
-                            list(state.detokenizer.output_token_ids),
+                            "" if delta else state.detokenizer.output_text,
+                            [] if delta else list(state.detokenizer.output_token_ids),
+                            cumulative_logprob=state.cumulative_logprob,
+                            logprobs=logprobs,
                             finish_reason=str(FinishReason.ERROR),
                         )
                     ],

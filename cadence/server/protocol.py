@@ -90,6 +90,7 @@ class SamplingRequest(OpenAIModel):
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     priority: Int64 = 0
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -202,6 +203,7 @@ class SamplingRequest(OpenAIModel):
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
             truncate_prompt_tokens=self.truncate_prompt_tokens,
             output_kind=kind,
         )

@@ -44,6 +44,13 @@ def test_token_and_dict_prompts(tokenizer: PreTrainedTokenizerFast) -> None:
     # Ids with their text (vLLM's TokensPrompt with "prompt"): the ids are used, the text kept.
     req, text = proc.process("c", {"prompt_token_ids": [3, 4], "prompt": "xy"}, SamplingParams())
     assert req.prompt_token_ids == [3, 4] and text == "xy"
+    # numpy's integers, and 1-D arrays and tensors of ids, are ids too (as Python ints).
+    import numpy as np
+    import torch
+
+    for ids in ([np.int64(3), np.int32(4)], np.array([3, 4]), torch.tensor([3, 4])):
+        req, _ = proc.process("d", {"prompt_token_ids": ids}, SamplingParams())
+        assert req.prompt_token_ids == [3, 4] and all(type(t) is int for t in req.prompt_token_ids)
 
 
 def test_cache_salt_is_a_non_empty_string(tokenizer: PreTrainedTokenizerFast) -> None:
@@ -89,6 +96,8 @@ def test_max_tokens_none_resolves_to_the_rest_of_the_context(
         ({"prompt_token_ids": [-1]}, "prompt_token_ids", "token id -1"),
         ({"prompt_token_ids": [1, "2"]}, "prompt_token_ids", "list of integers"),
         ({"prompt_token_ids": "123"}, "prompt_token_ids", "list of integers"),
+        ({"prompt_token_ids": [1, 2.0]}, "prompt_token_ids", "list of integers"),
+        ({"prompt_token_ids": [True, 2]}, "prompt_token_ids", "list of integers"),
         ({"prompt": 5}, "prompt", "must be a string"),
         ({"text": "hi"}, "prompt", "'prompt' or a 'prompt_token_ids'"),
         (42, "prompt", "must be a string"),

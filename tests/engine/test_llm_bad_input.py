@@ -145,3 +145,11 @@ def test_a_request_failing_as_it_is_added_leaves_none_of_its_batch(llm, monkeypa
     assert llm.engine_core.num_free_kv_blocks == free
     out = llm.generate(["still serving"], GOOD, use_tqdm=False)
     assert len(out) == 1 and len(out[0].outputs[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("params", [{"temperature": 0}, "greedy", 3])
+def test_sampling_params_of_the_wrong_kind_say_so(llm, params):
+    # A dict of one key read as a list of one SamplingParams ("got str") before.
+    with pytest.raises(ValueError, match=r"sampling_params: a SamplingParams or a list of "
+                                         rf"them .*got {type(params).__name__}"):
+        llm.generate(["hi"], params, use_tqdm=False)

@@ -156,6 +156,7 @@ async def _drain(engine: AsyncLLM, rid: str, collector) -> list[int]:
 
 class _ExplodingDetokenizer:
     output_token_ids: list[int] = []
+    output_text = ""
 
     def update(self, *args, **kwargs):
         raise UnicodeError("cannot decode")

@@ -257,6 +257,33 @@ def test_constraints_that_leave_no_token_fail_the_request(async_scheduling) -> N
     core.shutdown()
 
 
+@pytest.mark.parametrize("kind", ["final", "cumulative", "delta"])
+def test_an_offline_failure_keeps_what_was_generated(llm, caplog, kind) -> None:
+    """Offline, a request whose grammar runs out of tokens after its first ends with
+    finish_reason "error" and what it generated: the token "a" (the only one "ab" and
+    allowed_token_ids both let through), its text and its logprobs, whatever the output kind
+    (LLM.generate merges DELTA outputs; the failure's own adds nothing), and the reason is
+    logged."""
+    import logging
+
+    from cadence.sampling_params import RequestOutputKind
+
+    (a,) = core_tokenizer().encode("a", add_special_tokens=False)
+    eos = core_tokenizer().eos_token_id
+    output_kind = {"final": RequestOutputKind.FINAL_ONLY,
+                   "cumulative": RequestOutputKind.CUMULATIVE,
+                   "delta": RequestOutputKind.DELTA}[kind]
+    params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=1, output_kind=output_kind,
+                            allowed_token_ids=[a, eos],
+                            structured_outputs=StructuredOutputsParams(regex="ab"))
+    with caplog.at_level(logging.WARNING, logger="cadence.engine.output_processor"):
+        out = llm.generate(["Answer:"], params, use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "error"
+    assert any("no token fits the grammar" in r.getMessage() for r in caplog.records)
+    assert (out.text, out.token_ids) == ("a", [a])
+    assert len(out.logprobs) == 1 and a in out.logprobs[0]
+
+
 def test_a_token_outside_the_grammar_fails_its_request(monkeypatch) -> None:
     """The grammar's backstop: were a mask ever broken, the token it let through fails its
     request with the grammar's error (here the masks are switched off; the request's greedy
