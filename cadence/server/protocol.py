@@ -71,6 +71,8 @@ class StructuredOutputsField(OpenAIModel):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    # vLLM's structural tags are not supported: named in the error, not ignored.
+    structural_tag: Any = None
 
 
 class SamplingRequest(OpenAIModel):
@@ -222,6 +224,10 @@ class SamplingRequest(OpenAIModel):
             if rf is not None and rf.type != "text":
                 raise ParamError("structured_outputs",
                                  "set structured_outputs or response_format, not both.")
+            if so.structural_tag is not None:
+                raise ParamError("structured_outputs", "structured_outputs: structural_tag is "
+                                 "not supported; use json, regex, choice, grammar or "
+                                 "json_object.")
             try:
                 return StructuredOutputsParams(json=so.json_, regex=so.regex, choice=so.choice,
                                                grammar=so.grammar, json_object=so.json_object)
