@@ -25,7 +25,12 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from cadence.config import EngineConfig
-from cadence.core_types import EngineCoreOutputs, EngineCoreRequest
+from cadence.core_types import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    FinishReason,
+)
 from cadence.engine.core_proc import EngineDeadError
 from cadence.engine.engine_args import EngineArgs
 from cadence.engine.request_checks import check_request_fits
@@ -99,9 +104,22 @@ class _Router:
         self.fronts = fronts
         self.owner: dict[str, int] = {}
 
-    def add(self, index: int, request_id: str) -> None:
+    def add(self, index: int, request_id: str) -> bool:
+        """Record front end ``index`` as the request's owner; False (nothing recorded) when a
+        live request has that id already, on any front end."""
+        if request_id in self.owner:
+            return False
         self.owner[request_id] = index
         self.fronts[index].live.add(request_id)
+        return True
+
+    def release(self, index: int, request_ids: list[str]) -> list[str]:
+        """Forget those of ``request_ids`` that front end ``index`` owns, and return them: a
+        front end aborts only its own requests (its refused duplicate of another's id must not
+        end the other's request)."""
+        mine = [rid for rid in request_ids if self.owner.get(rid) == index]
+        self.forget(mine)
+        return mine
 
     def forget(self, request_ids: list[str] | set[str]) -> None:
         for rid in request_ids:
@@ -134,6 +152,12 @@ class _Router:
             if parts[i] or finished[i] or front.live or i == 0:
                 front.send(("out", EngineCoreOutputs(parts[i], outputs.scheduler_stats,
                                                      finished[i], outputs.timestamp)))
+
+
+def _refused(request_id: str) -> EngineCoreOutputs:
+    error = f"request_id: Request id {request_id} already running."
+    out = EngineCoreOutput(request_id, [], finish_reason=FinishReason.ERROR, error=error)
+    return EngineCoreOutputs([out], finished_requests={request_id})
 
 
 def host_main(args: EngineArgs, channels: list[HostChannel]) -> None:
@@ -191,11 +215,15 @@ def host_main(args: EngineArgs, channels: list[HostChannel]) -> None:
             kind = message[0]
             try:
                 if kind == "add":
-                    router.add(index, message[1].request_id)
-                    client.add_request(message[1])
+                    rid = message[1].request_id
+                    if router.add(index, rid):
+                        client.add_request(message[1])
+                    else:  # another front end's request has this id: this one fails alone
+                        front.send(("out", _refused(rid)))
                 elif kind == "abort":
-                    router.forget(message[1])
-                    client.abort_requests(message[1])
+                    mine = router.release(index, message[1])
+                    if mine:
+                        client.abort_requests(mine)
                 elif kind == "utility":
                     call_id, method, a, kw = message[1:]
                     fut = client._submit_utility(method, a, kw)

@@ -153,6 +153,43 @@ def test_a_departed_front_ends_requests_are_aborted_in_the_core() -> None:
     assert cached < 512, cached
 
 
+def test_a_duplicate_id_from_another_front_end_fails_alone() -> None:
+    """Front end b sends a request whose id a's running request has: b's fails with an error
+    naming request_id, and a's runs on to its own tokens (b's request took a's outputs over,
+    and its abort ended a's, before)."""
+    from cadence.engine.output_processor import RequestFailedError
+
+    expected = _offline(40)
+    args = tiny_args(engine_process=True, **ARGS)
+    core, channels, facts = start_core_process(args, 2)
+
+    async def main() -> None:
+        a, b = (AsyncLLM(args, core_client=ProcessEngineCoreClient(ch, facts))
+                for ch in channels)
+        try:
+            gen = a.generate({"prompt_token_ids": PROMPTS[0]}, _params(40), "same")
+            ids = list((await gen.__anext__()).outputs[0].token_ids)
+            with pytest.raises(RequestFailedError, match="request_id: Request id same already"):
+                async for _ in b.generate({"prompt_token_ids": PROMPTS[1]}, _params(40), "same"):
+                    pass
+            await b.abort("same")  # what a server does when its request fails: a's runs on
+            async for out in gen:
+                ids.extend(out.outputs[0].token_ids)
+            assert ids == expected[0]
+            assert await _tokens(b, "same", PROMPTS[1], 40) == expected[1]  # free again
+        finally:
+            a.shutdown()
+            b.shutdown()
+
+    try:
+        asyncio.run(main())
+        core.join(30)
+        assert core.exitcode == 0
+    finally:
+        if core.is_alive():
+            core.kill()
+
+
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
     return [int(x) for x in out.split()]
