@@ -64,7 +64,10 @@ class FinishedRequestStats:
     inference_time: float | None = None  # first scheduled -> last token
     mean_time_per_output_token: float | None = None
     max_tokens_param: int | None = None
-    n_param: int = 1
+    # Observed once per request as the client sent it (vLLM): on the last choice to finish of
+    # an n > 1 request (None on the others), n and the most tokens any of its choices made.
+    n_param: int | None = 1
+    max_num_generation_tokens: int | None = None
 
 
 @dataclass
@@ -298,10 +301,12 @@ class PrometheusStatLogger:
             self._request_success.labels(*self._label_values, fin.finish_reason).inc()
             self.request_prompt_tokens.observe(fin.num_prompt_tokens)
             self.request_generation_tokens.observe(fin.num_generation_tokens)
-            self.request_params_n.observe(fin.n_param)
+            if fin.n_param is not None:
+                self.request_params_n.observe(fin.n_param)
+            if fin.max_num_generation_tokens is not None:
+                self.request_max_num_generation_tokens.observe(fin.max_num_generation_tokens)
             if fin.max_tokens_param is not None:
                 self.request_params_max_tokens.observe(fin.max_tokens_param)
-                self.request_max_num_generation_tokens.observe(fin.max_tokens_param)
             phases = ((self.request_queue_time, fin.queued_time),
                       (self.request_prefill_time, fin.prefill_time),
                       (self.request_decode_time, fin.decode_time),

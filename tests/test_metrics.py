@@ -119,7 +119,8 @@ def test_the_vllm_metric_set_with_its_labels() -> None:
     it = IterationStats(num_prompt_tokens=7, num_generation_tokens=3)
     it.finished_requests.append(FinishedRequestStats(
         "r", "stop", 2.0, 7, 3, queued_time=0.25, prefill_time=0.5, decode_time=1.0,
-        inference_time=1.5, mean_time_per_output_token=0.5, max_tokens_param=10, n_param=2))
+        inference_time=1.5, mean_time_per_output_token=0.5, max_tokens_param=10, n_param=2,
+        max_num_generation_tokens=3))
     logger.record(SchedulerStats(1, 0, 0.5), it)
     families = {f.name: f for f in text_string_to_metric_families(
         logger.exposition().decode())}
@@ -133,6 +134,7 @@ def test_the_vllm_metric_set_with_its_labels() -> None:
                         ("request_decode_time_seconds", 1.0),
                         ("request_inference_time_seconds", 1.5),
                         ("request_params_n", 2.0), ("request_params_max_tokens", 10.0),
+                        ("request_max_num_generation_tokens", 3.0),
                         ("iteration_tokens_total", 10.0)):
         assert sample(logger, f"cadence:{name}_sum") == value, name
         assert sample(logger, f"cadence:{name}_count") == 1, name

@@ -313,6 +313,12 @@ class OutputProcessor:
     ) -> FinishedRequestStats:
         m = state.metrics
         scheduled, first, last = m.first_scheduled_time, m.first_token_time, m.last_token_time
+        n_param: int | None = 1
+        most: int | None = m.num_generation_tokens
+        if state.parent is not None:
+            most = state.parent.observe_finished(m.num_generation_tokens)
+            n_param = state.parent.n if most is not None else None
+        tpot = m.mean_time_per_output_token
         return FinishedRequestStats(
             request_id=state.request_id,
             finish_reason=str(finish_reason),
@@ -326,9 +332,11 @@ class OutputProcessor:
             decode_time=last - first if last is not None and first is not None else None,
             inference_time=last - scheduled if last is not None and scheduled is not None
             else None,
-            mean_time_per_output_token=m.mean_time_per_output_token,
+            # vLLM observes 0 for a request of at most one token.
+            mean_time_per_output_token=0.0 if tpot is None else tpot,
             max_tokens_param=state.max_tokens_param,
-            n_param=state.parent.n if state.parent is not None else 1,
+            n_param=n_param,
+            max_num_generation_tokens=most,
         )
 
     @staticmethod

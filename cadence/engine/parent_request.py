@@ -44,10 +44,20 @@ class ParentRequest:
         self._index = {cid: i for i, cid in enumerate(self.child_ids)}
         self._deferred = self.children[1:]  # sent once the first child's prompt is prefilled
         self._finished: list[CompletionOutput | None] = [None] * self.n
+        # Metrics: choices ended so far, and the most tokens one of them generated.
+        self._stats_seen = 0
+        self._most_tokens = 0
 
     def sent(self, child_id: str) -> bool:
         """Whether the child went to the engine core (the first at once, the others later)."""
         return all(c.request_id != child_id for c in self._deferred)
+
+    def observe_finished(self, num_generation_tokens: int) -> int | None:
+        """Count one choice's end (for metrics); on the last of the n, the most tokens any
+        choice generated, else None."""
+        self._stats_seen += 1
+        self._most_tokens = max(self._most_tokens, num_generation_tokens)
+        return self._most_tokens if self._stats_seen == self.n else None
 
     def index_of(self, child_id: str) -> int:
         return self._index[child_id]

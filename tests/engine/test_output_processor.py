@@ -441,8 +441,9 @@ def test_each_output_keeps_its_own_metrics_snapshot(tokenizer: PreTrainedTokeniz
 def test_finished_stats_carry_n_and_the_phases_in_order(
     tokenizer: PreTrainedTokenizerFast,
 ) -> None:
-    """The request histograms' inputs: n of an n > 1 request for each of its children, and the
-    phases from the core's (queued, first scheduled) timing, never negative."""
+    """The request histograms' inputs: n of an n > 1 request and the most tokens one of its
+    choices generated, once, with its last choice to finish (vLLM); the phases from the core's
+    (queued, first scheduled) timing, never negative."""
     import time as _time
 
     proc = OutputProcessor(tokenizer)
@@ -453,7 +454,10 @@ def test_finished_stats_carry_n_and_the_phases_in_order(
     second = proc.process_outputs([EngineCoreOutput(
         "1_p", [8], finish_reason=FinishReason.LENGTH, timing=(t0 - 0.4, t0 - 0.1))])
     stats = first.iteration_stats.finished_requests + second.iteration_stats.finished_requests
-    assert [s.n_param for s in stats] == [2, 2]
+    assert [s.n_param for s in stats] == [None, 2]
+    assert [s.max_num_generation_tokens for s in stats] == [None, 1]
+    # One token each: no decode gap, a time per output token of 0 (vLLM's rule).
+    assert [s.mean_time_per_output_token for s in stats] == [0.0, 0.0]
     for s in stats:
         assert s.queued_time is not None and s.prefill_time is not None
         assert 0.29 <= s.queued_time <= 0.31 and s.prefill_time >= 0.1

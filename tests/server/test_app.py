@@ -344,11 +344,38 @@ def test_metrics_count_exactly(server, client: openai.OpenAI) -> None:
     assert delta("cadence:request_generation_tokens_sum") == 10
     assert delta("cadence:request_params_max_tokens_sum") == 10
     assert delta("cadence:request_params_n_sum") == 2
+    assert delta("cadence:request_max_num_generation_tokens_sum") == 10
+    assert delta("cadence:request_time_per_output_token_seconds_count") == 2
     assert after["cadence:num_requests_running" + label] == 0
     assert after["cadence:num_requests_waiting" + label] == 0
     assert after["cadence:kv_cache_usage_perc" + label] == 0
     success = 'cadence:request_success_total{engine="0",finished_reason="length",model_name="tiny"}'
     assert after[success] - before.get(success, 0.0) == 2
+
+
+def test_n_is_observed_once_per_request(server) -> None:
+    """request_params_n and request_max_num_generation_tokens: one observation per request as
+    sent (vLLM), with n and the most tokens one of its choices generated."""
+    label = '{engine="0",model_name="tiny"}'
+    before = metric_values(httpx.get(server.base_url + "/metrics").text)
+    body = {"prompt": "Hello", "n": 3, "max_tokens": 6, "temperature": 1.0, "seed": 5,
+            "stop": ["e"]}
+    out = httpx.post(server.base_url + "/v1/completions", json=body, timeout=60).json()
+    after = metric_values(httpx.get(server.base_url + "/metrics").text)
+
+    def delta(name: str) -> float:
+        return after[name + label] - before.get(name + label, 0.0)
+
+    assert delta("cadence:request_params_n_count") == 1
+    assert delta("cadence:request_params_n_sum") == 3
+    assert delta("cadence:request_max_num_generation_tokens_count") == 1
+    generated = delta("cadence:generation_tokens_total")
+    assert generated == out["usage"]["completion_tokens"]
+    # The most of one choice: at most 6, at least a third of all three's.
+    assert generated / 3 <= delta("cadence:request_max_num_generation_tokens_sum") <= 6
+    if any(c["finish_reason"] == "length" for c in out["choices"]):
+        assert delta("cadence:request_max_num_generation_tokens_sum") == 6
+    assert delta("cadence:e2e_request_latency_seconds_count") == 3  # per choice, as in vLLM
 
 
 class BrokenStatLogger:
