@@ -159,23 +159,31 @@ def run_api_servers(args: EngineArgs, options: FrontEndOptions, count: int) -> i
         running = {p.sentinel: p for p in fronts}
         core_reported = False
         while running:
-            for sentinel in wait([*running, core.sentinel] if core.is_alive() else [*running]):
+            ready = wait([*running, core.sentinel] if core.is_alive() else [*running])
+            # The core's end first: API servers that end with it are its consequence.
+            for sentinel in sorted(ready, key=lambda s: s != core.sentinel):
                 if sentinel == core.sentinel:
                     if not core_reported and handler.count == 0:
-                        logger.error("The engine core process exited (code %s); the API "
-                                     "servers are stopping.", core.exitcode)
+                        core.join(1)  # its exit code, for the message
+                        code = core.exitcode
+                        how = (f"signal {-code}" if code is not None and code < 0
+                               else f"code {code}")
+                        logger.error("The engine core process exited (%s); the API servers "
+                                     "are stopping.", how)
                         status = 1
                     core_reported = True
                     continue
                 p = running.pop(sentinel)
                 p.join()
                 if handler.count and p.exitcode == -signal.SIGTERM:
-                    # Our SIGTERM came before the process took the signal over: it was still
-                    # starting and had served nothing. Asked to stop, it stopped.
-                    logger.info("API server %s stopped before it started serving.", p.name)
+                    # Our SIGTERM came before the process took the signal over (still starting)
+                    # or after it let it go (already ending). Asked to stop, it stopped.
+                    logger.info("API server %s stopped on the stop signal.", p.name)
                 elif p.exitcode != 0:
                     status = 1
-                    if handler.count == 0:
+                    if core_reported:  # each stops by itself once the engine core is gone
+                        logger.info("API server %s stopped (status %s).", p.name, p.exitcode)
+                    elif handler.count == 0:
                         logger.error("API server %s exited with status %s: stopping the others.",
                                      p.name, p.exitcode)
                         handler.count = 1

@@ -283,3 +283,6 @@ def test_api_servers_exit_1_when_the_engine_core_dies(tmp_path: Path) -> None:
         os.kill(int(core_pid), signal.SIGKILL)
         wait_until(lambda: srv.proc.poll() is not None, "the launcher to exit", timeout=60)
     assert srv.returncode == 1, srv.text
+    # The log says how the core ended and blames no API server for it.
+    assert "The engine core process exited (signal 9)" in srv.text, srv.text
+    assert "stopping the others" not in srv.text and "before it started" not in srv.text
