@@ -379,7 +379,7 @@ MUTATIONS = [
              "len(pending) > _MAX_CHAR_TOKENS", ("tests/server/test_echo_prompt_logprobs.py",)),
     Mutation("n-param-one", "the request_params_n histogram always records 1",
              "cadence/engine/output_processor.py",
-             "n_param=state.parent.n if state.parent is not None else 1,", "n_param=1,",
+             "n_param = state.parent.n if most is not None else None", "n_param = 1",
              ("tests/engine/test_output_processor.py",)),
     Mutation("timing-swapped", "the core's queued and scheduled times are swapped",
              "cadence/engine/output_processor.py",
