@@ -49,60 +49,70 @@ async def _tokens(engine: AsyncLLM, rid: str, prompt: list[int], max_tokens: int
     return ids
 
 
-def test_two_front_ends_over_one_core_each_get_their_own_outputs() -> None:
-    expected = _offline(12)
-    args = tiny_args(engine_process=True, **ARGS)
+def _over_one_core(args, body):
+    """``body(a, b, core)`` with two front ends over one engine-core process; both leave after
+    it, and the core then stops by itself (exit 0). Returns what ``body`` returns."""
     core, channels, facts = start_core_process(args, 2)
 
-    async def main() -> None:
+    async def main():
         a, b = (AsyncLLM(args, core_client=ProcessEngineCoreClient(ch, facts))
                 for ch in channels)
         try:
-            # Interleaved requests from both front ends, in one batch of the core.
-            jobs = [_tokens(a if i % 2 == 0 else b, f"r{i}", p, 12)
-                    for i, p in enumerate(PROMPTS)]
-            assert list(await asyncio.gather(*jobs)) == expected
-            # An abort on one front end leaves the other's request running to its end.
-            long_a = a.generate({"prompt_token_ids": PROMPTS[0]}, _params(150), "long-a")
-            first = await long_a.__anext__()
-            assert not first.finished
-            b_job = asyncio.ensure_future(_tokens(b, "b-runs", PROMPTS[1], 12))
-            await a.abort("long-a")
-            rest = [out async for out in long_a]
-            assert rest[-1].finished and rest[-1].outputs[0].finish_reason == "abort"
-            assert await b_job == expected[1]
-            # Both see the one engine: its sizes, its stats, all blocks free again.
-            assert a.num_kv_blocks == b.num_kv_blocks == 96
-            assert await a.get_num_free_kv_blocks() == await b.get_num_free_kv_blocks() == 95
-            # A front end that leaves with a request in flight: the core aborts it for it.
-            gen = b.generate({"prompt_token_ids": PROMPTS[2]}, _params(200), "orphan")
-            await gen.__anext__()
-            b.shutdown()
-            await gen.aclose()
-
-            async def idle() -> bool:
-                stats = await a.get_scheduler_stats()
-                return (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
-
-            for _ in range(500):
-                if await idle():
-                    break
-                await asyncio.sleep(0.01)
-            assert await idle()
-            assert await a.get_num_free_kv_blocks() == 95
-            assert await _tokens(a, "after", PROMPTS[3], 12) == expected[3]  # a serves on
-            assert core.is_alive()  # one front end is still there
+            return await body(a, b, core)
         finally:
             a.shutdown()
             b.shutdown()
 
     try:
-        asyncio.run(main())
+        result = asyncio.run(main())
         core.join(30)  # every front end left: the core stops by itself
         assert core.exitcode == 0
+        return result
     finally:
         if core.is_alive():
             core.kill()
+
+
+def test_two_front_ends_over_one_core_each_get_their_own_outputs() -> None:
+    expected = _offline(12)
+
+    async def body(a: AsyncLLM, b: AsyncLLM, core) -> None:
+        # Interleaved requests from both front ends, in one batch of the core.
+        jobs = [_tokens(a if i % 2 == 0 else b, f"r{i}", p, 12)
+                for i, p in enumerate(PROMPTS)]
+        assert list(await asyncio.gather(*jobs)) == expected
+        # An abort on one front end leaves the other's request running to its end.
+        long_a = a.generate({"prompt_token_ids": PROMPTS[0]}, _params(150), "long-a")
+        first = await long_a.__anext__()
+        assert not first.finished
+        b_job = asyncio.ensure_future(_tokens(b, "b-runs", PROMPTS[1], 12))
+        await a.abort("long-a")
+        rest = [out async for out in long_a]
+        assert rest[-1].finished and rest[-1].outputs[0].finish_reason == "abort"
+        assert await b_job == expected[1]
+        # Both see the one engine: its sizes, its stats, all blocks free again.
+        assert a.num_kv_blocks == b.num_kv_blocks == 96
+        assert await a.get_num_free_kv_blocks() == await b.get_num_free_kv_blocks() == 95
+        # A front end that leaves with a request in flight: the core aborts it for it.
+        gen = b.generate({"prompt_token_ids": PROMPTS[2]}, _params(200), "orphan")
+        await gen.__anext__()
+        b.shutdown()
+        await gen.aclose()
+
+        async def idle() -> bool:
+            stats = await a.get_scheduler_stats()
+            return (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
+
+        for _ in range(500):
+            if await idle():
+                break
+            await asyncio.sleep(0.01)
+        assert await idle()
+        assert await a.get_num_free_kv_blocks() == 95
+        assert await _tokens(a, "after", PROMPTS[3], 12) == expected[3]  # a serves on
+        assert core.is_alive()  # one front end is still there
+
+    _over_one_core(tiny_args(engine_process=True, **ARGS), body)
 
 
 def test_a_departed_front_ends_requests_are_aborted_in_the_core() -> None:
@@ -119,35 +129,21 @@ def test_a_departed_front_ends_requests_are_aborted_in_the_core() -> None:
                                            use_tqdm=False)[0].outputs[0].token_ids)
     finally:
         llm.shutdown()
-    args = tiny_args(engine_process=True, **big)
-    core, channels, facts = start_core_process(args, 2)
 
-    async def main() -> tuple[int, int]:
-        a, b = (AsyncLLM(args, core_client=ProcessEngineCoreClient(ch, facts))
-                for ch in channels)
-        try:
-            gen = b.generate({"prompt_token_ids": prompt}, _params(max_tokens), "orphan")
-            await gen.__anext__()  # the orphan runs in the core
-            b.shutdown()  # leaves without a word: its pipes close
-            await gen.aclose()
-            while True:  # each call waits for the core between two steps
-                stats = await a.get_scheduler_stats()
-                if (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0):
-                    break
-            probe = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-            outs = [o async for o in a.generate({"prompt_token_ids": whole}, probe, "probe")]
-            return outs[-1].num_cached_tokens, a.block_size
-        finally:
-            a.shutdown()
-            b.shutdown()
+    async def body(a: AsyncLLM, b: AsyncLLM, core) -> tuple[int, int]:
+        gen = b.generate({"prompt_token_ids": prompt}, _params(max_tokens), "orphan")
+        await gen.__anext__()  # the orphan runs in the core
+        b.shutdown()  # leaves without a word: its pipes close
+        await gen.aclose()
+        while True:  # each call waits for the core between two steps
+            stats = await a.get_scheduler_stats()
+            if (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0):
+                break
+        probe = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        outs = [o async for o in a.generate({"prompt_token_ids": whole}, probe, "probe")]
+        return outs[-1].num_cached_tokens, a.block_size
 
-    try:
-        cached, block_size = asyncio.run(main())
-        core.join(30)
-        assert core.exitcode == 0
-    finally:
-        if core.is_alive():
-            core.kill()
+    cached, block_size = _over_one_core(tiny_args(engine_process=True, **big), body)
     # Run to its end, the orphan would have left every full block of ``whole`` cached.
     assert (len(whole) - 1) // block_size * block_size > 900
     assert cached < 512, cached
@@ -160,34 +156,20 @@ def test_a_duplicate_id_from_another_front_end_fails_alone() -> None:
     from cadence.engine.output_processor import RequestFailedError
 
     expected = _offline(40)
-    args = tiny_args(engine_process=True, **ARGS)
-    core, channels, facts = start_core_process(args, 2)
 
-    async def main() -> None:
-        a, b = (AsyncLLM(args, core_client=ProcessEngineCoreClient(ch, facts))
-                for ch in channels)
-        try:
-            gen = a.generate({"prompt_token_ids": PROMPTS[0]}, _params(40), "same")
-            ids = list((await gen.__anext__()).outputs[0].token_ids)
-            with pytest.raises(RequestFailedError, match="request_id: Request id same already"):
-                async for _ in b.generate({"prompt_token_ids": PROMPTS[1]}, _params(40), "same"):
-                    pass
-            await b.abort("same")  # what a server does when its request fails: a's runs on
-            async for out in gen:
-                ids.extend(out.outputs[0].token_ids)
-            assert ids == expected[0]
-            assert await _tokens(b, "same", PROMPTS[1], 40) == expected[1]  # free again
-        finally:
-            a.shutdown()
-            b.shutdown()
+    async def body(a: AsyncLLM, b: AsyncLLM, core) -> None:
+        gen = a.generate({"prompt_token_ids": PROMPTS[0]}, _params(40), "same")
+        ids = list((await gen.__anext__()).outputs[0].token_ids)
+        with pytest.raises(RequestFailedError, match="request_id: Request id same already"):
+            async for _ in b.generate({"prompt_token_ids": PROMPTS[1]}, _params(40), "same"):
+                pass
+        await b.abort("same")  # what a server does when its request fails: a's runs on
+        async for out in gen:
+            ids.extend(out.outputs[0].token_ids)
+        assert ids == expected[0]
+        assert await _tokens(b, "same", PROMPTS[1], 40) == expected[1]  # free again
 
-    try:
-        asyncio.run(main())
-        core.join(30)
-        assert core.exitcode == 0
-    finally:
-        if core.is_alive():
-            core.kill()
+    _over_one_core(tiny_args(engine_process=True, **ARGS), body)
 
 
 def _children(pid: int) -> list[int]:
