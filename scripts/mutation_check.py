@@ -990,6 +990,17 @@ MUTATIONS = [
              "weight stages).\n            gdc_launch_dependents()\n            gdc_wait()\n",
              "weight stages).\n            gdc_launch_dependents()\n",
              ("tests/model/test_pdl.py",)),
+    Mutation("pdl-early-wait-dropped", "the early-load decode kernel reads q, k and v without "
+             "waiting for the qkv projection",
+             "cadence/model/triton_decode_early.py",
+             "        if PDL:\n            gdc_wait()\n", "",
+             ("tests/model/test_pdl.py",)),
+    Mutation("early-new-token-dropped", "the early-load decode kernel leaves the new token's "
+             "own key out of its softmax",
+             "cadence/model/triton_decode_early.py",
+             "s_new = tl.where(owner, s_new, float(\"-inf\"))",
+             "s_new = tl.where(owner & False, s_new, float(\"-inf\"))",
+             ("tests/model/test_triton_attention.py",)),
     Mutation("grammar-bounded-strings-admit-controls", "strings with minLength / maxLength "
              "keep xgrammar's rule, which admits raw control characters (invalid JSON)",
              "cadence/worker/grammar_compiler.py",

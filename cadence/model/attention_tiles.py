@@ -42,12 +42,15 @@ def choose_num_splits(
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Tile of the decode kernel: ``block_n`` keys per step of a program's loop, and the
-    launch's warps and pipeline stages."""
+    """Tile of the decode kernel: ``block_n`` keys per step of a program's loop, the launch's
+    warps and pipeline stages, and ``early``: with the new K/V stored by the launch, request
+    the step's metadata and the first tile of cached keys before the wait on the kernel before
+    (a programmatic dependent launch), and use the new key and value from registers."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
+    early: bool = False
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
@@ -57,9 +60,14 @@ class DecodeConfig:
                              f"{self.num_stages} stages")
 
 
-def decode_config(fp32: bool) -> DecodeConfig:
-    """The decode tile: 32 keys per step in float32 (its registers), 64 otherwise."""
-    return DecodeConfig(block_n=32) if fp32 else DecodeConfig()
+def decode_config(fp32: bool, num_seqs: int = 0, pdl: bool = False) -> DecodeConfig:
+    """The decode tile: 32 keys per step in float32 (its registers), 64 otherwise. The early
+    load order for one 16-bit sequence under programmatic dependent launches: there its loads
+    overlap the one-row qkv projection's tail (the H200's batch-1 step 0.762 -> 0.721 ms, while
+    batch 8 and 64, after a cuBLAS qkv, lost 2% and 14%; docs/perf.md, run NA)."""
+    if fp32:
+        return DecodeConfig(block_n=32)
+    return DecodeConfig(early=pdl and num_seqs == 1)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from cadence.model.attention_tiles import (
     varlen_programs,
 )
 from cadence.model.triton_attention_kernels import _store_kv_kernel, _varlen_kernel
+from cadence.model.triton_decode_early import _decode_early_kernel
 from cadence.model.triton_decode_kernels import _decode_kernel, _merge_splits_kernel
 from cadence.runtime.triton_launch import TritonLaunch, next_pow2, pdl_enabled
 
@@ -52,6 +53,7 @@ _FP8 = torch.float8_e4m3fn
 if triton is not None:
     _STORE_KV = TritonLaunch(_store_kv_kernel)
     _DECODE = TritonLaunch(_decode_kernel)
+    _DECODE_EARLY = TritonLaunch(_decode_early_kernel)
     _MERGE_SPLITS = TritonLaunch(_merge_splits_kernel)
     _VARLEN = TritonLaunch(_varlen_kernel)
 
@@ -159,7 +161,8 @@ def paged_decode_attention(
     at ``metadata.slot_mapping`` inside the same kernel (no separate store launch); tokens that
     belong to no sequence (padding) are not written. With ``rope`` (and ``k``, ``v``), q and the
     new k get their norms and RoPE in the kernel's loads (``rope_fusable`` must hold).
-    ``config`` overrides the tile (``decode_config``'s by default)."""
+    ``config`` overrides the tile (``decode_config``'s by default; its ``early`` load order
+    applies only with ``k`` and ``v``)."""
     _require_triton()
     _check_cache(kv_cache)
     store = k is not None and v is not None
@@ -176,7 +179,8 @@ def paged_decode_attention(
     num_seqs = metadata.seq_lens.shape[0]
     block_tables = metadata.block_tables
     fp32 = q.dtype == torch.float32
-    cfg = decode_config(fp32) if config is None else config
+    pdl = pdl_enabled(q.device)
+    cfg = decode_config(fp32, num_seqs, pdl) if config is None else config
     if num_splits is None:
         max_context = block_tables.shape[1] * page
         if sliding_window > 0:
@@ -186,7 +190,7 @@ def paged_decode_attention(
     fp8 = kv_cache.dtype == _FP8
     qk_scale, cap_scale = _score_scales(scale * k_scale if fp8 else scale, softcap)
     split = num_splits > 1
-    pdl = pdl_enabled(q.device)
+    early = store and cfg.early
     if split:
         part_acc = torch.empty(
             (num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
@@ -196,7 +200,8 @@ def paged_decode_attention(
         )
     else:
         part_acc = part_ml = out  # unused
-    _DECODE(
+    store_flag = {} if early else {"STORE": store}  # the early kernel always stores
+    (_DECODE_EARLY if early else _DECODE)(
         (num_seqs, num_kv_heads, num_splits),
         (
             q,
@@ -245,7 +250,7 @@ def paged_decode_attention(
         BLOCK_D=next_pow2(head_dim, 16),
         BLOCK_N=cfg.block_n,
         SPLIT=split,
-        STORE=store,
+        **store_flag,
         SLIDING=sliding_window > 0,
         SOFTCAP=softcap > 0,
         IEEE=fp32,

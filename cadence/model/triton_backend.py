@@ -10,6 +10,7 @@ import torch
 
 from cadence.envs import read_envs
 from cadence.model.attention_metadata import AttentionMetadata, QKRope
+from cadence.model.attention_tiles import decode_config
 from cadence.model.dense_prefill import DensePrefill
 from cadence.model.fused_ops import KVStore, qk_norm_rope_triton
 from cadence.model.triton_attention import (
@@ -28,7 +29,7 @@ class TritonAttentionBackend:
     name = "triton"
 
     def __init__(self, fuse_rope: bool | None = None, num_sms: int | None = None,
-                 dense_prefill: DensePrefill | None = None) -> None:
+                 dense_prefill: DensePrefill | None = None, early_decode: bool = True) -> None:
         _require_triton()
         self._num_sms: dict[int, int] = {}
         self._fixed_sms = num_sms  # the device's SM count when None (tests pin it)
@@ -37,6 +38,9 @@ class TritonAttentionBackend:
         # fused_ops.qk_norm_rope first, and a store launch of its own.
         self.fuse_rope = not read_envs().disable_fused_rope if fuse_rope is None else fuse_rope
         self.dense_prefill = dense_prefill or DensePrefill(not read_envs().disable_dense_prefill)
+        # Whether decode may take decode_config's early load order (one sequence): off after
+        # e4m3 projections, where it measured slower (docs/perf.md, runs NA-ND).
+        self.early_decode = early_decode
 
     def dense_prefill_min_tokens(self, dtype: torch.dtype, num_heads: int, num_kv_heads: int,
                                  head_dim: int, cache_dtype: torch.dtype, sliding_window: int,
@@ -93,10 +97,11 @@ class TritonAttentionBackend:
         if decode:
             out = torch.empty_like(q)
             sms = self.num_sms(q.device)
+            config = None if self.early_decode else decode_config(q.dtype == torch.float32)
             paged_decode_attention(
                 q, kv_cache, metadata, scale, out, sms, k=k, v=v,
                 sliding_window=sliding_window, softcap=softcap, k_scale=k_scale, v_scale=v_scale,
-                rope=rope if fuse else None,
+                rope=rope if fuse else None, config=config,
             )  # fmt: skip
         else:
             if not stored:

@@ -20,7 +20,7 @@ GEMM, ATTENTION, NORM, OTHER = "gemm", "attention", "norm", "other"
 
 _CLASS_PATTERNS = (
     (ATTENTION, re.compile(r"attn|attention|flash|paged|sdpa|_decode_kernel|_varlen_kernel"
-                           r"|merge_splits", re.I)),
+                           r"|_decode_early_kernel|merge_splits", re.I)),
     (NORM, re.compile(r"norm", re.I)),
     (GEMM, re.compile(r"gemm|gemv|nvjet|cutlass|cublas|xmma|aten::(mm|addmm|linear|matmul|bmm)$"
                       r"|splitk|s\d+gemm", re.I)),

@@ -110,7 +110,7 @@ def _wait_first(ops: list[str], released_first: bool = False) -> None:
     assert ops.count("griddepcontrol.launch_dependents") == 1
 
 
-@pytest.mark.timeout(600)  # five compilations, ~10 s each on 2 cores
+@pytest.mark.timeout(600)  # six compilations, ~10 s each on 2 cores
 def test_pdl_kernels_wait_before_they_touch_memory():
     """Each kernel's first memory instruction comes after its grid-dependency wait (the decode
     attention pair lets its next kernel launch before that wait, the others after); the MLP
@@ -118,6 +118,7 @@ def test_pdl_kernels_wait_before_they_touch_memory():
     after its two grid barriers."""
     from cadence.model.mlp_block_triton import _mlp_block_kernel
     from cadence.model.skinny_gemm_triton import _skinny_gemm_kernel
+    from cadence.model.triton_decode_early import _decode_early_kernel
     from cadence.model.triton_decode_kernels import _decode_kernel, _merge_splits_kernel
 
     if _decode_kernel is None:
@@ -130,6 +131,16 @@ def test_pdl_kernels_wait_before_they_touch_memory():
         NUM_HEADS=16, GROUP=2, HEAD_DIM=128, PAGE=16, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
         SPLIT=True, STORE=True, SLIDING=False, SOFTCAP=False, IEEE=False, FP8=False, ROPE=True,
         QK_NORM=True, PDL=True), 4), released_first=True)
+    # The early-load kernel requests the step's metadata and the cached keys of earlier tokens
+    # before its wait (no kernel of the step writes them) and writes nothing before it.
+    early = _ptx(_decode_early_kernel, dict(
+        NUM_HEADS=16, GROUP=2, HEAD_DIM=128, PAGE=16, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
+        SPLIT=True, SLIDING=False, SOFTCAP=False, IEEE=False, FP8=False, ROPE=True, QK_NORM=True,
+        PDL=True), 4)
+    wait = early.index("griddepcontrol.wait")
+    assert early[0] == "griddepcontrol.launch_dependents"
+    assert wait > 1 and set(early[1:wait]) == {"ld.global"}
+    assert early.count("griddepcontrol.launch_dependents") == 1
     for late in (False, True):  # the exact fused norm's and the late norm's launches
         _wait_first(_ptx(_skinny_gemm_kernel, dict(
             BLOCK_M=1, BLOCK_N=64, BLOCK_K=128, DOT=False, SPLIT=True, EVEN_K=True,

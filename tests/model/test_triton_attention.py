@@ -185,7 +185,7 @@ MIXED_SEQS = [(90, 1), (300, 1), (64, 64), (31, 1), (200, 100), (7, 7), (129, 1)
 
 def run_decode(device: str, dtype: torch.dtype, page: int, splits: int | None, fused: bool,
                window: int = 0, softcap: float = 0.0, fp8: bool = False,
-               tile: tuple[int, int, int] | None = None) -> None:
+               tile: tuple | None = None) -> None:
     from cadence.model.attention_tiles import DecodeConfig
     from cadence.model.triton_attention import paged_decode_attention, store_kv_cache
 
@@ -210,10 +210,11 @@ def run_decode(device: str, dtype: torch.dtype, page: int, splits: int | None, f
 
 
 def run_decode_rope(device: str, dtype: torch.dtype, norm: bool, splits: int | None,
-                    page: int = 16) -> None:
+                    page: int = 16, early: bool = False) -> None:
     """The decode kernel with the q/k norms and RoPE in its loads against qk_norm_rope's
     reference followed by the reference attention: outputs and the stored keys."""
     from cadence.model.attention_metadata import QKRope
+    from cadence.model.attention_tiles import DecodeConfig, decode_config
     from cadence.model.fused_ops import qk_norm_rope_reference
     from cadence.model.triton_attention import paged_decode_attention, rope_fusable
 
@@ -231,8 +232,10 @@ def run_decode_rope(device: str, dtype: torch.dtype, norm: bool, splits: int | N
     assert rope_fusable(case.q, case.k, rope)
     cache = case.cache.clone()
     out = torch.full_like(case.q, float("nan"))
+    config = DecodeConfig(decode_config(dtype == torch.float32).block_n, early=True) if early \
+        else None
     paged_decode_attention(case.q, cache, md, case.scale, out, 132, splits, case.k, case.v,
-                           rope=rope)
+                           rope=rope, config=config)
     n = md.num_actual_tokens
     got, ref = out[:n].double(), want[:n].double()
     # bf16: q and k may differ from the reference's by one rounding of the norm (its sum runs
@@ -438,6 +441,10 @@ def test_decode_config_checks_its_tile() -> None:
 
     assert decode_config(True) == DecodeConfig(32, 4, 2)
     assert decode_config(False) == DecodeConfig(64, 4, 2)
+    # The early load order: one 16-bit sequence under programmatic dependent launches only.
+    assert decode_config(False, 1, True) == DecodeConfig(64, 4, 2, early=True)
+    for fp32, seqs, pdl in ((False, 2, True), (False, 1, False), (True, 1, True)):
+        assert not decode_config(fp32, seqs, pdl).early
     for bad in ((48, 4, 2), (8, 4, 2), (64, 3, 2), (64, 4, 0)):
         with pytest.raises(ValueError):
             DecodeConfig(*bad)
@@ -456,10 +463,14 @@ def test_decode_matches_reference(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", [(32, 2, 1), (64, 8, 1), (128, 8, 2)])
+@pytest.mark.parametrize("tile", [(32, 2, 1), (64, 8, 1), (128, 8, 2), (64, 4, 2, True),
+                                  (32, 2, 1, True)])
 @pytest.mark.parametrize("splits", [None, 1])
-def test_decode_tiles_match_reference(tile: tuple[int, int, int], splits: int | None) -> None:
+def test_decode_tiles_match_reference(tile: tuple, splits: int | None) -> None:
     run_decode("cuda", torch.bfloat16, 16, splits, True, tile=tile)
+    if len(tile) == 4:  # the early load order with windows, caps and an FP8 cache too
+        run_decode("cuda", torch.bfloat16, 16, splits, True, 37, 0.5, tile=tile)
+        run_decode("cuda", torch.bfloat16, 16, splits, True, fp8=True, tile=tile)
 
 
 @pytest.mark.gpu
@@ -468,6 +479,7 @@ def test_decode_tiles_match_reference(tile: tuple[int, int, int], splits: int | 
 def test_decode_with_qk_norm_rope_matches_reference(dtype: torch.dtype, norm: bool,
                                                     splits: int | None) -> None:
     run_decode_rope("cuda", dtype, norm, splits)
+    run_decode_rope("cuda", dtype, norm, splits, early=True)
 
 
 @pytest.mark.gpu
@@ -543,13 +555,15 @@ def test_qwen3_decode_shapes_bf16() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_replays_inside_a_cuda_graph(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("seqs", [[(20, 1), (47, 1), (16, 1)], [(47, 1)]])
+def test_decode_replays_inside_a_cuda_graph(dtype: torch.dtype, seqs: list) -> None:
+    """Three sequences and a padding row; one sequence alone (bf16: the early load order)."""
     from cadence.model.triton_backend import TritonAttentionBackend
 
     backend = TritonAttentionBackend()
-    seqs = [(20, 1), (47, 1), (16, 1)]
+    padding = 1 if len(seqs) > 1 else 0
     shape = {"num_blocks": 24, "width": 16}  # 256-token tables: split-K in the graph
-    static = make_case(seqs, 8, 2, 64, 16, dtype, "cuda", 1, seed=1, **shape)
+    static = make_case(seqs, 8, 2, 64, 16, dtype, "cuda", padding, seed=1, **shape)
     cache = static.cache.clone()
     md = static.metadata
     stream = torch.cuda.Stream()
@@ -562,7 +576,7 @@ def test_decode_replays_inside_a_cuda_graph(dtype: torch.dtype) -> None:
         out = backend.forward(static.q, static.k, static.v, cache, md, static.scale)
     for step in range(3):
         grown = [(s + step * 9, 1) for s, _ in seqs]  # longer contexts than at capture
-        case = make_case(grown, 8, 2, 64, 16, dtype, "cuda", 1, seed=10 + step, **shape)
+        case = make_case(grown, 8, 2, 64, 16, dtype, "cuda", padding, seed=10 + step, **shape)
         # Same shapes: copy the new step into the captured buffers, then replay.
         for name in ("q", "k", "v", "cache"):
             getattr(static, name).copy_(getattr(case, name))
@@ -583,9 +597,14 @@ if __name__ == "__main__":
     # Other tiles (keys per step, warps, stages) than the default, split and not.
     run_decode("cpu", torch.float32, 16, None, True, tile=(16, 2, 1))
     run_decode("cpu", torch.float32, 8, 1, True, tile=(64, 8, 3))
+    # The early load order (new K/V from registers, stored last), split and not, windows, caps.
+    for splits, window, cap in ((None, 0, 0.0), (1, 0, 0.0), (3, 37, 0.0), (None, 5, 0.5)):
+        run_decode("cpu", torch.float32, 16, splits, True, window, cap, tile=(32, 4, 2, True))
+    run_decode("cpu", torch.float32, 8, 1, True, tile=(16, 2, 1, True))
     for norm in (True, False):
         run_decode_rope("cpu", torch.float32, norm, None)
         run_decode_rope("cpu", torch.float32, norm, 1)
+        run_decode_rope("cpu", torch.float32, norm, None, early=True)
     run_prefill("cpu", torch.float32, 4, 2, 32)
     run_prefill("cpu", torch.float32, 3, 3, 24)
     run_mixed_padded("cpu", torch.float32, 8, 2, 32, extra_tokens=13, empty_rows=5)
