@@ -386,8 +386,9 @@ def gather_logprobs(logprobs: torch.Tensor, k: int, sampled: torch.Tensor) -> Lo
     """Sampled token's logprob and rank plus the top-``k`` logprobs of each row."""
     sampled = sampled.to(torch.int64).unsqueeze(1)
     sampled_lp = logprobs.gather(1, sampled)
-    # Rank 1 is the most likely token; ties share the better rank.
-    ranks = (logprobs > sampled_lp).sum(dim=-1) + 1
+    # Rank 1 is the most likely token; as vLLM counts it, tokens tied with the sampled one
+    # rank before it (the count of tokens at least as likely).
+    ranks = (logprobs >= sampled_lp).sum(dim=-1)
     k = min(k, logprobs.shape[-1])
     if k > 0:
         top_lp, top_ids = logprobs.topk(k, dim=-1)

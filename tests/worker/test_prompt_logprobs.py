@@ -27,9 +27,9 @@ def test_scores_across_slices_with_ties(monkeypatch, k: int) -> None:
     want_lp = lp[torch.arange(10), targets]
     assert torch.equal(out.logprob_token_ids[:, 0], targets)
     torch.testing.assert_close(out.logprobs[:, 0], want_lp)
-    # Rank: 1 + how many tokens are strictly more likely (ties share the better rank).
-    want_rank = [1 + int((row > row[t]).sum()) for row, t in zip(lp, targets.tolist())]
-    assert out.sampled_token_ranks.tolist() == want_rank and want_rank[4] == 1
+    # Rank (vLLM's): how many tokens are at least as likely as the target.
+    want_rank = [int((row >= row[t]).sum()) for row, t in zip(lp, targets.tolist())]
+    assert out.sampled_token_ranks.tolist() == want_rank and want_rank[4] == 2
     assert out.logprob_token_ids.shape == (10, 1 + k)
     if k:
         top = lp.topk(k, dim=-1)

@@ -545,11 +545,12 @@ def test_rows_with_every_token_masked_are_flagged(temperature: float) -> None:
     assert int(out.sampled_token_ids[2]) == VOCAB - 1
 
 
-def test_a_sampled_token_tied_for_best_has_rank_one() -> None:
+def test_a_sampled_token_ranks_after_the_tokens_tied_with_it() -> None:
+    """vLLM's rank: how many tokens are at least as likely as the sampled one."""
     from cadence.worker.sampler import gather_logprobs
 
-    logprobs = torch.log_softmax(torch.tensor([[1.0, 1.0, 0.0]]), dim=-1)
-    for sampled, rank in ((0, 1), (1, 1), (2, 3)):  # ties share the better rank
+    logprobs = torch.log_softmax(torch.tensor([[1.0, 1.0, 0.0, 2.0]]), dim=-1)
+    for sampled, rank in ((3, 1), (0, 3), (1, 3), (2, 4)):
         out = gather_logprobs(logprobs, 2, torch.tensor([sampled]))
         assert out.sampled_token_ranks.tolist() == [rank]
 
