@@ -15,7 +15,9 @@ from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 __all__ = ["RESERVED_TEMPLATE_KWARGS", "TEXT_PARTS", "check_template_options", "conversation_of",
            "render_conversation", "reserved_template_kwargs", "tool_arguments"]
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
+# "function": OpenAI's deprecated role of a function call's result, still accepted there and by
+# vLLM.
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 # Content parts read as text (vLLM): each type and the key holding its text. An assistant's
 # refusal as OpenAI clients replay it, and the Responses API's input_text / output_text.
 TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}

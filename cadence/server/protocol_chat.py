@@ -54,7 +54,7 @@ class ToolCall(OpenAIModel):
 
 
 class ChatMessage(OpenAIModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[TextContentPart | RefusalContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls

@@ -151,11 +151,13 @@ def request_failed(exc: RequestFailedError, grammar_param: str = "structured_out
     (its own content was at fault, e.g. constraints that leave no token), else a 500. The
     engine's ``structured_outputs`` is named as the request gave it (``grammar_param``)."""
     m = _LEADING_PARAM.match(exc.reason)
-    if m is not None:
-        param = m.group(1)
-        return BadRequestError(exc.reason, grammar_param if param == "structured_outputs"
-                               else param)
-    return InternalServerError(str(exc))
+    if m is None:
+        return InternalServerError(str(exc))
+    param, message = m.group(1), exc.reason
+    if param == "structured_outputs":  # the message names the field as the request gave it
+        param = grammar_param
+        message = grammar_param + message.removeprefix("structured_outputs")
+    return BadRequestError(message, param)
 
 
 def engine_unavailable(exc: EngineDeadError) -> ServiceUnavailableError:

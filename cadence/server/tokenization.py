@@ -20,7 +20,12 @@ from pydantic import Field
 from cadence.engine.param_checks import InputValidationError
 from cadence.server.chat_template import render_chat
 from cadence.server.protocol import OpenAIModel, ParamError
-from cadence.server.protocol_chat import NO_MESSAGES, ChatMessage, check_template_options
+from cadence.server.protocol_chat import (
+    NO_MESSAGES,
+    ChatMessage,
+    ChatTool,
+    check_template_options,
+)
 
 if TYPE_CHECKING:
     from cadence.engine.async_llm import AsyncLLM
@@ -53,6 +58,7 @@ class TokenizeChatRequest(OpenAIModel):
     add_special_tokens: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool | None = False
+    tools: list[ChatTool] | None = None  # rendered by the template, as the chat endpoint does
 
     def check(self) -> None:
         if not self.messages:
@@ -116,6 +122,8 @@ class Tokenization:
                 # vLLM: the rendered text is tokenized with the tokenizer's own specials too.
                 add_special_tokens=request.add_special_tokens,
                 check_text=self._check_chat_text,
+                tools=([t.model_dump(exclude_none=True) for t in request.tools]
+                       if request.tools else None),
             )
         else:
             request = TokenizeCompletionRequest.model_validate(body)

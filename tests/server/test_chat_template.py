@@ -109,6 +109,38 @@ def test_chatml_fallback_without_a_template(templated, hf_tokenizer: Any) -> Non
                                            "<|im_start|>assistant\nOnce upon")
 
 
+def test_the_deprecated_function_role_reaches_the_template(templated,
+                                                          hf_tokenizer: Any) -> None:
+    """OpenAI still takes a function call's result as role "function" (vLLM takes any role);
+    another unknown role is a 400 naming it."""
+    templated.engine.tokenizer.chat_template = None
+    messages = [{"role": "user", "content": "Hi!"},
+                {"role": "function", "name": "f", "content": "1"}]
+    with httpx.Client(base_url=templated.base_url, timeout=30) as http:
+        got = prompt_ids(http, messages, add_generation_prompt=False)
+        assert got == encode(hf_tokenizer, "<|im_start|>user\nHi!<|im_end|>\n"
+                                           "<|im_start|>function\n1<|im_end|>\n")
+        bad = http.post(CHAT, json={"messages": [{"role": "wizard", "content": "x"}]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages.0.role"
+
+
+def test_tokenize_renders_the_tools_as_the_chat_endpoint_does(templated,
+                                                              hf_tokenizer: Any) -> None:
+    """vLLM's /tokenize takes the chat request's tools to the template too: its count is the
+    chat endpoint's prompt_tokens for the same messages and tools."""
+    templated.engine.tokenizer.chat_template = (
+        "{% for t in tools or [] %}[tool {{ t.function.name }}]{% endfor %}"
+        "{% for m in messages %}{{ m.content }}{% endfor %}")
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    with httpx.Client(base_url=templated.base_url, timeout=30) as http:
+        got = prompt_ids(http, [{"role": "user", "content": "hi"}], tools=tools,
+                         tool_choice="none")
+        assert got == encode(hf_tokenizer, "[tool get_weather]hi")
+        bad = http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}],
+                                           "tools": [{"type": "function"}]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("tools")
+
+
 @pytest.mark.parametrize("template,fragment", [
     ("{{ raise_exception('this template takes no system message') }}", "no system message"),
     ("{% for message in messages %}{{ message['content'] }", "rendering failed"),

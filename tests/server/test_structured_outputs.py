@@ -164,6 +164,7 @@ def test_constraints_that_leave_no_token_are_400s(http, server) -> None:
             assert resp.status_code == 400, resp.text
             error = resp.json()["error"]
         assert error["param"] == "response_format", error
+        assert error["message"].startswith("response_format: no token fits"), error
     assert http.get("/health").status_code == 200
     ok = http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 3})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
