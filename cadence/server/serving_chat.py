@@ -145,13 +145,14 @@ class ChatStream:
                     content = ""
             calls = None
             finish = c.finish_reason
-            if self.forced is not None and content is not None:
-                self.forced[c.index] += content
+            if self.forced is not None and (content is not None or c.finished()):
+                # The calls are the answer's JSON: the content, after any reasoning.
+                self.forced[c.index] += content or ""
                 content = None if c.finished() else ""
                 if c.finished():
                     parsed = forced_calls(request, self.forced[c.index])
                     if parsed is None:  # not the calls' JSON (cut short): it goes out as text
-                        content = self.forced[c.index]
+                        content = self.forced[c.index] or (None if reasoning else "")
                     else:
                         calls = [_delta_call(i, call)
                                  for i, call in enumerate(one_call_at_most(request, parsed))]
@@ -283,8 +284,8 @@ class OpenAIServingChat(OpenAIServing):
             calls: list[ToolCall] = []
             finish = c.finish_reason
             parsed: list[ParsedCall] | None = None
-            if request.forced_tools:
-                parsed = forced_calls(request, c.text)
+            if request.forced_tools:  # the calls are the content's JSON, after any reasoning
+                parsed = forced_calls(request, content or "")
                 if parsed is not None:
                     content = None
                     if request.tool_choice == "required":

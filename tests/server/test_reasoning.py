@@ -115,3 +115,38 @@ def test_each_streamed_choice_splits_its_own_reasoning(server_factory) -> None:
             streamed[choice.index]["content"] += choice.delta.content or ""
     want = {"reasoning": "plan it", "content": "the answer"}
     assert streamed == {0: want, 1: want}
+
+
+@pytest.mark.parametrize("script", ["plan it</think>{\"city\": \"Paris\"}", "plan it, never done"])
+def test_a_forced_tool_call_is_read_from_the_content_streamed_or_not(server_factory,
+                                                                     script) -> None:
+    """With a reasoning parser, a forced tool choice's call is the answer after the reasoning,
+    streamed or not: reasoning "plan it" and the call; or, when the reasoning never ends, all of
+    it reasoning and no call, both ways alike."""
+    from transformers import AutoTokenizer
+
+    from cadence.model.tiny import ensure_tiny_model
+    from tests.server.test_tool_calls import TOOLS, ScriptedCore
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+    ScriptedCore.SCRIPT = tok.encode(script, add_special_tokens=False)
+    srv = server_factory(core_factory=ScriptedCore, app_kwargs={
+        "reasoning_parser": "deepseek_r1", "chat_template": THINKING_TEMPLATE})
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS,
+              tool_choice={"type": "function", "function": {"name": "get_weather"}},
+              max_tokens=len(ScriptedCore.SCRIPT), extra_body={"ignore_eos": True})
+    msg = client.chat.completions.create(**kw).choices[0].message
+    calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
+    reasoning, content = D.split(script)
+    want_calls = [("get_weather", content)] if content else []
+    assert (getattr(msg, "reasoning", None), calls) == (reasoning, want_calls)
+    assert msg.content is None
+    streamed, streamed_calls, texts = "", [], []
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for choice in chunk.choices:
+            streamed += getattr(choice.delta, "reasoning", None) or ""
+            texts.append(choice.delta.content or "")
+            streamed_calls += [(c.function.name, c.function.arguments)
+                               for c in choice.delta.tool_calls or []]
+    assert (streamed, streamed_calls, "".join(texts)) == (reasoning, want_calls, "")
