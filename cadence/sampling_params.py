@@ -23,6 +23,11 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    # (start, end) token ids of the model's reasoning tags: the grammar applies only once the
+    # reasoning has ended (the later of the two tags in the prompt and output is the end tag),
+    # as vLLM's structured outputs do under a reasoning parser; the server sets it for its
+    # --reasoning-parser. None: the grammar applies from the first output token.
+    reasoning_tags: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         given = [k for k in ("json", "regex", "choice", "grammar", "json_object")
@@ -33,6 +38,14 @@ class StructuredOutputsParams:
         if self.choice is not None and (
                 not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
             raise ValueError("structured_outputs: choice must be non-empty strings.")
+        if self.reasoning_tags is not None:
+            tags = tuple(self.reasoning_tags) if isinstance(self.reasoning_tags, (list, tuple)) \
+                else ()
+            if len(tags) != 2 or not all(isinstance(t, int) and not isinstance(t, bool)
+                                         and t >= 0 for t in tags) or tags[0] == tags[1]:
+                raise ValueError("structured_outputs: reasoning_tags must be two distinct token "
+                                 f"ids (start, end), got {self.reasoning_tags!r}.")
+            self.reasoning_tags = tags
         if self.json is not None and nesting_depth(self.json) > MAX_JSON_DEPTH:
             raise ValueError(f"structured_outputs: the JSON schema nests deeper than "
                              f"{MAX_JSON_DEPTH} levels.")

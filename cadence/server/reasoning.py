@@ -28,6 +28,10 @@ class ReasoningParser:
     name: str
     starts_inside: bool  # the output begins in the reasoning (the prompt opened the tag)
 
+    @property
+    def tags(self) -> tuple[str, str]:
+        return START, END
+
     def split(self, text: str) -> tuple[str | None, str | None]:
         """(reasoning, content) of a whole output; None where a part is empty."""
         reasoning, content = self.stream().feed(text, final=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
@@ -218,6 +219,21 @@ class OpenAIServingChat(OpenAIServing):
                           self.parses_tools(request), self.token_bytes)
 
     @functools.cached_property
+    def reasoning_tags(self) -> tuple[int, int] | None:
+        """The reasoning parser's tags as token ids, where the tokenizer has each as one token
+        (vLLM requires that); None otherwise, and the grammar applies from the first token."""
+        tokenizer = self.engine.tokenizer
+        if self.reasoning is None or tokenizer is None:
+            return None
+        ids = [tokenizer.convert_tokens_to_ids(tag) for tag in self.reasoning.tags]
+        if any(not isinstance(i, int) or i == tokenizer.unk_token_id for i in ids):
+            return None
+        if any(tokenizer.convert_ids_to_tokens(i) != tag
+               for i, tag in zip(ids, self.reasoning.tags, strict=True)):
+            return None
+        return ids[0], ids[1]
+
+    @functools.cached_property
     def token_bytes(self) -> TokenBytes:
         return TokenBytes(self.engine.tokenizer)
 
@@ -252,10 +268,15 @@ class OpenAIServingChat(OpenAIServing):
             # The role chunks' continuous usage: the prompt's tokens as the engine keeps them.
             stream.prompt_tokens = len(prompt_ids) if k is None else min(
                 len(prompt_ids), truncation_length(k, self.engine.max_model_len))
+        params = request.to_sampling_params(self.engine.generation_defaults)
+        if params.structured_outputs is not None and self.reasoning_tags is not None:
+            # vLLM: under a reasoning parser the grammar applies to the answer, after reasoning.
+            params.structured_outputs = dataclasses.replace(
+                params.structured_outputs, reasoning_tags=self.reasoning_tags)
         return await self.start(
             request_id,
             {"prompt_token_ids": prompt_ids, "cache_salt": request.cache_salt},
-            request.to_sampling_params(self.engine.generation_defaults),
+            params,
             priority=request.priority,
             prompt_param="messages",
             max_tokens_param=max_tokens_param,

@@ -49,8 +49,21 @@ NO_TOKEN_FITS = "structured_outputs: a sampled token does not fit the request's 
 @dataclass
 class _Constrained:
     matcher: Any
-    accepted: int = 0  # outputs the matcher has consumed
+    accepted: int = 0  # outputs the matcher has consumed (or passed over while reasoning)
     history: list[int] = field(default_factory=list)  # outputs the host knows, in order
+    tags: tuple[int, int] | None = None  # reasoning (start, end) token ids
+    reasoning: bool = False  # inside the reasoning: the grammar does not apply yet
+
+
+def reasoning_open(prompt: Sequence[int], tags: tuple[int, int]) -> bool:
+    """Whether output after ``prompt`` is reasoning until an end tag (vLLM, under a reasoning
+    parser): unless the prompt's last reasoning tag is the end tag (a template that turned
+    thinking off closes it there), the grammar waits for the output's end tag."""
+    start, end = tags
+    for token in reversed(prompt):
+        if token in (start, end):
+            return token == start
+    return True
 
 
 class GrammarState:
@@ -76,11 +89,16 @@ class GrammarState:
         """Start compiling ``spec`` (on the compiler's thread); the future is done once it is."""
         return self.compiler.submit(spec)
 
-    def admit(self, req_id: str, params: SamplingParams, outputs: Sequence[int]) -> None:
-        """A constrained request (re)admitted with ``outputs`` already generated."""
-        assert params.structured_outputs is not None
-        matcher = xgrammar_module().GrammarMatcher(self.compiler.get(params.structured_outputs))
-        state = _Constrained(matcher, history=list(outputs))
+    def admit(self, req_id: str, params: SamplingParams, outputs: Sequence[int],
+              prompt: Sequence[int] = ()) -> None:
+        """A constrained request (re)admitted with ``outputs`` already generated after
+        ``prompt``."""
+        spec = params.structured_outputs
+        assert spec is not None
+        matcher = xgrammar_module().GrammarMatcher(self.compiler.get(spec))
+        tags = spec.reasoning_tags
+        state = _Constrained(matcher, history=list(outputs), tags=tags,
+                             reasoning=tags is not None and reasoning_open(prompt, tags))
         self._reqs[req_id] = state
         self._advance(req_id, state, len(outputs))
 
@@ -110,6 +128,9 @@ class GrammarState:
         while state.accepted < upto:
             token = state.history[state.accepted]
             state.accepted += 1
+            if state.reasoning:  # the grammar starts after the end tag, which it never sees
+                state.reasoning = token != state.tags[1]
+                continue
             if state.matcher.is_terminated():
                 continue  # sampled past the grammar's end by a step scheduled ahead: dropped
             if not state.matcher.accept_token(token):
@@ -150,8 +171,9 @@ class GrammarState:
                 self._drop(req_id)
                 continue
             # A finished grammar (its stop token taken) leaves the row free: that request has
-            # ended, and a step scheduled ahead of that news samples a token it drops.
-            if not state.matcher.is_terminated():
+            # ended, and a step scheduled ahead of that news samples a token it drops. So does
+            # reasoning: the grammar applies after it.
+            if not state.reasoning and not state.matcher.is_terminated():
                 ready.append((row, req_id))
         if not ready:
             return None

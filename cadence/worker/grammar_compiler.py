@@ -73,7 +73,10 @@ def json_text_only(xgr: Any, grammar: Any) -> Any:
 
 
 def spec_key(spec: StructuredOutputsParams) -> str:
-    return json.dumps(dataclasses.asdict(spec), sort_keys=True, default=str)
+    """The compiled grammar's key: the grammar's own fields (not when it starts to apply)."""
+    fields = dataclasses.asdict(spec)
+    fields.pop("reasoning_tags", None)
+    return json.dumps(fields, sort_keys=True, default=str)
 
 
 class GrammarCompilerService:

@@ -55,7 +55,8 @@ class RequestSampling:
                 state.admit(slot, new.req_id, new.prompt_token_ids, new.output_token_ids, params)
             if slot is not None and params.structured_outputs is not None:
                 try:
-                    self.grammar.admit(new.req_id, params, new.output_token_ids)
+                    self.grammar.admit(new.req_id, params, new.output_token_ids,
+                                       new.prompt_token_ids)
                 except Exception as exc:  # the request's grammar, not the engine, is at fault
                     batch.fail(new.req_id, f"structured outputs: {exc}")
 

@@ -364,3 +364,24 @@ def test_length_bounded_strings_hold_no_raw_control_characters(llm) -> None:
     for out in outs:
         assert out.outputs[0].finish_reason == "stop"
         jsonschema.validate(json.loads(out.outputs[0].text), schema)
+
+
+def test_a_grammar_under_reasoning_tags_applies_after_the_reasoning(llm) -> None:
+    """reasoning_tags (the server's --reasoning-parser): the output is free until its end tag,
+    then follows the grammar; a prompt whose last tag is the end tag is constrained at once.
+    The end tag is made the likeliest token by logit_bias, so the reasoning ends at once."""
+    tok = llm.get_tokenizer()
+    start, end = tok.convert_tokens_to_ids("y"), tok.convert_tokens_to_ids("z")
+    spec = StructuredOutputsParams(choice=CHOICES, reasoning_tags=(start, end))
+    params = SamplingParams(max_tokens=40, structured_outputs=spec, logit_bias={end: 100.0})
+    opened, closed = llm.generate([{"prompt_token_ids": [5, 6, start]},
+                                   {"prompt_token_ids": [5, start, 6, end]}], params,
+                                  use_tqdm=False)
+    assert opened.outputs[0].token_ids[0] == end  # free: the biased end tag first
+    answer = tok.decode(opened.outputs[0].token_ids[1:], skip_special_tokens=True)
+    assert answer in CHOICES and opened.outputs[0].finish_reason == "stop"
+    assert closed.outputs[0].text in CHOICES and end not in closed.outputs[0].token_ids
+    free = SamplingParams(max_tokens=5, ignore_eos=True, structured_outputs=spec,
+                          logit_bias={start: 100.0})  # the reasoning never ends
+    out = llm.generate([{"prompt_token_ids": [5, 6, start]}], free, use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == [start] * 5  # no grammar would allow these

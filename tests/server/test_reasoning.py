@@ -150,3 +150,28 @@ def test_a_forced_tool_call_is_read_from_the_content_streamed_or_not(server_fact
             streamed_calls += [(c.function.name, c.function.arguments)
                                for c in choice.delta.tool_calls or []]
     assert (streamed, streamed_calls, "".join(texts)) == (reasoning, want_calls, "")
+
+
+def test_the_reasoning_tags_reach_the_grammar_where_they_are_single_tokens() -> None:
+    """The chat endpoint hands the engine the parser's tags as token ids (the grammar then
+    applies after the reasoning, as vLLM's does) when the tokenizer has each as one token;
+    otherwise none, and the grammar applies from the first token."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from cadence.model.tiny import ensure_tiny_model
+    from cadence.server.serving_chat import OpenAIServingChat
+
+    def serving(tokenizer, parser):
+        engine = SimpleNamespace(tokenizer=tokenizer, model_name="tiny")
+        chat = OpenAIServingChat(engine, "tiny")
+        chat.reasoning = parser
+        return chat
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+    assert serving(tok, D).reasoning_tags is None  # "<think>" is several tokens here
+    tok.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    tags = serving(tok, D).reasoning_tags
+    assert tags == tuple(tok.convert_tokens_to_ids(["<think>", "</think>"]))
+    assert serving(tok, None).reasoning_tags is None

@@ -135,3 +135,58 @@ def test_retain_keeps_the_live_requests_only(tiny_path) -> None:
     state.retain({"a": 0, "c": 2})
     assert [state.wants(r) for r in ("a", "b", "c")] == [True, False, True]
     state.close()
+
+
+def _reasoning(path: str) -> tuple[GrammarState, SamplingParams, int, int]:
+    from cadence.model.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    start, end = tok.token_to_id("y"), tok.token_to_id("z")  # stand-ins for <think> / </think>
+    spec = StructuredOutputsParams(choice=["ab", "cd"], reasoning_tags=(start, end))
+    return GrammarState(path, vocab_size=640, max_rows=4), SamplingParams(
+        structured_outputs=spec), start, end
+
+
+def test_the_grammar_applies_once_the_reasoning_ends(tiny_path) -> None:
+    """Under a reasoning parser (vLLM): rows sample freely until the output's end tag, which the
+    grammar never sees; then the grammar applies from its start."""
+    ids = _ids()
+    state, params, start, end = _reasoning(tiny_path)
+    state.admit("r", params, [], prompt=[ids["x"], start])  # the template opened the reasoning
+    assert state.bitmask(["r"], [0], dict) is None  # free
+    state.record("r", 0, ids["d"])  # reasoning text the grammar would refuse
+    assert state.bitmask(["r"], [1], dict) is None and state.take_failed() == {}
+    mask = state.bitmask(["r"], [2], lambda: {"r": end})  # the end tag, still in flight
+    assert mask is not None and {ids["a"], ids["c"]} <= _allowed(mask, 0)
+    assert ids["b"] not in _allowed(mask, 0)
+    state.record("r", 1, end)
+    state.record("r", 2, ids["a"])
+    assert _allowed(state.bitmask(["r"], [3], dict), 0) == {ids["b"]}
+    state.close()
+
+
+def test_where_the_reasoning_stands_after_the_prompt(tiny_path) -> None:
+    """The prompt's last reasoning tag decides: an end tag (a template that turned thinking
+    off) lets the grammar apply at once; a start tag, or none, waits for the output's end tag.
+    Readmitted with outputs (after a preemption), the state is rebuilt from them."""
+    ids = _ids()
+    state, params, start, end = _reasoning(tiny_path)
+    state.admit("closed", params, [], prompt=[start, ids["x"], end])
+    state.admit("reopened", params, [], prompt=[start, end, ids["x"], start])
+    state.admit("none", params, [], prompt=[ids["x"]])
+    state.admit("resumed", params, [ids["x"], end, ids["a"]], prompt=[start])
+    mask = state.bitmask(["closed", "reopened", "none", "resumed"], [0, 0, 0, 3], dict)
+    assert mask is not None and mask.rows.tolist() == [0, 3]
+    assert _allowed(mask, 1) == {ids["b"]}
+    state.close()
+
+
+def test_reasoning_tags_are_checked_and_do_not_split_the_compiled_grammars() -> None:
+    from cadence.worker.grammar_compiler import spec_key
+
+    plain = StructuredOutputsParams(regex="[0-9]+")
+    tagged = StructuredOutputsParams(regex="[0-9]+", reasoning_tags=[5, 6])
+    assert tagged.reasoning_tags == (5, 6) and spec_key(plain) == spec_key(tagged)
+    for bad in ((5,), (5, 5), (-1, 2), ("a", 2), 7, (True, 2)):
+        with pytest.raises(ValueError, match="reasoning_tags"):
+            StructuredOutputsParams(regex="x", reasoning_tags=bad)
