@@ -69,8 +69,16 @@ MUTATIONS = [
              GR, "                continue  # sampled past the grammar's end by a step scheduled ahead: dropped\n",
              "                pass\n", T_GR),
     Mutation("wk-gr-terminated-masked", "a terminated grammar's row is still masked",
-             GR, "            if not state.matcher.is_terminated():\n                ready.append((row, req_id))",
-             "            ready.append((row, req_id))", T_GR),
+             GR, "            if not state.reasoning and not state.matcher.is_terminated():\n"
+             "                ready.append((row, req_id))",
+             "            if not state.reasoning:\n                ready.append((row, req_id))", T_GR),
+    Mutation("wk-gr-reasoning-masked", "a row still reasoning is masked by its grammar",
+             GR, "            if not state.reasoning and not state.matcher.is_terminated():\n",
+             "            if not state.matcher.is_terminated():\n", T_GR),
+    Mutation("wk-gr-reasoning-end-fed", "the reasoning's end tag is fed to the grammar",
+             GR, "                state.reasoning = token != state.tags[1]\n                continue\n",
+             "                state.reasoning = token != state.tags[1]\n"
+             "                if state.reasoning:\n                    continue\n", T_GR),
     Mutation("wk-gr-bad-token-kept", "a token that breaks the grammar leaves it constrained",
              GR, "                self._failed[req_id] = NO_TOKEN_FITS\n                self._reqs.pop(req_id, None)\n",
              "                self._failed[req_id] = NO_TOKEN_FITS\n", T_GR),
