@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -46,6 +47,11 @@ PromptType = str | dict[str, Any]
 OUTPUT_CHUNK_SIZE = 128
 
 T = TypeVar("T")
+
+
+def _stop_engine(client: EngineCoreClient) -> None:
+    """Stop an engine's core (its finalizer: at exit, or when the engine is collected)."""
+    client.shutdown()
 
 
 class AsyncLLM:
@@ -118,6 +124,14 @@ class AsyncLLM:
         # Set when the output handler fails: it may still be stopping the core (which runs on
         # meanwhile), but nothing will collect outputs any more.
         self._handler_failed = False
+        self._shut_down = False  # by shutdown(), or by the event loop it ran in closing
+        # Requests being validated and tokenized (id -> how many), and those of them aborted
+        # meanwhile: their abort is applied as soon as they are added.
+        self._preparing: dict[str, int] = {}
+        self._aborted_early: set[str] = set()
+        # NOTE: an engine never shut down is stopped at interpreter exit: a core thread still
+        # running torch code while the interpreter tears down can abort the process.
+        self._finalizer = weakref.finalize(self, _stop_engine, client)
         try:
             asyncio.get_running_loop()
             self._run_output_handler()
@@ -141,7 +155,12 @@ class AsyncLLM:
 
     async def check_health(self) -> None:
         if self.errored:
-            raise EngineDeadError()
+            raise self._dead_error()
+
+    def _dead_error(self) -> EngineDeadError:
+        if self._shut_down:
+            return EngineDeadError("The engine was shut down.")
+        return EngineDeadError()
 
     def has_unfinished_requests(self) -> bool:
         """Some request of this front end has not finished (its outputs bring fresh scheduler
@@ -181,13 +200,38 @@ class AsyncLLM:
         """Validate, tokenize and enqueue one request; return where its outputs go: ``sink``
         if given (e.g. a server's SSE frame stream), else a new ``RequestOutputCollector``."""
         if self.errored:
-            raise EngineDeadError()
+            raise self._dead_error()
+        # An abort that arrives while the request is being prepared is applied once it is in.
+        self._preparing[request_id] = self._preparing.get(request_id, 0) + 1
+        try:
+            collector = await self._add_prepared(request_id, prompt, sampling_params,
+                                                 arrival_time, priority, sink)
+        finally:
+            left = self._preparing.pop(request_id) - 1
+            if left:
+                self._preparing[request_id] = left
+            aborted = not left and request_id in self._aborted_early
+            if not left:
+                self._aborted_early.discard(request_id)
+        if aborted:
+            self.abort_nowait([request_id])
+        return collector
+
+    async def _add_prepared(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        sampling_params: SamplingParams,
+        arrival_time: float | None,
+        priority: int,
+        sink: OutputSink | None,
+    ) -> OutputSink:
         request, prompt_text = await self.run_cpu(
             input_size(prompt) + params_size(sampling_params),
             self._process_input, request_id, prompt, sampling_params, arrival_time, priority,
         )  # fmt: skip
         if self.errored:
-            raise EngineDeadError()
+            raise self._dead_error()
         n = request.sampling_params.n
         engine_ids = [request_id] if n == 1 else [child_request_id(i, request_id)
                                                   for i in range(n)]
@@ -195,7 +239,7 @@ class AsyncLLM:
             while (draining := self._draining.get(engine_id)) is not None:
                 await draining.wait()
                 if self.errored:
-                    raise EngineDeadError()
+                    raise self._dead_error()
         self._run_output_handler()
         collector = (
             sink
@@ -279,6 +323,7 @@ class AsyncLLM:
         # Ids the output processor no longer tracks (finished by a stop string a moment ago)
         # may still be in the core: abort every given id there; the core ignores unknown ones.
         stats = IterationStats()
+        self._aborted_early.update(r for r in request_ids if r in self._preparing)
         engine_ids = self.output_processor.engine_request_ids(list(request_ids))
         self._start_draining(self.output_processor.abort_requests(engine_ids, stats))
         self.engine_core.abort_requests(engine_ids)
@@ -309,8 +354,11 @@ class AsyncLLM:
                 # After every chunk: the ended requests' last tokens are behind us.
                 self._stop_draining(outputs.finished_requests)
         except asyncio.CancelledError:
-            self._handler_failed = True
+            # shutdown(), or the event loop closing: no loop collects outputs any more, so the
+            # core stops too (its thread would otherwise run on for no one).
+            self._handler_failed = self._shut_down = True
             self.output_processor.propagate_error(EngineDeadError("The engine was shut down."))
+            self._finalizer()
             self._record_engine_gone()
             self._stop_draining(list(self._draining))
             raise
@@ -386,6 +434,8 @@ class AsyncLLM:
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop the engine core thread; consumers still waiting get ``EngineDeadError``."""
+        self._shut_down = True
+        self._finalizer.detach()
         self.engine_core.shutdown(timeout)
         self._input_worker.shutdown()
         handler = self.output_handler

@@ -156,4 +156,6 @@ class InprocEngineCoreClient(EngineCoreClient):
         return call.reply
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
+        if self._dead_error is None:  # calls from now on say why they cannot run
+            self._dead_error = EngineDeadError("The engine core was shut down.")
         self.proc.shutdown(timeout)

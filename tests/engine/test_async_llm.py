@@ -477,8 +477,9 @@ async def test_a_dead_output_handler_marks_the_engine_errored_while_the_core_liv
 
 
 async def test_a_cancelled_output_handler_fails_the_waiting_requests(engine: AsyncLLM) -> None:
-    """The output handler ends (cancelled) while the core runs on: the engine is errored and
-    every waiting request gets EngineDeadError instead of hanging."""
+    """The output handler ends (cancelled, as when its event loop closes): the engine is
+    errored, every waiting request gets EngineDeadError instead of hanging, and the core
+    stops (nothing collects its outputs any more)."""
     params = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.0)
     tasks = {rid: asyncio.ensure_future(generate(engine, rid, TEXT_PROMPT,
                                                  RequestOutputKind.DELTA, 400))
@@ -489,7 +490,7 @@ async def test_a_cancelled_output_handler_fails_the_waiting_requests(engine: Asy
     handler.cancel()
     with pytest.raises(asyncio.CancelledError):
         await handler
-    assert engine.engine_core.proc.is_alive and not engine.engine_core.errored
+    assert not engine.engine_core.proc.is_alive
     assert engine.errored
     for task in tasks.values():
         with pytest.raises(EngineDeadError):
@@ -679,3 +680,121 @@ async def test_a_failing_stat_logger_never_takes_serving_down(engine: AsyncLLM) 
     before = counting.scheduler_stats
     await engine.do_log_stats()
     assert counting.scheduler_stats == before + 1
+
+
+async def test_after_shutdown_every_call_says_the_engine_was_shut_down() -> None:
+    """Not "died": requests, health checks and utility calls after shutdown() name it."""
+    llm = AsyncLLM(tiny_args())
+    llm.shutdown()
+    params = SamplingParams(max_tokens=2)
+    with pytest.raises(EngineDeadError, match="shut down"):
+        async for _ in llm.generate(TEXT_PROMPT, params, "late"):
+            pass
+    with pytest.raises(EngineDeadError, match="shut down"):
+        await llm.check_health()
+    with pytest.raises(EngineDeadError, match="shut down"):
+        await llm.get_num_free_kv_blocks()
+
+
+def test_an_engine_whose_event_loop_closed_stops_its_core() -> None:
+    """Built outside an event loop and used in one asyncio.run: when that loop closes, the
+    core thread stops (it ran on for no one), and a second loop is told the engine was shut
+    down."""
+    llm = AsyncLLM(tiny_args())
+    params = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.0)
+
+    async def first() -> None:
+        task = asyncio.ensure_future(generate(llm, "a", TEXT_PROMPT, RequestOutputKind.DELTA,
+                                              400))
+        await wait_for_tokens(llm, ["a"], at_least=2)
+        task.cancel()  # the loop closes with the request still running
+
+    try:
+        asyncio.run(first())
+        assert not llm.engine_core.proc.thread.is_alive()
+
+        async def second() -> None:
+            with pytest.raises(EngineDeadError, match="shut down"):
+                async for _ in llm.generate(TEXT_PROMPT, params, "b"):
+                    pass
+
+        asyncio.run(second())
+    finally:
+        llm.shutdown()
+
+
+def test_a_script_that_never_shuts_its_engine_down_exits_cleanly(tmp_path) -> None:
+    """A script that leaves a request running and never calls shutdown() exits cleanly: its
+    event loop closing stops the core thread (a core still running torch code during the
+    interpreter's teardown could abort the process); the engine's finalizer would at exit."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "leave.py"
+    script.write_text(
+        "import asyncio, threading\n"
+        "from cadence.engine import AsyncLLM\n"
+        "from cadence.sampling_params import SamplingParams\n"
+        "from tests.engine.test_async_llm import tiny_args, wait_for_tokens\n"
+        "async def main():\n"
+        "    llm = AsyncLLM(tiny_args())\n"
+        "    async def run():\n"
+        "        async for _ in llm.generate('x', SamplingParams(max_tokens=500, "
+        "ignore_eos=True), 'L'):\n"
+        "            pass\n"
+        "    asyncio.ensure_future(run())\n"
+        "    await wait_for_tokens(llm, ['L'], at_least=2)\n"
+        "    return llm\n"
+        "llm = asyncio.run(main())\n"
+        "print('core stopped before exit:', not llm.engine_core.proc.thread.is_alive())\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(script)], cwd=root, capture_output=True,
+                          text=True, timeout=300, env={**__import__("os").environ,
+                                                      "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "core stopped before exit: True" in done.stdout
+
+
+def test_the_finalizer_stops_an_engine_that_was_never_shut_down() -> None:
+    """At interpreter exit (or when collected) an engine never shut down has its core stopped;
+    shutdown() detaches that finalizer."""
+    llm = AsyncLLM(tiny_args())
+    assert llm._finalizer.alive and llm._finalizer.atexit
+    llm._finalizer()  # what interpreter exit runs
+    assert not llm.engine_core.proc.thread.is_alive()
+    llm.shutdown()
+    assert not llm._finalizer.alive
+
+
+async def test_an_abort_while_the_request_is_prepared_is_not_lost(
+        engine: AsyncLLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """abort() between generate() and the request reaching the engine (its prompt still being
+    tokenized): the request ends with finish_reason "abort" as soon as it is added, instead of
+    running to its end."""
+    gate = asyncio.Event()
+    real_run_cpu = engine.run_cpu
+
+    async def gated(*args: Any, **kwargs: Any) -> Any:
+        await gate.wait()
+        return await real_run_cpu(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "run_cpu", gated)
+    params = SamplingParams(max_tokens=300, ignore_eos=True, temperature=0.0)
+    outs: list[RequestOutput] = []
+
+    async def consume() -> None:
+        async for out in engine.generate(TEXT_PROMPT, params, "r"):
+            outs.append(out)
+
+    task = asyncio.ensure_future(consume())
+    while "r" not in engine._preparing:
+        await asyncio.sleep(0)
+    await engine.abort("r")
+    gate.set()
+    await asyncio.wait_for(task, 60)
+    assert outs and outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort"
+    assert len(outs[-1].outputs[0].token_ids) < 300
+    assert not engine._preparing and not engine._aborted_early
+    assert not engine.output_processor.has_unfinished_requests()
