@@ -57,9 +57,10 @@ class CacheConfig:
                              f"{self.cache_dtype!r}.")
         if self.block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {self.block_size}.")
-        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 2:
             raise ValueError(
-                f"num_gpu_blocks_override must be at least 1, got {self.num_gpu_blocks_override}."
+                "num_gpu_blocks_override must be at least 2 (block 0 is reserved), got "
+                f"{self.num_gpu_blocks_override}."
             )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(

@@ -35,6 +35,7 @@ def test_gpu_memory_utilization_outside_zero_one_is_refused(value: float) -> Non
 
 @pytest.mark.parametrize(("kwargs", "name"), [
     ({"num_gpu_blocks_override": 0}, "num_gpu_blocks_override"),
+    ({"num_gpu_blocks_override": 1}, "num_gpu_blocks_override"),  # block 0 is reserved
     ({"block_size": 0}, "block_size"),
     ({"cache_dtype": "fp8_e5m2"}, "cache_dtype"),
 ])
@@ -44,8 +45,8 @@ def test_cache_config_bounds(kwargs: dict[str, object], name: str) -> None:
 
 
 def test_cache_config_smallest_valid_values() -> None:
-    cfg = CacheConfig(block_size=1, num_gpu_blocks_override=1)
-    assert (cfg.block_size, cfg.num_gpu_blocks_override) == (1, 1)
+    cfg = CacheConfig(block_size=1, num_gpu_blocks_override=2)
+    assert (cfg.block_size, cfg.num_gpu_blocks_override) == (1, 2)
 
 
 @pytest.mark.parametrize(("kwargs", "name"), [

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import time
 
-from cadence.bench.common import Record, device_name, git_commit, now, random_prompts
+from cadence.bench.common import (
+    Record,
+    device_name,
+    git_commit,
+    int_at_least,
+    now,
+    random_prompts,
+)
 from cadence.bench.report import add_report_args, emit
 
 
@@ -16,9 +23,9 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="cadence bench throughput")
     EngineArgs.add_cli_args(p)
-    p.add_argument("--num-prompts", type=int, default=64)
-    p.add_argument("--input-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--num-prompts", type=int_at_least(1), default=64)
+    p.add_argument("--input-len", type=int_at_least(1), default=128)
+    p.add_argument("--output-len", type=int_at_least(1), default=128)
     add_report_args(p)
     ns = p.parse_args(argv)
     args = EngineArgs.from_cli_args(ns)

@@ -17,6 +17,7 @@ from cadence.bench.common import (
     device_name,
     git_commit,
     int_at_least,
+    int_list_at_least,
     median,
     now,
     random_prompts,
@@ -39,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="cadence bench ttft")
     EngineArgs.add_cli_args(p)
-    p.add_argument("--input-lens", default="16,128,1024,4096")
+    p.add_argument("--input-lens", type=int_list_at_least(1), default=[16, 128, 1024, 4096])
     p.add_argument("--repeats", type=int_at_least(1), default=10)
     p.add_argument("--flops", type=positive_float, default=None,
                    help="matmul FLOP/s for the floor (default: the measured H200 bf16 figure "
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     from cadence.engine.engine_args import EngineArgs
 
     ns = _parser().parse_args(argv)
-    lens = [int(x) for x in ns.input_lens.split(",")]
+    lens = ns.input_lens
     args = EngineArgs.from_cli_args(ns)
     args.max_num_seqs = min(args.max_num_seqs, 8)
     args.max_model_len = args.max_model_len or max(lens) + 16

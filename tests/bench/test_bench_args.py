@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from cadence.bench import latency, scheduler, serve, ttft
+from cadence.bench import latency, scheduler, serve, throughput, ttft
 from cadence.bench.common import median
 
 
@@ -34,6 +34,14 @@ from cadence.bench.common import median
     (serve, ["--warmup", "-1"], "--warmup"),
     (serve, ["--timeout", "0"], "--timeout"),
     (serve, ["--timeout", "nan"], "--timeout"),
+    (throughput, ["--num-prompts", "0"], "--num-prompts"),
+    (throughput, ["--num-prompts", "-1"], "--num-prompts"),
+    (throughput, ["--input-len", "0"], "--input-len"),
+    (throughput, ["--output-len", "0"], "--output-len"),
+    (ttft, ["--input-lens", "0"], "--input-lens"),
+    (ttft, ["--input-lens", "-5"], "--input-lens"),
+    (ttft, ["--input-lens", "8,x"], "--input-lens"),
+    (ttft, ["--input-lens", "8,"], "--input-lens"),
 ])
 def test_values_that_time_nothing_are_usage_errors(module, argv, flag, capsys) -> None:
     with pytest.raises(SystemExit) as info:
