@@ -216,6 +216,8 @@ class EngineCoreProc:
         """Ask the loop to stop, then join the thread (idempotent)."""
         if self._thread.is_alive():
             self.send(RequestType.SHUTDOWN)
+            if threading.current_thread() is self._thread:
+                return  # e.g. a front end's finalizer run by a collection on this thread
             self._thread.join(timeout)
             if self._thread.is_alive():
                 logger.warning("The engine core thread did not stop within %s s.", timeout)

@@ -283,6 +283,26 @@ def test_shutdown_joins_the_thread_and_fails_pending_work(args: EngineArgs) -> N
     client.shutdown()  # idempotent
 
 
+def test_shutdown_from_the_engine_thread_stops_it_without_joining_itself(args) -> None:
+    """A front end's finalizer may run on the engine thread (a garbage collection there): the
+    shutdown it asks for stops the loop instead of raising on a join of the thread itself."""
+    procs: list[Any] = []
+
+    class SelfStopping(EngineCore):
+        def stop_from_inside(self) -> bool:
+            procs[0].shutdown(timeout=10)
+            return True
+
+    client = InprocEngineCoreClient(lambda: SelfStopping(args))
+    procs.append(client.proc)
+    try:
+        assert client.call_utility("stop_from_inside") is True
+        client.proc.thread.join(10)
+        assert not client.proc.thread.is_alive()
+    finally:
+        client.shutdown()
+
+
 def test_output_queue_wakes_an_asyncio_consumer_from_another_thread() -> None:
     q = OutputQueue()
 
