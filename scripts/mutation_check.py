@@ -407,7 +407,7 @@ MUTATIONS = [
              ("tests/engine/test_async_llm.py",)),
     Mutation("handler-cancel-silent", "a cancelled output handler leaves its requests waiting",
              "cadence/engine/async_llm.py",
-             'self.output_processor.propagate_error(EngineDeadError("The engine was shut down."))',
+             "self.output_processor.propagate_error(self._dead_error())",
              "pass", ("tests/engine/test_async_llm.py",)),
     Mutation("dead-requests-kept", "an engine death leaves every request (each child) registered",
              "cadence/engine/output_processor.py",

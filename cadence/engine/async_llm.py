@@ -49,11 +49,6 @@ OUTPUT_CHUNK_SIZE = 128
 T = TypeVar("T")
 
 
-def _stop_engine(client: EngineCoreClient) -> None:
-    """Stop an engine's core (its finalizer: at exit, or when the engine is collected)."""
-    client.shutdown()
-
-
 class AsyncLLM:
     """Serve requests from one engine core thread to many asyncio consumers."""
 
@@ -131,7 +126,7 @@ class AsyncLLM:
         self._aborted_early: set[str] = set()
         # NOTE: an engine never shut down is stopped at interpreter exit: a core thread still
         # running torch code while the interpreter tears down can abort the process.
-        self._finalizer = weakref.finalize(self, _stop_engine, client)
+        self._finalizer = weakref.finalize(self, client.shutdown)
         try:
             asyncio.get_running_loop()
             self._run_output_handler()
@@ -357,7 +352,7 @@ class AsyncLLM:
             # shutdown(), or the event loop closing: no loop collects outputs any more, so the
             # core stops too (its thread would otherwise run on for no one).
             self._handler_failed = self._shut_down = True
-            self.output_processor.propagate_error(EngineDeadError("The engine was shut down."))
+            self.output_processor.propagate_error(self._dead_error())
             self._finalizer()
             self._record_engine_gone()
             self._stop_draining(list(self._draining))

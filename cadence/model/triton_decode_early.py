@@ -31,28 +31,30 @@ if triton is not None:
         gdc_launch_dependents = gdc_wait = None
 
     @triton.jit
-    def _rope_consts(offs_d, pos, cs_ptr, stride_cs, w_ptr, HEAD_DIM: tl.constexpr,
-                     NORM: tl.constexpr):
-        # What _norm_rope needs besides x: constants and step metadata only.
+    def _rope_table(offs_d, pos, cs_ptr, stride_cs, HEAD_DIM: tl.constexpr):
+        # The cos and sin _norm_rope rotates by at ``pos`` (step metadata and a constant).
         half: tl.constexpr = HEAD_DIM // 2
-        partner = tl.where(offs_d < half, offs_d + half, offs_d - half)
         col = tl.where(offs_d < half, offs_d, offs_d - half)
         cmask = offs_d < HEAD_DIM
         cos = tl.load(cs_ptr + pos * stride_cs + col, mask=cmask, other=0.0).to(tl.float32)
         sin = tl.load(cs_ptr + pos * stride_cs + half + col, mask=cmask, other=0.0).to(tl.float32)
-        if NORM:
-            w = tl.load(w_ptr + offs_d, mask=cmask, other=0.0).to(tl.float32)
-            wp = tl.load(w_ptr + partner, mask=cmask, other=0.0).to(tl.float32)
-        else:
-            w = cos
-            wp = sin
-        return cos, sin, w, wp
+        return cos, sin
+
+    @triton.jit
+    def _norm_weights(offs_d, w_ptr, HEAD_DIM: tl.constexpr):
+        # A head norm's weight at each element and at its rotate-half partner (constants).
+        half: tl.constexpr = HEAD_DIM // 2
+        partner = tl.where(offs_d < half, offs_d + half, offs_d - half)
+        cmask = offs_d < HEAD_DIM
+        w = tl.load(w_ptr + offs_d, mask=cmask, other=0.0).to(tl.float32)
+        wp = tl.load(w_ptr + partner, mask=cmask, other=0.0).to(tl.float32)
+        return w, wp
 
     @triton.jit
     def _norm_rope(x_ptr, rows, offs_d, mask, cos, sin, w, wp, eps, HEAD_DIM: tl.constexpr,
                    NORM: tl.constexpr):
         # fused_ops.qk_norm_rope on load: per-head RMSNorm (normalize, round, scale, round),
-        # then rotate-half RoPE (``_rope_consts``' cos and sin), rounded to x's dtype. ``rows``
+        # then rotate-half RoPE (``_rope_table``'s cos and sin), rounded to x's dtype. ``rows``
         # address the heads.
         half: tl.constexpr = HEAD_DIM // 2
         partner = tl.where(offs_d < half, offs_d + half, offs_d - half)
@@ -72,6 +74,16 @@ if triton is not None:
         if SOFTCAP:
             s = cap_scale * _tanh(s)
         return s
+
+    @triton.jit
+    def _tile_scores(q, k, nmask, qk_scale, cap_scale, SOFTCAP: tl.constexpr,
+                     IEEE: tl.constexpr):
+        # Scores of q against a tile of keys (log2 units), -inf where ``nmask`` has no key.
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        return tl.where(nmask[None, :], _scores(s, qk_scale, cap_scale, SOFTCAP), float("-inf"))
 
     @triton.jit
     def _online_update(s, v, m_i, l_i, acc, IEEE: tl.constexpr, EMPTY: tl.constexpr):
@@ -158,14 +170,13 @@ if triton is not None:
         dst = (safe // PAGE) * stride_c1 + (safe % PAGE) * stride_c2 + head_off + offs_d
         if ROPE:
             pos = tl.load(pos_ptr + q_tok, mask=valid, other=0).to(tl.int64)
-            cos, sin, qw, qwp = _rope_consts(offs_d, pos, cs_ptr, stride_cs, qw_ptr, HEAD_DIM,
-                                             QK_NORM)
+            cos, sin = _rope_table(offs_d, pos, cs_ptr, stride_cs, HEAD_DIM)
             if QK_NORM:
-                _, _, kw, kwp = _rope_consts(offs_d, pos, cs_ptr, stride_cs, kw_ptr, HEAD_DIM,
-                                             QK_NORM)
-            else:
-                kw = qw
-                kwp = qwp
+                qw, qwp = _norm_weights(offs_d, qw_ptr, HEAD_DIM)
+                kw, kwp = _norm_weights(offs_d, kw_ptr, HEAD_DIM)
+            else:  # unused by _norm_rope
+                qw, qwp = cos, sin
+                kw, kwp = cos, sin
         if PDL:
             gdc_wait()
         # With ROPE, q and the new k arrive as the qkv projection left them: the q/k norms (with
@@ -190,11 +201,7 @@ if triton is not None:
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k0.to(q.dtype)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k0.to(q.dtype)))
-        s = tl.where(nmask0[None, :], _scores(s, qk_scale, cap_scale, SOFTCAP), float("-inf"))
+        s = _tile_scores(q, k0.to(q.dtype), nmask0, qk_scale, cap_scale, SOFTCAP, IEEE)
         m_i, l_i, acc = _online_update(s, v0.to(q.dtype), m_i, l_i, acc, IEEE, True)
         for n0 in range(start + BLOCK_N, cached_end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -203,12 +210,7 @@ if triton is not None:
             kv_off = page * stride_c1 + (offs_n % PAGE).to(tl.int64) * stride_c2 + head_off
             kvmask = nmask[:, None] & dmask[None, :]
             k = tl.load(cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
-            k = k.to(q.dtype)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = tl.where(nmask[None, :], _scores(s, qk_scale, cap_scale, SOFTCAP), float("-inf"))
+            s = _tile_scores(q, k.to(q.dtype), nmask, qk_scale, cap_scale, SOFTCAP, IEEE)
             v = tl.load(
                 cache_ptr + stride_c0 + kv_off[:, None] + offs_d[None, :], mask=kvmask, other=0.0
             ).to(q.dtype)

@@ -225,13 +225,9 @@ class OpenAIServingChat(OpenAIServing):
         tokenizer = self.engine.tokenizer
         if self.reasoning is None or tokenizer is None:
             return None
-        ids = [tokenizer.convert_tokens_to_ids(tag) for tag in self.reasoning.tags]
-        if any(not isinstance(i, int) or i == tokenizer.unk_token_id for i in ids):
-            return None
-        if any(tokenizer.convert_ids_to_tokens(i) != tag
-               for i, tag in zip(ids, self.reasoning.tags, strict=True)):
-            return None
-        return ids[0], ids[1]
+        vocab = tokenizer.get_vocab()
+        start, end = (vocab.get(tag) for tag in self.reasoning.tags)
+        return None if start is None or end is None else (start, end)
 
     @functools.cached_property
     def token_bytes(self) -> TokenBytes:
