@@ -30,6 +30,7 @@ from cadence.engine.output_processor import (
     RequestOutputCollector,
 )
 from cadence.engine.parent_request import child_request_id
+from cadence.engine.request_ledger import RequestLedger
 from cadence.metrics import StatLogger
 from cadence.sampling_params import SamplingParams
 
@@ -107,10 +108,7 @@ class AsyncLLM:
         # small inputs.
         self._input_worker = InputWorker(lambda: self.errored, EngineDeadError)
 
-        # Requests ended here (aborted, or finished by a stop string) whose end the core has not
-        # reported yet: their tokens may still be on the way, so a new request reusing such an
-        # id waits for that report instead of receiving them.
-        self._draining: dict[str, asyncio.Event] = {}
+        self._ledger = RequestLedger()  # ids being prepared, and ended ids still draining
 
         self.stat_loggers: list[StatLogger] = []
         self.last_scheduler_stats: SchedulerStats | None = None
@@ -120,10 +118,6 @@ class AsyncLLM:
         # meanwhile), but nothing will collect outputs any more.
         self._handler_failed = False
         self._shut_down = False  # by shutdown(), or by the event loop it ran in closing
-        # Requests being validated and tokenized (id -> how many), and those of them aborted
-        # meanwhile: their abort is applied as soon as they are added.
-        self._preparing: dict[str, int] = {}
-        self._aborted_early: set[str] = set()
         # NOTE: an engine never shut down is stopped at interpreter exit: a core thread still
         # running torch code while the interpreter tears down can abort the process.
         self._finalizer = weakref.finalize(self, client.shutdown)
@@ -197,17 +191,12 @@ class AsyncLLM:
         if self.errored:
             raise self._dead_error()
         # An abort that arrives while the request is being prepared is applied once it is in.
-        self._preparing[request_id] = self._preparing.get(request_id, 0) + 1
+        self._ledger.begin_preparing(request_id)
         try:
             collector = await self._add_prepared(request_id, prompt, sampling_params,
                                                  arrival_time, priority, sink)
         finally:
-            left = self._preparing.pop(request_id) - 1
-            if left:
-                self._preparing[request_id] = left
-            aborted = not left and request_id in self._aborted_early
-            if not left:
-                self._aborted_early.discard(request_id)
+            aborted = self._ledger.end_preparing(request_id)
         if aborted:
             self.abort_nowait([request_id])
         return collector
@@ -231,7 +220,7 @@ class AsyncLLM:
         engine_ids = [request_id] if n == 1 else [child_request_id(i, request_id)
                                                   for i in range(n)]
         for engine_id in engine_ids:
-            while (draining := self._draining.get(engine_id)) is not None:
+            while (draining := self._ledger.draining_event(engine_id)) is not None:
                 await draining.wait()
                 if self.errored:
                     raise self._dead_error()
@@ -318,7 +307,7 @@ class AsyncLLM:
         # Ids the output processor no longer tracks (finished by a stop string a moment ago)
         # may still be in the core: abort every given id there; the core ignores unknown ones.
         stats = IterationStats()
-        self._aborted_early.update(r for r in request_ids if r in self._preparing)
+        self._ledger.note_aborts(request_ids)
         engine_ids = self.output_processor.engine_request_ids(list(request_ids))
         self._start_draining(self.output_processor.abort_requests(engine_ids, stats))
         self.engine_core.abort_requests(engine_ids)
@@ -347,7 +336,7 @@ class AsyncLLM:
                     await asyncio.sleep(0)  # let consumers run between large chunks
                     self._process_engine_outputs(outputs, start)
                 # After every chunk: the ended requests' last tokens are behind us.
-                self._stop_draining(outputs.finished_requests)
+                self._ledger.stop_draining(outputs.finished_requests)
         except asyncio.CancelledError:
             # shutdown(), or the event loop closing: no loop collects outputs any more, so the
             # core stops too (its thread would otherwise run on for no one).
@@ -355,7 +344,7 @@ class AsyncLLM:
             self.output_processor.propagate_error(self._dead_error())
             self._finalizer()
             self._record_engine_gone()
-            self._stop_draining(list(self._draining))
+            self._ledger.stop_all_draining()
             raise
         except Exception as exc:
             self._handler_failed = True
@@ -365,7 +354,7 @@ class AsyncLLM:
                 exc if isinstance(exc, EngineDeadError) else EngineDeadError(repr(exc))
             )
             self._record_engine_gone()
-            self._stop_draining(list(self._draining))
+            self._ledger.stop_all_draining()
             if not isinstance(exc, EngineDeadError):
                 # Nobody collects the core's outputs any more: stop it rather than let it run
                 # its requests for no one.
@@ -384,16 +373,8 @@ class AsyncLLM:
         self._record_stats(scheduler_stats, processed.iteration_stats)
 
     def _start_draining(self, request_ids: list[str]) -> None:
-        if self.errored:
-            return  # no report will come; add_request refuses every request anyway
-        for request_id in request_ids:
-            self._draining.setdefault(request_id, asyncio.Event())
-
-    def _stop_draining(self, request_ids: Iterable[str]) -> None:
-        for request_id in request_ids:
-            draining = self._draining.pop(request_id, None)
-            if draining is not None:
-                draining.set()
+        if not self.errored:  # else no report will come; add_request refuses every request
+            self._ledger.start_draining(request_ids)
 
     def _record_stats(
         self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None

@@ -789,12 +789,12 @@ async def test_an_abort_while_the_request_is_prepared_is_not_lost(
             outs.append(out)
 
     task = asyncio.ensure_future(consume())
-    while "r" not in engine._preparing:
+    while "r" not in engine._ledger.preparing:
         await asyncio.sleep(0)
     await engine.abort("r")
     gate.set()
     await asyncio.wait_for(task, 60)
     assert outs and outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort"
     assert len(outs[-1].outputs[0].token_ids) < 300
-    assert not engine._preparing and not engine._aborted_early
+    assert not engine._ledger.preparing and not engine._ledger.aborted_early
     assert not engine.output_processor.has_unfinished_requests()

@@ -140,7 +140,7 @@ def test_abort_before_the_first_token_frees_the_id() -> None:
             params = SamplingParams(n=3, temperature=1.0, max_tokens=4, ignore_eos=True)
             collector = await engine.add_request("p", PROMPT, params)
             await engine.abort("p")  # no step ran: children 1 and 2 were never sent
-            assert set(engine._draining) <= {"0_p"}  # only a sent child is waited for
+            assert set(engine._ledger.draining) <= {"0_p"}  # only a sent child is waited for
             final = await collector.get()
             assert final.finished and {c.finish_reason for c in final.outputs} == {"abort"}
             assert engine.output_processor.parents == {}
@@ -148,7 +148,7 @@ def test_abort_before_the_first_token_frees_the_id() -> None:
             final_only = SamplingParams(n=3, temperature=1.0, max_tokens=4, ignore_eos=True,
                                         output_kind=RequestOutputKind.FINAL_ONLY)
             again = [o async for o in engine.generate(PROMPT, final_only, request_id="p")]
-            return again, set(engine._draining)
+            return again, set(engine._ledger.draining)
         finally:
             gated[0].open()
             engine.shutdown()
