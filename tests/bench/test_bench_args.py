@@ -54,3 +54,9 @@ def test_median_takes_any_iterable() -> None:
     assert median(x for x in (3.0, 1.0, 2.0)) == 2.0
     assert math.isnan(median(x for x in ()))
     assert math.isnan(median([]))
+
+
+def test_latency_help_names_the_max_num_seqs_default() -> None:
+    help_text = " ".join(latency._parser().format_help().split())
+    assert "(default: the largest batch size)" in help_text
+    assert "(default: None)" not in help_text
