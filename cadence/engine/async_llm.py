@@ -185,16 +185,19 @@ class AsyncLLM:
         arrival_time: float | None = None,
         priority: int = 0,
         sink: OutputSink | None = None,
+        strict_max_tokens: bool = False,
     ) -> OutputSink:
         """Validate, tokenize and enqueue one request; return where its outputs go: ``sink``
-        if given (e.g. a server's SSE frame stream), else a new ``RequestOutputCollector``."""
+        if given (e.g. a server's SSE frame stream), else a new ``RequestOutputCollector``.
+        ``strict_max_tokens``: a ``max_tokens`` past the context is an error (the OpenAI
+        server's rule) instead of capped at it (the engine's, as vLLM's)."""
         if self.errored:
             raise self._dead_error()
         # An abort that arrives while the request is being prepared is applied once it is in.
         self._ledger.begin_preparing(request_id)
         try:
             collector = await self._add_prepared(request_id, prompt, sampling_params,
-                                                 arrival_time, priority, sink)
+                                                 arrival_time, priority, sink, strict_max_tokens)
         finally:
             aborted = self._ledger.end_preparing(request_id)
         if aborted:
@@ -209,10 +212,12 @@ class AsyncLLM:
         arrival_time: float | None,
         priority: int,
         sink: OutputSink | None,
+        strict_max_tokens: bool,
     ) -> OutputSink:
         request, prompt_text = await self.run_cpu(
             input_size(prompt) + params_size(sampling_params),
             self._process_input, request_id, prompt, sampling_params, arrival_time, priority,
+            strict_max_tokens,
         )  # fmt: skip
         if self.errored:
             raise self._dead_error()
@@ -248,9 +253,11 @@ class AsyncLLM:
         sampling_params: SamplingParams,
         arrival_time: float | None,
         priority: int,
+        strict_max_tokens: bool,
     ) -> tuple[EngineCoreRequest, str | None]:
         request, prompt_text = self.input_processor.process(
-            request_id, prompt, sampling_params, arrival_time=arrival_time, priority=priority
+            request_id, prompt, sampling_params, arrival_time=arrival_time, priority=priority,
+            strict_max_tokens=strict_max_tokens,
         )
         if self._validate_in_core is not None:
             self._validate_in_core(request)  # policy and whole-KV-cache fit (read-only)

@@ -81,9 +81,15 @@ class InputProcessor:
         params: SamplingParams,
         arrival_time: float | None = None,
         priority: int = 0,
+        *,
+        strict_max_tokens: bool = False,
     ) -> tuple[EngineCoreRequest, str | None]:
         """Validate and tokenize. Returns the engine request and the prompt text (None when the
-        prompt was given as token ids). The caller's ``params`` is never modified."""
+        prompt was given as token ids). The caller's ``params`` is never modified.
+
+        A ``max_tokens`` past the context is capped at it (the request ends with "length" at
+        ``max_model_len``, as vLLM's engine ends it), or with ``strict_max_tokens`` refused
+        with the OpenAI server's error."""
         if not isinstance(request_id, str) or not request_id:
             raise InputValidationError(
                 f"request_id must be a non-empty string, got {request_id!r}.", "request_id"
@@ -109,7 +115,8 @@ class InputProcessor:
         token_ids = self._truncate(token_ids, params.truncate_prompt_tokens)
         cache_salt = self._cache_salt(prompt)
         self._validate_token_ids(token_ids)
-        params.max_tokens = self._resolve_max_tokens(len(token_ids), params.max_tokens)
+        params.max_tokens = self._resolve_max_tokens(len(token_ids), params.max_tokens,
+                                                     strict_max_tokens)
         if params.min_tokens > params.max_tokens:
             raise InputValidationError(
                 f"min_tokens must be at most max_tokens ({params.max_tokens} for this prompt), "
@@ -250,7 +257,7 @@ class InputProcessor:
             )
 
     # Sampling parameters -------------------------------------------------------------------------
-    def _resolve_max_tokens(self, num_prompt: int, max_tokens: int | None) -> int:
+    def _resolve_max_tokens(self, num_prompt: int, max_tokens: int | None, strict: bool) -> int:
         limit = self.max_model_len
         if num_prompt >= limit:
             raise InputValidationError(
@@ -270,6 +277,8 @@ class InputProcessor:
         if max_tokens is None:
             # Unset: as many as the context (and the KV cache) allow.
             return min(limit, fit if fit is not None else limit) - num_prompt
+        if num_prompt + max_tokens > limit and not strict:
+            max_tokens = limit - num_prompt
         if num_prompt + max_tokens > limit:
             raise InputValidationError(
                 f"This model's maximum context length is {limit} tokens. However, you requested "

@@ -83,7 +83,7 @@ class OpenAIServing:
         try:
             # The input processor works on a copy of ``params``: one object serves many prompts.
             collector = await self.engine.add_request(
-                request_id, prompt, params, priority=priority, sink=sink
+                request_id, prompt, params, priority=priority, sink=sink, strict_max_tokens=True
             )
         except EngineDeadError as exc:
             raise engine_unavailable(exc) from exc

@@ -267,14 +267,16 @@ async def test_abort_final_output(output_kind: RequestOutputKind, engine: AsyncL
 async def test_invalid_input_raises_before_scheduling(engine: AsyncLLM) -> None:
     bad: list[tuple[Any, SamplingParams, dict[str, Any], str]] = [
         ("x" * 600, SamplingParams(max_tokens=4), {}, "maximum context length"),
-        (TEXT_PROMPT, SamplingParams(max_tokens=10_000), {}, "maximum context length"),
+        (TEXT_PROMPT, SamplingParams(max_tokens=10_000), {"strict_max_tokens": True},
+         "maximum context length"),
         ({"prompt_token_ids": [1, 10_000]}, SamplingParams(), {}, "out of vocabulary"),
         ("", SamplingParams(), {}, "empty"),
         (TEXT_PROMPT, SamplingParams(), {"priority": 2}, "priority"),
     ]
     for i, (prompt, params, kw, match) in enumerate(bad):
         with pytest.raises(ValueError, match=match):
-            async for _ in engine.generate(prompt, params, f"bad-{i}", **kw):
+            collector = await engine.add_request(f"bad-{i}", prompt, params, **kw)
+            async for _ in engine.outputs(f"bad-{i}", collector):
                 pass
     assert not engine.output_processor.has_unfinished_requests()
     stats = await engine.get_scheduler_stats()

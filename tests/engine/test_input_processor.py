@@ -113,8 +113,10 @@ def test_bad_prompts(
 
 
 def test_prompt_plus_max_tokens_over_context(tokenizer: PreTrainedTokenizerFast) -> None:
+    # The OpenAI server's rule: refused, with its message.
     with pytest.raises(InputValidationError) as info:
-        _proc(tokenizer).process("r", {"prompt_token_ids": [3] * 40}, SamplingParams(max_tokens=30))
+        _proc(tokenizer).process("r", {"prompt_token_ids": [3] * 40}, SamplingParams(max_tokens=30),
+                                 strict_max_tokens=True)
     assert str(info.value) == (
         "This model's maximum context length is 64 tokens. However, you requested 70 tokens "
         "(40 in the messages, 30 in the completion). Please reduce the length of the messages "
@@ -122,7 +124,25 @@ def test_prompt_plus_max_tokens_over_context(tokenizer: PreTrainedTokenizerFast)
     )
     assert info.value.parameter == "max_tokens"
     # Exactly at the limit is fine.
-    _proc(tokenizer).process("r", {"prompt_token_ids": [3] * 40}, SamplingParams(max_tokens=24))
+    req, _ = _proc(tokenizer).process("r", {"prompt_token_ids": [3] * 40},
+                                      SamplingParams(max_tokens=24), strict_max_tokens=True)
+    assert req.sampling_params.max_tokens == 24
+
+
+@pytest.mark.parametrize(("asked", "kept"), [(30, 24), (24, 24), (10**12, 24), (5, 5)])
+def test_max_tokens_past_the_context_is_capped_by_default(
+    tokenizer: PreTrainedTokenizerFast, asked: int, kept: int
+) -> None:
+    """vLLM's engine checks the prompt alone and ends a request at max_model_len: a 40-token
+    prompt in a 64-token context gets at most 24 tokens, whatever max_tokens asked."""
+    params = SamplingParams(max_tokens=asked)
+    req, _ = _proc(tokenizer).process("r", {"prompt_token_ids": [3] * 40}, params)
+    assert req.sampling_params.max_tokens == kept
+    assert params.max_tokens == asked  # the caller's object is left alone
+    if asked > 25:  # a min_tokens past what the context leaves is still an error
+        with pytest.raises(InputValidationError, match="min_tokens must be at most max_tokens"):
+            _proc(tokenizer).process("r", {"prompt_token_ids": [3] * 40},
+                                     SamplingParams(max_tokens=asked, min_tokens=25))
 
 
 @pytest.mark.parametrize("length", [64, 100])

@@ -24,7 +24,8 @@ GOOD = SamplingParams(temperature=0.0, max_tokens=4)
         ({"prompt_token_ids": []}, GOOD, "prompt"),
         ({"prompt_token_ids": [1, 2, 100000]}, GOOD, "100000"),
         ({"prompt_token_ids": [1, -3]}, GOOD, "prompt_token_ids"),
-        ("hello " * 10, SamplingParams(max_tokens=127), "maximum context length is 128"),
+        # Capped at the context (128), which the KV cache (7 usable blocks, 112 tokens) misses.
+        ("hello " * 10, SamplingParams(max_tokens=127), "KV cache"),
         ({"prompt_token_ids": [5] * 128}, GOOD, "maximum context length"),
         # Fits the context (100 + 20 <= 128) but not the whole KV cache (7 usable blocks).
         ({"prompt_token_ids": [5] * 100}, SamplingParams(max_tokens=20), "KV cache"),
@@ -153,3 +154,22 @@ def test_sampling_params_of_the_wrong_kind_say_so(llm, params):
     with pytest.raises(ValueError, match=r"sampling_params: a SamplingParams or a list of "
                                          rf"them .*got {type(params).__name__}"):
         llm.generate(["hi"], params, use_tqdm=False)
+
+
+def test_max_tokens_past_the_context_ends_at_the_context() -> None:
+    """vLLM's offline engine checks the prompt alone and ends a request at max_model_len with
+    "length"; it does not refuse a max_tokens that runs past it (its OpenAI server does)."""
+    llm = LLM("tiny", max_model_len=64, num_gpu_blocks_override=32, device="cpu")
+    try:
+        prompts = [{"prompt_token_ids": [5 + i] * 40} for i in range(2)]
+        capped = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1_000,
+                                                      ignore_eos=True), use_tqdm=False)
+        exact = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24,
+                                                     ignore_eos=True), use_tqdm=False)
+        for a, b in zip(capped, exact, strict=True):
+            assert len(a.outputs[0].token_ids) == 64 - 40
+            assert a.outputs[0].finish_reason == "length"
+            assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert llm.engine_core.num_free_kv_blocks == 31  # all but the null block
+    finally:
+        llm.shutdown()
