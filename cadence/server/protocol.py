@@ -340,9 +340,10 @@ class CompletionRequest(SamplingRequest):
 
     def to_sampling_params(self, defaults: Mapping[str, Any] = NO_DEFAULTS) -> SamplingParams:
         """``defaults``: the model's default sampling fields (generation config)."""
-        # vLLM: a completion without max_tokens (absent or null) gets 16 tokens; an echo of the
-        # prompt alone computes one, which the response leaves out.
-        max_tokens = self.max_tokens if self.max_tokens is not None else 16
+        # vLLM: a completion without max_tokens gets the field's default, 16; an explicit null
+        # gets what the context leaves (its get_max_tokens takes the least of the values that
+        # are set). An echo of the prompt alone computes one, which the response leaves out.
+        max_tokens = self.max_tokens
         if self.echo_only:
             max_tokens = 1
         return self._sampling_params(max_tokens, self.logprobs, defaults,

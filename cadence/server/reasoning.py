@@ -33,9 +33,13 @@ class ReasoningParser:
         return START, END
 
     def split(self, text: str) -> tuple[str | None, str | None]:
-        """(reasoning, content) of a whole output; None where a part is empty."""
+        """(reasoning, content) of a whole output; None where a part is empty, except that an
+        output without reasoning keeps its content even when empty ("", as without a parser
+        and as the stream's content delta)."""
         reasoning, content = self.stream().feed(text, final=True)
-        return reasoning or None, content or None
+        if not reasoning:
+            return None, content
+        return reasoning, content or None
 
     def stream(self) -> ReasoningStream:
         return ReasoningStream(self)

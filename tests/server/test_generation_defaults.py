@@ -3,6 +3,7 @@ generation-config defaults; fields a request sets win."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -60,9 +61,21 @@ def test_penalty_defaults_and_the_max_new_tokens_cap(tmp_path: Path, server_fact
 
 
 def test_completions_without_max_tokens_get_16(server_factory) -> None:
-    srv = server_factory()
-    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
-        for extra in ({}, {"max_tokens": None}):
-            body = {"prompt": "Once upon a time", "ignore_eos": True, **extra}
-            resp = http.post("/v1/completions", json=body)
-            assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 16
+    """An absent max_tokens is the field's default, 16; an explicit null is unset: what the
+    context leaves after the prompt (vLLM's get_max_tokens), streamed or not."""
+    srv = server_factory(max_model_len=96)
+    with httpx.Client(base_url=srv.base_url, timeout=60) as http:
+        body = {"prompt": "Once upon a time", "ignore_eos": True}
+        resp = http.post("/v1/completions", json=body)
+        assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 16
+        resp = http.post("/v1/completions", json={**body, "max_tokens": None})
+        assert resp.status_code == 200, resp.text
+        usage = resp.json()["usage"]
+        assert usage["prompt_tokens"] + usage["completion_tokens"] == 96
+        assert resp.json()["choices"][0]["finish_reason"] == "length"
+        stream = http.post("/v1/completions", json={
+            **body, "max_tokens": None, "stream": True,
+            "stream_options": {"include_usage": True}})
+        frames = [line[6:] for line in stream.text.splitlines() if line.startswith("data: ")]
+        assert frames[-1] == "[DONE]"
+        assert json.loads(frames[-2])["usage"] == usage

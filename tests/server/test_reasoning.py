@@ -20,7 +20,7 @@ CASES = [  # text, qwen3's (reasoning, content), deepseek_r1's
     ("thought</think>answer", (None, "thought</think>answer"), ("thought", "answer")),
     ("<think></think>x", (None, "x"), (None, "x")),
     ("a < b </thin", (None, "a < b </thin"), ("a < b </thin", None)),
-    ("", (None, None), (None, None)),
+    ("", (None, ""), (None, "")),  # an empty answer is "", as without a parser
     ("<th", (None, "<th"), ("<th", None)),  # a tag's start that the output ends on stays
     ("  <think", (None, "  <think"), ("  <think", None)),
     ("<think>why</th", ("why</th", None), ("why</th", None)),
@@ -46,7 +46,7 @@ def test_any_chunking_streams_the_same_parts(parser, seed) -> None:
             r, c = stream.feed(piece, final=i == len(pieces) - 1)
             reasoning, content = reasoning + r, content + c
         want = parser.split(text)
-        assert (reasoning or None, content or None) == want, pieces
+        assert (reasoning or None, content or None) == (want[0], want[1] or None), pieces
 
 
 def test_a_tag_split_across_pieces_is_held_back() -> None:
@@ -90,6 +90,28 @@ def test_reasoning_through_the_openai_client(server_factory, name) -> None:
             streamed["reasoning"] += getattr(delta, "reasoning", None) or ""
             streamed["content"] += delta.content or ""
     assert (streamed["reasoning"] or None, streamed["content"] or None) == want
+
+
+@pytest.mark.parametrize("name", ["qwen3", "deepseek_r1"])
+def test_an_empty_answer_is_empty_content_streamed_or_not(server_factory, name) -> None:
+    """The model ends at once (its end token forced): content is "" as without a parser, in the
+    whole message and in the stream alike, and there is no reasoning."""
+    srv = server_factory(app_kwargs={"reasoning_parser": name})
+    eos = srv.engine.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+              temperature=0.0, logit_bias={str(eos): 100})
+    out = client.chat.completions.create(**kw)
+    msg = out.choices[0].message
+    assert out.choices[0].finish_reason == "stop" and out.usage.completion_tokens == 1
+    assert msg.content == "" and getattr(msg, "reasoning", None) is None
+    content, reasoning = [], []
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta is not None:
+            content.append(delta.content)
+            reasoning.append(getattr(delta, "reasoning", None))
+    assert "".join(c for c in content if c) == "" and not any(reasoning)
 
 
 def test_each_streamed_choice_splits_its_own_reasoning(server_factory) -> None:
