@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -125,7 +126,10 @@ def parse_json_body(body: bytes) -> dict[str, Any]:
     except RecursionError as exc:
         raise BadRequestError("Invalid JSON in request body: nested too deeply.", None) from exc
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, the int digit limit
-        raise BadRequestError(f"Invalid JSON in request body: {exc}", param=None) from exc
+        reason = str(exc)
+        if "int_max_str_digits" in reason:  # Python's own advice is not the client's to take
+            reason = f"an integer has more than {sys.get_int_max_str_digits()} digits"
+        raise BadRequestError(f"Invalid JSON in request body: {reason}", param=None) from exc
     if not isinstance(data, dict):
         raise BadRequestError("The request body must be a JSON object.", param=None)
     if _SURROGATE_ESCAPE.search(body) is not None:

@@ -267,7 +267,7 @@ def test_validation_error_names_nested_fields() -> None:
 # Bodies that once raised inside the engine thread or the JSON parser: each must be a 400.
 RAW_BODIES: list[tuple[bytes, str | None, str]] = [
     (b"[" * 100_000 + b"]" * 100_000, None, "nested too deeply"),
-    (b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", None, "invalid json"),
+    (b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", None, "more than 4300 digits"),
     (b'{"prompt": "x", "temperature": NaN}', None, "invalid json"),
     (b'{"prompt": "x", "top_p": Infinity}', None, "invalid json"),
     (b'{"prompt": "\\ud800 lone"}', "prompt", "surrogate"),
