@@ -33,9 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int_at_least(1), default=3)
     add_report_args(p, bandwidth=True)
     p.set_defaults(max_num_seqs=None)  # the largest batch size unless given
-    for action in p._actions:
-        if action.dest == "max_num_seqs":
-            action.help = "most requests running in one step (default: the largest batch size)"
+    # argparse has no public lookup (as in cli_config)
+    p._option_string_actions["--max-num-seqs"].help = (
+        "most requests running in one step (default: the largest batch size)")
     return p
 
 

@@ -277,8 +277,8 @@ class InputProcessor:
         if max_tokens is None:
             # Unset: as many as the context (and the KV cache) allow.
             return min(limit, fit if fit is not None else limit) - num_prompt
-        if num_prompt + max_tokens > limit and not strict:
-            max_tokens = limit - num_prompt
+        if not strict:  # the engine's rule: capped at the context (vLLM ends it with "length")
+            max_tokens = min(max_tokens, limit - num_prompt)
         if num_prompt + max_tokens > limit:
             raise InputValidationError(
                 f"This model's maximum context length is {limit} tokens. However, you requested "
