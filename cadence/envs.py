@@ -75,6 +75,9 @@ class Envs:
     # Keep the narrow projections of 5-256 row steps whole cuBLAS products instead of K-split
     # partial sums that the next RMSNorm adds up (model/split_k.py).
     disable_split_k: bool = False
+    # Run a prefill step's last layer for every token (not, past its qkv projection, for the
+    # tokens the step samples from only; model/attention_metadata.py's ``OutputRows``).
+    disable_output_rows: bool = False
 
     @property
     def cpu_threads(self) -> int | None:
@@ -109,4 +112,5 @@ def read_envs() -> Envs:
         disable_launch_tapes=bool(_flag("CADENCE_DISABLE_LAUNCH_TAPES")),
         disable_dense_prefill=bool(_flag("CADENCE_DISABLE_DENSE_PREFILL")),
         disable_split_k=bool(_flag("CADENCE_DISABLE_SPLIT_K")),
+        disable_output_rows=bool(_flag("CADENCE_DISABLE_OUTPUT_ROWS")),
     )

@@ -12,7 +12,12 @@ import torch
 from torch import nn
 
 from cadence.model.arch import DecoderArch
-from cadence.model.attention_metadata import AttentionBackend, AttentionMetadata, QKRope
+from cadence.model.attention_metadata import (
+    AttentionBackend,
+    AttentionMetadata,
+    OutputRows,
+    QKRope,
+)
 from cadence.model.layers import GemmaRMSNorm, RMSNorm
 from cadence.model.parallel import all_reduce
 
@@ -59,10 +64,11 @@ class SelfAttention(nn.Module):
         cos_sin: torch.Tensor,
         kv_cache: torch.Tensor,
         attn: AttentionMetadata,
+        rows: OutputRows | None = None,
     ) -> torch.Tensor:
         """``forward`` from the qkv projection's output on (the decoder layer projects its
-        norm's input itself, see ``RMSNorm.project``)."""
-        out = self.o_proj(self.attend_heads(qkv, positions, cos_sin, kv_cache, attn))
+        norm's input itself, see ``RMSNorm.project``); with ``rows``, those rows only."""
+        out = self.o_proj(self.attend_heads(qkv, positions, cos_sin, kv_cache, attn, rows))
         return all_reduce(out) if self.tp else out
 
     def attend_heads(
@@ -72,8 +78,10 @@ class SelfAttention(nn.Module):
         cos_sin: torch.Tensor,
         kv_cache: torch.Tensor,
         attn: AttentionMetadata,
+        rows: OutputRows | None = None,
     ) -> torch.Tensor:
-        """``attend`` up to the output projection: the heads' outputs, ``[T, q_size]``."""
+        """``attend`` up to the output projection: the heads' outputs, ``[T, q_size]``; with
+        ``rows``, every token's K/V stored and ``rows``' outputs only, ``[R, q_size]``."""
         num_tokens = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
@@ -87,9 +95,15 @@ class SelfAttention(nn.Module):
             else:
                 q, k = self.q_norm(q), self.k_norm(k)
         # The backend applies the q/k norms and RoPE (in its decode kernel where it can).
-        out = self.backend.forward(
-            q, k, v, kv_cache, attn, self.scale, self.sliding_window, self.softcap,
-            self.k_scale, self.v_scale, QKRope(positions, cos_sin, q_weight, k_weight, eps),
-        )
-        return out.reshape(num_tokens, self.q_size)
+        args = (self.scale, self.sliding_window, self.softcap, self.k_scale, self.v_scale,
+                QKRope(positions, cos_sin, q_weight, k_weight, eps))
+        if rows is None:
+            out = self.backend.forward(q, k, v, kv_cache, attn, *args)
+            return out.reshape(num_tokens, self.q_size)
+        forward_rows = getattr(self.backend, "forward_rows", None)
+        if forward_rows is not None:
+            out = forward_rows(q, k, v, kv_cache, attn, rows, *args)
+        else:  # a backend without it attends every token; the rows are kept
+            out = self.backend.forward(q, k, v, kv_cache, attn, *args).index_select(0, rows.index)
+        return out.reshape(rows.count, self.q_size)
 

@@ -47,6 +47,25 @@ class AttentionMetadata:
 
 
 @dataclass(frozen=True)
+class OutputRows:
+    """The tokens of a pass whose final hidden states the caller needs: each sequence's last
+    (the one a step samples from). The last layer stores every token's K/V but attends,
+    projects and runs its MLP for these rows only, and the model returns ``[R, hidden]``.
+
+    ``index[i]`` is the flat index of sequence ``i``'s last token, for the pass's first ``R``
+    sequences; ``metadata`` lays those tokens out as a decode pass over the same sequences (one
+    query each, the pass's ``seq_lens`` and block tables). Its ``slot_mapping`` is not read:
+    the pass has stored every token's K/V before these rows attend."""
+
+    index: torch.Tensor  # [R] int32 or int64
+    metadata: AttentionMetadata
+
+    @property
+    def count(self) -> int:
+        return self.index.shape[0]
+
+
+@dataclass(frozen=True)
 class QKRope:
     """The q/k norms (both weights given) and rotate-half RoPE still to apply to a pass's q and
     k (``fused_ops.qk_norm_rope``'s arguments): a backend applies them in its decode kernel's

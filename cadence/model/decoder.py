@@ -16,7 +16,7 @@ from transformers import PretrainedConfig
 
 from cadence.model.arch import DecoderArch
 from cadence.model.attention_layer import SelfAttention
-from cadence.model.attention_metadata import AttentionBackend, AttentionMetadata
+from cadence.model.attention_metadata import AttentionBackend, AttentionMetadata, OutputRows
 from cadence.model.embedding import embed
 from cadence.model.gemma import GemmaDecoderLayer
 from cadence.model.layers import GemmaRMSNorm, RMSNorm, silu_and_mul
@@ -58,6 +58,7 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     local_rope = False  # every layer rotates with the one rope table
+    takes_rows = True  # ``forward`` may run past the qkv projection for ``rows`` only
 
     def __init__(self, arch: DecoderArch, backend: AttentionBackend, layer: int) -> None:
         super().__init__()
@@ -79,18 +80,23 @@ class DecoderLayer(nn.Module):
         cos_sin: torch.Tensor,
         kv_cache: torch.Tensor,
         attn: AttentionMetadata,
+        rows: OutputRows | None = None,
     ) -> tuple[torch.Tensor | KParts, torch.Tensor]:
         """``x`` is the previous layer's MLP output (or its K-split partial sums), added to
         ``residual`` here (the first layer gets the embeddings and no residual). Returns this
-        layer's MLP output and residual.
+        layer's MLP output and residual; with ``rows`` (the last layer), every token's K/V is
+        stored and the two are ``rows``' only.
         Each norm hands its input to the projection that takes its output (``RMSNorm.project``),
         which for few rows runs it in its loads."""
         qkv, residual = self.input_layernorm.project(self.self_attn.qkv_proj, x, residual)
-        if self.block_ok and qkv.shape[0] == 1 and not self._bulk_mlp():
+        if rows is not None:
+            # NOTE: before attention, so that its launch still releases o_proj's (PDL).
+            residual = residual.index_select(0, rows.index)
+        elif self.block_ok and qkv.shape[0] == 1 and not self._bulk_mlp():
             fused = self._block(qkv, residual, positions, cos_sin, kv_cache, attn)
             if fused is not None:
                 return fused
-        h = self._attend(qkv, positions, cos_sin, kv_cache, attn)
+        h = self._attend(qkv, positions, cos_sin, kv_cache, attn, rows)
         if isinstance(self.mlp, MLP):
             gate_up, residual = self.post_attention_layernorm.project(
                 self.mlp.gate_up_proj, h, residual
@@ -101,17 +107,18 @@ class DecoderLayer(nn.Module):
 
     def _attend(
         self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
-        kv_cache: torch.Tensor, attn: AttentionMetadata,
+        kv_cache: torch.Tensor, attn: AttentionMetadata, rows: OutputRows | None = None,
     ) -> torch.Tensor | KParts:
-        """Attention and o_proj; for the row counts ``split_k`` lists, o_proj's K-split partial
-        sums, which the post-attention norm adds up."""
+        """Attention and o_proj (of ``rows`` only, given them); for the row counts ``split_k``
+        lists, o_proj's K-split partial sums, which the post-attention norm adds up."""
         sa = self.self_attn
         if self.split_ok and _plain_linear(sa.o_proj):
-            parts = weight_parts(sa.o_proj.weight, qkv.shape[0], qkv.dtype)
+            count = qkv.shape[0] if rows is None else rows.count
+            parts = weight_parts(sa.o_proj.weight, count, qkv.dtype)
             if parts:
-                heads = sa.attend_heads(qkv, positions, cos_sin, kv_cache, attn)
+                heads = sa.attend_heads(qkv, positions, cos_sin, kv_cache, attn, rows)
                 return split_k_linear(heads, sa.o_proj.weight, parts)
-        return sa.attend(qkv, positions, cos_sin, kv_cache, attn)
+        return sa.attend(qkv, positions, cos_sin, kv_cache, attn, rows)
 
     def _down(self, gate_up: torch.Tensor) -> torch.Tensor | KParts:
         """SwiGLU and down_proj; K-split partial sums where ``split_k`` lists the row count (the
@@ -283,8 +290,11 @@ class CausalLM(nn.Module):
                 module.reset_buffers()
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
+        rows: OutputRows | None = None,
     ) -> torch.Tensor:
+        """The final hidden states ``[T, hidden]``; with ``rows``, ``rows``' only ``[R, hidden]``
+        (the last layer attends and runs its MLP for those tokens alone)."""
         if not self._kv_caches:
             raise RuntimeError("bind_kv_caches() must be called before the first forward.")
         cos_sin = self.rotary_emb.cos_sin
@@ -299,12 +309,21 @@ class CausalLM(nn.Module):
             scale = torch.tensor(self.arch.hidden_size**0.5, dtype=torch.float32).to(x.dtype)
             x = x * float(scale)
         residual: torch.Tensor | None = None
+        last = self.model.layers[-1]
+        in_layer = rows if rows is not None and getattr(last, "takes_rows", False) else None
         for layer, kv_cache in zip(self.model.layers, self._kv_caches, strict=True):
             table = local if layer.local_rope else cos_sin
-            x, residual = layer(x, residual, positions, table, kv_cache, attn)
+            if layer is last and in_layer is not None:
+                x, residual = layer(x, residual, positions, table, kv_cache, attn, in_layer)
+            else:
+                x, residual = layer(x, residual, positions, table, kv_cache, attn)
         if residual is None:
-            return self.model.norm(x)
-        return self.model.norm.add_and_norm(x, residual)[0]
+            hidden = self.model.norm(x)
+        else:
+            hidden = self.model.norm.add_and_norm(x, residual)[0]
+        if rows is not None and in_layer is None:  # a layer that runs every token: keep rows
+            hidden = hidden.index_select(0, rows.index)
+        return hidden
 
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """``[N, hidden] -> [N, vocab]`` float32 logits."""

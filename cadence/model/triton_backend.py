@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from cadence.envs import read_envs
-from cadence.model.attention_metadata import AttentionMetadata, QKRope
+from cadence.model.attention_metadata import AttentionMetadata, OutputRows, QKRope
 from cadence.model.attention_tiles import decode_config
 from cadence.model.dense_prefill import DensePrefill
 from cadence.model.fused_ops import KVStore, qk_norm_rope_triton
@@ -84,17 +84,10 @@ class TritonAttentionBackend:
             raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} kv heads")
         decode = metadata.is_decode_only
         fuse = rope is not None and self.fuse_rope and decode and rope_fusable(q, k, rope)
-        stored = False
-        if rope is not None and not fuse:
-            if decode or not self.fuse_rope or kv_cache.dtype == torch.float8_e4m3fn:
-                q, k = rope.apply(q, k)
-            else:  # the rope launch also writes this pass's K/V to the cache
-                store = KVStore(v, kv_cache, metadata.slot_mapping)
-                q, k = qk_norm_rope_triton(q, k, rope.positions, rope.cos_sin, rope.q_weight,
-                                           rope.k_weight, rope.eps, store)
-                stored = True
-        q = _last_dim_contiguous(q)
         if decode:
+            if rope is not None and not fuse:
+                q, k = rope.apply(q, k)
+            q = _last_dim_contiguous(q)
             out = torch.empty_like(q)
             sms = self.num_sms(q.device)
             config = None if self.early_decode else decode_config(q.dtype == torch.float32)
@@ -104,8 +97,7 @@ class TritonAttentionBackend:
                 rope=rope if fuse else None, config=config,
             )  # fmt: skip
         else:
-            if not stored:
-                store_kv_cache(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)
+            q, k = self._rope_and_store(q, k, v, kv_cache, metadata, k_scale, v_scale, rope)
             dense = self.dense_prefill
             if dense.applies(q, kv_cache, metadata.fresh_prompt, sliding_window, softcap):
                 found = dense.attend(q, k, v, scale)
@@ -117,3 +109,52 @@ class TritonAttentionBackend:
                 k_scale=k_scale, v_scale=v_scale, num_sms=self.num_sms(q.device),
             )
         return out
+
+    def forward_rows(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        rows: OutputRows,
+        scale: float,
+        sliding_window: int = 0,
+        softcap: float = 0.0,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
+        rope: QKRope | None = None,
+    ) -> torch.Tensor:
+        """A prefill pass of which only ``rows`` attend (the last layer of a step that samples
+        them): every token's K/V to the cache as ``forward`` stores them, then the rows' queries
+        through the decode kernel over their sequences, ``[R, num_heads, head_dim]``."""
+        num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} kv heads")
+        q, _ = self._rope_and_store(q, k, v, kv_cache, metadata, k_scale, v_scale, rope)
+        q_rows = q.index_select(0, rows.index)
+        out = torch.empty_like(q_rows)
+        paged_decode_attention(
+            q_rows, kv_cache, rows.metadata, scale, out, self.num_sms(q.device),
+            sliding_window=sliding_window, softcap=softcap, k_scale=k_scale, v_scale=v_scale,
+        )
+        return out
+
+    def _rope_and_store(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+        metadata: AttentionMetadata, k_scale: float, v_scale: float, rope: QKRope | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A prefill pass's q and k normed and rotated, and its K/V in the cache: one launch
+        for both where it can (not into an FP8 cache), else each on its own."""
+        stored = False
+        if rope is not None:
+            if not self.fuse_rope or kv_cache.dtype == torch.float8_e4m3fn:
+                q, k = rope.apply(q, k)
+            else:  # the rope launch also writes this pass's K/V to the cache
+                store = KVStore(v, kv_cache, metadata.slot_mapping)
+                q, k = qk_norm_rope_triton(q, k, rope.positions, rope.cos_sin, rope.q_weight,
+                                           rope.k_weight, rope.eps, store)
+                stored = True
+        if not stored:
+            store_kv_cache(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)
+        return _last_dim_contiguous(q), k

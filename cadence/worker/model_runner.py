@@ -108,6 +108,9 @@ class ModelRunner:
         # Mixed-step graphs of a lone prompt from position 0 (dense prefill attention).
         self.fresh_graphs = None
         self.capture_seconds = 0.0
+        # Steps that sample every row and score no prompt token run their last layer past
+        # the qkv projection for each row's last token only (model's ``rows``).
+        self.output_rows = not read_envs().disable_output_rows
         # Eager decode steps replayed from launch tapes (by batch size), where no graph runs.
         self.tapes = (TapedSteps(device) if device.type == "cuda"
                       and not read_envs().disable_launch_tapes else None)
@@ -208,7 +211,10 @@ class ModelRunner:
         # max_query_len > 1 selects the varlen attention path, whose grid depends on shapes only.
         md = buf.metadata(tokens, rows, tokens, self.max_blocks_per_req, self.max_model_len,
                           fresh_prompt)
-        return self.model(buf.input_ids[:tokens], buf.positions[:tokens], md)
+        # A fresh graph returns its prompt's last token only (``_fresh_rows``).
+        out = (buf.output_rows(1, self.max_blocks_per_req, self.max_model_len)
+               if fresh_prompt and self.output_rows else None)
+        return self.model(buf.input_ids[:tokens], buf.positions[:tokens], md, out)
 
     def _fresh_graph_step(self, tokens: int) -> torch.Tensor:
         return self._mixed_graph_step(tokens, fresh_prompt=True)
@@ -273,7 +279,7 @@ class ModelRunner:
                 return self.graphs.bucket_for(inp.num_reqs), None, False
         elif self.mixed_graphs is not None:
             t = inp.num_tokens
-            if self.fresh_graphs is not None and inp.fresh_prompt:
+            if self.fresh_graphs is not None and inp.fresh_prompt and self._fresh_rows(inp):
                 # A prompt a little below the dense minimum may pad into a fresh bucket: dense
                 # attention at the bucket's size still beats the varlen kernel at the prompt's.
                 size = self.fresh_graphs.bucket_for(t)
@@ -281,6 +287,18 @@ class ModelRunner:
                     return None, size, True
             return None, self.mixed_graphs.bucket_for(t), False
         return None, None, False
+
+    def _fresh_rows(self, inp: StepInputs) -> bool:
+        """Whether a fresh graph serves this lone prompt: its graph returns the prompt's last
+        token alone, so a prompt whose tokens are scored takes a mixed graph."""
+        return not self.output_rows or inp.req_ids[0] not in self.sampling.prompt_logprob_reqs
+
+    def _eager_rows(self, inp: StepInputs) -> bool:
+        """Whether an eager prefill step runs its last layer for each row's last token only:
+        every row samples and none scores prompt tokens."""
+        return (self.output_rows and inp.max_query_len > 1
+                and len(inp.sample_rows) == inp.num_reqs
+                and self.sampling.prompt_logprob_reqs.isdisjoint(inp.req_ids))
 
     def kernels_per_step(self, batch: int) -> int | None:
         if self.graphs is None:
@@ -349,6 +367,8 @@ class ModelRunner:
             with nvtx_range("replay"):
                 logits = self.graphs.replay(decode_bucket)[:b]
         else:
+            # Whether ``hidden`` holds each row's last token alone (``OutputRows``).
+            row_states = fresh and self.output_rows
             if mixed_bucket is not None:
                 graphs = self.fresh_graphs if fresh else self.mixed_graphs
                 with nvtx_range("replay"):
@@ -357,10 +377,13 @@ class ModelRunner:
                 with nvtx_range("forward"):
                     self.combine_kernel.combine(self.main)
                     t = inp.num_tokens
+                    row_states = self._eager_rows(inp)
+                    last = (self.buffers.output_rows(b, md.block_tables.shape[1],
+                                                     inp.max_seq_len) if row_states else None)
 
                     def forward() -> torch.Tensor:
                         return self.model(self.buffers.input_ids[:t], self.buffers.positions[:t],
-                                          md)
+                                          md, last)
 
                     hidden = forward() if tape_key is None else self.tapes.run(tape_key, forward)
             scored = self.sampling.score_prompts(inp, hidden, self.model.compute_logits)
@@ -372,8 +395,11 @@ class ModelRunner:
                 # NOTE: nothing sampled, so no copy orders the scoring: wait for the stream.
                 return WithPromptLogprobs(ReadyOutput(out), scored, self.main.synchronize)
             with nvtx_range("logits"):
-                index = self.buffers.logits_index[: len(rows)].long()
-                logits = self.model.compute_logits(hidden[index])
+                if row_states:  # every row samples: its own state, in row order
+                    logits = self.model.compute_logits(hidden)
+                else:
+                    index = self.buffers.logits_index[: len(rows)].long()
+                    logits = self.model.compute_logits(hidden[index])
         with nvtx_range("sample"):
             md = self.sampling.metadata(inp, self.last_sampled, self.copier.peek_last)
             sampled = self.sampler(logits, md)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cadence.model.attention_metadata import AttentionMetadata
+from cadence.model.attention_metadata import AttentionMetadata, OutputRows
 from cadence.worker.input_batch import StepInputs
 from cadence.worker.step_layout import ROW_ARRAYS, stage_step
 
@@ -69,6 +69,8 @@ class StepBuffers:
         for name, (offset, n) in layout.items():
             setattr(self, name, self._rows[offset : offset + n])
         self.block_tables = dev(max_num_reqs, torch.int32, max_blocks)
+        # 0, 1, 2, ...: the query ranges of a decode layout (``output_rows``); never written.
+        self.row_starts = torch.arange(max_num_reqs + 1, dtype=torch.int32, device=device)
         # Device addresses of the copies' destinations (fixed: graphs read these buffers).
         self._dst = {"tokens": self._tokens.data_ptr(), "rows": self._rows.data_ptr(),
                      "block_tables": self.block_tables.data_ptr()}
@@ -175,6 +177,20 @@ class StepBuffers:
             slot_mapping=self.slot_mapping[:tokens],
             fresh_prompt=fresh_prompt,
         )
+
+    def output_rows(self, rows: int, num_block_cols: int, max_seq_len: int) -> OutputRows:
+        """The last token of each of the first ``rows`` rows, as the model's ``rows``: views of
+        the uploaded step (a graph reads them at replay)."""
+        md = AttentionMetadata(
+            num_actual_tokens=rows,
+            max_query_len=1,
+            max_seq_len=max_seq_len,
+            query_start_loc=self.row_starts[: rows + 1],
+            seq_lens=self.seq_lens[:rows],
+            block_tables=self.block_tables[:rows, :num_block_cols],
+            slot_mapping=self.slot_mapping[:rows],  # not read: the pass stores every K/V
+        )
+        return OutputRows(self.last_token_index[:rows], md)
 
     def fill_padding(self, tokens: int, rows: int) -> None:
         """Make the first ``tokens`` tokens and ``rows`` rows a harmless all-padding step

@@ -9,7 +9,7 @@ import torch
 import transformers
 
 from cadence.model.attention import TorchAttentionBackend
-from cadence.model.attention_metadata import AttentionMetadata
+from cadence.model.attention_metadata import AttentionMetadata, OutputRows
 from cadence.model.decoder import CausalLM
 from cadence.model.loader import build_model
 from cadence.model.registry import resolve_model
@@ -150,6 +150,26 @@ def make_batch(chunks: list[Chunk], num_padding_tokens: int = 0) -> Batch:
         seq_lens_cpu=seq_lens_t.clone(),
     )
     return Batch(torch.tensor(ids), torch.tensor(positions), metadata)
+
+
+def last_rows(batch: Batch, num_seqs: int | None = None) -> OutputRows:
+    """The last token of each of the batch's first ``num_seqs`` sequences (all real ones by
+    default) as the model's ``rows``: their flat indices and their decode layout."""
+    md = batch.metadata
+    n = int((md.seq_lens > 0).sum()) if num_seqs is None else num_seqs
+    index = (md.query_start_loc[1 : n + 1] - 1).to(torch.int32)
+    decode = AttentionMetadata(
+        num_actual_tokens=n,
+        max_query_len=1,
+        max_seq_len=md.max_seq_len,
+        query_start_loc=torch.arange(n + 1, dtype=torch.int32),
+        seq_lens=md.seq_lens[:n],
+        block_tables=md.block_tables[:n],
+        slot_mapping=md.slot_mapping[index.long()],
+        query_start_loc_cpu=torch.arange(n + 1, dtype=torch.int32),
+        seq_lens_cpu=md.seq_lens[:n].clone(),
+    )
+    return OutputRows(index, decode)
 
 
 @torch.no_grad()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 if __name__ == "__main__":  # the interpreter driver: before triton is imported
@@ -394,6 +394,48 @@ def run_fp8_reads(device: str, dtype: torch.dtype, window: int = 0, softcap: flo
 # ---- CPU: Triton's interpreter, in a subprocess (the interpreter mode is process-wide) ----
 
 
+def run_rows(device: str, dtype: torch.dtype, window: int = 0, softcap: float = 0.0,
+             fp8: bool = False, fuse_rope: bool = True, fresh: bool = False) -> None:
+    """``forward_rows`` against ``forward``: the same cache bytes (every token stored), and at
+    each sequence's last token the whole pass's output, within the decode kernel's rounding
+    against the varlen kernel's (or cuDNN's, for a lone ``fresh`` prompt)."""
+    from cadence.model.attention_metadata import OutputRows, QKRope
+    from cadence.model.triton_backend import TritonAttentionBackend
+
+    scales = FP8_SCALES if fp8 else (1.0, 1.0)
+    seqs = [(800, 800)] if fresh else MIXED_SEQS
+    case = make_case(seqs, 8, 2, 64, 16, dtype, device, seed=9, window=window, softcap=softcap,
+                     kv_dtype=FP8 if fp8 else None, kv_scales=scales)
+    if not fresh:
+        case = pad_like_a_graph(case, extra_tokens=5, empty_rows=2)
+    md = replace(case.metadata, fresh_prompt=fresh)
+    n = len(seqs)
+    index = (md.query_start_loc[1 : n + 1] - 1).to(torch.int32)
+    starts = torch.arange(n + 1, dtype=torch.int32)
+    rows = OutputRows(index, replace(md, num_actual_tokens=n, max_query_len=1,
+                                     query_start_loc=starts.to(device), seq_lens=md.seq_lens[:n],
+                                     block_tables=md.block_tables[:n], fresh_prompt=False,
+                                     query_start_loc_cpu=starts, seq_lens_cpu=md.seq_lens_cpu[:n]))
+    gen = torch.Generator().manual_seed(10)
+    positions = torch.randint(0, 900, (case.q.shape[0],), generator=gen).to(device)
+    table = torch.randn(900, 64, generator=gen).to(device, dtype)
+    qw, kw = (torch.rand(64, generator=gen).add(0.5).to(device, dtype) for _ in range(2))
+    rope = QKRope(positions, table, qw, kw, 1e-6)
+    backend = TritonAttentionBackend(fuse_rope=fuse_rope, num_sms=3)
+    args = (case.scale, window, softcap, *scales, rope)
+    whole_cache, rows_cache = case.cache.clone(), case.cache.clone()
+    whole = backend.forward(case.q, case.k, case.v, whole_cache, md, *args)
+    got = backend.forward_rows(case.q, case.k, case.v, rows_cache, md, rows, *args)
+    torch.testing.assert_close(_bits(rows_cache), _bits(whole_cache), equal_nan=True, atol=0,
+                               rtol=0)
+    assert got.shape == (n, *case.q.shape[1:])
+    want = whole[index.long()].double()
+    fp32 = dtype == torch.float32
+    assert float((got.double() - want).norm() / want.norm()) < (1e-5 if fp32 else 1e-2)
+    tol = 1e-4 if fp32 else 3e-2
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+
+
 @pytest.mark.timeout(600)  # the interpreter's subprocess, minutes on 2 cores
 def test_kernels_in_triton_interpreter() -> None:
     run_interpreted(__file__)
@@ -542,6 +584,21 @@ def test_fp8_cache_matches_reference(dtype: torch.dtype, window: int, cap: float
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("window", "cap", "fp8", "fuse"), [
+    (0, 0.0, False, True), (37, 0.0, False, True), (0, 0.5, False, True), (0, 0.0, True, True),
+    (0, 0.0, False, False)])
+def test_rows_match_the_whole_pass(dtype: torch.dtype, window: int, cap: float, fp8: bool,
+                                   fuse: bool) -> None:
+    run_rows("cuda", dtype, window, cap, fp8, fuse)
+
+
+@pytest.mark.gpu
+def test_rows_of_a_fresh_prompt_match_dense_attention() -> None:
+    run_rows("cuda", torch.bfloat16, fresh=True)
+
+
+@pytest.mark.gpu
 def test_qwen3_decode_shapes_bf16() -> None:
     from cadence.model.triton_backend import TritonAttentionBackend
 
@@ -632,4 +689,7 @@ if __name__ == "__main__":
     # An FP8 cache with scales (reads; see run_fp8_reads).
     for window, cap in ((0, 0.0), (37, 0.0), (0, 0.5)):
         run_fp8_reads("cpu", torch.float32, window, cap)
+    # The last tokens alone (forward_rows), with windows, caps and the rope launch off.
+    for window, cap, fuse in ((0, 0.0, True), (37, 0.5, True), (0, 0.0, False)):
+        run_rows("cpu", torch.float32, window, cap, fuse_rope=fuse)
     print(DONE)
