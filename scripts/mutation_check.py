@@ -66,10 +66,10 @@ MUTATIONS = [
              ("tests/model/test_triton_attention.py",), (_BF16_ENGINE,)),
     Mutation("rope-store-skipped", "the backend skips the separate K/V store after a rope "
              "launch that did not store (an FP8 cache)", "cadence/model/triton_backend.py",
-             "            if decode or not self.fuse_rope or kv_cache.dtype == torch.float8_e4m3fn:\n"
+             "            if not self.fuse_rope or kv_cache.dtype == torch.float8_e4m3fn:\n"
              "                q, k = rope.apply(q, k)\n",
-             "            if decode or not self.fuse_rope or kv_cache.dtype == torch.float8_e4m3fn:\n"
-             "                q, k = rope.apply(q, k)\n                stored = not decode\n",
+             "            if not self.fuse_rope or kv_cache.dtype == torch.float8_e4m3fn:\n"
+             "                q, k = rope.apply(q, k)\n                stored = True\n",
              ("tests/model/test_triton_attention.py",), (_BF16_ENGINE,)),
     Mutation("qk-norm-eps-kernel", "q/k RMSNorm eps x100 in the fused q/k-norm + RoPE kernel",
              "cadence/model/fused_ops.py",

@@ -16,7 +16,6 @@ import os
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from cadence.config import EngineConfig
@@ -39,6 +38,7 @@ from cadence.sampling_params import StructuredOutputsParams
 from cadence.scheduler.output import SchedulerOutput
 from cadence.worker.async_output import OutputCopier
 from cadence.worker.input_batch import InputBatch, StepInputs
+from cadence.worker.kv_profile import profile_cuda_blocks
 from cadence.worker.prompt_logprobs import WithPromptLogprobs
 from cadence.worker.request_sampling import RequestSampling
 from cadence.worker.sampler import Sampler
@@ -146,38 +146,7 @@ class ModelRunner:
             )
 
     def _profile_cuda_blocks(self) -> int:
-        """Run one maximal forward (no KV cache kept) to find the peak activation memory."""
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        scratch = [torch.zeros(self.model.kv_cache_shape(2, self.block_size), dtype=self.kv_dtype,
-                               device=self.device) for _ in range(self.model.num_layers)]
-        self.model.bind_kv_caches(scratch)
-        # No KV write (slot -1); every sequence reads block 0 of the scratch cache.
-        lens = largest_step_layout(self.max_num_tokens, self.max_num_reqs, self.max_model_len)
-        n, rows = sum(lens), len(lens)
-        qsl = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
-        seq_lens = torch.tensor(lens, dtype=torch.int32)
-        buf = self.buffers
-        with self.main.context(), torch.inference_mode():
-            buf.query_start_loc[: rows + 1].copy_(qsl)
-            buf.seq_lens[:rows].copy_(seq_lens)
-            buf.block_tables[:rows].zero_()
-            buf.slot_mapping[:n].fill_(-1)
-            md = buf.metadata(n, rows, max(lens), self.max_blocks_per_req, max(lens))
-            md.query_start_loc_cpu, md.seq_lens_cpu = qsl, seq_lens
-            hidden = self.model(buf.input_ids[:n], buf.positions[:n], md)
-            self.model.compute_logits(hidden[-self.max_num_reqs:])
-        self.main.synchronize()  # NOTE: deliberate sync, start-up only
-        del scratch, hidden
-        peak = torch.cuda.max_memory_allocated(self.device)
-        free, total = torch.cuda.mem_get_info(self.device)
-        used_by_others = total - free - torch.cuda.memory_reserved(self.device)
-        budget = total * self.config.cache.gpu_memory_utilization - used_by_others - peak
-        blocks = int(budget // self.kv_block_bytes())
-        if blocks < 2:
-            raise ValueError("gpu_memory_utilization: no memory is left for the KV cache; raise "
-                             "it or lower max_num_batched_tokens.")
-        return blocks
+        return profile_cuda_blocks(self)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         shape = self.model.kv_cache_shape(num_blocks, self.block_size)
@@ -432,9 +401,3 @@ class ModelRunner:
         self.main.close()
         self.copy.close()
 
-
-def largest_step_layout(max_num_tokens: int, max_num_seqs: int, max_model_len: int) -> list[int]:
-    """Sequence lengths of the largest step the scheduler can send: its token budget, split into
-    at most ``max_num_seqs`` sequences of at most ``max_model_len`` tokens."""
-    n = min(max_num_tokens, max_num_seqs * max_model_len)
-    return [min(max_model_len, n - i) for i in range(0, n, max_model_len)]

@@ -6,7 +6,8 @@ import torch
 from cadence.model.attention import TorchAttentionBackend
 from cadence.model.loader import build_model
 from cadence.model.registry import resolve_model
-from cadence.worker.model_runner import ModelRunner, largest_step_layout
+from cadence.worker.kv_profile import largest_step_layout
+from cadence.worker.model_runner import ModelRunner
 from tests.tiny import tiny_args
 
 
