@@ -111,18 +111,9 @@ class TritonAttentionBackend:
         return out
 
     def forward_rows(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        kv_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-        rows: OutputRows,
-        scale: float,
-        sliding_window: int = 0,
-        softcap: float = 0.0,
-        k_scale: float = 1.0,
-        v_scale: float = 1.0,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+        metadata: AttentionMetadata, rows: OutputRows, scale: float, sliding_window: int = 0,
+        softcap: float = 0.0, k_scale: float = 1.0, v_scale: float = 1.0,
         rope: QKRope | None = None,
     ) -> torch.Tensor:
         """A prefill pass of which only ``rows`` attend (the last layer of a step that samples

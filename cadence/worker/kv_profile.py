@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from cadence.worker.model_runner import ModelRunner
+    from cadence.runtime.interfaces import StreamLike
+    from cadence.worker.step_buffers import StepBuffers
 
 
 def largest_step_layout(max_num_tokens: int, max_num_seqs: int, max_model_len: int) -> list[int]:
@@ -20,36 +21,40 @@ def largest_step_layout(max_num_tokens: int, max_num_seqs: int, max_model_len: i
     return [min(max_model_len, n - i) for i in range(0, n, max_model_len)]
 
 
-def profile_cuda_blocks(runner: ModelRunner) -> int:
-    """Run one maximal forward (no KV cache kept) to find the peak activation memory."""
-    torch.cuda.synchronize(runner.device)
-    torch.cuda.reset_peak_memory_stats(runner.device)
-    shape = runner.model.kv_cache_shape(2, runner.block_size)
-    scratch = [torch.zeros(shape, dtype=runner.kv_dtype, device=runner.device)
-               for _ in range(runner.model.num_layers)]
-    runner.model.bind_kv_caches(scratch)
+def profile_cuda_blocks(
+    model: torch.nn.Module, buffers: StepBuffers, main: StreamLike, kv_dtype: torch.dtype,
+    block_size: int, max_num_tokens: int, max_num_reqs: int, max_model_len: int,
+    max_blocks_per_req: int, utilization: float, block_bytes: int,
+) -> int:
+    """Run one maximal forward on ``main`` (no KV cache kept) to find the peak activation
+    memory; the blocks of ``block_bytes`` that fit in what ``utilization`` leaves."""
+    device = buffers.device
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    shape = model.kv_cache_shape(2, block_size)
+    scratch = [torch.zeros(shape, dtype=kv_dtype, device=device) for _ in range(model.num_layers)]
+    model.bind_kv_caches(scratch)
     # No KV write (slot -1); every sequence reads block 0 of the scratch cache.
-    lens = largest_step_layout(runner.max_num_tokens, runner.max_num_reqs, runner.max_model_len)
+    lens = largest_step_layout(max_num_tokens, max_num_reqs, max_model_len)
     n, rows = sum(lens), len(lens)
     qsl = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
-    buf = runner.buffers
-    with runner.main.context(), torch.inference_mode():
+    buf = buffers
+    with main.context(), torch.inference_mode():
         buf.query_start_loc[: rows + 1].copy_(qsl)
         buf.seq_lens[:rows].copy_(seq_lens)
         buf.block_tables[:rows].zero_()
         buf.slot_mapping[:n].fill_(-1)
-        md = buf.metadata(n, rows, max(lens), runner.max_blocks_per_req, max(lens))
+        md = buf.metadata(n, rows, max(lens), max_blocks_per_req, max(lens))
         md.query_start_loc_cpu, md.seq_lens_cpu = qsl, seq_lens
-        hidden = runner.model(buf.input_ids[:n], buf.positions[:n], md)
-        runner.model.compute_logits(hidden[-runner.max_num_reqs:])
-    runner.main.synchronize()  # NOTE: deliberate sync, start-up only
+        hidden = model(buf.input_ids[:n], buf.positions[:n], md)
+        model.compute_logits(hidden[-max_num_reqs:])
+    main.synchronize()  # NOTE: deliberate sync, start-up only
     del scratch, hidden
-    peak = torch.cuda.max_memory_allocated(runner.device)
-    free, total = torch.cuda.mem_get_info(runner.device)
-    used_by_others = total - free - torch.cuda.memory_reserved(runner.device)
-    budget = total * runner.config.cache.gpu_memory_utilization - used_by_others - peak
-    blocks = int(budget // runner.kv_block_bytes())
+    peak = torch.cuda.max_memory_allocated(device)
+    free, total = torch.cuda.mem_get_info(device)
+    used_by_others = total - free - torch.cuda.memory_reserved(device)
+    blocks = int((total * utilization - used_by_others - peak) // block_bytes)
     if blocks < 2:
         raise ValueError("gpu_memory_utilization: no memory is left for the KV cache; raise "
                          "it or lower max_num_batched_tokens.")

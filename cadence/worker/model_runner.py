@@ -146,7 +146,10 @@ class ModelRunner:
             )
 
     def _profile_cuda_blocks(self) -> int:
-        return profile_cuda_blocks(self)
+        return profile_cuda_blocks(
+            self.model, self.buffers, self.main, self.kv_dtype, self.block_size,
+            self.max_num_tokens, self.max_num_reqs, self.max_model_len, self.max_blocks_per_req,
+            self.config.cache.gpu_memory_utilization, self.kv_block_bytes())
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         shape = self.model.kv_cache_shape(num_blocks, self.block_size)
