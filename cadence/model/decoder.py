@@ -325,12 +325,16 @@ class CausalLM(nn.Module):
             hidden = hidden.index_select(0, rows.index)
         return hidden
 
-    def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
-        """``[N, hidden] -> [N, vocab]`` float32 logits."""
+    def compute_logits(self, hidden_rows: torch.Tensor, as_float: bool = True) -> torch.Tensor:
+        """``[N, hidden] -> [N, vocab]`` float32 logits; with ``as_float=False`` in the model's
+        dtype where nothing follows the product (no final soft cap): the sampler works on a
+        float32 copy anyway, and a greedy argmax needs none."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         logits = F.linear(hidden_rows, weight)
         if self.shard is not None:
             logits = gather_vocab(logits, self.shard, self.arch.vocab_size)
+        if not as_float and not self.arch.final_softcap:
+            return logits
         logits = logits.float()
         if self.arch.final_softcap:
             cap = self.arch.final_softcap

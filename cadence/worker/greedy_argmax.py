@@ -1,4 +1,4 @@
-"""Greedy token choice on the GPU: each row's argmax of float32 logits, as ``torch.argmax``
+"""Greedy token choice on the GPU: each row's argmax of the logits, as ``torch.argmax``
 defines it (the first index of the largest value; a NaN counts as larger than any number, and
 -0.0 equals 0.0), in two short Triton launches.
 
@@ -8,8 +8,8 @@ suits the vocabulary size unevenly (26 us for Llama-3's 128,256 entries, 8.6 for
 largest (as an int32 key whose order is the floats' with NaN on top), and one program per row
 picks the first of the blocks' largest: 3-4 us at 1-8 rows.
 
-``argmax_rows(logits, scratch)`` takes CUDA float32 logits with unit column stride; anything
-else goes to ``torch.argmax``. ``ArgmaxScratch`` holds the per-block partials between the two
+``argmax_rows(logits, scratch)`` takes CUDA float32, bfloat16 or float16 logits (the model's
+own, with no float32 copy) with unit column stride; anything else goes to ``torch.argmax``. ``ArgmaxScratch`` holds the per-block partials between the two
 launches (grown to the largest batch seen, never per step).
 """
 
@@ -22,6 +22,7 @@ from cadence.runtime.triton_launch import TritonLaunch
 __all__ = ["BLOCK", "ArgmaxScratch", "argmax_rows", "triton_applies", "triton_argmax"]
 
 BLOCK = 4096  # entries per program; 2048-8192 measured within 0.4 us at 1-64 rows
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 try:
     import triton
@@ -40,7 +41,8 @@ if triton is not None:
         b = tl.program_id(1)
         offs = b * BLOCK + tl.arange(0, BLOCK)
         inside = offs < V
-        x = tl.load(logits + row * stride + offs, mask=inside, other=0.0)
+        # float32 exactly holds any 16-bit float: the order, ties and NaNs are the logits'.
+        x = tl.load(logits + row * stride + offs, mask=inside, other=0.0).to(tl.float32)
         x = tl.where(x == 0.0, 0.0, x)  # -0.0 -> 0.0: argmax takes them as equal
         bits = x.to(tl.int32, bitcast=True)
         # Negative floats' bits count down as the value does: flip them so that the key's
@@ -87,7 +89,7 @@ class ArgmaxScratch:
 
 def triton_applies(logits: torch.Tensor) -> bool:
     """Whether ``argmax_rows`` takes the Triton kernels for these logits."""
-    return (triton is not None and logits.is_cuda and logits.dtype == torch.float32
+    return (triton is not None and logits.is_cuda and logits.dtype in _DTYPES
             and logits.dim() == 2 and logits.shape[0] > 0 and 0 < logits.shape[1] < 2**31 - BLOCK
             and logits.stride(1) == 1)
 
@@ -100,7 +102,7 @@ def argmax_rows(logits: torch.Tensor, scratch: ArgmaxScratch) -> torch.Tensor:
 
 
 def triton_argmax(logits: torch.Tensor, scratch: ArgmaxScratch) -> torch.Tensor:
-    """The two launches (float32 [rows, vocab] logits with unit column stride, on a device
+    """The two launches ([rows, vocab] logits of ``_DTYPES`` with unit column stride, on a device
     Triton runs on: CUDA, or the CPU under Triton's interpreter)."""
     rows, vocab = logits.shape
     blocks = -(-vocab // BLOCK)

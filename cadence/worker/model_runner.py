@@ -89,7 +89,7 @@ class ModelRunner:
                                    self.max_blocks_per_req, device)
         self.input_batch.warm_up()  # the compiled host passes, before any request waits
         self.buffers.warm_up()
-        self.sampler.warm_up(self.vocab_size, device)
+        self.sampler.warm_up(self.vocab_size, device, dtype)
         buf = self.buffers
         # GPU-resident last sampled token of every slot (DESIGN: combine / scatter).
         self.last_sampled = torch.zeros(self.max_num_reqs, dtype=torch.int64, device=device)
@@ -170,7 +170,7 @@ class ModelRunner:
         self.combine_kernel.combine(self.main)
         md = buf.metadata(rows, rows, 1, self.max_blocks_per_req, self.max_model_len)
         hidden = self.model(buf.input_ids[:rows], buf.positions[:rows], md)
-        return self.model.compute_logits(hidden)
+        return self.model.compute_logits(hidden, as_float=False)
 
     def _mixed_graph_step(self, tokens: int, fresh_prompt: bool = False) -> torch.Tensor:
         """What a mixed-step graph holds: combine and the forward over ``tokens`` tokens of up
@@ -368,10 +368,10 @@ class ModelRunner:
                 return WithPromptLogprobs(ReadyOutput(out), scored, self.main.synchronize)
             with nvtx_range("logits"):
                 if row_states:  # every row samples: its own state, in row order
-                    logits = self.model.compute_logits(hidden)
+                    logits = self.model.compute_logits(hidden, as_float=False)
                 else:
                     index = self.buffers.logits_index[: len(rows)].long()
-                    logits = self.model.compute_logits(hidden[index])
+                    logits = self.model.compute_logits(hidden[index], as_float=False)
         with nvtx_range("sample"):
             md = self.sampling.metadata(inp, self.last_sampled, self.copier.peek_last)
             sampled = self.sampler(logits, md)

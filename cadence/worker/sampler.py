@@ -204,15 +204,20 @@ def _mix_seed(seed: int, step: int) -> int:
 
 
 class Sampler:
-    """Samples one token per row of ``logits`` [N, V]."""
+    """Samples one token per row of ``logits`` [N, V] (float32 or the model's dtype: every path
+    that changes them works on a float32 copy, so both give the same tokens and logprobs)."""
 
     def __init__(self) -> None:
         self._argmax_scratch = ArgmaxScratch()
 
-    def warm_up(self, vocab_size: int, device: torch.device) -> None:
+    def warm_up(self, vocab_size: int, device: torch.device,
+                dtype: torch.dtype = torch.float32) -> None:
         """Compile (or load) the greedy argmax's kernels for this vocabulary at start-up, not
-        on the first request's time to first token."""
-        argmax_rows(torch.zeros(1, vocab_size, device=device), self._argmax_scratch)
+        on the first request's time to first token: for float32 logits and the model's
+        ``dtype`` (the runner hands the model's own logits to plain greedy rows)."""
+        for logits_dtype in dict.fromkeys((torch.float32, dtype)):
+            argmax_rows(torch.zeros(1, vocab_size, device=device, dtype=logits_dtype),
+                        self._argmax_scratch)
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # NOTE: start-up only; later steps use other streams
 

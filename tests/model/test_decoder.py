@@ -239,3 +239,17 @@ def test_longrope_model_matches_transformers_around_the_original_length(tmp_path
     tokens = [random.Random(length).randrange(VOCAB) for _ in range(length)]
     logits = run_ours(model, make_batch([Chunk(tokens, 0, list(range(1, 10)))]))
     _assert_close(logits, hf_logits(hf, tokens))
+
+
+def test_logits_keep_the_models_dtype_unless_a_soft_cap_follows(models):
+    """``as_float=False`` skips only the cast: the same values, in the model's dtype (float32
+    where a final soft cap has to run in it)."""
+    _, path = models
+    model = load_ours(path, torch.bfloat16)
+    hidden = torch.randn(3, model.arch.hidden_size, generator=torch.Generator().manual_seed(0))
+    hidden = hidden.to(torch.bfloat16)
+    full = model.compute_logits(hidden)
+    own = model.compute_logits(hidden, as_float=False)
+    assert full.dtype == torch.float32
+    assert own.dtype == (torch.float32 if model.arch.final_softcap else torch.bfloat16)
+    assert torch.equal(own.float(), full)

@@ -56,6 +56,11 @@ def check(device: str, vocabs: tuple[int, ...]) -> None:
     scratch = ArgmaxScratch()  # shared by every case: it grows and is reused
     for x in cases(device, vocabs):
         assert torch.equal(triton_argmax(x, scratch), x.argmax(dim=-1)), x.shape
+        # A model's own 16-bit logits: rounding makes more ties, which the first index breaks.
+        for dtype in (torch.bfloat16, torch.float16):
+            y = x.to(dtype)
+            assert torch.equal(triton_argmax(y, scratch), y.float().argmax(dim=-1)), (dtype,
+                                                                                      x.shape)
 
 
 def test_cpu_and_other_dtypes_take_torch_argmax() -> None:
@@ -65,6 +70,7 @@ def test_cpu_and_other_dtypes_take_torch_argmax() -> None:
     if torch.cuda.is_available():
         assert not triton_applies(x.cuda().double()) and not triton_applies(x.cuda().t())
         assert not triton_applies(x.cuda()[:0]) and triton_applies(x.cuda())
+        assert triton_applies(x.cuda().bfloat16()) and triton_applies(x.cuda().half())
 
 
 def test_the_sampler_takes_the_argmax_of_plain_greedy_rows_without_copying() -> None:
@@ -89,19 +95,20 @@ def test_the_cpu_warm_up_is_harmless() -> None:
 
 
 @pytest.mark.gpu
-def test_the_warm_up_compiles_what_the_first_step_launches() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_warm_up_compiles_what_the_first_step_launches(dtype: torch.dtype) -> None:
     from cadence.worker import greedy_argmax as ga
     from cadence.worker.sampler import Sampler, SamplingMetadata
 
     sampler = Sampler()
-    sampler.warm_up(151936, torch.device("cuda"))
+    sampler.warm_up(151936, torch.device("cuda"), dtype)
     before = (ga._BLOCK_MAX.fast_launches, ga._ROW_MAX.fast_launches)
-    logits = torch.randn(3, 151936, device="cuda")
+    logits = torch.randn(3, 151936, device="cuda").to(dtype)
     got = sampler(logits, SamplingMetadata.greedy()).sampled_token_ids
     # Both launches took the compiled launcher: nothing was left to compile.
     assert (ga._BLOCK_MAX.fast_launches, ga._ROW_MAX.fast_launches) == (before[0] + 1,
                                                                          before[1] + 1)
-    assert torch.equal(got, logits.argmax(dim=-1))
+    assert torch.equal(got, logits.float().argmax(dim=-1))
 
 
 @pytest.mark.timeout(600)  # the interpreter's subprocess
