@@ -34,14 +34,14 @@ RESERVED_TEMPLATE_KWARGS = frozenset({
 @functools.cache
 def reserved_template_kwargs() -> frozenset[str]:
     """``RESERVED_TEMPLATE_KWARGS`` and the named arguments of this transformers'
-    ``apply_chat_template`` (releases add some, e.g. ``sanitize_control_tokens``): they are the
-    renderer's options, not template variables."""
+    ``apply_chat_template`` (releases add some, e.g. ``sanitize_control_tokens``; ``self`` too,
+    which as a keyword would clash with the bound method): they are the renderer's options, not
+    template variables."""
     from transformers import PreTrainedTokenizerBase
 
     params = inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters
     return RESERVED_TEMPLATE_KWARGS | frozenset(
-        name for name, p in params.items()
-        if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
+        name for name, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
 
 
 # Used only when the tokenizer ships no template (the built-in byte-level model): ChatML.

@@ -282,8 +282,9 @@ class InputProcessor:
         if num_prompt + max_tokens > limit:
             raise InputValidationError(
                 f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{num_prompt + max_tokens} tokens ({num_prompt} in the messages, {max_tokens} in "
-                "the completion). Please reduce the length of the messages or completion.",
+                f"{_count(num_prompt + max_tokens)} tokens ({num_prompt} in the messages, "
+                f"{_count(max_tokens)} in the completion). Please reduce the length of the "
+                "messages or completion.",
                 "max_tokens",
                 max_tokens,
             )
@@ -303,3 +304,9 @@ class InputProcessor:
         if self.num_kv_blocks is None:
             return None
         return max(self.num_kv_blocks - 1, 0) * self.block_size
+
+
+def _count(n: int) -> str:
+    """A token count for a message: past 18 digits, a bound (an integer of thousands of digits,
+    which JSON allows, cannot even be written out by ``str``)."""
+    return str(n) if n < 10**18 else "more than 10**18"

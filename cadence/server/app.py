@@ -66,6 +66,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_BODY_READ_TIMEOUT_S = ServerSettings.body_read_timeout
 
 M = TypeVar("M", bound=BaseModel)
+# Unknown field names logged once each: this many are remembered (a client sending fresh names
+# must not grow the server's memory), and a warning names this many of a request's at most.
+UNKNOWN_FIELDS_KEPT = 256
+UNKNOWN_FIELDS_NAMED = 8
 
 API_OPERATIONS = [
     Operation("/v1/completions", "POST", "Completions (OpenAI)", CompletionRequest,
@@ -146,12 +150,17 @@ class OpenAIServer:
         body = await read_body(request, self.max_request_body_bytes, self.body_read_timeout)
         # Parsing and validating a body of megabytes is CPU work: off the event loop.
         parsed, unknown = await self.engine.run_cpu(len(body), validate_request, body, model)
-        if unknown and not unknown <= self._unknown_fields_logged:
-            new = sorted(unknown - self._unknown_fields_logged)
-            self._unknown_fields_logged |= unknown
+        seen = self._unknown_fields_logged
+        if unknown and len(seen) < UNKNOWN_FIELDS_KEPT and not unknown <= seen:
+            new = sorted(unknown - seen)
+            seen.update(new[: UNKNOWN_FIELDS_KEPT - len(seen)])
             # Once per name, as a hint to the client's author: unknown fields are ignored.
-            logger.warning("Ignored unknown field(s) in a %s: %s (logged once per name).",
-                           model.__name__, ", ".join(new))
+            shown = ", ".join(name[:64] for name in new[:UNKNOWN_FIELDS_NAMED])
+            more = len(new) - UNKNOWN_FIELDS_NAMED
+            logger.warning("Ignored unknown field(s) in a %s: %s%s (logged once per name%s).",
+                           model.__name__, shown, f" and {more} more" if more > 0 else "",
+                           "; no more names are remembered" if len(seen) >= UNKNOWN_FIELDS_KEPT
+                           else "")
         return parsed
 
     # -- routes ------------------------------------------------------------------------------

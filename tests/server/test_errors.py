@@ -87,6 +87,8 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     # Any named argument of transformers' renderer, not only the ones cadence passes itself.
     (CHAT, {"messages": MSG, "chat_template_kwargs": {"sanitize_control_tokens": True}}, 400,
      "chat_template_kwargs", "sanitize_control_tokens"),
+    (CHAT, {"messages": MSG, "chat_template_kwargs": {"self": 1}}, 400, "chat_template_kwargs",
+     "cannot set self"),
     (CHAT, {"messages": MSG, "chat_template_kwargs": {"tokenizer_kwargs": {}}}, 400,
      "chat_template_kwargs", "tokenizer_kwargs"),
     (COMPLETIONS, {"prompt": "word " * 600}, 400, "prompt", "maximum context length is 512 tokens"),
@@ -268,6 +270,11 @@ def test_validation_error_names_nested_fields() -> None:
 RAW_BODIES: list[tuple[bytes, str | None, str]] = [
     (b"[" * 100_000 + b"]" * 100_000, None, "nested too deeply"),
     (b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", None, "more than 4300 digits"),
+    # 4300 digits parse, but prompt + max_tokens has more than str() may write out.
+    (b'{"prompt": "x", "max_tokens": ' + b"9" * 4300 + b"}", "max_tokens",
+     "requested more than 10**18 tokens"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": '
+     + b"9" * 4300 + b"}", "max_completion_tokens", "maximum context length"),
     (b'{"prompt": "x", "temperature": NaN}', None, "invalid json"),
     (b'{"prompt": "x", "top_p": Infinity}', None, "invalid json"),
     (b'{"prompt": "\\ud800 lone"}', "prompt", "surrogate"),

@@ -161,6 +161,33 @@ def test_unknown_fields_are_ignored_and_logged_once_per_name(
     assert len(logged) == 2 and logged[1].endswith("another_one (logged once per name).")
 
 
+def test_unknown_field_names_kept_and_logged_are_bounded(
+    http: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client sending ever new field names grows neither the server's memory nor its log:
+    256 names are remembered at most, and a warning names 8 of a request's (each cut at 64
+    characters)."""
+    import logging
+
+    from cadence.server.app import UNKNOWN_FIELDS_KEPT, UNKNOWN_FIELDS_NAMED
+
+    caplog.set_level(logging.WARNING, logger="cadence.server.app")
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "unknown field" in r.getMessage()]
+
+    names = {f"{'x' * 100}{i:04d}": i for i in range(UNKNOWN_FIELDS_KEPT + 50)}
+    body = {"prompt": "Hi", "max_tokens": 1, **names}
+    assert http.post("/v1/completions", json=body).status_code == 200
+    (logged,) = warnings()
+    assert logged.count("x" * 64 + ",") == UNKNOWN_FIELDS_NAMED - 1  # names cut at 64
+    assert f"and {len(names) - UNKNOWN_FIELDS_NAMED} more" in logged
+    assert logged.endswith("no more names are remembered).") and len(logged) < 1000
+    fresh = {"prompt": "Hi", "max_tokens": 1, "never_seen_before": 1}
+    assert http.post("/v1/completions", json=fresh).status_code == 200
+    assert len(warnings()) == 1  # full: nothing more is remembered or logged
+
+
 def test_chat_return_token_ids(http: httpx.Client, hf_tokenizer) -> None:
     prompt_ids = http.post("/tokenize", json={"messages": CHAT}).json()["tokens"]
     body = {"messages": CHAT, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
