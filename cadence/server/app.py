@@ -361,6 +361,7 @@ def build_app(
     server.chat.reasoning = reasoning_parser_named(reasoning_parser)
     server.chat.tool_call_parser = tool_call_parser
     server.chat.trust_request_chat_template = trust_request_chat_template
+    server.tokenization.trust_request_chat_template = trust_request_chat_template
     routes = [
         Route("/v1/completions", server.create_completion, methods=["POST"]),
         Route("/v1/chat/completions", server.create_chat_completion, methods=["POST"]),

@@ -43,6 +43,19 @@ def check_template_syntax(template: str) -> None:
         raise ParamError("chat_template", f"the chat template does not parse: {exc}") from None
 
 
+def request_template(requested: str | None, server: str | None, trusted: bool) -> str | None:
+    """The template a chat request renders with: its own ``chat_template`` where the server
+    trusts request templates (``--trust-request-chat-template``; it must parse), else the
+    server's; a request template the server does not trust is refused."""
+    if requested is None:
+        return server
+    if not trusted:
+        raise ParamError("chat_template", "Chat template is passed with the request, but "
+                         "--trust-request-chat-template is not set: refused.")
+    check_template_syntax(requested)
+    return requested
+
+
 def render_chat(
     tokenizer: Any,
     messages: list[ChatMessage],

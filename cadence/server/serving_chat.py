@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 from cadence.engine.input_processor import truncation_length
-from cadence.server.chat_template import check_template_syntax, render_chat
+from cadence.server.chat_template import render_chat, request_template
 from cadence.server.frame_stream import FrameStream
 from cadence.server.frames import ChatFrames
 from cadence.server.protocol import ParamError, random_id
@@ -196,13 +196,8 @@ class OpenAIServingChat(OpenAIServing):
 
     def _template(self, request: ChatCompletionRequest) -> str | None:
         """The template to render ``request`` with: its own (where trusted), else the server's."""
-        if request.chat_template is None:
-            return self.chat_template
-        if not self.trust_request_chat_template:
-            raise ParamError("chat_template", "Chat template is passed with the request, but "
-                             "--trust-request-chat-template is not set: refused.")
-        check_template_syntax(request.chat_template)
-        return request.chat_template
+        return request_template(request.chat_template, self.chat_template,
+                                self.trust_request_chat_template)
 
     def parses_tools(self, request: ChatCompletionRequest) -> bool:
         """Whether this request's answer is searched for tool calls (tool_choice "auto")."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from cadence.engine.param_checks import InputValidationError
-from cadence.server.chat_template import render_chat
+from cadence.server.chat_template import render_chat, request_template
 from cadence.server.protocol import OpenAIModel, ParamError
 from cadence.server.protocol_chat import (
     NO_MESSAGES,
@@ -57,6 +57,7 @@ class TokenizeChatRequest(OpenAIModel):
     continue_final_message: bool = False
     add_special_tokens: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None  # as the chat endpoint takes it (where trusted)
     return_token_strs: bool | None = False
     tools: list[ChatTool] | None = None  # rendered by the template, as the chat endpoint does
 
@@ -86,9 +87,12 @@ class DetokenizeResponse(OpenAIModel):
 class Tokenization:
     """The tokenizer routes' work over one engine (run in its input thread)."""
 
-    def __init__(self, engine: AsyncLLM, chat_template: str | None = None) -> None:
+    def __init__(self, engine: AsyncLLM, chat_template: str | None = None,
+                 trust_request_chat_template: bool = False) -> None:
         self.engine = engine
         self.chat_template = chat_template
+        # A request's own template, as the chat endpoint has it (--trust-request-chat-template).
+        self.trust_request_chat_template = trust_request_chat_template
 
     def _tokenizer(self) -> Any:
         tokenizer = self.engine.tokenizer
@@ -118,7 +122,8 @@ class Tokenization:
                 add_generation_prompt=request.add_generation_prompt,
                 continue_final_message=request.continue_final_message,
                 chat_template_kwargs=request.chat_template_kwargs,
-                chat_template=self.chat_template,
+                chat_template=request_template(request.chat_template, self.chat_template,
+                                               self.trust_request_chat_template),
                 # vLLM: the rendered text is tokenized with the tokenizer's own specials too.
                 add_special_tokens=request.add_special_tokens,
                 check_text=self._check_chat_text,

@@ -263,4 +263,12 @@ def test_a_requests_own_template_needs_the_servers_trust(server, server_factory,
         assert ok.json()["usage"]["prompt_tokens"] == len(want)
         broken = http.post("/v1/chat/completions", json={**body, "chat_template": "{% for %}"})
         assert broken.status_code == 400 and broken.json()["error"]["param"] == "chat_template"
+        # /tokenize renders with the same template, so its count is what generation uses.
+        tokens = http.post("/tokenize", json={"messages": messages,
+                                              "chat_template": REQUEST_TEMPLATE})
+        assert tokens.status_code == 200 and tokens.json()["tokens"] == want
         assert http.get("/health").status_code == 200
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        refused = http.post("/tokenize", json={"messages": messages,
+                                               "chat_template": REQUEST_TEMPLATE})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template"
