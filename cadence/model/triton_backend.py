@@ -79,9 +79,7 @@ class TritonAttentionBackend:
         v_scale: float = 1.0,
         rope: QKRope | None = None,
     ) -> torch.Tensor:
-        num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
-        if num_heads % num_kv_heads:
-            raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} kv heads")
+        _check_groups(q, kv_cache)
         decode = metadata.is_decode_only
         fuse = rope is not None and self.fuse_rope and decode and rope_fusable(q, k, rope)
         if decode:
@@ -119,9 +117,7 @@ class TritonAttentionBackend:
         """A prefill pass of which only ``rows`` attend (the last layer of a step that samples
         them): every token's K/V to the cache as ``forward`` stores them, then the rows' queries
         through the decode kernel over their sequences, ``[R, num_heads, head_dim]``."""
-        num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
-        if num_heads % num_kv_heads:
-            raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} kv heads")
+        _check_groups(q, kv_cache)
         q, _ = self._rope_and_store(q, k, v, kv_cache, metadata, k_scale, v_scale, rope)
         q_rows = q.index_select(0, rows.index)
         out = torch.empty_like(q_rows)
@@ -149,3 +145,9 @@ class TritonAttentionBackend:
         if not stored:
             store_kv_cache(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)
         return _last_dim_contiguous(q), k
+
+
+def _check_groups(q: torch.Tensor, kv_cache: torch.Tensor) -> None:
+    num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} kv heads")

@@ -87,12 +87,12 @@ class DetokenizeResponse(OpenAIModel):
 class Tokenization:
     """The tokenizer routes' work over one engine (run in its input thread)."""
 
-    def __init__(self, engine: AsyncLLM, chat_template: str | None = None,
-                 trust_request_chat_template: bool = False) -> None:
+    # A request's own template, as the chat endpoint has it (--trust-request-chat-template).
+    trust_request_chat_template = False
+
+    def __init__(self, engine: AsyncLLM, chat_template: str | None = None) -> None:
         self.engine = engine
         self.chat_template = chat_template
-        # A request's own template, as the chat endpoint has it (--trust-request-chat-template).
-        self.trust_request_chat_template = trust_request_chat_template
 
     def _tokenizer(self) -> Any:
         tokenizer = self.engine.tokenizer

@@ -9,8 +9,9 @@ largest (as an int32 key whose order is the floats' with NaN on top), and one pr
 picks the first of the blocks' largest: 3-4 us at 1-8 rows.
 
 ``argmax_rows(logits, scratch)`` takes CUDA float32, bfloat16 or float16 logits (the model's
-own, with no float32 copy) with unit column stride; anything else goes to ``torch.argmax``. ``ArgmaxScratch`` holds the per-block partials between the two
-launches (grown to the largest batch seen, never per step).
+own, with no float32 copy) with unit column stride; anything else goes to ``torch.argmax``.
+``ArgmaxScratch`` holds the per-block partials between the two launches (grown to the largest
+batch seen, never per step).
 """
 
 from __future__ import annotations

@@ -39,15 +39,14 @@ def profile_cuda_blocks(
     n, rows = sum(lens), len(lens)
     qsl = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
-    buf = buffers
     with main.context(), torch.inference_mode():
-        buf.query_start_loc[: rows + 1].copy_(qsl)
-        buf.seq_lens[:rows].copy_(seq_lens)
-        buf.block_tables[:rows].zero_()
-        buf.slot_mapping[:n].fill_(-1)
-        md = buf.metadata(n, rows, max(lens), max_blocks_per_req, max(lens))
+        buffers.query_start_loc[: rows + 1].copy_(qsl)
+        buffers.seq_lens[:rows].copy_(seq_lens)
+        buffers.block_tables[:rows].zero_()
+        buffers.slot_mapping[:n].fill_(-1)
+        md = buffers.metadata(n, rows, max(lens), max_blocks_per_req, max(lens))
         md.query_start_loc_cpu, md.seq_lens_cpu = qsl, seq_lens
-        hidden = model(buf.input_ids[:n], buf.positions[:n], md)
+        hidden = model(buffers.input_ids[:n], buffers.positions[:n], md)
         model.compute_logits(hidden[-max_num_reqs:])
     main.synchronize()  # NOTE: deliberate sync, start-up only
     del scratch, hidden
