@@ -3,7 +3,8 @@ q/k norms and RoPE applied in its loads, plus the merge of its splits) as a deco
 (GPU), inside a CUDA graph.
 
     python scripts/decode_attention_bench.py [--batches 1,8,64] [--contexts 256,1024]
-        [--layers 28] [--max-model-len 4096] [--sweep]
+        [--layers 28] [--max-model-len 4096] [--sweep] [--layout token|head] [--page 16]
+        [--shuffle]
 
 Qwen3-0.6B's attention shapes (16 query heads, 8 kv heads, head size 128, bf16, 16-token
 pages). Per (batch, context): calls back to back in one graph, each on its own layer's cache
@@ -12,6 +13,9 @@ evict each layer's keys before the next step), block tables as wide as ``--max-m
 split count depends on that width). Prints us per call, the split count, and the KV bytes a
 call reads. With --sweep also, per case: the split counts 1 ... 64 at the default tile, then
 every tile of ``TILES`` at the default and the best split count, and the fastest of all.
+``--layout head`` lays each page out head by head (``[2, blocks, kv_heads, page, head_dim]``
+seen through a ``[2, blocks, page, kv_heads, head_dim]`` view: one head's keys of a page are
+contiguous); ``--shuffle`` hands out the pages in a random order.
 """
 
 from __future__ import annotations
@@ -34,22 +38,31 @@ from cadence.model.attention_tiles import (  # noqa: E402
 )
 from cadence.model.triton_attention import paged_decode_attention  # noqa: E402
 
-HEADS, KV_HEADS, DIM, PAGE = 16, 8, 128, 16
+HEADS, KV_HEADS, DIM = 16, 8, 128
 TILES = [DecodeConfig(n, w, st) for n in (32, 64, 128) for w in (2, 4, 8) for st in (1, 2, 3)]
 
 
-def _case(batch: int, context: int, max_model_len: int, layers: int):
+def _cache(num_blocks: int, page: int, layout: str) -> torch.Tensor:
+    if layout == "head":
+        return torch.randn(2, num_blocks, KV_HEADS, page, DIM, dtype=torch.bfloat16,
+                           device="cuda").transpose(2, 3)
+    return torch.randn(2, num_blocks, page, KV_HEADS, DIM, dtype=torch.bfloat16, device="cuda")
+
+
+def _case(batch: int, context: int, max_model_len: int, layers: int, page: int = 16,
+          layout: str = "token", shuffle: bool = False):
+    PAGE = page  # noqa: N806
     width = -(-max_model_len // PAGE)
     used = -(-context // PAGE)
-    tables = torch.arange(1, 1 + batch * used, dtype=torch.int32).view(batch, used)
+    order = torch.randperm(batch * used) if shuffle else torch.arange(batch * used)
+    tables = (1 + order).to(torch.int32).view(batch, used)
     tables = torch.nn.functional.pad(tables, (0, width - used)).cuda()
     num_blocks = batch * used + 1
     # At least three L2s of caches, as a step's weights evict each layer's keys from L2.
     cache_bytes = 2 * num_blocks * PAGE * KV_HEADS * DIM * 2
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     copies = max(layers, -(-3 * l2 // cache_bytes))
-    caches = [torch.randn(2, num_blocks, PAGE, KV_HEADS, DIM, dtype=torch.bfloat16,
-                          device="cuda") for _ in range(copies)]
+    caches = [_cache(num_blocks, PAGE, layout) for _ in range(copies)]
     seq_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
     pos = seq_lens.long() - 1
     slots = (tables[:, (context - 1) // PAGE].long() * PAGE + (context - 1) % PAGE)
@@ -117,11 +130,16 @@ def main() -> int:
     parser.add_argument("--max-model-len", type=lambda t: _positive_ints(t)[0], default=4096)
     parser.add_argument("--calls", type=lambda t: _positive_ints(t)[0], default=5600)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--layout", choices=("token", "head"), default="token")
+    parser.add_argument("--page", type=lambda t: _positive_ints(t)[0], default=16)
+    parser.add_argument("--shuffle", action="store_true")
     ns = parser.parse_args()
+    print(f"layout {ns.layout}, page {ns.page}, shuffled pages {ns.shuffle}")
     print("batch  context  splits  us_per_call  kv_MB_per_call")
     for batch in ns.batches:
         for context in ns.contexts:
-            calls, splits = _case(batch, context, ns.max_model_len, ns.layers)
+            calls, splits = _case(batch, context, ns.max_model_len, ns.layers, ns.page,
+                                  ns.layout, ns.shuffle)
             us = time_calls(calls(splits, None), ns.calls)  # the launch's own tile
             kv_mb = batch * context * KV_HEADS * DIM * 2 * 2 / 1e6
             print(f"{batch:5d}  {context:7d}  {splits:6d}  {us:11.2f}  {kv_mb:14.2f}", flush=True)
