@@ -303,8 +303,6 @@ def run_varlen_rope(device: str, dtype: torch.dtype, norm: bool, fp8: bool = Fal
             v_scale=scales[1], rope=rope)
         same(unfused, split)
         assert torch.equal(out2[: md.num_actual_tokens], out[: md.num_actual_tokens])
-    if fp8 and device == "cpu":
-        return  # the interpreter's e4m3 rounding is not torch's (see run_fp8_reads)
     rotated = Case(q1, k1, case.v, case.cache, md, case.scale, k_scale=scales[0],
                    v_scale=scales[1])
     assert_matches(rotated, out, cache)
@@ -362,9 +360,7 @@ def run_walk(device: str, dtype: torch.dtype, programs: int, empty_rows: int,
 
 def run_fp8_reads(device: str, dtype: torch.dtype, window: int = 0, softcap: float = 0.0) -> None:
     """Decode (split and not) and varlen reads of an FP8 cache that the reference backend
-    stored, against the reference's outputs. (Triton's interpreter rounds float32 -> e4m3
-    wrongly next to powers of two, so the interpreted cases leave the kernels' stores out; the
-    GPU cases check them byte for byte.)"""
+    stored, against the reference's outputs, with the kernels' stores left out."""
     from cadence.model.attention import write_kv_cache
     from cadence.model.triton_attention import paged_decode_attention, paged_varlen_attention
 
@@ -389,6 +385,55 @@ def run_fp8_reads(device: str, dtype: torch.dtype, window: int = 0, softcap: flo
             got, ref = out[:n].double(), want[:n].double()
             rel = float((got - ref).norm() / ref.norm())
             assert rel < (1e-5 if dtype == torch.float32 else 1e-2), f"relative error {rel:.2e}"
+
+
+# Values to store into an e4m3 cache and what the cache must then hold: e4m3 has 3 mantissa bits
+# (normal ulp 2 ** (e - 3) for |x| in [2 ** e, 2 ** (e + 1)), subnormal ulp 2 ** -9 below 2 ** -6)
+# and 448 as its largest finite value; stores round to nearest even and saturate.
+E4M3_STORES = [
+    (1.97, 2.0), (-7.9, -8.0), (0.49, 0.5), (3.9, 4.0), (250.0, 256.0),  # up past a power of 2
+    (1.0625, 1.0), (1.1875, 1.25), (30.5, 30.0), (0.3, 0.3125),  # ties to even; nearest
+    (0.0127843, 7 * 2.0**-9), (1.5 * 2.0**-10, 2.0**-9), (5 * 2.0**-10, 2 * 2.0**-9),  # subnormal
+    (-(2.0**-10), -0.0), (1000.0, 448.0), (-500.0, -448.0), (460.0, 448.0),  # saturation
+]
+
+
+def run_fp8_store_rounding(device: str, dtype: torch.dtype) -> None:
+    """Every store into an FP8 cache (the store launch, the decode kernel's, the early decode
+    kernel's) and the reference's write round to the nearest e4m3 (ties to even) and saturate
+    to +-448: the cache holds ``E4M3_STORES``' expected values, scales applied."""
+    from cadence.model.attention import write_kv_cache
+    from cadence.model.attention_tiles import DecodeConfig
+    from cadence.model.triton_attention import paged_decode_attention, store_kv_cache
+
+    values = torch.tensor([x for x, _ in E4M3_STORES])
+    want = torch.tensor([y for _, y in E4M3_STORES])
+    k_scale, v_scale = 1.0, 0.5  # v / 0.5: the values are stored as 2 * v
+    case = make_case([(3, 1)], 2, 1, len(E4M3_STORES), 16, dtype, device, kv_dtype=FP8,
+                     kv_scales=(k_scale, v_scale))
+    case.k = values.view(1, 1, -1).to(device, dtype)
+    case.v = (values * v_scale).view(1, 1, -1).to(device, dtype)
+    slot = int(case.metadata.slot_mapping[0])
+    stores = {
+        "reference": lambda c: write_kv_cache(case.k, case.v, c, case.metadata.slot_mapping,
+                                              k_scale, v_scale),
+        "store launch": lambda c: store_kv_cache(case.k, case.v, c, case.metadata.slot_mapping,
+                                                 k_scale, v_scale),
+    }
+    for early in (False, True):
+        def decode(c: torch.Tensor, early: bool = early) -> None:
+            paged_decode_attention(case.q, c, case.metadata, case.scale, torch.empty_like(case.q),
+                                   132, 1, case.k, case.v, k_scale=k_scale, v_scale=v_scale,
+                                   config=DecodeConfig(16, early=early))
+        stores["early decode" if early else "decode"] = decode
+    for name, store in stores.items():
+        cache = case.cache.clone()
+        store(cache)
+        got = cache.view(2, -1, len(E4M3_STORES))[:, slot].float().cpu()
+        for which, stored in zip(("keys", "values"), got, strict=True):
+            assert torch.equal(stored, want), (name, which, stored.tolist())
+            # -0.0 stays negative
+            assert torch.equal(stored.signbit(), want.signbit()), (name, which, stored.tolist())
 
 
 # ---- CPU: Triton's interpreter, in a subprocess (the interpreter mode is process-wide) ----
@@ -585,6 +630,12 @@ def test_fp8_cache_matches_reference(dtype: torch.dtype, window: int, cap: float
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_stores_round_to_nearest_even_and_saturate(dtype: torch.dtype) -> None:
+    run_fp8_store_rounding("cuda", dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("window", "cap", "fp8", "fuse"), [
     (0, 0.0, False, True), (37, 0.0, False, True), (0, 0.5, False, True), (0, 0.0, True, True),
     (0, 0.0, False, False)])
@@ -686,9 +737,14 @@ if __name__ == "__main__":
         run_decode("cpu", torch.float32, 16, None, True, window, cap)
         run_prefill("cpu", torch.float32, 4, 2, 32, window, cap)
         run_mixed_padded("cpu", torch.float32, 8, 2, 32, 13, 5, window, cap)
-    # An FP8 cache with scales (reads; see run_fp8_reads).
+    # An FP8 cache with scales: e4m3 rounding of every store, then stores and reads against
+    # the reference (patch_interpreter rounds to e4m3 as the GPU does).
+    run_fp8_store_rounding("cpu", torch.float32)
     for window, cap in ((0, 0.0), (37, 0.0), (0, 0.5)):
         run_fp8_reads("cpu", torch.float32, window, cap)
+    for splits, fused, tile in ((None, True, None), (1, False, None), (3, True, (32, 4, 2, True))):
+        run_decode("cpu", torch.float32, 16, splits, fused, fp8=True, tile=tile)
+    run_prefill("cpu", torch.float32, 4, 2, 32, 37, fp8=True)
     # The last tokens alone (forward_rows), with windows, caps and the rope launch off.
     for window, cap, fuse in ((0, 0.0, True), (37, 0.5, True), (0, 0.0, False)):
         run_rows("cpu", torch.float32, window, cap, fuse_rope=fuse)
