@@ -482,8 +482,9 @@ def run_rows(device: str, dtype: torch.dtype, window: int = 0, softcap: float = 
 
 
 @pytest.mark.timeout(600)  # the interpreter's subprocess, minutes on 2 cores
-def test_kernels_in_triton_interpreter() -> None:
-    run_interpreted(__file__)
+@pytest.mark.parametrize("part", ["decode", "prefill", "fp8_rows"])
+def test_kernels_in_triton_interpreter(part: str) -> None:
+    run_interpreted(__file__, args=(part,))  # a subprocess a part: each well inside the limit
 
 
 def test_varlen_programs_cover_every_block_with_few_idle_programs() -> None:
@@ -698,54 +699,59 @@ def test_decode_replays_inside_a_cuda_graph(dtype: torch.dtype, seqs: list) -> N
 
 if __name__ == "__main__":
     patch_interpreter()
-    run_decode("cpu", torch.float32, 16, None, True)
-    run_decode("cpu", torch.float32, 16, 1, False)
-    run_decode("cpu", torch.float32, 16, 1, True)
-    run_decode("cpu", torch.float32, 8, 3, True)
-    # Other tiles (keys per step, warps, stages) than the default, split and not.
-    run_decode("cpu", torch.float32, 16, None, True, tile=(16, 2, 1))
-    run_decode("cpu", torch.float32, 8, 1, True, tile=(64, 8, 3))
-    # The early load order (new K/V from registers, stored last), split and not, windows, caps.
-    for splits, window, cap in ((None, 0, 0.0), (1, 0, 0.0), (3, 37, 0.0), (None, 5, 0.5)):
-        run_decode("cpu", torch.float32, 16, splits, True, window, cap, tile=(32, 4, 2, True))
-    run_decode("cpu", torch.float32, 8, 1, True, tile=(16, 2, 1, True))
-    for norm in (True, False):
-        run_decode_rope("cpu", torch.float32, norm, None)
-        run_decode_rope("cpu", torch.float32, norm, 1)
-        run_decode_rope("cpu", torch.float32, norm, None, early=True)
-    run_prefill("cpu", torch.float32, 4, 2, 32)
-    run_prefill("cpu", torch.float32, 3, 3, 24)
-    run_mixed_padded("cpu", torch.float32, 8, 2, 32, extra_tokens=13, empty_rows=5)
-    run_mixed_padded("cpu", torch.float32, 6, 1, 16, extra_tokens=0, empty_rows=1)
-    # Few programs: each walks several query blocks, of several sequences.
-    run_prefill("cpu", torch.float32, 4, 2, 32, num_sms=1)
-    run_mixed_padded("cpu", torch.float32, 8, 2, 32, extra_tokens=13, empty_rows=5, num_sms=1)
-    run_mixed_padded("cpu", torch.float32, 8, 2, 32, extra_tokens=13, empty_rows=5, num_sms=3)
-    run_walk("cpu", torch.float32, programs=1, empty_rows=3)  # one program walks every block
-    run_walk("cpu", torch.float32, programs=2, empty_rows=260, window=37)  # a table past 256
-    for norm in (True, False):  # the rope launch that stores K/V; an FP8 cache keeps its own
-        run_varlen_rope("cpu", torch.float32, norm)
-        run_varlen_rope("cpu", torch.float32, norm, fp8=True)
-    # Sliding windows: shorter and longer than a tile (32 keys in fp32), not tile-aligned.
-    for window in (5, 37, 100):
-        run_decode("cpu", torch.float32, 16, None, True, window)
-        run_decode("cpu", torch.float32, 8, 3, True, window)
-        run_prefill("cpu", torch.float32, 4, 2, 32, window)
-        run_mixed_padded("cpu", torch.float32, 8, 2, 32, 13, 5, window)
-    # Score caps (Gemma 2), alone and with a window; 0.5 caps hard at these random scores.
-    for window, cap in ((0, 0.5), (0, 50.0), (37, 0.5)):
-        run_decode("cpu", torch.float32, 16, None, True, window, cap)
-        run_prefill("cpu", torch.float32, 4, 2, 32, window, cap)
-        run_mixed_padded("cpu", torch.float32, 8, 2, 32, 13, 5, window, cap)
-    # An FP8 cache with scales: e4m3 rounding of every store, then stores and reads against
-    # the reference (patch_interpreter rounds to e4m3 as the GPU does).
-    run_fp8_store_rounding("cpu", torch.float32)
-    for window, cap in ((0, 0.0), (37, 0.0), (0, 0.5)):
-        run_fp8_reads("cpu", torch.float32, window, cap)
-    for splits, fused, tile in ((None, True, None), (1, False, None), (3, True, (32, 4, 2, True))):
-        run_decode("cpu", torch.float32, 16, splits, fused, fp8=True, tile=tile)
-    run_prefill("cpu", torch.float32, 4, 2, 32, 37, fp8=True)
-    # The last tokens alone (forward_rows), with windows, caps and the rope launch off.
-    for window, cap, fuse in ((0, 0.0, True), (37, 0.5, True), (0, 0.0, False)):
-        run_rows("cpu", torch.float32, window, cap, fuse_rope=fuse)
+    parts = sys.argv[1:] or ["decode", "prefill", "fp8_rows"]
+    if "decode" in parts:
+        run_decode("cpu", torch.float32, 16, None, True)
+        run_decode("cpu", torch.float32, 16, 1, False)
+        run_decode("cpu", torch.float32, 16, 1, True)
+        run_decode("cpu", torch.float32, 8, 3, True)
+        # Other tiles (keys per step, warps, stages) than the default, split and not.
+        run_decode("cpu", torch.float32, 16, None, True, tile=(16, 2, 1))
+        run_decode("cpu", torch.float32, 8, 1, True, tile=(64, 8, 3))
+        # The early load order (new K/V from registers, stored last), split and not, windows, caps.
+        for splits, window, cap in ((None, 0, 0.0), (1, 0, 0.0), (3, 37, 0.0), (None, 5, 0.5)):
+            run_decode("cpu", torch.float32, 16, splits, True, window, cap, tile=(32, 4, 2, True))
+        run_decode("cpu", torch.float32, 8, 1, True, tile=(16, 2, 1, True))
+        for norm in (True, False):
+            run_decode_rope("cpu", torch.float32, norm, None)
+            run_decode_rope("cpu", torch.float32, norm, 1)
+            run_decode_rope("cpu", torch.float32, norm, None, early=True)
+        # Score caps (Gemma 2), alone and with a window; 0.5 caps hard at these random scores.
+        for window, cap in ((0, 0.5), (0, 50.0), (37, 0.5)):
+            run_decode("cpu", torch.float32, 16, None, True, window, cap)
+            run_prefill("cpu", torch.float32, 4, 2, 32, window, cap)
+            run_mixed_padded("cpu", torch.float32, 8, 2, 32, 13, 5, window, cap)
+    if "prefill" in parts:
+        run_prefill("cpu", torch.float32, 4, 2, 32)
+        run_prefill("cpu", torch.float32, 3, 3, 24)
+        run_mixed_padded("cpu", torch.float32, 8, 2, 32, extra_tokens=13, empty_rows=5)
+        run_mixed_padded("cpu", torch.float32, 6, 1, 16, extra_tokens=0, empty_rows=1)
+        # Few programs: each walks several query blocks, of several sequences.
+        run_prefill("cpu", torch.float32, 4, 2, 32, num_sms=1)
+        run_mixed_padded("cpu", torch.float32, 8, 2, 32, extra_tokens=13, empty_rows=5, num_sms=1)
+        run_mixed_padded("cpu", torch.float32, 8, 2, 32, extra_tokens=13, empty_rows=5, num_sms=3)
+        run_walk("cpu", torch.float32, programs=1, empty_rows=3)  # one program walks every block
+        run_walk("cpu", torch.float32, programs=2, empty_rows=260, window=37)  # a table past 256
+        for norm in (True, False):  # the rope launch that stores K/V
+            run_varlen_rope("cpu", torch.float32, norm)
+        # Sliding windows: shorter and longer than a tile (32 keys in fp32), not tile-aligned.
+        for window in (5, 37, 100):
+            run_decode("cpu", torch.float32, 16, None, True, window)
+            run_decode("cpu", torch.float32, 8, 3, True, window)
+            run_prefill("cpu", torch.float32, 4, 2, 32, window)
+            run_mixed_padded("cpu", torch.float32, 8, 2, 32, 13, 5, window)
+    if "fp8_rows" in parts:
+        # An FP8 cache with scales: e4m3 rounding of every store, then stores and reads against
+        # the reference (patch_interpreter rounds to e4m3 as the GPU does).
+        run_fp8_store_rounding("cpu", torch.float32)
+        for norm in (True, False):  # an FP8 cache keeps its own store launch
+            run_varlen_rope("cpu", torch.float32, norm, fp8=True)
+        for window, cap in ((0, 0.0), (37, 0.0), (0, 0.5)):
+            run_fp8_reads("cpu", torch.float32, window, cap)
+        for splits, fused, tile in ((None, True, None), (1, False, None), (3, True, (32, 4, 2, True))):
+            run_decode("cpu", torch.float32, 16, splits, fused, fp8=True, tile=tile)
+        run_prefill("cpu", torch.float32, 4, 2, 32, 37, fp8=True)
+        # The last tokens alone (forward_rows), with windows, caps and the rope launch off.
+        for window, cap, fuse in ((0, 0.0, True), (37, 0.5, True), (0, 0.0, False)):
+            run_rows("cpu", torch.float32, window, cap, fuse_rope=fuse)
     print(DONE)

@@ -18,8 +18,9 @@ import pytest
 DONE = "interpreted cases ok"
 
 
-def run_interpreted(path: str, timeout: float = 600) -> None:
-    """Run ``path`` as a script under Triton's interpreter; it must print ``DONE``."""
+def run_interpreted(path: str, timeout: float = 600, args: tuple[str, ...] = ()) -> None:
+    """Run ``path`` as a script (with ``args``) under Triton's interpreter; it must print
+    ``DONE``."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
     import torch
@@ -27,7 +28,7 @@ def run_interpreted(path: str, timeout: float = 600) -> None:
     if torch.cuda.is_available():
         pytest.skip("the GPU tests run the compiled kernels")
     proc = subprocess.run(
-        [sys.executable, path], capture_output=True, text=True, timeout=timeout,
+        [sys.executable, path, *args], capture_output=True, text=True, timeout=timeout,
         env=dict(os.environ, TRITON_INTERPRET="1"),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
