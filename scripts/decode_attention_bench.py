@@ -51,21 +51,20 @@ def _cache(num_blocks: int, page: int, layout: str) -> torch.Tensor:
 
 def _case(batch: int, context: int, max_model_len: int, layers: int, page: int = 16,
           layout: str = "token", shuffle: bool = False):
-    PAGE = page  # noqa: N806
-    width = -(-max_model_len // PAGE)
-    used = -(-context // PAGE)
+    width = -(-max_model_len // page)
+    used = -(-context // page)
     order = torch.randperm(batch * used) if shuffle else torch.arange(batch * used)
     tables = (1 + order).to(torch.int32).view(batch, used)
     tables = torch.nn.functional.pad(tables, (0, width - used)).cuda()
     num_blocks = batch * used + 1
     # At least three L2s of caches, as a step's weights evict each layer's keys from L2.
-    cache_bytes = 2 * num_blocks * PAGE * KV_HEADS * DIM * 2
+    cache_bytes = 2 * num_blocks * page * KV_HEADS * DIM * 2
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     copies = max(layers, -(-3 * l2 // cache_bytes))
-    caches = [_cache(num_blocks, PAGE, layout) for _ in range(copies)]
+    caches = [_cache(num_blocks, page, layout) for _ in range(copies)]
     seq_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
     pos = seq_lens.long() - 1
-    slots = (tables[:, (context - 1) // PAGE].long() * PAGE + (context - 1) % PAGE)
+    slots = (tables[:, (context - 1) // page].long() * page + (context - 1) % page)
     md = AttentionMetadata(
         num_actual_tokens=batch, max_query_len=1, max_seq_len=context,
         query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device="cuda"),
@@ -84,7 +83,7 @@ def _case(batch: int, context: int, max_model_len: int, layers: int, page: int =
         return [functools.partial(paged_decode_attention, q, c, md, DIM**-0.5, out, sms, splits,
                                   k, v, rope=rope, config=cfg) for c in caches]
 
-    return calls, choose_num_splits(batch, KV_HEADS, width * PAGE, sms)
+    return calls, choose_num_splits(batch, KV_HEADS, width * page, sms)
 
 
 def _time(calls: list, total: int) -> float:

@@ -438,6 +438,9 @@ def run_fp8_store_rounding(device: str, dtype: torch.dtype) -> None:
 
 # ---- CPU: Triton's interpreter, in a subprocess (the interpreter mode is process-wide) ----
 
+# The interpreted cases in parts, a subprocess each, so that each stays well inside its limit.
+INTERPRETED_PARTS = ("decode_caps", "prefill_windows", "fp8_rows")
+
 
 def run_rows(device: str, dtype: torch.dtype, window: int = 0, softcap: float = 0.0,
              fp8: bool = False, fuse_rope: bool = True, fresh: bool = False) -> None:
@@ -482,9 +485,9 @@ def run_rows(device: str, dtype: torch.dtype, window: int = 0, softcap: float = 
 
 
 @pytest.mark.timeout(600)  # the interpreter's subprocess, minutes on 2 cores
-@pytest.mark.parametrize("part", ["decode", "prefill", "fp8_rows"])
+@pytest.mark.parametrize("part", INTERPRETED_PARTS)
 def test_kernels_in_triton_interpreter(part: str) -> None:
-    run_interpreted(__file__, args=(part,))  # a subprocess a part: each well inside the limit
+    run_interpreted(__file__, args=(part,))
 
 
 def test_varlen_programs_cover_every_block_with_few_idle_programs() -> None:
@@ -699,8 +702,10 @@ def test_decode_replays_inside_a_cuda_graph(dtype: torch.dtype, seqs: list) -> N
 
 if __name__ == "__main__":
     patch_interpreter()
-    parts = sys.argv[1:] or ["decode", "prefill", "fp8_rows"]
-    if "decode" in parts:
+    parts = sys.argv[1:] or list(INTERPRETED_PARTS)
+    if not set(parts) <= set(INTERPRETED_PARTS):
+        raise SystemExit(f"unknown part(s) {parts}; the parts are {INTERPRETED_PARTS}")
+    if "decode_caps" in parts:
         run_decode("cpu", torch.float32, 16, None, True)
         run_decode("cpu", torch.float32, 16, 1, False)
         run_decode("cpu", torch.float32, 16, 1, True)
@@ -721,7 +726,7 @@ if __name__ == "__main__":
             run_decode("cpu", torch.float32, 16, None, True, window, cap)
             run_prefill("cpu", torch.float32, 4, 2, 32, window, cap)
             run_mixed_padded("cpu", torch.float32, 8, 2, 32, 13, 5, window, cap)
-    if "prefill" in parts:
+    if "prefill_windows" in parts:
         run_prefill("cpu", torch.float32, 4, 2, 32)
         run_prefill("cpu", torch.float32, 3, 3, 24)
         run_mixed_padded("cpu", torch.float32, 8, 2, 32, extra_tokens=13, empty_rows=5)
