@@ -71,7 +71,9 @@ class Echo:
                                    cursor, self.token, self.decode, self.as_ids)
 
 
-_MAX_CHAR_TOKENS = 4  # a UTF-8 character spans at most four byte tokens
+# Tokens that never complete a character (text that ends in U+FFFD of its own) are counted
+# after this many: a UTF-8 character spans at most four bytes.
+_MAX_PENDING = 8
 
 
 def completion_logprobs(
@@ -85,7 +87,8 @@ def completion_logprobs(
     row of None (the first prompt token, echoed) has no logprob: its text comes from
     ``decode``. ``text_offset`` is where each token's text starts in the completion's text:
     tokens holding part of a character (shown as U+FFFD) start where that character does, and
-    the character counts once its last byte arrives (``decode_ids`` decodes them together;
+    the character counts once its last byte arrives; a stray byte, which no character takes,
+    is a U+FFFD character of its own (``decode_ids`` decodes such tokens together;
     without it each token counts its own text's length, as vLLM does); a special token that the
     text skips still counts its shown length (vLLM's offsets). ``cursor``: where the first token
     starts and the incomplete character before it (a fresh one: the start of the text); updated
@@ -94,7 +97,6 @@ def completion_logprobs(
     out = CompletionLogProbs()
     if cursor is None:
         cursor = TextCursor()
-    offset, pending = cursor.offset, cursor.pending
     for tid, row in zip(token_ids, rows, strict=False):
         if row is None:
             text = decode(tid) if decode is not None else f"token_id:{tid}"
@@ -113,17 +115,38 @@ def completion_logprobs(
             if sampled is not None:
                 top.setdefault(shown, clamp_logprob(sampled.logprob))
             out.top_logprobs.append(top)
-        out.text_offset.append(offset)
-        if decode_ids is not None and (pending or "\ufffd" in text):
-            pending.append(tid)
-            whole = decode_ids(pending)
-            if not whole.endswith("\ufffd") or len(pending) >= _MAX_CHAR_TOKENS:
-                offset += len(whole)
-                pending.clear()
+        if decode_ids is not None and (cursor.pending or "\ufffd" in text):
+            offset = _pending_offset(tid, cursor, decode_ids)
         else:
-            offset += len(text)
-    cursor.offset = offset
+            offset = cursor.offset
+            cursor.offset += len(text)
+        out.text_offset.append(offset)
     return out
+
+
+def _pending_offset(tid: int, cursor: TextCursor, decode_ids: Callable[[list[int]], str]) -> int:
+    """Where token ``tid`` starts when it or the tokens before it hold part of a character:
+    ``cursor.pending`` (tokens from ``cursor.offset`` on) decoded without and with it. A text
+    that grows past the old one (which it starts with) means the token starts a character of
+    its own (a stray byte's U+FFFD before it is final, and is counted); otherwise the token
+    continues the old text's last, incomplete character. Tokens before a new character, or all
+    of them once the text ends in a complete character, move the cursor on."""
+    pending = cursor.pending
+    before = decode_ids(pending) if pending else ""
+    pending.append(tid)
+    whole = decode_ids(pending)
+    if not before or (whole.startswith(before) and len(whole) > len(before)):
+        start = cursor.offset + len(before)
+        if before:  # the characters before this token are complete
+            cursor.offset = start
+            del pending[:-1]
+            whole = whole[len(before):]
+    else:
+        start = cursor.offset + max(len(before) - 1, 0)
+    if not whole.endswith("\ufffd") or len(pending) >= _MAX_PENDING:
+        cursor.offset += len(whole)
+        pending.clear()
+    return start
 
 
 def generated_nothing(c: CompletionOutput) -> CompletionOutput:

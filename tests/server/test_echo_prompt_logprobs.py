@@ -230,16 +230,61 @@ def test_legacy_top_logprobs_hold_the_sampled_token_outside_the_top_n() -> None:
     assert inside.top_logprobs == [{"a": -0.5, "b": -1.0}]
 
 
-def test_text_offsets_move_on_after_four_tokens_that_never_make_a_character() -> None:
-    """Byte tokens that never complete a character are counted after four (the most one UTF-8
-    character takes): a fifth one starts after them."""
+def test_text_offsets_move_on_after_tokens_that_never_complete_a_character() -> None:
+    """Tokens that keep one character incomplete (the text stays one U+FFFD) share its start
+    until eight of them have come; the next starts after that character."""
     from cadence.outputs import Logprob
     from cadence.server.serving_completion import completion_logprobs
 
-    ids = [1, 2, 3, 4, 5]
+    ids = list(range(1, 10))
     rows = [{t: Logprob(-1.0, 1, "\ufffd")} for t in ids]
-    out = completion_logprobs(ids, rows, 0, decode_ids=lambda seq: "\ufffd" * len(seq))
-    assert out.text_offset == [0, 0, 0, 0, 4]
+    out = completion_logprobs(ids, rows, 0, decode_ids=lambda seq: "\ufffd")
+    assert out.text_offset == [0] * 8 + [1]
+
+
+# Byte tokens of the tiny tokenizer: 0xA9 alone is a stray continuation byte (a U+FFFD of its
+# own), 0xE2 0x82 0xAC spell the euro sign, 0xE2 alone is a character cut short (one U+FFFD),
+# 72 is "H". Offsets by UTF-8's rules, worked out by hand: a stray byte and a cut-short
+# character each count one character; the bytes of one character share its start.
+_STRAY, _EURO, _H = 169, [226, 130, 172], 72
+_BYTE_CASES = [
+    ([_STRAY, _STRAY, _H], "\ufffd\ufffdH", [0, 1, 2]),
+    ([_STRAY, *_EURO], "\ufffd€", [0, 1, 1, 1]),
+    ([*_EURO, _STRAY, *_EURO], "€\ufffd€", [0, 0, 0, 1, 2, 2, 2]),
+    ([226, _H], "\ufffdH", [0, 1]),
+    ([226, 130, _H, _STRAY], "\ufffdH\ufffd", [0, 0, 1, 2]),
+    ([226, 226, 130, 172, _H], "\ufffd€H", [0, 1, 1, 1, 2]),
+    ([_H, _STRAY, _STRAY, _STRAY, _STRAY, _STRAY, _H], "H" + "\ufffd" * 5 + "H",
+     [0, 1, 2, 3, 4, 5, 6]),
+]
+
+
+@pytest.mark.parametrize(("ids", "text", "offsets"), _BYTE_CASES,
+                         ids=[f"case{i}" for i in range(len(_BYTE_CASES))])
+def test_stray_bytes_are_characters_of_their_own_in_text_offset(ids, text, offsets) -> None:
+    """A byte no character takes shows as its own U+FFFD and counts one character: the tokens
+    after it start past it (they collapsed onto its start, and every later offset drifted),
+    whether the answer comes whole or in chunks cut anywhere."""
+    from transformers import AutoTokenizer
+
+    from cadence.model.tiny import ensure_tiny_model
+    from cadence.outputs import Logprob
+    from cadence.server.serving_completion import TextCursor, completion_logprobs
+
+    tok = AutoTokenizer.from_pretrained(ensure_tiny_model())
+    assert tok.decode(ids) == text  # the cases' bytes, as the tokenizer spells them
+
+    def rows(chunk):
+        return [{t: Logprob(-1.0, 1, tok.decode([t]))} for t in chunk]
+
+    assert completion_logprobs(ids, rows(ids), 0, decode_ids=tok.decode).text_offset == offsets
+    for cut in range(1, len(ids)):
+        cursor = TextCursor()
+        got = (completion_logprobs(ids[:cut], rows(ids[:cut]), 0, cursor,
+                                   decode_ids=tok.decode).text_offset
+               + completion_logprobs(ids[cut:], rows(ids[cut:]), 0, cursor,
+                                     decode_ids=tok.decode).text_offset)
+        assert got == offsets, cut
 
 
 def test_echo_with_logprobs_asks_the_engine_for_enough_prompt_logprobs() -> None:
