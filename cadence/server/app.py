@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib import metadata
@@ -68,6 +69,9 @@ DEFAULT_BODY_READ_TIMEOUT_S = ServerSettings.body_read_timeout
 M = TypeVar("M", bound=BaseModel)
 # Unknown field names logged once each: this many are remembered (a client sending fresh names
 # must not grow the server's memory), and a warning names this many of a request's at most.
+# How long a /metrics or /stats scrape waits for the engine's scheduler stats (see
+# ``OpenAIServer._refresh_stats``).
+STATS_WAIT_S = 1.0
 UNKNOWN_FIELDS_KEPT = 256
 UNKNOWN_FIELDS_NAMED = 8
 
@@ -267,12 +271,24 @@ class OpenAIServer:
     async def version(self, request: Request) -> Response:
         return JSONResponse({"version": cadence_version()})
 
+    async def _refresh_stats(self, route: str) -> None:
+        """Fresh scheduler stats for a scrape. While this front end has requests in the engine,
+        every step's outputs bring them; otherwise they are asked for, answered between two
+        steps, and a step that runs long (a large prefill, other front ends' requests) holds
+        the answer up to ``STATS_WAIT_S``: past it the last figures are served."""
+        engine = self.engine
+        if engine.errored or engine.has_unfinished_requests():
+            return
+        try:
+            await asyncio.wait_for(engine.do_log_stats(), STATS_WAIT_S)
+        except asyncio.TimeoutError:
+            logger.debug("Scheduler stats for %s not answered within %.1f s.", route,
+                         STATS_WAIT_S)
+        except Exception:  # the engine died meanwhile: serve what we have
+            logger.warning("Could not refresh scheduler stats for %s.", route)
+
     async def metrics_endpoint(self, request: Request) -> Response:
-        if not self.engine.errored:
-            try:
-                await self.engine.do_log_stats()
-            except Exception:  # the engine died during the scrape: serve what we have
-                logger.warning("Could not refresh scheduler stats for /metrics.")
+        await self._refresh_stats("/metrics")
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     async def stats(self, request: Request) -> Response:
@@ -282,14 +298,7 @@ class OpenAIServer:
         except ValueError:
             raise BadRequestError(f"since must be an integer (a second), got {raw_since!r}.",
                                   "since") from None
-        engine = self.engine
-        # While this front end has requests in the engine, every step's outputs bring fresh
-        # scheduler stats; otherwise they are asked for (answered between two steps).
-        if not engine.errored and not engine.has_unfinished_requests():
-            try:
-                await engine.do_log_stats()
-            except Exception:  # the engine died meanwhile: serve what we have
-                logger.warning("Could not refresh scheduler stats for /stats.")
+        await self._refresh_stats("/stats")
         latest = self.seconds.latest
         problem = (None if self.lifecycle.accepting else "shutting down") or self.watchdog.problem()
         body: dict[str, Any] = {
@@ -310,7 +319,7 @@ class OpenAIServer:
         }
         if since < 0:  # the first request of a client: what does not change
             if self._config_summary is None:
-                self._config_summary = engine_config_summary(engine, self.model_name)
+                self._config_summary = engine_config_summary(self.engine, self.model_name)
             body["config"] = self._config_summary
         return JSONResponse(body, headers={"cache-control": "no-store"})
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
 import json
 import threading
 
@@ -416,16 +416,10 @@ def test_metrics_gauges_while_busy(server_factory) -> None:
                     if line.startswith("data: "):
                         break
                 core.wait_at_gate()
-                # The scrape asks the engine for fresh stats between two steps: let steps
-                # through one at a time until it is answered (fewer than the request needs).
-                scrape = concurrent.futures.ThreadPoolExecutor(1).submit(
-                    lambda: http.get("/metrics").text)
-                for _ in range(40):
-                    if scrape.done():
-                        break
-                    core.allow(1)
-                    core.wait_at_gate()
-                values = metric_values(scrape.result(timeout=30))
+                # The engine is held between two steps: the scrape serves the stats the last
+                # step's outputs brought, without waiting for another step.
+                values = metric_values(http.get("/metrics").text)
+                stats = http.get("/stats").json()
                 core.open()
                 assert any(ln == "data: [DONE]" for ln in lines)  # it ran to the end
     finally:
@@ -433,6 +427,33 @@ def test_metrics_gauges_while_busy(server_factory) -> None:
     label = '{engine="0",model_name="tiny"}'
     assert values["cadence:num_requests_running" + label] == 1, values
     assert 0 < values["cadence:kv_cache_usage_perc" + label] < 1
+    assert stats["status"] == "serving"
+
+
+def test_scrapes_do_not_wait_long_for_a_busy_engine(server_factory, monkeypatch) -> None:
+    """With no request of its own in the engine a scrape asks for fresh scheduler stats; an
+    engine that does not answer (a long step, other front ends' work) holds /metrics and
+    /stats for STATS_WAIT_S at most, then the last figures are served."""
+    from cadence.server import app as app_module
+
+    srv = server_factory()
+    asked = []
+
+    async def never_answered() -> None:
+        asked.append(1)
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(app_module, "STATS_WAIT_S", 0.05)
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        resp = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2,
+                                                  "ignore_eos": True})
+        assert resp.status_code == 200, resp.text
+        monkeypatch.setattr(srv.engine, "do_log_stats", never_answered)
+        text = http.get("/metrics").text
+        assert http.get("/stats").json()["status"] == "serving"
+    assert len(asked) == 2
+    label = '{engine="0",model_name="tiny"}'
+    assert metric_values(text)["cadence:generation_tokens_total" + label] == 2
 
 
 def test_priority_through_http(server_factory) -> None:
