@@ -123,8 +123,9 @@ class SamplingRequest(OpenAIModel):
     guided_choice: Any = None
     guided_grammar: Any = None
 
-    # check_fields=False: echo and (chat) logprobs are the subclasses' fields.
-    @field_validator("stream", "n", "echo", "logprobs", mode="before", check_fields=False)
+    # check_fields=False: echo, return_token_ids and (chat) logprobs are the subclasses' fields.
+    @field_validator("stream", "n", "echo", "logprobs", "return_token_ids",
+                     "return_tokens_as_token_ids", mode="before", check_fields=False)
     @classmethod
     def _null_is_the_default(cls, value: Any, info: ValidationInfo) -> Any:
         # OpenAI's schema lets these be null, meaning the default (vLLM takes null too).

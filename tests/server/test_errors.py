@@ -369,16 +369,24 @@ def test_neutral_values_of_sampling_fields_are_accepted(server) -> None:
 
 
 def test_null_means_the_default_where_openai_allows_it(http: httpx.Client) -> None:
-    """OpenAI's schema lets stream, n, echo and (chat) logprobs be null: the default."""
+    """OpenAI's schema lets stream, n, echo and (chat) logprobs be null: the default; vLLM's
+    return_token_ids and return_tokens_as_token_ids too (its fields are optional)."""
     plain = http.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 3, "temperature": 0})
     nulls = http.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 3, "temperature": 0,
-                                         "stream": None, "n": None, "echo": None})
+                                         "stream": None, "n": None, "echo": None,
+                                         "return_token_ids": None, "logprobs": 0,
+                                         "return_tokens_as_token_ids": None})
     assert nulls.status_code == 200, nulls.text
+    choice = nulls.json()["choices"][0]
     assert [c["text"] for c in nulls.json()["choices"]] == [plain.json()["choices"][0]["text"]]
+    assert choice.get("token_ids") is None and choice.get("prompt_token_ids") is None
+    assert not any(t.startswith("token_id:") for t in choice["logprobs"]["tokens"])
     chat = http.post(CHAT, json={"messages": MSG, "max_tokens": 3, "logprobs": None,
-                                 "stream": None, "n": None, "echo": None})
+                                 "stream": None, "n": None, "echo": None,
+                                 "return_token_ids": None})
     assert chat.status_code == 200, chat.text
     body = chat.json()
     assert len(body["choices"]) == 1 and body["choices"][0].get("logprobs") is None
+    assert body["choices"][0].get("token_ids") is None
     assert http.post(COMPLETIONS, json={"prompt": "hi", "use_beam_search": False,
                                         "max_tokens": 1}).status_code == 200
