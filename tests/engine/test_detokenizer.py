@@ -273,6 +273,11 @@ def test_without_tokenizer_only_ids_are_tracked() -> None:
         ("hello world", 2, ["hello"], False, None),  # entirely in old text: already checked
         ("hello world", 0, ["world"], False, None),
         ("abcabc", 3, ["c", "bc"], False, ("bc", 4)),
+        # One token completes two stop strings: the one that starts first, in either order
+        # (vLLM takes the first listed: "ny", leaving "ma").
+        ("x many", 5, ["ny", "man"], False, ("man", 2)),
+        ("x many", 5, ["man", "ny"], False, ("man", 2)),
+        ("x many", 5, ["ny", "man"], True, ("man", 5)),
     ],
 )
 def test_find_stop_string(
