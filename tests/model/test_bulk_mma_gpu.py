@@ -156,6 +156,10 @@ def test_the_engine_takes_the_kernel_and_graphs_equal_eager(tmp_path, monkeypatc
                                                             quantization: str | None) -> None:
     # A random Llama whose projections the table is made to list at every row bucket: decode
     # steps of 1-8 rows run the kernel (counted), and CUDA graphs give the eager tokens.
+    # NOTE: in half precision the two modes agree only where they run the same kernels. An
+    # eager prefill of several prompts runs its last layer on the sampled rows alone (the
+    # kernel, at 6 rows) where the mixed graph keeps every token (other kernels, other
+    # rounding; with e4m3 weights a first token flipped): the rows path is off here.
     import random
 
     import transformers
@@ -185,6 +189,7 @@ def test_the_engine_takes_the_kernel_and_graphs_equal_eager(tmp_path, monkeypatc
         return run(*args, **kwargs)
 
     monkeypatch.setattr(bm, "_run", counted)
+    monkeypatch.setenv("CADENCE_DISABLE_OUTPUT_ROWS", "1")
     rng = random.Random(3)
     prompts = [{"prompt_token_ids": [rng.randrange(3, 512) for _ in range(5 + 3 * i)]}
                for i in range(6)]

@@ -155,8 +155,10 @@ class _GraphSafeDecodeAttention:
     name = "graph-safe-decode"
 
     def forward(self, q, k, v, kv_cache, metadata, scale, sliding_window=0, softcap=0.0,
-                k_scale=1.0, v_scale=1.0):
+                k_scale=1.0, v_scale=1.0, rope=None):
         assert sliding_window == 0 and softcap == 0.0 and kv_cache.dtype != torch.float8_e4m3fn
+        if rope is not None:  # the q/k norms and RoPE a backend applies (AttentionBackend)
+            q, k = rope.apply(q, k)
         num_kv_heads, head_dim = kv_cache.shape[-2:]
         kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, k)
         kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, v)
