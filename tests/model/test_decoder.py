@@ -219,6 +219,29 @@ def test_cuda_bf16_and_graph_captured_decode(tmp_path):
     torch.testing.assert_close(captured[:3].cpu(), decode_ref, atol=0.25, rtol=0)
 
 
+def test_the_capturable_stand_in_backend_matches_transformers_on_cpu(tmp_path):
+    """The GPU test's stand-in attention, run eagerly on the CPU in float32 through the decode
+    step it captures there: transformers' logits. Its signature and arithmetic are checked on
+    every run, not only on a GPU (a backend argument it lacked broke the GPU test unseen)."""
+    hf = make_hf_model("qwen3", tie=False)
+    save_hf_model(hf, tmp_path)
+    prompts = _prompts(4)
+    tables = _block_tables(4, len(prompts), 6)
+    decode_ref = torch.stack([hf_logits(hf, p + [5])[-1] for p in prompts])
+    model = build_model(resolve_model(str(tmp_path)), torch.float32, "cpu", "auto",
+                        TorchAttentionBackend(), 0)
+    model.bind_kv_caches(new_kv_caches(model, torch.float32))
+    with torch.no_grad():
+        run_ours(model, make_batch([Chunk(p, 0, t) for p, t in zip(prompts, tables,
+                                                                  strict=True)]))
+        for layer in model.model.layers:
+            layer.self_attn.backend = _GraphSafeDecodeAttention()
+        step = make_batch([Chunk([5], len(p), t) for p, t in zip(prompts, tables, strict=True)],
+                          1)
+        logits = model.compute_logits(model(step.input_ids, step.positions, step.metadata))
+    _assert_close(logits[: len(prompts)], decode_ref)
+
+
 def test_kv_caches_without_the_key_value_dimension_are_refused():
     model = CausalLM(hf_config("qwen3", tie=False), TorchAttentionBackend())
     shape = list(model.kv_cache_shape(4, 4))
