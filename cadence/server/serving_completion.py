@@ -25,21 +25,12 @@ from cadence.server.serving import (
     token_text,
     top_by_rank,
 )
+from cadence.server.text_offsets import TextCursor, next_offset
+from cadence.server.token_bytes import TokenBytes
 
 if TYPE_CHECKING:
     from cadence.engine.output_processor import OutputSink
     from cadence.outputs import CompletionOutput, Logprob, RequestOutput
-
-
-@dataclasses.dataclass
-class TextCursor:
-    """Where a choice's next token starts in its text (``text_offset``) and the tokens of a
-    character not yet complete: carried from one streamed chunk to the next, so that a stream's
-    offsets are the whole answer's (the text a chunk sends may lag its tokens: held back for a
-    possible stop string or an incomplete character)."""
-
-    offset: int = 0
-    pending: list[int] = dataclasses.field(default_factory=list)
 
 
 class Echo:
@@ -47,9 +38,11 @@ class Echo:
     (the first has none)."""
 
     def __init__(self, decode: Callable[[list[int]], str] | None, as_ids: bool = False,
-                 from_ids: bool = False) -> None:
+                 from_ids: bool = False,
+                 bytes_of: Callable[[int, str], list[int]] | None = None) -> None:
         self.decode = decode
         self.as_ids = as_ids  # return_tokens_as_token_ids
+        self.bytes_of = bytes_of  # each token's own bytes, where the tokenizer's kind tells
         # truncate_prompt_tokens: the engine saw the prompt's last tokens only, so the echo is
         # their text (which the echoed logprobs and usage count), not the prompt as sent.
         self.from_ids = from_ids
@@ -68,12 +61,7 @@ class Echo:
         prompt = list(out.prompt_token_ids or [])
         prompt_rows = list(out.prompt_logprobs or [None] * len(prompt))
         return completion_logprobs(prompt + token_ids, prompt_rows + list(rows or []), num,
-                                   cursor, self.token, self.decode, self.as_ids)
-
-
-# Tokens that never complete a character (text that ends in U+FFFD of its own) are counted
-# after this many: a UTF-8 character spans at most four bytes.
-_MAX_PENDING = 8
+                                   cursor, self.token, self.decode, self.as_ids, self.bytes_of)
 
 
 def completion_logprobs(
@@ -82,18 +70,17 @@ def completion_logprobs(
     decode: Callable[[int], str] | None = None,
     decode_ids: Callable[[list[int]], str] | None = None,
     as_ids: bool = False,
+    bytes_of: Callable[[int, str], list[int]] | None = None,
 ) -> CompletionLogProbs:
     """OpenAI legacy logprobs: the sampled token plus the ``num`` most likely per position. A
     row of None (the first prompt token, echoed) has no logprob: its text comes from
-    ``decode``. ``text_offset`` is where each token's text starts in the completion's text:
-    tokens holding part of a character (shown as U+FFFD) start where that character does, and
-    the character counts once its last byte arrives; a stray byte, which no character takes,
-    is a U+FFFD character of its own (``decode_ids`` decodes such tokens together;
-    without it each token counts its own text's length, as vLLM does); a special token that the
-    text skips still counts its shown length (vLLM's offsets). ``cursor``: where the first token
-    starts and the incomplete character before it (a fresh one: the start of the text); updated
-    in place. ``as_ids``: tokens shown as ``token_id:N`` (vLLM's return_tokens_as_token_ids);
-    the offsets still count the text."""
+    ``decode``. ``text_offset`` is where each token's text starts in the completion's text
+    (``text_offsets.next_offset``: by each token's bytes with ``bytes_of``, else by text
+    decoded with ``decode_ids``, else each token's shown length, as vLLM does); a special token
+    that the text skips still counts its shown length (vLLM's offsets). ``cursor``: where the
+    first token starts and the incomplete character before it (a fresh one: the start of the
+    text); updated in place. ``as_ids``: tokens shown as ``token_id:N`` (vLLM's
+    return_tokens_as_token_ids); the offsets still count the text."""
     out = CompletionLogProbs()
     if cursor is None:
         cursor = TextCursor()
@@ -115,38 +102,8 @@ def completion_logprobs(
             if sampled is not None:
                 top.setdefault(shown, clamp_logprob(sampled.logprob))
             out.top_logprobs.append(top)
-        if decode_ids is not None and (cursor.pending or "\ufffd" in text):
-            offset = _pending_offset(tid, cursor, decode_ids)
-        else:
-            offset = cursor.offset
-            cursor.offset += len(text)
-        out.text_offset.append(offset)
+        out.text_offset.append(next_offset(cursor, tid, text, bytes_of, decode_ids))
     return out
-
-
-def _pending_offset(tid: int, cursor: TextCursor, decode_ids: Callable[[list[int]], str]) -> int:
-    """Where token ``tid`` starts when it or the tokens before it hold part of a character:
-    ``cursor.pending`` (tokens from ``cursor.offset`` on) decoded without and with it. A text
-    that grows past the old one (which it starts with) means the token starts a character of
-    its own (a stray byte's U+FFFD before it is final, and is counted); otherwise the token
-    continues the old text's last, incomplete character. Tokens before a new character, or all
-    of them once the text ends in a complete character, move the cursor on."""
-    pending = cursor.pending
-    before = decode_ids(pending) if pending else ""
-    pending.append(tid)
-    whole = decode_ids(pending)
-    if not before or (whole.startswith(before) and len(whole) > len(before)):
-        start = cursor.offset + len(before)
-        if before:  # the characters before this token are complete
-            cursor.offset = start
-            del pending[:-1]
-            whole = whole[len(before):]
-    else:
-        start = cursor.offset + max(len(before) - 1, 0)
-    if not whole.endswith("\ufffd") or len(pending) >= _MAX_PENDING:
-        cursor.offset += len(whole)
-        pending.clear()
-    return start
 
 
 def generated_nothing(c: CompletionOutput) -> CompletionOutput:
@@ -201,7 +158,7 @@ class CompletionStream:
             elif request.logprobs is not None and c.logprobs is not None and c.token_ids:
                 lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs,
                                           self.cursors[k], decode_ids=self.echo.decode,
-                                          as_ids=self.echo.as_ids)
+                                          as_ids=self.echo.as_ids, bytes_of=self.echo.bytes_of)
             ids = list(c.token_ids) if self.with_ids else None
             if not text and not ids and not c.finished() and lps is None:
                 return None  # nothing visible yet (held back for a possible stop string)
@@ -227,6 +184,8 @@ class CompletionStream:
 
 
 class OpenAIServingCompletion(OpenAIServing):
+    _token_bytes: TokenBytes | None = None  # the tokenizer's, made at the first echo
+
     def new_stream(self, request: CompletionRequest, base_id: str) -> CompletionStream:
         return CompletionStream(request, base_id, self.served_model_name, self._with_ids(request),
                                 self._echo(request))
@@ -293,7 +252,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 lps = echo.logprobs(final, list(c.token_ids), c.logprobs, request.logprobs)
         elif request.logprobs is not None and c.logprobs is not None:
             lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs,
-                                      decode_ids=echo.decode, as_ids=echo.as_ids)
+                                      decode_ids=echo.decode, as_ids=echo.as_ids,
+                                      bytes_of=echo.bytes_of)
         return CompletionResponseChoice(
             index=first_index + c.index,
             text=text,
@@ -310,8 +270,14 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def _echo(self, request: CompletionRequest) -> Echo:
         tok = self.engine.tokenizer
-        return Echo(None if tok is None else tok.decode, request.return_tokens_as_token_ids,
-                    from_ids=request.truncate_prompt_tokens is not None)
+        if tok is None:
+            return Echo(None, request.return_tokens_as_token_ids)
+        if self._token_bytes is None:
+            self._token_bytes = TokenBytes(tok)  # reads the tokenizer's decoder once
+        tb = self._token_bytes
+        return Echo(tok.decode, request.return_tokens_as_token_ids,
+                    from_ids=request.truncate_prompt_tokens is not None,
+                    bytes_of=tb.bytes_of if tb.kind is not None else None)
 
     def _with_ids(self, request: CompletionRequest) -> bool:
         return request.return_token_ids or self.engine.tokenizer is None

@@ -183,38 +183,6 @@ def test_text_offsets_count_characters_not_byte_tokens(client: openai.OpenAI, st
         _check_offsets(text, tokens, offsets)
 
 
-def test_a_character_split_across_streamed_chunks_keeps_its_offsets() -> None:
-    """Chunks of several tokens (a slow reader's merged deltas): the bytes of a character that
-    the first chunk ends inside are carried into the next, whose offsets continue from the
-    first chunk's tokens (not from the text sent, which holds that character back)."""
-    from transformers import AutoTokenizer
-
-    from cadence.model.tiny import ensure_tiny_model
-    from cadence.outputs import Logprob
-    from cadence.server.serving_completion import TextCursor, completion_logprobs
-
-    tok = AutoTokenizer.from_pretrained(ensure_tiny_model())
-    text = "x€ ab"
-    ids = tok.encode(text, add_special_tokens=False)
-    assert len(ids) == 6  # x, three bytes of €, " a", b
-
-    def rows(chunk):
-        return [{t: Logprob(-1.0, 1, tok.decode([t]))} for t in chunk]
-
-    def decode(chunk):
-        return tok.decode(chunk)
-
-    whole = completion_logprobs(ids, rows(ids), 0, decode_ids=decode).text_offset
-    assert whole == [0, 1, 1, 1, 2, 4]  # "x" 0, € at 1 (three tokens), " a" at 2, "b" at 4
-    for cuts in ([1], [2], [3], [4], [5], [1, 2, 3], [2, 4], [1, 2, 3, 4, 5]):
-        cursor = TextCursor()
-        offsets = []
-        for a, b in zip([0, *cuts], [*cuts, len(ids)], strict=True):
-            offsets += completion_logprobs(ids[a:b], rows(ids[a:b]), 0, cursor,
-                                           decode_ids=decode).text_offset
-        assert offsets == whole, cuts
-
-
 def test_legacy_top_logprobs_hold_the_sampled_token_outside_the_top_n() -> None:
     """vLLM's legacy completions: each position's top_logprobs are the n most likely plus the
     sampled token when it is not among them (n + 1 entries)."""
@@ -228,63 +196,6 @@ def test_legacy_top_logprobs_hold_the_sampled_token_outside_the_top_n() -> None:
     assert out.top_logprobs == [{"a": -0.5, "b": -1.0, "x": -3.0}]
     inside = completion_logprobs([2], [row], 2)  # sampled among the top 2: n entries
     assert inside.top_logprobs == [{"a": -0.5, "b": -1.0}]
-
-
-def test_text_offsets_move_on_after_tokens_that_never_complete_a_character() -> None:
-    """Tokens that keep one character incomplete (the text stays one U+FFFD) share its start
-    until eight of them have come; the next starts after that character."""
-    from cadence.outputs import Logprob
-    from cadence.server.serving_completion import completion_logprobs
-
-    ids = list(range(1, 10))
-    rows = [{t: Logprob(-1.0, 1, "\ufffd")} for t in ids]
-    out = completion_logprobs(ids, rows, 0, decode_ids=lambda seq: "\ufffd")
-    assert out.text_offset == [0] * 8 + [1]
-
-
-# Byte tokens of the tiny tokenizer: 0xA9 alone is a stray continuation byte (a U+FFFD of its
-# own), 0xE2 0x82 0xAC spell the euro sign, 0xE2 alone is a character cut short (one U+FFFD),
-# 72 is "H". Offsets by UTF-8's rules, worked out by hand: a stray byte and a cut-short
-# character each count one character; the bytes of one character share its start.
-_STRAY, _EURO, _H = 169, [226, 130, 172], 72
-_BYTE_CASES = [
-    ([_STRAY, _STRAY, _H], "\ufffd\ufffdH", [0, 1, 2]),
-    ([_STRAY, *_EURO], "\ufffd€", [0, 1, 1, 1]),
-    ([*_EURO, _STRAY, *_EURO], "€\ufffd€", [0, 0, 0, 1, 2, 2, 2]),
-    ([226, _H], "\ufffdH", [0, 1]),
-    ([226, 130, _H, _STRAY], "\ufffdH\ufffd", [0, 0, 1, 2]),
-    ([226, 226, 130, 172, _H], "\ufffd€H", [0, 1, 1, 1, 2]),
-    ([_H, _STRAY, _STRAY, _STRAY, _STRAY, _STRAY, _H], "H" + "\ufffd" * 5 + "H",
-     [0, 1, 2, 3, 4, 5, 6]),
-]
-
-
-@pytest.mark.parametrize(("ids", "text", "offsets"), _BYTE_CASES,
-                         ids=[f"case{i}" for i in range(len(_BYTE_CASES))])
-def test_stray_bytes_are_characters_of_their_own_in_text_offset(ids, text, offsets) -> None:
-    """A byte no character takes shows as its own U+FFFD and counts one character: the tokens
-    after it start past it (they collapsed onto its start, and every later offset drifted),
-    whether the answer comes whole or in chunks cut anywhere."""
-    from transformers import AutoTokenizer
-
-    from cadence.model.tiny import ensure_tiny_model
-    from cadence.outputs import Logprob
-    from cadence.server.serving_completion import TextCursor, completion_logprobs
-
-    tok = AutoTokenizer.from_pretrained(ensure_tiny_model())
-    assert tok.decode(ids) == text  # the cases' bytes, as the tokenizer spells them
-
-    def rows(chunk):
-        return [{t: Logprob(-1.0, 1, tok.decode([t]))} for t in chunk]
-
-    assert completion_logprobs(ids, rows(ids), 0, decode_ids=tok.decode).text_offset == offsets
-    for cut in range(1, len(ids)):
-        cursor = TextCursor()
-        got = (completion_logprobs(ids[:cut], rows(ids[:cut]), 0, cursor,
-                                   decode_ids=tok.decode).text_offset
-               + completion_logprobs(ids[cut:], rows(ids[cut:]), 0, cursor,
-                                     decode_ids=tok.decode).text_offset)
-        assert got == offsets, cut
 
 
 def test_echo_with_logprobs_asks_the_engine_for_enough_prompt_logprobs() -> None:
