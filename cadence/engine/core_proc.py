@@ -145,7 +145,15 @@ def fail_future(fut: Future[Any], exc: BaseException) -> None:
     try:
         if not fut.done():
             fut.set_exception(exc)
-    except InvalidStateError:  # completed concurrently by the other thread
+    except InvalidStateError:  # completed (or cancelled: a caller gave up) meanwhile
+        pass
+
+
+def resolve_future(fut: Future[Any], value: Any) -> None:
+    try:
+        if not fut.done():
+            fut.set_result(value)
+    except InvalidStateError:  # cancelled meanwhile by a caller that gave up waiting
         pass
 
 
@@ -312,10 +320,7 @@ class EngineCoreProc:
         except Exception as exc:
             fail_future(call.reply, exc)
         else:
-            try:
-                call.reply.set_result(result)
-            except InvalidStateError:
-                pass
+            resolve_future(call.reply, result)
 
     def _fail_pending_inputs(self, exc: BaseException) -> None:
         dead = exc if isinstance(exc, EngineDeadError) else EngineDeadError()

@@ -29,7 +29,13 @@ from typing import Any
 from cadence.core_types import EngineCoreOutputs, EngineCoreRequest
 from cadence.engine.core_client import EngineCoreClient
 from cadence.engine.core_host import CoreFacts, HostChannel, host_main
-from cadence.engine.core_proc import EngineDead, EngineDeadError, OutputQueue, fail_future
+from cadence.engine.core_proc import (
+    EngineDead,
+    EngineDeadError,
+    OutputQueue,
+    fail_future,
+    resolve_future,
+)
 from cadence.engine.engine_args import EngineArgs
 
 __all__ = ["CoreChannel", "CoreFacts", "ProcessEngineCoreClient", "start_core_process"]
@@ -181,8 +187,9 @@ class ProcessEngineCoreClient(EngineCoreClient):
             elif kind == "reply":
                 _, call_id, ok, value = message
                 fut = self._calls.pop(call_id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(value) if ok else fut.set_exception(value)
+                if fut is not None:
+                    # NOTE: the caller may cancel the future at any moment (a bounded wait).
+                    resolve_future(fut, value) if ok else fail_future(fut, value)
             elif kind == "dead":
                 self._die(message[1])
                 return

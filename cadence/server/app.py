@@ -119,6 +119,7 @@ class OpenAIServer:
         chat_template: str | None = None,
     ) -> None:
         self.engine = engine
+        self._stats_refresh: asyncio.Future[None] | None = None  # see _refresh_stats
         # Several served names (vLLM): the first is the one responses carry; any is accepted.
         names = ([served_model_name] if isinstance(served_model_name, str)
                  else list(served_model_name or []))
@@ -271,24 +272,23 @@ class OpenAIServer:
     async def version(self, request: Request) -> Response:
         return JSONResponse({"version": cadence_version()})
 
-    async def _refresh_stats(self, route: str) -> None:
+    async def _refresh_stats(self) -> None:
         """Fresh scheduler stats for a scrape. While this front end has requests in the engine,
         every step's outputs bring them; otherwise they are asked for, answered between two
         steps, and a step that runs long (a large prefill, other front ends' requests) holds
-        the answer up to ``STATS_WAIT_S``: past it the last figures are served."""
+        the answer up to ``STATS_WAIT_S``: past it the last figures are served. One request for
+        them is out at a time; it is never cancelled, and a late answer is still recorded."""
         engine = self.engine
         if engine.errored or engine.has_unfinished_requests():
             return
-        try:
-            await asyncio.wait_for(engine.do_log_stats(), STATS_WAIT_S)
-        except asyncio.TimeoutError:
-            logger.debug("Scheduler stats for %s not answered within %.1f s.", route,
-                         STATS_WAIT_S)
-        except Exception:  # the engine died meanwhile: serve what we have
-            logger.warning("Could not refresh scheduler stats for %s.", route)
+        task = self._stats_refresh
+        if task is None or task.done():
+            task = self._stats_refresh = asyncio.ensure_future(engine.do_log_stats())
+            task.add_done_callback(_stats_refreshed)
+        await asyncio.wait({task}, timeout=STATS_WAIT_S)
 
     async def metrics_endpoint(self, request: Request) -> Response:
-        await self._refresh_stats("/metrics")
+        await self._refresh_stats()
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     async def stats(self, request: Request) -> Response:
@@ -298,7 +298,7 @@ class OpenAIServer:
         except ValueError:
             raise BadRequestError(f"since must be an integer (a second), got {raw_since!r}.",
                                   "since") from None
-        await self._refresh_stats("/stats")
+        await self._refresh_stats()
         latest = self.seconds.latest
         problem = (None if self.lifecycle.accepting else "shutting down") or self.watchdog.problem()
         body: dict[str, Any] = {
@@ -322,6 +322,12 @@ class OpenAIServer:
                 self._config_summary = engine_config_summary(self.engine, self.model_name)
             body["config"] = self._config_summary
         return JSONResponse(body, headers={"cache-control": "no-store"})
+
+
+def _stats_refreshed(task: asyncio.Future[None]) -> None:
+    # The engine died during the refresh: the scrape served the figures it had.
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("Could not refresh scheduler stats: %s", task.exception())
 
 
 def _tokenizer_call(work: Callable[[dict[str, Any]], BaseModel], raw: bytes,

@@ -138,3 +138,33 @@ def test_the_client_fails_pending_calls_and_every_reader_when_the_core_is_gone()
         client.abort_requests(["r"])  # cleanup paths never raise
     finally:
         client.shutdown()
+
+
+def test_a_reply_to_a_call_given_up_meanwhile_leaves_the_reader_serving() -> None:
+    """A caller's bounded wait (a /metrics scrape) may cancel a call's future just as its reply
+    arrives, between the reader's check and its set: the reader thread lives on and delivers
+    what comes next (it died of InvalidStateError, and that front end heard no more steps)."""
+    from concurrent.futures import Future
+
+    class CancelledInTheWindow(Future):
+        def done(self) -> bool:  # the reader's check sees it pending; the cancel comes after
+            return False
+
+    req_recv, req_send = multiprocessing.Pipe(duplex=False)
+    rep_recv, rep_send = multiprocessing.Pipe(duplex=False)
+    client = ProcessEngineCoreClient(CoreChannel(req_send, rep_recv), None)  # type: ignore[arg-type]
+    try:
+        given_up = CancelledInTheWindow()
+        assert given_up.cancel()
+        client._calls[99] = given_up
+        rep_send.send(("reply", 99, True, 1))
+        rep_send.send(("reply", 99, False, AttributeError("late")))  # (unknown by now)
+        answered = client._submit_utility("max_model_len", (), {})
+        call_id = req_recv.recv()[1]
+        rep_send.send(("reply", call_id, True, 128))
+        rep_send.send(("out", EngineCoreOutputs(finished_requests={"r"})))
+        assert answered.result(timeout=30) == 128
+        assert client.get_output(timeout=30).finished_requests == {"r"}
+        assert not client.errored
+    finally:
+        client.shutdown()
