@@ -131,7 +131,7 @@ def _trace(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=read_envs().log_level.upper(),
+    logging.basicConfig(level=read_envs().logging_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["trace"]:  # its own parser: argparse's REMAINDER drops leading options

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import warnings
 from dataclasses import dataclass
@@ -78,6 +79,21 @@ class Envs:
     # Run a prefill step's last layer for every token (not, past its qkv projection, for the
     # tokens the step samples from only; model/attention_metadata.py's ``OutputRows``).
     disable_output_rows: bool = False
+
+    @property
+    def logging_level(self) -> int:
+        """CADENCE_LOG_LEVEL as ``logging`` takes it (a name such as DEBUG, or a number); one
+        it does not know reads as INFO, with a warning naming the variable (every command sets
+        the level before it can report errors in one line)."""
+        value = self.log_level.strip()
+        if value.isdigit():
+            return int(value)
+        level = logging.getLevelName(value.upper() or "INFO")
+        if isinstance(level, int):
+            return level
+        warnings.warn(f"CADENCE_LOG_LEVEL={self.log_level!r} is not a logging level (DEBUG, "
+                      "INFO, WARNING, ERROR, CRITICAL or a number); read as INFO.", stacklevel=2)
+        return logging.INFO
 
     @property
     def cpu_threads(self) -> int | None:

@@ -9,6 +9,7 @@ with ``CADENCE_LOG_LEVEL=DEBUG``.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,7 +37,7 @@ def one_line_errors(prog: str) -> Iterator[None]:
     try:
         yield
     except USER_ERRORS as exc:
-        if read_envs().log_level.upper() == "DEBUG":
+        if read_envs().logging_level <= logging.DEBUG:
             raise
         message = str(exc) or type(exc).__name__
         print(f"{prog}: error: {message}", file=sys.stderr)

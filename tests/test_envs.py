@@ -54,3 +54,28 @@ def test_an_unknown_value_warns_once_however_often_it_is_read(monkeypatch):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("CADENCE_DISABLE_DENSE_PREFILL='garbage' is neither on") == 1
+
+
+@pytest.mark.parametrize(("value", "level"), [("", 20), ("debug", 10), (" Warning ", 30),
+                                              ("15", 15), ("ERROR", 40)])
+def test_the_log_level_takes_names_and_numbers(monkeypatch, value, level):
+    monkeypatch.setenv("CADENCE_LOG_LEVEL", value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert read_envs().logging_level == level
+
+
+def test_an_unknown_log_level_reads_as_info_and_every_command_still_runs(monkeypatch):
+    """A level logging does not know warns, names the variable and reads as INFO: it used to
+    end every command, --version included, in a traceback."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("CADENCE_LOG_LEVEL", "bogus")
+    with pytest.warns(UserWarning, match="CADENCE_LOG_LEVEL='bogus'"):
+        assert read_envs().logging_level == 20
+    env = dict(__import__("os").environ, CADENCE_LOG_LEVEL="bogus")
+    done = subprocess.run([sys.executable, "-m", "cadence", "--version"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("cadence ")
+    assert "CADENCE_LOG_LEVEL" in done.stderr and "Traceback" not in done.stderr

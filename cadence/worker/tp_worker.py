@@ -66,7 +66,7 @@ def main(fd: int) -> None:
         os._exit(0)
     from cadence.envs import read_envs
 
-    logging.basicConfig(level=read_envs().log_level.upper(),
+    logging.basicConfig(level=read_envs().logging_level,
                         format=f"%(asctime)s tp{init.rank} %(levelname)s %(name)s: %(message)s")
     try:
         runner = _start(init)
