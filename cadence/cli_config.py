@@ -48,7 +48,7 @@ def expand_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[
     """``argv`` (a subcommand's arguments) with underscores in option names turned into dashes
     and the options of its ``--config`` file, if any, in front. ``ValueError`` for a mistake in
     the file."""
-    args = _dashes(argv)
+    args = _full_config_flag(parser, _dashes(argv))
     paths = [a[len(_CONFIG) + 1:] for a in args if a.startswith(_CONFIG + "=")]
     paths += [args[i + 1] for i, a in enumerate(args[:-1]) if a == _CONFIG]
     if not paths:
@@ -56,6 +56,22 @@ def expand_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[
     if len(paths) > 1:
         raise ValueError(f"{_CONFIG} given {len(paths)} times; give one file.")
     return [*_file_args(parser, paths[0]), *args]
+
+
+def _full_config_flag(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
+    """``args`` with an abbreviation of ``--config`` that argparse would take for it (a prefix
+    of no other option) written out, so that its file is read rather than silently ignored."""
+    options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return out + args[i:]
+        name, eq, value = arg.partition("=")
+        if (len(name) > 2 and name != _CONFIG and _CONFIG.startswith(name)
+                and [o for o in options if o.startswith(name)] == [_CONFIG]):
+            arg = _CONFIG + eq + value
+        out.append(arg)
+    return out
 
 
 def _dashes(argv: Sequence[str]) -> list[str]:

@@ -148,6 +148,18 @@ def test_config_file_is_overridden_by_the_command_line(tmp_path: Path) -> None:
     assert engine_args_from(parse_args(["serve", "--max_model_len", "77"])).max_model_len == 77
 
 
+
+@pytest.mark.parametrize("flag", ["--conf", "--confi", "--con"])
+def test_an_abbreviated_config_flag_reads_its_file(tmp_path: Path, flag: str) -> None:
+    """argparse takes a unique prefix of --config for it: its file is read, not silently
+    dropped (the file's options were looked up under the full name only)."""
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("max_num_seqs: 8\nport: 9100\n")
+    for argv in (["serve", flag, str(cfg)], ["serve", f"{flag}={cfg}"]):
+        ns = parse_args(argv)
+        assert (engine_args_from(ns).max_num_seqs, settings_from(ns).port) == (8, 9100)
+
+
 def test_config_file_for_generate(tmp_path: Path) -> None:
     cfg = tmp_path / "gen.yml"
     cfg.write_text("prompt: [Hello, The cat]\nmax_tokens: 5\ntemperature: 0.5\n"
