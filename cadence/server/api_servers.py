@@ -30,6 +30,7 @@ import signal
 import socket
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from types import FrameType
@@ -60,9 +61,23 @@ class FrontEndOptions:
     chat_template: str | None = None
 
 
+def _stop_when_orphaned(launcher: int, interval: float = 1.0) -> None:
+    """SIGTERM this process (its graceful stop) once ``launcher``, the process that started
+    it, is gone: a launcher killed outright (SIGKILL) cannot stop its API servers, which
+    would serve on, on its port, with no one to stop them."""
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(interval)
+        logger.warning("The launcher (pid %d) is gone: stopping this API server.", launcher)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="cadence-launcher-watch", daemon=True).start()
+
+
 def _front_end_main(
     index: int, channel: CoreChannel, facts: CoreFacts, args: EngineArgs,
-    options: FrontEndOptions, sock: socket.socket,
+    options: FrontEndOptions, sock: socket.socket, launcher: int,
 ) -> None:  # fmt: skip
     """One API server process: a whole server over its channel to the shared engine core."""
     from cadence.engine.async_llm import AsyncLLM
@@ -74,6 +89,7 @@ def _front_end_main(
     # must still become a graceful stop, not death by signal.
     early = threading.Event()
     signal.signal(signal.SIGTERM, lambda sig, frame: early.set())
+    _stop_when_orphaned(launcher)
     logging.basicConfig(format=f"%(asctime)s %(levelname)s %(name)s[{index}]: %(message)s")
     logging.getLogger().setLevel(options.log_level.upper())
     engine = AsyncLLM(args, log_requests=options.log_requests,
@@ -135,7 +151,8 @@ def run_api_servers(args: EngineArgs, options: FrontEndOptions, count: int) -> i
     os.environ[_METRICS_DIR_ENV] = metrics_dir
     ctx = multiprocessing.get_context("spawn")
     fronts = [
-        ctx.Process(target=_front_end_main, args=(i, channels[i], facts, args, options, sock),
+        ctx.Process(target=_front_end_main,
+                    args=(i, channels[i], facts, args, options, sock, os.getpid()),
                     name=f"cadence-api-server-{i}")
         for i in range(count)
     ]  # fmt: skip

@@ -268,3 +268,44 @@ def test_api_servers_exit_1_when_the_engine_core_dies(tmp_path: Path) -> None:
     # The log says how the core ended and blames no API server for it.
     assert "The engine core process exited (signal 9)" in srv.text, srv.text
     assert "stopping the others" not in srv.text and "before it started" not in srv.text
+
+
+@pytest.mark.slow
+def test_api_servers_stop_when_the_launcher_is_killed(tmp_path: Path) -> None:
+    """SIGKILL to the launcher (nothing it can forward): its API servers see it gone and stop
+    as on SIGTERM, and the engine core, left with no front end, follows; the port is free."""
+    log = tmp_path / "serve.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cadence", "serve", "tiny", "--api-server-count", "2",
+         "--max-model-len", "128", "--num-gpu-blocks-override", "64", "--port", "0"],
+        stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])})
+    pids: list[int] = []
+    try:
+        line = wait_until(lambda: _serving_line(log), "the launcher's serving line", timeout=120)
+        fronts, core_pid = re.search(r"pids ([\d, ]+)\) over the engine-core process \(pid (\d+)",
+                                     line).groups()  # fmt: skip
+        pids = [int(p) for p in fronts.split(",")] + [int(core_pid)]
+        wait_until(lambda: log.read_text().count("Started server process") == 2,
+                   "both API servers", timeout=120)
+        proc.kill()
+        proc.wait(30)
+
+        def alive(pid: int) -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return False
+            return True
+
+        wait_until(lambda: not any(alive(p) for p in pids), "the orphaned processes to stop",
+                   timeout=90)
+    finally:
+        for pid in pids:  # never leave a server behind, whatever failed
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    text = log.read_text()
+    assert text.count("is gone: stopping this API server") == 2, text
+    assert "Traceback" not in text, text
