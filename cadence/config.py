@@ -14,6 +14,9 @@ KV_CACHE_DTYPES = ("auto", "fp8")  # "auto": the model dtype; "fp8": e4m3 with p
 # Sequences in flight: the runner's per-sequence buffers are sized by it at start-up (3,000,000
 # asked for ~46 GiB of host arrays); far past what any step can batch.
 MAX_NUM_SEQS = 65536
+# A step's tokens: the step buffers are sized by it (a typo of many digits asked the allocator
+# for petabytes); 2**24 is past any model's context, which it must reach without chunking.
+MAX_NUM_BATCHED_TOKENS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -84,10 +87,9 @@ class SchedulerConfig:
             )
         if not 1 <= self.max_num_seqs <= MAX_NUM_SEQS:
             raise ValueError(f"max_num_seqs must be 1 to {MAX_NUM_SEQS}, got {self.max_num_seqs}.")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(
-                f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}."
-            )
+        if not 1 <= self.max_num_batched_tokens <= MAX_NUM_BATCHED_TOKENS:
+            raise ValueError(f"max_num_batched_tokens must be 1 to {MAX_NUM_BATCHED_TOKENS}, "
+                             f"got {self.max_num_batched_tokens}.")
         if self.max_model_len < 1:
             raise ValueError(f"max_model_len must be at least 1, got {self.max_model_len}.")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:

@@ -24,7 +24,10 @@ MISTAKES = [
     (["serve", "tiny", "--api-server-count", "0"], "api_server_count"),
     (["serve", "tiny", "--chat-template", "{{ broken"], "chat template does not parse"),
     (["serve", "tiny", "--served-model-name", ""], "cannot be empty"),
-    (["serve", "tiny", "--max-num-batched-tokens", "0"], "max_num_batched_tokens must be at"),
+    (["serve", "tiny", "--max-num-batched-tokens", "0"],
+     "max_num_batched_tokens must be 1 to 16777216, got 0"),
+    (["generate", "--max-num-batched-tokens", "99999999999999"],  # a traceback from the allocator
+     "max_num_batched_tokens must be 1 to 16777216, got 99999999999999"),
     (["generate", "--model", "/nonexistent/model"], "neither a local model directory"),
     (["bench", "latency", "--model", "/nonexistent/model"], "neither a local model directory"),
 ]
