@@ -72,8 +72,12 @@ def ensure_tiny_model(cache_root: Path | None = None) -> Path:
         return final
     if final.exists():
         raise ValueError(f"{final} exists but is not a complete tiny model directory; remove it.")
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{TINY_DIR_NAME}-", dir=root))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{TINY_DIR_NAME}-", dir=root))
+    except OSError as exc:  # e.g. a file, or a read-only place, where the directory should be
+        raise ValueError(f"cannot write the tiny model under {root} ({exc.strerror or exc}): "
+                         "set CADENCE_CACHE_DIR to a writable directory.") from exc
     try:
         write_tiny_model(tmp)
         os.rename(tmp, final)

@@ -52,6 +52,17 @@ def test_incomplete_directory_is_reported(tmp_path):
         tiny.ensure_tiny_model(tmp_path)
 
 
+def test_a_cache_root_that_cannot_be_a_directory_is_a_one_line_error(tmp_path, monkeypatch):
+    """CADENCE_CACHE_DIR naming a file (or a place nothing can be made): a ValueError that
+    names the variable, which the CLI prints in one line (a FileExistsError traceback)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for root in (blocker, blocker / "below"):
+        monkeypatch.setenv("CADENCE_CACHE_DIR", str(root))
+        with pytest.raises(ValueError, match="CADENCE_CACHE_DIR"):
+            tiny.ensure_tiny_model()
+
+
 def test_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
     def broken(dest):
         (dest / "config.json").write_text("{}")
