@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -27,10 +28,24 @@ def positive_float(text: str) -> float:
     return value
 
 
+def output_file(text: str) -> str:
+    """A file a benchmark writes when it is done: checked when the arguments are read, so that
+    a directory or a missing folder is refused before the run, not after it."""
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file name")
+    folder = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"no directory {folder!r} for {text!r}")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot write in {folder!r}")
+    return text
+
+
 def add_report_args(p: argparse.ArgumentParser, bandwidth: bool = False) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the record as one JSON line instead of a table")
-    p.add_argument("--json-out", default=None, metavar="FILE", help="also write the record here")
+    p.add_argument("--json-out", default=None, metavar="FILE", type=output_file,
+                   help="also write the record here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     if bandwidth:
         p.add_argument("--bandwidth", type=positive_float, default=None, metavar="BYTES_PER_S",

@@ -50,6 +50,22 @@ def test_values_that_time_nothing_are_usage_errors(module, argv, flag, capsys) -
     assert f"argument {flag}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("module", [latency, throughput, ttft, scheduler, serve])
+@pytest.mark.parametrize("where", ["a directory", "no folder"])
+def test_an_output_file_that_cannot_be_written_is_refused_before_the_run(
+    module, where, tmp_path, capsys
+) -> None:
+    """--json-out (and serve's --plot) is checked with the arguments: it was opened only after
+    the whole run, which then ended in a traceback or exit 2 with its figures lost."""
+    path = str(tmp_path) if where == "a directory" else str(tmp_path / "missing" / "out.json")
+    flags = ["--json-out"] + (["--plot"] if module is serve else [])
+    for flag in flags:
+        with pytest.raises(SystemExit) as info:
+            module.main(["--model", "tiny", flag, path])
+        assert info.value.code == 2
+        assert f"argument {flag}" in capsys.readouterr().err
+
+
 def test_median_takes_any_iterable() -> None:
     assert median(x for x in (3.0, 1.0, 2.0)) == 2.0
     assert math.isnan(median(x for x in ()))
