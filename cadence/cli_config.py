@@ -97,6 +97,8 @@ def _file_args(parser: argparse.ArgumentParser, path: str) -> list[str]:
             data = yaml.safe_load(f)
     except OSError as exc:
         raise ValueError(f"{where}: cannot read it: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{where}: not UTF-8 text (byte {exc.start}: {exc.reason}).") from None
     except yaml.YAMLError as exc:
         problem = str(getattr(exc, "problem", None) or exc).splitlines()[0]
         mark = getattr(exc, "problem_mark", None)

@@ -173,6 +173,15 @@ def _row(report: dict[str, Any]) -> dict[str, Any]:
     return {k: report[k] for k in keys}
 
 
+def concurrency_levels(text: str) -> str:
+    """``--concurrency``: comma-separated caps, each at least 1 (checked with the arguments)."""
+    parts = [c.strip() for c in str(text).split(",") if c.strip()]
+    if not parts or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated whole numbers of at least 1, got {text!r}")
+    return text
+
+
 def parse_rates(spec: str) -> list[float]:
     rates = []
     for part in str(spec).split(","):
@@ -210,6 +219,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--concurrency",
         default=None,
+        type=concurrency_levels,
         help="comma-separated caps on requests in flight (default: 1,8,32 when all arrive at "
         "once, no cap with a request rate)",
     )

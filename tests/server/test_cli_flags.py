@@ -196,6 +196,14 @@ def test_config_file_mistakes_are_one_line(
     assert message in line
 
 
+def test_a_config_file_that_is_not_utf8_is_named(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_bytes(b"\xff\xfe bad\n")
+    line = _one_line_exit_2(["generate", "--config", str(cfg)], capsys)
+    assert line.startswith(f"cadence generate: error: --config {cfg}: not UTF-8 text"), line
+
+
 def test_config_file_must_be_yaml_and_exist(tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     assert "must be YAML" in _one_line_exit_2(["serve", "--config", "c.json"], capsys)
