@@ -54,6 +54,16 @@ def test_values_that_time_nothing_are_usage_errors(module, argv, flag, capsys) -
     assert f"argument {flag}" in capsys.readouterr().err
 
 
+def test_a_context_too_short_for_the_timed_requests_is_named(capsys) -> None:
+    """bench latency with --max-model-len below --input-len + --output-len: a usage error
+    naming the flags (the engine's refusal spoke of the KV cache instead)."""
+    with pytest.raises(SystemExit) as info:
+        latency.main(["--model", "tiny", "--batch-sizes", "1", "--input-len", "64",
+                      "--output-len", "8", "--max-model-len", "32"])
+    assert info.value.code == 2
+    assert "--max-model-len 32 is below --input-len + --output-len (72)" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("module", [latency, throughput, ttft, scheduler, serve])
 @pytest.mark.parametrize("where", ["a directory", "no folder"])
 def test_an_output_file_that_cannot_be_written_is_refused_before_the_run(
