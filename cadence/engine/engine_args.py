@@ -306,8 +306,9 @@ class EngineArgs:
                                  "--gpu-memory-utilization")
         parser.add_argument("--gpu-memory-utilization", type=float,
                             default=d.gpu_memory_utilization,
-                            help="fraction of the device's memory for weights, activations and "
-                                 "KV cache (default: %(default)s)")
+                            help="fraction of the GPU's memory for weights, activations and "
+                                 "KV cache (default: %(default)s; on the CPU the KV cache takes "
+                                 "1 GiB, or --num-gpu-blocks-override blocks)")
         parser.add_argument("--block-size", type=int, default=d.block_size,
                             help="tokens per KV cache block (default: %(default)s)")
         parser.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
