@@ -33,6 +33,20 @@ def _warn_unknown(name: str, value: str) -> None:
                   f"({'/'.join(_FALSE)}); read as off.", stacklevel=4)
 
 
+@functools.cache
+def _logging_level(text: str) -> int:
+    # NOTE: cached, so that an unknown level warns once per process (as _warn_unknown).
+    value = text.strip()
+    if value.isascii() and value.isdigit():
+        return int(value)
+    level = logging.getLevelName(value.upper() or "INFO")
+    if isinstance(level, int):
+        return level
+    warnings.warn(f"CADENCE_LOG_LEVEL={text!r} is not a logging level (DEBUG, INFO, WARNING, "
+                  "ERROR, CRITICAL or a number); read as INFO.", stacklevel=4)
+    return logging.INFO
+
+
 @dataclass(frozen=True)
 class Envs:
     # Overrides the default of async scheduling (on) when async_scheduling is not given.
@@ -85,15 +99,7 @@ class Envs:
         """CADENCE_LOG_LEVEL as ``logging`` takes it (a name such as DEBUG, or a number); one
         it does not know reads as INFO, with a warning naming the variable (every command sets
         the level before it can report errors in one line)."""
-        value = self.log_level.strip()
-        if value.isdigit():
-            return int(value)
-        level = logging.getLevelName(value.upper() or "INFO")
-        if isinstance(level, int):
-            return level
-        warnings.warn(f"CADENCE_LOG_LEVEL={self.log_level!r} is not a logging level (DEBUG, "
-                      "INFO, WARNING, ERROR, CRITICAL or a number); read as INFO.", stacklevel=2)
-        return logging.INFO
+        return _logging_level(self.log_level)
 
     @property
     def cpu_threads(self) -> int | None:

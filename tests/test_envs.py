@@ -71,9 +71,16 @@ def test_an_unknown_log_level_reads_as_info_and_every_command_still_runs(monkeyp
     import subprocess
     import sys
 
-    monkeypatch.setenv("CADENCE_LOG_LEVEL", "bogus")
-    with pytest.warns(UserWarning, match="CADENCE_LOG_LEVEL='bogus'"):
-        assert read_envs().logging_level == 20
+    from cadence import envs
+
+    envs._logging_level.cache_clear()  # it warns once per process
+    for value in ("bogus", "²"):  # "²" is a digit to str.isdigit, not to int()
+        monkeypatch.setenv("CADENCE_LOG_LEVEL", value)
+        with pytest.warns(UserWarning, match=f"CADENCE_LOG_LEVEL={value!r}"):
+            assert read_envs().logging_level == 20
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per process
+            assert read_envs().logging_level == 20
     env = dict(__import__("os").environ, CADENCE_LOG_LEVEL="bogus")
     done = subprocess.run([sys.executable, "-m", "cadence", "--version"], env=env,
                           capture_output=True, text=True, timeout=120)

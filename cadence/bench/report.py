@@ -30,14 +30,25 @@ def positive_float(text: str) -> float:
 
 def output_file(text: str) -> str:
     """A file a benchmark writes when it is done: checked when the arguments are read, so that
-    a directory or a missing folder is refused before the run, not after it."""
+    a directory or a missing folder is refused before the run, not after it. A file that
+    exists (``/dev/stdout`` too) needs only to be writable itself."""
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file name")
+    if os.path.exists(text):
+        if not os.access(text, os.W_OK):
+            raise argparse.ArgumentTypeError(f"cannot write {text!r}")
+        return text
     folder = os.path.dirname(os.path.abspath(text))
     if not os.path.isdir(folder):
         raise argparse.ArgumentTypeError(f"no directory {folder!r} for {text!r}")
     if not os.access(folder, os.W_OK):
         raise argparse.ArgumentTypeError(f"cannot write in {folder!r}")
+    return text
+
+
+def plot_file(text: str) -> str:
+    """``output_file`` for a plot: matplotlib writes a name without a suffix as NAME.png."""
+    output_file(text if os.path.splitext(text)[1] else text + ".png")
     return text
 
 

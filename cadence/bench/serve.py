@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from cadence.bench.common import git_commit, int_at_least, now
-from cadence.bench.report import output_file, positive_float, table
+from cadence.bench.report import output_file, plot_file, positive_float, table
 from cadence.bench.serve_client import RequestResult, Send, Target, run_in_processes, run_requests
 
 PERCENTILES = (50, 90, 99)
@@ -252,7 +252,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="print each level's report as a JSON line instead of a table")
     parser.add_argument("--json-out", default=None, type=output_file,
                         help="write all reports to this file")
-    parser.add_argument("--plot", default=None, type=output_file,
+    parser.add_argument("--plot", default=None, type=plot_file,
                         help="draw the latency percentiles to FILE.png")
     return parser
 

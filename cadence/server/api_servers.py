@@ -31,9 +31,11 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from types import FrameType
+from typing import Any
 
 from cadence.engine.core_process import CoreChannel, CoreFacts, start_core_process
 from cadence.engine.engine_args import EngineArgs
@@ -61,18 +63,24 @@ class FrontEndOptions:
     chat_template: str | None = None
 
 
-def _stop_when_orphaned(launcher: int, interval: float = 1.0) -> None:
+def _stop_when_orphaned(launcher: int, stopping: Callable[[], bool],
+                        interval: float = 1.0) -> threading.Thread:
     """SIGTERM this process (its graceful stop) once ``launcher``, the process that started
     it, is gone: a launcher killed outright (SIGKILL) cannot stop its API servers, which
-    would serve on, on its port, with no one to stop them."""
+    would serve on, on its port, with no one to stop them. Not when ``stopping()`` already
+    (a second SIGTERM would end the drain's in-flight requests at once)."""
 
     def watch() -> None:
         while os.getppid() == launcher:
             time.sleep(interval)
+        if stopping():
+            return
         logger.warning("The launcher (pid %d) is gone: stopping this API server.", launcher)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    threading.Thread(target=watch, name="cadence-launcher-watch", daemon=True).start()
+    thread = threading.Thread(target=watch, name="cadence-launcher-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def _front_end_main(
@@ -89,7 +97,9 @@ def _front_end_main(
     # must still become a graceful stop, not death by signal.
     early = threading.Event()
     signal.signal(signal.SIGTERM, lambda sig, frame: early.set())
-    _stop_when_orphaned(launcher)
+    servers: list[Any] = []  # the server, once built
+    _stop_when_orphaned(launcher, lambda: early.is_set()
+                        or any(getattr(s, "should_exit", False) for s in servers))
     logging.basicConfig(format=f"%(asctime)s %(levelname)s %(name)s[{index}]: %(message)s")
     logging.getLogger().setLevel(options.log_level.upper())
     engine = AsyncLLM(args, log_requests=options.log_requests,
@@ -105,6 +115,7 @@ def _front_end_main(
             front_end_index=index,
         )
         server.stop_requested = early
+        servers.append(server)
         server.run(sockets=[sock])
         code = server.exit_code
     finally:

@@ -71,13 +71,40 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_the_run(
 ) -> None:
     """--json-out (and serve's --plot) is checked with the arguments: it was opened only after
     the whole run, which then ended in a traceback or exit 2 with its figures lost."""
-    path = str(tmp_path) if where == "a directory" else str(tmp_path / "missing" / "out.json")
+    folder = tmp_path / "taken.png"  # a plot's name, as matplotlib would write it
+    folder.mkdir()
+    path = str(folder) if where == "a directory" else str(tmp_path / "missing" / "out.json")
     flags = ["--json-out"] + (["--plot"] if module is serve else [])
     for flag in flags:
         with pytest.raises(SystemExit) as info:
             module.main(["--model", "tiny", flag, path])
         assert info.value.code == 2
         assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_output_files_that_exist_or_get_a_suffix_are_taken(tmp_path) -> None:
+    """An existing writable file is taken whatever its folder (/dev/null, /dev/stdout for a
+    user who cannot write in /dev), and a plot's name without a suffix is checked as the
+    NAME.png matplotlib writes (a folder NAME beside it is no obstacle)."""
+    import argparse
+    import os
+
+    from cadence.bench.report import output_file, plot_file
+
+    assert output_file(os.devnull) == os.devnull
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "out.json").write_text("{}")
+    locked.chmod(0o555)
+    try:
+        assert output_file(str(locked / "out.json")) == str(locked / "out.json")
+    finally:
+        locked.chmod(0o755)
+    (tmp_path / "results").mkdir()
+    assert plot_file(str(tmp_path / "results")) == str(tmp_path / "results")
+    (tmp_path / "taken.png").mkdir()
+    with pytest.raises(argparse.ArgumentTypeError, match="is a directory"):
+        plot_file(str(tmp_path / "taken"))
 
 
 def test_median_takes_any_iterable() -> None:

@@ -309,3 +309,18 @@ def test_api_servers_stop_when_the_launcher_is_killed(tmp_path: Path) -> None:
     text = log.read_text()
     assert text.count("is gone: stopping this API server") == 2, text
     assert "Traceback" not in text, text
+
+
+def test_the_launcher_watch_stops_once_and_never_cuts_a_drain_short(monkeypatch) -> None:
+    """Reparented (its launcher gone), an API server sends itself one SIGTERM, its graceful
+    stop; not when a stop is already under way, where a second one would end the drain's
+    in-flight requests at once."""
+    from cadence.server import api_servers
+
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(api_servers.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    gone = os.getppid() + 1_000_000  # not this process's parent: "the launcher is gone"
+    api_servers._stop_when_orphaned(gone, lambda: True, interval=0.01).join(30)
+    assert sent == []
+    api_servers._stop_when_orphaned(gone, lambda: False, interval=0.01).join(30)
+    assert sent == [(os.getpid(), signal.SIGTERM)]
