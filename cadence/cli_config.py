@@ -3,9 +3,14 @@
 A config file is a YAML mapping of long option names (``max-model-len``, ``max_model_len`` or
 ``--max-model-len``) to values. Its options go in front of the command line's, so that a flag
 given on the command line wins (as in vLLM). ``true`` gives a switch, ``false`` its ``--no-``
-form where there is one; a list gives a repeatable flag once per item, or a JSON list where the
-flag takes one (``allowed-origins``); ``null`` leaves the default. Every key and value is checked
-here, so that a mistake is one line naming the file and the key.
+form where there is one; a list gives a repeatable flag once per item, a flag that takes several
+values (``served-model-name``) its items, or a JSON list where the flag takes one
+(``allowed-origins``); ``null`` leaves the default. Every key and value is checked here, so that a
+mistake is one line naming the file and the key.
+
+The file's options go after the command line's leading positional arguments (before its first
+option), so that a list-valued option is always followed by an option or nothing: argparse would
+take a positional right after it (``cadence serve MODEL``) for one more item.
 """
 
 from __future__ import annotations
@@ -48,40 +53,33 @@ def expand_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[
     """``argv`` (a subcommand's arguments) with underscores in option names turned into dashes
     and the options of its ``--config`` file, if any, in front. ``ValueError`` for a mistake in
     the file."""
-    args = _full_config_flag(parser, _dashes(argv))
+    args = _normalized(parser, argv)
     paths = [a[len(_CONFIG) + 1:] for a in args if a.startswith(_CONFIG + "=")]
     paths += [args[i + 1] for i, a in enumerate(args[:-1]) if a == _CONFIG]
     if not paths:
         return args
     if len(paths) > 1:
         raise ValueError(f"{_CONFIG} given {len(paths)} times; give one file.")
-    return [*_file_args(parser, paths[0]), *args]
+    first = next((i for i, a in enumerate(args) if a.startswith("-") and a != "-"), len(args))
+    return [*args[:first], *_file_args(parser, paths[0]), *args[first:]]
 
 
-def _full_config_flag(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
-    """``args`` with an abbreviation of ``--config`` that argparse would take for it (a prefix
-    of no other option) written out, so that its file is read rather than silently ignored."""
+def _normalized(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """``argv`` with underscores in option names turned into dashes, and an abbreviation of
+    ``--config`` that argparse would take for it (a prefix of no other option) written out, so
+    that its file is read rather than silently ignored."""
     options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
-    out: list[str] = []
-    for i, arg in enumerate(args):
-        if arg == "--":
-            return out + args[i:]
-        name, eq, value = arg.partition("=")
-        if (len(name) > 2 and name != _CONFIG and _CONFIG.startswith(name)
-                and [o for o in options if o.startswith(name)] == [_CONFIG]):
-            arg = _CONFIG + eq + value
-        out.append(arg)
-    return out
-
-
-def _dashes(argv: Sequence[str]) -> list[str]:
     out: list[str] = []
     for i, arg in enumerate(argv):
         if arg == "--":  # everything after it is positional
             return out + list(argv[i:])
         if arg.startswith("--"):
             name, eq, value = arg.partition("=")
-            arg = name.replace("_", "-") + eq + value
+            name = name.replace("_", "-")
+            if (len(name) > 2 and name != _CONFIG and _CONFIG.startswith(name)
+                    and [o for o in options if o.startswith(name)] == [_CONFIG]):
+                name = _CONFIG
+            arg = name + eq + value
         out.append(arg)
     return out
 
@@ -138,6 +136,14 @@ def _option_args(
         return [f"{option}={_checked(action, _text(item, where), where)}" for item in items]
     if isinstance(value, list) and action.type is json_string_list:
         return [f"{option}={_checked(action, json.dumps(value), where)}"]
+    if isinstance(value, list) and action.nargs in ("+", "*"):
+        if not value and action.nargs == "+":
+            raise ValueError(f"{where}: expected at least one value, got [].")
+        items = [_checked(action, _text(item, where), where) for item in value]
+        dashed = next((item for item in items if item.startswith("-")), None)
+        if dashed is not None:  # argparse would read it as an option
+            raise ValueError(f"{where}: a list item may not start with '-', got {dashed!r}.")
+        return [option, *items]
     if isinstance(value, (list, dict)):
         raise ValueError(f"{where}: expected a single value, got {value!r}.")
     return [f"{option}={_checked(action, _text(value, where), where)}"]

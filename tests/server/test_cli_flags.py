@@ -171,6 +171,27 @@ def test_config_file_for_generate(tmp_path: Path) -> None:
     assert EngineArgs.from_cli_args(ns).enable_chunked_prefill is False
 
 
+def test_config_file_lists_for_flags_of_several_values(tmp_path: Path) -> None:
+    """A YAML list gives a flag that takes several values (vLLM's --served-model-name) its
+    items, wherever the command line puts its positional model and whatever follows it."""
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("served-model-name: [house, house-v2]\nmax_num_seqs: 8\n")
+    for argv in (["serve", "tiny", "--config", str(cfg)],
+                 ["serve", "--config", str(cfg), "tiny"],
+                 ["serve", "tiny", "--config", str(cfg), "--port", "9200"],
+                 ["serve", f"--config={cfg}", "--", "tiny"]):
+        ns = parse_args(argv)
+        args = engine_args_from(ns)
+        assert args.model == "tiny", argv
+        assert ns.served_model_name == ["house", "house-v2"], argv
+        assert args.max_num_seqs == 8
+    # The command line wins; a single name may be written without a list.
+    ns = parse_args(["serve", "tiny", "--config", str(cfg), "--served-model-name", "other"])
+    assert ns.served_model_name == ["other"]
+    cfg.write_text("served_model_name: house\n")
+    assert parse_args(["serve", "tiny", "--config", str(cfg)]).served_model_name == ["house"]
+
+
 CONFIG_MISTAKES = [
     ("max_model_len: 64\nfoo_bar: 1\n", "unknown option 'foo_bar'"),
     ("max_model_len: lots\n", "max_model_len: invalid value 'lots'"),
@@ -181,11 +202,16 @@ CONFIG_MISTAKES = [
     ("port: [9000\n", "not valid YAML"),
     ("config: other.yaml\n", "unknown option 'config'"),
 ]
+SERVE_MISTAKES = [  # flags of serve only
+    ("served-model-name: []\n", "served-model-name: expected at least one value"),
+    ("served-model-name: [a, -b]\n", "a list item may not start with '-'"),
+    ("served-model-name: [a, [b]]\n", "served-model-name: expected a single value"),
+]
 
 
-@pytest.mark.parametrize("command", ["serve", "generate"])
-@pytest.mark.parametrize(("text", "message"), CONFIG_MISTAKES,
-                         ids=[m for _, m in CONFIG_MISTAKES])
+@pytest.mark.parametrize(("command", "text", "message"),
+                         [(c, t, m) for c in ("serve", "generate") for t, m in CONFIG_MISTAKES]
+                         + [("serve", t, m) for t, m in SERVE_MISTAKES])
 def test_config_file_mistakes_are_one_line(
     command: str, text: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
