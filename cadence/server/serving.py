@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import re
@@ -24,6 +25,7 @@ from cadence.server.protocol_responses import (
     PromptLogprob,
     PromptLogprobs,
 )
+from cadence.server.token_bytes import TokenBytes
 
 if TYPE_CHECKING:
     from cadence.engine.async_llm import AsyncLLM
@@ -58,6 +60,12 @@ class OpenAIServing:
         self.engine = engine
         self.served_model_name = served_model_name  # the name responses carry
         self.accepted_names = {served_model_name, engine.model_name, *aliases}
+
+    @functools.cached_property
+    def token_bytes(self) -> TokenBytes:
+        """Each token's own bytes (logprobs' ``bytes``, completions' text offsets), read from
+        the tokenizer's decoder once per server."""
+        return TokenBytes(self.engine.tokenizer)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.accepted_names:

@@ -224,10 +224,6 @@ class OpenAIServingChat(OpenAIServing):
         start, end = (vocab.get(tag) for tag in self.reasoning.tags)
         return None if start is None or end is None else (start, end)
 
-    @functools.cached_property
-    def token_bytes(self) -> TokenBytes:
-        return TokenBytes(self.engine.tokenizer)
-
     async def start_chat(
         self, request: ChatCompletionRequest, request_id: str, stream: ChatStream | None = None
     ) -> StartedRequest:

@@ -26,7 +26,6 @@ from cadence.server.serving import (
     top_by_rank,
 )
 from cadence.server.text_offsets import TextCursor, next_offset
-from cadence.server.token_bytes import TokenBytes
 
 if TYPE_CHECKING:
     from cadence.engine.output_processor import OutputSink
@@ -184,8 +183,6 @@ class CompletionStream:
 
 
 class OpenAIServingCompletion(OpenAIServing):
-    _token_bytes: TokenBytes | None = None  # the tokenizer's, made at the first echo
-
     def new_stream(self, request: CompletionRequest, base_id: str) -> CompletionStream:
         return CompletionStream(request, base_id, self.served_model_name, self._with_ids(request),
                                 self._echo(request))
@@ -272,9 +269,7 @@ class OpenAIServingCompletion(OpenAIServing):
         tok = self.engine.tokenizer
         if tok is None:
             return Echo(None, request.return_tokens_as_token_ids)
-        if self._token_bytes is None:
-            self._token_bytes = TokenBytes(tok)  # reads the tokenizer's decoder once
-        tb = self._token_bytes
+        tb = self.token_bytes
         return Echo(tok.decode, request.return_tokens_as_token_ids,
                     from_ids=request.truncate_prompt_tokens is not None,
                     bytes_of=tb.bytes_of if tb.kind is not None else None)
