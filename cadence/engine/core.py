@@ -35,7 +35,7 @@ _GRAMMAR_WAIT_S = 0.05
 
 class EngineCore:
     def __init__(self, args: EngineArgs, spec: ModelSpec | None = None) -> None:
-        from cadence.model.loader import build_model, fp8_weights
+        from cadence.model.loader import build_model
 
         self.args = args
         self.spec = spec or resolve_model(args.model, args.max_model_len, args.tokenizer,
@@ -59,8 +59,7 @@ class EngineCore:
             self.runner: ModelRunner | TPExecutor = TPExecutor(
                 cfg, self.spec, self.dtype, args.seed, max(1, torch.get_num_threads() // tp_size))
         else:
-            backend = make_attention_backend(cfg.device,
-                                             fp8_weights(self.spec, cfg.model.quantization))
+            backend = make_attention_backend(cfg.device)
             model = build_model(self.spec, self.dtype, device, cfg.model.load_format, backend,
                                 args.seed, quantization=cfg.model.quantization)
             self.runner = ModelRunner(cfg, self.spec, model, self.dtype, device)

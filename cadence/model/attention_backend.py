@@ -10,15 +10,13 @@ from cadence.model.attention_metadata import AttentionBackend
 logger = logging.getLogger(__name__)
 
 
-def make_attention_backend(device: str, fp8_weights: bool = False) -> AttentionBackend:
-    """Triton attention on CUDA (where Triton imports), the torch reference elsewhere.
-    ``fp8_weights``: the model's projections hold e4m3 weights (its decode attention then keeps
-    the plain load order at batch 1, which measured faster there)."""
+def make_attention_backend(device: str) -> AttentionBackend:
+    """Triton attention on CUDA (where Triton imports), the torch reference elsewhere."""
     if device == "cuda":
         try:
             from cadence.model.triton_backend import TritonAttentionBackend
 
-            return TritonAttentionBackend(early_decode=not fp8_weights)
+            return TritonAttentionBackend()
         except ImportError:  # pragma: no cover - depends on the install
             logger.warning("Triton attention unavailable; using the torch reference backend")
     from cadence.model.attention import TorchAttentionBackend

@@ -88,11 +88,14 @@ BULK_CONFIGS: dict[tuple[int, int, str], BulkConfig] = {
 # (with its norm or SwiGLU kernel). H200, scripts/bulk_gemv_bench.py --weights fp8 --threads
 # 256,512; every entry converts by the hardware (hw_cvt). Chain of the four, us per layer:
 # Llama-3-8B 77.15 -> 67.61; a batch-1 decode step 2.940 -> 2.666 ms against the integer
-# conversion's table (down is listed too: the step was measured with all four).
+# conversion's table (down is listed too: the step was measured with all four). qkv takes 256
+# threads and 8-row stages (82 KB): its blocks then leave registers and shared memory for decode
+# attention's early loads beside them (the step 2.619 -> 2.561 ms; at 512 threads the early
+# order lost, docs/perf.md, runs SE-SF).
 BULK_FP8_CONFIGS: dict[tuple[int, int, str], BulkConfig] = {
     (4096, 4096, "plain"): BulkConfig(16, 3, 512, hw_cvt=True),  # 6.49 vs 7.58 us
     (4096, 14336, "glu"): BulkConfig(4, 3, 512, hw_cvt=True),  # 20.11 vs 21.76 us
-    (6144, 4096, "norm"): BulkConfig(16, 2, 512, hw_cvt=True),  # 10.01 vs 11.11 us
+    (6144, 4096, "norm"): BulkConfig(8, 2, 256, hw_cvt=True),  # 10.01 at (16, 2, 512)
     (28672, 4096, "norm"): BulkConfig(16, 2, 512, hw_cvt=True),  # 34.29 vs 35.65 us
 }
 FP8 = torch.float8_e4m3fn

@@ -80,14 +80,6 @@ def effective_quantization(model: CausalLM, quantization: str | None,
     return quantization
 
 
-def fp8_weights(spec: ModelSpec, quantization: str | None) -> bool:
-    """Whether the model's projections will hold e4m3 weights (on a GPU with FP8 tensor
-    cores): ``quantization="fp8"``, or an FP8 checkpoint run without a quantization given."""
-    if quantization is not None:
-        return quantization == "fp8"
-    return DecoderArch.from_hf_config(spec.hf_config).quantization == "fp8"
-
-
 def check_load_format(spec: ModelSpec, load_format: str) -> None:
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}.")

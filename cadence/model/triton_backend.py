@@ -38,8 +38,8 @@ class TritonAttentionBackend:
         # fused_ops.qk_norm_rope first, and a store launch of its own.
         self.fuse_rope = not read_envs().disable_fused_rope if fuse_rope is None else fuse_rope
         self.dense_prefill = dense_prefill or DensePrefill(not read_envs().disable_dense_prefill)
-        # Whether decode may take decode_config's early load order (one sequence): off after
-        # e4m3 projections, where it measured slower (docs/perf.md, runs NA-ND).
+        # Whether decode may take decode_config's early load order (one sequence); off: the
+        # plain order (a switch for measurements).
         self.early_decode = early_decode
 
     def dense_prefill_min_tokens(self, dtype: torch.dtype, num_heads: int, num_kv_heads: int,

@@ -116,7 +116,7 @@ def _start(init: WorkerInit) -> Any:
     import torch.distributed as dist
 
     from cadence.model.attention_backend import make_attention_backend
-    from cadence.model.loader import build_model, fp8_weights
+    from cadence.model.loader import build_model
     from cadence.worker.model_runner import ModelRunner
 
     cfg = init.config
@@ -137,7 +137,7 @@ def _start(init: WorkerInit) -> Any:
         setup_custom_all_reduce(device)  # collective: NCCL does every all-reduce where it can't
     torch.manual_seed(init.seed)  # the same on every rank: unseeded sampling agrees
     dtype = getattr(torch, cfg.dtype)
-    backend = make_attention_backend(cfg.device, fp8_weights(init.spec, cfg.model.quantization))
+    backend = make_attention_backend(cfg.device)
     model = build_model(init.spec, dtype, device, cfg.model.load_format, backend, init.seed,
                         init.rank, init.size, quantization=cfg.model.quantization)
     return ModelRunner(cfg, init.spec, model, dtype, device)

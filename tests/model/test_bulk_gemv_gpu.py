@@ -202,7 +202,7 @@ def test_decode_step_takes_the_bulk_kernels(monkeypatch) -> None:
 FP8_SHAPES = [(1, 512), (37, 1024), (131, 2048), (1000, 1040), (3072, 4096), (257, 14336)]
 # e4m3 -> f16 by integer operations, and by the hardware conversion (with registers or not).
 FP8_CONFIGS = CONFIGS + [BulkConfig(4, 3, 256, hw_cvt=True), BulkConfig(16, 2, 512, hw_cvt=True),
-                         BulkConfig(1, 2, 128, hw_cvt=True)]
+                         BulkConfig(8, 2, 256, hw_cvt=True), BulkConfig(1, 2, 128, hw_cvt=True)]
 
 
 def _fp8_operands(n: int, k: int, seed: int, glu: bool = False, spread: float = 1.0):

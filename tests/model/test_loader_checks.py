@@ -99,25 +99,9 @@ def test_dummy_biases_are_zero(tmp_path) -> None:
     assert all(torch.equal(p, torch.zeros_like(p)) for p in biases.values())
 
 
-def test_fp8_weights_follow_the_quantization_and_the_checkpoint() -> None:
-    """The attention backend learns whether the projections hold e4m3 weights: from
-    ``quantization``, else from an FP8 checkpoint's own quantization_config."""
-    import copy
-    from dataclasses import replace
-
-    from cadence.model.loader import fp8_weights
-
-    spec = resolve_model("tiny")
-    assert fp8_weights(spec, "fp8")
-    assert not fp8_weights(spec, None)
-    config = copy.deepcopy(spec.hf_config)
-    config.quantization_config = {"quant_method": "fp8", "fmt": "e4m3"}
-    assert fp8_weights(replace(spec, hf_config=config), None)
-
-
-def test_the_backend_keeps_the_plain_decode_order_after_fp8_projections(monkeypatch) -> None:
-    """With e4m3 projections the Triton backend hands decode attention a tile without the
-    early load order; otherwise it leaves the choice to ``decode_config``."""
+def test_the_backend_leaves_the_decode_order_to_decode_config(monkeypatch) -> None:
+    """The engine's Triton backend leaves decode attention's tile (and its early load order)
+    to ``decode_config``; with ``early_decode`` off it hands over the plain order."""
     pytest.importorskip("triton")
     from cadence.model import triton_backend
     from cadence.model.attention_backend import make_attention_backend
@@ -127,10 +111,9 @@ def test_the_backend_keeps_the_plain_decode_order_after_fp8_projections(monkeypa
                         lambda *args, config=None, **kwargs: seen.append(config))
     md = type("Md", (), {"is_decode_only": True})()
     q = torch.zeros(1, 4, 16)
-    for fp8 in (False, True):
-        backend = triton_backend.TritonAttentionBackend(early_decode=not fp8, num_sms=1)
+    for early in (True, False):
+        backend = triton_backend.TritonAttentionBackend(early_decode=early, num_sms=1)
         backend.forward(q, q[:, :2], q[:, :2], torch.zeros(2, 1, 16, 2, 16), md, 0.25)
     assert seen[0] is None and seen[1] is not None and not seen[1].early
     assert make_attention_backend("cuda").early_decode
-    assert not make_attention_backend("cuda", fp8_weights=True).early_decode
-    assert make_attention_backend("cpu", True).name != "triton"  # the reference off CUDA
+    assert make_attention_backend("cpu").name != "triton"  # the reference off CUDA
