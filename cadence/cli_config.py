@@ -51,8 +51,8 @@ def json_string_list(text: str) -> list[str]:
 
 def expand_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
     """``argv`` (a subcommand's arguments) with underscores in option names turned into dashes
-    and the options of its ``--config`` file, if any, in front. ``ValueError`` for a mistake in
-    the file."""
+    and the options of its ``--config`` file, if any, after its leading positionals and before
+    its own options. ``ValueError`` for a mistake in the file."""
     args = _normalized(parser, argv)
     paths = [a[len(_CONFIG) + 1:] for a in args if a.startswith(_CONFIG + "=")]
     paths += [args[i + 1] for i, a in enumerate(args[:-1]) if a == _CONFIG]

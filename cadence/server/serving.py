@@ -64,7 +64,7 @@ class OpenAIServing:
     @functools.cached_property
     def token_bytes(self) -> TokenBytes:
         """Each token's own bytes (logprobs' ``bytes``, completions' text offsets), read from
-        the tokenizer's decoder once per server."""
+        the tokenizer's decoder once per serving object (chat's, completions')."""
         return TokenBytes(self.engine.tokenizer)
 
     def check_model(self, model: str | None) -> None:
