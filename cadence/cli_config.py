@@ -152,6 +152,8 @@ def _option_args(
 def _text(value: Any, where: str) -> str:
     if isinstance(value, (list, dict)):
         raise ValueError(f"{where}: expected a single value, got {value!r}.")
+    if value is None:  # only a list item gets here: a top-level null leaves the default
+        raise ValueError(f"{where}: a list item may not be null.")
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)

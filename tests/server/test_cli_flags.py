@@ -206,6 +206,7 @@ SERVE_MISTAKES = [  # flags of serve only
     ("served-model-name: []\n", "served-model-name: expected at least one value"),
     ("served-model-name: [a, -b]\n", "a list item may not start with '-'"),
     ("served-model-name: [a, [b]]\n", "served-model-name: expected a single value"),
+    ("served-model-name: [a, null]\n", "served-model-name: a list item may not be null"),
 ]
 
 
