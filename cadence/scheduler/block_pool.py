@@ -3,7 +3,9 @@
 Block 0 is the null block: it is never handed out, and the GPU path pads CUDA-graph rows into it.
 A block whose ``ref_cnt`` drops to 0 goes to the tail of the free queue but keeps its hash, so a
 later request with the same prefix can take it back (``touch``) until it is evicted: eviction
-takes blocks from the head, i.e. least recently freed first.
+takes blocks from the head, i.e. least recently freed first. With prefix caching on, a freed
+block without a hash (a partial last block: no request can ever hit it) goes to the head
+instead, to be reused first.
 """
 
 from __future__ import annotations
@@ -84,6 +86,21 @@ class FreeKVCacheBlockQueue:
         block.next_free_block = self.fake_tail
         self.fake_tail.prev_free_block = block
         self.num_free_blocks += 1
+
+    def prepend_n(self, blocks: list[KVCacheBlock]) -> None:
+        """Put ``blocks`` at the head, in their order (``blocks[0]`` is taken first)."""
+        if not blocks:
+            return
+        first = self.fake_head.next_free_block
+        assert first is not None
+        prev = self.fake_head
+        for block in blocks:
+            prev.next_free_block = block
+            block.prev_free_block = prev
+            prev = block
+        prev.next_free_block = first
+        first.prev_free_block = prev
+        self.num_free_blocks += len(blocks)
 
     def append_n(self, blocks: list[KVCacheBlock]) -> None:
         if not blocks:
@@ -208,9 +225,11 @@ class BlockPool:
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """Drop one reference per block; blocks reaching 0 join the queue tail in the given order
-        (the first one given is evicted first)."""
-        freed: list[KVCacheBlock] = []
+        """Drop one reference per block; blocks reaching 0 join the free queue in the given order
+        (the first one given is evicted first): at the tail, or with prefix caching on and no
+        hash, at the head (they can never be hit, so they go before any cached block)."""
+        cached: list[KVCacheBlock] = []
+        fresh: list[KVCacheBlock] = []
         for block in ordered_blocks:
             if block.is_null:
                 continue
@@ -218,8 +237,9 @@ class BlockPool:
                 raise RuntimeError(f"Block {block.block_id} freed more often than referenced.")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                freed.append(block)
-        self.free_block_queue.append_n(freed)
+                (fresh if block.block_hash is None and self.enable_caching else cached).append(block)
+        self.free_block_queue.prepend_n(fresh)
+        self.free_block_queue.append_n(cached)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash. Only possible when no request holds a block."""

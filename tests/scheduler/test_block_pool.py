@@ -54,7 +54,7 @@ def test_ref_counts_touch_and_free():
     assert a.ref_cnt == 2
     pool.free_blocks([a, b])
     assert (a.ref_cnt, b.ref_cnt) == (1, 0)
-    assert _ids(pool.free_block_queue.get_all_free_blocks()) == [3, 4, 5, 2]
+    assert _ids(pool.free_block_queue.get_all_free_blocks()) == [2, 3, 4, 5]  # no hash: head
     # Touching a free block takes it off the queue.
     pool.touch([b])
     assert b.ref_cnt == 1
@@ -84,6 +84,37 @@ def test_eviction_follows_free_order_and_drops_hash():
     assert pool.get_cached_block(hashes[2]) is None
     assert pool.get_cached_block(hashes[1]) is blocks[1]
     assert all(b.ref_cnt == 1 for b in taken)
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_freed_blocks_without_a_hash_are_reused_first_when_caching(caching: bool):
+    """vLLM's ``free_blocks``: with prefix caching on, freed blocks without a hash go to the
+    head in the order given and hashed ones to the tail; with it off, all go to the tail."""
+    pool = BlockPool(num_blocks=8, enable_caching=caching)
+    blocks = pool.get_new_blocks(5)  # ids 1..5, free queue [6, 7]
+    if caching:
+        pool.cache_full_blocks(blocks[:2], [b"a" * 32, b"b" * 32], 0, 2)
+    pool.free_blocks(reversed(blocks))  # 5, 4, 3, then the hashed 2, 1
+    expected = [5, 4, 3, 6, 7, 2, 1] if caching else [6, 7, 5, 4, 3, 2, 1]
+    assert _ids(pool.free_block_queue.get_all_free_blocks()) == expected
+    assert pool.get_num_free_blocks() == 7
+    assert _ids(pool.get_new_blocks(7)) == expected
+
+
+def test_free_kv_cache_block_queue_prepend_n():
+    blocks = [KVCacheBlock(block_id=i) for i in range(6)]
+    queue = FreeKVCacheBlockQueue(blocks[:2])
+    queue.prepend_n([])
+    assert queue.num_free_blocks == 2
+    queue.prepend_n(blocks[2:5])
+    assert _ids(queue.get_all_free_blocks()) == [2, 3, 4, 0, 1]
+    assert queue.num_free_blocks == 5
+    assert queue.fake_head.next_free_block is blocks[2]
+    assert blocks[4].next_free_block is blocks[0] and blocks[0].prev_free_block is blocks[4]
+    queue.remove(blocks[3])
+    queue.prepend_n([blocks[5]])
+    assert _ids(queue.popleft_n(5)) == [5, 2, 4, 0, 1]
+    assert queue.fake_head.next_free_block is queue.fake_tail
 
 
 def test_duplicate_hashes_are_kept_per_block():

@@ -66,8 +66,9 @@ def test_prefill():
     manager.free(req0)
     manager.free(req1)
     assert manager.block_pool.get_num_free_blocks() == 10
-    # [unallocated (6..10)] [tail of req0 (4)] [tail of req1 (5)] [common (3, 2, 1)]
-    assert free_ids(manager) == [6, 7, 8, 9, 10, 4, 5, 3, 2, 1]
+    # [partial tails without hashes, req1's then req0's (5, 4): reused first]
+    # [unallocated (6..10)] [common (3, 2, 1)]
+    assert free_ids(manager) == [5, 4, 6, 7, 8, 9, 10, 3, 2, 1]
 
     # Cache hit in the common prefix after the original blocks were freed.
     req2 = make_request("2", common_token_ids + [3] * 6)
@@ -75,7 +76,7 @@ def test_prefill():
     assert [b.block_id for b in computed_blocks] == [1, 2, 3]
     assert num_computed_tokens == 3 * 16
     blocks = manager.allocate_slots(req2, 54 - 48, num_computed_tokens, computed_blocks)
-    assert [b.block_id for b in blocks] == [6]
+    assert [b.block_id for b in blocks] == [5]
     assert manager.block_pool.get_num_free_blocks() == 6
     assert all(b.ref_cnt == 0 for b in manager.block_pool.free_block_queue.get_all_free_blocks())
     manager.free(req2)
@@ -85,7 +86,7 @@ def test_prefill():
     computed_blocks, num_computed_tokens = manager.get_computed_blocks(req3)
     assert not computed_blocks and num_computed_tokens == 0
     blocks = manager.allocate_slots(req3, 16 * 10, num_computed_tokens, computed_blocks)
-    assert [b.block_id for b in blocks] == [7, 8, 9, 10, 4, 5, 6, 3, 2, 1]
+    assert [b.block_id for b in blocks] == [5, 4, 6, 7, 8, 9, 10, 3, 2, 1]
     assert manager.block_pool.get_num_free_blocks() == 0
     queue = manager.block_pool.free_block_queue
     assert queue.fake_head.next_free_block is queue.fake_tail
@@ -133,7 +134,8 @@ def test_evict():
     manager.free(req0)
     manager.free(req1)
     assert manager.block_pool.get_num_free_blocks() == 10
-    assert free_ids(manager) == [10, 6, 5, 4, 3, 2, 1, 9, 8, 7]
+    # req0's partial block 6 goes to the head, its hashed blocks and req1's to the tail
+    assert free_ids(manager) == [6, 10, 5, 4, 3, 2, 1, 9, 8, 7]
 
     # Touch the first two blocks.
     req2 = make_request("2", list(range(2 * 16 + 3)))
@@ -141,7 +143,7 @@ def test_evict():
     assert [b.block_id for b in computed_blocks] == [1, 2]
     assert num_computed_tokens == 2 * 16
     blocks = manager.allocate_slots(req2, 3, num_computed_tokens, computed_blocks)
-    assert [b.block_id for b in blocks] == [10]
+    assert [b.block_id for b in blocks] == [6]
     assert manager.block_pool.get_num_free_blocks() == 7
 
 

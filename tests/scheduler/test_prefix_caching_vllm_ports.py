@@ -85,8 +85,9 @@ def test_prefill_plp():
     manager.free(req0)
     manager.free(req1)
     assert manager.block_pool.get_num_free_blocks() == 10
-    # [unallocated (6..10)] [tail of req0 (4)] [tail of req1 (5)] [common (3, 2, 1)]
-    assert free_ids(manager) == [6, 7, 8, 9, 10, 4, 5, 3, 2, 1]
+    # [partial tails without hashes, req1's then req0's (5, 4): reused first]
+    # [unallocated (6..10)] [common (3, 2, 1)]
+    assert free_ids(manager) == [5, 4, 6, 7, 8, 9, 10, 3, 2, 1]
 
     # Request 2 wants prompt logprobs: no hit; it duplicates request 0's cached blocks.
     req2 = make_request("2", common_token_ids + [3] * 6, prompt_logprobs=5)
