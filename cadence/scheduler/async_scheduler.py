@@ -35,9 +35,9 @@ class AsyncScheduler(Scheduler):
     def _update_request_with_output(
         self, request: Request, new_token_ids: list[int]
     ) -> tuple[list[int], bool]:
-        if request.discard_latest_async_tokens:
+        if request.num_stale_output_tokens:
             # Sampled before a forced reset; the request has been rescheduled from scratch.
-            request.discard_latest_async_tokens = False
+            request.num_stale_output_tokens -= 1
             return [], False
         status_before = request.status
         if len(new_token_ids) == 1:  # the per-step case, without the base class's extra call

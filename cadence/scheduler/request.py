@@ -73,8 +73,8 @@ class Request:
         self.num_computed_tokens = 0
         # Tokens scheduled whose sampled ids have not come back yet (async scheduling).
         self.num_output_placeholders = 0
-        # Set on a forced reset (preemption) while tokens were in flight: they are stale.
-        self.discard_latest_async_tokens = False
+        # Tokens still in flight at a forced reset (preemption): each is dropped on arrival.
+        self.num_stale_output_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hits at first scheduling; -1 = not yet
         self.num_preemptions = 0
         # Monotonic times for the metrics: reached the scheduler, first scheduled; sent to the

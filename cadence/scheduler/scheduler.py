@@ -432,9 +432,9 @@ class Scheduler:
                 request = self.running.pop()
                 self._preempt_request(request)
                 self._preempted_outside_step.add(request.request_id)
-                # The request restarts from the tokens known now and samples the position in
-                # flight again, so the in-flight token must be dropped when it arrives.
-                if request.num_output_placeholders > 0:
-                    request.discard_latest_async_tokens = True
+                # The request restarts from the tokens known now and samples the positions in
+                # flight again, so each in-flight token (one per step still out) is dropped
+                # when it arrives.
+                request.num_stale_output_tokens += request.num_output_placeholders
                 request.num_output_placeholders = 0
         return self.kv_cache_manager.reset_prefix_cache()

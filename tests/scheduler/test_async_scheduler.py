@@ -272,7 +272,7 @@ def test_forced_reset_discards_the_token_in_flight():
 
     assert scheduler.reset_prefix_cache(reset_running_requests=True)
     assert req.status == RequestStatus.PREEMPTED
-    assert req.num_output_placeholders == 0 and req.discard_latest_async_tokens
+    assert req.num_output_placeholders == 0 and req.num_stale_output_tokens == 1
 
     resumed = scheduler.schedule()
     assert resumed.preempted_req_ids == {"0"}
@@ -285,6 +285,28 @@ def test_forced_reset_discards_the_token_in_flight():
     eco = scheduler.update_from_output(resumed, runner_output(["0"], [[6]]))
     assert eco.outputs[0].new_token_ids == [6]
     assert req.output_token_ids == [5, 6] and req.num_output_placeholders == 0
+
+
+def test_forced_reset_discards_every_token_in_flight():
+    """Two steps in flight (the engine's depth-2 queue): both stale tokens are dropped
+    (vLLM's reset_prefix_cache counts them per request)."""
+    scheduler = create_scheduler(async_scheduling=True)
+    (req,) = create_requests(num_requests=1, max_tokens=10)
+    scheduler.add_request(req)
+    out0 = scheduler.schedule()
+    scheduler.update_from_output(out0, runner_output(["0"], [[5]]))
+    in_flight = [scheduler.schedule(), scheduler.schedule()]
+    assert req.num_output_placeholders == 2
+    assert scheduler.reset_prefix_cache(reset_running_requests=True)
+    resumed = scheduler.schedule()
+    assert resumed.num_scheduled_tokens == {"0": 11}
+    for stale, token in zip(in_flight, (6, 7), strict=True):
+        eco = scheduler.update_from_output(stale, runner_output(["0"], [[token]]))
+        assert eco.outputs == [] and req.output_token_ids == [5]
+    eco = scheduler.update_from_output(resumed, runner_output(["0"], [[8]]))
+    assert eco.outputs[0].new_token_ids == [8]
+    assert req.output_token_ids == [5, 8] and req.num_output_placeholders == 0
+    assert req.num_stale_output_tokens == 0
 
 
 def _two_steps_on_a_full_pool() -> tuple[
