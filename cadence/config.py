@@ -79,6 +79,9 @@ class SchedulerConfig:
     policy: str = "fcfs"
     async_scheduling: bool = False
     enable_chunked_prefill: bool = True
+    # A prompt longer than this is scheduled at most this many tokens a step, so that one long
+    # prompt does not take a whole step's budget from shorter ones (vLLM's); 0: no cap.
+    long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
         if self.policy not in SCHEDULING_POLICIES:
@@ -92,6 +95,12 @@ class SchedulerConfig:
                              f"got {self.max_num_batched_tokens}.")
         if self.max_model_len < 1:
             raise ValueError(f"max_model_len must be at least 1, got {self.max_model_len}.")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be at least 0, "
+                             f"got {self.long_prefill_token_threshold}.")
+        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
+            raise ValueError("long_prefill_token_threshold splits prompts over several steps: "
+                             "it needs chunked prefill (enable_chunked_prefill=True).")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 "max_num_batched_tokens must be at least max_model_len when chunked prefill is off."

@@ -55,6 +55,8 @@ class EngineArgs:
     load_format: str = "auto"
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    # Most tokens of one prompt in a step (0: no cap beyond the step's budget).
+    long_prefill_token_threshold: int = 0
     # A tokenizer directory other than the model's ("tiny": the built-in model's tokenizer).
     tokenizer: str | None = None
     # Default sampling fields: "auto" (the model's generation_config.json), "vllm" (none), a DIR.
@@ -193,7 +195,9 @@ class EngineArgs:
                                       max_model_len=max_model_len,
                                       policy=self.scheduling_policy,
                                       async_scheduling=self.resolve_async_scheduling(),
-                                      enable_chunked_prefill=self.enable_chunked_prefill),
+                                      enable_chunked_prefill=self.enable_chunked_prefill,
+                                      long_prefill_token_threshold=(
+                                          self.long_prefill_token_threshold)),
             device=self.resolve_device(),
             graphs=GraphConfig(enforce_eager=self.enforce_eager,
                                max_capture_tokens=self.resolve_max_capture_tokens(batched),
@@ -248,6 +252,11 @@ class EngineArgs:
         parser.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill",
                             action="store_false",
                             help="schedule each prompt whole in one step")
+        parser.add_argument("--long-prefill-token-threshold", type=_non_negative_int,
+                            default=d.long_prefill_token_threshold, metavar="N",
+                            help="schedule at most N tokens of one prompt a step, leaving the "
+                                 "rest of the budget to other requests; 0 = no cap "
+                                 "(default: %(default)s)")
         parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching",
                             action="store_true", default=d.enable_prefix_caching,
                             help="reuse the KV blocks of earlier prompts' common prefixes "

@@ -49,6 +49,7 @@ class Scheduler:
         self.max_num_scheduled_tokens = scheduler_config.max_num_batched_tokens
         self.max_model_len = scheduler_config.max_model_len
         self.enable_chunked_prefill = scheduler_config.enable_chunked_prefill
+        self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold
         self.policy = scheduler_config.policy
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(
@@ -87,12 +88,15 @@ class Scheduler:
         self.requests[request.request_id] = request
 
     def finish_requests(
-        self, request_ids: str | Iterable[str], finished_status: RequestStatus
+        self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus
     ) -> None:
-        """Finish requests from outside (abort). Unknown or already finished ids are ignored."""
+        """Finish requests from outside (abort); None: every request. Unknown or already
+        finished ids are ignored."""
         if not RequestStatus.is_finished(finished_status):
             raise ValueError(f"{finished_status!r} is not a finished status.")
-        if isinstance(request_ids, str):
+        if request_ids is None:
+            request_ids = list(self.requests)
+        elif isinstance(request_ids, str):
             request_ids = (request_ids,)
         to_finish: list[Request] = []
         running_to_remove: set[Request] = set()
@@ -146,6 +150,7 @@ class Scheduler:
         num_cached_block = kv.num_cached_block
         block_size = self.block_size
         caching = kv.enable_caching
+        long_prefill = self.long_prefill_token_threshold
 
         # Running requests first, in order.
         req_index = 0
@@ -162,6 +167,8 @@ class Scheduler:
                 req_index += 1
                 continue
             num_new = request.num_tokens_with_spec + placeholders - num_computed
+            if 0 < long_prefill < num_new:
+                num_new = long_prefill
             if num_new > token_budget:
                 num_new = token_budget
             # Input positions stay below max_model_len - 1: a token sampled there is the last.
@@ -228,6 +235,8 @@ class Scheduler:
                     break
                 hits, num_hit_tokens = kv.get_computed_blocks(request)
                 num_new = request.num_tokens - num_hit_tokens
+                if 0 < long_prefill < num_new:
+                    num_new = long_prefill
                 if num_new > token_budget:
                     if not self.enable_chunked_prefill:
                         break

@@ -45,6 +45,29 @@ def test_chunked_prefill_flags() -> None:
         too_small.create_engine_config(2048)
 
 
+def test_long_prefill_token_threshold_flag() -> None:
+    assert _engine_args().create_engine_config(64).scheduler.long_prefill_token_threshold == 0
+    args = _engine_args("--long-prefill-token-threshold", "24")
+    assert args.create_engine_config(64).scheduler.long_prefill_token_threshold == 24
+    with pytest.raises(SystemExit):
+        _engine_args("--long-prefill-token-threshold", "-1")
+
+
+def test_long_prefill_token_threshold_changes_no_token() -> None:
+    """Prompts split at the threshold (3 tokens a step, several prompts sharing each step's
+    budget) give the greedy tokens of whole-prompt steps."""
+    prompts = ["Hello, my name is", "The capital of France is a city that", "x"]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outs = []
+    for threshold in (0, 3):
+        llm = LLM("tiny", long_prefill_token_threshold=threshold, max_num_batched_tokens=8,
+                  max_model_len=64, num_gpu_blocks_override=64, enable_prefix_caching=False)
+        outs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params,
+                                                                  use_tqdm=False)])
+        llm.shutdown()
+    assert outs[0] == outs[1]
+
+
 def test_prefix_caching_flags() -> None:
     assert _engine_args().enable_prefix_caching is True
     assert _engine_args("--enable-prefix-caching").enable_prefix_caching is True

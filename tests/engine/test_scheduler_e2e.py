@@ -1,6 +1,6 @@
 """vLLM's tests/v1/core/test_scheduler_e2e.py on the built-in tiny model: same engine settings
 (prefix caching, a 6-token budget, 3 sequences, 16-token blocks), same prompts, same expected
-outcomes. vLLM's fixture also sets long_prefill_token_threshold=2, which cadence does not have."""
+outcomes, long_prefill_token_threshold=2 included."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def model() -> LLM:
     return LLM(
         "tiny", enforce_eager=True, enable_prefix_caching=True, max_num_batched_tokens=6,
         max_num_seqs=3, block_size=16, max_model_len=256, num_gpu_blocks_override=64,
-        async_scheduling=False,
+        async_scheduling=False, long_prefill_token_threshold=2,
     )
 
 

@@ -25,6 +25,7 @@ def create_scheduler(
     enable_chunked_prefill: bool = True,
     policy: str = "fcfs",
     defer_prefix_caching: bool = False,
+    long_prefill_token_threshold: int = 0,
 ) -> Scheduler:
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
@@ -35,6 +36,7 @@ def create_scheduler(
         policy=policy,
         async_scheduling=async_scheduling,
         enable_chunked_prefill=enable_chunked_prefill,
+        long_prefill_token_threshold=long_prefill_token_threshold,
     )
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     cls = AsyncScheduler if async_scheduling else Scheduler

@@ -67,6 +67,21 @@ def test_finish_requests_is_idempotent():
         scheduler.finish_requests("1", RequestStatus.RUNNING)
 
 
+def test_finish_requests_none_finishes_every_request():
+    """vLLM's ``finish_requests(None, ...)``: all requests, running and waiting."""
+    scheduler = create_scheduler(max_num_seqs=2)
+    requests = create_requests(num_requests=4)
+    for request in requests:
+        scheduler.add_request(request)
+    scheduler.schedule()
+    assert scheduler.get_request_counts() == (2, 2)
+    scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED)
+    assert all(r.status == RequestStatus.FINISHED_ABORTED for r in requests)
+    assert scheduler.get_request_counts() == (0, 0) and not scheduler.has_unfinished_requests()
+    assert scheduler.kv_cache_manager.block_pool.get_usage() == 0.0
+    assert scheduler.schedule().finished_req_ids == {"0", "1", "2", "3"}
+
+
 def test_get_num_unfinished_requests():
     scheduler = create_scheduler()
     requests = create_requests(num_requests=10)

@@ -119,3 +119,45 @@ def test_fcfs_grammar_waiting_requests_keep_order():
     expected_order = ["grammar", "tail"]
     assert [r.req_id for r in second.scheduled_new_reqs] == expected_order
     assert [r.request_id for r in scheduler.running] == expected_order
+
+
+@pytest.mark.parametrize("enable_prefix_caching", [True, False])
+def test_schedule_concurrent_partial_requests(enable_prefix_caching: bool):
+    """vLLM's test of the same name: long_prefill_token_threshold lets three long prompts share
+    each step's budget (400 + 400 + the 224 left of 1024)."""
+    scheduler = create_scheduler(max_num_batched_tokens=1024, long_prefill_token_threshold=400,
+                                 enable_prefix_caching=enable_prefix_caching)
+    requests = create_requests(num_requests=3, num_tokens=800)
+    for request in requests:
+        scheduler.add_request(request)
+    ids = [r.request_id for r in requests]
+
+    output = scheduler.schedule()
+    assert len(output.scheduled_new_reqs) == 3
+    assert output.scheduled_cached_reqs.num_reqs == 0
+    assert not output.finished_req_ids
+    assert [output.num_scheduled_tokens[i] for i in ids] == [400, 400, 224]
+    scheduler.update_from_output(output, runner_output(ids, [[], [], []]))
+
+    # All three run; the first two finish their prompts, the third takes what is left.
+    output1 = scheduler.schedule()
+    assert len(scheduler.running) == 3
+    assert not output1.scheduled_new_reqs and output1.scheduled_cached_reqs.num_reqs == 3
+    assert [output1.num_scheduled_tokens[i] for i in ids] == [400, 400, 224]
+    scheduler.update_from_output(output1, runner_output(ids, [[0], [0], []]))
+
+    # The first two decode; the third's remaining 352 tokens fit under the threshold.
+    output2 = scheduler.schedule()
+    assert len(scheduler.running) == 3
+    assert not output2.scheduled_new_reqs and output2.scheduled_cached_reqs.num_reqs == 3
+    assert [output2.num_scheduled_tokens[i] for i in ids] == [1, 1, 800 - 224 - 224]
+
+
+def test_long_prefill_token_threshold_is_checked():
+    from cadence.config import SchedulerConfig
+
+    with pytest.raises(ValueError, match="at least 0"):
+        SchedulerConfig(long_prefill_token_threshold=-1)
+    with pytest.raises(ValueError, match="needs chunked prefill"):
+        SchedulerConfig(long_prefill_token_threshold=8, enable_chunked_prefill=False,
+                        max_num_batched_tokens=8192, max_model_len=4096)
