@@ -68,7 +68,15 @@ class InputProcessor:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+        # vLLM's end ids: the tokenizer's eos_token_id is the primary one (a finish with no
+        # stop_reason); the generation config's other end ids are stop_token_ids. Without a
+        # tokenizer (or one without an end token) the generation config's first id is primary.
         self.eos_token_ids = list(eos_token_ids)
+        primary = getattr(tokenizer, "eos_token_id", None)
+        if not isinstance(primary, int) or not 0 <= primary < vocab_size:
+            primary = self.eos_token_ids[0] if self.eos_token_ids else None
+        self.eos_token_id: int | None = primary
+        self.extra_eos_token_ids = [t for t in self.eos_token_ids if t != primary]
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
         self.max_logprobs = max_logprobs
@@ -125,11 +133,14 @@ class InputProcessor:
                 params.min_tokens,
             )
 
+        # Every end id is held back while min_tokens lasts, ignore_eos or not (as vLLM); the
+        # scheduler stops on eos_token_id and stop_token_ids, where the generation config's
+        # other end ids (e.g. <|end_of_text|> beside <|eot_id|>) go unless ignore_eos.
+        if self.eos_token_id is not None:
+            params.all_stop_token_ids.add(self.eos_token_id)
+        params.all_stop_token_ids |= set(self.extra_eos_token_ids)
         if not params.ignore_eos:
-            params.all_stop_token_ids |= set(self.eos_token_ids)
-            # The scheduler stops on eos_token_id (the first) and stop_token_ids: the other end
-            # ids of the generation config (e.g. <|eot_id|> beside <|end_of_text|>) go there.
-            extra = [t for t in self.eos_token_ids[1:] if t not in params.stop_token_ids]
+            extra = [t for t in self.extra_eos_token_ids if t not in params.stop_token_ids]
             params.stop_token_ids = list(params.stop_token_ids) + extra
         params.all_stop_token_ids |= set(params.stop_token_ids or [])
         check_some_token_allowed(params)
@@ -138,7 +149,7 @@ class InputProcessor:
             request_id=request_id,
             prompt_token_ids=token_ids,
             sampling_params=params,
-            eos_token_id=self.eos_token_ids[0] if self.eos_token_ids else None,
+            eos_token_id=self.eos_token_id,
             arrival_time=time.time() if arrival_time is None else arrival_time,
             priority=priority,
             cache_salt=cache_salt,

@@ -122,7 +122,15 @@ def _reject_constant(name: str) -> Any:
 def parse_json_body(body: bytes) -> dict[str, Any]:
     """A request body as a JSON object; anything else is a 400 (never a 500)."""
     try:
-        data = json.loads(body, parse_constant=_reject_constant)
+        # Strict UTF-8 (a leading BOM allowed): json.loads of bytes would also take UTF-16 and
+        # UTF-8-encoded lone surrogates, which no tokenizer or response encoder can take.
+        text = body.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise BadRequestError(
+            f"Invalid JSON in request body: not UTF-8 (byte {exc.start}: {exc.reason}).", None
+        ) from None
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
     except RecursionError as exc:
         raise BadRequestError("Invalid JSON in request body: nested too deeply.", None) from exc
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, the int digit limit

@@ -66,11 +66,41 @@ def test_cache_salt_is_a_non_empty_string(tokenizer: PreTrainedTokenizerFast) ->
 
 
 def test_ignore_eos_keeps_only_stop_token_ids(tokenizer: PreTrainedTokenizerFast) -> None:
+    """ignore_eos: the end ids stop nothing (only the request's own stop_token_ids), yet
+    min_tokens still holds them back: vLLM's update_from_generation_config puts them in
+    all_stop_token_ids either way."""
     req, _ = _proc(tokenizer).process(
         "r", "hi", SamplingParams(ignore_eos=True, stop_token_ids=[7])
     )
-    assert req.sampling_params.all_stop_token_ids == {7}
+    assert req.sampling_params.stop_token_ids == [7]
+    assert req.sampling_params.all_stop_token_ids == {0, 1, 7}
     assert req.eos_token_id == 0
+
+
+@pytest.mark.parametrize(("generation_ids", "primary", "stops"), [
+    ([0, 1], 0, [1]),  # the tokenizer's end id is the config's first
+    ([1, 0], 0, [1]),  # ... or not: the tokenizer's is still the primary one
+    ([1], 0, [1]),  # the config does not list the tokenizer's: both end a request
+    ([], 0, []),
+])
+def test_the_tokenizers_end_id_is_primary(tokenizer: PreTrainedTokenizerFast,
+                                           generation_ids: list[int], primary: int,
+                                           stops: list[int]) -> None:
+    """vLLM: the tokenizer's eos_token_id is the request's eos_token_id (a finish without a
+    stop_reason), the generation config's other end ids its stop_token_ids (stop_reason: the
+    id). The fixture's tokenizer ends with id 0."""
+    assert tokenizer.eos_token_id == 0
+    req, _ = _proc(tokenizer, eos_token_ids=generation_ids).process(
+        "r", "hi", SamplingParams(stop_token_ids=[7]))
+    assert req.eos_token_id == primary
+    assert req.sampling_params.stop_token_ids == [7, *stops]
+    assert req.sampling_params.all_stop_token_ids == {primary, 7, *stops}
+
+
+def test_without_a_tokenizer_the_configs_first_end_id_is_primary() -> None:
+    req, _ = _proc(None, eos_token_ids=[5, 1]).process(
+        "r", {"prompt_token_ids": [3]}, SamplingParams())
+    assert req.eos_token_id == 5 and req.sampling_params.stop_token_ids == [1]
 
 
 def test_max_tokens_none_resolves_to_the_rest_of_the_context(
@@ -213,6 +243,8 @@ def test_allowed_tokens_that_nothing_is_left_of(tokenizer: PreTrainedTokenizerFa
     for params in (
         SamplingParams(allowed_token_ids=excluded, bad_words=[word]),
         SamplingParams(allowed_token_ids=[0, 1], min_tokens=1),  # the two end ids
+        # ignore_eos or not, min_tokens holds the end ids back (as vLLM)
+        SamplingParams(allowed_token_ids=[0, 1], min_tokens=1, ignore_eos=True),
         SamplingParams(allowed_token_ids=[1, 9], min_tokens=1, stop_token_ids=[9]),
     ):
         with pytest.raises(InputValidationError, match="no token could be sampled") as err:
@@ -221,7 +253,7 @@ def test_allowed_tokens_that_nothing_is_left_of(tokenizer: PreTrainedTokenizerFa
     for params in (
         SamplingParams(allowed_token_ids=excluded + [7], bad_words=[word]),
         SamplingParams(allowed_token_ids=[0, 1]),  # no min_tokens: the end may come at once
-        SamplingParams(allowed_token_ids=[0, 1], min_tokens=1, ignore_eos=True),
+        SamplingParams(allowed_token_ids=[0, 1, 2], min_tokens=1, ignore_eos=True),
         SamplingParams(allowed_token_ids=[tok], bad_words=[word + word]),  # not one token
     ):
         proc.process("r", "hi", params)

@@ -282,6 +282,12 @@ RAW_BODIES: list[tuple[bytes, str | None, str]] = [
     (b'{"messages": [{"role": "user", "content": "\\ud83d"}]}', "messages.0.content", "surrogate"),
     (b'{"model": "\\ud800", "prompt": "x"}', "model", "surrogate"),
     (b'{"prompt": "x", "\\udfff": 1}', None, "surrogate"),
+    # The same surrogates as raw UTF-8 bytes, and bodies in another encoding: not UTF-8.
+    (b'{"prompt": "a\xed\xa0\x80"}', None, "not utf-8"),
+    (b'{"messages": [{"role": "user", "content": "a\xed\xa0\x80"}]}', None, "not utf-8"),
+    (b'{"prompt": "hi", "bad_words": ["a\xed\xb0\x80"]}', None, "not utf-8"),
+    ('{"prompt": "x"}'.encode("utf-16"), None, "not utf-8"),
+    (b'{"prompt": "caf\xe9"}', None, "not utf-8"),  # Latin-1
 ]
 
 
@@ -291,6 +297,25 @@ def test_malformed_bodies_are_400(http: httpx.Client, raw: bytes, param: str | N
     route = CHAT if b"messages" in raw else COMPLETIONS
     resp = http.post(route, content=raw, headers={"content-type": "application/json"})
     check_error(resp, 400, param, fragment)
+
+
+def test_raw_surrogates_never_reach_the_tokenizer_or_a_tool_name(http: httpx.Client) -> None:
+    """UTF-8-encoded lone surrogates once passed the JSON parser: a 500 from the tokenizer
+    (chat, /tokenize) or the response encoder (a named tool), a cut stream; a BOM is fine."""
+    tool = (b'"tools": [{"type": "function", "function": {"name": "f\xed\xa0\x80", '
+            b'"parameters": {"type": "object"}}}], "tool_choice": {"type": "function", '
+            b'"function": {"name": "f\xed\xa0\x80"}}')
+    for stream in (b"false", b"true"):
+        raw = (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, '
+               b'"stream": ' + stream + b", " + tool + b"}")
+        resp = http.post(CHAT, content=raw, headers={"content-type": "application/json"})
+        check_error(resp, 400, None, "not utf-8")
+    resp = http.post("/tokenize", content=b'{"prompt": "a\xed\xa0\x80"}',
+                     headers={"content-type": "application/json"})
+    check_error(resp, 400, None, "not utf-8")
+    resp = http.post(COMPLETIONS, content=b'\xef\xbb\xbf{"prompt": "x", "max_tokens": 1}',
+                     headers={"content-type": "application/json"})
+    assert resp.status_code == 200, resp.text
 
 
 def test_unknown_model_name_with_odd_text_is_echoed_safely(http: httpx.Client) -> None:
