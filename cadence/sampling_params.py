@@ -125,6 +125,8 @@ class SamplingParams:
                 self.structured_outputs, StructuredOutputsParams):
             raise ValueError("structured_outputs must be a StructuredOutputsParams or a dict of "
                              f"its fields, got {type(self.structured_outputs).__name__}.")
+        if _is_int(self.seed) and self.seed == -1:
+            self.seed = None  # vLLM: -1 asks for no fixed seed
         self._verify()
         # numpy's integers pass the checks as numbers.Integral but overflow where the engine
         # mixes a seed into 64-bit arithmetic: every integer field becomes a Python int.

@@ -95,6 +95,8 @@ def test_top_k_zero_is_off_and_tiny_temperatures_are_raised() -> None:
     assert SamplingParams(temperature=1e-3).temperature == 0.01
     assert SamplingParams(temperature=0.5).temperature == 0.5
     assert SamplingParams(seed=-(1 << 63)).seed == -(1 << 63)
+    assert SamplingParams(seed=-1).seed is None  # vLLM: -1 is "no fixed seed"
+    assert SamplingParams(seed=-2).seed == -2
     assert SamplingParams(seed=(1 << 63) - 1).seed == (1 << 63) - 1
 
 

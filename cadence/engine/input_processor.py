@@ -115,6 +115,8 @@ class InputProcessor:
             raise InputValidationError(
                 f"priority must fit in 64 bits, got {priority}.", "priority", priority
             )
+        if isinstance(prompt, (list, tuple)):  # vLLM: a bare list of ids is a token prompt
+            prompt = {"prompt_token_ids": prompt}
         params = params.verified()
         check_params(params, self.tokenizer, self.vocab_size, self.max_logprobs)
         # A prompt to truncate may be longer than the context: no bound on its text.
@@ -187,7 +189,8 @@ class InputProcessor:
             return prompt, self._tokenize(prompt, bound)
         if not isinstance(prompt, Mapping):
             raise InputValidationError(
-                "prompt must be a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}, "
+                "prompt must be a string, a list of token ids, {'prompt': str} or "
+                "{'prompt_token_ids': [int, ...]}, "
                 f"got {type(prompt).__name__}.",
                 "prompt",
             )

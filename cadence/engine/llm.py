@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -56,11 +57,11 @@ class LLM:
         priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         self._check_open()
-        if isinstance(prompts, (str, dict)):
-            prompts = [prompts]
+        if isinstance(prompts, (str, dict)) or _is_id_list(prompts):
+            prompts = [prompts]  # one prompt (vLLM: a flat list of ints is one token prompt)
         if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Sequence):
-            raise ValueError("prompts: a prompt (a string or a dict) or a list of prompts, got "
-                             f"{type(prompts).__name__}.")
+            raise ValueError("prompts: a prompt (a string, a list of token ids or a dict) or a "
+                             f"list of prompts, got {type(prompts).__name__}.")
         prompts = list(prompts)
         n = len(prompts)
         if sampling_params is None:
@@ -171,3 +172,8 @@ class LLM:
         finally:
             bar.close()
         return [r for r in results if r is not None]
+
+
+def _is_id_list(value: object) -> bool:
+    return (isinstance(value, (list, tuple)) and len(value) > 0
+            and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in value))

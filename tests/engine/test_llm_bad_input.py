@@ -173,3 +173,33 @@ def test_max_tokens_past_the_context_ends_at_the_context() -> None:
         assert llm.engine_core.num_free_kv_blocks == 31  # all but the null block
     finally:
         llm.shutdown()
+
+
+def test_lists_of_token_ids_are_prompts(llm):
+    """vLLM's prompt forms: a flat list of ints is one token prompt, a list of such lists one
+    prompt each; both give the tokens of the same ids as a prompt_token_ids dict."""
+    ids = [[72, 101, 108], [108, 111, 32, 119]]
+    expected = [o.outputs[0].token_ids for o in llm.generate(
+        [{"prompt_token_ids": i} for i in ids], GOOD, use_tqdm=False)]
+    (one,) = llm.generate(ids[0], GOOD, use_tqdm=False)
+    assert one.prompt_token_ids == ids[0] and one.outputs[0].token_ids == expected[0]
+    both = llm.generate(ids, GOOD, use_tqdm=False)
+    assert [o.prompt_token_ids for o in both] == ids
+    assert [o.outputs[0].token_ids for o in both] == expected
+    for bad in ([72, "x"], [[72, True]], [[]], [72, 1 << 40]):
+        with pytest.raises(ValueError, match="prompt"):
+            llm.generate(bad, GOOD, use_tqdm=False)
+    assert llm.engine_core.scheduler.get_num_unfinished_requests() == 0
+
+
+def test_seed_minus_one_is_no_fixed_seed(llm):
+    """vLLM: seed=-1 means unseeded. Two 12-token samples at temperature 1 from a 640-token
+    vocabulary agree by chance with probability far below 1e-20; a fixed seed repeats."""
+    free = SamplingParams(temperature=1.0, max_tokens=12, seed=-1, ignore_eos=True)
+    runs = [llm.generate("Hello", free, use_tqdm=False)[0].outputs[0].token_ids
+            for _ in range(2)]
+    assert runs[0] != runs[1]
+    fixed = SamplingParams(temperature=1.0, max_tokens=12, seed=5, ignore_eos=True)
+    again = [llm.generate("Hello", fixed, use_tqdm=False)[0].outputs[0].token_ids
+             for _ in range(2)]
+    assert again[0] == again[1]
