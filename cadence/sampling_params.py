@@ -196,10 +196,9 @@ class SamplingParams:
             raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}.")
         if any(not s for s in self.stop):
             raise ValueError("stop cannot contain an empty string.")
-        if any(not _is_int(t) or not 0 <= t <= INT64_MAX for t in self.stop_token_ids):
-            raise ValueError(
-                f"stop_token_ids must be non-negative 64-bit integers, got {self.stop_token_ids}."
-            )
+        bad = _first_bad_id(self.stop_token_ids)
+        if bad is not None:
+            raise ValueError(f"stop_token_ids must be non-negative 64-bit integers, got {bad!r}.")
 
     def _verify_logits_processors(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
@@ -225,10 +224,9 @@ class SamplingParams:
         if self.allowed_token_ids is not None:
             if not self.allowed_token_ids:
                 raise ValueError("allowed_token_ids must not be empty.")
-            if any(not _is_int(t) or not 0 <= t <= INT64_MAX for t in self.allowed_token_ids):
-                raise ValueError(
-                    f"allowed_token_ids must be token ids, got {self.allowed_token_ids}."
-                )
+            bad = _first_bad_id(self.allowed_token_ids)
+            if bad is not None:
+                raise ValueError(f"allowed_token_ids must be token ids, got {bad!r}.")
         if self.bad_words is not None and any(
             not isinstance(w, str) or not w.strip() for w in self.bad_words
         ):
@@ -284,6 +282,16 @@ def _as_list(name: str, value: object, strings_ok: bool = False, what: str = "a 
             or (isinstance(value, str) and not strings_ok)):
         raise ValueError(f"{name} must be {what}, got {type(value).__name__}.")
     return list(value)
+
+
+def _first_bad_id(ids: list[Any]) -> object | None:
+    """The first item of ``ids`` that is not a token id (an integer in [0, 2**63)), or None.
+    Lists of plain ints (a request's millions of ids) are checked at C speed."""
+    if all(type(t) is int for t in ids):
+        if ids and (min(ids) < 0 or max(ids) > INT64_MAX):
+            return next(t for t in ids if not 0 <= t <= INT64_MAX)
+        return None
+    return next((t for t in ids if not _is_int(t) or not 0 <= t <= INT64_MAX), None)
 
 
 def _is_int(x: object) -> bool:

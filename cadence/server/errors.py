@@ -9,6 +9,17 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.responses import Response
 
+# A message may quote the client's input (a model name, a key, a list of ids): past this many
+# characters the quote is cut, so a megabyte of input never comes back as a megabyte of error.
+MAX_MESSAGE_CHARS = 2048
+
+
+def _bounded(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    kept = limit - 40
+    return f"{text[:kept]}... ({len(text) - kept} more characters)"
+
 
 class APIError(Exception):
     """An error answered to the client; ``type`` is the error class name, as vLLM sends it."""
@@ -19,6 +30,7 @@ class APIError(Exception):
     def __init__(
         self, message: str, param: str | None = None, *, headers: dict[str, str] | None = None
     ) -> None:
+        message, param = _bounded(message, MAX_MESSAGE_CHARS), param and _bounded(param, 256)
         super().__init__(message)
         self.message = message
         self.param = param

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from cadence.engine.param_checks import MAX_STOP_TOKEN_IDS
 from cadence.sampling_params import (
     INT64_MAX,
     INT64_MIN,
@@ -86,7 +87,8 @@ class SamplingRequest(OpenAIModel):
     n: int = Field(default=1, ge=1, le=MAX_N)
     seed: Int64 | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    # Capped here, before the items are checked: a body of a million ids is refused at once.
+    stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
@@ -210,6 +212,13 @@ class SamplingRequest(OpenAIModel):
             truncate_prompt_tokens=self.truncate_prompt_tokens,
             output_kind=kind,
         )
+
+    @property
+    def params_size(self) -> int:
+        """How many items the sampling parameters' lists hold: the work of building and
+        checking them (the input worker takes large ones off the event loop)."""
+        return (len(self.allowed_token_ids or ()) + len(self.logit_bias or ())
+                + len(self.bad_words or ()) + len(self.stop_token_ids or ()))
 
     @property
     def grammar_param(self) -> str:

@@ -255,7 +255,8 @@ class OpenAIServingChat(OpenAIServing):
             # The role chunks' continuous usage: the prompt's tokens as the engine keeps them.
             stream.prompt_tokens = len(prompt_ids) if k is None else min(
                 len(prompt_ids), truncation_length(k, self.engine.max_model_len))
-        params = request.to_sampling_params(self.engine.generation_defaults)
+        params = await self.engine.run_cpu(request.params_size, request.to_sampling_params,
+                                           self.engine.generation_defaults)
         if params.structured_outputs is not None and self.reasoning_tags is not None:
             # vLLM: under a reasoning parser the grammar applies to the answer, after reasoning.
             params.structured_outputs = dataclasses.replace(

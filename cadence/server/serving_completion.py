@@ -191,7 +191,8 @@ class OpenAIServingCompletion(OpenAIServing):
         self, request: CompletionRequest, base_id: str, stream: CompletionStream | None = None
     ) -> list[StartedRequest]:
         prompts = request.prompts()
-        params = request.to_sampling_params(self.engine.generation_defaults)
+        params = await self.engine.run_cpu(request.params_size, request.to_sampling_params,
+                                           self.engine.generation_defaults)
         started: list[StartedRequest] = []
         try:
             for i, prompt in enumerate(prompts):

@@ -318,6 +318,26 @@ def test_raw_surrogates_never_reach_the_tokenizer_or_a_tool_name(http: httpx.Cli
     assert resp.status_code == 200, resp.text
 
 
+def test_errors_quote_at_most_a_bounded_piece_of_the_input(http: httpx.Client) -> None:
+    """A megabyte model name, logit_bias key or id list comes back cut, not whole."""
+    from cadence.server.errors import MAX_MESSAGE_CHARS
+
+    big = "x" * 1_000_000
+    for route, body, status, param in (
+        (COMPLETIONS, {"model": big, "prompt": "a"}, 404, "model"),
+        (COMPLETIONS, {"prompt": "a", "logit_bias": {big: 1}}, 400, "logit_bias"),
+        (COMPLETIONS, {"prompt": "a", "allowed_token_ids": [-1] + [1] * 300_000}, 400,
+         "allowed_token_ids"),
+    ):
+        resp = http.post(route, json=body)
+        assert resp.status_code == status, resp.text[:300]
+        err = resp.json()["error"]
+        assert err["param"] == param
+        assert len(err["message"]) <= MAX_MESSAGE_CHARS
+    resp = http.get("/v1/models/" + "y" * 60_000)
+    assert resp.status_code == 404 and len(resp.content) < 2 * MAX_MESSAGE_CHARS
+
+
 def test_unknown_model_name_with_odd_text_is_echoed_safely(http: httpx.Client) -> None:
     name = 'é"<>\\\u2028 \U0001f600'
     resp = http.post(COMPLETIONS, json={"model": name, "prompt": "x"})
