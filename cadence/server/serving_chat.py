@@ -44,7 +44,7 @@ from cadence.server.tool_calls import (
     ParsedCall,
     ToolCallStream,
     parse_forced_calls,
-    parse_tool_calls,
+    tool_calls_finish,
 )
 
 if TYPE_CHECKING:
@@ -165,8 +165,8 @@ class ChatStream:
                 calls = [_delta_call(i, call) for i, call in enumerate(parsed, first)
                          if request.parallel_tool_calls is not False or i == 0] or None
                 content = content or (None if reasoning or calls else "")
-            if finish is not None and self.tools is not None and self.tools[c.index].calls:
-                finish = "tool_calls"
+            if self.tools is not None:
+                finish = tool_calls_finish(finish, self.tools[c.index])
             if (not content and not reasoning and not calls and not c.finished() and lps is None
                     and not ids):
                 return None  # nothing visible yet (held back for a possible stop string or tag)
@@ -300,9 +300,10 @@ class OpenAIServingChat(OpenAIServing):
                     if request.tool_choice == "required":
                         finish = "tool_calls"
             elif tools and content is not None:
-                content, parsed = parse_tool_calls(content)
-                if parsed:
-                    finish = "tool_calls"
+                splitter = ToolCallStream()
+                content, parsed = splitter.feed(content, final=True)
+                content = content or None
+                finish = tool_calls_finish(finish, splitter)
             calls = [ToolCall(id=p.id, function=FunctionCall(name=p.name, arguments=p.arguments))
                      for p in one_call_at_most(request, parsed or [])]
             if request.echoed:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from cadence.server.held_text import tag_prefix_len
 
 __all__ = ["TOOL_CALL_PARSERS", "ParsedCall", "ToolCallStream", "parse_forced_calls",
-           "parse_tool_calls"]
+           "parse_tool_calls", "tool_calls_finish"]
 
 START, END = "<tool_call>", "</tool_call>"
 TOOL_CALL_PARSERS = ("hermes",)
@@ -84,6 +84,15 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[ParsedCall]]:
     return content or None, calls
 
 
+def tool_calls_finish(finish: str | None, stream: ToolCallStream) -> str | None:
+    """The finish reason of an answer once ``stream`` has split it: "tool_calls" when it made
+    calls, unless max_tokens cut it inside another block ("length": the client must see the
+    truncation; vLLM's parser gives no calls at all then)."""
+    if finish is None or not stream.calls or (finish == "length" and stream.cut_call):
+        return finish
+    return "tool_calls"
+
+
 class ToolCallStream:
     """Splits streamed text into content and whole tool calls. Until the first valid call, all
     text is content (a block that is not a valid call included, as vLLM keeps an output whose
@@ -96,6 +105,8 @@ class ToolCallStream:
         self.in_call = False
         self.started = False  # a valid call went out: text outside calls is no longer content
         self.calls: list[ParsedCall] = []
+        # The text ended inside a block that is not a call (an answer cut by max_tokens).
+        self.cut_call = False
 
     def feed(self, piece: str, final: bool = False) -> tuple[str, list[ParsedCall]]:
         """The content text and the finished calls that ``piece`` adds (``final``: nothing
@@ -124,6 +135,7 @@ class ToolCallStream:
             call = _call(body.strip())
             if call is None:  # not a call after all: it is text
                 content.append(START + body + tag)
+                self.cut_call = not tag
             else:
                 new.append(call)
                 self.started = True

@@ -208,6 +208,43 @@ def test_tool_calls_through_the_openai_client(tool_server) -> None:
     assert not plain.choices[0].message.tool_calls
 
 
+def test_an_answer_cut_inside_a_call_finishes_with_length(tool_server) -> None:
+    """max_tokens cuts the second call before its closing tag: the first call goes out, the
+    finish reason stays "length", whole and streamed (a call cut short is no call)."""
+    srv, n = tool_server
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS,
+              max_tokens=n - 5, temperature=0.0, extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**kw).choices[0]
+    assert whole.finish_reason == "length"
+    assert [json.loads(c.function.arguments)["city"] for c in whole.message.tool_calls] == [
+        "Paris"]
+    finishes, cities = [], []
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for choice in chunk.choices:
+            finishes += [choice.finish_reason] if choice.finish_reason else []
+            cities += [json.loads(c.function.arguments)["city"]
+                       for c in choice.delta.tool_calls or []]
+    assert finishes == ["length"] and cities == ["Paris"]
+
+
+def test_tool_calls_finish() -> None:
+    from cadence.server.tool_calls import tool_calls_finish
+
+    for text, finish, want in [
+        (CALL, "stop", "tool_calls"),
+        (CALL, "length", "tool_calls"),  # cut right after a whole call: the calls stand
+        (CALL + CALL[:-3], "length", "length"),  # cut inside the second
+        (CALL[:-3], "length", "length"),  # no call made
+        ('<tool_call>{"name": "f", "parameters": {}}', "length", "tool_calls"),  # parses
+        ("plain", "stop", "stop"),
+        (CALL, None, None),
+    ]:
+        stream = ToolCallStream()
+        stream.feed(text, final=True)
+        assert tool_calls_finish(finish, stream) == want, text
+
+
 def test_each_streamed_choice_parses_its_own_tool_calls(tool_server) -> None:
     """n = 2: every choice's text goes through a splitter of its own (a shared one would take
     the second choice's text for the inside of the first's calls)."""
