@@ -243,7 +243,7 @@ class AsyncLLM:
             self.output_processor.abort_requests([request_id])
             raise
         if self.log_requests:
-            logger.info("Added request %s.", request_id)
+            logger.info("Added request %r.", request_id)
         return collector
 
     def _process_input(
@@ -299,7 +299,7 @@ class AsyncLLM:
         except (asyncio.CancelledError, GeneratorExit):
             self.abort_nowait([request_id])
             if self.log_requests:
-                logger.info("Request %s aborted by its consumer.", request_id)
+                logger.info("Request %r aborted by its consumer.", request_id)
             raise
 
     async def abort(self, request_id: str | Iterable[str]) -> None:

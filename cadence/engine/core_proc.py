@@ -304,7 +304,7 @@ class EngineCoreProc:
         except Exception as exc:
             # The front end validates first; a request the core still refuses fails alone
             # instead of taking the whole engine down.
-            logger.warning("Engine core refused request %s: %r", request.request_id, exc)
+            logger.warning("Engine core refused request %r: %r", request.request_id, exc)
             out = EngineCoreOutput(
                 request.request_id, [], finish_reason=FinishReason.ERROR, error=str(exc)
             )

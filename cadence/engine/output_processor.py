@@ -189,7 +189,7 @@ class OutputProcessor:
                                   reqs_to_add)
             except Exception as exc:
                 # A fault in one request's output (a detokenizer error) fails that request only.
-                logger.exception("Output processing failed for request %s.", eco.request_id)
+                logger.exception("Output processing failed for request %r.", eco.request_id)
                 self._fail(state, f"output processing failed: {exc!r}", now, request_outputs, stats)
                 if not eco.finished:
                     reqs_to_abort.append(eco.request_id)
@@ -279,7 +279,7 @@ class OutputProcessor:
                 # Offline, the other choices still run: the unsent ones go to the core now.
                 self.released.extend(parent.take_deferred())
             # Offline callers see no exception: the reason goes to the log.
-            logger.warning("Request %s failed: %s", state.request_id, reason)
+            logger.warning("Request %r failed: %s", state.request_id, reason)
             # No detokenizing here (it may be what failed): the text decoded so far, and the
             # tokens and logprobs so far (a delta output: nothing new).
             delta = state.output_kind == RequestOutputKind.DELTA

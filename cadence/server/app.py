@@ -160,7 +160,9 @@ class OpenAIServer:
             new = sorted(unknown - seen)
             seen.update(new[: UNKNOWN_FIELDS_KEPT - len(seen)])
             # Once per name, as a hint to the client's author: unknown fields are ignored.
-            shown = ", ".join(name[:64] for name in new[:UNKNOWN_FIELDS_NAMED])
+            # Escaped: a name is client text, and a newline in it would forge a log line.
+            shown = ", ".join(name[:64].encode("unicode_escape").decode("ascii")
+                              for name in new[:UNKNOWN_FIELDS_NAMED])
             more = len(new) - UNKNOWN_FIELDS_NAMED
             logger.warning("Ignored unknown field(s) in a %s: %s%s (logged once per name%s).",
                            model.__name__, shown, f" and {more} more" if more > 0 else "",

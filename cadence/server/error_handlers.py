@@ -55,7 +55,7 @@ async def _client_disconnected(request: Request, exc: Exception) -> Response:
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
-    logger.exception("Unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
+    logger.exception("Unhandled error in %s %r", request.method, request.url.path, exc_info=exc)
     return InternalServerError(f"Internal server error: {exc!r}").response()
 
 

@@ -129,7 +129,7 @@ class EventStreamResponse:
             await run_until_disconnect(produce(), receive, self.stop)
         except ClientDisconnected:
             logger.info(
-                "Client %s disconnected during stream %s; its request was aborted.",
+                "Client %s disconnected during stream %r; its request was aborted.",
                 peer,
                 self.label,
             )
@@ -138,7 +138,7 @@ class EventStreamResponse:
                 await asyncio.wait_for(self._send_stop_frames(start, send), _STOP_FRAMES_TIMEOUT_S)
         except OSError:  # the write failed: the client is gone (ASGI spec >= 2.4)
             logger.info(
-                "Connection of %s lost during stream %s; its request was aborted.", peer, self.label
+                "Connection of %s lost during stream %r; its request was aborted.", peer, self.label
             )
         finally:
             if self.on_close is not None:

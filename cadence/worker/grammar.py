@@ -136,7 +136,7 @@ class GrammarState:
             if not state.matcher.accept_token(token):
                 # NOTE: a backstop. A row whose masks left no token is failed in its own step
                 # (NO_TOKEN); a token outside the grammar otherwise means a broken mask.
-                logger.warning("Request %s: token %d does not fit its grammar.", req_id, token)
+                logger.warning("Request %r: token %d does not fit its grammar.", req_id, token)
                 self._failed[req_id] = NO_TOKEN_FITS
                 self._reqs.pop(req_id, None)
                 return False
@@ -211,7 +211,7 @@ class GrammarState:
     def _drop(self, req_id: str) -> None:
         # NOTE: one request's grammar must never stop the engine: it goes unconstrained from
         # here on, loudly.
-        logger.exception("Request %s: its grammar failed; it is no longer constrained.", req_id)
+        logger.exception("Request %r: its grammar failed; it is no longer constrained.", req_id)
         self._reqs.pop(req_id, None)
 
     def _fill(self, k: int, matchers: list[Any], words: torch.Tensor) -> None:

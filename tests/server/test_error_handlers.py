@@ -66,5 +66,5 @@ def test_an_unexpected_error_is_one_logged_500_and_the_connection_serves_on(
         assert status == 200 and json.loads(body)["count"] > 0
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     # Logged once, by the handler: not a second time by the server (Starlette re-raised).
-    assert [r.getMessage() for r in errors] == ["Unhandled error in POST /tokenize"]
+    assert [r.getMessage() for r in errors] == ["Unhandled error in POST '/tokenize'"]
     assert errors[0].exc_info is not None and "planted failure" in str(errors[0].exc_info[1])

@@ -161,6 +161,20 @@ def test_unknown_fields_are_ignored_and_logged_once_per_name(
     assert len(logged) == 2 and logged[1].endswith("another_one (logged once per name).")
 
 
+def test_client_text_cannot_forge_a_log_line(
+    http: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A field name holding a newline and a fake log line is logged escaped, on one line."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="cadence.server.app")
+    forged = "zz\n2026-12-04 23:59:59,000 ERROR cadence.engine.core: Engine died"
+    body = {"prompt": "Hi", "max_tokens": 1, forged: 1}
+    assert http.post("/v1/completions", json=body).status_code == 200
+    (logged,) = [r.getMessage() for r in caplog.records if "zz" in r.getMessage()]
+    assert "\n" not in logged and "zz\\n2026" in logged
+
+
 def test_unknown_field_names_kept_and_logged_are_bounded(
     http: httpx.Client, caplog: pytest.LogCaptureFixture
 ) -> None:
