@@ -376,7 +376,7 @@ def test_booleans_are_not_integers_and_min_tokens_may_equal_max_tokens(
     assert info.value.parameter == "min_tokens"
 
 
-@pytest.mark.parametrize("field", ["logit_bias", "allowed_token_ids"])
+@pytest.mark.parametrize("field", ["logit_bias", "allowed_token_ids", "stop_token_ids"])
 def test_token_fields_accept_the_last_id_and_refuse_the_vocabulary_size(
     tokenizer: PreTrainedTokenizerFast, field: str
 ) -> None:
@@ -384,6 +384,8 @@ def test_token_fields_accept_the_last_id_and_refuse_the_vocabulary_size(
     def params(tok: int) -> SamplingParams:
         if field == "logit_bias":
             return SamplingParams(max_tokens=2, logit_bias={tok: 1.0})
+        if field == "stop_token_ids":
+            return SamplingParams(max_tokens=2, stop_token_ids=[5, tok])
         return SamplingParams(max_tokens=2, allowed_token_ids=[5, tok])
 
     proc = _proc(tokenizer)
