@@ -161,3 +161,18 @@ def test_long_prefill_token_threshold_is_checked():
     with pytest.raises(ValueError, match="needs chunked prefill"):
         SchedulerConfig(long_prefill_token_threshold=8, enable_chunked_prefill=False,
                         max_num_batched_tokens=8192, max_model_len=4096)
+
+
+def test_long_prefill_token_threshold_caps_every_chunk_of_a_prompt():
+    """The cap holds for a prompt's later chunks too (vLLM applies it to running requests):
+    500 tokens under a 1024 budget go as 100 + 100 + 100 + 100 + 100, then a decode."""
+    scheduler = create_scheduler(max_num_batched_tokens=1024, long_prefill_token_threshold=100)
+    (request,) = create_requests(num_requests=1, num_tokens=500)
+    scheduler.add_request(request)
+    chunks = []
+    for _ in range(6):
+        output = scheduler.schedule()
+        chunks.append(output.num_scheduled_tokens["0"])
+        done = request.num_computed_tokens >= request.num_prompt_tokens
+        scheduler.update_from_output(output, runner_output(["0"], [[1] if done else []]))
+    assert chunks == [100, 100, 100, 100, 100, 1]
