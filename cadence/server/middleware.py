@@ -9,11 +9,11 @@ import ssl
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from cadence.server.errors import AuthenticationError
+from cadence.server.errors import AuthenticationError, NotFoundError
 from cadence.server.settings import ServerSettings
 
 __all__ = ["KEY_PROTECTED_PATHS", "ApiKeyMiddleware", "RootPathMiddleware", "check_ssl_files",
-           "wrap_app"]
+           "route_path", "wrap_app"]
 
 
 # Besides every /v1 route, the routes that tell what the server runs and does.
@@ -29,7 +29,7 @@ class ApiKeyMiddleware:
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "")
+        path = route_path(scope)
         if scope["type"] == "http" and (path.startswith("/v1") or path in KEY_PROTECTED_PATHS):
             headers = dict(scope.get("headers") or [])
             given = headers.get(b"authorization", b"")
@@ -40,6 +40,15 @@ class ApiKeyMiddleware:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def route_path(scope: Scope) -> str:
+    """The path the router matches: ``path`` less a ``root_path`` it starts with (Starlette's
+    rule), so that the key is checked on exactly the route that will answer."""
+    path, root = scope.get("path", ""), scope.get("root_path", "")
+    if root and path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
+        return path[len(root):]
+    return path
 
 
 class RootPathMiddleware:
@@ -57,6 +66,12 @@ class RootPathMiddleware:
             root, path = self.root_path, scope["path"]
             if path == root or path.startswith(root + "/"):
                 path = path[len(root):] or "/"
+            if path == root or path.startswith(root + "/"):
+                # The prefix twice (/llm/llm/v1/...): the router would strip it once more and
+                # answer a route the API-key check did not see. No route is there.
+                await NotFoundError(f"No route for {scope['path'][:200]!r}.").response()(
+                    scope, receive, send)
+                return
             scope = {**scope, "root_path": scope.get("root_path", "") + root, "path": path}
         await self.app(scope, receive, send)
 

@@ -274,6 +274,12 @@ def test_cors_and_root_path_settings(server_factory) -> None:
         for path in ("/v1/models", "/llm/v1/models"):
             assert http.get(path).status_code == 401, path
             assert http.get(path, headers=key).json()["data"][0]["id"] == "tiny", path
+        # The prefix twice once reached the routes past the key check: no route is there.
+        for path in ("/llm/llm/v1/models", "/llm/llm/stats", "/llm/llm", "/llm/llm/llm/v1/models"):
+            assert http.get(path).status_code == 404, path
+            assert http.get(path, headers=key).status_code == 404, path
+        sneak = http.post("/llm/llm/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+        assert sneak.status_code == 404 and sneak.json()["error"]["code"] == 404
         assert http.get("/llm/health").status_code == 200
         assert http.get("/llm").status_code == 200  # the page at /
         body = {"prompt": "Hi", "max_tokens": 2, "ignore_eos": True}
@@ -360,3 +366,34 @@ def test_flags_reach_every_api_server(tmp_path: Path) -> None:
     assert "2 API server processes" in srv.text and "Traceback" not in srv.text
     # uvicorn's info lines (start-up, access log) are off in every front end.
     assert "Started server process" not in srv.text and "/v1/models HTTP" not in srv.text
+
+
+def test_the_key_is_checked_on_the_route_the_router_takes() -> None:
+    """A scope whose path still carries its root_path is routed without it (Starlette's rule):
+    the key check reads the same route path."""
+    import asyncio
+
+    from cadence.server.middleware import ApiKeyMiddleware, route_path
+
+    assert route_path({"path": "/llm/v1/models", "root_path": "/llm"}) == "/v1/models"
+    assert route_path({"path": "/v1/models", "root_path": "/llm"}) == "/v1/models"
+    assert route_path({"path": "/llmx/v1", "root_path": "/llm"}) == "/llmx/v1"
+    reached, sent = [], []
+
+    async def app(scope, receive, send) -> None:
+        reached.append(scope["path"])
+
+    async def send(message) -> None:
+        sent.append(message)
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b""}
+
+    guard = ApiKeyMiddleware(app, "k")
+    scope = {"type": "http", "path": "/llm/v1/models", "root_path": "/llm", "headers": [],
+             "method": "GET"}
+    asyncio.run(guard(scope, receive, send))
+    assert not reached and sent[0]["status"] == 401
+    scope["headers"] = [(b"authorization", b"Bearer k")]
+    asyncio.run(guard(scope, receive, send))
+    assert reached == ["/llm/v1/models"]
