@@ -59,7 +59,8 @@ class OpenAIServing:
                  aliases: tuple[str, ...] = ()) -> None:
         self.engine = engine
         self.served_model_name = served_model_name  # the name responses carry
-        self.accepted_names = {served_model_name, engine.model_name, *aliases}
+        # vLLM's: only the served names (the model's path or name only when it is one of them)
+        self.accepted_names = {served_model_name, *aliases}
 
     @functools.cached_property
     def token_bytes(self) -> TokenBytes:
@@ -68,7 +69,7 @@ class OpenAIServing:
         return TokenBytes(self.engine.tokenizer)
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model not in self.accepted_names:
+        if model and model not in self.accepted_names:  # none or "": the served model
             raise NotFoundError(f"The model `{model}` does not exist.", param="model")
 
     async def start(

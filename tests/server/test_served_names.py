@@ -20,13 +20,16 @@ def test_every_served_name_is_accepted_and_listed(server_factory) -> None:
     with httpx.Client(base_url=srv.base_url, timeout=30) as http:
         listed = [m["id"] for m in http.get("/v1/models").json()["data"]]
         assert listed == ["main-name", "alias"]
-        for name in ("main-name", "alias", "tiny"):
+        for name in ("main-name", "alias", "", None):  # none or "": the served model (vLLM)
             resp = http.post("/v1/completions", json={"model": name, "prompt": "Hi",
                                                       "max_tokens": 2})
             assert resp.status_code == 200, resp.text
             assert resp.json()["model"] == "main-name"  # responses carry the first name
-        resp = http.post("/v1/completions", json={"model": "other", "prompt": "Hi"})
-        assert resp.status_code == 404 and resp.json()["error"]["param"] == "model"
+        # Only served names (vLLM): the model's own name is not one here.
+        for name in ("other", "tiny"):
+            resp = http.post("/v1/completions", json={"model": name, "prompt": "Hi"})
+            assert resp.status_code == 404 and resp.json()["error"]["param"] == "model"
+            assert http.get(f"/v1/models/{name}").status_code == 404
 
 
 def test_the_server_chat_template_replaces_the_tokenizers(server_factory) -> None:
