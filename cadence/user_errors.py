@@ -26,9 +26,15 @@ USAGE_EXIT_CODE = 2  # as argparse
 
 def first_line(exc: BaseException) -> str:
     """The first line of ``exc``'s message (a library's error often runs on), or its type's
-    name where it has none: what a one-line error quotes of a library's failure."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    name where it has none: what a one-line error quotes of a library's failure. A first line
+    that only announces what follows ("Validation error for field 'x':") takes the next one,
+    which holds the reason."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    if lines[0].endswith(":") and len(lines) > 1:
+        return f"{lines[0]} {lines[1]}"
+    return lines[0]
 
 
 @contextmanager

@@ -60,6 +60,8 @@ def _fp8_block(config: PretrainedConfig) -> tuple[int, ...]:
 def architecture_of(config: PretrainedConfig) -> str:
     """The config's architecture name; raises ValueError for one this package cannot run."""
     architectures = getattr(config, "architectures", None) or []
+    if isinstance(architectures, str):  # a hand-written config's "architectures": "X"
+        architectures = [architectures]
     if architectures:
         arch = architectures[0]
     else:

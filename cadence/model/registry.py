@@ -136,15 +136,26 @@ def _resolve_max_model_len(requested: int | None, max_position_embeddings: int) 
 def _eos_token_ids(path: str, config: PretrainedConfig) -> list[int]:
     generation_config = os.path.join(path, "generation_config.json")
     if os.path.isfile(generation_config):
-        with open(generation_config, encoding="utf-8") as f:
-            eos = json.load(f).get("eos_token_id")
+        try:
+            with open(generation_config, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, UnicodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{generation_config} cannot be read as JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{generation_config}: expected a JSON object, got "
+                             f"{type(data).__name__}.")
+        eos = data.get("eos_token_id")
         if eos is not None:
-            return _as_id_list(eos)
-    return _as_id_list(getattr(config, "eos_token_id", None))
+            return _as_id_list(eos, f"{generation_config}: eos_token_id")
+    return _as_id_list(getattr(config, "eos_token_id", None),
+                       f"{os.path.join(path, 'config.json')}: eos_token_id")
 
 
-def _as_id_list(value: int | list[int] | None) -> list[int]:
+def _as_id_list(value: object, where: str = "eos_token_id") -> list[int]:
+    """An end id or a list of them, as non-negative integers (a one-line error otherwise)."""
     if value is None:
         return []
-    ids = [value] if isinstance(value, int) else list(value)
-    return list(dict.fromkeys(int(i) for i in ids))
+    ids = value if isinstance(value, list) else [value]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ValueError(f"{where}: expected a token id or a list of them, got {value!r}.")
+    return list(dict.fromkeys(ids))

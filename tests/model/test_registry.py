@@ -100,10 +100,44 @@ def test_directory_with_generation_config(tmp_path):
     assert resolve_model(str(tmp_path)).tokenizer_path == str(tmp_path)
 
 
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("[]", "expected a JSON object, got list"),
+    ('{"eos_token_id": [null]}', "eos_token_id: expected a token id or a list of them"),
+    ('{"eos_token_id": "x"}', "eos_token_id: expected a token id"),
+    ('{"eos_token_id": [2, -1]}', "eos_token_id: expected a token id"),
+    ('{"eos_token_id": true}', "eos_token_id: expected a token id"),
+    ("{bad json", "cannot be read as JSON"),
+])
+def test_a_broken_generation_config_is_a_value_error_naming_the_file(tmp_path, text, fragment):
+    hf_config("qwen3", tie=False).save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").write_text(text)
+    with pytest.raises(ValueError, match="generation_config.json") as info:
+        resolve_model(str(tmp_path))
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_first_line_keeps_the_reason_after_an_announcing_line():
+    from cadence.user_errors import first_line
+
+    assert first_line(ValueError("Validation error for field 'x':\n  expected int")) == (
+        "Validation error for field 'x': expected int")
+    assert first_line(ValueError("plain\nmore")) == "plain"
+    assert first_line(ValueError("  \n")) == "ValueError"
+    assert first_line(ValueError("ends:")) == "ends:"
+
+
 def test_eos_falls_back_to_config_and_max_len_to_positions(tmp_path):
     hf_config("llama", tie=False).save_pretrained(tmp_path)
     spec = resolve_model(str(tmp_path))
     assert spec.eos_token_ids == [2] and spec.max_model_len == 256
+
+
+def test_architectures_written_as_one_string(tmp_path):
+    hf_config("qwen3", tie=False).save_pretrained(tmp_path)
+    data = json.loads((tmp_path / "config.json").read_text())
+    data["architectures"] = "Qwen3ForCausalLM"
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    assert resolve_model(str(tmp_path)).architecture == "Qwen3ForCausalLM"
 
 
 def test_architecture_from_model_type_when_architectures_is_missing(tmp_path):
