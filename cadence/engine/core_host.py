@@ -168,6 +168,7 @@ def host_main(args: EngineArgs, channels: list[HostChannel]) -> None:
     # The owner stops this process; a terminal's Ctrl-C (sent to the whole process group) must
     # not kill it under the front ends while they drain their requests.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # and a SIGTERM to the group (systemd's stop)
     fronts = [_Front(c) for c in channels]
     try:
         client = InprocEngineCoreClient(lambda: EngineCore(args))

@@ -9,9 +9,10 @@ one of them). Each front end is a whole server (``AsyncLLM`` over a ``ProcessEng
 of its own, the OpenAI app, uvicorn); the core routes each request's outputs back to the front end
 that sent it.
 
-Signals: SIGINT or SIGTERM to the launcher becomes SIGTERM to every front end (each drains its
+Signals: SIGINT or SIGTERM to the launcher becomes SIGUSR1 to every front end (each drains its
 requests as a single server does; a second signal ends them at once); the front ends ignore
-SIGINT, so a terminal's Ctrl-C, which reaches the whole process group, counts once. When every
+SIGINT and SIGTERM, so a terminal's Ctrl-C or a SIGTERM to the whole process group (systemd's
+stop, ``kill -- -PGID``) counts once: only the launcher's forward reaches them. When every
 front end has exited, the core (whose pipes are then all closed) stops. The launcher exits 0
 after a requested shutdown, 1 when the engine or a front end died.
 
@@ -46,6 +47,9 @@ __all__ = ["FrontEndOptions", "run_api_servers"]
 
 logger = logging.getLogger("cadence.serve")
 
+# The launcher's stop order to its API servers: a signal nothing else sends them.
+STOP_SIGNAL = signal.SIGUSR1
+
 _METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own switch
 # After the front ends, how long the core gets to stop by itself before it is killed.
 _CORE_EXIT_TIMEOUT_S = 15.0
@@ -65,10 +69,10 @@ class FrontEndOptions:
 
 def _stop_when_orphaned(launcher: int, stopping: Callable[[], bool],
                         interval: float = 1.0) -> threading.Thread:
-    """SIGTERM this process (its graceful stop) once ``launcher``, the process that started
-    it, is gone: a launcher killed outright (SIGKILL) cannot stop its API servers, which
-    would serve on, on its port, with no one to stop them. Not when ``stopping()`` already
-    (a second SIGTERM would end the drain's in-flight requests at once)."""
+    """Send this process its stop signal (its graceful stop) once ``launcher``, the process
+    that started it, is gone: a launcher killed outright (SIGKILL) cannot stop its API servers,
+    which would serve on, on its port, with no one to stop them. Not when ``stopping()`` already
+    (a second signal would end the drain's in-flight requests at once)."""
 
     def watch() -> None:
         while os.getppid() == launcher:
@@ -76,7 +80,7 @@ def _stop_when_orphaned(launcher: int, stopping: Callable[[], bool],
         if stopping():
             return
         logger.warning("The launcher (pid %d) is gone: stopping this API server.", launcher)
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), STOP_SIGNAL)
 
     thread = threading.Thread(target=watch, name="cadence-launcher-watch", daemon=True)
     thread.start()
@@ -92,11 +96,15 @@ def _front_end_main(
     from cadence.engine.core_process import ProcessEngineCoreClient
     from cadence.server.launcher import build_server
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher turns Ctrl-C into SIGTERM
-    # A SIGTERM before the server takes its signals over (while the model's tokenizer loads)
+    # NOTE: Ctrl-C and a SIGTERM to the process group reach the launcher too, which forwards
+    # them once as STOP_SIGNAL: taken here as well, they would count twice (the second ends
+    # the drain at once).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A stop before the server takes its signals over (while the model's tokenizer loads)
     # must still become a graceful stop, not death by signal.
     early = threading.Event()
-    signal.signal(signal.SIGTERM, lambda sig, frame: early.set())
+    signal.signal(STOP_SIGNAL, lambda sig, frame: early.set())
     servers: list[Any] = []  # the server, once built
     _stop_when_orphaned(launcher, lambda: early.is_set()
                         or any(getattr(s, "should_exit", False) for s in servers))
@@ -111,7 +119,7 @@ def _front_end_main(
             served_model_name=options.served_model_name,
             chat_template=options.chat_template,
             api_key=options.api_key,
-            signals=(signal.SIGTERM,),
+            signals=(STOP_SIGNAL,),
             front_end_index=index,
         )
         server.stop_requested = early
@@ -124,7 +132,7 @@ def _front_end_main(
 
 
 class _Signals:
-    """SIGINT / SIGTERM to the launcher: forwarded to the front ends as SIGTERM."""
+    """SIGINT / SIGTERM to the launcher: forwarded to the front ends as ``STOP_SIGNAL``."""
 
     def __init__(self, fronts: list[multiprocessing.process.BaseProcess]) -> None:
         self.fronts = fronts
@@ -140,7 +148,7 @@ class _Signals:
         for p in self.fronts:
             if p.is_alive() and p.pid is not None:
                 try:
-                    os.kill(p.pid, signal.SIGTERM)
+                    os.kill(p.pid, STOP_SIGNAL)
                 except ProcessLookupError:
                     pass
 
@@ -203,8 +211,8 @@ def run_api_servers(args: EngineArgs, options: FrontEndOptions, count: int) -> i
                     continue
                 p = running.pop(sentinel)
                 p.join()
-                if handler.count and p.exitcode == -signal.SIGTERM:
-                    # Our SIGTERM came before the process took the signal over (still starting)
+                if handler.count and p.exitcode in (-STOP_SIGNAL, -signal.SIGTERM):
+                    # Our stop signal (or the group's SIGTERM) came before the process took the signal over (still starting)
                     # or after it let it go (already ending). Asked to stop, it stopped.
                     logger.info("API server %s stopped on the stop signal.", p.name)
                 elif p.exitcode != 0:

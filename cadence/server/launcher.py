@@ -101,7 +101,8 @@ class CadenceServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        name = signal.Signals(sig).name
+        # SIGUSR1: an API server's stop order from its launcher (server/api_servers.py)
+        name = "the launcher's stop" if sig == signal.SIGUSR1 else signal.Signals(sig).name
         if not self.should_exit:
             logger.info(
                 "Received %s: shutting down; in-flight requests get up to %g s to finish.",

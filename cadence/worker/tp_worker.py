@@ -58,6 +58,7 @@ def main(fd: int) -> None:
     # NOTE: a terminal's Ctrl-C reaches the whole process group; the engine decides when the
     # ranks stop (a stop message, or its own exit, which _exit_with_parent sees).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a SIGTERM to the group as well
     _exit_with_parent()
     conn = Connection(fd)
     try:

@@ -225,7 +225,8 @@ def test_cadence_serve_with_two_api_servers(tmp_path: Path) -> None:
             assert metric(text, "cadence:cache_config_info", model_name="tiny") == 1
     assert srv.returncode == 0, srv.text
     assert "Traceback" not in srv.text
-    assert srv.text.count("Received SIGTERM: shutting down") == 2  # each front end drained
+    # each front end drained, on the launcher's one forward
+    assert srv.text.count("Received the launcher's stop: shutting down") == 2
 
 
 def test_sigint_while_the_api_servers_start_is_a_clean_stop(tmp_path: Path) -> None:
@@ -323,4 +324,61 @@ def test_the_launcher_watch_stops_once_and_never_cuts_a_drain_short(monkeypatch)
     api_servers._stop_when_orphaned(gone, lambda: True, interval=0.01).join(30)
     assert sent == []
     api_servers._stop_when_orphaned(gone, lambda: False, interval=0.01).join(30)
-    assert sent == [(os.getpid(), signal.SIGTERM)]
+    assert sent == [(os.getpid(), api_servers.STOP_SIGNAL)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [["--api-server-count", "2"], ["--engine-process"]])
+def test_sigterm_to_the_process_group_drains_once(tmp_path: Path, mode: list[str]) -> None:
+    """SIGTERM to every process of the server (systemd's stop, ``kill -- -PGID``): each child
+    got it too, and once took it as its own stop (the engine-core process died of it, the API
+    servers counted it besides the launcher's forward and ended the drain at once). The
+    in-flight stream now finishes whole and the server exits 0."""
+    from tests.server.conftest import free_port
+
+    port = free_port()
+    log = tmp_path / "serve.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cadence", "serve", "tiny", *mode, "--max-model-len", "256",
+         "--num-gpu-blocks-override", "64", "--port", str(port)],
+        stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def healthy() -> bool:
+            assert proc.poll() is None, log.read_text()
+            try:
+                return httpx.get(base + "/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(healthy, "the server", timeout=180)
+        if mode[0] == "--api-server-count":
+            wait_until(lambda: log.read_text().count("Started server process") == 2,
+                       "both API servers", timeout=120)
+        body = {"prompt": "Hi", "max_tokens": 120, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
+        frames: list[str] = []
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=120) as resp:
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                frames.append(line[6:])
+                if len(frames) == 1:
+                    os.killpg(proc.pid, signal.SIGTERM)
+        code = proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = log.read_text()
+    import json
+
+    assert frames[-1] == "[DONE]", frames[-3:]
+    chunks = [json.loads(f) for f in frames[:-1]]
+    assert all("error" not in c for c in chunks), chunks[-2:]
+    assert chunks[-1]["usage"]["completion_tokens"] == 120
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+    assert code == 0, text
+    assert "during shutdown" not in text and "Traceback" not in text, text
