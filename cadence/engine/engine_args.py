@@ -8,6 +8,7 @@ import logging
 import numbers
 import os
 from dataclasses import dataclass, fields
+from fractions import Fraction
 
 from cadence.config import (
     DTYPE_ALIASES,
@@ -237,12 +238,13 @@ class EngineArgs:
                             help="weights and activations; half = float16, float = float32, "
                                  "auto = bfloat16 on CUDA, float32 on the CPU "
                                  "(default: %(default)s)")
-        parser.add_argument("--max-model-len", type=int, default=None,
-                            help="context length, prompt plus output (default: the model's "
+        parser.add_argument("--max-model-len", type=human_readable_int, default=None,
+                            help="context length, prompt plus output; vLLM's suffixes: 1k = "
+                                 "1000, 1K = 1024, also m/M, g/G (default: the model's "
                                  "max_position_embeddings)")
         parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
                             help="most requests running in one step (default: %(default)s)")
-        parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+        parser.add_argument("--max-num-batched-tokens", type=human_readable_int, default=None,
                             help="most tokens in one step (default: max(8192, max-model-len up "
                                  "to 16384); without chunked prefill at least max-model-len)")
         parser.add_argument("--enable-chunked-prefill", dest="enable_chunked_prefill",
@@ -342,6 +344,32 @@ class EngineArgs:
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in vars(ns).items() if k in names})
+
+
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9}
+_BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def human_readable_int(text: str) -> int:
+    """vLLM's token counts: an integer, or a number with a suffix (k / m / g: powers of 1000,
+    K / M / G: of 1024; ``25.6k`` = 25600); the result must be a whole number."""
+    text = text.strip()
+    unit = text[-1:] if text[-1:] in _DECIMAL or text[-1:] in _BINARY else ""
+    if not unit:
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    number = text[:-1]
+    scale = _DECIMAL.get(unit) or _BINARY[unit]
+    try:
+        value = Fraction(number) * scale
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(
+            f"expected an integer or a number with a k/m/g/K/M/G suffix, got {text!r}") from None
+    if value.denominator != 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens")
+    return int(value)
 
 
 def _non_negative_int(text: str) -> int:

@@ -45,6 +45,19 @@ def test_chunked_prefill_flags() -> None:
         too_small.create_engine_config(2048)
 
 
+@pytest.mark.parametrize(("given", "tokens"), [("4096", 4096), ("1k", 1000), ("2K", 2048),
+                                               ("25.6k", 25600), ("1m", 10**6)])
+def test_token_counts_take_vllms_suffixes(given: str, tokens: int) -> None:
+    args = _engine_args("--max-model-len", given, "--max-num-batched-tokens", given)
+    assert (args.max_model_len, args.max_num_batched_tokens) == (tokens, tokens)
+
+
+@pytest.mark.parametrize("given", ["lots", "1.5k5", "0.0001k", "k"])
+def test_token_counts_that_are_not_whole_are_usage_errors(given: str) -> None:
+    with pytest.raises(SystemExit):
+        _engine_args("--max-model-len", given)
+
+
 def test_long_prefill_token_threshold_flag() -> None:
     assert _engine_args().create_engine_config(64).scheduler.long_prefill_token_threshold == 0
     args = _engine_args("--long-prefill-token-threshold", "24")
