@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -140,8 +141,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     with one_line_errors("cadence " + (args[0] if args else "")):  # a bad --config file
         ns = parse_args(args)
     prog = f"cadence {ns.command}" + (f" {ns.which}" if ns.command == "bench" else "")
-    with one_line_errors(prog):
-        return int(ns.func(ns) or 0)
+    try:
+        with one_line_errors(prog):
+            return int(ns.func(ns) or 0)
+    except KeyboardInterrupt:  # Ctrl-C while the engine starts (a server serving takes it over)
+        print(f"{prog}: interrupted", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # NOTE: not SystemExit: the engine thread (a daemon) may be inside torch, and the
+        # interpreter's teardown under it aborts the process (SIGABRT).
+        os._exit(130)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

@@ -108,3 +108,38 @@ def test_a_broken_model_file_is_one_line_naming_it(
     (model / broken).write_bytes(content)
     line = _one_line_exit_2(["generate", "--model", str(model), "--max-tokens", "1"], capsys)
     assert line.startswith("cadence generate: error: ") and fragment in line
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_engine_starts_is_one_line(tmp_path) -> None:
+    """SIGINT while the model loads: one line and exit status 130, no traceback, no abort (the
+    engine thread inside torch once made the interpreter's teardown abort)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.server.waiting import wait_until
+
+    log = tmp_path / "serve.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cadence", "serve", "tiny", "--max-model-len", "128",
+         "--num-gpu-blocks-override", "32", "--port", "0"],
+        stdout=log.open("w"), stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])})
+    try:
+        wait_until(lambda: "Engine arguments" in log.read_text(), "the engine to start",
+                   timeout=120)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert "Traceback" not in text and "terminate called" not in text, text
+    if "Uvicorn running" not in text and "Serving on" not in text:  # still starting: stopped
+        assert code == 130 and "cadence serve: interrupted" in text, (code, text)
+    else:  # the server had taken the signal over: a graceful stop
+        assert code == 0, text
