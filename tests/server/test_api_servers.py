@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -19,7 +18,7 @@ from cadence.engine.async_llm import AsyncLLM
 from cadence.engine.core_process import ProcessEngineCoreClient, start_core_process
 from cadence.engine.llm import LLM
 from cadence.sampling_params import RequestOutputKind, SamplingParams
-from tests.server.waiting import ServeProcess, metric, wait_until
+from tests.server.waiting import ServeProcess, answers_health, metric, spawn_serve, wait_until
 from tests.tiny import tiny_args
 
 ARGS = dict(max_model_len=256, num_gpu_blocks_override=96)
@@ -233,11 +232,8 @@ def test_sigint_while_the_api_servers_start_is_a_clean_stop(tmp_path: Path) -> N
     """A SIGINT as soon as the front ends are spawned, before they can take SIGTERM over (a
     process still importing dies of it): the launcher still exits 0, with no core left."""
     log = tmp_path / "serve.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cadence", "serve", "tiny", "--api-server-count", "2",
-         "--max-model-len", "128", "--num-gpu-blocks-override", "64", "--port", "0"],
-        stdout=log.open("w"), stderr=subprocess.STDOUT,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])})
+    proc = spawn_serve(["tiny", "--api-server-count", "2", "--max-model-len", "128",
+                        "--num-gpu-blocks-override", "64", "--port", "0"], log)
     try:
         line = wait_until(lambda: _serving_line(log), "the launcher's serving line", timeout=120)
         proc.send_signal(signal.SIGINT)
@@ -276,11 +272,8 @@ def test_api_servers_stop_when_the_launcher_is_killed(tmp_path: Path) -> None:
     """SIGKILL to the launcher (nothing it can forward): its API servers see it gone and stop
     as on SIGTERM, and the engine core, left with no front end, follows; the port is free."""
     log = tmp_path / "serve.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cadence", "serve", "tiny", "--api-server-count", "2",
-         "--max-model-len", "128", "--num-gpu-blocks-override", "64", "--port", "0"],
-        stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])})
+    proc = spawn_serve(["tiny", "--api-server-count", "2", "--max-model-len", "128",
+                        "--num-gpu-blocks-override", "64", "--port", "0"], log, new_session=True)
     pids: list[int] = []
     try:
         line = wait_until(lambda: _serving_line(log), "the launcher's serving line", timeout=120)
@@ -338,21 +331,12 @@ def test_sigterm_to_the_process_group_drains_once(tmp_path: Path, mode: list[str
 
     port = free_port()
     log = tmp_path / "serve.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cadence", "serve", "tiny", *mode, "--max-model-len", "256",
-         "--num-gpu-blocks-override", "64", "--port", str(port)],
-        stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])})
+    proc = spawn_serve(["tiny", *mode, "--max-model-len", "256", "--num-gpu-blocks-override",
+                        "64", "--port", str(port)], log, new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        def healthy() -> bool:
-            assert proc.poll() is None, log.read_text()
-            try:
-                return httpx.get(base + "/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(healthy, "the server", timeout=180)
+        wait_until(lambda: answers_health(proc, base, log), "the server", timeout=180,
+                   interval=0.2)
         if mode[0] == "--api-server-count":
             wait_until(lambda: log.read_text().count("Started server process") == 2,
                        "both API servers", timeout=120)

@@ -114,20 +114,14 @@ def test_a_broken_model_file_is_one_line_naming_it(
 def test_ctrl_c_while_the_engine_starts_is_one_line(tmp_path) -> None:
     """SIGINT while the model loads: one line and exit status 130, no traceback, no abort (the
     engine thread inside torch once made the interpreter's teardown abort)."""
-    import os
     import signal
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    from tests.server.waiting import wait_until
+    from tests.server.waiting import spawn_serve, wait_until
 
     log = tmp_path / "serve.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cadence", "serve", "tiny", "--max-model-len", "128",
-         "--num-gpu-blocks-override", "32", "--port", "0"],
-        stdout=log.open("w"), stderr=subprocess.STDOUT,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])})
+    proc = spawn_serve(
+        ["tiny", "--max-model-len", "128", "--num-gpu-blocks-override", "32", "--port", "0"], log
+    )
     try:
         wait_until(lambda: "Engine arguments" in log.read_text(), "the engine to start",
                    timeout=120)

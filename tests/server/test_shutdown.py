@@ -4,10 +4,7 @@ within --shutdown-timeout, then end each with an error (never a normal finish) a
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -16,7 +13,7 @@ import openai
 import pytest
 
 from tests.server.conftest import free_port
-from tests.server.waiting import metric, wait_until
+from tests.server.waiting import answers_health, metric, spawn_serve, wait_until
 
 PROMPT = "Hello my name is Robert and"
 
@@ -71,23 +68,13 @@ def test_signal_ends_in_flight_requests_with_errors_and_exits_0(
 ) -> None:
     port = free_port()
     log = tmp_path / "serve.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
-    cmd = [sys.executable, "-m", "cadence.cli", "serve", "tiny", "--port", str(port),
-           "--max-model-len", "2048", "--num-gpu-blocks-override", "1024",
-           "--shutdown-timeout", "0.5"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    proc = spawn_serve(["tiny", "--port", str(port), "--max-model-len", "2048",
+                        "--num-gpu-blocks-override", "1024", "--shutdown-timeout", "0.5"], log)
     base = f"http://127.0.0.1:{port}"
     long = {"prompt": PROMPT, "max_tokens": 2000, "ignore_eos": True}
     try:
-        def healthy() -> bool:
-            assert proc.poll() is None, log.read_text()
-            try:
-                return httpx.get(base + "/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(healthy, "the server to start", timeout=120)
+        wait_until(lambda: answers_health(proc, base, log), "the server to start", timeout=120,
+                   interval=0.2)
         client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=60)
         outcomes: dict[str, object] = {}
         started = threading.Barrier(3)

@@ -17,15 +17,18 @@ import httpx
 T = TypeVar("T")
 
 
-def wait_until(check: Callable[[], T], what: str, timeout: float = 20.0) -> T:
-    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
+def wait_until(
+    check: Callable[[], T], what: str, timeout: float = 20.0, interval: float = 0.01
+) -> T:
+    """Poll ``check`` every ``interval`` seconds until it returns something truthy; fail after
+    ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value:
             return value
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+        time.sleep(interval)
 
 
 def metric(text: str, name: str, **labels: str) -> float:
@@ -45,6 +48,26 @@ def scrape(http: httpx.Client) -> str:
     return resp.text
 
 
+def spawn_serve(args: list[str], log: Path, *, new_session: bool = False) -> subprocess.Popen:
+    """``cadence serve ARGS`` as a subprocess of this checkout, its output in ``log``; with
+    ``new_session`` it leads its own process group (for signals to the whole group)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    cmd = [sys.executable, "-m", "cadence", "serve", *args]
+    with open(log, "w") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=new_session)
+
+
+def answers_health(proc: subprocess.Popen, base: str, log: Path) -> bool:
+    """Whether the server at ``base`` answers /health with 200; fails with the log when the
+    process has already exited."""
+    assert proc.poll() is None, log.read_text()
+    try:
+        return httpx.get(base + "/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 class ServeProcess:
     """``cadence serve ARGS`` as a real subprocess on a free port, logging to ``log``; the
     context waits until /health answers 200 and, on exit, sends SIGINT and keeps the exit
@@ -62,19 +85,10 @@ class ServeProcess:
         self.text = ""
 
     def __enter__(self) -> ServeProcess:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
-        cmd = [sys.executable, "-m", "cadence", "serve", *self.args, "--port", str(self.port)]
-        with open(self.log, "w") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + self.start_timeout
-        while True:
-            assert self.proc.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, self.log.read_text()
-            try:
-                if httpx.get(self.base + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        self.proc = spawn_serve([*self.args, "--port", str(self.port)], self.log)
+        wait_until(lambda: answers_health(self.proc, self.base, self.log), "the server to start",
+                   timeout=self.start_timeout, interval=0.2)
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.proc.send_signal(signal.SIGINT)
