@@ -25,7 +25,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from skinny_gemm_sweep import MODELS, time_calls, weight_copies  # noqa: E402
 
-from cadence.bench.common import int_list_at_least  # noqa: E402
+from cadence.cli_types import int_list_at_least  # noqa: E402
 from cadence.model.split_k import split_k_linear  # noqa: E402
 
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -91,29 +90,6 @@ class Record:
 
 def now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S %Z")
-
-
-def int_at_least(low: int, why: str = "") -> Callable[[str], int]:
-    """An argparse type: an integer of at least ``low`` (``why`` says why, in the error)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low:
-            raise argparse.ArgumentTypeError(
-                f"expected an integer >= {low}{f' ({why})' if why else ''}, got {text!r}")
-        return value
-    return parse
-
-
-def int_list_at_least(low: int) -> Callable[[str], list[int]]:
-    """An argparse type: comma-separated integers, each at least ``low``."""
-    one = int_at_least(low)
-
-    def parse(text: str) -> list[int]:
-        return [one(part.strip()) for part in text.split(",")]
-    return parse
 
 
 def median(xs: Iterable[float]) -> float:

@@ -9,8 +9,6 @@ from cadence.bench.common import (
     Record,
     device_name,
     git_commit,
-    int_at_least,
-    int_list_at_least,
     kv_bytes_per_token,
     median,
     now,
@@ -18,6 +16,7 @@ from cadence.bench.common import (
     weight_bytes,
 )
 from cadence.bench.report import add_report_args, emit, progress, read_bandwidth
+from cadence.cli_types import int_at_least, int_list_at_least
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -15,8 +15,9 @@ import sys
 import time
 from collections import deque
 
-from cadence.bench.common import Record, git_commit, int_at_least, now
+from cadence.bench.common import Record, git_commit, now
 from cadence.bench.report import add_report_args, emit
+from cadence.cli_types import int_at_least
 from cadence.config import SCHEDULING_POLICIES, CacheConfig, SchedulerConfig
 from cadence.runner_output import ModelRunnerOutput
 from cadence.sampling_params import SamplingParams

@@ -21,9 +21,10 @@ from typing import Any
 
 import httpx
 
-from cadence.bench.common import git_commit, int_at_least, now
+from cadence.bench.common import git_commit, now
 from cadence.bench.report import output_file, plot_file, positive_float, table
 from cadence.bench.serve_client import RequestResult, Send, Target, run_in_processes, run_requests
+from cadence.cli_types import int_at_least
 
 PERCENTILES = (50, 90, 99)
 

@@ -5,15 +5,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from cadence.bench.common import (
-    Record,
-    device_name,
-    git_commit,
-    int_at_least,
-    now,
-    random_prompts,
-)
+from cadence.bench.common import Record, device_name, git_commit, now, random_prompts
 from cadence.bench.report import add_report_args, emit
+from cadence.cli_types import int_at_least
 
 
 def main(argv: list[str] | None = None) -> int:

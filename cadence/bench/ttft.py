@@ -16,8 +16,6 @@ from cadence.bench.common import (
     Record,
     device_name,
     git_commit,
-    int_at_least,
-    int_list_at_least,
     median,
     now,
     random_prompts,
@@ -30,6 +28,7 @@ from cadence.bench.report import (
     progress,
     read_bandwidth,
 )
+from cadence.cli_types import int_at_least, int_list_at_least
 
 # Dense bf16 tensor-core throughput measured on one H200 (matrix work), FLOP/s.
 H200_BF16_FLOPS = 790e12

@@ -8,8 +8,8 @@ import logging
 import numbers
 import os
 from dataclasses import dataclass, fields
-from fractions import Fraction
 
+from cadence.cli_types import human_readable_int, int_at_least
 from cadence.config import (
     DTYPE_ALIASES,
     DTYPES,
@@ -254,7 +254,7 @@ class EngineArgs:
         parser.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill",
                             action="store_false",
                             help="schedule each prompt whole in one step")
-        parser.add_argument("--long-prefill-token-threshold", type=_non_negative_int,
+        parser.add_argument("--long-prefill-token-threshold", type=int_at_least(0),
                             default=d.long_prefill_token_threshold, metavar="N",
                             help="schedule at most N tokens of one prompt a step, leaving the "
                                  "rest of the budget to other requests; 0 = no cap "
@@ -269,7 +269,7 @@ class EngineArgs:
                             help="run every step eagerly (no CUDA graphs; decode steps replay "
                                  "their recorded kernel launches unless "
                                  "CADENCE_DISABLE_LAUNCH_TAPES=1)")
-        parser.add_argument("--max-capture-tokens", type=_non_negative_int, default=None,
+        parser.add_argument("--max-capture-tokens", type=int_at_least(0), default=None,
                             help="capture mixed prefill/decode steps as CUDA graphs up to this "
                                  "many tokens; 0 = decode graphs only (default: 8192)")
         parser.add_argument("--async-scheduling", dest="async_scheduling",
@@ -344,39 +344,3 @@ class EngineArgs:
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in vars(ns).items() if k in names})
-
-
-_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9}
-_BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def human_readable_int(text: str) -> int:
-    """vLLM's token counts: an integer, or a number with a suffix (k / m / g: powers of 1000,
-    K / M / G: of 1024; ``25.6k`` = 25600); the result must be a whole number."""
-    text = text.strip()
-    unit = text[-1:] if text[-1:] in _DECIMAL or text[-1:] in _BINARY else ""
-    if not unit:
-        try:
-            return int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    number = text[:-1]
-    scale = _DECIMAL.get(unit) or _BINARY[unit]
-    try:
-        value = Fraction(number) * scale
-    except (ValueError, ZeroDivisionError):
-        raise argparse.ArgumentTypeError(
-            f"expected an integer or a number with a k/m/g/K/M/G suffix, got {text!r}") from None
-    if value.denominator != 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens")
-    return int(value)
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value

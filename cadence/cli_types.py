@@ -1,0 +1,56 @@
+"""argparse value types shared by the command lines: counts with vLLM's suffixes, bounded
+integers and lists of them."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from fractions import Fraction
+
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9}
+_BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def human_readable_int(text: str) -> int:
+    """vLLM's token counts: an integer, or a number with a suffix (k / m / g: powers of 1000,
+    K / M / G: of 1024; ``25.6k`` = 25600); the result must be a whole number."""
+    text = text.strip()
+    unit = text[-1:] if text[-1:] in _DECIMAL or text[-1:] in _BINARY else ""
+    if not unit:
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    number = text[:-1]
+    scale = _DECIMAL.get(unit) or _BINARY[unit]
+    try:
+        value = Fraction(number) * scale
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(
+            f"expected an integer or a number with a k/m/g/K/M/G suffix, got {text!r}") from None
+    if value.denominator != 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens")
+    return int(value)
+
+
+def int_at_least(low: int, why: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``low`` (``why`` says why, in the error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= {low}{f' ({why})' if why else ''}, got {text!r}")
+        return value
+    return parse
+
+
+def int_list_at_least(low: int) -> Callable[[str], list[int]]:
+    """An argparse type: comma-separated integers, each at least ``low``."""
+    one = int_at_least(low)
+
+    def parse(text: str) -> list[int]:
+        return [one(part.strip()) for part in text.split(",")]
+    return parse
