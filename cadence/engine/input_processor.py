@@ -189,9 +189,8 @@ class InputProcessor:
             return prompt, self._tokenize(prompt, bound)
         if not isinstance(prompt, Mapping):
             raise InputValidationError(
-                "prompt must be a string, a list of token ids, {'prompt': str} or "
-                "{'prompt_token_ids': [int, ...]}, "
-                f"got {type(prompt).__name__}.",
+                "prompt must be a string, a list of token ids, {'prompt': str} or"
+                f" {{'prompt_token_ids': [int, ...]}}, got {type(prompt).__name__}.",
                 "prompt",
             )
         if "prompt_token_ids" in prompt:
