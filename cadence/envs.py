@@ -58,6 +58,10 @@ class Envs:
     log_level: str
     # CADENCE_CPU_THREADS as given ("" when unset); parsed by ``cpu_threads``.
     cpu_threads_text: str
+    # The API key ``cadence serve`` requires when --api-key is not given: CADENCE_API_KEY, or
+    # VLLM_API_KEY (vLLM's name, so that a vLLM deployment's key keeps its server closed);
+    # "" for none.
+    api_key: str = ""
     # Tensor parallelism on CUDA: every all-reduce through NCCL, none through the one-shot
     # kernel over peer-mapped buffers (model/custom_all_reduce.py).
     disable_custom_all_reduce: bool = False
@@ -123,6 +127,7 @@ def read_envs() -> Envs:
         nvtx=bool(_flag("CADENCE_NVTX")),
         log_level=os.environ.get("CADENCE_LOG_LEVEL", "INFO"),
         cpu_threads_text=os.environ.get("CADENCE_CPU_THREADS", ""),
+        api_key=os.environ.get("CADENCE_API_KEY") or os.environ.get("VLLM_API_KEY") or "",
         disable_custom_all_reduce=bool(_flag("CADENCE_DISABLE_CUSTOM_ALL_REDUCE")),
         disable_skinny_gemm=bool(_flag("CADENCE_DISABLE_SKINNY_GEMM")),
         disable_skinny_glu=bool(_flag("CADENCE_DISABLE_SKINNY_GLU")),

@@ -61,7 +61,7 @@ class FrontEndOptions:
 
     settings: ServerSettings
     served_model_name: list[str] | None
-    api_key: str | None
+    api_key: tuple[str, ...]
     log_level: str
     log_requests: bool
     chat_template: str | None = None

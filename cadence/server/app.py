@@ -24,7 +24,7 @@ from cadence.server.errors import (
 )
 from cadence.server.lifecycle import InFlightMiddleware, RequestLifecycle, shutting_down_error
 from cadence.server.live_stats import SecondsRecorder, engine_config_summary
-from cadence.server.middleware import ApiKeyMiddleware
+from cadence.server.middleware import ApiKeyMiddleware, api_keys
 from cadence.server.openapi import Operation, openapi_document
 from cadence.server.protocol import CompletionRequest, random_id
 from cadence.server.protocol_chat import ChatCompletionRequest
@@ -349,7 +349,7 @@ def build_app(
     engine: AsyncLLM,
     *,
     served_model_name: str | Sequence[str] | None = None,
-    api_key: str | None = None,
+    api_key: str | Sequence[str] | None = None,
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
     body_read_timeout: float = DEFAULT_BODY_READ_TIMEOUT_S,
     engine_stall_timeout: float = DEFAULT_ENGINE_STALL_TIMEOUT_S,
@@ -362,6 +362,7 @@ def build_app(
 ) -> Starlette:
     """The application serving ``engine``; the caller owns the engine's lifetime.
     ``front_end_index``: this is one of several API server processes (``--api-server-count``).
+    ``api_key``: a key or several that ``/v1`` routes require (any one of them).
 
     ``app.state.server`` is the ``OpenAIServer``: a launcher drives its ``lifecycle`` on
     shutdown and polls its ``watchdog`` while serving. ``web_page``: serve the browser page at
@@ -401,7 +402,7 @@ def build_app(
     )
     app.add_middleware(UnexpectedErrorMiddleware)  # innermost: next to the routes' handlers
     app.add_middleware(InFlightMiddleware, lifecycle=server.lifecycle)
-    if api_key:  # outermost: checked first
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    if keys := api_keys(api_key):  # outermost: checked first
+        app.add_middleware(ApiKeyMiddleware, api_keys=keys)
     app.state.server = server
     return app

@@ -9,6 +9,7 @@ from typing import Any
 
 from cadence.cli_config import add_config_arg, expand_config, json_string_list
 from cadence.engine.engine_args import EngineArgs
+from cadence.envs import read_envs
 from cadence.server.reasoning import REASONING_PARSERS
 from cadence.server.settings import UVICORN_LOG_LEVELS, ServerSettings
 from cadence.user_errors import one_line_errors
@@ -39,7 +40,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=defaults.port,
                         help="port to listen on; 0 = any free port (default: %(default)s)")
     parser.add_argument(
-        "--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* and /stats"
+        "--api-key", nargs="+", default=None, metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on /v1/* and /stats; several keys: any one "
+             "of them (for rotation); default: the CADENCE_API_KEY or VLLM_API_KEY variable",
     )
     parser.add_argument(
         "--served-model-name", nargs="+", default=None, metavar="NAME",
@@ -221,6 +224,19 @@ def settings_from(ns: argparse.Namespace) -> ServerSettings:
     )
 
 
+def api_keys_from(ns: argparse.Namespace) -> tuple[str, ...]:
+    """The keys the server requires: ``--api-key``'s, or else the environment's (CADENCE_API_KEY,
+    or vLLM's VLLM_API_KEY), or none. An empty key on the command line is a mistake (it would
+    read as no key: an open server where one was meant to be closed)."""
+    keys = tuple(ns.api_key or ())
+    if any(not key.strip() for key in keys):
+        raise ValueError("--api-key: a key cannot be empty.")
+    if keys:
+        return keys
+    key = read_envs().api_key
+    return (key,) if key else ()
+
+
 def run_serve(ns: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM (exit status 0) or until the engine dies (status 1)."""
     from cadence.engine.async_llm import AsyncLLM
@@ -232,11 +248,12 @@ def run_serve(ns: argparse.Namespace) -> int:
     settings = settings_from(ns)  # a ValueError is a one-line error (cadence.user_errors)
     if any(not name.strip() for name in ns.served_model_name or ()):
         raise ValueError("--served-model-name: a model name cannot be empty.")
+    keys = api_keys_from(ns)
     chat_template = load_chat_template(ns.chat_template)
     args = engine_args_from(ns)
     check_ssl_files(settings)
     if settings.api_server_count > 1:
-        return _run_api_servers(ns, settings, args, chat_template)
+        return _run_api_servers(ns, settings, args, chat_template, keys)
     logger.info("Engine arguments: %s", args)
     sock = bind_socket(settings.host, settings.port)  # a taken port fails before the model loads
     try:
@@ -261,7 +278,7 @@ def run_serve(ns: argparse.Namespace) -> int:
             engine,
             settings,
             served_model_name=ns.served_model_name,
-            api_key=ns.api_key,
+            api_key=keys,
             chat_template=chat_template,
         )
         logger.info(
@@ -270,7 +287,7 @@ def run_serve(ns: argparse.Namespace) -> int:
             ns.host,
             sock.getsockname()[1],
             settings.root_path,
-            "required" if ns.api_key else "not required",
+            "required" if keys else "not required",
         )
         server.run(sockets=[sock])
         return server.exit_code
@@ -279,7 +296,7 @@ def run_serve(ns: argparse.Namespace) -> int:
 
 
 def _run_api_servers(ns: argparse.Namespace, settings: ServerSettings, args: EngineArgs,
-                     chat_template: str | None) -> int:
+                     chat_template: str | None, keys: tuple[str, ...]) -> int:
     from dataclasses import replace
 
     from cadence.server.api_servers import FrontEndOptions, run_api_servers
@@ -287,7 +304,7 @@ def _run_api_servers(ns: argparse.Namespace, settings: ServerSettings, args: Eng
     args = replace(args, engine_process=True)
     logger.info("Engine arguments: %s", args)
     logger.info("Server settings: %s", settings)
-    options = FrontEndOptions(settings, ns.served_model_name, ns.api_key, ns.log_level,
+    options = FrontEndOptions(settings, ns.served_model_name, keys, ns.log_level,
                               ns.enable_log_requests, chat_template)
     return run_api_servers(args, options, settings.api_server_count)
 

@@ -191,7 +191,7 @@ def build_server(
     settings: ServerSettings,
     *,
     served_model_name: str | Sequence[str] | None = None,
-    api_key: str | None = None,
+    api_key: str | Sequence[str] | None = None,
     signals: tuple[int, ...] = _SIGNALS,
     front_end_index: int | None = None,
     chat_template: str | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 import ssl
+from collections.abc import Sequence
 
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -12,28 +13,41 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from cadence.server.errors import AuthenticationError, NotFoundError
 from cadence.server.settings import ServerSettings
 
-__all__ = ["KEY_PROTECTED_PATHS", "ApiKeyMiddleware", "RootPathMiddleware", "check_ssl_files",
-           "route_path", "wrap_app"]
+__all__ = ["KEY_PROTECTED_PATHS", "ApiKeyMiddleware", "RootPathMiddleware", "api_keys",
+           "check_ssl_files", "route_path", "wrap_app"]
 
 
 # Besides every /v1 route, the routes that tell what the server runs and does.
 KEY_PROTECTED_PATHS = frozenset({"/stats"})
 
 
-class ApiKeyMiddleware:
-    """Require ``Authorization: Bearer <key>`` on every ``/v1`` route and on
-    ``KEY_PROTECTED_PATHS`` (pure ASGI)."""
+def api_keys(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The keys a server requires: none for None, one for a string, each of a sequence."""
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+
+class ApiKeyMiddleware:
+    """Require ``Authorization: Bearer <key>`` with any of ``api_keys`` (several for key
+    rotation, as vLLM's ``--api-key A B``) on every ``/v1`` route and on ``KEY_PROTECTED_PATHS``
+    (pure ASGI)."""
+
+    def __init__(self, app: ASGIApp, api_keys: tuple[str, ...]) -> None:
+        if not api_keys or not all(api_keys):
+            raise ValueError("api_keys: at least one key, and no empty key")
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = tuple(f"Bearer {key}".encode() for key in api_keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = route_path(scope)
         if scope["type"] == "http" and (path.startswith("/v1") or path in KEY_PROTECTED_PATHS):
             headers = dict(scope.get("headers") or [])
             given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            # NOTE: every key is compared (no early exit), so the time does not tell which
+            # key a guess came close to.
+            matches = [hmac.compare_digest(given, expected) for expected in self.expected]
+            if not any(matches):
                 err = AuthenticationError("Unauthorized: a valid API key is required.", None)
                 response = err.response()
                 response.headers["www-authenticate"] = "Bearer"

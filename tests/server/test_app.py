@@ -302,6 +302,17 @@ def test_api_key_protects_v1_routes(server_factory) -> None:
         bad.completions.create(model="tiny", prompt=PROMPT, max_tokens=3)
 
 
+
+def test_any_of_several_api_keys_is_accepted(server_factory) -> None:
+    """``--api-key A B`` (vLLM's, for key rotation): either key opens the routes, nothing else;
+    a key of one is no prefix or part of the other's."""
+    srv = server_factory(app_kwargs={"api_key": ["old-key", "new-key"]})
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        for key, status in (("old-key", 200), ("new-key", 200), ("old", 401),
+                            ("old-keynew-key", 401), ("old-key new-key", 401)):
+            resp = http.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
+            assert resp.status_code == status, (key, resp.text)
+
 def metric_values(text: str) -> dict[str, float]:
     values: dict[str, float] = {}
     for line in text.splitlines():

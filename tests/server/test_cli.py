@@ -50,7 +50,7 @@ def test_serve_parses_vllm_flags_and_positional_model() -> None:
         ]
     )
     assert ns.func.__name__ == "run_serve"
-    assert (ns.host, ns.port, ns.api_key) == ("0.0.0.0", 9001, "k")
+    assert (ns.host, ns.port, ns.api_key) == ("0.0.0.0", 9001, ["k"])
     args = engine_args_from(ns)
     assert args.model == "/models/qwen3"
     assert (args.max_model_len, args.max_num_seqs, args.max_num_batched_tokens) == (1024, 8, 2048)
@@ -63,6 +63,26 @@ def test_serve_defaults_to_the_tiny_model() -> None:
     args = engine_args_from(ns)
     assert args.model == "tiny" and ns.host == "127.0.0.1" and ns.port == 8000
     assert ns.api_key is None
+
+
+def test_api_keys_come_from_the_flag_or_else_the_environment(monkeypatch) -> None:
+    from cadence.server.cli import api_keys_from
+
+    parse = add_serve_args(argparse.ArgumentParser()).parse_args
+    for name in ("CADENCE_API_KEY", "VLLM_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    assert api_keys_from(parse([])) == ()
+    assert api_keys_from(parse(["--api-key", "a", "b"])) == ("a", "b")
+    monkeypatch.setenv("VLLM_API_KEY", "from-vllm")  # a vLLM deployment's key keeps it closed
+    assert api_keys_from(parse([])) == ("from-vllm",)
+    monkeypatch.setenv("CADENCE_API_KEY", "ours")
+    assert api_keys_from(parse([])) == ("ours",)
+    assert api_keys_from(parse(["--api-key", "flag"])) == ("flag",)  # the flag wins
+    monkeypatch.setenv("CADENCE_API_KEY", "")
+    assert api_keys_from(parse([])) == ("from-vllm",)
+    for bad in ([""], ["a", " "]):  # an empty key would read as "no key": an open server
+        with pytest.raises(ValueError, match="--api-key: a key cannot be empty"):
+            api_keys_from(parse(["--api-key", *bad]))
 
 
 def test_bench_serve_reports_latency_and_throughput(server, tmp_path: Path, capsys) -> None:

@@ -139,7 +139,7 @@ def test_config_file_is_overridden_by_the_command_line(tmp_path: Path) -> None:
     )
     assert args.max_num_batched_tokens is None
     assert settings.allowed_origins == ("https://a.example",) and settings.root_path == "/llm"
-    assert ns.api_key == "k"
+    assert ns.api_key == ["k"]
     # The positional model wins over the file's; file values stand where nothing overrides.
     ns = parse_args(["serve", "tiny", "--config", str(cfg)])
     args = engine_args_from(ns)
