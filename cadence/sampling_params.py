@@ -127,6 +127,10 @@ class SamplingParams:
                              f"its fields, got {type(self.structured_outputs).__name__}.")
         if _is_int(self.seed) and self.seed == -1:
             self.seed = None  # vLLM: -1 asks for no fixed seed
+        for name in ("logprobs", "prompt_logprobs"):
+            flag = getattr(self, name)
+            if flag is True or flag is False:  # vLLM reads True as 1; False asks for none
+                setattr(self, name, 1 if flag else None)
         self._verify()
         # numpy's integers pass the checks as numbers.Integral but overflow where the engine
         # mixes a seed into 64-bit arithmetic: every integer field becomes a Python int.
@@ -137,8 +141,9 @@ class SamplingParams:
         if self.top_k == 0:
             self.top_k = -1  # vLLM: 0 disables top-k, as -1 does
         if 0.0 < self.temperature < MIN_TEMPERATURE:
-            # Dividing logits by a tiny temperature overflows float32 (vLLM clamps the same way).
-            self.temperature = MIN_TEMPERATURE if self.temperature >= _SAMPLING_EPS else 0.0
+            # Dividing logits by a tiny temperature overflows float32: any positive temperature
+            # below it samples at MIN_TEMPERATURE (vLLM's clamp; only 0 is greedy).
+            self.temperature = MIN_TEMPERATURE
         if self.temperature < _SAMPLING_EPS:
             # Greedy: other knobs are meaningless; normalise them (vLLM does the same).
             self.temperature = 0.0
