@@ -91,11 +91,13 @@ class RequestState:
             self.prompt_logprobs.append(self._logprob_row(ids[:n], lps[:n], rank))
 
     def _logprob_row(self, ids: list[int], lps: list[float], rank: int) -> dict[int, Logprob]:
-        """The chosen token (with its rank) first, then the top-N not already in the row."""
+        """The chosen token first, then the top-N. A chosen token among the top-N takes its
+        place's rank there (vLLM's), so one row's ranks never repeat: ``rank`` counts the
+        tokens at least as likely, which for a tie with a token ranked before it is one more
+        than its place."""
         row: dict[int, Logprob] = {ids[0]: Logprob(lps[0], rank, self._decode_one(ids[0]))}
         for i in range(1, len(ids)):
-            if ids[i] not in row:
-                row[ids[i]] = Logprob(lps[i], i, self._decode_one(ids[i]))
+            row[ids[i]] = Logprob(lps[i], i, self._decode_one(ids[i]))
         return row
 
     def _decode_one(self, token_id: int) -> str | None:

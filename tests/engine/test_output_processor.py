@@ -291,6 +291,27 @@ def test_logprobs_rows(tokenizer: PreTrainedTokenizerFast) -> None:
     assert math.isclose(out.cumulative_logprob or 0.0, -3.7)
 
 
+
+def test_a_chosen_token_tied_inside_the_top_n_takes_its_place_rank(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """vLLM's row: the chosen token, then the top-N with ranks 1..N, a later entry replacing an
+    earlier one of the same id. Chosen token 41 tied with 40 (both -1.0) comes second in the
+    top-N: its count of tokens at least as likely is 3 (7, 40, 41), its place 2; the row's ranks
+    are 1, 2, 3, none twice."""
+    proc = OutputProcessor(tokenizer)
+    proc.add_request(_req("t", [5], logprobs=3, output_kind=DELTA), None)
+    rows = [([41, 7, 41, 40], [-1.0, -0.5, -1.0, -1.0], 3)]
+    res = proc.process_outputs([EngineCoreOutput("t", [41], new_logprobs=rows)])
+    (row,) = res.request_outputs[0].outputs[0].logprobs or []
+    assert list(row) == [41, 7, 40]  # the chosen token stays first
+    assert {t: lp.rank for t, lp in row.items()} == {41: 2, 7: 1, 40: 3}
+    # Chosen outside the top-N: its own count stands.
+    rows = [([9, 7, 41, 40], [-2.0, -0.5, -1.0, -1.0], 4)]
+    res = proc.process_outputs([EngineCoreOutput("t", [9], new_logprobs=rows)])
+    (row,) = res.request_outputs[0].outputs[0].logprobs or []
+    assert {t: lp.rank for t, lp in row.items()} == {9: 4, 7: 1, 41: 2, 40: 3}
+
 def test_no_logprobs_requested(tokenizer: PreTrainedTokenizerFast) -> None:
     proc = OutputProcessor(tokenizer)
     proc.add_request(_req("n", [5]), None)
