@@ -46,7 +46,8 @@ def _family_config(
     "llama" has llama3 rope scaling over ``llama_rope_theta``, "llama-yarn" yarn rope scaling, "phi3" and "phi3-long" longrope scaling, "gemma2" and "gemma3" their
     per-layer windows, caps and rope bases, "qwen3-moe" a mixture of experts, "llama-bias" attention and MLP
     biases, "qwen3" a head_dim such that head_dim * num_heads != hidden_size, as in the real
-    Qwen3 models, "mistral" a sliding window of ``MISTRAL_WINDOW`` tokens.
+    Qwen3 models, "mistral" a sliding window of ``MISTRAL_WINDOW`` tokens, "qwen2-window" and
+    "qwen3-moe-window" the Qwen families' use_sliding_window (per layer for Qwen2).
     """
     import transformers
 
@@ -117,6 +118,19 @@ def _family_config(
         )  # fmt: skip
     if family == "qwen2":
         return transformers.Qwen2Config(**fields, architectures=["Qwen2ForCausalLM"])
+    if family == "qwen2-window":
+        # use_sliding_window: layers from max_window_layers (1) on slide, layer 0 sees all.
+        return transformers.Qwen2Config(
+            **fields, use_sliding_window=True, sliding_window=MISTRAL_WINDOW, max_window_layers=1,
+            architectures=["Qwen2ForCausalLM"],
+        )  # fmt: skip
+    if family == "qwen3-moe-window":
+        # Qwen3-MoE's use_sliding_window slides every layer.
+        return transformers.Qwen3MoeConfig(
+            **fields, head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+            use_sliding_window=True, sliding_window=MISTRAL_WINDOW,
+            architectures=["Qwen3MoeForCausalLM"],
+        )  # fmt: skip
     if family == "qwen3":
         return transformers.Qwen3Config(**fields, head_dim=32, architectures=["Qwen3ForCausalLM"])
     raise ValueError(family)

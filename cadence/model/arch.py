@@ -159,8 +159,6 @@ class DecoderArch:
                 raise ValueError(
                     f"Unsupported hidden_act {act!r}; only 'silu' (SwiGLU) is supported."
                 )
-        if getattr(config, "use_sliding_window", False):
-            raise ValueError("Sliding-window attention (use_sliding_window=True) is not supported.")
         num_heads = config.num_attention_heads
         num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
         if num_heads % num_kv_heads:
@@ -172,11 +170,20 @@ class DecoderArch:
         attention_bias = bool(getattr(config, "attention_bias", False))
         is_qwen2 = arch == "Qwen2ForCausalLM"
         is_phi3 = arch == "Phi3ForCausalLM"
-        # Mistral's and Phi-3's window applies to every layer (None: no window); Qwen2 configs
-        # carry a sliding_window that is unused unless use_sliding_window (refused above).
-        windowed = arch in ("MistralForCausalLM", "Phi3ForCausalLM") or gemma
+        # Mistral's and Phi-3's window applies to every layer (None: no window). The Qwen
+        # families carry a sliding_window that is unused unless use_sliding_window; then it
+        # applies to the layers from max_window_layers on (Qwen2, Qwen3: transformers'
+        # layer_types) or to every layer (Qwen3-MoE).
+        qwen = arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+        windowed = (arch in ("MistralForCausalLM", "Phi3ForCausalLM") or gemma
+                    or (qwen and bool(getattr(config, "use_sliding_window", False))))
         window = getattr(config, "sliding_window", None) if windowed else None
-        layer_types = tuple(getattr(config, "layer_types", None) or ()) if gemma else ()
+        layer_types = (tuple(getattr(config, "layer_types", None) or ())
+                       if gemma or (windowed and qwen) else ())
+        if windowed and qwen and not layer_types and arch != "Qwen3MoeForCausalLM":
+            first = getattr(config, "max_window_layers", 0) or 0
+            layer_types = tuple("sliding_attention" if i >= first else "full_attention"
+                                for i in range(config.num_hidden_layers))
         unknown = set(layer_types) - {"sliding_attention", "full_attention"}
         if unknown:
             raise ValueError(f"Unsupported layer types {sorted(unknown)} in {arch}.")
@@ -214,7 +221,10 @@ class DecoderArch:
             layer_sliding=tuple(t == "sliding_attention" for t in layer_types),
             gemma=gemma,
             attn_scale=float(pre_attn) ** -0.5 if pre_attn else 0.0,
-            attn_softcap=float(getattr(config, "attn_logit_softcapping", None) or 0.0) if gemma else 0.0,
+            # Gemma 3 configs may carry attn_logit_softcapping, which its attention never
+            # applies (transformers' Gemma3Attention passes no softcap): Gemma 2 only.
+            attn_softcap=float(getattr(config, "attn_logit_softcapping", None) or 0.0)
+            if arch == "Gemma2ForCausalLM" else 0.0,
             final_softcap=float(getattr(config, "final_logit_softcapping", None) or 0.0) if gemma else 0.0,
             local_rope=arch == "Gemma3ForCausalLM",
             moe_layers=moe_layers,

@@ -176,12 +176,33 @@ def test_unsupported_architecture_names_it_and_the_supported_ones(tmp_path):
     assert "\n" not in message
 
 
+def test_qwen_sliding_windows_and_gemma3_caps_as_transformers_reads_them():
+    """Qwen2/Qwen3's use_sliding_window slides the layers from max_window_layers on,
+    Qwen3-MoE's every layer; off, the configs' window is unused. Gemma 3 never applies an
+    attn_logit_softcapping its config may carry (Gemma 2 does)."""
+
+    def arch(config):
+        return DecoderArch.from_hf_config(config)
+
+    for cls, name in ((transformers.Qwen2Config, "Qwen2ForCausalLM"),
+                      (transformers.Qwen3Config, "Qwen3ForCausalLM")):
+        on = cls(num_hidden_layers=4, use_sliding_window=True, sliding_window=64,
+                 max_window_layers=2, architectures=[name])
+        assert [arch(on).window(i) for i in range(4)] == [0, 0, 64, 64]
+        off = cls(num_hidden_layers=4, use_sliding_window=False, sliding_window=64,
+                  max_window_layers=2, architectures=[name])
+        assert [arch(off).window(i) for i in range(4)] == [0, 0, 0, 0]
+    moe = transformers.Qwen3MoeConfig(num_hidden_layers=3, use_sliding_window=True,
+                                      sliding_window=32, architectures=["Qwen3MoeForCausalLM"])
+    assert [arch(moe).window(i) for i in range(3)] == [32, 32, 32]
+    g3 = transformers.Gemma3TextConfig(attn_logit_softcapping=3.0,
+                                       architectures=["Gemma3ForCausalLM"])
+    assert arch(g3).attn_softcap == 0.0
+    g2 = transformers.Gemma2Config(attn_logit_softcapping=3.0, architectures=["Gemma2ForCausalLM"])
+    assert arch(g2).attn_softcap == 3.0
+
+
 def test_unsupported_features_are_rejected(tmp_path):
-    config = hf_config("qwen2", tie=False)
-    config.use_sliding_window = True
-    config.save_pretrained(tmp_path / "sliding")
-    with pytest.raises(ValueError, match="use_sliding_window"):
-        resolve_model(str(tmp_path / "sliding"))
     config = hf_config("llama", tie=False)
     config.hidden_act = "gelu"
     config.save_pretrained(tmp_path / "gelu")
