@@ -23,7 +23,7 @@ from cadence.model.layers import GemmaRMSNorm, RMSNorm, silu_and_mul
 from cadence.model.mlp_block import block_applies, mlp_block
 from cadence.model.moe import SparseMoE
 from cadence.model.parallel import TPShard, VocabParallelEmbedding, all_reduce, gather_vocab
-from cadence.model.rope import RopeParams, RotaryEmbedding, longrope_rows
+from cadence.model.rope import RopeParams, RotaryEmbedding, context_length, longrope_rows
 from cadence.model.skinny_gemm import SkinnyLinear, bulk_takes_mlp, use_skinny_gemm
 from cadence.model.split_k import KParts, split_k_linear, weight_parts
 
@@ -202,17 +202,15 @@ class CausalLM(nn.Module):
             if self.arch.tie_word_embeddings
             else nn.Linear(self.arch.hidden_size, head_rows, bias=False)
         )
-        self.rotary_emb = RotaryEmbedding(
-            RopeParams.from_hf_config(hf_config),
-            self.arch.head_dim,
-            self.arch.max_position_embeddings,
-        )
+        rows = context_length(hf_config)
+        self.rotary_emb = RotaryEmbedding(RopeParams.from_hf_config(hf_config), self.arch.head_dim,
+                                          rows)
         # Gemma 3: the sliding layers' table (their own rope base).
         self.rotary_emb_local = (
             RotaryEmbedding(
                 RopeParams.from_hf_config(hf_config, "sliding_attention"),
                 self.arch.head_dim,
-                self.arch.max_position_embeddings,
+                rows,
             )
             if self.arch.local_rope
             else None

@@ -14,6 +14,7 @@ from transformers import AutoConfig, PretrainedConfig
 from cadence.model.arch import DecoderArch
 from cadence.model.generation_config import generation_defaults
 from cadence.model.presets import PRESETS, preset_config
+from cadence.model.rope import context_length
 from cadence.user_errors import first_line
 
 TINY_MODEL = "tiny"
@@ -86,7 +87,8 @@ def _resolve(model: str, max_model_len: int | None) -> ModelSpec:
             path=None,
             tokenizer_path=None,
             architecture=arch.architecture,
-            max_model_len=_resolve_max_model_len(max_model_len, arch.max_position_embeddings),
+            max_model_len=_resolve_max_model_len(max_model_len, arch.max_position_embeddings,
+                                                context_length(config)),
             eos_token_ids=_as_id_list(config.eos_token_id),
             is_preset=True,
         )
@@ -114,21 +116,26 @@ def _resolve_directory(path: str, max_model_len: int | None) -> ModelSpec:
         path=path,
         tokenizer_path=path if has_tokenizer else None,
         architecture=arch.architecture,
-        max_model_len=_resolve_max_model_len(max_model_len, arch.max_position_embeddings),
+        max_model_len=_resolve_max_model_len(max_model_len, arch.max_position_embeddings,
+                                                context_length(config)),
         eos_token_ids=_eos_token_ids(path, config),
         is_preset=False,
     )
 
 
-def _resolve_max_model_len(requested: int | None, max_position_embeddings: int) -> int:
+def _resolve_max_model_len(requested: int | None, max_position_embeddings: int,
+                           limit: int) -> int:
+    """``requested``, or max_position_embeddings; at most ``limit``, the longest sequence the
+    model's RoPE scaling is made for (``rope.context_length``)."""
     if requested is None:
         return max_position_embeddings
     if requested < 1:
         raise ValueError(f"max_model_len must be at least 1, got {requested}.")
-    if requested > max_position_embeddings:
+    if requested > limit:
+        scaled = f", {limit} with its RoPE scaling" if limit != max_position_embeddings else ""
         raise ValueError(
             f"max_model_len ({requested}) is larger than the model's "
-            f"max_position_embeddings ({max_position_embeddings})."
+            f"max_position_embeddings ({max_position_embeddings}{scaled})."
         )
     return requested
 

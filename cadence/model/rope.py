@@ -44,6 +44,20 @@ class RopeParams:
         if self.rope_type == "longrope" and not (self.short_factor and self.long_factor):
             raise ValueError("longrope scaling needs short_factor and long_factor.")
 
+    @property
+    def context_length(self) -> int:
+        """The longest sequence the model may run: max_position_embeddings, or the length the
+        scaling is made for where that is longer and the rotation does not depend on the length
+        (vLLM's derivation): linear, max_position_embeddings x factor; yarn, the original length
+        x factor. (dynamic stretches its base with the length in transformers, longrope switches
+        factors at the original length, llama3's configs already name the scaled length.)"""
+        scaled = 0
+        if self.rope_type == "linear":
+            scaled = int(self.max_position_embeddings * self.factor)
+        elif self.rope_type == "yarn":
+            scaled = int(self.original_max_position_embeddings * self.factor)
+        return max(self.max_position_embeddings, scaled)
+
     @classmethod
     def from_hf_config(
         cls, config: PretrainedConfig, layer_type: str = "full_attention"
@@ -179,6 +193,14 @@ def _llama3_scaled(inv_freq: torch.Tensor, p: RopeParams) -> torch.Tensor:
     blended = (1 - t) * slowed / p.factor + t * slowed
     in_band = (wavelen >= short_limit) & (wavelen <= long_limit)
     return torch.where(in_band, blended, slowed)
+
+
+def context_length(config: PretrainedConfig) -> int:
+    """The longest sequence a checkpoint may run (``RopeParams.context_length``); Gemma 3's
+    max_position_embeddings already is its scaled length (vLLM's exception)."""
+    if str(getattr(config, "model_type", "")).startswith("gemma3"):
+        return int(config.max_position_embeddings)
+    return RopeParams.from_hf_config(config).context_length
 
 
 class RotaryEmbedding(nn.Module):

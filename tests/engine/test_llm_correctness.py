@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from cadence import LLM, SamplingParams
 from cadence.core_types import EngineCoreRequest
@@ -145,6 +146,42 @@ def test_longrope_long_factors_like_transformers(tmp_path, async_scheduling):
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == expected
 
+
+
+@pytest.mark.parametrize("scaling", [
+    {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+], ids=["linear", "yarn"])
+def test_scaled_rope_runs_past_max_position_embeddings_like_transformers(tmp_path, scaling):
+    """Linear and yarn scaling are made for max_position_embeddings x factor (yarn: the
+    original length x factor; vLLM's derivation): max_model_len may reach it, and sequences
+    past max_position_embeddings (64 here) keep transformers' tokens."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rope_scaling=dict(scaling), bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        architectures=["LlamaForCausalLM"])
+    config._attn_implementation = "eager"
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.mul_(4.0)
+    model.float().eval().save_pretrained(tmp_path)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (60, 90, 20)]
+    expected = hf_greedy(model, prompts, 24)
+    limit = 256 if scaling["rope_type"] == "linear" else 128
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, max_model_len=limit,
+              max_num_batched_tokens=32)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    with pytest.raises(ValueError, match=f"{limit} with its RoPE scaling"):
+        LLM(str(tmp_path), skip_tokenizer_init=True, max_model_len=limit + 1)
 
 def test_cache_salt_isolates_the_prefix_cache():
     """vLLM's cache_salt: a prompt is served from cached blocks only to requests with the same
