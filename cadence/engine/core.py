@@ -17,6 +17,7 @@ from cadence.model.attention_backend import make_attention_backend
 from cadence.model.dtypes import approx_num_params, resolve_dtype
 from cadence.model.parallel import check_tensor_parallel
 from cadence.model.registry import ModelSpec, resolve_model
+from cadence.model.rope import longrope_switch_len
 from cadence.profiling import nvtx_range
 from cadence.runner_output import AsyncModelRunnerOutput
 from cadence.scheduler.async_scheduler import AsyncScheduler
@@ -70,8 +71,10 @@ class EngineCore:
                 self.runner.capture_graphs()
             sched_cls = AsyncScheduler if cfg.scheduler.async_scheduling else Scheduler
             # Prompts are hashed for the prefix cache after their step launches (see step).
-            self.scheduler: Scheduler = sched_cls(cfg.scheduler, cfg.cache, self.num_kv_blocks,
-                                                  defer_prefix_caching=True)
+            self.scheduler: Scheduler = sched_cls(
+                cfg.scheduler, cfg.cache, self.num_kv_blocks, defer_prefix_caching=True,
+                rope_switch_len=longrope_switch_len(self.spec.hf_config,
+                                                   cfg.scheduler.max_model_len))
         except BaseException:
             self.runner.close()  # NOTE: worker processes and streams do not outlive a failed start
             raise

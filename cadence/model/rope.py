@@ -203,6 +203,14 @@ def context_length(config: PretrainedConfig) -> int:
     return RopeParams.from_hf_config(config).context_length
 
 
+def longrope_switch_len(config: PretrainedConfig, max_model_len: int) -> int:
+    """longrope's original length where sequences may grow past it (they switch to the long
+    factors there: ``Scheduler``'s ``rope_switch_len``); 0 otherwise."""
+    params = RopeParams.from_hf_config(config)
+    original = params.original_max_position_embeddings
+    return original if params.rope_type == "longrope" and max_model_len > original else 0
+
+
 class RotaryEmbedding(nn.Module):
     """Holds a ``[max_positions, head_dim]`` table: cos in the first half, sin in the second.
 
@@ -255,12 +263,14 @@ def longrope_rows(positions: torch.Tensor, query_start_loc: torch.Tensor, seq_le
     short ones' otherwise, as transformers picks the factors per forward from its longest
     position. On the device, no sync. A sequence that grows past the original length while
     decoding keeps its earlier keys as they were rotated (transformers' Phi-3 recomputes its
-    whole cache at that step)."""
+    whole cache at that step; the engine's scheduler recomputes the sequence there). A
+    position at or past ``long_offset`` already is a long row: the engine's runner gives those
+    for the prefill chunks of a prompt longer than ``original``, whose chunks end before it."""
     tokens = torch.arange(positions.shape[0], device=positions.device,
                           dtype=query_start_loc.dtype)
     seq = torch.searchsorted(query_start_loc[1:], tokens, right=True)
     seq = seq.clamp_(max=seq_lens.shape[0] - 1)  # padding tokens past the last sequence
-    long = seq_lens[seq] > original
+    long = (seq_lens[seq] > original) & (positions < long_offset)
     return positions + long.to(positions.dtype) * long_offset
 
 

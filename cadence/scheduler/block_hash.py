@@ -3,7 +3,8 @@
 Two requests share a cached block only when every token before and inside it is identical, so
 the hash of block ``i`` covers the whole prefix ``[0, (i + 1) * block_size)``. A request's
 ``cache_salt`` goes into its first block's parent, so requests with different salts (or one
-with and one without) share nothing.
+with and one without) share nothing; so do requests whose keys take longrope's long factors
+and those whose keys take its short ones (``Request.rope_long``).
 """
 
 from __future__ import annotations
@@ -62,7 +63,12 @@ def make_block_hasher(
             full = num_blocks - len(hashes)
         if full <= 0:
             return []
-        parent = hashes[-1] if hashes else salted_root(request.cache_salt, root_hash)
+        if hashes:
+            parent = hashes[-1]
+        else:
+            parent = salted_root(request.cache_salt, root_hash)
+            if request.rope_long:  # keys of the other rotation: never the same block
+                parent = hashlib.sha256(parent + b"rope:long").digest()
         # One pack for every new block, hashed block by block in slices of it.
         payload = pack_tokens(tokens[start : start + full * block_size])
         step = 8 * block_size

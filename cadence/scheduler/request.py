@@ -88,6 +88,9 @@ class Request:
         # on its way to the GPU.
         self._block_hashes: list[bytes] = []
         self._block_hasher = block_hasher
+        # longrope: its keys take the long factors (Scheduler's rope_switch_len); part of its
+        # blocks' hashes, so no block is shared across the two rotations.
+        self.rope_long = False
 
     @property
     def waiting_for_grammar(self) -> bool:
@@ -143,6 +146,12 @@ class Request:
         if hasher is not None and (num_blocks is None or len(hashes) < num_blocks):
             hashes.extend(hasher(self, hashes, num_blocks))
         return hashes
+
+    def take_long_rope(self) -> None:
+        """Rotate this request's keys with longrope's long factors from now on; it holds no
+        KV blocks (not admitted yet, or preempted), and its block hashes start over."""
+        self.rope_long = True
+        self._block_hashes = []
 
     # Status ----------------------------------------------------------------------------------
     def is_finished(self) -> bool:

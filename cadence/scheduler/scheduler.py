@@ -39,10 +39,18 @@ class Scheduler:
         cache_config: CacheConfig,
         num_kv_blocks: int,
         defer_prefix_caching: bool = False,
+        rope_switch_len: int = 0,
     ) -> None:
         """``defer_prefix_caching``: a step's full blocks enter the prefix cache at
         ``flush_deferred_caching`` (the engine calls it once the step has launched) or at the
-        next lookup or free, whichever comes first; no request hits differently."""
+        next lookup or free, whichever comes first; no request hits differently.
+
+        ``rope_switch_len`` L > 0 (longrope past its original length, ``model.rope``): a
+        sequence of more than L tokens has every key rotated with the long factors, one of at
+        most L tokens with the short ones (transformers' Phi-3). A request takes the long
+        factors (``Request.rope_long``) when it is admitted with more than L tokens; one that
+        grows past L while decoding is preempted there and recomputed with them, as
+        transformers recomputes its cache at that step."""
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.max_num_running_reqs = scheduler_config.max_num_seqs
@@ -52,6 +60,7 @@ class Scheduler:
         self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold
         self.policy = scheduler_config.policy
         self.block_size = cache_config.block_size
+        self.rope_switch_len = rope_switch_len
         self.kv_cache_manager = KVCacheManager(
             num_blocks=num_kv_blocks,
             block_size=cache_config.block_size,
@@ -84,6 +93,8 @@ class Scheduler:
             )
         if request.max_tokens is None:
             request.max_tokens = self.max_model_len - request.num_prompt_tokens
+        if 0 < self.rope_switch_len < request.num_tokens:
+            request.take_long_rope()
         self.waiting.add_request(request)
         self.requests[request.request_id] = request
 
@@ -177,6 +188,14 @@ class Scheduler:
             if num_new <= 0:
                 req_index += 1
                 continue
+            if (0 < self.rope_switch_len < num_computed + num_new
+                    and not request.rope_long):
+                # NOTE: its keys so far took the short factors; past the switch every key
+                # takes the long ones: recompute it (it takes them on readmission).
+                del running[req_index]
+                self._preempt_request(request)
+                preempted.append(request)
+                continue
 
             # Fast path (most decode steps): the held blocks already have the slots and no block
             # becomes full, so allocate_slots would change nothing.
@@ -233,6 +252,8 @@ class Scheduler:
                     # Preempted with a token still in flight: resume once it has arrived, or
                     # the recomputation would sample that position a second time.
                     break
+                if 0 < self.rope_switch_len < request.num_tokens and not request.rope_long:
+                    request.take_long_rope()  # before its blocks are looked up: new hashes
                 hits, num_hit_tokens = kv.get_computed_blocks(request)
                 num_new = request.num_tokens - num_hit_tokens
                 if 0 < long_prefill < num_new:

@@ -39,6 +39,10 @@ class StepInputs:
     sample_rows: np.ndarray  # [R] int32: the rows that sample this step
     max_query_len: int
     max_seq_len: int
+    # The rope table's rows where they are not the positions (longrope's long factors for a
+    # request admitted past the original length); the device gets these, the rest of the
+    # runner reads ``positions``.
+    rope_positions: np.ndarray | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -73,6 +77,11 @@ class InputBatch:
         # Tokens of the sequence including every one this runner sampled (even still on device).
         self.num_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.num_prompt = np.zeros(max_num_reqs, dtype=np.int64)
+        # Tokens known on (re)admission: what the request's prefill covers.
+        self.num_admitted = np.zeros(max_num_reqs, dtype=np.int64)
+        # longrope past its original length (``set_rope_switch``): (original length, the long
+        # table's row offset); None: positions are the rope table's rows.
+        self.rope_switch: tuple[int, int] | None = None
         self.block_table = np.zeros((max_num_reqs, max_blocks_per_req), dtype=np.int32)
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int32)
         self.params: list[SamplingParams | None] = [None] * max_num_reqs
@@ -131,6 +140,7 @@ class InputBatch:
         self.num_known[slot] = n
         self.num_tokens[slot] = n
         self.num_prompt[slot] = len(prompt)
+        self.num_admitted[slot] = n
         self.num_blocks[slot] = 0
         self.append_blocks(slot, block_ids)
         self.params[slot] = params
@@ -155,7 +165,8 @@ class InputBatch:
         self.token_ids[dst, :n] = self.token_ids[src, :n]
         nb = int(self.num_blocks[src])
         self.block_table[dst, :nb] = self.block_table[src, :nb]
-        for arr in (self.num_known, self.num_tokens, self.num_prompt, self.num_blocks,
+        for arr in (self.num_known, self.num_tokens, self.num_prompt, self.num_admitted,
+                    self.num_blocks,
                     self.temperature, self.top_p, self.top_k, self.min_p, self.processed,
                     self.plain_greedy):
             arr[dst] = arr[src]
@@ -233,11 +244,21 @@ class InputBatch:
          seq_lens, max_query_len, max_seq_len, max_blocks) = layout_step(
             slots, start, n, self.token_ids, self.block_table, self.num_known, self.num_tokens,
             self.num_blocks, self.block_size)
+        rope_positions = None
+        if self.rope_switch is not None:
+            original, offset = self.rope_switch
+            # A request admitted with more than the original length runs every token, the
+            # chunks of its prefill too, on the long factors (transformers rotates a prompt as
+            # one pass); the model picks them itself where the sequence is already past it.
+            long_rows = self.num_admitted[slots] > original
+            if long_rows.any():
+                rope_positions = positions + offset * np.repeat(long_rows, np.diff(qsl))
         return StepInputs(
             req_ids=req_ids,
             slots=slots,
             input_ids=input_ids,
             positions=positions,
+            rope_positions=rope_positions,
             slot_mapping=slot_mapping,
             query_start_loc=qsl,
             seq_lens=seq_lens,

@@ -24,6 +24,7 @@ from cadence.graphs.sizes import dense_padding_ok
 from cadence.graphs.tapes import TapedSteps
 from cadence.model.dtypes import kv_cache_dtype
 from cadence.model.fp8 import fp8_supported
+from cadence.model.rope import longrope_switch_len
 from cadence.numba_kernels.launcher import TokenBuffers, make_token_kernels
 from cadence.profiling import nvtx_range
 from cadence.runner_output import (
@@ -81,6 +82,9 @@ class ModelRunner:
 
         self.input_batch = InputBatch(self.max_num_reqs, self.max_model_len,
                                       self.max_blocks_per_req, self.block_size)
+        switch = longrope_switch_len(spec.hf_config, self.max_model_len)
+        if switch:
+            self.input_batch.rope_switch = (switch, model.rotary_emb.long_offset)
         self.sampler = Sampler()
         self.sampling = RequestSampling(self.input_batch, self.vocab_size, device,
                                         spec.tokenizer_path)

@@ -133,7 +133,8 @@ class StepBuffers:
         nb = inp.block_tables.shape[1]  # columns this step uses; later ones are never read
         stage_step(staging["input_ids"], staging["positions"], staging["slot_mapping"],
                    staging["rows"], self._row_offsets, staging["block_tables"], inp.input_ids,
-                   inp.positions, inp.slot_mapping, inp.query_start_loc, inp.seq_lens,
+                   inp.positions if inp.rope_positions is None else inp.rope_positions,
+                   inp.slot_mapping, inp.query_start_loc, inp.seq_lens,
                    inp.slots, inp.last_token_index, inp.use_sampled, inp.sample_rows,
                    inp.block_tables, tokens, rows)
 

@@ -183,6 +183,51 @@ def test_scaled_rope_runs_past_max_position_embeddings_like_transformers(tmp_pat
     with pytest.raises(ValueError, match=f"{limit} with its RoPE scaling"):
         LLM(str(tmp_path), skip_tokenizer_init=True, max_model_len=limit + 1)
 
+
+@pytest.fixture(scope="module")
+def longrope_checkpoint(tmp_path_factory):
+    """Phi-3 with longrope switching at 32 tokens, prompts below, at and past it, each decoding
+    past it; transformers' tokens (it recomputes its cache with the long factors there)."""
+    path = tmp_path_factory.mktemp("phi3-switch")
+    model = build_hf_model("phi3-long", path)
+    rng = random.Random(6)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (20, 28, 31, 32, 10, 33, 45)]
+    return path, prompts, hf_greedy(model, prompts, 24)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_longrope_sequences_growing_past_the_switch_like_transformers(
+    longrope_checkpoint, config, async_scheduling
+):
+    """The long factors for every key of a sequence past the original length, whether it got
+    there while decoding (recomputed at that step), in prefill chunks that end before it, or
+    resumed after a preemption; the prefix cache never mixes the two rotations."""
+    path, prompts, expected = longrope_checkpoint
+    llm = LLM(str(path), skip_tokenizer_init=True, max_num_seqs=8, max_model_len=256,
+              async_scheduling=async_scheduling, **CONFIGS[config])
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    if config == "plain":
+        # Short prompts first, then the long ones sharing their first blocks, and again.
+        rng = random.Random(7)
+        prefix = [rng.randrange(3, VOCAB) for _ in range(16)]
+        pair = [prefix + [rng.randrange(3, VOCAB) for _ in range(n)] for n in (4, 30)]
+        want = [hf_greedy(_hf_model(path), [p], 4)[0] for p in pair]
+        for order in (pair, pair[::-1], pair):
+            got = [llm.generate([{"prompt_token_ids": p}], SamplingParams(
+                temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)[0]
+                   .outputs[0].token_ids for p in order]
+            assert got == (want if order[0] is pair[0] else want[::-1])
+
+
+def _hf_model(path):
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
+    return model.float().eval()
+
 def test_cache_salt_isolates_the_prefix_cache():
     """vLLM's cache_salt: a prompt is served from cached blocks only to requests with the same
     salt (or, without one, to requests without one); the tokens never change."""

@@ -26,6 +26,7 @@ def create_scheduler(
     policy: str = "fcfs",
     defer_prefix_caching: bool = False,
     long_prefill_token_threshold: int = 0,
+    rope_switch_len: int = 0,
 ) -> Scheduler:
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
@@ -41,7 +42,7 @@ def create_scheduler(
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     cls = AsyncScheduler if async_scheduling else Scheduler
     return cls(scheduler_config, cache_config, num_blocks,
-               defer_prefix_caching=defer_prefix_caching)
+               defer_prefix_caching=defer_prefix_caching, rope_switch_len=rope_switch_len)
 
 
 def create_requests(
