@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from cadence.sampling_params import StructuredOutputsParams
+from cadence.worker.schema_features import unenforced_keyword
 
 __all__ = ["GrammarCompilerService", "grammar_of", "spec_key", "xgrammar_module"]
 
@@ -40,6 +41,10 @@ def grammar_of(spec: StructuredOutputsParams) -> Any:
         if spec.json is not None or spec.json_object:
             schema = spec.json if spec.json is not None else {"type": "object"}
             text = schema if isinstance(schema, str) else json.dumps(schema)
+            keyword = unenforced_keyword(json.loads(text) if isinstance(schema, str) else schema)
+            if keyword is not None:
+                raise ValueError(f"{keyword} cannot be enforced by the grammar engine "
+                                   "(xgrammar); the output could break it.")
             # NOTE: runs of whitespace are bounded: a model that likes blanks could otherwise
             # pad the JSON for ever without breaking the grammar.
             return json_text_only(
@@ -48,6 +53,8 @@ def grammar_of(spec: StructuredOutputsParams) -> Any:
             return xgr.Grammar.from_regex(spec.regex)
         if spec.choice is not None:
             return xgr.Grammar.from_regex("|".join(re.escape(c) for c in spec.choice))
+        if _looks_like_lark(spec.grammar or ""):
+            return xgr.Grammar.from_lark(spec.grammar)
         return xgr.Grammar.from_ebnf(spec.grammar or "")
     except Exception as exc:  # xgrammar raises RuntimeError / its own errors
         kind = next(k for k in ("json", "json_object", "regex", "choice", "grammar")
@@ -64,6 +71,13 @@ _BOUNDED_CHARS = re.compile(r'^(\S+) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.MULTI
 _JSON_CHARS = r'(([^\0-\x1f\"\\]))'  # an EBNF character class, as xgrammar writes it
 
 
+def _looks_like_lark(grammar: str) -> bool:
+    """A Lark grammar (``start: ...``) rather than EBNF (``root ::= ...``): no rule line with
+    ``::=`` outside comments (vLLM's reading of its ``grammar`` field)."""
+    lines = (line.split("#", 1)[0].split("//", 1)[0] for line in grammar.splitlines())
+    return bool(grammar.strip()) and not any("::=" in line for line in lines)
+
+
 def json_text_only(xgr: Any, grammar: Any) -> Any:
     """``grammar`` with every length-bounded string's characters limited to those JSON text
     allows unescaped (the grammar itself where it has none)."""
@@ -76,7 +90,8 @@ def spec_key(spec: StructuredOutputsParams) -> str:
     """The compiled grammar's key: the grammar's own fields (not when it starts to apply)."""
     fields = dataclasses.asdict(spec)
     fields.pop("reasoning_tags", None)
-    return json.dumps(fields, sort_keys=True, default=str)
+    # NOTE: the schema's own key order is kept: it is the order of the output's keys.
+    return json.dumps(fields, default=str)
 
 
 class GrammarCompilerService:

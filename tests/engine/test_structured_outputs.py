@@ -385,3 +385,54 @@ def test_a_grammar_under_reasoning_tags_applies_after_the_reasoning(llm) -> None
                           logit_bias={start: 100.0})  # the reasoning never ends
     out = llm.generate([{"prompt_token_ids": [5, 6, start]}], free, use_tqdm=False)[0]
     assert out.outputs[0].token_ids == [start] * 5  # no grammar would allow these
+
+
+def test_output_keys_follow_each_schemas_own_order(llm) -> None:
+    """Two schemas that differ only in the order of their properties each get their own key
+    order (the compiled-grammar cache keys on the schema as given, not sorted)."""
+    def schema(names):
+        return {"type": "object", "properties": {n: {"type": "boolean"} for n in names},
+                "required": list(names), "additionalProperties": False}
+
+    for names in (["zeta", "alpha"], ["alpha", "zeta"]):
+        params = SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=
+                                StructuredOutputsParams(json=schema(names)))
+        (out,) = llm.generate(["Give me the data:"], params, use_tqdm=False)
+        assert list(json.loads(out.outputs[0].text)) == names
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+    {"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}},
+    {"type": "object", "properties": {"s": {"type": "string", "pattern": "[a-z]+",
+                                            "maxLength": 3}}},
+    {"type": "string", "format": "email", "maxLength": 8},
+    {"type": "number", "multipleOf": 3},
+    {"type": "string", "format": "no-such-format"},
+], ids=["uniqueItems", "contains", "pattern+maxLength", "format+maxLength", "multipleOf",
+        "unknown-format"])
+def test_schema_keywords_the_grammar_cannot_enforce_are_refused(llm, schema) -> None:
+    """xgrammar compiles these and ignores the keyword (outputs broke it): refused, naming it,
+    as vLLM's xgrammar backend refuses them."""
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(json=schema))
+    with pytest.raises(ValueError, match="cannot be enforced"):
+        llm.generate(["x"], params, use_tqdm=False)
+    # The same schema as JSON text, nested under another keyword, is refused too.
+    nested = {"type": "object", "properties": {"x": {"anyOf": [schema]}}}
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(json=json.dumps(nested)))
+    with pytest.raises(ValueError, match="cannot be enforced"):
+        llm.generate(["x"], params, use_tqdm=False)
+
+
+def test_a_lark_grammar_is_read_as_lark(llm) -> None:
+    """A grammar without '::=' rules is Lark (vLLM reads it so); EBNF still works."""
+    for grammar in ('start: "yes" | "no"', '?start: item+\nitem: "a" | "b"',
+                    'root ::= "yes" | "no"'):
+        params = [SamplingParams(temperature=1.0, seed=i, max_tokens=20,
+                                 structured_outputs=StructuredOutputsParams(grammar=grammar))
+                  for i in range(4)]
+        outs = llm.generate(["x"] * 4, params, use_tqdm=False)
+        pattern = "[ab]+" if "item" in grammar else "yes|no"
+        for o in outs:
+            if o.outputs[0].finish_reason == "stop":
+                assert re.fullmatch(pattern, o.outputs[0].text), o.outputs[0].text
