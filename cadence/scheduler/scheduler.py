@@ -157,6 +157,7 @@ class Scheduler:
         scheduled_running: list[Request] = []
         scheduled_new: list[Request] = []
         preempted: list[Request] = []
+        switched: list[Request] = []  # recomputed past longrope's switch (rope_switch_len)
         req_to_blocks = kv.req_to_blocks
         num_cached_block = kv.num_cached_block
         block_size = self.block_size
@@ -191,10 +192,11 @@ class Scheduler:
             if (0 < self.rope_switch_len < num_computed + num_new
                     and not request.rope_long):
                 # NOTE: its keys so far took the short factors; past the switch every key
-                # takes the long ones: recompute it (it takes them on readmission).
+                # takes the long ones: recompute it (it takes them on readmission, first in
+                # line next step). Not memory pressure: the waiting queue is admitted on.
                 del running[req_index]
-                self._preempt_request(request)
-                preempted.append(request)
+                self._release_for_recompute(request)
+                switched.append(request)
                 continue
 
             # Fast path (most decode steps): the held blocks already have the slots and no block
@@ -280,7 +282,10 @@ class Scheduler:
             for request in reversed(compiling):
                 waiting.prepend_request(request)
 
-        output = self._make_output(scheduled_new, scheduled_running, new_blocks_of, preempted)
+        for request in reversed(switched):
+            self.waiting.prepend_request(request)
+        output = self._make_output(scheduled_new, scheduled_running, new_blocks_of,
+                                   preempted + switched if switched else preempted)
         output.num_scheduled_tokens = num_scheduled_tokens
         output.total_num_scheduled_tokens = self.max_num_scheduled_tokens - token_budget
         self._update_after_schedule(scheduled_new, scheduled_running, num_scheduled_tokens)
@@ -335,13 +340,17 @@ class Scheduler:
 
     def _preempt_request(self, request: Request) -> None:
         """Recompute-style preemption; the caller has removed it from ``running``."""
+        self._release_for_recompute(request)
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend_request(request)
+
+    def _release_for_recompute(self, request: Request) -> None:
+        """Free a running request's blocks; it computes every token again when readmitted."""
         assert request.status == _RUNNING, f"only running requests are preempted: {request}"
         self.kv_cache_manager.free(request)
         request.status = _PREEMPTED
         request.num_computed_tokens = 0
-        request.num_preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.prepend_request(request)
 
     def flush_deferred_caching(self) -> None:
         """Register the blocks scheduled steps filled in the prefix cache (and hash them)."""

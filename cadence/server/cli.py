@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -231,9 +232,15 @@ def api_keys_from(ns: argparse.Namespace) -> tuple[str, ...]:
     keys = tuple(ns.api_key or ())
     if any(not key.strip() for key in keys):
         raise ValueError("--api-key: a key cannot be empty.")
+    if ns.model_tag is None and any(os.path.exists(key) for key in keys):
+        # `serve --api-key K /models/x`: the flag took the model's path as a second key.
+        raise ValueError("--api-key takes every value up to the next option, and one is a "
+                         "path: put the model first (cadence serve MODEL --api-key KEY).")
     if keys:
         return keys
     key = read_envs().api_key
+    if key and not key.strip():
+        raise ValueError("CADENCE_API_KEY / VLLM_API_KEY is blank: unset it, or give a key.")
     return (key,) if key else ()
 
 

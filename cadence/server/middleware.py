@@ -22,10 +22,14 @@ KEY_PROTECTED_PATHS = frozenset({"/stats"})
 
 
 def api_keys(value: str | Sequence[str] | None) -> tuple[str, ...]:
-    """The keys a server requires: none for None, one for a string, each of a sequence."""
+    """The keys a server requires: none for None, one for a string, each of a sequence. An
+    empty key is refused here, where the server is built (it cannot mean "no key")."""
     if value is None:
         return ()
-    return (value,) if isinstance(value, str) else tuple(value)
+    keys = (value,) if isinstance(value, str) else tuple(value)
+    if not all(isinstance(k, str) and k.strip() for k in keys):
+        raise ValueError("api_key: a key must be a non-blank string.")
+    return keys
 
 
 class ApiKeyMiddleware:

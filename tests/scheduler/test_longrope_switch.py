@@ -29,11 +29,12 @@ def test_a_request_growing_past_the_switch_is_recomputed_on_the_long_factors():
     scheduler.add_request(request)
     _decode_until_the_switch(scheduler, request)
     short_first_block = request.block_hashes[0]
-    # Position 8 would make a sequence of 9 tokens: preempted, nothing else this step.
+    # Position 8 would make a sequence of 9 tokens: released for recomputation (the runner
+    # drops it as preempted), not counted as a preemption: no memory was short.
     out = scheduler.schedule()
     assert out.preempted_req_ids == {request.request_id}
     assert out.num_scheduled_tokens == {}
-    assert request.status == RequestStatus.PREEMPTED and request.num_preemptions == 1
+    assert request.status == RequestStatus.PREEMPTED and request.num_preemptions == 0
     # Readmitted as new: every one of its 9 tokens again, none from the short blocks it left
     # in the prefix cache, on the long factors.
     out = scheduler.schedule()
@@ -45,7 +46,34 @@ def test_a_request_growing_past_the_switch_is_recomputed_on_the_long_factors():
     scheduler.update_from_output(out, output_for(out, 78))
     out = scheduler.schedule()  # decoding on: no second recomputation
     assert out.num_scheduled_tokens == {request.request_id: 1} and not out.preempted_req_ids
-    assert scheduler.num_preemptions == 1
+    assert scheduler.num_preemptions == 0
+
+
+def test_switches_on_consecutive_steps_hold_back_neither_the_queue_nor_each_other():
+    """Requests crossing the switch one step after another: each is readmitted on the next
+    step, first in line, and a waiting request is admitted in the very step of a switch."""
+    scheduler = create_scheduler(block_size=BLOCK, max_model_len=64, rope_switch_len=SWITCH)
+    (a,) = create_requests(1, num_tokens=SWITCH, max_tokens=20, block_size=BLOCK, req_ids=["a"])
+    # 7 tokens: crosses one step after a.
+    (b,) = create_requests(1, num_tokens=SWITCH - 1, max_tokens=20, block_size=BLOCK,
+                           req_ids=["b"], starting_idx=1)
+    for request in (a, b):
+        scheduler.add_request(request)
+    out = scheduler.schedule()  # both prompts
+    scheduler.update_from_output(out, output_for(out, 77))
+    (late,) = create_requests(1, num_tokens=3, max_tokens=20, block_size=BLOCK, req_ids=["late"])
+    scheduler.add_request(late)
+    out = scheduler.schedule()  # a crosses (9 tokens); b decodes; late is admitted all the same
+    assert out.preempted_req_ids == {a.request_id}
+    assert out.num_scheduled_tokens == {b.request_id: 1, "late": 3}
+    scheduler.update_from_output(out, output_for(out, 77))
+    out = scheduler.schedule()  # a readmitted first; b crosses (9 tokens)
+    assert out.preempted_req_ids == {b.request_id}
+    assert out.num_scheduled_tokens == {a.request_id: SWITCH + 1, "late": 1}
+    scheduler.update_from_output(out, output_for(out, 77))
+    out = scheduler.schedule()
+    assert out.num_scheduled_tokens == {a.request_id: 1, "late": 1, b.request_id: SWITCH + 1}
+    assert a.rope_long and b.rope_long and scheduler.num_preemptions == 0
 
 
 def test_a_prompt_past_the_switch_takes_the_long_factors_and_shares_no_short_block():

@@ -65,7 +65,7 @@ def test_serve_defaults_to_the_tiny_model() -> None:
     assert ns.api_key is None
 
 
-def test_api_keys_come_from_the_flag_or_else_the_environment(monkeypatch) -> None:
+def test_api_keys_come_from_the_flag_or_else_the_environment(monkeypatch, tmp_path) -> None:
     from cadence.server.cli import api_keys_from
 
     parse = add_serve_args(argparse.ArgumentParser()).parse_args
@@ -83,6 +83,22 @@ def test_api_keys_come_from_the_flag_or_else_the_environment(monkeypatch) -> Non
     for bad in ([""], ["a", " "]):  # an empty key would read as "no key": an open server
         with pytest.raises(ValueError, match="--api-key: a key cannot be empty"):
             api_keys_from(parse(["--api-key", *bad]))
+    # The model's path after the flag would be taken as a key, and the tiny model served.
+    with pytest.raises(ValueError, match="put the model first"):
+        api_keys_from(parse(["--api-key", "k", str(tmp_path)]))
+    assert api_keys_from(parse([str(tmp_path), "--api-key", "k"])) == ("k",)
+    monkeypatch.setenv("CADENCE_API_KEY", "  ")
+    with pytest.raises(ValueError, match="blank"):
+        api_keys_from(parse([]))
+
+
+def test_an_empty_api_key_is_refused_where_the_app_is_built() -> None:
+    from cadence.server.middleware import api_keys
+
+    assert api_keys(None) == () and api_keys("k") == ("k",) and api_keys(["a", "b"]) == ("a", "b")
+    for bad in ("", " ", ["a", ""]):
+        with pytest.raises(ValueError, match="non-blank"):
+            api_keys(bad)
 
 
 def test_bench_serve_reports_latency_and_throughput(server, tmp_path: Path, capsys) -> None:
