@@ -79,7 +79,7 @@ class InputBatch:
         self.num_prompt = np.zeros(max_num_reqs, dtype=np.int64)
         # Tokens known on (re)admission: what the request's prefill covers.
         self.num_admitted = np.zeros(max_num_reqs, dtype=np.int64)
-        # longrope past its original length (``set_rope_switch``): (original length, the long
+        # longrope past its original length (set by the model runner): (original length, the long
         # table's row offset); None: positions are the rope table's rows.
         self.rope_switch: tuple[int, int] | None = None
         self.block_table = np.zeros((max_num_reqs, max_blocks_per_req), dtype=np.int32)
