@@ -1133,10 +1133,8 @@ MUTATIONS = [
              "if False:", ("tests/scheduler/test_longrope_switch.py",)),
     Mutation("longrope-no-recompute", "a sequence growing past longrope's switch keeps its keys",
              "cadence/scheduler/scheduler.py",
-             "            if (0 < self.rope_switch_len < num_computed + num_new\n"
-             "                    and not request.rope_long):",
-             "            if (0 < self.rope_switch_len < num_computed + num_new\n"
-             "                    and not request.rope_long and False):",
+             "            if self._past_rope_switch(request, num_computed + num_new):",
+             "            if False and self._past_rope_switch(request, num_computed + num_new):",
              ("tests/scheduler/test_longrope_switch.py",)),
     Mutation("longrope-chunks-short", "a long prompt's early chunks take the short factors",
              "cadence/worker/input_batch.py",
@@ -1159,6 +1157,12 @@ MUTATIONS = [
              "cadence/server/middleware.py", "            if not any(matches):",
              "            if not matches[0]:",
              ("tests/server/test_app.py::test_any_of_several_api_keys_is_accepted",)),
+    Mutation("api-key-string-letters", "a key given as a string is read letter by letter",
+             "cadence/server/middleware.py",
+             "        if not (checked := api_keys(keys)):",
+             "        if not (checked := tuple(keys)):",
+             ("tests/server/test_cli_flags.py::"
+              "test_the_key_is_checked_on_the_route_the_router_takes",)),
     Mutation("qwen-window-ignored", "Qwen's use_sliding_window slides no layer",
              "cadence/model/arch.py",
              'or (qwen and bool(getattr(config, "use_sliding_window", False))))',

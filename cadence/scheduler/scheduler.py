@@ -93,10 +93,15 @@ class Scheduler:
             )
         if request.max_tokens is None:
             request.max_tokens = self.max_model_len - request.num_prompt_tokens
-        if 0 < self.rope_switch_len < request.num_tokens:
+        if self._past_rope_switch(request, request.num_tokens):
             request.take_long_rope()
         self.waiting.add_request(request)
         self.requests[request.request_id] = request
+
+    def _past_rope_switch(self, request: Request, num_tokens: int) -> bool:
+        """Whether ``num_tokens`` of ``request`` reach past longrope's switch while its keys
+        still take the short factors."""
+        return 0 < self.rope_switch_len < num_tokens and not request.rope_long
 
     def finish_requests(
         self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus
@@ -189,8 +194,7 @@ class Scheduler:
             if num_new <= 0:
                 req_index += 1
                 continue
-            if (0 < self.rope_switch_len < num_computed + num_new
-                    and not request.rope_long):
+            if self._past_rope_switch(request, num_computed + num_new):
                 # NOTE: its keys so far took the short factors; past the switch every key
                 # takes the long ones: recompute it (it takes them on readmission, first in
                 # line next step). Not memory pressure: the waiting queue is admitted on.
@@ -254,7 +258,7 @@ class Scheduler:
                     # Preempted with a token still in flight: resume once it has arrived, or
                     # the recomputation would sample that position a second time.
                     break
-                if 0 < self.rope_switch_len < request.num_tokens and not request.rope_long:
+                if self._past_rope_switch(request, request.num_tokens):
                     request.take_long_rope()  # before its blocks are looked up: new hashes
                 hits, num_hit_tokens = kv.get_computed_blocks(request)
                 num_new = request.num_tokens - num_hit_tokens

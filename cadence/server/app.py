@@ -403,6 +403,6 @@ def build_app(
     app.add_middleware(UnexpectedErrorMiddleware)  # innermost: next to the routes' handlers
     app.add_middleware(InFlightMiddleware, lifecycle=server.lifecycle)
     if keys := api_keys(api_key):  # outermost: checked first
-        app.add_middleware(ApiKeyMiddleware, api_keys=keys)
+        app.add_middleware(ApiKeyMiddleware, keys=keys)
     app.state.server = server
     return app

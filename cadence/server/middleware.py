@@ -33,15 +33,15 @@ def api_keys(value: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 class ApiKeyMiddleware:
-    """Require ``Authorization: Bearer <key>`` with any of ``api_keys`` (several for key
+    """Require ``Authorization: Bearer <key>`` with any of ``keys`` (several for key
     rotation, as vLLM's ``--api-key A B``) on every ``/v1`` route and on ``KEY_PROTECTED_PATHS``
     (pure ASGI)."""
 
-    def __init__(self, app: ASGIApp, api_keys: tuple[str, ...]) -> None:
-        if not api_keys or not all(api_keys):
-            raise ValueError("api_keys: at least one key, and no empty key")
+    def __init__(self, app: ASGIApp, keys: str | Sequence[str]) -> None:
+        if not (checked := api_keys(keys)):
+            raise ValueError("api_key: at least one key.")
         self.app = app
-        self.expected = tuple(f"Bearer {key}".encode() for key in api_keys)
+        self.expected = tuple(f"Bearer {key}".encode() for key in checked)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = route_path(scope)

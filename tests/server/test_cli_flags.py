@@ -389,11 +389,18 @@ def test_the_key_is_checked_on_the_route_the_router_takes() -> None:
     async def receive() -> dict:
         return {"type": "http.request", "body": b""}
 
-    guard = ApiKeyMiddleware(app, "k")
+    guard = ApiKeyMiddleware(app, "key")
     scope = {"type": "http", "path": "/llm/v1/models", "root_path": "/llm", "headers": [],
              "method": "GET"}
     asyncio.run(guard(scope, receive, send))
     assert not reached and sent[0]["status"] == 401
-    scope["headers"] = [(b"authorization", b"Bearer k")]
+    scope["headers"] = [(b"authorization", b"Bearer k")]  # one letter of the key: not a key
+    sent.clear()
+    asyncio.run(guard(scope, receive, send))
+    assert not reached and sent[0]["status"] == 401
+    scope["headers"] = [(b"authorization", b"Bearer key")]
     asyncio.run(guard(scope, receive, send))
     assert reached == ["/llm/v1/models"]
+    for bad in ((), ("",), (" ",)):
+        with pytest.raises(ValueError, match="api_key"):
+            ApiKeyMiddleware(app, bad)
