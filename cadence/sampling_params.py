@@ -159,6 +159,9 @@ class SamplingParams:
             raise ValueError(f"temperature must be non-negative, got {self.temperature!r}.")
         if not math.isfinite(self.temperature):
             raise ValueError(f"temperature must be finite, got {self.temperature!r}.")
+        if self.temperature > MAX_TEMPERATURE:  # OpenAI's and vLLM's bound
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], "
+                             f"got {self.temperature!r}.")
         if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}.")
         if not _is_int(self.top_k) or self.top_k < -1:
@@ -274,6 +277,7 @@ REPETITION_PENALTY_MIN = 1e-30
 REPETITION_PENALTY_MAX = 1e30
 LOGIT_BIAS_MAX = 1e30
 MAX_N = 128  # choices per request (OpenAI's bound)
+MAX_TEMPERATURE = 2.0
 # Smallest non-greedy temperature; smaller ones are raised to it (vLLM's ``_MAX_TEMP``).
 MIN_TEMPERATURE = 1e-2
 INT64_MIN = -(1 << 63)

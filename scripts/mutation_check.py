@@ -1163,6 +1163,11 @@ MUTATIONS = [
              "        if not (checked := tuple(keys)):",
              ("tests/server/test_cli_flags.py::"
               "test_the_key_is_checked_on_the_route_the_router_takes",)),
+    Mutation("temperature-unbounded", "temperatures above 2 sample",
+             "cadence/sampling_params.py",
+             "        if self.temperature > MAX_TEMPERATURE:  # OpenAI's and vLLM's bound",
+             "        if self.temperature > 1e9 * MAX_TEMPERATURE:",
+             ("tests/test_sampling_params.py",)),
     Mutation("qwen-window-ignored", "Qwen's use_sliding_window slides no layer",
              "cadence/model/arch.py",
              'or (qwen and bool(getattr(config, "use_sliding_window", False))))',

@@ -12,6 +12,7 @@ from cadence.sampling_params import RequestOutputKind, SamplingParams
         ({"temperature": float("nan")}, "temperature"),
         ({"temperature": float("inf")}, "temperature"),
         ({"temperature": "1"}, "temperature"),
+        ({"temperature": 2.0000001}, "temperature"),  # OpenAI's and vLLM's [0, 2]
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_p": float("nan")}, "top_p"),
@@ -104,6 +105,7 @@ def test_top_k_zero_is_off_and_tiny_temperatures_are_raised() -> None:
     assert SamplingParams(top_k=1 << 70).top_k == 1 << 70  # the vocabulary bound is the engine's
     assert SamplingParams(temperature=1e-3).temperature == 0.01
     assert SamplingParams(temperature=0.5).temperature == 0.5
+    assert SamplingParams(temperature=2).temperature == 2  # the bound itself samples
     assert SamplingParams(seed=-(1 << 63)).seed == -(1 << 63)
     assert SamplingParams(seed=-1).seed is None  # vLLM: -1 is "no fixed seed"
     assert SamplingParams(seed=-2).seed == -2

@@ -80,7 +80,7 @@ class SamplingRequest(OpenAIModel):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
-    temperature: float | None = Field(default=None, ge=0.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
     min_tokens: int = Field(default=0, ge=0)
