@@ -241,7 +241,8 @@ class EngineArgs:
         parser.add_argument("--max-model-len", type=human_readable_int, default=None,
                             help="context length, prompt plus output; vLLM's suffixes: 1k = "
                                  "1000, 1K = 1024, also m/M, g/G (default: the model's "
-                                 "max_position_embeddings)")
+                                 "max_position_embeddings, times the factor of linear or yarn RoPE "
+                                 "scaling, as vLLM derives it)")
         parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
                             help="most requests running in one step (default: %(default)s)")
         parser.add_argument("--max-num-batched-tokens", type=human_readable_int, default=None,

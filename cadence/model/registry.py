@@ -125,10 +125,11 @@ def _resolve_directory(path: str, max_model_len: int | None) -> ModelSpec:
 
 def _resolve_max_model_len(requested: int | None, max_position_embeddings: int,
                            limit: int) -> int:
-    """``requested``, or max_position_embeddings; at most ``limit``, the longest sequence the
-    model's RoPE scaling is made for (``rope.context_length``)."""
+    """``requested``, or by default ``limit``: the longest sequence the model's RoPE scaling is
+    made for (``rope.context_length``; max_position_embeddings without such scaling), as vLLM
+    derives its default; a request past it is refused."""
     if requested is None:
-        return max_position_embeddings
+        return limit
     if requested < 1:
         raise ValueError(f"max_model_len must be at least 1, got {requested}.")
     if requested > limit:

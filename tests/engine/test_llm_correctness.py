@@ -182,6 +182,10 @@ def test_scaled_rope_runs_past_max_position_embeddings_like_transformers(tmp_pat
     assert [o.outputs[0].token_ids for o in outs] == expected
     with pytest.raises(ValueError, match=f"{limit} with its RoPE scaling"):
         LLM(str(tmp_path), skip_tokenizer_init=True, max_model_len=limit + 1)
+    # vLLM's default is the scaled length too.
+    from cadence.model.registry import resolve_model
+
+    assert resolve_model(str(tmp_path)).max_model_len == limit
 
 
 @pytest.fixture(scope="module")

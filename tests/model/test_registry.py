@@ -245,3 +245,23 @@ def test_presets_have_the_real_rope_bases_and_norm_eps(name):
         assert RopeParams.from_hf_config(config, "sliding_attention").theta == local_theta
     arch = DecoderArch.from_hf_config(config)
     assert (arch.rms_norm_eps, arch.max_position_embeddings) == (eps, positions)
+
+
+@pytest.mark.parametrize(("scaling", "expected"), [
+    (None, 256),
+    ({"rope_type": "linear", "factor": 2.0}, 512),
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}, 512),
+    ({"rope_type": "dynamic", "factor": 2.0}, 256),  # its base stretches with the length
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 64}, 256),  # llama3 configs name the scaled length
+])
+def test_the_default_max_model_len_is_the_length_rope_scaling_is_made_for(
+        tmp_path, scaling, expected):
+    """vLLM's default: max_position_embeddings, times the factor for linear scaling, the
+    original length times the factor for yarn (here 256 positions, yarn's original 128)."""
+    config = hf_config("llama", tie=False)
+    assert config.max_position_embeddings == 256
+    config.rope_scaling = scaling
+    config.save_pretrained(tmp_path)
+    assert resolve_model(str(tmp_path)).max_model_len == expected
+    assert resolve_model(str(tmp_path), max_model_len=100).max_model_len == 100
