@@ -143,9 +143,6 @@ def render_conversation(
                                      continue_final_message)
     if problem is not None:
         raise ValueError(problem[1])
-    if continue_final_message and conversation[-1]["role"] != "assistant":
-        raise ValueError("continue_final_message requires the last message to be from the "
-                         "assistant.")
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         return _chatml(conversation, add_generation_prompt, continue_final_message)
     try:

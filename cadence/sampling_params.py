@@ -83,8 +83,8 @@ class SamplingParams:
     bad_words: list[str] | None = None
     structured_outputs: StructuredOutputsParams | None = None
     skip_special_tokens: bool = True
-    # vLLM's field for slow tokenizers' decoding; accepted and checked, without effect here:
-    # the tokenizers this engine decodes with ignore it (as vLLM's fast detokenizer does).
+    # False (with skip_special_tokens False): an added token right after another is its bare
+    # content, without the space a decoder puts between tokens (vLLM's detokenizer).
     spaces_between_special_tokens: bool = True
     # False: outputs carry token ids only (no text; stop strings need it), as vLLM.
     detokenize: bool = True

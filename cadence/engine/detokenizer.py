@@ -3,7 +3,8 @@
 Text is produced token by token from a small window of token ids: the tokens of the last
 emitted chunk (context) plus the tokens not yet emitted. New text is released only when the
 window's decoding grew and does not end in U+FFFD, so a character whose UTF-8 bytes are spread
-over several tokens is never emitted half-way. Invariant: ``output_text`` only ever grows, except
+over several tokens is never emitted half-way; one still incomplete when the request ends is left
+out (vLLM's detokenizers never release it). Invariant: ``output_text`` only ever grows, except
 when a stop string truncates it; streamed deltas therefore always concatenate to the final text.
 """
 
@@ -16,6 +17,7 @@ from cadence.core_types import EngineCoreRequest
 
 __all__ = [
     "DecodeFn",
+    "added_token_contents",
     "IncrementalDetokenizer",
     "TextDecoder",
     "find_stop_string",
@@ -25,8 +27,9 @@ __all__ = [
 REPLACEMENT_CHAR = "\ufffd"
 # Prompt tokens used as decoding context: enough for spacing / merges, small for speed.
 _MIN_CONTEXT, _MAX_CONTEXT = 4, 24
-# Held-back tokens after which text is emitted anyway (a byte run that never completes, or a
-# long run of skipped special tokens); bounds the window each step decodes.
+# Held-back tokens after which text is emitted anyway (a byte run that never completes); bounds
+# the window each step decodes. Pending tokens that decode to nothing (skipped special tokens)
+# leave the window instead, keeping the context before them.
 _MAX_PENDING = 16
 
 DecodeFn = Callable[[list[int], bool], str]
@@ -59,6 +62,23 @@ def make_decode_fn(tokenizer: Any) -> DecodeFn:
     return decode_slow
 
 
+def added_token_contents(tokenizer: Any) -> dict[int, str]:
+    """Each added token's id -> its content (HF's ``added_tokens_decoder``, or a
+    ``tokenizers.Tokenizer``'s ``get_added_tokens_decoder()``), read once per tokenizer."""
+    cached = getattr(tokenizer, "_cadence_added_contents", None)
+    if cached is not None:
+        return cached
+    table = getattr(tokenizer, "added_tokens_decoder", None)
+    if table is None and hasattr(tokenizer, "get_added_tokens_decoder"):
+        table = tokenizer.get_added_tokens_decoder()
+    contents = {int(i): str(getattr(t, "content", t)) for i, t in (table or {}).items()}
+    try:
+        tokenizer._cadence_added_contents = contents
+    except AttributeError:  # a tokenizer that takes no new attributes: read again next time
+        pass
+    return contents
+
+
 class TextDecoder:
     """Turns a stream of token ids into a stream of complete-character text chunks."""
 
@@ -85,17 +105,16 @@ class TextDecoder:
         self._ids.append(token_id)
         text = self._decode(self._ids, self._skip)
         pending = len(self._ids) - self._prefix_index
-        if len(text) > len(self._prefix) and not text.endswith(REPLACEMENT_CHAR):
+        grew = len(text) > len(self._prefix)
+        if grew and not text.endswith(REPLACEMENT_CHAR):
             return self._advance(text)
         if pending >= _MAX_PENDING:
-            return self._advance(text)
+            if grew:
+                return self._advance(text)
+            # Tokens that add no text (skipped special tokens): dropped from the window, so the
+            # context that spaces the next word stays.
+            del self._ids[self._prefix_index:]
         return ""
-
-    def flush(self) -> str:
-        """Emit whatever is held back (an incomplete character decodes to U+FFFD)."""
-        if len(self._ids) == self._prefix_index:
-            return ""
-        return self._advance(self._decode(self._ids, self._skip))
 
     def _advance(self, text: str) -> str:
         new_text = text[len(self._prefix) :]
@@ -152,23 +171,25 @@ class IncrementalDetokenizer:
             self.stop_buffer_length = 0
         self._sent_offset = 0
         self._decoder: TextDecoder | None = None
+        # Added tokens' contents, where spaces between special tokens are not wanted.
+        self._added: dict[int, str] | None = None
+        self._last_added = False
         if tokenizer is not None:
             self._decoder = TextDecoder(
                 make_decode_fn(tokenizer), request.prompt_token_ids, params.skip_special_tokens
             )
+            if not (params.skip_special_tokens or params.spaces_between_special_tokens):
+                self._added = added_token_contents(tokenizer) or None
 
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids
 
-    def update(
-        self, new_token_ids: list[int], stop_terminated: bool, finished: bool = False
-    ) -> str | None:
+    def update(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
         """Add new tokens, detokenize them and look for stop strings.
 
         ``stop_terminated``: the engine core stopped the request on the last of these tokens (EOS
         or a stop token id); its text is left out unless ``include_stop_str_in_output``.
-        ``finished``: no more tokens will come, so held-back bytes are flushed.
         Returns the stop string that ended the request, if any (the text is truncated there).
         """
         if self._decoder is None:
@@ -182,12 +203,10 @@ class IncrementalDetokenizer:
         check_from = len(self.output_text)
         for tok in new_token_ids:
             self.token_ids.append(tok)
-            self.output_text += self._decoder.step(tok)
+            self.output_text += self._next_text(tok)
             if self.min_tokens and len(self.token_ids) <= self.min_tokens:
                 # vLLM: stop strings inside the first min_tokens tokens do not count.
                 check_from = len(self.output_text)
-        if finished:
-            self.output_text += self._decoder.flush()
         if skipped is not None:
             self.token_ids.append(skipped)
 
@@ -205,6 +224,18 @@ class IncrementalDetokenizer:
         if truncate_to != -1:
             self.output_text = self.output_text[:truncate_to]
         return stop_string
+
+    def _next_text(self, token_id: int) -> str:
+        assert self._decoder is not None
+        text = self._decoder.step(token_id)
+        if self._added is not None:
+            # spaces_between_special_tokens=False (vLLM): an added token right after another is
+            # its own content, without the space the decoder puts between tokens.
+            content = self._added.get(token_id)
+            if content is not None and self._last_added and text:
+                text = content
+            self._last_added = content is not None
+        return text
 
     def get_next_output_text(self, finished: bool, delta: bool) -> str:
         """The text to report now: everything (``delta=False``) or what is new since the last

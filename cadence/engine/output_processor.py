@@ -147,7 +147,6 @@ class OutputProcessor:
                     self._finished_stats(state, FinishReason.ABORT, now)
                 )
             if state.queue is not None:
-                state.detokenizer.update([], stop_terminated=False, finished=True)
                 out = state.make_output([], 0, FinishReason.ABORT, None)
                 if out is not None:
                     self._emit(state, out, [])
@@ -222,10 +221,7 @@ class OutputProcessor:
             self._record_tokens(state, len(new_ids), now, stats)
 
         stop_string = state.detokenizer.update(
-            new_ids,
-            stop_terminated=finish_reason == FinishReason.STOP,
-            finished=finish_reason is not None,
-        )
+            new_ids, stop_terminated=finish_reason == FinishReason.STOP)
         if stop_string is not None:
             finish_reason = FinishReason.STOP
             stop_reason = stop_string

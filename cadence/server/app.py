@@ -24,9 +24,14 @@ from cadence.server.errors import (
 )
 from cadence.server.lifecycle import InFlightMiddleware, RequestLifecycle, shutting_down_error
 from cadence.server.live_stats import SecondsRecorder, engine_config_summary
-from cadence.server.middleware import ApiKeyMiddleware, api_keys
+from cadence.server.middleware import ApiKeyMiddleware, RequestIdHeaderMiddleware, api_keys
 from cadence.server.openapi import Operation, openapi_document
-from cadence.server.protocol import CompletionRequest, random_id
+from cadence.server.protocol import (
+    CompletionRequest,
+    SamplingRequest,
+    client_request_id,
+    random_id,
+)
 from cadence.server.protocol_chat import ChatCompletionRequest
 from cadence.server.protocol_responses import (
     ChatCompletionResponse,
@@ -39,7 +44,11 @@ from cadence.server.request_body import parse_json_body, read_body, validate_req
 from cadence.server.serving import DONE_FRAME
 from cadence.server.serving_chat import OpenAIServingChat
 from cadence.server.serving_completion import OpenAIServingCompletion
-from cadence.server.settings import DEFAULT_MAX_REQUEST_BODY_BYTES, ServerSettings
+from cadence.server.settings import (
+    DEFAULT_MAX_REQUEST_BODY_BYTES,
+    ResponseOptions,
+    ServerSettings,
+)
 from cadence.server.sse import (
     ClientDisconnected,
     EventStreamResponse,
@@ -174,7 +183,9 @@ class OpenAIServer:
     async def create_completion(self, request: Request) -> Response:
         body = await self._stoppable(self.read_json(request, CompletionRequest))
         self.completions.check_model(body.model)
-        base_id = random_id("cmpl", body.request_id)
+        self._apply_options(body)
+        base_id = random_id("cmpl", client_request_id(request.headers.get("x-request-id"),
+                                                      body.request_id))
         if body.stream:
             cs = self.completions.new_stream(body, base_id)
             started = await self._stoppable(self.completions.start_all(body, base_id, cs))
@@ -185,12 +196,19 @@ class OpenAIServer:
     async def create_chat_completion(self, request: Request) -> Response:
         body = await self._stoppable(self.read_json(request, ChatCompletionRequest))
         self.chat.check_model(body.model)
-        request_id = random_id("chatcmpl", body.request_id)
+        self._apply_options(body)
+        request_id = random_id("chatcmpl", client_request_id(request.headers.get("x-request-id"),
+                                                              body.request_id))
         if body.stream:
             cs = self.chat.new_stream(body, request_id)
             started = await self._stoppable(self.chat.start_chat(body, request_id, cs))
             return self._event_stream(self.chat.stream(started, cs), [request_id], request_id)
         return await self._respond(self.chat.create(body, request_id), request, request_id)
+
+    def _apply_options(self, body: SamplingRequest) -> None:
+        options = self.chat.options
+        body.apply_server_defaults(options.return_tokens_as_token_ids,
+                                   options.enable_force_include_usage)
 
     async def _stoppable(self, work: Awaitable[T]) -> T:
         """``work`` (before the response starts), cut short by the shutdown deadline."""
@@ -359,6 +377,7 @@ def build_app(
     reasoning_parser: str | None = None,
     tool_call_parser: str | None = None,
     trust_request_chat_template: bool = False,
+    responses: ResponseOptions = ResponseOptions(),
 ) -> Starlette:
     """The application serving ``engine``; the caller owns the engine's lifetime.
     ``front_end_index``: this is one of several API server processes (``--api-server-count``).
@@ -379,6 +398,7 @@ def build_app(
     server.chat.reasoning = reasoning_parser_named(reasoning_parser)
     server.chat.tool_call_parser = tool_call_parser
     server.chat.trust_request_chat_template = trust_request_chat_template
+    server.chat.options = server.completions.options = responses
     server.tokenization.trust_request_chat_template = trust_request_chat_template
     routes = [
         Route("/v1/completions", server.create_completion, methods=["POST"]),
@@ -402,7 +422,9 @@ def build_app(
     )
     app.add_middleware(UnexpectedErrorMiddleware)  # innermost: next to the routes' handlers
     app.add_middleware(InFlightMiddleware, lifecycle=server.lifecycle)
-    if keys := api_keys(api_key):  # outermost: checked first
+    if keys := api_keys(api_key):  # checked first
         app.add_middleware(ApiKeyMiddleware, keys=keys)
+    if responses.enable_request_id_headers:  # outermost: a 401 carries the id too
+        app.add_middleware(RequestIdHeaderMiddleware)
     app.state.server = server
     return app

@@ -77,11 +77,6 @@ def render_chat(
     (vLLM's /tokenize option; the chat endpoint never adds them)."""
     if tokenizer is None:
         raise ParamError("messages", "chat requires a tokenizer; the server runs without one.")
-    if continue_final_message and messages[-1].role != "assistant":
-        raise ParamError(
-            "continue_final_message",
-            "continue_final_message requires the last message to be from the assistant.",
-        )
     conversation = [template_message(m, i) for i, m in enumerate(messages)]
     try:
         text = render_conversation(

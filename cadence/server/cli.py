@@ -12,7 +12,7 @@ from cadence.cli_config import add_config_arg, expand_config, json_string_list
 from cadence.engine.engine_args import EngineArgs
 from cadence.envs import read_envs
 from cadence.server.reasoning import REASONING_PARSERS
-from cadence.server.settings import UVICORN_LOG_LEVELS, ServerSettings
+from cadence.server.settings import UVICORN_LOG_LEVELS, ResponseOptions, ServerSettings
 from cadence.user_errors import one_line_errors
 
 logger = logging.getLogger("cadence.serve")
@@ -108,6 +108,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     _add_http_args(parser, defaults)
+    _add_response_args(parser, defaults.responses)
     parser.add_argument(
         "--enable-auto-tool-choice", action="store_true",
         help="let chat requests with tools use tool_choice 'auto': the model's tool calls are "
@@ -181,6 +182,28 @@ def _add_http_args(parser: argparse.ArgumentParser, defaults: ServerSettings) ->
     )
 
 
+def _add_response_args(parser: argparse.ArgumentParser, defaults: ResponseOptions) -> None:
+    """What responses carry (vLLM's flags and meanings)."""
+    parser.add_argument(
+        "--response-role", default=defaults.response_role, metavar="ROLE",
+        help="the role of a chat answer when the request adds the generation prompt "
+        "(default: %(default)s)")
+    parser.add_argument(
+        "--enable-prompt-tokens-details", action="store_true",
+        help="usage carries prompt_tokens_details.cached_tokens: the prompt tokens served from "
+        "the prefix cache")
+    parser.add_argument(
+        "--enable-force-include-usage", action="store_true",
+        help="every streamed response ends with a usage chunk, asked for or not")
+    parser.add_argument(
+        "--return-tokens-as-token-ids", action="store_true",
+        help="logprobs name each token 'token_id:N' unless the request sets "
+        "return_tokens_as_token_ids false")
+    parser.add_argument(
+        "--enable-request-id-headers", action="store_true",
+        help="every response carries an X-Request-Id header: the request's, else a new one")
+
+
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``serve`` on the ``cadence`` command's subparsers (dispatch: ``args.func``)."""
     parser = subparsers.add_parser(
@@ -222,6 +245,13 @@ def settings_from(ns: argparse.Namespace) -> ServerSettings:
         enable_auto_tool_choice=ns.enable_auto_tool_choice,
         tool_call_parser=ns.tool_call_parser,
         trust_request_chat_template=ns.trust_request_chat_template,
+        responses=ResponseOptions(
+            response_role=ns.response_role,
+            enable_prompt_tokens_details=ns.enable_prompt_tokens_details,
+            enable_force_include_usage=ns.enable_force_include_usage,
+            return_tokens_as_token_ids=ns.return_tokens_as_token_ids,
+            enable_request_id_headers=ns.enable_request_id_headers,
+        ),
     )
 
 

@@ -30,10 +30,13 @@ def _lit(value: Any) -> str:
     return _dumps(value)
 
 
-def usage_json(prompt: int, completion: int) -> str:
+def usage_json(prompt: int, completion: int, cached: int | None = None) -> str:
+    """``cached``: the prompt tokens from the prefix cache, shown when some were (vLLM's
+    prompt_tokens_details)."""
+    details = f',"prompt_tokens_details":{{"cached_tokens":{cached}}}' if cached else ""
     return (
         f'{{"prompt_tokens":{prompt},"completion_tokens":{completion},'
-        f'"total_tokens":{prompt + completion}}}'
+        f'"total_tokens":{prompt + completion}{details}}}'
     )
 
 
@@ -53,8 +56,8 @@ class _Frames:
             f'"created":{created},"model":{_lit(model)},"choices":'
         )
 
-    def usage(self, prompt: int, completion: int) -> str:
-        return f'{self._head}[],"usage":{usage_json(prompt, completion)}}}\n\n'
+    def usage(self, prompt: int, completion: int, cached: int | None = None) -> str:
+        return f'{self._head}[],"usage":{usage_json(prompt, completion, cached)}}}\n\n'
 
 
 class CompletionFrames(_Frames):
@@ -125,6 +128,6 @@ class ChatFrames(_Frames):
             f'"prompt_token_ids":{prompt_ids}}}\n\n'
         )
 
-    def usage(self, prompt: int, completion: int) -> str:
-        return (f'{self._head}[],"usage":{usage_json(prompt, completion)},'
+    def usage(self, prompt: int, completion: int, cached: int | None = None) -> str:
+        return (f'{self._head}[],"usage":{usage_json(prompt, completion, cached)},'
                 f'"prompt_token_ids":null}}\n\n')

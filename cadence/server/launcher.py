@@ -212,6 +212,7 @@ def build_server(
         reasoning_parser=settings.reasoning_parser,
         tool_call_parser=settings.tool_call_parser if settings.enable_auto_tool_choice else None,
         trust_request_chat_template=settings.trust_request_chat_template,
+        responses=settings.responses,
     )
     config = uvicorn.Config(
         wrap_app(app, settings),

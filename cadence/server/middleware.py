@@ -1,20 +1,22 @@
-"""What ``cadence serve`` puts around the application: the API key, CORS and a proxy's path prefix
-(vLLM's ``--api-key``, ``--allowed-origins`` ... ``--allow-credentials`` and ``--root-path``)."""
+"""What ``cadence serve`` puts around the application: the API key, CORS, a proxy's path prefix
+and request-id headers (vLLM's ``--api-key``, ``--allowed-origins`` ... ``--allow-credentials``,
+``--root-path`` and ``--enable-request-id-headers``)."""
 
 from __future__ import annotations
 
 import hmac
 import ssl
+import uuid
 from collections.abc import Sequence
 
 from starlette.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cadence.server.errors import AuthenticationError, NotFoundError
 from cadence.server.settings import ServerSettings
 
-__all__ = ["KEY_PROTECTED_PATHS", "ApiKeyMiddleware", "RootPathMiddleware", "api_keys",
-           "check_ssl_files", "route_path", "wrap_app"]
+__all__ = ["KEY_PROTECTED_PATHS", "ApiKeyMiddleware", "RequestIdHeaderMiddleware",
+           "RootPathMiddleware", "api_keys", "check_ssl_files", "route_path", "wrap_app"]
 
 
 # Besides every /v1 route, the routes that tell what the server runs and does.
@@ -58,6 +60,29 @@ class ApiKeyMiddleware:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class RequestIdHeaderMiddleware:
+    """Every HTTP response carries ``X-Request-Id``: the request's own header, else a new id
+    (vLLM's ``--enable-request-id-headers``; pure ASGI, streamed responses included)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope.get("headers") or []).get(b"x-request-id")
+        request_id = given if given else uuid.uuid4().hex.encode()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (b"x-request-id", request_id)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 def route_path(scope: Scope) -> str:

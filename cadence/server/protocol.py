@@ -24,6 +24,7 @@ from cadence.worker.grammar import check_structured_outputs
 # Prompts one completions request may carry (each becomes an engine request).
 MAX_PROMPTS_PER_REQUEST = 1024
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+MAX_REQUEST_ID_CHARS = 256
 
 
 class ParamError(ValueError):
@@ -32,6 +33,17 @@ class ParamError(ValueError):
     def __init__(self, param: str | None, message: str) -> None:
         super().__init__(message)
         self.param = param
+
+
+def client_request_id(header: str | None, body_id: str | None) -> str | None:
+    """The id a client gave its request: the X-Request-Id header's (vLLM's tracing rule: it
+    wins), else the body's ``request_id``, else None."""
+    if not header:
+        return body_id
+    if len(header) > MAX_REQUEST_ID_CHARS:
+        raise ParamError("X-Request-Id",
+                         f"X-Request-Id must be at most {MAX_REQUEST_ID_CHARS} characters.")
+    return header
 
 
 def random_id(prefix: str, given: str | None = None) -> str:
@@ -112,11 +124,12 @@ class SamplingRequest(OpenAIModel):
     # vLLM: prefix-cache isolation; only requests with the same salt share cached blocks.
     cache_salt: str | None = None
     # vLLM: the response's id is "cmpl-<request_id>" / "chatcmpl-<request_id>" (tracing).
-    request_id: str | None = Field(default=None, min_length=1, max_length=256)
+    request_id: str | None = Field(default=None, min_length=1, max_length=MAX_REQUEST_ID_CHARS)
     # vLLM: keep the prompt's last k tokens (-1: the context length).
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
-    # vLLM: logprobs show each token as "token_id:N" (for tokens that are not valid text alone).
-    return_tokens_as_token_ids: bool = False
+    # vLLM: logprobs show each token as "token_id:N" (for tokens that are not valid text alone);
+    # unset: the server's --return-tokens-as-token-ids (``apply_server_defaults``).
+    return_tokens_as_token_ids: bool | None = None
     # vLLM fields this server does not implement: refused (a 400 naming them) where they would
     # change the output, rather than ignored as unknown fields are.
     use_beam_search: bool = False
@@ -126,8 +139,8 @@ class SamplingRequest(OpenAIModel):
     guided_grammar: Any = None
 
     # check_fields=False: echo, return_token_ids and (chat) logprobs are the subclasses' fields.
-    @field_validator("stream", "n", "echo", "logprobs", "return_token_ids",
-                     "return_tokens_as_token_ids", mode="before", check_fields=False)
+    @field_validator("stream", "n", "echo", "logprobs", "return_token_ids", "max_tokens",
+                     mode="before", check_fields=False)
     @classmethod
     def _null_is_the_default(cls, value: Any, info: ValidationInfo) -> Any:
         # OpenAI's schema lets these be null, meaning the default (vLLM takes null too).
@@ -143,7 +156,9 @@ class SamplingRequest(OpenAIModel):
                                        f"({{\"{kind}\": ...}}) or response_format.")
         if self.cache_salt is not None and not self.cache_salt:
             raise ParamError("cache_salt", "cache_salt must be a non-empty string if provided.")
-        if self.stream_options is not None and not self.stream:
+        # vLLM refuses only options that say something: {} is as good as none.
+        if self.stream_options is not None and self.stream_options.model_fields_set and (
+                not self.stream):
             raise ParamError("stream_options", "stream_options can only be set when stream=true.")
         if (self.response_format is not None and self.response_format.type == "json_schema"
                 and (self.response_format.json_schema is None
@@ -273,6 +288,18 @@ class SamplingRequest(OpenAIModel):
             bias[tok] = min(100.0, max(-100.0, value))
         return bias
 
+    def apply_server_defaults(self, tokens_as_ids: bool, force_usage: bool) -> None:
+        """The server's defaults for what the request leaves unset (vLLM's
+        ``--return-tokens-as-token-ids``); ``force_usage``: a streamed response ends with its
+        usage whatever stream_options say (``--enable-force-include-usage``)."""
+        if self.return_tokens_as_token_ids is None:
+            self.return_tokens_as_token_ids = tokens_as_ids
+        if force_usage and self.stream:
+            if self.stream_options is None:
+                self.stream_options = StreamOptions(include_usage=True)
+            else:
+                self.stream_options.include_usage = True
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -288,7 +315,8 @@ class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     # 0 only with echo: the prompt alone comes back (with its logprobs), as OpenAI's API does.
     max_tokens: int | None = Field(default=16, ge=0)
-    logprobs: int | None = Field(default=None, ge=0)  # at most --max-logprobs (the engine)
+    # -1: the whole vocabulary (vLLM); at most --max-logprobs (the engine checks).
+    logprobs: int | None = Field(default=None, ge=-1)
     return_token_ids: bool = False
     echo: bool = False
     best_of: int | None = None
@@ -350,9 +378,8 @@ class CompletionRequest(SamplingRequest):
 
     def to_sampling_params(self, defaults: Mapping[str, Any] = NO_DEFAULTS) -> SamplingParams:
         """``defaults``: the model's default sampling fields (generation config)."""
-        # vLLM: a completion without max_tokens gets the field's default, 16; an explicit null
-        # gets what the context leaves (its get_max_tokens takes the least of the values that
-        # are set). An echo of the prompt alone computes one, which the response leaves out.
+        # vLLM: a completion without max_tokens, or with null, gets the field's default, 16. An
+        # echo of the prompt alone computes one token, which the response leaves out.
         max_tokens = self.max_tokens
         if self.echo_only:
             max_tokens = 1
@@ -369,5 +396,5 @@ class CompletionRequest(SamplingRequest):
         """What the engine computes: echo with logprobs needs the prompt's (vLLM)."""
         n = self.prompt_logprobs
         if self.echo and self.logprobs is not None and n != -1:
-            n = max(n or 0, self.logprobs)
+            n = -1 if self.logprobs == -1 else max(n or 0, self.logprobs)
         return n

@@ -105,7 +105,8 @@ class ChatCompletionRequest(SamplingRequest):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0)  # at most --max-logprobs
+    # -1: the whole vocabulary (vLLM); at most --max-logprobs (the engine checks).
+    top_logprobs: int | None = Field(default=None, ge=-1)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
@@ -113,8 +114,8 @@ class ChatCompletionRequest(SamplingRequest):
     chat_template: str | None = None
     # False: at most one tool call per answer (the first), as vLLM.
     parallel_tool_calls: bool | None = None
-    # vLLM: the answer starts with the last message's content when that is the assistant's
-    # (a continued final message is returned whole).
+    # vLLM: the answer starts with the last message's content when that has the answer's role
+    # (``answer_role``; a continued final message is returned whole).
     echo: bool = False
     return_token_ids: bool = False  # vLLM: ids of the prompt and of each chunk
     tools: list[ChatTool] | None = None
@@ -125,6 +126,9 @@ class ChatCompletionRequest(SamplingRequest):
         self._check_common()
         if not self.messages:
             raise ParamError("messages", NO_MESSAGES)
+        if self.tools is not None and not self.tools:  # OpenAI's rule, and vLLM's
+            raise ParamError("tools", "tools must not be an empty array: give at least one tool "
+                             "or leave the field out.")
         if self.top_logprobs and not self.logprobs:
             raise ParamError("top_logprobs", "when using top_logprobs, logprobs must be true.")
         if self.tool_choice is not None and not self.tools and self.tool_choice != "none":
@@ -140,10 +144,15 @@ class ChatCompletionRequest(SamplingRequest):
         check_template_options(self.chat_template_kwargs, self.add_generation_prompt,
                                self.continue_final_message)
 
-    @property
-    def echoed(self) -> str:
-        """What ``echo`` puts before each choice's content ("" when nothing)."""
-        if self.echo and self.messages and self.messages[-1].role == "assistant":
+    def answer_role(self, response_role: str) -> str:
+        """The answer's role (vLLM): ``response_role`` after the generation prompt, else the
+        last message's (the answer goes on in its voice)."""
+        return response_role if self.add_generation_prompt else self.messages[-1].role
+
+    def echoed(self, role: str) -> str:
+        """What ``echo`` puts before each choice's content: the last message's text when it
+        has the answer's ``role`` (vLLM), else ""."""
+        if self.echo and self.messages and self.messages[-1].role == role:
             return self.messages[-1].text()
         return ""
 

@@ -3,18 +3,32 @@
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from cadence.server.protocol import OpenAIModel
 from cadence.server.protocol_chat import ToolCall
+
+
+class PromptTokenUsageInfo(OpenAIModel):
+    cached_tokens: int | None = None
 
 
 class UsageInfo(OpenAIModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    # With --enable-prompt-tokens-details and a prefix-cache hit (vLLM).
+    prompt_tokens_details: PromptTokenUsageInfo | None = None
+
+    @classmethod
+    def of(cls, prompt: int, completion: int, cached: int | None = None) -> UsageInfo:
+        """``cached``: the prompt tokens the prefix cache supplied, shown when some were."""
+        return cls(prompt_tokens=prompt, completion_tokens=completion,
+                   total_tokens=prompt + completion,
+                   prompt_tokens_details=PromptTokenUsageInfo(cached_tokens=cached)
+                   if cached else None)
 
 
 class CompletionLogProbs(OpenAIModel):
@@ -81,6 +95,14 @@ class ChatResponseMessage(OpenAIModel):
     content: str | None = None
     reasoning: str | None = None  # with --reasoning-parser (vLLM's field)
     tool_calls: list[ToolCall] = Field(default_factory=list)  # with --tool-call-parser
+
+    @model_serializer(mode="wrap")
+    def _no_empty_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # An answer without calls has no tool_calls key (OpenAI's and vLLM's message).
+        data = handler(self)
+        if not data.get("tool_calls"):
+            data.pop("tool_calls", None)
+        return data
 
 
 class ChatCompletionResponseChoice(OpenAIModel):

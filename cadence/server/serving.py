@@ -25,6 +25,7 @@ from cadence.server.protocol_responses import (
     PromptLogprob,
     PromptLogprobs,
 )
+from cadence.server.settings import ResponseOptions
 from cadence.server.token_bytes import TokenBytes
 
 if TYPE_CHECKING:
@@ -55,6 +56,8 @@ class StartedRequest:
 
 
 class OpenAIServing:
+    options = ResponseOptions()  # the server's (--response-role and the like)
+
     def __init__(self, engine: AsyncLLM, served_model_name: str,
                  aliases: tuple[str, ...] = ()) -> None:
         self.engine = engine
@@ -220,10 +223,12 @@ def token_text(token_id: int, lp: Logprob, as_ids: bool = False) -> str:
 
 
 def top_by_rank(row: dict[int, Logprob], n: int) -> list[tuple[int, Logprob]]:
-    """The ``n`` most likely entries of one logprobs row, most likely first."""
-    if n <= 0:
+    """The ``n`` most likely entries of one logprobs row, most likely first; -1: all of them
+    (a row of the whole vocabulary)."""
+    if n == 0:
         return []
-    return sorted(row.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else 1 << 30)[:n]
+    ranked = sorted(row.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else 1 << 30)
+    return ranked if n < 0 else ranked[:n]
 
 
 async def merge_async_iterators(

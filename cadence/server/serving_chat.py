@@ -117,7 +117,7 @@ class ChatStream:
                           if reasoning is not None else None)
         self.frames = ChatFrames(request_id, model)
         self.stream = FrameStream(1)
-        self.prompt_tokens = self.completion_tokens = 0
+        self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
         self.choice_tokens = [0] * request.n  # continuous usage counts each choice's own (vLLM)
         self.finished = False
         self.prompt_token_ids: list[int] | None = None  # set when return_token_ids
@@ -129,6 +129,7 @@ class ChatStream:
         def render(out: RequestOutput) -> str | None:
             c = out.outputs[0]
             self.prompt_tokens = len(out.prompt_token_ids or [])
+            self.cached_tokens = out.num_cached_tokens or 0
             self.completion_tokens += len(c.token_ids)
             self.choice_tokens[c.index] += len(c.token_ids)
             self.finished = out.finished
@@ -280,6 +281,8 @@ class OpenAIServingChat(OpenAIServing):
         tools = self.parses_tools(request)
         started = await self.start_chat(request, request_id)
         final = await self.final_output(started, request.grammar_param)
+        role = request.answer_role(self.options.response_role)
+        echoed = request.echoed(role)
         choices = []
         completion_tokens = 0
         for c in final.outputs:
@@ -306,11 +309,11 @@ class OpenAIServingChat(OpenAIServing):
                 finish = tool_calls_finish(finish, splitter)
             calls = [ToolCall(id=p.id, function=FunctionCall(name=p.name, arguments=p.arguments))
                      for p in one_call_at_most(request, parsed or [])]
-            if request.echoed:
-                content = request.echoed + (content or "")
+            if echoed:
+                content = echoed + (content or "")
             choices.append(ChatCompletionResponseChoice(
                 index=c.index,
-                message=ChatResponseMessage(content=content, reasoning=reasoning,
+                message=ChatResponseMessage(role=role, content=content, reasoning=reasoning,
                                             tool_calls=calls),
                 logprobs=lps,
                 finish_reason=finish,
@@ -327,30 +330,31 @@ class OpenAIServingChat(OpenAIServing):
                               if request.return_token_ids else None),
             prompt_logprobs=(prompt_logprobs_out(final.prompt_logprobs)
                              if request.prompt_logprobs is not None else None),
-            usage=UsageInfo(
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-                total_tokens=prompt_tokens + completion_tokens,
-            ),
+            usage=UsageInfo.of(prompt_tokens, completion_tokens, self._cached(final)),
         )
+
+    def _cached(self, final: RequestOutput) -> int | None:
+        """The prompt's tokens from the prefix cache, where the usage shows them."""
+        return final.num_cached_tokens if self.options.enable_prompt_tokens_details else None
 
     async def stream(self, started: StartedRequest, cs: ChatStream) -> AsyncGenerator[str, None]:
         """SSE frames of a streamed chat completion; always ends with ``[DONE]``."""
         try:
-            echoed = cs.request.echoed
+            role = cs.request.answer_role(self.options.response_role)
+            echoed = cs.request.echoed(role)
+            usage = (cs.prompt_tokens, 0) if cs.request.continuous_usage else None
             for index in range(cs.n):
-                yield cs.frames.chunk(role="assistant", content="", index=index,
-                                      prompt_token_ids=cs.prompt_token_ids,
-                                      usage=((cs.prompt_tokens, 0)
-                                             if cs.request.continuous_usage else None))
+                yield cs.frames.chunk(role=role, content="", index=index,
+                                      prompt_token_ids=cs.prompt_token_ids, usage=usage)
                 if echoed:
-                    yield cs.frames.chunk(content=echoed, index=index)
+                    yield cs.frames.chunk(content=echoed, index=index, usage=usage)
             while (frames := await cs.stream.next()) is not None:
                 yield frames
             if cs.stream.error is not None:
                 yield stream_error_frame(cs.stream.error, cs.request.grammar_param)
             elif cs.request.include_usage:
-                yield cs.frames.usage(cs.prompt_tokens, cs.completion_tokens)
+                cached = cs.cached_tokens if self.options.enable_prompt_tokens_details else None
+                yield cs.frames.usage(cs.prompt_tokens, cs.completion_tokens, cached)
         except Exception as exc:
             yield stream_error_frame(exc)
         finally:

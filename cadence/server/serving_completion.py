@@ -125,6 +125,7 @@ class CompletionStream:
         self.stream = FrameStream(n)
         self.with_ids = with_ids
         self.prompt_tokens = [0] * n
+        self.cached_tokens = [0] * n
         self.completion_tokens = [0] * n
         self.choice_tokens = [0] * choices  # continuous usage counts each choice's own (vLLM)
         self.cursors = [TextCursor() for _ in range(choices)]
@@ -143,6 +144,7 @@ class CompletionStream:
             if request.echo_only:
                 c = generated_nothing(c)
             self.prompt_tokens[i] = len(out.prompt_token_ids or [])
+            self.cached_tokens[i] = out.num_cached_tokens or 0
             self.completion_tokens[i] += len(c.token_ids)
             self.choice_tokens[k] += len(c.token_ids)
             self.finished[i] = out.finished
@@ -222,7 +224,7 @@ class OpenAIServingCompletion(OpenAIServing):
         started = await self.start_all(request, base_id)
         echo = self._echo(request)
         choices: list[CompletionResponseChoice] = []
-        usage = UsageInfo()
+        prompt_tokens = completion_tokens = cached = 0
         try:
             for s in started:
                 final = await self.final_output(s, request.grammar_param)
@@ -230,14 +232,16 @@ class OpenAIServingCompletion(OpenAIServing):
                     if request.echo_only:
                         c = generated_nothing(c)
                     choices.append(self._choice(request, final, c, s.index * request.n, echo))
-                    usage.completion_tokens += len(c.token_ids)
-                usage.prompt_tokens += len(final.prompt_token_ids or [])
+                    completion_tokens += len(c.token_ids)
+                prompt_tokens += len(final.prompt_token_ids or [])
+                cached += final.num_cached_tokens or 0
         except BaseException:
             self.abort([s.request_id for s in started])  # the others of a multi-prompt request
             raise
-        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+        details = self.options.enable_prompt_tokens_details
         return CompletionResponse(
-            id=base_id, model=self.served_model_name, choices=choices, usage=usage
+            id=base_id, model=self.served_model_name, choices=choices,
+            usage=UsageInfo.of(prompt_tokens, completion_tokens, cached if details else None),
         )
 
     def _choice(self, request: CompletionRequest, final: RequestOutput, c: CompletionOutput,
@@ -288,7 +292,9 @@ class OpenAIServingCompletion(OpenAIServing):
             if cs.stream.error is not None:
                 yield stream_error_frame(cs.stream.error, cs.request.grammar_param)
             elif cs.request.include_usage:
-                yield cs.frames.usage(sum(cs.prompt_tokens), sum(cs.completion_tokens))
+                cached = (sum(cs.cached_tokens) if self.options.enable_prompt_tokens_details
+                          else None)
+                yield cs.frames.usage(sum(cs.prompt_tokens), sum(cs.completion_tokens), cached)
         except Exception as exc:
             yield stream_error_frame(exc)
         finally:

@@ -5,11 +5,32 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_MAX_REQUEST_BODY_BYTES", "UVICORN_LOG_LEVELS", "ServerSettings"]
+__all__ = ["DEFAULT_MAX_REQUEST_BODY_BYTES", "UVICORN_LOG_LEVELS", "ResponseOptions",
+           "ServerSettings"]
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 1024 * 1024
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 _CORS_LISTS = ("allowed_origins", "allowed_methods", "allowed_headers")
+
+
+@dataclass(frozen=True)
+class ResponseOptions:
+    """What the server adds to or changes in its responses (vLLM's flags of the same names)."""
+
+    # The role of a chat answer when the prompt ends with the generation prompt.
+    response_role: str = "assistant"
+    # usage.prompt_tokens_details.cached_tokens: the prompt tokens the prefix cache supplied.
+    enable_prompt_tokens_details: bool = False
+    # Streamed responses end with a usage chunk whether or not stream_options asks for one.
+    enable_force_include_usage: bool = False
+    # Logprobs name tokens "token_id:N" unless a request says otherwise.
+    return_tokens_as_token_ids: bool = False
+    # Every response carries X-Request-Id: the request's header, else a new one.
+    enable_request_id_headers: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.response_role.strip():
+            raise ValueError("response_role must be a non-empty role name.")
 
 
 @dataclass(frozen=True)
@@ -56,6 +77,7 @@ class ServerSettings:
     tool_call_parser: str | None = None
     # Chat requests may carry their own Jinja chat template (vLLM's flag; off: a 400).
     trust_request_chat_template: bool = False
+    responses: ResponseOptions = ResponseOptions()
 
     def __post_init__(self) -> None:
         for name in _CORS_LISTS:

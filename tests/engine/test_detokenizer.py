@@ -60,7 +60,7 @@ def _stream(
     deltas, stop = [], None
     for i in range(0, len(ids), chunks):
         last = i + chunks >= len(ids)
-        stop = detok.update(ids[i : i + chunks], stop_terminated and last, finished=last)
+        stop = detok.update(ids[i : i + chunks], stop_terminated and last)
         done = last or stop is not None
         deltas.append(detok.get_next_output_text(done, delta=True))
         if stop is not None:
@@ -114,12 +114,17 @@ def test_random_byte_splits_round_trip(tokenizer: PreTrainedTokenizerFast) -> No
         assert all("\ufffd" not in d for d in deltas)
 
 
-def test_incomplete_character_at_the_end_is_flushed(tokenizer: PreTrainedTokenizerFast) -> None:
+def test_an_incomplete_character_at_the_end_is_left_out(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """vLLM's detokenizers never release a character whose bytes did not all come: the text
+    ends before it (``tokenizer.decode`` would show U+FFFD)."""
     ids = byte_ids(tokenizer, "ok😀")[:-1]  # the emoji's last byte never comes
     detok = IncrementalDetokenizer(tokenizer, _request([5]))
     deltas, _ = _stream(detok, ids)
     assert deltas[:2] == ["o", "k"]
-    assert "".join(deltas) == tokenizer.decode(ids) == "ok\ufffd"
+    assert "".join(deltas) == detok.output_text == "ok"
+    assert tokenizer.decode(ids) == "ok\ufffd"
 
 
 def test_skip_special_tokens(tokenizer: PreTrainedTokenizerFast) -> None:
@@ -173,7 +178,7 @@ def test_text_decoder_with_slow_decode_fn(tokenizer: PreTrainedTokenizerFast) ->
         return tokenizer.decode(ids, skip_special_tokens=skip)
 
     dec = TextDecoder(decode, tokenizer.encode("x"), skip_special_tokens=True)
-    out = "".join(dec.step(t) for t in byte_ids(tokenizer, "€uro")) + dec.flush()
+    out = "".join(dec.step(t) for t in byte_ids(tokenizer, "€uro"))
     assert out == "€uro"
     assert max(len(c) for c in calls) <= 6  # the window stays small
     assert make_decode_fn(tokenizer)([72, 73], True) == tokenizer.decode([72, 73])
@@ -221,8 +226,8 @@ def test_streaming_never_takes_back_a_stop_string(tokenizer: PreTrainedTokenizer
     detok = IncrementalDetokenizer(tokenizer, _request([5], stop=["STOP", "lo S"]))
     streamed = ""
     stop = None
-    for i, tok in enumerate(ids):
-        stop = detok.update([tok], False, finished=i == len(ids) - 1)
+    for tok in ids:
+        stop = detok.update([tok], False)
         streamed += detok.get_next_output_text(stop is not None, delta=True)
         assert "S" not in streamed  # nothing of a forming stop string was ever sent
         if stop:
@@ -293,23 +298,10 @@ def test_stop_strings_inside_min_tokens_of_one_update_do_not_count(
     end the request (vLLM), one after them does."""
     ids = byte_ids(tokenizer, "aSbS")
     detok = IncrementalDetokenizer(tokenizer, _request([5], stop=["S"], min_tokens=2))
-    assert detok.update(ids[:3], stop_terminated=False, finished=False) is None
+    assert detok.update(ids[:3], stop_terminated=False) is None
     assert detok.output_text == "aSb"
-    assert detok.update(ids[3:], stop_terminated=False, finished=False) == "S"
+    assert detok.update(ids[3:], stop_terminated=False) == "S"
     assert detok.output_text == "aSb"
-
-
-def test_text_flushed_at_exactly_min_tokens_is_not_checked_for_stops(
-    tokenizer: PreTrainedTokenizerFast,
-) -> None:
-    """A request that ends at exactly min_tokens tokens (max_tokens == min_tokens): the text its
-    last token flushes (a held-back partial character) lies within min_tokens; no stop counts."""
-    ids = byte_ids(tokenizer, "a") + byte_ids(tokenizer, "\u00e9")[:1]  # "a", half of "é"
-    for min_tokens, stop in ((2, None), (1, "\ufffd")):
-        detok = IncrementalDetokenizer(tokenizer, _request([5], stop=["\ufffd"],
-                                                           min_tokens=min_tokens))
-        assert detok.update(ids, stop_terminated=False, finished=True) == stop
-        assert detok.output_text == ("a\ufffd" if stop is None else "a")
 
 
 def test_stop_strings_hold_text_back_unless_they_go_out_anyway(
@@ -341,3 +333,67 @@ def test_a_byte_run_that_never_completes_goes_out_after_sixteen_tokens(
         lengths.append(len(detok.output_text))
     assert lengths[:15] == [0] * 15 and lengths[15] > 0
     assert set(detok.output_text) == {"\ufffd"}
+
+
+def _metaspace_tokenizer() -> PreTrainedTokenizerFast:
+    """SentencePiece-style (Llama 2): words carry a leading "▁" that the decoder turns into a
+    space, and strips at the start of a text."""
+    from tokenizers import AddedToken, normalizers
+
+    words = ["<unk>", "<s>", "</s>", "▁", "▁Hello", "▁world", "Hello", "world"]
+    tk = Tokenizer(models.BPE(vocab={w: i for i, w in enumerate(words)}, merges=[],
+                              unk_token="<unk>"))
+    tk.normalizer = normalizers.Sequence([normalizers.Prepend("▁"),
+                                          normalizers.Replace(" ", "▁")])
+    tk.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.Fuse(),
+                                    decoders.Strip(" ", 1, 0)])
+    tk.add_special_tokens([AddedToken(t, special=True) for t in ("<unk>", "<s>", "</s>",
+                                                                 "<|sp|>")])
+    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")
+
+
+@pytest.mark.parametrize("specials", [1, 15, 16, 40])
+def test_a_run_of_skipped_special_tokens_keeps_the_words_space(specials: int) -> None:
+    """Skipped special tokens add no text; however many come, the next word keeps the space
+    its decoding after the prompt gives (the text tokenizer.decode of it all shows)."""
+    tok = _metaspace_tokenizer()
+    vocab = tok.get_vocab()
+    prompt = [tok.bos_token_id, vocab["▁Hello"]]
+    ids = [vocab["<|sp|>"]] * specials + [vocab["▁world"]]
+    detok = IncrementalDetokenizer(tok, _request(prompt))
+    deltas, _ = _stream(detok, ids)
+    whole = tok.decode(prompt + ids, skip_special_tokens=True)
+    assert whole == "Hello world"
+    assert "".join(deltas) == whole[len(tok.decode(prompt, skip_special_tokens=True)):]
+
+
+def _wordpiece_tokenizer() -> PreTrainedTokenizerFast:
+    """BERT-style WordPiece: the decoder puts a space between tokens."""
+    from tokenizers import AddedToken
+
+    words = ["[UNK]", "[CLS]", "[SEP]", "hello", "world", "##s"]
+    tk = Tokenizer(models.WordPiece(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tk.decoder = decoders.WordPiece(prefix="##")
+    tk.add_special_tokens([AddedToken("[CLS]", special=True), AddedToken("[SEP]", special=True)])
+    return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", cls_token="[CLS]",
+                                   sep_token="[SEP]", eos_token="[SEP]")
+
+
+def test_spaces_between_special_tokens_false_joins_adjacent_added_tokens() -> None:
+    """vLLM: with special tokens kept and spaces_between_special_tokens False, an added token
+    right after another is its bare content; other tokens keep the decoder's spacing."""
+    tok = _wordpiece_tokenizer()
+    vocab = tok.get_vocab()
+    prompt = [vocab["hello"]]
+    ids = [vocab["[CLS]"], vocab["[SEP]"], vocab["[SEP]"], vocab["world"], vocab["##s"],
+           vocab["[SEP]"]]
+    spaced = IncrementalDetokenizer(tok, _request(prompt, skip_special_tokens=False))
+    joined = IncrementalDetokenizer(tok, _request(prompt, skip_special_tokens=False,
+                                                  spaces_between_special_tokens=False))
+    assert "".join(_stream(spaced, ids)[0]) == " [CLS] [SEP] [SEP] worlds [SEP]"
+    assert "".join(_stream(joined, ids)[0]) == " [CLS][SEP][SEP] worlds [SEP]"
+    # Skipped special tokens: the flag has nothing to join (vLLM ignores it then).
+    skipped = IncrementalDetokenizer(tok, _request(prompt, spaces_between_special_tokens=False))
+    assert "".join(_stream(skipped, ids)[0]) == " worlds"

@@ -80,8 +80,6 @@ def test_tool_calls_reach_the_template_as_objects(llm) -> None:
      "only text parts"),
     ([{"role": "user", "content": "a"}], {"continue_final_message": True},
      "cannot both be true"),
-    ([{"role": "user", "content": "a"}], {"continue_final_message": True,
-                                          "add_generation_prompt": False}, "from the assistant"),
     ([{"role": "user", "content": "a"}], {"chat_template_kwargs": {"tools": []}},
      "cannot set tools"),
     ([{"role": "user", "content": "a"}], {"chat_template": "{{ raise_exception('no') }}"},

@@ -179,13 +179,6 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
         "min_tokens",
         "max_tokens",
     ),
-    (
-        CHAT,
-        {"messages": MSG, "continue_final_message": True, "add_generation_prompt": False},
-        400,
-        "continue_final_message",
-        "assistant",
-    ),
 ]
 
 
