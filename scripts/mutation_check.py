@@ -1187,6 +1187,16 @@ MUTATIONS = [
     Mutation("cached-tokens-hidden", "usage never shows the prefix cache's tokens",
              "cadence/server/protocol_responses.py", "                   if cached else None)",
              "                   if False else None)", ("tests/server/test_response_options.py",)),
+    Mutation("victim-blocks-stay-cached", "a priority victim taken out of the step keeps the "
+             "blocks it registered", "cadence/scheduler/scheduler.py",
+             "                            kv.uncache_unwritten(victim, victim.num_computed_tokens)",
+             "                            pass",
+             ("tests/scheduler/test_scheduler_random.py::"
+              "test_random_workload_with_long_prefill_chunks",)),
+    Mutation("refused-blocks-stay-cached", "a request the runner refused keeps its registered "
+             "blocks", "cadence/scheduler/scheduler.py",
+             "            self.kv_cache_manager.uncache_unwritten(self.requests[req_id], 0)",
+             "            pass", ("tests/scheduler/test_kv_cache_manager.py",)),
     Mutation("qwen-window-ignored", "Qwen's use_sliding_window slides no layer",
              "cadence/model/arch.py",
              'or (qwen and bool(getattr(config, "use_sliding_window", False))))',

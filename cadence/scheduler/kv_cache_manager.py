@@ -210,6 +210,25 @@ class KVCacheManager:
                                           num_full)
         self.num_cached_block[req_id] = num_full
 
+    def uncache_unwritten(self, request: Request, num_written_tokens: int) -> None:
+        """Take out of the prefix cache the request's registered blocks past its first
+        ``num_written_tokens`` that it alone holds: an allocation registers blocks before the
+        step that fills them runs, so a request taken back out of that step (a priority victim
+        scheduled earlier in the same schedule) or refused by the runner must not leave them
+        to be hit. A block another request holds too stays (it was a hit, written before)."""
+        if not self.enable_caching:
+            return
+        if self._deferred:  # the registrations asked for so far happen first, in order
+            self.flush_deferred()
+        req_id = request.request_id
+        blocks = self.req_to_blocks.get(req_id)
+        num_cached = self.num_cached_block.get(req_id, 0)
+        first = num_written_tokens // self.block_size
+        if not blocks or num_cached <= first:
+            return
+        self.block_pool.evict_blocks([b for b in blocks[first:num_cached] if b.ref_cnt == 1])
+        self.num_cached_block[req_id] = first
+
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, so its last blocks are evicted first."""
         req_id = request.request_id

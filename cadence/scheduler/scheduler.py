@@ -229,6 +229,8 @@ class Scheduler:
                             token_budget += victim_tokens
                             del new_blocks_of[victim.request_id]
                             scheduled_running.remove(victim)
+                            # NOTE: its allocation registered blocks this step no longer fills.
+                            kv.uncache_unwritten(victim, victim.num_computed_tokens)
                 else:
                     victim = running.pop()
                 self._preempt_request(victim)
@@ -435,6 +437,8 @@ class Scheduler:
         ``scheduled``: the step's requests, so that an id aborted and reused since is spared."""
         live = [r for r in failed if r in self.requests
                 and (scheduled is None or scheduled.get(r, self.requests[r]) is self.requests[r])]
+        for req_id in live:  # a refused request's step may not have filled what it registered
+            self.kv_cache_manager.uncache_unwritten(self.requests[req_id], 0)
         self.finish_requests(live, RequestStatus.FINISHED_ERROR)
         return [
             EngineCoreOutput(r, [], finish_reason=FinishReason.ERROR, error=failed[r]) for r in live

@@ -212,3 +212,24 @@ def test_reset_prefix_cache():
     manager.free(req0)
     assert manager.reset_prefix_cache()
     assert manager.get_computed_blocks(make_request("1", list(range(40)))) == ([], 0)
+
+
+def test_a_request_the_runner_refused_leaves_no_cached_blocks() -> None:
+    """Its allocation registered its prompt's full blocks before the step ran; the runner
+    refused it (no block written), so a later request with the same prompt hits nothing."""
+    from cadence.scheduler.request import RequestStatus
+    from tests.scheduler.factories import create_requests, create_scheduler, output_for
+
+    scheduler = create_scheduler(block_size=4)
+    first, again = create_requests(2, num_tokens=10, same_prompt=True, block_size=4)
+    scheduler.add_request(first)
+    so = scheduler.schedule()
+    out = output_for(so)
+    out.failed_requests[first.request_id] = "ValueError: refused"
+    out.sampled_token_ids = [[] for _ in out.sampled_token_ids]
+    scheduler.update_from_output(so, out)
+    assert first.status == RequestStatus.FINISHED_ERROR
+    scheduler.add_request(again)
+    so = scheduler.schedule()
+    assert so.scheduled_new_reqs[0].num_computed_tokens == 0
+    assert so.num_scheduled_tokens[again.request_id] == 10

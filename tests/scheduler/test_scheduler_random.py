@@ -187,6 +187,7 @@ def run_simulation(
     enable_chunked_prefill: bool = True,
     defer_prefix_caching: bool = False,
     flush_probability: float = 1.0,
+    long_prefill_token_threshold: int = 0,
 ) -> list[tuple]:
     """Run the workload; return its transcript: what every step scheduled (new requests with
     their blocks and hits, running requests with their new blocks, preemptions)."""
@@ -204,6 +205,7 @@ def run_simulation(
         async_scheduling=async_scheduling,
         policy=policy,
         defer_prefix_caching=defer_prefix_caching,
+        long_prefill_token_threshold=long_prefill_token_threshold,
     )
     depth = 2 if async_scheduling else 1
     hasher = make_block_hasher(BLOCK_SIZE)
@@ -312,6 +314,17 @@ def summarize(so: SchedulerOutput) -> tuple:
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 def test_random_workload(policy: str, async_scheduling: bool):
     run_simulation(policy, async_scheduling, seed=1234, num_steps=1500)
+
+
+@pytest.mark.parametrize("defer", [False, True], ids=["now", "deferred"])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_random_workload_with_long_prefill_chunks(async_scheduling: bool, defer: bool):
+    """Capped chunks let a running prefill allocate (and register) blocks in a step before a
+    later request's allocation preempts it under the priority policy: what it registered that
+    step is never filled, and no later request may read it."""
+    for seed in (1, 2, 3):
+        run_simulation("priority", async_scheduling, seed=seed, num_steps=600,
+                       long_prefill_token_threshold=5, defer_prefix_caching=defer)
 
 
 def test_random_workload_without_chunked_prefill():
