@@ -1197,6 +1197,12 @@ MUTATIONS = [
              "blocks", "cadence/scheduler/scheduler.py",
              "            self.kv_cache_manager.uncache_unwritten(self.requests[req_id], 0)",
              "            pass", ("tests/scheduler/test_kv_cache_manager.py",)),
+    Mutation("kv-fit-counts-last-token", "the last completion token is counted as a KV slot",
+             "cadence/engine/input_processor.py",
+             "        if fit is not None and num_prompt + max_tokens - 1 > fit:",
+             "        if fit is not None and num_prompt + max_tokens > fit:",
+             ("tests/engine/test_llm_correctness.py::"
+              "test_a_request_that_fills_the_kv_cache_exactly_runs_without_preemption",)),
     Mutation("qwen-window-ignored", "Qwen's use_sliding_window slides no layer",
              "cadence/model/arch.py",
              'or (qwen and bool(getattr(config, "use_sliding_window", False))))',

@@ -279,17 +279,19 @@ class InputProcessor:
                 "prompt",
                 num_prompt,
             )
+        # The KV slots a request needs: its prompt and every completion token but the last
+        # (never fed back), so at most ``fit`` + 1 tokens in all.
         fit = self._kv_token_capacity()
-        if fit is not None and num_prompt + 1 > fit:
+        if fit is not None and num_prompt > fit:
             raise InputValidationError(
                 f"The prompt has {num_prompt} tokens but the KV cache holds at most {fit} tokens "
-                f"per request (prompt + max_tokens). Please reduce the length of the prompt.",
+                f"per request. Please reduce the length of the prompt.",
                 "prompt",
                 num_prompt,
             )
         if max_tokens is None:
             # Unset: as many as the context (and the KV cache) allow.
-            return min(limit, fit if fit is not None else limit) - num_prompt
+            return min(limit, fit + 1 if fit is not None else limit) - num_prompt
         if not strict:  # the engine's rule: capped at the context (vLLM ends it with "length")
             max_tokens = min(max_tokens, limit - num_prompt)
         if num_prompt + max_tokens > limit:
@@ -301,12 +303,13 @@ class InputProcessor:
                 "max_tokens",
                 max_tokens,
             )
-        if fit is not None and num_prompt + max_tokens > fit:
-            blocks = math.ceil((num_prompt + max_tokens) / self.block_size)
+        if fit is not None and num_prompt + max_tokens - 1 > fit:
+            blocks = math.ceil((num_prompt + max_tokens - 1) / self.block_size)
             raise InputValidationError(
                 f"The request needs {blocks} KV cache blocks ({num_prompt} prompt + {max_tokens} "
-                f"completion tokens) but the KV cache holds at most {fit} tokens per request. "
-                f"Please reduce max_tokens to at most {fit - num_prompt} or shorten the prompt.",
+                f"completion tokens, the last never cached) but the KV cache holds at most {fit} "
+                f"tokens per request. Please reduce max_tokens to at most {fit + 1 - num_prompt} "
+                "or shorten the prompt.",
                 "max_tokens",
                 max_tokens,
             )

@@ -19,10 +19,12 @@ def check_request_fits(
             f"(got priority={req.priority} with the fcfs policy)."
         )
     max_tokens = req.sampling_params.max_tokens or 0
-    total = len(req.prompt_token_ids) + max_tokens
+    # The last token sampled is never fed back: it needs no slot.
+    total = len(req.prompt_token_ids) + max(max_tokens - 1, 0)
     usable = num_kv_blocks - 1  # block 0 is the reserved null block
     if math.ceil(total / block_size) > usable:
         raise ValueError(
-            f"max_tokens: the request needs {total} tokens of KV cache but the whole cache "
-            f"holds {usable * block_size} tokens; reduce the prompt or max_tokens."
+            f"max_tokens: the request needs {total} tokens of KV cache (the prompt and every "
+            f"completion token but the last) but the whole cache holds {usable * block_size} "
+            "tokens; reduce the prompt or max_tokens."
         )

@@ -110,10 +110,21 @@ def test_max_tokens_none_resolves_to_the_rest_of_the_context(
         "r", {"prompt_token_ids": [3] * 10}, SamplingParams(max_tokens=None)
     )
     assert req.sampling_params.max_tokens == 54
-    # With a small KV cache the default is capped to what fits: (5 - 1) blocks * 4 tokens.
+    # With a small KV cache the default is capped to what fits: (5 - 1) blocks * 4 tokens of
+    # KV, for the prompt and every completion token but the last (never fed back).
     proc = _proc(tokenizer, num_kv_blocks=5, block_size=4)
     req, _ = proc.process("r", {"prompt_token_ids": [3] * 10}, SamplingParams(max_tokens=None))
-    assert req.sampling_params.max_tokens == 6
+    assert req.sampling_params.max_tokens == 7
+    req, _ = proc.process("r", {"prompt_token_ids": [3] * 16}, SamplingParams(max_tokens=1),
+                          strict_max_tokens=True)
+    assert req.sampling_params.max_tokens == 1  # a full cache, one token sampled
+    with pytest.raises(InputValidationError, match="at most 1 ") as info:
+        proc.process("r", {"prompt_token_ids": [3] * 16}, SamplingParams(max_tokens=2),
+                      strict_max_tokens=True)
+    assert info.value.parameter == "max_tokens"
+    with pytest.raises(InputValidationError) as info:
+        proc.process("r", {"prompt_token_ids": [3] * 17}, SamplingParams(max_tokens=1))
+    assert info.value.parameter == "prompt"
 
 
 @pytest.mark.parametrize(
@@ -185,13 +196,16 @@ def test_prompt_alone_too_long(tokenizer: PreTrainedTokenizerFast, length: int) 
 
 def test_request_larger_than_the_kv_cache(tokenizer: PreTrainedTokenizerFast) -> None:
     proc = _proc(tokenizer, num_kv_blocks=4, block_size=4)  # 3 usable blocks: 12 tokens
-    proc.process("ok", {"prompt_token_ids": [3] * 8}, SamplingParams(max_tokens=4))
+    # 8 prompt tokens and 5 completion tokens: the last is never cached, 12 slots.
+    proc.process("ok", {"prompt_token_ids": [3] * 8}, SamplingParams(max_tokens=5))
     with pytest.raises(InputValidationError, match="at most 12 tokens") as info:
-        proc.process("r", {"prompt_token_ids": [3] * 8}, SamplingParams(max_tokens=5))
+        proc.process("r", {"prompt_token_ids": [3] * 8}, SamplingParams(max_tokens=6))
     assert info.value.parameter == "max_tokens"
-    assert "at most 4" in str(info.value)
+    assert "at most 5" in str(info.value)
+    req, _ = proc.process("r", {"prompt_token_ids": [3] * 12}, SamplingParams(max_tokens=None))
+    assert req.sampling_params.max_tokens == 1
     with pytest.raises(InputValidationError, match="at most 12 tokens") as info:
-        proc.process("r", {"prompt_token_ids": [3] * 12}, SamplingParams(max_tokens=None))
+        proc.process("r", {"prompt_token_ids": [3] * 13}, SamplingParams(max_tokens=None))
     assert info.value.parameter == "prompt"
 
 

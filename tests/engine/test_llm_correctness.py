@@ -274,3 +274,23 @@ def test_detokenize_false_gives_ids_only():
     with pytest.raises(ValueError, match="detokenize"):
         SamplingParams(stop=["x"], detokenize=False)
     assert SamplingParams(extra_args={"k": 1}).clone().extra_args == {"k": 1}
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_request_that_fills_the_kv_cache_exactly_runs_without_preemption(async_scheduling):
+    """3 usable blocks of 16: 48 slots hold a 40-token prompt and 9 completion tokens (the
+    last is sampled, never fed back); 10 completion tokens are refused naming max_tokens."""
+    llm = LLM("tiny", num_gpu_blocks_override=4, block_size=16, max_model_len=128,
+              async_scheduling=async_scheduling)
+    try:
+        prompt = {"prompt_token_ids": [5 + i % 50 for i in range(40)]}
+        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=9,
+                                                    ignore_eos=True), use_tqdm=False)[0]
+        assert len(out.outputs[0].token_ids) == 9
+        assert llm.engine_core.scheduler.num_preemptions == 0
+        with pytest.raises(ValueError, match="max_tokens") as info:
+            llm.generate([prompt], SamplingParams(max_tokens=10), use_tqdm=False)
+        assert "at most 9" in str(info.value)
+        assert llm.engine_core.num_free_kv_blocks == llm.engine_core.num_kv_blocks - 1
+    finally:
+        llm.shutdown()

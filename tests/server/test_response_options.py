@@ -153,9 +153,8 @@ def test_minus_one_logprobs_are_the_vocabulary(server_factory) -> None:
 
 @pytest.fixture(scope="module")
 def shaped(request) -> Any:
-    from tests.server.conftest import start_server, tiny_args
-
     from cadence.engine.async_llm import AsyncLLM
+    from tests.server.conftest import start_server, tiny_args
 
     options = ResponseOptions(response_role="narrator", enable_prompt_tokens_details=True,
                               enable_force_include_usage=True, return_tokens_as_token_ids=True,
