@@ -1203,6 +1203,11 @@ MUTATIONS = [
              "        if fit is not None and num_prompt + max_tokens > fit:",
              ("tests/engine/test_llm_correctness.py::"
               "test_a_request_that_fills_the_kv_cache_exactly_runs_without_preemption",)),
+    Mutation("preempted-lookups-counted", "a resumed request's lookup counts toward the hit rate",
+             "cadence/scheduler/kv_cache_manager.py",
+             "        if request.num_preemptions > 0:\n            stats.preempted_requests",
+             "        if False:\n            stats.preempted_requests",
+             ("tests/scheduler/test_scheduler_resume.py",)),
     Mutation("qwen-window-ignored", "Qwen's use_sliding_window slides no layer",
              "cadence/model/arch.py",
              'or (qwen and bool(getattr(config, "use_sliding_window", False))))',

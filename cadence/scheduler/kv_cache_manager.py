@@ -31,11 +31,16 @@ _NO_BLOCKS: list[KVCacheBlock] = []
 
 @dataclass
 class PrefixCacheStats:
-    """Cumulative prefix-cache lookups of admitted requests, counted in tokens."""
+    """Cumulative prefix-cache lookups of admitted requests, counted in tokens. A preempted
+    request's lookups on readmission are counted apart (vLLM's ``preempted_*``), so a victim
+    finding its own blocks again does not raise the hit rate."""
 
     requests: int = 0
     queries: int = 0
     hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
 
 
 class KVCacheManager:
@@ -98,10 +103,16 @@ class KVCacheManager:
         return hits, len(hits) * self.block_size
 
     def record_prefix_cache_lookup(self, request: Request, num_hit_tokens: int) -> None:
-        """Count one admitted request's lookup (the scheduler calls this once per admission)."""
-        if not self.enable_caching:
+        """Count one admitted request's lookup (the scheduler calls this once per admission);
+        a request that reads no cached block (prompt logprobs) made none (vLLM)."""
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return
         stats = self.prefix_cache_stats
+        if request.num_preemptions > 0:
+            stats.preempted_requests += 1
+            stats.preempted_queries += request.num_tokens
+            stats.preempted_hits += num_hit_tokens
+            return
         stats.requests += 1
         stats.queries += request.num_tokens
         stats.hits += num_hit_tokens

@@ -233,3 +233,18 @@ def test_a_request_the_runner_refused_leaves_no_cached_blocks() -> None:
     so = scheduler.schedule()
     assert so.scheduled_new_reqs[0].num_computed_tokens == 0
     assert so.num_scheduled_tokens[again.request_id] == 10
+
+
+def test_a_request_that_reads_no_cached_block_is_no_lookup() -> None:
+    """vLLM: a request with prompt logprobs skips the cache, and its admission counts neither
+    as a request nor as queries."""
+    manager = make_manager()
+    plain = make_request("plain", list(range(40)))
+    scoring = Request("scoring", list(range(40)), SamplingParams(max_tokens=1, prompt_logprobs=1),
+                      eos_token_id=100, block_hasher=make_block_hasher(BLOCK_SIZE))
+    for request in (plain, scoring):
+        hits, n = manager.get_computed_blocks(request)
+        manager.record_prefix_cache_lookup(request, n)
+        manager.allocate_slots(request, 40 - n, n, hits)
+    stats = manager.prefix_cache_stats
+    assert (stats.requests, stats.queries, stats.hits) == (1, 40, 0)
