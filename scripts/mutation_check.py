@@ -1208,6 +1208,24 @@ MUTATIONS = [
              "        if request.num_preemptions > 0:\n            stats.preempted_requests",
              "        if False:\n            stats.preempted_requests",
              ("tests/scheduler/test_scheduler_resume.py",)),
+    Mutation("late-aborts", "an abort that arrives during a step is applied after its update",
+             "cadence/engine/core.py",
+             "        output = pending.get_output()\n        self._apply_early_aborts()\n"
+             "        with nvtx_range(\"update\"):\n"
+             "            outs = self.scheduler.update_from_output(so, output)\n"
+             "        return outs, so.total",
+             "        output = pending.get_output()\n"
+             "        with nvtx_range(\"update\"):\n"
+             "            outs = self.scheduler.update_from_output(so, output)\n"
+             "        return outs, so.total",
+             ("tests/engine/test_core.py::"
+              "test_an_abort_that_arrives_during_a_step_takes_none_of_its_tokens",)),
+    Mutation("core-fit-counts-last-token", "the core counts the last completion token as a slot",
+             "cadence/engine/request_checks.py",
+             "    total = len(req.prompt_token_ids) + max(max_tokens - 1, 0)",
+             "    total = len(req.prompt_token_ids) + max_tokens",
+             ("tests/engine/test_core.py::"
+              "test_the_core_refuses_requests_its_configuration_cannot_serve",)),
     Mutation("qwen-window-ignored", "Qwen's use_sliding_window slides no layer",
              "cadence/model/arch.py",
              'or (qwen and bool(getattr(config, "use_sliding_window", False))))',

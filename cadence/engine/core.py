@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import queue
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 
@@ -82,6 +83,8 @@ class EngineCore:
                               if cfg.cache.enable_prefix_caching else None)
         self.batch_queue_size = cfg.scheduler.max_concurrent_batches
         self.batch_queue: deque[tuple[AsyncModelRunnerOutput, SchedulerOutput]] = deque()
+        # Abort ids handed over by the loop thread as they arrive (``EngineCoreProc.send``).
+        self.early_aborts: queue.SimpleQueue[list[str]] = queue.SimpleQueue()
         self._compiling: set[Future] = set()  # grammars of waiting requests, not yet compiled
         logger.info(
             "Engine: model=%s arch=%s device=%s dtype=%s max_model_len=%d max_num_seqs=%d "
@@ -156,6 +159,13 @@ class EngineCore:
         # Idempotent: unknown and already-finished ids are ignored by the scheduler.
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
+    def _apply_early_aborts(self) -> None:
+        """Aborts that arrived while a step ran, applied before its update (vLLM): an aborted
+        request gets none of the step's tokens. Their queued copies find them finished."""
+        early = self.early_aborts
+        while not early.empty():
+            self.abort_requests(early.get_nowait())
+
     def has_work(self) -> bool:
         return self.scheduler.has_requests() or bool(self.batch_queue)
 
@@ -177,8 +187,10 @@ class EngineCore:
             self._check_stall()
         pending = self.runner.execute_model(so)
         self.scheduler.flush_deferred_caching()  # while the step runs
+        output = pending.get_output()
+        self._apply_early_aborts()
         with nvtx_range("update"):
-            outs = self.scheduler.update_from_output(so, pending.get_output())
+            outs = self.scheduler.update_from_output(so, output)
         return outs, so.total_num_scheduled_tokens > 0
 
     def step_with_batch_queue(self) -> tuple[EngineCoreOutputs | None, bool]:
@@ -200,8 +212,10 @@ class EngineCore:
         elif not queue:
             return None, False
         pending, so = queue.pop()
+        output = pending.get_output()
+        self._apply_early_aborts()
         with nvtx_range("update"):
-            outs = self.scheduler.update_from_output(so, pending.get_output())
+            outs = self.scheduler.update_from_output(so, output)
         return outs, executed
 
     def _check_stall(self) -> None:

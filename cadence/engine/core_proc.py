@@ -218,6 +218,12 @@ class EngineCoreProc:
         return self._thread.is_alive() and self._error is None and not self._stopped
 
     def send(self, request_type: RequestType, payload: Any = None) -> None:
+        if request_type is RequestType.ABORT and self._core is not None:
+            # Also handed to the core at once: a step in progress applies it before its
+            # update (vLLM's aborts queue); the queued copy keeps its order after an ADD.
+            early = getattr(self._core, "early_aborts", None)
+            if early is not None:
+                early.put(payload)
         self.input_queue.put((request_type, payload))
 
     def shutdown(self, timeout: float | None = 10.0) -> None:

@@ -94,11 +94,12 @@ def test_the_core_refuses_requests_its_configuration_cannot_serve() -> None:
     try:
         with pytest.raises(ValueError, match="priority"):
             core.add_request(request("p", priority=1))  # the fcfs policy takes no priority
-        # (NUM_BLOCKS - 1) usable blocks of 16 tokens: 1008 tokens of KV cache in all.
+        # (NUM_BLOCKS - 1) usable blocks of 16 tokens: 1008 tokens of KV cache in all, for the
+        # prompt and every completion token but the last (never fed back).
         with pytest.raises(ValueError, match="max_tokens"):
-            core.add_request(request("big", max_tokens=1008 - len(PROMPT) + 1))
+            core.add_request(request("big", max_tokens=1008 - len(PROMPT) + 2))
         assert not core.has_work()
-        core.add_request(request("fits", max_tokens=1008 - len(PROMPT)))
+        core.add_request(request("fits", max_tokens=1008 - len(PROMPT) + 1))
         assert core.has_work()
     finally:
         core.shutdown()
@@ -116,5 +117,44 @@ def test_equal_priorities_run_in_the_arrival_order_the_requests_carry() -> None:
             outs, _ = core.step_fn()
             order += [rid for rid in tokens_of(outs) if rid not in order]
         assert order == ["early", "late"]
+    finally:
+        core.shutdown()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_an_abort_that_arrives_during_a_step_takes_none_of_its_tokens(
+        async_scheduling: bool) -> None:
+    """vLLM applies the aborts that came in while a step ran before that step's update: the
+    aborted request gets no token from it, its neighbour does, and its blocks are freed."""
+    core = make_core(async_scheduling=async_scheduling)
+    try:
+        core.add_request(request("a", max_tokens=8))
+        core.add_request(request("b", max_tokens=8))
+        execute = core.runner.execute_model
+
+        def execute_and_abort(so):
+            pending = execute(so)
+            get_output = pending.get_output
+
+            def abort_then_output():
+                core.early_aborts.put(["a"])  # as EngineCoreProc.send hands it over
+                return get_output()
+
+            pending.get_output = abort_then_output
+            core.runner.execute_model = execute  # only the first step
+            return pending
+
+        core.runner.execute_model = execute_and_abort
+        got: dict[str, list[int]] = {}
+        finished: list[str] = []
+        while core.has_work():
+            outs, _ = core.step_fn()
+            for rid, ids in tokens_of(outs).items():
+                got.setdefault(rid, []).extend(ids)
+            finished += [o.request_id for o in (outs.outputs if outs else [])
+                         if o.finish_reason is not None]
+        assert "a" not in got and len(got["b"]) == 8
+        assert core.scheduler.kv_cache_manager.usage == 0.0
+        assert core.early_aborts.empty()
     finally:
         core.shutdown()
