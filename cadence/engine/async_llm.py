@@ -409,6 +409,12 @@ class AsyncLLM:
         """Push fresh scheduler statistics to every stat logger (e.g. before a scrape)."""
         self._record_stats(await self.get_scheduler_stats(), None)
 
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget every cached prefix, between two engine steps (vLLM's). False while requests
+        hold blocks, unless ``reset_running_requests`` preempts them (they recompute)."""
+        return await self.engine_core.call_utility_async("reset_prefix_cache",
+                                                         reset_running_requests)
+
     async def get_num_free_kv_blocks(self) -> int:
         return await self.engine_core.call_utility_async("num_free_kv_blocks")
 

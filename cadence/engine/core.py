@@ -172,6 +172,11 @@ class EngineCore:
     def make_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
 
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget every cached prefix (vLLM's; e.g. after the weights changed). False while
+        requests hold blocks, unless ``reset_running_requests`` preempts them first."""
+        return self.scheduler.reset_prefix_cache(reset_running_requests)
+
     # Steps -----------------------------------------------------------------------------------
     @property
     def step_fn(self):

@@ -49,6 +49,12 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.frontend.tokenizer
 
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget every cached prefix (vLLM's ``LLM.reset_prefix_cache``); False if requests
+        still hold blocks (none do between ``generate`` calls)."""
+        self._check_open()
+        return self.engine_core.reset_prefix_cache(reset_running_requests)
+
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],

@@ -294,3 +294,42 @@ def test_a_request_that_fills_the_kv_cache_exactly_runs_without_preemption(async
         assert llm.engine_core.num_free_kv_blocks == llm.engine_core.num_kv_blocks - 1
     finally:
         llm.shutdown()
+
+
+def test_reset_prefix_cache_forgets_every_cached_prompt():
+    """vLLM's LLM.reset_prefix_cache / AsyncLLM.reset_prefix_cache: afterwards a prompt served
+    from the cache before is computed again, to the same tokens."""
+    import asyncio
+
+    from cadence.engine.async_llm import AsyncLLM
+    from tests.tiny import tiny_args
+
+    prompt = {"prompt_token_ids": list(range(3, 3 + 40))}  # two full blocks of 16
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    llm = LLM(**vars(tiny_args()))
+    try:
+        def run():
+            out = llm.generate([prompt], params, use_tqdm=False)[0]
+            return out.num_cached_tokens, out.outputs[0].token_ids
+
+        first = run()
+        assert run() == (32, first[1])
+        assert llm.reset_prefix_cache() is True
+        assert run() == (0, first[1])
+    finally:
+        llm.shutdown()
+
+    async def served() -> list[int]:
+        engine = AsyncLLM(tiny_args())
+        try:
+            cached = []
+            for reset in (False, False, True):
+                if reset:
+                    assert await engine.reset_prefix_cache() is True
+                outs = [o async for o in engine.generate(prompt, params, f"r{len(cached)}")]
+                cached.append(outs[-1].num_cached_tokens)
+            return cached
+        finally:
+            engine.shutdown()
+
+    assert asyncio.run(served()) == [0, 32, 0]
