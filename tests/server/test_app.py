@@ -29,6 +29,12 @@ def test_models_health_version(server, client: openai.OpenAI) -> None:
     models = client.models.list()
     assert [m.id for m in models.data] == ["tiny"]
     assert models.data[0].max_model_len == 512  # type: ignore[attr-defined]
+    card = httpx.get(server.base_url + "/v1/models").json()["data"][0]
+    # vLLM's card: the root model, no parent, one permission entry.
+    assert card["root"] == "tiny" and card["parent"] is None
+    (perm,) = card["permission"]
+    assert perm["object"] == "model_permission" and perm["id"].startswith("modelperm-")
+    assert perm["allow_sampling"] and perm["allow_logprobs"] and perm["organization"] == "*"
     assert httpx.get(server.base_url + "/health").status_code == 200
     version = httpx.get(server.base_url + "/version").json()["version"]
     assert version and isinstance(version, str)
