@@ -144,15 +144,30 @@ def render_conversation(
     if problem is not None:
         raise ValueError(problem[1])
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
-        return _chatml(conversation, add_generation_prompt, continue_final_message)
+        text = _chatml(conversation, add_generation_prompt, continue_final_message)
+    else:
+        try:
+            text = tokenizer.apply_chat_template(
+                conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, chat_template=chat_template,
+                tools=tools, **(chat_template_kwargs or {}),
+            )
+        except Exception as exc:  # jinja errors, template-level raise_exception()
+            raise ValueError(f"messages: chat template rendering failed: {exc}") from exc
+    if not isinstance(text, str) or not _is_unicode_text(text):
+        # A lone surrogate (a "\ud800" escape in tool-call arguments, or a template's own)
+        # cannot be tokenized.
+        raise ValueError("messages: the text cannot be tokenized (the rendered conversation "
+                         "holds a lone surrogate such as \\ud800).")
+    return text
+
+
+def _is_unicode_text(text: str) -> bool:
     try:
-        return tokenizer.apply_chat_template(
-            conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, chat_template=chat_template,
-            tools=tools, **(chat_template_kwargs or {}),
-        )
-    except Exception as exc:  # jinja errors, template-level raise_exception()
-        raise ValueError(f"messages: chat template rendering failed: {exc}") from exc
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _chatml(messages: list[dict[str, Any]], add_generation_prompt: bool,

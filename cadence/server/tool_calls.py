@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
+from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 from cadence.server.held_text import tag_prefix_len
 
 __all__ = ["TOOL_CALL_PARSERS", "ParsedCall", "ToolCallStream", "parse_forced_calls",
@@ -38,26 +40,53 @@ def new_call(name: str, arguments: str) -> ParsedCall:
     return ParsedCall(f"chatcmpl-tool-{uuid.uuid4().hex}", name, arguments)
 
 
+class _NotJson(Exception):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJson(name)  # NaN / Infinity: not JSON
+
+
+def _loads(text: str) -> Any:
+    """``text`` as JSON, or ``_NotJson``: model output may nest past the parser's recursion
+    limit, hold an integer past Python's digit limit, NaN or Infinity."""
+    if nesting_depth(text) > MAX_JSON_DEPTH:
+        raise _NotJson("too deep")
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        raise _NotJson(str(exc)) from None
+
+
+def _dumps(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)  # 1e999 parses as inf
+    except ValueError as exc:
+        raise _NotJson(str(exc)) from None
+
+
 def _call(body: str) -> ParsedCall | None:
     try:
-        obj = json.loads(body)
-    except json.JSONDecodeError:
+        obj = _loads(body)
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return None
+        args = obj.get("arguments", obj.get("parameters", {}))
+        # Arguments given as the text of a JSON object stay that text; any other value is
+        # serialized (a bare string too, as vLLM's parser does), so arguments are always JSON.
+        text = args if isinstance(args, str) and _is_json_object(args) else _dumps(args)
+    except _NotJson:
         return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    # Arguments given as the text of a JSON object stay that text; any other value is
-    # serialized (a bare string too, as vLLM's parser does), so arguments are always JSON.
-    text = args if isinstance(args, str) and _is_json_object(args) else json.dumps(
-        args, ensure_ascii=False)
     return new_call(obj["name"], text)
 
 
 def _is_json_object(text: str) -> bool:
     try:
-        return isinstance(json.loads(text), dict)
-    except json.JSONDecodeError:
+        value = _loads(text)
+        _dumps(value)
+    except _NotJson:
         return False
+    return isinstance(value, dict)
 
 
 def parse_forced_calls(text: str, named: str | None) -> list[ParsedCall] | None:
@@ -65,16 +94,16 @@ def parse_forced_calls(text: str, named: str | None) -> list[ParsedCall] | None:
     function ``named``, or a list of {name, parameters} (tool_choice "required"). None when the
     text is not that JSON (e.g. cut short by max_tokens)."""
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
+        value = _loads(text)
+        if named is not None:
+            _dumps(value)
+            return [new_call(named, text)]
+        if not isinstance(value, list) or not all(
+                isinstance(i, dict) and isinstance(i.get("name"), str) for i in value):
+            return None
+        return [new_call(i["name"], _dumps(i.get("parameters", {}))) for i in value]
+    except _NotJson:
         return None
-    if named is not None:
-        return [new_call(named, text)]
-    if not isinstance(value, list) or not all(
-            isinstance(i, dict) and isinstance(i.get("name"), str) for i in value):
-        return None
-    return [new_call(i["name"], json.dumps(i.get("parameters", {}), ensure_ascii=False))
-            for i in value]
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[ParsedCall]]:
@@ -140,5 +169,8 @@ class ToolCallStream:
                 new.append(call)
                 self.started = True
             self.in_call, text = False, rest
+        if final and self.in_call:  # the text ended right after an opening tag: no call
+            content.append(START)
+            self.in_call, self.cut_call = False, True
         self.calls.extend(new)
         return "".join(content), new

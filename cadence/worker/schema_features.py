@@ -3,7 +3,11 @@
 xgrammar compiles such a schema without complaint and the output then breaks the keyword (an
 array with repeated items under ``uniqueItems``, a string longer than ``maxLength`` where a
 ``pattern`` is also given). vLLM refuses these schemas on its xgrammar backend; so do we, with a
-400 that names the keyword, rather than return JSON that does not validate.
+400 that names the keyword, rather than return JSON that does not validate. Beyond vLLM's list:
+``not``, ``if``/``then``/``else`` and the dependent keywords are ignored, and an ``allOf`` with
+more than one subschema or beside constraints turns the whole node into "any JSON" (even its
+``type`` is lost); an empty ``anyOf``/``oneOf`` allows only an empty text and a negative length
+bound allows nothing (neither is a valid schema).
 """
 
 from __future__ import annotations
@@ -18,6 +22,18 @@ STRING_FORMATS = frozenset({
     "uri-reference", "uri-template", "json-pointer", "relative-json-pointer",
 })
 _ARRAY_KEYWORDS = ("uniqueItems", "contains", "minContains", "maxContains")
+_IGNORED = ("not", "if", "then", "else", "dependentSchemas", "dependentRequired")
+_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+# Keywords that say nothing about the value: an allOf of one subschema may stand beside them.
+_ANNOTATIONS = frozenset({
+    "title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
+    "writeOnly", "$defs", "definitions", "$schema", "$id", "allOf",
+})
+# Where a schema holds subschemas: one, a list of them, or a map of names to them.
+_ONE = ("additionalProperties", "items", "contains", "propertyNames", "not", "if", "then", "else",
+        "additionalItems", "unevaluatedItems", "unevaluatedProperties")
+_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _MAX_DEPTH = 256  # deeper schemas are refused elsewhere; this walk never recurses further
 
 
@@ -37,6 +53,20 @@ def _string_with_bounds(schema: dict[str, Any]) -> bool:
 
 
 def _own(schema: dict[str, Any]) -> str | None:
+    for key in _IGNORED:
+        if key in schema:
+            return key
+    all_of = schema.get("allOf")
+    if all_of is not None and (not isinstance(all_of, list) or len(all_of) != 1
+                               or not set(schema) <= _ANNOTATIONS):
+        return "allOf (of more than one subschema, or beside other constraints)"
+    for key in ("anyOf", "oneOf"):
+        if schema.get(key) == []:
+            return f"an empty {key}"
+    for key in _COUNTS:
+        value = schema.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            return f"a negative {key}"
     types = _types(schema)
     if types & {"integer", "number"} and "multipleOf" in schema:
         return "multipleOf"
@@ -65,22 +95,36 @@ def _own(schema: dict[str, Any]) -> str | None:
     return None
 
 
+def _subschemas(schema: dict[str, Any]) -> list[Any]:
+    """The schemas ``schema`` holds (not its data: enum, const and default values, or the
+    names of its properties, are never read as schemas)."""
+    found: list[Any] = []
+    for key in _ONE:
+        child = schema.get(key)
+        if isinstance(child, dict):
+            found.append(child)
+    for key in _LISTS:
+        child = schema.get(key)
+        if isinstance(child, list):
+            found.extend(c for c in child if isinstance(c, dict))
+    for key in _MAPS:
+        child = schema.get(key)
+        if isinstance(child, dict):
+            found.extend(c for c in child.values() if isinstance(c, dict))
+    return found
+
+
 def unenforced_keyword(schema: Any) -> str | None:
     """The first keyword of ``schema`` (a parsed JSON schema) that the grammar would accept
     without enforcing it, or None."""
     stack: list[tuple[Any, int]] = [(schema, 0)]
     while stack:
         node, depth = stack.pop()
-        if isinstance(node, dict):
-            found = _own(node)
-            if found is not None:
-                return found
-            children = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
+        if not isinstance(node, dict):
             continue
+        found = _own(node)
+        if found is not None:
+            return found
         if depth < _MAX_DEPTH:
-            stack.extend((child, depth + 1) for child in children
-                         if isinstance(child, (dict, list)))
+            stack.extend((child, depth + 1) for child in _subschemas(node))
     return None

@@ -82,6 +82,14 @@ def test_tool_calls_reach_the_template_as_objects(llm) -> None:
      "cannot both be true"),
     ([{"role": "user", "content": "a"}], {"chat_template_kwargs": {"tools": []}},
      "cannot set tools"),
+    # JSON's "\ud800" escape in tool-call arguments: a lone surrogate, no text to tokenize.
+    ([{"role": "user", "content": "a"},
+      {"role": "assistant", "content": None, "tool_calls": [
+          {"id": "1", "type": "function",
+           "function": {"name": "f", "arguments": '{"a": "\\ud800"}'}}]}],
+     {"chat_template": "{% for m in messages %}{% for c in m.tool_calls or [] %}"
+                       "{{ c.function.arguments.a }}{% endfor %}{% endfor %}"},
+     "messages: the text cannot be tokenized"),
     ([{"role": "user", "content": "a"}], {"chat_template": "{{ raise_exception('no') }}"},
      "messages: chat template rendering failed"),
 ])

@@ -409,8 +409,18 @@ def test_output_keys_follow_each_schemas_own_order(llm) -> None:
     {"type": "string", "format": "email", "maxLength": 8},
     {"type": "number", "multipleOf": 3},
     {"type": "string", "format": "no-such-format"},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+     "allOf": [{"required": ["a"]}]},
+    {"allOf": [{"type": "string"}, {"type": "integer"}]},
+    {"type": "integer", "not": {"enum": [1, 2]}},
+    {"type": "integer", "if": {"minimum": 2}, "then": {"maximum": 5}},
+    {"anyOf": []},
+    {"type": "string", "maxLength": -1},
+    {"type": "object", "properties": {"a": {"type": "integer"}},
+     "dependentRequired": {"a": ["b"]}},
 ], ids=["uniqueItems", "contains", "pattern+maxLength", "format+maxLength", "multipleOf",
-        "unknown-format"])
+        "unknown-format", "allOf-beside", "allOf-two", "not", "if-then", "empty-anyOf",
+        "negative-maxLength", "dependentRequired"])
 def test_schema_keywords_the_grammar_cannot_enforce_are_refused(llm, schema) -> None:
     """xgrammar compiles these and ignores the keyword (outputs broke it): refused, naming it,
     as vLLM's xgrammar backend refuses them."""
@@ -422,6 +432,23 @@ def test_schema_keywords_the_grammar_cannot_enforce_are_refused(llm, schema) -> 
     params = SamplingParams(structured_outputs=StructuredOutputsParams(json=json.dumps(nested)))
     with pytest.raises(ValueError, match="cannot be enforced"):
         llm.generate(["x"], params, use_tqdm=False)
+
+
+def test_schema_shapes_the_grammar_follows_are_accepted() -> None:
+    """A lone allOf (pydantic's wrapper of a $ref) beside annotations, and property names or
+    data values that look like keywords, are not refused."""
+    from cadence.worker.schema_features import unenforced_keyword
+
+    for schema in (
+        {"type": "object", "properties": {"x": {"allOf": [{"$ref": "#/$defs/X"}],
+                                                "description": "d"}},
+         "$defs": {"X": {"type": "integer"}}},
+        {"type": "object", "properties": {"not": {"type": "string"}, "if": {"type": "integer"},
+                                          "uniqueItems": {"type": "boolean"}}},
+        {"enum": [{"not": 1}, {"allOf": []}]},
+        {"type": "string", "default": {"anyOf": []}, "maxLength": 0},
+    ):
+        assert unenforced_keyword(schema) is None, schema
 
 
 def test_a_lark_grammar_is_read_as_lark(llm) -> None:

@@ -59,6 +59,15 @@ def test_any_split_streams_the_same_calls(seed) -> None:
 NOT_CALLS = [  # streamed, each is content as it stands: no call, nothing lost or reordered
     "Hi <tool", "Hi <tool_ca", "a <b> <", "<tool_call>{not json}</tool_call>",
     '<tool_call>{"arguments": {}}</tool_call>', "<tool_call>[1, 2]</tool_call> after",
+    # An opening tag with nothing after it (the answer ended there): vLLM keeps the text.
+    "<tool_call>", "Hi <tool_call>",
+    # Model output the JSON parser cannot take or that is not JSON: past the nesting bound (a
+    # RecursionError further down), an integer past Python's digit limit, NaN, an overflow
+    # to infinity. None is a call; none may fail the request.
+    '<tool_call>{"name": "f", "arguments": {"a": ' + "[" * 3000 + "]" * 3000 + "}}</tool_call>",
+    '<tool_call>{"name": "f", "arguments": {"a": ' + "9" * 5000 + "}}</tool_call>",
+    '<tool_call>{"name": "f", "arguments": {"a": NaN}}</tool_call>',
+    '<tool_call>{"name": "f", "arguments": {"a": 1e999}}</tool_call>',
 ]
 
 
@@ -103,6 +112,17 @@ def test_streamed_and_whole_answers_agree(text, content, calls, seed) -> None:
         shown += c
         got.extend(new)
     assert shown == content and _shape(got) == calls, pieces
+
+
+def test_forced_calls_of_output_the_parser_cannot_take_are_no_calls() -> None:
+    from cadence.server.tool_calls import parse_forced_calls
+
+    for text in ('{"a": ' + "[" * 3000 + "]" * 3000 + "}", '{"a": ' + "9" * 5000 + "}",
+                 '{"a": NaN}', '{"a": 1e999}'):
+        assert parse_forced_calls(text, "f") is None
+        assert parse_forced_calls(f'[{{"name": "f", "parameters": {text}}}]', None) is None
+    (call,) = parse_forced_calls('{"a": 1}', "f")
+    assert (call.name, call.arguments) == ("f", '{"a": 1}')
 
 
 def test_arguments_keep_their_characters() -> None:
@@ -327,3 +347,27 @@ def test_named_and_required_tool_choice_give_valid_calls(server, stream) -> None
                 assert finish == "tool_calls"
             else:
                 assert [c.function.name for c in calls] == ["get_time"] and finish == "stop"
+
+
+def test_a_lone_surrogate_in_tool_arguments_is_a_400(server_factory) -> None:
+    """JSON's "\\ud800" escape in an assistant's tool-call arguments decodes to a lone surrogate;
+    a template that renders the arguments makes text no tokenizer takes: a 400 naming messages
+    on both routes that render conversations, and the server serves on."""
+    import httpx
+
+    template = ("{% for m in messages %}{{ m.content or '' }}{% for c in m.tool_calls or [] %}"
+                "{{ c.function.arguments.a }}{% endfor %}{% endfor %}")
+    srv = server_factory(app_kwargs={"chat_template": template})
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "tool_calls": [{"id": "1", "type": "function", "function": {
+                    "name": "f", "arguments": '{"a": "\\ud800"}'}}]},
+                {"role": "tool", "tool_call_id": "1", "content": "ok"}]
+    with httpx.Client(base_url=srv.base_url, timeout=60) as http:
+        for path in ("/v1/chat/completions", "/tokenize"):
+            r = http.post(path, json={"messages": messages, "max_tokens": 2})
+            assert r.status_code == 400, (path, r.text)
+            assert r.json()["error"]["param"] == "messages"
+        fine = [m if m["role"] != "assistant" else {**m, "tool_calls": [{**m["tool_calls"][0],
+                "function": {"name": "f", "arguments": '{"a": "x"}'}}]} for m in messages]
+        assert http.post("/v1/chat/completions",
+                         json={"messages": fine, "max_tokens": 2}).status_code == 200
