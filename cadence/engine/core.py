@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
-import queue
+import threading
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 
@@ -33,6 +33,36 @@ logger = logging.getLogger(__name__)
 
 # The longest the engine thread blocks on a compiling grammar before it looks at its inputs again.
 _GRAMMAR_WAIT_S = 0.05
+
+
+class EarlyAborts:
+    """Abort ids handed to the core by the thread that receives them (``EngineCoreProc.send``),
+    each batch until the loop handles its queued copy (``discard``), or until a step takes it
+    before its update (``take``; vLLM's aborts queue). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[int, list[str]] = {}
+        self._next = 0
+
+    def add(self, request_ids: list[str]) -> int:
+        with self._lock:
+            token = self._next
+            self._next += 1
+            self._pending[token] = list(request_ids)
+            return token
+
+    def discard(self, token: int) -> None:
+        with self._lock:
+            self._pending.pop(token, None)
+
+    def take(self) -> list[str]:
+        with self._lock:
+            if not self._pending:
+                return []
+            taken = [rid for ids in self._pending.values() for rid in ids]
+            self._pending.clear()
+            return taken
 
 
 class EngineCore:
@@ -83,8 +113,7 @@ class EngineCore:
                               if cfg.cache.enable_prefix_caching else None)
         self.batch_queue_size = cfg.scheduler.max_concurrent_batches
         self.batch_queue: deque[tuple[AsyncModelRunnerOutput, SchedulerOutput]] = deque()
-        # Abort ids handed over by the loop thread as they arrive (``EngineCoreProc.send``).
-        self.early_aborts: queue.SimpleQueue[list[str]] = queue.SimpleQueue()
+        self.early_aborts = EarlyAborts()
         self._compiling: set[Future] = set()  # grammars of waiting requests, not yet compiled
         logger.info(
             "Engine: model=%s arch=%s device=%s dtype=%s max_model_len=%d max_num_seqs=%d "
@@ -162,9 +191,9 @@ class EngineCore:
     def _apply_early_aborts(self) -> None:
         """Aborts that arrived while a step ran, applied before its update (vLLM): an aborted
         request gets none of the step's tokens. Their queued copies find them finished."""
-        early = self.early_aborts
-        while not early.empty():
-            self.abort_requests(early.get_nowait())
+        request_ids = self.early_aborts.take()
+        if request_ids:
+            self.abort_requests(request_ids)
 
     def has_work(self) -> bool:
         return self.scheduler.has_requests() or bool(self.batch_queue)

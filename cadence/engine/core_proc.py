@@ -218,12 +218,12 @@ class EngineCoreProc:
         return self._thread.is_alive() and self._error is None and not self._stopped
 
     def send(self, request_type: RequestType, payload: Any = None) -> None:
-        if request_type is RequestType.ABORT and self._core is not None:
+        if request_type is RequestType.ABORT:
             # Also handed to the core at once: a step in progress applies it before its
-            # update (vLLM's aborts queue); the queued copy keeps its order after an ADD.
+            # update (vLLM's aborts queue). The queued copy keeps its order after an ADD, and
+            # once handled it takes the early one back (an id may be reused afterwards).
             early = getattr(self._core, "early_aborts", None)
-            if early is not None:
-                early.put(payload)
+            payload = (early.add(payload) if early is not None else None, payload)
         self.input_queue.put((request_type, payload))
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
@@ -290,7 +290,10 @@ class EngineCoreProc:
         if request_type is RequestType.ADD:
             self._add(core, payload)
         elif request_type is RequestType.ABORT:
-            core.abort_requests(payload)
+            token, request_ids = payload
+            if token is not None:
+                core.early_aborts.discard(token)
+            core.abort_requests(request_ids)
         elif request_type is RequestType.UTILITY:
             self._call_utility(core, payload)
         elif request_type is RequestType.SHUTDOWN:

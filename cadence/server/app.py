@@ -29,8 +29,7 @@ from cadence.server.openapi import Operation, openapi_document
 from cadence.server.protocol import (
     CompletionRequest,
     SamplingRequest,
-    client_request_id,
-    random_id,
+    response_and_engine_ids,
 )
 from cadence.server.protocol_chat import ChatCompletionRequest
 from cadence.server.protocol_responses import (
@@ -184,26 +183,28 @@ class OpenAIServer:
         body = await self._stoppable(self.read_json(request, CompletionRequest))
         self.completions.check_model(body.model)
         self._apply_options(body)
-        base_id = random_id("cmpl", client_request_id(request.headers.get("x-request-id"),
-                                                      body.request_id))
+        response_id, engine_id = response_and_engine_ids(
+            "cmpl", request.headers.get("x-request-id"), body.request_id)
         if body.stream:
-            cs = self.completions.new_stream(body, base_id)
-            started = await self._stoppable(self.completions.start_all(body, base_id, cs))
+            cs = self.completions.new_stream(body, response_id)
+            started = await self._stoppable(self.completions.start_all(body, engine_id, cs))
             ids = [s.request_id for s in started]
-            return self._event_stream(self.completions.stream(started, cs), ids, base_id)
-        return await self._respond(self.completions.create(body, base_id), request, base_id)
+            return self._event_stream(self.completions.stream(started, cs), ids, response_id)
+        return await self._respond(self.completions.create(body, engine_id, response_id),
+                                   request, response_id)
 
     async def create_chat_completion(self, request: Request) -> Response:
         body = await self._stoppable(self.read_json(request, ChatCompletionRequest))
         self.chat.check_model(body.model)
         self._apply_options(body)
-        request_id = random_id("chatcmpl", client_request_id(request.headers.get("x-request-id"),
-                                                              body.request_id))
+        response_id, engine_id = response_and_engine_ids(
+            "chatcmpl", request.headers.get("x-request-id"), body.request_id)
         if body.stream:
-            cs = self.chat.new_stream(body, request_id)
-            started = await self._stoppable(self.chat.start_chat(body, request_id, cs))
-            return self._event_stream(self.chat.stream(started, cs), [request_id], request_id)
-        return await self._respond(self.chat.create(body, request_id), request, request_id)
+            cs = self.chat.new_stream(body, response_id)
+            started = await self._stoppable(self.chat.start_chat(body, engine_id, cs))
+            return self._event_stream(self.chat.stream(started, cs), [engine_id], response_id)
+        return await self._respond(self.chat.create(body, engine_id, response_id), request,
+                                   response_id)
 
     def _apply_options(self, body: SamplingRequest) -> None:
         options = self.chat.options

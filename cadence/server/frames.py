@@ -33,10 +33,10 @@ def _lit(value: Any) -> str:
 def usage_json(prompt: int, completion: int, cached: int | None = None) -> str:
     """``cached``: the prompt tokens from the prefix cache, shown when some were (vLLM's
     prompt_tokens_details)."""
-    details = f'{{"cached_tokens":{cached}}}' if cached else "null"
+    details = f',"prompt_tokens_details":{{"cached_tokens":{cached}}}' if cached else ""
     return (
         f'{{"prompt_tokens":{prompt},"completion_tokens":{completion},'
-        f'"total_tokens":{prompt + completion},"prompt_tokens_details":{details}}}'
+        f'"total_tokens":{prompt + completion}{details}}}'
     )
 
 

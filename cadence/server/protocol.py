@@ -46,6 +46,19 @@ def client_request_id(header: str | None, body_id: str | None) -> str | None:
     return header
 
 
+def response_and_engine_ids(prefix: str, header: str | None, body_id: str | None
+                            ) -> tuple[str, str]:
+    """(the response's id, the engine's): ``prefix-<client's id>`` (``client_request_id``) and
+    that id with a unique suffix, so that requests carrying one id (a gateway's trace id on
+    fanned-out calls) run side by side, as vLLM's internal ids allow; without a client's id,
+    one random id for both."""
+    given = client_request_id(header, body_id)
+    response_id = random_id(prefix, given)
+    if given is None:
+        return response_id, response_id
+    return response_id, f"{response_id}-{uuid.uuid4().hex[:8]}"
+
+
 def random_id(prefix: str, given: str | None = None) -> str:
     """``prefix-<given>``, or ``prefix-<random hex>`` without one."""
     return f"{prefix}-{given if given is not None else uuid.uuid4().hex}"

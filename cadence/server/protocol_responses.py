@@ -20,8 +20,15 @@ class UsageInfo(OpenAIModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
-    # With --enable-prompt-tokens-details and a prefix-cache hit (vLLM).
+    # With --enable-prompt-tokens-details and a prefix-cache hit (vLLM); absent otherwise.
     prompt_tokens_details: PromptTokenUsageInfo | None = None
+
+    @model_serializer(mode="wrap")
+    def _details_when_shown(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("prompt_tokens_details") is None:
+            data.pop("prompt_tokens_details", None)
+        return data
 
     @classmethod
     def of(cls, prompt: int, completion: int, cached: int | None = None) -> UsageInfo:

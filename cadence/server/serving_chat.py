@@ -275,8 +275,10 @@ class OpenAIServingChat(OpenAIServing):
         )
 
     async def create(
-        self, request: ChatCompletionRequest, request_id: str | None = None
+        self, request: ChatCompletionRequest, request_id: str | None = None,
+        response_id: str | None = None,
     ) -> ChatCompletionResponse:
+        """``request_id``: the engine's id; ``response_id``: the response's, when it differs."""
         request_id = request_id or random_id("chatcmpl")
         tools = self.parses_tools(request)
         started = await self.start_chat(request, request_id)
@@ -323,7 +325,7 @@ class OpenAIServingChat(OpenAIServing):
             completion_tokens += len(c.token_ids)
         prompt_tokens = len(final.prompt_token_ids or [])
         return ChatCompletionResponse(
-            id=request_id,
+            id=response_id or request_id,
             model=self.served_model_name,
             choices=choices,
             prompt_token_ids=(list(final.prompt_token_ids or [])

@@ -218,8 +218,11 @@ class OpenAIServingCompletion(OpenAIServing):
         return started
 
     async def create(
-        self, request: CompletionRequest, base_id: str | None = None
+        self, request: CompletionRequest, base_id: str | None = None,
+        response_id: str | None = None,
     ) -> CompletionResponse:
+        """``base_id``: the engine's id of the request (of its first prompt's);
+        ``response_id``: the response's, when it differs."""
         base_id = base_id or random_id("cmpl")
         started = await self.start_all(request, base_id)
         echo = self._echo(request)
@@ -240,7 +243,7 @@ class OpenAIServingCompletion(OpenAIServing):
             raise
         details = self.options.enable_prompt_tokens_details
         return CompletionResponse(
-            id=base_id, model=self.served_model_name, choices=choices,
+            id=response_id or base_id, model=self.served_model_name, choices=choices,
             usage=UsageInfo.of(prompt_tokens, completion_tokens, cached if details else None),
         )
 

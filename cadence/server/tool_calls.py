@@ -61,9 +61,12 @@ def _loads(text: str) -> Any:
 
 def _dumps(value: Any) -> str:
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False)  # 1e999 parses as inf
-    except ValueError as exc:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)  # 1e999 parses as inf
+        # A "\ud83d" escape parses to a lone surrogate, which no response can encode.
+        text.encode("utf-8")
+    except (ValueError, UnicodeEncodeError) as exc:
         raise _NotJson(str(exc)) from None
+    return text
 
 
 def _call(body: str) -> ParsedCall | None:

@@ -137,7 +137,7 @@ def test_an_abort_that_arrives_during_a_step_takes_none_of_its_tokens(
             get_output = pending.get_output
 
             def abort_then_output():
-                core.early_aborts.put(["a"])  # as EngineCoreProc.send hands it over
+                core.early_aborts.add(["a"])  # as EngineCoreProc.send hands it over
                 return get_output()
 
             pending.get_output = abort_then_output
@@ -155,6 +155,30 @@ def test_an_abort_that_arrives_during_a_step_takes_none_of_its_tokens(
                          if o.finish_reason is not None]
         assert "a" not in got and len(got["b"]) == 8
         assert core.scheduler.kv_cache_manager.usage == 0.0
-        assert core.early_aborts.empty()
+        assert core.early_aborts.take() == []
     finally:
         core.shutdown()
+
+
+def test_an_abort_handled_from_the_queue_is_not_applied_again() -> None:
+    """The loop's copy of an abort takes the early one back: an id reused after it (the abort
+    of a request that had finished, as a closed stream sends) is not aborted by a later step."""
+    import asyncio
+
+    from cadence.engine.async_llm import AsyncLLM
+
+    async def body() -> list[int]:
+        engine = AsyncLLM(tiny_args(max_model_len=128, num_gpu_blocks_override=NUM_BLOCKS))
+        try:
+            params = SamplingParams(max_tokens=3, ignore_eos=True, temperature=0.0)
+            lengths = []
+            for _ in range(2):
+                outs = [o async for o in engine.generate({"prompt_token_ids": PROMPT}, params,
+                                                         "x")]
+                lengths.append(len(outs[-1].outputs[0].token_ids))
+                await engine.abort("x")  # finished already: nothing to abort
+            return lengths
+        finally:
+            engine.shutdown()
+
+    assert asyncio.run(asyncio.wait_for(body(), 120)) == [3, 3]

@@ -68,6 +68,7 @@ NOT_CALLS = [  # streamed, each is content as it stands: no call, nothing lost o
     '<tool_call>{"name": "f", "arguments": {"a": ' + "9" * 5000 + "}}</tool_call>",
     '<tool_call>{"name": "f", "arguments": {"a": NaN}}</tool_call>',
     '<tool_call>{"name": "f", "arguments": {"a": 1e999}}</tool_call>',
+    '<tool_call>{"name": "f", "arguments": {"city": "Paris \\ud83d"}}</tool_call>',
 ]
 
 
