@@ -1250,6 +1250,12 @@ MUTATIONS = [
              "cadence/engine/core_proc.py", "                core.early_aborts.discard(token)",
              "                pass", ("tests/engine/test_core.py::"
                                      "test_an_abort_handled_from_the_queue_is_not_applied_again",)),
+    Mutation("engine-id-shared", "a client's id is the engine's id: one at a time",
+             "cadence/server/protocol.py",
+             '    return response_id, f"{response_id}-{uuid.uuid4().hex[:8]}"',
+             "    return response_id, response_id",
+             ("tests/server/test_response_options.py::"
+              "test_requests_sharing_a_client_id_run_side_by_side",)),
     Mutation("qwen-window-ignored", "Qwen's use_sliding_window slides no layer",
              "cadence/model/arch.py",
              'or (qwen and bool(getattr(config, "use_sliding_window", False))))',

@@ -222,3 +222,26 @@ def test_the_flags_reach_the_settings() -> None:
     assert settings_from(parser.parse_args([])).responses == ResponseOptions()
     with pytest.raises(ValueError, match="response_role"):
         ResponseOptions(response_role=" ")
+
+
+def test_requests_sharing_a_client_id_run_side_by_side(server) -> None:
+    """vLLM: the client's id names each response, the engine's ids stay unique: two streams
+    with one X-Request-Id at once, then another after them (a closed stream's abort must not
+    end it), all complete."""
+    import asyncio
+
+    async def run() -> list[tuple[int, set[str], str]]:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+            async def one() -> tuple[int, set[str], str]:
+                body = {"prompt": "Hello", "max_tokens": 6, "stream": True, **GREEDY}
+                async with http.stream("POST", COMPLETIONS, json=body,
+                                       headers={"X-Request-Id": "fan-out"}) as r:
+                    lines = [x async for x in r.aiter_lines() if x.startswith("data: ")]
+                chunks = [json.loads(x[6:]) for x in lines if x != "data: [DONE]"]
+                return r.status_code, {c["id"] for c in chunks}, lines[-1]
+
+            both = await asyncio.gather(one(), one())
+            return [*both, await one()]
+
+    for status, ids, last in asyncio.run(run()):
+        assert (status, ids, last) == (200, {"cmpl-fan-out"}, "data: [DONE]")
