@@ -154,7 +154,7 @@ def render_conversation(
             )
         except Exception as exc:  # jinja errors, template-level raise_exception()
             raise ValueError(f"messages: chat template rendering failed: {exc}") from exc
-    if not isinstance(text, str) or not _is_unicode_text(text):
+    if not isinstance(text, str) or not encodes_as_utf8(text):
         # A lone surrogate (a "\ud800" escape in tool-call arguments, or a template's own)
         # cannot be tokenized.
         raise ValueError("messages: the text cannot be tokenized (the rendered conversation "
@@ -162,7 +162,9 @@ def render_conversation(
     return text
 
 
-def _is_unicode_text(text: str) -> bool:
+def encodes_as_utf8(text: str) -> bool:
+    """False for text holding a lone surrogate (JSON's "\\ud800" escape decodes to one): no
+    tokenizer or response encoder takes it."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -15,6 +15,7 @@ from cadence.sampling_params import (
     INT64_MAX,
     INT64_MIN,
     MAX_N,
+    MAX_TEMPERATURE,
     RequestOutputKind,
     SamplingParams,
     StructuredOutputsParams,
@@ -105,7 +106,7 @@ class SamplingRequest(OpenAIModel):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
     min_tokens: int = Field(default=0, ge=0)

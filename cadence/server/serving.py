@@ -71,6 +71,11 @@ class OpenAIServing:
         the tokenizer's decoder once per serving object (chat's, completions')."""
         return TokenBytes(self.engine.tokenizer)
 
+    def shown_cached_tokens(self, cached: int | None) -> int | None:
+        """``cached`` prompt tokens as the usage shows them: only with
+        --enable-prompt-tokens-details (``UsageInfo.of`` / ``usage_json`` leave out 0 too)."""
+        return cached if self.options.enable_prompt_tokens_details else None
+
     def check_model(self, model: str | None) -> None:
         if model and model not in self.accepted_names:  # none or "": the served model
             raise NotFoundError(f"The model `{model}` does not exist.", param="model")

@@ -332,12 +332,9 @@ class OpenAIServingChat(OpenAIServing):
                               if request.return_token_ids else None),
             prompt_logprobs=(prompt_logprobs_out(final.prompt_logprobs)
                              if request.prompt_logprobs is not None else None),
-            usage=UsageInfo.of(prompt_tokens, completion_tokens, self._cached(final)),
+            usage=UsageInfo.of(prompt_tokens, completion_tokens,
+                               self.shown_cached_tokens(final.num_cached_tokens)),
         )
-
-    def _cached(self, final: RequestOutput) -> int | None:
-        """The prompt's tokens from the prefix cache, where the usage shows them."""
-        return final.num_cached_tokens if self.options.enable_prompt_tokens_details else None
 
     async def stream(self, started: StartedRequest, cs: ChatStream) -> AsyncGenerator[str, None]:
         """SSE frames of a streamed chat completion; always ends with ``[DONE]``."""
@@ -355,8 +352,8 @@ class OpenAIServingChat(OpenAIServing):
             if cs.stream.error is not None:
                 yield stream_error_frame(cs.stream.error, cs.request.grammar_param)
             elif cs.request.include_usage:
-                cached = cs.cached_tokens if self.options.enable_prompt_tokens_details else None
-                yield cs.frames.usage(cs.prompt_tokens, cs.completion_tokens, cached)
+                yield cs.frames.usage(cs.prompt_tokens, cs.completion_tokens,
+                                      self.shown_cached_tokens(cs.cached_tokens))
         except Exception as exc:
             yield stream_error_frame(exc)
         finally:

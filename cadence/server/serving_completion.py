@@ -241,10 +241,9 @@ class OpenAIServingCompletion(OpenAIServing):
         except BaseException:
             self.abort([s.request_id for s in started])  # the others of a multi-prompt request
             raise
-        details = self.options.enable_prompt_tokens_details
         return CompletionResponse(
             id=response_id or base_id, model=self.served_model_name, choices=choices,
-            usage=UsageInfo.of(prompt_tokens, completion_tokens, cached if details else None),
+            usage=UsageInfo.of(prompt_tokens, completion_tokens, self.shown_cached_tokens(cached)),
         )
 
     def _choice(self, request: CompletionRequest, final: RequestOutput, c: CompletionOutput,
@@ -295,9 +294,8 @@ class OpenAIServingCompletion(OpenAIServing):
             if cs.stream.error is not None:
                 yield stream_error_frame(cs.stream.error, cs.request.grammar_param)
             elif cs.request.include_usage:
-                cached = (sum(cs.cached_tokens) if self.options.enable_prompt_tokens_details
-                          else None)
-                yield cs.frames.usage(sum(cs.prompt_tokens), sum(cs.completion_tokens), cached)
+                yield cs.frames.usage(sum(cs.prompt_tokens), sum(cs.completion_tokens),
+                                      self.shown_cached_tokens(sum(cs.cached_tokens)))
         except Exception as exc:
             yield stream_error_frame(exc)
         finally:

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from cadence.chat import encodes_as_utf8
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 from cadence.server.held_text import tag_prefix_len
 
@@ -62,10 +63,10 @@ def _loads(text: str) -> Any:
 def _dumps(value: Any) -> str:
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False)  # 1e999 parses as inf
-        # A "\ud83d" escape parses to a lone surrogate, which no response can encode.
-        text.encode("utf-8")
-    except (ValueError, UnicodeEncodeError) as exc:
+    except ValueError as exc:
         raise _NotJson(str(exc)) from None
+    if not encodes_as_utf8(text):  # a "\ud83d" escape parsed to a lone surrogate
+        raise _NotJson("a lone surrogate")
     return text
 
 
