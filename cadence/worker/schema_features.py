@@ -4,10 +4,12 @@ xgrammar compiles such a schema without complaint and the output then breaks the
 array with repeated items under ``uniqueItems``, a string longer than ``maxLength`` where a
 ``pattern`` is also given). vLLM refuses these schemas on its xgrammar backend; so do we, with a
 400 that names the keyword, rather than return JSON that does not validate. Beyond vLLM's list:
-``not``, ``if``/``then``/``else`` and the dependent keywords are ignored, and an ``allOf`` with
-more than one subschema or beside constraints turns the whole node into "any JSON" (even its
-``type`` is lost); an empty ``anyOf``/``oneOf`` allows only an empty text and a negative length
-bound allows nothing (neither is a valid schema).
+``not``, ``if``/``then``/``else`` and the dependent keywords (draft 7's ``dependencies`` among
+them) are ignored, and an ``allOf`` with more than one subschema or beside constraints turns the
+whole node into "any JSON" (even its ``type`` is lost); an empty ``anyOf``/``oneOf`` allows only
+an empty text and a negative length bound allows nothing (neither is a valid schema). A
+``required`` name that ``properties`` does not declare is never enforced (and, where the object's
+other properties are closed, never even allowed).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ STRING_FORMATS = frozenset({
     "uri-reference", "uri-template", "json-pointer", "relative-json-pointer",
 })
 _ARRAY_KEYWORDS = ("uniqueItems", "contains", "minContains", "maxContains")
-_IGNORED = ("not", "if", "then", "else", "dependentSchemas", "dependentRequired")
+_IGNORED = ("not", "if", "then", "else", "dependentSchemas", "dependentRequired",
+            "dependencies")
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
 # Keywords that say nothing about the value: an allOf of one subschema may stand beside them.
 _ANNOTATIONS = frozenset({
@@ -67,6 +70,13 @@ def _own(schema: dict[str, Any]) -> str | None:
         value = schema.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
             return f"a negative {key}"
+    required = schema.get("required")
+    if isinstance(required, list):
+        declared = schema.get("properties")
+        declared = declared if isinstance(declared, dict) else {}
+        for name in required:
+            if isinstance(name, str) and name not in declared:
+                return f"required property {name!r} not declared in properties"
     types = _types(schema)
     if types & {"integer", "number"} and "multipleOf" in schema:
         return "multipleOf"

@@ -418,9 +418,15 @@ def test_output_keys_follow_each_schemas_own_order(llm) -> None:
     {"type": "string", "maxLength": -1},
     {"type": "object", "properties": {"a": {"type": "integer"}},
      "dependentRequired": {"a": ["b"]}},
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+     "dependencies": {"a": ["b"]}},
+    {"type": "object", "required": ["name"]},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True,
+     "required": ["a", "b"]},
 ], ids=["uniqueItems", "contains", "pattern+maxLength", "format+maxLength", "multipleOf",
         "unknown-format", "allOf-beside", "allOf-two", "not", "if-then", "empty-anyOf",
-        "negative-maxLength", "dependentRequired"])
+        "negative-maxLength", "dependentRequired", "dependencies",
+        "required-undeclared", "required-open-object"])
 def test_schema_keywords_the_grammar_cannot_enforce_are_refused(llm, schema) -> None:
     """xgrammar compiles these and ignores the keyword (outputs broke it): refused, naming it,
     as vLLM's xgrammar backend refuses them."""
