@@ -1246,6 +1246,12 @@ MUTATIONS = [
              "    if all_of is not None and (not isinstance(all_of, list) or len(all_of) != 1",
              "    if False and (not isinstance(all_of, list) or len(all_of) != 1",
              ("tests/engine/test_structured_outputs.py",)),
+    Mutation("schema-required-undeclared", "a required name without a declaration compiles",
+             "cadence/worker/schema_features.py",
+             "            if isinstance(name, str) and name not in declared:",
+             "            if isinstance(name, str) and name not in declared and False:",
+             ("tests/engine/test_structured_outputs.py::"
+              "test_schema_keywords_the_grammar_cannot_enforce_are_refused",)),
     Mutation("stale-early-abort", "an abort already handled from the queue fires again later",
              "cadence/engine/core_proc.py", "                core.early_aborts.discard(token)",
              "                pass", ("tests/engine/test_core.py::"
