@@ -145,6 +145,8 @@ class SamplingParams:
             # below it samples at MIN_TEMPERATURE (vLLM's clamp; only 0 is greedy).
             self.temperature = MIN_TEMPERATURE
         if self.temperature < _SAMPLING_EPS:
+            if self.n > 1:  # vLLM: n identical greedy answers are refused
+                raise ValueError(f"n must be 1 when using greedy sampling, got {self.n}.")
             # Greedy: other knobs are meaningless; normalise them (vLLM does the same).
             self.temperature = 0.0
             self.top_p = 1.0

@@ -91,6 +91,16 @@ def test_greedy_resets_top_k_and_top_p() -> None:
     assert (tiny.top_k, tiny.top_p, tiny.min_p) == (5, 0.9, 0.1)
 
 
+def test_greedy_sampling_takes_one_choice() -> None:
+    # vLLM's _verify_greedy_sampling: n identical greedy answers are refused.
+    with pytest.raises(ValueError, match="n must be 1 when using greedy sampling, got 2"):
+        SamplingParams(n=2, temperature=0.0)
+    with pytest.raises(ValueError, match="greedy"):
+        SamplingParams(n=3, temperature=0)
+    assert SamplingParams(n=2, temperature=1e-7).n == 2  # samples at 0.01
+    assert SamplingParams(n=1, temperature=0.0).greedy
+
+
 def test_logprobs_true_reads_as_one() -> None:
     # vLLM's __post_init__: True is 1 (the sampled token's logprob and the top one).
     p = SamplingParams(logprobs=True, prompt_logprobs=True)

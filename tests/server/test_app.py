@@ -707,15 +707,18 @@ def test_chat_echo_returns_a_continued_message_whole(server) -> None:
             chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
         text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
         assert text == "Once upon" + plain["content"]
-        # n = 2: each choice starts with the echo (greedy: both answers are the same).
+        # n = 2 (sampled: greedy n > 1 is refused): each choice starts with the echo.
+        two = {**cont, "n": 2, "temperature": 1.0, "seed": 7}
+        plain2 = [c["message"]["content"] for c in
+                  http.post("/v1/chat/completions", json=two).json()["choices"]]
         with http.stream("POST", "/v1/chat/completions",
-                         json={**cont, "echo": True, "stream": True, "n": 2}) as r:
+                         json={**two, "echo": True, "stream": True}) as r:
             chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
         texts = {0: "", 1: ""}
         for c in chunks:
             for ch in c["choices"]:
                 texts[ch["index"]] += ch["delta"].get("content") or ""
-        assert texts == {0: "Once upon" + plain["content"], 1: "Once upon" + plain["content"]}
+        assert texts == {0: "Once upon" + plain2[0], 1: "Once upon" + plain2[1]}
         user_last = {"messages": [{"role": "user", "content": "Hi"}], **greedy}
         a = http.post("/v1/chat/completions", json=user_last).json()["choices"][0]["message"]
         b = http.post("/v1/chat/completions", json={**user_last, "echo": True}).json()
@@ -819,7 +822,8 @@ def test_streamed_prompt_token_ids_come_once_and_only_when_asked(server) -> None
     greedy = {"temperature": 0, "ignore_eos": True, "max_tokens": 4}
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
         got = chunks(http, "/v1/completions", {"prompt": "Hi there", "n": 2,
-                                               "return_token_ids": True, **greedy})
+                                               "return_token_ids": True,
+                                               **greedy, "temperature": 1.0})
         seen: dict[int, list[bool]] = {}
         for c in got:
             for ch in c["choices"]:

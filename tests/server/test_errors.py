@@ -100,6 +100,8 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     (COMPLETIONS, {"prompt": ["x", "y", "z"], "n": 400}, 400, "n", "less than"),
     (COMPLETIONS, {"prompt": ["x"] * 20, "n": 100}, 400, "n", "at most 1024 completions"),
     (COMPLETIONS, {"prompt": "x", "best_of": 3}, 400, "best_of", "best_of"),
+    (COMPLETIONS, {"prompt": "x", "n": 2, "temperature": 0}, 400, "n", "greedy"),
+    (CHAT, {"messages": MSG, "n": 3, "temperature": 0.0}, 400, "n", "greedy"),
     (COMPLETIONS, {"prompt": "x", "prompt_logprobs": 2, "stream": True}, 400, "prompt_logprobs",
      "stream"),
     (COMPLETIONS, {"prompt": "x", "prompt_logprobs": 21}, 400, "prompt_logprobs", "logprobs"),

@@ -273,7 +273,7 @@ def test_each_streamed_choice_parses_its_own_tool_calls(tool_server) -> None:
     client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
     chunks = [c for c in client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS,
-        max_tokens=n, temperature=0.0, n=2, stream=True, extra_body={"ignore_eos": True})
+        max_tokens=n, temperature=1.0, n=2, stream=True, extra_body={"ignore_eos": True})
         if c.choices]
     content: dict[int, str] = {0: "", 1: ""}
     calls: dict[int, list] = {0: [], 1: []}
