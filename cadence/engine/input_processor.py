@@ -42,10 +42,15 @@ __all__ = [
 PromptType = str | Mapping[str, Any]
 
 
-def truncation_length(k: int, max_model_len: int) -> int:
-    """How many of a prompt's last tokens ``truncate_prompt_tokens=k`` keeps (-1: the context
-    length, as vLLM reads it)."""
-    return max_model_len if k == -1 else k
+def max_input_tokens(max_model_len: int, max_tokens: int | None) -> int:
+    """The longest prompt that leaves room for ``max_tokens`` (unset: for one token)."""
+    return max_model_len - (1 if max_tokens is None else max_tokens)
+
+
+def truncation_length(k: int, max_model_len: int, max_tokens: int | None) -> int:
+    """How many of a prompt's last tokens ``truncate_prompt_tokens=k`` keeps: -1 is as many as
+    leave room for ``max_tokens`` (vLLM's renderer: max_model_len - max_tokens)."""
+    return max_input_tokens(max_model_len, max_tokens) if k == -1 else k
 
 
 class InputProcessor:
@@ -122,11 +127,15 @@ class InputProcessor:
         # A prompt to truncate may be longer than the context: no bound on its text.
         truncating = params.truncate_prompt_tokens is not None
         prompt_text, token_ids = self._parse_prompt(prompt, bound=not truncating)
-        token_ids = self._truncate(token_ids, params.truncate_prompt_tokens)
+        token_ids = self._truncate(token_ids, params.truncate_prompt_tokens, params.max_tokens)
         cache_salt = self._cache_salt(prompt)
         self._validate_token_ids(token_ids)
         params.max_tokens = self._resolve_max_tokens(len(token_ids), params.max_tokens,
                                                      strict_max_tokens)
+        if params.min_tokens > params.max_tokens and not strict_max_tokens:
+            # Offline, max_tokens past the context was capped (vLLM's engine ends such a request
+            # with "length"); min_tokens, no more than the asked max_tokens, is capped with it.
+            params.min_tokens = params.max_tokens
         if params.min_tokens > params.max_tokens:
             raise InputValidationError(
                 f"min_tokens must be at most max_tokens ({params.max_tokens} for this prompt), "
@@ -158,18 +167,25 @@ class InputProcessor:
         )
         return request, prompt_text
 
-    def _truncate(self, token_ids: list[int], k: int | None) -> list[int]:
-        """vLLM's truncate_prompt_tokens: the prompt's last ``k`` tokens (-1: the context length;
-        more than the context is an error). The prompt text, if any, is kept as given."""
+    def _truncate(self, token_ids: list[int], k: int | None, max_tokens: int | None
+                  ) -> list[int]:
+        """vLLM's truncate_prompt_tokens: the prompt's last ``k`` tokens (-1: as many as leave
+        room for ``max_tokens``; more than that is an error). The prompt text, if any, is kept as
+        given."""
         if k is None:
             return token_ids
-        k = truncation_length(k, self.max_model_len)
-        if k > self.max_model_len:
+        room = max_input_tokens(self.max_model_len, max_tokens)
+        if room < 1:
             raise InputValidationError(
-                f"truncate_prompt_tokens value ({k}) is greater than max_model_len "
-                f"({self.max_model_len}); select a smaller truncation size.",
-                "truncate_prompt_tokens", k)
-        return token_ids[-k:] if len(token_ids) > k else token_ids
+                f"max_tokens={max_tokens} leaves no room for a prompt in this model's maximum "
+                f"context length of {self.max_model_len} tokens.", "max_tokens", max_tokens)
+        keep = truncation_length(k, self.max_model_len, max_tokens)
+        if keep > room:
+            raise InputValidationError(
+                f"truncate_prompt_tokens={keep} cannot be greater than max_model_len - "
+                f"max_tokens = {room}. Please request a smaller truncation size.",
+                "truncate_prompt_tokens", keep)
+        return token_ids[-keep:] if len(token_ids) > keep else token_ids
 
     @staticmethod
     def _cache_salt(prompt: PromptType) -> str | None:

@@ -249,15 +249,16 @@ class OpenAIServingChat(OpenAIServing):
             raise
         except ValueError as exc:  # a rendered text too long for the context
             raise to_bad_request(exc, "messages", max_tokens_param) from exc
+        params = await self.engine.run_cpu(request.params_size, request.to_sampling_params,
+                                           self.engine.generation_defaults)
         if stream is not None:
             if request.return_token_ids:
                 stream.prompt_token_ids = list(prompt_ids)
             k = request.truncate_prompt_tokens
             # The role chunks' continuous usage: the prompt's tokens as the engine keeps them.
             stream.prompt_tokens = len(prompt_ids) if k is None else min(
-                len(prompt_ids), truncation_length(k, self.engine.max_model_len))
-        params = await self.engine.run_cpu(request.params_size, request.to_sampling_params,
-                                           self.engine.generation_defaults)
+                len(prompt_ids), truncation_length(k, self.engine.max_model_len,
+                                                   params.max_tokens))
         if params.structured_outputs is not None and self.reasoning_tags is not None:
             # vLLM: under a reasoning parser the grammar applies to the answer, after reasoning.
             params.structured_outputs = dataclasses.replace(

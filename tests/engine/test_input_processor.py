@@ -180,10 +180,27 @@ def test_max_tokens_past_the_context_is_capped_by_default(
     req, _ = _proc(tokenizer).process("r", {"prompt_token_ids": [3] * 40}, params)
     assert req.sampling_params.max_tokens == kept
     assert params.max_tokens == asked  # the caller's object is left alone
-    if asked > 25:  # a min_tokens past what the context leaves is still an error
-        with pytest.raises(InputValidationError, match="min_tokens must be at most max_tokens"):
+    if asked > 25:
+        # vLLM accepts a min_tokens up to the asked max_tokens and ends the request at the
+        # context: offline, min_tokens is capped with max_tokens ...
+        req, _ = _proc(tokenizer).process("r", {"prompt_token_ids": [3] * 40},
+                                          SamplingParams(max_tokens=asked, min_tokens=25))
+        assert (req.sampling_params.min_tokens, req.sampling_params.max_tokens) == (24, 24)
+        # ... while the server's rule (max_tokens past the context is an error) refuses both.
+        with pytest.raises(InputValidationError):
             _proc(tokenizer).process("r", {"prompt_token_ids": [3] * 40},
-                                     SamplingParams(max_tokens=asked, min_tokens=25))
+                                     SamplingParams(max_tokens=asked, min_tokens=25),
+                                     strict_max_tokens=True)
+    # Unset max_tokens is the rest of the context: a longer min_tokens is capped offline and
+    # refused under the server's rule, naming min_tokens.
+    req, _ = _proc(tokenizer).process("r", {"prompt_token_ids": [3] * 40},
+                                      SamplingParams(max_tokens=None, min_tokens=30))
+    assert req.sampling_params.min_tokens == 24
+    with pytest.raises(InputValidationError, match="min_tokens must be at most max_tokens") as e:
+        _proc(tokenizer).process("r", {"prompt_token_ids": [3] * 40},
+                                 SamplingParams(max_tokens=None, min_tokens=30),
+                                 strict_max_tokens=True)
+    assert e.value.parameter == "min_tokens"
 
 
 @pytest.mark.parametrize("length", [64, 100])
@@ -340,18 +357,25 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(tokenizer: PreTrainedToken
     req, _ = proc.process("b", {"prompt_token_ids": ids[:5]},
                           SamplingParams(max_tokens=4, truncate_prompt_tokens=10))
     assert req.prompt_token_ids == ids[:5]  # shorter than k: unchanged
-    # -1: the whole context length (64), which then leaves no room for even one output token;
-    # 63 tokens would have.
-    with pytest.raises(InputValidationError) as info:
-        proc.process("c", {"prompt_token_ids": ids},
-                     SamplingParams(max_tokens=1, truncate_prompt_tokens=-1))
-    assert info.value.parameter in ("prompt", "max_tokens")
+    # -1: as many as leave room for max_tokens (vLLM's renderer: 64 - max_tokens).
+    for max_tokens, kept in ((1, 63), (4, 60), (16, 48), (None, 63)):
+        req, _ = proc.process(f"c{max_tokens}", {"prompt_token_ids": ids},
+                              SamplingParams(max_tokens=max_tokens, truncate_prompt_tokens=-1))
+        assert req.prompt_token_ids == ids[-kept:]
     req, _ = proc.process("c2", {"prompt_token_ids": ids},
                           SamplingParams(max_tokens=1, truncate_prompt_tokens=63))
     assert req.prompt_token_ids == ids[-63:]
-    with pytest.raises(InputValidationError, match="greater than max_model_len") as info:
-        proc.process("d", {"prompt_token_ids": ids}, SamplingParams(truncate_prompt_tokens=65))
-    assert info.value.parameter == "truncate_prompt_tokens"
+    # More than max_model_len - max_tokens (16 by default): refused, naming the field.
+    for k in (49, 65):
+        with pytest.raises(InputValidationError, match="cannot be greater than max_model_len - "
+                           "max_tokens = 48") as info:
+            proc.process("d", {"prompt_token_ids": ids}, SamplingParams(truncate_prompt_tokens=k))
+        assert info.value.parameter == "truncate_prompt_tokens"
+    # max_tokens that fills the context leaves no room for a prompt.
+    with pytest.raises(InputValidationError, match="no room") as info:
+        proc.process("f", {"prompt_token_ids": ids},
+                     SamplingParams(max_tokens=64, truncate_prompt_tokens=-1))
+    assert info.value.parameter == "max_tokens"
     # A text far past the context is tokenized, then truncated (no bound on its length).
     text = "hello world, " * 400
     req, prompt_text = proc.process("e", text, SamplingParams(max_tokens=4,
@@ -384,9 +408,9 @@ def test_booleans_are_not_integers_and_min_tokens_may_equal_max_tokens(
     req, _ = proc.process("d", {"prompt_token_ids": [5] * 5},
                           SamplingParams(max_tokens=None, min_tokens=59))
     assert req.sampling_params.max_tokens == 59
-    with pytest.raises(InputValidationError) as info:
+    with pytest.raises(InputValidationError) as info:  # the server's rule
         proc.process("e", {"prompt_token_ids": [5] * 5},
-                     SamplingParams(max_tokens=None, min_tokens=60))
+                     SamplingParams(max_tokens=None, min_tokens=60), strict_max_tokens=True)
     assert info.value.parameter == "min_tokens"
 
 

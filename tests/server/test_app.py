@@ -643,6 +643,12 @@ def test_truncate_prompt_tokens_serves_the_prompts_tail(server) -> None:
         assert refused.status_code == 400, refused.text
         cut = http.post("/v1/chat/completions", json={**huge, "truncate_prompt_tokens": 20})
         assert cut.status_code == 200 and cut.json()["usage"]["prompt_tokens"] == 20
+        # -1 keeps what leaves room for max_tokens (vLLM: max_model_len - max_tokens).
+        for route, body in (("/v1/chat/completions", huge),
+                            ("/v1/completions", {"prompt": "word " * 40000, **greedy})):
+            cut = http.post(route, json={**body, "truncate_prompt_tokens": -1})
+            assert cut.status_code == 200, cut.text
+            assert cut.json()["usage"]["prompt_tokens"] == server.engine.max_model_len - 6
 
 
 def test_return_tokens_as_token_ids_in_logprobs(server) -> None:

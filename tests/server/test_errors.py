@@ -56,6 +56,10 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
      "greater than"),
     (CHAT, {"messages": MSG, "truncate_prompt_tokens": 10**6}, 400, "truncate_prompt_tokens",
      "max_model_len"),
+    (COMPLETIONS, {"prompt": "x", "truncate_prompt_tokens": 500, "max_tokens": 20}, 400,
+     "truncate_prompt_tokens", "max_model_len - max_tokens = 492"),
+    (CHAT, {"messages": MSG, "truncate_prompt_tokens": -1, "max_completion_tokens": 512}, 400,
+     "max_completion_tokens", "no room"),
     (COMPLETIONS, {"prompt": [1, 2], "cache_salt": 7}, 400, "cache_salt", "string"),
     (COMPLETIONS, {"prompt": "x", "stop": ["a" * 513]}, 400, "stop", "at most 512"),
     (
