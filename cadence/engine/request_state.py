@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from cadence.core_types import EngineCoreOutput, EngineCoreRequest, FinishReason
@@ -13,6 +14,10 @@ from cadence.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOu
 from cadence.sampling_params import RequestOutputKind
 
 __all__ = ["RequestState", "TokenTextCache"]
+
+
+_PIECE = "\ufffd"  # what a token holding part of a UTF-8 character decodes to
+_MAX_CONTEXT = 4  # a UTF-8 character spans at most 4 bytes, so at most 4 tokens
 
 
 class TokenTextCache:
@@ -27,6 +32,30 @@ class TokenTextCache:
         if text is None:
             text = self._texts[token_id] = self._decode([token_id], False)
         return text
+
+    def in_context(self, token_id: int, context: list[int]) -> str:
+        """The text ``token_id`` adds after ``context`` (the tokens before it, oldest first).
+
+        A token holding part of a UTF-8 character decodes alone to U+FFFD. As vLLM's logprobs
+        processor does, its text is then found with up to 4 tokens before it: the token that
+        completes a character shows the whole character (the pieces before it, which showed
+        nothing, included); a piece that completes nothing yet shows "".
+        """
+        text = self.get(token_id)
+        if not text.endswith(_PIECE):
+            return text
+        for n in range(1, min(len(context), _MAX_CONTEXT) + 1):
+            before = context[-n:]
+            joined = self._decode([*before, token_id], False)
+            if joined.endswith(_PIECE):
+                continue
+            # The trailing pieces of the context showed no text: theirs is this token's.
+            clean = len(before)
+            while clean and self.get(before[clean - 1]).endswith(_PIECE):
+                clean -= 1
+            prefix = self._decode(before[:clean], False) if clean else ""
+            return joined[len(os.path.commonprefix([prefix, joined])):]
+        return ""
 
 
 class RequestState:
@@ -73,7 +102,9 @@ class RequestState:
         assert self.num_logprobs is not None and self.cumulative_logprob is not None
         n = self.num_logprobs + 1
         for ids, lps, rank in output.new_logprobs:
-            self.logprobs.append(self._logprob_row(ids[:n], lps[:n], rank))
+            # The context of a piece of a character: the tokens sampled before it (vLLM's).
+            context = [next(iter(row)) for row in self.logprobs[-_MAX_CONTEXT:]]
+            self.logprobs.append(self._logprob_row(ids[:n], lps[:n], rank, context))
             self.cumulative_logprob += lps[0]
         return len(output.new_logprobs)
 
@@ -88,20 +119,24 @@ class RequestState:
         n = self.num_prompt_logprobs + 1
         for ids, lps, rank in list(zip(rows.logprob_token_ids, rows.logprobs,
                                        rows.sampled_token_ranks))[skip:]:
-            self.prompt_logprobs.append(self._logprob_row(ids[:n], lps[:n], rank))
+            # Row p scores prompt token p; the prompt tokens before it are its context.
+            p = len(self.prompt_logprobs)
+            context = self.prompt_token_ids[max(0, p - _MAX_CONTEXT):p]
+            self.prompt_logprobs.append(self._logprob_row(ids[:n], lps[:n], rank, context))
 
-    def _logprob_row(self, ids: list[int], lps: list[float], rank: int) -> dict[int, Logprob]:
+    def _logprob_row(self, ids: list[int], lps: list[float], rank: int, context: list[int]
+                     ) -> dict[int, Logprob]:
         """The chosen token first, then the top-N. A chosen token among the top-N takes its
         place's rank there (vLLM's), so one row's ranks never repeat: ``rank`` counts the
         tokens at least as likely, which for a tie with a token ranked before it is one more
         than its place."""
-        row: dict[int, Logprob] = {ids[0]: Logprob(lps[0], rank, self._decode_one(ids[0]))}
+        text = self.token_text
+        row: dict[int, Logprob] = {ids[0]: Logprob(
+            lps[0], rank, None if text is None else text.in_context(ids[0], context))}
         for i in range(1, len(ids)):
-            row[ids[i]] = Logprob(lps[i], i, self._decode_one(ids[i]))
+            row[ids[i]] = Logprob(lps[i], i,
+                                  None if text is None else text.in_context(ids[i], context))
         return row
-
-    def _decode_one(self, token_id: int) -> str | None:
-        return None if self.token_text is None else self.token_text.get(token_id)
 
     def make_output(
         self,

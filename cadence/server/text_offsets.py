@@ -17,6 +17,10 @@ U+FFFD wait (up to ``MAX_PENDING``) for the character they are part of.
 
 ``TextCursor`` carries the state between the chunks of a stream, so that a stream's offsets are
 the whole answer's.
+
+NOTE: the output processor now repairs the logprob tokens of such characters as vLLM does (the
+pieces show "", the completing token the whole character), so shown lengths add up and the
+paths above serve tokens still shown with U+FFFD (an invalid byte inside a token's own text).
 """
 
 from __future__ import annotations

@@ -53,6 +53,14 @@ def _decoder_kind(tokenizer: Any) -> str | None:
     return "byte_fallback" if "ByteFallback" in kinds else None
 
 
+def _complete_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 class TokenBytes:
     """``bytes_of(token_id, text)``: the bytes the logprobs show for a token whose text is
     ``text``. Built once per tokenizer (it reads the decoder's description)."""
@@ -62,9 +70,11 @@ class TokenBytes:
         self.kind = _decoder_kind(tokenizer) if tokenizer is not None else None
 
     def bytes_of(self, token_id: int, text: str) -> list[int]:
-        if "\ufffd" in text and self.kind is not None:
+        # A piece of a character shows "" (or U+FFFD), and the token completing it the whole
+        # character: either way its own bytes are not its text's.
+        if self.kind is not None and (not text or not text.isascii()):
             own = self._own(token_id)
-            if own is not None:
+            if own is not None and not _complete_utf8(own):
                 return list(own)
         return list(text.encode("utf-8"))
 

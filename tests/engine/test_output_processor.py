@@ -403,6 +403,41 @@ def test_multibyte_delta_streaming(tokenizer: PreTrainedTokenizerFast) -> None:
     assert "".join(o.outputs[0].text for o in outs) == text
 
 
+def test_logprob_tokens_of_character_pieces_join_into_the_text(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """vLLM's logprobs processor: a token holding part of a UTF-8 character shows "" until the
+    token that completes it, which shows the whole character, so that the chosen tokens'
+    texts join into the answer; prompt logprobs read the prompt's tokens the same way."""
+    from cadence.runner_output import LogprobsLists
+
+    text = " 你好 😀 world"
+    tokens = tokenizer.encode(text)
+    assert sum(tokenizer.decode([t]).endswith("\ufffd") for t in tokens) >= 4  # split chars
+
+    def whole(ids: list[int]) -> str:  # a prefix's text without its unfinished character
+        return tokenizer.decode(ids).rstrip("\ufffd")
+
+    expected = [whole(tokens[:i + 1])[len(whole(tokens[:i])):] for i in range(len(tokens))]
+    assert "".join(expected) == text and "" in expected
+    proc = OutputProcessor(tokenizer)
+    prompt = [5, *tokens]
+    proc.add_request(_req("u", prompt, logprobs=1, prompt_logprobs=0), None)
+    scored = (1, LogprobsLists([[t] for t in tokens], [[-0.5]] * len(tokens),
+                               [1] * len(tokens)))
+    outs = []
+    for i, t in enumerate(tokens):
+        # The row's alternative is the chosen token itself: it reads the same in its place.
+        outs += proc.process_outputs([EngineCoreOutput(
+            "u", [t], finish_reason=FinishReason.LENGTH if i == len(tokens) - 1 else None,
+            new_logprobs=[([t, t], [-0.1, -0.1], 1)],
+            new_prompt_logprobs=scored if i == 0 else None)]).request_outputs
+    out = outs[-1]
+    assert [row[t].decoded_token for row, t in zip(out.outputs[0].logprobs, tokens)] == expected
+    assert out.prompt_logprobs is not None and out.prompt_logprobs[0] is None
+    assert [row[t].decoded_token for row, t in zip(out.prompt_logprobs[1:], tokens)] == expected
+
+
 def test_abort_of_an_n_request_returns_only_the_children_the_core_has(
     tokenizer: PreTrainedTokenizerFast,
 ) -> None:
