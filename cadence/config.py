@@ -10,6 +10,9 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 # vLLM's other spellings (--dtype half / float), resolved to the names above by EngineArgs.
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 QUANTIZATION_METHODS = ("fp8",)  # --quantization (None: weights in the model dtype)
+# What a request's logprobs are of (vLLM's --logprobs-mode): the model's logits as they come
+# ("raw_"), or as sampled after penalties, temperature, min-p, top-k and top-p ("processed_").
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
 KV_CACHE_DTYPES = ("auto", "fp8")  # "auto": the model dtype; "fp8": e4m3 with per-layer scales
 # Sequences in flight: the runner's per-sequence buffers are sized by it at start-up (3,000,000
 # asked for ~46 GiB of host arrays); far past what any step can batch.
@@ -31,11 +34,15 @@ class ModelConfig:
     # Most logprobs a request may ask for per token (vLLM's default 20; -1: the vocabulary).
     max_logprobs: int = 20
     quantization: str | None = None  # one of QUANTIZATION_METHODS, or None
+    logprobs_mode: str = "raw_logprobs"  # one of LOGPROBS_MODES
 
     def __post_init__(self) -> None:
         if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS} or None, got "
                              f"{self.quantization!r}.")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got "
+                             f"{self.logprobs_mode!r}.")
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be -1 or more, got {self.max_logprobs}.")
         if self.dtype not in DTYPES:

@@ -13,6 +13,7 @@ from cadence.cli_types import human_readable_int, int_at_least
 from cadence.config import (
     DTYPE_ALIASES,
     DTYPES,
+    LOGPROBS_MODES,
     QUANTIZATION_METHODS,
     SCHEDULING_POLICIES,
     CacheConfig,
@@ -80,6 +81,9 @@ class EngineArgs:
     cpu_threads: int | None = None
     # Most logprobs a request may ask for per token (-1: as many as the vocabulary has).
     max_logprobs: int = 20
+    # What logprobs are of: raw_logprobs (default), raw_logits, processed_logprobs,
+    # processed_logits (after penalties, temperature, min-p, top-k and top-p), as in vLLM.
+    logprobs_mode: str = "raw_logprobs"
     # Ranks the model is split over, one worker process each (1: no worker process).
     tensor_parallel_size: int = 1
 
@@ -96,6 +100,10 @@ class EngineArgs:
                 f"quantization={self.quantization!r} is not supported; supported: "
                 f"{', '.join(QUANTIZATION_METHODS)} (or none: weights in --dtype)."
             )
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(
+                f"logprobs_mode={self.logprobs_mode!r} is not supported; supported: "
+                f"{', '.join(LOGPROBS_MODES)}.")
         if self.tensor_parallel_size < 1:
             raise ValueError(
                 f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}."
@@ -185,6 +193,7 @@ class EngineArgs:
                               seed=self.seed, skip_tokenizer_init=self.skip_tokenizer_init,
                               max_model_len=max_model_len, tokenizer=self.tokenizer,
                               max_logprobs=self.max_logprobs,
+                              logprobs_mode=self.logprobs_mode,
                               quantization=self.quantization),
             cache=CacheConfig(block_size=self.block_size,
                               enable_prefix_caching=self.enable_prefix_caching,
@@ -328,6 +337,11 @@ class EngineArgs:
         parser.add_argument("--max-logprobs", type=int, default=d.max_logprobs,
                             help="most logprobs (completions) / top_logprobs (chat) a request "
                                  "may ask for per token; -1 = the vocabulary size "
+                                 "(default: %(default)s)")
+        parser.add_argument("--logprobs-mode", default=d.logprobs_mode, choices=LOGPROBS_MODES,
+                            help="what logprobs are of: the model's logits as they come (raw_) "
+                                 "or as sampled, after penalties, temperature, min-p, top-k "
+                                 "and top-p (processed_); as log-probabilities or logits "
                                  "(default: %(default)s)")
         parser.add_argument("--cpu-threads", type=int, default=None,
                             help="torch threads on the CPU backend (default: "

@@ -85,7 +85,7 @@ class ModelRunner:
         switch = longrope_switch_len(spec.hf_config, self.max_model_len)
         if switch:
             self.input_batch.rope_switch = (switch, model.rotary_emb.long_offset)
-        self.sampler = Sampler()
+        self.sampler = Sampler(config.model.logprobs_mode)
         self.sampling = RequestSampling(self.input_batch, self.vocab_size, device,
                                         spec.tokenizer_path)
         self.kv_caches: list[torch.Tensor] = []

@@ -205,10 +205,19 @@ def _mix_seed(seed: int, step: int) -> int:
 
 class Sampler:
     """Samples one token per row of ``logits`` [N, V] (float32 or the model's dtype: every path
-    that changes them works on a float32 copy, so both give the same tokens and logprobs)."""
+    that changes them works on a float32 copy, so both give the same tokens and logprobs).
 
-    def __init__(self) -> None:
+    ``logprobs_mode`` (vLLM's): the logprobs are of the logits as they come (``raw_``, after
+    the grammar's mask), or as sampled (``processed_``: after the logits processors and
+    penalties, then for sampled rows temperature, min-p, top-k and top-p, masked tokens at
+    -inf); log-probabilities (``_logprobs``) or the logits themselves (``_logits``).
+    """
+
+    def __init__(self, logprobs_mode: str = "raw_logprobs") -> None:
         self._argmax_scratch = ArgmaxScratch()
+        self.logprobs_mode = logprobs_mode
+        self._processed = logprobs_mode.startswith("processed")
+        self._as_logits = logprobs_mode.endswith("logits")
 
     def warm_up(self, vocab_size: int, device: torch.device,
                 dtype: torch.dtype = torch.float32) -> None:
@@ -231,11 +240,12 @@ class Sampler:
         if md.grammar is not None:
             # The grammar comes first, as in vLLM (the logprobs see its mask too).
             apply_grammar_mask(logits, md.grammar)
-        # Logprobs are of the raw logits (vLLM's default "raw_logprobs" mode); log_softmax
-        # makes a new tensor, so the processors below may work on ``logits`` in place.
-        raw_logprobs = None
-        if md.max_num_logprobs is not None:
-            raw_logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+        # Raw modes: the logprobs of the logits as they are here (a new tensor, so that the
+        # processors below may work on ``logits`` in place).
+        scores = None
+        wanted = md.max_num_logprobs is not None
+        if wanted and not self._processed:
+            scores = logits.clone() if self._as_logits else torch.log_softmax(logits, dim=-1)
 
         if md.processors is not None or md.banned_token_ids:
             apply_logits_processors(logits, md.processors, md.banned_token_ids)
@@ -247,20 +257,26 @@ class Sampler:
             # grammar that cannot finish, a penalty overflowing a huge negative bias); steps
             # with penalties alone, the common case, skip this pass over the logits.
             no_token = logits.amax(dim=-1) == float("-inf")
-        sampled = self._sample(logits, md)
+        processed = wanted and self._processed
+        sampled, final = self._sample(logits, md, processed)
+        if processed:
+            scores = final if self._as_logits else torch.log_softmax(final, dim=-1)
 
         logprobs = None
-        if raw_logprobs is not None:
+        if scores is not None:
             assert md.max_num_logprobs is not None
-            logprobs = gather_logprobs(raw_logprobs, md.max_num_logprobs, sampled)
+            logprobs = gather_logprobs(scores, md.max_num_logprobs, sampled)
         return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs, no_token=no_token)
 
-    def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, md: SamplingMetadata, processed: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sampled ids, and the logits as the last sampling step saw them (with
+        ``processed``: every top-k / top-p mask applied to the whole row)."""
         greedy = None
         if not md.all_random:
             greedy = argmax_rows(logits, self._argmax_scratch)
             if md.all_greedy:
-                return greedy
+                return greedy, logits
         assert md.temperature is not None, "temperature is required unless all rows are greedy"
         temp = md.temperature.to(torch.float32)
         is_greedy = temp < _SAMPLING_EPS
@@ -269,16 +285,18 @@ class Sampler:
         if md.min_p is not None:
             apply_min_p(logits, *md.min_p)
         kmax = md.max_top_k
-        if md.top_p is not None and logits.shape[0] < _MIN_FAST_TOP_P_ROWS:
-            kmax = None  # both paths give the same tokens: here the full sort is faster
+        if (md.top_p is not None and logits.shape[0] < _MIN_FAST_TOP_P_ROWS) or processed:
+            # Both paths give the same tokens: here the full sort is faster (or the whole
+            # masked row is wanted).
+            kmax = None
         if md.top_k is not None and kmax is not None and 0 < kmax <= _MAX_FAST_TOP_K:
             random = sample_from_top_k(logits, md.top_k, kmax, md.top_p, md.generators)
         else:
             logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
             random = exponential_race(logits.softmax(dim=-1), md.generators)
         if greedy is None:
-            return random
-        return torch.where(is_greedy, greedy, random)
+            return random, logits
+        return torch.where(is_greedy, greedy, random), logits
 
 
 def apply_top_k_top_p(

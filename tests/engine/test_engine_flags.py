@@ -113,6 +113,33 @@ def test_quantization_and_kv_cache_dtype_reach_the_configs() -> None:
     assert _engine_args("--kv-cache-dtype", "auto").kv_cache_dtype == "auto"
 
 
+def test_logprobs_mode_flag_reaches_the_sampler() -> None:
+    """vLLM's --logprobs-mode: processed logprobs are of the distribution sampled from; with
+    top_k=1 that is one token of probability 1 (log 0), where the raw logprob is below 0."""
+    assert _engine_args().logprobs_mode == "raw_logprobs"
+    cfg = _engine_args("--logprobs-mode", "processed_logits").create_engine_config(64)
+    assert cfg.model.logprobs_mode == "processed_logits"
+    with pytest.raises(SystemExit):
+        parse_args(["generate", "--logprobs-mode", "bogus"])
+    with pytest.raises(ValueError, match="logprobs_mode='bogus' is not supported"):
+        EngineArgs(logprobs_mode="bogus")
+    params = SamplingParams(temperature=1.0, top_k=1, seed=0, max_tokens=4, logprobs=2,
+                            ignore_eos=True)
+    got = {}
+    for mode in ("raw_logprobs", "processed_logprobs"):
+        llm = LLM("tiny", device="cpu", max_model_len=64, logprobs_mode=mode)
+        (out,) = llm.generate(["Hello"], params, use_tqdm=False)
+        got[mode] = out.outputs[0]
+    assert got["raw_logprobs"].token_ids == got["processed_logprobs"].token_ids
+    for raw, processed, tid in zip(got["raw_logprobs"].logprobs,
+                                   got["processed_logprobs"].logprobs,
+                                   got["raw_logprobs"].token_ids, strict=True):
+        assert raw[tid].logprob < 0 and processed[tid].logprob == 0.0
+        assert processed[tid].rank == 1
+        others = [lp.logprob for t, lp in processed.items() if t != tid]
+        assert others and all(v == float("-inf") for v in others)
+
+
 def test_unsupported_quantization_is_a_one_line_error_listing_what_is_supported() -> None:
     with pytest.raises(ValueError, match=r"quantization='awq' is not supported.*supported: fp8"):
         _engine_args("--quantization", "awq")

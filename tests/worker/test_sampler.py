@@ -260,6 +260,54 @@ def test_logprobs_are_raw_log_softmax_with_ranks(temperature: float) -> None:
     assert math.isclose(lists.logprobs[0][0], float(lp.logprobs[0, 0]), rel_tol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["raw_logits", "processed_logprobs", "processed_logits"])
+@pytest.mark.parametrize("fast", [False, True])
+def test_logprobs_modes(mode: str, fast: bool) -> None:
+    """vLLM's --logprobs-mode: raw_logits are the logits as given; the processed modes are of
+    the logits as sampled: divided by the row's temperature (greedy rows by 1), everything
+    outside its top-k at -inf."""
+    n, k, top_k = 4, 6, 3
+    temps = [0.5, 0.0, 1.5, 0.8]
+    logits = torch.randn(n, VOCAB, generator=torch.Generator().manual_seed(17)) * 2
+    md = _md(n, temperature=temps, top_k=[top_k, -1, top_k, top_k], max_num_logprobs=k,
+             fast=fast)
+    res = Sampler(mode)(logits, md)
+    assert res.logprobs is not None
+    if mode == "raw_logits":
+        expected = logits
+    else:
+        scaled = logits / torch.tensor([t if t > 0 else 1.0 for t in temps]).unsqueeze(1)
+        kth = scaled.topk(top_k, dim=-1).values[:, -1:]
+        masked = scaled.masked_fill((scaled < kth) & torch.tensor(
+            [True, False, True, True]).unsqueeze(1), float("-inf"))
+        expected = masked if mode == "processed_logits" else torch.log_softmax(masked, dim=-1)
+    sampled = res.sampled_token_ids
+    lp = res.logprobs
+    assert torch.equal(lp.logprob_token_ids[:, 0], sampled)
+    assert torch.allclose(lp.logprobs[:, 0], expected.gather(1, sampled.unsqueeze(1)).squeeze(1))
+    top = expected.topk(k)
+    assert torch.equal(lp.logprobs[:, 1:].isinf(), top.values.isinf())
+    finite = top.values.isfinite()
+    assert torch.allclose(lp.logprobs[:, 1:][finite], top.values[finite], atol=1e-5)
+    # Every sampled token lies inside its row's top-k, so its processed value is finite.
+    assert lp.logprobs[:, 0].isfinite().all()
+    assert int(sampled[1]) == int(logits[1].argmax())
+
+
+def test_processed_logprobs_of_an_all_greedy_batch_are_after_the_processors() -> None:
+    """All rows greedy: no temperature or top-k applies; a banned token is at -inf."""
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(18))
+    best = int(logits[0].argmax())
+    res = Sampler("processed_logprobs")(
+        logits, _md(2, temperature=0.0, max_num_logprobs=2, banned={0: [best]}))
+    assert res.logprobs is not None
+    expected = logits.clone()
+    expected[0, best] = float("-inf")
+    expected = torch.log_softmax(expected, dim=-1)
+    assert torch.allclose(res.logprobs.logprobs[:, 1:], expected.topk(2).values)
+    assert int(res.sampled_token_ids[0]) != best
+
+
 def test_zero_logprobs_gives_only_the_sampled_token() -> None:
     logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(8))
     res = Sampler()(logits, _md(2, temperature=0.0, max_num_logprobs=0))
