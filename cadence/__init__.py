@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from cadence.outputs import CompletionOutput, RequestOutput
 from cadence.sampling_params import RequestOutputKind, SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "RequestOutputKind", "SamplingParams", "__version__"]
+__all__ = ["LLM", "AsyncLLM", "CompletionOutput", "RequestOutput", "RequestOutputKind",
+           "SamplingParams", "TextPrompt", "TokensPrompt", "__version__"]
 
 if TYPE_CHECKING:
+    from cadence.engine.async_llm import AsyncLLM
     from cadence.engine.llm import LLM
+    from cadence.inputs import TextPrompt, TokensPrompt
 
 
 def __getattr__(name: str):
@@ -19,4 +23,12 @@ def __getattr__(name: str):
         from cadence.engine.llm import LLM
 
         return LLM
+    if name == "AsyncLLM":
+        from cadence.engine.async_llm import AsyncLLM
+
+        return AsyncLLM
+    if name in ("TextPrompt", "TokensPrompt"):
+        from cadence import inputs
+
+        return getattr(inputs, name)
     raise AttributeError(name)

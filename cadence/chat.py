@@ -144,6 +144,9 @@ def render_conversation(
     if problem is not None:
         raise ValueError(problem[1])
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        if tools:
+            raise ValueError("tools: this model has no chat template, and the ChatML fallback "
+                             "has no place for tools; pass a chat_template that shows them.")
         text = _chatml(conversation, add_generation_prompt, continue_final_message)
     else:
         try:

@@ -1267,6 +1267,11 @@ MUTATIONS = [
              "cadence/worker/sampler.py",
              "< _MIN_FAST_TOP_P_ROWS) or processed:",
              "< _MIN_FAST_TOP_P_ROWS):", ("tests/worker/test_sampler.py",)),
+    Mutation("stale-generator-aborts", "a generator closed late aborts a newer request's id",
+             "cadence/engine/async_llm.py",
+             "            if self._still_names(request_id, collector):",
+             "            if True:", ("tests/engine/test_async_llm.py::"
+                                     "test_closing_a_stale_generator_spares_a_newer_request_with_its_id",)),
     Mutation("stale-early-abort", "an abort already handled from the queue fires again later",
              "cadence/engine/core_proc.py", "                core.early_aborts.discard(token)",
              "                pass", ("tests/engine/test_core.py::"

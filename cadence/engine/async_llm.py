@@ -270,12 +270,15 @@ class AsyncLLM:
         request_id: str,
         *,
         priority: int = 0,
+        lora_request: Any = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the outputs of one request until it finishes.
 
         Invalid input raises ``ValueError`` before anything is scheduled. If the consumer
         cancels or closes the generator, the request is aborted in the engine.
         """
+        if lora_request is not None:
+            raise ValueError("lora_request: LoRA adapters are not supported; pass None.")
         collector = await self.add_request(request_id, prompt, sampling_params, priority=priority)
         outputs = self.outputs(request_id, collector)
         try:
@@ -297,13 +300,30 @@ class AsyncLLM:
                 finished = out.finished
                 yield out
         except (asyncio.CancelledError, GeneratorExit):
-            self.abort_nowait([request_id])
-            if self.log_requests:
-                logger.info("Request %r aborted by its consumer.", request_id)
+            if self._still_names(request_id, collector):
+                self.abort_nowait([request_id])
+                if self.log_requests:
+                    logger.info("Request %r aborted by its consumer.", request_id)
             raise
 
-    async def abort(self, request_id: str | Iterable[str]) -> None:
-        """Abort requests: each one's consumer gets a final ``finish_reason="abort"`` output."""
+    def _still_names(self, request_id: str, collector: OutputSink) -> bool:
+        """Whether ``request_id`` still names the request that sends to ``collector``: a
+        generator closed late (dropped, then finalized) after its request ended must not abort
+        a newer request that reuses the id (vLLM's internal ids keep them apart)."""
+        sink = self.output_processor.sink_of(request_id)
+        if sink is not None:
+            return sink is collector
+        # Untracked: ours finished (the core may still hold it a moment), unless a newer
+        # request under the id is being prepared.
+        return request_id not in self._ledger.preparing
+
+    async def get_tokenizer(self) -> Any:
+        """The tokenizer (vLLM's coroutine; also the ``tokenizer`` attribute)."""
+        return self.tokenizer
+
+    async def abort(self, request_id: str | Iterable[str], internal: bool = False) -> None:
+        """Abort requests: each one's consumer gets a final ``finish_reason="abort"`` output.
+        ``internal`` (vLLM's) changes nothing here: request ids are the engine's own."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         self.abort_nowait(ids)
         if self.log_requests:

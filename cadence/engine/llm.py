@@ -60,9 +60,13 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
-        priority: Sequence[int] | None = None,
+        priority: int | Sequence[int] | None = None,
+        lora_request: Any = None,
     ) -> list[RequestOutput]:
+        """Run every prompt to the end; one output each, in the prompts' order. ``priority``:
+        one value per prompt, or one for all (vLLM's)."""
         self._check_open()
+        _no_lora(lora_request)
         if isinstance(prompts, (str, dict)) or _is_id_list(prompts):
             prompts = [prompts]  # one prompt (vLLM: a flat list of ints is one token prompt)
         if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Sequence):
@@ -82,7 +86,14 @@ class LLM:
             raise ValueError(
                 f"sampling_params: got {len(params)} for {n} prompts; pass one or one per prompt."
             )
-        priorities = [0] * n if priority is None else list(priority)
+        if priority is None:
+            priorities = [0] * n
+        elif isinstance(priority, numbers.Integral) and not isinstance(priority, bool):
+            priorities = [int(priority)] * n
+        elif isinstance(priority, Sequence) and not isinstance(priority, (str, bytes)):
+            priorities = list(priority)
+        else:
+            raise ValueError(f"priority: an integer or one per prompt, got {priority!r}.")
         if len(priorities) != n:
             raise ValueError(f"priority: got {len(priorities)} values for {n} prompts.")
 
@@ -117,12 +128,19 @@ class LLM:
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
-        priority: Sequence[int] | None = None,
+        priority: int | Sequence[int] | None = None,
+        chat_template_content_format: str = "auto",
+        lora_request: Any = None,
     ) -> list[RequestOutput]:
         """``generate`` for one conversation (a list of message dicts) or a list of them, each
         rendered through ``chat_template`` or the tokenizer's (ChatML without one), as vLLM's
         ``LLM.chat``; one output per conversation, its ``prompt`` the rendered text."""
         self._check_open()
+        _no_lora(lora_request)
+        if chat_template_content_format not in ("auto", "string"):
+            # Content parts are text only and always joined into one string (vLLM's "string").
+            raise ValueError("chat_template_content_format: 'auto' or 'string' (text parts are "
+                             f"joined into one string), got {chat_template_content_format!r}.")
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("messages: chat needs a tokenizer, and this engine has none.")
@@ -183,3 +201,8 @@ class LLM:
 def _is_id_list(value: object) -> bool:
     return (isinstance(value, (list, tuple)) and len(value) > 0
             and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in value))
+
+
+def _no_lora(lora_request: Any) -> None:
+    if lora_request is not None:
+        raise ValueError("lora_request: LoRA adapters are not supported; pass None.")

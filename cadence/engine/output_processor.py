@@ -92,6 +92,16 @@ class OutputProcessor:
             request, prompt, self.tokenizer, queue, time.monotonic(), self._token_text, parent
         )
 
+    def sink_of(self, request_id: str) -> OutputSink | None:
+        """Where the tracked request (or n > 1 request) ``request_id`` sends its outputs."""
+        parent = self.parents.get(request_id)
+        ids = parent.child_ids if parent is not None else [request_id]
+        for engine_id in ids:
+            state = self.request_states.get(engine_id)
+            if state is not None:
+                return state.queue
+        return None
+
     def engine_request_ids(self, request_ids: list[str]) -> list[str]:
         """``request_ids`` with each n > 1 request, or any one of its children, replaced by all
         its children's ids (a child's siblings may wait on its prefill to be sent: one child

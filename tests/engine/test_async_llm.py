@@ -416,6 +416,52 @@ async def test_closing_the_generator_aborts_the_request(engine: AsyncLLM) -> Non
     assert await engine.get_num_free_kv_blocks() == engine.num_kv_blocks - 1
 
 
+async def test_closing_a_stale_generator_spares_a_newer_request_with_its_id(
+        engine: AsyncLLM) -> None:
+    """A generator left open after its request was aborted, closed only once a new request
+    reuses the id (the consumer dropped it), must not abort the new one (vLLM's generators
+    abort their own internal ids only)."""
+    params = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.0,
+                            output_kind=RequestOutputKind.DELTA)
+    stale = engine.generate(TEXT_PROMPT, params, "job")
+    await stale.__anext__()
+    await engine.abort("job")
+    # The id is free once the aborted request is gone from the output processor.
+    while engine.output_processor.is_request_active("job"):
+        await asyncio.sleep(0.005)
+    retry = engine.generate(TEXT_PROMPT, SamplingParams(
+        max_tokens=12, ignore_eos=True, temperature=0.0, output_kind=RequestOutputKind.DELTA),
+        "job")
+    first = await retry.__anext__()
+    await stale.aclose()  # while the retry streams
+    outs = [first] + [o async for o in retry]
+    assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "length"
+    assert sum(len(o.outputs[0].token_ids) for o in outs) == 12
+    # Closed while its own request runs, a generator still aborts it.
+    own = engine.generate(TEXT_PROMPT, params, "job")
+    await own.__anext__()
+    await own.aclose()
+    assert not engine.output_processor.is_request_active("job")
+
+
+async def test_vllms_api_names(engine: AsyncLLM) -> None:
+    """vLLM's ``await get_tokenizer()``, ``abort(..., internal=)`` and ``lora_request=None``;
+    the package exports the output and prompt types."""
+    import cadence
+
+    assert await engine.get_tokenizer() is engine.tokenizer
+    params = SamplingParams(max_tokens=3, ignore_eos=True, temperature=0.0)
+    prompt: cadence.TokensPrompt = {"prompt_token_ids": [7, 8, 9]}
+    outs = [o async for o in engine.generate(prompt, params, "api", lora_request=None)]
+    assert isinstance(outs[-1], cadence.RequestOutput)
+    assert isinstance(outs[-1].outputs[0], cadence.CompletionOutput)
+    with pytest.raises(ValueError, match="lora_request"):
+        async for _ in engine.generate(prompt, params, "api2", lora_request="adapter"):
+            pass
+    await engine.abort("nothing-by-this-id", internal=True)
+    assert cadence.AsyncLLM is AsyncLLM and cadence.TextPrompt is not None
+
+
 async def test_output_handler_failure_stops_the_core() -> None:
     llm = AsyncLLM(tiny_args())
     try:

@@ -111,6 +111,53 @@ def test_chat_hands_priority_and_generate_counts_its_params(llm) -> None:
         llm.generate(["a"], [GREEDY, GREEDY], use_tqdm=False)
 
 
+def test_vllms_other_arguments_are_taken(llm) -> None:
+    """vLLM's lora_request=None and chat_template_content_format="auto"/"string" are accepted
+    (an adapter, or the "openai" format, is a clear error); one priority serves every prompt."""
+    conversation = [{"role": "user", "content": "Hi"}]
+    (a,) = llm.chat(conversation, GREEDY, use_tqdm=False, lora_request=None,
+                    chat_template_content_format="string")
+    (b,) = llm.chat(conversation, GREEDY, use_tqdm=False)
+    assert a.outputs[0].token_ids == b.outputs[0].token_ids
+    with pytest.raises(ValueError, match="lora_request"):
+        llm.generate(["a"], GREEDY, use_tqdm=False, lora_request=object())
+    with pytest.raises(ValueError, match="chat_template_content_format"):
+        llm.chat(conversation, GREEDY, use_tqdm=False, chat_template_content_format="openai")
+    outs = llm.generate(["a", "b", "c"], GREEDY, use_tqdm=False, priority=0)
+    assert len(outs) == 3
+    with pytest.raises(ValueError, match="priority"):  # fcfs: one non-zero value for all
+        llm.generate(["a", "b"], GREEDY, use_tqdm=False, priority=2)
+    with pytest.raises(ValueError, match="priority"):
+        llm.generate(["a"], GREEDY, use_tqdm=False, priority="high")
+
+
+def test_tools_without_a_chat_template_are_an_error(tmp_path) -> None:
+    """The ChatML fallback has no place for tools: refused, naming tools (they were dropped)."""
+    import shutil
+
+    from cadence.model.tiny import ensure_tiny_model
+
+    model = tmp_path / "model"
+    shutil.copytree(ensure_tiny_model(), model)
+    config = model / "tokenizer_config.json"
+    import json
+    data = json.loads(config.read_text())
+    data.pop("chat_template", None)
+    config.write_text(json.dumps(data))
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    engine = LLM(str(model), device="cpu", max_model_len=128)
+    try:
+        assert not engine.get_tokenizer().chat_template
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+        with pytest.raises(ValueError, match="^tools: this model has no chat template"):
+            engine.chat([{"role": "user", "content": "Hi"}], GREEDY, use_tqdm=False,
+                        tools=tools)
+        (out,) = engine.chat([{"role": "user", "content": "Hi"}], GREEDY, use_tqdm=False)
+        assert out.prompt.startswith("<|im_start|>user\nHi")
+    finally:
+        engine.shutdown()
+
+
 def test_use_tqdm_shows_a_progress_bar_only_when_asked(llm, capsys) -> None:
     llm.generate(["a", "b"], GREEDY, use_tqdm=False)
     assert "Processed prompts" not in capsys.readouterr().err

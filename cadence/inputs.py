@@ -1,0 +1,20 @@
+"""The prompt shapes ``LLM.generate`` and ``AsyncLLM.generate`` take, as typed dicts (vLLM's
+names): a text with optional keys, or token ids. A plain string or a list of ids works too."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+__all__ = ["TextPrompt", "TokensPrompt"]
+
+
+class TextPrompt(TypedDict, total=False):
+    prompt: str  # required
+    add_special_tokens: bool  # False: no BOS or other special tokens added by the tokenizer
+    cache_salt: str  # prefix-cache hits only among requests with the same salt
+
+
+class TokensPrompt(TypedDict, total=False):
+    prompt_token_ids: list[int]  # required
+    prompt: str  # the text the ids came from, echoed in the output's ``prompt``
+    cache_salt: str
