@@ -56,6 +56,10 @@ def check_template_options(chat_template_kwargs: Mapping[str, Any] | None,
     reserved = sorted(reserved_template_kwargs() & set(chat_template_kwargs or {}))
     if reserved:
         return "chat_template_kwargs", f"chat_template_kwargs cannot set {', '.join(reserved)}."
+    if nesting_depth(chat_template_kwargs or {}) > MAX_JSON_DEPTH:
+        # The template's renderer walks the values recursively: bounded before it does.
+        return ("chat_template_kwargs",
+                f"chat_template_kwargs: nests deeper than {MAX_JSON_DEPTH} levels.")
     if continue_final_message and add_generation_prompt:
         return ("continue_final_message",
                 "continue_final_message and add_generation_prompt cannot both be true.")
@@ -143,6 +147,9 @@ def render_conversation(
                                      continue_final_message)
     if problem is not None:
         raise ValueError(problem[1])
+    for i, tool in enumerate(tools or []):
+        if nesting_depth(tool) > MAX_JSON_DEPTH:
+            raise ValueError(f"tools: tool {i} nests deeper than {MAX_JSON_DEPTH} levels.")
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         if tools:
             raise ValueError("tools: this model has no chat template, and the ChatML fallback "

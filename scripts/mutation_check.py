@@ -1272,6 +1272,15 @@ MUTATIONS = [
              "            if self._still_names(request_id, collector):",
              "            if True:", ("tests/engine/test_async_llm.py::"
                                      "test_closing_a_stale_generator_spares_a_newer_request_with_its_id",)),
+    Mutation("tool-name-surrogate", "a tool call named with a lone surrogate is a call (a 500)",
+             "cadence/server/tool_calls.py",
+             "    return isinstance(name, str) and encodes_as_utf8(name)",
+             "    return isinstance(name, str)", ("tests/server/test_tool_calls.py",)),
+    Mutation("root-path-redirect", "a trailing-slash redirect drops the --root-path prefix",
+             "cadence/server/middleware.py",
+             '            scope = {**scope, "root_path": prefix, "path": prefix + path}',
+             '            scope = {**scope, "root_path": prefix, "path": path}',
+             ("tests/server/test_cli_flags.py::test_cors_and_root_path_settings",)),
     Mutation("stale-early-abort", "an abort already handled from the queue fires again later",
              "cadence/engine/core_proc.py", "                core.early_aborts.discard(token)",
              "                pass", ("tests/engine/test_core.py::"

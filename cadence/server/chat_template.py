@@ -85,7 +85,10 @@ def render_chat(
             tools=tools, chat_template_kwargs=chat_template_kwargs,
         )
     except ValueError as exc:
-        raise ParamError("messages", str(exc).removeprefix("messages: ")) from exc
+        message = str(exc)
+        if message.startswith("tools: "):  # the tools, not the conversation, are at fault
+            raise ParamError("tools", message) from exc
+        raise ParamError("messages", message.removeprefix("messages: ")) from exc
     if check_text is not None:
         check_text(text)
     # The template already holds every special token it wants (BOS included).

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cadence.server.errors import ServiceUnavailableError
+from cadence.server.middleware import route_path
 
 __all__ = ["GENERATION_PATHS", "InFlightMiddleware", "RequestLifecycle", "shutting_down_error"]
 
@@ -85,7 +86,7 @@ class InFlightMiddleware:
         self.lifecycle = lifecycle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] not in GENERATION_PATHS:
+        if scope["type"] != "http" or route_path(scope) not in GENERATION_PATHS:
             await self.app(scope, receive, send)
             return
         if not self.lifecycle.accepting:

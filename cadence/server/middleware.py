@@ -96,9 +96,10 @@ def route_path(scope: Scope) -> str:
 
 class RootPathMiddleware:
     """Serve behind a proxy that routes ``root_path`` to this server (FastAPI's ``root_path``,
-    which vLLM sets): the prefix goes into the scope's ``root_path`` for URLs the app builds, and
-    a path that still carries it (a proxy that does not strip it) loses it, so that the routes and
-    the API-key check see the same path either way."""
+    which vLLM sets): the prefix goes into the scope's ``root_path``, and the ``path`` carries it
+    whether the proxy stripped it or not (ASGI's rule, from which Starlette builds the URLs it
+    answers with, e.g. a trailing-slash redirect); the routes and the API-key check match the
+    path less the prefix (``route_path``) either way."""
 
     def __init__(self, app: ASGIApp, root_path: str) -> None:
         self.app = app
@@ -115,7 +116,8 @@ class RootPathMiddleware:
                 await NotFoundError(f"No route for {scope['path'][:200]!r}.").response()(
                     scope, receive, send)
                 return
-            scope = {**scope, "root_path": scope.get("root_path", "") + root, "path": path}
+            prefix = scope.get("root_path", "") + root
+            scope = {**scope, "root_path": prefix, "path": prefix + path}
         await self.app(scope, receive, send)
 
 

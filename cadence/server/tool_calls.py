@@ -73,7 +73,7 @@ def _dumps(value: Any) -> str:
 def _call(body: str) -> ParsedCall | None:
     try:
         obj = _loads(body)
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        if not isinstance(obj, dict) or not _is_name(obj.get("name")):
             return None
         args = obj.get("arguments", obj.get("parameters", {}))
         # Arguments given as the text of a JSON object stay that text; any other value is
@@ -82,6 +82,11 @@ def _call(body: str) -> ParsedCall | None:
     except _NotJson:
         return None
     return new_call(obj["name"], text)
+
+
+def _is_name(name: Any) -> bool:
+    # A "\ud800" escape in the name parses to a lone surrogate, which no response can carry.
+    return isinstance(name, str) and encodes_as_utf8(name)
 
 
 def _is_json_object(text: str) -> bool:
@@ -103,7 +108,7 @@ def parse_forced_calls(text: str, named: str | None) -> list[ParsedCall] | None:
             _dumps(value)
             return [new_call(named, text)]
         if not isinstance(value, list) or not all(
-                isinstance(i, dict) and isinstance(i.get("name"), str) for i in value):
+                isinstance(i, dict) and _is_name(i.get("name")) for i in value):
             return None
         return [new_call(i["name"], _dumps(i.get("parameters", {}))) for i in value]
     except _NotJson:

@@ -281,6 +281,11 @@ def test_cors_and_root_path_settings(server_factory) -> None:
         sneak = http.post("/llm/llm/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
         assert sneak.status_code == 404 and sneak.json()["error"]["code"] == 404
         assert http.get("/llm/health").status_code == 200
+        # A trailing-slash redirect keeps the prefix (the proxy routes only /llm/...).
+        for path in ("/llm/health/", "/health/"):
+            moved = http.get(path, headers=key)
+            assert moved.status_code == 307, path
+            assert httpx.URL(moved.headers["location"]).path == "/llm/health", path
         assert http.get("/llm").status_code == 200  # the page at /
         body = {"prompt": "Hi", "max_tokens": 2, "ignore_eos": True}
         done = http.post("/llm/v1/completions", json=body, headers=key)

@@ -14,6 +14,13 @@ COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 MSG = [{"role": "user", "content": "hi"}]
 
+
+def _deep(levels: int) -> list:
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
 # (route, JSON body, expected status, expected param, a fragment of the message)
 CASES: list[tuple[str, Any, int, str | None, str]] = [
     (COMPLETIONS, {}, 400, "prompt", "required"),
@@ -92,6 +99,12 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     # Any named argument of transformers' renderer, not only the ones cadence passes itself.
     (CHAT, {"messages": MSG, "chat_template_kwargs": {"sanitize_control_tokens": True}}, 400,
      "chat_template_kwargs", "sanitize_control_tokens"),
+    # Nested past the bound (the template's renderer recursed out of stack at ~500 levels).
+    (CHAT, {"messages": MSG, "chat_template_kwargs": {"x": _deep(600)}}, 400,
+     "chat_template_kwargs", "deeper than 64"),
+    (CHAT, {"messages": MSG, "tool_choice": "none", "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"a": _deep(600)}}}}]},
+     400, "tools", "deeper than 64"),
     (CHAT, {"messages": MSG, "chat_template_kwargs": {"self": 1}}, 400, "chat_template_kwargs",
      "cannot set self"),
     (CHAT, {"messages": MSG, "chat_template_kwargs": {"tokenizer_kwargs": {}}}, 400,

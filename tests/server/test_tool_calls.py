@@ -69,6 +69,7 @@ NOT_CALLS = [  # streamed, each is content as it stands: no call, nothing lost o
     '<tool_call>{"name": "f", "arguments": {"a": NaN}}</tool_call>',
     '<tool_call>{"name": "f", "arguments": {"a": 1e999}}</tool_call>',
     '<tool_call>{"name": "f", "arguments": {"city": "Paris \\ud83d"}}</tool_call>',
+    '<tool_call>{"name": "get\\ud800", "arguments": {}}</tool_call>',  # in the name too
 ]
 
 
@@ -122,6 +123,7 @@ def test_forced_calls_of_output_the_parser_cannot_take_are_no_calls() -> None:
                  '{"a": NaN}', '{"a": 1e999}'):
         assert parse_forced_calls(text, "f") is None
         assert parse_forced_calls(f'[{{"name": "f", "parameters": {text}}}]', None) is None
+    assert parse_forced_calls('[{"name": "f\\udc00", "parameters": {}}]', None) is None
     (call,) = parse_forced_calls('{"a": 1}', "f")
     assert (call.name, call.arguments) == ("f", '{"a": 1}')
 
