@@ -60,7 +60,9 @@ def grammar_of(spec: StructuredOutputsParams) -> Any:
         kind = next(k for k in ("json", "json_object", "regex", "choice", "grammar")
                     if getattr(spec, k) not in (None, False))
         # xgrammar's messages start with a time stamp and a source location: keep the words.
-        reason = re.sub(r"^\[[^\]]*\] \S+:\d+: ", "", str(exc).strip())
+        reason = re.sub(r"^\[[^\]]*\] \S+:\d+: ", "", str(exc).strip()) or (
+            # xgrammar gives no words for some (a number past a double's or an int64's range)
+            "the grammar engine (xgrammar) cannot compile it (a number out of range?)")
         raise ValueError(f"structured_outputs: invalid {kind}: {reason}") from None
 
 
