@@ -1281,6 +1281,11 @@ MUTATIONS = [
              '            scope = {**scope, "root_path": prefix, "path": prefix + path}',
              '            scope = {**scope, "root_path": prefix, "path": path}',
              ("tests/server/test_cli_flags.py::test_cors_and_root_path_settings",)),
+    Mutation("schema-anyof-siblings", "constraints beside an anyOf compile to its branches alone",
+             "cadence/worker/schema_features.py",
+             "        if _branches_drop_siblings(schema, key):",
+             "        if False:", ("tests/engine/test_structured_outputs.py::"
+                                  "test_schema_keywords_the_grammar_cannot_enforce_are_refused",)),
     Mutation("stale-early-abort", "an abort already handled from the queue fires again later",
              "cadence/engine/core_proc.py", "                core.early_aborts.discard(token)",
              "                pass", ("tests/engine/test_core.py::"

@@ -7,7 +7,8 @@ array with repeated items under ``uniqueItems``, a string longer than ``maxLengt
 ``not``, ``if``/``then``/``else`` and the dependent keywords (draft 7's ``dependencies`` among
 them) are ignored, and an ``allOf`` with more than one subschema or beside constraints turns the
 whole node into "any JSON" (even its ``type`` is lost); an empty ``anyOf``/``oneOf`` allows only
-an empty text and a negative length bound allows nothing (neither is a valid schema). A
+an empty text and a negative length bound allows nothing (neither is a valid schema); an
+``anyOf`` / ``oneOf`` compiles to its branches alone, losing the constraints beside it. A
 ``required`` name that ``properties`` does not declare is never enforced (and, where the object's
 other properties are closed, never even allowed).
 """
@@ -30,7 +31,7 @@ _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "m
 # Keywords that say nothing about the value: an allOf of one subschema may stand beside them.
 _ANNOTATIONS = frozenset({
     "title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
-    "writeOnly", "$defs", "definitions", "$schema", "$id", "allOf",
+    "writeOnly", "$defs", "definitions", "$schema", "$id", "allOf", "discriminator",
 })
 # Where a schema holds subschemas: one, a list of them, or a map of names to them.
 _ONE = ("additionalProperties", "items", "contains", "propertyNames", "not", "if", "then", "else",
@@ -47,6 +48,19 @@ def _types(schema: dict[str, Any]) -> set[str]:
     if isinstance(kind, list):
         return {k for k in kind if isinstance(k, str)}
     return set()
+
+
+def _branches_drop_siblings(schema: dict[str, Any], key: str) -> bool:
+    """An anyOf / oneOf compiles to its branches alone: keywords beside it that say something
+    about the value are lost (a ``type`` too, unless every branch keeps to it)."""
+    branches = schema.get(key)
+    if not isinstance(branches, list):
+        return False
+    beside = set(schema) - _ANNOTATIONS - {key}
+    if beside == {"type"}:
+        outer = _types(schema)
+        return not all(isinstance(b, dict) and _types(b) and _types(b) <= outer for b in branches)
+    return bool(beside)
 
 
 def _string_with_bounds(schema: dict[str, Any]) -> bool:
@@ -66,6 +80,8 @@ def _own(schema: dict[str, Any]) -> str | None:
     for key in ("anyOf", "oneOf"):
         if schema.get(key) == []:
             return f"an empty {key}"
+        if _branches_drop_siblings(schema, key):
+            return f"{key} beside other constraints (the grammar keeps only its branches)"
     for key in _COUNTS:
         value = schema.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:

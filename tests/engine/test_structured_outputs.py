@@ -423,12 +423,17 @@ def test_output_keys_follow_each_schemas_own_order(llm) -> None:
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
      "dependencies": {"a": ["b"]}},
     {"type": "object", "required": ["name"]},
+    # xgrammar keeps an anyOf's / oneOf's branches alone: the type, properties and bounds beside
+    # them are lost (checked: the first allowed "x" and 5, the second -3).
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+     "anyOf": [{"required": ["a"]}, {"required": ["b"]}]},
+    {"type": "integer", "minimum": 0, "oneOf": [{"maximum": 5}, {"minimum": 10}]},
     {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True,
      "required": ["a", "b"]},
 ], ids=["uniqueItems", "contains", "pattern+maxLength", "format+maxLength", "multipleOf",
         "unknown-format", "allOf-beside", "allOf-two", "not", "if-then", "empty-anyOf",
         "negative-maxLength", "dependentRequired", "dependencies",
-        "required-undeclared", "required-open-object"])
+        "required-undeclared", "anyOf-beside", "oneOf-beside", "required-open-object"])
 def test_schema_keywords_the_grammar_cannot_enforce_are_refused(llm, schema) -> None:
     """xgrammar compiles these and ignores the keyword (outputs broke it): refused, naming it,
     as vLLM's xgrammar backend refuses them."""
@@ -455,6 +460,12 @@ def test_schema_shapes_the_grammar_follows_are_accepted() -> None:
                                           "uniqueItems": {"type": "boolean"}}},
         {"enum": [{"not": 1}, {"allOf": []}]},
         {"type": "string", "default": {"anyOf": []}, "maxLength": 0},
+        # A type beside branches that all keep to it loses nothing; an OpenAPI discriminator
+        # beside a oneOf (pydantic's tagged unions) is an annotation.
+        {"type": "object", "anyOf": [{"type": "object", "required": ["a"],
+                                      "properties": {"a": {"type": "integer"}}}]},
+        {"oneOf": [{"$ref": "#/$defs/A"}], "discriminator": {"propertyName": "k"},
+         "$defs": {"A": {"type": "object", "properties": {"k": {"const": "a"}}}}},
     ):
         assert unenforced_keyword(schema) is None, schema
 
