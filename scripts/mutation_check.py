@@ -1286,6 +1286,14 @@ MUTATIONS = [
              "        if _branches_drop_siblings(schema, key):",
              "        if False:", ("tests/engine/test_structured_outputs.py::"
                                   "test_schema_keywords_the_grammar_cannot_enforce_are_refused",)),
+    Mutation("reasoning-prompt-closed-ignored", "a prompt that closed the reasoning is ignored",
+             "cadence/server/serving_chat.py",
+             "                    return token == tags[1]", "                    return False",
+             ("tests/server/test_reasoning.py",)),
+    Mutation("reasoning-text-tail-ignored", "a closed reasoning in the prompt's text is ignored",
+             "cadence/server/serving_chat.py",
+             "        return tail.rfind(end) > tail.rfind(start)", "        return False",
+             ("tests/server/test_reasoning.py",)),
     Mutation("stale-early-abort", "an abort already handled from the queue fires again later",
              "cadence/engine/core_proc.py", "                core.early_aborts.discard(token)",
              "                pass", ("tests/engine/test_core.py::"

@@ -4,17 +4,20 @@ A parser splits a model's text at its ``<think> ... </think>`` tags into ``reaso
 ``content``, whole (a finished answer) or as it streams (``ReasoningStream``: text that may be
 the start of a tag is held back until the next piece shows what it is).
 
-- ``qwen3``: the model opens its own ``<think>``: an output that starts with it (after blanks) is
-  reasoning up to ``</think>``, the rest content; an output that does not is all content
-  (thinking was off).
-- ``deepseek_r1``: the chat template opens ``<think>`` in the prompt, so the output starts inside
-  the reasoning (an opening tag it repeats is dropped): reasoning up to ``</think>``, or all of
-  it when the tag never comes (it ran out of tokens thinking).
+Both parsers (current vLLM's): the output is reasoning up to ``</think>`` (an opening
+``<think>`` it starts with, after blanks, is dropped: older templates let the model open the tag,
+newer ones open it in the prompt), the rest content; without ``</think>`` it is all reasoning (it
+ran out of tokens thinking). When the prompt already closed the reasoning (its last tag is
+``</think>``: a template that turned thinking off), or ``qwen3`` with ``enable_thinking: false``,
+the whole output is content (``reasoning_ended``). The grammar of a structured output follows
+the same rule (``cadence.worker.grammar.reasoning_open``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from cadence.server.held_text import tag_prefix_len
 
@@ -26,28 +29,33 @@ START, END = "<think>", "</think>"
 @dataclass(frozen=True)
 class ReasoningParser:
     name: str
-    starts_inside: bool  # the output begins in the reasoning (the prompt opened the tag)
+    # The chat template option that turns thinking off (the whole output is then content).
+    switch: str | None = None
 
     @property
     def tags(self) -> tuple[str, str]:
         return START, END
 
-    def split(self, text: str) -> tuple[str | None, str | None]:
+    def thinking_off(self, chat_template_kwargs: Mapping[str, Any] | None) -> bool:
+        return self.switch is not None and (chat_template_kwargs or {}).get(self.switch) is False
+
+    def split(self, text: str, reasoning_ended: bool = False
+              ) -> tuple[str | None, str | None]:
         """(reasoning, content) of a whole output; None where a part is empty, except that an
         output without reasoning keeps its content even when empty ("", as without a parser
         and as the stream's content delta)."""
-        reasoning, content = self.stream().feed(text, final=True)
+        reasoning, content = self.stream(reasoning_ended).feed(text, final=True)
         if not reasoning:
             return None, content
         return reasoning, content or None
 
-    def stream(self) -> ReasoningStream:
-        return ReasoningStream(self)
+    def stream(self, reasoning_ended: bool = False) -> ReasoningStream:
+        return ReasoningStream(self, reasoning_ended)
 
 
 REASONING_PARSERS = {
-    "qwen3": ReasoningParser("qwen3", starts_inside=False),
-    "deepseek_r1": ReasoningParser("deepseek_r1", starts_inside=True),
+    "qwen3": ReasoningParser("qwen3", switch="enable_thinking"),
+    "deepseek_r1": ReasoningParser("deepseek_r1"),
 }
 
 
@@ -66,12 +74,17 @@ def reasoning_parser(name: str | None) -> ReasoningParser | None:
 class ReasoningStream:
     """Splits streamed text pieces into (reasoning delta, content delta)."""
 
-    def __init__(self, parser: ReasoningParser) -> None:
+    def __init__(self, parser: ReasoningParser, reasoning_ended: bool = False) -> None:
         self.parser = parser
-        # "start": nothing decided yet; "reasoning": inside the tags; "content": after them (or
-        # no reasoning at all).
-        self.state = "start"
+        # "start": nothing out yet (an opening tag may come); "reasoning": up to the end tag;
+        # "content": after it (or the prompt ended the reasoning).
+        self.state = "content" if reasoning_ended else "start"
         self.pending = ""  # text held back: it may begin a tag
+
+    def end_reasoning(self) -> None:
+        """The prompt turned out to have ended the reasoning: all output is content."""
+        if self.state == "start" and not self.pending:
+            self.state = "content"
 
     def feed(self, piece: str, final: bool = False) -> tuple[str, str]:
         """The reasoning and content text that ``piece`` adds (``final``: nothing follows, so
@@ -89,8 +102,8 @@ class ReasoningStream:
                 if START.startswith(stripped) and not final:
                     self.pending = text  # maybe the opening tag, not complete yet
                     break
-                # No opening tag: the prompt opened it, or the model is not reasoning.
-                self.state = "reasoning" if self.parser.starts_inside else "content"
+                # No opening tag: the prompt opened it.
+                self.state = "reasoning"
                 continue
             if self.state == "reasoning":
                 head, tag, tail = text.partition(END)

@@ -53,6 +53,7 @@ class StartedRequest:
     request_id: str
     collector: OutputSink
     index: int = 0
+    reasoning_ended: bool = False  # chat under a reasoning parser: the answer is all content
 
 
 class OpenAIServing:

@@ -259,11 +259,16 @@ class OpenAIServingChat(OpenAIServing):
             stream.prompt_tokens = len(prompt_ids) if k is None else min(
                 len(prompt_ids), truncation_length(k, self.engine.max_model_len,
                                                    params.max_tokens))
-        if params.structured_outputs is not None and self.reasoning_tags is not None:
+        ended = self.reasoning_ended(request, prompt_ids)
+        if stream is not None and ended and stream.reasoning is not None:
+            for splitter in stream.reasoning:
+                splitter.end_reasoning()
+        if (params.structured_outputs is not None and self.reasoning_tags is not None
+                and not ended):
             # vLLM: under a reasoning parser the grammar applies to the answer, after reasoning.
             params.structured_outputs = dataclasses.replace(
                 params.structured_outputs, reasoning_tags=self.reasoning_tags)
-        return await self.start(
+        started = await self.start(
             request_id,
             {"prompt_token_ids": prompt_ids, "cache_salt": request.cache_salt},
             params,
@@ -274,6 +279,28 @@ class OpenAIServingChat(OpenAIServing):
             grammar_param=request.grammar_param,
             sink=stream.sink() if stream is not None else None,
         )
+        started.reasoning_ended = ended
+        return started
+
+    def reasoning_ended(self, request: ChatCompletionRequest, prompt_ids: list[int]) -> bool:
+        """Whether the answer has no reasoning (vLLM's prompt_is_reasoning_end): the prompt's
+        last reasoning tag closes it (a template that turned thinking off), or the parser's
+        switch (qwen3's enable_thinking) is off."""
+        parser = self.reasoning
+        if parser is None:
+            return False
+        if parser.thinking_off(request.chat_template_kwargs):
+            return True
+        tags = self.reasoning_tags
+        if tags is not None:
+            for token in reversed(prompt_ids):
+                if token in tags:
+                    return token == tags[1]
+            return False
+        # Tags of several tokens: the prompt's tail as text (a template closes it at the end).
+        start, end = parser.tags
+        tail = self.engine.tokenizer.decode(prompt_ids[-64:])
+        return tail.rfind(end) > tail.rfind(start)
 
     async def create(
         self, request: ChatCompletionRequest, request_id: str | None = None,
@@ -295,7 +322,7 @@ class OpenAIServingChat(OpenAIServing):
                                      request.return_tokens_as_token_ids, self.token_bytes)
             content, reasoning = c.text, None
             if self.reasoning is not None:
-                reasoning, content = self.reasoning.split(c.text)
+                reasoning, content = self.reasoning.split(c.text, started.reasoning_ended)
             calls: list[ToolCall] = []
             finish = c.finish_reason
             parsed: list[ParsedCall] | None = None

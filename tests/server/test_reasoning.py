@@ -12,25 +12,29 @@ from cadence.server.reasoning import REASONING_PARSERS, reasoning_parser
 
 Q, D = REASONING_PARSERS["qwen3"], REASONING_PARSERS["deepseek_r1"]
 
-CASES = [  # text, qwen3's (reasoning, content), deepseek_r1's
-    ("<think>plan it</think>\n\nThe answer.", ("plan it", "\n\nThe answer."),
-     ("plan it", "\n\nThe answer.")),
-    ("  <think>still thinking", ("still thinking", None), ("still thinking", None)),
-    ("Just an answer.", (None, "Just an answer."), ("Just an answer.", None)),
-    ("thought</think>answer", (None, "thought</think>answer"), ("thought", "answer")),
-    ("<think></think>x", (None, "x"), (None, "x")),
-    ("a < b </thin", (None, "a < b </thin"), ("a < b </thin", None)),
-    ("", (None, ""), (None, "")),  # an empty answer is "", as without a parser
-    ("<th", (None, "<th"), ("<th", None)),  # a tag's start that the output ends on stays
-    ("  <think", (None, "  <think"), ("  <think", None)),
-    ("<think>why</th", ("why</th", None), ("why</th", None)),
+CASES = [  # text, (reasoning, content) for both parsers (current vLLM's: the output is
+    # reasoning up to </think>, an opening <think> it starts with dropped; all of it without)
+    ("<think>plan it</think>\n\nThe answer.", ("plan it", "\n\nThe answer.")),
+    ("  <think>still thinking", ("still thinking", None)),
+    ("Just an answer.", ("Just an answer.", None)),
+    # Qwen3.5's templates open <think> in the prompt: the output only closes it.
+    ("thought</think>answer", ("thought", "answer")),
+    ("<think></think>x", (None, "x")),
+    ("a < b </thin", ("a < b </thin", None)),
+    ("", (None, "")),  # an empty answer is "", as without a parser
+    ("<th", ("<th", None)),  # a tag's start that the output ends on stays
+    ("  <think", ("  <think", None)),
+    ("<think>why</th", ("why</th", None)),
 ]
 
 
-@pytest.mark.parametrize(("text", "qwen3", "deepseek"), CASES)
-def test_whole_outputs(text, qwen3, deepseek) -> None:
-    assert Q.split(text) == qwen3
-    assert D.split(text) == deepseek
+@pytest.mark.parametrize(("text", "want"), CASES)
+def test_whole_outputs(text, want) -> None:
+    assert Q.split(text) == want
+    assert D.split(text) == want
+    # The prompt ended the reasoning (or thinking is off): all of it is content.
+    assert Q.split(text, reasoning_ended=True) == (None, text)
+    assert D.split(text, reasoning_ended=True) == (None, text)
 
 
 @pytest.mark.parametrize("parser", [Q, D], ids=["qwen3", "deepseek_r1"])
@@ -79,9 +83,9 @@ def test_reasoning_through_the_openai_client(server_factory, name) -> None:
     out = client.chat.completions.create(**kw)
     msg = out.choices[0].message
     text = srv.engine.tokenizer.decode(out.choices[0].token_ids)
-    # The prompt opened <think>; the random model never closes it: all of it is reasoning for
-    # deepseek_r1, and all of it is content for qwen3 (the model did not open the tag).
+    # The prompt opened <think>; the random model never closes it: all of it is reasoning.
     want = REASONING_PARSERS[name].split(text)
+    assert want == (text, None)
     assert (getattr(msg, "reasoning", None), msg.content) == want
     streamed = {"reasoning": "", "content": ""}
     for chunk in client.chat.completions.create(**kw, stream=True):
@@ -90,6 +94,35 @@ def test_reasoning_through_the_openai_client(server_factory, name) -> None:
             streamed["reasoning"] += getattr(delta, "reasoning", None) or ""
             streamed["content"] += delta.content or ""
     assert (streamed["reasoning"] or None, streamed["content"] or None) == want
+
+
+THINKING_OFF_TEMPLATE = THINKING_TEMPLATE.replace("<think>\n", "<think>\n\n</think>\n\n")
+
+
+@pytest.mark.parametrize(("name", "template", "kwargs"), [
+    ("deepseek_r1", THINKING_OFF_TEMPLATE, None), ("qwen3", THINKING_OFF_TEMPLATE, None),
+    ("qwen3", THINKING_TEMPLATE, {"enable_thinking": False})],
+    ids=["prompt-closed-deepseek", "prompt-closed-qwen3", "qwen3-thinking-off"])
+def test_an_answer_after_a_closed_reasoning_is_all_content(server_factory, name, template,
+                                                           kwargs) -> None:
+    """vLLM's prompt_is_reasoning_end: a prompt whose last tag closes the reasoning (a template
+    that turned thinking off), or qwen3 with enable_thinking false, makes the answer content."""
+    srv = server_factory(app_kwargs={"reasoning_parser": name, "chat_template": template})
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "why?"}], max_tokens=12,
+              temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True,
+                                           "chat_template_kwargs": kwargs})
+    out = client.chat.completions.create(**kw)
+    text = srv.engine.tokenizer.decode(out.choices[0].token_ids)
+    msg = out.choices[0].message
+    assert (getattr(msg, "reasoning", None), msg.content) == (None, text)
+    streamed = {"reasoning": "", "content": ""}
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta is not None:
+            streamed["reasoning"] += getattr(delta, "reasoning", None) or ""
+            streamed["content"] += delta.content or ""
+    assert streamed == {"reasoning": "", "content": text}
 
 
 @pytest.mark.parametrize("name", ["qwen3", "deepseek_r1"])
@@ -197,3 +230,12 @@ def test_the_reasoning_tags_reach_the_grammar_where_they_are_single_tokens() -> 
     tags = serving(tok, D).reasoning_tags
     assert tags == tuple(tok.convert_tokens_to_ids(["<think>", "</think>"]))
     assert serving(tok, None).reasoning_tags is None
+    # The prompt's last tag, by id, says whether the answer starts after the reasoning.
+    start, end = tags
+    request = SimpleNamespace(chat_template_kwargs=None)
+    for prompt, ended in (([5, start, 6], False), ([5, start, 6, end, 7], True),
+                          ([end, 5, start], False), ([5, 6], False)):
+        assert serving(tok, D).reasoning_ended(request, prompt) is ended, prompt
+    off = SimpleNamespace(chat_template_kwargs={"enable_thinking": False})
+    assert serving(tok, Q).reasoning_ended(off, [5, start]) is True
+    assert serving(tok, D).reasoning_ended(off, [5, start]) is False  # no such switch
