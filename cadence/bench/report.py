@@ -46,9 +46,20 @@ def output_file(text: str) -> str:
     return text
 
 
+# What matplotlib's Agg, PDF, SVG and PS backends write (checked before a run, not after it).
+PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".eps", ".ps", ".jpg", ".jpeg", ".tif",
+                 ".tiff", ".webp", ".avif", ".gif", ".pgf", ".raw", ".rgba")
+
+
 def plot_file(text: str) -> str:
-    """``output_file`` for a plot: matplotlib writes a name without a suffix as NAME.png."""
-    output_file(text if os.path.splitext(text)[1] else text + ".png")
+    """``output_file`` for a plot: matplotlib writes a name without a suffix as NAME.png; a
+    suffix it cannot write is refused at once."""
+    suffix = os.path.splitext(text)[1].lower()
+    if suffix and suffix not in PLOT_SUFFIXES:
+        raise argparse.ArgumentTypeError(
+            f"cannot plot to {suffix!r} files; use one of {', '.join(PLOT_SUFFIXES)} "
+            "(or no suffix: .png)")
+    output_file(text if suffix else text + ".png")
     return text
 
 

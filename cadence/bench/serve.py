@@ -189,10 +189,15 @@ def parse_rates(spec: str) -> list[float]:
         part = part.strip()
         if not part:
             continue
-        rate = math.inf if part.lower() == "inf" else float(part)
+        try:
+            rate = math.inf if part.lower() == "inf" else float(part)
+        except ValueError:
+            raise ValueError(f"--request-rate: {part!r} is not a number (or inf)") from None
         if not rate > 0:
             raise ValueError(f"--request-rate: rates must be positive or inf, got {part!r}")
         rates.append(rate)
+    if not rates:
+        raise ValueError(f"--request-rate: no rate in {spec!r}")
     return rates
 
 

@@ -78,6 +78,8 @@ async def run_one(
                     return result
                 if msg.get("usage"):
                     result.output_tokens = msg["usage"].get("completion_tokens", 0)
+                    # The server's count of the prompt (a text prompt's words are not tokens).
+                    result.prompt_len = msg["usage"].get("prompt_tokens") or result.prompt_len
                 choices = msg.get("choices") or []
                 if not choices or not (choices[0].get("text") or choices[0].get("token_ids")):
                     continue

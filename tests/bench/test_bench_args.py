@@ -105,6 +105,21 @@ def test_output_files_that_exist_or_get_a_suffix_are_taken(tmp_path) -> None:
     (tmp_path / "taken.png").mkdir()
     with pytest.raises(argparse.ArgumentTypeError, match="is a directory"):
         plot_file(str(tmp_path / "taken"))
+    # A suffix matplotlib cannot write is refused with the arguments, not after the run.
+    with pytest.raises(argparse.ArgumentTypeError, match="cannot plot to '.xyz' files"):
+        plot_file(str(tmp_path / "p.xyz"))
+    assert plot_file(str(tmp_path / "p.SVG")) == str(tmp_path / "p.SVG")
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    (",", "no rate"), ("", "no rate"), ("abc", "'abc' is not a number"), ("0", "positive"),
+    ("5,-1", "positive")])
+def test_request_rates_that_are_no_rates_are_errors_naming_the_option(spec, message) -> None:
+    from cadence.bench.serve import parse_rates
+
+    with pytest.raises(ValueError, match=f"--request-rate: .*{message}"):
+        parse_rates(spec)
+    assert parse_rates("inf, 2.5") == [math.inf, 2.5]
 
 
 def test_median_takes_any_iterable() -> None:

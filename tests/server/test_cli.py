@@ -151,6 +151,21 @@ def test_bench_serve_splits_the_load_over_client_processes(server, tmp_path: Pat
     assert bench_serve.main(["--clients", "0"]) == 2
 
 
+def test_bench_serve_counts_a_text_prompts_tokens(server, tmp_path: Path) -> None:
+    """Text prompts of N words are not N tokens: the input tokens are the server's count."""
+    out = tmp_path / "bench.json"
+    rc = bench_serve.main(
+        ["--base-url", server.base_url, "--concurrency", "2", "--num-prompts", "3",
+         "--input-len", "5", "--output-len", "2", "--warmup", "0", "--prompt-kind", "text",
+         "--seed", "11", "--json-out", str(out)]
+    )  # fmt: skip
+    assert rc == 0
+    (r,) = json.loads(out.read_text())["reports"]
+    texts = bench_serve.make_prompts("text", 3, 5, 11 + 2)  # the level's salt is its concurrency
+    want = sum(len(server.engine.tokenizer.encode(t)) for t in texts)
+    assert want != 3 * 5 and r["total_input_tokens"] == want
+
+
 def test_bench_serve_says_why_requests_failed(server, capsys) -> None:
     # The fixture's server holds 512 tokens a sequence: every 600-token prompt is refused.
     rc = bench_serve.main(
