@@ -1294,6 +1294,12 @@ MUTATIONS = [
              "cadence/server/serving_chat.py",
              "        return tail.rfind(end) > tail.rfind(start)", "        return False",
              ("tests/server/test_reasoning.py",)),
+    Mutation("stats-per-slice", "a step's later output slices keep statistics of their own",
+             "cadence/engine/async_llm.py",
+             "                    self._process_engine_outputs(outputs, start, stats)",
+             "                    self._process_engine_outputs(outputs, start, IterationStats())",
+             ("tests/engine/test_async_llm.py::"
+              "test_a_steps_statistics_are_recorded_once_however_many_slices_it_takes",)),
     Mutation("stale-early-abort", "an abort already handled from the queue fires again later",
              "cadence/engine/core_proc.py", "                core.early_aborts.discard(token)",
              "                pass", ("tests/engine/test_core.py::"

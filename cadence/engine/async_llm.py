@@ -358,10 +358,13 @@ class AsyncLLM:
         try:
             while True:
                 outputs = await self.engine_core.get_output_async()
-                self._process_engine_outputs(outputs)
+                # One step's statistics (vLLM's), however many slices its outputs take.
+                stats = IterationStats()
+                self._process_engine_outputs(outputs, 0, stats)
                 for start in range(OUTPUT_CHUNK_SIZE, len(outputs.outputs), OUTPUT_CHUNK_SIZE):
                     await asyncio.sleep(0)  # let consumers run between large chunks
-                    self._process_engine_outputs(outputs, start)
+                    self._process_engine_outputs(outputs, start, stats)
+                self._record_stats(outputs.scheduler_stats, stats)
                 # After every chunk: the ended requests' last tokens are behind us.
                 self._ledger.stop_draining(outputs.finished_requests)
         except asyncio.CancelledError:
@@ -387,17 +390,16 @@ class AsyncLLM:
                 # its requests for no one.
                 await asyncio.to_thread(self.engine_core.shutdown)
 
-    def _process_engine_outputs(self, outputs: EngineCoreOutputs, start: int = 0) -> None:
+    def _process_engine_outputs(self, outputs: EngineCoreOutputs, start: int,
+                                stats: IterationStats) -> None:
         chunk = outputs.outputs[start : start + OUTPUT_CHUNK_SIZE]
-        processed = self.output_processor.process_outputs(chunk, outputs.timestamp)
+        processed = self.output_processor.process_outputs(chunk, outputs.timestamp, stats)
         for child in processed.reqs_to_add:
             self.engine_core.add_request(child)
         if processed.reqs_to_abort:
             finished = outputs.finished_requests
             self._start_draining([r for r in processed.reqs_to_abort if r not in finished])
             self.engine_core.abort_requests(processed.reqs_to_abort)
-        scheduler_stats = outputs.scheduler_stats if start == 0 else None
-        self._record_stats(scheduler_stats, processed.iteration_stats)
 
     def _start_draining(self, request_ids: list[str]) -> None:
         if not self.errored:  # else no report will come; add_request refuses every request

@@ -175,16 +175,18 @@ class OutputProcessor:
         self.released.clear()
 
     def process_outputs(
-        self, outputs: list[EngineCoreOutput], engine_core_timestamp: float | None = None
+        self, outputs: list[EngineCoreOutput], engine_core_timestamp: float | None = None,
+        stats: IterationStats | None = None,
     ) -> OutputProcessorOutput:
         """Detokenize and check stop strings, then put each request's output into its collector
         (or return it when it has none). Requests finished by a stop string go into
-        ``reqs_to_abort`` so that the engine core frees them."""
+        ``reqs_to_abort`` so that the engine core frees them. ``stats``: the step's statistics
+        to add to (one step's outputs handed over in several slices), else new ones."""
         now = time.monotonic() if engine_core_timestamp is None else engine_core_timestamp
         request_outputs: list[RequestOutput] = []
         reqs_to_abort: list[str] = []
         reqs_to_add: list[EngineCoreRequest] = []
-        stats = IterationStats()
+        stats = IterationStats() if stats is None else stats
         for eco in outputs:
             state = self.request_states.get(eco.request_id)
             if state is None:

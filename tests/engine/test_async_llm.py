@@ -444,6 +444,35 @@ async def test_closing_a_stale_generator_spares_a_newer_request_with_its_id(
     assert not engine.output_processor.is_request_active("job")
 
 
+async def test_a_steps_statistics_are_recorded_once_however_many_slices_it_takes() -> None:
+    """A step of more outputs than one slice (OUTPUT_CHUNK_SIZE) is one iteration for the stat
+    loggers (vLLM's iteration_tokens_total observes each step once)."""
+    from cadence.engine.async_llm import OUTPUT_CHUNK_SIZE
+
+    rows = OUTPUT_CHUNK_SIZE + 72
+    llm = AsyncLLM.from_engine_args(tiny_args(max_num_seqs=rows, max_num_batched_tokens=4096))
+    recorded: list[int] = []
+
+    class Tokens:
+        def record(self, scheduler_stats, iteration_stats) -> None:
+            if iteration_stats is not None:
+                recorded.append(iteration_stats.num_generation_tokens)
+
+    llm.add_stat_logger(Tokens())  # type: ignore[arg-type]
+    try:
+        params = SamplingParams(max_tokens=3, ignore_eos=True, temperature=0.0)
+        collectors = [await llm.add_request(f"r{i}", {"prompt_token_ids": [7, 8 + i % 50]},
+                                            params) for i in range(rows)]
+        for i, collector in enumerate(collectors):
+            async for _ in llm.outputs(f"r{i}", collector):
+                pass
+    finally:
+        llm.shutdown()
+    assert sum(recorded) == 3 * rows
+    # Every row decodes in the same steps: some step carried all of them at once.
+    assert max(recorded) == rows > OUTPUT_CHUNK_SIZE
+
+
 async def test_vllms_api_names(engine: AsyncLLM) -> None:
     """vLLM's ``await get_tokenizer()``, ``abort(..., internal=)`` and ``lora_request=None``;
     the package exports the output and prompt types."""
