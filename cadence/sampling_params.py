@@ -28,8 +28,25 @@ class StructuredOutputsParams:
     # as vLLM's structured outputs do under a reasoning parser; the server sets it for its
     # --reasoning-parser. None: the grammar applies from the first output token.
     reasoning_tags: tuple[int, int] | None = None
+    # vLLM's options: JSON without optional whitespace (compact); the others concern its other
+    # grammar backends (its xgrammar backend ignores them too) and change nothing here.
+    disable_any_whitespace: bool = False
+    disable_fallback: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
 
     def __post_init__(self) -> None:
+        if self.structural_tag is not None:
+            raise ValueError("structured_outputs: structural_tag is not supported; use json, "
+                             "regex, choice or grammar.")
+        for name in ("disable_any_whitespace", "disable_fallback",
+                     "disable_additional_properties"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"structured_outputs: {name} must be a bool, got "
+                                 f"{getattr(self, name)!r}.")
+        if self.whitespace_pattern is not None and not isinstance(self.whitespace_pattern, str):
+            raise ValueError("structured_outputs: whitespace_pattern must be a string.")
         given = [k for k in ("json", "regex", "choice", "grammar", "json_object")
                  if getattr(self, k) not in (None, False)]
         if len(given) != 1:

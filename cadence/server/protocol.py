@@ -79,14 +79,14 @@ class StreamOptions(OpenAIModel):
 
 
 class JsonSchemaFormat(OpenAIModel):
-    name: str | None = None
+    name: str  # required, as by OpenAI and vLLM
     description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
 class ResponseFormat(OpenAIModel):
-    type: Literal["text", "json_object", "json_schema"] = "text"
+    type: Literal["text", "json_object", "json_schema"]  # required, as by OpenAI and vLLM
     json_schema: JsonSchemaFormat | None = None
 
 
@@ -100,6 +100,11 @@ class StructuredOutputsField(OpenAIModel):
     json_object: bool | None = None
     # vLLM's structural tags are not supported: named in the error, not ignored.
     structural_tag: Any = None
+    # vLLM's options (see StructuredOutputsParams): compact JSON; the rest change nothing.
+    disable_any_whitespace: bool = False
+    disable_fallback: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
 
 
 class SamplingRequest(OpenAIModel):
@@ -268,8 +273,12 @@ class SamplingRequest(OpenAIModel):
                                  "not supported; use json, regex, choice, grammar or "
                                  "json_object.")
             try:
-                return StructuredOutputsParams(json=so.json_, regex=so.regex, choice=so.choice,
-                                               grammar=so.grammar, json_object=so.json_object)
+                return StructuredOutputsParams(
+                    json=so.json_, regex=so.regex, choice=so.choice, grammar=so.grammar,
+                    json_object=so.json_object, disable_any_whitespace=so.disable_any_whitespace,
+                    disable_fallback=so.disable_fallback,
+                    disable_additional_properties=so.disable_additional_properties,
+                    whitespace_pattern=so.whitespace_pattern)
             except ValueError as exc:
                 raise ParamError("structured_outputs", str(exc)) from None
         if rf is None or rf.type == "text":

@@ -47,8 +47,9 @@ def grammar_of(spec: StructuredOutputsParams) -> Any:
                                    "(xgrammar); the output could break it.")
             # NOTE: runs of whitespace are bounded: a model that likes blanks could otherwise
             # pad the JSON for ever without breaking the grammar.
-            return json_text_only(
-                xgr, xgr.Grammar.from_json_schema(text, max_whitespace_cnt=MAX_WHITESPACE_RUN))
+            return json_text_only(xgr, xgr.Grammar.from_json_schema(
+                text, any_whitespace=not spec.disable_any_whitespace,
+                max_whitespace_cnt=MAX_WHITESPACE_RUN))
         if spec.regex is not None:
             return xgr.Grammar.from_regex(spec.regex)
         if spec.choice is not None:

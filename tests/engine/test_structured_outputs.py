@@ -447,6 +447,32 @@ def test_schema_keywords_the_grammar_cannot_enforce_are_refused(llm, schema) -> 
         llm.generate(["x"], params, use_tqdm=False)
 
 
+def test_vllms_other_options_are_taken(llm) -> None:
+    """disable_any_whitespace gives compact JSON (vLLM's xgrammar backend: no optional blanks);
+    the options of vLLM's other backends are accepted and change nothing; structural_tag is a
+    clear error."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0,
+                                                     "maximum": 9},
+                                               "b": {"type": "boolean"}},
+              "required": ["a", "b"], "additionalProperties": False}
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=40, structured_outputs=
+                             StructuredOutputsParams(json=schema, disable_any_whitespace=True,
+                                                     disable_fallback=True,
+                                                     disable_additional_properties=True,
+                                                     whitespace_pattern=r"[ ]?"))
+              for i in range(6)]
+    outs = llm.generate(["Give me the data:"] * 6, params, use_tqdm=False)
+    for o in outs:
+        text = o.outputs[0].text
+        assert o.outputs[0].finish_reason == "stop", text
+        value = json.loads(text)
+        assert text == json.dumps(value)  # xgrammar's compact form: ", " and ": " only
+    with pytest.raises(ValueError, match="structural_tag is not supported"):
+        StructuredOutputsParams(structural_tag='{"structures": []}')
+    with pytest.raises(ValueError, match="disable_any_whitespace must be a bool"):
+        StructuredOutputsParams(json=schema, disable_any_whitespace="yes")
+
+
 def test_schema_shapes_the_grammar_follows_are_accepted() -> None:
     """A lone allOf (pydantic's wrapper of a $ref) beside annotations, and property names or
     data values that look like keywords, are not refused."""

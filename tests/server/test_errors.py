@@ -118,6 +118,10 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     (COMPLETIONS, {"prompt": ["x"] * 20, "n": 100}, 400, "n", "at most 1024 completions"),
     (COMPLETIONS, {"prompt": "x", "best_of": 3}, 400, "best_of", "best_of"),
     (COMPLETIONS, {"prompt": "x", "n": 2, "temperature": 0}, 400, "n", "greedy"),
+    # OpenAI's and vLLM's required fields of response_format.
+    (CHAT, {"messages": MSG, "response_format": {}}, 400, "response_format.type", "required"),
+    (CHAT, {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {
+        "schema": {"type": "object"}}}}, 400, "response_format.json_schema.name", "required"),
     (CHAT, {"messages": MSG, "n": 3, "temperature": 0.0}, 400, "n", "greedy"),
     (COMPLETIONS, {"prompt": "x", "prompt_logprobs": 2, "stream": True}, 400, "prompt_logprobs",
      "stream"),
