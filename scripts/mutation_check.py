@@ -1300,6 +1300,11 @@ MUTATIONS = [
              "                    self._process_engine_outputs(outputs, start, IterationStats())",
              ("tests/engine/test_async_llm.py::"
               "test_a_steps_statistics_are_recorded_once_however_many_slices_it_takes",)),
+    Mutation("forced-cut-as-text", "a forced answer cut short goes out as text",
+             "cadence/server/serving_chat.py",
+             "                content = \"\" if parsed or not reasoning else None  # as the stream's, above",
+             "                content = (content or \"\") if parsed is None else \"\"",
+             ("tests/server/test_tool_calls.py::test_a_forced_answer_cut_short_is_no_text",)),
     Mutation("stale-early-abort", "an abort already handled from the queue fires again later",
              "cadence/engine/core_proc.py", "                core.early_aborts.discard(token)",
              "                pass", ("tests/engine/test_core.py::"

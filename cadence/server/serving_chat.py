@@ -153,9 +153,10 @@ class ChatStream:
                 content = None if c.finished() else ""
                 if c.finished():
                     parsed = forced_calls(request, self.forced[c.index])
-                    if parsed is None:  # not the calls' JSON (cut short): it goes out as text
-                        content = self.forced[c.index] or (None if reasoning else "")
-                    else:
+                    # vLLM: a forced choice's answer is its calls, never text (a "required"
+                    # list cut short gives none); content is "" but beside reasoning alone.
+                    content = "" if parsed or not reasoning else None
+                    if parsed is not None:
                         calls = [_delta_call(i, call)
                                  for i, call in enumerate(one_call_at_most(request, parsed))]
                         if request.tool_choice == "required":
@@ -328,8 +329,8 @@ class OpenAIServingChat(OpenAIServing):
             parsed: list[ParsedCall] | None = None
             if request.forced_tools:  # the calls are the content's JSON, after any reasoning
                 parsed = forced_calls(request, content or "")
+                content = "" if parsed or not reasoning else None  # as the stream's, above
                 if parsed is not None:
-                    content = None
                     if request.tool_choice == "required":
                         finish = "tool_calls"
             elif tools and content is not None:

@@ -100,13 +100,15 @@ def _is_json_object(text: str) -> bool:
 
 def parse_forced_calls(text: str, named: str | None) -> list[ParsedCall] | None:
     """The calls of an answer that structured outputs held to the calls' JSON: the arguments of
-    function ``named``, or a list of {name, parameters} (tool_choice "required"). None when the
-    text is not that JSON (e.g. cut short by max_tokens)."""
+    function ``named`` (as vLLM, whatever the text: cut short by max_tokens, the arguments are
+    that prefix), or a list of {name, parameters} (tool_choice "required"; None when the text
+    is not that JSON). None for no text at all."""
+    if not text:
+        return None
+    if named is not None:
+        return [new_call(named, text)]
     try:
         value = _loads(text)
-        if named is not None:
-            _dumps(value)
-            return [new_call(named, text)]
         if not isinstance(value, list) or not all(
                 isinstance(i, dict) and _is_name(i.get("name")) for i in value):
             return None

@@ -121,8 +121,14 @@ def test_forced_calls_of_output_the_parser_cannot_take_are_no_calls() -> None:
 
     for text in ('{"a": ' + "[" * 3000 + "]" * 3000 + "}", '{"a": ' + "9" * 5000 + "}",
                  '{"a": NaN}', '{"a": 1e999}'):
-        assert parse_forced_calls(text, "f") is None
+        # A named function's call takes its text as it is (vLLM's; even cut short) ...
+        (call,) = parse_forced_calls(text, "f")
+        assert (call.name, call.arguments) == ("f", text)
+        # ... while "required" needs the list's JSON.
         assert parse_forced_calls(f'[{{"name": "f", "parameters": {text}}}]', None) is None
+    assert parse_forced_calls("", "f") is None and parse_forced_calls("", None) is None
+    (cut,) = parse_forced_calls('{"city": "Par', "f")  # max_tokens ended it
+    assert cut.arguments == '{"city": "Par'
     assert parse_forced_calls('[{"name": "f\\udc00", "parameters": {}}]', None) is None
     (call,) = parse_forced_calls('{"a": 1}', "f")
     assert (call.name, call.arguments) == ("f", '{"a": 1}')
@@ -350,6 +356,37 @@ def test_named_and_required_tool_choice_give_valid_calls(server, stream) -> None
                 assert finish == "tool_calls"
             else:
                 assert [c.function.name for c in calls] == ["get_time"] and finish == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_a_forced_answer_cut_short_is_no_text(server, stream) -> None:
+    """vLLM: max_tokens cutting a forced tool choice's JSON leaves a named function's call with
+    the arguments so far, and a "required" list no call; the content is "" either way."""
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+    for choice in ({"type": "function", "function": {"name": "get_time"}}, "required"):
+        kw = dict(model="tiny", messages=[{"role": "user", "content": "weather?"}],
+                  tools=FORCED_TOOLS, tool_choice=choice, max_tokens=3, temperature=1.0, seed=1,
+                  extra_body={"return_token_ids": True})
+        if stream:
+            calls, content, finish, ids = [], "", None, []
+            for chunk in client.chat.completions.create(**kw, stream=True):
+                if chunk.choices:
+                    delta = chunk.choices[0].delta
+                    calls.extend(delta.tool_calls or [])
+                    content += delta.content or ""
+                    finish = chunk.choices[0].finish_reason or finish
+                    ids += getattr(chunk.choices[0], "token_ids", None) or []
+        else:
+            out = client.chat.completions.create(**kw)
+            msg, finish = out.choices[0].message, out.choices[0].finish_reason
+            calls, content, ids = msg.tool_calls or [], msg.content, out.choices[0].token_ids
+        assert finish == "length" and content == "", (choice, content)
+        if choice == "required":
+            assert calls == []
+        else:
+            text = server.engine.tokenizer.decode(ids)
+            assert [(c.function.name, c.function.arguments) for c in calls] == [
+                ("get_time", text)]
 
 
 def test_a_lone_surrogate_in_tool_arguments_is_a_400(server_factory) -> None:
