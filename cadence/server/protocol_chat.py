@@ -110,6 +110,9 @@ class ChatCompletionRequest(SamplingRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: false asks for no reasoning part (under --reasoning-parser the answer is then all
+    # content, its grammar applying from the first token).
+    include_reasoning: bool = True
     # vLLM: this request's own Jinja template (only with --trust-request-chat-template).
     chat_template: str | None = None
     # False: at most one tool call per answer (the first), as vLLM.

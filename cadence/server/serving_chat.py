@@ -285,12 +285,12 @@ class OpenAIServingChat(OpenAIServing):
 
     def reasoning_ended(self, request: ChatCompletionRequest, prompt_ids: list[int]) -> bool:
         """Whether the answer has no reasoning (vLLM's prompt_is_reasoning_end): the prompt's
-        last reasoning tag closes it (a template that turned thinking off), or the parser's
-        switch (qwen3's enable_thinking) is off."""
+        last reasoning tag closes it (a template that turned thinking off), the parser's switch
+        (qwen3's enable_thinking) is off, or the request asked for no reasoning."""
         parser = self.reasoning
         if parser is None:
             return False
-        if parser.thinking_off(request.chat_template_kwargs):
+        if not request.include_reasoning or parser.thinking_off(request.chat_template_kwargs):
             return True
         tags = self.reasoning_tags
         if tags is not None:

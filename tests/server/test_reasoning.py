@@ -99,19 +99,24 @@ def test_reasoning_through_the_openai_client(server_factory, name) -> None:
 THINKING_OFF_TEMPLATE = THINKING_TEMPLATE.replace("<think>\n", "<think>\n\n</think>\n\n")
 
 
-@pytest.mark.parametrize(("name", "template", "kwargs"), [
-    ("deepseek_r1", THINKING_OFF_TEMPLATE, None), ("qwen3", THINKING_OFF_TEMPLATE, None),
-    ("qwen3", THINKING_TEMPLATE, {"enable_thinking": False})],
-    ids=["prompt-closed-deepseek", "prompt-closed-qwen3", "qwen3-thinking-off"])
+@pytest.mark.parametrize(("name", "template", "kwargs", "include"), [
+    ("deepseek_r1", THINKING_OFF_TEMPLATE, None, True),
+    ("qwen3", THINKING_OFF_TEMPLATE, None, True),
+    ("qwen3", THINKING_TEMPLATE, {"enable_thinking": False}, True),
+    ("deepseek_r1", THINKING_TEMPLATE, None, False)],
+    ids=["prompt-closed-deepseek", "prompt-closed-qwen3", "qwen3-thinking-off",
+         "include-reasoning-false"])
 def test_an_answer_after_a_closed_reasoning_is_all_content(server_factory, name, template,
-                                                           kwargs) -> None:
+                                                           kwargs, include) -> None:
     """vLLM's prompt_is_reasoning_end: a prompt whose last tag closes the reasoning (a template
-    that turned thinking off), or qwen3 with enable_thinking false, makes the answer content."""
+    that turned thinking off), qwen3 with enable_thinking false, or include_reasoning false,
+    makes the answer content."""
     srv = server_factory(app_kwargs={"reasoning_parser": name, "chat_template": template})
     client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
     kw = dict(model="tiny", messages=[{"role": "user", "content": "why?"}], max_tokens=12,
               temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True,
-                                           "chat_template_kwargs": kwargs})
+                                           "chat_template_kwargs": kwargs,
+                                           "include_reasoning": include})
     out = client.chat.completions.create(**kw)
     text = srv.engine.tokenizer.decode(out.choices[0].token_ids)
     msg = out.choices[0].message
@@ -232,10 +237,11 @@ def test_the_reasoning_tags_reach_the_grammar_where_they_are_single_tokens() -> 
     assert serving(tok, None).reasoning_tags is None
     # The prompt's last tag, by id, says whether the answer starts after the reasoning.
     start, end = tags
-    request = SimpleNamespace(chat_template_kwargs=None)
+    request = SimpleNamespace(chat_template_kwargs=None, include_reasoning=True)
     for prompt, ended in (([5, start, 6], False), ([5, start, 6, end, 7], True),
                           ([end, 5, start], False), ([5, 6], False)):
         assert serving(tok, D).reasoning_ended(request, prompt) is ended, prompt
-    off = SimpleNamespace(chat_template_kwargs={"enable_thinking": False})
+    off = SimpleNamespace(chat_template_kwargs={"enable_thinking": False},
+                          include_reasoning=True)
     assert serving(tok, Q).reasoning_ended(off, [5, start]) is True
     assert serving(tok, D).reasoning_ended(off, [5, start]) is False  # no such switch
