@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from cadence.core_types import SchedulerStats
+from cadence.core_types import FinishReason, SchedulerStats
 
 __all__ = ["CONTENT_TYPE_LATEST", "PrometheusStatLogger", "StatLogger"]
 
@@ -213,6 +213,8 @@ class PrometheusStatLogger:
             "cadence:request_success", "Count of successfully processed requests.",
             ("finished_reason",)
         )
+        for reason in FinishReason:  # every series from the start, at 0 (vLLM's)
+            self._request_success.labels(*lv, str(reason))
         self.time_to_first_token = histogram(
             "cadence:time_to_first_token_seconds", "Histogram of time to first token.", TTFT_BUCKETS
         )

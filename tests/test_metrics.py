@@ -72,6 +72,9 @@ def test_iteration_stats_feed_counters_and_histograms() -> None:
     assert sample(logger, "cadence:inter_token_latency_seconds_count") == 3
     assert sample(logger, "cadence:e2e_request_latency_seconds_count") == 1
     assert sample(logger, "cadence:request_success_total", {"finished_reason": "stop"}) == 1
+    # Every finish reason's series is there from the start, at 0 (vLLM's).
+    for reason in ("length", "abort", "error"):
+        assert sample(logger, "cadence:request_success_total", {"finished_reason": reason}) == 0
     text = logger.exposition().decode()
     for name in (
         "cadence:num_requests_running",
