@@ -140,10 +140,11 @@ class ChatCompletionRequest(SamplingRequest):
             name = self.tool_choice.function.name
             if name not in {t.function.name for t in self.tools or []}:
                 raise ParamError("tool_choice", f"Tool {name!r} has not been passed in `tools`.")
-        if self.forced_tools and (self.structured_outputs is not None or (
-                self.response_format is not None and self.response_format.type != "text")):
-            raise ParamError("tool_choice", "tool_choice 'required' or a named function "
-                             "cannot be combined with response_format or structured_outputs.")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.structured_outputs is not None:
+            # vLLM's check_structured_outputs_count; with any other pairing of a forced tool
+            # choice and a response_format or structured_outputs, the tools' grammar wins.
+            raise ParamError("tool_choice", "a named function's tool_choice cannot be combined "
+                             "with structured_outputs.")
         check_template_options(self.chat_template_kwargs, self.add_generation_prompt,
                                self.continue_final_message)
 

@@ -301,8 +301,8 @@ def test_each_streamed_choice_parses_its_own_tool_calls(tool_server) -> None:
 
 @pytest.mark.parametrize(("body", "fragment"), [
     ({"tools": TOOLS}, "--enable-auto-tool-choice"),
-    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
-     "cannot be combined"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+      "structured_outputs": {"regex": "a+"}}, "cannot be combined"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "has not been passed"),
     ({"tool_choice": "auto"}, "`tools` must be set"),
@@ -356,6 +356,23 @@ def test_named_and_required_tool_choice_give_valid_calls(server, stream) -> None
                 assert finish == "tool_calls"
             else:
                 assert [c.function.name for c in calls] == ["get_time"] and finish == "stop"
+
+
+def test_a_forced_tool_choice_overrules_a_response_format(server) -> None:
+    """vLLM: beside a forced tool choice, a response_format (or, for "required",
+    structured_outputs) gives way to the tools' grammar; only a named function with
+    structured_outputs is an error."""
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+    for choice, extra in (("required", {"response_format": {"type": "json_object"}}),
+                          ("required", {"extra_body": {"structured_outputs": {"regex": "a+"}}}),
+                          ({"type": "function", "function": {"name": "get_time"}},
+                           {"response_format": {"type": "json_object"}})):
+        out = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "weather?"}],
+            tools=FORCED_TOOLS, tool_choice=choice, max_tokens=120, temperature=1.0, seed=0,
+            **extra)
+        calls = out.choices[0].message.tool_calls
+        assert calls and all(c.function.name in ("get_weather", "get_time") for c in calls)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
