@@ -67,6 +67,17 @@ def test_unknown_parser_names_the_choices() -> None:
         reasoning_parser("nope")
 
 
+def _streamed_parts(client: openai.OpenAI, kw: dict) -> dict[str, str]:
+    """The reasoning and content a streamed chat answer's deltas add up to."""
+    streamed = {"reasoning": "", "content": ""}
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta is not None:
+            streamed["reasoning"] += getattr(delta, "reasoning", None) or ""
+            streamed["content"] += delta.content or ""
+    return streamed
+
+
 THINKING_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
@@ -87,12 +98,7 @@ def test_reasoning_through_the_openai_client(server_factory, name) -> None:
     want = REASONING_PARSERS[name].split(text)
     assert want == (text, None)
     assert (getattr(msg, "reasoning", None), msg.content) == want
-    streamed = {"reasoning": "", "content": ""}
-    for chunk in client.chat.completions.create(**kw, stream=True):
-        delta = chunk.choices[0].delta if chunk.choices else None
-        if delta is not None:
-            streamed["reasoning"] += getattr(delta, "reasoning", None) or ""
-            streamed["content"] += delta.content or ""
+    streamed = _streamed_parts(client, kw)
     assert (streamed["reasoning"] or None, streamed["content"] or None) == want
 
 
@@ -121,12 +127,7 @@ def test_an_answer_after_a_closed_reasoning_is_all_content(server_factory, name,
     text = srv.engine.tokenizer.decode(out.choices[0].token_ids)
     msg = out.choices[0].message
     assert (getattr(msg, "reasoning", None), msg.content) == (None, text)
-    streamed = {"reasoning": "", "content": ""}
-    for chunk in client.chat.completions.create(**kw, stream=True):
-        delta = chunk.choices[0].delta if chunk.choices else None
-        if delta is not None:
-            streamed["reasoning"] += getattr(delta, "reasoning", None) or ""
-            streamed["content"] += delta.content or ""
+    streamed = _streamed_parts(client, kw)
     assert streamed == {"reasoning": "", "content": text}
 
 
