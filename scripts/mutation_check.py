@@ -1288,7 +1288,7 @@ MUTATIONS = [
                                   "test_schema_keywords_the_grammar_cannot_enforce_are_refused",)),
     Mutation("reasoning-prompt-closed-ignored", "a prompt that closed the reasoning is ignored",
              "cadence/server/serving_chat.py",
-             "                    return token == tags[1]", "                    return False",
+             "            return not reasoning_open(prompt_ids, tags)", "            return False",
              ("tests/server/test_reasoning.py",)),
     Mutation("reasoning-text-tail-ignored", "a closed reasoning in the prompt's text is ignored",
              "cadence/server/serving_chat.py",

@@ -46,6 +46,7 @@ from cadence.server.tool_calls import (
     parse_forced_calls,
     tool_calls_finish,
 )
+from cadence.worker.grammar import reasoning_open
 
 if TYPE_CHECKING:
     from cadence.engine.output_processor import OutputSink
@@ -293,11 +294,8 @@ class OpenAIServingChat(OpenAIServing):
         if not request.include_reasoning or parser.thinking_off(request.chat_template_kwargs):
             return True
         tags = self.reasoning_tags
-        if tags is not None:
-            for token in reversed(prompt_ids):
-                if token in tags:
-                    return token == tags[1]
-            return False
+        if tags is not None:  # by id, as the grammar reads the prompt
+            return not reasoning_open(prompt_ids, tags)
         # Tags of several tokens: the prompt's tail as text (a template closes it at the end).
         start, end = parser.tags
         tail = self.engine.tokenizer.decode(prompt_ids[-64:])
