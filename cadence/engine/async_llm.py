@@ -339,7 +339,7 @@ class AsyncLLM:
         self._start_draining(self.output_processor.abort_requests(engine_ids, stats))
         self.engine_core.abort_requests(engine_ids)
         if stats.finished_requests:
-            self._record_stats(None, stats)  # counted as finished with reason "abort" (vLLM)
+            self._record_stats(None, stats)  # counted as finished, reason "abort" (docs/serving.md)
 
     # -- output handler ----------------------------------------------------------------------
     def start_output_handler(self) -> None:
