@@ -9,9 +9,9 @@ from cadence.sampling_params import SamplingParams
 from cadence.worker.sampler import (
     Sampler,
     SamplingMetadata,
-    apply_top_k_top_p,
     seed_generator,
 )
+from cadence.worker.top_k_top_p import apply_top_k_top_p
 
 VOCAB = 64
 
