@@ -36,7 +36,8 @@ async def _param_error(request: Request, exc: Exception) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    err = APIError(str(exc.detail), None)
+    # Starlette's own headers stay (a 405's Allow, which HTTP requires).
+    err = APIError(str(exc.detail), None, headers=dict(exc.headers) if exc.headers else None)
     err.status_code = exc.status_code
     err.type = "NotFoundError" if exc.status_code == 404 else "HTTPError"
     return err.response()

@@ -73,7 +73,8 @@ class RequestIdHeaderMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = dict(scope.get("headers") or []).get(b"x-request-id")
+        # The first of repeated headers, as the routes read it (Starlette's headers.get).
+        given = next((v for k, v in scope.get("headers") or [] if k == b"x-request-id"), None)
         request_id = given if given else uuid.uuid4().hex.encode()
 
         async def send_with_id(message: Message) -> None:

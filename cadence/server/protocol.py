@@ -290,9 +290,11 @@ class SamplingRequest(OpenAIModel):
             spec = StructuredOutputsParams(json=rf.json_schema.schema_)
             check_structured_outputs(spec)  # the error names response_format, not the engine's
         except ValueError as exc:
-            raise ParamError("response_format", str(exc).replace(
-                "structured_outputs: invalid json", "response_format: invalid json_schema")
-            ) from None
+            message = str(exc).replace("structured_outputs: invalid json",
+                                       "response_format: invalid json_schema")
+            if message.startswith("structured_outputs"):
+                message = "response_format" + message.removeprefix("structured_outputs")
+            raise ParamError("response_format", message) from None
         return spec
 
     def _logit_bias(self) -> dict[int, float] | None:

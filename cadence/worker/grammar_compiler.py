@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import threading
 from collections import OrderedDict
@@ -41,7 +42,11 @@ def grammar_of(spec: StructuredOutputsParams) -> Any:
         if spec.json is not None or spec.json_object:
             schema = spec.json if spec.json is not None else {"type": "object"}
             text = schema if isinstance(schema, str) else json.dumps(schema)
-            keyword = unenforced_keyword(json.loads(text) if isinstance(schema, str) else schema)
+            tree = json.loads(text) if isinstance(schema, str) else schema
+            problem = not_json_value(tree)
+            if problem is not None:
+                raise ValueError(f"the schema {problem}")
+            keyword = unenforced_keyword(tree)
             if keyword is not None:
                 raise ValueError(f"{keyword} cannot be enforced by the grammar engine "
                                    "(xgrammar); the output could break it.")
@@ -65,6 +70,30 @@ def grammar_of(spec: StructuredOutputsParams) -> Any:
             # xgrammar gives no words for some (a number past a double's or an int64's range)
             "the grammar engine (xgrammar) cannot compile it (a number out of range?)")
         raise ValueError(f"structured_outputs: invalid {kind}: {reason}") from None
+
+
+def not_json_value(tree: Any) -> str | None:
+    """What makes a parsed schema something JSON text cannot carry, or None: a number that is
+    not finite (Python's parser takes ``Infinity``, ``NaN`` and 1e400) or a string with a lone
+    surrogate escape (no character)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            return f"holds a number that is not finite ({node}); JSON numbers are finite."
+        if isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                bad = node[exc.start]
+                return (f"holds a lone surrogate escape (\\u{ord(bad):04x}), which is no "
+                        "character.")
+        elif isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None
 
 
 # xgrammar (0.2.x) writes the characters of a string with minLength / maxLength as this rule,

@@ -254,6 +254,9 @@ def test_unknown_route_and_method(http: httpx.Client) -> None:
     resp = http.get(COMPLETIONS)
     assert resp.status_code == 405 and resp.json()["error"]["code"] == 405
     assert resp.json()["error"]["type"] == "HTTPError"
+    assert resp.headers["allow"] == "POST"  # HTTP requires a 405 to name the methods
+    resp = http.put("/health")
+    assert resp.status_code == 405 and set(resp.headers["allow"].split(", ")) >= {"GET"}
 
 
 def test_server_keeps_serving_after_bad_inputs(server, http: httpx.Client) -> None:

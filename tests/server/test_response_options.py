@@ -178,6 +178,10 @@ def test_the_response_flags(shaped) -> None:
                            headers={"X-Request-Id": "mine"})
         assert second.headers["x-request-id"] == "mine"
         assert second.json()["id"] == "chatcmpl-mine"
+        # A repeated header: the first one names the request and its response alike.
+        twice = http.post(CHAT, json={"messages": msg, "max_tokens": 1},
+                          headers=[("X-Request-Id", "aaa"), ("X-Request-Id", "bbb")])
+        assert twice.headers["x-request-id"] == "aaa" and twice.json()["id"] == "chatcmpl-aaa"
         block = shaped.engine.block_size
         n_prompt = second.json()["usage"]["prompt_tokens"]
         cached = second.json()["usage"]["prompt_tokens_details"]["cached_tokens"]

@@ -78,12 +78,24 @@ def _deep_schema(levels: int) -> dict:
      "exactly one"),
     ({"structured_outputs": {"choice": ["a"]}, "response_format": {"type": "json_object"}},
      "structured_outputs", "not both"),
+    # Numbers past a double's range and lone surrogate escapes are no JSON schema.
+    ({"structured_outputs": {"json": '{"type": "number", "maximum": 1e400}'}},
+     "structured_outputs", "not finite"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "number", "maximum": "@INF@"}}}},
+     "response_format", "not finite"),
+    ({"structured_outputs": {"json": '{"type": "string", "pattern": "\\ud800"}'}},
+     "structured_outputs", "lone surrogate"),
 ])
 def test_bad_specs_are_400s_naming_the_field(http, body, param, fragment) -> None:
-    resp = http.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 4, **body})
+    raw = json.dumps({"messages": MSG, "max_tokens": 4, **body}).replace('"@INF@"', "1e400")
+    resp = http.post("/v1/chat/completions", content=raw,
+                     headers={"Content-Type": "application/json"})
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == param and fragment in error["message"]
+    if param.startswith("response_format"):  # the message speaks of the field it used
+        assert "structured_outputs" not in error["message"], error["message"]
     assert http.get("/health").status_code == 200
 
 

@@ -58,3 +58,14 @@ def test_the_cache_is_bounded(service, monkeypatch) -> None:
         f.result()
     assert service.submit(specs[2]) is futures[2]
     assert service.submit(specs[0]) is not futures[0]  # evicted, compiled again
+
+
+def test_not_json_value_finds_what_json_text_cannot_carry() -> None:
+    from cadence.worker.grammar_compiler import not_json_value
+
+    assert not_json_value({"type": "number", "enum": [1.5, 2, "a\u00e9"]}) is None
+    deep = {"properties": {"a": {"items": [{"maximum": float("-inf")}]}}}
+    assert "not finite" in not_json_value(deep)
+    assert "not finite" in not_json_value([float("nan")])
+    assert "\\ud800" in not_json_value({"pattern": "x\ud800"})
+    assert "\\udc00" in not_json_value({"\udc00": 1})  # keys too
