@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
+from cadence.chat import encodes_as_utf8
 from cadence.server.errors import (
     BadRequestError,
     RequestTimeoutError,
@@ -151,14 +152,14 @@ def _check_encodable(value: Any, path: str) -> None:
     while stack:
         item, where = stack.pop()
         if isinstance(item, str):
-            if not _encodable(item):
+            if not encodes_as_utf8(item):
                 raise BadRequestError(
                     f"{where or 'body'}: invalid Unicode (a lone surrogate) in a string.",
                     where or None,
                 )
         elif isinstance(item, dict):
             for key, sub in item.items():
-                if not _encodable(key):
+                if not encodes_as_utf8(key):
                     raise BadRequestError(
                         f"{where or 'body'}: invalid Unicode (a lone surrogate) in a key.",
                         where or None,
@@ -166,14 +167,6 @@ def _check_encodable(value: Any, path: str) -> None:
                 stack.append((sub, f"{where}.{key}" if where else key))
         elif isinstance(item, list):
             stack.extend((sub, f"{where}.{i}") for i, sub in enumerate(item))
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def validate_request(body: bytes, model: type[M]) -> tuple[M, set[str]]:
