@@ -3,8 +3,9 @@
 For each request rate and concurrency level, ``--num-prompts`` requests of ``--input-len``
 prompt tokens and ``--output-len`` generated tokens are sent, arriving as a Poisson process of
 ``--request-rate`` requests per second (``inf``: all at once) with at most ``--concurrency`` in
-flight; the report gives TTFT, TPOT and ITL percentiles and request / token throughput as JSON,
-like vLLM's ``bench serve``; ``--plot FILE.png`` draws the latency percentiles.
+flight; the report gives TTFT, TPOT, ITL and end-to-end latency (mean, median, std, p50 / p90 /
+p99, max) and request / token throughput as JSON, under vLLM's ``bench serve`` names
+(``mean_ttft_ms``, ``median_itl_ms``, ...); ``--plot FILE.png`` draws the latency percentiles.
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ def summarize(
         ("e2el", [r.latency for r in ok]),
     ):
         report[f"mean_{name}_ms"] = statistics.fmean(values) * 1e3 if values else 0.0
+        # vLLM's bench serve names: the median and the population standard deviation.
+        report[f"median_{name}_ms"] = statistics.median(values) * 1e3 if values else 0.0
+        report[f"std_{name}_ms"] = statistics.pstdev(values) * 1e3 if values else 0.0
         for p in PERCENTILES:
             report[f"p{p}_{name}_ms"] = _pct(values, p) * 1e3
         report[f"max_{name}_ms"] = max(values) * 1e3 if values else 0.0

@@ -217,6 +217,10 @@ def test_bench_summary_percentiles() -> None:
     report = bench_serve.summarize(results, duration=2.0, concurrency=2)
     assert (report["completed"], report["failed"]) == (4, 1)
     assert report["p50_ttft_ms"] == 250.0
+    assert abs(report["median_ttft_ms"] - 250.0) < 1e-9
+    # Population deviation of 100, 200, 300, 400 ms: sqrt(mean of 150², 50², 50², 150²).
+    assert abs(report["std_ttft_ms"] - (12500 ** 0.5)) < 1e-9
+    assert report["std_itl_ms"] == 0.0 and abs(report["median_e2el_ms"] - 450.0) < 1e-9
     assert abs(report["mean_tpot_ms"] - 100.0) < 1e-9
     assert report["output_throughput"] == 6.0
     assert report["errors"] == ["HTTP 500"]
