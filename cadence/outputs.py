@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["CompletionOutput", "Logprob", "PromptLogprobs", "RequestMetrics", "RequestOutput",
            "SampleLogprobs"]
@@ -30,6 +31,7 @@ class CompletionOutput:
     logprobs: SampleLogprobs | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    lora_request: None = field(default=None, repr=False)  # vLLM's field; adapters: none here
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -90,6 +92,13 @@ class RequestOutput:
     num_cached_tokens: int | None = None
     metrics: RequestMetrics | None = None
     prompt_logprobs: PromptLogprobs | None = field(default=None, repr=False)
+    # vLLM's fields for features this engine has not (adapters, encoder-decoder models,
+    # multimodal inputs, disaggregated KV transfer): always empty, for code written for vLLM.
+    lora_request: None = field(default=None, repr=False)
+    encoder_prompt: None = field(default=None, repr=False)
+    encoder_prompt_token_ids: None = field(default=None, repr=False)
+    multi_modal_placeholders: dict[str, Any] = field(default_factory=dict, repr=False)
+    kv_transfer_params: None = field(default=None, repr=False)
 
     def add(self, next_output: RequestOutput, aggregate: bool) -> None:
         """Merge a later output of the same request into this one.
