@@ -91,17 +91,21 @@ def summarize(
     return report
 
 
-def arrival_offsets(num: int, rate: float, seed: int) -> list[float]:
-    """Seconds from the start at which each of ``num`` requests is sent: a Poisson process of
-    ``rate`` per second (exponential gaps, seeded), or all at 0 for an infinite rate."""
-    if math.isinf(rate):
+def arrival_offsets(num: int, rate: float, seed: int, burstiness: float = 1.0) -> list[float]:
+    """Seconds from the start at which each of ``num`` requests is sent, the first at 0: gaps
+    drawn from a gamma distribution of mean ``1 / rate`` and shape ``burstiness`` (1: a Poisson
+    process; below 1 burstier, above 1 more even; seeded), then scaled so that their mean is
+    exactly ``1 / rate`` (as vLLM's ``bench serve`` does: the run offers the rate asked for, not
+    a random one near it). All at 0 for an infinite rate."""
+    if math.isinf(rate) or num <= 1:
         return [0.0] * num
     rng = random.Random(seed)
-    t, out = 0.0, []
-    for _ in range(num):
+    t, out = 0.0, [0.0]
+    for _ in range(num - 1):
+        t += rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
         out.append(t)
-        t += rng.expovariate(rate)
-    return out
+    scale = (num - 1) / rate / t if t > 0 else 1.0
+    return [x * scale for x in out]
 
 
 def run_level(
@@ -113,7 +117,7 @@ def run_level(
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     target = Target(args.base_url.rstrip("/") + "/v1/completions", headers, args.timeout)
     cap = concurrency or len(prompts)
-    offsets = arrival_offsets(len(prompts), request_rate, args.seed)
+    offsets = arrival_offsets(len(prompts), request_rate, args.seed, args.burstiness)
     payload = {
         "model": args.model,
         "max_tokens": args.output_len,
@@ -237,6 +241,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--request-rate",
         default="inf",
         help="comma-separated Poisson arrival rates, requests/s; inf = all at once",
+    )
+    parser.add_argument(
+        "--burstiness",
+        type=positive_float,
+        default=1.0,
+        help="shape of the gamma-distributed gaps between arrivals: 1 = Poisson, below 1 "
+        "burstier, above 1 more even (vLLM's option)",
     )
     parser.add_argument("--num-prompts", type=int_at_least(1), default=64)
     parser.add_argument("--input-len", type=int_at_least(1), default=128)

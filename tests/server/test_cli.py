@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import statistics
 from pathlib import Path
 
 import httpx
@@ -197,8 +198,17 @@ def test_poisson_arrival_offsets() -> None:
     offsets = bench_serve.arrival_offsets(4000, 20.0, seed=3)
     gaps = [b - a for a, b in zip(offsets, offsets[1:])]
     assert offsets[0] == 0.0 and all(g >= 0 for g in gaps)
-    mean = sum(gaps) / len(gaps)
-    assert abs(mean - 1 / 20.0) < 0.005  # exponential gaps of mean 1/rate
+    # Scaled so that the offered rate is exactly the one asked for: 3999 gaps in 3999/20 s.
+    assert abs(offsets[-1] - 3999 / 20.0) < 1e-9
+    cv = statistics.pstdev(gaps) / statistics.fmean(gaps)
+    assert 0.95 < cv < 1.05  # exponential gaps: deviation = mean
+    # Gamma gaps of shape k have a coefficient of variation of 1/sqrt(k).
+    for k in (0.25, 4.0):
+        bursty = bench_serve.arrival_offsets(4000, 20.0, seed=3, burstiness=k)
+        g = [b - a for a, b in zip(bursty, bursty[1:])]
+        assert abs(statistics.pstdev(g) / statistics.fmean(g) - k ** -0.5) < 0.1 * k ** -0.5
+        assert abs(bursty[-1] - 3999 / 20.0) < 1e-9
+    assert bench_serve.arrival_offsets(1, 5.0, seed=0) == [0.0]
     assert bench_serve.arrival_offsets(5, float("inf"), seed=0) == [0.0] * 5
     assert bench_serve.arrival_offsets(10, 5.0, seed=1) == bench_serve.arrival_offsets(10, 5.0, 1)
     with pytest.raises(ValueError, match="request-rate"):
