@@ -222,6 +222,7 @@ def _run_one_level(args: argparse.Namespace, rate: float, level: int | None) -> 
         num_prompts=args.num_prompts,
         input_len=args.input_len,
         output_len=args.output_len,
+        burstiness=args.burstiness,
     )
     return report
 
