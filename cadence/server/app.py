@@ -26,12 +26,9 @@ from cadence.server.lifecycle import InFlightMiddleware, RequestLifecycle, shutt
 from cadence.server.live_stats import SecondsRecorder, engine_config_summary
 from cadence.server.middleware import ApiKeyMiddleware, RequestIdHeaderMiddleware, api_keys
 from cadence.server.openapi import Operation, openapi_document
-from cadence.server.protocol import (
-    CompletionRequest,
-    SamplingRequest,
-    response_and_engine_ids,
-)
+from cadence.server.protocol import SamplingRequest, response_and_engine_ids
 from cadence.server.protocol_chat import ChatCompletionRequest
+from cadence.server.protocol_completion import CompletionRequest
 from cadence.server.protocol_responses import (
     ChatCompletionResponse,
     CompletionResponse,

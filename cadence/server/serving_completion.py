@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 from cadence.server.frame_stream import FrameStream
 from cadence.server.frames import CompletionFrames
-from cadence.server.protocol import CompletionRequest, random_id
+from cadence.server.protocol import random_id
+from cadence.server.protocol_completion import CompletionRequest
 from cadence.server.protocol_responses import (
     CompletionLogProbs,
     CompletionResponse,

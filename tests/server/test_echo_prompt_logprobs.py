@@ -206,7 +206,7 @@ def test_echo_with_logprobs_asks_the_engine_for_enough_prompt_logprobs() -> None
     """echo with logprobs needs the prompt's logprobs (vLLM): the engine computes the larger
     of prompt_logprobs and logprobs, and -1 (all) stays all; without echo, or without
     logprobs, only what prompt_logprobs asks."""
-    from cadence.server.protocol import CompletionRequest
+    from cadence.server.protocol_completion import CompletionRequest
 
     def engine_n(**kw) -> int | None:
         request = CompletionRequest(prompt="x", **kw)

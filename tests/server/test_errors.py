@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from cadence.server.errors import BadRequestError, from_validation_error
-from cadence.server.protocol import CompletionRequest
+from cadence.server.protocol_completion import CompletionRequest
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"

@@ -100,7 +100,7 @@ def test_bad_words_and_min_p_in_chat(server, client: openai.OpenAI) -> None:
 
 def test_logit_bias_keys_and_clipping() -> None:
     """OpenAI's string token ids become ints; biases are clipped to [-100, 100] (vLLM)."""
-    from cadence.server.protocol import CompletionRequest
+    from cadence.server.protocol_completion import CompletionRequest
 
     request = CompletionRequest(prompt="x", logit_bias={"5": -1000, "6": 50.5, "7": 1e9,
                                                         "8": -100})
@@ -110,7 +110,7 @@ def test_logit_bias_keys_and_clipping() -> None:
 def test_stream_options_default_to_usage() -> None:
     """stream_options given without include_usage includes usage (vLLM's default), and
     continuous_usage_stats then puts it in every chunk; without stream_options, none."""
-    from cadence.server.protocol import CompletionRequest
+    from cadence.server.protocol_completion import CompletionRequest
 
     cont = CompletionRequest(prompt="x", stream=True,
                              stream_options={"continuous_usage_stats": True})
