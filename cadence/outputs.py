@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 __all__ = ["CompletionOutput", "Logprob", "PromptLogprobs", "RequestMetrics", "RequestOutput",
            "SampleLogprobs"]
+
+_NO_PLACEHOLDERS: Mapping[str, Any] = MappingProxyType({})  # shared by every output: read-only
 
 
 @dataclass(slots=True)
@@ -97,7 +101,8 @@ class RequestOutput:
     lora_request: None = field(default=None, repr=False)
     encoder_prompt: None = field(default=None, repr=False)
     encoder_prompt_token_ids: None = field(default=None, repr=False)
-    multi_modal_placeholders: dict[str, Any] = field(default_factory=dict, repr=False)
+    multi_modal_placeholders: Mapping[str, Any] = field(
+        default_factory=lambda: _NO_PLACEHOLDERS, repr=False)
     kv_transfer_params: None = field(default=None, repr=False)
 
     def add(self, next_output: RequestOutput, aggregate: bool) -> None:

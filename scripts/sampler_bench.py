@@ -5,7 +5,9 @@
 For each row count: the candidate path (``sample_from_top_k``) and the full sort
 (``apply_top_k_top_p`` + ``exponential_race``), top-k only, with top-p 0.9, and seeded (every row
 with its own generator); bf16 logits rounded as a model's are. ``--old`` times another version of
-the sampler module (a file path) beside this one. CUDA events, median of 20 after 5 warm-ups.
+the module that holds these functions (a file path: ``cadence/worker/top_k_top_p.py``, or
+``cadence/worker/sampler.py`` of a commit before they moved there) beside this one. CUDA events,
+median of 20 after 5 warm-ups.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def main() -> int:
     p.add_argument("--top-k", type=int, default=50)
     p.add_argument("--old", default=None)
     ns = p.parse_args()
-    from cadence.worker import sampler as new
+    from cadence.worker import top_k_top_p as new
 
     versions = {"new": new}
     if ns.old:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from cadence.outputs import CompletionOutput, RequestOutput
 
 
@@ -13,9 +15,9 @@ def test_vllm_fields_for_absent_features_are_empty() -> None:
     assert out.lora_request is None and out.outputs[0].lora_request is None
     assert out.encoder_prompt is None and out.encoder_prompt_token_ids is None
     assert out.kv_transfer_params is None and out.multi_modal_placeholders == {}
-    # Each output gets its own dict (no default shared between instances).
-    other = RequestOutput("s", None, [1], [], finished=False)
-    assert other.multi_modal_placeholders is not out.multi_modal_placeholders
+    # One empty mapping serves every output: read-only, so no output can change another's.
+    with pytest.raises(TypeError):
+        out.multi_modal_placeholders["image"] = []  # type: ignore[index]
     # A copy keeps them; they stay out of the repr.
     assert dataclasses.replace(out).lora_request is None
     assert "lora_request" not in repr(out) and "kv_transfer" not in repr(out)

@@ -2,7 +2,8 @@
 
 For each request rate and concurrency level, ``--num-prompts`` requests of ``--input-len``
 prompt tokens and ``--output-len`` generated tokens are sent, arriving as a Poisson process of
-``--request-rate`` requests per second (``inf``: all at once) with at most ``--concurrency`` in
+``--request-rate`` requests per second (``inf``: all at once; ``--burstiness`` other than 1:
+gamma-distributed gaps, burstier or more even) with at most ``--concurrency`` in
 flight; the report gives TTFT, TPOT, ITL and end-to-end latency (mean, median, std, p50 / p90 /
 p99, max) and request / token throughput as JSON, under vLLM's ``bench serve`` names
 (``mean_ttft_ms``, ``median_itl_ms``, ...); ``--plot FILE.png`` draws the latency percentiles.
@@ -95,8 +96,9 @@ def arrival_offsets(num: int, rate: float, seed: int, burstiness: float = 1.0) -
     """Seconds from the start at which each of ``num`` requests is sent, the first at 0: gaps
     drawn from a gamma distribution of mean ``1 / rate`` and shape ``burstiness`` (1: a Poisson
     process; below 1 burstier, above 1 more even; seeded), then scaled so that their mean is
-    exactly ``1 / rate`` (as vLLM's ``bench serve`` does: the run offers the rate asked for, not
-    a random one near it). All at 0 for an infinite rate."""
+    exactly ``1 / rate``: the run offers the rate asked for, not a random one near it, as vLLM's
+    ``bench serve`` (which also delays the first request by a gap, and so sends the last at
+    N / rate rather than (N - 1) / rate here). All at 0 for an infinite rate."""
     if math.isinf(rate) or num <= 1:
         return [0.0] * num
     rng = random.Random(seed)
@@ -241,7 +243,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--request-rate",
         default="inf",
-        help="comma-separated Poisson arrival rates, requests/s; inf = all at once",
+        help="comma-separated arrival rates, requests/s (Poisson unless --burstiness); "
+        "inf = all at once",
     )
     parser.add_argument(
         "--burstiness",

@@ -22,8 +22,6 @@ from cadence.sampling_params import (
 )
 from cadence.worker.grammar import check_structured_outputs
 
-# Prompts one completions request may carry (each becomes an engine request).
-MAX_PROMPTS_PER_REQUEST = 1024
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 MAX_REQUEST_ID_CHARS = 256
 

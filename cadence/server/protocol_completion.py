@@ -9,12 +9,10 @@ from typing import Any
 from pydantic import Field
 
 from cadence.sampling_params import SamplingParams
-from cadence.server.protocol import (
-    MAX_PROMPTS_PER_REQUEST,
-    NO_DEFAULTS,
-    ParamError,
-    SamplingRequest,
-)
+from cadence.server.protocol import NO_DEFAULTS, ParamError, SamplingRequest
+
+# Prompts one completions request may carry (each becomes an engine request).
+MAX_PROMPTS_PER_REQUEST = 1024
 
 
 class CompletionRequest(SamplingRequest):
@@ -84,8 +82,9 @@ class CompletionRequest(SamplingRequest):
 
     def to_sampling_params(self, defaults: Mapping[str, Any] = NO_DEFAULTS) -> SamplingParams:
         """``defaults``: the model's default sampling fields (generation config)."""
-        # vLLM: a completion without max_tokens, or with null, gets the field's default, 16. An
-        # echo of the prompt alone computes one token, which the response leaves out.
+        # vLLM: a completion without max_tokens, or with null, gets the field's default, 16
+        # (null becomes it in SamplingRequest._null_is_the_default). An echo of the prompt
+        # alone computes one token, which the response leaves out.
         max_tokens = self.max_tokens
         if self.echo_only:
             max_tokens = 1

@@ -178,16 +178,29 @@ def test_bench_serve_says_why_requests_failed(server, capsys) -> None:
     assert "2 request(s) failed: HTTP 400" in err and "512" in err, err
 
 
-def test_bench_serve_poisson_arrivals_and_plot(server, tmp_path: Path) -> None:
+def test_bench_serve_poisson_arrivals_and_plot(server, tmp_path: Path, monkeypatch) -> None:
     pytest.importorskip("matplotlib")
     out, png = tmp_path / "bench.json", tmp_path / "latency.png"
+    asked: list[tuple[float, float]] = []
+    offsets = bench_serve.arrival_offsets
+
+    def recorded(num: int, rate: float, seed: int, burstiness: float = 1.0) -> list[float]:
+        asked.append((rate, burstiness))
+        return offsets(num, rate, seed, burstiness)
+
+    monkeypatch.setattr(bench_serve, "arrival_offsets", recorded)
     rc = bench_serve.main(
         ["--base-url", server.base_url, "--request-rate", "50,inf", "--num-prompts", "6",
-         "--input-len", "10", "--output-len", "5", "--json-out", str(out), "--plot", str(png)]
+         "--input-len", "10", "--output-len", "5", "--json-out", str(out), "--plot", str(png),
+         "--burstiness", "4"]
     )  # fmt: skip
     assert rc == 0
+    assert (50.0, 4.0) in asked  # the measured level's arrivals took the shape asked for
     reports = json.loads(out.read_text())["reports"]
     assert [(r["request_rate"], r["concurrency"]) for r in reports] == [(50.0, None), ("inf", None)]
+    assert all(r["burstiness"] == 4.0 for r in reports)
+    with pytest.raises(SystemExit):  # argparse's usage error: a shape must be positive
+        bench_serve.main(["--burstiness", "0"])
     for r in reports:
         assert (r["completed"], r["failed"]) == (6, 0)
         assert r["max_itl_ms"] >= r["p99_itl_ms"] >= r["p50_itl_ms"] > 0
