@@ -40,7 +40,7 @@ from typing import Any
 
 from cadence.engine.core_process import CoreChannel, CoreFacts, start_core_process
 from cadence.engine.engine_args import EngineArgs
-from cadence.server.launcher import bind_socket
+from cadence.server.launcher import SAME_STOP_S, StopFlag, bind_socket
 from cadence.server.settings import ServerSettings
 
 __all__ = ["FrontEndOptions", "run_api_servers"]
@@ -53,6 +53,9 @@ STOP_SIGNAL = signal.SIGUSR1
 _METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own switch
 # After the front ends, how long the core gets to stop by itself before it is killed.
 _CORE_EXIT_TIMEOUT_S = 15.0
+# An API server asked to stop exits within its shutdown_timeout plus uvicorn's backstop, the
+# last frames and its engine client's shutdown; past this margin too, it is killed.
+_FRONT_END_EXIT_MARGIN_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -103,10 +106,10 @@ def _front_end_main(
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # A stop before the server takes its signals over (while the model's tokenizer loads)
     # must still become a graceful stop, not death by signal.
-    early = threading.Event()
-    signal.signal(STOP_SIGNAL, lambda sig, frame: early.set())
+    early = StopFlag()
+    signal.signal(STOP_SIGNAL, lambda sig, frame: setattr(early, "requested", True))
     servers: list[Any] = []  # the server, once built
-    _stop_when_orphaned(launcher, lambda: early.is_set()
+    _stop_when_orphaned(launcher, lambda: early.requested
                         or any(getattr(s, "should_exit", False) for s in servers))
     logging.basicConfig(format=f"%(asctime)s %(levelname)s %(name)s[{index}]: %(message)s")
     logging.getLogger().setLevel(options.log_level.upper())
@@ -137,11 +140,21 @@ class _Signals:
     def __init__(self, fronts: list[multiprocessing.process.BaseProcess]) -> None:
         self.fronts = fronts
         self.count = 0
+        self.first_at = -float("inf")  # when the first stop came (time.monotonic())
 
     def __call__(self, sig: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if self.count and now - self.first_at < SAME_STOP_S:
+            return  # the same stop, delivered to this process and to its process group
         self.count += 1
         if self.count == 1:
+            self.first_at = now
             logger.info("Received %s: shutting down the API servers.", signal.Signals(sig).name)
+        self.forward()
+
+    def stop_all(self) -> None:
+        """Stop every API server as a first signal would (one of them died)."""
+        self.count, self.first_at = 1, time.monotonic()
         self.forward()
 
     def forward(self) -> None:
@@ -195,7 +208,17 @@ def run_api_servers(args: EngineArgs, options: FrontEndOptions, count: int) -> i
         running = {p.sentinel: p for p in fronts}
         core_reported = False
         while running:
-            ready = wait([*running, core.sentinel] if core.is_alive() else [*running])
+            timeout = None  # serving: no bound; stopping: the drain's, and then some
+            if handler.count:
+                timeout = max(0.0, handler.first_at + settings.shutdown_timeout
+                              + _FRONT_END_EXIT_MARGIN_S - time.monotonic())
+            ready = wait([*running, core.sentinel] if core.is_alive() else [*running], timeout)
+            if not ready:
+                logger.error("API server(s) %s did not stop within %g s of the stop: killing "
+                             "them.", ", ".join(p.name for p in running.values()),
+                             settings.shutdown_timeout + _FRONT_END_EXIT_MARGIN_S)
+                status = 1
+                break  # the finally below kills them
             # The core's end first: API servers that end with it are its consequence.
             for sentinel in sorted(ready, key=lambda s: s != core.sentinel):
                 if sentinel == core.sentinel:
@@ -222,8 +245,7 @@ def run_api_servers(args: EngineArgs, options: FrontEndOptions, count: int) -> i
                     elif handler.count == 0:
                         logger.error("API server %s exited with status %s: stopping the others.",
                                      p.name, p.exitcode)
-                        handler.count = 1
-                        handler.forward()
+                        handler.stop_all()
     finally:
         for sig, prev in previous.items():
             signal.signal(sig, prev)

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from cadence.server.lifecycle import RequestLifecycle
     from cadence.server.watchdog import EngineWatchdog
 
-__all__ = ["CadenceServer", "bind_socket", "build_server"]
+__all__ = ["SAME_STOP_S", "CadenceServer", "StopFlag", "bind_socket", "build_server"]
 
 logger = logging.getLogger("cadence.serve")
 
@@ -45,6 +45,20 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _UVICORN_BACKSTOP_S = 5.0
 # How long responses ended by the deadline get to write their last frames.
 _LAST_WORDS_S = 3.0
+# Stop signals this close together are one stop: ``timeout`` (and some supervisors) signal a
+# process and then its whole process group, which holds it too.
+SAME_STOP_S = 0.25
+
+
+class StopFlag:
+    """A stop asked for by a signal handler before the server took its signals over. A plain
+    attribute, no lock: an ``Event``'s lock, taken again by a second signal that arrives
+    inside ``set()``, would deadlock the main thread."""
+
+    __slots__ = ("requested",)
+
+    def __init__(self) -> None:
+        self.requested = False
 
 
 class CadenceServer(uvicorn.Server):
@@ -68,9 +82,10 @@ class CadenceServer(uvicorn.Server):
         self.exit_code = 0
         # Set by a signal that arrived before this server took its signals over (a launcher's
         # process starting up): honoured at the first tick.
-        self.stop_requested: threading.Event | None = None
+        self.stop_requested: StopFlag | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._exit_at: float | None = None
+        self._first_stop_at = -float("inf")
 
     @property
     def exit_deadline(self) -> float | None:
@@ -103,7 +118,11 @@ class CadenceServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # SIGUSR1: an API server's stop order from its launcher (server/api_servers.py)
         name = "the launcher's stop" if sig == signal.SIGUSR1 else signal.Signals(sig).name
+        now = time.monotonic()
+        if self.should_exit and now - self._first_stop_at < SAME_STOP_S:
+            return  # the same stop, delivered to this process and to its process group
         if not self.should_exit:
+            self._first_stop_at = now
             logger.info(
                 "Received %s: shutting down; in-flight requests get up to %g s to finish.",
                 name,
@@ -118,8 +137,8 @@ class CadenceServer(uvicorn.Server):
     # -- engine health -----------------------------------------------------------------------
     async def on_tick(self, counter: int) -> bool:
         early = self.stop_requested
-        if early is not None and early.is_set() and not self.should_exit:
-            early.clear()
+        if early is not None and early.requested and not self.should_exit:
+            early.requested = False
             self.handle_exit(signal.SIGTERM, None)
         should_exit = await super().on_tick(counter)
         self.watchdog.problem()  # logs a stall (or a recovery) as it happens

@@ -366,3 +366,39 @@ def test_sigterm_to_the_process_group_drains_once(tmp_path: Path, mode: list[str
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
     assert code == 0, text
     assert "during shutdown" not in text and "Traceback" not in text, text
+
+
+def test_the_launcher_counts_one_stop_delivered_twice_once(monkeypatch) -> None:
+    """``timeout`` (and some supervisors) signal the launcher and then its process group: the
+    two SIGTERMs are one stop, forwarded once; a later signal is a second stop."""
+    from types import SimpleNamespace
+
+    from cadence.server import api_servers
+
+    clock = [50.0]
+    monkeypatch.setattr(api_servers, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    forwarded: list[int] = []
+    handler = api_servers._Signals([])
+    monkeypatch.setattr(handler, "forward", lambda: forwarded.append(handler.count))
+    handler(signal.SIGTERM, None)
+    handler(signal.SIGTERM, None)  # the group's copy, at once
+    assert (handler.count, forwarded) == (1, [1])
+    clock[0] += 2 * api_servers.SAME_STOP_S
+    handler(signal.SIGINT, None)
+    assert (handler.count, forwarded) == (2, [1, 2])
+
+
+def test_a_stop_flag_is_set_from_a_signal_handler_without_a_lock() -> None:
+    """Set by a signal that may arrive while the main thread is setting it already (a second
+    stop): a lock there would deadlock; the flag is a plain attribute."""
+    from cadence.server.launcher import StopFlag
+
+    flag = StopFlag()
+    assert not flag.requested
+    previous = signal.signal(signal.SIGUSR2, lambda sig, frame: setattr(flag, "requested", True))
+    try:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        wait_until(lambda: flag.requested, "the handler to run", timeout=30, interval=0.01)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert not hasattr(flag, "__dict__")  # no room for anything but the flag

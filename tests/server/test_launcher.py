@@ -5,10 +5,13 @@ and a second stop signal ends the requests still in flight at once."""
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import time
+from types import SimpleNamespace
 
 import httpx
+import pytest
 
 from tests.gated_core import GatedCore
 from tests.server.conftest import ServerFactory
@@ -39,8 +42,15 @@ def test_after_an_engine_death_the_exit_waits_for_the_grace(server_factory: Serv
     assert srv.thread.is_alive()
 
 
-def test_a_second_signal_ends_the_in_flight_requests_at_once(server_factory: ServerFactory
-                                                             ) -> None:
+def test_a_second_signal_ends_the_in_flight_requests_at_once(
+    server_factory: ServerFactory, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from cadence.server import launcher
+
+    clock = [1000.0]  # the launcher's clock, moved by hand
+    monkeypatch.setattr(launcher, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    caplog.set_level(logging.INFO, logger="cadence.serve")
     # A graceful shutdown would wait 600 s for the request; the engine is gated, so the
     # request cannot finish by itself either.
     srv = server_factory(core_factory=GatedCore, app_kwargs={"shutdown_timeout": 600.0})
@@ -56,7 +66,11 @@ def test_a_second_signal_ends_the_in_flight_requests_at_once(server_factory: Ser
                 wait_until(lambda: not srv.server.lifecycle.accepting,
                            "the shutdown to start")
                 assert srv.engine.output_processor.get_num_unfinished_requests() == 1
-                srv.server.handle_exit(signal.SIGTERM, None)  # the second one: end it now
+                # The same stop delivered again at once (``timeout`` signals the process and
+                # then its process group) is one stop: nothing more happens.
+                srv.server.handle_exit(signal.SIGTERM, None)
+                clock[0] += 2 * launcher.SAME_STOP_S
+                srv.server.handle_exit(signal.SIGTERM, None)  # a second stop: end it now
                 rest = list(frames)
         assert rest[-1] == "data: [DONE]"
         err = json.loads(rest[-2][6:])["error"]
@@ -64,5 +78,8 @@ def test_a_second_signal_ends_the_in_flight_requests_at_once(server_factory: Ser
         assert err["code"] == 503 and "server is shutting down" in err["message"], err
         srv.thread.join(30)  # a bound only: nothing is left in flight
         assert not srv.thread.is_alive() and srv.server.exit_code == 0
+        said = [r.getMessage() for r in caplog.records if r.name == "cadence.serve"]
+        assert sum("Received SIGTERM: shutting down" in m for m in said) == 1, said
+        assert sum("during shutdown" in m for m in said) == 1, said
     finally:
         core.open()
