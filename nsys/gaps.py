@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     try:
         summary = summarize(ns.trace, ns.step_name)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # not a trace; no such file, a folder, unreadable
         print(f"gaps.py: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(summary, indent=1) if ns.json else format_summary(summary))

@@ -125,7 +125,7 @@ def main() -> int:
             [sys.executable, "-m", "cadence", "bench", "serve", "--base-url",
              f"http://127.0.0.1:{ns.port}", "--concurrency", str(ns.streams), "--num-prompts",
              str(ns.streams), "--input-len", str(ns.input_len), "--output-len",
-             str(ns.output_len), "--warmup", "4"],
+             str(ns.output_len), "--warmup", "4", "--json"],
             env=env, capture_output=True, text=True,
         )
         lines = [ln for ln in bench.stdout.splitlines() if ln.startswith("{")]

@@ -62,6 +62,8 @@ def main() -> int:
     p.add_argument("--top-k", type=int, default=50)
     p.add_argument("--old", default=None)
     ns = p.parse_args()
+    if not torch.cuda.is_available():
+        p.error("times CUDA kernels with CUDA events: needs a CUDA device")
     from cadence.worker import top_k_top_p as new
 
     versions = {"new": new}

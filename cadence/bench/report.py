@@ -70,16 +70,21 @@ def add_report_args(p: argparse.ArgumentParser, bandwidth: bool = False) -> None
                    help="also write the record here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     if bandwidth:
-        p.add_argument("--bandwidth", type=positive_float, default=None, metavar="BYTES_PER_S",
+        p.add_argument("--bandwidth", type=bandwidth_arg, default=None, metavar="BYTES_PER_S",
                        help="read bandwidth for the roofline (default: the measured one of a "
-                       "known device; none: no roofline)")
+                       "known device, else no roofline; 'none': no roofline)")
+
+
+def bandwidth_arg(text: str) -> float:
+    """``--bandwidth``: bytes/s, or ``none`` (0.0: no roofline, even on a known device)."""
+    return 0.0 if text.strip().lower() == "none" else positive_float(text)
 
 
 def read_bandwidth(given: float | None, device: str) -> float | None:
-    """The bandwidth for the roofline: ``given`` (``--bandwidth``, positive: ``positive_float``),
-    else a measured one for ``device``."""
+    """The bandwidth for the roofline: ``given`` (``--bandwidth``; 0.0 for ``none``: no
+    roofline), else a measured one for ``device``."""
     if given is not None:
-        return given
+        return given or None
     return next((bw for name, bw in MEASURED_BANDWIDTH.items() if name in device), None)
 
 

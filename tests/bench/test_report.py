@@ -30,6 +30,14 @@ def test_roofline_bandwidth_only_where_known() -> None:
     assert read_bandwidth(None, "NVIDIA H200") == 4.11e12
     assert read_bandwidth(None, "cpu (x86_64)") is None
     assert read_bandwidth(2e12, "cpu (x86_64)") == 2e12
+    # 'none' turns the roofline off, even on a device whose bandwidth is known.
+    from cadence.bench.report import bandwidth_arg
+
+    assert read_bandwidth(bandwidth_arg("none"), "NVIDIA H200") is None
+    assert read_bandwidth(bandwidth_arg("None"), "cpu (x86_64)") is None
+    assert bandwidth_arg("3.35e12") == 3.35e12
+    with pytest.raises(argparse.ArgumentTypeError):
+        bandwidth_arg("0")
 
 
 def test_emit_prints_a_table_or_json_and_writes_json(tmp_path, capsys) -> None:

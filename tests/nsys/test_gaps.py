@@ -176,6 +176,12 @@ def test_files_and_cli(tmp_path, capsys) -> None:
     text = capsys.readouterr().out
     assert "steps: 3 (3 with GPU work)" in text and "GPU idle gap" in text
     assert main([str(path), "--step-name", "nothing"]) == 1
+    capsys.readouterr()
+    # A missing file or a folder: one line, no traceback.
+    for bad in (tmp_path / "missing.json", tmp_path):
+        assert main([str(bad)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("gaps.py: ") and err.count("\n") == 1, err
 
 
 def _nsys_db(path) -> None:
