@@ -107,8 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks: " + ", ".join(_BENCHES))
-    bench.add_argument("which", choices=sorted(_BENCHES))
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    names = sorted(_BENCHES)
+    bench.add_argument("which", choices=names, metavar="{" + ",".join(names) + "}")
+    # Named as the usage line shows them, for argparse's "arguments are required" message.
+    bench.add_argument("rest", nargs=argparse.REMAINDER, metavar="OPTIONS")
     bench.set_defaults(func=_bench)
 
     trace = sub.add_parser("trace", add_help=False,
