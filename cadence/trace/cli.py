@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -61,8 +62,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _bandwidth(ns: argparse.Namespace, run: dict[str, Any]) -> float | None:
     if ns.bandwidth is not None:
-        if ns.bandwidth <= 0:
-            raise ValueError("--bandwidth must be positive (TB/s)")
         return ns.bandwidth * 1e12
     return default_bandwidth(run.get("device_name", "")) if run.get("device") == "cuda" else None
 
@@ -78,8 +77,19 @@ def _run(ns: argparse.Namespace, trace_path: Path | None) -> dict[str, Any]:
 
 def report(ns: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     """Run (or read) the trace, write the report files and return the figures."""
+    # Every check that needs no trace comes before the run (which may take minutes).
     if ns.timeline_steps < 1 or ns.max_rows < 1:
         raise ValueError("--timeline-steps and --max-rows must be at least 1")
+    if ns.bandwidth is not None and not 0 < ns.bandwidth < math.inf:
+        raise ValueError(f"--bandwidth must be a positive number of TB/s, got {ns.bandwidth}")
+    other = None
+    if ns.compare:
+        try:
+            other = json.loads(Path(ns.compare).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--compare {ns.compare}: {exc}") from None
+    if ns.from_trace and not Path(ns.from_trace).is_file():
+        raise ValueError(f"--from-trace: no file {ns.from_trace!r}")
     out = Path(ns.out)
     run: dict[str, Any] = {}
     if ns.from_trace:
@@ -99,8 +109,8 @@ def report(ns: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                          if run else f"cadence trace: {trace_path.name}")
     figures = build_figures(parsed, run, _bandwidth(ns, run), title)
     figures["trace"] = str(trace_path)
-    if ns.compare:
-        figures["compare"] = compare(figures, json.loads(Path(ns.compare).read_text()))
+    if other is not None:
+        figures["compare"] = compare(figures, other)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_html(figures, parsed, ns.timeline_steps, ns.max_rows))
     if ns.json_out:

@@ -148,3 +148,25 @@ def test_report_renders_in_headless_chromium(decode_report, tmp_path) -> None:
     assert pixels.shape[:2] == (1600, 1280)
     # Not a blank page: the timeline and the tables put many non-white pixels on it.
     assert (pixels[..., :3].min(axis=-1) < 0.9).mean() > 0.05
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    (["--compare", "/nonexistent/other.json"], "--compare"),
+    (["--bandwidth", "-1"], "--bandwidth"),
+    (["--bandwidth", "nan"], "--bandwidth"),
+    (["--from-trace", "/nonexistent/t.json"], "--from-trace"),
+])
+def test_bad_options_are_refused_before_the_run(tmp_path, monkeypatch, capsys, extra,
+                                                needle) -> None:
+    """A mistake that needs no trace is told at once, not after minutes of profiling."""
+    from cadence.trace import cli as trace_cli
+
+    def never(*args, **kwargs):
+        raise AssertionError("the engine ran before the options were checked")
+
+    monkeypatch.setattr(trace_cli, "_run", never)
+    with pytest.raises(SystemExit) as exit_info:
+        cadence_main(["trace", *TINY, "--out", str(tmp_path / "r.html"), *extra])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cadence trace: error: ") and needle in err, err
