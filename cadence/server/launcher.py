@@ -3,7 +3,8 @@
 - SIGINT and SIGTERM alike start a graceful shutdown: no new connections, new requests on open
   ones get 503, in-flight requests run for up to ``shutdown_timeout`` seconds, then each one
   still running ends with an error (SSE error event + ``[DONE]``, or a 503 JSON body). The
-  process then exits 0. A second signal ends the in-flight requests at once.
+  process then exits 0. A second signal ends the in-flight requests at once (signals less
+  than ``SAME_STOP_S`` apart are one stop).
 - When the engine dies, the server answers 503 for ``engine_death_grace`` seconds and then shuts
   down with exit status 1, so that a supervisor restarts it (as vLLM's server does).
 - The engine watchdog is polled every tick (0.1 s) so that a stall is logged when it happens.
