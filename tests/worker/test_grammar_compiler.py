@@ -69,3 +69,15 @@ def test_not_json_value_finds_what_json_text_cannot_carry() -> None:
     assert "not finite" in not_json_value([float("nan")])
     assert "\\ud800" in not_json_value({"pattern": "x\ud800"})
     assert "\\udc00" in not_json_value({"\udc00": 1})  # keys too
+
+
+def test_a_wordless_grammar_engine_error_still_says_something(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    def refuse(*args):
+        raise RuntimeError("")  # as xgrammar raised for some inputs
+
+    fake = SimpleNamespace(Grammar=SimpleNamespace(from_regex=refuse))
+    monkeypatch.setattr(grammar_compiler, "xgrammar_module", lambda: fake)
+    with pytest.raises(ValueError, match="invalid regex: the grammar engine"):
+        grammar_compiler.grammar_of(StructuredOutputsParams(regex="a+"))
