@@ -3,9 +3,9 @@ names): a text with optional keys, or token ids. A plain string or a list of ids
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
 
-__all__ = ["TextPrompt", "TokensPrompt"]
+__all__ = ["TextPrompt", "TokensPrompt", "refuse_lora"]
 
 
 class TextPrompt(TypedDict, total=False):
@@ -18,3 +18,9 @@ class TokensPrompt(TypedDict, total=False):
     prompt_token_ids: list[int]  # required
     prompt: str  # the text the ids came from, echoed in the output's ``prompt``
     cache_salt: str
+
+
+def refuse_lora(lora_request: Any) -> None:
+    """vLLM's ``lora_request`` argument: only None, as no adapters are served here."""
+    if lora_request is not None:
+        raise ValueError("lora_request: LoRA adapters are not supported; pass None.")

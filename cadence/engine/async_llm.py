@@ -31,6 +31,7 @@ from cadence.engine.output_processor import (
 )
 from cadence.engine.parent_request import child_request_id
 from cadence.engine.request_ledger import RequestLedger
+from cadence.inputs import refuse_lora
 from cadence.metrics import StatLogger
 from cadence.sampling_params import SamplingParams
 
@@ -277,8 +278,7 @@ class AsyncLLM:
         Invalid input raises ``ValueError`` before anything is scheduled. If the consumer
         cancels or closes the generator, the request is aborted in the engine.
         """
-        if lora_request is not None:
-            raise ValueError("lora_request: LoRA adapters are not supported; pass None.")
+        refuse_lora(lora_request)
         collector = await self.add_request(request_id, prompt, sampling_params, priority=priority)
         outputs = self.outputs(request_id, collector)
         try:

@@ -15,6 +15,7 @@ from cadence.engine.core import EngineCore
 from cadence.engine.engine_args import EngineArgs
 from cadence.engine.frontend import load_frontend
 from cadence.engine.output_processor import OutputProcessor
+from cadence.inputs import refuse_lora
 from cadence.outputs import RequestOutput
 from cadence.sampling_params import RequestOutputKind, SamplingParams
 
@@ -66,7 +67,7 @@ class LLM:
         """Run every prompt to the end; one output each, in the prompts' order. ``priority``:
         one value per prompt, or one for all (vLLM's)."""
         self._check_open()
-        _no_lora(lora_request)
+        refuse_lora(lora_request)
         if isinstance(prompts, (str, dict)) or _is_id_list(prompts):
             prompts = [prompts]  # one prompt (vLLM: a flat list of ints is one token prompt)
         if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Sequence):
@@ -136,7 +137,7 @@ class LLM:
         rendered through ``chat_template`` or the tokenizer's (ChatML without one), as vLLM's
         ``LLM.chat``; one output per conversation, its ``prompt`` the rendered text."""
         self._check_open()
-        _no_lora(lora_request)
+        refuse_lora(lora_request)
         if chat_template_content_format not in ("auto", "string"):
             # Content parts are text only and always joined into one string (vLLM's "string").
             raise ValueError("chat_template_content_format: 'auto' or 'string' (text parts are "
@@ -201,8 +202,3 @@ class LLM:
 def _is_id_list(value: object) -> bool:
     return (isinstance(value, (list, tuple)) and len(value) > 0
             and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in value))
-
-
-def _no_lora(lora_request: Any) -> None:
-    if lora_request is not None:
-        raise ValueError("lora_request: LoRA adapters are not supported; pass None.")

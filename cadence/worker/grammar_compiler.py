@@ -14,6 +14,7 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from cadence.chat import encodes_as_utf8
 from cadence.sampling_params import StructuredOutputsParams
 from cadence.worker.schema_features import unenforced_keyword
 
@@ -82,10 +83,8 @@ def not_json_value(tree: Any) -> str | None:
         if isinstance(node, float) and not math.isfinite(node):
             return f"holds a number that is not finite ({node}); JSON numbers are finite."
         if isinstance(node, str):
-            try:
-                node.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                bad = node[exc.start]
+            if not encodes_as_utf8(node):
+                bad = next(c for c in node if not encodes_as_utf8(c))
                 return (f"holds a lone surrogate escape (\\u{ord(bad):04x}), which is no "
                         "character.")
         elif isinstance(node, dict):
