@@ -1,5 +1,6 @@
 """The prompt shapes ``LLM.generate`` and ``AsyncLLM.generate`` take, as typed dicts (vLLM's
-names): a text with optional keys, or token ids. A plain string or a list of ids works too."""
+names): a text with optional keys, or token ids. A plain string or a list of ids works too.
+vLLM's ``lora_request`` argument is refused here for both (no adapters are served)."""
 
 from __future__ import annotations
 
