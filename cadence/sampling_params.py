@@ -81,7 +81,7 @@ class SamplingParams:
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1  # -1 or 0: no top-k (normalised to -1); at or above the vocabulary: none
+    top_k: int = 0  # 0 (or -1, kept as given): no top-k; at or above the vocabulary: none
     seed: int | None = None
     max_tokens: int | None = 16
     min_tokens: int = 0
@@ -155,8 +155,6 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and type(value) is not int:
                 setattr(self, name, int(value))
-        if self.top_k == 0:
-            self.top_k = -1  # vLLM: 0 disables top-k, as -1 does
         if 0.0 < self.temperature < MIN_TEMPERATURE:
             # Dividing logits by a tiny temperature overflows float32: any positive temperature
             # below it samples at MIN_TEMPERATURE (vLLM's clamp; only 0 is greedy).
@@ -167,7 +165,7 @@ class SamplingParams:
             # Greedy: other knobs are meaningless; normalise them (vLLM does the same).
             self.temperature = 0.0
             self.top_p = 1.0
-            self.top_k = -1
+            self.top_k = 0
             self.min_p = 0.0
         self.all_stop_token_ids = set(self.all_stop_token_ids) | set(self.stop_token_ids)
 
@@ -185,7 +183,7 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}.")
         if not _is_int(self.top_k) or self.top_k < -1:
             raise ValueError(
-                f"top_k must be -1 or 0 (disable), or at least 1, got {self.top_k!r}."
+                f"top_k must be 0 (disable), or at least 1, got {self.top_k!r}."
             )
         if self.seed is not None and not (_is_int(self.seed) and INT64_MIN <= self.seed <= INT64_MAX):
             raise ValueError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}.")

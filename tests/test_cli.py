@@ -54,7 +54,7 @@ def test_generate_samples_as_the_generation_config_says(tmp_path: Path, monkeypa
     assert (first.temperature, first.top_k, first.top_p, first.max_tokens, first.seed) == (
         0.7, 5, 0.9, 2, 1)
     # Greedy: the file's top_p stays but greedy sampling resets it (as vLLM's does).
-    assert (second.temperature, second.top_k, second.max_tokens) == (0.0, -1, 2)
+    assert (second.temperature, second.top_k, second.max_tokens) == (0.0, 0, 2)
 
 
 def test_generate_is_greedy_without_sampling_defaults(capped_model: Path, capsys) -> None:

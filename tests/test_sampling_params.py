@@ -84,7 +84,7 @@ def test_defaults_and_normalisation() -> None:
 
 def test_greedy_resets_top_k_and_top_p() -> None:
     p = SamplingParams(temperature=0.0, top_k=5, top_p=0.3)
-    assert p.greedy and p.top_k == -1 and p.top_p == 1.0
+    assert p.greedy and p.top_k == 0 and p.top_p == 1.0
     # vLLM: a positive temperature, however small, samples (at 0.01) and keeps its filters.
     tiny = SamplingParams(temperature=1e-7, top_k=5, top_p=0.9, min_p=0.1)
     assert not tiny.greedy and tiny.temperature == 0.01
@@ -110,8 +110,11 @@ def test_logprobs_true_reads_as_one() -> None:
 
 
 def test_top_k_zero_is_off_and_tiny_temperatures_are_raised() -> None:
-    # vLLM: top_k 0 disables top-k like -1; temperatures in (0, 0.01) become 0.01.
-    assert SamplingParams(top_k=0).top_k == -1
+    # vLLM: top_k 0 (the default) disables top-k, -1 is quietly accepted as off and kept;
+    # temperatures in (0, 0.01) become 0.01.
+    assert SamplingParams().top_k == 0
+    assert SamplingParams(top_k=0).top_k == 0
+    assert SamplingParams(top_k=-1).top_k == -1
     assert SamplingParams(top_k=1 << 70).top_k == 1 << 70  # the vocabulary bound is the engine's
     assert SamplingParams(temperature=1e-3).temperature == 0.01
     assert SamplingParams(temperature=0.5).temperature == 0.5

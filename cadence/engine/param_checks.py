@@ -45,7 +45,7 @@ def check_params(params: SamplingParams, tokenizer: Tokenizer | None, vocab_size
     normalises top_k at or above the vocabulary to off, -1 logprobs to the vocabulary size, and
     turns the bad words into token sequences."""
     if params.top_k >= vocab_size:
-        params.top_k = -1  # vLLM: a top-k covering the whole vocabulary is no top-k
+        params.top_k = 0  # vLLM: a top-k covering the whole vocabulary is no top-k
     stops = params.stop or []
     if len(stops) > MAX_STOP_STRINGS:
         raise InputValidationError(

@@ -221,7 +221,7 @@ class SamplingRequest(OpenAIModel):
             n=self.n,
             temperature=pick(self.temperature, "temperature", 1.0),
             top_p=pick(self.top_p, "top_p", 1.0),
-            top_k=pick(self.top_k, "top_k", -1),
+            top_k=pick(self.top_k, "top_k", 0),
             min_p=pick(self.min_p, "min_p", 0.0),
             repetition_penalty=pick(self.repetition_penalty, "repetition_penalty", 1.0),
             presence_penalty=pick(self.presence_penalty, "presence_penalty", 0.0),

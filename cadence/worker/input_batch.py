@@ -88,7 +88,7 @@ class InputBatch:
         # Numeric sampling parameters per row, converted (and so checked) once on admission.
         self.temperature = np.zeros(max_num_reqs, dtype=np.float32)
         self.top_p = np.ones(max_num_reqs, dtype=np.float32)
-        self.top_k = np.full(max_num_reqs, -1, dtype=np.int64)
+        self.top_k = np.zeros(max_num_reqs, dtype=np.int64)
         self.min_p = np.zeros(max_num_reqs, dtype=np.float32)
         # Rows with a logits processor (penalties, bias, allowed ids, bad words): only these
         # are looked at each step.

@@ -42,7 +42,7 @@ class SamplingMetadata:
     all_greedy: bool
     all_random: bool
     top_p: torch.Tensor | None  # [N] float32; None when no row uses top-p
-    top_k: torch.Tensor | None  # [N] int64; None when no row uses top-k (-1 = off)
+    top_k: torch.Tensor | None  # [N] int64; None when no row uses top-k (<= 0: off)
     generators: dict[int, torch.Generator] = field(default_factory=dict)
     max_num_logprobs: int | None = None  # None: no row wants logprobs
     # row -> ids masked to -inf (min_tokens: the stop/eos ids while output count < min_tokens)
@@ -148,7 +148,7 @@ class SamplingRows:
 
     temperature: np.ndarray  # [N] float32
     top_p: np.ndarray  # [N] float32
-    top_k: np.ndarray  # [N] int64, -1 = off
+    top_k: np.ndarray  # [N] int64, <= 0: off
     min_p: np.ndarray  # [N] float32, 0 = off
 
     @classmethod

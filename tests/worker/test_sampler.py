@@ -327,7 +327,7 @@ def test_metadata_from_params() -> None:
     assert md.max_top_k is None  # row 2 samples without top-k
     assert not md.all_greedy and not md.all_random
     assert md.temperature is not None and md.temperature.tolist() == pytest.approx([0, 0.8, 1])
-    assert md.top_k is not None and md.top_k.tolist() == [-1, 5, -1]
+    assert md.top_k is not None and md.top_k.tolist() == [0, 5, 0]
     assert md.top_p is not None and md.top_p.tolist() == pytest.approx([1.0, 1.0, 0.5])
     assert md.max_num_logprobs == 4
     # Row 0 is below min_tokens: its stop ids are banned; row 2 has reached min_tokens.
