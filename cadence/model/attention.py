@@ -71,11 +71,13 @@ class TorchAttentionBackend:
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         rope: QKRope | None = None,
+        qkv_releases_early: bool = False,
     ) -> torch.Tensor:
         """``sliding_window`` W > 0: a query at position p sees keys at positions p - W + 1 ... p.
         ``softcap`` c > 0: scaled scores s become ``c * tanh(s / c)`` before the softmax.
         ``k_scale`` / ``v_scale``: an FP8 cache's dequantization scales. ``rope``: the q/k norms
-        and RoPE, applied first."""
+        and RoPE, applied first. ``qkv_releases_early`` (a launch-order hint) means nothing
+        here."""
         if rope is not None:
             q, k = rope.apply(q, k)
         write_kv_cache(k, v, kv_cache, metadata.slot_mapping, k_scale, v_scale)

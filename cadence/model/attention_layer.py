@@ -18,6 +18,7 @@ from cadence.model.attention_metadata import (
     OutputRows,
     QKRope,
 )
+from cadence.model.bulk_mma import mma_listed
 from cadence.model.layers import GemmaRMSNorm, RMSNorm
 from cadence.model.parallel import all_reduce
 
@@ -46,6 +47,8 @@ class SelfAttention(nn.Module):
         # An FP8 KV cache's dequantization scales (a checkpoint's k_scale / v_scale, else 1).
         self.k_scale = 1.0
         self.v_scale = 1.0
+        # (rows, weight) -> whether the qkv projection of that many rows is a bulk kernel.
+        self._releases_early: dict[tuple[int, int, torch.dtype], bool] = {}
 
     def forward(
         self,
@@ -98,7 +101,8 @@ class SelfAttention(nn.Module):
         args = (self.scale, self.sliding_window, self.softcap, self.k_scale, self.v_scale,
                 QKRope(positions, cos_sin, q_weight, k_weight, eps))
         if rows is None:
-            out = self.backend.forward(q, k, v, kv_cache, attn, *args)
+            early = attn.is_decode_only and self._qkv_releases_early(num_tokens)
+            out = self.backend.forward(q, k, v, kv_cache, attn, *args, qkv_releases_early=early)
             return out.reshape(num_tokens, self.q_size)
         forward_rows = getattr(self.backend, "forward_rows", None)
         if forward_rows is not None:
@@ -106,4 +110,15 @@ class SelfAttention(nn.Module):
         else:  # a backend without it attends every token; the rows are kept
             out = self.backend.forward(q, k, v, kv_cache, attn, *args).index_select(0, rows.index)
         return out.reshape(rows.count, self.q_size)
+
+    def _qkv_releases_early(self, rows: int) -> bool:
+        """Whether the qkv projection of ``rows`` rows runs the bulk GEMM, which lets the next
+        launch (decode attention) start before it ends (the decoder's input norm takes the
+        projection in its "norm" mode)."""
+        weight = self.qkv_proj.weight
+        key = (rows, weight.data_ptr(), weight.dtype)
+        found = self._releases_early.get(key)
+        if found is None:
+            found = self._releases_early[key] = mma_listed(weight, "norm", rows)
+        return found
 

@@ -94,6 +94,8 @@ class AttentionBackend(Protocol):
     ``softcap`` c > 0 the scaled scores s are capped to ``c * tanh(s / c)`` before the softmax.
     An FP8 cache (``float8_e4m3fn``) stores ``k / k_scale`` and ``v / v_scale``. With ``rope``,
     q and k are not yet normed and rotated: the backend applies ``rope`` first.
+    ``qkv_releases_early``: the projection that made q, k and v is a bulk kernel that lets the
+    next launch start before it ends (a hint a decode kernel may load ahead on).
     """
 
     name: str
@@ -111,4 +113,5 @@ class AttentionBackend(Protocol):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         rope: QKRope | None = None,
+        qkv_releases_early: bool = False,
     ) -> torch.Tensor: ...

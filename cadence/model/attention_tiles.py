@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from cadence.runtime.triton_launch import next_pow2
 
 __all__ = [
+    "EARLY_MAX_SEQS",
     "DecodeConfig",
     "VarlenConfig",
     "choose_num_splits",
@@ -60,14 +61,22 @@ class DecodeConfig:
                              f"{self.num_stages} stages")
 
 
-def decode_config(fp32: bool, num_seqs: int = 0, pdl: bool = False) -> DecodeConfig:
+# The most sequences the early load order takes after a qkv projection that releases early.
+EARLY_MAX_SEQS = 8
+
+
+def decode_config(fp32: bool, num_seqs: int = 0, pdl: bool = False,
+                  qkv_releases_early: bool = False) -> DecodeConfig:
     """The decode tile: 32 keys per step in float32 (its registers), 64 otherwise. The early
-    load order for one 16-bit sequence under programmatic dependent launches: there its loads
-    overlap the one-row qkv projection's tail (the H200's batch-1 step 0.762 -> 0.721 ms, while
-    batch 8 and 64, after a cuBLAS qkv, lost 2% and 14%; docs/perf.md, run NA)."""
+    load order for 16-bit caches under programmatic dependent launches, for one sequence, and
+    for up to ``EARLY_MAX_SEQS`` where the qkv projection before is a bulk kernel that releases
+    its dependents (``qkv_releases_early``): there its loads overlap that projection's tail (the
+    H200's batch-1 step 0.762 -> 0.721 ms; batch 8 after the bulk GEMM 1.273 -> 1.174 ms on an
+    H100, while batch 8 and 64 after a cuBLAS qkv lost 2% and 14%; docs/perf.md, runs NA, VA)."""
     if fp32:
         return DecodeConfig(block_n=32)
-    return DecodeConfig(early=pdl and num_seqs == 1)
+    early = num_seqs == 1 or (qkv_releases_early and 1 <= num_seqs <= EARLY_MAX_SEQS)
+    return DecodeConfig(early=pdl and early)
 
 
 @dataclass(frozen=True)

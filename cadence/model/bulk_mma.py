@@ -76,8 +76,17 @@ def mma_bucket(rows: int) -> int:
 
 
 # (N, K, mode, weight type, row bucket) -> the configuration, for the shapes and row counts where
-# the kernel beat the projection's other kernels (scripts/bulk_gemv_bench.py --mma on an H200).
-MMA_CONFIGS: dict[tuple[int, int, str, str, int], MmaConfig] = {}
+# the kernel beat the projection's other kernels (scripts/bulk_mma_bench.py). Qwen3-0.6B at 8
+# rows (an H100, us a call in a graph against cuBLAS / the K-split product, SwiGLU before down
+# as its own kernel): isolated the four lose as a chain (36.4 against 31.7 us a layer), but in
+# the batch-8 decode step, with decode attention loading ahead of the qkv kernel's release
+# (attention_tiles.decode_config), the step takes 1.174 ms against 1.273 (docs/perf.md, run VA).
+MMA_CONFIGS: dict[tuple[int, int, str, str, int], MmaConfig] = {
+    (1024, 2048, "plain", "bf16", 8): MmaConfig(16, 2048, 1, 256, False),  # o: 2.89 vs 5.22
+    (1024, 3072, "plain", "bf16", 8): MmaConfig(16, 3072, 1, 256, True),  # down: 7.38 vs 8.02
+    (4096, 1024, "norm", "bf16", 8): MmaConfig(32, 1024, 1, 256, True),  # qkv: 6.55 vs 7.65
+    (6144, 1024, "norm", "bf16", 8): MmaConfig(16, 1024, 2, 256, True),  # gate_up: 8.44 vs 8.93
+}
 
 
 def _weight_type(weight: torch.Tensor) -> str | None:

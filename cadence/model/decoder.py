@@ -17,6 +17,7 @@ from transformers import PretrainedConfig
 from cadence.model.arch import DecoderArch
 from cadence.model.attention_layer import SelfAttention
 from cadence.model.attention_metadata import AttentionBackend, AttentionMetadata, OutputRows
+from cadence.model.bulk_mma import mma_listed
 from cadence.model.embedding import embed
 from cadence.model.gemma import GemmaDecoderLayer
 from cadence.model.layers import GemmaRMSNorm, RMSNorm, silu_and_mul
@@ -31,6 +32,14 @@ from cadence.model.split_k import KParts, split_k_linear, weight_parts
 def _plain_linear(module: nn.Module) -> bool:
     """An ``nn.Linear`` (or its skinny form) without bias: no quantized or sharded projection."""
     return type(module) in (nn.Linear, SkinnyLinear) and module.bias is None
+
+
+def _split_parts(weight: torch.Tensor, rows: int, dtype: torch.dtype) -> int:
+    """``weight_parts``, except where the bulk GEMM's table lists the projection: that kernel
+    lets the next launch start early, which the batched product does not (docs/perf.md, run
+    VA)."""
+    parts = weight_parts(weight, rows, dtype)
+    return 0 if parts and mma_listed(weight, "plain", rows) else parts
 
 
 class MLP(nn.Module):
@@ -114,7 +123,7 @@ class DecoderLayer(nn.Module):
         sa = self.self_attn
         if self.split_ok and _plain_linear(sa.o_proj):
             count = qkv.shape[0] if rows is None else rows.count
-            parts = weight_parts(sa.o_proj.weight, count, qkv.dtype)
+            parts = _split_parts(sa.o_proj.weight, count, qkv.dtype)
             if parts:
                 heads = sa.attend_heads(qkv, positions, cos_sin, kv_cache, attn, rows)
                 return split_k_linear(heads, sa.o_proj.weight, parts)
@@ -125,7 +134,7 @@ class DecoderLayer(nn.Module):
         next layer's input norm, or the final one, adds them up)."""
         down = self.mlp.down_proj
         if self.split_ok and _plain_linear(down):
-            parts = weight_parts(down.weight, gate_up.shape[0], gate_up.dtype)
+            parts = _split_parts(down.weight, gate_up.shape[0], gate_up.dtype)
             if parts:
                 return split_k_linear(silu_and_mul(gate_up), down.weight, parts)
         return self.mlp.down(gate_up)

@@ -152,6 +152,7 @@ def paged_decode_attention(
     v_scale: float = 1.0,
     rope: QKRope | None = None,
     config: DecodeConfig | None = None,
+    qkv_releases_early: bool = False,
 ) -> None:
     """Decode (one query token per sequence) attention into ``out`` [T, num_heads, head_dim].
     With ``sliding_window`` W > 0 each query sees its last W keys only; ``softcap`` c > 0 caps
@@ -161,8 +162,9 @@ def paged_decode_attention(
     at ``metadata.slot_mapping`` inside the same kernel (no separate store launch); tokens that
     belong to no sequence (padding) are not written. With ``rope`` (and ``k``, ``v``), q and the
     new k get their norms and RoPE in the kernel's loads (``rope_fusable`` must hold).
-    ``config`` overrides the tile (``decode_config``'s by default; its ``early`` load order
-    applies only with ``k`` and ``v``)."""
+    ``config`` overrides the tile (``decode_config``'s by default, told whether the kernel
+    before releases early by ``qkv_releases_early``; its ``early`` load order applies only with
+    ``k`` and ``v``)."""
     _require_triton()
     _check_cache(kv_cache)
     store = k is not None and v is not None
@@ -180,7 +182,7 @@ def paged_decode_attention(
     block_tables = metadata.block_tables
     fp32 = q.dtype == torch.float32
     pdl = pdl_enabled(q.device)
-    cfg = decode_config(fp32, num_seqs, pdl) if config is None else config
+    cfg = decode_config(fp32, num_seqs, pdl, qkv_releases_early) if config is None else config
     if num_splits is None:
         max_context = block_tables.shape[1] * page
         if sliding_window > 0:

@@ -38,8 +38,8 @@ class TritonAttentionBackend:
         # fused_ops.qk_norm_rope first, and a store launch of its own.
         self.fuse_rope = not read_envs().disable_fused_rope if fuse_rope is None else fuse_rope
         self.dense_prefill = dense_prefill or DensePrefill(not read_envs().disable_dense_prefill)
-        # Whether decode may take decode_config's early load order (one sequence); off: the
-        # plain order (a switch for measurements).
+        # Whether decode may take decode_config's early load order; off: the plain order (a
+        # switch for measurements).
         self.early_decode = early_decode
 
     def dense_prefill_min_tokens(self, dtype: torch.dtype, num_heads: int, num_kv_heads: int,
@@ -78,6 +78,7 @@ class TritonAttentionBackend:
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         rope: QKRope | None = None,
+        qkv_releases_early: bool = False,
     ) -> torch.Tensor:
         _check_groups(q, kv_cache)
         decode = metadata.is_decode_only
@@ -92,7 +93,7 @@ class TritonAttentionBackend:
             paged_decode_attention(
                 q, kv_cache, metadata, scale, out, sms, k=k, v=v,
                 sliding_window=sliding_window, softcap=softcap, k_scale=k_scale, v_scale=v_scale,
-                rope=rope if fuse else None, config=config,
+                rope=rope if fuse else None, config=config, qkv_releases_early=qkv_releases_early,
             )  # fmt: skip
         else:
             q, k = self._rope_and_store(q, k, v, kv_cache, metadata, k_scale, v_scale, rope)

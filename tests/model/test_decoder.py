@@ -155,7 +155,7 @@ class _GraphSafeDecodeAttention:
     name = "graph-safe-decode"
 
     def forward(self, q, k, v, kv_cache, metadata, scale, sliding_window=0, softcap=0.0,
-                k_scale=1.0, v_scale=1.0, rope=None):
+                k_scale=1.0, v_scale=1.0, rope=None, qkv_releases_early=False):
         assert sliding_window == 0 and softcap == 0.0 and kv_cache.dtype != torch.float8_e4m3fn
         if rope is not None:  # the q/k norms and RoPE a backend applies (AttentionBackend)
             q, k = rope.apply(q, k)

@@ -108,12 +108,17 @@ def test_the_backend_leaves_the_decode_order_to_decode_config(monkeypatch) -> No
 
     seen = []
     monkeypatch.setattr(triton_backend, "paged_decode_attention",
-                        lambda *args, config=None, **kwargs: seen.append(config))
+                        lambda *args, config=None, qkv_releases_early=False, **kwargs:
+                        seen.append((config, qkv_releases_early)))
     md = type("Md", (), {"is_decode_only": True})()
     q = torch.zeros(1, 4, 16)
     for early in (True, False):
         backend = triton_backend.TritonAttentionBackend(early_decode=early, num_sms=1)
-        backend.forward(q, q[:, :2], q[:, :2], torch.zeros(2, 1, 16, 2, 16), md, 0.25)
-    assert seen[0] is None and seen[1] is not None and not seen[1].early
+        for releases in (False, True):
+            backend.forward(q, q[:, :2], q[:, :2], torch.zeros(2, 1, 16, 2, 16), md, 0.25,
+                            qkv_releases_early=releases)
+    # The hint that the qkv projection releases early reaches decode_config's choice.
+    assert seen[0] == (None, False) and seen[1] == (None, True)
+    assert all(config is not None and not config.early for config, _ in seen[2:])
     assert make_attention_backend("cuda").early_decode
     assert make_attention_backend("cpu").name != "triton"  # the reference off CUDA

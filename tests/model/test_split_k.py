@@ -197,6 +197,62 @@ def test_the_decoder_with_split_projections_is_the_decoder(monkeypatch, family: 
     torch.testing.assert_close(split, plain, atol=1e-5, rtol=1e-5)
 
 
+def test_the_bulk_gemm_table_takes_what_it_lists_from_the_split(monkeypatch) -> None:
+    """Where the bulk GEMM's table lists a projection (mode "plain") at a row count, o and down
+    stay whole products for it (the split is not taken); the others still split. And each
+    decode step tells the backend whether its qkv projection is the bulk GEMM ("norm" listed)."""
+    from cadence.model import attention_layer
+    from cadence.model.attention import TorchAttentionBackend
+
+    torch.manual_seed(0)
+    model = decoder.CausalLM(hf_config("qwen3", tie=False), TorchAttentionBackend())
+    model.bind_kv_caches(new_kv_caches(model))
+    o_shape = tuple(model.model.layers[0].self_attn.o_proj.weight.shape)
+    qkv_shape = tuple(model.model.layers[0].self_attn.qkv_proj.weight.shape)
+    listed = {(o_shape, "plain", 2), (qkv_shape, "norm", 2)}  # o, qkv; not down
+    asked = []
+
+    def mma_listed(w, mode, rows):
+        asked.append((tuple(w.shape), mode, rows))
+        return (tuple(w.shape), mode, rows) in listed
+
+    calls = []
+    hints = []
+    real_split, real_forward = split_k_linear, TorchAttentionBackend.forward
+
+    def counted(x, w, parts):
+        calls.append(tuple(w.shape))
+        return real_split(x, w, parts)
+
+    def forward(self, *args, qkv_releases_early=False, **kwargs):
+        hints.append(qkv_releases_early)
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(decoder, "weight_parts", lambda w, rows, dtype: 4)
+    monkeypatch.setattr(decoder, "split_k_linear", counted)
+    monkeypatch.setattr(decoder, "mma_listed", mma_listed)
+    monkeypatch.setattr(attention_layer, "mma_listed", mma_listed)
+    monkeypatch.setattr(TorchAttentionBackend, "forward", forward)
+    prompts = [[3, 4, 5, 6], [9, 10, 12]]
+    with torch.no_grad():
+        prefill = make_batch([Chunk(p, 0, [1 + 3 * i, 2 + 3 * i]) for i, p in enumerate(prompts)])
+        model(prefill.input_ids, prefill.positions, prefill.metadata)
+        assert not any(hints)  # a prefill pass is not a decode step
+        calls.clear()
+        hints.clear()
+        decode = make_batch([Chunk([7], len(p), [1 + 3 * i, 2 + 3 * i])
+                             for i, p in enumerate(prompts)])
+        model(decode.input_ids, decode.positions, decode.metadata)
+    down_shape = tuple(model.model.layers[0].mlp.down_proj.weight.shape)
+    assert calls == [down_shape] * model.num_layers  # o is the bulk GEMM's, down splits
+    assert hints == [True] * model.num_layers
+    # The qkv answer is looked up once per layer and row count, not at every step.
+    asked.clear()
+    with torch.no_grad():
+        model(decode.input_ids, decode.positions, decode.metadata)
+    assert (qkv_shape, "norm", 2) not in asked
+
+
 def test_disable_switch(monkeypatch) -> None:
     import subprocess
 

@@ -532,10 +532,16 @@ def test_decode_config_checks_its_tile() -> None:
 
     assert decode_config(True) == DecodeConfig(32, 4, 2)
     assert decode_config(False) == DecodeConfig(64, 4, 2)
-    # The early load order: one 16-bit sequence under programmatic dependent launches only.
+    # The early load order: 16-bit caches under programmatic dependent launches, for one
+    # sequence, or for 1-8 after a qkv projection that releases early.
     assert decode_config(False, 1, True) == DecodeConfig(64, 4, 2, early=True)
     for fp32, seqs, pdl in ((False, 2, True), (False, 1, False), (True, 1, True)):
         assert not decode_config(fp32, seqs, pdl).early
+    for seqs in (1, 2, 5, 8):
+        assert decode_config(False, seqs, True, True) == DecodeConfig(64, 4, 2, early=True)
+    for fp32, seqs, pdl in ((False, 9, True), (False, 64, True), (False, 8, False),
+                            (True, 8, True), (False, 0, True)):
+        assert not decode_config(fp32, seqs, pdl, True).early
     for bad in ((48, 4, 2), (8, 4, 2), (64, 3, 2), (64, 4, 0)):
         with pytest.raises(ValueError):
             DecodeConfig(*bad)
