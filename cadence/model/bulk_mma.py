@@ -76,12 +76,20 @@ def mma_bucket(rows: int) -> int:
 
 
 # (N, K, mode, weight type, row bucket) -> the configuration, for the shapes and row counts where
-# the kernel beat the projection's other kernels (scripts/bulk_mma_bench.py). Qwen3-0.6B at 8
-# rows (an H100, us a call in a graph against cuBLAS / the K-split product, SwiGLU before down
-# as its own kernel): isolated the four lose as a chain (36.4 against 31.7 us a layer), but in
-# the batch-8 decode step, with decode attention loading ahead of the qkv kernel's release
-# (attention_tiles.decode_config), the step takes 1.174 ms against 1.273 (docs/perf.md, run VA).
+# the kernel beat the projection's other kernels (scripts/bulk_mma_bench.py --quick, an H100; us
+# a call in a graph against the skinny GEMM at 2-4 rows, cuBLAS / the K-split product at 8, and
+# at 8 rows SwiGLU before down as its own kernel). In the decode step decode attention loads
+# ahead of the qkv kernel's release (attention_tiles.decode_config): Qwen3-0.6B at batch 2 1.22
+# -> 1.01 ms, batch 4 1.25 -> 1.06, batch 8 1.273 -> 1.166 (at 8 rows the four lose as an
+# isolated chain, 36.4 against 31.7 us a layer, and win in the step; docs/perf.md, runs VA-VD).
 MMA_CONFIGS: dict[tuple[int, int, str, str, int], MmaConfig] = {
+    (1024, 2048, "plain", "bf16", 2): MmaConfig(16, 2048, 1, 256, True),  # o: 2.93 vs 5.14
+    (1024, 2048, "plain", "bf16", 4): MmaConfig(16, 2048, 1, 256, True),  # o: 2.90 vs 5.17
+    (1024, 3072, "glu", "bf16", 2): MmaConfig(16, 3072, 2, 256, True),  # down: 5.80 vs 6.93
+    (4096, 1024, "norm", "bf16", 2): MmaConfig(32, 1024, 1, 256, True),  # qkv: 4.36 vs 7.48
+    (4096, 1024, "norm", "bf16", 4): MmaConfig(16, 1024, 2, 256, True),  # qkv: 5.03 vs 7.48
+    (6144, 1024, "norm", "bf16", 2): MmaConfig(16, 1024, 3, 256, False),  # gate_up: 5.86 vs 8.87
+    (6144, 1024, "norm", "bf16", 4): MmaConfig(16, 1024, 2, 256, True),  # gate_up: 7.49 vs 8.87
     (1024, 2048, "plain", "bf16", 8): MmaConfig(16, 2048, 1, 256, False),  # o: 2.89 vs 5.22
     (1024, 3072, "plain", "bf16", 8): MmaConfig(16, 3072, 1, 256, True),  # down: 7.38 vs 8.02
     (4096, 1024, "norm", "bf16", 8): MmaConfig(32, 1024, 1, 256, True),  # qkv: 6.55 vs 7.65
