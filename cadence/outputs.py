@@ -33,9 +33,13 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None = None
     logprobs: SampleLogprobs | None = None
+    # vLLM's field (in its place: positional arguments mean what they mean there); no MoE
+    # routing is recorded here.
+    routed_experts: None = field(default=None, repr=False)
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     lora_request: None = field(default=None, repr=False)  # vLLM's field; adapters: none here
+    kv_transfer_params: None = field(default=None, repr=False)  # vLLM's; no KV transfer here
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -88,19 +92,20 @@ class RequestMetrics:
 
 @dataclass
 class RequestOutput:
+    # vLLM's order, so that positional construction means the same here.
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int] | None
+    prompt_logprobs: PromptLogprobs | None = field(repr=False)
     outputs: list[CompletionOutput]
     finished: bool
-    num_cached_tokens: int | None = None
     metrics: RequestMetrics | None = None
-    prompt_logprobs: PromptLogprobs | None = field(default=None, repr=False)
     # vLLM's fields for features this engine has not (adapters, encoder-decoder models,
     # multimodal inputs, disaggregated KV transfer): always empty, for code written for vLLM.
     lora_request: None = field(default=None, repr=False)
     encoder_prompt: None = field(default=None, repr=False)
     encoder_prompt_token_ids: None = field(default=None, repr=False)
+    num_cached_tokens: int | None = None
     multi_modal_placeholders: Mapping[str, Any] = field(
         default_factory=lambda: _NO_PLACEHOLDERS, repr=False)
     kv_transfer_params: None = field(default=None, repr=False)

@@ -123,7 +123,8 @@ class SamplingParams:
             self.stop = [self.stop]
         else:
             self.stop = _as_list("stop", self.stop, what="a string or a list of strings")
-        self.stop_token_ids = _as_list("stop_token_ids", self.stop_token_ids or [])
+        # vLLM: repeated stop ids and bad words count once (first occurrence order kept).
+        self.stop_token_ids = _unique(_as_list("stop_token_ids", self.stop_token_ids or []))
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, Mapping):
                 raise ValueError("logit_bias must be a mapping of token ids to biases, got "
@@ -131,8 +132,7 @@ class SamplingParams:
             self.logit_bias = dict(self.logit_bias)
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = _as_list("allowed_token_ids", self.allowed_token_ids)
-        if self.bad_words is not None:
-            self.bad_words = _as_list("bad_words", self.bad_words, strings_ok=True)
+        self.bad_words = _unique(_as_list("bad_words", self.bad_words or [], strings_ok=True))
         if isinstance(self.structured_outputs, dict):
             try:
                 self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
@@ -146,8 +146,8 @@ class SamplingParams:
             self.seed = None  # vLLM: -1 asks for no fixed seed
         for name in ("logprobs", "prompt_logprobs"):
             flag = getattr(self, name)
-            if flag is True or flag is False:  # vLLM reads True as 1; False asks for none
-                setattr(self, name, 1 if flag else None)
+            if flag is True or flag is False:  # vLLM: True is 1; False, not None, acts as 0
+                setattr(self, name, int(flag))
         self._verify()
         # numpy's integers pass the checks as numbers.Integral but overflow where the engine
         # mixes a seed into 64-bit arithmetic: every integer field becomes a Python int.
@@ -170,12 +170,16 @@ class SamplingParams:
         self.all_stop_token_ids = set(self.all_stop_token_ids) | set(self.stop_token_ids)
 
     def _verify(self) -> None:
-        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
-            raise ValueError(f"n must be an integer from 1 to {MAX_N}, got {self.n!r}.")
+        if not _is_int(self.n):
+            raise ValueError(f"n must be an int, got {self.n!r}.")
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}.")
+        if self.n > MAX_N_SEQUENCES:
+            raise ValueError(f"n must be at most {MAX_N_SEQUENCES}, got {self.n}.")
+        if _is_real(self.temperature) and not math.isfinite(self.temperature):
+            raise ValueError(f"temperature must be a finite number, got {self.temperature!r}.")
         if not _is_real(self.temperature) or not self.temperature >= 0.0:
             raise ValueError(f"temperature must be non-negative, got {self.temperature!r}.")
-        if not math.isfinite(self.temperature):
-            raise ValueError(f"temperature must be finite, got {self.temperature!r}.")
         if self.temperature > MAX_TEMPERATURE:  # OpenAI's and vLLM's bound
             raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], "
                              f"got {self.temperature!r}.")
@@ -293,7 +297,8 @@ _SAMPLING_EPS = 1e-5
 REPETITION_PENALTY_MIN = 1e-30
 REPETITION_PENALTY_MAX = 1e30
 LOGIT_BIAS_MAX = 1e30
-MAX_N = 128  # choices per request (OpenAI's bound)
+MAX_N = 128  # choices per server request (OpenAI's bound; the server's schema holds it)
+MAX_N_SEQUENCES = 16384  # choices per SamplingParams (vLLM's VLLM_MAX_N_SEQUENCES default)
 MAX_TEMPERATURE = 2.0
 # Smallest non-greedy temperature; smaller ones are raised to it (vLLM's ``_MAX_TEMP``).
 MIN_TEMPERATURE = 1e-2
@@ -308,6 +313,15 @@ def _as_list(name: str, value: object, strings_ok: bool = False, what: str = "a 
             or (isinstance(value, str) and not strings_ok)):
         raise ValueError(f"{name} must be {what}, got {type(value).__name__}.")
     return list(value)
+
+
+def _unique(items: list) -> list:
+    """``items`` with repeats dropped, first occurrences in order (vLLM's ``dict.fromkeys``);
+    as given where an item cannot be hashed (the field's check then names it)."""
+    try:
+        return list(dict.fromkeys(items))
+    except TypeError:
+        return items
 
 
 def _first_bad_id(ids: list[Any]) -> object | None:

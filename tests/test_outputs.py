@@ -11,7 +11,7 @@ from cadence.outputs import CompletionOutput, RequestOutput
 
 
 def test_vllm_fields_for_absent_features_are_empty() -> None:
-    out = RequestOutput("r", "hi", [1, 2], [CompletionOutput(0, "x", [3])], finished=True)
+    out = RequestOutput("r", "hi", [1, 2], None, [CompletionOutput(0, "x", [3])], finished=True)
     assert out.lora_request is None and out.outputs[0].lora_request is None
     assert out.encoder_prompt is None and out.encoder_prompt_token_ids is None
     assert out.kv_transfer_params is None and out.multi_modal_placeholders == {}
@@ -21,6 +21,22 @@ def test_vllm_fields_for_absent_features_are_empty() -> None:
     # A copy keeps them; they stay out of the repr.
     assert dataclasses.replace(out).lora_request is None
     assert "lora_request" not in repr(out) and "kv_transfer" not in repr(out)
+
+
+def test_positional_arguments_mean_what_they_mean_in_vllm() -> None:
+    """vLLM's order: RequestOutput(request_id, prompt, prompt_token_ids, prompt_logprobs,
+    outputs, finished, metrics, lora_request, encoder_prompt, encoder_prompt_token_ids,
+    num_cached_tokens); CompletionOutput(index, text, token_ids, cumulative_logprob, logprobs,
+    routed_experts, finish_reason, stop_reason, ...)."""
+    c = CompletionOutput(0, "x", [1], -0.5, None, None, "stop", 7)
+    assert (c.cumulative_logprob, c.finish_reason, c.stop_reason) == (-0.5, "stop", 7)
+    assert c.routed_experts is None and c.kv_transfer_params is None
+    prompt_logprobs = [None, {1: None}]
+    r = RequestOutput("id", "p", [1, 2], prompt_logprobs, [c], True, None, None, None, None, 16)
+    assert r.prompt_logprobs is prompt_logprobs and r.outputs == [c] and r.finished is True
+    assert r.metrics is None and r.num_cached_tokens == 16
+    with pytest.raises(TypeError):  # prompt_logprobs, outputs and finished are required
+        RequestOutput("id", "p", [1], [c], True)  # type: ignore[call-arg]
 
 
 def test_the_engine_fills_them_empty() -> None:

@@ -57,7 +57,7 @@ from cadence.sampling_params import RequestOutputKind, SamplingParams
         ({"seed": 1 << 63}, "seed"),
         ({"stop_token_ids": [1 << 64]}, "stop_token_ids"),
         ({"n": 0}, "n"),
-        ({"n": 129}, "n"),
+        ({"n": 16385}, "n"),
         ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
         ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
         ({"skip_special_tokens": "no"}, "skip_special_tokens"),
@@ -106,7 +106,7 @@ def test_logprobs_true_reads_as_one() -> None:
     p = SamplingParams(logprobs=True, prompt_logprobs=True)
     assert (p.logprobs, p.prompt_logprobs) == (1, 1)
     p = SamplingParams(logprobs=False, prompt_logprobs=False)
-    assert (p.logprobs, p.prompt_logprobs) == (None, None)
+    assert (p.logprobs, p.prompt_logprobs) == (0, 0)  # vLLM keeps False: "not None", as 0
 
 
 def test_top_k_zero_is_off_and_tiny_temperatures_are_raised() -> None:
@@ -205,3 +205,23 @@ def test_list_fields_take_any_iterable_and_bad_words_a_string() -> None:
     assert (p.stop, p.stop_token_ids, p.allowed_token_ids) == (["a", "b"], [0, 1, 2], [5])
     assert p.bad_words == ["a", "b"]  # vLLM takes a string as its characters
     assert SamplingParams().spaces_between_special_tokens is True
+
+
+def test_vllm_normalisations_of_lists_flags_and_bounds() -> None:
+    # vLLM's __post_init__: repeated stop ids and bad words count once, in first-seen order;
+    # bad_words None is []; logprobs=False is 0 (the sampled token's logprob), not None.
+    p = SamplingParams(stop_token_ids=[5, 1, 5, 2, 1], bad_words=["a", "b", "a"])
+    assert p.stop_token_ids == [5, 1, 2] and p.bad_words == ["a", "b"]
+    assert SamplingParams().bad_words == [] and SamplingParams(bad_words=None).bad_words == []
+    assert SamplingParams(stop=["x", "x"]).stop == ["x", "x"]  # stop strings are kept as given
+    q = SamplingParams(logprobs=False, prompt_logprobs=False)
+    assert (q.logprobs, q.prompt_logprobs) == (0, 0)
+    # n: vLLM's VLLM_MAX_N_SEQUENCES default bounds it offline; its messages.
+    assert SamplingParams(n=200).n == 200 and SamplingParams(n=16384).n == 16384
+    with pytest.raises(ValueError, match="n must be at most 16384, got 16385"):
+        SamplingParams(n=16385)
+    with pytest.raises(ValueError, match="n must be at least 1, got 0"):
+        SamplingParams(n=0)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        with pytest.raises(ValueError, match="temperature must be a finite number"):
+            SamplingParams(temperature=bad)

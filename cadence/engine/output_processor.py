@@ -298,6 +298,7 @@ class OutputProcessor:
                     request_id=state.request_id,
                     prompt=state.prompt,
                     prompt_token_ids=state.prompt_token_ids,
+                    prompt_logprobs=None,
                     outputs=[
                         CompletionOutput(
                             0,

@@ -113,6 +113,10 @@ class ChatCompletionRequest(SamplingRequest):
     # vLLM's: false asks for no reasoning part (under --reasoning-parser the answer is then all
     # content, its grammar applying from the first token).
     include_reasoning: bool = True
+    # OpenAI's effort for reasoning models (vLLM's values); the chat template reads it as the
+    # variable ``reasoning_effort`` (``template_kwargs``), as vLLM hands it over.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None \
+        = None
     # vLLM: this request's own Jinja template (only with --trust-request-chat-template).
     chat_template: str | None = None
     # False: at most one tool call per answer (the first), as vLLM.
@@ -147,6 +151,13 @@ class ChatCompletionRequest(SamplingRequest):
                              "with structured_outputs.")
         check_template_options(self.chat_template_kwargs, self.add_generation_prompt,
                                self.continue_final_message)
+
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """The template's extra variables: ``chat_template_kwargs``, and ``reasoning_effort``
+        where the request sets it and they do not."""
+        if self.reasoning_effort is None:
+            return self.chat_template_kwargs
+        return {"reasoning_effort": self.reasoning_effort, **(self.chat_template_kwargs or {})}
 
     def answer_role(self, response_role: str) -> str:
         """The answer's role (vLLM): ``response_role`` after the generation prompt, else the

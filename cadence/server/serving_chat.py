@@ -240,7 +240,7 @@ class OpenAIServingChat(OpenAIServing):
                 request.messages,
                 add_generation_prompt=request.add_generation_prompt,
                 continue_final_message=request.continue_final_message,
-                chat_template_kwargs=request.chat_template_kwargs,
+                chat_template_kwargs=request.template_kwargs(),
                 check_text=(self.engine.input_processor.check_prompt_text
                             if request.truncate_prompt_tokens is None else None),
                 chat_template=self._template(request),
@@ -262,6 +262,10 @@ class OpenAIServingChat(OpenAIServing):
                 len(prompt_ids), truncation_length(k, self.engine.max_model_len,
                                                    params.max_tokens))
         ended = self.reasoning_ended(request, prompt_ids)
+        if params.structured_outputs is not None and self.reasoning_tags is None:
+            # Tags the tokenizer splits cannot gate a grammar: it applies from the first token,
+            # so the constrained output (a forced tool call, a JSON answer) is all content.
+            ended = True
         if stream is not None and ended and stream.reasoning is not None:
             for splitter in stream.reasoning:
                 splitter.end_reasoning()

@@ -334,7 +334,7 @@ def test_bad_words_spaced_form_follows_vllms_rule(bare, spaced, want) -> None:
 @pytest.mark.parametrize(("field", "make", "limit"), [
     ("stop", lambda n: [f"s{i}" for i in range(n)], 64),
     ("stop", lambda n: ["x" * n], 512),
-    ("stop_token_ids", lambda n: [5] * n, 256),
+    ("stop_token_ids", lambda n: list(range(n)), 256),
     ("bad_words", lambda n: [f"w{i}" for i in range(n)], 128),
     ("bad_words", lambda n: ["y" * n], 512),
 ])

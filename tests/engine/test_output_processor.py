@@ -38,6 +38,7 @@ def _ro(idx: int, n: int, text: str = "a") -> RequestOutput:
         request_id="my-request-id",
         prompt=None,
         prompt_token_ids=[1, 2, 3],
+        prompt_logprobs=None,
         outputs=[
             CompletionOutput(
                 index=0,
@@ -89,10 +90,12 @@ async def test_request_output_collector() -> None:
 async def test_cumulative_output_collector_replaces_by_index() -> None:
     collector = RequestOutputCollector(CUMULATIVE, request_id="r")
     first = RequestOutput(
-        "r", None, [1], [CompletionOutput(0, "a", [0]), CompletionOutput(1, "b", [1])], False
+        "r", None, [1], None, [CompletionOutput(0, "a", [0]), CompletionOutput(1, "b", [1])],
+        False,
     )
     second = RequestOutput(
-        "r", None, [1], [CompletionOutput(0, "ab", [0, 1]), CompletionOutput(2, "c", [2])], False
+        "r", None, [1], None,
+        [CompletionOutput(0, "ab", [0, 1]), CompletionOutput(2, "c", [2])], False,
     )
     collector.put(first)
     collector.put(second)

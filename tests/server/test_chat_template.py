@@ -141,6 +141,29 @@ def test_tokenize_renders_the_tools_as_the_chat_endpoint_does(templated,
         assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("tools")
 
 
+def test_reasoning_effort_reaches_the_template(templated, hf_tokenizer: Any) -> None:
+    """OpenAI's reasoning_effort is the template variable ``reasoning_effort`` (vLLM hands it
+    over so); chat_template_kwargs may set it too, and win; a value outside vLLM's list is a
+    400 naming it."""
+    templated.engine.tokenizer.chat_template = (
+        "[{{ reasoning_effort if reasoning_effort is defined else 'unset' }}]"
+        "{% for m in messages %}{{ m.content }}{% endfor %}")
+    hi = [{"role": "user", "content": "hi"}]
+    with httpx.Client(base_url=templated.base_url, timeout=30) as http:
+        def rendered(**kw: Any) -> list[int]:
+            resp = http.post(CHAT, json={"messages": hi, "max_tokens": 1,
+                                         "return_token_ids": True, **kw})
+            assert resp.status_code == 200, resp.text
+            return resp.json()["prompt_token_ids"]
+
+        assert rendered() == encode(hf_tokenizer, "[unset]hi")
+        assert rendered(reasoning_effort="low") == encode(hf_tokenizer, "[low]hi")
+        assert rendered(reasoning_effort="high", chat_template_kwargs={
+            "reasoning_effort": "medium"}) == encode(hf_tokenizer, "[medium]hi")
+        bad = http.post(CHAT, json={"messages": hi, "reasoning_effort": "bogus"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort"
+
+
 @pytest.mark.parametrize("template,fragment", [
     ("{{ raise_exception('this template takes no system message') }}", "no system message"),
     ("{% for message in messages %}{{ message['content'] }", "rendering failed"),

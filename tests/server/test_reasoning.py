@@ -178,12 +178,13 @@ def test_each_streamed_choice_splits_its_own_reasoning(server_factory) -> None:
     assert streamed == {0: want, 1: want}
 
 
-@pytest.mark.parametrize("script", ["plan it</think>{\"city\": \"Paris\"}", "plan it, never done"])
-def test_a_forced_tool_call_is_read_from_the_content_streamed_or_not(server_factory,
-                                                                     script) -> None:
-    """With a reasoning parser, a forced tool choice's call is the answer after the reasoning,
-    streamed or not: reasoning "plan it" and the call; or, when the reasoning never ends, all of
-    it reasoning and no call, both ways alike."""
+@pytest.mark.parametrize("script", ['{"city": "Paris"}', "plan it</think>{\"city\": \"Paris\"}"])
+def test_a_forced_tool_call_is_all_content_where_the_tags_are_split(server_factory,
+                                                                    script) -> None:
+    """The tiny tokenizer splits ``<think>`` into several tokens, so no grammar can wait for
+    the reasoning's end: it applies from the first token, and the whole output is the answer
+    (vLLM refuses such a tokenizer under a reasoning parser). A forced tool choice's call
+    carries all of it, no reasoning, streamed or not; once this lost the call to "reasoning"."""
     from transformers import AutoTokenizer
 
     from cadence.model.tiny import ensure_tiny_model
@@ -199,10 +200,8 @@ def test_a_forced_tool_call_is_read_from_the_content_streamed_or_not(server_fact
               max_tokens=len(ScriptedCore.SCRIPT), extra_body={"ignore_eos": True})
     msg = client.chat.completions.create(**kw).choices[0].message
     calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
-    reasoning, content = D.split(script)
-    want_calls = [("get_weather", content)] if content else []
-    assert (getattr(msg, "reasoning", None), calls) == (reasoning, want_calls)
-    assert msg.content == ("" if want_calls else None)  # vLLM: "" beside forced calls
+    assert (getattr(msg, "reasoning", None), calls) == (None, [("get_weather", script)])
+    assert msg.content == ""  # vLLM: "" beside forced calls
     streamed, streamed_calls, texts = "", [], []
     for chunk in client.chat.completions.create(**kw, stream=True):
         for choice in chunk.choices:
@@ -210,7 +209,14 @@ def test_a_forced_tool_call_is_read_from_the_content_streamed_or_not(server_fact
             texts.append(choice.delta.content or "")
             streamed_calls += [(c.function.name, c.function.arguments)
                                for c in choice.delta.tool_calls or []]
-    assert (streamed, streamed_calls, "".join(texts)) == (reasoning, want_calls, "")
+    assert (streamed, streamed_calls, "".join(texts)) == ("", [("get_weather", script)], "")
+    # A JSON answer likewise: content, not reasoning.
+    ScriptedCore.SCRIPT = tok.encode("{}", add_special_tokens=False)
+    msg = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "json"}], max_tokens=2,
+        response_format={"type": "json_object"}, extra_body={"ignore_eos": True},
+    ).choices[0].message
+    assert (getattr(msg, "reasoning", None), msg.content) == (None, "{}")
 
 
 def test_the_reasoning_tags_reach_the_grammar_where_they_are_single_tokens() -> None:
