@@ -110,6 +110,12 @@ class SamplingParams:
     # Keep only the prompt's last k tokens (left truncation); -1: the model's context length.
     truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # vLLM's: a streamed request's outputs (CUMULATIVE or DELTA) come every this many new
+    # tokens, and with the first and the last (None: every step's).
+    stream_interval: int | None = None
+    # vLLM's: look no prefix up in the cache for this request (None: when it wants prompt
+    # logprobs, which every prompt position must be computed for; they read none either way).
+    skip_reading_prefix_cache: bool | None = None
     # Filled in by the engine from the tokenizer / generation config; not user-facing.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
     # Token sequences of ``bad_words`` (each word with and without a leading space), filled in by
@@ -168,6 +174,8 @@ class SamplingParams:
             self.top_k = 0
             self.min_p = 0.0
         self.all_stop_token_ids = set(self.all_stop_token_ids) | set(self.stop_token_ids)
+        if self.skip_reading_prefix_cache is None:
+            self.skip_reading_prefix_cache = self.prompt_logprobs is not None
 
     def _verify(self) -> None:
         if not _is_int(self.n):
@@ -213,6 +221,12 @@ class SamplingParams:
             raise ValueError("stop strings are only supported when detokenize is True.")
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise ValueError(f"extra_args must be a dict, got {type(self.extra_args).__name__}.")
+        if self.stream_interval is not None and (not _is_int(self.stream_interval)
+                                                 or self.stream_interval < 1):
+            raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval!r}.")
+        if self.skip_reading_prefix_cache not in (None, True, False):
+            raise ValueError("skip_reading_prefix_cache must be a boolean or None, got "
+                             f"{self.skip_reading_prefix_cache!r}.")
         k = self.truncate_prompt_tokens
         if k is not None and (not _is_int(k) or k == 0 or k < -1):
             raise ValueError(f"truncate_prompt_tokens must be an integer >= 1 or -1, got {k!r}.")
@@ -292,7 +306,7 @@ class SamplingParams:
 
 
 _INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs",
-               "truncate_prompt_tokens")
+               "truncate_prompt_tokens", "stream_interval")
 _SAMPLING_EPS = 1e-5
 REPETITION_PENALTY_MIN = 1e-30
 REPETITION_PENALTY_MAX = 1e30

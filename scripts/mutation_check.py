@@ -1423,6 +1423,19 @@ MUTATIONS = [
              "            self.top_p = 1.0\n            self.top_k = 0\n",
              "            self.top_p = 1.0\n            self.top_k = -1\n",
              ("tests/test_sampling_params.py",)),
+    Mutation("interval-no-first", "stream_interval holds the first token back too",
+             "cadence/engine/request_state.py",
+             "            if not (finished or not self._sent_any\n",
+             "            if not (finished\n", ("tests/engine/test_output_processor.py",)),
+    Mutation("interval-drops-held", "tokens held by stream_interval are dropped",
+             "cadence/engine/request_state.py",
+             "            new_token_ids, num_new_logprobs = self._held_ids, self._held_logprobs\n",
+             "", ("tests/engine/test_output_processor.py",)),
+    Mutation("skip-read-ignored", "skip_reading_prefix_cache is ignored",
+             "cadence/scheduler/kv_cache_manager.py",
+             "    return bool(params.skip_reading_prefix_cache) or params.prompt_logprobs is not None",
+             "    return params.prompt_logprobs is not None",
+             ("tests/scheduler/test_kv_cache_manager.py",)),
 ]
 
 

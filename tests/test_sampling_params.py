@@ -225,3 +225,15 @@ def test_vllm_normalisations_of_lists_flags_and_bounds() -> None:
     for bad in (float("nan"), float("inf"), float("-inf")):
         with pytest.raises(ValueError, match="temperature must be a finite number"):
             SamplingParams(temperature=bad)
+
+
+def test_stream_interval_and_skip_reading_prefix_cache_are_checked() -> None:
+    assert SamplingParams(stream_interval=4).stream_interval == 4
+    assert SamplingParams().stream_interval is None
+    for bad in (0, -1, 1.5, "2", True):
+        with pytest.raises(ValueError, match="stream_interval"):
+            SamplingParams(stream_interval=bad)
+    with pytest.raises(ValueError, match="skip_reading_prefix_cache"):
+        SamplingParams(skip_reading_prefix_cache="yes")
+    assert SamplingParams(skip_reading_prefix_cache=False, prompt_logprobs=1
+                          ).skip_reading_prefix_cache is False  # as given (vLLM)

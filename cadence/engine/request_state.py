@@ -77,6 +77,12 @@ class RequestState:
         self.prompt = prompt
         self.prompt_token_ids = request.prompt_token_ids
         self.output_kind = params.output_kind
+        # Outputs every ``stream_interval`` new tokens (and the first and last); the tokens and
+        # logprob rows of steps without one wait here.
+        self.stream_interval = params.stream_interval or 1
+        self._held_ids: list[int] = []
+        self._held_logprobs = 0
+        self._sent_any = False
         self.queue = queue
         self.snapshot_metrics = queue is None or queue.needs_metrics
         # detokenize=False (vLLM): token ids only; the text and logprobs' tokens stay empty.
@@ -148,6 +154,15 @@ class RequestState:
         finished = finish_reason is not None
         if not finished and self.output_kind == RequestOutputKind.FINAL_ONLY:
             return None
+        if self.stream_interval > 1:
+            self._held_ids += new_token_ids
+            self._held_logprobs += num_new_logprobs
+            if not (finished or not self._sent_any
+                    or len(self._held_ids) >= self.stream_interval):
+                return None
+            new_token_ids, num_new_logprobs = self._held_ids, self._held_logprobs
+            self._held_ids, self._held_logprobs = [], 0
+        self._sent_any = True
         delta = self.output_kind == RequestOutputKind.DELTA
         text = self.detokenizer.get_next_output_text(finished, delta)
         logprobs = self.logprobs

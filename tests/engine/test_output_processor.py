@@ -267,6 +267,42 @@ def test_outputs_for_unknown_or_finished_requests_are_ignored(
         proc.add_request(_req("y", [5]), None)
 
 
+@pytest.mark.parametrize("kind", [DELTA, CUMULATIVE])
+@pytest.mark.parametrize("interval", [2, 3, 50])
+def test_stream_interval_sends_every_k_tokens_and_the_first_and_last(
+    tokenizer: PreTrainedTokenizerFast, kind: RequestOutputKind, interval: int
+) -> None:
+    """vLLM's stream_interval: outputs with the first token, then each time ``interval`` new
+    tokens have come, and with the last; what they carry joins up as every step's would."""
+    text = " the quick brown fox jumps over the lazy dog"
+    tokens = tokenizer.encode(text)
+    rows = [([t, t], [-0.5 - i, -0.5 - i], 1) for i, t in enumerate(tokens)]
+    proc = OutputProcessor(tokenizer)
+    proc.add_request(_req("s", [5], output_kind=kind, stream_interval=interval, logprobs=1),
+                     None)
+    outs = []
+    for i, t in enumerate(tokens):
+        reason = FinishReason.LENGTH if i == len(tokens) - 1 else None
+        res = proc.process_outputs([EngineCoreOutput("s", [t], finish_reason=reason,
+                                                     new_logprobs=[rows[i]])])
+        outs.append(res.request_outputs[0] if res.request_outputs else None)
+    n = len(tokens)
+    # Steps with an output: the first, each interval-th token after it, and the last.
+    want = {0, n - 1} | set(range(interval, n, interval))
+    assert {i for i, o in enumerate(outs) if o is not None} == want
+    sent = [o for o in outs if o is not None]
+    assert sent[-1].finished and not any(o.finished for o in sent[:-1])
+    if kind == DELTA:
+        assert "".join(o.outputs[0].text for o in sent) == text
+        assert [t for o in sent for t in o.outputs[0].token_ids] == tokens
+        assert [next(iter(r)) for o in sent for r in o.outputs[0].logprobs] == tokens
+    else:
+        assert sent[-1].outputs[0].text == text and sent[-1].outputs[0].token_ids == tokens
+        assert [len(o.outputs[0].token_ids) for o in sent] == [i + 1 for i in sorted(want)]
+    assert math.isclose(sent[-1].outputs[0].cumulative_logprob or 0.0,
+                        sum(r[1][0] for r in rows))
+
+
 def test_logprobs_rows(tokenizer: PreTrainedTokenizerFast) -> None:
     proc = OutputProcessor(tokenizer)
     proc.add_request(_req("l", [5], logprobs=1, output_kind=DELTA), None)

@@ -248,3 +248,23 @@ def test_a_request_that_reads_no_cached_block_is_no_lookup() -> None:
         manager.allocate_slots(request, 40 - n, n, hits)
     stats = manager.prefix_cache_stats
     assert (stats.requests, stats.queries, stats.hits) == (1, 40, 0)
+
+
+def test_skip_reading_prefix_cache_reads_no_cached_block() -> None:
+    """vLLM's skip_reading_prefix_cache: a request that asks for it finds no hit where the
+    same prompt without it does, and its admission is no lookup; its blocks are still cached
+    for others. The default follows prompt_logprobs."""
+    assert SamplingParams().skip_reading_prefix_cache is False
+    assert SamplingParams(prompt_logprobs=0).skip_reading_prefix_cache is True
+    manager = make_manager()
+    first = make_request("first", list(range(40)))
+    hits, n = manager.get_computed_blocks(first)
+    manager.allocate_slots(first, 40 - n, n, hits)
+    skipping = Request("skip", list(range(40)),
+                       SamplingParams(max_tokens=1, skip_reading_prefix_cache=True),
+                       eos_token_id=100, block_hasher=make_block_hasher(BLOCK_SIZE))
+    assert manager.get_computed_blocks(skipping) == ([], 0)
+    manager.record_prefix_cache_lookup(skipping, 0)
+    assert manager.prefix_cache_stats.requests == 0
+    reading = make_request("read", list(range(40)))
+    assert manager.get_computed_blocks(reading)[1] == 32  # the cache still holds the prompt
