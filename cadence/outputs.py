@@ -68,6 +68,34 @@ class RequestMetrics:
             self.queued_time,
         )
 
+    # vLLM v1's names (RequestStateStats: engine timestamps, 0.0 until set) and v0's queue
+    # time, read from the fields above.
+    @property
+    def queued_ts(self) -> float:
+        return self.queued_time or 0.0
+
+    @property
+    def scheduled_ts(self) -> float:
+        return self.first_scheduled_time or 0.0
+
+    @property
+    def first_token_ts(self) -> float:
+        return self.first_token_time or 0.0
+
+    @property
+    def last_token_ts(self) -> float:
+        return self.last_token_time or 0.0
+
+    @property
+    def first_token_latency(self) -> float:
+        return self.time_to_first_token or 0.0
+
+    @property
+    def time_in_queue(self) -> float | None:
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
+
     @property
     def time_to_first_token(self) -> float | None:
         if self.first_token_time is None:

@@ -49,3 +49,18 @@ def test_the_engine_fills_them_empty() -> None:
         llm.shutdown()
     assert out.lora_request is None and out.outputs[0].lora_request is None
     assert out.encoder_prompt is None and out.multi_modal_placeholders == {}
+
+
+def test_metrics_answer_to_vllms_names() -> None:
+    """vLLM v1's RequestStateStats names (0.0 until set) and v0's time_in_queue read the
+    same timestamps."""
+    from cadence.outputs import RequestMetrics
+
+    m = RequestMetrics(arrival_time=10.0)
+    assert (m.queued_ts, m.scheduled_ts, m.first_token_ts, m.last_token_ts,
+            m.first_token_latency, m.time_in_queue) == (0.0, 0.0, 0.0, 0.0, 0.0, None)
+    m.queued_time, m.first_scheduled_time = 10.5, 11.0
+    m.first_token_time, m.last_token_time = 12.0, 13.0
+    assert (m.queued_ts, m.scheduled_ts, m.first_token_ts, m.last_token_ts) == (
+        10.5, 11.0, 12.0, 13.0)
+    assert (m.first_token_latency, m.time_in_queue) == (2.0, 1.0)
