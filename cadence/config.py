@@ -89,8 +89,13 @@ class SchedulerConfig:
     # A prompt longer than this is scheduled at most this many tokens a step, so that one long
     # prompt does not take a whole step's budget from shorter ones (vLLM's); 0: no cap.
     long_prefill_token_threshold: int = 0
+    # vLLM's: streamed outputs every this many new tokens (and the first and the last) for
+    # requests whose SamplingParams.stream_interval is None; fewer, larger stream chunks.
+    stream_interval: int = 1
 
     def __post_init__(self) -> None:
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval}.")
         if self.policy not in SCHEDULING_POLICIES:
             raise ValueError(
                 f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.policy!r}."

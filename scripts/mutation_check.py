@@ -1436,6 +1436,11 @@ MUTATIONS = [
              "    return bool(params.skip_reading_prefix_cache) or params.prompt_logprobs is not None",
              "    return params.prompt_logprobs is not None",
              ("tests/scheduler/test_kv_cache_manager.py",)),
+    Mutation("interval-engine-default-lost", "--stream-interval never reaches the requests",
+             "cadence/engine/request_state.py",
+             "        self.stream_interval = params.stream_interval or stream_interval",
+             "        self.stream_interval = params.stream_interval or 1",
+             ("tests/server/test_sse.py",)),
 ]
 
 

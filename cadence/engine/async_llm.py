@@ -104,7 +104,8 @@ class AsyncLLM:
         self.config: EngineConfig = core.config
         self.num_kv_blocks: int = core.num_kv_blocks
         self.block_size: int = core.block_size
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer,
+                                                core.config.scheduler.stream_interval)
         # Tokenization, chat templates and request validation: off the event loop but for
         # small inputs.
         self._input_worker = InputWorker(lambda: self.errored, EngineDeadError)

@@ -59,6 +59,8 @@ class EngineArgs:
     enable_chunked_prefill: bool = True
     # Most tokens of one prompt in a step (0: no cap beyond the step's budget).
     long_prefill_token_threshold: int = 0
+    # Streamed outputs every this many tokens, for requests that leave stream_interval unset.
+    stream_interval: int = 1
     # A tokenizer directory other than the model's ("tiny": the built-in model's tokenizer).
     tokenizer: str | None = None
     # Default sampling fields: "auto" (the model's generation_config.json), "vllm" (none), a DIR.
@@ -207,7 +209,8 @@ class EngineArgs:
                                       async_scheduling=self.resolve_async_scheduling(),
                                       enable_chunked_prefill=self.enable_chunked_prefill,
                                       long_prefill_token_threshold=(
-                                          self.long_prefill_token_threshold)),
+                                          self.long_prefill_token_threshold),
+                                      stream_interval=self.stream_interval),
             device=self.resolve_device(),
             graphs=GraphConfig(enforce_eager=self.enforce_eager,
                                max_capture_tokens=self.resolve_max_capture_tokens(batched),
@@ -269,6 +272,11 @@ class EngineArgs:
                             help="schedule at most N tokens of one prompt a step, leaving the "
                                  "rest of the budget to other requests; 0 = no cap "
                                  "(default: %(default)s)")
+        parser.add_argument("--stream-interval", type=int_at_least(1),
+                            default=d.stream_interval, metavar="N",
+                            help="streamed outputs every N new tokens (and with the first and "
+                                 "the last) for requests that leave stream_interval unset: "
+                                 "fewer, larger stream chunks (default: %(default)s)")
         parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching",
                             action="store_true", default=d.enable_prefix_caching,
                             help="reuse the KV blocks of earlier prompts' common prefixes "

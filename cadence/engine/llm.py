@@ -29,7 +29,8 @@ class LLM:
         self.args = EngineArgs(model=model, **kwargs)
         self.engine_core = EngineCore(self.args)
         self.frontend = load_frontend(self.engine_core)
-        self.output_processor = OutputProcessor(self.frontend.tokenizer)
+        self.output_processor = OutputProcessor(
+            self.frontend.tokenizer, self.engine_core.config.scheduler.stream_interval)
         self._counter = itertools.count()
         self._closed = False
 

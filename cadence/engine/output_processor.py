@@ -44,8 +44,10 @@ class OutputProcessorOutput:
 class OutputProcessor:
     """Turns ``EngineCoreOutput``s into ``RequestOutput``s; one state per unfinished request."""
 
-    def __init__(self, tokenizer: Any | None) -> None:
+    def __init__(self, tokenizer: Any | None, stream_interval: int = 1) -> None:
+        """``stream_interval``: the output interval of requests that set none."""
         self.tokenizer = tokenizer
+        self.stream_interval = stream_interval
         self.request_states: dict[str, RequestState] = {}
         self.parents: dict[str, ParentRequest] = {}  # requests with n > 1, by their own id
         # Children ended because a sibling failed, still to abort in the engine core.
@@ -89,7 +91,8 @@ class OutputProcessor:
     def _add_state(self, request: EngineCoreRequest, prompt: str | None,
                    queue: OutputSink | None, parent: ParentRequest | None) -> None:
         self.request_states[request.request_id] = RequestState(
-            request, prompt, self.tokenizer, queue, time.monotonic(), self._token_text, parent
+            request, prompt, self.tokenizer, queue, time.monotonic(), self._token_text, parent,
+            self.stream_interval,
         )
 
     def sink_of(self, request_id: str) -> OutputSink | None:

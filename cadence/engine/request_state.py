@@ -70,7 +70,9 @@ class RequestState:
         arrival_time: float,
         token_text: TokenTextCache | None,
         parent: ParentRequest | None = None,
+        stream_interval: int = 1,
     ) -> None:
+        """``stream_interval``: the engine's, for a request whose params set none."""
         params = request.sampling_params
         self.request_id = request.request_id
         self.parent = parent
@@ -79,7 +81,7 @@ class RequestState:
         self.output_kind = params.output_kind
         # Outputs every ``stream_interval`` new tokens (and the first and last); the tokens and
         # logprob rows of steps without one wait here.
-        self.stream_interval = params.stream_interval or 1
+        self.stream_interval = params.stream_interval or stream_interval
         self._held_ids: list[int] = []
         self._held_logprobs = 0
         self._sent_any = False

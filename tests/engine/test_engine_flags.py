@@ -66,6 +66,15 @@ def test_long_prefill_token_threshold_flag() -> None:
         _engine_args("--long-prefill-token-threshold", "-1")
 
 
+def test_stream_interval_flag() -> None:
+    assert _engine_args().create_engine_config(64).scheduler.stream_interval == 1
+    assert _engine_args("--stream-interval", "4").create_engine_config(64).scheduler \
+        .stream_interval == 4
+    for bad in ("0", "-2", "x"):
+        with pytest.raises(SystemExit):
+            _engine_args("--stream-interval", bad)
+
+
 def test_long_prefill_token_threshold_changes_no_token() -> None:
     """Prompts split at the threshold (3 tokens a step, several prompts sharing each step's
     budget) give the greedy tokens of whole-prompt steps."""

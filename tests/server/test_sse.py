@@ -188,3 +188,34 @@ def test_sse_frames_format(server) -> None:
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     later = [json.loads(f[6:]) for f in frames[1:-2]]
     assert all("role" not in c["choices"][0]["delta"] for c in later)
+
+
+def test_the_servers_stream_interval_sends_fewer_larger_chunks(server_factory) -> None:
+    """--stream-interval 4: a streamed completion's text comes in chunks of about four tokens
+    (the first token alone; never more chunks than 1 + ceil((n - 1) / 4)), and joins up to the
+    same greedy text as a server streaming every token; a request's own stream_interval is
+    vLLM's SamplingParams field, offline."""
+    import json
+    import math
+
+    import httpx
+
+    body = {"prompt": "Hello", "max_tokens": 13, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+
+    def chunks(srv) -> list[str]:
+        texts = []
+        with httpx.Client(base_url=srv.base_url, timeout=60) as http, \
+                http.stream("POST", "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    choice = json.loads(line[6:])["choices"][0]
+                    if choice["text"]:
+                        texts.append(choice["text"])
+        return texts
+
+    every = chunks(server_factory())
+    grouped = chunks(server_factory(stream_interval=4))
+    assert "".join(grouped) == "".join(every)
+    assert len(grouped) <= 1 + math.ceil((13 - 1) / 4)
