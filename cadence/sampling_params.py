@@ -111,10 +111,12 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # vLLM's: a streamed request's outputs (CUMULATIVE or DELTA) come every this many new
-    # tokens, and with the first and the last (None: every step's).
+    # tokens, and with the first and the last (None: the engine's --stream-interval, 1 unless
+    # set).
     stream_interval: int | None = None
     # vLLM's: look no prefix up in the cache for this request (None: when it wants prompt
-    # logprobs, which every prompt position must be computed for; they read none either way).
+    # logprobs, which every prompt position must be computed for). Unlike vLLM's, a request
+    # with prompt logprobs reads none even with False: its prompt logprobs stay whole.
     skip_reading_prefix_cache: bool | None = None
     # Filled in by the engine from the tokenizer / generation config; not user-facing.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
@@ -129,8 +131,7 @@ class SamplingParams:
             self.stop = [self.stop]
         else:
             self.stop = _as_list("stop", self.stop, what="a string or a list of strings")
-        # vLLM: repeated stop ids and bad words count once (first occurrence order kept).
-        self.stop_token_ids = _unique(_as_list("stop_token_ids", self.stop_token_ids or []))
+        self.stop_token_ids = _as_list("stop_token_ids", self.stop_token_ids or [])
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, Mapping):
                 raise ValueError("logit_bias must be a mapping of token ids to biases, got "
@@ -138,7 +139,7 @@ class SamplingParams:
             self.logit_bias = dict(self.logit_bias)
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = _as_list("allowed_token_ids", self.allowed_token_ids)
-        self.bad_words = _unique(_as_list("bad_words", self.bad_words or [], strings_ok=True))
+        self.bad_words = _as_list("bad_words", self.bad_words or [], strings_ok=True)
         if isinstance(self.structured_outputs, dict):
             try:
                 self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
@@ -155,6 +156,10 @@ class SamplingParams:
             if flag is True or flag is False:  # vLLM: True is 1; False, not None, acts as 0
                 setattr(self, name, int(flag))
         self._verify()
+        # vLLM: repeated stop ids and bad words count once (first occurrences, in order);
+        # after the checks, so that every given item was checked.
+        self.stop_token_ids = _unique(self.stop_token_ids)
+        self.bad_words = _unique(self.bad_words)
         # numpy's integers pass the checks as numbers.Integral but overflow where the engine
         # mixes a seed into 64-bit arithmetic: every integer field becomes a Python int.
         for name in _INT_FIELDS:
@@ -224,7 +229,8 @@ class SamplingParams:
         if self.stream_interval is not None and (not _is_int(self.stream_interval)
                                                  or self.stream_interval < 1):
             raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval!r}.")
-        if self.skip_reading_prefix_cache not in (None, True, False):
+        if self.skip_reading_prefix_cache is not None and not isinstance(
+                self.skip_reading_prefix_cache, bool):
             raise ValueError("skip_reading_prefix_cache must be a boolean or None, got "
                              f"{self.skip_reading_prefix_cache!r}.")
         k = self.truncate_prompt_tokens
@@ -330,12 +336,9 @@ def _as_list(name: str, value: object, strings_ok: bool = False, what: str = "a 
 
 
 def _unique(items: list) -> list:
-    """``items`` with repeats dropped, first occurrences in order (vLLM's ``dict.fromkeys``);
-    as given where an item cannot be hashed (the field's check then names it)."""
-    try:
-        return list(dict.fromkeys(items))
-    except TypeError:
-        return items
+    """``items`` (checked: hashable) with repeats dropped, first occurrences in order (vLLM's
+    ``dict.fromkeys``)."""
+    return list(dict.fromkeys(items))
 
 
 def _first_bad_id(ids: list[Any]) -> object | None:

@@ -237,6 +237,11 @@ class IncrementalDetokenizer:
             self._last_added = content is not None
         return text
 
+    @property
+    def sent_offset(self) -> int:
+        """How much of ``output_text`` delta outputs have carried."""
+        return self._sent_offset
+
     def get_next_output_text(self, finished: bool, delta: bool) -> str:
         """The text to report now: everything (``delta=False``) or what is new since the last
         call. While unfinished, the last ``stop_buffer_length`` characters are held back."""

@@ -292,9 +292,14 @@ class OutputProcessor:
             # Offline callers see no exception: the reason goes to the log.
             logger.warning("Request %r failed: %s", state.request_id, reason)
             # No detokenizing here (it may be what failed): the text decoded so far, and the
-            # tokens and logprobs so far (a delta output: nothing new).
+            # tokens and logprobs so far (a delta output: what none has carried yet).
             delta = state.output_kind == RequestOutputKind.DELTA
-            logprobs = None if state.logprobs is None else [] if delta else list(state.logprobs)
+            if delta:
+                text, token_ids, logprobs = state.unsent()
+            else:
+                text, token_ids = state.detokenizer.output_text, list(
+                    state.detokenizer.output_token_ids)
+                logprobs = None if state.logprobs is None else list(state.logprobs)
             self._emit(
                 state,
                 RequestOutput(
@@ -305,8 +310,8 @@ class OutputProcessor:
                     outputs=[
                         CompletionOutput(
                             0,
-                            "" if delta else state.detokenizer.output_text,
-                            [] if delta else list(state.detokenizer.output_token_ids),
+                            text,
+                            token_ids,
                             cumulative_logprob=state.cumulative_logprob,
                             logprobs=logprobs,
                             finish_reason=str(FinishReason.ERROR),

@@ -146,6 +146,16 @@ class RequestState:
                                   None if text is None else text.in_context(ids[i], context))
         return row
 
+    def unsent(self) -> tuple[str, list[int], list[dict[int, Logprob]] | None]:
+        """What no delta output has carried yet, without decoding anything new: the decoded
+        text past the last output's (a stop string's hold included), and the tokens and logprob
+        rows that ``stream_interval`` held."""
+        text = self.detokenizer.output_text[self.detokenizer.sent_offset:]
+        rows = None
+        if self.logprobs is not None:
+            rows = self.logprobs[len(self.logprobs) - self._held_logprobs:]
+        return text, list(self._held_ids), rows
+
     def make_output(
         self,
         new_token_ids: list[int],

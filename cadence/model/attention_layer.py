@@ -47,8 +47,8 @@ class SelfAttention(nn.Module):
         # An FP8 KV cache's dequantization scales (a checkpoint's k_scale / v_scale, else 1).
         self.k_scale = 1.0
         self.v_scale = 1.0
-        # (rows, weight) -> whether the qkv projection of that many rows is a bulk kernel.
-        self._releases_early: dict[tuple[int, int, torch.dtype], bool] = {}
+        # (rows, mode, weight) -> whether the qkv projection of that many rows is a bulk kernel.
+        self._releases_early: dict[tuple[int, str, int, torch.dtype], bool] = {}
 
     def forward(
         self,
@@ -58,7 +58,8 @@ class SelfAttention(nn.Module):
         kv_cache: torch.Tensor,
         attn: AttentionMetadata,
     ) -> torch.Tensor:
-        return self.attend(self.qkv_proj(x), positions, cos_sin, kv_cache, attn)
+        return self.attend(self.qkv_proj(x), positions, cos_sin, kv_cache, attn,
+                           qkv_mode="plain")
 
     def attend(
         self,
@@ -68,10 +69,14 @@ class SelfAttention(nn.Module):
         kv_cache: torch.Tensor,
         attn: AttentionMetadata,
         rows: OutputRows | None = None,
+        qkv_mode: str = "norm",
     ) -> torch.Tensor:
         """``forward`` from the qkv projection's output on (the decoder layer projects its
-        norm's input itself, see ``RMSNorm.project``); with ``rows``, those rows only."""
-        out = self.o_proj(self.attend_heads(qkv, positions, cos_sin, kv_cache, attn, rows))
+        norm's input itself, see ``RMSNorm.project``); with ``rows``, those rows only.
+        ``qkv_mode``: how that projection ran (the bulk kernels' mode: "norm" where the norm
+        before went into it)."""
+        out = self.o_proj(self.attend_heads(qkv, positions, cos_sin, kv_cache, attn, rows,
+                                            qkv_mode))
         return all_reduce(out) if self.tp else out
 
     def attend_heads(
@@ -82,6 +87,7 @@ class SelfAttention(nn.Module):
         kv_cache: torch.Tensor,
         attn: AttentionMetadata,
         rows: OutputRows | None = None,
+        qkv_mode: str = "norm",
     ) -> torch.Tensor:
         """``attend`` up to the output projection: the heads' outputs, ``[T, q_size]``; with
         ``rows``, every token's K/V stored and ``rows``' outputs only, ``[R, q_size]``."""
@@ -101,7 +107,9 @@ class SelfAttention(nn.Module):
         args = (self.scale, self.sliding_window, self.softcap, self.k_scale, self.v_scale,
                 QKRope(positions, cos_sin, q_weight, k_weight, eps))
         if rows is None:
-            early = attn.is_decode_only and self._qkv_releases_early(num_tokens)
+            # Separate q/k norm launches (Gemma's) stand between the projection and attention.
+            early = (attn.is_decode_only and (q_weight is not None or self.q_norm is None)
+                     and self._qkv_releases_early(num_tokens, qkv_mode))
             out = self.backend.forward(q, k, v, kv_cache, attn, *args, qkv_releases_early=early)
             return out.reshape(num_tokens, self.q_size)
         forward_rows = getattr(self.backend, "forward_rows", None)
@@ -111,14 +119,13 @@ class SelfAttention(nn.Module):
             out = self.backend.forward(q, k, v, kv_cache, attn, *args).index_select(0, rows.index)
         return out.reshape(rows.count, self.q_size)
 
-    def _qkv_releases_early(self, rows: int) -> bool:
-        """Whether the qkv projection of ``rows`` rows runs the bulk GEMM, which lets the next
-        launch (decode attention) start before it ends (the decoder's input norm takes the
-        projection in its "norm" mode)."""
+    def _qkv_releases_early(self, rows: int, mode: str) -> bool:
+        """Whether the qkv projection of ``rows`` rows in ``mode`` runs the bulk GEMM, which
+        lets the next launch (decode attention) start before it ends."""
         weight = self.qkv_proj.weight
-        key = (rows, weight.data_ptr(), weight.dtype)
+        key = (rows, mode, weight.data_ptr(), weight.dtype)
         found = self._releases_early.get(key)
         if found is None:
-            found = self._releases_early[key] = mma_listed(weight, "norm", rows)
+            found = self._releases_early[key] = mma_listed(weight, mode, rows)
         return found
 

@@ -80,7 +80,7 @@ def mma_bucket(rows: int) -> int:
 # a call in a graph against the skinny GEMM at 2-4 rows, cuBLAS / the K-split product at 8, and
 # at 8 rows SwiGLU before down as its own kernel). In the decode step decode attention loads
 # ahead of the qkv kernel's release (attention_tiles.decode_config): Qwen3-0.6B at batch 2 1.22
-# -> 1.01 ms, batch 4 1.25 -> 1.06, batch 8 1.273 -> 1.166 (at 8 rows the four lose as an
+# -> 0.99-1.01 ms, batch 4 1.25 -> 1.04-1.06, batch 8 1.27 -> 1.16 (at 8 rows the four lose as an
 # isolated chain, 36.4 against 31.7 us a layer, and win in the step; docs/perf.md, runs VA-VD).
 MMA_CONFIGS: dict[tuple[int, int, str, str, int], MmaConfig] = {
     (1024, 2048, "plain", "bf16", 2): MmaConfig(16, 2048, 1, 256, True),  # o: 2.93 vs 5.14
@@ -140,7 +140,7 @@ def mma_listed(weight: torch.Tensor, mode: str, rows: int) -> bool:
     return (ENABLED and wtype is not None and weight.is_cuda and weight.dim() == 2
             and 1 <= rows <= MAX_M
             and (*weight.shape, mode, wtype, mma_bucket(rows)) in MMA_CONFIGS
-            and device_capability(weight.device) == TABLE_CAPABILITY)
+            and device_capability(weight.device) == TABLE_CAPABILITY and nvrtc_ok())
 
 
 def mma_config(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, mode: str,

@@ -34,12 +34,13 @@ def _plain_linear(module: nn.Module) -> bool:
     return type(module) in (nn.Linear, SkinnyLinear) and module.bias is None
 
 
-def _split_parts(weight: torch.Tensor, rows: int, dtype: torch.dtype) -> int:
-    """``weight_parts``, except where the bulk GEMM's table lists the projection: that kernel
-    lets the next launch start early, which the batched product does not (docs/perf.md, run
-    VA)."""
+def _split_parts(weight: torch.Tensor, rows: int, dtype: torch.dtype,
+                 modes: tuple[str, ...] = ("plain",)) -> int:
+    """``weight_parts``, except where the bulk GEMM's table lists the projection in one of the
+    ``modes`` it may run in: that kernel lets the next launch start early, which the batched
+    product does not (docs/perf.md, run VA)."""
     parts = weight_parts(weight, rows, dtype)
-    return 0 if parts and mma_listed(weight, "plain", rows) else parts
+    return 0 if parts and any(mma_listed(weight, m, rows) for m in modes) else parts
 
 
 class MLP(nn.Module):
@@ -134,7 +135,7 @@ class DecoderLayer(nn.Module):
         next layer's input norm, or the final one, adds them up)."""
         down = self.mlp.down_proj
         if self.split_ok and _plain_linear(down):
-            parts = _split_parts(down.weight, gate_up.shape[0], gate_up.dtype)
+            parts = _split_parts(down.weight, gate_up.shape[0], gate_up.dtype, ("plain", "glu"))
             if parts:
                 return split_k_linear(silu_and_mul(gate_up), down.weight, parts)
         return self.mlp.down(gate_up)

@@ -33,9 +33,10 @@ logger = logging.getLogger(__name__)
 ENABLED = not read_envs().disable_split_k
 TABLE_CAPABILITY = (9, 0)
 # Below this many rows the skinny and bulk kernels take the projections (skinny_gemm.py). Not 8:
-# a decode step of 5-7 rows replays the 8-row graph, which splits, and its eager step must take
-# the same kernels (the skinny kernel's bits hold across a row bucket, 5-8 rows, not across
-# kernels).
+# a decode step of 5-7 rows replays the 8-row graph, and its eager step must take the same
+# kernels (the skinny kernel's bits hold across a row bucket, 5-8 rows, not across kernels):
+# the split, or where the bulk GEMM's table lists the 8-row bucket, that kernel for 5-8 rows
+# alike (decoder._split_parts).
 MIN_ROWS = 5
 
 # (N, K) -> ((most rows, split count), ...) by increasing row ranges from MIN_ROWS. H200,

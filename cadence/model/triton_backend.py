@@ -93,7 +93,9 @@ class TritonAttentionBackend:
             paged_decode_attention(
                 q, kv_cache, metadata, scale, out, sms, k=k, v=v,
                 sliding_window=sliding_window, softcap=softcap, k_scale=k_scale, v_scale=v_scale,
-                rope=rope if fuse else None, config=config, qkv_releases_early=qkv_releases_early,
+                rope=rope if fuse else None, config=config,
+                # A rope launch of its own stands between the qkv projection and this one.
+                qkv_releases_early=qkv_releases_early and (fuse or rope is None),
             )  # fmt: skip
         else:
             q, k = self._rope_and_store(q, k, v, kv_cache, metadata, k_scale, v_scale, rope)

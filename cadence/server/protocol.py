@@ -120,6 +120,8 @@ class SamplingRequest(OpenAIModel):
     stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # vLLM: a streamed answer's chunks every this many tokens (unset: --stream-interval).
+    stream_interval: int | None = Field(default=None, ge=1)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
@@ -243,6 +245,7 @@ class SamplingRequest(OpenAIModel):
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             truncate_prompt_tokens=self.truncate_prompt_tokens,
             output_kind=kind,
+            stream_interval=self.stream_interval,
         )
 
     @property

@@ -153,11 +153,14 @@ class ChatCompletionRequest(SamplingRequest):
                                self.continue_final_message)
 
     def template_kwargs(self) -> dict[str, Any] | None:
-        """The template's extra variables: ``chat_template_kwargs``, and ``reasoning_effort``
-        where the request sets it and they do not."""
+        """The template's extra variables, as vLLM merges them: ``chat_template_kwargs``, with
+        the request's ``reasoning_effort`` over theirs, and ``enable_thinking`` (false for
+        effort "none") where they set none."""
         if self.reasoning_effort is None:
             return self.chat_template_kwargs
-        return {"reasoning_effort": self.reasoning_effort, **(self.chat_template_kwargs or {})}
+        kwargs = {**(self.chat_template_kwargs or {}), "reasoning_effort": self.reasoning_effort}
+        kwargs.setdefault("enable_thinking", self.reasoning_effort != "none")
+        return kwargs
 
     def answer_role(self, response_role: str) -> str:
         """The answer's role (vLLM): ``response_role`` after the generation prompt, else the

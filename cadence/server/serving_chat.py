@@ -295,7 +295,7 @@ class OpenAIServingChat(OpenAIServing):
         parser = self.reasoning
         if parser is None:
             return False
-        if not request.include_reasoning or parser.thinking_off(request.chat_template_kwargs):
+        if not request.include_reasoning or parser.thinking_off(request.template_kwargs()):
             return True
         tags = self.reasoning_tags
         if tags is not None:  # by id, as the grammar reads the prompt

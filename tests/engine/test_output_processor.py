@@ -303,6 +303,30 @@ def test_stream_interval_sends_every_k_tokens_and_the_first_and_last(
                         sum(r[1][0] for r in rows))
 
 
+def test_a_failed_delta_request_hands_over_what_was_held(
+    tokenizer: PreTrainedTokenizerFast
+) -> None:
+    """Offline, a request that fails ends with an "error" output; in DELTA mode it carries
+    what no output carried yet (the tokens, rows and text stream_interval held), so that the
+    outputs still join up to everything generated."""
+    tokens = tokenizer.encode(" one two three four five")[:7]  # outputs at the 1st and 5th
+    proc = OutputProcessor(tokenizer)
+    proc.add_request(_req("f", [5], output_kind=DELTA, stream_interval=4, logprobs=0), None)
+    sent = []
+    for t in tokens:
+        res = proc.process_outputs([EngineCoreOutput("f", [t], new_logprobs=[([t], [-1.0], 1)])])
+        sent += res.request_outputs
+    res = proc.process_outputs([EngineCoreOutput("f", [], finish_reason=FinishReason.ERROR,
+                                                 error="boom")])
+    last = res.request_outputs[-1].outputs[0]
+    assert last.finish_reason == "error" and res.request_outputs[-1].finished
+    outs = [o.outputs[0] for o in sent] + [last]
+    assert [t for o in outs for t in o.token_ids] == tokens
+    assert "".join(o.text for o in outs) == tokenizer.decode(tokens)
+    assert [len(o.logprobs) for o in outs] == [1, 4, 2]
+    assert last.token_ids == tokens[5:]  # the 6th and 7th were held
+
+
 def test_logprobs_rows(tokenizer: PreTrainedTokenizerFast) -> None:
     proc = OutputProcessor(tokenizer)
     proc.add_request(_req("l", [5], logprobs=1, output_kind=DELTA), None)

@@ -120,5 +120,14 @@ def test_the_backend_leaves_the_decode_order_to_decode_config(monkeypatch) -> No
     # The hint that the qkv projection releases early reaches decode_config's choice.
     assert seen[0] == (None, False) and seen[1] == (None, True)
     assert all(config is not None and not config.early for config, _ in seen[2:])
+    # A rope launch of its own between the projection and attention: no early order.
+    from cadence.model.attention_metadata import QKRope
+
+    seen.clear()
+    rope = QKRope(torch.zeros(1, dtype=torch.long), torch.zeros(4, 16), None, None, 0.0)
+    backend = triton_backend.TritonAttentionBackend(fuse_rope=False, num_sms=1)
+    backend.forward(q, q[:, :2], q[:, :2], torch.zeros(2, 1, 16, 2, 16), md, 0.25, rope=rope,
+                    qkv_releases_early=True)
+    assert seen == [(None, False)]
     assert make_attention_backend("cuda").early_decode
     assert make_attention_backend("cpu").name != "triton"  # the reference off CUDA

@@ -252,6 +252,26 @@ def test_the_bulk_gemm_table_takes_what_it_lists_from_the_split(monkeypatch) -> 
     with torch.no_grad():
         model(decode.input_ids, decode.positions, decode.metadata)
     assert (qkv_shape, "norm", 2) not in asked
+    # q/k norms launched on their own (Gemma's) stand between the projection and attention.
+    for layer in model.model.layers:
+        layer.self_attn.fused_qk_norm = False
+    hints.clear()
+    with torch.no_grad():
+        model(decode.input_ids, decode.positions, decode.metadata)
+    assert hints == [False] * model.num_layers
+
+
+def test_the_split_yields_to_the_bulk_gemm_in_any_mode_the_projection_may_take(
+        monkeypatch) -> None:
+    """down may run the bulk GEMM in "glu" mode (SwiGLU in its loads) or "plain": a listing in
+    either takes it from the split; o runs "plain" only."""
+    w = torch.zeros(8, 64)
+    monkeypatch.setattr(decoder, "weight_parts", lambda weight, rows, dtype: 4)
+    for listed, modes, want in (({"glu"}, ("plain", "glu"), 0), ({"plain"}, ("plain", "glu"), 0),
+                                ({"glu"}, ("plain",), 4), (set(), ("plain", "glu"), 4)):
+        monkeypatch.setattr(decoder, "mma_listed",
+                            lambda weight, mode, rows, listed=listed: mode in listed)
+        assert decoder._split_parts(w, 8, torch.bfloat16, modes) == want, (listed, modes)
 
 
 def test_disable_switch(monkeypatch) -> None:

@@ -143,10 +143,11 @@ def test_tokenize_renders_the_tools_as_the_chat_endpoint_does(templated,
 
 def test_reasoning_effort_reaches_the_template(templated, hf_tokenizer: Any) -> None:
     """OpenAI's reasoning_effort is the template variable ``reasoning_effort`` (vLLM hands it
-    over so); chat_template_kwargs may set it too, and win; a value outside vLLM's list is a
-    400 naming it."""
+    over so, over chat_template_kwargs' own), with ``enable_thinking`` false for "none" unless
+    chat_template_kwargs set it; a value outside vLLM's list is a 400 naming it."""
     templated.engine.tokenizer.chat_template = (
-        "[{{ reasoning_effort if reasoning_effort is defined else 'unset' }}]"
+        "[{{ reasoning_effort if reasoning_effort is defined else 'unset' }}"
+        "{{ '' if enable_thinking is not defined else ' on' if enable_thinking else ' off' }}]"
         "{% for m in messages %}{{ m.content }}{% endfor %}")
     hi = [{"role": "user", "content": "hi"}]
     with httpx.Client(base_url=templated.base_url, timeout=30) as http:
@@ -157,9 +158,12 @@ def test_reasoning_effort_reaches_the_template(templated, hf_tokenizer: Any) -> 
             return resp.json()["prompt_token_ids"]
 
         assert rendered() == encode(hf_tokenizer, "[unset]hi")
-        assert rendered(reasoning_effort="low") == encode(hf_tokenizer, "[low]hi")
+        assert rendered(reasoning_effort="low") == encode(hf_tokenizer, "[low on]hi")
+        assert rendered(reasoning_effort="none") == encode(hf_tokenizer, "[none off]hi")
         assert rendered(reasoning_effort="high", chat_template_kwargs={
-            "reasoning_effort": "medium"}) == encode(hf_tokenizer, "[medium]hi")
+            "reasoning_effort": "medium"}) == encode(hf_tokenizer, "[high on]hi")
+        assert rendered(reasoning_effort="none", chat_template_kwargs={
+            "enable_thinking": True}) == encode(hf_tokenizer, "[none on]hi")
         bad = http.post(CHAT, json={"messages": hi, "reasoning_effort": "bogus"})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort"
 

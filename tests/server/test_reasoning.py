@@ -244,11 +244,13 @@ def test_the_reasoning_tags_reach_the_grammar_where_they_are_single_tokens() -> 
     assert serving(tok, None).reasoning_tags is None
     # The prompt's last tag, by id, says whether the answer starts after the reasoning.
     start, end = tags
-    request = SimpleNamespace(chat_template_kwargs=None, include_reasoning=True)
+    request = SimpleNamespace(chat_template_kwargs=None, include_reasoning=True,
+                              template_kwargs=lambda: None)
     for prompt, ended in (([5, start, 6], False), ([5, start, 6, end, 7], True),
                           ([end, 5, start], False), ([5, 6], False)):
         assert serving(tok, D).reasoning_ended(request, prompt) is ended, prompt
     off = SimpleNamespace(chat_template_kwargs={"enable_thinking": False},
-                          include_reasoning=True)
+                          include_reasoning=True,
+                          template_kwargs=lambda: {"enable_thinking": False})
     assert serving(tok, Q).reasoning_ended(off, [5, start]) is True
     assert serving(tok, D).reasoning_ended(off, [5, start]) is False  # no such switch

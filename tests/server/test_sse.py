@@ -193,8 +193,8 @@ def test_sse_frames_format(server) -> None:
 def test_the_servers_stream_interval_sends_fewer_larger_chunks(server_factory) -> None:
     """--stream-interval 4: a streamed completion's text comes in chunks of about four tokens
     (the first token alone; never more chunks than 1 + ceil((n - 1) / 4)), and joins up to the
-    same greedy text as a server streaming every token; a request's own stream_interval is
-    vLLM's SamplingParams field, offline."""
+    same greedy text as a server streaming every token; a request's own stream_interval (vLLM's
+    field) does the same on a server streaming every token."""
     import json
     import math
 
@@ -215,7 +215,15 @@ def test_the_servers_stream_interval_sends_fewer_larger_chunks(server_factory) -
                         texts.append(choice["text"])
         return texts
 
-    every = chunks(server_factory())
+    plain = server_factory()
+    every = chunks(plain)
     grouped = chunks(server_factory(stream_interval=4))
     assert "".join(grouped) == "".join(every)
     assert len(grouped) <= 1 + math.ceil((13 - 1) / 4)
+    # The request's own stream_interval (vLLM's field) on a server streaming every token.
+    body["stream_interval"] = 6
+    own = chunks(plain)
+    assert "".join(own) == "".join(every) and len(own) <= 1 + math.ceil((13 - 1) / 6)
+    with httpx.Client(base_url=plain.base_url, timeout=60) as http:
+        bad = http.post("/v1/completions", json={**body, "stream_interval": 0})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "stream_interval"
