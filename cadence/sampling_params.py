@@ -111,8 +111,8 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # vLLM's: a streamed request's outputs (CUMULATIVE or DELTA) come every this many new
-    # tokens, and with the first and the last (None: the engine's --stream-interval, 1 unless
-    # set).
+    # tokens, and with the first and the last; it raises the engine's --stream-interval (1
+    # unless set), never lowers it (None: the engine's).
     stream_interval: int | None = None
     # vLLM's: look no prefix up in the cache for this request (None: when it wants prompt
     # logprobs, which every prompt position must be computed for). Unlike vLLM's, a request

@@ -1437,8 +1437,8 @@ MUTATIONS = [
              ("tests/scheduler/test_kv_cache_manager.py",)),
     Mutation("interval-engine-default-lost", "--stream-interval never reaches the requests",
              "cadence/engine/request_state.py",
+             "        self.stream_interval = max(params.stream_interval or 1, stream_interval)",
              "        self.stream_interval = params.stream_interval or stream_interval",
-             "        self.stream_interval = params.stream_interval or 1",
              ("tests/server/test_sse.py",)),
 ]
 

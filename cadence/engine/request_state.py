@@ -72,7 +72,7 @@ class RequestState:
         parent: ParentRequest | None = None,
         stream_interval: int = 1,
     ) -> None:
-        """``stream_interval``: the engine's, for a request whose params set none."""
+        """``stream_interval``: the engine's; a request's own may only raise it."""
         params = request.sampling_params
         self.request_id = request.request_id
         self.parent = parent
@@ -81,7 +81,8 @@ class RequestState:
         self.output_kind = params.output_kind
         # Outputs every ``stream_interval`` new tokens (and the first and last); the tokens and
         # logprob rows of steps without one wait here.
-        self.stream_interval = params.stream_interval or stream_interval
+        # vLLM: a request's own interval may raise the engine's, never lower it.
+        self.stream_interval = max(params.stream_interval or 1, stream_interval)
         self._held_ids: list[int] = []
         self._held_logprobs = 0
         self._sent_any = False

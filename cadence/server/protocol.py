@@ -120,8 +120,9 @@ class SamplingRequest(OpenAIModel):
     stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # vLLM: a streamed answer's chunks every this many tokens (unset: --stream-interval).
-    stream_interval: int | None = Field(default=None, ge=1)
+    # vLLM: a streamed answer's chunks every this many tokens; raises --stream-interval, never
+    # lowers it.
+    stream_interval: int | None = Field(default=None, ge=1, le=INT64_MAX)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True

@@ -303,6 +303,25 @@ def test_stream_interval_sends_every_k_tokens_and_the_first_and_last(
                         sum(r[1][0] for r in rows))
 
 
+@pytest.mark.parametrize(("engine", "own", "want"), [(3, None, 3), (3, 1, 3), (3, 5, 5),
+                                                    (1, 4, 4)])
+def test_a_requests_stream_interval_raises_the_engines_never_lowers_it(
+    tokenizer: PreTrainedTokenizerFast, engine: int, own: int | None, want: int
+) -> None:
+    """vLLM: the effective interval is the larger of the engine's and the request's."""
+    tokens = tokenizer.encode(" the quick brown fox jumps over the lazy dog")
+    proc = OutputProcessor(tokenizer, stream_interval=engine)
+    proc.add_request(_req("i", [5], output_kind=DELTA, stream_interval=own), None)
+    steps = []
+    for i, t in enumerate(tokens):
+        reason = FinishReason.LENGTH if i == len(tokens) - 1 else None
+        if proc.process_outputs([EngineCoreOutput("i", [t], finish_reason=reason)]
+                                ).request_outputs:
+            steps.append(i)
+    n = len(tokens)
+    assert steps == sorted({0, n - 1} | set(range(want, n, want)))
+
+
 def test_a_failed_delta_request_hands_over_what_was_held(
     tokenizer: PreTrainedTokenizerFast
 ) -> None:

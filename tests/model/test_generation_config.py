@@ -43,7 +43,7 @@ def test_only_fields_that_differ_from_transformers_defaults_count(tmp_path: Path
      ('{"max_new_tokens": 0.5}', "positive integer"),
      # Values SamplingParams refuses fail at start-up, not in every request that relies on them.
      ('{"temperature": -1}', "temperature must be non-negative, got -1"),
-     ('{"temperature": 1e999}', "temperature must be finite, got inf"),
+     ('{"temperature": 1e999}', "temperature must be a finite number, got inf"),
      ('{"repetition_penalty": 0}', "repetition_penalty must be in"),
      ('{"top_k": 5.5}', r"top_k must be 0 \(disable\), or at least 1, got 5.5"),
      ('{"top_k": -2}', r"top_k must be 0 \(disable\), or at least 1, got -2"),

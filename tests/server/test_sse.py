@@ -217,13 +217,16 @@ def test_the_servers_stream_interval_sends_fewer_larger_chunks(server_factory) -
 
     plain = server_factory()
     every = chunks(plain)
-    grouped = chunks(server_factory(stream_interval=4))
+    grouped_srv = server_factory(stream_interval=4)
+    grouped = chunks(grouped_srv)
     assert "".join(grouped) == "".join(every)
     assert len(grouped) <= 1 + math.ceil((13 - 1) / 4)
-    # The request's own stream_interval (vLLM's field) on a server streaming every token.
+    # The request's own stream_interval (vLLM's field) raises the server's, never lowers it.
     body["stream_interval"] = 6
     own = chunks(plain)
     assert "".join(own) == "".join(every) and len(own) <= 1 + math.ceil((13 - 1) / 6)
+    body["stream_interval"] = 1
+    assert len(chunks(grouped_srv)) <= 1 + math.ceil((13 - 1) / 4)
     with httpx.Client(base_url=plain.base_url, timeout=60) as http:
         bad = http.post("/v1/completions", json={**body, "stream_interval": 0})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "stream_interval"
