@@ -1440,6 +1440,11 @@ MUTATIONS = [
              "        self.stream_interval = max(params.stream_interval or 1, stream_interval)",
              "        self.stream_interval = params.stream_interval or stream_interval",
              ("tests/server/test_sse.py",)),
+    Mutation("children-always-deferred", "children that read no cache still wait for the first",
+             "cadence/engine/parent_request.py",
+             "        self._deferred = self.children[1:] if reads_cache else []",
+             "        self._deferred = self.children[1:]",
+             ("tests/engine/test_output_processor.py",)),
 ]
 
 

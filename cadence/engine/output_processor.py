@@ -73,7 +73,8 @@ class OutputProcessor:
     ) -> list[EngineCoreRequest]:
         """Track a new request (its metrics' arrival time is now, monotonic clock). Returns the
         engine requests to send to the core now: the request itself, or for n > 1 its first
-        child (the others come back in ``reqs_to_add`` once its prompt is prefilled)."""
+        child (the others come back in ``reqs_to_add`` once its prompt is prefilled; all of
+        them where none reads the prefix cache)."""
         request_id = request.request_id
         if request_id in self.request_states or request_id in self.parents:
             raise InputValidationError(f"Request id {request_id} already running.", "request_id")
@@ -86,7 +87,7 @@ class OutputProcessor:
         self.parents[request_id] = parent
         for child in parent.children:
             self._add_state(child, prompt, queue, parent)
-        return parent.children[:1]
+        return parent.sent_now()
 
     def _add_state(self, request: EngineCoreRequest, prompt: str | None,
                    queue: OutputSink | None, parent: ParentRequest | None) -> None:

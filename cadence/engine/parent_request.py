@@ -4,7 +4,8 @@ outputs are merged back into the parent's.
 The children are engine requests of their own (ids ``"{index}_{parent id}"``, n = 1, seeds
 ``seed + index``). Only the first goes to the engine core at once: the others follow when its
 prompt is prefilled, so they find the prompt's KV blocks in the prefix cache and share them
-instead of computing the prompt n times.
+instead of computing the prompt n times; children that read no cached block (prompt logprobs,
+``skip_reading_prefix_cache``) all go at once.
 """
 
 from __future__ import annotations
@@ -42,11 +43,17 @@ class ParentRequest:
                 sampling_params=child))
         self.child_ids = [c.request_id for c in self.children]
         self._index = {cid: i for i, cid in enumerate(self.child_ids)}
-        self._deferred = self.children[1:]  # sent once the first child's prompt is prefilled
+        # Sent once the first child's prompt is prefilled, unless they could not share it.
+        reads_cache = not (params.skip_reading_prefix_cache or params.prompt_logprobs is not None)
+        self._deferred = self.children[1:] if reads_cache else []
         self._finished: list[CompletionOutput | None] = [None] * self.n
         # Metrics: choices ended so far, and the most tokens one of them generated.
         self._stats_seen = 0
         self._most_tokens = 0
+
+    def sent_now(self) -> list[EngineCoreRequest]:
+        """The children that go to the engine core at once."""
+        return [c for c in self.children if self.sent(c.request_id)]
 
     def sent(self, child_id: str) -> bool:
         """Whether the child went to the engine core (the first at once, the others later)."""

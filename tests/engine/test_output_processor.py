@@ -322,6 +322,20 @@ def test_a_requests_stream_interval_raises_the_engines_never_lowers_it(
     assert steps == sorted({0, n - 1} | set(range(want, n, want)))
 
 
+@pytest.mark.parametrize(("fields", "sent"), [({}, 1), ({"prompt_logprobs": 1}, 3),
+                                              ({"skip_reading_prefix_cache": True}, 3)])
+def test_children_that_cannot_share_the_prompts_blocks_go_at_once(
+    tokenizer: PreTrainedTokenizerFast, fields: dict, sent: int
+) -> None:
+    """n > 1: the first child goes to the core, the others once its prompt is cached; children
+    that read no cached block (prompt logprobs, skip_reading_prefix_cache) all go at once."""
+    proc = OutputProcessor(tokenizer)
+    out = proc.add_request(_req("p", [5, 6], n=3, temperature=1.0, **fields), None)
+    assert [r.request_id for r in out] == [f"{i}_p" for i in range(sent)]
+    res = proc.process_outputs([EngineCoreOutput(r.request_id, [72]) for r in out])
+    assert len(res.reqs_to_add) == 3 - sent  # the rest, once the first child's prompt is in
+
+
 def test_a_failed_delta_request_hands_over_what_was_held(
     tokenizer: PreTrainedTokenizerFast
 ) -> None:
