@@ -1445,6 +1445,19 @@ MUTATIONS = [
              "        self._deferred = self.children[1:] if reads_cache else []",
              "        self._deferred = self.children[1:]",
              ("tests/engine/test_output_processor.py",)),
+    Mutation("l3-any-text-is-calls", "llama3_json reads calls after text too",
+             "cadence/server/tool_calls.py",
+             "            if head.startswith(BOT) or head.startswith(\"{\"):",
+             "            if True:", ("tests/server/test_tool_calls.py",)),
+    Mutation("l3-no-args-call", "llama3_json takes an object without parameters as a call",
+             "cadence/server/tool_calls.py",
+             "                call = _call_of(obj, need_arguments=True)",
+             "                call = _call_of(obj)", ("tests/server/test_tool_calls.py",)),
+    Mutation("l3-rest-is-content", "llama3_json shows the text after its calls as content",
+             "cadence/server/tool_calls.py",
+             "            return (\"\" if after else text), new",
+             "            return (text[self.pos:] if after else text), new",
+             ("tests/server/test_tool_calls.py",)),
 ]
 
 

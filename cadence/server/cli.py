@@ -13,6 +13,7 @@ from cadence.engine.engine_args import EngineArgs
 from cadence.envs import read_envs
 from cadence.server.reasoning import REASONING_PARSERS
 from cadence.server.settings import UVICORN_LOG_LEVELS, ResponseOptions, ServerSettings
+from cadence.server.tool_calls import TOOL_CALL_PARSERS
 from cadence.user_errors import one_line_errors
 
 logger = logging.getLogger("cadence.serve")
@@ -115,9 +116,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "parsed out of its answer (needs --tool-call-parser)",
     )
     parser.add_argument(
-        "--tool-call-parser", default=None, choices=["hermes"],
+        "--tool-call-parser", default=None, choices=list(TOOL_CALL_PARSERS),
         help="how tool calls are written: hermes = <tool_call> JSON lines (Hermes, Qwen2.5, "
-        "Qwen3 templates)",
+        "Qwen3 templates); llama3_json = JSON objects {name, parameters} that start the answer, "
+        "'; ' between them, after an optional <|python_tag|> (Llama 3.x templates)",
     )
     parser.add_argument(
         "--trust-request-chat-template", action="store_true",

@@ -42,8 +42,8 @@ from cadence.server.serving import (
 from cadence.server.token_bytes import TokenBytes
 from cadence.server.tool_calls import (
     ParsedCall,
-    ToolCallStream,
     parse_forced_calls,
+    tool_call_stream,
     tool_calls_finish,
 )
 from cadence.worker.grammar import reasoning_open
@@ -106,11 +106,13 @@ class ChatStream:
     """A streamed chat completion: its frame stream and the renderer of its outputs."""
 
     def __init__(self, request: ChatCompletionRequest, request_id: str, model: str,
-                 reasoning: ReasoningParser | None = None, tools: bool = False,
+                 reasoning: ReasoningParser | None = None, tools: str | None = None,
                  token_bytes: TokenBytes | None = None) -> None:
+        """``tools``: the tool call parser that reads this request's answers, if any."""
         self.request = request
         self.token_bytes = token_bytes
-        self.tools = [ToolCallStream() for _ in range(request.n)] if tools else None
+        self.tools = ([tool_call_stream(tools) for _ in range(request.n)] if tools is not None
+                      else None)
         # A forced tool choice: each choice's JSON is held and goes out as calls at its end.
         self.forced = [""] * request.n if request.forced_tools else None
         # One reasoning splitter per choice (text held back across pieces is per choice).
@@ -213,8 +215,9 @@ class OpenAIServingChat(OpenAIServing):
         return True
 
     def new_stream(self, request: ChatCompletionRequest, request_id: str) -> ChatStream:
-        return ChatStream(request, request_id, self.served_model_name, self.reasoning,
-                          self.parses_tools(request), self.token_bytes)
+        parser = self.tool_call_parser if self.parses_tools(request) else None
+        return ChatStream(request, request_id, self.served_model_name, self.reasoning, parser,
+                          self.token_bytes)
 
     @functools.cached_property
     def reasoning_tags(self) -> tuple[int, int] | None:
@@ -336,7 +339,8 @@ class OpenAIServingChat(OpenAIServing):
                     if request.tool_choice == "required":
                         finish = "tool_calls"
             elif tools and content is not None:
-                splitter = ToolCallStream()
+                assert self.tool_call_parser is not None  # parses_tools said so
+                splitter = tool_call_stream(self.tool_call_parser)
                 content, parsed = splitter.feed(content, final=True)
                 content = content or None
                 finish = tool_calls_finish(finish, splitter)

@@ -97,11 +97,14 @@ class ServerSettings:
             from cadence.server.reasoning import reasoning_parser
 
             reasoning_parser(self.reasoning_parser)  # a ValueError naming the choices
-        if self.tool_call_parser is not None and self.tool_call_parser not in ("hermes",):
+        from cadence.server.tool_calls import TOOL_CALL_PARSERS
+
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ValueError(f"--tool-call-parser {self.tool_call_parser!r} is not known; "
-                             "use hermes.")
+                             f"use one of {', '.join(TOOL_CALL_PARSERS)}.")
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
-            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes).")
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (one of "
+                             f"{', '.join(TOOL_CALL_PARSERS)}).")
         if not 1 <= self.api_server_count <= 64:
             raise ValueError(f"api_server_count must be in [1, 64], got {self.api_server_count}.")
         if self.http not in ("auto", "h11", "httptools"):

@@ -1,4 +1,5 @@
-"""Tool calls in a model's text (vLLM's ``--tool-call-parser hermes``): the ``<tool_call>`` JSON
+"""Tool calls in a model's text: vLLM's ``--tool-call-parser hermes`` and ``llama3_json``
+(``JsonCallStream``: Llama 3.x's JSON objects, see there). Hermes: the ``<tool_call>`` JSON
 lines of the Hermes / Qwen2.5 / Qwen3 chat templates,
 
     <tool_call>
@@ -24,10 +25,10 @@ from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 from cadence.server.held_text import tag_prefix_len
 
 __all__ = ["TOOL_CALL_PARSERS", "ParsedCall", "ToolCallStream", "parse_forced_calls",
-           "parse_tool_calls", "tool_calls_finish"]
+           "parse_tool_calls", "tool_call_stream", "tool_calls_finish"]
 
 START, END = "<tool_call>", "</tool_call>"
-TOOL_CALL_PARSERS = ("hermes",)
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,18 @@ def _dumps(value: Any) -> str:
 
 def _call(body: str) -> ParsedCall | None:
     try:
-        obj = _loads(body)
+        return _call_of(_loads(body))
+    except _NotJson:
+        return None
+
+
+def _call_of(obj: Any, need_arguments: bool = False) -> ParsedCall | None:
+    """A call of a parsed {"name", "arguments" (or "parameters")} object, else None;
+    ``need_arguments``: an object without either is none (llama3_json's rule)."""
+    try:
         if not isinstance(obj, dict) or not _is_name(obj.get("name")):
+            return None
+        if need_arguments and "arguments" not in obj and "parameters" not in obj:
             return None
         args = obj.get("arguments", obj.get("parameters", {}))
         # Arguments given as the text of a JSON object stay that text; any other value is
@@ -117,14 +128,25 @@ def parse_forced_calls(text: str, named: str | None) -> list[ParsedCall] | None:
         return None
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[ParsedCall]]:
-    """(content, calls) of a whole output: what ``ToolCallStream`` gives for it, so that a
-    streamed answer and a whole one agree (see there)."""
-    content, calls = ToolCallStream().feed(text, final=True)
+def parse_tool_calls(text: str, parser: str = "hermes") -> tuple[str | None, list[ParsedCall]]:
+    """(content, calls) of a whole output: what the parser's stream gives for it, so that a
+    streamed answer and a whole one agree (see ``ToolCallStream``, ``JsonCallStream``)."""
+    content, calls = tool_call_stream(parser).feed(text, final=True)
     return content or None, calls
 
 
-def tool_calls_finish(finish: str | None, stream: ToolCallStream) -> str | None:
+def tool_call_stream(parser: str) -> ToolCallStream | JsonCallStream:
+    """A splitter of one answer for ``--tool-call-parser parser``."""
+    if parser == "llama3_json":
+        return JsonCallStream()
+    if parser != "hermes":
+        raise ValueError(f"unknown tool call parser {parser!r}; use one of "
+                         f"{', '.join(TOOL_CALL_PARSERS)}.")
+    return ToolCallStream()
+
+
+def tool_calls_finish(finish: str | None, stream: ToolCallStream | JsonCallStream
+                      ) -> str | None:
     """The finish reason of an answer once ``stream`` has split it: "tool_calls" when it made
     calls, unless max_tokens cut it inside another block ("length": the client must see the
     truncation; vLLM's parser gives no calls at all then)."""
@@ -185,3 +207,76 @@ class ToolCallStream:
             self.in_call, self.cut_call = False, True
         self.calls.extend(new)
         return "".join(content), new
+
+
+BOT = "<|python_tag|>"
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+
+
+class JsonCallStream:
+    """vLLM's ``--tool-call-parser llama3_json`` (Llama 3.x's JSON tool calls): an answer that
+    starts (after blanks) with ``<|python_tag|>`` or ``{`` is calls, JSON objects
+    ``{"name": ..., "parameters" (or "arguments"): {...}}`` one after another, ``;`` between
+    them; any other answer is content. Each call goes out whole once its object has closed.
+    Where the JSON breaks off or is not a call before any call, the whole answer is content (as
+    vLLM keeps an output whose calls do not parse); after calls, the rest is dropped (vLLM's
+    answer with calls has no content; a call already sent cannot be taken back). As vLLM's
+    streamed parser does, a call must start the answer (its whole-answer parser also finds one
+    after text; here both agree)."""
+
+    def __init__(self) -> None:
+        self.text = ""  # the answer so far, while it may be (or is) calls
+        # None: undecided; "content": all text is; "calls"; "after": past the calls, dropped.
+        self.mode: str | None = None
+        self.pos = 0  # in calls mode: where the next object may start
+        self.calls: list[ParsedCall] = []
+        self.cut_call = False  # the answer ended inside an object
+
+    def feed(self, piece: str, final: bool = False) -> tuple[str, list[ParsedCall]]:
+        """The content text and the finished calls that ``piece`` adds (``final``: nothing
+        follows)."""
+        if self.mode == "content":
+            return piece, []
+        if self.mode == "after":
+            return "", []
+        self.text += piece
+        if self.mode is None:
+            head = self.text.lstrip()
+            if head.startswith(BOT) or head.startswith("{"):
+                self.mode = "calls"
+                self.pos = len(self.text) - len(head) + (len(BOT) if head.startswith(BOT) else 0)
+            elif not final and BOT.startswith(head):  # blanks, or the start of the tag
+                return "", []
+            else:
+                self.mode, text, self.text = "content", self.text, ""
+                return text, []
+        new: list[ParsedCall] = []
+        text = self.text
+        while True:
+            while self.pos < len(text) and (text[self.pos].isspace() or text[self.pos] == ";"):
+                self.pos += 1
+            if self.pos == len(text):
+                break
+            try:
+                obj, end = _DECODER.raw_decode(text, self.pos)
+                call = _call_of(obj, need_arguments=True)
+            except (ValueError, RecursionError):  # incomplete, or not JSON
+                obj = call = None
+                end = -1
+            if call is not None and nesting_depth(text[self.pos:end]) <= MAX_JSON_DEPTH:
+                new.append(call)
+                self.pos = end
+                continue
+            if end < 0 and not final:
+                break  # wait for the object to close
+            # Not a call: before any call the whole answer is content; after them the rest is
+            # dropped. An object left open (cut by max_tokens) keeps a "length" finish.
+            self.cut_call = text.startswith("{", self.pos) and end < 0
+            after = bool(self.calls or new)
+            self.mode, self.text = ("after" if after else "content"), ""
+            self.calls.extend(new)
+            return ("" if after else text), new
+        self.calls.extend(new)
+        if final:
+            self.mode = "after"
+        return "", new

@@ -11,7 +11,12 @@ import openai
 import pytest
 
 from cadence.engine.core import EngineCore
-from cadence.server.tool_calls import ToolCallStream, parse_tool_calls
+from cadence.server.tool_calls import (
+    ToolCallStream,
+    parse_tool_calls,
+    tool_call_stream,
+    tool_calls_finish,
+)
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
 TEXTS = [
@@ -428,3 +433,83 @@ def test_a_lone_surrogate_in_tool_arguments_is_a_400(server_factory) -> None:
                 "function": {"name": "f", "arguments": '{"a": "x"}'}}]} for m in messages]
         assert http.post("/v1/chat/completions",
                          json={"messages": fine, "max_tokens": 2}).status_code == 200
+
+
+# --- llama3_json (vLLM's parser for Llama 3.x) ----------------------------------------------------
+
+L3 = '{"name": "get_weather", "parameters": {"city": "Paris", "days": 2}}'
+L3_TEXTS = [
+    (L3, None, [("get_weather", {"city": "Paris", "days": 2})]),
+    ("<|python_tag|>" + L3 + "; " + L3.replace("Paris", "Rome"), None,
+     [("get_weather", {"city": "Paris", "days": 2}), ("get_weather", {"city": "Rome", "days": 2})]),
+    ('  \n{"name": "f", "arguments": {"x": [1, {"y": null}]}}', None, [("f", {"x": [1, {"y": None}]})]),
+    ('{"name": "f", "parameters": "text"}', None, [("f", "text")]),
+    # Text first, or JSON that is not a call (no name, no parameters, not JSON, cut off): content.
+    ("It is sunny. " + L3, "It is sunny. " + L3, []),
+    ('{"name": "f"}', '{"name": "f"}', []),
+    ('{"parameters": {}}', '{"parameters": {}}', []),
+    ("{not json}", "{not json}", []),
+    ('{"name": "f", "parameters": {"a": ', '{"name": "f", "parameters": {"a": ', []),
+    ("<|python_ta", "<|python_ta", []),
+    # After a call, the rest is no content (vLLM's answer with calls has none).
+    (L3 + " Anything else?", None, [("get_weather", {"city": "Paris", "days": 2})]),
+    (L3 + '; {"name": "g", "parame', None, [("get_weather", {"city": "Paris", "days": 2})]),
+]
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), L3_TEXTS)
+@pytest.mark.parametrize("seed", range(6))
+def test_llama3_json_whole_and_streamed_alike(text, content, calls, seed) -> None:
+    got_content, got_calls = parse_tool_calls(text, "llama3_json")
+    assert got_content == content and _shape(got_calls) == calls
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(len(text) + 1), k=min(len(text), rng.randrange(0, 10))))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    stream = tool_call_stream("llama3_json")
+    shown, got = "", []
+    for i, piece in enumerate(pieces):
+        c, new = stream.feed(piece, final=i == len(pieces) - 1)
+        shown += c
+        got.extend(new)
+    if not pieces:
+        c, new = stream.feed("", final=True)
+        shown, got = shown + c, got + new
+    assert (shown or None) == content and _shape(got) == calls, pieces
+    # An answer cut inside an object after a call keeps its "length" finish.
+    cut = text.endswith('"parame') and bool(calls)
+    assert tool_calls_finish("length", stream) == ("length" if cut or not calls else "tool_calls")
+
+
+def test_llama3_json_tool_calls_through_the_openai_client(server_factory) -> None:
+    from transformers import AutoTokenizer
+
+    from cadence.model.tiny import ensure_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+    script = L3 + "; " + L3.replace("Paris", "Rome")
+    ScriptedCore.SCRIPT = tok.encode(script, add_special_tokens=False)
+    srv = server_factory(core_factory=ScriptedCore, app_kwargs={
+        "enable_auto_tool_choice": True, "tool_call_parser": "llama3_json"})
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS,
+              max_tokens=len(ScriptedCore.SCRIPT), extra_body={"ignore_eos": True})
+    choice = client.chat.completions.create(**kw).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert [json.loads(c.function.arguments)["city"] for c in choice.message.tool_calls] == [
+        "Paris", "Rome"]
+    calls, content = [], ""
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        if chunk.choices:
+            calls.extend(chunk.choices[0].delta.tool_calls or [])
+            content += chunk.choices[0].delta.content or ""
+    assert content == "" and [c.index for c in calls] == [0, 1]
+    assert [json.loads(c.function.arguments)["city"] for c in calls] == ["Paris", "Rome"]
+
+
+def test_an_unknown_tool_call_parser_is_a_one_line_error() -> None:
+    from cadence.server.settings import ServerSettings
+
+    with pytest.raises(ValueError, match="hermes, llama3_json"):
+        ServerSettings(tool_call_parser="mistral")
+    with pytest.raises(ValueError, match="unknown tool call parser"):
+        tool_call_stream("pythonic")
