@@ -295,6 +295,13 @@ class SamplingParams:
                 or self.allowed_token_ids is not None or bool(self.bad_words_token_ids))
 
     @property
+    def reads_prefix_cache(self) -> bool:
+        """Whether the request may find its prompt's blocks in the prefix cache: not where it
+        asks to skip the lookup, nor where it wants prompt logprobs (every prompt position is
+        computed then, whatever ``skip_reading_prefix_cache`` says)."""
+        return not (self.skip_reading_prefix_cache or self.prompt_logprobs is not None)
+
+    @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 

@@ -44,8 +44,7 @@ class ParentRequest:
         self.child_ids = [c.request_id for c in self.children]
         self._index = {cid: i for i, cid in enumerate(self.child_ids)}
         # Sent once the first child's prompt is prefilled, unless they could not share it.
-        reads_cache = not (params.skip_reading_prefix_cache or params.prompt_logprobs is not None)
-        self._deferred = self.children[1:] if reads_cache else []
+        self._deferred = self.children[1:] if params.reads_prefix_cache else []
         self._finished: list[CompletionOutput | None] = [None] * self.n
         # Metrics: choices ended so far, and the most tokens one of them generated.
         self._stats_seen = 0

@@ -72,7 +72,8 @@ def decode_config(fp32: bool, num_seqs: int = 0, pdl: bool = False,
     for up to ``EARLY_MAX_SEQS`` where the qkv projection before is a bulk kernel that releases
     its dependents (``qkv_releases_early``): there its loads overlap that projection's tail (the
     H200's batch-1 step 0.762 -> 0.721 ms; on an H100 after the bulk GEMM batch 2 1.225 -> 1.012
-    ms, batch 8 1.274 -> 1.164, while batch 8 and 64 after a cuBLAS qkv lost 2% and 14%; docs/perf.md, runs NA, VA)."""
+    ms, batch 8 1.274 -> 1.164, while batch 8 and 64 after a cuBLAS qkv lost 2% and 14%;
+    docs/perf.md, runs NA, VA)."""
     if fp32:
         return DecodeConfig(block_n=32)
     early = num_seqs == 1 or (qkv_releases_early and 1 <= num_seqs <= EARLY_MAX_SEQS)

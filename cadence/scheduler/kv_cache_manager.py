@@ -43,12 +43,6 @@ class PrefixCacheStats:
     preempted_hits: int = 0
 
 
-def _skips_reading(request: Request) -> bool:
-    """Whether the request reads no cached block: it asks so, or wants prompt logprobs."""
-    params = request.sampling_params
-    return bool(params.skip_reading_prefix_cache) or params.prompt_logprobs is not None
-
-
 class KVCacheManager:
     def __init__(
         self,
@@ -88,7 +82,7 @@ class KVCacheManager:
         prompt position must be computed (vLLM does the same); nor does one that asks to skip
         the lookup (``skip_reading_prefix_cache``).
         """
-        if not self.enable_caching or _skips_reading(request):
+        if not self.enable_caching or not request.sampling_params.reads_prefix_cache:
             return [], 0
         if self._deferred:
             self.flush_deferred()
@@ -112,7 +106,7 @@ class KVCacheManager:
     def record_prefix_cache_lookup(self, request: Request, num_hit_tokens: int) -> None:
         """Count one admitted request's lookup (the scheduler calls this once per admission);
         a request that reads no cached block (prompt logprobs) made none (vLLM)."""
-        if not self.enable_caching or _skips_reading(request):
+        if not self.enable_caching or not request.sampling_params.reads_prefix_cache:
             return
         stats = self.prefix_cache_stats
         if request.num_preemptions > 0:
