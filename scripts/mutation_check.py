@@ -1458,6 +1458,10 @@ MUTATIONS = [
              "            return (\"\" if after else text), new",
              "            return (text[self.pos:] if after else text), new",
              ("tests/server/test_tool_calls.py",)),
+    Mutation("l3-nan-escapes", "llama3_json lets a NaN in the model's JSON raise",
+             "cadence/server/tool_calls.py",
+             "            except (_NotJson, ValueError, RecursionError):",
+             "            except (ValueError, RecursionError):", ("tests/server/test_tool_calls.py",)),
 ]
 
 

@@ -260,7 +260,7 @@ class JsonCallStream:
             try:
                 obj, end = _DECODER.raw_decode(text, self.pos)
                 call = _call_of(obj, need_arguments=True)
-            except (ValueError, RecursionError):  # incomplete, or not JSON
+            except (_NotJson, ValueError, RecursionError):  # incomplete, not JSON, NaN
                 obj = call = None
                 end = -1
             if call is not None and nesting_depth(text[self.pos:end]) <= MAX_JSON_DEPTH:

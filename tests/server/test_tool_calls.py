@@ -451,6 +451,12 @@ L3_TEXTS = [
     ("{not json}", "{not json}", []),
     ('{"name": "f", "parameters": {"a": ', '{"name": "f", "parameters": {"a": ', []),
     ("<|python_ta", "<|python_ta", []),
+    # What JSON does not allow, or nests past the bound, is no call either: content.
+    ('{"name": "f", "parameters": NaN}', '{"name": "f", "parameters": NaN}', []),
+    ('{"name": "f", "parameters": {"x": -Infinity}}', '{"name": "f", "parameters": {"x": -Infinity}}',
+     []),
+    ('{"name": "f", "parameters": ' + "[" * 300 + "]" * 300 + "}",
+     '{"name": "f", "parameters": ' + "[" * 300 + "]" * 300 + "}", []),
     # After a call, the rest is no content (vLLM's answer with calls has none).
     (L3 + " Anything else?", None, [("get_weather", {"city": "Paris", "days": 2})]),
     (L3 + '; {"name": "g", "parame', None, [("get_weather", {"city": "Paris", "days": 2})]),
