@@ -15,8 +15,8 @@ from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 __all__ = ["RESERVED_TEMPLATE_KWARGS", "TEXT_PARTS", "check_template_options", "conversation_of",
            "render_conversation", "reserved_template_kwargs", "tool_arguments"]
 
-# "function": OpenAI's deprecated role of a function call's result, still accepted there and by
-# vLLM.
+# OpenAI's roles ("function": its deprecated role of a function call's result). Any other role
+# string passes to the template as vLLM passes it (Llama 3.1's "ipython", a template's own).
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 # Content parts read as text (vLLM): each type and the key holding its text. An assistant's
 # refusal as OpenAI clients replay it, and the Responses API's input_text / output_text.
@@ -67,8 +67,8 @@ def check_template_options(chat_template_kwargs: Mapping[str, Any] | None,
 
 
 def conversation_of(messages: Any) -> list[dict[str, Any]]:
-    """One offline conversation as the templates read it: each message a mapping with a known
-    ``role`` and ``content`` text, a list of text parts (``TEXT_PARTS``, joined by newlines), or
+    """One offline conversation as the templates read it: each message a mapping with a string
+    ``role`` (any: the template decides what it shows) and ``content`` text, a list of text parts (``TEXT_PARTS``, joined by newlines), or
     None (an assistant's tool calls); other keys pass through. A ValueError names the bad
     message."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
@@ -78,8 +78,8 @@ def conversation_of(messages: Any) -> list[dict[str, Any]]:
         if not isinstance(message, Mapping):
             raise ValueError(f"messages.{i}: a message is a dict, got "
                              f"{type(message).__name__}.")
-        if message.get("role") not in ROLES:
-            raise ValueError(f"messages.{i}.role: must be one of {', '.join(ROLES)}, got "
+        if not isinstance(message.get("role"), str):
+            raise ValueError(f"messages.{i}.role: a string such as {', '.join(ROLES)}, got "
                              f"{message.get('role')!r}.")
         content = message.get("content")
         if isinstance(content, Sequence) and not isinstance(content, str):

@@ -54,7 +54,8 @@ class ToolCall(OpenAIModel):
 
 
 class ChatMessage(OpenAIModel):
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    # OpenAI's roles (chat.ROLES) or any other: it reaches the template, which decides (vLLM).
+    role: str
     content: str | list[TextContentPart | RefusalContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls

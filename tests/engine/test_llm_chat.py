@@ -73,7 +73,7 @@ def test_tool_calls_reach_the_template_as_objects(llm) -> None:
     ([{"role": "user", "content": "a\ud800b"}], {}, "messages: the text cannot be tokenized"),
     ([], {}, "messages: a conversation"),
     ("hi", {}, "messages: a conversation"),
-    ([{"role": "robot", "content": "x"}], {}, "messages.0.role"),
+    ([{"role": None, "content": "x"}], {}, "messages.0.role: a string"),
     ([{"role": "user", "content": 3}], {}, "messages.0.content"),
     ([{"role": "user", "content": "a"}, "b"], {}, "messages.1: a message is a dict"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], {},

@@ -109,18 +109,24 @@ def test_chatml_fallback_without_a_template(templated, hf_tokenizer: Any) -> Non
                                            "<|im_start|>assistant\nOnce upon")
 
 
-def test_the_deprecated_function_role_reaches_the_template(templated,
-                                                          hf_tokenizer: Any) -> None:
-    """OpenAI still takes a function call's result as role "function" (vLLM takes any role);
-    another unknown role is a 400 naming it."""
+def test_any_role_reaches_the_template(templated, hf_tokenizer: Any) -> None:
+    """OpenAI still takes a function call's result as role "function"; vLLM passes any other
+    role to the template too (Llama 3.1's "ipython"); a role that is not a string is a 400
+    naming it."""
     templated.engine.tokenizer.chat_template = None
     messages = [{"role": "user", "content": "Hi!"},
-                {"role": "function", "name": "f", "content": "1"}]
+                {"role": "function", "name": "f", "content": "1"},
+                {"role": "ipython", "content": "2"}]
     with httpx.Client(base_url=templated.base_url, timeout=30) as http:
         got = prompt_ids(http, messages, add_generation_prompt=False)
         assert got == encode(hf_tokenizer, "<|im_start|>user\nHi!<|im_end|>\n"
-                                           "<|im_start|>function\n1<|im_end|>\n")
-        bad = http.post(CHAT, json={"messages": [{"role": "wizard", "content": "x"}]})
+                                           "<|im_start|>function\n1<|im_end|>\n"
+                                           "<|im_start|>ipython\n2<|im_end|>\n")
+        answer = http.post(CHAT, json={"messages": [{"role": "wizard", "content": "x"}],
+                                       "max_tokens": 2})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] >= 1
+        bad = http.post(CHAT, json={"messages": [{"role": 7, "content": "x"}]})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages.0.role"
 
 
