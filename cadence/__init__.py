@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from cadence.outputs import CompletionOutput, RequestOutput
-from cadence.sampling_params import RequestOutputKind, SamplingParams
+from cadence.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "AsyncLLM", "CompletionOutput", "RequestOutput", "RequestOutputKind",
+__all__ = ["LLM", "AsyncLLM", "BeamSearchParams", "CompletionOutput", "RequestOutput", "RequestOutputKind",
            "SamplingParams", "TextPrompt", "TokensPrompt", "__version__"]
 
 if TYPE_CHECKING:

@@ -364,3 +364,45 @@ def _is_int(x: object) -> bool:
 
 def _is_real(x: object) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class BeamSearchParams:
+    """vLLM's beam search parameters. ``temperature`` 0 ranks each beam's candidates by their
+    logprobs alone; above 0 the sampled token joins them when it is not among the
+    ``2 * beam_width`` most likely (the logprobs stay the model's raw ones, as vLLM's)."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("beam_width", "max_tokens"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name} must be an integer of at least 1, got {value!r}.")
+            object.__setattr__(self, name, int(value))
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
+        for name in ("temperature", "length_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}.")
+            object.__setattr__(self, name, float(value))
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
+
+    @property
+    def num_candidates(self) -> int:
+        """Logprobs asked of each beam a step."""
+        return 2 * self.beam_width
+
+    def step_params(self) -> SamplingParams:
+        """One step of one beam: one token, its candidates as logprobs, no text."""
+        return SamplingParams(max_tokens=1, temperature=self.temperature,
+                              logprobs=self.num_candidates, detokenize=False,
+                              ignore_eos=True)

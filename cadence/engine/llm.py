@@ -9,6 +9,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from cadence.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from cadence.chat import conversation_of, render_conversation
 from cadence.core_types import EngineCoreRequest
 from cadence.engine.core import EngineCore
@@ -168,6 +169,68 @@ class LLM:
                 raise ValueError(f"messages: the text cannot be tokenized ({exc}).") from None
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm, priority)
+
+    def beam_search(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        params: BeamSearchParams,
+        use_tqdm: bool = False,
+        concurrency_limit: int | None = None,
+    ) -> list[BeamSearchOutput]:
+        """vLLM's ``LLM.beam_search``: the ``params.beam_width`` best sequences of each prompt
+        (``cadence.beam_search``), each with its text (prompt and answer) when there is a
+        tokenizer. ``concurrency_limit``: prompts searched at once (all by default)."""
+        self._check_open()
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params: a BeamSearchParams, got {type(params).__name__}.")
+        if concurrency_limit is not None and (
+                isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int)
+                or concurrency_limit < 1):
+            raise ValueError(f"concurrency_limit: a positive integer or None, got "
+                             f"{concurrency_limit!r}.")
+        processor = self.frontend.input_processor
+        if 0 <= processor.max_logprobs < params.num_candidates:
+            raise ValueError(f"beam_width: each step asks 2 x beam_width logprobs, at most "
+                             f"max_logprobs ({processor.max_logprobs}); got "
+                             f"{params.beam_width}.")
+        if isinstance(prompts, (str, dict)) or _is_id_list(prompts):
+            prompts = [prompts]
+        step_params = params.step_params()
+        searches: list[BeamSearch] = []
+        for prompt in prompts:  # tokenized and checked once, as generate checks a prompt
+            req, _ = processor.process("beam-search", prompt, step_params)
+            searches.append(BeamSearch(req.prompt_token_ids, params, processor.eos_token_id,
+                                       self.engine_core.config.scheduler.max_model_len))
+        limit = concurrency_limit or max(1, len(searches))
+        bar = tqdm(total=params.max_tokens * -(-len(searches) // limit), desc="Beam search",
+                   unit="step", disable=not use_tqdm, dynamic_ncols=True)
+        try:
+            for start in range(0, len(searches), limit):
+                batch = searches[start:start + limit]
+                while True:
+                    pending = [(s, s.pending()) for s in batch]
+                    beams = [b for _, group in pending for b in group]
+                    if not beams:
+                        break
+                    outs = self.generate([{"prompt_token_ids": b.tokens} for b in beams],
+                                         step_params, use_tqdm=False)
+                    rows = iter(o.outputs[0].logprobs[0] if o.outputs[0].logprobs else None
+                                for o in outs)
+                    for search, group in pending:
+                        if group:
+                            search.advance([next(rows) for _ in group])
+                    bar.update(1)
+        finally:
+            bar.close()
+        tokenizer = self.get_tokenizer()
+        results = []
+        for search in searches:
+            best = search.best()
+            if tokenizer is not None:
+                for beam in best:  # vLLM's offline text: the prompt's and the answer's
+                    beam.text = tokenizer.decode(beam.tokens)
+            results.append(BeamSearchOutput(best))
+        return results
 
     def _run_engine(self, order: dict[str, int], use_tqdm: bool) -> list[RequestOutput]:
         results: list[RequestOutput | None] = [None] * len(order)

@@ -1,0 +1,126 @@
+"""Beam search over the engine (vLLM's ``LLM.beam_search`` and ``use_beam_search``).
+
+Each step asks the engine for one token of every live beam, with the ``2 * beam_width`` most
+likely next tokens as logprobs (transformers' candidate count); a candidate ending in the end
+token goes to the finished list, the others compete, and the ``beam_width`` best by score
+(``beam_score``: the cumulative logprob over the length, prompt included, to the power
+``length_penalty``) live on. After ``max_tokens`` steps, or when no beam is left, the best
+``beam_width`` of the finished and the live are the answer. Nothing here touches the engine:
+``LLM.beam_search`` and the server drive a ``BeamSearch`` per prompt, and the prefix cache makes
+each step's prompts (a beam and one more token) cheap to run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from cadence.outputs import Logprob
+from cadence.sampling_params import BeamSearchParams
+
+__all__ = ["BeamSearch", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence",
+           "beam_score"]
+
+
+@dataclass
+class BeamSearchSequence:
+    """A beam: ``tokens`` holds the prompt's and then the generated ones (vLLM's layout);
+    ``logprobs`` one candidate dict per generated token."""
+
+    tokens: list[int]
+    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    cum_logprob: float = 0.0
+    text: str | None = None
+    finish_reason: str | None = None  # "stop" (the end token), "length"
+    stop_reason: int | None = None  # the end token, where it stopped the beam
+
+
+@dataclass
+class BeamSearchOutput:
+    """The ``beam_width`` best sequences of one prompt, best first."""
+
+    sequences: list[BeamSearchSequence]
+
+
+def beam_score(tokens: Sequence[int], cum_logprob: float, eos_token_id: int | None,
+               length_penalty: float = 1.0) -> float:
+    """A beam's rank: its cumulative logprob over its length (the prompt counted, a final end
+    token not) to the power ``length_penalty`` (transformers' and vLLM's)."""
+    length = len(tokens)
+    if eos_token_id is not None and tokens and tokens[-1] == eos_token_id:
+        length -= 1
+    return cum_logprob / (max(length, 1) ** length_penalty)
+
+
+class BeamSearch:
+    """One prompt's search. Per step: ``pending()`` names the beams to extend, the caller runs
+    one token of each with ``params.step_params()`` and hands back each beam's candidate dict
+    (None where the engine returned none) to ``advance``; ``best()`` at the end."""
+
+    def __init__(self, prompt_token_ids: Sequence[int], params: BeamSearchParams,
+                 eos_token_id: int | None, max_model_len: int) -> None:
+        self.params = params
+        self.eos_token_id = eos_token_id
+        self.max_model_len = max_model_len
+        self.prompt_len = len(prompt_token_ids)
+        self.beams = [BeamSearchSequence(list(prompt_token_ids))]
+        self.completed: list[BeamSearchSequence] = []
+        self.steps = 0
+
+    def _score(self, beam: BeamSearchSequence) -> float:
+        return beam_score(beam.tokens, beam.cum_logprob, self.eos_token_id,
+                          self.params.length_penalty)
+
+    @property
+    def done(self) -> bool:
+        return not self.beams or self.steps >= self.params.max_tokens
+
+    def pending(self) -> list[BeamSearchSequence]:
+        """The beams to extend this step; a beam that fills the context ends ("length")."""
+        if self.done:
+            return []
+        full = [b for b in self.beams if len(b.tokens) >= self.max_model_len]
+        if full:
+            for beam in full:
+                beam.finish_reason = "length"
+            self.completed.extend(full)
+            self.beams = [b for b in self.beams if len(b.tokens) < self.max_model_len]
+        return list(self.beams)
+
+    def advance(self, candidates: Sequence[dict[int, Logprob] | None]) -> None:
+        """Each pending beam's candidates (token -> logprob) from this step, in order."""
+        beams = self.beams
+        assert len(candidates) == len(beams), "one candidate dict per pending beam"
+        eos, ignore_eos = self.eos_token_id, self.params.ignore_eos
+        grown: list[BeamSearchSequence] = []
+        for beam, row in zip(beams, candidates):
+            if row is None:
+                continue
+            for token_id, lp in row.items():
+                child = BeamSearchSequence(beam.tokens + [token_id], beam.logprobs + [row],
+                                           beam.cum_logprob + lp.logprob)
+                if token_id == eos and not ignore_eos:
+                    child.finish_reason, child.stop_reason = "stop", token_id
+                    self.completed.append(child)
+                else:
+                    grown.append(child)
+        # NOTE: a stable sort: equal scores keep the beams' order, then the candidates'.
+        grown.sort(key=self._score, reverse=True)
+        self.beams = grown[:self.params.beam_width]
+        self.steps += 1
+
+    def best(self) -> list[BeamSearchSequence]:
+        """The ``beam_width`` best of the finished and the live beams, best first; a live one
+        ends with "length"."""
+        for beam in self.beams:
+            beam.finish_reason = "length"
+        ranked = sorted(self.completed + self.beams, key=self._score, reverse=True)
+        return ranked[:self.params.beam_width]
+
+    def generated(self, beam: BeamSearchSequence) -> list[int]:
+        """``beam``'s generated tokens as an answer shows them: the end token only with
+        ``include_stop_str_in_output`` (vLLM's served beam search)."""
+        tokens = beam.tokens[self.prompt_len:]
+        if beam.finish_reason == "stop" and not self.params.include_stop_str_in_output:
+            tokens = tokens[:-1]
+        return tokens
