@@ -82,15 +82,17 @@ def mma_bucket(rows: int) -> int:
 # ahead of the qkv kernel's release (attention_tiles.decode_config): Qwen3-0.6B at batch 2 1.22
 # -> 0.99-1.01 ms, batch 4 1.25 -> 1.04-1.06, batch 8 1.27 -> 1.16 (at 8 rows the four lose as an
 # isolated chain, 36.4 against 31.7 us a layer, and win in the step; docs/perf.md, runs VA-VD).
+# Entries marked * are the H200's sweep (run WC; its us): batch 2 0.932-0.936 -> 0.910-0.915 ms,
+# batch 4 0.974-0.994 -> 0.962-0.972 there.
 MMA_CONFIGS: dict[tuple[int, int, str, str, int], MmaConfig] = {
     (1024, 2048, "plain", "bf16", 2): MmaConfig(16, 2048, 1, 256, True),  # o: 2.93 vs 5.14
     (1024, 2048, "plain", "bf16", 4): MmaConfig(16, 2048, 1, 256, True),  # o: 2.90 vs 5.17
     (1024, 3072, "glu", "bf16", 2): MmaConfig(16, 3072, 2, 256, True),  # down: 5.80 vs 6.93
     (4096, 1024, "norm", "bf16", 2): MmaConfig(32, 1024, 1, 256, True),  # qkv: 4.36 vs 7.48
-    (4096, 1024, "norm", "bf16", 4): MmaConfig(16, 1024, 2, 256, True),  # qkv: 5.03 vs 7.48
-    (6144, 1024, "norm", "bf16", 2): MmaConfig(16, 1024, 3, 256, False),  # gate_up: 5.86 vs 8.87
+    (4096, 1024, "norm", "bf16", 4): MmaConfig(32, 1024, 1, 256, True),  # qkv: 4.51 vs 7.00 *
+    (6144, 1024, "norm", "bf16", 2): MmaConfig(16, 1024, 3, 256, True),  # gate_up: 5.01 vs 7.72 *
     (6144, 1024, "norm", "bf16", 4): MmaConfig(16, 1024, 2, 256, True),  # gate_up: 7.49 vs 8.87
-    (1024, 2048, "plain", "bf16", 8): MmaConfig(16, 2048, 1, 256, False),  # o: 2.89 vs 5.22
+    (1024, 2048, "plain", "bf16", 8): MmaConfig(16, 2048, 1, 256, True),  # o: 3.01 vs 4.77 *
     (1024, 3072, "plain", "bf16", 8): MmaConfig(16, 3072, 1, 256, True),  # down: 7.38 vs 8.02
     (4096, 1024, "norm", "bf16", 8): MmaConfig(32, 1024, 1, 256, True),  # qkv: 6.55 vs 7.65
     (6144, 1024, "norm", "bf16", 8): MmaConfig(16, 1024, 2, 256, True),  # gate_up: 8.44 vs 8.93

@@ -25,6 +25,16 @@ from cadence.worker.grammar import check_structured_outputs
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 MAX_REQUEST_ID_CHARS = 256
 
+# Fields beam search does not apply, each with the values that ask for nothing (vLLM ignores
+# them; here they are a 400). temperature, top_p, top_k, min_p and seed choose each step's
+# sampled token, which joins the candidates.
+BEAM_SEARCH_REFUSES: Mapping[str, tuple[Any, ...]] = MappingProxyType({
+    "min_tokens": (0,), "stop": ([],), "stop_token_ids": ([],), "presence_penalty": (0.0,),
+    "frequency_penalty": (0.0,), "repetition_penalty": (1.0,), "logit_bias": ({},),
+    "allowed_token_ids": (), "bad_words": ([],), "prompt_logprobs": (),
+    "structured_outputs": (),
+})
+
 
 class ParamError(ValueError):
     """An invalid request parameter, found after schema validation."""
@@ -150,9 +160,12 @@ class SamplingRequest(OpenAIModel):
     # vLLM: logprobs show each token as "token_id:N" (for tokens that are not valid text alone);
     # unset: the server's --return-tokens-as-token-ids (``apply_server_defaults``).
     return_tokens_as_token_ids: bool | None = None
+    # vLLM's beam search: n beams, the best first (``cadence.beam_search``); fields it does not
+    # apply are refused with it (``BEAM_SEARCH_REFUSES``).
+    use_beam_search: bool = False
+    length_penalty: float = Field(default=1.0, allow_inf_nan=False)
     # vLLM fields this server does not implement: refused (a 400 naming them) where they would
     # change the output, rather than ignored as unknown fields are.
-    use_beam_search: bool = False
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
@@ -168,7 +181,7 @@ class SamplingRequest(OpenAIModel):
 
     def _check_common(self) -> None:
         if self.use_beam_search:
-            raise ParamError("use_beam_search", "beam search is not supported.")
+            self._check_beam_search()
         for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar"):
             if getattr(self, name) is not None:
                 kind = name.removeprefix("guided_")
@@ -191,6 +204,17 @@ class SamplingRequest(OpenAIModel):
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(s == "" for s in stops):
             raise ParamError("stop", "stop cannot contain an empty string.")
+
+    def _check_beam_search(self) -> None:
+        """A field beam search would not apply is a 400 naming it (vLLM ignores them): the
+        candidates are the raw logprobs' best, stopped by the end token alone."""
+        for name, neutral in BEAM_SEARCH_REFUSES.items():
+            value = getattr(self, name, None)
+            if value is not None and value not in neutral:
+                raise ParamError(name, f"{name} is not supported with use_beam_search.")
+        if self.response_format is not None and self.response_format.type != "text":
+            raise ParamError("response_format",
+                             "response_format is not supported with use_beam_search.")
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None,
                          defaults: Mapping[str, Any],
@@ -221,7 +245,7 @@ class SamplingRequest(OpenAIModel):
             max_tokens = cap if max_tokens is None else min(max_tokens, cap)
 
         return SamplingParams(
-            n=self.n,
+            n=1 if self.use_beam_search else self.n,  # beam search: n beams, one sequence each
             temperature=pick(self.temperature, "temperature", 1.0),
             top_p=pick(self.top_p, "top_p", 1.0),
             top_k=pick(self.top_k, "top_k", 0),

@@ -150,6 +150,9 @@ class ChatCompletionRequest(SamplingRequest):
             # choice and a response_format or structured_outputs, the tools' grammar wins.
             raise ParamError("tool_choice", "a named function's tool_choice cannot be combined "
                              "with structured_outputs.")
+        if self.use_beam_search and self.forced_tools:
+            raise ParamError("tool_choice", "a forced tool choice (its grammar) is not "
+                             "supported with use_beam_search.")
         check_template_options(self.chat_template_kwargs, self.add_generation_prompt,
                                self.continue_final_message)
 

@@ -37,6 +37,9 @@ class CompletionRequest(SamplingRequest):
             )
         if self.suffix:
             raise ParamError("suffix", "suffix is not supported.")
+        if self.use_beam_search and self.echo and self.logprobs is not None:
+            raise ParamError("logprobs", "logprobs with echo (the prompt's logprobs) are not "
+                             "supported with use_beam_search.")
         if self.max_tokens == 0 and not self.echo:
             raise ParamError("max_tokens",
                              "max_tokens must be at least 1 (0 is allowed only with echo).")

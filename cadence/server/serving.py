@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from cadence.engine.core_client import EngineDeadError
+from cadence.engine.input_worker import input_size
 from cadence.engine.output_processor import RequestFailedError, RequestOutputCollector
 from cadence.sampling_params import SamplingParams
 from cadence.server.errors import (
@@ -25,6 +26,7 @@ from cadence.server.protocol_responses import (
     PromptLogprob,
     PromptLogprobs,
 )
+from cadence.server.serving_beam import BeamSearches
 from cadence.server.settings import ResponseOptions
 from cadence.server.token_bytes import TokenBytes
 
@@ -54,6 +56,7 @@ class StartedRequest:
     collector: OutputSink
     index: int = 0
     reasoning_ended: bool = False  # chat under a reasoning parser: the answer is all content
+    search: asyncio.Future[None] | None = None  # use_beam_search: the search's task
 
 
 class OpenAIServing:
@@ -65,6 +68,7 @@ class OpenAIServing:
         self.served_model_name = served_model_name  # the name responses carry
         # vLLM's: only the served names (the model's path or name only when it is one of them)
         self.accepted_names = {served_model_name, *aliases}
+        self.beams = BeamSearches(engine)
 
     @functools.cached_property
     def token_bytes(self) -> TokenBytes:
@@ -94,10 +98,19 @@ class OpenAIServing:
         grammar_param: str = "structured_outputs",
         index: int = 0,
         sink: OutputSink | None = None,
+        beam_width: int = 0,
+        length_penalty: float = 1.0,
     ) -> StartedRequest:
         """Validate and enqueue one prompt; invalid input becomes a 400 naming the parameter.
         Its outputs go to ``sink`` (a streamed response), else to a new collector.
-        ``grammar_param``: the request's field that carried its structured output."""
+        ``grammar_param``: the request's field that carried its structured output.
+        ``beam_width`` > 0: a beam search of that many beams (``use_beam_search``)."""
+        if beam_width:
+            return await self._start_beam(request_id, prompt, params, beam_width,
+                                          length_penalty, priority=priority,
+                                          prompt_param=prompt_param,
+                                          max_tokens_param=max_tokens_param, index=index,
+                                          sink=sink)
         try:
             # The input processor works on a copy of ``params``: one object serves many prompts.
             collector = await self.engine.add_request(
@@ -109,6 +122,26 @@ class OpenAIServing:
             raise to_bad_request(exc, prompt_param, max_tokens_param, logprobs_param,
                                  grammar_param) from exc
         return StartedRequest(request_id, collector, index)
+
+    async def _start_beam(
+        self, request_id: str, prompt: str | dict[str, Any], params: SamplingParams,
+        width: int, length_penalty: float, *, priority: int, prompt_param: str,
+        max_tokens_param: str, index: int, sink: OutputSink | None,
+    ) -> StartedRequest:
+        self.beams.check_width(width)
+        engine = self.engine
+        try:
+            request, text = await engine.run_cpu(
+                input_size(prompt), engine.input_processor.process,
+                request_id, prompt, self.beams.prepare(params, width), priority=priority,
+                strict_max_tokens=True)
+        except ValueError as exc:
+            raise to_bad_request(exc, prompt_param, max_tokens_param) from exc
+        cache_salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+        collector, task = self.beams.launch(
+            request_id, request.prompt_token_ids, text, request.sampling_params, width,
+            length_penalty, priority=priority, cache_salt=cache_salt, sink=sink)
+        return StartedRequest(request_id, collector, index, search=task)
 
     def outputs(self, started: StartedRequest) -> AsyncGenerator[RequestOutput, None]:
         assert isinstance(started.collector, RequestOutputCollector)
@@ -129,12 +162,14 @@ class OpenAIServing:
             raise engine_unavailable(exc) from exc
         finally:
             await gen.aclose()
+            if started.search is not None and not started.search.done():
+                started.search.cancel()  # the response went away before the answer
         assert final is not None
         return final
 
     def abort(self, request_ids: list[str]) -> None:
         # Idempotent; used when a response ends before its requests did.
-        self.engine.abort_nowait(request_ids)
+        self.engine.abort_nowait(self.beams.cancel(request_ids))
 
 
 def to_bad_request(exc: ValueError, prompt_param: str, max_tokens_param: str,

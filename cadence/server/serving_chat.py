@@ -287,6 +287,8 @@ class OpenAIServingChat(OpenAIServing):
             logprobs_param="top_logprobs",
             grammar_param=request.grammar_param,
             sink=stream.sink() if stream is not None else None,
+            beam_width=request.n if request.use_beam_search else 0,
+            length_penalty=request.length_penalty,
         )
         started.reasoning_ended = ended
         return started

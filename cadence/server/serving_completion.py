@@ -211,6 +211,8 @@ class OpenAIServingCompletion(OpenAIServing):
                         grammar_param=request.grammar_param,
                         index=i,
                         sink=stream.sink(i) if stream is not None else None,
+                        beam_width=request.n if request.use_beam_search else 0,
+                        length_penalty=request.length_penalty,
                     )
                 )
         except BaseException:

@@ -77,8 +77,11 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
         "at most 256",
     ),
     (COMPLETIONS, {"prompt": [[1]] * 1025}, 400, "prompt", "at most 1024"),
-    (COMPLETIONS, {"prompt": "x", "use_beam_search": True}, 400, "use_beam_search", "beam"),
-    (CHAT, {"messages": MSG, "use_beam_search": True}, 400, "use_beam_search", "beam"),
+    (COMPLETIONS, {"prompt": "x", "use_beam_search": True, "stop_token_ids": [3]}, 400,
+     "stop_token_ids", "use_beam_search"),
+    (CHAT, {"messages": MSG, "use_beam_search": True, "tools": [
+        {"type": "function", "function": {"name": "f"}}], "tool_choice": "required"}, 400,
+     "tool_choice", "use_beam_search"),
     (COMPLETIONS, {"prompt": "x", "guided_json": {"type": "object"}}, 400, "guided_json",
      "structured_outputs"),
     (CHAT, {"messages": MSG, "guided_regex": "a+"}, 400, "guided_regex", "structured_outputs"),

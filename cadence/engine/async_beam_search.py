@@ -1,0 +1,75 @@
+"""Beam search over ``AsyncLLM`` (vLLM's served ``use_beam_search``): each step's beams run as
+one-token requests at once, and the search ends in one finished ``RequestOutput`` whose
+outputs are the best beams, best first (``cadence.beam_search`` has the rules)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from cadence.beam_search import BeamSearch
+from cadence.outputs import CompletionOutput, RequestOutput
+
+if TYPE_CHECKING:
+    from cadence.engine.async_llm import AsyncLLM
+    from cadence.sampling_params import BeamSearchParams, SamplingParams
+
+__all__ = ["beam_search_output"]
+
+
+async def _one_token(engine: AsyncLLM, prompt: dict[str, Any], params: SamplingParams,
+                     request_id: str, priority: int) -> RequestOutput:
+    final = None
+    async for out in engine.generate(prompt, params, request_id, priority=priority):
+        final = out
+    assert final is not None
+    return final
+
+
+async def beam_search_output(
+    engine: AsyncLLM,
+    request_id: str,
+    prompt_token_ids: list[int],
+    prompt_text: str | None,
+    params: BeamSearchParams,
+    step_params: SamplingParams,
+    *,
+    priority: int = 0,
+    cache_salt: str | None = None,
+    skip_special_tokens: bool = True,
+) -> RequestOutput:
+    """The search for one prompt; ``step_params`` runs one token of a beam (one token,
+    ``2 * beam_width`` logprobs, no text, FINAL_ONLY). Each answer's text leaves out a final end
+    token unless ``params.include_stop_str_in_output``; its logprobs match its tokens. A failed
+    step raises (``RequestFailedError``, ``EngineDeadError``); cancelling aborts the steps in
+    flight (each ``generate`` aborts its own)."""
+    search = BeamSearch(prompt_token_ids, params, engine.input_processor.eos_token_id,
+                        engine.max_model_len)
+    step = 0
+    while beams := search.pending():
+        prompts = [{"prompt_token_ids": b.tokens, "cache_salt": cache_salt} for b in beams]
+        tasks = [asyncio.ensure_future(_one_token(engine, p, step_params,
+                                                  f"{request_id}-beam{step}-{i}", priority))
+                 for i, p in enumerate(prompts)]
+        try:
+            outs = await asyncio.gather(*tasks)
+        except BaseException:  # a failed step or a cancelled search: abort the siblings
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        search.advance([o.outputs[0].logprobs[0] if o.outputs[0].logprobs else None
+                        for o in outs])
+        step += 1
+    tokenizer = engine.tokenizer
+    outputs = []
+    for index, beam in enumerate(search.best()):
+        tokens = search.generated(beam)
+        text = (tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
+                if tokenizer is not None else "")
+        outputs.append(CompletionOutput(index, text, tokens, beam.cum_logprob,
+                                        beam.logprobs[:len(tokens)],
+                                        finish_reason=beam.finish_reason,
+                                        stop_reason=beam.stop_reason))
+    return RequestOutput(request_id, prompt_text, list(prompt_token_ids), None, outputs,
+                         finished=True)
