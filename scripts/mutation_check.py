@@ -1474,7 +1474,7 @@ def load_registry(path: Path) -> list[Mutation]:
 
 
 # The registries of further layers, one file each beside this one.
-for _name in ("mutations_engine.py", "mutations_worker.py"):
+for _name in ("mutations_engine.py", "mutations_worker.py", "mutations_server.py"):
     MUTATIONS += load_registry(Path(__file__).with_name(_name))
 
 

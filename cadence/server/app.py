@@ -37,9 +37,11 @@ from cadence.server.protocol_responses import (
 )
 from cadence.server.reasoning import reasoning_parser as reasoning_parser_named
 from cadence.server.request_body import parse_json_body, read_body, validate_request
+from cadence.server.responses_api import ResponsesRequest
 from cadence.server.serving import DONE_FRAME
 from cadence.server.serving_chat import OpenAIServingChat
 from cadence.server.serving_completion import OpenAIServingCompletion
+from cadence.server.serving_responses import OpenAIServingResponses
 from cadence.server.settings import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     ResponseOptions,
@@ -85,6 +87,9 @@ API_OPERATIONS = [
               CompletionResponse, streams=True),
     Operation("/v1/chat/completions", "POST", "Chat completions (OpenAI)",
               ChatCompletionRequest, ChatCompletionResponse, streams=True),
+    Operation("/v1/responses", "POST", "Responses (OpenAI; no response store)",
+              ResponsesRequest, streams=True),
+    Operation("/v1/responses/{response_id}", "GET", "404: this server keeps no responses"),
     Operation("/v1/models", "GET", "The served model", response=ModelList),
     Operation("/v1/models/{model}", "GET", "One served model's card (OpenAI), or 404",
               response=ModelCard),
@@ -136,6 +141,7 @@ class OpenAIServer:
         self.completions = OpenAIServingCompletion(engine, self.model_name, aliases)
         self.chat = OpenAIServingChat(engine, self.model_name, aliases)
         self.chat.chat_template = chat_template
+        self.responses = OpenAIServingResponses(self.chat)
         # One of several API server processes: metrics in the shared multiprocess files.
         args = engine.args
         self.metrics = PrometheusStatLogger(
@@ -203,6 +209,26 @@ class OpenAIServer:
         return await self._respond(self.chat.create(body, engine_id, response_id), request,
                                    response_id)
 
+    async def create_response(self, request: Request) -> Response:
+        body = await self._stoppable(self.read_json(request, ResponsesRequest))
+        self.chat.check_model(body.model)
+        self._apply_options(body.chat)
+        response_id, engine_id = response_and_engine_ids(
+            "resp", request.headers.get("x-request-id"), body.request_id)
+        if body.stream:
+            cs, events = self.responses.new_stream(body, response_id)
+            started = await self._stoppable(self.responses.start(body, engine_id, cs))
+            return self._event_stream(
+                self.responses.stream(started, cs, events), [engine_id], response_id,
+                stop_frames=lambda: [events.error(shutting_down_error(
+                    "; the response is incomplete"))])
+        return await self._respond(self.responses.create(body, engine_id, response_id),
+                                   request, response_id)
+
+    async def retrieve_response(self, request: Request) -> Response:
+        raise NotFoundError("this server keeps no responses (there is no response store).",
+                            param="response_id")
+
     def _apply_options(self, body: SamplingRequest) -> None:
         options = self.chat.options
         body.apply_server_defaults(options.return_tokens_as_token_ids,
@@ -228,16 +254,17 @@ class OpenAIServer:
         return JSONResponse(result.model_dump(mode="json"))
 
     def _event_stream(
-        self, frames: AsyncIterator[str], request_ids: list[str], label: str
+        self, frames: AsyncIterator[str], request_ids: list[str], label: str,
+        stop_frames: Callable[[], list[str]] | None = None,
     ) -> EventStreamResponse:
         return EventStreamResponse(
             frames,
             on_close=lambda: self.completions.abort(request_ids),
             stop=self.lifecycle.stop,
-            stop_frames=lambda: [
+            stop_frames=stop_frames or (lambda: [
                 shutting_down_error("; the response is incomplete").sse_frame(),
                 DONE_FRAME,
-            ],
+            ]),
             label=label,
         )
 
@@ -401,6 +428,8 @@ def build_app(
     routes = [
         Route("/v1/completions", server.create_completion, methods=["POST"]),
         Route("/v1/chat/completions", server.create_chat_completion, methods=["POST"]),
+        Route("/v1/responses", server.create_response, methods=["POST"]),
+        Route("/v1/responses/{response_id:path}", server.retrieve_response, methods=["GET"]),
         Route("/v1/models", server.show_models, methods=["GET"]),
         Route("/v1/models/{model:path}", server.show_model, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),

@@ -69,8 +69,10 @@ def response_and_engine_ids(prefix: str, header: str | None, body_id: str | None
 
 
 def random_id(prefix: str, given: str | None = None) -> str:
-    """``prefix-<given>``, or ``prefix-<random hex>`` without one."""
-    return f"{prefix}-{given if given is not None else uuid.uuid4().hex}"
+    """``prefix-<given>``, or ``prefix-<random hex>`` without one (``resp_``: the Responses
+    API's ids take an underscore, as OpenAI's and vLLM's)."""
+    sep = "_" if prefix == "resp" else "-"
+    return f"{prefix}{sep}{given if given is not None else uuid.uuid4().hex}"
 
 
 NO_DEFAULTS: Mapping[str, Any] = MappingProxyType({})

@@ -220,14 +220,19 @@ def engine_unavailable(exc: EngineDeadError) -> ServiceUnavailableError:
 def stream_error_frame(exc: BaseException, grammar_param: str = "structured_outputs") -> str:
     """An SSE frame for an error raised after the stream started (``grammar_param``: as in
     ``request_failed``)."""
+    return stream_error(exc, grammar_param).sse_frame()
+
+
+def stream_error(exc: BaseException, grammar_param: str = "structured_outputs") -> APIError:
+    """The error a stream reports for ``exc`` (an unexpected one is logged)."""
     if isinstance(exc, APIError):
-        return exc.sse_frame()
+        return exc
     if isinstance(exc, EngineDeadError):
-        return engine_unavailable(exc).sse_frame()
+        return engine_unavailable(exc)
     if isinstance(exc, RequestFailedError):
-        return request_failed(exc, grammar_param).sse_frame()
+        return request_failed(exc, grammar_param)
     logger.exception("Error while streaming a response.", exc_info=exc)
-    return InternalServerError(f"Internal error while streaming: {exc!r}").sse_frame()
+    return InternalServerError(f"Internal error while streaming: {exc!r}")
 
 
 def clamp_logprob(value: float) -> float:

@@ -114,6 +114,30 @@ CHAT = {
 }
 
 
+part = st.fixed_dictionaries({"type": mostly("input_image", common=st.sampled_from(
+    ["input_text", "output_text"])), "text": text})
+item = weighted(
+    (6, st.fixed_dictionaries({"role": roles}, optional={"content": text | st.lists(part,
+                                                                                    max_size=2)})),
+    (1, st.fixed_dictionaries({"type": st.just("function_call"), "call_id": text,
+                               "name": text, "arguments": mostly("{", common=st.just("{}"))})),
+    (1, st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": text,
+                               "output": text})),
+    (1, st.fixed_dictionaries({"type": mostly("web_search_call", common=st.just("reasoning"))})),
+)
+RESPONSES = {
+    **{k: v for k, v in COMMON.items() if k not in ("n", "max_tokens", "stream_options")},
+    "input": mostly([], common=text.filter(bool) | st.lists(item, min_size=1, max_size=3)),
+    "instructions": text,
+    "max_output_tokens": mostly(0, 10**6, common=st.integers(min_value=1, max_value=12)),
+    "tools": mostly([{"type": "web_search"}], common=st.just([])),
+    "text": mostly({"format": {"type": "xml"}}, common=st.just({"format": {"type": "text"}})),
+    "include": mostly(["x"], common=st.just(["message.output_text.logprobs"])),
+    "top_logprobs": mostly(-1, 21, common=st.integers(min_value=0, max_value=5)),
+    "store": st.booleans(),
+}
+
+
 def bodies(fields: dict[str, st.SearchStrategy[Any]], required: str) -> st.SearchStrategy[bytes]:
     """Plausible bodies (each field usually valid), bodies with one field replaced by anything
     at all or left out, and bodies that are not a JSON object or not JSON."""
@@ -148,6 +172,12 @@ def post(srv: RunningServer, route: str, raw: bytes) -> None:
         err = json.loads(payload)["error"]
         assert set(err) == {"message", "type", "param", "code"} and err["code"] == resp.status_code
         return
+    if route == "/v1/responses":  # typed events, no [DONE]; an error is an "error" event
+        frames = [ln[6:] for ln in payload.decode().split("\n") if ln.startswith("data: ")]
+        body = json.loads(frames[-1]) if frames else json.loads(payload)
+        assert body.get("type") in ("response.completed", None), body
+        assert (body.get("response") or body)["object"] == "response"
+        return
     if resp.headers["content-type"].startswith("text/event-stream"):
         frames = [ln[6:] for ln in payload.decode().split("\n") if ln.startswith("data: ")]
         assert frames[-1] == "[DONE]"
@@ -178,6 +208,12 @@ def test_fuzz_completions(fuzz_server, raw: bytes) -> None:
 @given(raw=bodies(CHAT, "messages"))
 def test_fuzz_chat_completions(fuzz_server, raw: bytes) -> None:
     post(fuzz_server, "/v1/chat/completions", raw)
+
+
+@FUZZ
+@given(raw=bodies(RESPONSES, "input"))
+def test_fuzz_responses(fuzz_server, raw: bytes) -> None:
+    post(fuzz_server, "/v1/responses", raw)
 
 
 def test_server_is_healthy_and_idle_after_fuzzing(fuzz_server) -> None:

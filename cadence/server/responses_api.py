@@ -1,0 +1,305 @@
+"""POST /v1/responses (OpenAI's Responses API, as vLLM serves it without a response store): the
+request's schema, its translation into a chat completion request (the chat endpoint's template,
+parsers and engine path do the work), and the ``Response`` object built from the answer.
+
+Input: a string (one user message) or a list of items: messages (``role`` and text content or
+``input_text`` / ``output_text`` parts), an earlier ``function_call`` and its
+``function_call_output``; ``instructions`` come first as a system message. Earlier
+``reasoning`` items are left out, as chat templates drop past reasoning. Nothing is stored:
+``previous_response_id`` and ``background`` are 400s, and the answer says ``"store": false``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import Field, PrivateAttr, ValidationError
+
+from cadence.sampling_params import INT64_MAX, INT64_MIN, MAX_TEMPERATURE
+from cadence.server.protocol import OpenAIModel, ParamError, StructuredOutputsField
+from cadence.server.protocol_chat import ChatCompletionRequest
+from cadence.server.protocol_responses import ChatCompletionResponse
+
+__all__ = ["ResponsesRequest", "new_item_id", "param_of", "response_object"]
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def new_item_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class ResponsesRequest(OpenAIModel):
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=MAX_TEMPERATURE)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    stream: bool = False
+    store: bool | None = True
+    background: bool | None = False
+    previous_response_id: str | None = None
+    conversation: Any = None  # OpenAI's stored conversations: refused, as previous_response_id
+    prompt: Any = None  # OpenAI's stored prompt templates: refused
+    metadata: dict[str, str] | None = None
+    parallel_tool_calls: bool | None = True
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tool_choice: Literal["auto", "none", "required"] | dict[str, Any] = "auto"
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    truncation: Literal["auto", "disabled"] | None = "disabled"
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(default=0, ge=0, le=20)
+    user: str | None = None
+    service_tier: str | None = "auto"
+    # vLLM's extensions.
+    request_id: str | None = None
+    top_k: int | None = Field(default=None, ge=-1)
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
+    cache_salt: str | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsField | None = None
+
+    _chat: ChatCompletionRequest | None = PrivateAttr(default=None)
+
+    def check(self) -> None:
+        """Refuse what this server does not do; build the chat request (``chat``)."""
+        if self.previous_response_id is not None:
+            raise ParamError("previous_response_id", "previous_response_id is not supported: "
+                             "this server keeps no responses; send the conversation as input.")
+        for name in ("conversation", "prompt"):
+            if getattr(self, name) is not None:
+                raise ParamError(name, f"{name} is not supported: this server keeps no stored "
+                                 "conversations or prompts; send them as input.")
+        if self.background:
+            raise ParamError("background", "background responses are not supported.")
+        if isinstance(self.input, list) and not self.input:
+            raise ParamError("input", "input must not be an empty list.")
+        if self.metadata is not None and len(self.metadata) > 16:
+            raise ParamError("metadata", "metadata holds at most 16 pairs.")
+        body: dict[str, Any] = {
+            "model": self.model, "messages": self._messages(), "stream": self.stream,
+            "max_completion_tokens": self.max_output_tokens, "temperature": self.temperature,
+            "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed, "stop": self.stop,
+            "ignore_eos": self.ignore_eos, "repetition_penalty": self.repetition_penalty,
+            "logit_bias": self.logit_bias, "priority": self.priority,
+            "cache_salt": self.cache_salt, "user": self.user,
+            "skip_special_tokens": self.skip_special_tokens,
+            "include_stop_str_in_output": self.include_stop_str_in_output,
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "truncate_prompt_tokens": -1 if self.truncation == "auto" else None,
+        }
+        if self.structured_outputs is not None:
+            body["structured_outputs"] = self.structured_outputs.model_dump(by_alias=True,
+                                                                            exclude_none=True)
+        if self.tools:
+            body["tools"] = [self._tool(i, t) for i, t in enumerate(self.tools)]
+            body["tool_choice"] = self._tool_choice()
+        elif self.tool_choice not in ("auto", "none"):
+            raise ParamError("tool_choice", "When using `tool_choice`, `tools` must be set.")
+        fmt = (self.text or {}).get("format")
+        if fmt is not None:
+            body["response_format"] = self._format(fmt)
+        effort = (self.reasoning or {}).get("effort")
+        if effort is not None:
+            body["reasoning_effort"] = effort
+        if self.logprobs_wanted:
+            body["logprobs"], body["top_logprobs"] = True, self.top_logprobs or 0
+        try:
+            chat = ChatCompletionRequest.model_validate(body)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise ParamError(param_of(where), f"{where}: {err['msg']}") from None
+        try:
+            chat.check()
+        except ParamError as exc:
+            raise ParamError(param_of(exc.param or ""), str(exc)) from None
+        self._chat = chat
+
+    @property
+    def chat(self) -> ChatCompletionRequest:
+        assert self._chat is not None, "check() builds the chat request"
+        return self._chat
+
+    @property
+    def logprobs_wanted(self) -> bool:
+        return LOGPROBS_INCLUDE in (self.include or [])
+
+    def _messages(self) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = []
+        if self.instructions is not None:
+            messages.append({"role": "system", "content": self.instructions})
+        if isinstance(self.input, str):
+            return [*messages, {"role": "user", "content": self.input}]
+        for i, item in enumerate(self.input):
+            kind = item.get("type", "message" if "role" in item else None)
+            if kind == "message":
+                messages.append({"role": item.get("role"),
+                                 "content": _text_of(item.get("content"), f"input.{i}")})
+            elif kind == "function_call":
+                call = {"id": item.get("call_id"), "type": "function",
+                        "function": {"name": item.get("name"),
+                                     "arguments": item.get("arguments", "{}")}}
+                last = messages[-1] if messages else None
+                if last is not None and last["role"] == "assistant" and last.get("tool_calls"):
+                    last["tool_calls"].append(call)  # calls made together, one message
+                else:
+                    messages.append({"role": "assistant", "content": None,
+                                     "tool_calls": [call]})
+            elif kind == "function_call_output":
+                output = item.get("output")
+                messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                                 "content": output if isinstance(output, str)
+                                 else _text_of(output, f"input.{i}.output")})
+            elif kind == "reasoning":
+                continue  # past reasoning: chat templates leave it out
+            else:
+                raise ParamError(f"input.{i}", f"input.{i}: items of type {kind!r} are not "
+                                 "supported (message, function_call, function_call_output, "
+                                 "reasoning).")
+        return messages
+
+    @staticmethod
+    def _tool(i: int, tool: dict[str, Any]) -> dict[str, Any]:
+        if tool.get("type") != "function":
+            raise ParamError(f"tools.{i}", f"tools.{i}: only function tools are supported, got "
+                             f"{tool.get('type')!r}.")
+        fn = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+        return {"type": "function", "function": fn}
+
+    def _tool_choice(self) -> Any:
+        choice = self.tool_choice
+        if isinstance(choice, str):
+            return choice
+        if choice.get("type") == "function" and isinstance(choice.get("name"), str):
+            return {"type": "function", "function": {"name": choice["name"]}}
+        raise ParamError("tool_choice", "tool_choice: auto, none, required or "
+                         "{\"type\": \"function\", \"name\": ...}.")
+
+    @staticmethod
+    def _format(fmt: Any) -> dict[str, Any]:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind in ("text", "json_object"):
+            return {"type": kind}
+        if kind == "json_schema":
+            schema = {k: fmt[k] for k in ("name", "description", "schema", "strict") if k in fmt}
+            return {"type": "json_schema", "json_schema": schema}
+        raise ParamError("text", "text.format: type text, json_object or json_schema.")
+
+
+def param_of(where: str) -> str:
+    """A chat request's field as the Responses request names it."""
+    head = where.split(".", 1)[0]
+    return {"messages": "input", "max_completion_tokens": "max_output_tokens",
+            "response_format": "text", "reasoning_effort": "reasoning",
+            "top_logprobs": "top_logprobs", "truncate_prompt_tokens": "truncation"
+            }.get(head, head)
+
+
+def _text_of(content: Any, where: str) -> str | list[dict[str, Any]]:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
+                parts.append({"type": "text", "text": part["text"]})
+            elif kind == "refusal" and isinstance(part.get("refusal"), str):
+                parts.append({"type": "refusal", "refusal": part["refusal"]})
+            else:
+                raise ParamError(f"{where}.content.{j}", f"{where}.content.{j}: only text parts "
+                                 f"(input_text, output_text, refusal) are supported.")
+        return parts
+    raise ParamError(where, f"{where}: content is a string or a list of text parts.")
+
+
+def response_object(request: ResponsesRequest, response_id: str, model: str, created_at: int,
+                    output: list[dict[str, Any]], usage: dict[str, Any] | None,
+                    status: str = "completed") -> dict[str, Any]:
+    """The ``Response`` object: the request's settings echoed, ``output`` and ``usage``."""
+    chat = request.chat
+    return {
+        "id": response_id, "object": "response", "created_at": created_at, "status": status,
+        "background": False, "error": None,
+        "incomplete_details": ({"reason": "max_output_tokens"} if status == "incomplete"
+                               else None),
+        "instructions": request.instructions, "max_output_tokens": request.max_output_tokens,
+        "metadata": request.metadata or {}, "model": model, "output": output,
+        "parallel_tool_calls": request.parallel_tool_calls is not False,
+        "previous_response_id": None, "reasoning": request.reasoning,
+        "service_tier": request.service_tier or "auto", "store": False,
+        "temperature": chat.temperature, "text": request.text or {"format": {"type": "text"}},
+        "tool_choice": request.tool_choice, "tools": request.tools,
+        "top_logprobs": request.top_logprobs, "top_p": chat.top_p,
+        "truncation": request.truncation or "disabled", "usage": usage, "user": request.user,
+    }
+
+
+def usage_object(prompt: int, completion: int, cached: int | None,
+                 reasoning: int = 0) -> dict[str, Any]:
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached or 0},
+            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": reasoning},
+            "total_tokens": prompt + completion}
+
+
+def output_items(answer: ChatCompletionResponse, logprobs: bool,
+                 count_tokens: Any) -> tuple[list[dict[str, Any]], str, int]:
+    """(output items, status, reasoning tokens) of a chat answer: its reasoning, its text, its
+    tool calls, in that order."""
+    choice = answer.choices[0]
+    message = choice.message
+    status = "incomplete" if choice.finish_reason == "length" else "completed"
+    items: list[dict[str, Any]] = []
+    reasoning_tokens = 0
+    if message.reasoning:
+        items.append(reasoning_item(new_item_id("rs"), message.reasoning))
+        reasoning_tokens = count_tokens(message.reasoning)
+    if message.content or not (items or message.tool_calls):
+        lps = ([c.model_dump(mode="json") for c in choice.logprobs.content or []]
+               if logprobs and choice.logprobs is not None else None)
+        items.append(message_item(new_item_id("msg"), message.content or "", status, lps))
+    for call in message.tool_calls:
+        items.append(call_item(new_item_id("fc"), call.id, call.function.name,
+                               call.function.arguments, "completed"))
+    return items, status, reasoning_tokens
+
+
+def reasoning_item(item_id: str, text: str | None) -> dict[str, Any]:
+    content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content}
+
+
+def text_part(text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+    if logprobs is not None:
+        part["logprobs"] = logprobs
+    return part
+
+
+def message_item(item_id: str, text: str | None, status: str,
+                 logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    content = [] if text is None else [text_part(text, logprobs)]
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
+            "content": content}
+
+
+def call_item(item_id: str, call_id: str, name: str, arguments: str,
+              status: str) -> dict[str, Any]:
+    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name,
+            "arguments": arguments, "status": status}
+
+
+def created_now() -> int:
+    return int(time.time())

@@ -1,0 +1,252 @@
+"""POST /v1/responses over the chat endpoint's machinery: a whole ``Response`` object, or its
+stream of typed events (``response.created``, an item's ``output_item.added``, its text or
+reasoning or arguments deltas and ``.done`` events, ``response.completed``), token by token as
+the chat stream renders them."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncGenerator, Iterator
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from cadence.server.errors import APIError
+from cadence.server.responses_api import (
+    ResponsesRequest,
+    call_item,
+    created_now,
+    message_item,
+    new_item_id,
+    output_items,
+    param_of,
+    reasoning_item,
+    response_object,
+    text_part,
+    usage_object,
+)
+from cadence.server.serving import StartedRequest, stream_error
+from cadence.server.serving_chat import ChatStream
+
+if TYPE_CHECKING:
+    from cadence.server.serving_chat import OpenAIServingChat
+
+__all__ = ["OpenAIServingResponses", "ResponseBody", "ResponseEvents"]
+
+
+class ResponseBody(BaseModel):
+    """A ``Response`` object as built (its fields are ``response_object``'s)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ResponseEvents:
+    """The events of one streamed response. ``chunk`` takes what ``ChatFrames.chunk`` takes, so
+    that a ``ChatStream`` renders into it: each piece of reasoning, text or a whole tool call
+    becomes its events, an item opened when its first piece comes and closed when another kind
+    of item starts or the answer ends."""
+
+    def __init__(self, request: ResponsesRequest, response_id: str, model: str) -> None:
+        self.request = request
+        self.response_id = response_id
+        self.model = model
+        self.created_at = created_now()
+        self.seq = 0
+        self.output: list[dict[str, Any]] = []  # closed items, for the final response
+        self._open: dict[str, Any] | None = None  # the item receiving deltas
+        self._text: list[str] = []
+        self._logprobs: list[dict[str, Any]] = []
+        self.finish_reason: str | None = None
+        self.head = ""  # ``start()``'s events, once made
+
+    def _event(self, kind: str, **fields: Any) -> str:
+        data = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+    def _where(self) -> dict[str, Any]:
+        assert self._open is not None
+        return {"item_id": self._open["id"], "output_index": len(self.output)}
+
+    def _response(self, status: str, usage: dict[str, Any] | None = None) -> dict[str, Any]:
+        return response_object(self.request, self.response_id, self.model, self.created_at,
+                               list(self.output), usage, status)
+
+    def start(self) -> str:
+        """The opening events. NOTE: made before the request starts, so that they number
+        before any output's (the sink renders outputs as they come, before the response task
+        first runs)."""
+        head = self._response("in_progress")
+        return (self._event("response.created", response=head)
+                + self._event("response.in_progress", response=head))
+
+    def _open_item(self, item: dict[str, Any]) -> str:
+        self._open = item
+        self._text, self._logprobs = [], []
+        return self._event("response.output_item.added", output_index=len(self.output),
+                           item=item)
+
+    def _close(self) -> str:
+        item = self._open
+        if item is None:
+            return ""
+        text = "".join(self._text)
+        out = []
+        if item["type"] == "reasoning":
+            done = reasoning_item(item["id"], text)
+            out.append(self._event("response.reasoning_text.done", **self._where(),
+                                   content_index=0, text=text))
+        else:
+            status = "incomplete" if self.finish_reason == "length" else "completed"
+            lps = self._logprobs if self.request.logprobs_wanted else None
+            done = message_item(item["id"], text, status, lps)
+            out.append(self._event("response.output_text.done", **self._where(),
+                                   content_index=0, text=text, logprobs=lps or []))
+            out.append(self._event("response.content_part.done", **self._where(),
+                                   content_index=0, part=text_part(text, lps)))
+        out.append(self._event("response.output_item.done", output_index=len(self.output),
+                               item=done))
+        self.output.append(done)
+        self._open = None
+        return "".join(out)
+
+    def _reasoning(self, text: str) -> str:
+        out = ""
+        if self._open is None or self._open["type"] != "reasoning":
+            out = self._close() + self._open_item(reasoning_item(new_item_id("rs"), None))
+        self._text.append(text)
+        return out + self._event("response.reasoning_text.delta", **self._where(),
+                                 content_index=0, delta=text)
+
+    def _message(self, text: str, logprobs: list[dict[str, Any]]) -> str:
+        out = ""
+        if self._open is None or self._open["type"] != "message":
+            out = self._close() + self._open_item(message_item(new_item_id("msg"), None,
+                                                               "in_progress"))
+            out += self._event("response.content_part.added", **self._where(), content_index=0,
+                               part=text_part("", None))
+        self._text.append(text)
+        self._logprobs.extend(logprobs)
+        return out + self._event("response.output_text.delta", **self._where(),
+                                 content_index=0, delta=text, logprobs=logprobs)
+
+    def _call(self, call: dict[str, Any]) -> str:
+        fn = call["function"]
+        item_id = new_item_id("fc")
+        out = self._close() + self._open_item(call_item(item_id, call["id"], fn["name"], "",
+                                                        "in_progress"))
+        where = self._where()
+        out += self._event("response.function_call_arguments.delta", **where,
+                           delta=fn["arguments"])
+        out += self._event("response.function_call_arguments.done", **where,
+                           arguments=fn["arguments"])
+        done = call_item(item_id, call["id"], fn["name"], fn["arguments"], "completed")
+        out += self._event("response.output_item.done", output_index=len(self.output),
+                           item=done)
+        self.output.append(done)
+        self._open = None
+        return out
+
+    def chunk(self, *, content: str | None = None, reasoning: str | None = None,
+              tool_calls: list[dict] | None = None, logprobs: BaseModel | None = None,
+              finish_reason: str | None = None, **_: Any) -> str:
+        out = []
+        lps = ([c.model_dump(mode="json") for c in getattr(logprobs, "content", None) or []]
+               if self.request.logprobs_wanted else [])
+        if reasoning:
+            out.append(self._reasoning(reasoning))
+        if content or (lps and self._open is not None and self._open["type"] == "message"):
+            out.append(self._message(content or "", lps))
+        for call in tool_calls or []:
+            out.append(self._call(call))
+        if finish_reason is not None:
+            self.finish_reason = finish_reason
+        return "".join(out)
+
+    def end(self, usage: dict[str, Any]) -> str:
+        """The closing events: the open item's, an empty message for an empty answer, then the
+        whole response."""
+        out = self._close()
+        if not self.output:  # an empty answer is an empty message
+            out += self._open_item(message_item(new_item_id("msg"), None, "in_progress"))
+            out += self._event("response.content_part.added", **self._where(), content_index=0,
+                               part=text_part("", None))
+            out += self._close()
+        status = "incomplete" if self.finish_reason == "length" else "completed"
+        # NOTE: response.completed whatever the status (vLLM's; the openai client's stream
+        # helper waits for that event), the response saying "incomplete" where it is.
+        return out + self._event("response.completed", response=self._response(status, usage))
+
+    def error(self, exc: BaseException) -> str:
+        err = stream_error(exc)
+        return self._event("error", code=err.type, message=err.message, param=err.param)
+
+
+@contextlib.contextmanager
+def _named_as_responses() -> Iterator[None]:
+    """An error naming a chat request's field names the Responses request's instead."""
+    try:
+        yield
+    except APIError as exc:
+        if exc.param:
+            exc.param = param_of(exc.param)
+        raise
+
+
+class OpenAIServingResponses:
+    """The Responses API over the chat serving object (its model check, template, parsers)."""
+
+    def __init__(self, chat: OpenAIServingChat) -> None:
+        self.chat = chat
+
+    def _count_tokens(self, text: str) -> int:
+        tokenizer = self.chat.engine.tokenizer
+        return len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer else 0
+
+    async def create(self, request: ResponsesRequest, engine_id: str,
+                     response_id: str) -> ResponseBody:
+        created_at = created_now()
+        with _named_as_responses():
+            answer = await self.chat.create(request.chat, engine_id, response_id)
+        items, status, reasoning_tokens = output_items(answer, request.logprobs_wanted,
+                                                       self._count_tokens)
+        u = answer.usage
+        cached = u.prompt_tokens_details.cached_tokens if u.prompt_tokens_details else 0
+        usage = usage_object(u.prompt_tokens, u.completion_tokens, cached, reasoning_tokens)
+        return ResponseBody(**response_object(request, response_id, self.chat.served_model_name,
+                                              created_at, items, usage, status))
+
+    async def start(self, request: ResponsesRequest, engine_id: str,
+                    cs: ChatStream) -> StartedRequest:
+        with _named_as_responses():
+            return await self.chat.start_chat(request.chat, engine_id, cs)
+
+    def new_stream(self, request: ResponsesRequest, response_id: str
+                   ) -> tuple[ChatStream, ResponseEvents]:
+        cs = self.chat.new_stream(request.chat, response_id)
+        events = ResponseEvents(request, response_id, self.chat.served_model_name)
+        events.head = events.start()
+        cs.frames = events  # type: ignore[assignment]  # the chat stream renders events
+        return cs, events
+
+    async def stream(self, started: StartedRequest, cs: ChatStream,
+                     events: ResponseEvents) -> AsyncGenerator[str, None]:
+        try:
+            yield events.head
+            while (frames := await cs.stream.next()) is not None:
+                yield frames
+            if cs.stream.error is not None:
+                yield events.error(cs.stream.error)
+            else:
+                reasoning = sum(self._count_tokens(i["content"][0]["text"])
+                                for i in events.output
+                                if i["type"] == "reasoning" and i["content"])
+                yield events.end(usage_object(cs.prompt_tokens, cs.completion_tokens,
+                                              self.chat.shown_cached_tokens(cs.cached_tokens),
+                                              reasoning))
+        except Exception as exc:
+            yield events.error(exc)
+        finally:
+            if not cs.finished:
+                self.chat.abort([started.request_id])

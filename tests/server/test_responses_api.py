@@ -1,0 +1,195 @@
+"""POST /v1/responses through the official openai client: the answer is the chat endpoint's
+answer to the same conversation (same tokens), whole or as typed events in order; reasoning,
+tool calls and earlier calls in the input map to the Responses API's items; what this server
+does not do is a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.server.test_reasoning import THINKING_TEMPLATE
+from tests.server.test_tool_calls import CALL, ScriptedCore
+from tests.server.waiting import wait_released
+
+GREEDY = dict(model="tiny", temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+
+
+def chat_answer(client: openai.OpenAI, messages: list[dict], max_tokens: int):
+    return client.chat.completions.create(messages=messages, max_tokens=max_tokens,
+                                          **GREEDY).choices[0]
+
+
+def test_text_is_the_chat_answer_to_the_same_conversation(client, server) -> None:
+    want = chat_answer(client, [{"role": "system", "content": "Be brief."},
+                                {"role": "user", "content": "Hello"}], 8)
+    out = client.responses.create(input="Hello", instructions="Be brief.", max_output_tokens=8,
+                                  **GREEDY)
+    assert out.output_text == want.message.content
+    assert out.object == "response" and out.id.startswith("resp_")
+    (item,) = out.output
+    assert item.type == "message" and item.role == "assistant"
+    assert item.content[0].type == "output_text"
+    # Eight tokens cut the answer: incomplete, as OpenAI reports a max_output_tokens cut.
+    assert want.finish_reason == "length"
+    assert out.status == "incomplete" and out.incomplete_details.reason == "max_output_tokens"
+    assert out.usage.output_tokens == 8
+    assert out.usage.total_tokens == out.usage.input_tokens + 8
+    assert out.store is False and out.instructions == "Be brief."
+    wait_released(server.engine)
+
+
+def test_streamed_events_add_up_to_the_whole_answer(client, server) -> None:
+    kw = dict(input=[{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],
+              max_output_tokens=6, **GREEDY)
+    whole = client.responses.create(**kw)
+    events = list(client.responses.create(**kw, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done", "response.completed"]
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == whole.output_text == events[-4].text
+    final = events[-1].response
+    assert final.output_text == whole.output_text and final.status == whole.status
+    assert final.usage.output_tokens == whole.usage.output_tokens
+    with client.responses.stream(**kw) as stream:  # the client's helper accumulates them
+        for _ in stream:
+            pass
+        assert stream.get_final_response().output_text == whole.output_text
+    wait_released(server.engine)
+
+
+def test_earlier_calls_and_their_outputs_reach_the_template(client) -> None:
+    """A function_call item and its output are an assistant message with tool_calls and a
+    tool message, as the chat endpoint takes them: the same prompt, the same answer."""
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    want = client.chat.completions.create(messages=messages, max_tokens=5, **GREEDY)
+    out = client.responses.create(input=[
+        {"role": "user", "content": "weather?"},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+         "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        {"type": "reasoning", "id": "rs_1", "summary": []},  # left out, as templates do
+    ], max_output_tokens=5, **GREEDY)
+    assert out.output_text == want.choices[0].message.content
+    assert out.usage.input_tokens == want.usage.prompt_tokens
+
+
+def test_logprobs_when_included(client) -> None:
+    out = client.responses.create(input="Hi", max_output_tokens=4, top_logprobs=2,
+                                  include=["message.output_text.logprobs"], **GREEDY)
+    lps = out.output[0].content[0].logprobs
+    assert len(lps) == 4 and all(len(t.top_logprobs) == 2 for t in lps)
+    assert "".join(t.token for t in lps) == out.output_text
+
+
+def test_tool_calls_are_function_call_items(server_factory) -> None:
+    from transformers import AutoTokenizer
+
+    from cadence.model.tiny import ensure_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+    ScriptedCore.SCRIPT = tok.encode("Sure." + CALL, add_special_tokens=False)
+    srv = server_factory(core_factory=ScriptedCore, app_kwargs={
+        "enable_auto_tool_choice": True, "tool_call_parser": "hermes"})
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    kw = dict(model="tiny", input="weather?", max_output_tokens=len(ScriptedCore.SCRIPT),
+              tools=[{"type": "function", "name": "get_weather", "parameters": {
+                  "type": "object", "properties": {"city": {"type": "string"}}}}],
+              extra_body={"ignore_eos": True})
+    out = client.responses.create(**kw)
+    message, call = out.output
+    assert message.type == "message" and out.output_text == "Sure."
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert json.loads(call.arguments) == {"city": "Paris", "days": 2}
+    assert call.call_id and call.id.startswith("fc_")
+    events = list(client.responses.create(**kw, stream=True))
+    added = [e.item.type for e in events if e.type == "response.output_item.added"]
+    assert added == ["message", "function_call"]
+    (args,) = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
+    assert json.loads(args) == {"city": "Paris", "days": 2}
+    final = events[-1].response
+    assert [i.type for i in final.output] == ["message", "function_call"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_is_a_reasoning_item(server_factory, stream: bool) -> None:
+    from transformers import AutoTokenizer
+
+    from cadence.model.tiny import ensure_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+    ScriptedCore.SCRIPT = tok.encode("plan it</think>the answer", add_special_tokens=False)
+    srv = server_factory(core_factory=ScriptedCore, app_kwargs={
+        "reasoning_parser": "deepseek_r1", "chat_template": THINKING_TEMPLATE})
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    kw = dict(model="tiny", input="why?", max_output_tokens=len(ScriptedCore.SCRIPT),
+              extra_body={"ignore_eos": True})
+    if stream:
+        events = list(client.responses.create(**kw, stream=True))
+        reasoning = "".join(e.delta for e in events
+                            if e.type == "response.reasoning_text.delta")
+        assert reasoning == "plan it"
+        out = events[-1].response
+    else:
+        out = client.responses.create(**kw)
+    thought, answer = out.output
+    assert thought.type == "reasoning" and thought.content[0].text == "plan it"
+    assert answer.type == "message" and out.output_text == "the answer"
+    assert out.usage.output_tokens_details.reasoning_tokens > 0
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"background": True}, "background"),
+    ({"conversation": "conv_1"}, "conversation"),
+    ({"input": []}, "input"),
+    ({"input": [{"type": "input_image", "image_url": "x"}]}, "input.0"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input.0.content.0"),
+    ({"tools": [{"type": "web_search"}]}, "tools.0"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"text": {"format": {"type": "xml"}}}, "text"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"max_output_tokens": 100000}, "max_output_tokens"),
+    ({"reasoning": {"effort": "extreme"}}, "reasoning"),
+    ({"temperature": -1}, "temperature"),
+])
+def test_what_is_not_done_is_a_400_naming_it(http: httpx.Client, body: dict, param: str) -> None:
+    r = http.post("/v1/responses", json={"input": "hi", **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_a_json_schema_format_gives_json(client) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    for seed in range(3):
+        out = client.responses.create(
+            model="tiny", input="answer in JSON", max_output_tokens=60, temperature=1.0,
+            text={"format": {"type": "json_schema", "name": "answer", "schema": schema}},
+            extra_body={"seed": seed})
+        assert out.status == "completed"
+        assert isinstance(json.loads(out.output_text)["ok"], bool)
+
+
+def test_no_response_is_kept(http: httpx.Client) -> None:
+    r = http.get("/v1/responses/resp_123")
+    assert r.status_code == 404 and r.json()["error"]["param"] == "response_id"
