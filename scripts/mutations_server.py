@@ -28,4 +28,15 @@ MUTATIONS = [
     Mutation("resp-params-unnamed", "a chat field's error keeps its chat name",
              "cadence/server/serving_responses.py",
              "            exc.param = param_of(exc.param)", "            pass", (_RESP,)),
+    Mutation("pythonic-positional", "a positional argument is taken (and dropped)",
+             "cadence/server/tool_calls_pythonic.py",
+             "                    or node.args or any(k.arg is None for k in node.keywords)",
+             "                    or any(k.arg is None for k in node.keywords)",
+             ("tests/server/test_tool_calls_pythonic.py",)),
+    Mutation("pythonic-trailing-text", "text after the list is dropped instead of refusing calls",
+             "cadence/server/tool_calls_pythonic.py",
+             'if not body.startswith("[") or not body.endswith("]") or len(body) > _MAX_SOURCE:',
+             'body = body[: body.rfind("]") + 1]\n    if not body.startswith("[") or '
+             'len(body) > _MAX_SOURCE:',
+             ("tests/server/test_tool_calls_pythonic.py",)),
 ]

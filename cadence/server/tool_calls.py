@@ -1,5 +1,6 @@
-"""Tool calls in a model's text: vLLM's ``--tool-call-parser hermes`` and ``llama3_json``
-(``JsonCallStream``: Llama 3.x's JSON objects, see there). Hermes: the ``<tool_call>`` JSON
+"""Tool calls in a model's text: vLLM's ``--tool-call-parser hermes``, ``llama3_json``
+(``JsonCallStream``: Llama 3.x's JSON objects, see there) and ``pythonic``
+(``tool_calls_pythonic``). Hermes: the ``<tool_call>`` JSON
 lines of the Hermes / Qwen2.5 / Qwen3 chat templates,
 
     <tool_call>
@@ -18,7 +19,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from cadence.chat import encodes_as_utf8
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
@@ -28,7 +29,16 @@ __all__ = ["TOOL_CALL_PARSERS", "ParsedCall", "ToolCallStream", "parse_forced_ca
            "parse_tool_calls", "tool_call_stream", "tool_calls_finish"]
 
 START, END = "<tool_call>", "</tool_call>"
-TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "pythonic")
+
+
+class CallStream(Protocol):
+    """One answer's splitter into content and whole calls (one class per parser)."""
+
+    calls: list[ParsedCall]
+    cut_call: bool  # the answer ended inside what may have been a call
+
+    def feed(self, piece: str, final: bool = False) -> tuple[str, list[ParsedCall]]: ...
 
 
 @dataclass(frozen=True)
@@ -135,18 +145,21 @@ def parse_tool_calls(text: str, parser: str = "hermes") -> tuple[str | None, lis
     return content or None, calls
 
 
-def tool_call_stream(parser: str) -> ToolCallStream | JsonCallStream:
+def tool_call_stream(parser: str) -> CallStream:
     """A splitter of one answer for ``--tool-call-parser parser``."""
     if parser == "llama3_json":
         return JsonCallStream()
+    if parser == "pythonic":
+        from cadence.server.tool_calls_pythonic import PythonicCallStream
+
+        return PythonicCallStream()
     if parser != "hermes":
         raise ValueError(f"unknown tool call parser {parser!r}; use one of "
                          f"{', '.join(TOOL_CALL_PARSERS)}.")
     return ToolCallStream()
 
 
-def tool_calls_finish(finish: str | None, stream: ToolCallStream | JsonCallStream
-                      ) -> str | None:
+def tool_calls_finish(finish: str | None, stream: CallStream) -> str | None:
     """The finish reason of an answer once ``stream`` has split it: "tool_calls" when it made
     calls, unless max_tokens cut it inside another block ("length": the client must see the
     truncation; vLLM's parser gives no calls at all then)."""

@@ -1,0 +1,99 @@
+"""--tool-call-parser pythonic: Python lists of keyword calls, whole and split into any stream
+pieces alike, and end to end through the openai client with a scripted answer."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import openai
+import pytest
+
+from cadence.server.tool_calls import parse_tool_calls, tool_call_stream, tool_calls_finish
+from tests.server.test_tool_calls import TOOLS, ScriptedCore
+
+PY = '[get_weather(city="Paris", days=2), get_time(zone=\'CET\', exact=True, at=None)]'
+PY_CALLS = [("get_weather", {"city": "Paris", "days": 2}),
+            ("get_time", {"zone": "CET", "exact": True, "at": None})]
+
+TEXTS = [
+    (PY, None, PY_CALLS),
+    ("  " + PY + "\n", None, PY_CALLS),
+    ("<|python_start|>" + PY + "<|python_end|>", None, PY_CALLS),
+    ('[f(xs=[1, 2.5, "a"], d={"k": [None]}, t=(1, 2))]', None,
+     [("f", {"xs": [1, 2.5, "a"], "d": {"k": [None]}, "t": [1, 2]})]),
+    ("[f()]", None, [("f", {})]),
+    # Not a list of keyword calls, or not Python at all: content, whole.
+    ("The weather is fine.", "The weather is fine.", []),
+    ("[1] First, the weather.", "[1] First, the weather.", []),
+    ('[f("Paris")]', '[f("Paris")]', []),  # positional
+    ("[f(x=g())]", "[f(x=g())]", []),  # not a literal
+    ("[f(**kw)]", "[f(**kw)]", []),
+    ("[os.system(x='ls')]", "[os.system(x='ls')]", []),  # a dotted name
+    ("[f(x=1e999)]", "[f(x=1e999)]", []),  # infinity: no JSON
+    ('[get_weather(city="Par', '[get_weather(city="Par', []),  # cut by max_tokens
+    ("[]", "[]", []),
+    ("[f(x=" + "[" * 300 + "]" * 300 + ")]", "[f(x=" + "[" * 300 + "]" * 300 + ")]", []),
+    # The list must be the whole answer (vLLM's parser takes the whole output as Python).
+    (PY + " Anything else?", PY + " Anything else?", []),
+]
+
+
+def _shape(calls) -> list:
+    return [(c.name, json.loads(c.arguments)) for c in calls]
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), TEXTS)
+@pytest.mark.parametrize("seed", range(6))
+def test_whole_and_streamed_alike(text, content, calls, seed) -> None:
+    got_content, got_calls = parse_tool_calls(text, "pythonic")
+    assert got_content == content and _shape(got_calls) == calls
+    assert len({c.id for c in got_calls}) == len(got_calls)
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(len(text) + 1), k=min(len(text), rng.randrange(0, 10))))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    stream = tool_call_stream("pythonic")
+    shown, got = "", []
+    for i, piece in enumerate(pieces):
+        c, new = stream.feed(piece, final=i == len(pieces) - 1)
+        shown += c
+        got.extend(new)
+    assert (shown or None) == content and _shape(got) == calls, pieces
+    assert tool_calls_finish("stop", stream) == ("tool_calls" if calls else "stop")
+
+
+def test_text_that_cannot_be_calls_streams_at_once() -> None:
+    stream = tool_call_stream("pythonic")
+    assert stream.feed("The ") == ("The ", [])  # not "[": content from the first piece
+    held = tool_call_stream("pythonic")
+    assert held.feed("[get_wea") == ("", [])  # may be a call: held to the end
+    assert held.feed("ther(city='x')]") == ("", [])
+    content, (call,) = held.feed("", final=True)
+    assert content == "" and call.name == "get_weather"
+    other = tool_call_stream("pythonic")
+    assert other.feed("[") == ("", []) and other.feed("1] x") == ("[1] x", [])
+
+
+def test_pythonic_tool_calls_through_the_openai_client(server_factory) -> None:
+    from transformers import AutoTokenizer
+
+    from cadence.model.tiny import ensure_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+    ScriptedCore.SCRIPT = tok.encode(PY, add_special_tokens=False)
+    srv = server_factory(core_factory=ScriptedCore, app_kwargs={
+        "enable_auto_tool_choice": True, "tool_call_parser": "pythonic"})
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS,
+              max_tokens=len(ScriptedCore.SCRIPT), extra_body={"ignore_eos": True})
+    choice = client.chat.completions.create(**kw).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert [(c.function.name, json.loads(c.function.arguments))
+            for c in choice.message.tool_calls] == PY_CALLS
+    calls, content = [], ""
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        if chunk.choices:
+            calls.extend(chunk.choices[0].delta.tool_calls or [])
+            content += chunk.choices[0].delta.content or ""
+    assert content == "" and [c.index for c in calls] == [0, 1]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == PY_CALLS
