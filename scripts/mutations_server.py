@@ -39,4 +39,14 @@ MUTATIONS = [
              'body = body[: body.rfind("]") + 1]\n    if not body.startswith("[") or '
              'len(body) > _MAX_SOURCE:',
              ("tests/server/test_tool_calls_pythonic.py",)),
+    Mutation("mistral-specials-skipped", "requests the mistral parser reads drop special tokens",
+             "cadence/server/serving_chat.py",
+             "            params.skip_special_tokens = False  # the parser's tag is a special token",
+             "            pass  # the parser's tag is a special token",
+             ("tests/server/test_tool_calls_mistral.py",)),
+    Mutation("mistral-trailing-taken", "text after a v11 call's JSON is ignored",
+             "cadence/server/tool_calls_mistral.py",
+             "    if body[end:].strip() or not isinstance(value, dict):",
+             "    if not isinstance(value, dict):",
+             ("tests/server/test_tool_calls_mistral.py",)),
 ]

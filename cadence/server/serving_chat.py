@@ -41,6 +41,7 @@ from cadence.server.serving import (
 )
 from cadence.server.token_bytes import TokenBytes
 from cadence.server.tool_calls import (
+    KEEPS_SPECIAL_TOKENS,
     ParsedCall,
     parse_forced_calls,
     tool_call_stream,
@@ -256,6 +257,8 @@ class OpenAIServingChat(OpenAIServing):
             raise to_bad_request(exc, "messages", max_tokens_param) from exc
         params = await self.engine.run_cpu(request.params_size, request.to_sampling_params,
                                            self.engine.generation_defaults)
+        if self.tool_call_parser in KEEPS_SPECIAL_TOKENS and self.parses_tools(request):
+            params.skip_special_tokens = False  # the parser's tag is a special token (vLLM)
         if stream is not None:
             if request.return_token_ids:
                 stream.prompt_token_ids = list(prompt_ids)

@@ -1,6 +1,6 @@
 """Tool calls in a model's text: vLLM's ``--tool-call-parser hermes``, ``llama3_json``
-(``JsonCallStream``: Llama 3.x's JSON objects, see there) and ``pythonic``
-(``tool_calls_pythonic``). Hermes: the ``<tool_call>`` JSON
+(``JsonCallStream``: Llama 3.x's JSON objects, see there), ``pythonic``
+(``tool_calls_pythonic``) and ``mistral`` (``tool_calls_mistral``). Hermes: the ``<tool_call>`` JSON
 lines of the Hermes / Qwen2.5 / Qwen3 chat templates,
 
     <tool_call>
@@ -25,11 +25,13 @@ from cadence.chat import encodes_as_utf8
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 from cadence.server.held_text import tag_prefix_len
 
-__all__ = ["TOOL_CALL_PARSERS", "ParsedCall", "ToolCallStream", "parse_forced_calls",
+__all__ = ["KEEPS_SPECIAL_TOKENS", "TOOL_CALL_PARSERS", "ParsedCall", "ToolCallStream", "parse_forced_calls",
            "parse_tool_calls", "tool_call_stream", "tool_calls_finish"]
 
 START, END = "<tool_call>", "</tool_call>"
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "pythonic")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
+# Parsers whose tags are special tokens: their requests keep special tokens in the text.
+KEEPS_SPECIAL_TOKENS = frozenset({"mistral"})
 
 
 class CallStream(Protocol):
@@ -153,6 +155,10 @@ def tool_call_stream(parser: str) -> CallStream:
         from cadence.server.tool_calls_pythonic import PythonicCallStream
 
         return PythonicCallStream()
+    if parser == "mistral":
+        from cadence.server.tool_calls_mistral import MistralCallStream
+
+        return MistralCallStream()
     if parser != "hermes":
         raise ValueError(f"unknown tool call parser {parser!r}; use one of "
                          f"{', '.join(TOOL_CALL_PARSERS)}.")
