@@ -515,7 +515,7 @@ def test_llama3_json_tool_calls_through_the_openai_client(server_factory) -> Non
 def test_an_unknown_tool_call_parser_is_a_one_line_error() -> None:
     from cadence.server.settings import ServerSettings
 
-    with pytest.raises(ValueError, match="hermes, llama3_json"):
-        ServerSettings(tool_call_parser="mistral")
+    with pytest.raises(ValueError, match="hermes, llama3_json, mistral, pythonic"):
+        ServerSettings(tool_call_parser="granite")
     with pytest.raises(ValueError, match="unknown tool call parser"):
-        tool_call_stream("pythonic")
+        tool_call_stream("granite")
