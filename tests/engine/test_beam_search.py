@@ -62,7 +62,7 @@ def test_beams_match_the_reference(checkpoint, width: int, penalty: float,
                                    async_scheduling: bool) -> None:
     path, model, prompts, eos = checkpoint
     steps = 6
-    llm = LLM(str(path), skip_tokenizer_init=True, max_model_len=128,
+    llm = LLM(str(path), dtype="float32", skip_tokenizer_init=True, max_model_len=128,
               async_scheduling=async_scheduling)
     free = llm.engine_core.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
     outs = llm.beam_search([{"prompt_token_ids": p} for p in prompts],
@@ -87,7 +87,7 @@ def test_beams_match_the_reference(checkpoint, width: int, penalty: float,
 
 def test_concurrency_limit_and_a_bare_prompt_give_the_same_beams(checkpoint) -> None:
     path, model, prompts, eos = checkpoint
-    llm = LLM(str(path), skip_tokenizer_init=True, max_model_len=128)
+    llm = LLM(str(path), dtype="float32", skip_tokenizer_init=True, max_model_len=128)
     params = BeamSearchParams(beam_width=2, max_tokens=4)
     together = llm.beam_search([{"prompt_token_ids": p} for p in prompts], params)
     one_by_one = llm.beam_search([{"prompt_token_ids": p} for p in prompts], params,
@@ -100,7 +100,7 @@ def test_concurrency_limit_and_a_bare_prompt_give_the_same_beams(checkpoint) -> 
 
 def test_beams_stop_at_the_context_end(checkpoint) -> None:
     path, model, prompts, eos = checkpoint
-    llm = LLM(str(path), skip_tokenizer_init=True, max_model_len=24)
+    llm = LLM(str(path), dtype="float32", skip_tokenizer_init=True, max_model_len=24)
     (out,) = llm.beam_search({"prompt_token_ids": prompts[1]},  # 19 tokens
                              BeamSearchParams(beam_width=2, max_tokens=50, ignore_eos=True))
     assert all(len(s.tokens) == 24 and s.finish_reason == "length" for s in out.sequences)
