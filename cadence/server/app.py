@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from cadence.metrics import CONTENT_TYPE_LATEST, PrometheusStatLogger
+from cadence.server.api_operations import API_OPERATIONS
 from cadence.server.error_handlers import UnexpectedErrorMiddleware, exception_handlers
 from cadence.server.errors import (
     BadRequestError,
@@ -23,18 +24,13 @@ from cadence.server.errors import (
     from_validation_error,
 )
 from cadence.server.lifecycle import InFlightMiddleware, RequestLifecycle, shutting_down_error
-from cadence.server.live_stats import SecondsRecorder, engine_config_summary
+from cadence.server.live_stats import SecondsRecorder, engine_config_summary, stats_document
 from cadence.server.middleware import ApiKeyMiddleware, RequestIdHeaderMiddleware, api_keys
-from cadence.server.openapi import Operation, openapi_document
+from cadence.server.openapi import openapi_document
 from cadence.server.protocol import SamplingRequest, response_and_engine_ids
 from cadence.server.protocol_chat import ChatCompletionRequest
 from cadence.server.protocol_completion import CompletionRequest
-from cadence.server.protocol_responses import (
-    ChatCompletionResponse,
-    CompletionResponse,
-    ModelCard,
-    ModelList,
-)
+from cadence.server.protocol_responses import ModelCard, ModelList
 from cadence.server.reasoning import reasoning_parser as reasoning_parser_named
 from cadence.server.request_body import parse_json_body, read_body, validate_request
 from cadence.server.responses_api import ResponsesRequest
@@ -53,14 +49,7 @@ from cadence.server.sse import (
     ServerStopping,
     run_until_disconnect,
 )
-from cadence.server.tokenization import (
-    DetokenizeRequest,
-    DetokenizeResponse,
-    Tokenization,
-    TokenizeChatRequest,
-    TokenizeCompletionRequest,
-    TokenizeResponse,
-)
+from cadence.server.tokenization import Tokenization
 from cadence.server.watchdog import DEFAULT_ENGINE_STALL_TIMEOUT_S, EngineWatchdog
 from cadence.server.web_page import WebPage
 
@@ -82,28 +71,6 @@ STATS_WAIT_S = 1.0
 UNKNOWN_FIELDS_KEPT = 256
 UNKNOWN_FIELDS_NAMED = 8
 
-API_OPERATIONS = [
-    Operation("/v1/completions", "POST", "Completions (OpenAI)", CompletionRequest,
-              CompletionResponse, streams=True),
-    Operation("/v1/chat/completions", "POST", "Chat completions (OpenAI)",
-              ChatCompletionRequest, ChatCompletionResponse, streams=True),
-    Operation("/v1/responses", "POST", "Responses (OpenAI; no response store)",
-              ResponsesRequest, streams=True),
-    Operation("/v1/responses/{response_id}", "GET", "404: this server keeps no responses"),
-    Operation("/v1/models", "GET", "The served model", response=ModelList),
-    Operation("/v1/models/{model}", "GET", "One served model's card (OpenAI), or 404",
-              response=ModelCard),
-    Operation("/tokenize", "POST", "Token ids of a prompt or a conversation (vLLM)",
-              (TokenizeCompletionRequest, TokenizeChatRequest), TokenizeResponse),
-    Operation("/detokenize", "POST", "Text of token ids (vLLM)", DetokenizeRequest,
-              DetokenizeResponse),
-    Operation("/health", "GET", "200 while the engine serves, else 503"),
-    Operation("/ping", "GET", "Same as /health"),
-    Operation("/version", "GET", "The server's version"),
-    Operation("/metrics", "GET", "Prometheus metrics"),
-    Operation("/stats", "GET", "The engine's state, per-second history and configuration (JSON; "
-              "?since=SECOND for the seconds after that one)"),
-]
 T = TypeVar("T")
 
 
@@ -344,28 +311,11 @@ class OpenAIServer:
             raise BadRequestError(f"since must be an integer (a second), got {raw_since!r}.",
                                   "since") from None
         await self._refresh_stats()
-        latest = self.seconds.latest
         problem = (None if self.lifecycle.accepting else "shutting down") or self.watchdog.problem()
-        body: dict[str, Any] = {
-            "status": problem or "serving",
-            "version": cadence_version(),
-            "boot": self.seconds.boot,
-            "second": self.seconds.now(),
-            "window_s": self.seconds.window_s,
-            "now": {
-                "running": latest.num_running_reqs,
-                "waiting": latest.num_waiting_reqs,
-                "kv_cache_usage": latest.kv_cache_usage,
-                "num_preemptions": latest.num_preemptions,
-                "prefix_cache_queries": latest.prefix_cache_queries,
-                "prefix_cache_hits": latest.prefix_cache_hits,
-            },
-            "history": self.seconds.history(since),
-        }
-        if since < 0:  # the first request of a client: what does not change
-            if self._config_summary is None:
-                self._config_summary = engine_config_summary(self.engine, self.model_name)
-            body["config"] = self._config_summary
+        if since < 0 and self._config_summary is None:  # what does not change, asked once
+            self._config_summary = engine_config_summary(self.engine, self.model_name)
+        body = stats_document(self.seconds, problem or "serving", cadence_version(), since,
+                              self._config_summary if since < 0 else None)
         return JSONResponse(body, headers={"cache-control": "no-store"})
 
 

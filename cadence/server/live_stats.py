@@ -175,3 +175,30 @@ def engine_config_summary(engine: AsyncLLM, served_model_name: str) -> dict[str,
         "num_kv_blocks": engine.num_kv_blocks,
         "graphs": graphs,
     }
+
+
+def stats_document(seconds: SecondsRecorder, status: str, version: str, since: int,
+                   config: dict[str, Any] | None) -> dict[str, Any]:
+    """GET /stats' body: the status, the latest second's state, the seconds after ``since``
+    (all kept for -1), and ``config`` where given (a client's first request)."""
+    latest = seconds.latest
+    body: dict[str, Any] = {
+        "status": status,
+        "version": version,
+        "boot": seconds.boot,
+        "second": seconds.now(),
+        "window_s": seconds.window_s,
+        "now": {
+            "running": latest.num_running_reqs,
+            "waiting": latest.num_waiting_reqs,
+            "kv_cache_usage": latest.kv_cache_usage,
+            "num_preemptions": latest.num_preemptions,
+            "prefix_cache_queries": latest.prefix_cache_queries,
+            "prefix_cache_hits": latest.prefix_cache_hits,
+        },
+        "history": seconds.history(since),
+    }
+    if config is not None:
+        body["config"] = config
+    return body
+

@@ -1,7 +1,7 @@
 """Tool calls in a model's text: vLLM's ``--tool-call-parser hermes``, ``llama3_json``
 (``JsonCallStream``: Llama 3.x's JSON objects, see there), ``pythonic``
-(``tool_calls_pythonic``) and ``mistral`` (``tool_calls_mistral``). Hermes: the ``<tool_call>`` JSON
-lines of the Hermes / Qwen2.5 / Qwen3 chat templates,
+(``tool_calls_pythonic``) and ``mistral`` (``tool_calls_mistral``). Hermes: the
+``<tool_call>`` JSON lines of the Hermes / Qwen2.5 / Qwen3 chat templates,
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -17,108 +17,32 @@ what it is.
 from __future__ import annotations
 
 import json
-import uuid
-from dataclasses import dataclass
-from typing import Any, Protocol
 
-from cadence.chat import encodes_as_utf8
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 from cadence.server.held_text import tag_prefix_len
+from cadence.server.tool_call_json import (
+    CallStream,
+    NotJson,
+    ParsedCall,
+    call_of,
+    dumps_json,
+    hermes_call,
+    is_name,
+    loads_json,
+    new_call,
+    no_constant,
+)
+from cadence.server.tool_calls_mistral import MistralCallStream
+from cadence.server.tool_calls_pythonic import PythonicCallStream
 
-__all__ = ["KEEPS_SPECIAL_TOKENS", "TOOL_CALL_PARSERS", "ParsedCall", "ToolCallStream", "parse_forced_calls",
-           "parse_tool_calls", "tool_call_stream", "tool_calls_finish"]
+__all__ = ["KEEPS_SPECIAL_TOKENS", "TOOL_CALL_PARSERS", "CallStream", "ParsedCall",
+           "ToolCallStream", "parse_forced_calls", "parse_tool_calls", "tool_call_stream",
+           "tool_calls_finish"]
 
 START, END = "<tool_call>", "</tool_call>"
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
 # Parsers whose tags are special tokens: their requests keep special tokens in the text.
 KEEPS_SPECIAL_TOKENS = frozenset({"mistral"})
-
-
-class CallStream(Protocol):
-    """One answer's splitter into content and whole calls (one class per parser)."""
-
-    calls: list[ParsedCall]
-    cut_call: bool  # the answer ended inside what may have been a call
-
-    def feed(self, piece: str, final: bool = False) -> tuple[str, list[ParsedCall]]: ...
-
-
-@dataclass(frozen=True)
-class ParsedCall:
-    id: str
-    name: str
-    arguments: str  # JSON text
-
-
-def new_call(name: str, arguments: str) -> ParsedCall:
-    return ParsedCall(f"chatcmpl-tool-{uuid.uuid4().hex}", name, arguments)
-
-
-class _NotJson(Exception):
-    pass
-
-
-def _no_constant(name: str) -> Any:
-    raise _NotJson(name)  # NaN / Infinity: not JSON
-
-
-def _loads(text: str) -> Any:
-    """``text`` as JSON, or ``_NotJson``: model output may nest past the parser's recursion
-    limit, hold an integer past Python's digit limit, NaN or Infinity."""
-    if nesting_depth(text) > MAX_JSON_DEPTH:
-        raise _NotJson("too deep")
-    try:
-        return json.loads(text, parse_constant=_no_constant)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        raise _NotJson(str(exc)) from None
-
-
-def _dumps(value: Any) -> str:
-    try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)  # 1e999 parses as inf
-    except ValueError as exc:
-        raise _NotJson(str(exc)) from None
-    if not encodes_as_utf8(text):  # a "\ud83d" escape parsed to a lone surrogate
-        raise _NotJson("a lone surrogate")
-    return text
-
-
-def _call(body: str) -> ParsedCall | None:
-    try:
-        return _call_of(_loads(body))
-    except _NotJson:
-        return None
-
-
-def _call_of(obj: Any, need_arguments: bool = False) -> ParsedCall | None:
-    """A call of a parsed {"name", "arguments" (or "parameters")} object, else None;
-    ``need_arguments``: an object without either is none (llama3_json's rule)."""
-    try:
-        if not isinstance(obj, dict) or not _is_name(obj.get("name")):
-            return None
-        if need_arguments and "arguments" not in obj and "parameters" not in obj:
-            return None
-        args = obj.get("arguments", obj.get("parameters", {}))
-        # Arguments given as the text of a JSON object stay that text; any other value is
-        # serialized (a bare string too, as vLLM's parser does), so arguments are always JSON.
-        text = args if isinstance(args, str) and _is_json_object(args) else _dumps(args)
-    except _NotJson:
-        return None
-    return new_call(obj["name"], text)
-
-
-def _is_name(name: Any) -> bool:
-    # A "\ud800" escape in the name parses to a lone surrogate, which no response can carry.
-    return isinstance(name, str) and encodes_as_utf8(name)
-
-
-def _is_json_object(text: str) -> bool:
-    try:
-        value = _loads(text)
-        _dumps(value)
-    except _NotJson:
-        return False
-    return isinstance(value, dict)
 
 
 def parse_forced_calls(text: str, named: str | None) -> list[ParsedCall] | None:
@@ -131,12 +55,12 @@ def parse_forced_calls(text: str, named: str | None) -> list[ParsedCall] | None:
     if named is not None:
         return [new_call(named, text)]
     try:
-        value = _loads(text)
+        value = loads_json(text)
         if not isinstance(value, list) or not all(
-                isinstance(i, dict) and _is_name(i.get("name")) for i in value):
+                isinstance(i, dict) and is_name(i.get("name")) for i in value):
             return None
-        return [new_call(i["name"], _dumps(i.get("parameters", {}))) for i in value]
-    except _NotJson:
+        return [new_call(i["name"], dumps_json(i.get("parameters", {}))) for i in value]
+    except NotJson:
         return None
 
 
@@ -152,12 +76,8 @@ def tool_call_stream(parser: str) -> CallStream:
     if parser == "llama3_json":
         return JsonCallStream()
     if parser == "pythonic":
-        from cadence.server.tool_calls_pythonic import PythonicCallStream
-
         return PythonicCallStream()
     if parser == "mistral":
-        from cadence.server.tool_calls_mistral import MistralCallStream
-
         return MistralCallStream()
     if parser != "hermes":
         raise ValueError(f"unknown tool call parser {parser!r}; use one of "
@@ -213,7 +133,7 @@ class ToolCallStream:
             if not tag and not final:
                 self.pending = text  # a call whose closing tag has not come yet
                 break
-            call = _call(body.strip())
+            call = hermes_call(body.strip())
             if call is None:  # not a call after all: it is text
                 content.append(START + body + tag)
                 self.cut_call = not tag
@@ -229,7 +149,7 @@ class ToolCallStream:
 
 
 BOT = "<|python_tag|>"
-_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+_DECODER = json.JSONDecoder(parse_constant=no_constant)
 
 
 class JsonCallStream:
@@ -278,8 +198,8 @@ class JsonCallStream:
                 break
             try:
                 obj, end = _DECODER.raw_decode(text, self.pos)
-                call = _call_of(obj, need_arguments=True)
-            except (_NotJson, ValueError, RecursionError):  # incomplete, not JSON, NaN
+                call = call_of(obj, need_arguments=True)
+            except (NotJson, ValueError, RecursionError):  # incomplete, not JSON, NaN
                 obj = call = None
                 end = -1
             if call is not None and nesting_depth(text[self.pos:end]) <= MAX_JSON_DEPTH:

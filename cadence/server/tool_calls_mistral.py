@@ -20,14 +20,14 @@ import string
 
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 from cadence.server.held_text import tag_prefix_len
-from cadence.server.tool_calls import (
+from cadence.server.tool_call_json import (
+    NotJson,
     ParsedCall,
-    _call_of,
-    _dumps,
-    _is_json_object,
-    _is_name,
-    _loads,
-    _NotJson,
+    call_of,
+    dumps_json,
+    is_json_object,
+    is_name,
+    loads_json,
 )
 
 __all__ = ["BOT", "MistralCallStream", "mistral_call_id", "parse_mistral_calls"]
@@ -54,7 +54,7 @@ def _named_call(segment: str) -> ParsedCall | None:
             return None
         head, body = segment[:brace], segment[brace:]
     name, body = head.strip(), body.strip()
-    if not name or not _is_name(name) or any(c.isspace() for c in name):
+    if not name or not is_name(name) or any(c.isspace() for c in name):
         return None
     if nesting_depth(body) > MAX_JSON_DEPTH:
         return None
@@ -66,8 +66,8 @@ def _named_call(segment: str) -> ParsedCall | None:
         return None
     try:
         return ParsedCall(mistral_call_id(), name,
-                          body[:end] if _is_json_object(body[:end]) else _dumps(value))
-    except _NotJson:
+                          body[:end] if is_json_object(body[:end]) else dumps_json(value))
+    except NotJson:
         return None
 
 
@@ -78,11 +78,11 @@ def parse_mistral_calls(after: str) -> list[ParsedCall] | None:
         if len(segments) > 1 and any(segments[1:]):
             return None
         try:
-            value = _loads(segments[0])
-        except _NotJson:
+            value = loads_json(segments[0])
+        except NotJson:
             return None
         items = value if isinstance(value, list) else [value]
-        calls = [_call_of(item) for item in items]
+        calls = [call_of(item) for item in items]
         if not items or any(c is None for c in calls):
             return None
         return [_with_mistral_id(c) for c in calls if c is not None]

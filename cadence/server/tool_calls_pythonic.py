@@ -17,7 +17,7 @@ import ast
 import re
 from typing import Any
 
-from cadence.server.tool_calls import ParsedCall, _dumps, _is_name, _NotJson, new_call
+from cadence.server.tool_call_json import NotJson, ParsedCall, dumps_json, is_name, new_call
 
 __all__ = ["PythonicCallStream", "parse_pythonic"]
 
@@ -40,7 +40,7 @@ def _literal(node: ast.AST) -> Any:
     try:
         return ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        raise _NotJson("not a literal") from None
+        raise NotJson("not a literal") from None
 
 
 def parse_pythonic(text: str) -> list[ParsedCall] | None:
@@ -59,11 +59,11 @@ def parse_pythonic(text: str) -> list[ParsedCall] | None:
         for node in tree.elts:
             if (not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name)
                     or node.args or any(k.arg is None for k in node.keywords)
-                    or not _is_name(node.func.id)):
+                    or not is_name(node.func.id)):
                 return None
             args = {k.arg: _literal(k.value) for k in node.keywords}
-            calls.append(new_call(node.func.id, _dumps(args)))
-    except _NotJson:
+            calls.append(new_call(node.func.id, dumps_json(args)))
+    except NotJson:
         return None
     return calls
 
