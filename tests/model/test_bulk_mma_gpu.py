@@ -98,6 +98,31 @@ def test_norm_against_float64(cfg: MmaConfig, n: int, k: int, m: int, residual: 
     _close(out, h, w, scale)
 
 
+def _table_cases() -> list[tuple]:
+    from cadence.model.bulk_mma import MMA_CONFIGS
+
+    # Each landed entry at its own shape, at its bucket's row count and the one below it.
+    return [(key, cfg, m) for key, cfg in sorted(MMA_CONFIGS.items())
+            for m in sorted({key[4], max(1, key[4] - 1)})]
+
+
+@pytest.mark.parametrize(("key", "cfg", "m"), _table_cases(), ids=str)
+def test_every_table_entry_against_float64(key: tuple, cfg: MmaConfig, m: int) -> None:
+    n, k, mode, wtype, _ = key
+    fp8 = wtype == "fp8"
+    w, scale, x, r, nw = _operands(n, k, m, n + 3 * k + m, fp8, glu=mode == "glu")
+    if mode == "norm":
+        assert mma_applies(x, w, cfg, "norm", scale, r, nw)
+        out, _ = bulk_mma_norm(x, r, nw, EPS, w, cfg, scale)
+        _close(out, add_rms_norm(x, r, nw, EPS)[0], w, scale)
+    elif mode == "glu":
+        assert mma_applies(x, w, cfg, "glu", scale)
+        _close(bulk_mma(x, w, cfg, glu=True, scale=scale), silu_and_mul(x), w, scale)
+    else:
+        assert mma_applies(x, w, cfg, scale=scale)
+        _close(bulk_mma(x, w, cfg, scale=scale), x, w, scale)
+
+
 @pytest.mark.parametrize("spread", [3e4, 1e6, 1e-30])
 def test_fp8_inputs_outside_f16s_range(spread: float) -> None:
     # Activations past f16's 65504 (and far below its smallest normal) are scaled into it.
