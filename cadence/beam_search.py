@@ -83,30 +83,51 @@ class BeamSearch:
         if full:
             for beam in full:
                 beam.finish_reason = "length"
-            self.completed.extend(full)
+            self._finish([(self._score(b), b) for b in full])
             self.beams = [b for b in self.beams if len(b.tokens) < self.max_model_len]
         return list(self.beams)
 
+    def _finish(self, done: list[tuple[float, BeamSearchSequence]]) -> None:
+        """Add finished sequences, keeping the best ``beam_width`` (no other can be among the
+        answer; equal scores keep the earlier)."""
+        pool = [(self._score(b), b) for b in self.completed] + done
+        width = self.params.beam_width
+        if len(pool) > width:
+            keep = sorted(range(len(pool)), key=lambda i: (-pool[i][0], i))[:width]
+            pool = [pool[i] for i in sorted(keep)]
+        self.completed = [b for _, b in pool]
+
     def advance(self, candidates: Sequence[dict[int, Logprob] | None]) -> None:
-        """Each pending beam's candidates (token -> logprob) from this step, in order."""
+        """Each pending beam's candidates (token -> logprob) from this step, in order. Only the
+        children that survive are built (a step has up to 2 x width^2 candidates)."""
         beams = self.beams
         assert len(candidates) == len(beams), "one candidate dict per pending beam"
         eos, ignore_eos = self.eos_token_id, self.params.ignore_eos
-        grown: list[BeamSearchSequence] = []
+        penalty, width = self.params.length_penalty, self.params.beam_width
+        grown: list[tuple[float, BeamSearchSequence, dict[int, Logprob], int, float]] = []
+        ended: list[tuple[float, BeamSearchSequence, dict[int, Logprob], int, float]] = []
         for beam, row in zip(beams, candidates):
             if row is None:
                 continue
+            n = len(beam.tokens) + 1
             for token_id, lp in row.items():
-                child = BeamSearchSequence(beam.tokens + [token_id], beam.logprobs + [row],
-                                           beam.cum_logprob + lp.logprob)
-                if token_id == eos and not ignore_eos:
-                    child.finish_reason, child.stop_reason = "stop", token_id
-                    self.completed.append(child)
-                else:
-                    grown.append(child)
-        # NOTE: a stable sort: equal scores keep the beams' order, then the candidates'.
-        grown.sort(key=self._score, reverse=True)
-        self.beams = grown[:self.params.beam_width]
+                cum = beam.cum_logprob + lp.logprob
+                # beam_score of the child: a final end token is not counted
+                score = cum / (max(n - (token_id == eos), 1) ** penalty)
+                stops = token_id == eos and not ignore_eos
+                (ended if stops else grown).append((score, beam, row, token_id, cum))
+        # NOTE: stable sorts: equal scores keep the beams' order, then the candidates'.
+        grown.sort(key=lambda c: -c[0])
+        self.beams = [BeamSearchSequence(b.tokens + [t], b.logprobs + [row], cum)
+                      for _, b, row, t, cum in grown[:width]]
+        if ended:
+            ended.sort(key=lambda c: -c[0])
+            done = []
+            for score, b, row, t, cum in ended[:width]:
+                child = BeamSearchSequence(b.tokens + [t], b.logprobs + [row], cum,
+                                           finish_reason="stop", stop_reason=t)
+                done.append((score, child))
+            self._finish(done)
         self.steps += 1
 
     def best(self) -> list[BeamSearchSequence]:

@@ -199,7 +199,7 @@ MUTATIONS = [
     # -- beam search
     Mutation("beam-eos-not-finished", "a beam ending in the end token stays in the race",
              "cadence/beam_search.py",
-             "if token_id == eos and not ignore_eos:", "if False:",
+             "stops = token_id == eos and not ignore_eos", "stops = False",
              ("tests/test_beam_search.py", "tests/engine/test_beam_search.py")),
     Mutation("beam-score-counts-eos", "the score counts a final end token in the length",
              "cadence/beam_search.py",
@@ -208,8 +208,8 @@ MUTATIONS = [
              ("tests/test_beam_search.py",)),
     Mutation("beam-keeps-one-too-many", "a step keeps beam_width + 1 beams",
              "cadence/beam_search.py",
-             "self.beams = grown[:self.params.beam_width]",
-             "self.beams = grown[:self.params.beam_width + 1]",
+             "for _, b, row, t, cum in grown[:width]]",
+             "for _, b, row, t, cum in grown[:width + 1]]",
              ("tests/test_beam_search.py", "tests/engine/test_beam_search.py")),
     Mutation("beam-width-candidates", "each step asks beam_width candidates, not twice that",
              "cadence/sampling_params.py",
@@ -230,4 +230,8 @@ MUTATIONS = [
              'if beam.finish_reason == "stop" and not self.params.include_stop_str_in_output:',
              "if False:",
              ("tests/test_beam_search.py", "tests/server/test_beam_search.py")),
+    Mutation("beam-finished-unbounded", "every finished candidate is kept (memory grows)",
+             "cadence/beam_search.py",
+             "        if len(pool) > width:", "        if False:",
+             ("tests/test_beam_search.py",)),
 ]

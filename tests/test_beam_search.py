@@ -48,6 +48,24 @@ def test_two_steps_by_hand() -> None:
     assert shown.generated(best[0]) == [3, EOS]
 
 
+def test_finished_beams_are_kept_to_the_width() -> None:
+    """Every step finishes candidates: only the best beam_width of them are kept (the answer
+    cannot take others), and the answer is what ranking all of them would give."""
+    search = BeamSearch([9], BeamSearchParams(beam_width=2, max_tokens=6), EOS, 100)
+    finished = []  # every finished candidate, as an unbounded search would keep it
+    for step in range(6):
+        beams = search.pending()
+        rows = [row(t2=-0.5 - 0.1 * step - 0.01 * i, t4=-0.2, t5=-0.3)
+                for i, _ in enumerate(beams)]
+        for b, r in zip(beams, rows):
+            finished.append((b.tokens + [EOS], b.cum_logprob + r[EOS].logprob))
+        search.advance(rows)
+        assert len(search.completed) <= 2
+    live = [(b.tokens, b.cum_logprob) for b in search.beams]
+    everything = sorted(finished + live, key=lambda s: beam_score(s[0], s[1], EOS), reverse=True)
+    assert [b.tokens for b in search.best()] == [t for t, _ in everything[:2]]
+
+
 def test_ignore_eos_keeps_the_end_token_in_the_race() -> None:
     search = BeamSearch([9], BeamSearchParams(beam_width=2, max_tokens=1, ignore_eos=True),
                         EOS, 100)

@@ -8,7 +8,8 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from cadence.beam_search import BeamSearch
-from cadence.outputs import CompletionOutput, RequestOutput
+from cadence.engine.request_state import TokenTextCache
+from cadence.outputs import CompletionOutput, Logprob, RequestOutput
 
 if TYPE_CHECKING:
     from cadence.engine.async_llm import AsyncLLM
@@ -61,15 +62,29 @@ async def beam_search_output(
         search.advance([o.outputs[0].logprobs[0] if o.outputs[0].logprobs else None
                         for o in outs])
         step += 1
+    best = search.best()
+    if not best:  # every step came back without candidates (aborted inside the engine)
+        raise RuntimeError(f"beam search {request_id!r} ended with no sequence.")
     tokenizer = engine.tokenizer
+    texts = TokenTextCache(tokenizer) if tokenizer is not None else None
     outputs = []
-    for index, beam in enumerate(search.best()):
+    for index, beam in enumerate(best):
         tokens = search.generated(beam)
         text = (tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
                 if tokenizer is not None else "")
-        outputs.append(CompletionOutput(index, text, tokens, beam.cum_logprob,
-                                        beam.logprobs[:len(tokens)],
+        rows = beam.logprobs[:len(tokens)]
+        if texts is not None:  # the steps ran without text: each token's, as an answer's
+            rows = [_with_text(row, texts, tokens[max(0, i - 4):i]) for i, row in enumerate(rows)]
+        outputs.append(CompletionOutput(index, text, tokens, beam.cum_logprob, rows,
                                         finish_reason=beam.finish_reason,
                                         stop_reason=beam.stop_reason))
     return RequestOutput(request_id, prompt_text, list(prompt_token_ids), None, outputs,
                          finished=True)
+
+
+def _with_text(row: dict[int, Logprob], texts: TokenTextCache, context: list[int]
+               ) -> dict[int, Logprob]:
+    """A candidate row (shared between beams: copied) with each token's text after
+    ``context``, the beam's tokens before it (a piece of a character shows as an answer's)."""
+    return {t: Logprob(lp.logprob, lp.rank, texts.in_context(t, context))
+            for t, lp in row.items()}

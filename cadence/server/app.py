@@ -109,6 +109,8 @@ class OpenAIServer:
         self.chat = OpenAIServingChat(engine, self.model_name, aliases)
         self.chat.chat_template = chat_template
         self.responses = OpenAIServingResponses(self.chat)
+        # One registry of beam searches: the stream's closing abort (any endpoint's) finds it.
+        self.chat.beams = self.completions.beams
         # One of several API server processes: metrics in the shared multiprocess files.
         args = engine.args
         self.metrics = PrometheusStatLogger(

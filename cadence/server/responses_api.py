@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError
 
 from cadence.sampling_params import INT64_MAX, INT64_MIN, MAX_TEMPERATURE
-from cadence.server.protocol import OpenAIModel, ParamError, StructuredOutputsField
+from cadence.server.protocol import (
+    NO_DEFAULTS,
+    OpenAIModel,
+    ParamError,
+    StructuredOutputsField,
+)
 from cadence.server.protocol_chat import ChatCompletionRequest
 from cadence.server.protocol_responses import ChatCompletionResponse
 
@@ -227,9 +233,15 @@ def _text_of(content: Any, where: str) -> str | list[dict[str, Any]]:
 
 def response_object(request: ResponsesRequest, response_id: str, model: str, created_at: int,
                     output: list[dict[str, Any]], usage: dict[str, Any] | None,
-                    status: str = "completed") -> dict[str, Any]:
-    """The ``Response`` object: the request's settings echoed, ``output`` and ``usage``."""
+                    status: str = "completed",
+                    defaults: Mapping[str, Any] = NO_DEFAULTS) -> dict[str, Any]:
+    """The ``Response`` object: the request's settings echoed (``temperature`` and ``top_p``
+    as applied: the model's ``defaults`` where the request left them out), ``output`` and
+    ``usage``."""
     chat = request.chat
+    temperature = chat.temperature if chat.temperature is not None else defaults.get(
+        "temperature", 1.0)
+    top_p = chat.top_p if chat.top_p is not None else defaults.get("top_p", 1.0)
     return {
         "id": response_id, "object": "response", "created_at": created_at, "status": status,
         "background": False, "error": None,
@@ -240,9 +252,9 @@ def response_object(request: ResponsesRequest, response_id: str, model: str, cre
         "parallel_tool_calls": request.parallel_tool_calls is not False,
         "previous_response_id": None, "reasoning": request.reasoning,
         "service_tier": request.service_tier or "auto", "store": False,
-        "temperature": chat.temperature, "text": request.text or {"format": {"type": "text"}},
+        "temperature": temperature, "text": request.text or {"format": {"type": "text"}},
         "tool_choice": request.tool_choice, "tools": request.tools,
-        "top_logprobs": request.top_logprobs, "top_p": chat.top_p,
+        "top_logprobs": request.top_logprobs, "top_p": top_p,
         "truncation": request.truncation or "disabled", "usage": usage, "user": request.user,
     }
 
@@ -269,11 +281,26 @@ def output_items(answer: ChatCompletionResponse, logprobs: bool,
     if message.content or not (items or message.tool_calls):
         lps = ([c.model_dump(mode="json") for c in choice.logprobs.content or []]
                if logprobs and choice.logprobs is not None else None)
+        if lps is not None and message.reasoning:
+            lps = _tail_for(lps, message.content or "")  # the reasoning's tokens left out
         items.append(message_item(new_item_id("msg"), message.content or "", status, lps))
     for call in message.tool_calls:
         items.append(call_item(new_item_id("fc"), call.id, call.function.name,
                                call.function.arguments, "completed"))
     return items, status, reasoning_tokens
+
+
+def _tail_for(entries: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """The last logprob entries whose tokens hold ``text`` (the answer after its reasoning, as
+    the stream attaches them)."""
+    if not text:
+        return []
+    shown = 0
+    for i in range(len(entries) - 1, -1, -1):
+        shown += len(entries[i]["token"])
+        if shown >= len(text):
+            return entries[i:]
+    return entries
 
 
 def reasoning_item(item_id: str, text: str | None) -> dict[str, Any]:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
 from cadence.server.errors import APIError
+from cadence.server.protocol import ParamError
 from cadence.server.responses_api import (
     ResponsesRequest,
     call_item,
@@ -47,8 +48,10 @@ class ResponseEvents:
     becomes its events, an item opened when its first piece comes and closed when another kind
     of item starts or the answer ends."""
 
-    def __init__(self, request: ResponsesRequest, response_id: str, model: str) -> None:
+    def __init__(self, request: ResponsesRequest, response_id: str, model: str,
+                 defaults: Mapping[str, Any]) -> None:
         self.request = request
+        self.defaults = defaults  # the model's sampling defaults, as the response shows them
         self.response_id = response_id
         self.model = model
         self.created_at = created_now()
@@ -57,6 +60,7 @@ class ResponseEvents:
         self._open: dict[str, Any] | None = None  # the item receiving deltas
         self._text: list[str] = []
         self._logprobs: list[dict[str, Any]] = []
+        self._held_logprobs: list[dict[str, Any]] = []  # before the text they belong to
         self.finish_reason: str | None = None
         self.head = ""  # ``start()``'s events, once made
 
@@ -71,7 +75,7 @@ class ResponseEvents:
 
     def _response(self, status: str, usage: dict[str, Any] | None = None) -> dict[str, Any]:
         return response_object(self.request, self.response_id, self.model, self.created_at,
-                               list(self.output), usage, status)
+                               list(self.output), usage, status, self.defaults)
 
     def start(self) -> str:
         """The opening events. NOTE: made before the request starts, so that they number
@@ -155,9 +159,16 @@ class ResponseEvents:
         lps = ([c.model_dump(mode="json") for c in getattr(logprobs, "content", None) or []]
                if self.request.logprobs_wanted else [])
         if reasoning:
+            self._held_logprobs = []  # they were the reasoning's
             out.append(self._reasoning(reasoning))
         if content or (lps and self._open is not None and self._open["type"] == "message"):
-            out.append(self._message(content or "", lps))
+            out.append(self._message(content or "", self._held_logprobs + lps))
+            self._held_logprobs = []
+        elif lps and not reasoning and (self._open is None
+                                         or self._open["type"] != "reasoning"):
+            # Tokens that showed nothing yet (a piece of a character) before any item; after
+            # reasoning they are its closing tag's, which no item shows.
+            self._held_logprobs.extend(lps)
         for call in tool_calls or []:
             out.append(self._call(call))
         if finish_reason is not None:
@@ -188,7 +199,7 @@ def _named_as_responses() -> Iterator[None]:
     """An error naming a chat request's field names the Responses request's instead."""
     try:
         yield
-    except APIError as exc:
+    except (APIError, ParamError) as exc:
         if exc.param:
             exc.param = param_of(exc.param)
         raise
@@ -215,7 +226,8 @@ class OpenAIServingResponses:
         cached = u.prompt_tokens_details.cached_tokens if u.prompt_tokens_details else 0
         usage = usage_object(u.prompt_tokens, u.completion_tokens, cached, reasoning_tokens)
         return ResponseBody(**response_object(request, response_id, self.chat.served_model_name,
-                                              created_at, items, usage, status))
+                                              created_at, items, usage, status,
+                                              self.chat.engine.generation_defaults))
 
     async def start(self, request: ResponsesRequest, engine_id: str,
                     cs: ChatStream) -> StartedRequest:
@@ -225,7 +237,8 @@ class OpenAIServingResponses:
     def new_stream(self, request: ResponsesRequest, response_id: str
                    ) -> tuple[ChatStream, ResponseEvents]:
         cs = self.chat.new_stream(request.chat, response_id)
-        events = ResponseEvents(request, response_id, self.chat.served_model_name)
+        events = ResponseEvents(request, response_id, self.chat.served_model_name,
+                                self.chat.engine.generation_defaults)
         events.head = events.start()
         cs.frames = events  # type: ignore[assignment]  # the chat stream renders events
         return cs, events

@@ -58,7 +58,7 @@ def loads_json(text: str) -> Any:
 def dumps_json(value: Any) -> str:
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False)  # 1e999 parses as inf
-    except ValueError as exc:
+    except (ValueError, TypeError, RecursionError) as exc:  # a Python set, bytes, 1j: no JSON
         raise NotJson(str(exc)) from None
     if not encodes_as_utf8(text):  # a "\ud83d" escape parsed to a lone surrogate
         raise NotJson("a lone surrogate")

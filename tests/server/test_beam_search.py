@@ -70,6 +70,18 @@ def test_completions_give_the_best_beams(client, offline, server) -> None:
     wait_released(server.engine)
 
 
+def test_logprobs_show_the_answers_tokens(client) -> None:
+    """The steps run without text; the answer's logprobs still show each token's text (they
+    join into the answer), as a sampled answer's do."""
+    out = client.completions.create(model="tiny", prompt=PROMPT, n=2, max_tokens=6,
+                                    temperature=0.0, logprobs=2,
+                                    extra_body={"use_beam_search": True})
+    for c in out.choices:
+        assert "".join(c.logprobs.tokens) == c.text
+        assert not any(t.startswith("token_id:") for t in c.logprobs.tokens)
+        assert c.logprobs.text_offset[0] == 0 and len(c.logprobs.top_logprobs[0]) >= 2
+
+
 def test_chat_gives_the_best_beams_with_logprobs(client, http, offline, server) -> None:
     messages = [{"role": "user", "content": "hi"}]
     prompt_ids = http.post("/tokenize", json={"messages": messages}).json()["tokens"]
@@ -81,6 +93,7 @@ def test_chat_gives_the_best_beams_with_logprobs(client, http, offline, server) 
         [(w[0], w[2]) for w in want]
     for c, w in zip(out.choices, want):
         assert len(c.logprobs.content) == len(w[1])
+        assert "".join(t.token for t in c.logprobs.content) == c.message.content
         assert all(len(t.top_logprobs) == 2 for t in c.logprobs.content)
     contents: dict[int, str] = {}
     for chunk in client.chat.completions.create(**kw, stream=True):
@@ -151,3 +164,16 @@ def test_a_client_that_leaves_cancels_the_search(server_factory, path: str, stre
         assert ok.status_code == 200
         wait_released(server.engine)
         assert ran(http) == steps + 1
+
+
+def test_one_registry_of_searches_serves_every_endpoint(server) -> None:
+    """A streamed response's closing abort goes through one serving object (the app's
+    ``_event_stream``): a chat or Responses search must be in the registry it looks in, or a
+    client that leaves before the stream's first frame would leave the search running."""
+    app = server.server.config.app
+    while not hasattr(app, "state"):  # past the middleware wrapping the application
+        app = app.app
+    openai_server = app.state.server
+    assert openai_server.chat.beams is openai_server.completions.beams
+    assert openai_server.responses.chat is openai_server.chat
+

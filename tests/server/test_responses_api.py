@@ -44,6 +44,8 @@ def test_text_is_the_chat_answer_to_the_same_conversation(client, server) -> Non
     assert out.usage.output_tokens == 8
     assert out.usage.total_tokens == out.usage.input_tokens + 8
     assert out.store is False and out.instructions == "Be brief."
+    unset = client.responses.create(input="Hello", max_output_tokens=2, model="tiny")
+    assert unset.temperature == 1.0 and unset.top_p == 1.0  # as applied, not null
     wait_released(server.engine)
 
 
@@ -155,6 +157,12 @@ def test_reasoning_is_a_reasoning_item(server_factory, stream: bool) -> None:
     assert thought.type == "reasoning" and thought.content[0].text == "plan it"
     assert answer.type == "message" and out.output_text == "the answer"
     assert out.usage.output_tokens_details.reasoning_tokens > 0
+    # The answer's logprobs are its own tokens' (the reasoning's left out), streamed or not.
+    kw["include"] = ["message.output_text.logprobs"]
+    got = (list(client.responses.create(**kw, stream=True))[-1].response if stream
+           else client.responses.create(**kw))
+    lps = got.output[1].content[0].logprobs
+    assert "".join(t.token for t in lps) == "the answer"
 
 
 @pytest.mark.parametrize(("body", "param"), [
@@ -171,6 +179,10 @@ def test_reasoning_is_a_reasoning_item(server_factory, stream: bool) -> None:
     ({"max_output_tokens": 100000}, "max_output_tokens"),
     ({"reasoning": {"effort": "extreme"}}, "reasoning"),
     ({"temperature": -1}, "temperature"),
+    # A chat-side check (the template's tool-call arguments) names the Responses field.
+    ({"input": [{"role": "user", "content": "q"},
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "not json"},
+                {"type": "function_call_output", "call_id": "c1", "output": "x"}]}, "input"),
 ])
 def test_what_is_not_done_is_a_400_naming_it(http: httpx.Client, body: dict, param: str) -> None:
     r = http.post("/v1/responses", json={"input": "hi", **body})

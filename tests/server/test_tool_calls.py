@@ -174,6 +174,8 @@ class ScriptedCore(EngineCore):
                         if out.sampled_token_ids[row]:
                             k = counts[req_id] = counts.get(req_id, -1) + 1
                             out.sampled_token_ids[row] = [ScriptedCore.SCRIPT[k]]
+                            if out.logprobs is not None:  # the row's chosen token too
+                                out.logprobs.logprob_token_ids[row][0] = ScriptedCore.SCRIPT[k]
                     return out
 
             return Scripted()

@@ -31,6 +31,12 @@ TEXTS = [
     ("[f(**kw)]", "[f(**kw)]", []),
     ("[os.system(x='ls')]", "[os.system(x='ls')]", []),  # a dotted name
     ("[f(x=1e999)]", "[f(x=1e999)]", []),  # infinity: no JSON
+    # Python literals with no JSON form: content, not a failed request.
+    ("[f(a={1, 2})]", "[f(a={1, 2})]", []),
+    ("[f(a=1j)]", "[f(a=1j)]", []),
+    ('[f(a=b"x")]', '[f(a=b"x")]', []),
+    ("[f(a=...)]", "[f(a=...)]", []),
+    ("[f(a={(1, 2): 3})]", "[f(a={(1, 2): 3})]", []),
     ('[get_weather(city="Par', '[get_weather(city="Par', []),  # cut by max_tokens
     ("[]", "[]", []),
     ("[f(x=" + "[" * 300 + "]" * 300 + ")]", "[f(x=" + "[" * 300 + "]" * 300 + ")]", []),
