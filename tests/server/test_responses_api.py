@@ -12,7 +12,8 @@ import openai
 import pytest
 
 from tests.server.test_reasoning import THINKING_TEMPLATE
-from tests.server.test_tool_calls import CALL, ScriptedCore
+from tests.server.test_tool_calls import CALL
+from tests.server.tool_call_helpers import scripted_server
 from tests.server.waiting import wait_released
 
 GREEDY = dict(model="tiny", temperature=0.0)
@@ -104,16 +105,10 @@ def test_logprobs_when_included(client) -> None:
 
 
 def test_tool_calls_are_function_call_items(server_factory) -> None:
-    from transformers import AutoTokenizer
-
-    from cadence.model.tiny import ensure_tiny_model
-
-    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
-    ScriptedCore.SCRIPT = tok.encode("Sure." + CALL, add_special_tokens=False)
-    srv = server_factory(core_factory=ScriptedCore, app_kwargs={
-        "enable_auto_tool_choice": True, "tool_call_parser": "hermes"})
+    srv, n = scripted_server(server_factory, "Sure." + CALL, enable_auto_tool_choice=True,
+                             tool_call_parser="hermes")
     client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
-    kw = dict(model="tiny", input="weather?", max_output_tokens=len(ScriptedCore.SCRIPT),
+    kw = dict(model="tiny", input="weather?", max_output_tokens=n,
               tools=[{"type": "function", "name": "get_weather", "parameters": {
                   "type": "object", "properties": {"city": {"type": "string"}}}}],
               extra_body={"ignore_eos": True})
@@ -134,16 +129,10 @@ def test_tool_calls_are_function_call_items(server_factory) -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_reasoning_is_a_reasoning_item(server_factory, stream: bool) -> None:
-    from transformers import AutoTokenizer
-
-    from cadence.model.tiny import ensure_tiny_model
-
-    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
-    ScriptedCore.SCRIPT = tok.encode("plan it</think>the answer", add_special_tokens=False)
-    srv = server_factory(core_factory=ScriptedCore, app_kwargs={
-        "reasoning_parser": "deepseek_r1", "chat_template": THINKING_TEMPLATE})
+    srv, n = scripted_server(server_factory, "plan it</think>the answer",
+                             reasoning_parser="deepseek_r1", chat_template=THINKING_TEMPLATE)
     client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
-    kw = dict(model="tiny", input="why?", max_output_tokens=len(ScriptedCore.SCRIPT),
+    kw = dict(model="tiny", input="why?", max_output_tokens=n,
               extra_body={"ignore_eos": True})
     if stream:
         events = list(client.responses.create(**kw, stream=True))

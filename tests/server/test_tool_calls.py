@@ -17,6 +17,7 @@ from cadence.server.tool_calls import (
     tool_call_stream,
     tool_calls_finish,
 )
+from tests.server.tool_call_helpers import feed_in_pieces
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
 TEXTS = [
@@ -470,19 +471,8 @@ L3_TEXTS = [
 def test_llama3_json_whole_and_streamed_alike(text, content, calls, seed) -> None:
     got_content, got_calls = parse_tool_calls(text, "llama3_json")
     assert got_content == content and _shape(got_calls) == calls
-    rng = random.Random(seed)
-    cuts = sorted(rng.sample(range(len(text) + 1), k=min(len(text), rng.randrange(0, 10))))
-    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
-    stream = tool_call_stream("llama3_json")
-    shown, got = "", []
-    for i, piece in enumerate(pieces):
-        c, new = stream.feed(piece, final=i == len(pieces) - 1)
-        shown += c
-        got.extend(new)
-    if not pieces:
-        c, new = stream.feed("", final=True)
-        shown, got = shown + c, got + new
-    assert (shown or None) == content and _shape(got) == calls, pieces
+    shown, got, stream = feed_in_pieces("llama3_json", text, seed)
+    assert (shown or None) == content and _shape(got) == calls
     # An answer cut inside an object after a call keeps its "length" finish.
     cut = text.endswith('"parame') and bool(calls)
     assert tool_calls_finish("length", stream) == ("length" if cut or not calls else "tool_calls")

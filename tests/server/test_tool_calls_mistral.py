@@ -5,14 +5,14 @@ client (special tokens kept in the parsed requests' text, as vLLM)."""
 from __future__ import annotations
 
 import json
-import random
 import re
 
 import openai
 import pytest
 
 from cadence.server.tool_calls import parse_tool_calls, tool_call_stream, tool_calls_finish
-from tests.server.test_tool_calls import TOOLS, ScriptedCore
+from tests.server.test_tool_calls import TOOLS
+from tests.server.tool_call_helpers import feed_in_pieces, scripted_server
 
 V11 = '[TOOL_CALLS]get_weather{"city": "Paris", "days": 2}[TOOL_CALLS]get_time[ARGS]{"zone": "CET"}'
 OLD = ('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}, '
@@ -49,17 +49,8 @@ def test_whole_and_streamed_alike(text, content, calls, seed) -> None:
     got_content, got_calls = parse_tool_calls(text, "mistral")
     assert got_content == content and _shape(got_calls) == calls
     assert all(re.fullmatch(r"[A-Za-z0-9]{9}", c.id) for c in got_calls)
-    rng = random.Random(seed)
-    cuts = sorted(rng.sample(range(len(text) + 1), k=min(len(text), rng.randrange(0, 10))))
-    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
-    stream = tool_call_stream("mistral")
-    shown, got = "", []
-    for i, piece in enumerate(pieces):
-        c, new = stream.feed(piece, final=i == len(pieces) - 1)
-        assert "[TOOL_CALLS]" not in shown or content is not None
-        shown += c
-        got.extend(new)
-    assert (shown or None) == content and _shape(got) == calls, pieces
+    shown, got, stream = feed_in_pieces("mistral", text, seed)
+    assert (shown or None) == content and _shape(got) == calls
     assert tool_calls_finish("stop", stream) == ("tool_calls" if calls else "stop")
 
 
@@ -72,18 +63,12 @@ def test_content_streams_until_the_tag() -> None:
 
 
 def test_mistral_tool_calls_through_the_openai_client(server_factory) -> None:
-    from transformers import AutoTokenizer
-
-    from cadence.model.tiny import ensure_tiny_model
-
-    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
     # <|im_start|> is one of the tiny tokenizer's special tokens: kept in the text here.
-    ScriptedCore.SCRIPT = tok.encode("Sure.<|im_start|>" + V11, add_special_tokens=False)
-    srv = server_factory(core_factory=ScriptedCore, app_kwargs={
-        "enable_auto_tool_choice": True, "tool_call_parser": "mistral"})
+    srv, n = scripted_server(server_factory, "Sure.<|im_start|>" + V11,
+                             enable_auto_tool_choice=True, tool_call_parser="mistral")
     client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
     kw = dict(model="tiny", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS,
-              max_tokens=len(ScriptedCore.SCRIPT), extra_body={"ignore_eos": True})
+              max_tokens=n, extra_body={"ignore_eos": True})
     choice = client.chat.completions.create(**kw).choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content == "Sure.<|im_start|>"

@@ -4,13 +4,13 @@ pieces alike, and end to end through the openai client with a scripted answer.""
 from __future__ import annotations
 
 import json
-import random
 
 import openai
 import pytest
 
 from cadence.server.tool_calls import parse_tool_calls, tool_call_stream, tool_calls_finish
-from tests.server.test_tool_calls import TOOLS, ScriptedCore
+from tests.server.test_tool_calls import TOOLS
+from tests.server.tool_call_helpers import feed_in_pieces, scripted_server
 
 PY = '[get_weather(city="Paris", days=2), get_time(zone=\'CET\', exact=True, at=None)]'
 PY_CALLS = [("get_weather", {"city": "Paris", "days": 2}),
@@ -55,16 +55,8 @@ def test_whole_and_streamed_alike(text, content, calls, seed) -> None:
     got_content, got_calls = parse_tool_calls(text, "pythonic")
     assert got_content == content and _shape(got_calls) == calls
     assert len({c.id for c in got_calls}) == len(got_calls)
-    rng = random.Random(seed)
-    cuts = sorted(rng.sample(range(len(text) + 1), k=min(len(text), rng.randrange(0, 10))))
-    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
-    stream = tool_call_stream("pythonic")
-    shown, got = "", []
-    for i, piece in enumerate(pieces):
-        c, new = stream.feed(piece, final=i == len(pieces) - 1)
-        shown += c
-        got.extend(new)
-    assert (shown or None) == content and _shape(got) == calls, pieces
+    shown, got, stream = feed_in_pieces("pythonic", text, seed)
+    assert (shown or None) == content and _shape(got) == calls
     assert tool_calls_finish("stop", stream) == ("tool_calls" if calls else "stop")
 
 
@@ -81,17 +73,11 @@ def test_text_that_cannot_be_calls_streams_at_once() -> None:
 
 
 def test_pythonic_tool_calls_through_the_openai_client(server_factory) -> None:
-    from transformers import AutoTokenizer
-
-    from cadence.model.tiny import ensure_tiny_model
-
-    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
-    ScriptedCore.SCRIPT = tok.encode(PY, add_special_tokens=False)
-    srv = server_factory(core_factory=ScriptedCore, app_kwargs={
-        "enable_auto_tool_choice": True, "tool_call_parser": "pythonic"})
+    srv, n = scripted_server(server_factory, PY, enable_auto_tool_choice=True,
+                             tool_call_parser="pythonic")
     client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
     kw = dict(model="tiny", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS,
-              max_tokens=len(ScriptedCore.SCRIPT), extra_body={"ignore_eos": True})
+              max_tokens=n, extra_body={"ignore_eos": True})
     choice = client.chat.completions.create(**kw).choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     assert [(c.function.name, json.loads(c.function.arguments))
