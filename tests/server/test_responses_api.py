@@ -128,6 +128,23 @@ def test_tool_calls_are_function_call_items(server_factory) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
+def test_a_named_tool_choice_is_one_valid_call(client, stream: bool) -> None:
+    """tool_choice naming a function: structured outputs hold even the random tiny model to
+    that function's arguments; the answer is one function_call item."""
+    params = {"type": "object", "properties": {"zone": {"type": "string", "enum": ["CET", "UTC"]}},
+              "required": ["zone"], "additionalProperties": False}
+    kw = dict(model="tiny", input="time?", max_output_tokens=60, temperature=1.0,
+              tools=[{"type": "function", "name": "get_time", "parameters": params}],
+              tool_choice={"type": "function", "name": "get_time"})
+    for seed in range(3):
+        out = (list(client.responses.create(**kw, stream=True, extra_body={"seed": seed}))[-1]
+               .response if stream else client.responses.create(**kw, extra_body={"seed": seed}))
+        (call,) = out.output
+        assert call.type == "function_call" and call.name == "get_time"
+        assert json.loads(call.arguments)["zone"] in ("CET", "UTC")
+
+
+@pytest.mark.parametrize("stream", [False, True])
 def test_reasoning_is_a_reasoning_item(server_factory, stream: bool) -> None:
     srv, n = scripted_server(server_factory, "plan it</think>the answer",
                              reasoning_parser="deepseek_r1", chat_template=THINKING_TEMPLATE)
