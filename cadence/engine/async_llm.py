@@ -218,7 +218,7 @@ class AsyncLLM:
     ) -> OutputSink:
         request, prompt_text = await self.run_cpu(
             input_size(prompt) + params_size(sampling_params),
-            self._process_input, request_id, prompt, sampling_params, arrival_time, priority,
+            self.process_input, request_id, prompt, sampling_params, arrival_time, priority,
             strict_max_tokens,
         )  # fmt: skip
         if self.errored:
@@ -248,7 +248,7 @@ class AsyncLLM:
             logger.info("Added request %r.", request_id)
         return collector
 
-    def _process_input(
+    def process_input(
         self,
         request_id: str,
         prompt: PromptType,
@@ -257,6 +257,8 @@ class AsyncLLM:
         priority: int,
         strict_max_tokens: bool,
     ) -> tuple[EngineCoreRequest, str | None]:
+        """Validate and tokenize one request as ``add_request`` does (the engine core's own
+        checks included), enqueueing nothing: ValueError names what is wrong."""
         request, prompt_text = self.input_processor.process(
             request_id, prompt, sampling_params, arrival_time=arrival_time, priority=priority,
             strict_max_tokens=strict_max_tokens,

@@ -131,10 +131,11 @@ class OpenAIServing:
         self.beams.check_width(width)
         engine = self.engine
         try:
+            # The engine core's checks too (the scheduling policy's priority, the KV cache):
+            # the steps' requests would fail them inside the search.
             request, text = await engine.run_cpu(
-                input_size(prompt), engine.input_processor.process,
-                request_id, prompt, self.beams.prepare(params, width), priority=priority,
-                strict_max_tokens=True)
+                input_size(prompt), engine.process_input, request_id, prompt,
+                self.beams.prepare(params, width), None, priority, True)
         except ValueError as exc:
             raise to_bad_request(exc, prompt_param, max_tokens_param) from exc
         cache_salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
