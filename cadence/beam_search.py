@@ -12,6 +12,7 @@ each step's prompts (a beam and one more token) cheap to run.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -19,7 +20,7 @@ from cadence.outputs import Logprob
 from cadence.sampling_params import BeamSearchParams
 
 __all__ = ["BeamSearch", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence",
-           "beam_score"]
+           "beam_score", "penalized"]
 
 
 @dataclass
@@ -49,7 +50,20 @@ def beam_score(tokens: Sequence[int], cum_logprob: float, eos_token_id: int | No
     length = len(tokens)
     if eos_token_id is not None and tokens and tokens[-1] == eos_token_id:
         length -= 1
-    return cum_logprob / (max(length, 1) ** length_penalty)
+    return penalized(cum_logprob, length, length_penalty)
+
+
+def penalized(cum_logprob: float, length: int, length_penalty: float) -> float:
+    """``cum_logprob / max(length, 1) ** length_penalty``, without the float errors of extreme
+    penalties: a power past the float range ranks as infinitely long (the score 0), one below
+    it as infinitely short (the score's sign times infinity)."""
+    try:
+        denominator = float(max(length, 1)) ** length_penalty
+    except OverflowError:
+        denominator = math.inf
+    if denominator == 0.0:
+        return math.copysign(math.inf, cum_logprob) if cum_logprob else 0.0
+    return cum_logprob / denominator
 
 
 class BeamSearch:
@@ -113,7 +127,7 @@ class BeamSearch:
             for token_id, lp in row.items():
                 cum = beam.cum_logprob + lp.logprob
                 # beam_score of the child: a final end token is not counted
-                score = cum / (max(n - (token_id == eos), 1) ** penalty)
+                score = penalized(cum, n - (token_id == eos), penalty)
                 stops = token_id == eos and not ignore_eos
                 (ended if stops else grown).append((score, beam, row, token_id, cum))
         # NOTE: stable sorts: equal scores keep the beams' order, then the candidates'.

@@ -26,6 +26,20 @@ def test_score_is_the_logprob_over_the_length_without_a_final_end_token() -> Non
     assert beam_score([5, EOS], -3.0, None) == -1.5  # no end token: every token counts
 
 
+@pytest.mark.parametrize(("penalty", "want"), [(1e308, 0.0), (-2000.0, -math.inf),
+                                               (300.0, None), (-300.0, None)])
+def test_extreme_length_penalties_rank_without_float_errors(penalty: float, want) -> None:
+    """A penalty whose power leaves the float range ranks as infinitely long (score 0) or
+    short (-inf) instead of raising: the search still returns its beams."""
+    score = beam_score([5, 6, 7], -3.0, EOS, penalty)
+    assert score == want if want is not None else -math.inf < score < 0
+    search = BeamSearch([9] * 5, BeamSearchParams(beam_width=2, max_tokens=2,
+                                                  length_penalty=penalty), EOS, 100)
+    for _ in range(2):
+        search.advance([row(t2=-0.5, t4=-0.2, t5=-0.3) for _ in search.pending()])
+    assert len(search.best()) == 2
+
+
 def test_two_steps_by_hand() -> None:
     search = BeamSearch([9], BeamSearchParams(beam_width=2, max_tokens=2), EOS, 100)
     assert [b.tokens for b in search.pending()] == [[9]]

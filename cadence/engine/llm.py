@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -195,6 +195,9 @@ class LLM:
                              f"{params.beam_width}.")
         if isinstance(prompts, (str, dict)) or _is_id_list(prompts):
             prompts = [prompts]
+        if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable):
+            raise ValueError("prompts: a prompt (a string, a list of token ids or a dict) or a "
+                             f"list of prompts, got {type(prompts).__name__}.")
         step_params = params.step_params()
         searches: list[BeamSearch] = []
         for prompt in prompts:  # tokenized and checked once, as generate checks a prompt

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError
 
+from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 from cadence.sampling_params import INT64_MAX, INT64_MIN, MAX_TEMPERATURE
 from cadence.server.protocol import (
     NO_DEFAULTS,
@@ -26,11 +27,17 @@ from cadence.server.protocol import (
     StructuredOutputsField,
 )
 from cadence.server.protocol_chat import ChatCompletionRequest
-from cadence.server.protocol_responses import ChatCompletionResponse
 
 __all__ = ["ResponsesRequest", "new_item_id", "param_of", "response_object"]
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+# OpenAI's include values; only the logprobs one has something to show here (no hosted tools,
+# images or encrypted reasoning), the others are accepted and add nothing.
+INCLUDABLE = Literal["code_interpreter_call.outputs", "computer_call_output.output.image_url",
+                     "file_search_call.results", "message.input_image.image_url",
+                     "message.output_text.logprobs", "reasoning.encrypted_content",
+                     "web_search_call.action.sources", "web_search_call.results"]
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
@@ -58,10 +65,10 @@ class ResponsesRequest(OpenAIModel):
     text: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] | None = "disabled"
-    include: list[str] | None = None
+    include: list[Literal[INCLUDABLE]] | None = None
     top_logprobs: int | None = Field(default=0, ge=0, le=20)
     user: str | None = None
-    service_tier: str | None = "auto"
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = "auto"
     # vLLM's extensions.
     request_id: str | None = None
     top_k: int | None = Field(default=None, ge=-1)
@@ -91,10 +98,20 @@ class ResponsesRequest(OpenAIModel):
             raise ParamError("background", "background responses are not supported.")
         if isinstance(self.input, list) and not self.input:
             raise ParamError("input", "input must not be an empty list.")
-        if self.metadata is not None and len(self.metadata) > 16:
-            raise ParamError("metadata", "metadata holds at most 16 pairs.")
+        if self.metadata is not None and (
+                len(self.metadata) > MAX_METADATA_PAIRS
+                or any(len(k) > MAX_METADATA_KEY or len(v) > MAX_METADATA_VALUE
+                       for k, v in self.metadata.items())):
+            raise ParamError("metadata", f"metadata holds at most {MAX_METADATA_PAIRS} pairs, "
+                             f"keys of at most {MAX_METADATA_KEY} characters and values of "
+                             f"at most {MAX_METADATA_VALUE}.")
+        for name in ("reasoning", "text", "tools", "tool_choice"):
+            # NOTE: the response echoes these: bounded before its serializer walks them.
+            if nesting_depth(getattr(self, name)) > MAX_JSON_DEPTH:
+                raise ParamError(name, f"{name}: nests deeper than {MAX_JSON_DEPTH} levels.")
         body: dict[str, Any] = {
-            "model": self.model, "messages": self._messages(), "stream": self.stream,
+            # NOTE: a chat stream always: a whole response is its stream's last event.
+            "model": self.model, "messages": self._messages(), "stream": True,
             "max_completion_tokens": self.max_output_tokens, "temperature": self.temperature,
             "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed, "stop": self.stop,
             "ignore_eos": self.ignore_eos, "repetition_penalty": self.repetition_penalty,
@@ -261,46 +278,10 @@ def response_object(request: ResponsesRequest, response_id: str, model: str, cre
 
 def usage_object(prompt: int, completion: int, cached: int | None,
                  reasoning: int = 0) -> dict[str, Any]:
-    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached or 0},
+    return {"input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": cached or 0, "cache_write_tokens": 0},
             "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": prompt + completion}
-
-
-def output_items(answer: ChatCompletionResponse, logprobs: bool,
-                 count_tokens: Any) -> tuple[list[dict[str, Any]], str, int]:
-    """(output items, status, reasoning tokens) of a chat answer: its reasoning, its text, its
-    tool calls, in that order."""
-    choice = answer.choices[0]
-    message = choice.message
-    status = "incomplete" if choice.finish_reason == "length" else "completed"
-    items: list[dict[str, Any]] = []
-    reasoning_tokens = 0
-    if message.reasoning:
-        items.append(reasoning_item(new_item_id("rs"), message.reasoning))
-        reasoning_tokens = count_tokens(message.reasoning)
-    if message.content or not (items or message.tool_calls):
-        lps = ([c.model_dump(mode="json") for c in choice.logprobs.content or []]
-               if logprobs and choice.logprobs is not None else None)
-        if lps is not None and message.reasoning:
-            lps = _tail_for(lps, message.content or "")  # the reasoning's tokens left out
-        items.append(message_item(new_item_id("msg"), message.content or "", status, lps))
-    for call in message.tool_calls:
-        items.append(call_item(new_item_id("fc"), call.id, call.function.name,
-                               call.function.arguments, "completed"))
-    return items, status, reasoning_tokens
-
-
-def _tail_for(entries: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
-    """The last logprob entries whose tokens hold ``text`` (the answer after its reasoning, as
-    the stream attaches them)."""
-    if not text:
-        return []
-    shown = 0
-    for i in range(len(entries) - 1, -1, -1):
-        shown += len(entries[i]["token"])
-        if shown >= len(text):
-            return entries[i:]
-    return entries
 
 
 def reasoning_item(item_id: str, text: str | None) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncGenerator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
@@ -20,7 +20,6 @@ from cadence.server.responses_api import (
     created_now,
     message_item,
     new_item_id,
-    output_items,
     param_of,
     reasoning_item,
     response_object,
@@ -63,6 +62,7 @@ class ResponseEvents:
         self._held_logprobs: list[dict[str, Any]] = []  # before the text they belong to
         self.finish_reason: str | None = None
         self.head = ""  # ``start()``'s events, once made
+        self.final: dict[str, Any] = {}  # the whole response, once ``end`` made it
 
     def _event(self, kind: str, **fields: Any) -> str:
         data = {"type": kind, "sequence_number": self.seq, **fields}
@@ -175,22 +175,29 @@ class ResponseEvents:
             self.finish_reason = finish_reason
         return "".join(out)
 
-    def end(self, usage: dict[str, Any]) -> str:
+    def end(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None,
+            count_tokens: Callable[[str], int]) -> str:
         """The closing events: the open item's, an empty message for an empty answer, then the
-        whole response."""
+        whole response (also kept as ``final``); usage counts the reasoning items' tokens."""
         out = self._close()
         if not self.output:  # an empty answer is an empty message
             out += self._open_item(message_item(new_item_id("msg"), None, "in_progress"))
             out += self._event("response.content_part.added", **self._where(), content_index=0,
                                part=text_part("", None))
             out += self._close()
+        reasoning = sum(count_tokens(i["content"][0]["text"]) for i in self.output
+                        if i["type"] == "reasoning" and i["content"])
+        usage = usage_object(prompt_tokens, completion_tokens, cached_tokens, reasoning)
         status = "incomplete" if self.finish_reason == "length" else "completed"
+        self.final = self._response(status, usage)
         # NOTE: response.completed whatever the status (vLLM's; the openai client's stream
         # helper waits for that event), the response saying "incomplete" where it is.
-        return out + self._event("response.completed", response=self._response(status, usage))
+        return out + self._event("response.completed", response=self.final)
 
     def error(self, exc: BaseException) -> str:
-        err = stream_error(exc)
+        err = stream_error(exc, self.request.chat.grammar_param)
+        if err.param:
+            err.param = param_of(err.param)
         return self._event("error", code=err.type, message=err.message, param=err.param)
 
 
@@ -217,17 +224,22 @@ class OpenAIServingResponses:
 
     async def create(self, request: ResponsesRequest, engine_id: str,
                      response_id: str) -> ResponseBody:
-        created_at = created_now()
-        with _named_as_responses():
-            answer = await self.chat.create(request.chat, engine_id, response_id)
-        items, status, reasoning_tokens = output_items(answer, request.logprobs_wanted,
-                                                       self._count_tokens)
-        u = answer.usage
-        cached = u.prompt_tokens_details.cached_tokens if u.prompt_tokens_details else 0
-        usage = usage_object(u.prompt_tokens, u.completion_tokens, cached, reasoning_tokens)
-        return ResponseBody(**response_object(request, response_id, self.chat.served_model_name,
-                                              created_at, items, usage, status,
-                                              self.chat.engine.generation_defaults))
+        """The whole response: the stream's events made and dropped, so that a response and
+        the last event of its stream are one object (items, logprobs, usage)."""
+        cs, events = self.new_stream(request, response_id)
+        started = await self.start(request, engine_id, cs)
+        try:
+            while await cs.stream.next() is not None:
+                pass
+        finally:
+            if not cs.finished:
+                self.chat.abort([started.request_id])  # the client left before the answer
+        if cs.stream.error is not None:
+            with _named_as_responses():
+                raise stream_error(cs.stream.error, request.chat.grammar_param)
+        events.end(cs.prompt_tokens, cs.completion_tokens,
+                   self.chat.shown_cached_tokens(cs.cached_tokens), self._count_tokens)
+        return ResponseBody(**events.final)
 
     async def start(self, request: ResponsesRequest, engine_id: str,
                     cs: ChatStream) -> StartedRequest:
@@ -252,12 +264,9 @@ class OpenAIServingResponses:
             if cs.stream.error is not None:
                 yield events.error(cs.stream.error)
             else:
-                reasoning = sum(self._count_tokens(i["content"][0]["text"])
-                                for i in events.output
-                                if i["type"] == "reasoning" and i["content"])
-                yield events.end(usage_object(cs.prompt_tokens, cs.completion_tokens,
-                                              self.chat.shown_cached_tokens(cs.cached_tokens),
-                                              reasoning))
+                yield events.end(cs.prompt_tokens, cs.completion_tokens,
+                                 self.chat.shown_cached_tokens(cs.cached_tokens),
+                                 self._count_tokens)
         except Exception as exc:
             yield events.error(exc)
         finally:

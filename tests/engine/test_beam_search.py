@@ -125,5 +125,8 @@ def test_bad_calls_are_value_errors() -> None:
     with pytest.raises(ValueError, match="concurrency_limit"):
         llm.beam_search(["a"], BeamSearchParams(beam_width=2, max_tokens=2),
                         concurrency_limit=0)
+    for bad in (None, 5, b"abc"):
+        with pytest.raises(ValueError, match="prompts"):
+            llm.beam_search(bad, BeamSearchParams(beam_width=2, max_tokens=2))  # type: ignore
     with pytest.raises(ValueError, match="maximum context length"):
         llm.beam_search([[5] * 64], BeamSearchParams(beam_width=2, max_tokens=2))

@@ -19,6 +19,13 @@ from tests.server.waiting import wait_released
 GREEDY = dict(model="tiny", temperature=0.0)
 
 
+def _deep(levels: int) -> dict:
+    value: dict = {}
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
@@ -67,6 +74,14 @@ def test_streamed_events_add_up_to_the_whole_answer(client, server) -> None:
     final = events[-1].response
     assert final.output_text == whole.output_text and final.status == whole.status
     assert final.usage.output_tokens == whole.usage.output_tokens
+    # Both validate against the openai client's own Response schema, strictly.
+    from openai.types.responses import Response
+
+    for body in (whole.model_dump(mode="json"), final.model_dump(mode="json")):
+        Response.model_validate(body, strict=False)
+    raw = httpx.post(str(client.base_url) + "responses", json={**kw, "model": "tiny"},
+                     timeout=60).json()
+    Response.model_validate(raw)
     with client.responses.stream(**kw) as stream:  # the client's helper accumulates them
         for _ in stream:
             pass
@@ -169,6 +184,12 @@ def test_reasoning_is_a_reasoning_item(server_factory, stream: bool) -> None:
            else client.responses.create(**kw))
     lps = got.output[1].content[0].logprobs
     assert "".join(t.token for t in lps) == "the answer"
+    # Cut inside the reasoning: the usage still counts its tokens, streamed or not.
+    kw["max_output_tokens"] = 3
+    cut = (list(client.responses.create(**kw, stream=True))[-1].response if stream
+           else client.responses.create(**kw))
+    assert cut.status == "incomplete" and [i.type for i in cut.output] == ["reasoning"]
+    assert cut.usage.output_tokens_details.reasoning_tokens > 0
 
 
 @pytest.mark.parametrize(("body", "param"), [
@@ -185,6 +206,12 @@ def test_reasoning_is_a_reasoning_item(server_factory, stream: bool) -> None:
     ({"max_output_tokens": 100000}, "max_output_tokens"),
     ({"reasoning": {"effort": "extreme"}}, "reasoning"),
     ({"temperature": -1}, "temperature"),
+    ({"reasoning": {"a": _deep(300)}}, "reasoning"),  # echoed back: bounded first
+    ({"tools": [{"type": "function", "name": "f", "z": _deep(300)}]}, "tools"),
+    ({"metadata": {"k" * 65: "v"}}, "metadata"),
+    ({"metadata": {"k": "v" * 513}}, "metadata"),
+    ({"service_tier": "bogus"}, "service_tier"),
+    ({"include": ["bogus"]}, "include.0"),
     # A chat-side check (the template's tool-call arguments) names the Responses field.
     ({"input": [{"role": "user", "content": "q"},
                 {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "not json"},
