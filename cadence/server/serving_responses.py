@@ -28,6 +28,7 @@ from cadence.server.responses_api import (
 )
 from cadence.server.serving import StartedRequest, stream_error
 from cadence.server.serving_chat import ChatStream
+from cadence.server.tool_call_json import CHAT_CALL_PREFIX
 
 if TYPE_CHECKING:
     from cadence.server.serving_chat import OpenAIServingChat
@@ -138,14 +139,19 @@ class ResponseEvents:
     def _call(self, call: dict[str, Any]) -> str:
         fn = call["function"]
         item_id = new_item_id("fc")
-        out = self._close() + self._open_item(call_item(item_id, call["id"], fn["name"], "",
+        # OpenAI's call ids read call_...; a parser's own form (Mistral's nine characters,
+        # which its templates check when the call comes back) stays.
+        call_id = call["id"]
+        if call_id.startswith(CHAT_CALL_PREFIX):
+            call_id = "call_" + call_id.removeprefix(CHAT_CALL_PREFIX)
+        out = self._close() + self._open_item(call_item(item_id, call_id, fn["name"], "",
                                                         "in_progress"))
         where = self._where()
         out += self._event("response.function_call_arguments.delta", **where,
                            delta=fn["arguments"])
         out += self._event("response.function_call_arguments.done", **where,
                            arguments=fn["arguments"])
-        done = call_item(item_id, call["id"], fn["name"], fn["arguments"], "completed")
+        done = call_item(item_id, call_id, fn["name"], fn["arguments"], "completed")
         out += self._event("response.output_item.done", output_index=len(self.output),
                            item=done)
         self.output.append(done)

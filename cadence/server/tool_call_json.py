@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from cadence.chat import encodes_as_utf8
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 
-__all__ = ["CallStream", "NotJson", "ParsedCall", "call_of", "dumps_json", "hermes_call",
+__all__ = ["CHAT_CALL_PREFIX", "CallStream", "NotJson", "ParsedCall", "call_of", "dumps_json", "hermes_call",
            "is_json_object", "is_name", "loads_json", "new_call", "no_constant"]
 
 
@@ -32,8 +32,11 @@ class ParsedCall:
     arguments: str  # JSON text
 
 
+CHAT_CALL_PREFIX = "chatcmpl-tool-"  # vLLM's chat tool-call ids
+
+
 def new_call(name: str, arguments: str) -> ParsedCall:
-    return ParsedCall(f"chatcmpl-tool-{uuid.uuid4().hex}", name, arguments)
+    return ParsedCall(f"{CHAT_CALL_PREFIX}{uuid.uuid4().hex}", name, arguments)
 
 
 class NotJson(Exception):

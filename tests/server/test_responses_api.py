@@ -132,7 +132,7 @@ def test_tool_calls_are_function_call_items(server_factory) -> None:
     assert message.type == "message" and out.output_text == "Sure."
     assert call.type == "function_call" and call.name == "get_weather"
     assert json.loads(call.arguments) == {"city": "Paris", "days": 2}
-    assert call.call_id and call.id.startswith("fc_")
+    assert call.call_id.startswith("call_") and call.id.startswith("fc_")
     events = list(client.responses.create(**kw, stream=True))
     added = [e.item.type for e in events if e.type == "response.output_item.added"]
     assert added == ["message", "function_call"]
