@@ -93,4 +93,8 @@ MUTATIONS = [
              "    except OverflowError:\n        denominator = math.inf\n",
              "    except OverflowError:\n        raise\n",
              ("tests/test_beam_search.py",)),
+    Mutation("resp-origins-off-by-one", "errors name the chat message's index, not the input's",
+             "cadence/server/responses_api.py",
+             "            origins.append((\"instructions\", []))\n", "",
+             (_RESP,)),
 ]

@@ -11,6 +11,7 @@ Input: a string (one user message) or a list of items: messages (``role`` and te
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -84,6 +85,8 @@ class ResponsesRequest(OpenAIModel):
     structured_outputs: StructuredOutputsField | None = None
 
     _chat: ChatCompletionRequest | None = PrivateAttr(default=None)
+    # Per chat message: the input it came from, and each of its tool calls' input item.
+    _origins: list[tuple[str, list[str]]] = PrivateAttr(default_factory=list)
 
     def check(self) -> None:
         """Refuse what this server does not do; build the chat request (``chat``)."""
@@ -142,13 +145,30 @@ class ResponsesRequest(OpenAIModel):
             chat = ChatCompletionRequest.model_validate(body)
         except ValidationError as exc:
             err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"])
+            where = self._renamed(".".join(str(p) for p in err["loc"]))
             raise ParamError(param_of(where), f"{where}: {err['msg']}") from None
         try:
             chat.check()
         except ParamError as exc:
-            raise ParamError(param_of(exc.param or ""), str(exc)) from None
+            raise ParamError(param_of(self._renamed(exc.param or "")),
+                             self._renamed(str(exc))) from None
         self._chat = chat
+
+    def _renamed(self, text: str) -> str:
+        """``text`` with each chat message path (``messages.N``, ``messages.N.tool_calls.J
+        .function``) as the input item it came from (``instructions``, ``input``,
+        ``input.K``)."""
+        def item(match: re.Match[str]) -> str:
+            n = int(match.group(1))
+            if n >= len(self._origins):
+                return match.group(0)
+            origin, calls = self._origins[n]
+            if match.group(2) is not None and int(match.group(2)) < len(calls):
+                # a call's id is its item's call_id
+                return calls[int(match.group(2))] + (".call_id" if match.group(3) else "")
+            return origin
+
+        return _MESSAGE_PATH.sub(item, text)
 
     @property
     def chat(self) -> ChatCompletionRequest:
@@ -160,16 +180,22 @@ class ResponsesRequest(OpenAIModel):
         return LOGPROBS_INCLUDE in (self.include or [])
 
     def _messages(self) -> list[dict[str, Any]]:
+        """The conversation as chat messages; ``_origins`` says where each came from (and each
+        of an assistant message's calls), for errors that name them."""
         messages: list[dict[str, Any]] = []
+        origins = self._origins = []
         if self.instructions is not None:
             messages.append({"role": "system", "content": self.instructions})
+            origins.append(("instructions", []))
         if isinstance(self.input, str):
+            origins.append(("input", []))
             return [*messages, {"role": "user", "content": self.input}]
         for i, item in enumerate(self.input):
             kind = item.get("type", "message" if "role" in item else None)
             if kind == "message":
                 messages.append({"role": item.get("role"),
                                  "content": _text_of(item.get("content"), f"input.{i}")})
+                origins.append((f"input.{i}", []))
             elif kind == "function_call":
                 call = {"id": item.get("call_id"), "type": "function",
                         "function": {"name": item.get("name"),
@@ -177,14 +203,17 @@ class ResponsesRequest(OpenAIModel):
                 last = messages[-1] if messages else None
                 if last is not None and last["role"] == "assistant" and last.get("tool_calls"):
                     last["tool_calls"].append(call)  # calls made together, one message
+                    origins[-1][1].append(f"input.{i}")
                 else:
                     messages.append({"role": "assistant", "content": None,
                                      "tool_calls": [call]})
+                    origins.append((f"input.{i}", [f"input.{i}"]))
             elif kind == "function_call_output":
                 output = item.get("output")
                 messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
                                  "content": output if isinstance(output, str)
                                  else _text_of(output, f"input.{i}.output")})
+                origins.append((f"input.{i}", []))
             elif kind == "reasoning":
                 continue  # past reasoning: chat templates leave it out
             else:
@@ -221,8 +250,16 @@ class ResponsesRequest(OpenAIModel):
         raise ParamError("text", "text.format: type text, json_object or json_schema.")
 
 
+# A chat message's path in an error: messages.N, or one of its calls (tool_calls.J, .function).
+_MESSAGE_PATH = re.compile(
+    r"messages\.(\d+)(?:\.tool_calls\.(\d+)(?:\.function|(\.id)\b)?)?")
+
+
 def param_of(where: str) -> str:
-    """A chat request's field as the Responses request names it."""
+    """A chat request's field as the Responses request names it (a path into ``input``, as
+    ``_renamed`` gives it, stays whole)."""
+    if where.startswith(("input.", "instructions")):
+        return where
     head = where.split(".", 1)[0]
     return {"messages": "input", "max_completion_tokens": "max_output_tokens",
             "response_format": "text", "reasoning_effort": "reasoning",

@@ -216,6 +216,13 @@ def test_reasoning_is_a_reasoning_item(server_factory, stream: bool) -> None:
     ({"input": [{"role": "user", "content": "q"},
                 {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "not json"},
                 {"type": "function_call_output", "call_id": "c1", "output": "x"}]}, "input"),
+    # The chat message's path, as the input item the client sent (instructions come first).
+    ({"instructions": "x", "input": [
+        {"role": "user", "content": "q"},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call", "call_id": None, "name": "g", "arguments": "{}"}]},
+     "input.2.call_id"),
+    ({"input": [{"role": 5, "content": "q"}]}, "input.0.role"),
 ])
 def test_what_is_not_done_is_a_400_naming_it(http: httpx.Client, body: dict, param: str) -> None:
     r = http.post("/v1/responses", json={"input": "hi", **body})
