@@ -16,11 +16,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from cadence.outputs import Logprob
+from cadence.outputs import Logprob, RequestOutput
 from cadence.sampling_params import BeamSearchParams
 
 __all__ = ["BeamSearch", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence",
-           "beam_score", "penalized"]
+           "beam_score", "beam_width_problem", "penalized", "step_candidates"]
 
 
 @dataclass
@@ -64,6 +64,21 @@ def penalized(cum_logprob: float, length: int, length_penalty: float) -> float:
     if denominator == 0.0:
         return math.copysign(math.inf, cum_logprob) if cum_logprob else 0.0
     return cum_logprob / denominator
+
+
+def beam_width_problem(width: int, max_logprobs: int) -> str | None:
+    """Why the engine cannot keep ``width`` beams (each step asks 2 x width logprobs, within
+    --max-logprobs; -1: no bound), or None."""
+    if 0 <= max_logprobs < 2 * width:
+        return (f"each step asks 2 x {width} logprobs, past --max-logprobs "
+                f"({max_logprobs}); at most {max_logprobs // 2} beams.")
+    return None
+
+
+def step_candidates(output: RequestOutput) -> dict[int, Logprob] | None:
+    """A beam's candidates from its one-token step request (None: the step returned none)."""
+    logprobs = output.outputs[0].logprobs
+    return logprobs[0] if logprobs else None
 
 
 class BeamSearch:

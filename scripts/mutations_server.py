@@ -12,9 +12,8 @@ MUTATIONS = [
              "            pass\n", (_RESP,)),
     Mutation("resp-always-completed", "a max_output_tokens cut is reported completed",
              "cadence/server/serving_responses.py",
-             'status = "incomplete" if self.finish_reason == "length" else "completed"\n'
-             "        self.final",
-             'status = "completed"\n        self.final', (_RESP,)),
+             'return "incomplete" if self.finish_reason == "length" else "completed"',
+             'return "completed"', (_RESP,)),
     Mutation("resp-reasoning-input-refused", "an earlier reasoning item is a 400",
              "cadence/server/responses_api.py",
              '            elif kind == "reasoning":\n                continue',

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from cadence.beam_search import BeamSearch
+from cadence.beam_search import BeamSearch, step_candidates
 from cadence.engine.request_state import TokenTextCache
 from cadence.outputs import CompletionOutput, Logprob, RequestOutput
 
@@ -46,12 +46,11 @@ async def beam_search_output(
     flight (each ``generate`` aborts its own)."""
     search = BeamSearch(prompt_token_ids, params, engine.input_processor.eos_token_id,
                         engine.max_model_len)
-    step = 0
     while beams := search.pending():
         prompts = [{"prompt_token_ids": b.tokens, "cache_salt": cache_salt} for b in beams]
-        tasks = [asyncio.ensure_future(_one_token(engine, p, step_params,
-                                                  f"{request_id}-beam{step}-{i}", priority))
-                 for i, p in enumerate(prompts)]
+        tasks = [asyncio.ensure_future(_one_token(
+            engine, p, step_params, f"{request_id}-beam{search.steps}-{i}", priority))
+            for i, p in enumerate(prompts)]
         try:
             outs = await asyncio.gather(*tasks)
         except BaseException:  # a failed step or a cancelled search: abort the siblings
@@ -59,9 +58,7 @@ async def beam_search_output(
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
-        search.advance([o.outputs[0].logprobs[0] if o.outputs[0].logprobs else None
-                        for o in outs])
-        step += 1
+        search.advance([step_candidates(o) for o in outs])
     best = search.best()
     if not best:  # every step came back without candidates (aborted inside the engine)
         raise RuntimeError(f"beam search {request_id!r} ended with no sequence.")

@@ -9,7 +9,13 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from cadence.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
+from cadence.beam_search import (
+    BeamSearch,
+    BeamSearchOutput,
+    BeamSearchParams,
+    beam_width_problem,
+    step_candidates,
+)
 from cadence.chat import conversation_of, render_conversation
 from cadence.core_types import EngineCoreRequest
 from cadence.engine.core import EngineCore
@@ -70,12 +76,7 @@ class LLM:
         one value per prompt, or one for all (vLLM's)."""
         self._check_open()
         refuse_lora(lora_request)
-        if isinstance(prompts, (str, dict)) or _is_id_list(prompts):
-            prompts = [prompts]  # one prompt (vLLM: a flat list of ints is one token prompt)
-        if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Sequence):
-            raise ValueError("prompts: a prompt (a string, a list of token ids or a dict) or a "
-                             f"list of prompts, got {type(prompts).__name__}.")
-        prompts = list(prompts)
+        prompts = _prompt_list(prompts, Sequence)
         n = len(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
@@ -189,15 +190,10 @@ class LLM:
             raise ValueError(f"concurrency_limit: a positive integer or None, got "
                              f"{concurrency_limit!r}.")
         processor = self.frontend.input_processor
-        if 0 <= processor.max_logprobs < params.num_candidates:
-            raise ValueError(f"beam_width: each step asks 2 x beam_width logprobs, at most "
-                             f"max_logprobs ({processor.max_logprobs}); got "
-                             f"{params.beam_width}.")
-        if isinstance(prompts, (str, dict)) or _is_id_list(prompts):
-            prompts = [prompts]
-        if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable):
-            raise ValueError("prompts: a prompt (a string, a list of token ids or a dict) or a "
-                             f"list of prompts, got {type(prompts).__name__}.")
+        problem = beam_width_problem(params.beam_width, processor.max_logprobs)
+        if problem is not None:
+            raise ValueError(f"beam_width: {problem}")
+        prompts = _prompt_list(prompts, Iterable)  # any iterable of prompts, as vLLM's
         step_params = params.step_params()
         searches: list[BeamSearch] = []
         for prompt in prompts:  # tokenized and checked once, as generate checks a prompt
@@ -217,8 +213,7 @@ class LLM:
                         break
                     outs = self.generate([{"prompt_token_ids": b.tokens} for b in beams],
                                          step_params, use_tqdm=False)
-                    rows = iter(o.outputs[0].logprobs[0] if o.outputs[0].logprobs else None
-                                for o in outs)
+                    rows = iter(step_candidates(o) for o in outs)
                     for search, group in pending:
                         if group:
                             search.advance([next(rows) for _ in group])
@@ -264,6 +259,17 @@ class LLM:
         finally:
             bar.close()
         return [r for r in results if r is not None]
+
+
+def _prompt_list(prompts: Any, kind: type) -> list[PromptType]:
+    """One prompt (vLLM: a flat list of ints is one token prompt) or a ``kind`` of them, as a
+    list; a ValueError names anything else."""
+    if isinstance(prompts, (str, dict)) or _is_id_list(prompts):
+        return [prompts]
+    if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, kind):
+        raise ValueError("prompts: a prompt (a string, a list of token ids or a dict) or a "
+                         f"list of prompts, got {type(prompts).__name__}.")
+    return list(prompts)
 
 
 def _is_id_list(value: object) -> bool:

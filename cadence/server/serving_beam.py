@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from cadence.beam_search import beam_width_problem
 from cadence.engine.async_beam_search import beam_search_output
 from cadence.engine.output_processor import RequestOutputCollector
 from cadence.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
@@ -30,11 +31,10 @@ class BeamSearches:
         self._tasks: dict[str, asyncio.Future[None]] = {}
 
     def check_width(self, width: int) -> None:
-        """Each step asks 2 x width logprobs of the engine, within --max-logprobs."""
-        cap = self.engine.input_processor.max_logprobs
-        if 0 <= cap < 2 * width:
-            raise ParamError("n", f"n: beam search keeps n beams and asks 2 x n logprobs a "
-                                  f"step, at most --max-logprobs ({cap}); got n={width}.")
+        """``n`` beams within --max-logprobs (``beam_width_problem``)."""
+        problem = beam_width_problem(width, self.engine.input_processor.max_logprobs)
+        if problem is not None:
+            raise ParamError("n", f"n: beam search keeps n beams; {problem}")
 
     def prepare(self, params: SamplingParams, width: int) -> SamplingParams:
         """What the engine checks the prompt against: one sequence, the step's logprobs."""

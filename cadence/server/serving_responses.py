@@ -86,6 +86,11 @@ class ResponseEvents:
         return (self._event("response.created", response=head)
                 + self._event("response.in_progress", response=head))
 
+    @property
+    def _status(self) -> str:
+        """The answer's (and its message's) status: a max_output_tokens cut is incomplete."""
+        return "incomplete" if self.finish_reason == "length" else "completed"
+
     def _open_item(self, item: dict[str, Any]) -> str:
         self._open = item
         self._text, self._logprobs = [], []
@@ -103,9 +108,8 @@ class ResponseEvents:
             out.append(self._event("response.reasoning_text.done", **self._where(),
                                    content_index=0, text=text))
         else:
-            status = "incomplete" if self.finish_reason == "length" else "completed"
             lps = self._logprobs if self.request.logprobs_wanted else None
-            done = message_item(item["id"], text, status, lps)
+            done = message_item(item["id"], text, self._status, lps)
             out.append(self._event("response.output_text.done", **self._where(),
                                    content_index=0, text=text, logprobs=lps or []))
             out.append(self._event("response.content_part.done", **self._where(),
@@ -124,13 +128,17 @@ class ResponseEvents:
         return out + self._event("response.reasoning_text.delta", **self._where(),
                                  content_index=0, delta=text)
 
+    def _open_message(self) -> str:
+        """Close the open item; open a message and its (one) text part."""
+        out = self._close() + self._open_item(message_item(new_item_id("msg"), None,
+                                                           "in_progress"))
+        return out + self._event("response.content_part.added", **self._where(),
+                                 content_index=0, part=text_part("", None))
+
     def _message(self, text: str, logprobs: list[dict[str, Any]]) -> str:
         out = ""
         if self._open is None or self._open["type"] != "message":
-            out = self._close() + self._open_item(message_item(new_item_id("msg"), None,
-                                                               "in_progress"))
-            out += self._event("response.content_part.added", **self._where(), content_index=0,
-                               part=text_part("", None))
+            out = self._open_message()
         self._text.append(text)
         self._logprobs.extend(logprobs)
         return out + self._event("response.output_text.delta", **self._where(),
@@ -187,15 +195,11 @@ class ResponseEvents:
         whole response (also kept as ``final``); usage counts the reasoning items' tokens."""
         out = self._close()
         if not self.output:  # an empty answer is an empty message
-            out += self._open_item(message_item(new_item_id("msg"), None, "in_progress"))
-            out += self._event("response.content_part.added", **self._where(), content_index=0,
-                               part=text_part("", None))
-            out += self._close()
+            out += self._open_message() + self._close()
         reasoning = sum(count_tokens(i["content"][0]["text"]) for i in self.output
                         if i["type"] == "reasoning" and i["content"])
         usage = usage_object(prompt_tokens, completion_tokens, cached_tokens, reasoning)
-        status = "incomplete" if self.finish_reason == "length" else "completed"
-        self.final = self._response(status, usage)
+        self.final = self._response(self._status, usage)
         # NOTE: response.completed whatever the status (vLLM's; the openai client's stream
         # helper waits for that event), the response saying "incomplete" where it is.
         return out + self._event("response.completed", response=self.final)

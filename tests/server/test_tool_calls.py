@@ -17,7 +17,7 @@ from cadence.server.tool_calls import (
     tool_call_stream,
     tool_calls_finish,
 )
-from tests.server.tool_call_helpers import feed_in_pieces
+from tests.server.tool_call_helpers import feed_in_pieces, streamed_calls
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
 TEXTS = [
@@ -495,11 +495,7 @@ def test_llama3_json_tool_calls_through_the_openai_client(server_factory) -> Non
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     assert [json.loads(c.function.arguments)["city"] for c in choice.message.tool_calls] == [
         "Paris", "Rome"]
-    calls, content = [], ""
-    for chunk in client.chat.completions.create(**kw, stream=True):
-        if chunk.choices:
-            calls.extend(chunk.choices[0].delta.tool_calls or [])
-            content += chunk.choices[0].delta.content or ""
+    content, calls = streamed_calls(client, kw)
     assert content == "" and [c.index for c in calls] == [0, 1]
     assert [json.loads(c.function.arguments)["city"] for c in calls] == ["Paris", "Rome"]
 

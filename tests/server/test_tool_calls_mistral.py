@@ -12,7 +12,7 @@ import pytest
 
 from cadence.server.tool_calls import parse_tool_calls, tool_call_stream, tool_calls_finish
 from tests.server.test_tool_calls import TOOLS
-from tests.server.tool_call_helpers import feed_in_pieces, scripted_server
+from tests.server.tool_call_helpers import feed_in_pieces, scripted_server, streamed_calls
 
 V11 = '[TOOL_CALLS]get_weather{"city": "Paris", "days": 2}[TOOL_CALLS]get_time[ARGS]{"zone": "CET"}'
 OLD = ('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}, '
@@ -75,11 +75,7 @@ def test_mistral_tool_calls_through_the_openai_client(server_factory) -> None:
     assert [(c.function.name, json.loads(c.function.arguments))
             for c in choice.message.tool_calls] == BOTH
     assert all(re.fullmatch(r"[A-Za-z0-9]{9}", c.id) for c in choice.message.tool_calls)
-    calls, content = [], ""
-    for chunk in client.chat.completions.create(**kw, stream=True):
-        if chunk.choices:
-            calls.extend(chunk.choices[0].delta.tool_calls or [])
-            content += chunk.choices[0].delta.content or ""
+    content, calls = streamed_calls(client, kw)
     assert content == "Sure.<|im_start|>" and [c.index for c in calls] == [0, 1]
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == BOTH
     # Without tools nothing is parsed and special tokens are skipped as usual.

@@ -10,7 +10,7 @@ import pytest
 
 from cadence.server.tool_calls import parse_tool_calls, tool_call_stream, tool_calls_finish
 from tests.server.test_tool_calls import TOOLS
-from tests.server.tool_call_helpers import feed_in_pieces, scripted_server
+from tests.server.tool_call_helpers import feed_in_pieces, scripted_server, streamed_calls
 
 PY = '[get_weather(city="Paris", days=2), get_time(zone=\'CET\', exact=True, at=None)]'
 PY_CALLS = [("get_weather", {"city": "Paris", "days": 2}),
@@ -82,10 +82,6 @@ def test_pythonic_tool_calls_through_the_openai_client(server_factory) -> None:
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     assert [(c.function.name, json.loads(c.function.arguments))
             for c in choice.message.tool_calls] == PY_CALLS
-    calls, content = [], ""
-    for chunk in client.chat.completions.create(**kw, stream=True):
-        if chunk.choices:
-            calls.extend(chunk.choices[0].delta.tool_calls or [])
-            content += chunk.choices[0].delta.content or ""
+    content, calls = streamed_calls(client, kw)
     assert content == "" and [c.index for c in calls] == [0, 1]
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == PY_CALLS

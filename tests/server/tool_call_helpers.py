@@ -40,3 +40,15 @@ def scripted_server(server_factory: Any, text: str, **app_kwargs: Any) -> tuple[
     ScriptedCore.SCRIPT = tok.encode(text, add_special_tokens=False)
     srv = server_factory(core_factory=ScriptedCore, app_kwargs=app_kwargs)
     return srv, len(ScriptedCore.SCRIPT)
+
+
+def streamed_calls(client: Any, kw: dict[str, Any]) -> tuple[str, list[Any]]:
+    """(content, tool-call deltas) of a streamed chat completion of one choice."""
+    calls: list[Any] = []
+    content = ""
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        if chunk.choices:
+            calls.extend(chunk.choices[0].delta.tool_calls or [])
+            content += chunk.choices[0].delta.content or ""
+    return content, calls
+
