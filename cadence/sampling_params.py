@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import enum
 import math
 import numbers
@@ -306,9 +307,18 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def clone(self) -> SamplingParams:
-        import copy
-
-        return copy.deepcopy(self)
+        """An independent copy: its containers are new objects (``copy.deepcopy``'s result,
+        at a fraction of its cost on the engine's per-request path)."""
+        out = copy.copy(self)
+        for name in _FLAT_CONTAINERS:  # containers of immutable items (once validated)
+            value = getattr(self, name)
+            if isinstance(value, (list, dict, set)):
+                setattr(out, name, copy.copy(value))
+        for name in _NESTED:
+            value = getattr(self, name)
+            if value is not None:
+                setattr(out, name, copy.deepcopy(value))
+        return out
 
     def verified(self) -> SamplingParams:
         """A copy checked and normalised again, as at construction: a field set afterwards
@@ -318,6 +328,10 @@ class SamplingParams:
         return out
 
 
+# SamplingParams.clone: the fields that hold containers.
+_FLAT_CONTAINERS = ("stop", "stop_token_ids", "logit_bias", "allowed_token_ids", "bad_words",
+                    "all_stop_token_ids")
+_NESTED = ("structured_outputs", "extra_args", "bad_words_token_ids")
 _INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs",
                "truncate_prompt_tokens", "stream_interval")
 _SAMPLING_EPS = 1e-5

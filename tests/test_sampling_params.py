@@ -145,6 +145,25 @@ def test_clone_is_independent() -> None:
     assert p.stop == ["a"] and p.all_stop_token_ids == {1}
 
 
+def test_clone_equals_a_deep_copy_and_shares_no_container() -> None:
+    import copy
+    from dataclasses import fields
+
+    p = SamplingParams(stop=["a"], stop_token_ids=[1], logit_bias={3: 1.5},
+                       allowed_token_ids=[2, 3], bad_words=["x"], extra_args={"k": [1]},
+                       structured_outputs={"json": {"type": "object", "properties": {}}})
+    p.bad_words_token_ids = [[4, 5]]
+    q = p.clone()
+    assert q == copy.deepcopy(p)
+    for f in fields(SamplingParams):  # a container field added later must be copied too
+        value = getattr(p, f.name)
+        if isinstance(value, (list, dict, set)) or hasattr(value, "__dataclass_fields__"):
+            assert getattr(q, f.name) is not value, f.name
+    assert q.bad_words_token_ids[0] is not p.bad_words_token_ids[0]
+    assert q.extra_args["k"] is not p.extra_args["k"]
+    assert q.structured_outputs.json is not p.structured_outputs.json
+
+
 def test_greedy_also_turns_min_p_off() -> None:
     # vLLM normalises every sampling knob of a greedy request, min_p included.
     p = SamplingParams(temperature=0.0, min_p=0.5)

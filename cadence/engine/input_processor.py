@@ -217,13 +217,8 @@ class InputProcessor:
                 raise InputValidationError(
                     "prompt_token_ids must be a list of integers.", "prompt_token_ids"
                 )
-            # numpy's integers count (they become Python ints).
-            if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) for t in ids):
-                raise InputValidationError(
-                    "prompt_token_ids must be a list of integers.", "prompt_token_ids"
-                )
             text = prompt.get("prompt")
-            return (text if isinstance(text, str) else None), [int(t) for t in ids]
+            return (text if isinstance(text, str) else None), _int_ids(ids)
         if "prompt" in prompt:
             text = prompt["prompt"]
             if not isinstance(text, str):
@@ -276,8 +271,8 @@ class InputProcessor:
     def _validate_token_ids(self, token_ids: list[int]) -> None:
         if not token_ids:
             raise InputValidationError("The prompt cannot be empty.", "prompt")
-        bad = next((t for t in token_ids if t < 0 or t >= self.vocab_size), None)
-        if bad is not None:
+        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
+            bad = next(t for t in token_ids if t < 0 or t >= self.vocab_size)
             raise InputValidationError(
                 f"prompt_token_ids: token id {bad} is out of vocabulary "
                 f"(vocabulary size {self.vocab_size}).",
@@ -342,3 +337,17 @@ def _count(n: int) -> str:
     """A token count for a message: past 18 digits, a bound (an integer of thousands of digits,
     which JSON allows, cannot even be written out by ``str``)."""
     return str(n) if n < 10**18 else "more than 10**18"
+
+
+def _int_ids(ids: Sequence[Any]) -> list[int]:
+    """A prompt's token ids as a new list of Python ints; numpy's integers count, bools and
+    anything else do not. By the ids' types, not one by one: a plain list of ints (the common
+    case) is copied at C speed."""
+    kinds = set(map(type, ids))
+    if kinds <= {int}:
+        return list(ids)
+    if any(issubclass(k, bool) or not issubclass(k, numbers.Integral) for k in kinds):
+        raise InputValidationError(
+            "prompt_token_ids must be a list of integers.", "prompt_token_ids"
+        )
+    return [int(t) for t in ids]

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import enum
+
+import numpy as np
 import pytest
 from transformers import PreTrainedTokenizerFast
 
@@ -139,6 +142,10 @@ def test_max_tokens_none_resolves_to_the_rest_of_the_context(
         ({"prompt_token_ids": "123"}, "prompt_token_ids", "list of integers"),
         ({"prompt_token_ids": [1, 2.0]}, "prompt_token_ids", "list of integers"),
         ({"prompt_token_ids": [True, 2]}, "prompt_token_ids", "list of integers"),
+        ({"prompt_token_ids": [1, None]}, "prompt_token_ids", "list of integers"),
+        ({"prompt_token_ids": [np.int64(3), np.bool_(True)]}, "prompt_token_ids",
+         "list of integers"),
+        ({"prompt_token_ids": [np.int64(3), 2**70]}, "prompt_token_ids", "out of vocabulary"),
         ({"prompt": 5}, "prompt", "must be a string"),
         ({"text": "hi"}, "prompt", "'prompt' or a 'prompt_token_ids'"),
         (42, "prompt", "must be a string"),
@@ -476,3 +483,22 @@ def test_structured_outputs_need_a_tokenizer_and_fit_the_size_cap(
         assert info.value.parameter == "structured_outputs"
     _proc(tokenizer).process("r", "hi", SamplingParams(
         max_tokens=2, structured_outputs=StructuredOutputsParams(choice=["yes", "no"])))
+
+
+class _Colour(enum.IntEnum):
+    RED = 7
+
+
+def test_token_ids_of_any_integer_type_become_a_new_list_of_ints(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    ids = [np.int32(5), 6, _Colour.RED, np.uint8(9)]
+    req, _ = _proc(tokenizer).process("r", {"prompt_token_ids": ids}, SamplingParams())
+    assert req.prompt_token_ids == [5, 6, 7, 9]
+    assert all(type(t) is int for t in req.prompt_token_ids)
+    plain = [4, 5, 6]
+    req, _ = _proc(tokenizer).process("r", {"prompt_token_ids": plain}, SamplingParams())
+    plain.append(7)  # the caller's list is not the request's
+    assert req.prompt_token_ids == [4, 5, 6]
+    req, _ = _proc(tokenizer).process("r", (4, 5), SamplingParams())
+    assert req.prompt_token_ids == [4, 5]
