@@ -150,9 +150,13 @@ class ResponsesRequest(OpenAIModel):
         try:
             chat.check()
         except ParamError as exc:
-            raise ParamError(param_of(self._renamed(exc.param or "")),
-                             self._renamed(str(exc))) from None
+            raise ParamError(self.param_named(exc.param or ""), self._renamed(str(exc))) from None
         self._chat = chat
+
+    def param_named(self, chat_param: str) -> str:
+        """A chat request's field (or message path) as this request names it: a message or
+        call as the input item it came from, another field by its Responses name."""
+        return param_of(self._renamed(chat_param))
 
     def _renamed(self, text: str) -> str:
         """``text`` with each chat message path (``messages.N``, ``messages.N.tool_calls.J

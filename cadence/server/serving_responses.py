@@ -20,7 +20,6 @@ from cadence.server.responses_api import (
     created_now,
     message_item,
     new_item_id,
-    param_of,
     reasoning_item,
     response_object,
     text_part,
@@ -107,6 +106,8 @@ class ResponseEvents:
             done = reasoning_item(item["id"], text)
             out.append(self._event("response.reasoning_text.done", **self._where(),
                                    content_index=0, text=text))
+        elif item["type"] == "function_call":  # the last call of a cut answer is incomplete
+            done = call_item(item["id"], item["call_id"], item["name"], text, self._status)
         else:
             lps = self._logprobs if self.request.logprobs_wanted else None
             done = message_item(item["id"], text, self._status, lps)
@@ -159,11 +160,9 @@ class ResponseEvents:
                            delta=fn["arguments"])
         out += self._event("response.function_call_arguments.done", **where,
                            arguments=fn["arguments"])
-        done = call_item(item_id, call_id, fn["name"], fn["arguments"], "completed")
-        out += self._event("response.output_item.done", output_index=len(self.output),
-                           item=done)
-        self.output.append(done)
-        self._open = None
+        # NOTE: left open until the next item or the end: whether the answer was cut after
+        # it (its status) is known only then.
+        self._text.append(fn["arguments"])
         return out
 
     def chunk(self, *, content: str | None = None, reasoning: str | None = None,
@@ -207,18 +206,18 @@ class ResponseEvents:
     def error(self, exc: BaseException) -> str:
         err = stream_error(exc, self.request.chat.grammar_param)
         if err.param:
-            err.param = param_of(err.param)
+            err.param = self.request.param_named(err.param)
         return self._event("error", code=err.type, message=err.message, param=err.param)
 
 
 @contextlib.contextmanager
-def _named_as_responses() -> Iterator[None]:
+def _named_as_responses(request: ResponsesRequest) -> Iterator[None]:
     """An error naming a chat request's field names the Responses request's instead."""
     try:
         yield
     except (APIError, ParamError) as exc:
         if exc.param:
-            exc.param = param_of(exc.param)
+            exc.param = request.param_named(exc.param)
         raise
 
 
@@ -245,7 +244,7 @@ class OpenAIServingResponses:
             if not cs.finished:
                 self.chat.abort([started.request_id])  # the client left before the answer
         if cs.stream.error is not None:
-            with _named_as_responses():
+            with _named_as_responses(request):
                 raise stream_error(cs.stream.error, request.chat.grammar_param)
         events.end(cs.prompt_tokens, cs.completion_tokens,
                    self.chat.shown_cached_tokens(cs.cached_tokens), self._count_tokens)
@@ -253,7 +252,7 @@ class OpenAIServingResponses:
 
     async def start(self, request: ResponsesRequest, engine_id: str,
                     cs: ChatStream) -> StartedRequest:
-        with _named_as_responses():
+        with _named_as_responses(request):
             return await self.chat.start_chat(request.chat, engine_id, cs)
 
     def new_stream(self, request: ResponsesRequest, response_id: str

@@ -157,6 +157,29 @@ def test_a_named_tool_choice_is_one_valid_call(client, stream: bool) -> None:
         (call,) = out.output
         assert call.type == "function_call" and call.name == "get_time"
         assert json.loads(call.arguments)["zone"] in ("CET", "UTC")
+        assert call.status == "completed" and out.status == "completed"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_by_max_output_tokens_is_incomplete(client, stream: bool) -> None:
+    """Three tokens cannot hold the forced call's arguments: the call item, like the
+    answer, is incomplete, in the stream's item event and in the whole response."""
+    kw = dict(model="tiny", input="time?", max_output_tokens=3, temperature=0.0,
+              tools=[{"type": "function", "name": "get_time", "parameters": {
+                  "type": "object", "properties": {"zone": {"type": "string"}},
+                  "required": ["zone"]}}],
+              tool_choice={"type": "function", "name": "get_time"})
+    if stream:
+        events = list(client.responses.create(**kw, stream=True))
+        (done,) = [e.item for e in events if e.type == "response.output_item.done"]
+        assert done.type == "function_call" and done.status == "incomplete"
+        out = events[-1].response
+    else:
+        out = client.responses.create(**kw)
+    (call,) = out.output
+    assert call.type == "function_call" and call.status == "incomplete"
+    assert out.status == "incomplete" and out.incomplete_details.reason == "max_output_tokens"
+    assert out.usage.output_tokens == 3
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -212,10 +235,16 @@ def test_reasoning_is_a_reasoning_item(server_factory, stream: bool) -> None:
     ({"metadata": {"k": "v" * 513}}, "metadata"),
     ({"service_tier": "bogus"}, "service_tier"),
     ({"include": ["bogus"]}, "include.0"),
-    # A chat-side check (the template's tool-call arguments) names the Responses field.
+    # A chat-side check (the template's tool-call arguments) names the input item's field.
     ({"input": [{"role": "user", "content": "q"},
                 {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "not json"},
-                {"type": "function_call_output", "call_id": "c1", "output": "x"}]}, "input"),
+                {"type": "function_call_output", "call_id": "c1", "output": "x"}]},
+     "input.1.arguments"),
+    ({"instructions": "x", "input": [
+        {"role": "user", "content": "q"},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{bad"}]},
+     "input.2.arguments"),
     # The chat message's path, as the input item the client sent (instructions come first).
     ({"instructions": "x", "input": [
         {"role": "user", "content": "q"},
