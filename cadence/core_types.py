@@ -25,6 +25,7 @@ class FinishReason(enum.IntEnum):
     LENGTH = 1
     ABORT = 2
     ERROR = 3  # the request failed inside the engine; the engine serves on
+    REPETITION = 4  # its output repeated a pattern (SamplingParams.repetition_detection)
 
     def __str__(self) -> str:
         return self.name.lower()

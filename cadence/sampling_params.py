@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
+from cadence.repetition import RepetitionDetectionParams
 
 
 @dataclass
@@ -119,6 +120,9 @@ class SamplingParams:
     # logprobs, which every prompt position must be computed for). Unlike vLLM's, a request
     # with prompt logprobs reads none even with False: its prompt logprobs stay whole.
     skip_reading_prefix_cache: bool | None = None
+    # vLLM's: end the request (finish reason "repetition") once its output repeats a pattern
+    # (``cadence.repetition``); a dict of the fields is taken too.
+    repetition_detection: RepetitionDetectionParams | None = None
     # Filled in by the engine from the tokenizer / generation config; not user-facing.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
     # Token sequences of ``bad_words`` (each word with and without a leading space), filled in by
@@ -150,6 +154,16 @@ class SamplingParams:
                 self.structured_outputs, StructuredOutputsParams):
             raise ValueError("structured_outputs must be a StructuredOutputsParams or a dict of "
                              f"its fields, got {type(self.structured_outputs).__name__}.")
+        if isinstance(self.repetition_detection, Mapping):
+            try:
+                self.repetition_detection = RepetitionDetectionParams(
+                    **self.repetition_detection)
+            except TypeError as exc:  # an unknown key
+                raise ValueError(f"repetition_detection: {exc}.") from None
+        elif self.repetition_detection is not None and not isinstance(
+                self.repetition_detection, RepetitionDetectionParams):
+            raise ValueError("repetition_detection must be a RepetitionDetectionParams or a dict "
+                             f"of its fields, got {type(self.repetition_detection).__name__}.")
         if _is_int(self.seed) and self.seed == -1:
             self.seed = None  # vLLM: -1 asks for no fixed seed
         for name in ("logprobs", "prompt_logprobs"):
@@ -331,7 +345,7 @@ class SamplingParams:
 # SamplingParams.clone: the fields that hold containers.
 _FLAT_CONTAINERS = ("stop", "stop_token_ids", "logit_bias", "allowed_token_ids", "bad_words",
                     "all_stop_token_ids")
-_NESTED = ("structured_outputs", "extra_args", "bad_words_token_ids")
+_NESTED = ("structured_outputs", "extra_args", "bad_words_token_ids", "repetition_detection")
 _INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs",
                "truncate_prompt_tokens", "stream_interval")
 _SAMPLING_EPS = 1e-5

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 
 from cadence.core_types import FinishReason
+from cadence.repetition import RepetitionTracker
 from cadence.sampling_params import SamplingParams
 
 
@@ -20,6 +21,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_ABORTED = enum.auto()
     FINISHED_IGNORED = enum.auto()
     FINISHED_ERROR = enum.auto()
+    FINISHED_REPETITION = enum.auto()
 
     @staticmethod
     def is_finished(status: RequestStatus) -> bool:
@@ -36,6 +38,7 @@ _FINISHED_REASON = {
     RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
     RequestStatus.FINISHED_IGNORED: FinishReason.LENGTH,
     RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
+    RequestStatus.FINISHED_REPETITION: FinishReason.REPETITION,
 }
 
 
@@ -91,6 +94,8 @@ class Request:
         # longrope: its keys take the long factors (Scheduler's rope_switch_len); part of its
         # blocks' hashes, so no block is shared across the two rotations.
         self.rope_long = False
+        # SamplingParams.repetition_detection's check, made at its first use.
+        self.repetition: RepetitionTracker | None = None
 
     @property
     def waiting_for_grammar(self) -> bool:

@@ -5,7 +5,10 @@ Stop *strings* are not handled here: they need detokenized text (the output proc
 
 from __future__ import annotations
 
+from cadence.repetition import RepetitionTracker
 from cadence.scheduler.request import Request, RequestStatus
+
+REPETITION_STOP_REASON = "repetition_detected"  # vLLM's stop_reason for that finish
 
 
 def check_stop(request: Request, max_model_len: int) -> bool:
@@ -34,6 +37,14 @@ def check_stop(request: Request, max_model_len: int) -> bool:
         if max_tokens is not None and num_output >= max_tokens:
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED
             return True
+        repetition = params.repetition_detection
+        if repetition is not None and repetition.enabled:
+            if request.repetition is None:
+                request.repetition = RepetitionTracker(repetition)
+            if request.repetition.repeats(output):
+                request.status = RequestStatus.FINISHED_REPETITION
+                request.stop_reason = REPETITION_STOP_REASON
+                return True
     if request.num_prompt_tokens + num_output >= max_model_len:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from cadence.engine.param_checks import MAX_STOP_TOKEN_IDS
+from cadence.repetition import MAX_MIN_COUNT, MAX_PATTERN_SIZE, RepetitionDetectionParams
 from cadence.sampling_params import (
     INT64_MAX,
     INT64_MIN,
@@ -32,7 +33,7 @@ BEAM_SEARCH_REFUSES: Mapping[str, tuple[Any, ...]] = MappingProxyType({
     "min_tokens": (0,), "stop": ([],), "stop_token_ids": ([],), "presence_penalty": (0.0,),
     "frequency_penalty": (0.0,), "repetition_penalty": (1.0,), "logit_bias": ({},),
     "allowed_token_ids": (), "bad_words": ([],), "prompt_logprobs": (),
-    "structured_outputs": (),
+    "structured_outputs": (), "repetition_detection": (),
 })
 
 
@@ -117,6 +118,14 @@ class StructuredOutputsField(OpenAIModel):
     whitespace_pattern: str | None = None
 
 
+class RepetitionDetectionField(OpenAIModel):
+    """vLLM's ``repetition_detection`` request field (``cadence.repetition``)."""
+
+    max_pattern_size: int = Field(default=0, ge=0, le=MAX_PATTERN_SIZE)
+    min_pattern_size: int = Field(default=0, ge=0, le=MAX_PATTERN_SIZE)
+    min_count: int = Field(default=0, ge=0, le=MAX_MIN_COUNT)
+
+
 class SamplingRequest(OpenAIModel):
     """Fields shared by completions and chat completions."""
 
@@ -152,6 +161,8 @@ class SamplingRequest(OpenAIModel):
     prompt_logprobs: int | None = Field(default=None, ge=-1)
     structured_outputs: StructuredOutputsField | None = None
     response_format: ResponseFormat | None = None
+    # vLLM: end the answer (finish reason "repetition") once it repeats a pattern.
+    repetition_detection: RepetitionDetectionField | None = None
     user: str | None = None
     # vLLM: prefix-cache isolation; only requests with the same salt share cached blocks.
     cache_salt: str | None = None
@@ -259,6 +270,7 @@ class SamplingRequest(OpenAIModel):
             allowed_token_ids=self.allowed_token_ids,
             bad_words=self.bad_words or None,
             structured_outputs=self._structured_outputs(),
+            repetition_detection=self._repetition_detection(),
             seed=self.seed,
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
@@ -274,6 +286,15 @@ class SamplingRequest(OpenAIModel):
             output_kind=kind,
             stream_interval=self.stream_interval,
         )
+
+    def _repetition_detection(self) -> RepetitionDetectionParams | None:
+        rd = self.repetition_detection
+        if rd is None:
+            return None
+        try:
+            return RepetitionDetectionParams(**rd.model_dump())
+        except ValueError as exc:  # the fields' relations (min <= max, min_count >= 2)
+            raise ParamError("repetition_detection", str(exc)) from None
 
     @property
     def params_size(self) -> int:

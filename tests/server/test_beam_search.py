@@ -108,6 +108,7 @@ def test_chat_gives_the_best_beams_with_logprobs(client, http, offline, server) 
     ({"min_tokens": 2}, "min_tokens"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+    ({"repetition_detection": {"max_pattern_size": 4, "min_count": 2}}, "repetition_detection"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"n": 11}, "n"),  # 22 logprobs a step, past --max-logprobs 20
     ({"logprobs": 2, "echo": True}, "logprobs"),

@@ -169,3 +169,46 @@ def test_skip_special_tokens_in_the_generated_text_and_echo(server, client: open
     # A token-id prompt's echo is its decoding with its special tokens.
     assert text(prompt_ids, False) == prompt + "<|im_end|>" * 3
     assert text(prompt_ids, True) == prompt
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_repetition_detection_cuts_the_answer_where_it_repeats(client: openai.OpenAI,
+                                                               stream: bool) -> None:
+    """The answer is the free answer cut at the first token where it repeats (the rule of
+    tests/test_repetition.py), finishing with "repetition", on completions and chat."""
+    from tests.test_repetition import first_detection
+
+    rd = {"max_pattern_size": 6, "min_count": 2}
+    body = dict(model="tiny", max_tokens=60, temperature=0.0)
+    extra = {"ignore_eos": True, "return_token_ids": True}
+    cases = [(client.completions.create, dict(prompt=PROMPT)),
+             (client.chat.completions.create, dict(messages=MSG))]
+    for create, kw in cases:
+        free = create(**body, **kw, extra_body=extra).choices[0].token_ids
+        end = first_detection(free, 0, 6, 2)
+        assert end is not None and end < 60  # the tiny model loops within 60 tokens
+        extra_rd = {**extra, "repetition_detection": rd}
+        if stream:
+            ids, finish = [], None
+            for chunk in create(**body, **kw, extra_body=extra_rd, stream=True):
+                if chunk.choices:
+                    ids += getattr(chunk.choices[0], "token_ids", None) or []
+                    finish = chunk.choices[0].finish_reason or finish
+        else:
+            choice = create(**body, **kw, extra_body=extra_rd).choices[0]
+            ids, finish = choice.token_ids, choice.finish_reason
+        assert ids == free[:end] and finish == "repetition"
+
+
+@pytest.mark.parametrize(("rd", "param"), [
+    ({"max_pattern_size": 4, "min_count": 1}, "repetition_detection"),
+    ({"max_pattern_size": 2, "min_pattern_size": 3, "min_count": 2}, "repetition_detection"),
+    ({"max_pattern_size": -1}, "repetition_detection.max_pattern_size"),
+    ({"max_pattern_size": 10**9, "min_count": 2}, "repetition_detection.max_pattern_size"),
+    (5, "repetition_detection"),
+])
+def test_bad_repetition_detection_is_a_400_naming_it(client: openai.OpenAI, rd, param) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4,
+                                  extra_body={"repetition_detection": rd})
+    assert info.value.body["param"] == param  # type: ignore[index]
