@@ -36,7 +36,7 @@ class CompletionOutput:
     # vLLM's field (in its place: positional arguments mean what they mean there); no MoE
     # routing is recorded here.
     routed_experts: None = field(default=None, repr=False)
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | "repetition"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     lora_request: None = field(default=None, repr=False)  # vLLM's field; adapters: none here
     kv_transfer_params: None = field(default=None, repr=False)  # vLLM's; no KV transfer here
