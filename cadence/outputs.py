@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 __all__ = ["CompletionOutput", "Logprob", "PromptLogprobs", "RequestMetrics", "RequestOutput",
            "SampleLogprobs"]
-
-_NO_PLACEHOLDERS: Mapping[str, Any] = MappingProxyType({})  # shared by every output: read-only
 
 
 @dataclass(slots=True)
@@ -134,8 +130,7 @@ class RequestOutput:
     encoder_prompt: None = field(default=None, repr=False)
     encoder_prompt_token_ids: None = field(default=None, repr=False)
     num_cached_tokens: int | None = None
-    multi_modal_placeholders: Mapping[str, Any] = field(
-        default_factory=lambda: _NO_PLACEHOLDERS, repr=False)
+    multi_modal_placeholders: dict[str, Any] = field(default_factory=dict, repr=False)
     kv_transfer_params: None = field(default=None, repr=False)
 
     def add(self, next_output: RequestOutput, aggregate: bool) -> None:

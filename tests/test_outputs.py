@@ -15,9 +15,10 @@ def test_vllm_fields_for_absent_features_are_empty() -> None:
     assert out.lora_request is None and out.outputs[0].lora_request is None
     assert out.encoder_prompt is None and out.encoder_prompt_token_ids is None
     assert out.kv_transfer_params is None and out.multi_modal_placeholders == {}
-    # One empty mapping serves every output: read-only, so no output can change another's.
-    with pytest.raises(TypeError):
-        out.multi_modal_placeholders["image"] = []  # type: ignore[index]
+    # Each output has its own (vLLM's plain dict): changing one changes no other.
+    other = RequestOutput("s", "hi", [1], None, [], finished=True)
+    out.multi_modal_placeholders["image"] = []
+    assert other.multi_modal_placeholders == {}
     # A copy keeps them; they stay out of the repr.
     assert dataclasses.replace(out).lora_request is None
     assert "lora_request" not in repr(out) and "kv_transfer" not in repr(out)
@@ -49,6 +50,13 @@ def test_the_engine_fills_them_empty() -> None:
         llm.shutdown()
     assert out.lora_request is None and out.outputs[0].lora_request is None
     assert out.encoder_prompt is None and out.multi_modal_placeholders == {}
+    # Outputs travel (multiprocessing, Ray, files) and copy as vLLM's do.
+    import copy
+    import pickle
+
+    assert pickle.loads(pickle.dumps(out)) == out
+    assert copy.deepcopy(out) == out
+    assert dataclasses.asdict(out)["outputs"][0]["token_ids"] == list(out.outputs[0].token_ids)
 
 
 def test_metrics_answer_to_vllms_names() -> None:

@@ -275,13 +275,18 @@ class AsyncLLM:
         *,
         priority: int = 0,
         lora_request: Any = None,
+        data_parallel_rank: int | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the outputs of one request until it finishes.
 
         Invalid input raises ``ValueError`` before anything is scheduled. If the consumer
         cancels or closes the generator, the request is aborted in the engine.
+        ``data_parallel_rank``: vLLM's; one engine serves here, rank 0 (or None).
         """
         refuse_lora(lora_request)
+        if data_parallel_rank not in (None, 0) or isinstance(data_parallel_rank, bool):
+            raise ValueError(f"data_parallel_rank must be 0 or None (one engine), got "
+                             f"{data_parallel_rank!r}.")
         collector = await self.add_request(request_id, prompt, sampling_params, priority=priority)
         outputs = self.outputs(request_id, collector)
         try:

@@ -88,6 +88,12 @@ class EngineArgs:
     logprobs_mode: str = "raw_logprobs"
     # Ranks the model is split over, one worker process each (1: no worker process).
     tensor_parallel_size: int = 1
+    # vLLM's, taken so that code written for it runs: periodic stats are never logged here
+    # (the server's /metrics is always served), and preemption recomputes (vLLM v1's), so no
+    # CPU swap space is used; the tokenizer is always transformers' ("auto").
+    disable_log_stats: bool = True
+    swap_space: float = 0.0
+    tokenizer_mode: str = "auto"
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -102,6 +108,11 @@ class EngineArgs:
                 f"quantization={self.quantization!r} is not supported; supported: "
                 f"{', '.join(QUANTIZATION_METHODS)} (or none: weights in --dtype)."
             )
+        if self.tokenizer_mode not in ("auto", "hf"):
+            raise ValueError(f"tokenizer_mode={self.tokenizer_mode!r} is not supported; "
+                             "supported: auto (transformers' tokenizer; hf is its alias).")
+        if not 0.0 <= self.swap_space <= 1e6:
+            raise ValueError(f"swap_space must be a size in GiB >= 0, got {self.swap_space}.")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(
                 f"logprobs_mode={self.logprobs_mode!r} is not supported; supported: "
@@ -245,6 +256,12 @@ class EngineArgs:
                             help="tokenizer directory to use instead of the model's ('tiny': the "
                                  "built-in model's); lets a shape preset take text prompts "
                                  "(default: the model directory's)")
+        parser.add_argument("--tokenizer-mode", default=d.tokenizer_mode, choices=["auto", "hf"],
+                            help="vLLM's; transformers' tokenizer either way (default: "
+                                 "%(default)s)")
+        parser.add_argument("--swap-space", type=float, default=d.swap_space, metavar="GIB",
+                            help="vLLM's; accepted and unused: preemption recomputes, nothing "
+                                 "is swapped to the CPU (default: %(default)s)")
         parser.add_argument("--dtype", default=d.dtype,
                             choices=["auto", *DTYPE_ALIASES, *DTYPES[1:]],
                             help="weights and activations; half = float16, float = float32, "

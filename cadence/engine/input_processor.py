@@ -209,6 +209,10 @@ class InputProcessor:
                 f" {{'prompt_token_ids': [int, ...]}}, got {type(prompt).__name__}.",
                 "prompt",
             )
+        if prompt.get("multi_modal_data"):  # vLLM refuses it for a text-only model
+            raise InputValidationError(
+                "multi_modal_data: this model takes text only (no multimodal inputs).",
+                "multi_modal_data")
         if "prompt_token_ids" in prompt:
             ids = prompt["prompt_token_ids"]
             if hasattr(ids, "tolist") and getattr(ids, "ndim", None) == 1:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -27,6 +27,8 @@ from cadence.outputs import RequestOutput
 from cadence.sampling_params import RequestOutputKind, SamplingParams
 
 PromptType = str | dict[str, Any]
+# vLLM's: a progress bar or not, or the tqdm-like factory that makes it.
+UseTqdm = bool | Callable[..., Any]
 
 
 class LLM:
@@ -68,7 +70,7 @@ class LLM:
         self,
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        use_tqdm: bool = True,
+        use_tqdm: UseTqdm = True,
         priority: int | Sequence[int] | None = None,
         lora_request: Any = None,
     ) -> list[RequestOutput]:
@@ -125,7 +127,7 @@ class LLM:
         self,
         messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        use_tqdm: bool = True,
+        use_tqdm: UseTqdm = True,
         *,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
@@ -175,7 +177,7 @@ class LLM:
         self,
         prompts: PromptType | Sequence[PromptType],
         params: BeamSearchParams,
-        use_tqdm: bool = False,
+        use_tqdm: UseTqdm = False,
         concurrency_limit: int | None = None,
     ) -> list[BeamSearchOutput]:
         """vLLM's ``LLM.beam_search``: the ``params.beam_width`` best sequences of each prompt
@@ -201,8 +203,8 @@ class LLM:
             searches.append(BeamSearch(req.prompt_token_ids, params, processor.eos_token_id,
                                        self.engine_core.config.scheduler.max_model_len))
         limit = concurrency_limit or max(1, len(searches))
-        bar = tqdm(total=params.max_tokens * -(-len(searches) // limit), desc="Beam search",
-                   unit="step", disable=not use_tqdm, dynamic_ncols=True)
+        bar = _progress(use_tqdm, total=params.max_tokens * -(-len(searches) // limit),
+                        desc="Beam search", unit="step")
         try:
             for start in range(0, len(searches), limit):
                 batch = searches[start:start + limit]
@@ -230,12 +232,11 @@ class LLM:
             results.append(BeamSearchOutput(best))
         return results
 
-    def _run_engine(self, order: dict[str, int], use_tqdm: bool) -> list[RequestOutput]:
+    def _run_engine(self, order: dict[str, int], use_tqdm: UseTqdm) -> list[RequestOutput]:
         results: list[RequestOutput | None] = [None] * len(order)
         core = self.engine_core
         step = core.step_fn
-        bar = tqdm(total=len(order), desc="Processed prompts", disable=not use_tqdm,
-                   dynamic_ncols=True)
+        bar = _progress(use_tqdm, total=len(order), desc="Processed prompts")
         try:
             while self.output_processor.has_unfinished_requests():
                 outputs, _ = step()
@@ -275,3 +276,11 @@ def _prompt_list(prompts: Any, kind: type) -> list[PromptType]:
 def _is_id_list(value: object) -> bool:
     return (isinstance(value, (list, tuple)) and len(value) > 0
             and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in value))
+
+
+def _progress(use_tqdm: UseTqdm, **kwargs: Any) -> Any:
+    """The progress bar ``use_tqdm`` asks for: tqdm's (hidden when False), or one made by the
+    given factory (vLLM's ``use_tqdm=partial(tqdm, ...)``)."""
+    if callable(use_tqdm):
+        return use_tqdm(dynamic_ncols=True, **kwargs)
+    return tqdm(disable=not use_tqdm, dynamic_ncols=True, **kwargs)

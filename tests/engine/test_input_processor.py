@@ -147,6 +147,7 @@ def test_max_tokens_none_resolves_to_the_rest_of_the_context(
          "list of integers"),
         ({"prompt_token_ids": [np.int64(3), 2**70]}, "prompt_token_ids", "out of vocabulary"),
         ({"prompt": 5}, "prompt", "must be a string"),
+        ({"prompt": "hi", "multi_modal_data": {"image": b"x"}}, "multi_modal_data", "text only"),
         ({"text": "hi"}, "prompt", "'prompt' or a 'prompt_token_ids'"),
         (42, "prompt", "must be a string"),
     ],

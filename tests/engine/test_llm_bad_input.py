@@ -203,3 +203,43 @@ def test_seed_minus_one_is_no_fixed_seed(llm):
     again = [llm.generate("Hello", fixed, use_tqdm=False)[0].outputs[0].token_ids
              for _ in range(2)]
     assert again[0] == again[1]
+
+
+def test_vllm_calling_conventions_run() -> None:
+    """What code written for vLLM passes: a tqdm factory as use_tqdm (called for the bar),
+    vLLM's engine arguments that change nothing here, and AsyncLLM's data_parallel_rank 0."""
+    import asyncio
+
+    from cadence.engine.async_llm import AsyncLLM
+    from cadence.engine.engine_args import EngineArgs
+
+    made: list[dict] = []
+
+    def factory(**kwargs):
+        from tqdm.auto import tqdm
+
+        made.append(kwargs)
+        return tqdm(disable=True, **kwargs)
+
+    llm = LLM("tiny", disable_log_stats=False, swap_space=4, tokenizer_mode="auto")
+    try:
+        outs = llm.generate(["a", "b"], SamplingParams(max_tokens=2), use_tqdm=factory)
+        assert len(outs) == 2 and made and made[0]["total"] == 2
+    finally:
+        llm.shutdown()
+    with pytest.raises(ValueError, match="tokenizer_mode"):
+        EngineArgs(tokenizer_mode="mistral")
+
+    async def run() -> None:
+        engine = AsyncLLM.from_engine_args(EngineArgs(model="tiny"))
+        try:
+            params = SamplingParams(max_tokens=2)
+            outs = [o async for o in engine.generate("hi", params, "r0", data_parallel_rank=0)]
+            assert outs[-1].finished
+            with pytest.raises(ValueError, match="data_parallel_rank"):
+                async for _ in engine.generate("hi", params, "r1", data_parallel_rank=1):
+                    pass
+        finally:
+            engine.shutdown()
+
+    asyncio.run(run())
