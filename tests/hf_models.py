@@ -43,7 +43,7 @@ def _family_config(
 ) -> transformers.PretrainedConfig:
     """A config of ``family`` with the sizes and token ids in ``fields``.
 
-    "llama" has llama3 rope scaling over ``llama_rope_theta``, "llama-yarn" yarn rope scaling, "phi3" and "phi3-long" longrope scaling, "gemma2" and "gemma3" their
+    "llama" has llama3 rope scaling over ``llama_rope_theta``, "llama-yarn" yarn rope scaling, "phi3" and "phi3-long" longrope scaling ("phi4-mini" rotating part of each head), "gemma2" and "gemma3" their
     per-layer windows, caps and rope bases, "qwen3-moe" a mixture of experts, "llama-bias" attention and MLP
     biases, "qwen3" a head_dim such that head_dim * num_heads != hidden_size, as in the real
     Qwen3 models, "mistral" a sliding window of ``MISTRAL_WINDOW`` tokens, "qwen2-window" and
@@ -71,16 +71,19 @@ def _family_config(
         return transformers.MistralConfig(
             **fields, sliding_window=MISTRAL_WINDOW, architectures=["MistralForCausalLM"]
         )
-    if family in ("phi3", "phi3-long"):
+    if family in ("phi3", "phi3-long", "phi4-mini"):
         # "phi3": every test sequence stays within the original length (short factors);
-        # "phi3-long": prompts of more than 32 tokens run on the long factors from the start.
+        # "phi3-long": prompts of more than 32 tokens run on the long factors from the start;
+        # "phi4-mini": that, rotating three quarters of each head (partial_rotary_factor).
         original = 128 if family == "phi3" else 32
+        partial = 0.75 if family == "phi4-mini" else 1.0
         head_dim = fields["hidden_size"] // fields["num_attention_heads"]
+        rotated = int(head_dim * partial)
         gen = torch.Generator().manual_seed(7)
         scaling = {
             "rope_type": "longrope",
-            "short_factor": (1 + torch.rand(head_dim // 2, generator=gen)).tolist(),
-            "long_factor": (1 + 8 * torch.rand(head_dim // 2, generator=gen)).tolist(),
+            "short_factor": (1 + torch.rand(rotated // 2, generator=gen)).tolist(),
+            "long_factor": (1 + 8 * torch.rand(rotated // 2, generator=gen)).tolist(),
         }
         fields.setdefault("pad_token_id", 0)  # Phi-3's default (32000) is past this vocab
         return transformers.Phi3Config(
@@ -88,6 +91,7 @@ def _family_config(
             rope_scaling=scaling,
             original_max_position_embeddings=original,
             sliding_window=MISTRAL_WINDOW + 9,
+            partial_rotary_factor=partial,
             architectures=["Phi3ForCausalLM"],
         )
     if family == "gemma2":

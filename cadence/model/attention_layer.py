@@ -50,6 +50,22 @@ class SelfAttention(nn.Module):
         # (rows, mode, weight) -> whether the qkv projection of that many rows is a bulk kernel.
         self._releases_early: dict[tuple[int, str, int, torch.dtype], bool] = {}
 
+    def permute_qk_dims(self, perm: torch.Tensor) -> None:
+        """Reorder each q and k head's dimensions by ``perm`` (``x[..., perm]``): the rows of
+        their projection (and bias), and their norms' weights. Scores do not change."""
+        d = self.head_dim
+        q_rows = (torch.arange(self.q_size // d)[:, None] * d + perm).flatten()
+        k_rows = (torch.arange(self.kv_size // d)[:, None] * d + perm).flatten() + self.q_size
+        rows = torch.cat([q_rows, k_rows, torch.arange(self.q_size + self.kv_size,
+                                                       self.q_size + 2 * self.kv_size)])
+        rows = rows.to(self.qkv_proj.weight.device)
+        self.qkv_proj.weight.copy_(self.qkv_proj.weight[rows])
+        if self.qkv_proj.bias is not None:
+            self.qkv_proj.bias.copy_(self.qkv_proj.bias[rows])
+        for norm in (self.q_norm, self.k_norm):
+            if norm is not None:
+                norm.weight.copy_(norm.weight[perm.to(norm.weight.device)])
+
     def forward(
         self,
         x: torch.Tensor,

@@ -24,7 +24,13 @@ from cadence.model.layers import GemmaRMSNorm, RMSNorm, silu_and_mul
 from cadence.model.mlp_block import block_applies, mlp_block
 from cadence.model.moe import SparseMoE
 from cadence.model.parallel import TPShard, VocabParallelEmbedding, all_reduce, gather_vocab
-from cadence.model.rope import RopeParams, RotaryEmbedding, context_length, longrope_rows
+from cadence.model.rope import (
+    RopeParams,
+    RotaryEmbedding,
+    context_length,
+    longrope_rows,
+    rotary_permutation,
+)
 from cadence.model.skinny_gemm import SkinnyLinear, bulk_takes_mlp, use_skinny_gemm
 from cadence.model.split_k import KParts, split_k_linear, weight_parts
 
@@ -170,6 +176,10 @@ class DecoderLayer(nn.Module):
         return out, new_residual.view(residual.shape)
 
 
+# Families whose attention rotates part of a head when the config says so (transformers').
+PARTIAL_ROTARY = ("Phi3ForCausalLM",)
+
+
 class DecoderModel(nn.Module):
     def __init__(self, arch: DecoderArch, backend: AttentionBackend,
                  shard: TPShard | None = None) -> None:
@@ -213,8 +223,12 @@ class CausalLM(nn.Module):
             else nn.Linear(self.arch.hidden_size, head_rows, bias=False)
         )
         rows = context_length(hf_config)
-        self.rotary_emb = RotaryEmbedding(RopeParams.from_hf_config(hf_config), self.arch.head_dim,
-                                          rows)
+        rope = RopeParams.from_hf_config(hf_config)
+        if rope.partial_rotary_factor != 1.0 and self.arch.architecture not in PARTIAL_ROTARY:
+            # transformers rotates part of a head only in these families' attention.
+            raise ValueError(f"partial_rotary_factor != 1 is supported for "
+                             f"{', '.join(PARTIAL_ROTARY)} only, not {self.arch.architecture}.")
+        self.rotary_emb = RotaryEmbedding(rope, self.arch.head_dim, rows)
         # Gemma 3: the sliding layers' table (their own rope base).
         self.rotary_emb_local = (
             RotaryEmbedding(
@@ -226,6 +240,19 @@ class CausalLM(nn.Module):
             else None
         )
         self._kv_caches: list[torch.Tensor] = []
+
+    @torch.no_grad()
+    def order_rotary_dims(self) -> None:
+        """Partial rotation (``cadence.model.rope``): permute each head's q and k rows (and
+        biases, and q/k norm weights) as the rope table wants them; once, after the checkpoint's
+        weights are in (and before any quantization)."""
+        rotary = self.rotary_emb.rotary_dim
+        head_dim = self.arch.head_dim
+        if rotary == head_dim:
+            return
+        perm = rotary_permutation(head_dim, rotary)
+        for layer in self.model.layers:
+            layer.self_attn.permute_qk_dims(perm)
 
     @property
     def num_layers(self) -> int:

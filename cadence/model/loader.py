@@ -61,6 +61,7 @@ def build_model(
         assert spec.path is not None
         load_safetensors(model, spec.path)
     model = model.eval().requires_grad_(False)
+    model.order_rotary_dims()
     quant = effective_quantization(model, quantization, device)
     if quant == "fp8":
         if not fp8_supported(device):

@@ -1,4 +1,12 @@
-"""Rotary position embedding (NeoX layout): default, linear, llama3, yarn, dynamic, longrope."""
+"""Rotary position embedding (NeoX layout): default, linear, llama3, yarn, dynamic, longrope.
+
+Partial rotation (``partial_rotary_factor`` < 1, Phi-3's family: Phi-4-mini) rotates the first
+R of a head's D dimensions, pairing i with i + R/2, and passes the rest through. Here it takes
+no kernel of its own: the checkpoint's q and k rows are permuted within each head
+(``rotary_permutation``) so that the rotated pairs sit at (j, j + D/2) for j < R/2 and the
+passed-through dimensions at the other pairs, whose table entries are cos 1, sin 0. Scores are
+sums over dimensions and so do not change; the cache holds the permuted keys.
+"""
 
 from __future__ import annotations
 
@@ -34,8 +42,13 @@ class RopeParams:
     # longrope: per-frequency divisors for sequences up to / beyond the original length.
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
+    # The share of each head's dimensions that rotate (the rest pass through).
+    partial_rotary_factor: float = 1.0
 
     def __post_init__(self) -> None:
+        if not 0.0 < self.partial_rotary_factor <= 1.0:
+            raise ValueError(f"partial_rotary_factor must be in (0, 1], got "
+                             f"{self.partial_rotary_factor}.")
         if self.rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(
                 f"Unsupported rope_type {self.rope_type!r}; "
@@ -43,6 +56,14 @@ class RopeParams:
             )
         if self.rope_type == "longrope" and not (self.short_factor and self.long_factor):
             raise ValueError("longrope scaling needs short_factor and long_factor.")
+
+    def rotary_dim(self, head_dim: int) -> int:
+        """The rotated dimensions of a head (transformers' ``int(head_dim * factor)``)."""
+        dim = int(head_dim * self.partial_rotary_factor)
+        if dim < 2 or dim % 2:
+            raise ValueError(f"partial_rotary_factor {self.partial_rotary_factor} rotates {dim} "
+                             f"of {head_dim} dimensions; an even number of at least 2 is needed.")
+        return dim
 
     @property
     def context_length(self) -> int:
@@ -80,8 +101,8 @@ class RopeParams:
         rope_type = params.get("rope_type", params.get("type", "default"))
         if rope_type == "su":  # Phi-3's early name for longrope
             rope_type = "longrope"
-        if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
-            raise ValueError("partial_rotary_factor != 1 (partial RoPE) is not supported.")
+        partial = params.get("partial_rotary_factor",
+                             getattr(config, "partial_rotary_factor", None))
         max_positions = int(config.max_position_embeddings)
         original = int(
             params.get("original_max_position_embeddings")
@@ -109,6 +130,7 @@ class RopeParams:
             attention_factor=None if attention_factor is None else float(attention_factor),
             short_factor=tuple(float(f) for f in params.get("short_factor") or ()),
             long_factor=tuple(float(f) for f in params.get("long_factor") or ()),
+            partial_rotary_factor=float(partial if partial is not None else 1.0),
         )
 
 
@@ -233,6 +255,7 @@ class RotaryEmbedding(nn.Module):
         self.max_positions = max_positions
         self.long_offset = max_positions if params.rope_type == "longrope" else 0
         rows = max_positions + self.long_offset
+        self.rotary_dim = params.rotary_dim(head_dim)
         self.register_buffer("cos_sin", torch.empty(rows, head_dim), persistent=False)
         self.reset_table()
 
@@ -244,10 +267,16 @@ class RotaryEmbedding(nn.Module):
         scaling = attention_scaling(self.params)
         positions = torch.arange(self.max_positions, dtype=torch.float32, device=device)
         tables = []
+        half, rotated = self.head_dim // 2, self.rotary_dim // 2
         for long in (False, True) if self.long_offset else (False,):
-            inv_freq = inverse_frequencies(self.params, self.head_dim, long=long).to(device)
+            inv_freq = inverse_frequencies(self.params, self.rotary_dim, long=long).to(device)
             angles = positions[:, None] * inv_freq[None, :]
-            tables.append(torch.cat([angles.cos() * scaling, angles.sin() * scaling], dim=-1))
+            # Pairs past the rotated ones (partial rotation) pass through: cos 1, sin 0.
+            cos = torch.ones(self.max_positions, half, device=device)
+            sin = torch.zeros(self.max_positions, half, device=device)
+            cos[:, :rotated] = angles.cos() * scaling
+            sin[:, :rotated] = angles.sin() * scaling
+            tables.append(torch.cat([cos, sin], dim=-1))
         self.cos_sin.copy_(torch.cat(tables))
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -286,3 +315,14 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """Rotate ``x [T, heads, head_dim]`` (first half paired with second half)."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def rotary_permutation(head_dim: int, rotary_dim: int) -> torch.Tensor:
+    """For partial rotation: ``perm`` such that ``x[..., perm]`` (a head's dimensions, as the
+    checkpoint orders them) puts the rotated pair (i, i + R/2) at (i, i + D/2) and the
+    passed-through dimensions at the pairs past R/2, the table's cos 1, sin 0 entries."""
+    half, rotated = head_dim // 2, rotary_dim // 2
+    rest = list(range(rotary_dim, head_dim))
+    first = list(range(rotated)) + rest[: half - rotated]
+    second = list(range(rotated, rotary_dim)) + rest[half - rotated:]
+    return torch.tensor(first + second, dtype=torch.long)

@@ -189,19 +189,20 @@ def test_fresh_prompt_graphs_agree_with_transformers_within_bf16_rounding(tmp_pa
     _check_within_bf16_rounding(model, tmp_path, prompts, outs, max_positions=2048)
 
 
-FAMILIES = ["mistral", "phi3", "phi3-long", "gemma2", "gemma3", "llama-yarn", "qwen3-moe"]
+FAMILIES = ["mistral", "phi3", "phi3-long", "phi4-mini", "gemma2", "gemma3", "llama-yarn",
+            "qwen3-moe"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_families_graphs_equal_eager_and_transformers(family, tmp_path):
-    """Each added family on the GPU kernels (sliding windows, soft caps, longrope rows, fused
-    MoE): CUDA graphs == eager == transformers' greedy tokens, in float32."""
+    """Each added family on the GPU kernels (sliding windows, soft caps, longrope rows, partial
+    rotation, fused MoE): CUDA graphs == eager == transformers' greedy tokens, in float32."""
     from cadence import SamplingParams
     from tests.hf_models import VOCAB, build_hf_model, hf_greedy
 
     model = build_hf_model(family, tmp_path)
     rng = random.Random(5)
-    lengths = (40, 50, 33) if family == "phi3-long" else (5, 17, 50, 40)
+    lengths = (40, 50, 33) if family in ("phi3-long", "phi4-mini") else (5, 17, 50, 40)
     prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in lengths]
     expected = hf_greedy(model, prompts, 24)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)

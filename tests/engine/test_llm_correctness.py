@@ -33,8 +33,8 @@ def _shared_prefix_prompts(seed: int = 1) -> list[list[int]]:
 @pytest.fixture(
     scope="module",
     params=[
-        "llama", "llama-yarn", "mistral", "phi3", "gemma2", "gemma3", "qwen2", "qwen3", "qwen3-moe",
-        "qwen2-window", "qwen3-moe-window",
+        "llama", "llama-yarn", "mistral", "phi3", "phi4-mini", "gemma2", "gemma3", "qwen2",
+        "qwen3", "qwen3-moe", "qwen2-window", "qwen3-moe-window",
     ],
 )
 def checkpoint(request, tmp_path_factory):

@@ -55,9 +55,11 @@ def _engine(path, tp: int, **kwargs) -> LLM:
         # Phi-3: q/k/v and gate/up fused in the checkpoint, each rank reads its rows of each
         # part; longrope and a sliding window.
         ("phi3", 2, 256, False, {"async_scheduling": True}),
+        # Phi-4-mini's partial rotation: each rank permutes its own heads' q/k rows.
+        ("phi4-mini", 2, 256, True, {"async_scheduling": False}),
     ],
     ids=["llama-kv2-async-graphs", "qwen3-kv1-vocab255-sync", "llama-bias", "gemma2",
-         "gemma3-kv1-vocab255", "qwen3-moe", "phi3"],
+         "gemma3-kv1-vocab255", "qwen3-moe", "phi3", "phi4-mini"],
 )
 def test_tp2_gives_the_tokens_of_tp1(tmp_path, family, kv_heads, vocab, tie, extra):
     path = build_checkpoint(tmp_path / family, family, kv_heads=kv_heads, vocab=vocab, tie=tie)

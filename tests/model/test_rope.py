@@ -205,3 +205,44 @@ def test_tables_match_transformers_cos_sin(scaling):
         hf_cos, hf_sin = LlamaRotaryEmbedding(config)(x, longer[None])
         torch.testing.assert_close(torch.cat([cos, cos], -1)[:, 0], hf_cos[0], atol=0, rtol=0)
         torch.testing.assert_close(torch.cat([sin, sin], -1)[:, 0], hf_sin[0], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("partial", [0.5, 0.75, 0.25])
+def test_partial_rotation_through_the_permuted_table_is_phi3s(partial):
+    """Phi-3's partial rotation (first R dimensions rotate, the rest pass through) equals the
+    full-width table applied to the head's dimensions in ``rotary_permutation``'s order."""
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding, apply_rotary_pos_emb
+
+    from cadence.model.rope import rotary_permutation
+
+    config = transformers.Phi3Config(hidden_size=256, num_attention_heads=4,
+                                     max_position_embeddings=512, partial_rotary_factor=partial)
+    rope = RotaryEmbedding(RopeParams.from_hf_config(config), 64, 512)
+    assert rope.rotary_dim == int(64 * partial)
+    positions = torch.tensor([0, 3, 77, 511])
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(4, 4, 64, generator=gen)
+    k = torch.randn(4, 2, 64, generator=gen)
+    cos, sin = Phi3RotaryEmbedding(config)(q, positions[None])
+    want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                          cos, sin)
+    perm = rotary_permutation(64, rope.rotary_dim)
+    assert sorted(perm.tolist()) == list(range(64))
+    c, s = rope.lookup(positions)
+    got_q, got_k = apply_rotary(q[..., perm], c, s), apply_rotary(k[..., perm], c, s)
+    torch.testing.assert_close(got_q, want_q[0].transpose(0, 1)[..., perm])
+    torch.testing.assert_close(got_k, want_k[0].transpose(0, 1)[..., perm])
+
+
+def test_partial_rotation_outside_phi3_is_refused():
+    config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=1,
+                                      intermediate_size=64, vocab_size=32,
+                                      architectures=["LlamaForCausalLM"])
+    config.rope_parameters["partial_rotary_factor"] = 0.5
+    from cadence.model.attention import TorchAttentionBackend
+    from cadence.model.decoder import CausalLM
+
+    with pytest.raises(ValueError, match="partial_rotary_factor.*Phi3ForCausalLM"):
+        CausalLM(config, TorchAttentionBackend())
+    with pytest.raises(ValueError, match="an even number"):
+        RotaryEmbedding(RopeParams(1e4, partial_rotary_factor=0.1), 16, 8)  # 1 of 16
