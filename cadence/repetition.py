@@ -7,23 +7,24 @@ the same as each of the c - 1 runs of L tokens before them: the output ends with
 seen c times in a row. ``min_tokens`` defers the check as it defers the other stops.
 
 ``RepetitionTracker`` checks that in time independent of the output's length: for every L it
-keeps how many of the latest tokens equal the token L places before them, and the output ends
-with c copies of an L-token pattern exactly when that count reaches L * (c - 1).
+keeps how many of the latest tokens equal the token L places before them (only the nonzero
+counts, which grow where the new token occurred L places back and drop to 0 elsewhere), and the
+output ends with c copies of an L-token pattern exactly when that count reaches L * (c - 1).
+A token costs one step per place it occurred among the last M tokens.
 """
 
 from __future__ import annotations
 
 import numbers
+from collections import deque
 from dataclasses import dataclass
-
-import numpy as np
 
 __all__ = ["MAX_PATTERN_SIZE", "MAX_MIN_COUNT", "RepetitionDetectionParams", "RepetitionTracker"]
 
 # Bounds a request may ask for (vLLM silently skips the check past its own bound; here such a
 # request is refused, so that a client knows its check is not done).
-MAX_PATTERN_SIZE = 4096
-MAX_MIN_COUNT = 4096
+MAX_PATTERN_SIZE = 1024
+MAX_MIN_COUNT = 1024
 
 
 def _is_int(x: object) -> bool:
@@ -68,26 +69,30 @@ class RepetitionTracker:
     """One request's check, fed its output tokens as they come (``repeats``)."""
 
     def __init__(self, params: RepetitionDetectionParams) -> None:
-        low = max(params.min_pattern_size, 1)
-        self._periods = np.arange(low, params.max_pattern_size + 1, dtype=np.int64)
-        # Tokens equal to the one L places before, for a pattern of L seen min_count times.
-        self._needed = self._periods * (params.min_count - 1)
-        self._run = np.zeros_like(self._periods)
-        self._tokens = np.empty(64, dtype=np.int64)
+        self._low = max(params.min_pattern_size, 1)
+        self._high = params.max_pattern_size
+        self._copies = params.min_count - 1
+        # For each L in low..high with a nonzero count: how many of the latest tokens equal the
+        # token L places before them.
+        self._runs: dict[int, int] = {}
+        # Where each token occurred among the last ``high`` tokens (oldest first).
+        self._places: dict[int, deque[int]] = {}
         self._seen = 0
 
     def repeats(self, output_token_ids: list[int]) -> bool:
         """Take the tokens added since the last call; whether the output now ends with a
         pattern repeated as the parameters ask."""
-        periods, run = self._periods, self._run
-        for token in output_token_ids[self._seen:]:
-            pos = self._seen
-            if pos == len(self._tokens):
-                self._tokens = np.resize(self._tokens, 2 * pos)
-            self._tokens[pos] = token
-            earlier = pos - periods
-            same = (earlier >= 0) & (self._tokens[np.maximum(earlier, 0)] == token)
-            run = np.where(same, run + 1, 0)
-            self._seen = pos + 1
-        self._run = run
-        return bool((run >= self._needed).any())
+        low, high = self._low, self._high
+        for pos in range(self._seen, len(output_token_ids)):
+            token = output_token_ids[pos]
+            places = self._places.get(token)
+            if places is None:
+                places = self._places[token] = deque()
+            while places and pos - places[0] > high:
+                places.popleft()
+            runs = self._runs
+            self._runs = {pos - p: runs.get(pos - p, 0) + 1 for p in places if pos - p >= low}
+            places.append(pos)
+        self._seen = len(output_token_ids)
+        copies = self._copies
+        return any(run >= size * copies for size, run in self._runs.items())

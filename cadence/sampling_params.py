@@ -160,8 +160,9 @@ class SamplingParams:
                     **self.repetition_detection)
             except TypeError as exc:  # an unknown key
                 raise ValueError(f"repetition_detection: {exc}.") from None
-        elif self.repetition_detection is not None and not isinstance(
-                self.repetition_detection, RepetitionDetectionParams):
+        elif isinstance(self.repetition_detection, RepetitionDetectionParams):
+            self.repetition_detection.__post_init__()  # fields set after construction too
+        elif self.repetition_detection is not None:
             raise ValueError("repetition_detection must be a RepetitionDetectionParams or a dict "
                              f"of its fields, got {type(self.repetition_detection).__name__}.")
         if _is_int(self.seed) and self.seed == -1:

@@ -92,3 +92,31 @@ def test_sampling_params_take_a_dict_and_refuse_other_types() -> None:
     with pytest.raises(ValueError, match="RepetitionDetectionParams or a dict"):
         SamplingParams(repetition_detection=[4, 0, 2])
     assert not SamplingParams(repetition_detection={}).repetition_detection.enabled
+
+
+def test_fields_set_after_construction_are_checked_again() -> None:
+    """The engine takes a request's parameters through ``verified()``: a detection set up
+    wrongly after construction is refused there, as in the constructor."""
+    p = SamplingParams(repetition_detection=RepetitionDetectionParams())
+    p.repetition_detection.max_pattern_size = 8  # min_count stays 0
+    with pytest.raises(ValueError, match="min_count must be >= 2"):
+        p.verified()
+    p.repetition_detection.min_count, p.repetition_detection.max_pattern_size = 2, 10**6
+    with pytest.raises(ValueError, match="at most"):
+        p.verified()
+
+
+def test_the_context_limit_comes_before_repetition() -> None:
+    """vLLM's order: a token that fills the context ends the request with "length" even where
+    it also completes a repetition."""
+    from cadence.scheduler.request import Request, RequestStatus
+    from cadence.scheduler.stop import append_until_stop
+
+    params = SamplingParams(max_tokens=10, ignore_eos=True,
+                            repetition_detection={"max_pattern_size": 1, "min_count": 3})
+    request = Request("r", [1, 2, 3], params)
+    _, stopped = append_until_stop(request, [7, 7, 7], max_model_len=6)
+    assert stopped and request.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    request = Request("s", [1, 2, 3], params)
+    _, stopped = append_until_stop(request, [7, 7, 7], max_model_len=7)
+    assert stopped and request.status == RequestStatus.FINISHED_REPETITION

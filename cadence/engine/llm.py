@@ -113,6 +113,8 @@ class LLM:
             self.engine_core.validate_request(req)
             requests.append((req, text))
         order = {req.request_id: i for i, (req, _) in enumerate(requests)}
+        # Made before any request is in: a factory that fails leaves nothing behind.
+        bar = _progress(use_tqdm, total=len(order), desc="Processed prompts")
         try:
             for req, text in requests:
                 for engine_req in self.output_processor.add_request(req, text):
@@ -120,8 +122,9 @@ class LLM:
         except BaseException:  # leave none of this call's requests behind
             self.engine_core.abort_requests(self.output_processor.engine_request_ids(list(order)))
             self.output_processor.abort_requests(list(order))
+            bar.close()
             raise
-        return self._run_engine(order, use_tqdm)
+        return self._run_engine(order, bar)
 
     def chat(
         self,
@@ -232,11 +235,10 @@ class LLM:
             results.append(BeamSearchOutput(best))
         return results
 
-    def _run_engine(self, order: dict[str, int], use_tqdm: UseTqdm) -> list[RequestOutput]:
+    def _run_engine(self, order: dict[str, int], bar: Any) -> list[RequestOutput]:
         results: list[RequestOutput | None] = [None] * len(order)
         core = self.engine_core
         step = core.step_fn
-        bar = _progress(use_tqdm, total=len(order), desc="Processed prompts")
         try:
             while self.output_processor.has_unfinished_requests():
                 outputs, _ = step()

@@ -37,17 +37,18 @@ def check_stop(request: Request, max_model_len: int) -> bool:
         if max_tokens is not None and num_output >= max_tokens:
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED
             return True
-        repetition = params.repetition_detection
-        if repetition is not None and repetition.enabled:
-            if request.repetition is None:
-                request.repetition = RepetitionTracker(repetition)
-            if request.repetition.repeats(output):
-                request.status = RequestStatus.FINISHED_REPETITION
-                request.stop_reason = REPETITION_STOP_REASON
-                return True
     if request.num_prompt_tokens + num_output >= max_model_len:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
+    # After every length limit, as vLLM orders them; deferred by min_tokens as the others.
+    repetition = params.repetition_detection
+    if repetition is not None and repetition.enabled and num_output >= params.min_tokens:
+        if request.repetition is None:
+            request.repetition = RepetitionTracker(repetition)
+        if request.repetition.repeats(output):
+            request.status = RequestStatus.FINISHED_REPETITION
+            request.stop_reason = REPETITION_STOP_REASON
+            return True
     return False
 
 

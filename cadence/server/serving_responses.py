@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from cadence.server.errors import APIError
 from cadence.server.protocol import ParamError
+from cadence.server.protocol_chat import NamedToolChoice
 from cadence.server.responses_api import (
     ResponsesRequest,
     call_item,
@@ -106,8 +107,12 @@ class ResponseEvents:
             done = reasoning_item(item["id"], text)
             out.append(self._event("response.reasoning_text.done", **self._where(),
                                    content_index=0, text=text))
-        elif item["type"] == "function_call":  # the last call of a cut answer is incomplete
-            done = call_item(item["id"], item["call_id"], item["name"], text, self._status)
+        elif item["type"] == "function_call":
+            # Only a named function's call can be cut (its arguments are the whole answer);
+            # other parsers give calls whole and drop a cut one.
+            forced = isinstance(self.request.chat.tool_choice, NamedToolChoice)
+            done = call_item(item["id"], item["call_id"], item["name"], text,
+                             self._status if forced else "completed")
         else:
             lps = self._logprobs if self.request.logprobs_wanted else None
             done = message_item(item["id"], text, self._status, lps)

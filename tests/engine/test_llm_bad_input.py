@@ -225,6 +225,14 @@ def test_vllm_calling_conventions_run() -> None:
     try:
         outs = llm.generate(["a", "b"], SamplingParams(max_tokens=2), use_tqdm=factory)
         assert len(outs) == 2 and made and made[0]["total"] == 2
+
+        def broken(**kwargs):
+            raise TypeError("not a progress bar")
+
+        with pytest.raises(TypeError, match="not a progress bar"):
+            llm.generate(["a", "b"], SamplingParams(max_tokens=50), use_tqdm=broken)
+        assert not llm.output_processor.has_unfinished_requests()  # nothing left behind
+        assert not llm.engine_core.scheduler.has_unfinished_requests()
     finally:
         llm.shutdown()
     with pytest.raises(ValueError, match="tokenizer_mode"):

@@ -143,6 +143,25 @@ def test_tool_calls_are_function_call_items(server_factory) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
+def test_a_whole_call_before_a_cut_block_stays_completed(server_factory, stream: bool) -> None:
+    """max_output_tokens cuts a second <tool_call> block: the answer is incomplete, and the
+    first call, whole, is completed."""
+    srv, n = scripted_server(server_factory, CALL + '<tool_call>\n{"na',
+                             enable_auto_tool_choice=True, tool_call_parser="hermes")
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    kw = dict(model="tiny", input="weather?", max_output_tokens=n,
+              tools=[{"type": "function", "name": "get_weather", "parameters": {
+                  "type": "object", "properties": {"city": {"type": "string"}}}}],
+              extra_body={"ignore_eos": True})
+    out = (list(client.responses.create(**kw, stream=True))[-1].response if stream
+           else client.responses.create(**kw))
+    call = out.output[0]  # the cut block's text may follow it, as the chat answer shows it
+    assert call.type == "function_call" and call.status == "completed"
+    assert json.loads(call.arguments) == {"city": "Paris", "days": 2}
+    assert out.status == "incomplete"
+
+
+@pytest.mark.parametrize("stream", [False, True])
 def test_a_named_tool_choice_is_one_valid_call(client, stream: bool) -> None:
     """tool_choice naming a function: structured outputs hold even the random tiny model to
     that function's arguments; the answer is one function_call item."""
