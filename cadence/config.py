@@ -22,6 +22,15 @@ MAX_NUM_SEQS = 65536
 MAX_NUM_BATCHED_TOKENS = 1 << 24
 
 
+# The reasoning parsers' tags (vLLM's parsers of these names): a reasoning block is the text
+# between them. The server's parsers split answers at them; the engine's thinking budgets
+# count the tokens inside them.
+REASONING_TAGS: dict[str, tuple[str, str]] = {
+    "qwen3": ("<think>", "</think>"),
+    "deepseek_r1": ("<think>", "</think>"),
+}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     model: str = "tiny"
@@ -35,8 +44,12 @@ class ModelConfig:
     max_logprobs: int = 20
     quantization: str | None = None  # one of QUANTIZATION_METHODS, or None
     logprobs_mode: str = "raw_logprobs"  # one of LOGPROBS_MODES
+    reasoning_parser: str | None = None  # one of REASONING_TAGS: thinking budgets' tags
 
     def __post_init__(self) -> None:
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_TAGS:
+            raise ValueError(f"reasoning_parser {self.reasoning_parser!r} is not known; use one "
+                             f"of {', '.join(sorted(REASONING_TAGS))}.")
         if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS} or None, got "
                              f"{self.quantization!r}.")

@@ -123,6 +123,12 @@ class SamplingParams:
     # vLLM's: end the request (finish reason "repetition") once its output repeats a pattern
     # (``cadence.repetition``); a dict of the fields is taken too.
     repetition_detection: RepetitionDetectionParams | None = None
+    # vLLM's: at most this many tokens inside a reasoning block, then its end tag is forced
+    # (``cadence.worker.thinking_budget``); -1 or None: no limit. Needs the reasoning tags:
+    # ``thinking_tags`` (start, end token ids), which the engine fills from its reasoning
+    # parser (``LLM(reasoning_parser=...)``, ``--reasoning-parser``).
+    thinking_token_budget: int | None = None
+    thinking_tags: tuple[int, int] | None = field(default=None, repr=False)
     # Filled in by the engine from the tokenizer / generation config; not user-facing.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
     # Token sequences of ``bad_words`` (each word with and without a leading space), filled in by
@@ -165,6 +171,15 @@ class SamplingParams:
         elif self.repetition_detection is not None:
             raise ValueError("repetition_detection must be a RepetitionDetectionParams or a dict "
                              f"of its fields, got {type(self.repetition_detection).__name__}.")
+        if _is_int(self.thinking_token_budget) and self.thinking_token_budget == -1:
+            self.thinking_token_budget = None  # vLLM: -1 is no limit
+        if self.thinking_tags is not None:
+            tags = tuple(self.thinking_tags)
+            if len(tags) != 2 or not all(_is_int(t) and t >= 0 for t in tags) or (
+                    tags[0] == tags[1]):
+                raise ValueError("thinking_tags must be two distinct token ids (start, end), got "
+                                 f"{self.thinking_tags!r}.")
+            self.thinking_tags = (int(tags[0]), int(tags[1]))
         if _is_int(self.seed) and self.seed == -1:
             self.seed = None  # vLLM: -1 asks for no fixed seed
         for name in ("logprobs", "prompt_logprobs"):
@@ -249,6 +264,10 @@ class SamplingParams:
                 self.skip_reading_prefix_cache, bool):
             raise ValueError("skip_reading_prefix_cache must be a boolean or None, got "
                              f"{self.skip_reading_prefix_cache!r}.")
+        budget = self.thinking_token_budget
+        if budget is not None and (not _is_int(budget) or not 0 <= budget <= INT64_MAX):
+            raise ValueError("thinking_token_budget must be a non-negative integer or -1 (no "
+                             f"limit), got {budget!r}.")
         k = self.truncate_prompt_tokens
         if k is not None and (not _is_int(k) or k == 0 or k < -1):
             raise ValueError(f"truncate_prompt_tokens must be an integer >= 1 or -1, got {k!r}.")
@@ -308,7 +327,8 @@ class SamplingParams:
     def needs_logits_processing(self) -> bool:
         """Whether any per-request logits processor beyond min_tokens applies."""
         return (self.has_penalties or self.min_p > 0.0 or bool(self.logit_bias)
-                or self.allowed_token_ids is not None or bool(self.bad_words_token_ids))
+                or self.allowed_token_ids is not None or bool(self.bad_words_token_ids)
+                or self.thinking_token_budget is not None)
 
     @property
     def reads_prefix_cache(self) -> bool:
@@ -348,7 +368,7 @@ _FLAT_CONTAINERS = ("stop", "stop_token_ids", "logit_bias", "allowed_token_ids",
                     "all_stop_token_ids")
 _NESTED = ("structured_outputs", "extra_args", "bad_words_token_ids", "repetition_detection")
 _INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs",
-               "truncate_prompt_tokens", "stream_interval")
+               "truncate_prompt_tokens", "stream_interval", "thinking_token_budget")
 _SAMPLING_EPS = 1e-5
 REPETITION_PENALTY_MIN = 1e-30
 REPETITION_PENALTY_MAX = 1e30

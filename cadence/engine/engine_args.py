@@ -91,6 +91,9 @@ class EngineArgs:
     # vLLM's, taken so that code written for it runs: periodic stats are never logged here
     # (the server's /metrics is always served), and preemption recomputes (vLLM v1's), so no
     # CPU swap space is used; the tokenizer is always transformers' ("auto").
+    # vLLM's: the reasoning parser whose tags bound a thinking budget (thinking_token_budget);
+    # `cadence serve --reasoning-parser` sets it too.
+    reasoning_parser: str | None = None
     disable_log_stats: bool = True
     swap_space: float = 0.0
     tokenizer_mode: str = "auto"
@@ -207,7 +210,8 @@ class EngineArgs:
                               max_model_len=max_model_len, tokenizer=self.tokenizer,
                               max_logprobs=self.max_logprobs,
                               logprobs_mode=self.logprobs_mode,
-                              quantization=self.quantization),
+                              quantization=self.quantization,
+                              reasoning_parser=self.reasoning_parser),
             cache=CacheConfig(block_size=self.block_size,
                               enable_prefix_caching=self.enable_prefix_caching,
                               num_gpu_blocks_override=self.num_gpu_blocks_override,

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cadence.config import REASONING_TAGS
 from cadence.engine.input_processor import InputProcessor
 from cadence.engine.prompt_bound import max_chars_per_token
 from cadence.user_errors import first_line
@@ -36,6 +37,16 @@ def load_tokenizer(path: str | None) -> Any | None:
             f"the tokenizer in {path} cannot be loaded: {first_line(exc)}") from None
 
 
+def reasoning_tag_ids(tokenizer: Any | None, parser: str | None) -> tuple[int, int] | None:
+    """The reasoning parser's tags as token ids, where the tokenizer has each as one token
+    (what a thinking budget needs); None otherwise."""
+    if parser is None or tokenizer is None:
+        return None
+    vocab = tokenizer.get_vocab()
+    start, end = (vocab.get(tag) for tag in REASONING_TAGS[parser])
+    return None if start is None or end is None else (start, end)
+
+
 def load_frontend(core: EngineCore) -> Frontend:
     spec = core.spec
     skip = core.config.model.skip_tokenizer_init or spec.tokenizer_path is None
@@ -52,5 +63,6 @@ def load_frontend(core: EngineCore) -> Frontend:
         max_chars_per_token=max_chars_per_token(tokenizer) if tokenizer is not None else None,
         max_logprobs=(core.config.model.max_logprobs if core.config.model.max_logprobs >= 0
                       else core.vocab_size),
+        reasoning_tags=reasoning_tag_ids(tokenizer, core.config.model.reasoning_parser),
     )
     return Frontend(tokenizer, processor, core.max_model_len, core.config.model.model)

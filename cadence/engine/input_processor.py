@@ -64,10 +64,12 @@ class InputProcessor:
         block_size: int = 16,
         max_logprobs: int = 20,
         max_chars_per_token: int | None = None,
+        reasoning_tags: tuple[int, int] | None = None,
     ) -> None:
         """``max_chars_per_token``: no token stands for more characters of a text than this
         (``cadence.engine.prompt_bound``); longer texts than the context allows are then refused
-        before tokenizing. None: every text is tokenized and measured."""
+        before tokenizing. None: every text is tokenized and measured. ``reasoning_tags``: the
+        reasoning parser's (start, end) token ids, which a thinking budget counts between."""
         if vocab_size < 1 or max_model_len < 1 or block_size < 1:
             raise ValueError("vocab_size, max_model_len and block_size must be positive.")
         self.tokenizer = tokenizer
@@ -86,6 +88,7 @@ class InputProcessor:
         self.block_size = block_size
         self.max_logprobs = max_logprobs
         self.max_chars_per_token = max_chars_per_token
+        self.reasoning_tags = reasoning_tags
 
     def process(
         self,
@@ -155,6 +158,7 @@ class InputProcessor:
             params.stop_token_ids = list(params.stop_token_ids) + extra
         params.all_stop_token_ids |= set(params.stop_token_ids or [])
         check_some_token_allowed(params)
+        self._check_thinking_budget(params)
 
         request = EngineCoreRequest(
             request_id=request_id,
@@ -197,6 +201,24 @@ class InputProcessor:
             raise InputValidationError(
                 f"cache_salt must be a non-empty string if given, got {salt!r}.", "cache_salt")
         return salt
+
+    def _check_thinking_budget(self, params: SamplingParams) -> None:
+        """A thinking budget takes the engine's reasoning tags unless the request brings its
+        own; without any it is refused (vLLM ignores it there)."""
+        if params.thinking_token_budget is None:
+            return
+        if params.thinking_tags is None:
+            params.thinking_tags = self.reasoning_tags
+        if params.thinking_tags is None:
+            raise InputValidationError(
+                "thinking_token_budget needs a reasoning parser (LLM(reasoning_parser=...), "
+                "cadence serve --reasoning-parser) whose tags the tokenizer holds as single "
+                "tokens.", "thinking_token_budget", params.thinking_token_budget)
+        bad = [t for t in params.thinking_tags if t >= self.vocab_size]
+        if bad:
+            raise InputValidationError(
+                f"thinking_tags: token id {bad[0]} is out of vocabulary (vocabulary size "
+                f"{self.vocab_size}).", "thinking_tags", bad[0])
 
     # Prompt ------------------------------------------------------------------------------------
     def _parse_prompt(self, prompt: PromptType, bound: bool = True

@@ -33,7 +33,7 @@ BEAM_SEARCH_REFUSES: Mapping[str, tuple[Any, ...]] = MappingProxyType({
     "min_tokens": (0,), "stop": ([],), "stop_token_ids": ([],), "presence_penalty": (0.0,),
     "frequency_penalty": (0.0,), "repetition_penalty": (1.0,), "logit_bias": ({},),
     "allowed_token_ids": (), "bad_words": ([],), "prompt_logprobs": (),
-    "structured_outputs": (), "repetition_detection": (),
+    "structured_outputs": (), "repetition_detection": (), "thinking_token_budget": (),
 })
 
 
@@ -163,6 +163,9 @@ class SamplingRequest(OpenAIModel):
     response_format: ResponseFormat | None = None
     # vLLM: end the answer (finish reason "repetition") once it repeats a pattern.
     repetition_detection: RepetitionDetectionField | None = None
+    # vLLM: at most this many tokens of reasoning, then its end tag (-1: no limit); needs the
+    # server's --reasoning-parser.
+    thinking_token_budget: int | None = Field(default=None, ge=-1, le=INT64_MAX)
     user: str | None = None
     # vLLM: prefix-cache isolation; only requests with the same salt share cached blocks.
     cache_salt: str | None = None
@@ -271,6 +274,7 @@ class SamplingRequest(OpenAIModel):
             bad_words=self.bad_words or None,
             structured_outputs=self._structured_outputs(),
             repetition_detection=self._repetition_detection(),
+            thinking_token_budget=self.thinking_token_budget,
             seed=self.seed,
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,

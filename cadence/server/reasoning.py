@@ -19,11 +19,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cadence.config import REASONING_TAGS
 from cadence.server.held_text import tag_prefix_len
 
 __all__ = ["REASONING_PARSERS", "ReasoningParser", "ReasoningStream", "reasoning_parser"]
 
-START, END = "<think>", "</think>"
+START, END = REASONING_TAGS["qwen3"]  # every parser's (cadence.config)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ REASONING_PARSERS = {
     "qwen3": ReasoningParser("qwen3", switch="enable_thinking"),
     "deepseek_r1": ReasoningParser("deepseek_r1"),
 }
+assert set(REASONING_PARSERS) == set(REASONING_TAGS)  # the engine knows every parser's tags
 
 
 def reasoning_parser(name: str | None) -> ReasoningParser | None:

@@ -259,6 +259,8 @@ class OpenAIServingChat(OpenAIServing):
                                            self.engine.generation_defaults)
         if self.tool_call_parser in KEEPS_SPECIAL_TOKENS and self.parses_tools(request):
             params.skip_special_tokens = False  # the parser's tag is a special token (vLLM)
+        if params.thinking_token_budget is not None and params.thinking_tags is None:
+            params.thinking_tags = self.reasoning_tags  # this server's parser's, by id
         if stream is not None:
             if request.return_token_ids:
                 stream.prompt_token_ids = list(prompt_ids)

@@ -9,7 +9,8 @@ Penalties read device-resident per-slot state (``TokenCounts``): the count of ev
 token and a mask of the prompt's tokens. A step's sampled ids are counted on the device right
 after sampling, in stream order, so the next step's penalties include the token still in flight
 to the host (async scheduling). Bad words need the last few output tokens: the host knows all
-of them but the one in flight, which is read from the device (``last_sampled``).
+of them but the one in flight, which is read from the device (``last_sampled``). A thinking
+budget's forced end tag (``thinking_budget``) comes last, over every other processor.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from cadence.sampling_params import SamplingParams
+from cadence.worker.thinking_budget import ForcedTokens, apply_forced
 
 _NEG_INF = float("-inf")
 
@@ -54,6 +56,7 @@ class LogitsInputs:
     allowed: dict[int, torch.Tensor]  # row -> allowed ids on the device
     bias: dict[int, tuple[torch.Tensor, torch.Tensor]]  # row -> (ids, values) on the device
     conditional: ConditionalBans | None
+    forced: ForcedTokens | None  # thinking budgets: rows whose next token is the end tag
     penalties: PenaltyRows | None
     counts: torch.Tensor | None  # [slots, V] int32 output token counts (penalties)
     prompt_mask: torch.Tensor | None  # [slots, V] bool: tokens of the prompt (penalties)
@@ -84,6 +87,8 @@ def apply_logits_processors(logits: torch.Tensor, inputs: LogitsInputs | None,
     if inputs.penalties is not None:
         assert inputs.counts is not None and inputs.prompt_mask is not None
         apply_penalties(logits, inputs.penalties, inputs.counts, inputs.prompt_mask)
+    if inputs.forced is not None:  # last: a forced token overrides every other processor
+        apply_forced(logits, inputs.forced, inputs.last_sampled)
 
 
 def apply_banned_tokens(logits: torch.Tensor, banned: dict[int, list[int]]) -> None:

@@ -23,6 +23,7 @@ from cadence.worker.logits_processors import (
     penalty_rows,
     to_device,
 )
+from cadence.worker.thinking_budget import ForcedTokens, ThinkingBudget
 
 
 class TokenCounts:
@@ -73,8 +74,9 @@ class LogitsState:
         self.token_counts = TokenCounts(max_num_reqs, vocab_size, device)
         self._allowed: dict[str, torch.Tensor] = {}
         self._bias: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        # Requests with bad words: their outputs the host knows, in order.
+        # Requests with bad words or a thinking budget: their outputs the host knows, in order.
         self._history: dict[str, list[int]] = {}
+        self._thinking: dict[str, ThinkingBudget] = {}
 
     def admit(self, slot: int, req_id: str, prompt: Sequence[int], outputs: Sequence[int],
               params: SamplingParams) -> None:
@@ -92,23 +94,28 @@ class LogitsState:
                 to_device(torch.tensor(ids, dtype=torch.int64), self.device),
                 to_device(torch.tensor(vals, dtype=torch.float32), self.device),
             )
-        if params.bad_words_token_ids:
+        if params.bad_words_token_ids or params.thinking_token_budget is not None:
             self._history[req_id] = list(outputs)
+        if params.thinking_token_budget is not None and params.thinking_tags is not None:
+            self._thinking[req_id] = ThinkingBudget(prompt, params.thinking_tags,
+                                                    params.thinking_token_budget)
 
     def forget(self, req_id: str) -> None:
         self._allowed.pop(req_id, None)
         self._bias.pop(req_id, None)
         self._history.pop(req_id, None)
+        self._thinking.pop(req_id, None)
 
     def retain(self, live: Mapping[str, int]) -> None:
         """Drop the state of every request not in ``live`` (the batch's request ids)."""
-        for table in (self._allowed, self._bias, self._history):
+        for table in (self._allowed, self._bias, self._history, self._thinking):
             for req_id in [r for r in table if r not in live]:
                 del table[req_id]
 
     @property
     def active(self) -> bool:
-        """Whether any request in the batch has bad words (its outputs are recorded)."""
+        """Whether any request in the batch has bad words or a thinking budget (its outputs are
+        recorded)."""
         return bool(self._history)
 
     def wants(self, req_id: str) -> bool:
@@ -137,6 +144,7 @@ class LogitsState:
         bias: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         banned: dict[int, list[int]] = {}
         cond: list[tuple[int, int, int, int]] = []
+        forced: list[tuple[int, int, int, int, int, int]] = []
         for row, req_id in zip((int(r) for r in rows), req_ids, strict=True):
             p = params[row]
             if not p.needs_logits_processing:
@@ -148,12 +156,17 @@ class LogitsState:
             if req_id in self._bias:
                 bias[row] = self._bias[req_id]
             history = self._history.get(req_id)
-            if history is not None:
+            if history is not None and p.bad_words_token_ids:
                 outright, needs = bad_word_bans(p.bad_words_token_ids, history, num_outputs[row])
                 if outright:
                     banned[row] = outright
                 cond.extend((row, int(slots[row]), need, tok) for need, tok in needs)
-        if not (pen or allowed or bias or cond):
+            thinking = self._thinking.get(req_id)
+            if thinking is not None and history is not None:
+                rule = thinking.rule(history, num_outputs[row])
+                if rule is not None:
+                    forced.append((row, int(slots[row]), *rule, thinking.end))
+        if not (pen or allowed or bias or cond or forced):
             return None, banned
         penalties = None
         if pen:
@@ -164,8 +177,14 @@ class LogitsState:
             t = to_device(torch.tensor(cond, dtype=torch.int64).T.contiguous(), self.device)
             conditional = ConditionalBans(rows=t[0], slots=t[1], needs=t[2], tokens=t[3])
         counts = self.token_counts
+        forced_tokens = None
+        if forced:
+            t = to_device(torch.tensor(forced, dtype=torch.int64).T.contiguous(), self.device)
+            forced_tokens = ForcedTokens(rows=t[0], slots=t[1], mode=t[2], a=t[3], b=t[4],
+                                         token=t[5])
         return LogitsInputs(
-            allowed=allowed, bias=bias, conditional=conditional, penalties=penalties,
+            allowed=allowed, bias=bias, conditional=conditional, forced=forced_tokens,
+            penalties=penalties,
             counts=counts.counts if penalties is not None else None,
             prompt_mask=counts.prompt_mask if penalties is not None else None,
             last_sampled=last_sampled,

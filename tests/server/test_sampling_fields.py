@@ -212,3 +212,29 @@ def test_bad_repetition_detection_is_a_400_naming_it(client: openai.OpenAI, rd, 
         client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4,
                                   extra_body={"repetition_detection": rd})
     assert info.value.body["param"] == param  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("budget", "message"), [
+    (5, "needs a reasoning parser"),  # the tiny tokenizer has no single-token <think> tags
+    (-2, "greater than or equal to -1"),
+])
+def test_a_thinking_budget_without_tags_is_a_400_naming_it(client: openai.OpenAI, budget,
+                                                           message) -> None:
+    with pytest.raises(openai.BadRequestError, match=message) as info:
+        client.chat.completions.create(model="tiny", messages=MSG, max_tokens=4,
+                                       extra_body={"thinking_token_budget": budget})
+    assert info.value.body["param"] == "thinking_token_budget"  # type: ignore[index]
+
+
+def test_reasoning_tags_come_from_the_tokenizer_where_they_are_single_tokens() -> None:
+    from transformers import AutoTokenizer
+
+    from cadence.engine.frontend import reasoning_tag_ids
+    from cadence.model.tiny import ensure_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+    assert reasoning_tag_ids(tok, "qwen3") is None  # "<think>" is several tokens here
+    tok.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    want = tuple(tok.convert_tokens_to_ids(["<think>", "</think>"]))
+    assert reasoning_tag_ids(tok, "qwen3") == want == reasoning_tag_ids(tok, "deepseek_r1")
+    assert reasoning_tag_ids(tok, None) is None
