@@ -54,8 +54,9 @@ MUTATIONS = [
              ("tests/engine/test_async_equivalence.py",)),
     # grammar
     Mutation("wk-gr-record-twice", "a token recorded twice is appended twice",
-             GR, "if state is not None and len(state.history) == index:",
-             "if state is not None and len(state.history) >= index:", T_GR),
+             GR, "if state is not None and state is admission and len(state.history) == index:",
+             "if state is not None and state is admission and len(state.history) >= index:",
+             T_GR),
     Mutation("wk-gr-no-token-kept", "a NO_TOKEN record keeps the request constrained",
              GR, "            if token < 0:  # NO_TOKEN: the request is failing; nothing more to constrain\n                self._reqs.pop(req_id, None)\n",
              "            if token < 0:  # NO_TOKEN: the request is failing; nothing more to constrain\n", T_GR),

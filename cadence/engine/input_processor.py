@@ -207,6 +207,12 @@ class InputProcessor:
         own; without any it is refused (vLLM ignores it there)."""
         if params.thinking_token_budget is None:
             return
+        so = params.structured_outputs
+        if so is not None and so.reasoning_tags is None:
+            # The grammar applies from the first token: the output has no reasoning block for
+            # a budget to count, and a forced end tag would break the grammar.
+            params.thinking_token_budget = None
+            return
         if params.thinking_tags is None:
             params.thinking_tags = self.reasoning_tags
         if params.thinking_tags is None:

@@ -33,7 +33,7 @@ BEAM_SEARCH_REFUSES: Mapping[str, tuple[Any, ...]] = MappingProxyType({
     "min_tokens": (0,), "stop": ([],), "stop_token_ids": ([],), "presence_penalty": (0.0,),
     "frequency_penalty": (0.0,), "repetition_penalty": (1.0,), "logit_bias": ({},),
     "allowed_token_ids": (), "bad_words": ([],), "prompt_logprobs": (),
-    "structured_outputs": (), "repetition_detection": (), "thinking_token_budget": (),
+    "structured_outputs": (), "repetition_detection": (), "thinking_token_budget": (-1,),
 })
 
 

@@ -106,12 +106,15 @@ class GrammarState:
         for req_id in [r for r in self._reqs if r not in live]:
             del self._reqs[req_id]
 
-    def wants(self, req_id: str) -> bool:
-        return req_id in self._reqs
+    def wants(self, req_id: str) -> object | None:
+        """The request's admission (its state) if it is constrained."""
+        return self._reqs.get(req_id)
 
-    def record(self, req_id: str, index: int, token: int) -> None:
+    def record(self, req_id: str, index: int, token: int, admission: object) -> None:
+        """Output ``index`` of ``req_id`` reached the host; taken only by the admission it was
+        sampled for (``RecordingOutput``'s NOTE)."""
         state = self._reqs.get(req_id)
-        if state is not None and len(state.history) == index:
+        if state is not None and state is admission and len(state.history) == index:
             if token < 0:  # NO_TOKEN: the request is failing; nothing more to constrain
                 self._reqs.pop(req_id, None)
                 return

@@ -77,6 +77,7 @@ class LogitsState:
         # Requests with bad words or a thinking budget: their outputs the host knows, in order.
         self._history: dict[str, list[int]] = {}
         self._thinking: dict[str, ThinkingBudget] = {}
+        self._failed: dict[str, str] = {}  # requests whose processors could not run (id: why)
 
     def admit(self, slot: int, req_id: str, prompt: Sequence[int], outputs: Sequence[int],
               params: SamplingParams) -> None:
@@ -118,13 +119,15 @@ class LogitsState:
         recorded)."""
         return bool(self._history)
 
-    def wants(self, req_id: str) -> bool:
-        return req_id in self._history
+    def wants(self, req_id: str) -> object | None:
+        """The request's admission (its history list) if its outputs are recorded."""
+        return self._history.get(req_id)
 
-    def record(self, req_id: str, index: int, token: int) -> None:
-        """Output ``index`` of ``req_id`` reached the host (recorded once, in order)."""
+    def record(self, req_id: str, index: int, token: int, admission: object) -> None:
+        """Output ``index`` of ``req_id`` reached the host (recorded once, in order, into the
+        admission it was sampled for)."""
         history = self._history.get(req_id)
-        if history is not None and len(history) == index:
+        if history is not None and history is admission and len(history) == index:
             history.append(token)
 
     def step_inputs(
@@ -156,16 +159,20 @@ class LogitsState:
             if req_id in self._bias:
                 bias[row] = self._bias[req_id]
             history = self._history.get(req_id)
-            if history is not None and p.bad_words_token_ids:
-                outright, needs = bad_word_bans(p.bad_words_token_ids, history, num_outputs[row])
-                if outright:
-                    banned[row] = outright
-                cond.extend((row, int(slots[row]), need, tok) for need, tok in needs)
-            thinking = self._thinking.get(req_id)
-            if thinking is not None and history is not None:
-                rule = thinking.rule(history, num_outputs[row])
-                if rule is not None:
-                    forced.append((row, int(slots[row]), *rule, thinking.end))
+            try:
+                if history is not None and p.bad_words_token_ids:
+                    outright, needs = bad_word_bans(p.bad_words_token_ids, history,
+                                                    num_outputs[row])
+                    if outright:
+                        banned[row] = outright
+                    cond.extend((row, int(slots[row]), need, tok) for need, tok in needs)
+                thinking = self._thinking.get(req_id)
+                if thinking is not None and history is not None:
+                    rule = thinking.rule(history, num_outputs[row])
+                    if rule is not None:
+                        forced.append((row, int(slots[row]), *rule, thinking.end))
+            except RuntimeError as exc:  # its history lost step with its outputs: this
+                self._failed[req_id] = str(exc)  # request fails, not the engine
         if not (pen or allowed or bias or cond or forced):
             return None, banned
         penalties = None
@@ -190,28 +197,37 @@ class LogitsState:
             last_sampled=last_sampled,
         ), banned
 
+    def take_failed(self) -> dict[str, str]:
+        """Requests whose processors could not be decided since the last call (id: why)."""
+        failed, self._failed = self._failed, {}
+        return failed
+
     def after_sampling(self, inputs: LogitsInputs | None, sampled: torch.Tensor) -> None:
         """Count the step's sampled ids of the penalised rows (on the device, in stream order)."""
         if inputs is not None and inputs.penalties is not None:
             self.token_counts.count(inputs.penalties, sampled)
 
 
-
-
 class RecordingOutput:
     """A step's output that, once on the host, records the sampled tokens of ``tracked``
-    (request id, output index) pairs into ``state`` (bad-word history, grammar matchers)."""
+    (request id, output index, the admission's state) into ``state`` (bad-word and thinking
+    history, grammar matchers).
+
+    NOTE: under async scheduling this output is read after the next step ran; a request
+    preempted or re-added in that step has a new admission, which the token must not reach
+    (its history would run ahead of its outputs): ``record`` takes it only for the same
+    admission's state object."""
 
     def __init__(self, inner: AsyncModelRunnerOutput, state: Any,
-                 tracked: list[tuple[str, int]]) -> None:
+                 tracked: list[tuple[str, int, object]]) -> None:
         self.inner = inner
         self.state = state
         self.tracked = tracked
 
     def get_output(self) -> ModelRunnerOutput:
         out = self.inner.get_output()
-        for req_id, index in self.tracked:
+        for req_id, index, admission in self.tracked:
             row = out.req_id_to_index.get(req_id)
             if row is not None and out.sampled_token_ids[row]:
-                self.state.record(req_id, index, out.sampled_token_ids[row][0])
+                self.state.record(req_id, index, out.sampled_token_ids[row][0], admission)
         return out

@@ -299,6 +299,7 @@ class ModelRunner:
             out = self._execute(so)
         failed = self.input_batch.take_failed()
         failed.update(self.sampling.grammar.take_failed())
+        failed.update(self.sampling.logits_state.take_failed())
         if failed:
             logger.warning("Requests refused by the model runner: %s", failed)
             return WithFailedRequests(out, failed)

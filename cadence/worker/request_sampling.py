@@ -121,7 +121,8 @@ class RequestSampling:
 
     def record_history(self, out: AsyncModelRunnerOutput,
                        inp: StepInputs) -> AsyncModelRunnerOutput:
-        """Have the outputs of requests with bad words recorded once they reach the host."""
+        """Have the outputs of requests with bad words, thinking budgets or grammars recorded
+        once they reach the host."""
         batch = self.batch
         for state in (self.logits_state, self.grammar):
             if not state.active:
@@ -129,10 +130,11 @@ class RequestSampling:
             tracked = []
             for row in inp.sample_rows.tolist():
                 req_id = inp.req_ids[row]
-                if state.wants(req_id):
+                admission = state.wants(req_id)
+                if admission is not None:
                     slot = batch.req_id_to_slot[req_id]
                     index = int(batch.num_tokens[slot] - 1 - batch.num_prompt[slot])
-                    tracked.append((req_id, index))
+                    tracked.append((req_id, index, admission))
             if tracked:
                 out = RecordingOutput(out, state, tracked)
         return out

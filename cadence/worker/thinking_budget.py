@@ -33,10 +33,10 @@ class ThinkingBudget:
     def __init__(self, prompt: Sequence[int], tags: tuple[int, int], budget: int) -> None:
         self.start, self.end = tags
         self.budget = budget
-        self.in_block = False
-        self.count = 0  # tokens inside the open block
-        for token in prompt:
-            self._take(token)
+        # The prompt's last tags, found from its end (at C speed: a long prompt with none).
+        start, end = _last(prompt, self.start), _last(prompt, self.end)
+        self.in_block = start > end
+        self.count = len(prompt) - start - 1 if self.in_block else 0  # tokens inside it
         self._seen = 0  # outputs folded in
 
     def _take(self, token: int) -> None:
@@ -69,6 +69,14 @@ class ThinkingBudget:
         if self.budget == 0:
             return (WHEN, self.start, self.start)
         return None
+
+
+def _last(tokens: Sequence[int], token: int) -> int:
+    """The index of ``token``'s last occurrence in ``tokens``; -1 if none."""
+    try:
+        return len(tokens) - 1 - list(reversed(tokens)).index(token)
+    except ValueError:
+        return -1
 
 
 @dataclass

@@ -503,3 +503,26 @@ def test_token_ids_of_any_integer_type_become_a_new_list_of_ints(
     assert req.prompt_token_ids == [4, 5, 6]
     req, _ = _proc(tokenizer).process("r", (4, 5), SamplingParams())
     assert req.prompt_token_ids == [4, 5]
+
+
+def test_a_thinking_budget_takes_the_engines_tags_and_yields_to_an_ungated_grammar(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """The engine's reasoning tags go to a budget that brings none; a grammar that applies from
+    the first token leaves no reasoning block to count (a forced end tag would break it): the
+    budget is dropped there, and kept where the grammar waits for the reasoning's end."""
+    from cadence.sampling_params import StructuredOutputsParams
+
+    proc = _proc(tokenizer)
+    proc.reasoning_tags = (3, 4)
+    req, _ = proc.process("r", [5, 3, 6], SamplingParams(thinking_token_budget=2))
+    assert req.sampling_params.thinking_tags == (3, 4)
+    assert req.sampling_params.thinking_token_budget == 2
+    ungated = StructuredOutputsParams(regex="a+")
+    req, _ = proc.process("r", [5, 3, 6], SamplingParams(thinking_token_budget=2,
+                                                         structured_outputs=ungated))
+    assert req.sampling_params.thinking_token_budget is None
+    gated = StructuredOutputsParams(regex="a+", reasoning_tags=(3, 4))
+    req, _ = proc.process("r", [5, 3, 6], SamplingParams(thinking_token_budget=2,
+                                                         structured_outputs=gated))
+    assert req.sampling_params.thinking_token_budget == 2

@@ -92,3 +92,40 @@ def test_an_unknown_reasoning_parser_is_refused() -> None:
     with pytest.raises(ValueError, match="reasoning_parser 'bogus' is not known; use one of "
                                          "deepseek_r1, qwen3"):
         EngineArgs(reasoning_parser="bogus").create_engine_config(64)
+
+
+@pytest.mark.parametrize("reset_at", [3, 6, 9])
+def test_a_forced_reset_mid_answer_keeps_the_count(model, reset_at: int) -> None:
+    """A reset of the prefix cache that preempts the running request (vLLM's
+    reset_running_requests) while a token is in flight: the request is readmitted, chunked,
+    and its history must not take the earlier admission's late token (which once failed the
+    engine); the answer is still transformers' with the end tag where the budget runs out.
+    Bad words on the same path likewise."""
+    path, hf = model
+    rng = random.Random(4)
+    prompt = [rng.randrange(10, VOCAB) for _ in range(40)] + [START]
+    llm = LLM(str(path), skip_tokenizer_init=True, max_model_len=128, dtype="float32",
+              async_scheduling=True, max_num_batched_tokens=16, max_num_seqs=4)
+    core = llm.engine_core
+    step, calls = core.step_with_batch_queue, [0]
+
+    def stepping():
+        calls[0] += 1
+        if calls[0] == reset_at:
+            assert core.reset_prefix_cache(reset_running_requests=True)
+        return step()
+
+    core.step_with_batch_queue = stepping
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True,
+                                thinking_token_budget=8, thinking_tags=(START, END))
+        (out,) = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+        assert list(out.outputs[0].token_ids) == _expected(hf, prompt, 8)
+        assert core.make_stats().num_preemptions > 0
+        calls[0] = 0
+        banned = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
+        banned.bad_words_token_ids = [[250, 251]]  # a word the model never writes
+        (out,) = llm.generate([{"prompt_token_ids": prompt}], banned, use_tqdm=False)
+        assert list(out.outputs[0].token_ids) == hf_greedy(hf, [prompt], NEW)[0]
+    finally:
+        llm.shutdown()

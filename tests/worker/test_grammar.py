@@ -85,9 +85,11 @@ def test_a_token_recorded_twice_is_consumed_once(tiny_path) -> None:
     ids = _ids()
     state, params = _ab_or_cd(tiny_path)
     state.admit("r", params, [])
-    state.record("r", 0, ids["a"])
-    state.record("r", 0, ids["a"])  # the same output again (index 0): ignored
-    state.record("r", 1, ids["b"])
+    admission = state.wants("r")
+    state.record("r", 0, ids["a"], admission)
+    state.record("r", 0, ids["a"], admission)  # the same output again (index 0): ignored
+    state.record("r", 1, ids["b"], admission)
+    state.record("r", 2, ids["x"], object())  # another admission's token: not this one's
     mask = state.bitmask(["r"], [2], dict)
     assert state.take_failed() == {}
     assert mask is not None and _allowed(mask, 0) == {ids["<|endoftext|>"]}
@@ -121,7 +123,7 @@ def test_no_token_ends_the_constraint(tiny_path) -> None:
     state, params = _ab_or_cd(tiny_path)
     state.admit("r", params, [])
     state.admit("s", params, [ids["a"]])
-    state.record("r", 0, -1)  # NO_TOKEN: the row's masks left nothing; the request fails
+    state.record("r", 0, -1, state.wants("r"))  # NO_TOKEN: the row's masks left nothing; the request fails
     assert not state.wants("r") and state.wants("s")
     mask = state.bitmask(["r", "s"], [1, 1], dict)
     assert mask is not None and mask.rows.tolist() == [1]
@@ -133,7 +135,7 @@ def test_retain_keeps_the_live_requests_only(tiny_path) -> None:
     for rid in ("a", "b", "c"):
         state.admit(rid, params, [])
     state.retain({"a": 0, "c": 2})
-    assert [state.wants(r) for r in ("a", "b", "c")] == [True, False, True]
+    assert [state.wants(r) is not None for r in ("a", "b", "c")] == [True, False, True]
     state.close()
 
 
@@ -154,13 +156,13 @@ def test_the_grammar_applies_once_the_reasoning_ends(tiny_path) -> None:
     state, params, start, end = _reasoning(tiny_path)
     state.admit("r", params, [], prompt=[ids["x"], start])  # the template opened the reasoning
     assert state.bitmask(["r"], [0], dict) is None  # free
-    state.record("r", 0, ids["d"])  # reasoning text the grammar would refuse
+    state.record("r", 0, ids["d"], state.wants("r"))  # reasoning text the grammar would refuse
     assert state.bitmask(["r"], [1], dict) is None and state.take_failed() == {}
     mask = state.bitmask(["r"], [2], lambda: {"r": end})  # the end tag, still in flight
     assert mask is not None and {ids["a"], ids["c"]} <= _allowed(mask, 0)
     assert ids["b"] not in _allowed(mask, 0)
-    state.record("r", 1, end)
-    state.record("r", 2, ids["a"])
+    state.record("r", 1, end, state.wants("r"))
+    state.record("r", 2, ids["a"], state.wants("r"))
     assert _allowed(state.bitmask(["r"], [3], dict), 0) == {ids["b"]}
     state.close()
 

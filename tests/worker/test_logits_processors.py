@@ -169,8 +169,9 @@ def test_conditional_bans_read_the_in_flight_token():
     apply_logits_processors(got, inputs, bans)
     assert torch.isinf(got[0, 2]) and not torch.isinf(got[1]).any()
     # Once the token reaches the host, the same ban is decided there.
-    state.record("r0", 0, 1)
-    state.record("r0", 0, 1)  # recorded once
+    admission = state.wants("r0")
+    state.record("r0", 0, 1, admission)
+    state.record("r0", 0, 1, admission)  # recorded once
     _, bans = state.step_inputs(np.arange(1), ["r0"], np.arange(1), params[:1], [1], last_sampled)
     assert bans == {0: [2]}
 
@@ -256,3 +257,18 @@ def test_penalties_read_the_state_slot_not_the_logits_row():
     want = logits.clone()
     want[0, 4] -= 2.0
     torch.testing.assert_close(got, want)
+
+
+def test_a_token_of_an_earlier_admission_is_not_recorded() -> None:
+    """Under async scheduling a step's output is read after the next step ran: a request
+    readmitted in between (preempted, or aborted and re-added) must not take the earlier
+    admission's token into its history."""
+    params = [SamplingParams(bad_words=["x"])]
+    params[0].bad_words_token_ids = [[1, 2]]
+    state = _state([[9]], [[]], params)
+    before = state.wants("r0")
+    state.admit(0, "r0", [9], [], params[0])  # readmitted: a new history
+    state.record("r0", 0, 1, before)  # the old admission's token arrives late
+    assert state.wants("r0") == [] and state.wants("r0") is not before
+    state.record("r0", 0, 4, state.wants("r0"))
+    assert state.wants("r0") == [4]
