@@ -373,6 +373,7 @@ def build_app(
         chat_template=chat_template,
     )
     server.chat.reasoning = reasoning_parser_named(reasoning_parser)
+    server.completions.reasoning_tags = server.chat.reasoning_tags
     server.chat.tool_call_parser = tool_call_parser
     server.chat.trust_request_chat_template = trust_request_chat_template
     server.chat.options = server.completions.options = responses
