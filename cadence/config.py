@@ -13,6 +13,9 @@ QUANTIZATION_METHODS = ("fp8",)  # --quantization (None: weights in the model dt
 # What a request's logprobs are of (vLLM's --logprobs-mode): the model's logits as they come
 # ("raw_"), or as sampled after penalties, temperature, min-p, top-k and top-p ("processed_").
 LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+# The most tokens a KV block holds: past it one block outgrows what a cache is given (a
+# larger --block-size is a mistake, not a tuning; vLLM offers at most 256).
+MAX_BLOCK_SIZE = 4096
 KV_CACHE_DTYPES = ("auto", "fp8")  # "auto": the model dtype; "fp8": e4m3 with per-layer scales
 # Sequences in flight: the runner's per-sequence buffers are sized by it at start-up (3,000,000
 # asked for ~46 GiB of host arrays); far past what any step can batch.
@@ -78,8 +81,9 @@ class CacheConfig:
         if self.cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"cache_dtype must be one of {KV_CACHE_DTYPES}, got "
                              f"{self.cache_dtype!r}.")
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be at least 1, got {self.block_size}.")
+        if not 1 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(f"block_size must be 1 to {MAX_BLOCK_SIZE} tokens, got "
+                             f"{self.block_size}.")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 2:
             raise ValueError(
                 "num_gpu_blocks_override must be at least 2 (block 0 is reserved), got "

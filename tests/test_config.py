@@ -85,3 +85,14 @@ def test_graphs_are_captured_on_cuda_or_when_emulated_unless_eager() -> None:
     assert not EngineConfig(device="cuda", graphs=GraphConfig(enforce_eager=True)).use_graphs
     with pytest.raises(ValueError, match="device"):
         EngineConfig(device="mps")
+
+
+def test_a_block_larger_than_any_cache_is_refused() -> None:
+    """A --block-size past MAX_BLOCK_SIZE is a mistake: one error, before any allocation (a
+    block of 10 million tokens once took the machine's memory on the CPU backend)."""
+    from cadence.config import MAX_BLOCK_SIZE, CacheConfig
+
+    assert CacheConfig(block_size=MAX_BLOCK_SIZE).block_size == MAX_BLOCK_SIZE
+    for bad in (0, MAX_BLOCK_SIZE + 1, 10_000_000):
+        with pytest.raises(ValueError, match=f"block_size must be 1 to {MAX_BLOCK_SIZE}"):
+            CacheConfig(block_size=bad)

@@ -193,6 +193,19 @@ def concurrency_levels(text: str) -> str:
     return text
 
 
+# Below this many requests a second a run never ends (one request a ~12 days); past this
+# burstiness the gamma draws of the arrival gaps do not return.
+MIN_REQUEST_RATE = 1e-6
+MAX_BURSTINESS = 1e6
+
+
+def bounded_burstiness(text: str) -> float:
+    value = positive_float(text)
+    if value > MAX_BURSTINESS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_BURSTINESS:g}, got {text!r}")
+    return value
+
+
 def parse_rates(spec: str) -> list[float]:
     rates = []
     for part in str(spec).split(","):
@@ -203,8 +216,9 @@ def parse_rates(spec: str) -> list[float]:
             rate = math.inf if part.lower() == "inf" else float(part)
         except ValueError:
             raise ValueError(f"--request-rate: {part!r} is not a number (or inf)") from None
-        if not rate > 0:
-            raise ValueError(f"--request-rate: rates must be positive or inf, got {part!r}")
+        if not (rate >= MIN_REQUEST_RATE or math.isinf(rate)):
+            raise ValueError(f"--request-rate: rates must be at least {MIN_REQUEST_RATE:g} "
+                             f"requests/s, or inf, got {part!r}")
         rates.append(rate)
     if not rates:
         raise ValueError(f"--request-rate: no rate in {spec!r}")
@@ -248,7 +262,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--burstiness",
-        type=positive_float,
+        type=bounded_burstiness,
         default=1.0,
         help="shape of the gamma-distributed gaps between arrivals: 1 = Poisson, below 1 "
         "burstier, above 1 more even (vLLM's option)",

@@ -161,6 +161,12 @@ class DecoderArch:
                 )
         num_heads = config.num_attention_heads
         num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim"):
+            value = getattr(config, name, None)
+            if value is not None and not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"config.json: {name} must be a positive integer, got "
+                                 f"{value!r}.")
         if num_heads % num_kv_heads:
             raise ValueError(
                 f"num_attention_heads ({num_heads}) must be a multiple of "

@@ -112,8 +112,8 @@ def test_output_files_that_exist_or_get_a_suffix_are_taken(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    (",", "no rate"), ("", "no rate"), ("abc", "'abc' is not a number"), ("0", "positive"),
-    ("5,-1", "positive")])
+    (",", "no rate"), ("", "no rate"), ("abc", "'abc' is not a number"), ("0", "at least"),
+    ("5,-1", "at least"), ("nan", "at least"), ("1e-320", "at least"), ("1e-300", "at least")])
 def test_request_rates_that_are_no_rates_are_errors_naming_the_option(spec, message) -> None:
     from cadence.bench.serve import parse_rates
 
@@ -132,3 +132,16 @@ def test_latency_help_names_the_max_num_seqs_default() -> None:
     help_text = " ".join(latency._parser().format_help().split())
     assert "(default: the largest batch size)" in help_text
     assert "(default: None)" not in help_text
+
+
+def test_a_burstiness_past_what_the_gamma_draws_take_is_refused() -> None:
+    """A huge shape never returns from random.gammavariate: refused with the arguments."""
+    import argparse
+
+    from cadence.bench.serve import arrival_offsets, bounded_burstiness
+
+    with pytest.raises(argparse.ArgumentTypeError, match="at most"):
+        bounded_burstiness("1e308")
+    assert bounded_burstiness("1e6") == 1e6
+    offsets = arrival_offsets(3, 1.0, 0, 1e6)  # the largest: returns, nearly evenly spaced
+    assert offsets == sorted(offsets) and abs(offsets[1] - 1.0) < 0.05

@@ -61,3 +61,15 @@ def test_phi3_window_applies_to_every_layer() -> None:
     arch = DecoderArch.from_hf_config(config)
     assert arch.sliding_window == config.sliding_window > 0
     assert [arch.window(i) for i in range(arch.num_layers)] == [config.sliding_window] * 2
+
+
+@pytest.mark.parametrize(("field", "value"), [("vocab_size", -5), ("head_dim", -32),
+                                              ("num_key_value_heads", 0),
+                                              ("hidden_size", 0)])
+def test_sizes_that_are_not_positive_are_named(field: str, value: int) -> None:
+    """A config.json with a size that is not a positive integer is one error naming the field
+    (not a negative tensor dimension or a modulo by zero deep in the build)."""
+    config = hf_config("llama", tie=False)
+    setattr(config, field, value)
+    with pytest.raises(ValueError, match=f"config.json: {field} must be a positive integer"):
+        DecoderArch.from_hf_config(config)
