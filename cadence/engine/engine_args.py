@@ -88,12 +88,12 @@ class EngineArgs:
     logprobs_mode: str = "raw_logprobs"
     # Ranks the model is split over, one worker process each (1: no worker process).
     tensor_parallel_size: int = 1
-    # vLLM's, taken so that code written for it runs: periodic stats are never logged here
-    # (the server's /metrics is always served), and preemption recomputes (vLLM v1's), so no
-    # CPU swap space is used; the tokenizer is always transformers' ("auto").
     # vLLM's: the reasoning parser whose tags bound a thinking budget (thinking_token_budget);
     # `cadence serve --reasoning-parser` sets it too.
     reasoning_parser: str | None = None
+    # vLLM's, taken so that code written for it runs: periodic stats are never logged here
+    # (the server's /metrics is always served), and preemption recomputes (vLLM v1's), so no
+    # CPU swap space is used; the tokenizer is always transformers' ("auto").
     disable_log_stats: bool = True
     swap_space: float = 0.0
     tokenizer_mode: str = "auto"

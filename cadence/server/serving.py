@@ -61,6 +61,9 @@ class StartedRequest:
 
 class OpenAIServing:
     options = ResponseOptions()  # the server's (--response-role and the like)
+    # The server's reasoning parser's tags as token ids, for thinking budgets (chat derives
+    # its own; ``build_app`` gives completions chat's).
+    reasoning_tags: tuple[int, int] | None = None
 
     def __init__(self, engine: AsyncLLM, served_model_name: str,
                  aliases: tuple[str, ...] = ()) -> None:
@@ -105,6 +108,8 @@ class OpenAIServing:
         Its outputs go to ``sink`` (a streamed response), else to a new collector.
         ``grammar_param``: the request's field that carried its structured output.
         ``beam_width`` > 0: a beam search of that many beams (``use_beam_search``)."""
+        if params.thinking_token_budget is not None and params.thinking_tags is None:
+            params.thinking_tags = self.reasoning_tags  # this server's parser's, by id
         if beam_width:
             return await self._start_beam(request_id, prompt, params, beam_width,
                                           length_penalty, priority=priority,

@@ -7,6 +7,7 @@ import functools
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
+from cadence.engine.frontend import reasoning_tag_ids
 from cadence.engine.input_processor import truncation_length
 from cadence.server.chat_template import render_chat, request_template
 from cadence.server.frame_stream import FrameStream
@@ -221,15 +222,11 @@ class OpenAIServingChat(OpenAIServing):
                           self.token_bytes)
 
     @functools.cached_property
-    def reasoning_tags(self) -> tuple[int, int] | None:
+    def reasoning_tags(self) -> tuple[int, int] | None:  # type: ignore[override]
         """The reasoning parser's tags as token ids, where the tokenizer has each as one token
         (vLLM requires that); None otherwise, and the grammar applies from the first token."""
-        tokenizer = self.engine.tokenizer
-        if self.reasoning is None or tokenizer is None:
-            return None
-        vocab = tokenizer.get_vocab()
-        start, end = (vocab.get(tag) for tag in self.reasoning.tags)
-        return None if start is None or end is None else (start, end)
+        return reasoning_tag_ids(self.engine.tokenizer,
+                                 None if self.reasoning is None else self.reasoning.name)
 
     async def start_chat(
         self, request: ChatCompletionRequest, request_id: str, stream: ChatStream | None = None
@@ -259,8 +256,6 @@ class OpenAIServingChat(OpenAIServing):
                                            self.engine.generation_defaults)
         if self.tool_call_parser in KEEPS_SPECIAL_TOKENS and self.parses_tools(request):
             params.skip_special_tokens = False  # the parser's tag is a special token (vLLM)
-        if params.thinking_token_budget is not None and params.thinking_tags is None:
-            params.thinking_tags = self.reasoning_tags  # this server's parser's, by id
         if stream is not None:
             if request.return_token_ids:
                 stream.prompt_token_ids = list(prompt_ids)

@@ -186,10 +186,6 @@ class CompletionStream:
 
 
 class OpenAIServingCompletion(OpenAIServing):
-    # The server's reasoning parser's tags as token ids (``OpenAIServingChat.reasoning_tags``),
-    # for thinking budgets; set by ``build_app``.
-    reasoning_tags: tuple[int, int] | None = None
-
     def new_stream(self, request: CompletionRequest, base_id: str) -> CompletionStream:
         return CompletionStream(request, base_id, self.served_model_name, self._with_ids(request),
                                 self._echo(request))
@@ -200,8 +196,6 @@ class OpenAIServingCompletion(OpenAIServing):
         prompts = request.prompts()
         params = await self.engine.run_cpu(request.params_size, request.to_sampling_params,
                                            self.engine.generation_defaults)
-        if params.thinking_token_budget is not None and params.thinking_tags is None:
-            params.thinking_tags = self.reasoning_tags  # this server's parser's, by id
         started: list[StartedRequest] = []
         try:
             for i, prompt in enumerate(prompts):
