@@ -107,21 +107,46 @@ class TextDecoder:
         pending = len(self._ids) - self._prefix_index
         grew = len(text) > len(self._prefix)
         if grew and not text.endswith(REPLACEMENT_CHAR):
-            return self._advance(text)
-        if pending >= _MAX_PENDING:
-            if grew:
-                return self._advance(text)
+            return self._advance(text, len(self._ids))
+        if pending < _MAX_PENDING:
+            return ""
+        if not grew:
             # Tokens that add no text (skipped special tokens): dropped from the window, so the
             # context that spaces the next word stays.
             del self._ids[self._prefix_index:]
+            return ""
+        return self._flush(text)
+
+    def _flush(self, text: str) -> str:
+        """A window of _MAX_PENDING tokens whose text still ends in U+FFFD: emit all of it but
+        that last character, which later bytes may still complete, and keep the tokens that
+        make it pending."""
+        head = text[:-1]
+        for cut in range(len(self._ids) - 1, self._prefix_index - 1, -1):
+            if self._decode(self._ids[:cut], self._skip) == head:
+                break
+        else:
+            return self._advance(text, len(self._ids))  # no clean cut: the window's bound wins
+        if cut > self._prefix_index:
+            return self._advance(head, cut)
+        # The whole window is one unfinished character plus tokens that add no text (skipped
+        # special tokens between its bytes): those leave the window, the character's bytes stay.
+        for i in range(len(self._ids) - 1, self._prefix_index, -1):
+            trial = self._ids[:i] + self._ids[i + 1:]
+            if self._decode(trial, self._skip) == text:
+                self._ids = trial
+        if len(self._ids) - self._prefix_index >= _MAX_PENDING:
+            return self._advance(text, len(self._ids))
         return ""
 
-    def _advance(self, text: str) -> str:
+    def _advance(self, text: str, end: int) -> str:
+        """Emit ``text`` (the decoding of the window's first ``end`` tokens) past the prefix;
+        those tokens become the next chunk's context, the rest stay pending."""
         new_text = text[len(self._prefix) :]
-        # The tokens just emitted become the context of the next chunk.
         self._ids = self._ids[self._prefix_index :]
-        self._prefix = self._decode(self._ids, self._skip)
-        self._prefix_index = len(self._ids)
+        end -= self._prefix_index
+        self._prefix = self._decode(self._ids[:end], self._skip)
+        self._prefix_index = end
         return new_text
 
 

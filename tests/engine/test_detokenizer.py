@@ -324,7 +324,8 @@ def test_a_byte_run_that_never_completes_goes_out_after_sixteen_tokens(
     tokenizer: PreTrainedTokenizerFast,
 ) -> None:
     """Lead bytes that never complete a character are held back (they may still), but not for
-    ever: at the sixteenth pending token the text goes out, replacement characters and all."""
+    ever: at the sixteenth pending token the text goes out, replacement characters and all but
+    the last (which a continuation byte may still complete)."""
     lead = byte_ids(tokenizer, "\u00e9")[:1]  # 0xC3 alone
     detok = IncrementalDetokenizer(tokenizer, _request([5]))
     lengths = []
@@ -333,6 +334,38 @@ def test_a_byte_run_that_never_completes_goes_out_after_sixteen_tokens(
         lengths.append(len(detok.output_text))
     assert lengths[:15] == [0] * 15 and lengths[15] > 0
     assert set(detok.output_text) == {"\ufffd"}
+
+
+@pytest.mark.parametrize("leads", [14, 15, 16, 17, 31])
+def test_a_character_completing_after_a_long_byte_run_is_kept(
+    tokenizer: PreTrainedTokenizerFast, leads: int
+) -> None:
+    """Lone lead bytes (each invalid once another follows), then a three-byte character whose
+    bytes complete only after the sixteen-token bound flushed the run: the character is not
+    replaced by U+FFFD; the text is tokenizer.decode's."""
+    table = _bytes_to_unicode()
+    run = [tokenizer.convert_tokens_to_ids(table[0xE1 + i % 14]) for i in range(leads)]
+    ids = run + byte_ids(tokenizer, "\u4e2dA")
+    detok = IncrementalDetokenizer(tokenizer, _request([5]))
+    deltas, _ = _stream(detok, ids)
+    expected = tokenizer.decode(ids)
+    assert expected.endswith("\u4e2dA") and expected.count("\ufffd") == leads
+    assert "".join(deltas) == detok.output_text == expected
+
+
+@pytest.mark.parametrize("pads", [1, 15, 16, 40])
+def test_skipped_special_tokens_inside_a_character_do_not_break_it(
+    tokenizer: PreTrainedTokenizerFast, pads: int
+) -> None:
+    """A character's first byte, a run of special tokens that skip_special_tokens drops, then
+    its other bytes: one character, as tokenizer.decode gives it."""
+    pad = tokenizer.convert_tokens_to_ids("<|pad|>")
+    first, *rest = byte_ids(tokenizer, "\u4e2d")
+    ids = [first] + [pad] * pads + rest + byte_ids(tokenizer, "A")
+    detok = IncrementalDetokenizer(tokenizer, _request([5]))
+    deltas, _ = _stream(detok, ids)
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "\u4e2dA"
+    assert "".join(deltas) == detok.output_text == "\u4e2dA"
 
 
 def _metaspace_tokenizer() -> PreTrainedTokenizerFast:
