@@ -37,6 +37,10 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # -1: the whole vocabulary (where --max-logprobs is -1)
     prompt_logprobs: int | None = None  # likewise, for every prompt token but the first
+    # vLLM's tracked tokens: each output position's logprobs are the sampled token's and these
+    # ids' (in this order, ranked 1..k by their place), in place of the top-k; at most
+    # MAX_LOGPROB_TOKEN_IDS, ``logprobs`` unset or their count.
+    logprob_token_ids: list[int] | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -94,6 +98,8 @@ class SamplingParams:
             self.logit_bias = dict(self.logit_bias)
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = _as_list("allowed_token_ids", self.allowed_token_ids)
+        if self.logprob_token_ids is not None:  # vLLM: an empty list asks for nothing
+            self.logprob_token_ids = _as_list("logprob_token_ids", self.logprob_token_ids) or None
         self.bad_words = _as_list("bad_words", self.bad_words or [], strings_ok=True)
         if isinstance(self.structured_outputs, dict):
             try:
@@ -219,6 +225,17 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < -1):
                 raise ValueError(f"{name} must be non-negative or -1 (all), got {value!r}.")
+        ids = self.logprob_token_ids
+        if ids is not None:
+            bad = _first_bad_id(ids)
+            if bad is not None:
+                raise ValueError(f"logprob_token_ids must be token ids, got {bad!r}.")
+            if len(ids) > MAX_LOGPROB_TOKEN_IDS:
+                raise ValueError(f"logprob_token_ids: at most {MAX_LOGPROB_TOKEN_IDS} ids are "
+                                 f"allowed, got {len(ids)}.")
+            if self.logprobs is not None and self.logprobs != len(ids):
+                raise ValueError("logprob_token_ids: with logprobs set too, logprobs must be "
+                                 f"their count ({len(ids)}), got {self.logprobs}.")
         self._verify_logits_processors()
         if any(not isinstance(s, str) for s in self.stop):
             raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}.")
@@ -259,6 +276,14 @@ class SamplingParams:
             not isinstance(w, str) or not w.strip() for w in self.bad_words
         ):
             raise ValueError(f"bad_words must be non-empty strings, got {self.bad_words!r}.")
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """Logprobs per output token besides the sampled token's (None: no logprobs): the
+        top ``logprobs``, else the tracked ``logprob_token_ids`` (vLLM's)."""
+        if self.logprobs is not None:
+            return self.logprobs
+        return None if self.logprob_token_ids is None else len(self.logprob_token_ids)
 
     @property
     def has_penalties(self) -> bool:
@@ -309,7 +334,7 @@ class SamplingParams:
 
 # SamplingParams.clone: the fields that hold containers.
 _FLAT_CONTAINERS = ("stop", "stop_token_ids", "logit_bias", "allowed_token_ids", "bad_words",
-                    "all_stop_token_ids")
+                    "all_stop_token_ids", "logprob_token_ids")
 _NESTED = ("structured_outputs", "extra_args", "bad_words_token_ids", "repetition_detection")
 _INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs",
                "truncate_prompt_tokens", "stream_interval", "thinking_token_budget")
@@ -320,6 +345,7 @@ LOGIT_BIAS_MAX = 1e30
 MAX_N = 128  # choices per server request (OpenAI's bound; the server's schema holds it)
 MAX_N_SEQUENCES = 16384  # choices per SamplingParams (vLLM's VLLM_MAX_N_SEQUENCES default)
 MAX_TEMPERATURE = 2.0
+MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's bound on logprob_token_ids
 # Smallest non-greedy temperature; smaller ones are raised to it (vLLM's ``_MAX_TEMP``).
 MIN_TEMPERATURE = 1e-2
 INT64_MIN = -(1 << 63)

@@ -102,4 +102,13 @@ MUTATIONS = [
              "cadence/server/responses_api.py",
              "            origins.append((\"instructions\", []))\n", "",
              (_RESP,)),
+    Mutation("srv-tracked-top-ranked", "chat shows top_logprobs entries, not the tracked ids",
+             "cadence/server/protocol_chat.py",
+             "return None if self.logprob_token_ids else (self.top_logprobs or 0)",
+             "return self.top_logprobs or 0", ("tests/server/test_logprob_token_ids.py",)),
+    Mutation("srv-tracked-needs-no-logprobs", "completions take logprob_token_ids without logprobs",
+             "cadence/server/protocol_completion.py",
+             "if self.logprob_token_ids and self.logprobs is None:",
+             "if self.logprob_token_ids and self.logprobs is None and False:",
+             ("tests/server/test_logprob_token_ids.py",)),
 ]

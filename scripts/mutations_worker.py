@@ -200,4 +200,11 @@ MUTATIONS = [
     Mutation("wk-sm-greedy-skips-processors", "plain greedy steps skip the logits processors",
              SM, "        if (md.all_greedy and md.grammar is None and md.processors is None\n",
              "        if (md.all_greedy and md.grammar is None\n", T_SM),
+    Mutation("wk-sm-tracked-ignored", "rows with logprob_token_ids get the top-k instead",
+             SM, "            top_ids[rows] = ids\n", "",
+             T_SM + ("tests/engine/test_logprob_token_ids.py",)),
+    Mutation("wk-tracked-off", "logprob_token_ids alone ask for no logprobs",
+             "cadence/sampling_params.py",
+             "        return None if self.logprob_token_ids is None else len(self.logprob_token_ids)",
+             "        return None", ("tests/engine/test_logprob_token_ids.py",)),
 ]

@@ -122,14 +122,20 @@ def _check_structured_outputs(params: SamplingParams, tokenizer: Tokenizer | Non
 
 def _check_token_fields(params: SamplingParams, tokenizer: Tokenizer | None,
                         vocab_size: int) -> None:
-    """logit_bias, stop_token_ids, allowed_token_ids and bad_words against the vocabulary; the
-    bad words become token sequences here."""
+    """logit_bias, logprob_token_ids, stop_token_ids, allowed_token_ids and bad_words against
+    the vocabulary; the bad words become token sequences here."""
     v = vocab_size
     bad = next((t for t in params.logit_bias or {} if t >= v), None)
     if bad is not None:
         raise InputValidationError(
             f"logit_bias: token id {bad} is out of vocabulary (vocabulary size {v}).",
             "logit_bias", bad,
+        )
+    bad = next((t for t in params.logprob_token_ids or () if t >= v), None)
+    if bad is not None:
+        raise InputValidationError(
+            f"logprob_token_ids: token id {bad} is out of vocabulary (vocabulary size {v}).",
+            "logprob_token_ids", bad,
         )
     bad = next((t for t in params.stop_token_ids or () if t >= v), None)
     if bad is not None:  # vLLM refuses them too (they would index the logits)

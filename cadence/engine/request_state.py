@@ -92,9 +92,10 @@ class RequestState:
         detokenize = params.detokenize
         self.detokenizer = IncrementalDetokenizer(tokenizer if detokenize else None, request)
         self.token_text = token_text if detokenize else None
-        self.num_logprobs = params.logprobs
-        self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
-        self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
+        self.num_logprobs = params.num_logprobs
+        wanted = self.num_logprobs is not None
+        self.logprobs: list[dict[int, Logprob]] | None = [] if wanted else None
+        self.cumulative_logprob: float | None = 0.0 if wanted else None
         self.max_tokens_param = params.max_tokens
         self.num_prompt_logprobs = params.prompt_logprobs
         # vLLM's shape: None for the first prompt token, then one dict per prompt token.

@@ -34,7 +34,7 @@ def request_output(
     if (
         logprobs is not None
         and len(new_token_ids) == 1
-        and request.sampling_params.logprobs is not None
+        and request.sampling_params.num_logprobs is not None
     ):
         new_logprobs = [
             (

@@ -15,6 +15,7 @@ from cadence.repetition import MAX_MIN_COUNT, MAX_PATTERN_SIZE, RepetitionDetect
 from cadence.sampling_params import (
     INT64_MAX,
     INT64_MIN,
+    MAX_LOGPROB_TOKEN_IDS,
     MAX_N,
     MAX_TEMPERATURE,
     RequestOutputKind,
@@ -34,6 +35,7 @@ BEAM_SEARCH_REFUSES: Mapping[str, tuple[Any, ...]] = MappingProxyType({
     "frequency_penalty": (0.0,), "repetition_penalty": (1.0,), "logit_bias": ({},),
     "allowed_token_ids": (), "bad_words": ([],), "prompt_logprobs": (),
     "structured_outputs": (), "repetition_detection": (), "thinking_token_budget": (-1,),
+    "logprob_token_ids": ([],),
 })
 
 
@@ -159,6 +161,9 @@ class SamplingRequest(OpenAIModel):
     bad_words: list[str] | None = None
     # vLLM: per prompt token after the first, its logprob and the top-N (non-streamed only).
     prompt_logprobs: int | None = Field(default=None, ge=-1)
+    # vLLM: each token's logprobs are the sampled token's and these ids' (in this order) in
+    # place of the top ones; needs logprobs asked for.
+    logprob_token_ids: list[int] | None = Field(default=None, max_length=MAX_LOGPROB_TOKEN_IDS)
     structured_outputs: StructuredOutputsField | None = None
     response_format: ResponseFormat | None = None
     # vLLM: end the answer (finish reason "repetition") once it repeats a pattern.
@@ -282,7 +287,9 @@ class SamplingRequest(OpenAIModel):
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            logprobs=logprobs,
+            # vLLM: the tracked ids' count is the logprobs' (whatever number was asked for).
+            logprobs=None if self.logprob_token_ids else logprobs,
+            logprob_token_ids=self.logprob_token_ids or None,
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,

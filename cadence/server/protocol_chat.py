@@ -139,6 +139,11 @@ class ChatCompletionRequest(SamplingRequest):
                              "or leave the field out.")
         if self.top_logprobs and not self.logprobs:
             raise ParamError("top_logprobs", "when using top_logprobs, logprobs must be true.")
+        if self.logprob_token_ids is not None and not self.logprob_token_ids:
+            raise ParamError("logprob_token_ids", "logprob_token_ids must not be empty.")
+        if self.logprob_token_ids and not self.logprobs:
+            raise ParamError("logprob_token_ids",
+                             "when using logprob_token_ids, logprobs must be true.")
         if self.tool_choice is not None and not self.tools and self.tool_choice != "none":
             raise ParamError("tool_choice", "When using `tool_choice`, `tools` must be set.")
         if isinstance(self.tool_choice, NamedToolChoice):
@@ -218,6 +223,12 @@ class ChatCompletionRequest(SamplingRequest):
         if self.max_completion_tokens is not None:
             return self.max_completion_tokens
         return self.max_tokens
+
+    @property
+    def shown_logprobs(self) -> int | None:
+        """Entries each token's top_logprobs shows: the top_logprobs most likely, or (None)
+        every entry in its order: the sampled token, then the logprob_token_ids."""
+        return None if self.logprob_token_ids else (self.top_logprobs or 0)
 
     def to_sampling_params(self, defaults: Mapping[str, Any] = NO_DEFAULTS) -> SamplingParams:
         """``defaults``: the model's default sampling fields (generation config)."""

@@ -40,6 +40,11 @@ class CompletionRequest(SamplingRequest):
         if self.use_beam_search and self.echo and self.logprobs is not None:
             raise ParamError("logprobs", "logprobs with echo (the prompt's logprobs) are not "
                              "supported with use_beam_search.")
+        if self.logprob_token_ids and self.logprobs is None:
+            raise ParamError("logprob_token_ids",
+                             "when using logprob_token_ids, logprobs must be set.")
+        if self.logprob_token_ids and self.echo:
+            raise ParamError("logprob_token_ids", "logprob_token_ids are not supported with echo.")
         if self.max_tokens == 0 and not self.echo:
             raise ParamError("max_tokens",
                              "max_tokens must be at least 1 (0 is allowed only with echo).")
@@ -93,6 +98,12 @@ class CompletionRequest(SamplingRequest):
             max_tokens = 1
         return self._sampling_params(max_tokens, self.logprobs, defaults,
                                      self.engine_prompt_logprobs)
+
+    @property
+    def shown_logprobs(self) -> int | None:
+        """Entries each token's top_logprobs shows: the ``logprobs`` most likely, or (None)
+        every entry in its order: the sampled token, then the logprob_token_ids."""
+        return None if self.logprob_token_ids else self.logprobs
 
     @property
     def echo_only(self) -> bool:

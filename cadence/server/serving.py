@@ -274,9 +274,12 @@ def token_text(token_id: int, lp: Logprob, as_ids: bool = False) -> str:
     return lp.decoded_token
 
 
-def top_by_rank(row: dict[int, Logprob], n: int) -> list[tuple[int, Logprob]]:
+def top_by_rank(row: dict[int, Logprob], n: int | None) -> list[tuple[int, Logprob]]:
     """The ``n`` most likely entries of one logprobs row, most likely first; -1: all of them
-    (a row of the whole vocabulary)."""
+    (a row of the whole vocabulary); None: all of them in the row's order (the sampled token,
+    then the tracked ``logprob_token_ids``)."""
+    if n is None:
+        return list(row.items())
     if n == 0:
         return []
     ranked = sorted(row.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else 1 << 30)

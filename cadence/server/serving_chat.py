@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from cadence.outputs import Logprob, RequestOutput
 
 
-def chat_logprobs(token_ids: list[int], rows: list[dict[int, Logprob]], num: int,
+def chat_logprobs(token_ids: list[int], rows: list[dict[int, Logprob]], num: int | None,
                   as_ids: bool = False, token_bytes: TokenBytes | None = None) -> ChatLogProbs:
     """``as_ids``: tokens shown as ``token_id:N`` (vLLM's return_tokens_as_token_ids).
     ``token_bytes``: each token's own bytes where its text is part of a character (else the
@@ -140,7 +140,7 @@ class ChatStream:
             self.finished = out.finished
             lps = None
             if request.logprobs and c.logprobs is not None and c.token_ids:
-                lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0,
+                lps = chat_logprobs(c.token_ids, c.logprobs, request.shown_logprobs,
                                      request.return_tokens_as_token_ids, self.token_bytes)
             ids = list(c.token_ids) if request.return_token_ids else None
             content: str | None = c.text
@@ -326,7 +326,7 @@ class OpenAIServingChat(OpenAIServing):
         for c in final.outputs:
             lps = None
             if request.logprobs and c.logprobs is not None:
-                lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0,
+                lps = chat_logprobs(c.token_ids, c.logprobs, request.shown_logprobs,
                                      request.return_tokens_as_token_ids, self.token_bytes)
             content, reasoning = c.text, None
             if self.reasoning is not None:

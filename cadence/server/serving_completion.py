@@ -65,7 +65,7 @@ class Echo:
 
 
 def completion_logprobs(
-    token_ids: list[int], rows: list[dict[int, Logprob] | None], num: int,
+    token_ids: list[int], rows: list[dict[int, Logprob] | None], num: int | None,
     cursor: TextCursor | None = None,
     decode: Callable[[int], str] | None = None,
     decode_ids: Callable[[list[int]], str] | None = None,
@@ -158,7 +158,7 @@ class CompletionStream:
                     lps = self.echo.logprobs(out, list(c.token_ids), c.logprobs,
                                              request.logprobs, self.cursors[k])
             elif request.logprobs is not None and c.logprobs is not None and c.token_ids:
-                lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs,
+                lps = completion_logprobs(c.token_ids, c.logprobs, request.shown_logprobs,
                                           self.cursors[k], decode_ids=self.echo.decode,
                                           as_ids=self.echo.as_ids, bytes_of=self.echo.bytes_of)
             ids = list(c.token_ids) if self.with_ids else None
@@ -258,7 +258,7 @@ class OpenAIServingCompletion(OpenAIServing):
             if request.logprobs is not None:
                 lps = echo.logprobs(final, list(c.token_ids), c.logprobs, request.logprobs)
         elif request.logprobs is not None and c.logprobs is not None:
-            lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs,
+            lps = completion_logprobs(c.token_ids, c.logprobs, request.shown_logprobs,
                                       decode_ids=echo.decode, as_ids=echo.as_ids,
                                       bytes_of=echo.bytes_of)
         return CompletionResponseChoice(

@@ -95,6 +95,9 @@ class RequestSampling:
             if md.min_p is not None:
                 md.min_p = (to_device(md.min_p[0], self.device),
                             to_device(md.min_p[1], self.device))
+            if md.tracked is not None:
+                md.tracked = (to_device(md.tracked[0], self.device),
+                              to_device(md.tracked[1], self.device))
         processed = np.nonzero(batch.processed[slots])[0]
         if processed.size:
             md.processors, bans = self.logits_state.step_inputs(

@@ -45,6 +45,9 @@ class SamplingMetadata:
     top_k: torch.Tensor | None  # [N] int64; None when no row uses top-k (<= 0: off)
     generators: dict[int, torch.Generator] = field(default_factory=dict)
     max_num_logprobs: int | None = None  # None: no row wants logprobs
+    # (rows [R], ids [R, max_num_logprobs]) of the rows whose logprobs are of their
+    # ``logprob_token_ids`` (each padded with its last id) instead of the top-k; None: no row's.
+    tracked: tuple[torch.Tensor, torch.Tensor] | None = None
     # row -> ids masked to -inf (min_tokens: the stop/eos ids while output count < min_tokens)
     banned_token_ids: dict[int, list[int]] = field(default_factory=dict)
     # Host-side hint: every non-greedy row has a top-k of at most this. Lets the sampler take
@@ -104,7 +107,7 @@ class SamplingMetadata:
             random_ks = rows.top_k[~greedy]
             if random_ks.size and int(random_ks.min()) > 0:
                 max_top_k = int(random_ks.max())
-        wanted = [p.logprobs for p in params if p.logprobs is not None]
+        wanted = [p.num_logprobs for p in params if p.num_logprobs is not None]
         banned: dict[int, list[int]] = {}
         for row, (p, n_out) in enumerate(zip(params, num_output_tokens, strict=True)):
             # A grammar decides where structured output ends: min_tokens bans no stop id there
@@ -116,6 +119,16 @@ class SamplingMetadata:
         if min_p_rows.size:
             min_p = (torch.from_numpy(min_p_rows.astype(np.int64)).to(device),
                      torch.from_numpy(rows.min_p[min_p_rows]).to(device))
+        most = max(wanted) if wanted else None
+        tracked = None
+        tracked_rows = [] if most is None else [
+            r for r, p in enumerate(params) if p.logprob_token_ids is not None]
+        if tracked_rows:
+            assert most is not None
+            ids = [params[r].logprob_token_ids for r in tracked_rows]
+            tracked = (torch.tensor(tracked_rows, dtype=torch.int64).to(device),
+                       torch.tensor([t + t[-1:] * (most - len(t)) for t in ids],  # type: ignore
+                                    dtype=torch.int64).to(device))
         return cls(
             temperature=temperature,
             all_greedy=all_greedy,
@@ -123,7 +136,8 @@ class SamplingMetadata:
             top_p=top_p,
             top_k=top_k,
             generators=dict(generators or {}),
-            max_num_logprobs=max(wanted) if wanted else None,
+            max_num_logprobs=most,
+            tracked=tracked,
             banned_token_ids=banned,
             max_top_k=max_top_k,
             min_p=min_p,
@@ -137,7 +151,7 @@ def plain_greedy_row(params: SamplingParams, temperature: float, top_p: float, t
     top-k or min-p, no logprobs, no min_tokens bans, no logits processor, no grammar. A batch
     of such rows samples with ``SamplingMetadata.greedy()``."""
     return (temperature < _SAMPLING_EPS and top_p >= 1.0 and top_k <= 0 and min_p <= 0.0
-            and params.logprobs is None and not params.needs_logits_processing
+            and params.num_logprobs is None and not params.needs_logits_processing
             and params.structured_outputs is None
             and not (params.min_tokens > 0 and params.all_stop_token_ids))
 
@@ -266,7 +280,7 @@ class Sampler:
         logprobs = None
         if scores is not None:
             assert md.max_num_logprobs is not None
-            logprobs = gather_logprobs(scores, md.max_num_logprobs, sampled)
+            logprobs = gather_logprobs(scores, md.max_num_logprobs, sampled, md.tracked)
         return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs, no_token=no_token)
 
     def _sample(self, logits: torch.Tensor, md: SamplingMetadata, processed: bool = False
@@ -300,13 +314,26 @@ class Sampler:
         return torch.where(is_greedy, greedy, random), logits
 
 
-def gather_logprobs(logprobs: torch.Tensor, k: int, sampled: torch.Tensor) -> LogprobsTensors:
-    """Sampled token's logprob and rank plus the top-``k`` logprobs of each row."""
+def gather_logprobs(logprobs: torch.Tensor, k: int, sampled: torch.Tensor,
+                    tracked: tuple[torch.Tensor, torch.Tensor] | None = None) -> LogprobsTensors:
+    """Sampled token's logprob and rank plus the top-``k`` logprobs of each row, or for the
+    ``tracked`` rows (rows, ids [R, k]) the logprobs of their ids."""
     sampled = sampled.to(torch.int64).unsqueeze(1)
     sampled_lp = logprobs.gather(1, sampled)
     # Rank 1 is the most likely token; as vLLM counts it, tokens tied with the sampled one
     # rank before it (the count of tokens at least as likely).
     ranks = (logprobs >= sampled_lp).sum(dim=-1)
+    if tracked is not None:
+        rows, ids = tracked  # k columns (may exceed the vocabulary: ids repeat)
+        if rows.numel() == logprobs.shape[0]:
+            top_ids = ids
+        else:
+            top_ids = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1).indices
+            top_ids = torch.cat([top_ids, top_ids[:, -1:].expand(-1, k - top_ids.shape[1])], 1)
+            top_ids[rows] = ids
+        lps = torch.cat([sampled_lp, logprobs.gather(1, top_ids)], dim=1)
+        return LogprobsTensors(logprob_token_ids=torch.cat([sampled, top_ids], dim=1),
+                               logprobs=lps, sampled_token_ranks=ranks)
     k = min(k, logprobs.shape[-1])
     if k > 0:
         top_lp, top_ids = logprobs.topk(k, dim=-1)

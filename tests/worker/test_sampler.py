@@ -624,3 +624,49 @@ def test_unseeded_rows_beside_seeded_ones_follow_their_distribution(fast: bool) 
     for row in counts:
         for p, c in zip(probs, row, strict=True):
             assert abs(c / draws - p) <= 5.5 * (p * (1 - p) / draws) ** 0.5, counts
+
+
+@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
+def test_tracked_token_ids_take_the_place_of_the_top_k(mode: str) -> None:
+    """Rows with logprob_token_ids get the sampled token, then their ids in their order (any
+    id, repeats too) with the row's logprobs of them; the other rows keep their top-k; the
+    sampled token's rank is its rank in the row."""
+    params = [SamplingParams(temperature=0.0, logprob_token_ids=[5, 63, 0]),
+              SamplingParams(temperature=0.7, logprobs=4),
+              SamplingParams(temperature=0.0, logprob_token_ids=[9, 9])]
+    md = SamplingMetadata.from_params(params, [0, 0, 0])
+    assert md.max_num_logprobs == 4 and md.tracked is not None
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(31)) * 2
+    res = Sampler(mode)(logits, md)
+    assert res.logprobs is not None
+    ids, lps = res.logprobs.logprob_token_ids, res.logprobs.logprobs
+    assert ids.shape == (3, 5)
+    sampled = res.sampled_token_ids
+    scaled = logits.clone()
+    if mode == "processed_logprobs":
+        scaled[1] /= 0.7
+    ref = torch.log_softmax(scaled, dim=-1)
+    assert ids[0, :4].tolist() == [int(sampled[0]), 5, 63, 0]
+    assert ids[2, :3].tolist() == [int(sampled[2]), 9, 9]
+    assert ids[1, 1:].tolist() == ref[1].topk(4).indices.tolist()
+    assert torch.allclose(lps, ref.gather(1, ids), atol=1e-6)
+    for row in range(3):
+        expected_rank = int((ref[row] >= ref[row, sampled[row]]).sum())
+        assert int(res.logprobs.sampled_token_ranks[row]) == expected_rank
+
+
+def test_tracked_token_ids_of_every_row_need_no_top_k() -> None:
+    """Every row tracked, more ids than the vocabulary has tokens (repeats): no top-k taken."""
+    ids = list(range(VOCAB)) + [1, 2]
+    params = [SamplingParams(temperature=0.0, logprob_token_ids=ids),
+              SamplingParams(temperature=0.0, logprob_token_ids=[3])]
+    md = SamplingMetadata.from_params(params, [0, 0])
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(32))
+    res = Sampler()(logits, md)
+    assert res.logprobs is not None
+    ref = torch.log_softmax(logits, dim=-1)
+    assert res.logprobs.logprob_token_ids[0, 1:].tolist() == ids
+    # The shorter row is padded with its last id (the engine keeps its first 1 + 1 columns).
+    assert res.logprobs.logprob_token_ids[1, 1:].tolist() == [3] * len(ids)
+    assert torch.allclose(res.logprobs.logprobs,
+                          ref.gather(1, res.logprobs.logprob_token_ids), atol=1e-6)
