@@ -936,7 +936,7 @@ MUTATIONS = [
              ("tests/worker/test_step_buffers.py",)),
     Mutation("plain-greedy-logprobs", "a greedy row that wants logprobs samples through the "
              "greedy shortcut (its logprobs are never computed)", "cadence/worker/sampler.py",
-             "            and params.logprobs is None and not params.needs_logits_processing",
+             "            and params.num_logprobs is None and not params.needs_logits_processing",
              "            and not params.needs_logits_processing",
              ("tests/worker/test_plain_greedy.py",)),
     Mutation("plain-greedy-not-moved", "a row moved to fill a hole keeps the old row's greedy "
