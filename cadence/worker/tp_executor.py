@@ -130,8 +130,9 @@ class TPExecutor:
         if callback is not None:
             callback(error)
 
-    def _died(self, rank: int) -> WorkerDiedError:
-        """Record the death of ``rank`` and kill every worker (idempotent)."""
+    def _died(self, rank: int, reported: bool = False) -> WorkerDiedError:
+        """Record the death of ``rank`` and kill every worker (idempotent); ``reported``: the
+        rank sent its error, which the caller raises (no second line of it in the log)."""
         with self._lock:
             if self._dead is None:
                 proc = self.procs[rank]
@@ -142,7 +143,7 @@ class TPExecutor:
                 self._dead = WorkerDiedError(
                     f"tensor-parallel worker rank {rank} (pid {proc.pid}) exited with status "
                     f"{code}; the engine cannot continue.")
-                logger.error("%s", self._dead)
+                logger.log(logging.DEBUG if reported else logging.ERROR, "%s", self._dead)
             self._kill_all()
             return self._dead
 
@@ -182,7 +183,7 @@ class TPExecutor:
                 except Exception as exc:  # a reply that cannot be rebuilt: the rank is lost
                     raise self._died(rank) from exc
                 if kind == "error":
-                    self._died(rank)
+                    self._died(rank, reported=True)
                     if not isinstance(payload, Exception):  # e.g. KeyboardInterrupt: not ours
                         raise WorkerDiedError(
                             f"tensor-parallel rank {rank} stopped: {payload!r}") from None

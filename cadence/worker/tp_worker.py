@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from cadence.user_errors import USER_ERRORS
+
 if TYPE_CHECKING:
     from cadence.config import EngineConfig
     from cadence.model.registry import ModelSpec
@@ -77,7 +79,11 @@ def main(fd: int) -> None:
     except EOFError:  # the engine is gone
         os._exit(0)
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the engine
-        logger.error("Tensor-parallel rank %d failed:\n%s", init.rank, traceback.format_exc())
+        # A user mistake (a directory without weights) is the engine's one-line error; its
+        # traceback from every rank would bury that line (cadence.user_errors' rule).
+        level = logging.DEBUG if isinstance(exc, USER_ERRORS) else logging.ERROR
+        logger.log(level, "Tensor-parallel rank %d failed:\n%s", init.rank,
+                   traceback.format_exc())
         try:
             conn.send(("error", _picklable(exc)))
         except Exception:

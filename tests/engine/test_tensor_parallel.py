@@ -124,6 +124,23 @@ def test_a_rank_that_cannot_load_is_a_start_up_error(tmp_path):
     assert child_pids() == before
 
 
+def test_a_user_mistake_under_tp_is_one_line_from_the_command(tmp_path):
+    """A directory without weights under -tp 2: the command's one-line error, no rank's
+    traceback or death notice before it."""
+    import subprocess
+    import sys
+
+    path = build_checkpoint(tmp_path / "m", "llama", kv_heads=2, vocab=256, tie=False)
+    (path / "model.safetensors").unlink()
+    proc = subprocess.run([sys.executable, "-m", "cadence", "generate", "--model", str(path),
+                           "-tp", "2", "--device", "cpu", "--max-tokens", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and " ERROR " not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "cadence generate: error: no safetensors weights")
+
+
 def test_a_killed_worker_fails_the_next_generate_and_leaves_no_process(llama, monkeypatch):
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")  # the workers see the engine's environment
     before = child_pids()
