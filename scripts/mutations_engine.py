@@ -234,4 +234,10 @@ MUTATIONS = [
              "cadence/beam_search.py",
              "        if len(pool) > width:", "        if False:",
              ("tests/test_beam_search.py",)),
+    Mutation("eng-core-empty-prompt", "the core admits an empty prompt (every step fails)",
+             "cadence/engine/core.py", "        if not req.prompt_token_ids:  # nothing to",
+             "        if False:  # nothing to", (_CORE,)),
+    Mutation("eng-core-unset-max-tokens", "an unset max_tokens ignores the KV cache's size",
+             "cadence/engine/core.py", "room = min(self.config.scheduler.max_model_len, "
+             "cache_tokens + 1)", "room = self.config.scheduler.max_model_len", (_CORE,)),
 ]

@@ -148,7 +148,16 @@ class EngineCore:
 
     # Requests --------------------------------------------------------------------------------
     def validate_request(self, req: EngineCoreRequest) -> None:
-        """Checks that need the engine's state; raises ValueError naming the parameter."""
+        """Checks that need the engine's state; raises ValueError naming the parameter. An
+        unset max_tokens becomes what the context and the KV cache allow (the input
+        processor's rule, for clients that send it unset)."""
+        if not req.prompt_token_ids:  # nothing to schedule: no step could ever take it
+            raise ValueError("prompt: the prompt cannot be empty.")
+        params = req.sampling_params
+        if params.max_tokens is None:
+            cache_tokens = (self.num_kv_blocks - 1) * self.block_size  # block 0 is the null one
+            room = min(self.config.scheduler.max_model_len, cache_tokens + 1)
+            params.max_tokens = max(room - len(req.prompt_token_ids), 1)
         check_request_fits(req, self.config.scheduler.policy, self.num_kv_blocks,
                            self.block_size)
 

@@ -105,6 +105,42 @@ def test_the_core_refuses_requests_its_configuration_cannot_serve() -> None:
         core.shutdown()
 
 
+def test_an_empty_prompt_is_refused_and_the_engine_serves_on() -> None:
+    core = make_core()
+    try:
+        core.add_request(request("good"))
+        with pytest.raises(ValueError, match="prompt"):
+            core.add_request(EngineCoreRequest("empty", [], SamplingParams(max_tokens=2)))
+        got: dict[str, list[int]] = {}
+        for _ in range(20):
+            for rid, ids in tokens_of(core.step_fn()[0]).items():
+                got.setdefault(rid, []).extend(ids)
+            if not core.has_work():
+                break
+        assert list(got) == ["good"] and len(got["good"]) == 4
+    finally:
+        core.shutdown()
+
+
+def test_an_unset_max_tokens_runs_to_what_the_cache_holds() -> None:
+    """max_tokens None from a client that skips the input processor: as many tokens as the
+    context and the KV cache allow (here the cache: 1008 slots, the last token needs none),
+    then finish reason length, as LLM.generate resolves it."""
+    core = EngineCore(tiny_args(max_model_len=2048, num_gpu_blocks_override=NUM_BLOCKS))
+    try:
+        params = SamplingParams(max_tokens=None, ignore_eos=True, temperature=0.0)
+        core.add_request(EngineCoreRequest("r", list(PROMPT), params, eos_token_id=None))
+        count, reason = 0, None
+        while core.has_work():
+            outs = core.step_fn()[0]
+            for o in outs.outputs if outs is not None else []:
+                count += len(o.new_token_ids)
+                reason = o.finish_reason or reason
+        assert count == 1008 - len(PROMPT) + 1 and str(reason) == "length"
+    finally:
+        core.shutdown()
+
+
 def test_equal_priorities_run_in_the_arrival_order_the_requests_carry() -> None:
     # Priority policy: (priority, arrival_time) orders waiting requests. The arrival time is
     # the request's own (stamped by the front end), not when the core happened to receive it.
