@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, MutableSequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
-__all__ = ["CompletionOutput", "Logprob", "PromptLogprobs", "RequestMetrics", "RequestOutput",
-           "SampleLogprobs"]
+__all__ = ["CompletionOutput", "FlatLogprobs", "Logprob", "PromptLogprobs", "RequestMetrics",
+           "RequestOutput", "SampleLogprobs"]
 
 
 @dataclass(slots=True)
@@ -16,10 +17,89 @@ class Logprob:
     decoded_token: str | None = None
 
 
+# vLLM's ``FlatLogprobs`` (``SamplingParams.flat_logprobs``): a request's logprobs as a few flat
+# columns instead of one dict and one ``Logprob`` per entry. A long answer with top-k logprobs
+# otherwise holds a dict per token and k + 1 ``Logprob`` objects, all tracked by the cyclic
+# garbage collector. It reads as the list of dicts it replaces: ``len`` is the number of
+# positions, ``flat[i]`` builds position ``i``'s dict (``{}`` where the list form holds None: the
+# first prompt token), slices are ``FlatLogprobs``, and it only grows.
+Position = dict[int, Logprob]
+
+
+@dataclass
+class FlatLogprobs(MutableSequence[Position]):
+    """Position ``i``'s entries are ``token_ids[j]``, ``logprobs[j]``, ``ranks[j]`` and
+    ``decoded_tokens[j]`` for ``j`` in ``[start_indices[i], end_indices[i])``, in the order its
+    dict had them (the sampled or prompt token first)."""
+
+    start_indices: list[int] = field(default_factory=list)
+    end_indices: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    ranks: list[int | None] = field(default_factory=list)
+    decoded_tokens: list[str | None] = field(default_factory=list)
+
+    def append(self, position: Position | None) -> None:
+        """Add one position (None: a position without logprobs, read back as ``{}``)."""
+        self.start_indices.append(len(self.token_ids))
+        for token_id, lp in (position or {}).items():
+            self.token_ids.append(token_id)
+            self.logprobs.append(lp.logprob)
+            self.ranks.append(lp.rank)
+            self.decoded_tokens.append(lp.decoded_token)
+        self.end_indices.append(len(self.token_ids))
+
+    def extend(self, positions: Iterable[Position | None]) -> None:
+        for position in positions:
+            self.append(position)
+
+    def __len__(self) -> int:
+        return len(self.start_indices)
+
+    @overload
+    def __getitem__(self, index: int) -> Position: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> FlatLogprobs: ...
+
+    def __getitem__(self, index: int | slice) -> Position | FlatLogprobs:
+        if isinstance(index, slice):
+            out = FlatLogprobs()
+            for i in range(*index.indices(len(self))):
+                s, e = self.start_indices[i], self.end_indices[i]
+                out.start_indices.append(len(out.token_ids))
+                out.token_ids += self.token_ids[s:e]
+                out.logprobs += self.logprobs[s:e]
+                out.ranks += self.ranks[s:e]
+                out.decoded_tokens += self.decoded_tokens[s:e]
+                out.end_indices.append(len(out.token_ids))
+            return out
+        i = range(len(self))[index]  # IndexError and negative indices as a list's
+        return {self.token_ids[j]: Logprob(self.logprobs[j], self.ranks[j], self.decoded_tokens[j])
+                for j in range(self.start_indices[i], self.end_indices[i])}
+
+    def __iter__(self) -> Iterator[Position]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def first_token_ids(self, last: int) -> list[int]:
+        """The first entry's token (the sampled one) of each of the ``last`` positions."""
+        return [self.token_ids[s] for s in self.start_indices[-last:]]
+
+    def __setitem__(self, index: object, value: object) -> None:
+        raise TypeError("FlatLogprobs only grows: positions cannot be replaced.")
+
+    def __delitem__(self, index: object) -> None:
+        raise TypeError("FlatLogprobs only grows: positions cannot be deleted.")
+
+    def insert(self, index: int, value: Position | None) -> None:
+        raise TypeError("FlatLogprobs only grows: use append.")
+
+
 # One dict per generated token: the sampled token and the top-N, each by token id.
-SampleLogprobs = list[dict[int, Logprob]]
+SampleLogprobs = list[dict[int, Logprob]] | FlatLogprobs
 # None for the first prompt token, then one dict per prompt token: the token itself and the top-N.
-PromptLogprobs = list[dict[int, Logprob] | None]
+PromptLogprobs = list[dict[int, Logprob] | None] | FlatLogprobs
 
 
 @dataclass(slots=True)
@@ -153,7 +233,9 @@ class RequestOutput:
                     cur.text += nxt.text
                     cur.token_ids = [*cur.token_ids, *nxt.token_ids]
                     if nxt.logprobs:
-                        cur.logprobs = [*(cur.logprobs or []), *nxt.logprobs]
+                        merged = nxt.logprobs[:0] if cur.logprobs is None else cur.logprobs[:]
+                        merged.extend(nxt.logprobs)  # a list or a FlatLogprobs, as it came
+                        cur.logprobs = merged
                     cur.cumulative_logprob = nxt.cumulative_logprob
                     cur.finish_reason = nxt.finish_reason
                     cur.stop_reason = nxt.stop_reason

@@ -41,6 +41,9 @@ class SamplingParams:
     # ids' (in this order, ranked 1..k by their place), in place of the top-k; at most
     # MAX_LOGPROB_TOKEN_IDS, ``logprobs`` unset or their count.
     logprob_token_ids: list[int] | None = None
+    # vLLM's: the logprobs come as a ``FlatLogprobs`` (flat columns that read as the list of
+    # dicts), which spares the garbage collector an object per entry.
+    flat_logprobs: bool = False
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -200,7 +203,7 @@ class SamplingParams:
             raise ValueError("output_kind must be a RequestOutputKind, got "
                              f"{self.output_kind!r}.")
         for name in ("detokenize", "skip_special_tokens", "spaces_between_special_tokens",
-                     "ignore_eos", "include_stop_str_in_output"):
+                     "ignore_eos", "include_stop_str_in_output", "flat_logprobs"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
         if not self.detokenize and self.stop:

@@ -240,4 +240,13 @@ MUTATIONS = [
     Mutation("eng-core-unset-max-tokens", "an unset max_tokens ignores the KV cache's size",
              "cadence/engine/core.py", "room = min(self.config.scheduler.max_model_len, "
              "cache_tokens + 1)", "room = self.config.scheduler.max_model_len", (_CORE,)),
+    Mutation("eng-flat-merge-listed", "merged delta outputs turn FlatLogprobs into lists",
+             "cadence/outputs.py",
+             "merged = nxt.logprobs[:0] if cur.logprobs is None else cur.logprobs[:]",
+             "merged = list(nxt.logprobs[:0] if cur.logprobs is None else cur.logprobs[:])",
+             ("tests/engine/test_flat_logprobs.py",)),
+    Mutation("eng-flat-slice-shifted", "a FlatLogprobs slice drops its last entry",
+             "cadence/outputs.py", "                out.token_ids += self.token_ids[s:e]\n",
+             "                out.token_ids += self.token_ids[s:e - 1]\n",
+             ("tests/test_outputs.py", "tests/engine/test_flat_logprobs.py")),
 ]

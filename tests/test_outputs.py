@@ -72,3 +72,30 @@ def test_metrics_answer_to_vllms_names() -> None:
     assert (m.queued_ts, m.scheduled_ts, m.first_token_ts, m.last_token_ts) == (
         10.5, 11.0, 12.0, 13.0)
     assert (m.first_token_latency, m.time_in_queue) == (2.0, 1.0)
+
+
+def test_flat_logprobs_read_as_the_list_of_dicts_they_replace() -> None:
+    from cadence.outputs import FlatLogprobs, Logprob
+
+    rows = [None, {7: Logprob(-0.5, 2, "a"), 3: Logprob(-0.1, 1, "b")},
+            {9: Logprob(-2.0, 5, None)}, {}]
+    flat = FlatLogprobs()
+    flat.extend(rows)
+    assert len(flat) == 4
+    assert list(flat) == [{} if r is None else r for r in rows]
+    assert flat[1] == rows[1] and list(flat[1]) == [7, 3]  # the entries' order kept
+    assert flat[-2] == rows[2] and flat[-1] == {}
+    part = flat[1:3]
+    assert isinstance(part, FlatLogprobs) and list(part) == rows[1:3]
+    assert part.token_ids == [7, 3, 9] and part.start_indices == [0, 2]
+    assert flat[:] == flat and flat[:] is not flat
+    assert list(flat[::2]) == [{}, rows[2]]
+    import pytest
+
+    with pytest.raises(IndexError):
+        flat[4]
+    for change in (lambda: flat.__setitem__(0, {}), lambda: flat.__delitem__(0),
+                   lambda: flat.insert(0, {})):
+        with pytest.raises(TypeError):
+            change()
+    assert len(flat) == 4

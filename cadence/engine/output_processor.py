@@ -300,7 +300,7 @@ class OutputProcessor:
             else:
                 text, token_ids = state.detokenizer.output_text, list(
                     state.detokenizer.output_token_ids)
-                logprobs = None if state.logprobs is None else list(state.logprobs)
+                logprobs = None if state.logprobs is None else state.logprobs[:]
             self._emit(
                 state,
                 RequestOutput(

@@ -10,7 +10,15 @@ from cadence.core_types import EngineCoreOutput, EngineCoreRequest, FinishReason
 from cadence.engine.detokenizer import IncrementalDetokenizer, make_decode_fn
 from cadence.engine.output_collector import OutputSink
 from cadence.engine.parent_request import ParentRequest
-from cadence.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from cadence.outputs import (
+    CompletionOutput,
+    FlatLogprobs,
+    Logprob,
+    PromptLogprobs,
+    RequestMetrics,
+    RequestOutput,
+    SampleLogprobs,
+)
 from cadence.sampling_params import RequestOutputKind
 
 __all__ = ["RequestState", "TokenTextCache"]
@@ -94,13 +102,16 @@ class RequestState:
         self.token_text = token_text if detokenize else None
         self.num_logprobs = params.num_logprobs
         wanted = self.num_logprobs is not None
-        self.logprobs: list[dict[int, Logprob]] | None = [] if wanted else None
+        make = FlatLogprobs if params.flat_logprobs else list
+        self.logprobs: SampleLogprobs | None = make() if wanted else None
         self.cumulative_logprob: float | None = 0.0 if wanted else None
         self.max_tokens_param = params.max_tokens
         self.num_prompt_logprobs = params.prompt_logprobs
         # vLLM's shape: None for the first prompt token, then one dict per prompt token.
-        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
-            [None] if params.prompt_logprobs is not None else None)
+        self.prompt_logprobs: PromptLogprobs | None = None
+        if params.prompt_logprobs is not None:
+            self.prompt_logprobs = make()
+            self.prompt_logprobs.append(None)
         self.prompt_logprobs_sent = False
         self.num_cached_tokens = 0
         self.metrics = RequestMetrics(arrival_time=arrival_time)
@@ -113,7 +124,10 @@ class RequestState:
         n = self.num_logprobs + 1
         for ids, lps, rank in output.new_logprobs:
             # The context of a piece of a character: the tokens sampled before it (vLLM's).
-            context = [next(iter(row)) for row in self.logprobs[-_MAX_CONTEXT:]]
+            if isinstance(self.logprobs, FlatLogprobs):
+                context = self.logprobs.first_token_ids(_MAX_CONTEXT)
+            else:
+                context = [next(iter(row)) for row in self.logprobs[-_MAX_CONTEXT:]]
             self.logprobs.append(self._logprob_row(ids[:n], lps[:n], rank, context))
             self.cumulative_logprob += lps[0]
         return len(output.new_logprobs)
@@ -188,7 +202,7 @@ class RequestState:
             # Copies: an output handed out must not change when later tokens arrive.
             token_ids = list(self.detokenizer.output_token_ids)
             if logprobs is not None:
-                logprobs = list(logprobs)
+                logprobs = logprobs[:]
         completion = CompletionOutput(
             index=0,
             text=text,
@@ -204,7 +218,7 @@ class RequestState:
             if delta and self.prompt_logprobs_sent:
                 prompt_logprobs = None
             else:
-                prompt_logprobs = list(prompt_logprobs)
+                prompt_logprobs = prompt_logprobs[:]
             self.prompt_logprobs_sent = True
         return RequestOutput(
             request_id=self.request_id,
