@@ -16,7 +16,7 @@ from typing import Any
 
 from cadence.chat import encodes_as_utf8
 from cadence.sampling_params import StructuredOutputsParams
-from cadence.worker.schema_features import unenforced_keyword
+from cadence.worker.schema_features import enforceable_schema, unenforced_keyword
 
 __all__ = ["GrammarCompilerService", "grammar_of", "spec_key", "xgrammar_module"]
 
@@ -51,6 +51,9 @@ def grammar_of(spec: StructuredOutputsParams) -> Any:
             if keyword is not None:
                 raise ValueError(f"{keyword} cannot be enforced by the grammar engine "
                                    "(xgrammar); the output could break it.")
+            exact = enforceable_schema(tree)
+            if exact is not tree:
+                text = json.dumps(exact)
             # NOTE: runs of whitespace are bounded: a model that likes blanks could otherwise
             # pad the JSON for ever without breaking the grammar.
             return json_text_only(xgr, xgr.Grammar.from_json_schema(

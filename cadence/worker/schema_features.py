@@ -10,14 +10,24 @@ whole node into "any JSON" (even its ``type`` is lost); an empty ``anyOf``/``one
 an empty text and a negative length bound allows nothing (neither is a valid schema); an
 ``anyOf`` / ``oneOf`` compiles to its branches alone, losing the constraints beside it. A
 ``required`` name that ``properties`` does not declare is never enforced (and, where the object's
-other properties are closed, never even allowed).
+other properties are closed, never even allowed). A ``oneOf`` compiles as an ``anyOf``: one whose
+branches this module cannot prove disjoint (by type, by const / enum values, by integer range,
+or by a property both require with disjoint values: a tagged union) is refused, as an output
+could match several. ``enforceable_schema`` swaps the ``date``, ``date-time`` and ``ipv4``
+formats, whose grammars let impossible values through (November 31st, February 29th of any year,
+leading zeros), for patterns that do not, and writes each pattern's optional group ``(...)?`` as
+``(...){0,1}``: a schema pattern's ``(yz+)?`` lets xgrammar skip the ``y`` (it takes "xzZ" for
+``^x(yz+)?Z$``), the counted form it follows.
 """
 
 from __future__ import annotations
 
+import copy
+import json
+from itertools import combinations
 from typing import Any
 
-__all__ = ["STRING_FORMATS", "unenforced_keyword"]
+__all__ = ["STRING_FORMATS", "enforceable_schema", "unenforced_keyword"]
 
 # String formats xgrammar writes a grammar for; others would pass any string.
 STRING_FORMATS = frozenset({
@@ -69,7 +79,7 @@ def _string_with_bounds(schema: dict[str, Any]) -> bool:
         "minLength" in schema or "maxLength" in schema)
 
 
-def _own(schema: dict[str, Any]) -> str | None:
+def _own(schema: dict[str, Any], root: Any) -> str | None:
     for key in _IGNORED:
         if key in schema:
             return key
@@ -82,6 +92,10 @@ def _own(schema: dict[str, Any]) -> str | None:
             return f"an empty {key}"
         if _branches_drop_siblings(schema, key):
             return f"{key} beside other constraints (the grammar keeps only its branches)"
+    if _one_of_may_overlap(schema, root):
+        return ("oneOf whose branches may overlap (the grammar allows any of them, so an "
+                "output could match several; make them disjoint, e.g. a required property "
+                "with its own const in each, or use anyOf)")
     for key in _COUNTS:
         value = schema.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
@@ -148,9 +162,194 @@ def unenforced_keyword(schema: Any) -> str | None:
         node, depth = stack.pop()
         if not isinstance(node, dict):
             continue
-        found = _own(node)
+        found = _own(node, schema)
         if found is not None:
             return found
         if depth < _MAX_DEPTH:
             stack.extend((child, depth + 1) for child in _subschemas(node))
     return None
+
+
+# Disjointness of oneOf branches -------------------------------------------------------------
+_MAX_REFS = 32
+
+
+def _resolve(node: Any, root: Any) -> dict[str, Any] | None:
+    """``node`` with its local ``$ref`` chain followed ("#/..."); None where that fails or
+    the reference has constraints beside it."""
+    for _ in range(_MAX_REFS):
+        if not isinstance(node, dict):
+            return None
+        ref = node.get("$ref")
+        if ref is None:
+            return node
+        if not isinstance(ref, str) or not ref.startswith("#") or set(node) - _ANNOTATIONS - {
+                "$ref"}:
+            return None
+        node = root
+        for part in ref[1:].split("/")[1:]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            node = node.get(part) if isinstance(node, dict) else None
+    return None
+
+
+def _value_key(value: Any) -> str:
+    # JSON equality: 1 and 1.0 are one number, true is not 1.
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return f"n:{float(value)!r}"
+    return json.dumps(value, sort_keys=True)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "integer" if float(value).is_integer() else "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), "other")
+
+
+def _values(schema: dict[str, Any]) -> list[Any] | None:
+    if "const" in schema:
+        return [schema["const"]]
+    enum = schema.get("enum")
+    return enum if isinstance(enum, list) else None
+
+
+def _types_meet(a: set[str], b: set[str]) -> bool:
+    return bool(a & b) or ("integer" in a and "number" in b) or ("number" in a and "integer" in b)
+
+
+def _integer_range(schema: dict[str, Any]) -> tuple[float, float]:
+    low, high = float("-inf"), float("inf")
+    for key, bound in (("minimum", 0), ("exclusiveMinimum", 1)):
+        v = schema.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            low = max(low, v + bound)
+    for key, bound in (("maximum", 0), ("exclusiveMaximum", 1)):
+        v = schema.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            high = min(high, v - bound)
+    return low, high
+
+
+def _disjoint(a: dict[str, Any] | None, b: dict[str, Any] | None, root: Any, depth: int) -> bool:
+    """Whether no JSON value can match both ``a`` and ``b`` (False where unproven)."""
+    if a is None or b is None or depth > _MAX_REFS:
+        return False
+    va, vb = _values(a), _values(b)
+    if va is not None and vb is not None:
+        return not {_value_key(v) for v in va} & {_value_key(v) for v in vb}
+    ta, tb = _types(a), _types(b)
+    for values, types in ((va, tb), (vb, ta)):
+        if values is not None and types and not any(
+                _types_meet({_json_type(v)}, types) for v in values):
+            return True
+    if ta and tb and not _types_meet(ta, tb):
+        return True
+    if ta == tb == {"integer"}:
+        (lo_a, hi_a), (lo_b, hi_b) = _integer_range(a), _integer_range(b)
+        if hi_a < lo_b or hi_b < lo_a:
+            return True
+    if ta == tb == {"object"}:
+        pa, pb = a.get("properties"), b.get("properties")
+        ra, rb = a.get("required"), b.get("required")
+        if all(isinstance(x, dict) for x in (pa, pb)) and all(isinstance(x, list)
+                                                              for x in (ra, rb)):
+            for name in set(ra) & set(rb):
+                if isinstance(name, str) and _disjoint(_resolve(pa.get(name), root),
+                                                       _resolve(pb.get(name), root), root,
+                                                       depth + 1):
+                    return True
+    return False
+
+
+def _one_of_may_overlap(schema: dict[str, Any], root: Any) -> bool:
+    branches = schema.get("oneOf")
+    if not isinstance(branches, list) or len(branches) < 2:
+        return False
+    resolved = [_resolve(b, root) for b in branches]
+    return any(not _disjoint(a, b, root, 0) for a, b in combinations(resolved, 2))
+
+
+# Formats whose grammar lets impossible values through ---------------------------------------
+_DAY = ("(((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01]))|((0[469]|11)-(0[1-9]|[12][0-9]|30))"
+        "|(02-(0[1-9]|1[0-9]|2[0-8])))")
+_DATE = ("(([0-9]{4}-" + _DAY + ")|(([0-9]{2}(0[48]|[2468][048]|[13579][26])"
+         "|(([02468][048]|[13579][26])00))-02-29))")
+_TIME = ("([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)([.][0-9]+)?"
+         "(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])")
+_OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+EXACT_FORMATS = {
+    "date": f"^{_DATE}$",
+    "date-time": f"^{_DATE}T{_TIME}$",
+    "ipv4": f"^{_OCTET}([.]{_OCTET}){{3}}$",
+}
+
+
+def enforceable_schema(schema: Any) -> Any:
+    """``schema`` with each string ``format`` of ``EXACT_FORMATS`` (and no ``pattern``) swapped
+    for its pattern and each pattern's optional groups counted (``optional_groups_counted``);
+    the schema itself where nothing changes (a copy otherwise)."""
+    def walk(node: Any, depth: int) -> None:
+        if not isinstance(node, dict) or depth > _MAX_DEPTH:
+            return
+        fmt = node.get("format")
+        if isinstance(fmt, str) and fmt in EXACT_FORMATS and "pattern" not in node:
+            node["pattern"] = EXACT_FORMATS[node.pop("format")]
+        if isinstance(node.get("pattern"), str):
+            node["pattern"] = optional_groups_counted(node["pattern"])
+        props = node.get("patternProperties")
+        if isinstance(props, dict):
+            node["patternProperties"] = {optional_groups_counted(k): v for k, v in props.items()}
+        for child in _subschemas(node):
+            walk(child, depth + 1)
+
+    if EXACT_FORMATS.keys().isdisjoint(_formats(schema)) and ")?" not in json.dumps(schema):
+        return schema
+    schema = copy.deepcopy(schema)
+    walk(schema, 0)
+    return schema
+
+
+def optional_groups_counted(pattern: str) -> str:
+    """``pattern`` with every greedy ``)?`` (a group made optional) written ``){0,1}``: the
+    same strings, outside character classes and escapes."""
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]" or (out and out[-1] in ("[", "[^"))
+        elif c == "[":
+            in_class = True
+            if pattern[i + 1:i + 2] == "^":
+                out.append("[^")
+                i += 2
+                continue
+        elif c == "?" and out and out[-1] == ")" and pattern[i + 1:i + 2] not in ("?", "+"):
+            out.append("{0,1}")
+            i += 1
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _formats(schema: Any) -> set[str]:
+    found: set[str] = set()
+    stack: list[tuple[Any, int]] = [(schema, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict) and depth <= _MAX_DEPTH:
+            if isinstance(node.get("format"), str):
+                found.add(node["format"])
+            stack.extend((c, depth + 1) for c in _subschemas(node))
+    return found

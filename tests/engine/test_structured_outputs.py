@@ -30,8 +30,39 @@ SCHEMA = {
 }
 REGEX = r"[a-c]{2,4}-[0-9]{3}"
 CHOICES = ["yes", "no", "it depends"]
+# Formats whose xgrammar grammar lets impossible values through (November 31st, leading zeros):
+# each value is checked by Python's own parser of it.
+DATES = {"type": "object", "properties": {
+    "day": {"type": "string", "format": "date"},
+    "at": {"type": "string", "format": "date-time"},
+    "ip": {"type": "string", "format": "ipv4"}}, "required": ["day", "at", "ip"],
+    "additionalProperties": False}
+
+
+def _check_dates(text: str) -> None:
+    import datetime
+    import ipaddress
+
+    value = json.loads(text)
+
+    def python_year(day: str) -> str:  # RFC 3339 has year 0000 (a leap year, as 2000); Python not
+        return "2000" + day[4:] if day.startswith("0000") else day
+
+    datetime.date.fromisoformat(python_year(value["day"]))
+    datetime.datetime.fromisoformat(python_year(value["at"]).replace(":60", ":59"))  # leap second
+    ipaddress.IPv4Address(value["ip"])  # refuses leading zeros
+
+
+# A schema pattern's optional group ending in a repeat: xgrammar once let its head be skipped.
+PATTERNS = {"type": "object", "properties": {
+    "v": {"type": "string", "pattern": "^v(yz+)?Z$"},
+    "n": {"type": "string", "pattern": "^[0-9]{1,3}(\\.[0-9]+)?%$"}},
+    "required": ["v", "n"], "additionalProperties": False}
+
 FORMATS = {
     "json_schema": (dict(json=SCHEMA), lambda t: jsonschema.validate(json.loads(t), SCHEMA)),
+    "dates": (dict(json=DATES), _check_dates),
+    "patterns": (dict(json=PATTERNS), lambda t: jsonschema.validate(json.loads(t), PATTERNS)),
     "json_object": (dict(json_object=True), lambda t: isinstance(json.loads(t), dict) or 1 / 0),
     "regex": (dict(regex=REGEX), lambda t: re.fullmatch(REGEX, t) or 1 / 0),
     "choice": (dict(choice=CHOICES), lambda t: t in CHOICES or 1 / 0),
@@ -431,10 +462,20 @@ def test_output_keys_follow_each_schemas_own_order(llm) -> None:
     {"type": "integer", "minimum": 0, "oneOf": [{"maximum": 5}, {"minimum": 10}]},
     {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True,
      "required": ["a", "b"]},
+    # xgrammar compiles a oneOf as an anyOf: branches that may overlap (an integer is a number;
+    # two objects any of which may lack the other's property; ranges that meet) could both match.
+    {"oneOf": [{"type": "integer"}, {"type": "number"}]},
+    {"oneOf": [{"type": "null"}, {"type": "null"}]},
+    {"oneOf": [{"type": "integer", "maximum": 5}, {"type": "integer", "minimum": 3}]},
+    {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+               {"type": "object", "properties": {"b": {"type": "integer"}}}]},
+    {"oneOf": [{"enum": [1, "x"]}, {"const": 1.0}]},
 ], ids=["uniqueItems", "contains", "pattern+maxLength", "format+maxLength", "multipleOf",
         "unknown-format", "allOf-beside", "allOf-two", "not", "if-then", "empty-anyOf",
         "negative-maxLength", "dependentRequired", "dependencies",
-        "required-undeclared", "anyOf-beside", "oneOf-beside", "required-open-object"])
+        "required-undeclared", "anyOf-beside", "oneOf-beside", "required-open-object",
+        "oneOf-integer-number", "oneOf-twice-null", "oneOf-ranges-meet", "oneOf-open-objects",
+        "oneOf-equal-values"])
 def test_schema_keywords_the_grammar_cannot_enforce_are_refused(llm, schema) -> None:
     """xgrammar compiles these and ignores the keyword (outputs broke it): refused, naming it,
     as vLLM's xgrammar backend refuses them."""
@@ -493,8 +534,36 @@ def test_schema_shapes_the_grammar_follows_are_accepted() -> None:
                                       "properties": {"a": {"type": "integer"}}}]},
         {"oneOf": [{"$ref": "#/$defs/A"}], "discriminator": {"propertyName": "k"},
          "$defs": {"A": {"type": "object", "properties": {"k": {"const": "a"}}}}},
+        # oneOf branches shown disjoint: pydantic's tagged union (a required property with its
+        # own const in each, through $refs), types that never meet, values, integer ranges.
+        {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+         "discriminator": {"propertyName": "kind"},
+         "$defs": {"Cat": {"type": "object", "required": ["kind", "lives"], "properties": {
+             "kind": {"const": "cat", "type": "string"}, "lives": {"type": "integer"}}},
+                   "Dog": {"type": "object", "required": ["kind"], "properties": {
+                       "kind": {"enum": ["dog", "wolf"]}}}}},
+        {"oneOf": [{"type": "string"}, {"type": ["integer", "null"]}, {"type": "boolean"}]},
+        {"oneOf": [{"enum": [1, 2]}, {"const": 3}, {"type": "string"}]},
+        {"oneOf": [{"type": "integer", "maximum": 2}, {"type": "integer", "exclusiveMinimum": 2}]},
     ):
         assert unenforced_keyword(schema) is None, schema
+
+
+@pytest.mark.parametrize("pattern", [r"^x(yz+)?Z$", r"((a)?b+)?c", r"[)?](d)?", r"\)?(e+)?",
+                                     r"(?:f[0-9]*)?g", r"[^)]?(h)??i"])
+def test_counted_optional_groups_match_what_the_pattern_matches(pattern: str) -> None:
+    """The rewrite of optional groups changes no match: Python's re agrees on every string
+    over the patterns' alphabet up to four characters."""
+    import itertools
+
+    from cadence.worker.schema_features import optional_groups_counted
+
+    counted = optional_groups_counted(pattern)
+    alphabet = "xyzZabcdefghi)?0"
+    for n in range(5):
+        for chars in itertools.product(alphabet, repeat=n):
+            text = "".join(chars)
+            assert bool(re.fullmatch(pattern, text)) == bool(re.fullmatch(counted, text)), text
 
 
 def test_a_lark_grammar_is_read_as_lark(llm) -> None:
@@ -509,3 +578,38 @@ def test_a_lark_grammar_is_read_as_lark(llm) -> None:
         for o in outs:
             if o.outputs[0].finish_reason == "stop":
                 assert re.fullmatch(pattern, o.outputs[0].text), o.outputs[0].text
+
+
+def test_date_and_ipv4_grammars_take_exactly_the_valid_values() -> None:
+    """The compiled schema accepts a date exactly when the calendar has it (leap years by the
+    400-year rule) and an IPv4 address exactly when Python's ipaddress takes it."""
+    import datetime
+    import ipaddress
+
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    from cadence.worker.grammar_compiler import grammar_of
+
+    def grammar(fmt: str):
+        return grammar_of(StructuredOutputsParams(json={"type": "string", "format": fmt}))
+
+    day, moment, ip = grammar("date"), grammar("date-time"), grammar("ipv4")
+    for year in (1900, 2000, 2023, 2024):
+        for month in range(1, 13):
+            for d in range(0, 33):
+                text = f"{year:04d}-{month:02d}-{d:02d}"
+                try:
+                    datetime.date(year, month, d)
+                    valid = True
+                except ValueError:
+                    valid = False
+                assert accepts(day, json.dumps(text)) == valid, text
+                assert accepts(moment, json.dumps(text + "T12:30:00Z")) == valid, text
+    for text in ("0.0.0.0", "255.255.255.255", "1.2.3.4", "01.2.3.4", "256.1.1.1", "1.2.3",
+                 "1.2.3.04", "10.0.0.255", "1x2.3.4"):
+        try:
+            ipaddress.IPv4Address(text)
+            valid = True
+        except ValueError:
+            valid = False
+        assert accepts(ip, json.dumps(text)) == valid, text
