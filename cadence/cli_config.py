@@ -2,7 +2,8 @@
 
 A config file is a YAML mapping of long option names (``max-model-len``, ``max_model_len`` or
 ``--max-model-len``) to values. Its options go in front of the command line's, so that a flag
-given on the command line wins (as in vLLM). ``true`` gives a switch, ``false`` its ``--no-``
+given on the command line wins (as in vLLM); a repeatable flag given there replaces the file's
+list. ``true`` gives a switch, ``false`` its ``--no-``
 form where there is one; a list gives a repeatable flag once per item, a flag that takes several
 values (``served-model-name``) its items, or a JSON list where the flag takes one
 (``allowed-origins``); ``null`` leaves the default. Every key and value is checked here, so that a
@@ -61,7 +62,11 @@ def expand_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[
     if len(paths) > 1:
         raise ValueError(f"{_CONFIG} given {len(paths)} times; give one file.")
     first = next((i for i, a in enumerate(args) if a.startswith("-") and a != "-"), len(args))
-    return [*args[:first], *_file_args(parser, paths[0]), *args[first:]]
+    actions = parser._option_string_actions  # argparse has no public lookup
+    # A repeatable flag on the command line replaces the file's list instead of adding to it.
+    given = {id(actions[name]) for a in args[first:]
+             if (name := a.partition("=")[0]) in actions}
+    return [*args[:first], *_file_args(parser, paths[0], given), *args[first:]]
 
 
 def _normalized(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
@@ -84,7 +89,7 @@ def _normalized(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[st
     return out
 
 
-def _file_args(parser: argparse.ArgumentParser, path: str) -> list[str]:
+def _file_args(parser: argparse.ArgumentParser, path: str, given: set[int]) -> list[str]:
     import yaml
 
     where = f"{_CONFIG} {path}"
@@ -114,6 +119,8 @@ def _file_args(parser: argparse.ArgumentParser, path: str) -> list[str]:
         action = actions.get(option)
         if action is None or option in (_CONFIG, "--help") or not action.option_strings:
             raise ValueError(f"{where}: unknown option {key!r} (not a flag of {parser.prog}).")
+        if isinstance(action, argparse._AppendAction) and id(action) in given:
+            continue
         if value is not None:
             out += _option_args(actions, action, option, value, f"{where}: {key}")
     return out

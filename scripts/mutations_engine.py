@@ -249,4 +249,10 @@ MUTATIONS = [
              "cadence/outputs.py", "                out.token_ids += self.token_ids[s:e]\n",
              "                out.token_ids += self.token_ids[s:e - 1]\n",
              ("tests/test_outputs.py", "tests/engine/test_flat_logprobs.py")),
+    Mutation("bench-serve-shared-prompts", "every level of bench serve sends the same prompts",
+             "cadence/bench/serve.py", 'f"{args.seed}:{index}:measured")',
+             'f"{args.seed}:0:measured")', ("tests/bench/test_bench_args.py",)),
+    Mutation("bench-tp-warm-timed", "bench throughput warms up on prompts it then times",
+             "cadence/bench/throughput.py", "core.vocab_size, seed=1)", "core.vocab_size, seed=0)",
+             ("tests/bench/test_bench_args.py",)),
 ]

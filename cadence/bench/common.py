@@ -96,3 +96,26 @@ def median(xs: Iterable[float]) -> float:
     """The median, NaN for no values (a generator is taken whole first)."""
     values = list(xs)
     return statistics.median(values) if values else float("nan")
+
+
+def fit_context(args, needed: int, what: str) -> str | None:
+    """Give ``args`` (EngineArgs) a context of ``needed`` tokens (a little more where the model
+    has it) unless ``--max-model-len`` was given; the reason it cannot be (for the parser's
+    one-line error) or None. ``what`` names the flags that ask for ``needed``."""
+    if args.max_model_len is not None:
+        if args.max_model_len < needed:
+            return (f"--max-model-len {args.max_model_len} is below {what} ({needed}): a timed "
+                    "request would not fit")
+        return None
+    limit = model_context(args)
+    if needed > limit:
+        return f"{what} ({needed}) is more than the model's context ({limit} tokens)"
+    args.max_model_len = min(needed + 16, limit)
+    return None
+
+
+def model_context(args) -> int:
+    """The model's own context length (its config; nothing is loaded)."""
+    from cadence.model.registry import resolve_model
+
+    return resolve_model(args.model, None, args.tokenizer, args.generation_config).max_model_len

@@ -8,6 +8,7 @@ import time
 from cadence.bench.common import (
     Record,
     device_name,
+    fit_context,
     git_commit,
     kv_bytes_per_token,
     median,
@@ -92,10 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--max-num-seqs {ns.max_num_seqs} is below the largest batch size "
                      f"{max(batches)}: each decode step timed runs the whole batch")
     args = EngineArgs.from_cli_args(ns)
-    if args.max_model_len is not None and args.max_model_len < ns.input_len + ns.output_len:
-        parser.error(f"--max-model-len {args.max_model_len} is below --input-len + --output-len "
-                     f"({ns.input_len + ns.output_len}): a timed request would not fit")
-    args.max_model_len = args.max_model_len or ns.input_len + ns.output_len + 16
+    problem = fit_context(args, ns.input_len + ns.output_len, "--input-len + --output-len")
+    if problem is not None:
+        parser.error(problem)
     args.max_num_batched_tokens = args.max_num_batched_tokens or max(
         8192, max(batches) * ns.input_len)
     args.skip_tokenizer_init = True

@@ -155,12 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
     figures = run(ns)
     mode = "async" if ns.async_scheduling else "sync"
-    print(
-        f"schedule()+update_from_output(), {ns.num_requests} running decode requests ({mode}, "
-        f"{ns.policy}): median {figures['median_ms']:.3f} ms, p90 {figures['p90_ms']:.3f} ms "
-        f"(schedule {figures['schedule_median_ms']:.3f} ms, "
-        f"update {figures['update_median_ms']:.3f} ms)"
-    )
+    if not ns.json:  # --json: the record's line alone
+        print(
+            f"schedule()+update_from_output(), {ns.num_requests} running decode requests "
+            f"({mode}, {ns.policy}): median {figures['median_ms']:.3f} ms, p90 "
+            f"{figures['p90_ms']:.3f} ms (schedule {figures['schedule_median_ms']:.3f} ms, "
+            f"update {figures['update_median_ms']:.3f} ms)"
+        )
     record = Record(
         bench="scheduler",
         model="none (fake runner output)",

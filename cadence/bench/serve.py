@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import math
@@ -31,7 +32,7 @@ from cadence.cli_types import int_at_least
 PERCENTILES = (50, 90, 99)
 
 
-def make_prompts(kind: str, num: int, input_len: int, seed: int) -> list[Any]:
+def make_prompts(kind: str, num: int, input_len: int, seed: int | str) -> list[Any]:
     """Prompts of exactly ``input_len`` tokens (token-id prompts) or ~that many words."""
     rng = random.Random(seed)
     if kind == "tokens":
@@ -160,13 +161,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     commit, date = git_commit(), now()
     reports = []
-    for rate in rates:
-        for level in levels:
-            report = _run_one_level(args, rate, level)
-            report.update(commit=commit, date=date)
-            reports.append(report)
-            if args.json:
-                print(json.dumps(report), flush=True)
+    for index, (rate, level) in enumerate(itertools.product(rates, levels)):
+        report = _run_one_level(args, rate, level, index)
+        report.update(commit=commit, date=date)
+        reports.append(report)
+        if args.json:
+            print(json.dumps(report), flush=True)
     if not args.json:
         print(f"bench serve · {args.model} · {args.base_url} · commit {commit} · {date}")
         print(table([_row(r) for r in reports]), flush=True)
@@ -225,12 +225,16 @@ def parse_rates(spec: str) -> list[float]:
     return rates
 
 
-def _run_one_level(args: argparse.Namespace, rate: float, level: int | None) -> dict:
-    salt = level or 0
-    prompts = make_prompts(args.prompt_kind, args.num_prompts, args.input_len, args.seed + salt)
+def _run_one_level(args: argparse.Namespace, rate: float, level: int | None,
+                   index: int = 0) -> dict:
+    """Run ``index`` of the sweep: its own prompts, and warm-up prompts of its own, so that no
+    measured request finds its prompt in the server's prefix cache."""
+    prompts = make_prompts(args.prompt_kind, args.num_prompts, args.input_len,
+                           f"{args.seed}:{index}:measured")
     if args.warmup:
         n = min(level or args.warmup, args.warmup, len(prompts))
-        run_level(args, n, prompts[:n])
+        run_level(args, n, make_prompts(args.prompt_kind, n, args.input_len,
+                                        f"{args.seed}:{index}:warm-up"))
     report = run_level(args, level, prompts, rate)
     report.update(
         model=args.model,
@@ -324,7 +328,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         plot_latency(reports, args.plot)
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"reports": reports, "args": _plain(vars(args))}, f, indent=2)
+            # The key stays out of a file that is shared with the figures.
+            saved = {**vars(args), "api_key": "<set>" if args.api_key else None}
+            json.dump({"reports": reports, "args": _plain(saved)}, f, indent=2)
     failed = sum(r["failed"] for r in reports)
     if failed:
         reasons = sorted({e for r in reports for e in r.get("errors", [])})

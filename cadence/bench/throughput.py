@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import time
 
-from cadence.bench.common import Record, device_name, git_commit, now, random_prompts
+from cadence.bench.common import (
+    Record,
+    device_name,
+    fit_context,
+    git_commit,
+    now,
+    random_prompts,
+)
 from cadence.bench.report import add_report_args, emit
 from cadence.cli_types import int_at_least
 
@@ -24,13 +31,18 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     args = EngineArgs.from_cli_args(ns)
     args.skip_tokenizer_init = True
-    args.max_model_len = args.max_model_len or ns.input_len + ns.output_len + 16
+    problem = fit_context(args, ns.input_len + ns.output_len, "--input-len + --output-len")
+    if problem is not None:
+        p.error(problem)
     llm = LLM(**vars(args))
     core = llm.engine_core
     prompts = [{"prompt_token_ids": t}
                for t in random_prompts(ns.num_prompts, ns.input_len, core.vocab_size)]
     params = SamplingParams(temperature=0.0, max_tokens=ns.output_len, ignore_eos=True)
-    llm.generate(prompts[: min(4, len(prompts))], SamplingParams(max_tokens=4), use_tqdm=False)
+    # The warm-up's prompts are others (seed 1): no timed prompt finds its blocks cached.
+    warm = random_prompts(min(4, ns.num_prompts), ns.input_len, core.vocab_size, seed=1)
+    llm.generate([{"prompt_token_ids": t} for t in warm], SamplingParams(max_tokens=4),
+                 use_tqdm=False)
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=not (ns.no_progress or ns.json))
     elapsed = time.perf_counter() - start

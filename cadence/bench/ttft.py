@@ -15,8 +15,10 @@ import time
 from cadence.bench.common import (
     Record,
     device_name,
+    fit_context,
     git_commit,
     median,
+    model_context,
     now,
     random_prompts,
     weight_bytes,
@@ -30,6 +32,7 @@ from cadence.bench.report import (
 )
 from cadence.cli_types import int_at_least, int_list_at_least
 
+DEFAULT_LENS = (16, 128, 1024, 4096)
 # Dense bf16 tensor-core throughput measured on one H200 (matrix work), FLOP/s.
 H200_BF16_FLOPS = 790e12
 
@@ -39,7 +42,9 @@ def _parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="cadence bench ttft")
     EngineArgs.add_cli_args(p)
-    p.add_argument("--input-lens", type=int_list_at_least(1), default=[16, 128, 1024, 4096])
+    p.add_argument("--input-lens", type=int_list_at_least(1), default=None,
+                   help=f"prompt lengths (default: {','.join(map(str, DEFAULT_LENS))}, those the "
+                   "model's context holds)")
     p.add_argument("--repeats", type=int_at_least(1), default=10)
     p.add_argument("--flops", type=positive_float, default=None,
                    help="matmul FLOP/s for the floor (default: the measured H200 bf16 figure "
@@ -98,11 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     from cadence.engine.core import EngineCore
     from cadence.engine.engine_args import EngineArgs
 
-    ns = _parser().parse_args(argv)
-    lens = ns.input_lens
+    parser = _parser()
+    ns = parser.parse_args(argv)
     args = EngineArgs.from_cli_args(ns)
+    lens = ns.input_lens
+    if lens is None:  # the defaults the model's context holds (a prompt and its one token)
+        limit = args.max_model_len or model_context(args)
+        lens = [n for n in DEFAULT_LENS if n + 1 <= limit] or [limit - 1]
+    problem = fit_context(args, max(lens) + 1, "the longest --input-lens and its token")
+    if problem is not None:
+        parser.error(problem)
     args.max_num_seqs = min(args.max_num_seqs, 8)
-    args.max_model_len = args.max_model_len or max(lens) + 16
     args.max_num_batched_tokens = args.max_num_batched_tokens or max(8192, max(lens))
     args.skip_tokenizer_init = True
     start = time.perf_counter()

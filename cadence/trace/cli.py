@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -75,6 +76,18 @@ def _run(ns: argparse.Namespace, trace_path: Path | None) -> dict[str, Any]:
     return trace_load(EngineArgs.from_cli_args(ns), load, trace_path, profiler)
 
 
+def _writable(flag: str, path: Path) -> None:
+    """A file the report writes, checked (its folder made) before the run, not after it."""
+    if path.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} is a directory; give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{flag} {str(path)!r}: {exc.strerror or exc}") from None
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise ValueError(f"{flag} {str(path)!r}: cannot write there")
+
+
 def report(ns: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     """Run (or read) the trace, write the report files and return the figures."""
     # Every check that needs no trace comes before the run (which may take minutes).
@@ -90,6 +103,10 @@ def report(ns: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             raise ValueError(f"--compare {ns.compare}: {exc}") from None
     if ns.from_trace and not Path(ns.from_trace).is_file():
         raise ValueError(f"--from-trace: no file {ns.from_trace!r}")
+    for flag, path in (("--out", ns.out), ("--json-out", ns.json_out),
+                       ("--trace-out", None if ns.from_trace else ns.trace_out)):
+        if path is not None:
+            _writable(flag, Path(path))
     out = Path(ns.out)
     run: dict[str, Any] = {}
     if ns.from_trace:

@@ -145,3 +145,75 @@ def test_a_burstiness_past_what_the_gamma_draws_take_is_refused() -> None:
     assert bounded_burstiness("1e6") == 1e6
     offsets = arrival_offsets(3, 1.0, 0, 1e6)  # the largest: returns, nearly evenly spaced
     assert offsets == sorted(offsets) and abs(offsets[1] - 1.0) < 0.05
+
+
+def test_ttft_defaults_run_the_lengths_the_models_context_holds(capsys) -> None:
+    """The tiny model's context is 2,048 tokens: the default lengths past it are left out; one
+    asked for by name is a usage error naming --input-lens."""
+    import json
+
+    assert ttft.main(["--model", "tiny", "--repeats", "1", "--json", "--no-progress"]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["figures"]["rows"]
+    assert [r["input_len"] for r in rows] == [16, 128, 1024]
+    with pytest.raises(SystemExit) as info:
+        ttft.main(["--model", "tiny", "--input-lens", "2048"])
+    assert info.value.code == 2
+    assert "--input-lens" in capsys.readouterr().err
+
+
+def test_throughput_refuses_a_context_that_would_cut_the_outputs(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        throughput.main(["--model", "tiny", "--num-prompts", "2", "--input-len", "16",
+                         "--output-len", "16", "--max-model-len", "20"])
+    assert info.value.code == 2
+    assert "--max-model-len 20 is below --input-len + --output-len (32)" in (
+        capsys.readouterr().err)
+
+
+def test_throughput_warms_up_on_prompts_it_does_not_time(monkeypatch, capsys) -> None:
+    from cadence.engine.llm import LLM
+
+    seen: list[list[tuple[int, ...]]] = []
+    generate = LLM.generate
+
+    def recording(self, prompts, *args, **kwargs):
+        seen.append([tuple(p["prompt_token_ids"]) for p in prompts])
+        return generate(self, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(LLM, "generate", recording)
+    assert throughput.main(["--model", "tiny", "--num-prompts", "6", "--input-len", "32",
+                            "--output-len", "2", "--json"]) == 0
+    warm, timed = seen
+    assert len(timed) == 6 and not set(warm) & set(timed)
+
+
+def test_scheduler_json_prints_the_record_alone(capsys) -> None:
+    import json
+
+    assert scheduler.main(["--repeats", "1", "--steps", "5", "--warmup", "1", "--json"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["bench"] == "scheduler"
+
+
+def test_serve_sends_every_level_and_warm_up_prompts_of_its_own(monkeypatch, tmp_path) -> None:
+    """No measured request may find its prompt in the server's prefix cache: every rate,
+    every concurrency level and every warm-up has its own prompts; the saved arguments hold
+    no API key."""
+    import json
+
+    sent: list[list[tuple]] = []
+
+    def fake_level(args, concurrency, prompts, request_rate=math.inf):
+        sent.append([tuple(p) for p in prompts])
+        return serve.summarize([], 1.0, concurrency, request_rate)
+
+    monkeypatch.setattr(serve, "run_level", fake_level)
+    out = tmp_path / "r.json"
+    code = serve.main(["--model", "m", "--request-rate", "5,10", "--concurrency", "2,2",
+                       "--num-prompts", "3", "--input-len", "8", "--warmup", "2",
+                       "--api-key", "topsecret", "--json-out", str(out), "--json"])
+    assert code == 0 and len(sent) == 8  # 2 rates x 2 levels, each warm-up and measured
+    prompts = [p for batch in sent for p in batch]
+    assert len(set(prompts)) == len(prompts)
+    saved = out.read_text()
+    assert "topsecret" not in saved and json.loads(saved)["args"]["api_key"] == "<set>"

@@ -149,6 +149,26 @@ def test_config_file_is_overridden_by_the_command_line(tmp_path: Path) -> None:
 
 
 
+def test_a_repeated_flag_on_the_command_line_replaces_the_files_list(tmp_path: Path) -> None:
+    """generate's --prompt (given once per prompt): the command line's prompts, not the file's
+    and the command line's together (its help: flags on the command line override them)."""
+    import argparse
+
+    from cadence.cli_config import expand_config
+
+    cfg = tmp_path / "g.yaml"
+    cfg.write_text("prompt: [alpha, beta]\nstop: [x]\n")
+    p = argparse.ArgumentParser()
+    p.add_argument("--config")
+    p.add_argument("--prompt", action="append")
+    p.add_argument("--stop", action="append")
+    ns = p.parse_args(expand_config(p, ["--config", str(cfg), "--prompt", "gamma"]))
+    assert ns.prompt == ["gamma"] and ns.stop == ["x"]
+    ns = p.parse_args(expand_config(p, ["--config", str(cfg)]))
+    assert ns.prompt == ["alpha", "beta"]
+
+
+
 @pytest.mark.parametrize("flag", ["--conf", "--confi", "--con"])
 def test_an_abbreviated_config_flag_reads_its_file(tmp_path: Path, flag: str) -> None:
     """argparse takes a unique prefix of --config for it: its file is read, not silently

@@ -155,6 +155,11 @@ def test_report_renders_in_headless_chromium(decode_report, tmp_path) -> None:
     (["--bandwidth", "-1"], "--bandwidth"),
     (["--bandwidth", "nan"], "--bandwidth"),
     (["--from-trace", "/nonexistent/t.json"], "--from-trace"),
+    # Files the report writes: a directory, or a folder where none can be made.
+    (["--json-out", "{tmp}"], "--json-out"),
+    (["--json-out", "/proc/no/a.json"], "--json-out"),
+    (["--trace-out", "{tmp}"], "--trace-out"),
+    (["--out", "{tmp}"], "--out"),
 ])
 def test_bad_options_are_refused_before_the_run(tmp_path, monkeypatch, capsys, extra,
                                                 needle) -> None:
@@ -165,6 +170,7 @@ def test_bad_options_are_refused_before_the_run(tmp_path, monkeypatch, capsys, e
         raise AssertionError("the engine ran before the options were checked")
 
     monkeypatch.setattr(trace_cli, "_run", never)
+    extra = [a.replace("{tmp}", str(tmp_path)) for a in extra]
     with pytest.raises(SystemExit) as exit_info:
         cadence_main(["trace", *TINY, "--out", str(tmp_path / "r.html"), *extra])
     assert exit_info.value.code == 2
