@@ -15,9 +15,10 @@ A token costs one step per place it occurred among the last M tokens.
 
 from __future__ import annotations
 
-import numbers
 from collections import deque
 from dataclasses import dataclass
+
+from cadence.field_checks import is_int
 
 __all__ = ["MAX_PATTERN_SIZE", "MAX_MIN_COUNT", "RepetitionDetectionParams", "RepetitionTracker"]
 
@@ -25,10 +26,6 @@ __all__ = ["MAX_PATTERN_SIZE", "MAX_MIN_COUNT", "RepetitionDetectionParams", "Re
 # request is refused, so that a client knows its check is not done).
 MAX_PATTERN_SIZE = 1024
 MAX_MIN_COUNT = 1024
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 @dataclass
@@ -44,7 +41,7 @@ class RepetitionDetectionParams:
     def __post_init__(self) -> None:
         for name in ("max_pattern_size", "min_pattern_size", "min_count"):
             value = getattr(self, name)
-            if not _is_int(value):
+            if not is_int(value):
                 raise ValueError(f"repetition_detection: {name} must be an integer, got "
                                  f"{value!r}.")
             setattr(self, name, int(value))

@@ -5,11 +5,19 @@ from __future__ import annotations
 import copy
 import enum
 import math
-import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cadence.field_checks import (
+    INT64_MAX,
+    INT64_MIN,
+    as_list,
+    first_bad_id,
+    is_int,
+    is_real,
+    unique,
+)
 from cadence.repetition import RepetitionDetectionParams
 from cadence.structured_outputs_params import StructuredOutputsParams
 
@@ -92,18 +100,18 @@ class SamplingParams:
         elif isinstance(self.stop, str):
             self.stop = [self.stop]
         else:
-            self.stop = _as_list("stop", self.stop, what="a string or a list of strings")
-        self.stop_token_ids = _as_list("stop_token_ids", self.stop_token_ids or [])
+            self.stop = as_list("stop", self.stop, what="a string or a list of strings")
+        self.stop_token_ids = as_list("stop_token_ids", self.stop_token_ids or [])
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, Mapping):
                 raise ValueError("logit_bias must be a mapping of token ids to biases, got "
                                  f"{type(self.logit_bias).__name__}.")
             self.logit_bias = dict(self.logit_bias)
         if self.allowed_token_ids is not None:
-            self.allowed_token_ids = _as_list("allowed_token_ids", self.allowed_token_ids)
+            self.allowed_token_ids = as_list("allowed_token_ids", self.allowed_token_ids)
         if self.logprob_token_ids is not None:  # vLLM: an empty list asks for nothing
-            self.logprob_token_ids = _as_list("logprob_token_ids", self.logprob_token_ids) or None
-        self.bad_words = _as_list("bad_words", self.bad_words or [], strings_ok=True)
+            self.logprob_token_ids = as_list("logprob_token_ids", self.logprob_token_ids) or None
+        self.bad_words = as_list("bad_words", self.bad_words or [], strings_ok=True)
         if isinstance(self.structured_outputs, dict):
             try:
                 self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
@@ -124,16 +132,16 @@ class SamplingParams:
         elif self.repetition_detection is not None:
             raise ValueError("repetition_detection must be a RepetitionDetectionParams or a dict "
                              f"of its fields, got {type(self.repetition_detection).__name__}.")
-        if _is_int(self.thinking_token_budget) and self.thinking_token_budget == -1:
+        if is_int(self.thinking_token_budget) and self.thinking_token_budget == -1:
             self.thinking_token_budget = None  # vLLM: -1 is no limit
         if self.thinking_tags is not None:
             tags = tuple(self.thinking_tags)
-            if len(tags) != 2 or not all(_is_int(t) and t >= 0 for t in tags) or (
+            if len(tags) != 2 or not all(is_int(t) and t >= 0 for t in tags) or (
                     tags[0] == tags[1]):
                 raise ValueError("thinking_tags must be two distinct token ids (start, end), got "
                                  f"{self.thinking_tags!r}.")
             self.thinking_tags = (int(tags[0]), int(tags[1]))
-        if _is_int(self.seed) and self.seed == -1:
+        if is_int(self.seed) and self.seed == -1:
             self.seed = None  # vLLM: -1 asks for no fixed seed
         for name in ("logprobs", "prompt_logprobs"):
             flag = getattr(self, name)
@@ -142,8 +150,8 @@ class SamplingParams:
         self._verify()
         # vLLM: repeated stop ids and bad words count once (first occurrences, in order);
         # after the checks, so that every given item was checked.
-        self.stop_token_ids = _unique(self.stop_token_ids)
-        self.bad_words = _unique(self.bad_words)
+        self.stop_token_ids = unique(self.stop_token_ids)
+        self.bad_words = unique(self.bad_words)
         # numpy's integers pass the checks as numbers.Integral but overflow where the engine
         # mixes a seed into 64-bit arithmetic: every integer field becomes a Python int.
         for name in _INT_FIELDS:
@@ -167,30 +175,30 @@ class SamplingParams:
             self.skip_reading_prefix_cache = self.prompt_logprobs is not None
 
     def _verify(self) -> None:
-        if not _is_int(self.n):
+        if not is_int(self.n):
             raise ValueError(f"n must be an int, got {self.n!r}.")
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}.")
         if self.n > MAX_N_SEQUENCES:
             raise ValueError(f"n must be at most {MAX_N_SEQUENCES}, got {self.n}.")
-        if _is_real(self.temperature) and not math.isfinite(self.temperature):
+        if is_real(self.temperature) and not math.isfinite(self.temperature):
             raise ValueError(f"temperature must be a finite number, got {self.temperature!r}.")
-        if not _is_real(self.temperature) or not self.temperature >= 0.0:
+        if not is_real(self.temperature) or not self.temperature >= 0.0:
             raise ValueError(f"temperature must be non-negative, got {self.temperature!r}.")
         if self.temperature > MAX_TEMPERATURE:  # OpenAI's and vLLM's bound
             raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], "
                              f"got {self.temperature!r}.")
-        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+        if not is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}.")
-        if not _is_int(self.top_k) or self.top_k < -1:
+        if not is_int(self.top_k) or self.top_k < -1:
             raise ValueError(
                 f"top_k must be 0 (disable), or at least 1, got {self.top_k!r}."
             )
-        if self.seed is not None and not (_is_int(self.seed) and INT64_MIN <= self.seed <= INT64_MAX):
+        if self.seed is not None and not (is_int(self.seed) and INT64_MIN <= self.seed <= INT64_MAX):
             raise ValueError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}.")
-        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+        if self.max_tokens is not None and (not is_int(self.max_tokens) or self.max_tokens < 1):
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens!r}.")
-        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+        if not is_int(self.min_tokens) or self.min_tokens < 0:
             raise ValueError(
                 f"min_tokens must be greater than or equal to 0, got {self.min_tokens!r}."
             )
@@ -210,7 +218,7 @@ class SamplingParams:
             raise ValueError("stop strings are only supported when detokenize is True.")
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise ValueError(f"extra_args must be a dict, got {type(self.extra_args).__name__}.")
-        if self.stream_interval is not None and (not _is_int(self.stream_interval)
+        if self.stream_interval is not None and (not is_int(self.stream_interval)
                                                  or self.stream_interval < 1):
             raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval!r}.")
         if self.skip_reading_prefix_cache is not None and not isinstance(
@@ -218,19 +226,19 @@ class SamplingParams:
             raise ValueError("skip_reading_prefix_cache must be a boolean or None, got "
                              f"{self.skip_reading_prefix_cache!r}.")
         budget = self.thinking_token_budget
-        if budget is not None and (not _is_int(budget) or not 0 <= budget <= INT64_MAX):
+        if budget is not None and (not is_int(budget) or not 0 <= budget <= INT64_MAX):
             raise ValueError("thinking_token_budget must be a non-negative integer or -1 (no "
                              f"limit), got {budget!r}.")
         k = self.truncate_prompt_tokens
-        if k is not None and (not _is_int(k) or k == 0 or k < -1):
+        if k is not None and (not is_int(k) or k == 0 or k < -1):
             raise ValueError(f"truncate_prompt_tokens must be an integer >= 1 or -1, got {k!r}.")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < -1):
+            if value is not None and (not is_int(value) or value < -1):
                 raise ValueError(f"{name} must be non-negative or -1 (all), got {value!r}.")
         ids = self.logprob_token_ids
         if ids is not None:
-            bad = _first_bad_id(ids)
+            bad = first_bad_id(ids)
             if bad is not None:
                 raise ValueError(f"logprob_token_ids must be token ids, got {bad!r}.")
             if len(ids) > MAX_LOGPROB_TOKEN_IDS:
@@ -244,35 +252,35 @@ class SamplingParams:
             raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}.")
         if any(not s for s in self.stop):
             raise ValueError("stop cannot contain an empty string.")
-        bad = _first_bad_id(self.stop_token_ids)
+        bad = first_bad_id(self.stop_token_ids)
         if bad is not None:
             raise ValueError(f"stop_token_ids must be non-negative 64-bit integers, got {bad!r}.")
 
     def _verify_logits_processors(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
-            if not _is_real(value) or not -2.0 <= value <= 2.0:
+            if not is_real(value) or not -2.0 <= value <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {value!r}.")
         rp = self.repetition_penalty
         # Applied to float32 logits: past these bounds the penalty (or a logit scaled by it)
         # underflows to 0 or overflows to inf.
-        if not _is_real(rp) or not REPETITION_PENALTY_MIN <= rp <= REPETITION_PENALTY_MAX:
+        if not is_real(rp) or not REPETITION_PENALTY_MIN <= rp <= REPETITION_PENALTY_MAX:
             raise ValueError(f"repetition_penalty must be in [{REPETITION_PENALTY_MIN:g}, "
                              f"{REPETITION_PENALTY_MAX:g}] (greater than zero), got {rp!r}.")
-        if not _is_real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+        if not is_real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}.")
         if self.logit_bias is not None:
             for tok, bias in self.logit_bias.items():
-                if not _is_int(tok) or not 0 <= tok <= INT64_MAX:
+                if not is_int(tok) or not 0 <= tok <= INT64_MAX:
                     raise ValueError(f"logit_bias keys must be token ids, got {tok!r}.")
                 # float32 logits: a bias past the bound becomes inf, and its row NaN.
-                if not _is_real(bias) or not -LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX:
+                if not is_real(bias) or not -LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX:
                     raise ValueError(f"logit_bias values must be in [-{LOGIT_BIAS_MAX:g}, "
                                      f"{LOGIT_BIAS_MAX:g}], got {bias!r}.")
         if self.allowed_token_ids is not None:
             if not self.allowed_token_ids:
                 raise ValueError("allowed_token_ids must not be empty.")
-            bad = _first_bad_id(self.allowed_token_ids)
+            bad = first_bad_id(self.allowed_token_ids)
             if bad is not None:
                 raise ValueError(f"allowed_token_ids must be token ids, got {bad!r}.")
         if self.bad_words is not None and any(
@@ -351,41 +359,6 @@ MAX_TEMPERATURE = 2.0
 MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's bound on logprob_token_ids
 # Smallest non-greedy temperature; smaller ones are raised to it (vLLM's ``_MAX_TEMP``).
 MIN_TEMPERATURE = 1e-2
-INT64_MIN = -(1 << 63)
-INT64_MAX = (1 << 63) - 1
-
-
-def _as_list(name: str, value: object, strings_ok: bool = False, what: str = "a list") -> list:
-    """``value`` as a list, or a ValueError naming the field (``strings_ok``: a string is a
-    list of its characters, as vLLM takes bad_words)."""
-    if (not isinstance(value, Iterable) or isinstance(value, (bytes, Mapping))
-            or (isinstance(value, str) and not strings_ok)):
-        raise ValueError(f"{name} must be {what}, got {type(value).__name__}.")
-    return list(value)
-
-
-def _unique(items: list) -> list:
-    """``items`` (checked: hashable) with repeats dropped, first occurrences in order (vLLM's
-    ``dict.fromkeys``)."""
-    return list(dict.fromkeys(items))
-
-
-def _first_bad_id(ids: list[Any]) -> object | None:
-    """The first item of ``ids`` that is not a token id (an integer in [0, 2**63)), or None.
-    Lists of plain ints (a request's millions of ids) are checked at C speed."""
-    if all(type(t) is int for t in ids):
-        if ids and (min(ids) < 0 or max(ids) > INT64_MAX):
-            return next(t for t in ids if not 0 <= t <= INT64_MAX)
-        return None
-    return next((t for t in ids if not _is_int(t) or not 0 <= t <= INT64_MAX), None)
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _is_real(x: object) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -404,7 +377,7 @@ class BeamSearchParams:
     def __post_init__(self) -> None:
         for name in ("beam_width", "max_tokens"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be an integer of at least 1, got {value!r}.")
             object.__setattr__(self, name, int(value))
         for name in ("ignore_eos", "include_stop_str_in_output"):
@@ -412,7 +385,7 @@ class BeamSearchParams:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
         for name in ("temperature", "length_penalty"):
             value = getattr(self, name)
-            if not _is_real(value) or not math.isfinite(value):
+            if not is_real(value) or not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value!r}.")
             object.__setattr__(self, name, float(value))
         if self.temperature < 0:

@@ -1437,7 +1437,7 @@ MUTATIONS = [
              "            early = (True and (q_weight", ("tests/model/test_split_k.py",)),
     Mutation("stop-ids-repeat", "repeated stop_token_ids are kept",
              "cadence/sampling_params.py",
-             "        self.stop_token_ids = _unique(self.stop_token_ids)\n", "",
+             "        self.stop_token_ids = unique(self.stop_token_ids)\n", "",
              ("tests/test_sampling_params.py",)),
     Mutation("logprobs-false-none", "logprobs=False asks for none (vLLM: 0)",
              "cadence/sampling_params.py", "setattr(self, name, int(flag))",
