@@ -111,4 +111,9 @@ MUTATIONS = [
              "if self.logprob_token_ids and self.logprobs is None:",
              "if self.logprob_token_ids and self.logprobs is None and False:",
              ("tests/server/test_logprob_token_ids.py",)),
+    Mutation("resp-cached-hidden", "/v1/responses shows 0 cached tokens unless the flag is on",
+             "cadence/server/serving_responses.py",
+             "        events.end(cs.prompt_tokens, cs.completion_tokens,\n                   cs.cached_tokens,",
+             "        events.end(cs.prompt_tokens, cs.completion_tokens,\n                   None,",
+             (_RESP,)),
 ]

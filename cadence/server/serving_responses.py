@@ -252,7 +252,7 @@ class OpenAIServingResponses:
             with _named_as_responses(request):
                 raise stream_error(cs.stream.error, request.chat.grammar_param)
         events.end(cs.prompt_tokens, cs.completion_tokens,
-                   self.chat.shown_cached_tokens(cs.cached_tokens), self._count_tokens)
+                   cs.cached_tokens, self._count_tokens)
         return ResponseBody(**events.final)
 
     async def start(self, request: ResponsesRequest, engine_id: str,
@@ -279,7 +279,7 @@ class OpenAIServingResponses:
                 yield events.error(cs.stream.error)
             else:
                 yield events.end(cs.prompt_tokens, cs.completion_tokens,
-                                 self.chat.shown_cached_tokens(cs.cached_tokens),
+                                 cs.cached_tokens,
                                  self._count_tokens)
         except Exception as exc:
             yield events.error(exc)

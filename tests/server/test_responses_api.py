@@ -57,6 +57,27 @@ def test_text_is_the_chat_answer_to_the_same_conversation(client, server) -> Non
     wait_released(server.engine)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_usage_counts_the_prompt_tokens_the_cache_served(client, server, stream: bool) -> None:
+    """vLLM's Responses usage always carries cached_tokens (no --enable-prompt-tokens-details
+    needed, unlike chat's): 0 the first time, the cached whole blocks of the same input after
+    (every block of the prompt but the one its last token is in; 16-token blocks)."""
+    text = f"{stream} " + "the garden was green and quiet " * 12
+
+    def usage():
+        if not stream:
+            return client.responses.create(input=text, max_output_tokens=2, **GREEDY).usage
+        events = client.responses.create(input=text, max_output_tokens=2, stream=True,
+                                         **GREEDY)
+        return [e for e in events if e.type == "response.completed"][0].response.usage
+
+    first, second = usage(), usage()
+    assert first.input_tokens == second.input_tokens > 64
+    assert first.input_tokens_details.cached_tokens == 0
+    assert second.input_tokens_details.cached_tokens == (second.input_tokens - 1) // 16 * 16
+    wait_released(server.engine)
+
+
 def test_streamed_events_add_up_to_the_whole_answer(client, server) -> None:
     kw = dict(input=[{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],
               max_output_tokens=6, **GREEDY)
