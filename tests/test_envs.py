@@ -86,3 +86,27 @@ def test_an_unknown_log_level_reads_as_info_and_every_command_still_runs(monkeyp
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("cadence ")
     assert "CADENCE_LOG_LEVEL" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_tiny_models_folder_comes_from_the_environment_switches(monkeypatch, tmp_path):
+    """CADENCE_CACHE_DIR is read in cadence.envs, and the tiny model's folder follows it."""
+    from cadence.model.tiny import default_cache_root
+
+    monkeypatch.setenv("CADENCE_CACHE_DIR", str(tmp_path))
+    assert default_cache_root() == tmp_path
+    monkeypatch.delenv("CADENCE_CACHE_DIR")
+    assert str(default_cache_root()) == read_envs().cache_dir
+
+
+def test_no_module_but_envs_reads_a_cadence_switch() -> None:
+    """The switches are read in one place (README): a read elsewhere would miss its checks."""
+    import re
+    from pathlib import Path
+
+    import cadence
+
+    read = re.compile(r"(environ\.get|getenv|environ\[)\(?\s*[\"']CADENCE_")
+    root = Path(cadence.__file__).parent
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                 if p.name != "envs.py" and read.search(p.read_text())]
+    assert offenders == []

@@ -260,7 +260,8 @@ class EngineArgs:
                             help="tokenizer directory to use instead of the model's ('tiny': the "
                                  "built-in model's); lets a shape preset take text prompts "
                                  "(default: the model directory's)")
-        parser.add_argument("--tokenizer-mode", default=d.tokenizer_mode, choices=["auto", "hf"],
+        # No argparse choices: vLLM's other modes get the one-line error of __post_init__.
+        parser.add_argument("--tokenizer-mode", default=d.tokenizer_mode, metavar="{auto,hf}",
                             help="vLLM's; transformers' tokenizer either way (default: "
                                  "%(default)s)")
         parser.add_argument("--swap-space", type=float, default=d.swap_space, metavar="GIB",
@@ -358,7 +359,7 @@ class EngineArgs:
                             default=d.gpu_memory_utilization,
                             help="fraction of the GPU's memory for weights, activations and "
                                  "KV cache (default: %(default)s; on the CPU the KV cache takes "
-                                 "1 GiB, or --num-gpu-blocks-override blocks)")
+                                 "at most 1 GiB, or --num-gpu-blocks-override blocks)")
         parser.add_argument("--block-size", type=int, default=d.block_size,
                             help="tokens per KV cache block (default: %(default)s)")
         parser.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],

@@ -60,8 +60,9 @@ _PRINTABLE_STD = 0.2
 
 
 def default_cache_root() -> Path:
-    root = os.environ.get("CADENCE_CACHE_DIR")
-    return Path(root) if root else Path.home() / ".cache" / "cadence"
+    from cadence.envs import read_envs
+
+    return Path(read_envs().cache_dir)
 
 
 def ensure_tiny_model(cache_root: Path | None = None) -> Path:

@@ -30,6 +30,9 @@ MISTAKES = [
      "max_num_batched_tokens must be 1 to 16777216, got 99999999999999"),
     (["generate", "--model", "/nonexistent/model"], "neither a local model directory"),
     (["bench", "latency", "--model", "/nonexistent/model"], "neither a local model directory"),
+    # vLLM's other tokenizer modes: the engine's one line, not argparse's usage block.
+    (["generate", "--tokenizer-mode", "slow"], "tokenizer_mode='slow' is not supported"),
+    (["serve", "tiny", "--tokenizer-mode", "mistral"], "tokenizer_mode='mistral' is not supported"),
 ]
 
 
