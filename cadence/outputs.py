@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, MutableSequence
+from collections.abc import Iterator, MutableSequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -49,10 +49,6 @@ class FlatLogprobs(MutableSequence[Position]):
             self.decoded_tokens.append(lp.decoded_token)
         self.end_indices.append(len(self.token_ids))
 
-    def extend(self, positions: Iterable[Position | None]) -> None:
-        for position in positions:
-            self.append(position)
-
     def __len__(self) -> int:
         return len(self.start_indices)
 
@@ -81,10 +77,6 @@ class FlatLogprobs(MutableSequence[Position]):
     def __iter__(self) -> Iterator[Position]:
         for i in range(len(self)):
             yield self[i]
-
-    def first_token_ids(self, last: int) -> list[int]:
-        """The first entry's token (the sampled one) of each of the ``last`` positions."""
-        return [self.token_ids[s] for s in self.start_indices[-last:]]
 
     def __setitem__(self, index: object, value: object) -> None:
         raise TypeError("FlatLogprobs only grows: positions cannot be replaced.")

@@ -215,6 +215,6 @@ MUTATIONS = [
              ("tests/engine/test_structured_outputs.py",)),
     Mutation("wk-optional-group-kept", "a pattern's optional group is left to xgrammar",
              "cadence/worker/schema_features.py",
-             '            node["pattern"] = optional_groups_counted(node["pattern"])',
-             '            pass', ("tests/engine/test_structured_outputs.py",)),
+             '            counted = optional_groups_counted(node["pattern"])',
+             '            counted = node["pattern"]', ("tests/engine/test_structured_outputs.py",)),
 ]

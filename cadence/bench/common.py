@@ -98,16 +98,18 @@ def median(xs: Iterable[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def fit_context(args, needed: int, what: str) -> str | None:
+def fit_context(args, needed: int, what: str, limit: int | None = None) -> str | None:
     """Give ``args`` (EngineArgs) a context of ``needed`` tokens (a little more where the model
     has it) unless ``--max-model-len`` was given; the reason it cannot be (for the parser's
-    one-line error) or None. ``what`` names the flags that ask for ``needed``."""
+    one-line error) or None. ``what`` names the flags that ask for ``needed``; ``limit``: the
+    model's context where the caller has read it already (``model_context``)."""
     if args.max_model_len is not None:
         if args.max_model_len < needed:
             return (f"--max-model-len {args.max_model_len} is below {what} ({needed}): a timed "
                     "request would not fit")
         return None
-    limit = model_context(args)
+    if limit is None:
+        limit = model_context(args)
     if needed > limit:
         return f"{what} ({needed}) is more than the model's context ({limit} tokens)"
     args.max_model_len = min(needed + 16, limit)

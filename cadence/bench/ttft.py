@@ -106,11 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     ns = parser.parse_args(argv)
     args = EngineArgs.from_cli_args(ns)
-    lens = ns.input_lens
+    lens, limit = ns.input_lens, None
     if lens is None:  # the defaults the model's context holds (a prompt and its one token)
-        limit = args.max_model_len or model_context(args)
-        lens = [n for n in DEFAULT_LENS if n + 1 <= limit] or [limit - 1]
-    problem = fit_context(args, max(lens) + 1, "the longest --input-lens and its token")
+        limit = model_context(args) if args.max_model_len is None else None
+        room = args.max_model_len or limit
+        lens = [n for n in DEFAULT_LENS if n + 1 <= room] or [room - 1]
+    problem = fit_context(args, max(lens) + 1, "the longest --input-lens and its token", limit)
     if problem is not None:
         parser.error(problem)
     args.max_num_seqs = min(args.max_num_seqs, 8)

@@ -124,10 +124,7 @@ class RequestState:
         n = self.num_logprobs + 1
         for ids, lps, rank in output.new_logprobs:
             # The context of a piece of a character: the tokens sampled before it (vLLM's).
-            if isinstance(self.logprobs, FlatLogprobs):
-                context = self.logprobs.first_token_ids(_MAX_CONTEXT)
-            else:
-                context = [next(iter(row)) for row in self.logprobs[-_MAX_CONTEXT:]]
+            context = [next(iter(row)) for row in self.logprobs[-_MAX_CONTEXT:]]
             self.logprobs.append(self._logprob_row(ids[:n], lps[:n], rank, context))
             self.cumulative_logprob += lps[0]
         return len(output.new_logprobs)

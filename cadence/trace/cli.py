@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -77,15 +76,19 @@ def _run(ns: argparse.Namespace, trace_path: Path | None) -> dict[str, Any]:
 
 
 def _writable(flag: str, path: Path) -> None:
-    """A file the report writes, checked (its folder made) before the run, not after it."""
-    if path.is_dir():
-        raise ValueError(f"{flag} {str(path)!r} is a directory; give a file name")
+    """A file the report writes, checked (its folder made) before the run, not after it:
+    the benchmarks' check of their output files (``output_file``)."""
+    from cadence.bench.report import output_file
+
+    if not path.is_dir():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"{flag} {str(path)!r}: {exc.strerror or exc}") from None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"{flag} {str(path)!r}: {exc.strerror or exc}") from None
-    if not os.access(path if path.exists() else path.parent, os.W_OK):
-        raise ValueError(f"{flag} {str(path)!r}: cannot write there")
+        output_file(str(path))
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
 
 
 def report(ns: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
@@ -128,7 +131,6 @@ def report(ns: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     figures["trace"] = str(trace_path)
     if other is not None:
         figures["compare"] = compare(figures, other)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_html(figures, parsed, ns.timeline_steps, ns.max_rows))
     if ns.json_out:
         Path(ns.json_out).write_text(json.dumps(figures, indent=1) + "\n")

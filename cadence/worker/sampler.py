@@ -124,7 +124,6 @@ class SamplingMetadata:
         tracked_rows = [] if most is None else [
             r for r, p in enumerate(params) if p.logprob_token_ids is not None]
         if tracked_rows:
-            assert most is not None
             ids = [params[r].logprob_token_ids for r in tracked_rows]
             tracked = (torch.tensor(tracked_rows, dtype=torch.int64).to(device),
                        torch.tensor([t + t[-1:] * (most - len(t)) for t in ids],  # type: ignore

@@ -294,25 +294,32 @@ def enforceable_schema(schema: Any) -> Any:
     """``schema`` with each string ``format`` of ``EXACT_FORMATS`` (and no ``pattern``) swapped
     for its pattern and each pattern's optional groups counted (``optional_groups_counted``);
     the schema itself where nothing changes (a copy otherwise)."""
+    changed = False
+
     def walk(node: Any, depth: int) -> None:
+        nonlocal changed
         if not isinstance(node, dict) or depth > _MAX_DEPTH:
             return
         fmt = node.get("format")
         if isinstance(fmt, str) and fmt in EXACT_FORMATS and "pattern" not in node:
             node["pattern"] = EXACT_FORMATS[node.pop("format")]
+            changed = True
         if isinstance(node.get("pattern"), str):
-            node["pattern"] = optional_groups_counted(node["pattern"])
+            counted = optional_groups_counted(node["pattern"])
+            changed |= counted != node["pattern"]
+            node["pattern"] = counted
         props = node.get("patternProperties")
         if isinstance(props, dict):
-            node["patternProperties"] = {optional_groups_counted(k): v for k, v in props.items()}
+            counted_props = {optional_groups_counted(k): v for k, v in props.items()}
+            changed |= list(counted_props) != list(props)
+            node["patternProperties"] = counted_props
         for child in _subschemas(node):
             walk(child, depth + 1)
 
-    if EXACT_FORMATS.keys().isdisjoint(_formats(schema)) and ")?" not in json.dumps(schema):
-        return schema
-    schema = copy.deepcopy(schema)
-    walk(schema, 0)
-    return schema
+    # NOTE: a deep copy per compiled schema (compiling costs far more); the caller's stays whole.
+    rewritten = copy.deepcopy(schema)
+    walk(rewritten, 0)
+    return rewritten if changed else schema
 
 
 def optional_groups_counted(pattern: str) -> str:
@@ -341,15 +348,3 @@ def optional_groups_counted(pattern: str) -> str:
         out.append(c)
         i += 1
     return "".join(out)
-
-
-def _formats(schema: Any) -> set[str]:
-    found: set[str] = set()
-    stack: list[tuple[Any, int]] = [(schema, 0)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict) and depth <= _MAX_DEPTH:
-            if isinstance(node.get("format"), str):
-                found.add(node["format"])
-            stack.extend((c, depth + 1) for c in _subschemas(node))
-    return found
