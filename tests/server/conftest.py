@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from cadence.engine.async_llm import AsyncLLM
 from cadence.engine.engine_args import EngineArgs
+from cadence.engine.llm import LLM
 from cadence.server.launcher import CadenceServer, build_server
 from cadence.server.settings import ServerSettings
 from tests.tiny import tiny_args as shared_tiny_args
@@ -81,6 +83,20 @@ def http(server: RunningServer) -> Iterator[httpx.Client]:
     """A client on the shared server (one client: building one per call costs ~0.2 s)."""
     with httpx.Client(base_url=server.base_url, timeout=60) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> openai.OpenAI:
+    """The official openai client on the shared server."""
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def offline() -> Iterator[LLM]:
+    """The tiny model offline (its own defaults): the expected outputs of greedy requests."""
+    llm = LLM(**vars(shared_tiny_args()))
+    yield llm
+    llm.shutdown()
 
 
 ServerFactory = Callable[..., RunningServer]

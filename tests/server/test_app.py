@@ -16,11 +16,6 @@ from tests.server.waiting import wait_until
 PROMPT = "Hello my name is Robert and"
 
 
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
-
-
 def prompt_len(server, text: str) -> int:
     return len(server.engine.tokenizer.encode(text))
 

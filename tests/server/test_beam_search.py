@@ -8,26 +8,12 @@ import json
 import socket
 
 import httpx
-import openai
 import pytest
 
 from cadence import LLM, BeamSearchParams
 from tests.server.waiting import metric, scrape, wait_released, wait_until
-from tests.tiny import tiny_args
 
 PROMPT = "Once upon a time"
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def offline():
-    llm = LLM(**vars(tiny_args()))
-    yield llm
-    llm.shutdown()
 
 
 def expected(llm: LLM, prompt_ids: list[int], width: int, max_tokens: int,

@@ -8,11 +8,6 @@ import pytest
 PROMPT = "Once upon a time there was"
 
 
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
-
-
 def _create(client, **kw):
     return client.completions.create(model="tiny", max_tokens=6, temperature=0.0, **kw)
 

@@ -15,21 +15,6 @@ PROMPT = "The garden was"
 MSG = [{"role": "user", "content": "Tell me about the garden."}]
 
 
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def offline():
-    from cadence import LLM
-    from tests.tiny import tiny_args
-
-    llm = LLM(**vars(tiny_args()))
-    yield llm
-    llm.shutdown()
-
-
 def _tracked(server) -> list[int]:
     """Three ids whose texts differ (completions key top_logprobs by text)."""
     tok = server.engine.tokenizer

@@ -4,12 +4,6 @@ choices either way (seeded), usage over every choice."""
 from __future__ import annotations
 
 import openai
-import pytest
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
 
 
 def test_completions_n_with_several_prompts(client: openai.OpenAI) -> None:

@@ -26,11 +26,6 @@ def _deep(levels: int) -> dict:
     return value
 
 
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
-
-
 def chat_answer(client: openai.OpenAI, messages: list[dict], max_tokens: int):
     return client.chat.completions.create(messages=messages, max_tokens=max_tokens,
                                           **GREEDY).choices[0]

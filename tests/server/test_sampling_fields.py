@@ -12,11 +12,6 @@ PROMPT = "The garden was"
 MSG = [{"role": "user", "content": "Tell me about the garden."}]
 
 
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
-
-
 def _ids(client: openai.OpenAI, stream: bool = False, **kw) -> list[int]:
     body = dict(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0.0)
     extra = {"ignore_eos": True, "return_token_ids": True, **kw.pop("extra_body", {})}
@@ -27,16 +22,6 @@ def _ids(client: openai.OpenAI, stream: bool = False, **kw) -> list[int]:
         return ids
     out = client.completions.create(**body, **kw, extra_body=extra)
     return out.choices[0].token_ids  # type: ignore[attr-defined]
-
-
-@pytest.fixture(scope="module")
-def offline():
-    from cadence import LLM
-    from tests.tiny import tiny_args
-
-    llm = LLM(**vars(tiny_args()))
-    yield llm
-    llm.shutdown()
 
 
 def _offline(llm, **kw) -> list[int]:

@@ -5,19 +5,12 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 
 jsonschema = pytest.importorskip("jsonschema")
 
 from tests.engine.test_structured_outputs import CHOICES, REGEX, SCHEMA  # noqa: E402
 from tests.server.waiting import wait_released  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
-
 
 MSG = [{"role": "user", "content": "data please"}]
 
