@@ -267,11 +267,23 @@ def _disjoint(a: dict[str, Any] | None, b: dict[str, Any] | None, root: Any, dep
     return False
 
 
+# Branches compared pair by pair at most (the pairs grow with the square: 4,000 branches, in a
+# schema the size bound allows, took 11 s); branches of const / enum values alone are compared
+# by one set, however many.
+_MAX_PAIRWISE_BRANCHES = 128
+
+
 def _one_of_may_overlap(schema: dict[str, Any], root: Any) -> bool:
     branches = schema.get("oneOf")
     if not isinstance(branches, list) or len(branches) < 2:
         return False
     resolved = [_resolve(b, root) for b in branches]
+    values = [None if b is None else _values(b) for b in resolved]
+    if all(v is not None for v in values):
+        keys = [{_value_key(x) for x in v} for v in values]  # type: ignore[union-attr]
+        return sum(map(len, keys)) != len(set().union(*keys))
+    if len(resolved) > _MAX_PAIRWISE_BRANCHES:
+        return True
     return any(not _disjoint(a, b, root, 0) for a, b in combinations(resolved, 2))
 
 
