@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from types import FrameType
+from typing import Any
 
 from cadence.cli_config import add_config_arg, expand_config
 from cadence.envs import read_envs
@@ -134,25 +138,59 @@ def _trace(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=read_envs().logging_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["trace"]:  # its own parser: argparse's REMAINDER drops leading options
-        with one_line_errors("cadence trace"):
-            return _trace(argparse.Namespace(rest=args[1:]))
-    with one_line_errors("cadence " + (args[0] if args else "")):  # a bad --config file
-        ns = parse_args(args)
-    prog = f"cadence {ns.command}" + (f" {ns.which}" if ns.command == "bench" else "")
+    prog = "cadence " + " ".join(args[:2] if args[:1] == ["bench"] else args[:1])
+    interrupt = _Interrupt()
+    previous = interrupt.install()
     try:
+        logging.basicConfig(level=read_envs().logging_level,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        if args[:1] == ["trace"]:  # its own parser: argparse's REMAINDER drops leading options
+            with one_line_errors("cadence trace"):
+                return _trace(argparse.Namespace(rest=args[1:]))
+        with one_line_errors(prog.rstrip()):  # a bad --config file
+            ns = parse_args(args)
+        prog = f"cadence {ns.command}" + (f" {ns.which}" if ns.command == "bench" else "")
         with one_line_errors(prog):
             return int(ns.func(ns) or 0)
-    except KeyboardInterrupt:  # Ctrl-C while the engine starts (a server serving takes it over)
-        print(f"{prog}: interrupted", file=sys.stderr)
+    except BaseException as exc:
+        # Ctrl-C while the command starts or runs (a server serving takes SIGINT over).
+        if not (interrupt.seen or isinstance(exc, KeyboardInterrupt)):
+            raise
+        print(f"{prog.rstrip()}: interrupted", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         # NOTE: not SystemExit: the engine thread (a daemon) may be inside torch, and the
         # interpreter's teardown under it aborts the process (SIGABRT).
         os._exit(130)
+    finally:
+        interrupt.uninstall(previous)
+
+
+class _Interrupt:
+    """SIGINT as Python's own handler takes it (a ``KeyboardInterrupt``), remembered: a library
+    that catches the interrupt inside an import may fail later on its half-made modules (torch's
+    lazy imports end in a ``RecursionError``), and whatever then ends the command reads as the
+    interruption it was, not as that error's traceback."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def install(self) -> Any:
+        """Take SIGINT where Python's default handler has it (not where it is ignored, nor off
+        the main thread); returns the handler to restore."""
+        if (threading.current_thread() is not threading.main_thread()
+                or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+            return None
+        return signal.signal(signal.SIGINT, self)
+
+    def uninstall(self, previous: Any) -> None:
+        if previous is not None and signal.getsignal(signal.SIGINT) is self:
+            signal.signal(signal.SIGINT, previous)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
