@@ -116,4 +116,12 @@ MUTATIONS = [
              "        events.end(cs.prompt_tokens, cs.completion_tokens,\n                   cs.cached_tokens,",
              "        events.end(cs.prompt_tokens, cs.completion_tokens,\n                   None,",
              (_RESP,)),
+    Mutation("cli-interrupt-forgotten", "an error after Ctrl-C prints its traceback",
+             "cadence/cli.py",
+             "if not (interrupt.seen or isinstance(exc, KeyboardInterrupt)):",
+             "if not isinstance(exc, KeyboardInterrupt):", ("tests/test_cli_interrupt.py",)),
+    Mutation("cli-interrupt-ignored-taken", "an ignored SIGINT is taken over",
+             "cadence/cli.py",
+             "or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):",
+             "or False):", ("tests/test_cli_interrupt.py",)),
 ]
