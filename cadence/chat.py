@@ -12,8 +12,8 @@ from typing import Any
 
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 
-__all__ = ["RESERVED_TEMPLATE_KWARGS", "TEXT_PARTS", "check_template_options", "conversation_of",
-           "render_conversation", "reserved_template_kwargs", "tool_arguments"]
+__all__ = ["RESERVED_TEMPLATE_KWARGS", "TEXT_PARTS", "add_reasoning", "check_template_options",
+           "conversation_of", "render_conversation", "reserved_template_kwargs", "tool_arguments"]
 
 # OpenAI's roles ("function": its deprecated role of a function call's result). Any other role
 # string passes to the template as vLLM passes it (Llama 3.1's "ipython", a template's own).
@@ -95,11 +95,24 @@ def conversation_of(messages: Any) -> list[dict[str, Any]]:
             raise ValueError(f"messages.{i}.content: must be a string or a list of text parts, "
                              f"got {type(content).__name__}.")
         shaped = {**message, "content": content}
+        if message["role"] == "assistant":
+            reasoning = message.get("reasoning", message.get("reasoning_content"))
+            if reasoning is not None and not isinstance(reasoning, str):
+                raise ValueError(f"messages.{i}.reasoning: must be a string, got "
+                                 f"{type(reasoning).__name__}.")
+            add_reasoning(shaped, reasoning)
         if message.get("tool_calls"):
             shaped["tool_calls"] = [_tool_call(call, f"messages.{i}.tool_calls.{j}")
                                     for j, call in enumerate(message["tool_calls"])]
         out.append(shaped)
     return out
+
+
+def add_reasoning(message: dict[str, Any], reasoning: str | None) -> None:
+    """An assistant message's earlier reasoning under both names templates read: ``reasoning``
+    and ``reasoning_content`` (Qwen3's and others' interleaved thinking), as vLLM hands it."""
+    if reasoning is not None:
+        message["reasoning"] = message["reasoning_content"] = reasoning
 
 
 def _tool_call(call: Any, where: str) -> dict[str, Any]:
@@ -140,6 +153,7 @@ def render_conversation(
     chat_template: str | None = None,
     tools: list[dict[str, Any]] | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    documents: list[dict[str, str]] | None = None,
 ) -> str:
     """The prompt text of ``conversation``: ``chat_template`` or the tokenizer's, else ChatML.
     A template that fails is a ValueError naming ``messages``."""
@@ -154,13 +168,17 @@ def render_conversation(
         if tools:
             raise ValueError("tools: this model has no chat template, and the ChatML fallback "
                              "has no place for tools; pass a chat_template that shows them.")
+        if documents:
+            raise ValueError("documents: this model has no chat template, and the ChatML "
+                             "fallback has no place for documents; pass a chat_template that "
+                             "shows them.")
         text = _chatml(conversation, add_generation_prompt, continue_final_message)
     else:
         try:
             text = tokenizer.apply_chat_template(
                 conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, chat_template=chat_template,
-                tools=tools, **(chat_template_kwargs or {}),
+                tools=tools, documents=documents, **(chat_template_kwargs or {}),
             )
         except Exception as exc:  # jinja errors, template-level raise_exception()
             raise ValueError(f"messages: chat template rendering failed: {exc}") from exc

@@ -32,17 +32,21 @@ class RequestOutputKind(enum.Enum):
 class SamplingParams:
     """How to sample one request. Invalid values raise ``ValueError`` naming the parameter."""
 
+    # The fields in vLLM's order, so that positional arguments mean what they mean there.
     n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 (or -1, kept as given): no top-k; at or above the vocabulary: none
+    min_p: float = 0.0
     seed: int | None = None
-    max_tokens: int | None = 16
-    min_tokens: int = 0
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    include_stop_str_in_output: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
     logprobs: int | None = None  # -1: the whole vocabulary (where --max-logprobs is -1)
     prompt_logprobs: int | None = None  # likewise, for every prompt token but the first
     # vLLM's tracked tokens: each output position's logprobs are the sampled token's and these
@@ -52,47 +56,86 @@ class SamplingParams:
     # vLLM's: the logprobs come as a ``FlatLogprobs`` (flat columns that read as the list of
     # dicts), which spares the garbage collector an object per entry.
     flat_logprobs: bool = False
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    min_p: float = 0.0
-    logit_bias: dict[int, float] | None = None
-    allowed_token_ids: list[int] | None = None
-    bad_words: list[str] | None = None
-    structured_outputs: StructuredOutputsParams | None = None
+    # False: outputs carry token ids only (no text; stop strings need it), as vLLM.
+    detokenize: bool = True
     skip_special_tokens: bool = True
     # False (with skip_special_tokens False): an added token right after another is its bare
     # content, without the space a decoder puts between tokens (vLLM's detokenizer).
     spaces_between_special_tokens: bool = True
-    # False: outputs carry token ids only (no text; stop strings need it), as vLLM.
-    detokenize: bool = True
-    # Free-form arguments for custom logits processors and extensions (vLLM), carried as is.
-    extra_args: dict[str, Any] | None = None
-    # Keep only the prompt's last k tokens (left truncation); -1: the model's context length.
-    truncate_prompt_tokens: int | None = None
+    include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # vLLM's: a streamed request's outputs (CUMULATIVE or DELTA) come every this many new
     # tokens, and with the first and the last; it raises the engine's --stream-interval (1
     # unless set), never lowers it (None: the engine's).
     stream_interval: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    # Free-form arguments for custom logits processors and extensions (vLLM), carried as is.
+    extra_args: dict[str, Any] | None = None
+    bad_words: list[str] | None = None
     # vLLM's: look no prefix up in the cache for this request (None: when it wants prompt
     # logprobs, which every prompt position must be computed for). Unlike vLLM's, a request
     # with prompt logprobs reads none even with False: its prompt logprobs stay whole.
     skip_reading_prefix_cache: bool | None = None
-    # vLLM's: end the request (finish reason "repetition") once its output repeats a pattern
-    # (``cadence.repetition``); a dict of the fields is taken too.
-    repetition_detection: RepetitionDetectionParams | None = None
     # vLLM's: at most this many tokens inside a reasoning block, then its end tag is forced
     # (``cadence.worker.thinking_budget``); -1 or None: no limit. Needs the reasoning tags:
     # ``thinking_tags`` (start, end token ids), which the engine fills from its reasoning
     # parser (``LLM(reasoning_parser=...)``, ``--reasoning-parser``).
     thinking_token_budget: int | None = None
+    # vLLM's: end the request (finish reason "repetition") once its output repeats a pattern
+    # (``cadence.repetition``); a dict of the fields is taken too.
+    repetition_detection: RepetitionDetectionParams | None = None
+    # Keep only the prompt's last k tokens (left truncation); -1: the model's context length.
+    truncate_prompt_tokens: int | None = None
     thinking_tags: tuple[int, int] | None = field(default=None, repr=False)
     # Filled in by the engine from the tokenizer / generation config; not user-facing.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
     # Token sequences of ``bad_words`` (each word with and without a leading space), filled in by
     # the engine's input processor, which holds the tokenizer.
     bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
+
+    @staticmethod
+    def from_optional(
+        *,
+        n: int | None = 1,
+        presence_penalty: float | None = 0.0,
+        frequency_penalty: float | None = 0.0,
+        repetition_penalty: float | None = 1.0,
+        temperature: float | None = 1.0,
+        top_p: float | None = 1.0,
+        logit_bias: Mapping[Any, float] | None = None,
+        **kwargs: Any,
+    ) -> SamplingParams:
+        """vLLM's constructor for request fields that may come as null: None takes the default
+        of ``n``, the three penalties, ``temperature`` and ``top_p``; ``logit_bias`` keys may be
+        token ids as text ("42"), and its biases are clipped to [-100, 100] (OpenAI's range).
+        Every other field is passed as is."""
+        if logit_bias is not None:
+            if not isinstance(logit_bias, Mapping):
+                raise ValueError("logit_bias must be a mapping of token ids to biases, got "
+                                 f"{type(logit_bias).__name__}.")
+            converted: dict[int, float] = {}
+            for token, bias in logit_bias.items():
+                try:
+                    token_id = int(token)
+                except (TypeError, ValueError):
+                    raise ValueError("logit_bias keys must be token ids (or their text), got "
+                                     f"{token!r}.") from None
+                if not is_real(bias):
+                    raise ValueError(f"logit_bias values must be numbers, got {bias!r}.")
+                converted[token_id] = min(100.0, max(-100.0, bias))
+            logit_bias = converted
+        return SamplingParams(
+            n=1 if n is None else n,
+            presence_penalty=0.0 if presence_penalty is None else presence_penalty,
+            frequency_penalty=0.0 if frequency_penalty is None else frequency_penalty,
+            repetition_penalty=1.0 if repetition_penalty is None else repetition_penalty,
+            temperature=1.0 if temperature is None else temperature,
+            top_p=1.0 if top_p is None else top_p,
+            logit_bias=logit_bias,
+            **kwargs,
+        )
 
     def __post_init__(self) -> None:
         if self.stop is None:

@@ -256,3 +256,33 @@ def test_stream_interval_and_skip_reading_prefix_cache_are_checked() -> None:
         SamplingParams(skip_reading_prefix_cache="yes")
     assert SamplingParams(skip_reading_prefix_cache=False, prompt_logprobs=1
                           ).skip_reading_prefix_cache is False  # as given (vLLM)
+
+
+def test_positional_arguments_follow_vllms_field_order() -> None:
+    # vLLM's SamplingParams begins: n, presence_penalty, frequency_penalty, repetition_penalty,
+    # temperature, top_p, top_k, min_p, seed (vllm/sampling_params.py).
+    p = SamplingParams(2, 0.5, 0.25, 1.5, 0.7, 0.9, 5, 0.1, 7)
+    assert (p.n, p.presence_penalty, p.frequency_penalty, p.repetition_penalty, p.temperature,
+            p.top_p, p.top_k, p.min_p, p.seed) == (2, 0.5, 0.25, 1.5, 0.7, 0.9, 5, 0.1, 7)
+
+
+def test_from_optional_takes_nulls_as_defaults() -> None:
+    p = SamplingParams.from_optional(n=None, presence_penalty=None, frequency_penalty=None,
+                                     repetition_penalty=None, temperature=None, top_p=None,
+                                     max_tokens=5, seed=3)
+    assert (p.n, p.presence_penalty, p.frequency_penalty, p.repetition_penalty, p.temperature,
+            p.top_p, p.max_tokens, p.seed) == (1, 0.0, 0.0, 1.0, 1.0, 1.0, 5, 3)
+    assert SamplingParams.from_optional(temperature=0.0, n=1).temperature == 0.0
+
+
+def test_from_optional_reads_logit_bias_keys_as_text_and_clips_biases() -> None:
+    p = SamplingParams.from_optional(logit_bias={"42": 250.0, 7: -1e9, "3": 1.5})
+    assert p.logit_bias == {42: 100.0, 7: -100.0, 3: 1.5}
+    with pytest.raises(ValueError, match="logit_bias keys"):
+        SamplingParams.from_optional(logit_bias={"forty-two": 1.0})
+    with pytest.raises(ValueError, match="logit_bias values"):
+        SamplingParams.from_optional(logit_bias={"1": "high"})
+    with pytest.raises(ValueError, match="logit_bias keys must be token ids"):
+        SamplingParams.from_optional(logit_bias={"-3": 1.0})  # converted, then checked
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams.from_optional(temperature=-1.0)  # the constructor's checks still hold

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cadence.chat import render_conversation, tool_arguments
+from cadence.chat import add_reasoning, render_conversation, tool_arguments
 from cadence.server.protocol import ParamError
 from cadence.server.protocol_chat import ChatMessage
 
@@ -13,7 +13,8 @@ from cadence.server.protocol_chat import ChatMessage
 def template_message(message: ChatMessage, index: int = 0) -> dict[str, Any]:
     """One message in the shape Hugging Face chat templates read: text content, an assistant's
     ``tool_calls`` with their arguments as objects (templates serialise them themselves, as
-    vLLM hands them), and a tool message's ``tool_call_id`` and ``name``."""
+    vLLM hands them), an assistant's earlier reasoning (``add_reasoning``), and a tool
+    message's ``tool_call_id`` and ``name``."""
     out: dict[str, Any] = {"role": message.role, "content": message.text()}
     if message.name is not None:
         out["name"] = message.name
@@ -30,6 +31,9 @@ def template_message(message: ChatMessage, index: int = 0) -> dict[str, Any]:
         out["tool_calls"] = calls
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
+    if message.role == "assistant":
+        add_reasoning(out, message.reasoning if message.reasoning is not None
+                      else message.reasoning_content)
     return out
 
 
@@ -66,6 +70,7 @@ def render_chat(
     check_text: Callable[[str], None] | None = None,
     chat_template: str | None = None,
     tools: list[dict[str, Any]] | None = None,
+    documents: list[dict[str, str]] | None = None,
     add_special_tokens: bool = False,
 ) -> list[int]:
     """Prompt token ids of a conversation. Template errors are ``ParamError("messages")``.
@@ -82,12 +87,13 @@ def render_chat(
         text = render_conversation(
             tokenizer, conversation, add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, chat_template=chat_template,
-            tools=tools, chat_template_kwargs=chat_template_kwargs,
+            tools=tools, documents=documents, chat_template_kwargs=chat_template_kwargs,
         )
     except ValueError as exc:
         message = str(exc)
-        if message.startswith("tools: "):  # the tools, not the conversation, are at fault
-            raise ParamError("tools", message) from exc
+        for param in ("tools", "documents"):  # they, not the conversation, are at fault
+            if message.startswith(f"{param}: "):
+                raise ParamError(param, message) from exc
         raise ParamError("messages", message.removeprefix("messages: ")) from exc
     if check_text is not None:
         check_text(text)

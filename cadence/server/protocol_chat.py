@@ -60,6 +60,10 @@ class ChatMessage(OpenAIModel):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message: the call it answers
+    # An assistant's earlier reasoning, for templates that show it (interleaved thinking);
+    # ``reasoning_content`` is its older name (vLLM takes both).
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -127,6 +131,8 @@ class ChatCompletionRequest(SamplingRequest):
     echo: bool = False
     return_token_ids: bool = False  # vLLM: ids of the prompt and of each chunk
     tools: list[ChatTool] | None = None
+    # vLLM: documents for retrieval-augmented templates (their ``documents`` variable).
+    documents: list[dict[str, str]] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
     def check(self) -> None:

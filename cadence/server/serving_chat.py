@@ -247,6 +247,7 @@ class OpenAIServingChat(OpenAIServing):
                 chat_template=self._template(request),
                 tools=([t.model_dump(exclude_none=True) for t in request.tools]
                        if request.tools else None),
+                documents=request.documents,
             )
         except ParamError:
             raise

@@ -163,3 +163,18 @@ def test_use_tqdm_shows_a_progress_bar_only_when_asked(llm, capsys) -> None:
     assert "Processed prompts" not in capsys.readouterr().err
     llm.generate(["a", "b"], GREEDY, use_tqdm=True)
     assert "Processed prompts" in capsys.readouterr().err
+
+
+def test_an_assistants_reasoning_reaches_the_template_under_both_names(llm) -> None:
+    template = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}"
+                "{% if m.reasoning is defined %}<r {{ m.reasoning }}|"
+                "{{ m.reasoning_content }}>{% endif %}{% endfor %}")
+    for key in ("reasoning", "reasoning_content"):
+        conversation = [{"role": "user", "content": "Hi"},
+                        {"role": "assistant", "content": "ok", key: "because"}]
+        (out,) = llm.chat(conversation, GREEDY, use_tqdm=False, chat_template=template,
+                          add_generation_prompt=False)
+        assert out.prompt == "[user]Hi[assistant]ok<r because|because>", key
+    with pytest.raises(ValueError, match=r"messages\.0\.reasoning"):
+        llm.chat([{"role": "assistant", "content": "ok", "reasoning": ["x"]}], GREEDY,
+                 use_tqdm=False, chat_template=template)

@@ -305,3 +305,53 @@ def test_a_requests_own_template_needs_the_servers_trust(server, server_factory,
         refused = http.post("/tokenize", json={"messages": messages,
                                                "chat_template": REQUEST_TEMPLATE})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template"
+
+
+REASONING_TEMPLATE = (
+    "{% for m in messages %}[{{ m.role }}]{{ m.content }}"
+    "{% if m.reasoning_content is defined %}<rc {{ m.reasoning_content }}>{% endif %}"
+    "{% if m.reasoning is defined %}<r {{ m.reasoning }}>{% endif %}{% endfor %}")
+
+
+def test_an_assistants_reasoning_reaches_the_template(templated, hf_tokenizer: Any) -> None:
+    """An assistant's earlier reasoning, sent as ``reasoning`` or as its older name
+    ``reasoning_content``, reaches the template under both names (vLLM's interleaved
+    thinking); other roles' reasoning does not; a non-string is a 400 naming it."""
+    templated.engine.tokenizer.chat_template = REASONING_TEMPLATE
+    with httpx.Client(base_url=templated.base_url, timeout=30) as http:
+        for key in ("reasoning", "reasoning_content"):
+            messages = [{"role": "user", "content": "Hi", key: "ignored"},
+                        {"role": "assistant", "content": "ok", key: "I thought"},
+                        {"role": "user", "content": "more"}]
+            got = prompt_ids(http, messages, add_generation_prompt=False)
+            assert got == encode(hf_tokenizer, "[user]Hi[assistant]ok<rc I thought>"
+                                               "<r I thought>[user]more"), key
+        both = [{"role": "assistant", "content": "ok", "reasoning": "new",
+                 "reasoning_content": "old"}]
+        got = prompt_ids(http, both, add_generation_prompt=False)
+        assert got == encode(hf_tokenizer, "[assistant]ok<rc new><r new>")
+        bad = http.post(CHAT, json={"messages": [{"role": "assistant", "content": "ok",
+                                                  "reasoning": 3}]})
+        assert bad.status_code == 400
+        assert bad.json()["error"]["param"] == "messages.0.reasoning"
+
+
+def test_documents_reach_the_template(templated, hf_tokenizer: Any) -> None:
+    """vLLM's ``documents`` is the template's ``documents`` variable; without a template the
+    ChatML fallback cannot show them: a 400 naming documents."""
+    templated.engine.tokenizer.chat_template = (
+        "{% for d in documents or [] %}<doc {{ d.title }}: {{ d.text }}>{% endfor %}"
+        "{% for m in messages %}{{ m.content }}{% endfor %}")
+    hi = [{"role": "user", "content": "hi"}]
+    docs = [{"title": "a", "text": "one"}, {"title": "b", "text": "two"}]
+    with httpx.Client(base_url=templated.base_url, timeout=30) as http:
+        chat = http.post(CHAT, json={"messages": hi, "max_tokens": 1, "documents": docs,
+                                     "return_token_ids": True})
+        assert chat.status_code == 200, chat.text
+        assert chat.json()["prompt_token_ids"] == encode(hf_tokenizer,
+                                                         "<doc a: one><doc b: two>hi")
+        bad = http.post(CHAT, json={"messages": hi, "documents": [{"title": 1}]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("documents")
+        templated.engine.tokenizer.chat_template = None
+        none = http.post(CHAT, json={"messages": hi, "documents": docs})
+        assert none.status_code == 400 and none.json()["error"]["param"] == "documents"
