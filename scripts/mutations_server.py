@@ -124,4 +124,16 @@ MUTATIONS = [
              "cadence/cli.py",
              "or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):",
              "or False):", ("tests/test_cli_interrupt.py",)),
+    Mutation("chat-reasoning-content-dropped", "an assistant's reasoning_content is dropped",
+             "cadence/server/chat_template.py",
+             "        add_reasoning(out, message.reasoning if message.reasoning is not None\n"
+             "                      else message.reasoning_content)",
+             "        add_reasoning(out, message.reasoning)",
+             ("tests/server/test_chat_template.py",)),
+    Mutation("chat-documents-dropped", "chat's documents never reach the template",
+             "cadence/server/serving_chat.py", "                documents=request.documents,\n",
+             "", ("tests/server/test_chat_template.py",)),
+    Mutation("sp-from-optional-no-clip", "from_optional keeps biases past +-100",
+             "cadence/sampling_params.py", "converted[token_id] = min(100.0, max(-100.0, bias))",
+             "converted[token_id] = bias", ("tests/test_sampling_params.py",)),
 ]
