@@ -8,14 +8,20 @@ from dataclasses import dataclass
 
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 
-__all__ = ["StructuredOutputsParams"]
+__all__ = ["KINDS", "StructuredOutputsParams"]
+
+# The fields that name a grammar: a spec sets exactly one.
+KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 @dataclass
 class StructuredOutputsParams:
     """Output constrained to a grammar (vLLM's ``StructuredOutputsParams``): exactly one of a
-    JSON schema, any JSON object, a regular expression, a choice of strings, or an EBNF grammar
-    (xgrammar's dialect)."""
+    JSON schema, any JSON object, a regular expression, a choice of strings, an EBNF grammar
+    (xgrammar's dialect), or a structural tag (xgrammar's, as vLLM takes it: JSON text or a dict
+    of ``{"type": "structural_tag", "format": {...}}``, or the older ``structures`` (each a
+    ``begin`` text, a JSON ``schema`` and an ``end`` text) with the ``triggers`` that start
+    them: free text until a trigger, then its tag's JSON)."""
 
     json: str | dict | None = None
     regex: str | None = None
@@ -33,12 +39,9 @@ class StructuredOutputsParams:
     disable_fallback: bool = False
     disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
-    structural_tag: str | None = None
+    structural_tag: str | dict | None = None
 
     def __post_init__(self) -> None:
-        if self.structural_tag is not None:
-            raise ValueError("structured_outputs: structural_tag is not supported; use json, "
-                             "regex, choice or grammar.")
         for name in ("disable_any_whitespace", "disable_fallback",
                      "disable_additional_properties"):
             if not isinstance(getattr(self, name), bool):
@@ -46,11 +49,17 @@ class StructuredOutputsParams:
                                  f"{getattr(self, name)!r}.")
         if self.whitespace_pattern is not None and not isinstance(self.whitespace_pattern, str):
             raise ValueError("structured_outputs: whitespace_pattern must be a string.")
-        given = [k for k in ("json", "regex", "choice", "grammar", "json_object")
-                 if getattr(self, k) not in (None, False)]
+        given = [k for k in KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
             raise ValueError("structured_outputs must set exactly one of json, regex, choice, "
-                             f"grammar and json_object, got {given or 'none'}.")
+                             f"grammar, json_object and structural_tag, got {given or 'none'}.")
+        if self.structural_tag is not None:
+            if not isinstance(self.structural_tag, (str, dict)):
+                raise ValueError("structured_outputs: structural_tag must be JSON text or a "
+                                 f"dict, got {type(self.structural_tag).__name__}.")
+            if nesting_depth(self.structural_tag) > MAX_JSON_DEPTH:
+                raise ValueError("structured_outputs: the structural tag nests deeper than "
+                                 f"{MAX_JSON_DEPTH} levels.")
         if self.choice is not None and (
                 not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
             raise ValueError("structured_outputs: choice must be non-empty strings.")

@@ -98,9 +98,30 @@ class JsonSchemaFormat(OpenAIModel):
     strict: bool | None = None
 
 
+class StructuralTagItem(OpenAIModel):
+    """One of the older structural tag's ``structures``: text, JSON of the schema, text."""
+
+    begin: str
+    schema_: dict[str, Any] = Field(alias="schema")
+    end: str
+
+
 class ResponseFormat(OpenAIModel):
-    type: Literal["text", "json_object", "json_schema"]  # required, as by OpenAI and vLLM
+    # Required, as by OpenAI and vLLM; "structural_tag" is vLLM's (xgrammar's structural tags).
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    # A structural tag: its ``format``, or the older ``structures`` with their ``triggers``.
+    format: dict[str, Any] | None = None
+    structures: list[StructuralTagItem] | None = None
+    triggers: list[str] | None = None
+
+    def structural_tag(self) -> dict[str, Any]:
+        """The structural tag this format describes (``type`` "structural_tag"), as vLLM passes
+        it to the grammar engine."""
+        if self.format is not None:
+            return {"type": "structural_tag", "format": self.format}
+        return {"type": "structural_tag", "triggers": self.triggers,
+                "structures": [s.model_dump(by_alias=True) for s in self.structures or ()]}
 
 
 class StructuredOutputsField(OpenAIModel):
@@ -111,8 +132,8 @@ class StructuredOutputsField(OpenAIModel):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
-    # vLLM's structural tags are not supported: named in the error, not ignored.
-    structural_tag: Any = None
+    # vLLM's: a structural tag, as JSON text (or an object).
+    structural_tag: str | dict[str, Any] | None = None
     # vLLM's options (see StructuredOutputsParams): compact JSON; the rest change nothing.
     disable_any_whitespace: bool = False
     disable_fallback: bool = False
@@ -219,6 +240,14 @@ class SamplingRequest(OpenAIModel):
                      or self.response_format.json_schema.schema_ is None)):
             raise ParamError("response_format",
                              "response_format json_schema needs json_schema.schema.")
+        if self.response_format is not None and self.response_format.type == "structural_tag":
+            rf = self.response_format
+            if (rf.format is None) == (rf.structures is None and rf.triggers is None):
+                raise ParamError("response_format", "a structural_tag response_format needs "
+                                 "its format, or else structures and triggers.")
+            if rf.format is None and (rf.structures is None or not rf.triggers):
+                raise ParamError("response_format", "a structural_tag response_format needs "
+                                 "both structures and (non-empty) triggers.")
         if self.stream and self.prompt_logprobs is not None and self.prompt_logprobs != 0:
             raise ParamError("prompt_logprobs",
                              "prompt_logprobs are not available when stream=true.")
@@ -328,14 +357,11 @@ class SamplingRequest(OpenAIModel):
             if rf is not None and rf.type != "text":
                 raise ParamError("structured_outputs",
                                  "set structured_outputs or response_format, not both.")
-            if so.structural_tag is not None:
-                raise ParamError("structured_outputs", "structured_outputs: structural_tag is "
-                                 "not supported; use json, regex, choice, grammar or "
-                                 "json_object.")
             try:
                 return StructuredOutputsParams(
                     json=so.json_, regex=so.regex, choice=so.choice, grammar=so.grammar,
-                    json_object=so.json_object, disable_any_whitespace=so.disable_any_whitespace,
+                    json_object=so.json_object, structural_tag=so.structural_tag,
+                    disable_any_whitespace=so.disable_any_whitespace,
                     disable_fallback=so.disable_fallback,
                     disable_additional_properties=so.disable_additional_properties,
                     whitespace_pattern=so.whitespace_pattern)
@@ -345,13 +371,16 @@ class SamplingRequest(OpenAIModel):
             return None
         if rf.type == "json_object":
             return StructuredOutputsParams(json_object=True)
-        assert rf.json_schema is not None
         try:
-            spec = StructuredOutputsParams(json=rf.json_schema.schema_)
+            if rf.type == "structural_tag":
+                spec = StructuredOutputsParams(structural_tag=rf.structural_tag())
+            else:
+                assert rf.json_schema is not None
+                spec = StructuredOutputsParams(json=rf.json_schema.schema_)
             check_structured_outputs(spec)  # the error names response_format, not the engine's
         except ValueError as exc:
-            message = str(exc).replace("structured_outputs: invalid json",
-                                       "response_format: invalid json_schema")
+            message = str(exc).replace("structured_outputs: invalid json:",
+                                       "response_format: invalid json_schema:")
             if message.startswith("structured_outputs"):
                 message = "response_format" + message.removeprefix("structured_outputs")
             raise ParamError("response_format", message) from None

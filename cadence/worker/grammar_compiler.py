@@ -5,6 +5,7 @@ that compiles each distinct structured-outputs spec once, and the futures the sc
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -16,6 +17,7 @@ from typing import Any
 
 from cadence.chat import encodes_as_utf8
 from cadence.sampling_params import StructuredOutputsParams
+from cadence.structured_outputs_params import KINDS
 from cadence.worker.schema_features import enforceable_schema, unenforced_keyword
 
 __all__ = ["GrammarCompilerService", "grammar_of", "spec_key", "xgrammar_module"]
@@ -44,14 +46,7 @@ def grammar_of(spec: StructuredOutputsParams) -> Any:
             schema = spec.json if spec.json is not None else {"type": "object"}
             text = schema if isinstance(schema, str) else json.dumps(schema)
             tree = json.loads(text) if isinstance(schema, str) else schema
-            problem = not_json_value(tree)
-            if problem is not None:
-                raise ValueError(f"the schema {problem}")
-            keyword = unenforced_keyword(tree)
-            if keyword is not None:
-                raise ValueError(f"{keyword} cannot be enforced by the grammar engine "
-                                   "(xgrammar); the output could break it.")
-            exact = enforceable_schema(tree)
+            exact = checked_schema(tree)
             if exact is not tree:
                 text = json.dumps(exact)
             # NOTE: runs of whitespace are bounded: a model that likes blanks could otherwise
@@ -59,6 +54,9 @@ def grammar_of(spec: StructuredOutputsParams) -> Any:
             return json_text_only(xgr, xgr.Grammar.from_json_schema(
                 text, any_whitespace=not spec.disable_any_whitespace,
                 max_whitespace_cnt=MAX_WHITESPACE_RUN))
+        if spec.structural_tag is not None:
+            tag = structural_tag_of(spec.structural_tag)
+            return json_text_only(xgr, xgr.Grammar.from_structural_tag(json.dumps(tag)))
         if spec.regex is not None:
             return xgr.Grammar.from_regex(spec.regex)
         if spec.choice is not None:
@@ -67,13 +65,74 @@ def grammar_of(spec: StructuredOutputsParams) -> Any:
             return xgr.Grammar.from_lark(spec.grammar)
         return xgr.Grammar.from_ebnf(spec.grammar or "")
     except Exception as exc:  # xgrammar raises RuntimeError / its own errors
-        kind = next(k for k in ("json", "json_object", "regex", "choice", "grammar")
-                    if getattr(spec, k) not in (None, False))
+        kind = next(k for k in KINDS if getattr(spec, k) not in (None, False))
         # xgrammar's messages start with a time stamp and a source location: keep the words.
         reason = re.sub(r"^\[[^\]]*\] \S+:\d+: ", "", str(exc).strip()) or (
             # xgrammar gives no words for some (a number past a double's or an int64's range)
             "the grammar engine (xgrammar) cannot compile it (a number out of range?)")
         raise ValueError(f"structured_outputs: invalid {kind}: {reason}") from None
+
+
+def checked_schema(tree: Any) -> Any:
+    """A parsed JSON schema as the grammar is built from it (``enforceable_schema``: exact
+    formats and patterns; ``tree`` itself where nothing changes); a ValueError for one that
+    JSON text cannot carry or whose keywords the grammar engine would not enforce."""
+    problem = not_json_value(tree)
+    if problem is not None:
+        raise ValueError(f"the schema {problem}")
+    keyword = unenforced_keyword(tree)
+    if keyword is not None:
+        raise ValueError(f"{keyword} cannot be enforced by the grammar engine (xgrammar); the "
+                         "output could break it.")
+    return enforceable_schema(tree)
+
+
+def structural_tag_of(given: str | dict) -> dict[str, Any]:
+    """A structural tag (vLLM's ``structural_tag``) in xgrammar's current form, each of its JSON
+    schemas checked and made exact as a ``json`` spec's is, with the same bound on runs of
+    whitespace where the tag sets none. The older form (``structures`` of ``begin`` / ``schema``
+    / ``end``, and ``triggers``) becomes the ``triggered_tags`` format it means, as xgrammar
+    converts it. A ValueError says what is wrong."""
+    tree = json.loads(given) if isinstance(given, str) else given
+    if not isinstance(tree, dict):
+        raise ValueError("a structural tag is a JSON object.")
+    problem = not_json_value(tree)
+    if problem is not None:
+        raise ValueError(f"the structural tag {problem}")
+    if "structures" in tree:
+        structures, triggers = tree.get("structures"), tree.get("triggers")
+        if not isinstance(structures, list) or not all(
+                isinstance(s, dict) and isinstance(s.get("begin"), str)
+                and isinstance(s.get("end"), str) and "schema" in s for s in structures):
+            raise ValueError("structures must be a list of {begin, schema, end}.")
+        if not isinstance(triggers, list) or not triggers or not all(
+                isinstance(t, str) and t for t in triggers):
+            raise ValueError("triggers must be a non-empty list of non-empty strings.")
+        tree = {"type": "structural_tag", "format": {
+            "type": "triggered_tags", "triggers": triggers,
+            "tags": [{"type": "tag", "begin": s["begin"], "end": s["end"],
+                      "content": {"type": "json_schema", "json_schema": (
+                          json.loads(s["schema"]) if isinstance(s["schema"], str)
+                          else s["schema"])}}
+                     for s in structures]}}
+    elif not isinstance(tree.get("format"), dict):
+        raise ValueError("a structural tag needs its format (an object), or the older "
+                         "structures and triggers.")
+    else:
+        tree = copy.deepcopy(tree)
+        tree.setdefault("type", "structural_tag")
+    stack = [tree["format"]]
+    while stack:  # every json_schema format in the tree, wherever it nests
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            if node.get("type") == "json_schema" and isinstance(node.get("json_schema"), dict):
+                node["json_schema"] = checked_schema(node["json_schema"])
+                if node.get("max_whitespace_cnt") is None:
+                    node["max_whitespace_cnt"] = MAX_WHITESPACE_RUN
+            stack.extend(v for k, v in node.items() if k != "json_schema")
+    return tree
 
 
 def not_json_value(tree: Any) -> str | None:

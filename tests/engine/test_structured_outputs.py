@@ -59,6 +59,19 @@ PATTERNS = {"type": "object", "properties": {
     "n": {"type": "string", "pattern": "^[0-9]{1,3}(\\.[0-9]+)?%$"}},
     "required": ["v", "n"], "additionalProperties": False}
 
+# A structural tag whose text is forced (a sequence: fixed text, then a tag of SCHEMA's JSON).
+TAGGED = {"type": "structural_tag", "format": {"type": "sequence", "elements": [
+    {"type": "const_string", "value": "Result: "},
+    {"type": "tag", "begin": "<f>", "end": "</f>",
+     "content": {"type": "json_schema", "json_schema": SCHEMA}}]}}
+
+
+def _check_tagged(text: str) -> None:
+    head, tail = "Result: <f>", "</f>"
+    assert text.startswith(head) and text.endswith(tail), text
+    jsonschema.validate(json.loads(text[len(head):-len(tail)]), SCHEMA)
+
+
 FORMATS = {
     "json_schema": (dict(json=SCHEMA), lambda t: jsonschema.validate(json.loads(t), SCHEMA)),
     "dates": (dict(json=DATES), _check_dates),
@@ -66,6 +79,7 @@ FORMATS = {
     "json_object": (dict(json_object=True), lambda t: isinstance(json.loads(t), dict) or 1 / 0),
     "regex": (dict(regex=REGEX), lambda t: re.fullmatch(REGEX, t) or 1 / 0),
     "choice": (dict(choice=CHOICES), lambda t: t in CHOICES or 1 / 0),
+    "structural_tag": (dict(structural_tag=json.dumps(TAGGED)), _check_tagged),
 }
 
 
@@ -123,6 +137,10 @@ def test_constrained_and_free_requests_share_steps() -> None:
     (dict(json={"type": "nope"}), "invalid json"),
     (dict(regex="(unclosed"), "invalid regex"),
     (dict(grammar="root ::= missing_rule"), "invalid grammar"),
+    (dict(structural_tag={"format": {"type": "tag", "begin": "<", "end": ">",
+                                     "content": {"type": "json_schema",
+                                                 "json_schema": {"type": "nope"}}}}),
+     "invalid structural_tag"),
     # Past a double's range (xgrammar refused it without a word): said in words.
     (dict(json='{"type": "integer", "maximum": 1e400}'), "invalid json: the schema holds a "
                                                           "number that is not finite"),

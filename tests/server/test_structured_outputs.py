@@ -48,6 +48,34 @@ def test_completions_structured_outputs_field(client, stream) -> None:
         assert check(text), text
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_structural_tags_in_both_forms(client, stream) -> None:
+    """vLLM's structural_tag response_format, in xgrammar's current form (here a forced tag)
+    and the older structures-and-triggers form, and as structured_outputs' JSON text."""
+    from tests.engine.test_structured_outputs import TAGGED, _check_tagged
+
+    legacy = {"type": "structural_tag", "triggers": ["<f="],
+              "structures": [{"begin": "<f=a>", "schema": SCHEMA, "end": "</f>"}]}
+    for extra in ({"response_format": TAGGED},
+                  {"extra_body": {"structured_outputs": {"structural_tag": json.dumps(TAGGED)}}}):
+        for seed in range(2):
+            kw = dict(model="tiny", messages=MSG, max_tokens=200, temperature=1.0, seed=seed,
+                      **extra)
+            if stream:
+                text = "".join(c.choices[0].delta.content or "" for c in
+                               client.chat.completions.create(**kw, stream=True) if c.choices)
+            else:
+                text = client.chat.completions.create(**kw).choices[0].message.content
+            _check_tagged(text)
+    # The older form: free text until a trigger; whatever the model wrote, each tag it opened
+    # holds SCHEMA's JSON.
+    text = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=60, seed=1,
+                                          response_format=legacy).choices[0].message.content
+    for part in text.split("<f=a>")[1:]:
+        if "</f>" in part:
+            jsonschema.validate(json.loads(part.split("</f>")[0]), SCHEMA)
+
+
 def _deep_schema(levels: int) -> dict:
     schema: dict = {"type": "string"}
     for _ in range(levels):
@@ -79,6 +107,16 @@ def _deep_schema(levels: int) -> dict:
      "response_format", "not finite"),
     ({"structured_outputs": {"json": '{"type": "string", "pattern": "\\ud800"}'}},
      "structured_outputs", "lone surrogate"),
+    # Structural tags: one of the two forms, each whole; a tag xgrammar refuses, in its words.
+    ({"response_format": {"type": "structural_tag"}}, "response_format", "needs its format"),
+    ({"response_format": {"type": "structural_tag", "format": {"type": "any_text"},
+                          "triggers": ["<"]}}, "response_format", "needs its format"),
+    ({"response_format": {"type": "structural_tag", "structures": [
+        {"begin": "<a>", "schema": {}, "end": "</a>"}]}}, "response_format", "triggers"),
+    ({"response_format": {"type": "structural_tag", "format": {"type": "bogus"}}},
+     "response_format", "invalid structural_tag"),
+    ({"structured_outputs": {"structural_tag": "not json"}}, "structured_outputs",
+     "invalid structural_tag"),
 ])
 def test_bad_specs_are_400s_naming_the_field(http, body, param, fragment) -> None:
     raw = json.dumps({"messages": MSG, "max_tokens": 4, **body}).replace('"@INF@"', "1e400")

@@ -3,6 +3,7 @@ compiler's thread; errors come back through the future; the cache is bounded."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -81,3 +82,97 @@ def test_a_wordless_grammar_engine_error_still_says_something(monkeypatch) -> No
     monkeypatch.setattr(grammar_compiler, "xgrammar_module", lambda: fake)
     with pytest.raises(ValueError, match="invalid regex: the grammar engine"):
         grammar_compiler.grammar_of(StructuredOutputsParams(regex="a+"))
+
+
+# Structural tags (vLLM's structural_tag, xgrammar's format) ---------------------------------
+A_INT = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+def _takes(grammar, text: str) -> bool:
+    """Whether ``grammar`` takes ``text`` whole (and may end there), over a vocabulary of single
+    characters (printable ASCII and newline)."""
+    xgr = grammar_compiler.xgrammar_module()
+    vocab = [chr(i) for i in range(32, 127)] + ["\n"]
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo(vocab)).compile_grammar(grammar)
+    matcher = xgr.GrammarMatcher(compiled)
+    return bool(matcher.accept_string(text)) and matcher.is_completed()
+
+
+def test_the_older_structural_tag_is_the_triggered_tags_it_means() -> None:
+    legacy = {"type": "structural_tag", "triggers": ["<f="],
+              "structures": [{"begin": "<f=a>", "schema": A_INT, "end": "</f>"},
+                             {"begin": "<f=b>", "schema": json.dumps({"type": "string"}),
+                              "end": "</f>"}]}
+    assert grammar_compiler.structural_tag_of(json.dumps(legacy)) == {
+        "type": "structural_tag", "format": {
+            "type": "triggered_tags", "triggers": ["<f="], "tags": [
+                {"type": "tag", "begin": "<f=a>", "end": "</f>",
+                 "content": {"type": "json_schema", "json_schema": A_INT,
+                             "max_whitespace_cnt": 4}},
+                {"type": "tag", "begin": "<f=b>", "end": "</f>",
+                 "content": {"type": "json_schema", "json_schema": {"type": "string"},
+                             "max_whitespace_cnt": 4}}]}}
+
+
+def test_each_json_schema_in_a_structural_tag_is_checked_and_made_exact() -> None:
+    dated = {"type": "object", "properties": {"d": {"type": "string", "format": "date"}}}
+    tag = {"type": "structural_tag", "format": {"type": "sequence", "elements": [
+        {"type": "const_string", "value": "x"},
+        {"type": "tag", "begin": "<d>", "end": "</d>",
+         "content": {"type": "json_schema", "json_schema": dated, "max_whitespace_cnt": 1}}]}}
+    got = grammar_compiler.structural_tag_of(tag)
+    inner = got["format"]["elements"][1]["content"]
+    assert inner["max_whitespace_cnt"] == 1  # the tag's own bound is kept
+    assert inner["json_schema"]["properties"]["d"].get("pattern")  # the exact date pattern
+    assert tag["format"]["elements"][1]["content"]["json_schema"] is dated  # not mutated
+    assert "pattern" not in dated["properties"]["d"]
+    unenforced = {"type": "structural_tag", "format": {
+        "type": "tag", "begin": "<", "end": ">",
+        "content": {"type": "json_schema", "json_schema": {"type": "array",
+                                                           "uniqueItems": True}}}}
+    with pytest.raises(ValueError, match="uniqueItems"):
+        grammar_compiler.structural_tag_of(unenforced)
+
+
+@pytest.mark.parametrize(("tag", "fragment"), [
+    ("[1, 2]", "is a JSON object"),
+    ({"type": "structural_tag"}, "needs its format"),
+    ({"structures": [{"begin": "<a>", "end": "</a>"}], "triggers": ["<a"]}, "structures must"),
+    ({"structures": [{"begin": "<a>", "schema": {}, "end": "</a>"}], "triggers": []},
+     "triggers must"),
+    ({"structures": [{"begin": "<a>", "schema": {}, "end": "</a>"}], "triggers": [""]},
+     "triggers must"),
+    ('{"format": {"type": "const_string", "value": NaN}}', "not finite"),
+])
+def test_malformed_structural_tags_say_what_is_wrong(tag, fragment) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        grammar_compiler.structural_tag_of(tag)
+
+
+def test_a_structural_tag_grammar_holds_free_text_and_each_tags_json() -> None:
+    legacy = {"triggers": ["<f="], "structures": [
+        {"begin": "<f=a>", "schema": A_INT, "end": "</f>"},
+        {"begin": "<f=b>", "schema": {"type": "object", "properties": {
+            "b": {"type": "string", "maxLength": 3}}, "required": ["b"]}, "end": "</f>"}]}
+    grammar = grammar_compiler.grammar_of(StructuredOutputsParams(structural_tag=legacy))
+    for text, ok in [
+        ('hello <f=a>{"a": 1}</f> bye', True),
+        ('<f=b>{"b": "xyz"}</f> and <f=a>{"a": -2}</f>', True),
+        ("free text only", True),
+        ('hi <f=a>{"a": "x"}</f>', False),  # the schema's type
+        ('hi <f=b>{"b": "long"}</f>', False),  # its maxLength
+        ('<f=a>{"a":      1}</f>', False),  # a run of whitespace past the bound
+        ('<f=c>{"a": 1}</f>', False),  # a trigger that starts no tag
+        ('<f=a>{"a": 1}', False),  # a tag left open
+    ]:
+        assert _takes(grammar, text) is ok, text
+
+
+def test_an_invalid_structural_tag_is_the_specs_error() -> None:
+    bad = {"type": "structural_tag", "format": {"type": "no_such_format"}}
+    with pytest.raises(ValueError, match="invalid structural_tag"):
+        grammar_compiler.grammar_of(StructuredOutputsParams(structural_tag=bad))
+    with pytest.raises(ValueError, match="exactly one"):
+        StructuredOutputsParams(structural_tag=bad, regex="a")
+    with pytest.raises(ValueError, match="JSON text or a dict"):
+        StructuredOutputsParams(structural_tag=["x"])
