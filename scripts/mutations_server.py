@@ -136,4 +136,12 @@ MUTATIONS = [
     Mutation("sp-from-optional-no-clip", "from_optional keeps biases past +-100",
              "cadence/sampling_params.py", "converted[token_id] = min(100.0, max(-100.0, bias))",
              "converted[token_id] = bias", ("tests/test_sampling_params.py",)),
+    Mutation("stag-schema-unchecked", "a structural tag's JSON schemas go unchecked",
+             "cadence/worker/grammar_compiler.py",
+             "                node[\"json_schema\"] = checked_schema(node[\"json_schema\"])\n", "",
+             ("tests/worker/test_grammar_compiler.py",)),
+    Mutation("stag-whitespace-unbounded", "a structural tag's JSON takes any run of blanks",
+             "cadence/worker/grammar_compiler.py",
+             "                    node[\"max_whitespace_cnt\"] = MAX_WHITESPACE_RUN",
+             "                    pass", ("tests/worker/test_grammar_compiler.py",)),
 ]
