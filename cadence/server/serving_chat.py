@@ -127,6 +127,13 @@ class ChatStream:
         self.finished = False
         self.prompt_token_ids: list[int] | None = None  # set when return_token_ids
         self.n = request.n  # choices, each streamed with its index
+        # Reasoning tokens (the Responses API's usage): with the tags as single tokens
+        # (``reasoning_tag_ids``), counted from each choice's output ids as vLLM's parsers
+        # count them; else the tokens of each piece that carried reasoning text.
+        self.reasoning_tag_ids: tuple[int, int] | None = None
+        self.reasoning_ended = False  # the prompt closed the reasoning: none in the output
+        self._output_ids: list[list[int]] = [[] for _ in range(request.n)]
+        self._reasoning_pieces = [0] * request.n
 
     def sink(self) -> OutputSink:
         request, frames = self.request, self.frames
@@ -148,6 +155,10 @@ class ChatStream:
             if self.reasoning is not None:
                 reasoning, content = self.reasoning[c.index].feed(c.text, final=c.finished())
                 reasoning, content = reasoning or None, content or None
+                if self.reasoning_tag_ids is not None:
+                    self._output_ids[c.index].extend(c.token_ids)
+                elif reasoning:
+                    self._reasoning_pieces[c.index] += len(c.token_ids)
                 if content is None and reasoning is None:
                     content = ""
             calls = None
@@ -194,6 +205,25 @@ class ChatStream:
 
         return self.stream.sink(render)
 
+    def reasoning_tokens(self, index: int = 0) -> int:
+        """Choice ``index``'s reasoning tokens so far. By the tags' ids, vLLM's count: the
+        tokens after the output's first start tag (from its first token where the prompt
+        opened the reasoning) up to its first end tag, neither tag counted."""
+        if self.reasoning is None:
+            return 0
+        if self.reasoning_tag_ids is None:
+            return self._reasoning_pieces[index]
+        start_tag, end_tag = self.reasoning_tag_ids
+        ids = self._output_ids[index]
+        if start_tag in ids:
+            first = ids.index(start_tag) + 1
+        elif self.reasoning_ended:
+            return 0
+        else:
+            first = 0
+        last = ids.index(end_tag) if end_tag in ids else len(ids)
+        return max(0, last - first)
+
 
 class OpenAIServingChat(OpenAIServing):
     chat_template: str | None = None  # the server's (--chat-template), else the tokenizer's
@@ -218,8 +248,11 @@ class OpenAIServingChat(OpenAIServing):
 
     def new_stream(self, request: ChatCompletionRequest, request_id: str) -> ChatStream:
         parser = self.tool_call_parser if self.parses_tools(request) else None
-        return ChatStream(request, request_id, self.served_model_name, self.reasoning, parser,
-                          self.token_bytes)
+        stream = ChatStream(request, request_id, self.served_model_name, self.reasoning, parser,
+                            self.token_bytes)
+        if self.reasoning is not None:
+            stream.reasoning_tag_ids = self.reasoning_tags
+        return stream
 
     @functools.cached_property
     def reasoning_tags(self) -> tuple[int, int] | None:  # type: ignore[override]
@@ -271,6 +304,7 @@ class OpenAIServingChat(OpenAIServing):
             # so the constrained output (a forced tool call, a JSON answer) is all content.
             ended = True
         if stream is not None and ended and stream.reasoning is not None:
+            stream.reasoning_ended = True
             for splitter in stream.reasoning:
                 splitter.end_reasoning()
         if (params.structured_outputs is not None and self.reasoning_tags is not None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
@@ -194,15 +194,14 @@ class ResponseEvents:
         return "".join(out)
 
     def end(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None,
-            count_tokens: Callable[[str], int]) -> str:
+            reasoning_tokens: int = 0) -> str:
         """The closing events: the open item's, an empty message for an empty answer, then the
-        whole response (also kept as ``final``); usage counts the reasoning items' tokens."""
+        whole response (also kept as ``final``), its usage with the answer's reasoning tokens
+        (``ChatStream.reasoning_tokens``: of the generated tokens, never a text's re-encoding)."""
         out = self._close()
         if not self.output:  # an empty answer is an empty message
             out += self._open_message() + self._close()
-        reasoning = sum(count_tokens(i["content"][0]["text"]) for i in self.output
-                        if i["type"] == "reasoning" and i["content"])
-        usage = usage_object(prompt_tokens, completion_tokens, cached_tokens, reasoning)
+        usage = usage_object(prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens)
         self.final = self._response(self._status, usage)
         # NOTE: response.completed whatever the status (vLLM's; the openai client's stream
         # helper waits for that event), the response saying "incomplete" where it is.
@@ -232,10 +231,6 @@ class OpenAIServingResponses:
     def __init__(self, chat: OpenAIServingChat) -> None:
         self.chat = chat
 
-    def _count_tokens(self, text: str) -> int:
-        tokenizer = self.chat.engine.tokenizer
-        return len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer else 0
-
     async def create(self, request: ResponsesRequest, engine_id: str,
                      response_id: str) -> ResponseBody:
         """The whole response: the stream's events made and dropped, so that a response and
@@ -252,7 +247,7 @@ class OpenAIServingResponses:
             with _named_as_responses(request):
                 raise stream_error(cs.stream.error, request.chat.grammar_param)
         events.end(cs.prompt_tokens, cs.completion_tokens,
-                   cs.cached_tokens, self._count_tokens)
+                   cs.cached_tokens, cs.reasoning_tokens())
         return ResponseBody(**events.final)
 
     async def start(self, request: ResponsesRequest, engine_id: str,
@@ -279,8 +274,7 @@ class OpenAIServingResponses:
                 yield events.error(cs.stream.error)
             else:
                 yield events.end(cs.prompt_tokens, cs.completion_tokens,
-                                 cs.cached_tokens,
-                                 self._count_tokens)
+                                 cs.cached_tokens, cs.reasoning_tokens())
         except Exception as exc:
             yield events.error(exc)
         finally:

@@ -254,3 +254,50 @@ def test_the_reasoning_tags_reach_the_grammar_where_they_are_single_tokens() -> 
                           template_kwargs=lambda: {"enable_thinking": False})
     assert serving(tok, Q).reasoning_ended(off, [5, start]) is True
     assert serving(tok, D).reasoning_ended(off, [5, start]) is False  # no such switch
+
+
+# Reasoning tokens of a chat stream (the Responses API's usage) -------------------------------
+START, END = 900, 901  # the tags' ids where the tokenizer holds each as one token
+
+
+def _stream_pieces(pieces: list[tuple[list[int], str]], tag_ids, ended: bool = False) -> int:
+    """Feed a chat stream ``pieces`` of (token ids, text) and return its reasoning count."""
+    from cadence.outputs import CompletionOutput, RequestOutput
+    from cadence.server.protocol_chat import ChatCompletionRequest
+    from cadence.server.serving_chat import ChatStream
+
+    request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}])
+    cs = ChatStream(request, "r", "m", reasoning_parser("qwen3"))
+    cs.reasoning_tag_ids = tag_ids
+    if ended:
+        cs.reasoning_ended = True
+        for splitter in cs.reasoning or []:
+            splitter.end_reasoning()
+    sink = cs.sink()
+    for i, (ids, text) in enumerate(pieces):
+        last = i == len(pieces) - 1
+        sink.put(RequestOutput("r", None, [1, 2], None, [CompletionOutput(
+            0, text, ids, finish_reason="stop" if last else None)], last))
+    return cs.reasoning_tokens()
+
+
+def test_reasoning_tokens_by_the_tags_ids_as_vllm_counts_them() -> None:
+    # <think> a b c </think> d e: three reasoning tokens, the tags not counted.
+    pieces = [([START], "<think>"), ([5], "a"), ([6, 7], "bc"), ([END], "</think>"),
+              ([8, 9], "de")]
+    assert _stream_pieces(pieces, (START, END)) == 3
+    # No opening tag: the prompt opened the reasoning, which runs from the first token.
+    assert _stream_pieces(pieces[1:], (START, END)) == 3
+    # Never closed (cut short): every token after the opening tag.
+    assert _stream_pieces(pieces[:3], (START, END)) == 3
+    # The prompt closed the reasoning: none, whatever the text.
+    assert _stream_pieces([([5], "a"), ([6], "b")], (START, END), ended=True) == 0
+
+
+def test_reasoning_tokens_where_the_tags_are_split_count_reasoning_pieces() -> None:
+    # Tags of several tokens: the tokens of each piece that carried reasoning text. The
+    # opening tag's tokens and the closing tag's carry none.
+    pieces = [([1], "<thi"), ([2], "nk>"), ([5], "a"), ([6, 7], "bc"), ([3], "</th"),
+              ([4], "ink>"), ([8, 9], "de")]
+    assert _stream_pieces(pieces, None) == 3
+    assert _stream_pieces(pieces, None) <= sum(len(ids) for ids, _ in pieces)

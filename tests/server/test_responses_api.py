@@ -235,7 +235,9 @@ def test_reasoning_is_a_reasoning_item(server_factory, stream: bool) -> None:
     thought, answer = out.output
     assert thought.type == "reasoning" and thought.content[0].text == "plan it"
     assert answer.type == "message" and out.output_text == "the answer"
-    assert out.usage.output_tokens_details.reasoning_tokens > 0
+    # The reasoning's own tokens, of the generated ones (a re-encoding of its text once
+    # counted more reasoning tokens than output tokens).
+    assert out.usage.output_tokens_details.reasoning_tokens == _tokens("plan it")
     # The answer's logprobs are its own tokens' (the reasoning's left out), streamed or not.
     kw["include"] = ["message.output_text.logprobs"]
     got = (list(client.responses.create(**kw, stream=True))[-1].response if stream
@@ -247,7 +249,19 @@ def test_reasoning_is_a_reasoning_item(server_factory, stream: bool) -> None:
     cut = (list(client.responses.create(**kw, stream=True))[-1].response if stream
            else client.responses.create(**kw))
     assert cut.status == "incomplete" and [i.type for i in cut.output] == ["reasoning"]
-    assert cut.usage.output_tokens_details.reasoning_tokens > 0
+    assert cut.usage.output_tokens_details.reasoning_tokens == 3 == cut.usage.output_tokens
+
+
+def _tokens(text: str) -> int:
+    """``text``'s tokens under the tiny tokenizer (the scripted answer starts with them)."""
+    from transformers import AutoTokenizer
+
+    from cadence.model.tiny import ensure_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.encode("plan it</think>the answer", add_special_tokens=False)[:len(ids)] == ids
+    return len(ids)
 
 
 @pytest.mark.parametrize(("body", "param"), [
