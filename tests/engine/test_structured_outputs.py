@@ -509,8 +509,8 @@ def test_schema_keywords_the_grammar_cannot_enforce_are_refused(llm, schema) -> 
 
 def test_vllms_other_options_are_taken(llm) -> None:
     """disable_any_whitespace gives compact JSON (vLLM's xgrammar backend: no optional blanks);
-    the options of vLLM's other backends are accepted and change nothing; structural_tag is a
-    clear error."""
+    the options of vLLM's other backends are accepted and change nothing; a structural tag
+    without triggers is the request's clear error."""
     schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0,
                                                      "maximum": 9},
                                                "b": {"type": "boolean"}},
@@ -527,8 +527,9 @@ def test_vllms_other_options_are_taken(llm) -> None:
         assert o.outputs[0].finish_reason == "stop", text
         value = json.loads(text)
         assert text == json.dumps(value)  # xgrammar's compact form: ", " and ": " only
-    with pytest.raises(ValueError, match="structural_tag is not supported"):
-        StructuredOutputsParams(structural_tag='{"structures": []}')
+    with pytest.raises(ValueError, match="invalid structural_tag: triggers must"):
+        llm.generate(["x"], SamplingParams(structured_outputs=StructuredOutputsParams(
+            structural_tag='{"structures": []}')), use_tqdm=False)
     with pytest.raises(ValueError, match="disable_any_whitespace must be a bool"):
         StructuredOutputsParams(json=schema, disable_any_whitespace="yes")
 

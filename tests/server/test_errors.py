@@ -30,7 +30,7 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     (COMPLETIONS, {"prompt": "x", "stream": "maybe"}, 400, "stream", "boolean"),
     (COMPLETIONS, {"prompt": "x", "stop": 3}, 400, "stop", "(got 3)"),
     (COMPLETIONS, {"prompt": "x", "structured_outputs": {"structural_tag": "{}"}}, 400,
-     "structured_outputs", "structural_tag is not supported"),
+     "structured_outputs", "structural tag needs its format"),
     (COMPLETIONS, {"prompt": "x", "spaces_between_special_tokens": "maybe"}, 400,
      "spaces_between_special_tokens", "boolean"),
     (COMPLETIONS, {"model": "gpt-9", "prompt": "x"}, 404, "model", "does not exist"),
