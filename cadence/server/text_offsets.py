@@ -73,7 +73,9 @@ def next_offset(cursor: TextCursor, token_id: int, text: str,
     ``bytes_of`` the offsets go by the tokens' bytes, else with ``decode_ids`` by decoded text;
     with neither, each token counts its shown length. A token with no U+FFFD after a complete
     character (a special token the text skips among them) counts its shown length."""
-    if bytes_of is not None and (cursor.need or "\ufffd" in text):
+    # NOTE: a token shown "" may be a piece of a character that never completes (a lead byte
+    # cut short by the next token): its bytes still count, as the text's U+FFFD does.
+    if bytes_of is not None and (cursor.need or not text or "\ufffd" in text):
         return _by_bytes(cursor, bytes_of(token_id, text))
     if bytes_of is None and decode_ids is not None and (cursor.pending or "\ufffd" in text):
         return _by_text(cursor, token_id, decode_ids)

@@ -74,7 +74,10 @@ class TokenBytes:
         # character: either way its own bytes are not its text's.
         if self.kind is not None and (not text or not text.isascii()):
             own = self._own(token_id)
-            if own is not None and not _complete_utf8(own):
+            if own is not None and (not _complete_utf8(own) or (
+                    # A real U+FFFD at a token's end reads as a piece: shown "", its bytes
+                    # still are its own.
+                    not text and own.decode("utf-8").endswith("\ufffd"))):
                 return list(own)
         return list(text.encode("utf-8"))
 

@@ -11,6 +11,7 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
+from cadence.engine.request_state import TokenTextCache
 from cadence.model.tiny import ensure_tiny_model
 from cadence.outputs import Logprob
 from cadence.server.serving_completion import completion_logprobs
@@ -24,14 +25,19 @@ def tiny():
     return AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
 
 
-def _offsets(tok, ids: list[int], cuts: list[int] = (), by_bytes: bool = True) -> list[int]:
-    """text_offset of ``ids`` sent in chunks cut at ``cuts``, as the server computes it."""
+def _offsets(tok, ids: list[int], cuts: list[int] = (), by_bytes: bool = True,
+             repaired: bool = False) -> list[int]:
+    """text_offset of ``ids`` sent in chunks cut at ``cuts``, as the server computes it.
+    ``repaired``: the tokens shown as the output processor shows them (a piece of a character
+    "", the token completing it the whole character), else each decoded alone."""
     bytes_of = TokenBytes(tok).bytes_of if by_bytes else None
+    texts = ([TokenTextCache(tok).in_context(t, ids[:i]) for i, t in enumerate(ids)]
+             if repaired else [tok.decode([t]) for t in ids])
     cursor = TextCursor()
     out: list[int] = []
     for a, b in zip([0, *cuts], [*cuts, len(ids)], strict=True):
         chunk = ids[a:b]
-        rows = [{t: Logprob(-1.0, 1, tok.decode([t]))} for t in chunk]
+        rows = [{t: Logprob(-1.0, 1, text)} for t, text in zip(chunk, texts[a:b], strict=True)]
         out += completion_logprobs(chunk, rows, 0, cursor, decode_ids=tok.decode,
                                    bytes_of=bytes_of).text_offset
     return out
@@ -102,6 +108,8 @@ def test_stray_bytes_are_characters_of_their_own(tiny, ids, text, offsets) -> No
     assert tiny.decode(ids) == text  # the cases' bytes, as the tokenizer spells them
     for cut in range(len(ids)):
         assert _offsets(tiny, ids, [cut] if cut else []) == offsets, cut
+        # As served: a character's pieces show "" (one cut short by the next token too).
+        assert _offsets(tiny, ids, [cut] if cut else [], repaired=True) == offsets, cut
 
 
 def test_a_character_split_across_streamed_chunks_keeps_its_offsets(tiny) -> None:
@@ -147,6 +155,7 @@ def test_random_byte_level_tokens_follow_a_utf8_decoder(tiny, which) -> None:
         cut = rng.randrange(len(ids))
         assert _offsets(tok, ids) == expected, (trial, ids)
         assert _offsets(tok, ids, [cut] if cut else []) == expected, (trial, ids, cut)
+        assert _offsets(tok, ids, [cut] if cut else [], repaired=True) == expected, (trial, ids)
 
 
 @pytest.mark.parametrize("text", ["€a", "a😀 a", "жa", "ab 中文 😀😀 é", "b€€好😀😀好a"])

@@ -83,3 +83,18 @@ def test_chat_logprobs_bytes_of_partial_characters(server, tiny_tokenizer) -> No
         piece = tiny_tokenizer.convert_ids_to_tokens(tid)
         assert entry["bytes"] == [table[ch] for ch in piece]
         assert entry["bytes"] != REPLACEMENT
+
+
+def test_a_token_ending_in_a_real_replacement_character_keeps_its_bytes() -> None:
+    """A token whose own text ends in U+FFFD (the character itself, three bytes) reads as a
+    piece of a character, which logprobs show as ""; its bytes are still its own."""
+    from tests.server.test_text_offsets import _multibyte_tokenizer
+
+    tok = _multibyte_tokenizer()
+    token_bytes = TokenBytes(tok)
+    real = [t for t in range(len(tok)) if (own := token_bytes._own(t)) is not None
+            and own.decode("utf-8", "replace").endswith("\ufffd") and b"\xef\xbf\xbd" in own
+            and own.endswith(b"\xef\xbf\xbd")]
+    assert real  # the multibyte corpus holds U+FFFD itself
+    for t in real:
+        assert token_bytes.bytes_of(t, "") == list(token_bytes._own(t))
