@@ -154,4 +154,9 @@ MUTATIONS = [
              "last = ids.index(end_tag) if end_tag in ids else len(ids)",
              "last = ids.index(end_tag) + 1 if end_tag in ids else len(ids)",
              ("tests/server/test_reasoning.py",)),
+    Mutation("offsets-blank-token-by-length", "a token shown \"\" counts no bytes",
+             "cadence/server/text_offsets.py",
+             "if bytes_of is not None and (cursor.need or not text or \"\\ufffd\" in text):",
+             "if bytes_of is not None and (cursor.need or \"\\ufffd\" in text):",
+             ("tests/server/test_text_offsets.py",)),
 ]
