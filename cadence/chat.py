@@ -96,7 +96,9 @@ def conversation_of(messages: Any) -> list[dict[str, Any]]:
                              f"got {type(content).__name__}.")
         shaped = {**message, "content": content}
         if message["role"] == "assistant":
-            reasoning = message.get("reasoning", message.get("reasoning_content"))
+            reasoning = message.get("reasoning")
+            if reasoning is None:  # its older name (vLLM's clients still send it)
+                reasoning = message.get("reasoning_content")
             if reasoning is not None and not isinstance(reasoning, str):
                 raise ValueError(f"messages.{i}.reasoning: must be a string, got "
                                  f"{type(reasoning).__name__}.")

@@ -145,13 +145,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         logging.basicConfig(level=read_envs().logging_level,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        seen = interrupt.was_seen
         if args[:1] == ["trace"]:  # its own parser: argparse's REMAINDER drops leading options
-            with one_line_errors("cadence trace"):
+            with one_line_errors("cadence trace", seen):
                 return _trace(argparse.Namespace(rest=args[1:]))
-        with one_line_errors(prog.rstrip()):  # a bad --config file
+        with one_line_errors(prog.rstrip(), seen):  # a bad --config file
             ns = parse_args(args)
         prog = f"cadence {ns.command}" + (f" {ns.which}" if ns.command == "bench" else "")
-        with one_line_errors(prog):
+        with one_line_errors(prog, seen):
             return int(ns.func(ns) or 0)
     except BaseException as exc:
         # Ctrl-C while the command starts or runs (a server serving takes SIGINT over).
@@ -179,6 +180,9 @@ class _Interrupt:
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         self.seen = True
         raise KeyboardInterrupt
+
+    def was_seen(self) -> bool:
+        return self.seen
 
     def install(self) -> Any:
         """Take SIGINT where Python's default handler has it (not where it is ignored, nor off

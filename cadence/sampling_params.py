@@ -97,20 +97,34 @@ class SamplingParams:
 
     @staticmethod
     def from_optional(
-        *,
         n: int | None = 1,
         presence_penalty: float | None = 0.0,
         frequency_penalty: float | None = 0.0,
         repetition_penalty: float | None = 1.0,
         temperature: float | None = 1.0,
         top_p: float | None = 1.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        seed: int | None = None,
+        stop: str | list[str] | None = None,
+        stop_token_ids: list[int] | None = None,
+        bad_words: list[str] | None = None,
+        thinking_token_budget: int | None = None,
+        include_stop_str_in_output: bool = False,
+        ignore_eos: bool = False,
+        max_tokens: int | None = 16,
+        min_tokens: int = 0,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
+        *,
         logit_bias: Mapping[Any, float] | None = None,
         **kwargs: Any,
     ) -> SamplingParams:
         """vLLM's constructor for request fields that may come as null: None takes the default
         of ``n``, the three penalties, ``temperature`` and ``top_p``; ``logit_bias`` keys may be
         token ids as text ("42"), and its biases are clipped to [-100, 100] (OpenAI's range).
-        Every other field is passed as is."""
+        Its first parameters are vLLM's, in vLLM's order; every other field is passed as is,
+        by name."""
         if logit_bias is not None:
             if not isinstance(logit_bias, Mapping):
                 raise ValueError("logit_bias must be a mapping of token ids to biases, got "
@@ -133,8 +147,11 @@ class SamplingParams:
             repetition_penalty=1.0 if repetition_penalty is None else repetition_penalty,
             temperature=1.0 if temperature is None else temperature,
             top_p=1.0 if top_p is None else top_p,
-            logit_bias=logit_bias,
-            **kwargs,
+            top_k=top_k, min_p=min_p, seed=seed, stop=stop, stop_token_ids=stop_token_ids,
+            bad_words=bad_words, thinking_token_budget=thinking_token_budget,
+            include_stop_str_in_output=include_stop_str_in_output, ignore_eos=ignore_eos,
+            max_tokens=max_tokens, min_tokens=min_tokens, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs, logit_bias=logit_bias, **kwargs,
         )
 
     def __post_init__(self) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from cadence.envs import read_envs
@@ -38,12 +38,15 @@ def first_line(exc: BaseException) -> str:
 
 
 @contextmanager
-def one_line_errors(prog: str) -> Iterator[None]:
-    """Turn a user mistake raised inside into ``prog: error: MESSAGE`` and exit status 2."""
+def one_line_errors(prog: str, interrupted: Callable[[], bool] | None = None
+                    ) -> Iterator[None]:
+    """Turn a user mistake raised inside into ``prog: error: MESSAGE`` and exit status 2.
+    ``interrupted``: whether Ctrl-C came first, which makes the error its consequence (a
+    library's half-made state), left to the caller's one line for the interruption."""
     try:
         yield
     except USER_ERRORS as exc:
-        if read_envs().logging_level <= logging.DEBUG:
+        if read_envs().logging_level <= logging.DEBUG or (interrupted and interrupted()):
             raise
         message = str(exc) or type(exc).__name__
         print(f"{prog}: error: {message}", file=sys.stderr)

@@ -36,6 +36,9 @@ llm.LLM.__init__ = load
 sys.exit(cli.main(["generate", "--model", "tiny", "--prompt", "x"]))
 """
 
+# A user error (a ValueError) after the interrupt: still the interruption's one line.
+_SWALLOWED_USER_ERROR = _SWALLOWED.replace("RuntimeError", "ValueError")
+
 _WHILE_PARSING = """
 build = cli.build_parser
 def build_parser():
@@ -62,13 +65,13 @@ def _run(body: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize(("body", "line"), [
     (_SWALLOWED, "cadence generate: interrupted"),
+    (_SWALLOWED_USER_ERROR, "cadence generate: interrupted"),
     (_WHILE_PARSING, "cadence bench latency: interrupted"),
-], ids=["swallowed-then-failed", "while-parsing"])
+], ids=["swallowed-then-failed", "swallowed-then-user-error", "while-parsing"])
 def test_an_interrupt_ends_the_command_in_one_line(body: str, line: str) -> None:
     done = _run(body)
     assert done.returncode == 130, done.stderr
-    assert "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.strip().splitlines()[-1] == line
+    assert done.stderr.strip().splitlines() == [line], done.stderr
 
 
 def test_a_failure_without_an_interrupt_keeps_its_traceback() -> None:

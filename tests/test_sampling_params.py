@@ -273,6 +273,11 @@ def test_from_optional_takes_nulls_as_defaults() -> None:
     assert (p.n, p.presence_penalty, p.frequency_penalty, p.repetition_penalty, p.temperature,
             p.top_p, p.max_tokens, p.seed) == (1, 0.0, 0.0, 1.0, 1.0, 1.0, 5, 3)
     assert SamplingParams.from_optional(temperature=0.0, n=1).temperature == 0.0
+    # Positional, in vLLM's order: n, presence_penalty, frequency_penalty, repetition_penalty,
+    # temperature, top_p, top_k, min_p, seed, ...
+    p = SamplingParams.from_optional(2, None, 0.5, None, 0.7, None, 4, 0.1, 9)
+    assert (p.n, p.presence_penalty, p.frequency_penalty, p.repetition_penalty, p.temperature,
+            p.top_p, p.top_k, p.min_p, p.seed) == (2, 0.0, 0.5, 1.0, 0.7, 1.0, 4, 0.1, 9)
 
 
 def test_from_optional_reads_logit_bias_keys_as_text_and_clips_biases() -> None:

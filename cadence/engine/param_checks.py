@@ -110,11 +110,11 @@ def _check_structured_outputs(params: SamplingParams, tokenizer: Tokenizer | Non
             "structured outputs need a tokenizer, and this engine has none.",
             "structured_outputs")
     text = str(spec.json or "") + (spec.regex or "") + (spec.grammar or "") + "".join(
-        spec.choice or [])
+        spec.choice or []) + str(spec.structural_tag or "")
     if len(text) > MAX_GRAMMAR_CHARS:
         raise InputValidationError(
             f"structured_outputs: at most {MAX_GRAMMAR_CHARS} characters of schema, regex, "
-            f"choices or grammar, got {len(text)}.", "structured_outputs")
+            f"choices, grammar or structural tag, got {len(text)}.", "structured_outputs")
     try:
         check_structured_outputs(spec)
     except ValueError as exc:

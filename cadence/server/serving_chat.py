@@ -127,10 +127,11 @@ class ChatStream:
         self.finished = False
         self.prompt_token_ids: list[int] | None = None  # set when return_token_ids
         self.n = request.n  # choices, each streamed with its index
-        # Reasoning tokens (the Responses API's usage): with the tags as single tokens
-        # (``reasoning_tag_ids``), counted from each choice's output ids as vLLM's parsers
-        # count them; else the tokens of each piece that carried reasoning text.
+        # Reasoning tokens (the Responses API's usage, which sets ``reasoning_tag_ids``): with
+        # the tags as single tokens, counted from each choice's output ids as vLLM's parsers
+        # count them; else (``split_tags``) the tokens of each piece that carried reasoning.
         self.reasoning_tag_ids: tuple[int, int] | None = None
+        self.split_tags = False
         self.reasoning_ended = False  # the prompt closed the reasoning: none in the output
         self._output_ids: list[list[int]] = [[] for _ in range(request.n)]
         self._reasoning_pieces = [0] * request.n
@@ -157,7 +158,7 @@ class ChatStream:
                 reasoning, content = reasoning or None, content or None
                 if self.reasoning_tag_ids is not None:
                     self._output_ids[c.index].extend(c.token_ids)
-                elif reasoning:
+                elif reasoning and self.split_tags:
                     self._reasoning_pieces[c.index] += len(c.token_ids)
                 if content is None and reasoning is None:
                     content = ""
@@ -248,11 +249,8 @@ class OpenAIServingChat(OpenAIServing):
 
     def new_stream(self, request: ChatCompletionRequest, request_id: str) -> ChatStream:
         parser = self.tool_call_parser if self.parses_tools(request) else None
-        stream = ChatStream(request, request_id, self.served_model_name, self.reasoning, parser,
-                            self.token_bytes)
-        if self.reasoning is not None:
-            stream.reasoning_tag_ids = self.reasoning_tags
-        return stream
+        return ChatStream(request, request_id, self.served_model_name, self.reasoning, parser,
+                          self.token_bytes)
 
     @functools.cached_property
     def reasoning_tags(self) -> tuple[int, int] | None:  # type: ignore[override]

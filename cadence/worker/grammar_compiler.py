@@ -16,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from cadence.chat import encodes_as_utf8
+from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 from cadence.sampling_params import StructuredOutputsParams
 from cadence.structured_outputs_params import KINDS
 from cadence.worker.schema_features import enforceable_schema, unenforced_keyword
@@ -87,15 +88,25 @@ def checked_schema(tree: Any) -> Any:
     return enforceable_schema(tree)
 
 
+# Structural tag formats that name token ids (or token strings): their ids would be checked
+# only when the engine compiles (a 500 for one past the vocabulary), and the special tokens they
+# mostly name are the ones this engine's grammars never let through as text.
+TOKEN_FORMATS = frozenset({"token", "any_tokens", "exclude_token", "token_dispatch",
+                           "token_triggered_tags"})
+
+
 def structural_tag_of(given: str | dict) -> dict[str, Any]:
     """A structural tag (vLLM's ``structural_tag``) in xgrammar's current form, each of its JSON
     schemas checked and made exact as a ``json`` spec's is, with the same bound on runs of
-    whitespace where the tag sets none. The older form (``structures`` of ``begin`` / ``schema``
+    whitespace where the tag sets none (a ``max_whitespace_cnt`` of null too). Formats that
+    name tokens (``TOKEN_FORMATS``) are refused. The older form (``structures`` of ``begin`` / ``schema``
     / ``end``, and ``triggers``) becomes the ``triggered_tags`` format it means, as xgrammar
     converts it. A ValueError says what is wrong."""
     tree = json.loads(given) if isinstance(given, str) else given
     if not isinstance(tree, dict):
         raise ValueError("a structural tag is a JSON object.")
+    if nesting_depth(tree) > MAX_JSON_DEPTH:
+        raise ValueError(f"the structural tag nests deeper than {MAX_JSON_DEPTH} levels.")
     problem = not_json_value(tree)
     if problem is not None:
         raise ValueError(f"the structural tag {problem}")
@@ -108,13 +119,20 @@ def structural_tag_of(given: str | dict) -> dict[str, Any]:
         if not isinstance(triggers, list) or not triggers or not all(
                 isinstance(t, str) and t for t in triggers):
             raise ValueError("triggers must be a non-empty list of non-empty strings.")
+        schemas = []
+        for s in structures:
+            schema = s["schema"]
+            if isinstance(schema, str):  # JSON text: its nesting is bounded before it parses
+                if nesting_depth(schema) > MAX_JSON_DEPTH:
+                    raise ValueError(f"a structure's schema nests deeper than {MAX_JSON_DEPTH} "
+                                     "levels.")
+                schema = json.loads(schema)
+            schemas.append(schema)
         tree = {"type": "structural_tag", "format": {
             "type": "triggered_tags", "triggers": triggers,
             "tags": [{"type": "tag", "begin": s["begin"], "end": s["end"],
-                      "content": {"type": "json_schema", "json_schema": (
-                          json.loads(s["schema"]) if isinstance(s["schema"], str)
-                          else s["schema"])}}
-                     for s in structures]}}
+                      "content": {"type": "json_schema", "json_schema": schema}}
+                     for s, schema in zip(structures, schemas, strict=True)]}}
     elif not isinstance(tree.get("format"), dict):
         raise ValueError("a structural tag needs its format (an object), or the older "
                          "structures and triggers.")
@@ -122,14 +140,20 @@ def structural_tag_of(given: str | dict) -> dict[str, Any]:
         tree = copy.deepcopy(tree)
         tree.setdefault("type", "structural_tag")
     stack = [tree["format"]]
-    while stack:  # every json_schema format in the tree, wherever it nests
+    while stack:  # every format in the tree, wherever it nests
         node = stack.pop()
         if isinstance(node, list):
             stack.extend(node)
         elif isinstance(node, dict):
-            if node.get("type") == "json_schema" and isinstance(node.get("json_schema"), dict):
-                node["json_schema"] = checked_schema(node["json_schema"])
-                if node.get("max_whitespace_cnt") is None:
+            kind = node.get("type")
+            if kind in TOKEN_FORMATS:
+                raise ValueError(f"its {kind!r} format names tokens, which are not supported "
+                                 "here; name the text instead (const_string, tag, "
+                                 "triggered_tags, ...).")
+            if kind in ("json_schema", "qwen_xml_parameter") and "json_schema" in node:
+                if isinstance(node["json_schema"], dict):
+                    node["json_schema"] = checked_schema(node["json_schema"])
+                if kind == "json_schema" and node.get("max_whitespace_cnt") is None:
                     node["max_whitespace_cnt"] = MAX_WHITESPACE_RUN
             stack.extend(v for k, v in node.items() if k != "json_schema")
     return tree

@@ -175,6 +175,11 @@ def test_an_assistants_reasoning_reaches_the_template_under_both_names(llm) -> N
         (out,) = llm.chat(conversation, GREEDY, use_tqdm=False, chat_template=template,
                           add_generation_prompt=False)
         assert out.prompt == "[user]Hi[assistant]ok<r because|because>", key
+    both = [{"role": "assistant", "content": "ok", "reasoning": None,
+             "reasoning_content": "older"}]
+    (out,) = llm.chat(both, GREEDY, use_tqdm=False, chat_template=template,
+                      add_generation_prompt=False)
+    assert out.prompt == "[assistant]ok<r older|older>"
     with pytest.raises(ValueError, match=r"messages\.0\.reasoning"):
         llm.chat([{"role": "assistant", "content": "ok", "reasoning": ["x"]}], GREEDY,
                  use_tqdm=False, chat_template=template)

@@ -144,6 +144,10 @@ _HUGE = {"type": "object", "properties": {f"p{i}": {"type": "string", "descripti
         "name": "f", "parameters": _HUGE}}], "tool_choice": "required"}, "tools"),
     ("/v1/completions", {"structured_outputs": {"json": _HUGE}, "stream": True},
      "structured_outputs"),
+    ("/v1/completions", {"structured_outputs": {"structural_tag": {"format": {
+        "type": "json_schema", "json_schema": _HUGE}}}}, "structured_outputs"),
+    ("/v1/chat/completions", {"response_format": {"type": "structural_tag", "format": {
+        "type": "json_schema", "json_schema": _HUGE}}}, "response_format"),
 ])
 def test_a_grammar_over_the_cap_names_the_field_the_request_used(http, route, body,
                                                                  param) -> None:

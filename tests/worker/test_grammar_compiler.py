@@ -176,3 +176,45 @@ def test_an_invalid_structural_tag_is_the_specs_error() -> None:
         StructuredOutputsParams(structural_tag=bad, regex="a")
     with pytest.raises(ValueError, match="JSON text or a dict"):
         StructuredOutputsParams(structural_tag=["x"])
+
+
+@pytest.mark.parametrize("fmt", [
+    {"type": "token", "token": 999999},
+    {"type": "token", "token": "<|im_end|>"},
+    {"type": "any_tokens", "exclude_tokens": [1]},
+    {"type": "tag", "begin": {"type": "token", "token": 5}, "end": "x",
+     "content": {"type": "any_text"}},
+    {"type": "token_triggered_tags", "trigger_tokens": [3], "tags": []},
+])
+def test_formats_that_name_tokens_are_refused(fmt) -> None:
+    """Token ids would be checked only when the engine compiles (a 500 past the vocabulary),
+    and the special tokens they name are never let through as text here: refused at once."""
+    with pytest.raises(ValueError, match="names tokens"):
+        grammar_compiler.structural_tag_of({"type": "structural_tag", "format": fmt})
+
+
+def test_a_structural_tags_schema_text_is_depth_bounded_before_it_parses() -> None:
+    deep = "[" * 200 + "]" * 200
+    legacy = {"triggers": ["<a"], "structures": [{"begin": "<a>", "schema": deep,
+                                                  "end": "</a>"}]}
+    with pytest.raises(ValueError, match="nests deeper"):
+        grammar_compiler.structural_tag_of(legacy)
+
+
+def test_every_schema_format_is_checked_and_bounded() -> None:
+    def content(node):
+        tag = {"type": "structural_tag", "format": {"type": "tag", "begin": "<", "end": ">",
+                                                    "content": node}}
+        return grammar_compiler.structural_tag_of(tag)["format"]["content"]
+
+    # A schema of true (any JSON) gets the whitespace bound; an explicit null too.
+    assert content({"type": "json_schema", "json_schema": True})["max_whitespace_cnt"] == 4
+    assert content({"type": "json_schema", "json_schema": {},
+                    "max_whitespace_cnt": None})["max_whitespace_cnt"] == 4
+    # The Qwen XML parameter format's schema is checked as a JSON schema's is.
+    with pytest.raises(ValueError, match="unknown string format|format"):
+        content({"type": "qwen_xml_parameter",
+                 "json_schema": {"type": "string", "format": "foo"}})
+    grammar = grammar_compiler.grammar_of(StructuredOutputsParams(structural_tag={
+        "format": {"type": "json_schema", "json_schema": True}}))
+    assert _takes(grammar, '{"a":    1}') and not _takes(grammar, '{"a":      1}')
