@@ -188,7 +188,7 @@ MUTATIONS = [
              "parent = None", ("tests/engine/test_parallel_sampling.py",)),
     Mutation("text-offset-bytes", "text_offset counts each byte token's U+FFFD",
              "cadence/server/text_offsets.py",
-             'if bytes_of is not None and (cursor.need or "\\ufffd" in text):',
+             'if bytes_of is not None and (cursor.need or not text or "\\ufffd" in text):',
              "if False:", ("tests/server/test_text_offsets.py",)),
     Mutation("glu-rows", "SwiGLU fused past GLU_MAX_ROWS",
              "cadence/model/skinny_gemm.py",
