@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
+from cadence.server.chat_stream import ChatStream
 from cadence.server.errors import APIError
 from cadence.server.protocol import ParamError
 from cadence.server.protocol_chat import NamedToolChoice
@@ -27,7 +28,6 @@ from cadence.server.responses_api import (
     usage_object,
 )
 from cadence.server.serving import StartedRequest, stream_error
-from cadence.server.serving_chat import ChatStream
 from cadence.server.tool_call_json import CHAT_CALL_PREFIX
 
 if TYPE_CHECKING:

@@ -263,8 +263,8 @@ START, END = 900, 901  # the tags' ids where the tokenizer holds each as one tok
 def _stream_pieces(pieces: list[tuple[list[int], str]], tag_ids, ended: bool = False) -> int:
     """Feed a chat stream ``pieces`` of (token ids, text) and return its reasoning count."""
     from cadence.outputs import CompletionOutput, RequestOutput
+    from cadence.server.chat_stream import ChatStream
     from cadence.server.protocol_chat import ChatCompletionRequest
-    from cadence.server.serving_chat import ChatStream
 
     request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}])
     cs = ChatStream(request, "r", "m", reasoning_parser("qwen3"))

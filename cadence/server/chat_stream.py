@@ -1,0 +1,199 @@
+"""A streamed chat completion's renderer: each engine output of a choice becomes its chunk,
+with the reasoning split off (``--reasoning-parser``), tool calls parsed, a forced tool choice's
+calls held to the end, and logprobs in OpenAI's chat shape. The whole (non-streamed) answer
+reuses the logprob and forced-call helpers here."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cadence.server.frame_stream import FrameStream
+from cadence.server.frames import ChatFrames
+from cadence.server.protocol_chat import ChatCompletionRequest, NamedToolChoice
+from cadence.server.protocol_responses import ChatLogProb, ChatLogProbs, ChatLogProbsContent
+from cadence.server.reasoning import ReasoningParser
+from cadence.server.serving import clamp_logprob, token_text, top_by_rank
+from cadence.server.token_bytes import TokenBytes
+from cadence.server.tool_calls import (
+    ParsedCall,
+    parse_forced_calls,
+    tool_call_stream,
+    tool_calls_finish,
+)
+
+if TYPE_CHECKING:
+    from cadence.engine.output_processor import OutputSink
+    from cadence.outputs import Logprob, RequestOutput
+
+__all__ = ["ChatStream", "chat_logprobs", "forced_calls", "one_call_at_most"]
+
+
+def chat_logprobs(token_ids: list[int], rows: list[dict[int, Logprob]], num: int | None,
+                  as_ids: bool = False, token_bytes: TokenBytes | None = None) -> ChatLogProbs:
+    """``as_ids``: tokens shown as ``token_id:N`` (vLLM's return_tokens_as_token_ids).
+    ``token_bytes``: each token's own bytes where its text is part of a character (else the
+    text's UTF-8)."""
+    def bytes_of(tid: int, text: str) -> list[int]:
+        if token_bytes is None or as_ids:
+            return list(text.encode("utf-8"))
+        return token_bytes.bytes_of(tid, text)
+
+    content: list[ChatLogProbsContent] = []
+    for tid, row in zip(token_ids, rows, strict=False):
+        sampled = row.get(tid)
+        text = token_text(tid, sampled, as_ids) if sampled is not None else f"token_id:{tid}"
+        top = []
+        for t, lp in top_by_rank(row, num):
+            shown = token_text(t, lp, as_ids)
+            top.append(ChatLogProb(token=shown, logprob=clamp_logprob(lp.logprob),
+                                   bytes=bytes_of(t, shown)))
+        content.append(
+            ChatLogProbsContent(
+                token=text,
+                logprob=clamp_logprob(sampled.logprob) if sampled is not None else -9999.0,
+                bytes=bytes_of(tid, text),
+                top_logprobs=top,
+            )
+        )
+    return ChatLogProbs(content=content)
+
+
+def one_call_at_most(request: ChatCompletionRequest, calls: list[ParsedCall]
+                     ) -> list[ParsedCall]:
+    """``calls``, or only the first with ``parallel_tool_calls`` false (vLLM)."""
+    return calls[:1] if request.parallel_tool_calls is False else calls
+
+
+def forced_calls(request: ChatCompletionRequest, text: str) -> list[ParsedCall] | None:
+    """The calls of a forced tool choice's answer (None when it is not the calls' JSON)."""
+    choice = request.tool_choice
+    return parse_forced_calls(
+        text, choice.function.name if isinstance(choice, NamedToolChoice) else None)
+
+
+def _delta_call(index: int, call: ParsedCall) -> dict:
+    """A streamed tool call, whole in one delta (OpenAI's shape)."""
+    return {"index": index, "id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+class ChatStream:
+    """A streamed chat completion: its frame stream and the renderer of its outputs."""
+
+    def __init__(self, request: ChatCompletionRequest, request_id: str, model: str,
+                 reasoning: ReasoningParser | None = None, tools: str | None = None,
+                 token_bytes: TokenBytes | None = None) -> None:
+        """``tools``: the tool call parser that reads this request's answers, if any."""
+        self.request = request
+        self.token_bytes = token_bytes
+        self.tools = ([tool_call_stream(tools) for _ in range(request.n)] if tools is not None
+                      else None)
+        # A forced tool choice: each choice's JSON is held and goes out as calls at its end.
+        self.forced = [""] * request.n if request.forced_tools else None
+        # One reasoning splitter per choice (text held back across pieces is per choice).
+        self.reasoning = ([reasoning.stream() for _ in range(request.n)]
+                          if reasoning is not None else None)
+        self.frames = ChatFrames(request_id, model)
+        self.stream = FrameStream(1)
+        self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
+        self.choice_tokens = [0] * request.n  # continuous usage counts each choice's own (vLLM)
+        self.finished = False
+        self.prompt_token_ids: list[int] | None = None  # set when return_token_ids
+        self.n = request.n  # choices, each streamed with its index
+        # Reasoning tokens (the Responses API's usage, which sets ``reasoning_tag_ids``): with
+        # the tags as single tokens, counted from each choice's output ids as vLLM's parsers
+        # count them; else (``split_tags``) the tokens of each piece that carried reasoning.
+        self.reasoning_tag_ids: tuple[int, int] | None = None
+        self.split_tags = False
+        self.reasoning_ended = False  # the prompt closed the reasoning: none in the output
+        self._output_ids: list[list[int]] = [[] for _ in range(request.n)]
+        self._reasoning_pieces = [0] * request.n
+
+    def sink(self) -> OutputSink:
+        request, frames = self.request, self.frames
+
+        def render(out: RequestOutput) -> str | None:
+            c = out.outputs[0]
+            self.prompt_tokens = len(out.prompt_token_ids or [])
+            self.cached_tokens = out.num_cached_tokens or 0
+            self.completion_tokens += len(c.token_ids)
+            self.choice_tokens[c.index] += len(c.token_ids)
+            self.finished = out.finished
+            lps = None
+            if request.logprobs and c.logprobs is not None and c.token_ids:
+                lps = chat_logprobs(c.token_ids, c.logprobs, request.shown_logprobs,
+                                     request.return_tokens_as_token_ids, self.token_bytes)
+            ids = list(c.token_ids) if request.return_token_ids else None
+            content: str | None = c.text
+            reasoning = None
+            if self.reasoning is not None:
+                reasoning, content = self.reasoning[c.index].feed(c.text, final=c.finished())
+                reasoning, content = reasoning or None, content or None
+                if self.reasoning_tag_ids is not None:
+                    self._output_ids[c.index].extend(c.token_ids)
+                elif reasoning and self.split_tags:
+                    self._reasoning_pieces[c.index] += len(c.token_ids)
+                if content is None and reasoning is None:
+                    content = ""
+            calls = None
+            finish = c.finish_reason
+            if self.forced is not None and (content is not None or c.finished()):
+                # The calls are the answer's JSON: the content, after any reasoning.
+                self.forced[c.index] += content or ""
+                content = None if c.finished() else ""
+                if c.finished():
+                    parsed = forced_calls(request, self.forced[c.index])
+                    # vLLM: a forced choice's answer is its calls, never text (a "required"
+                    # list cut short gives none); content is "" but beside reasoning alone.
+                    content = "" if parsed or not reasoning else None
+                    if parsed is not None:
+                        calls = [_delta_call(i, call)
+                                 for i, call in enumerate(one_call_at_most(request, parsed))]
+                        if request.tool_choice == "required":
+                            finish = "tool_calls"
+            if self.tools is not None and content is not None:
+                content, parsed = self.tools[c.index].feed(content, final=c.finished())
+                first = len(self.tools[c.index].calls) - len(parsed)
+                calls = [_delta_call(i, call) for i, call in enumerate(parsed, first)
+                         if request.parallel_tool_calls is not False or i == 0] or None
+                content = content or (None if reasoning or calls else "")
+            if self.tools is not None:
+                finish = tool_calls_finish(finish, self.tools[c.index])
+            if (not content and not reasoning and not calls and not c.finished() and lps is None
+                    and not ids):
+                return None  # nothing visible yet (held back for a possible stop string or tag)
+            usage = None
+            if request.continuous_usage:
+                usage = (self.prompt_tokens, self.choice_tokens[c.index])
+            return frames.chunk(
+                content=content,
+                reasoning=reasoning,
+                tool_calls=calls,
+                logprobs=lps,
+                finish_reason=finish,
+                stop_reason=c.stop_reason,
+                usage=usage,
+                token_ids=ids,
+                index=c.index,
+            )
+
+        return self.stream.sink(render)
+
+    def reasoning_tokens(self, index: int = 0) -> int:
+        """Choice ``index``'s reasoning tokens so far. By the tags' ids, vLLM's count: the
+        tokens after the output's first start tag (from its first token where the prompt
+        opened the reasoning) up to its first end tag, neither tag counted."""
+        if self.reasoning is None:
+            return 0
+        if self.reasoning_tag_ids is None:
+            return self._reasoning_pieces[index]
+        start_tag, end_tag = self.reasoning_tag_ids
+        ids = self._output_ids[index]
+        if start_tag in ids:
+            first = ids.index(start_tag) + 1
+        elif self.reasoning_ended:
+            return 0
+        else:
+            first = 0
+        last = ids.index(end_tag) if end_tag in ids else len(ids)
+        return max(0, last - first)
