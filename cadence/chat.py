@@ -12,8 +12,10 @@ from typing import Any
 
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 
-__all__ = ["RESERVED_TEMPLATE_KWARGS", "TEXT_PARTS", "add_reasoning", "check_template_options",
-           "conversation_of", "render_conversation", "reserved_template_kwargs", "tool_arguments"]
+__all__ = ["CONTENT_FORMATS", "RESERVED_TEMPLATE_KWARGS", "TEXT_PARTS", "add_reasoning",
+           "check_template_options", "content_format", "content_parts", "conversation_of",
+           "detect_content_format", "render_conversation", "reserved_template_kwargs",
+           "tool_arguments"]
 
 # OpenAI's roles ("function": its deprecated role of a function call's result). Any other role
 # string passes to the template as vLLM passes it (Llama 3.1's "ipython", a template's own).
@@ -66,11 +68,85 @@ def check_template_options(chat_template_kwargs: Mapping[str, Any] | None,
     return None
 
 
-def conversation_of(messages: Any) -> list[dict[str, Any]]:
+# How message content reaches the template (vLLM's --chat-template-content-format): "string"
+# (text parts joined by newlines) or "openai" (a list of {"type": "text", "text": ...} parts);
+# "auto" reads the template: one that loops over a message's content gets the parts.
+CONTENT_FORMATS = ("auto", "string", "openai")
+
+
+def content_format(requested: str, tokenizer: Any, chat_template: str | None) -> str:
+    """"string" or "openai": ``requested``, or for "auto" what the template that renders (the
+    given one, else the tokenizer's; ChatML without one takes strings) iterates over."""
+    if requested not in CONTENT_FORMATS:
+        raise ValueError(f"chat_template_content_format must be one of "
+                         f"{', '.join(CONTENT_FORMATS)}, got {requested!r}.")
+    if requested != "auto":
+        return requested
+    template = chat_template if chat_template is not None else getattr(
+        tokenizer, "chat_template", None)
+    return detect_content_format(template) if isinstance(template, str) else "string"
+
+
+@functools.lru_cache(maxsize=64)
+def detect_content_format(template: str) -> str:
+    """"openai" where the template has a ``for`` loop over a message's ``content`` (a message
+    being a name bound by a loop over, or an assignment from, ``messages``), else "string"
+    (also for a template that does not parse: its error comes when it renders), as vLLM's
+    detection reads it."""
+    import jinja2
+    from jinja2 import nodes
+
+    try:
+        tree = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+    except jinja2.TemplateSyntaxError:
+        return "string"
+
+    def base(node: Any) -> Any:  # through item / attribute access, filters and tests
+        while isinstance(node, (nodes.Getitem, nodes.Getattr, nodes.Filter, nodes.Test)):
+            if getattr(node, "node", None) is None:
+                break
+            node = node.node
+        return node
+
+    def names(target: Any) -> set[str]:
+        return {n.name for n in target.find_all(nodes.Name)} | (
+            {target.name} if isinstance(target, nodes.Name) else set())
+
+    messages: set[str] = set()
+    for node in tree.find_all((nodes.For, nodes.Assign)):
+        source = node.iter if isinstance(node, nodes.For) else node.node
+        root = base(source)
+        if isinstance(root, nodes.Name) and root.name == "messages":
+            messages |= names(node.target)
+    for loop in tree.find_all(nodes.For):
+        it = loop.iter
+        while isinstance(it, (nodes.Filter, nodes.Test)) and it.node is not None:
+            it = it.node
+        key = (it.arg.value if isinstance(it, nodes.Getitem) and isinstance(it.arg, nodes.Const)
+               else it.attr if isinstance(it, nodes.Getattr) else None)
+        holder = getattr(it, "node", None)
+        if key == "content" and isinstance(holder, nodes.Name) and holder.name in messages:
+            return "openai"
+    return "string"
+
+
+def content_parts(content: Any) -> list[dict[str, str]]:
+    """A message's content as OpenAI's text parts (the "openai" content format): a string is
+    one part, each text-like part (``TEXT_PARTS``) a text part of its text, None none."""
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [{"type": "text", "text": part[TEXT_PARTS[part["type"]]]} for part in content]
+
+
+def conversation_of(messages: Any, content_format: str = "string") -> list[dict[str, Any]]:
     """One offline conversation as the templates read it: each message a mapping with a string
-    ``role`` (any: the template decides what it shows) and ``content`` text, a list of text parts (``TEXT_PARTS``, joined by newlines), or
-    None (an assistant's tool calls); other keys pass through. A ValueError names the bad
-    message."""
+    ``role`` (any: the template decides what it shows) and ``content`` text, a list of text
+    parts (``TEXT_PARTS``, joined by newlines), or None (an assistant's tool calls); other keys
+    pass through. ``content_format`` "openai": the content as text parts (``content_parts``;
+    a tool message's stays a string, as templates read tool results). A ValueError names the
+    bad message."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise ValueError("messages: a conversation is a non-empty list of message dicts.")
     out = []
@@ -81,7 +157,7 @@ def conversation_of(messages: Any) -> list[dict[str, Any]]:
         if not isinstance(message.get("role"), str):
             raise ValueError(f"messages.{i}.role: a string such as {', '.join(ROLES)}, got "
                              f"{message.get('role')!r}.")
-        content = message.get("content")
+        content = raw = message.get("content")
         if isinstance(content, Sequence) and not isinstance(content, str):
             if not all(isinstance(p, Mapping) and p.get("type") in TEXT_PARTS
                        and isinstance(p.get(TEXT_PARTS[p["type"]]), str) for p in content):
@@ -94,6 +170,8 @@ def conversation_of(messages: Any) -> list[dict[str, Any]]:
         elif not isinstance(content, str):
             raise ValueError(f"messages.{i}.content: must be a string or a list of text parts, "
                              f"got {type(content).__name__}.")
+        if content_format == "openai" and message["role"] != "tool":
+            content = content_parts(raw)
         shaped = {**message, "content": content}
         if message["role"] == "assistant":
             reasoning = message.get("reasoning")

@@ -16,7 +16,7 @@ from cadence.beam_search import (
     beam_width_problem,
     step_candidates,
 )
-from cadence.chat import conversation_of, render_conversation
+from cadence.chat import content_format, conversation_of, render_conversation
 from cadence.core_types import EngineCoreRequest
 from cadence.engine.core import EngineCore
 from cadence.engine.engine_args import EngineArgs
@@ -146,13 +146,10 @@ class LLM:
         ``LLM.chat``; one output per conversation, its ``prompt`` the rendered text."""
         self._check_open()
         refuse_lora(lora_request)
-        if chat_template_content_format not in ("auto", "string"):
-            # Content parts are text only and always joined into one string (vLLM's "string").
-            raise ValueError("chat_template_content_format: 'auto' or 'string' (text parts are "
-                             f"joined into one string), got {chat_template_content_format!r}.")
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("messages: chat needs a tokenizer, and this engine has none.")
+        fmt = content_format(chat_template_content_format, tokenizer, chat_template)
         one = (isinstance(messages, Sequence) and bool(messages)
                and isinstance(messages[0], Mapping))
         conversations = [messages] if one else messages
@@ -163,7 +160,7 @@ class LLM:
         prompts: list[PromptType] = []
         for conversation in conversations:
             text = render_conversation(
-                tokenizer, conversation_of(conversation),
+                tokenizer, conversation_of(conversation, fmt),
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, chat_template=chat_template,
                 tools=tools, chat_template_kwargs=chat_template_kwargs,

@@ -355,6 +355,7 @@ def build_app(
     tool_call_parser: str | None = None,
     trust_request_chat_template: bool = False,
     responses: ResponseOptions = ResponseOptions(),
+    chat_template_content_format: str = "auto",
 ) -> Starlette:
     """The application serving ``engine``; the caller owns the engine's lifetime.
     ``front_end_index``: this is one of several API server processes (``--api-server-count``).
@@ -378,6 +379,8 @@ def build_app(
     server.chat.trust_request_chat_template = trust_request_chat_template
     server.chat.options = server.completions.options = responses
     server.tokenization.trust_request_chat_template = trust_request_chat_template
+    server.chat.content_format = server.tokenization.content_format = (
+        chat_template_content_format)
     routes = [
         Route("/v1/completions", server.create_completion, methods=["POST"]),
         Route("/v1/chat/completions", server.create_chat_completion, methods=["POST"]),

@@ -5,17 +5,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cadence.chat import add_reasoning, render_conversation, tool_arguments
+from cadence.chat import add_reasoning, content_parts, render_conversation, tool_arguments
+from cadence.chat import content_format as content_format_of
 from cadence.server.protocol import ParamError
 from cadence.server.protocol_chat import ChatMessage
 
 
-def template_message(message: ChatMessage, index: int = 0) -> dict[str, Any]:
+def template_message(message: ChatMessage, index: int = 0, openai: bool = False
+                     ) -> dict[str, Any]:
     """One message in the shape Hugging Face chat templates read: text content, an assistant's
     ``tool_calls`` with their arguments as objects (templates serialise them themselves, as
     vLLM hands them), an assistant's earlier reasoning (``add_reasoning``), and a tool
     message's ``tool_call_id`` and ``name``."""
     out: dict[str, Any] = {"role": message.role, "content": message.text()}
+    if openai and message.role != "tool":  # a tool's result stays text, as templates read it
+        out["content"] = content_parts(
+            message.content if not isinstance(message.content, list)
+            else [part.model_dump() for part in message.content])
     if message.name is not None:
         out["name"] = message.name
     if message.tool_calls:
@@ -72,6 +78,7 @@ def render_chat(
     tools: list[dict[str, Any]] | None = None,
     documents: list[dict[str, str]] | None = None,
     add_special_tokens: bool = False,
+    content_format: str = "auto",
 ) -> list[int]:
     """Prompt token ids of a conversation. Template errors are ``ParamError("messages")``.
     ``chat_template``: the server's template (``--chat-template``) instead of the tokenizer's.
@@ -82,7 +89,8 @@ def render_chat(
     (vLLM's /tokenize option; the chat endpoint never adds them)."""
     if tokenizer is None:
         raise ParamError("messages", "chat requires a tokenizer; the server runs without one.")
-    conversation = [template_message(m, i) for i, m in enumerate(messages)]
+    openai = content_format_of(content_format, tokenizer, chat_template) == "openai"
+    conversation = [template_message(m, i, openai) for i, m in enumerate(messages)]
     try:
         text = render_conversation(
             tokenizer, conversation, add_generation_prompt=add_generation_prompt,

@@ -122,6 +122,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "'; ' between them, after an optional <|python_tag|> (Llama 3.x templates)",
     )
     parser.add_argument(
+        "--chat-template-content-format", default="auto", metavar="{auto,string,openai}",
+        help="how message content reaches the chat template: openai = a list of "
+        "{type: text, text} parts, string = the parts' text joined by newlines, auto = openai "
+        "where the template loops over a message's content, else string (vLLM's)",
+    )
+    parser.add_argument(
         "--trust-request-chat-template", action="store_true",
         help="let chat requests carry their own chat_template (a template runs on the server's "
         "CPU: trust the clients); without it such a request gets a 400",
@@ -247,6 +253,7 @@ def settings_from(ns: argparse.Namespace) -> ServerSettings:
         enable_auto_tool_choice=ns.enable_auto_tool_choice,
         tool_call_parser=ns.tool_call_parser,
         trust_request_chat_template=ns.trust_request_chat_template,
+        chat_template_content_format=ns.chat_template_content_format,
         responses=ResponseOptions(
             response_role=ns.response_role,
             enable_prompt_tokens_details=ns.enable_prompt_tokens_details,

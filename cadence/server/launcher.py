@@ -233,6 +233,7 @@ def build_server(
         tool_call_parser=settings.tool_call_parser if settings.enable_auto_tool_choice else None,
         trust_request_chat_template=settings.trust_request_chat_template,
         responses=settings.responses,
+        chat_template_content_format=settings.chat_template_content_format,
     )
     config = uvicorn.Config(
         wrap_app(app, settings),

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 class OpenAIServingChat(OpenAIServing):
     chat_template: str | None = None  # the server's (--chat-template), else the tokenizer's
     trust_request_chat_template = False  # a request may carry its own template
+    content_format = "auto"  # --chat-template-content-format
     reasoning: ReasoningParser | None = None  # --reasoning-parser
     tool_call_parser: str | None = None  # with --enable-auto-tool-choice
 
@@ -97,6 +98,7 @@ class OpenAIServingChat(OpenAIServing):
                 tools=([t.model_dump(exclude_none=True) for t in request.tools]
                        if request.tools else None),
                 documents=request.documents,
+                content_format=self.content_format,
             )
         except ParamError:
             raise

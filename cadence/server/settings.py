@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from cadence.chat import CONTENT_FORMATS
+
 __all__ = ["DEFAULT_MAX_REQUEST_BODY_BYTES", "UVICORN_LOG_LEVELS", "ResponseOptions",
            "ServerSettings"]
 
@@ -77,6 +79,9 @@ class ServerSettings:
     tool_call_parser: str | None = None
     # Chat requests may carry their own Jinja chat template (vLLM's flag; off: a 400).
     trust_request_chat_template: bool = False
+    # How message content reaches the template (vLLM's): auto (read from the template),
+    # string (text parts joined) or openai (a list of text parts).
+    chat_template_content_format: str = "auto"
     responses: ResponseOptions = ResponseOptions()
 
     def __post_init__(self) -> None:
@@ -85,6 +90,10 @@ class ServerSettings:
             if isinstance(value, str) or not all(isinstance(v, str) for v in value):
                 raise ValueError(f"{name} must be a list of strings, got {value!r}.")
             object.__setattr__(self, name, tuple(value))  # lists from JSON or YAML
+        if self.chat_template_content_format not in CONTENT_FORMATS:
+            raise ValueError("--chat-template-content-format must be one of "
+                             f"{', '.join(CONTENT_FORMATS)}, got "
+                             f"{self.chat_template_content_format!r}.")
         if self.uvicorn_log_level not in UVICORN_LOG_LEVELS:
             raise ValueError(f"uvicorn_log_level must be one of {UVICORN_LOG_LEVELS}, "
                              f"got {self.uvicorn_log_level!r}.")

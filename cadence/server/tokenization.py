@@ -89,6 +89,7 @@ class Tokenization:
 
     # A request's own template, as the chat endpoint has it (--trust-request-chat-template).
     trust_request_chat_template = False
+    content_format = "auto"  # --chat-template-content-format
 
     def __init__(self, engine: AsyncLLM, chat_template: str | None = None) -> None:
         self.engine = engine
@@ -127,6 +128,7 @@ class Tokenization:
                 # vLLM: the rendered text is tokenized with the tokenizer's own specials too.
                 add_special_tokens=request.add_special_tokens,
                 check_text=self._check_chat_text,
+                content_format=self.content_format,
                 tools=([t.model_dump(exclude_none=True) for t in request.tools]
                        if request.tools else None),
             )

@@ -112,8 +112,8 @@ def test_chat_hands_priority_and_generate_counts_its_params(llm) -> None:
 
 
 def test_vllms_other_arguments_are_taken(llm) -> None:
-    """vLLM's lora_request=None and chat_template_content_format="auto"/"string" are accepted
-    (an adapter, or the "openai" format, is a clear error); one priority serves every prompt."""
+    """vLLM's lora_request=None and chat_template_content_format are accepted (an adapter, or
+    a format vLLM has not, is a clear error); one priority serves every prompt."""
     conversation = [{"role": "user", "content": "Hi"}]
     (a,) = llm.chat(conversation, GREEDY, use_tqdm=False, lora_request=None,
                     chat_template_content_format="string")
@@ -122,7 +122,7 @@ def test_vllms_other_arguments_are_taken(llm) -> None:
     with pytest.raises(ValueError, match="lora_request"):
         llm.generate(["a"], GREEDY, use_tqdm=False, lora_request=object())
     with pytest.raises(ValueError, match="chat_template_content_format"):
-        llm.chat(conversation, GREEDY, use_tqdm=False, chat_template_content_format="openai")
+        llm.chat(conversation, GREEDY, use_tqdm=False, chat_template_content_format="xml")
     outs = llm.generate(["a", "b", "c"], GREEDY, use_tqdm=False, priority=0)
     assert len(outs) == 3
     with pytest.raises(ValueError, match="priority"):  # fcfs: one non-zero value for all
@@ -183,3 +183,26 @@ def test_an_assistants_reasoning_reaches_the_template_under_both_names(llm) -> N
     with pytest.raises(ValueError, match=r"messages\.0\.reasoning"):
         llm.chat([{"role": "assistant", "content": "ok", "reasoning": ["x"]}], GREEDY,
                  use_tqdm=False, chat_template=template)
+
+
+# A template that loops over each message's content parts (as Llama 4's and Gemma 3's do).
+LOOPING = ("{% for m in messages %}<{{ m.role }}>{% if m.content is string %}{{ m.content }}"
+           "{% else %}{% for c in m['content'] %}[{{ c['text'] }}]{% endfor %}{% endif %}"
+           "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def test_a_template_that_loops_over_content_gets_its_parts(llm) -> None:
+    """vLLM's "auto" content format: a template that iterates over a message's content gets
+    OpenAI's text parts (a string is one part), else the parts' text joined; either may be
+    asked for by name."""
+    conversation = [{"role": "user", "content": [{"type": "text", "text": "Hi"},
+                                                 {"type": "text", "text": "there"}]},
+                    {"role": "assistant", "content": "ok"}]
+    (out,) = llm.chat(conversation, GREEDY, use_tqdm=False, chat_template=LOOPING)
+    assert out.prompt == "<user>[Hi][there]<assistant>[ok]<assistant>"
+    (out,) = llm.chat(conversation, GREEDY, use_tqdm=False, chat_template=LOOPING,
+                      chat_template_content_format="string")
+    assert out.prompt == "<user>Hi\nthere<assistant>ok<assistant>"
+    # A template that only prints the content takes strings under "auto".
+    (out,) = llm.chat(conversation, GREEDY, use_tqdm=False, chat_template=TEMPLATE)
+    assert out.prompt == "[user]Hi\nthere[assistant]ok[assistant]"

@@ -355,3 +355,54 @@ def test_documents_reach_the_template(templated, hf_tokenizer: Any) -> None:
         templated.engine.tokenizer.chat_template = None
         none = http.post(CHAT, json={"messages": hi, "documents": docs})
         assert none.status_code == 400 and none.json()["error"]["param"] == "documents"
+
+
+@pytest.mark.parametrize(("template", "fmt"), [
+    ("{% for m in messages %}{{ m.content }}{% endfor %}", "string"),
+    ("{% for message in messages %}{% for c in message['content'] %}{{ c.text }}{% endfor %}"
+     "{% endfor %}", "openai"),
+    ("{% for message in messages %}{% if message['content'] is string %}{{ message.content }}"
+     "{% else %}{% for part in message.content | selectattr('type', 'equalto', 'text') %}"
+     "{{ part.text }}{% endfor %}{% endif %}{% endfor %}", "openai"),
+    ("{% set first = messages[0] %}{% for p in first.content %}{{ p.text }}{% endfor %}",
+     "openai"),
+    ("{% for m in messages[1:] %}{% for p in m['content'] %}{{ p }}{% endfor %}{% endfor %}",
+     "openai"),
+    # A loop over some other object's content is not a message's.
+    ("{% for t in tools %}{% for c in t.content %}{{ c }}{% endfor %}{% endfor %}", "string"),
+    ("{% for m in messages %}{{ m.content }", "string"),  # does not parse: its error comes later
+])
+def test_the_content_format_is_read_from_the_template(template: str, fmt: str) -> None:
+    from cadence.chat import detect_content_format
+
+    assert detect_content_format(template) == fmt
+
+
+def test_the_server_hands_content_parts_to_a_template_that_loops_over_them(
+        templated, hf_tokenizer: Any) -> None:
+    templated.engine.tokenizer.chat_template = (
+        "{% for m in messages %}<{{ m.role }}>{% if m.content is string %}{{ m.content }}"
+        "{% else %}{% for c in m['content'] %}[{{ c['text'] }}]{% endfor %}{% endif %}"
+        "{% endfor %}")
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Hi"},
+                                             {"type": "text", "text": "there"}]},
+                {"role": "assistant", "content": "ok"},
+                {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text",
+                                                                      "text": "42"}]}]
+    with httpx.Client(base_url=templated.base_url, timeout=30) as http:
+        got = prompt_ids(http, messages, add_generation_prompt=False)
+    # Each part its own item; a tool's result stays text (templates read it as a string).
+    assert got == encode(hf_tokenizer, "<user>[Hi][there]<assistant>[ok]<tool>42")
+
+
+def test_the_content_format_flag_is_checked() -> None:
+    import argparse
+
+    from cadence.server.cli import add_serve_args, settings_from
+
+    parser = add_serve_args(argparse.ArgumentParser())
+    for fmt in ("auto", "string", "openai"):
+        ns = parser.parse_args(["--chat-template-content-format", fmt])
+        assert settings_from(ns).chat_template_content_format == fmt
+    with pytest.raises(ValueError, match="chat-template-content-format"):
+        settings_from(parser.parse_args(["--chat-template-content-format", "xml"]))
