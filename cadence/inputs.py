@@ -22,6 +22,9 @@ class TokensPrompt(TypedDict, total=False):
 
 
 def refuse_lora(lora_request: Any) -> None:
-    """vLLM's ``lora_request`` argument: only None, as no adapters are served here."""
+    """vLLM's ``lora_request`` argument: only None (or a list of None, one per prompt, as
+    vLLM takes it), as no adapters are served here."""
+    if isinstance(lora_request, (list, tuple)) and all(r is None for r in lora_request):
+        return
     if lora_request is not None:
         raise ValueError("lora_request: LoRA adapters are not supported; pass None.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from tqdm.auto import tqdm
 
@@ -131,21 +131,27 @@ class LLM:
         messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: UseTqdm = True,
-        *,
+        lora_request: Any = None,
         chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
+        *,
         priority: int | Sequence[int] | None = None,
-        chat_template_content_format: str = "auto",
-        lora_request: Any = None,
     ) -> list[RequestOutput]:
         """``generate`` for one conversation (a list of message dicts) or a list of them, each
         rendered through ``chat_template`` or the tokenizer's (ChatML without one), as vLLM's
-        ``LLM.chat``; one output per conversation, its ``prompt`` the rendered text."""
+        ``LLM.chat``; one output per conversation, its ``prompt`` the rendered text. The
+        parameters up to ``mm_processor_kwargs`` are vLLM's, in its order (that one only None:
+        there is no multimodal input here)."""
         self._check_open()
         refuse_lora(lora_request)
+        if mm_processor_kwargs:
+            raise ValueError("mm_processor_kwargs: multimodal inputs are not supported; pass "
+                             "None.")
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("messages: chat needs a tokenizer, and this engine has none.")
@@ -173,10 +179,27 @@ class LLM:
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm, priority)
 
+    # vLLM's pooling calls: this engine serves generative models only.
+    def encode(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _no_pooling("encode")
+
+    def embed(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _no_pooling("embed")
+
+    def classify(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _no_pooling("classify")
+
+    def score(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _no_pooling("score")
+
+    def reward(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _no_pooling("reward")
+
     def beam_search(
         self,
         prompts: PromptType | Sequence[PromptType],
         params: BeamSearchParams,
+        lora_request: Any = None,
         use_tqdm: UseTqdm = False,
         concurrency_limit: int | None = None,
     ) -> list[BeamSearchOutput]:
@@ -184,6 +207,7 @@ class LLM:
         (``cadence.beam_search``), each with its text (prompt and answer) when there is a
         tokenizer. ``concurrency_limit``: prompts searched at once (all by default)."""
         self._check_open()
+        refuse_lora(lora_request)
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"params: a BeamSearchParams, got {type(params).__name__}.")
         if concurrency_limit is not None and (
@@ -283,3 +307,9 @@ def _progress(use_tqdm: UseTqdm, **kwargs: Any) -> Any:
     if callable(use_tqdm):
         return use_tqdm(dynamic_ncols=True, **kwargs)
     return tqdm(disable=not use_tqdm, dynamic_ncols=True, **kwargs)
+
+
+def _no_pooling(method: str) -> NoReturn:
+    raise ValueError(f"LLM.{method}: pooling (embeddings, classification, scores, rewards) is "
+                     "not supported; this engine serves generative models (generate, chat, "
+                     "beam_search).")

@@ -206,3 +206,29 @@ def test_a_template_that_loops_over_content_gets_its_parts(llm) -> None:
     # A template that only prints the content takes strings under "auto".
     (out,) = llm.chat(conversation, GREEDY, use_tqdm=False, chat_template=TEMPLATE)
     assert out.prompt == "[user]Hi\nthere[assistant]ok[assistant]"
+
+
+def test_vllms_positional_chat_and_beam_search_arguments(llm) -> None:
+    """vLLM's positional order: chat(messages, sampling_params, use_tqdm, lora_request,
+    chat_template, chat_template_content_format, add_generation_prompt, ...) and
+    beam_search(prompts, params, lora_request, use_tqdm, concurrency_limit); a list of None
+    adapters (one per prompt) is no adapter."""
+    from cadence.sampling_params import BeamSearchParams
+
+    conversation = [{"role": "user", "content": "Hi"}]
+    (out,) = llm.chat(conversation, GREEDY, False, None, TEMPLATE, "string", False)
+    assert out.prompt == "[user]Hi"
+    params = BeamSearchParams(beam_width=2, max_tokens=3)
+    (a,) = llm.beam_search(["Hello"], params, None, False, 1)
+    (b,) = llm.beam_search(["Hello"], params)
+    assert [s.tokens for s in a.sequences] == [s.tokens for s in b.sequences]
+    outs = llm.generate(["a", "b"], GREEDY, use_tqdm=False, lora_request=[None, None])
+    assert len(outs) == 2
+    with pytest.raises(ValueError, match="mm_processor_kwargs"):
+        llm.chat(conversation, GREEDY, use_tqdm=False, mm_processor_kwargs={"x": 1})
+
+
+@pytest.mark.parametrize("method", ["encode", "embed", "classify", "score", "reward"])
+def test_pooling_calls_say_they_are_not_supported(llm, method: str) -> None:
+    with pytest.raises(ValueError, match=f"LLM.{method}: pooling"):
+        getattr(llm, method)(["a"])
