@@ -160,4 +160,15 @@ MUTATIONS = [
              "if bytes_of is not None and (cursor.need or not text or \"\\ufffd\" in text):",
              "if bytes_of is not None and (cursor.need or \"\\ufffd\" in text):",
              ("tests/server/test_text_offsets.py",)),
+    Mutation("chat-content-format-never-openai", "a template looping over content gets text",
+             "cadence/chat.py",
+             "        if key == \"content\" and isinstance(holder, nodes.Name) and holder.name in messages:\n"
+             "            return \"openai\"",
+             "        if key == \"content\" and isinstance(holder, nodes.Name) and holder.name in messages:\n"
+             "            return \"string\"",
+             ("tests/server/test_chat_template.py", "tests/engine/test_llm_chat.py")),
+    Mutation("chat-tool-content-as-parts", "a tool message's content becomes parts too",
+             "cadence/server/chat_template.py",
+             "    if openai and message.role != \"tool\":", "    if openai:",
+             ("tests/server/test_chat_template.py",)),
 ]
