@@ -174,13 +174,11 @@ def conversation_of(messages: Any, content_format: str = "string") -> list[dict[
             content = content_parts(raw)
         shaped = {**message, "content": content}
         if message["role"] == "assistant":
-            reasoning = message.get("reasoning")
-            if reasoning is None:  # its older name (vLLM's clients still send it)
-                reasoning = message.get("reasoning_content")
+            add_reasoning(shaped, message.get("reasoning"), message.get("reasoning_content"))
+            reasoning = shaped.get("reasoning")
             if reasoning is not None and not isinstance(reasoning, str):
                 raise ValueError(f"messages.{i}.reasoning: must be a string, got "
                                  f"{type(reasoning).__name__}.")
-            add_reasoning(shaped, reasoning)
         if message.get("tool_calls"):
             shaped["tool_calls"] = [_tool_call(call, f"messages.{i}.tool_calls.{j}")
                                     for j, call in enumerate(message["tool_calls"])]
@@ -188,11 +186,13 @@ def conversation_of(messages: Any, content_format: str = "string") -> list[dict[
     return out
 
 
-def add_reasoning(message: dict[str, Any], reasoning: str | None) -> None:
-    """An assistant message's earlier reasoning under both names templates read: ``reasoning``
-    and ``reasoning_content`` (Qwen3's and others' interleaved thinking), as vLLM hands it."""
-    if reasoning is not None:
-        message["reasoning"] = message["reasoning_content"] = reasoning
+def add_reasoning(message: dict[str, Any], reasoning: Any, reasoning_content: Any) -> None:
+    """An assistant message's earlier reasoning (``reasoning``, else its older name
+    ``reasoning_content``) under both names templates read (Qwen3's and others' interleaved
+    thinking), as vLLM hands it."""
+    chosen = reasoning if reasoning is not None else reasoning_content
+    if chosen is not None:
+        message["reasoning"] = message["reasoning_content"] = chosen
 
 
 def _tool_call(call: Any, where: str) -> dict[str, Any]:

@@ -100,11 +100,12 @@ class ChatStream:
         self.finished = False
         self.prompt_token_ids: list[int] | None = None  # set when return_token_ids
         self.n = request.n  # choices, each streamed with its index
-        # Reasoning tokens (the Responses API's usage, which sets ``reasoning_tag_ids``): with
-        # the tags as single tokens, counted from each choice's output ids as vLLM's parsers
-        # count them; else (``split_tags``) the tokens of each piece that carried reasoning.
+        # Reasoning tokens (the Responses API's usage, which sets ``counts_reasoning``): with
+        # the tags as single tokens (``reasoning_tag_ids``), counted from each choice's output
+        # ids as vLLM's parsers count them; else the tokens of each piece that carried
+        # reasoning.
+        self.counts_reasoning = False
         self.reasoning_tag_ids: tuple[int, int] | None = None
-        self.split_tags = False
         self.reasoning_ended = False  # the prompt closed the reasoning: none in the output
         self._output_ids: list[list[int]] = [[] for _ in range(request.n)]
         self._reasoning_pieces = [0] * request.n
@@ -129,10 +130,11 @@ class ChatStream:
             if self.reasoning is not None:
                 reasoning, content = self.reasoning[c.index].feed(c.text, final=c.finished())
                 reasoning, content = reasoning or None, content or None
-                if self.reasoning_tag_ids is not None:
-                    self._output_ids[c.index].extend(c.token_ids)
-                elif reasoning and self.split_tags:
-                    self._reasoning_pieces[c.index] += len(c.token_ids)
+                if self.counts_reasoning:
+                    if self.reasoning_tag_ids is not None:
+                        self._output_ids[c.index].extend(c.token_ids)
+                    elif reasoning:
+                        self._reasoning_pieces[c.index] += len(c.token_ids)
                 if content is None and reasoning is None:
                     content = ""
             calls = None

@@ -17,11 +17,13 @@ def template_message(message: ChatMessage, index: int = 0, openai: bool = False
     ``tool_calls`` with their arguments as objects (templates serialise them themselves, as
     vLLM hands them), an assistant's earlier reasoning (``add_reasoning``), and a tool
     message's ``tool_call_id`` and ``name``."""
-    out: dict[str, Any] = {"role": message.role, "content": message.text()}
     if openai and message.role != "tool":  # a tool's result stays text, as templates read it
-        out["content"] = content_parts(
+        content: Any = content_parts(
             message.content if not isinstance(message.content, list)
             else [part.model_dump() for part in message.content])
+    else:
+        content = message.text()
+    out: dict[str, Any] = {"role": message.role, "content": content}
     if message.name is not None:
         out["name"] = message.name
     if message.tool_calls:
@@ -38,8 +40,7 @@ def template_message(message: ChatMessage, index: int = 0, openai: bool = False
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
     if message.role == "assistant":
-        add_reasoning(out, message.reasoning if message.reasoning is not None
-                      else message.reasoning_content)
+        add_reasoning(out, message.reasoning, message.reasoning_content)
     return out
 
 

@@ -259,8 +259,8 @@ class OpenAIServingResponses:
                    ) -> tuple[ChatStream, ResponseEvents]:
         cs = self.chat.new_stream(request.chat, response_id)
         if self.chat.reasoning is not None:  # usage counts the reasoning's tokens
+            cs.counts_reasoning = True
             cs.reasoning_tag_ids = self.chat.reasoning_tags
-            cs.split_tags = cs.reasoning_tag_ids is None
         events = ResponseEvents(request, response_id, self.chat.served_model_name,
                                 self.chat.engine.generation_defaults)
         events.head = events.start()

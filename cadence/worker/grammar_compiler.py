@@ -96,17 +96,16 @@ TOKEN_FORMATS = frozenset({"token", "any_tokens", "exclude_token", "token_dispat
 
 
 def structural_tag_of(given: str | dict) -> dict[str, Any]:
-    """A structural tag (vLLM's ``structural_tag``) in xgrammar's current form, each of its JSON
-    schemas checked and made exact as a ``json`` spec's is, with the same bound on runs of
-    whitespace where the tag sets none (a ``max_whitespace_cnt`` of null too). Formats that
-    name tokens (``TOKEN_FORMATS``) are refused. The older form (``structures`` of ``begin`` / ``schema``
-    / ``end``, and ``triggers``) becomes the ``triggered_tags`` format it means, as xgrammar
-    converts it. A ValueError says what is wrong."""
+    """A structural tag (vLLM's ``structural_tag``; ``StructuredOutputsParams`` has bounded its
+    nesting) in xgrammar's current form, each of its JSON schemas checked and made exact as a
+    ``json`` spec's is, with the same bound on runs of whitespace where the tag sets none (a
+    ``max_whitespace_cnt`` of null too). Formats that name tokens (``TOKEN_FORMATS``) are
+    refused. The older form (``structures`` of ``begin`` / ``schema`` / ``end``, and
+    ``triggers``) becomes the ``triggered_tags`` format it means, as xgrammar converts it. A
+    ValueError says what is wrong."""
     tree = json.loads(given) if isinstance(given, str) else given
     if not isinstance(tree, dict):
         raise ValueError("a structural tag is a JSON object.")
-    if nesting_depth(tree) > MAX_JSON_DEPTH:
-        raise ValueError(f"the structural tag nests deeper than {MAX_JSON_DEPTH} levels.")
     problem = not_json_value(tree)
     if problem is not None:
         raise ValueError(f"the structural tag {problem}")
@@ -119,7 +118,7 @@ def structural_tag_of(given: str | dict) -> dict[str, Any]:
         if not isinstance(triggers, list) or not triggers or not all(
                 isinstance(t, str) and t for t in triggers):
             raise ValueError("triggers must be a non-empty list of non-empty strings.")
-        schemas = []
+        tags = []
         for s in structures:
             schema = s["schema"]
             if isinstance(schema, str):  # JSON text: its nesting is bounded before it parses
@@ -127,12 +126,10 @@ def structural_tag_of(given: str | dict) -> dict[str, Any]:
                     raise ValueError(f"a structure's schema nests deeper than {MAX_JSON_DEPTH} "
                                      "levels.")
                 schema = json.loads(schema)
-            schemas.append(schema)
-        tree = {"type": "structural_tag", "format": {
-            "type": "triggered_tags", "triggers": triggers,
-            "tags": [{"type": "tag", "begin": s["begin"], "end": s["end"],
-                      "content": {"type": "json_schema", "json_schema": schema}}
-                     for s, schema in zip(structures, schemas, strict=True)]}}
+            tags.append({"type": "tag", "begin": s["begin"], "end": s["end"],
+                         "content": {"type": "json_schema", "json_schema": schema}})
+        tree = {"type": "structural_tag",
+                "format": {"type": "triggered_tags", "triggers": triggers, "tags": tags}}
     elif not isinstance(tree.get("format"), dict):
         raise ValueError("a structural tag needs its format (an object), or the older "
                          "structures and triggers.")

@@ -175,6 +175,12 @@ def test_an_assistants_reasoning_reaches_the_template_under_both_names(llm) -> N
         (out,) = llm.chat(conversation, GREEDY, use_tqdm=False, chat_template=template,
                           add_generation_prompt=False)
         assert out.prompt == "[user]Hi[assistant]ok<r because|because>", key
+    none = [{"role": "assistant", "content": "ok", "reasoning": None}]
+    (out,) = llm.chat(none, GREEDY, use_tqdm=False, chat_template=template,
+                      add_generation_prompt=False)
+    (bare,) = llm.chat([{"role": "assistant", "content": "ok"}], GREEDY, use_tqdm=False,
+                       chat_template=template, add_generation_prompt=False)
+    assert out.prompt == bare.prompt == "[assistant]ok"  # a null reasoning is no reasoning
     both = [{"role": "assistant", "content": "ok", "reasoning": None,
              "reasoning_content": "older"}]
     (out,) = llm.chat(both, GREEDY, use_tqdm=False, chat_template=template,

@@ -268,7 +268,7 @@ def _stream_pieces(pieces: list[tuple[list[int], str]], tag_ids, ended: bool = F
 
     request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}])
     cs = ChatStream(request, "r", "m", reasoning_parser("qwen3"))
-    cs.reasoning_tag_ids, cs.split_tags = tag_ids, tag_ids is None
+    cs.counts_reasoning, cs.reasoning_tag_ids = True, tag_ids
     if ended:
         cs.reasoning_ended = True
         for splitter in cs.reasoning or []:

@@ -218,3 +218,12 @@ def test_every_schema_format_is_checked_and_bounded() -> None:
     grammar = grammar_compiler.grammar_of(StructuredOutputsParams(structural_tag={
         "format": {"type": "json_schema", "json_schema": True}}))
     assert _takes(grammar, '{"a":    1}') and not _takes(grammar, '{"a":      1}')
+
+
+def test_a_structural_tags_own_nesting_is_bounded_by_the_spec() -> None:
+    deep: dict = {"type": "any_text"}
+    for _ in range(80):
+        deep = {"type": "optional", "content": deep}
+    for given in ({"format": deep}, json.dumps({"format": deep})):
+        with pytest.raises(ValueError, match="nests deeper"):
+            StructuredOutputsParams(structural_tag=given)
