@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_config_arg", "expand_config", "json_string_list"]
+__all__ = ["add_config_arg", "expand_config", "json_object", "json_string_list"]
 
 _CONFIG = "--config"
 
@@ -47,6 +47,19 @@ def json_string_list(text: str) -> list[str]:
         ) from None
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {text!r}")
+    return value
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """An argparse ``type``: a JSON object, e.g. ``'{"max_position_embeddings": 4096}'``."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON object such as '{{\"key\": 1}}', got {text!r}"
+        ) from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
     return value
 
 
@@ -142,6 +155,8 @@ def _option_args(
         items = value if isinstance(value, list) else [value]
         return [f"{option}={_checked(action, _text(item, where), where)}" for item in items]
     if isinstance(value, list) and action.type is json_string_list:
+        return [f"{option}={_checked(action, json.dumps(value), where)}"]
+    if isinstance(value, dict) and action.type is json_object:
         return [f"{option}={_checked(action, json.dumps(value), where)}"]
     if isinstance(value, list) and action.nargs in ("+", "*"):
         if not value and action.nargs == "+":

@@ -13,8 +13,20 @@ _FLAGS = "tests/engine/test_engine_flags.py"
 _CFG = "tests/test_config.py"
 _SP = "tests/test_sampling_params.py"
 _REQ = "tests/scheduler/test_request.py"
+_HFO = "tests/engine/test_hf_overrides.py"
 
 MUTATIONS = [
+    Mutation("eng-hf-overrides-rope-plain", "rope_theta / rope_scaling set as plain attributes",
+             "cadence/model/registry.py",
+             "    overrides = _override_rope(config, overrides)\n", "", (_HFO,)),
+    Mutation("eng-hf-overrides-flat", "a nested config is replaced, not updated",
+             "cadence/model/registry.py",
+             "if isinstance(nested, PretrainedConfig) and isinstance(value, dict):",
+             "if False:", (_HFO,)),
+    Mutation("eng-hf-overrides-ignored", "the engine resolves the model without the overrides",
+             "cadence/engine/core.py",
+             "args.generation_config, args.hf_overrides)",
+             "args.generation_config)", (_HFO,)),
     Mutation("eng-core-queue-depth", "batch queue fills to depth 3 instead of 2",
              "cadence/engine/core.py",
              "if executed and len(queue) < self.batch_queue_size:",

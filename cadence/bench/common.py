@@ -120,4 +120,5 @@ def model_context(args) -> int:
     """The model's own context length (its config; nothing is loaded)."""
     from cadence.model.registry import resolve_model
 
-    return resolve_model(args.model, None, args.tokenizer, args.generation_config).max_model_len
+    return resolve_model(args.model, None, args.tokenizer, args.generation_config,
+                         args.hf_overrides).max_model_len

@@ -71,7 +71,7 @@ class EngineCore:
 
         self.args = args
         self.spec = spec or resolve_model(args.model, args.max_model_len, args.tokenizer,
-                                          args.generation_config)
+                                          args.generation_config, args.hf_overrides)
         self.config = args.create_engine_config(self.spec.max_model_len)
         cfg = self.config
         device = torch.device(cfg.device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ from cadence.model.rope import context_length
 from cadence.user_errors import first_line
 
 TINY_MODEL = "tiny"
+# vLLM's hf_overrides: fields set on the model's config, or a function of the config.
+HfOverrides = dict[str, Any] | Callable[[PretrainedConfig], PretrainedConfig]
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
@@ -36,16 +39,17 @@ class ModelSpec:
 
 def resolve_model(
     model: str, max_model_len: int | None = None, tokenizer: str | None = None,
-    generation_config: str = "auto",
+    generation_config: str = "auto", hf_overrides: HfOverrides | None = None,
 ) -> ModelSpec:
     """Resolve ``model`` without any network access.
 
     ``"tiny"`` is the built-in model (generated on first use), a preset name gives a config
     without weights, anything else must be a local HF directory with a ``config.json``.
     ``tokenizer`` (``--tokenizer``) replaces the model's own tokenizer, if any;
-    ``generation_config`` says where default sampling fields come from (``generation_config``).
+    ``generation_config`` says where default sampling fields come from (``generation_config``);
+    ``hf_overrides`` changes the model's config before anything is derived from it.
     """
-    spec = _resolve(model, max_model_len)
+    spec = _resolve(model, max_model_len, hf_overrides)
     defaults = generation_defaults(generation_config, spec.path)
     if defaults:
         spec = dataclasses.replace(spec, generation_defaults=defaults)
@@ -74,13 +78,69 @@ def resolve_tokenizer(tokenizer: str) -> str:
     return str(path)
 
 
-def _resolve(model: str, max_model_len: int | None) -> ModelSpec:
+def apply_hf_overrides(config: PretrainedConfig, overrides: HfOverrides | None
+                       ) -> PretrainedConfig:
+    """``config`` with vLLM's ``hf_overrides`` applied: a mapping sets each field (a nested
+    config, such as a multimodal model's ``text_config``, is updated field by field; any other
+    value, a dict included, replaces the field), a function returns the new config."""
+    if overrides is None:
+        return config
+    if callable(overrides):
+        result = overrides(config)
+        if not isinstance(result, PretrainedConfig):
+            raise ValueError("hf_overrides: the function must return the model's config (a "
+                             f"transformers PretrainedConfig), got {type(result).__name__}.")
+        return result
+    overrides = _override_rope(config, overrides)
+    _update(config, overrides, "hf_overrides")
+    return config
+
+
+def _override_rope(config: PretrainedConfig, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Apply the older layout's ``rope_scaling`` / ``rope_theta`` (what vLLM users write) to a
+    transformers-5 config, which keeps both in ``rope_parameters`` (set as plain attributes,
+    they would be ignored, or replace the parameters and lose the base); the other overrides
+    are returned. Per-layer-type parameters (Gemma 3) get them on the full-attention layers, as
+    the older layout applied them."""
+    params = getattr(config, "rope_parameters", None)
+    if not isinstance(params, dict) or not ({"rope_scaling", "rope_theta"} & overrides.keys()):
+        return overrides
+    per_layer = bool(params) and all(isinstance(v, dict) for v in params.values())
+    key = "full_attention" if per_layer and "full_attention" in params else None
+    if per_layer and key is None:
+        key = next(iter(params))
+    current = dict(params[key]) if key is not None else dict(params)
+    rest = dict(overrides)
+    theta = rest.pop("rope_theta", current.get("rope_theta"))
+    if "rope_scaling" in rest:
+        scaling = rest.pop("rope_scaling")
+        if scaling is not None and not isinstance(scaling, dict):
+            raise ValueError(f"hf_overrides: rope_scaling must be an object or null, got "
+                             f"{scaling!r}.")
+        current = {"rope_type": "default"} if scaling is None else dict(scaling)
+    current["rope_theta"] = theta
+    config.rope_parameters = {**params, key: current} if key is not None else current
+    return rest
+
+
+def _update(target: PretrainedConfig, overrides: dict[str, Any], where: str) -> None:
+    for key, value in overrides.items():
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ValueError(f"{where}: field names must be identifiers, got {key!r}.")
+        nested = getattr(target, key, None)
+        if isinstance(nested, PretrainedConfig) and isinstance(value, dict):
+            _update(nested, value, f"{where}.{key}")
+        else:
+            setattr(target, key, value)
+
+
+def _resolve(model: str, max_model_len: int | None, overrides: HfOverrides | None) -> ModelSpec:
     if model == TINY_MODEL:
         from cadence.model.tiny import ensure_tiny_model
 
-        return _resolve_directory(str(ensure_tiny_model()), max_model_len)
+        return _resolve_directory(str(ensure_tiny_model()), max_model_len, overrides)
     if model in PRESETS:
-        config = preset_config(model)
+        config = apply_hf_overrides(preset_config(model), overrides)
         arch = DecoderArch.from_hf_config(config)
         return ModelSpec(
             hf_config=config,
@@ -100,15 +160,17 @@ def _resolve(model: str, max_model_len: int | None) -> ModelSpec:
         )
     if not (path / "config.json").is_file():
         raise ValueError(f"model directory {model!r} has no config.json.")
-    return _resolve_directory(str(path), max_model_len)
+    return _resolve_directory(str(path), max_model_len, overrides)
 
 
-def _resolve_directory(path: str, max_model_len: int | None) -> ModelSpec:
+def _resolve_directory(path: str, max_model_len: int | None,
+                       overrides: HfOverrides | None) -> ModelSpec:
     try:
         config = AutoConfig.from_pretrained(path)
     except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError and others
         raise ValueError(f"{os.path.join(path, 'config.json')} is not a model configuration "
                          f"transformers can read: {first_line(exc)}") from None
+    config = apply_hf_overrides(config, overrides)
     arch = DecoderArch.from_hf_config(config)
     has_tokenizer = any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES)
     return ModelSpec(

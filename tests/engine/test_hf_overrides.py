@@ -1,0 +1,157 @@
+"""vLLM's ``hf_overrides``: fields set on a model's config before the engine reads it, from
+``LLM(...)``, ``EngineArgs`` and ``--hf-overrides``; greedy tokens against transformers run with
+the same config."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import transformers
+
+from cadence import LLM, SamplingParams
+from cadence.cli import parse_args
+from cadence.engine.engine_args import EngineArgs
+from cadence.model.registry import apply_hf_overrides, resolve_model
+from cadence.server.cli import engine_args_from
+from tests.hf_models import VOCAB, hf_greedy
+
+THETA = 10000.0
+
+
+@pytest.fixture(scope="module")
+def plain_llama(tmp_path_factory):
+    """A random Llama checkpoint without RoPE scaling (64 positions, base 10,000)."""
+    path = tmp_path_factory.mktemp("plain-llama")
+    torch.manual_seed(3)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": THETA}, bos_token_id=1,
+        eos_token_id=2, pad_token_id=0, architectures=["LlamaForCausalLM"])
+    config._attn_implementation = "eager"
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.mul_(4.0)
+    model.float().eval().save_pretrained(path)
+    return path, model
+
+
+def _same_weights_with(model, **fields):
+    """transformers' model of ``model``'s weights under a config with ``fields`` set."""
+    config = model.config.__class__.from_dict({**model.config.to_dict(), **fields})
+    config._attn_implementation = "eager"
+    other = transformers.LlamaForCausalLM(config)
+    other.load_state_dict(model.state_dict())
+    return other.float().eval()
+
+
+def _generate(llm: LLM, prompts: list[list[int]], n: int) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+@pytest.mark.parametrize("overrides, hf_fields, max_len", [
+    ({"rope_theta": 321.0}, {"rope_parameters": {"rope_type": "default", "rope_theta": 321.0}},
+     64),
+    # The older layout's scaling, as vLLM users write it: the base stays the checkpoint's.
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                       "original_max_position_embeddings": 64}, "max_position_embeddings": 256},
+     {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": THETA,
+                          "original_max_position_embeddings": 64},
+      "max_position_embeddings": 256}, 256),
+], ids=["rope_theta", "yarn"])
+def test_rope_overrides_give_transformers_tokens(plain_llama, overrides, hf_fields, max_len):
+    path, model = plain_llama
+    rng = random.Random(11)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (30, 40, 9)]
+    new = 24 if max_len == 64 else 80  # yarn: sequences run past the checkpoint's 64
+    expected = hf_greedy(_same_weights_with(model, **hf_fields), prompts, new)
+    plain = hf_greedy(model, prompts, new)
+    assert expected != plain  # the override changes the model's tokens
+    llm = LLM(str(path), skip_tokenizer_init=True, hf_overrides=overrides,
+              max_num_batched_tokens=32)
+    assert llm.engine_core.spec.max_model_len == max_len  # derived from the new config
+    assert _generate(llm, prompts, new) == expected
+    llm.shutdown()
+
+
+def test_a_function_of_the_config(plain_llama):
+    path, _ = plain_llama
+
+    def shorter(config):
+        config.max_position_embeddings = 40
+        return config
+
+    assert resolve_model(str(path), hf_overrides=shorter).max_model_len == 40
+    with pytest.raises(ValueError, match="must return the model's config"):
+        resolve_model(str(path), hf_overrides=lambda config: None)
+
+
+def test_presets_and_the_default_context_follow_the_overrides():
+    assert resolve_model("qwen3-0.6b").max_model_len == 40960
+    spec = resolve_model("qwen3-0.6b", hf_overrides={"max_position_embeddings": 1000,
+                                                     "rope_theta": 5.0})
+    assert spec.max_model_len == 1000
+    assert spec.hf_config.rope_parameters["rope_theta"] == 5.0
+    with pytest.raises(ValueError, match="larger than the model's max_position_embeddings"):
+        resolve_model("qwen3-0.6b", 2000, hf_overrides={"max_position_embeddings": 1000})
+
+
+def test_nested_configs_update_by_field_and_other_values_replace():
+    config = transformers.PretrainedConfig()
+    config.text_config = transformers.Qwen3Config(hidden_size=64, num_attention_heads=4)
+    config.extra = {"a": 1, "b": 2}
+    apply_hf_overrides(config, {"text_config": {"hidden_size": 128}, "extra": {"a": 3}})
+    assert config.text_config.hidden_size == 128
+    assert config.text_config.num_attention_heads == 4  # the rest of the nested config kept
+    assert config.extra == {"a": 3}  # a dict field is replaced whole, as vLLM does
+
+
+def test_rope_scaling_null_and_per_layer_rope_parameters():
+    config = transformers.LlamaConfig(rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                       "rope_theta": 7.0})
+    apply_hf_overrides(config, {"rope_scaling": None})
+    assert config.rope_parameters == {"rope_type": "default", "rope_theta": 7.0}
+    gemma = transformers.Gemma3TextConfig()
+    sliding = dict(gemma.rope_parameters["sliding_attention"])
+    apply_hf_overrides(gemma, {"rope_scaling": {"rope_type": "linear", "factor": 8.0}})
+    assert gemma.rope_parameters["full_attention"] == {
+        "rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}
+    assert gemma.rope_parameters["sliding_attention"] == sliding  # local layers unscaled
+    with pytest.raises(ValueError, match="rope_scaling must be an object or null"):
+        apply_hf_overrides(transformers.LlamaConfig(), {"rope_scaling": 4})
+
+
+@pytest.mark.parametrize("value, fragment", [
+    (3, "must be a dict of config fields or a function"),
+    ({"max_position_embeddings": float("nan")}, "must hold JSON values"),
+    ({"x": object()}, "must hold JSON values"),
+    ({5: 1}, "field names must be strings"),
+])
+def test_bad_overrides_are_refused_when_given(value, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        EngineArgs(hf_overrides=value)
+
+
+def test_a_function_must_pickle_to_reach_an_engine_process():
+    with pytest.raises(ValueError, match="must be picklable"):
+        EngineArgs(hf_overrides=lambda config: config, engine_process=True)
+    EngineArgs(hf_overrides=lambda config: config)  # in this process any function does
+
+
+def test_the_flag_and_a_config_file(tmp_path, capsys):
+    ns = parse_args(["serve", "--hf-overrides", '{"max_position_embeddings": 100}'])
+    assert engine_args_from(ns).hf_overrides == {"max_position_embeddings": 100}
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("hf_overrides:\n  rope_theta: 5.0\n  rope_scaling: null\n")
+    ns = parse_args(["serve", "--config", str(cfg)])
+    assert engine_args_from(ns).hf_overrides == {"rope_theta": 5.0, "rope_scaling": None}
+    for bad in ("[1]", "{nope"):
+        with pytest.raises(SystemExit):
+            parse_args(["serve", "--hf-overrides", bad])
+        assert "expected a JSON object" in capsys.readouterr().err
