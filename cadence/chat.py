@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -218,10 +219,17 @@ def tool_arguments(text: str) -> Any:
     if nesting_depth(text) > MAX_JSON_DEPTH:
         raise ValueError(f"nest deeper than {MAX_JSON_DEPTH} levels.")
     try:
-        return json.loads(text)
-    except (ValueError, RecursionError):  # e.g. an integer past Python's digit limit
+        return json.loads(text, parse_constant=_not_json)
+    except (ValueError, RecursionError) as exc:
+        if "int_max_str_digits" in str(exc):  # valid JSON past Python's digit limit
+            raise ValueError(f"hold an integer of more than {sys.get_int_max_str_digits()} "
+                             "digits.") from None
         shown = text if len(text) <= 200 else text[:200] + "..."
         raise ValueError(f"must be JSON, got {shown!r}.") from None
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # Python's parser takes NaN and Infinity
 
 
 def render_conversation(

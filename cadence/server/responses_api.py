@@ -22,6 +22,7 @@ from pydantic import Field, PrivateAttr, ValidationError
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 from cadence.sampling_params import INT64_MAX, INT64_MIN, MAX_TEMPERATURE
 from cadence.server.protocol import (
+    MAX_REQUEST_ID_CHARS,
     NO_DEFAULTS,
     OpenAIModel,
     ParamError,
@@ -71,7 +72,7 @@ class ResponsesRequest(OpenAIModel):
     user: str | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = "auto"
     # vLLM's extensions.
-    request_id: str | None = None
+    request_id: str | None = Field(default=None, min_length=1, max_length=MAX_REQUEST_ID_CHARS)
     top_k: int | None = Field(default=None, ge=-1)
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
@@ -161,7 +162,7 @@ class ResponsesRequest(OpenAIModel):
     def _renamed(self, text: str) -> str:
         """``text`` with each chat message path (``messages.N``, ``messages.N.tool_calls.J
         .function``) as the input item it came from (``instructions``, ``input``,
-        ``input.K``)."""
+        ``input.K``), and the chat request's other names as this request's."""
         def item(match: re.Match[str]) -> str:
             n = int(match.group(1))
             if n >= len(self._origins):
@@ -172,7 +173,10 @@ class ResponsesRequest(OpenAIModel):
                 return calls[int(match.group(2))] + (".call_id" if match.group(3) else "")
             return origin
 
-        return _MESSAGE_PATH.sub(item, text)
+        text = _MESSAGE_PATH.sub(item, text)
+        for pattern, name in _CHAT_NAMES:
+            text = pattern.sub(name, text)
+        return text
 
     @property
     def chat(self) -> ChatCompletionRequest:
@@ -197,10 +201,13 @@ class ResponsesRequest(OpenAIModel):
         for i, item in enumerate(self.input):
             kind = item.get("type", "message" if "role" in item else None)
             if kind == "message":
+                if "content" not in item:
+                    raise ParamError(f"input.{i}.content", f"input.{i}: a message needs content.")
                 messages.append({"role": item.get("role"),
                                  "content": _text_of(item.get("content"), f"input.{i}")})
                 origins.append((f"input.{i}", []))
             elif kind == "function_call":
+                _need_string(item, ("call_id", "name"), i)
                 call = {"id": item.get("call_id"), "type": "function",
                         "function": {"name": item.get("name"),
                                      "arguments": item.get("arguments", "{}")}}
@@ -213,6 +220,10 @@ class ResponsesRequest(OpenAIModel):
                                      "tool_calls": [call]})
                     origins.append((f"input.{i}", [f"input.{i}"]))
             elif kind == "function_call_output":
+                _need_string(item, ("call_id",), i)
+                if "output" not in item:
+                    raise ParamError(f"input.{i}.output", f"input.{i}: a function_call_output "
+                                     "needs output.")
                 output = item.get("output")
                 messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
                                  "content": output if isinstance(output, str)
@@ -259,6 +270,14 @@ _MESSAGE_PATH = re.compile(
     r"messages\.(\d+)(?:\.tool_calls\.(\d+)(?:\.function|(\.id)\b)?)?")
 
 
+# The chat request's names for what a Responses request holds elsewhere.
+_CHAT_NAMES = [(re.compile(r"\btools\.(\d+)\.function\."), r"tools.\1."),
+               (re.compile(r"\breasoning_effort\b"), "reasoning.effort"),
+               (re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),
+               (re.compile(r"\bresponse_format\b"), "text.format"),
+               (re.compile(r"\bjson_schema\.schema\b"), "schema")]
+
+
 def param_of(where: str) -> str:
     """A chat request's field as the Responses request names it (a path into ``input``, as
     ``_renamed`` gives it, stays whole)."""
@@ -269,6 +288,13 @@ def param_of(where: str) -> str:
             "response_format": "text", "reasoning_effort": "reasoning",
             "top_logprobs": "top_logprobs", "truncate_prompt_tokens": "truncation"
             }.get(head, head)
+
+
+def _need_string(item: dict[str, Any], names: tuple[str, ...], i: int) -> None:
+    for name in names:
+        if not isinstance(item.get(name), str):
+            raise ParamError(f"input.{i}.{name}", f"input.{i}: a {item['type']} item needs "
+                             f"{name} (a string).")
 
 
 def _text_of(content: Any, where: str) -> str | list[dict[str, Any]]:

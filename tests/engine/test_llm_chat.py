@@ -70,6 +70,12 @@ def test_tool_calls_reach_the_template_as_objects(llm) -> None:
     ([{"role": "assistant", "content": "", "tool_calls": [
         {"function": {"name": "f", "arguments": "{not json"}}]}], {},
      "messages.0.tool_calls.0.function.arguments: must be JSON"),
+    ([{"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "f", "arguments": '{"a": NaN}'}}]}], {},
+     "function.arguments: must be JSON"),
+    ([{"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "f", "arguments": "1" + "0" * 5000}}]}], {},
+     "function.arguments: hold an integer of more than"),
     ([{"role": "user", "content": "a\ud800b"}], {}, "messages: the text cannot be tokenized"),
     ([], {}, "messages: a conversation"),
     ("hi", {}, "messages: a conversation"),

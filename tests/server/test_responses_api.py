@@ -301,11 +301,40 @@ def _tokens(text: str) -> int:
         {"type": "function_call", "call_id": None, "name": "g", "arguments": "{}"}]},
      "input.2.call_id"),
     ({"input": [{"role": 5, "content": "q"}]}, "input.0.role"),
+    # vLLM's request_id as the chat and completions routes bound it.
+    ({"request_id": ""}, "request_id"),
+    ({"request_id": "x" * 257}, "request_id"),
+    # OpenAI's required fields of input items.
+    ({"input": [{"role": "user"}]}, "input.0.content"),
+    ({"input": [{"type": "function_call_output", "output": "x"}]}, "input.0.call_id"),
+    ({"input": [{"type": "function_call_output", "call_id": "c1"}]}, "input.0.output"),
+    ({"input": [{"role": "user", "content": "q"},
+                {"type": "function_call", "call_id": "c1", "arguments": "{}"}]}, "input.1.name"),
+    # NaN and Infinity are Python's, not JSON.
+    ({"input": [{"role": "user", "content": "q"},
+                {"type": "function_call", "call_id": "c1", "name": "f",
+                 "arguments": '{"a": Infinity}'},
+                {"type": "function_call_output", "call_id": "c1", "output": "x"}]},
+     "input.1.arguments"),
 ])
 def test_what_is_not_done_is_a_400_naming_it(http: httpx.Client, body: dict, param: str) -> None:
     r = http.post("/v1/responses", json={"input": "hi", **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize(("body", "said", "chat_name"), [
+    ({"reasoning": {"effort": "ultra"}}, "reasoning.effort", "reasoning_effort"),
+    ({"tools": [{"type": "function", "parameters": {}}]}, "tools.0.name", "function"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format json_schema needs "
+     "schema", "json_schema.schema"),
+])
+def test_errors_name_fields_as_this_request_does(http: httpx.Client, body: dict, said: str,
+                                                 chat_name: str) -> None:
+    r = http.post("/v1/responses", json={"input": "hi", **body})
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert said in message and chat_name not in message, message
 
 
 def test_a_json_schema_format_gives_json(client) -> None:
