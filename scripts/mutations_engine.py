@@ -14,8 +14,23 @@ _CFG = "tests/test_config.py"
 _SP = "tests/test_sampling_params.py"
 _REQ = "tests/scheduler/test_request.py"
 _HFO = "tests/engine/test_hf_overrides.py"
+_TOKKW = "tests/engine/test_tokenization_kwargs.py"
 
 MUTATIONS = [
+    Mutation("eng-tokkw-truncation-first", "truncation=True keeps max_length, ignoring it",
+             "cadence/engine/tokenization_kwargs.py",
+             "truncate = -1 if max_length is None else max_length",
+             "truncate = -1", (_TOKKW,)),
+    Mutation("eng-tokkw-no-length-check", "max_length alone bounds nothing",
+             "cadence/engine/llm.py",
+             "            tokenization.check_length(len(req.prompt_token_ids))\n", "",
+             (_TOKKW,)),
+    Mutation("eng-empty-text-refused", "an empty text is refused before tokenizing",
+             "cadence/engine/input_processor.py",
+             "        # NOTE: an empty text is tokenized: a tokenizer that adds BOS makes it a "
+             "prompt (vLLM).\n",
+             "        if not text:\n            raise InputValidationError('empty', 'prompt')\n",
+             ("tests/engine/test_input_processor.py",)),
     Mutation("eng-hf-overrides-rope-plain", "rope_theta / rope_scaling set as plain attributes",
              "cadence/model/registry.py",
              "    overrides = _override_rope(config, overrides)\n", "", (_HFO,)),

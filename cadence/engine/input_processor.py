@@ -274,8 +274,7 @@ class InputProcessor:
                 "{'prompt_token_ids': [...]} instead.",
                 "prompt",
             )
-        if not text:
-            raise InputValidationError("The prompt cannot be empty.", "prompt")
+        # NOTE: an empty text is tokenized: a tokenizer that adds BOS makes it a prompt (vLLM).
         if bound:
             self.check_prompt_text(text)
         try:
@@ -302,7 +301,7 @@ class InputProcessor:
 
     def _validate_token_ids(self, token_ids: list[int]) -> None:
         if not token_ids:
-            raise InputValidationError("The prompt cannot be empty.", "prompt")
+            raise InputValidationError("The decoder prompt cannot be empty.", "prompt")
         if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
             bad = next(t for t in token_ids if t < 0 or t >= self.vocab_size)
             raise InputValidationError(

@@ -22,6 +22,7 @@ from cadence.engine.core import EngineCore
 from cadence.engine.engine_args import EngineArgs
 from cadence.engine.frontend import load_frontend
 from cadence.engine.output_processor import OutputProcessor
+from cadence.engine.tokenization_kwargs import TokenizationKwargs
 from cadence.inputs import refuse_lora
 from cadence.outputs import RequestOutput
 from cadence.sampling_params import RequestOutputKind, SamplingParams
@@ -73,11 +74,16 @@ class LLM:
         use_tqdm: UseTqdm = True,
         priority: int | Sequence[int] | None = None,
         lora_request: Any = None,
+        tokenization_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to the end; one output each, in the prompts' order. ``priority``:
-        one value per prompt, or one for all (vLLM's)."""
+        one value per prompt, or one for all (vLLM's). ``tokenization_kwargs`` (vLLM's):
+        ``add_special_tokens``, ``do_lower_case``, ``truncation`` (with ``max_length``: keep a
+        prompt's last tokens), ``max_length`` alone (the longest prompt taken),
+        ``truncate_prompt_tokens``."""
         self._check_open()
         refuse_lora(lora_request)
+        tokenization = TokenizationKwargs.parse(tokenization_kwargs)
         prompts = _prompt_list(prompts, Sequence)
         n = len(prompts)
         if sampling_params is None:
@@ -107,7 +113,9 @@ class LLM:
         requests: list[tuple[EngineCoreRequest, str | None]] = []
         for prompt, p, prio in zip(prompts, params, priorities):
             req_id = str(next(self._counter))
-            req, text = self.frontend.input_processor.process(req_id, prompt, p, priority=prio)
+            req, text = self.frontend.input_processor.process(
+                req_id, tokenization.prompt(prompt), tokenization.params(p), priority=prio)
+            tokenization.check_length(len(req.prompt_token_ids))
             # Only finished requests are returned: one output each, all choices in it (vLLM).
             req.sampling_params.output_kind = RequestOutputKind.FINAL_ONLY
             self.engine_core.validate_request(req)

@@ -130,6 +130,21 @@ def test_max_tokens_none_resolves_to_the_rest_of_the_context(
     assert info.value.parameter == "prompt"
 
 
+def test_an_empty_text_is_a_prompt_where_the_tokenizer_adds_bos() -> None:
+    """vLLM tokenizes an empty text; only no tokens at all is an empty prompt."""
+    from tokenizers.processors import TemplateProcessing
+
+    bos = byte_level_tokenizer(["hello world"], vocab_size=280,
+                               special_tokens=["<|eos|>", "<|bos|>"])
+    bos.backend_tokenizer.post_processor = TemplateProcessing(
+        single="<|bos|> $A", special_tokens=[("<|bos|>", 1)])
+    proc = _proc(bos)
+    req, text = proc.process("r", "", SamplingParams(max_tokens=2))
+    assert (req.prompt_token_ids, text) == ([1], "")
+    with pytest.raises(InputValidationError, match="decoder prompt cannot be empty"):
+        proc.process("r", {"prompt": "", "add_special_tokens": False}, SamplingParams())
+
+
 @pytest.mark.parametrize(
     ("prompt", "param", "message"),
     [

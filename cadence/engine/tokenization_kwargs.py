@@ -1,0 +1,106 @@
+"""vLLM's ``tokenization_kwargs`` of ``LLM.generate``: how text prompts are tokenized and
+truncated (``add_special_tokens``, ``do_lower_case``, ``truncation`` / ``max_length``,
+``truncate_prompt_tokens``), applied to each prompt and its sampling parameters before the
+input processor reads them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cadence.engine.param_checks import InputValidationError
+from cadence.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+# What vLLM's renderer reads; needs_detokenization only says whether prompt text is kept.
+KNOWN = ("add_special_tokens", "do_lower_case", "max_length", "truncation",
+         "truncate_prompt_tokens", "needs_detokenization")
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class TokenizationKwargs:
+    add_special_tokens: bool | None = None  # None: the prompt's own (default: true)
+    do_lower_case: bool = False
+    # The prompt's last this many tokens (-1: as many as leave room for max_tokens); _UNSET:
+    # the sampling parameters' own truncate_prompt_tokens.
+    truncate: Any = _UNSET
+    max_length: int | None = None  # without truncation: the longest prompt taken
+
+    @classmethod
+    def parse(cls, kwargs: Mapping[str, Any] | None) -> TokenizationKwargs:
+        if kwargs is None:
+            return cls()
+        if not isinstance(kwargs, Mapping):
+            raise InputValidationError("tokenization_kwargs must be a dict, got "
+                                       f"{type(kwargs).__name__}.", "tokenization_kwargs")
+        rest = dict(kwargs)
+        special = _flag(rest.pop("add_special_tokens", None), "add_special_tokens")
+        lower = bool(_flag(rest.pop("do_lower_case", None), "do_lower_case"))
+        max_length = _length(rest.pop("max_length", None), "max_length", 1)
+        truncate = rest.pop("truncate_prompt_tokens", _UNSET)
+        if truncate is not _UNSET and truncate is not None:
+            truncate = _length(truncate, "truncate_prompt_tokens", -1)
+            if truncate == 0:
+                raise InputValidationError("tokenization_kwargs: truncate_prompt_tokens must be "
+                                           "-1 or at least 1, got 0.", "tokenization_kwargs")
+        rest.pop("needs_detokenization", None)
+        truncation = rest.pop("truncation", None)
+        if truncation in (True, "longest_first"):
+            truncate = -1 if max_length is None else max_length
+            max_length = None
+        elif truncation in (False, "do_not_truncate"):
+            truncate = None
+        elif truncation is not None:
+            raise InputValidationError(
+                f"tokenization_kwargs: truncation must be true, false, 'longest_first' or "
+                f"'do_not_truncate', got {truncation!r}.", "tokenization_kwargs")
+        if rest:  # vLLM warns and goes on
+            logger.warning("tokenization_kwargs not supported, ignored: %s", sorted(rest))
+        return cls(special, lower, truncate, max_length)
+
+    def prompt(self, prompt: Any) -> Any:
+        """``prompt`` with the text options applied (token prompts are left as they are)."""
+        if isinstance(prompt, str):
+            prompt = {"prompt": prompt}
+        elif not (isinstance(prompt, Mapping) and isinstance(prompt.get("prompt"), str)
+                  and "prompt_token_ids" not in prompt):
+            return prompt
+        out = dict(prompt)
+        if self.do_lower_case:
+            out["prompt"] = out["prompt"].lower()
+        if self.add_special_tokens is not None:
+            out["add_special_tokens"] = self.add_special_tokens
+        return out
+
+    def params(self, params: SamplingParams) -> SamplingParams:
+        if self.truncate is _UNSET:
+            return params
+        out = params.clone()
+        out.truncate_prompt_tokens = self.truncate
+        return out
+
+    def check_length(self, num_tokens: int) -> None:
+        if self.max_length is not None and num_tokens > self.max_length:
+            raise InputValidationError(
+                f"The prompt has {num_tokens} tokens, more than tokenization_kwargs max_length="
+                f"{self.max_length}; shorten it or pass truncation=True.", "prompt", num_tokens)
+
+
+def _flag(value: Any, name: str) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise InputValidationError(f"tokenization_kwargs: {name} must be true or false, got "
+                                   f"{value!r}.", "tokenization_kwargs")
+    return value
+
+
+def _length(value: Any, name: str, least: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise InputValidationError(f"tokenization_kwargs: {name} must be an integer of at least "
+                                   f"{least}, got {value!r}.", "tokenization_kwargs")
+    return value

@@ -1,0 +1,81 @@
+"""vLLM's ``tokenization_kwargs`` of ``LLM.generate``."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from cadence import LLM, SamplingParams
+from cadence.engine.param_checks import InputValidationError
+from cadence.engine.tokenization_kwargs import TokenizationKwargs
+
+TEXT = "Hello World, hello there. " * 8
+
+
+@pytest.fixture(scope="module")
+def llm():
+    engine = LLM("tiny", max_model_len=48, async_scheduling=False)
+    yield engine
+    engine.shutdown()
+
+
+def _prompt_ids(llm, prompt, tokenization_kwargs=None, **params):
+    sp = SamplingParams(max_tokens=4, temperature=0.0, **params)
+    (out,) = llm.generate(prompt, sp, use_tqdm=False, tokenization_kwargs=tokenization_kwargs)
+    return out.prompt_token_ids
+
+
+def test_truncation_keeps_a_prompts_last_tokens(llm) -> None:
+    ids = llm.get_tokenizer().encode(TEXT)
+    assert len(ids) > 48
+    # max_length: that many last tokens; without it as many as leave room for max_tokens.
+    assert _prompt_ids(llm, TEXT, {"truncation": True, "max_length": 10}) == ids[-10:]
+    assert _prompt_ids(llm, TEXT, {"truncation": "longest_first"}) == ids[-(48 - 4):]
+    assert _prompt_ids(llm, TEXT, {"truncate_prompt_tokens": 7}) == ids[-7:]
+    # truncation=False undoes the sampling parameters' truncation: too long again.
+    with pytest.raises(ValueError, match="maximum context length"):
+        _prompt_ids(llm, TEXT, {"truncation": False}, truncate_prompt_tokens=5)
+    assert _prompt_ids(llm, TEXT, None, truncate_prompt_tokens=5) == ids[-5:]
+
+
+def test_max_length_alone_bounds_the_prompt(llm) -> None:
+    n = len(llm.get_tokenizer().encode("Hello World"))
+    assert _prompt_ids(llm, "Hello World", {"max_length": n}) == (
+        llm.get_tokenizer().encode("Hello World"))
+    with pytest.raises(InputValidationError, match=f"more than tokenization_kwargs max_length="
+                                                   f"{n - 1}"):
+        _prompt_ids(llm, "Hello World", {"max_length": n - 1})
+
+
+def test_lower_case_and_special_tokens(llm) -> None:
+    tok = llm.get_tokenizer()
+    assert _prompt_ids(llm, "Hello World", {"do_lower_case": True}) == tok.encode("hello world")
+    kw = TokenizationKwargs.parse({"add_special_tokens": False, "do_lower_case": True})
+    assert kw.prompt("Hi") == {"prompt": "hi", "add_special_tokens": False}
+    assert kw.prompt({"prompt": "Hi", "cache_salt": "s"}) == {
+        "prompt": "hi", "add_special_tokens": False, "cache_salt": "s"}
+    assert kw.prompt([1, 2]) == [1, 2]  # token prompts are left as they are
+    assert kw.prompt({"prompt_token_ids": [1], "prompt": "X"}) == {
+        "prompt_token_ids": [1], "prompt": "X"}
+
+
+def test_unknown_keys_are_ignored_with_a_warning(llm, caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="cadence.engine.tokenization_kwargs"):
+        assert _prompt_ids(llm, "Hello", {"padding": True}) == llm.get_tokenizer().encode(
+            "Hello")
+    assert "padding" in caplog.text
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ([("truncation", True)], "must be a dict"),
+    ({"truncation": "only_first"}, "truncation must be"),
+    ({"add_special_tokens": 1}, "add_special_tokens must be true or false"),
+    ({"max_length": 0}, "max_length must be an integer of at least 1"),
+    ({"truncate_prompt_tokens": 0}, "-1 or at least 1"),
+    ({"truncate_prompt_tokens": -2}, "at least -1"),
+])
+def test_bad_kwargs_are_refused_before_anything_runs(llm, kwargs, fragment) -> None:
+    with pytest.raises(InputValidationError, match=fragment):
+        _prompt_ids(llm, "Hello", kwargs)
+    assert not llm.engine_core.scheduler.has_unfinished_requests()
