@@ -98,8 +98,9 @@ def main() -> int:
                   "--max-model-len", str(ns.input_len + ns.output_len + 16),
                   "--num-gpu-blocks-override", str(ns.streams * 30 + 8),
                   "--log-level", "warning", *ns.serve_args.split()]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    server_env = {**env, "PYTHONPATH": f"{hook_dir}{os.pathsep}{ROOT}",
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *kept])}
+    server_env = {**env, "PYTHONPATH": os.pathsep.join([str(hook_dir), str(ROOT), *kept]),
                   "FRONTEND_BENCH_STEP_MS": str(ns.step_ms)}
     server = subprocess.Popen(
         [sys.executable, __file__, "--serve-only", "--step-ms", str(ns.step_ms), *serve_argv],

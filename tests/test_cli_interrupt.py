@@ -3,7 +3,6 @@ interrupt inside an import and failed afterwards on its half-made modules."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cadence import cli
+from tests.child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,7 +58,7 @@ sys.exit(cli.main(["generate", "--model", "tiny", "--prompt", "x"]))
 
 
 def _run(body: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = child_env(OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-c", _PROLOGUE + body], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
 

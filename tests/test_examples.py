@@ -3,20 +3,20 @@ every example on a GPU."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.child_env import child_env
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(*argv: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     # This checkout's cadence first, not an installed one; what the caller's path adds stays.
-    paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    env = child_env()
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)

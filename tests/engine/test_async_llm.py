@@ -15,6 +15,7 @@ from cadence.engine.core import EngineCore
 from cadence.engine.engine_args import EngineArgs
 from cadence.outputs import RequestOutput
 from cadence.sampling_params import RequestOutputKind, SamplingParams
+from tests.child_env import child_env
 from tests.gated_core import GatedCore
 from tests.tiny import tiny_args as shared_tiny_args
 
@@ -830,8 +831,7 @@ def test_a_script_that_never_shuts_its_engine_down_exits_cleanly(tmp_path) -> No
     )
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, str(script)], cwd=root, capture_output=True,
-                          text=True, timeout=300, env={**__import__("os").environ,
-                                                      "PYTHONPATH": str(root)})
+                          text=True, timeout=300, env=child_env())
     assert done.returncode == 0, done.stderr[-2000:]
     assert "core stopped before exit: True" in done.stdout
 

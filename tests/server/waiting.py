@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -13,6 +12,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import httpx
+
+from tests.child_env import child_env
 
 T = TypeVar("T")
 
@@ -51,7 +52,7 @@ def scrape(http: httpx.Client) -> str:
 def spawn_serve(args: list[str], log: Path, *, new_session: bool = False) -> subprocess.Popen:
     """``cadence serve ARGS`` as a subprocess of this checkout, its output in ``log``; with
     ``new_session`` it leads its own process group (for signals to the whole group)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    env = child_env(OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "cadence", "serve", *args]
     with open(log, "w") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
