@@ -17,6 +17,10 @@ _HFO = "tests/engine/test_hf_overrides.py"
 _TOKKW = "tests/engine/test_tokenization_kwargs.py"
 
 MUTATIONS = [
+    Mutation("eng-truncate-offline-strict", "offline truncation bound by max_model_len - max_tokens",
+             "cadence/engine/input_processor.py",
+             "        if not strict and k != -1:\n", "        if False:\n",
+             ("tests/engine/test_input_processor.py",)),
     Mutation("eng-tokkw-truncation-first", "truncation=True keeps max_length, ignoring it",
              "cadence/engine/tokenization_kwargs.py",
              "truncate = -1 if max_length is None else max_length",

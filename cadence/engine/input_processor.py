@@ -130,7 +130,8 @@ class InputProcessor:
         # A prompt to truncate may be longer than the context: no bound on its text.
         truncating = params.truncate_prompt_tokens is not None
         prompt_text, token_ids = self._parse_prompt(prompt, bound=not truncating)
-        token_ids = self._truncate(token_ids, params.truncate_prompt_tokens, params.max_tokens)
+        token_ids = self._truncate(token_ids, params.truncate_prompt_tokens, params.max_tokens,
+                                   strict_max_tokens)
         cache_salt = self._cache_salt(prompt)
         self._validate_token_ids(token_ids)
         params.max_tokens = self._resolve_max_tokens(len(token_ids), params.max_tokens,
@@ -171,14 +172,22 @@ class InputProcessor:
         )
         return request, prompt_text
 
-    def _truncate(self, token_ids: list[int], k: int | None, max_tokens: int | None
-                  ) -> list[int]:
+    def _truncate(self, token_ids: list[int], k: int | None, max_tokens: int | None,
+                  strict: bool) -> list[int]:
         """vLLM's truncate_prompt_tokens: the prompt's last ``k`` tokens (-1: as many as leave
-        room for ``max_tokens``; more than that is an error). The prompt text, if any, is kept as
-        given."""
+        room for ``max_tokens``). With ``strict`` (the server's rule) more than that room is an
+        error; offline (vLLM's ``LLM``) only more than ``max_model_len`` is, and a longer
+        ``max_tokens`` is capped as for any prompt. The prompt text, if any, is kept as given."""
         if k is None:
             return token_ids
         room = max_input_tokens(self.max_model_len, max_tokens)
+        if not strict and k != -1:
+            if k > self.max_model_len:
+                raise InputValidationError(
+                    f"truncate_prompt_tokens={k} cannot be greater than max_model_len="
+                    f"{self.max_model_len}. Please request a smaller truncation size.",
+                    "truncate_prompt_tokens", k)
+            return token_ids[-k:] if len(token_ids) > k else token_ids
         if room < 1:
             raise InputValidationError(
                 f"max_tokens={max_tokens} leaves no room for a prompt in this model's maximum "

@@ -388,12 +388,26 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(tokenizer: PreTrainedToken
     req, _ = proc.process("c2", {"prompt_token_ids": ids},
                           SamplingParams(max_tokens=1, truncate_prompt_tokens=63))
     assert req.prompt_token_ids == ids[-63:]
-    # More than max_model_len - max_tokens (16 by default): refused, naming the field.
+    # The server's rule: more than max_model_len - max_tokens (16 by default) is refused.
     for k in (49, 65):
         with pytest.raises(InputValidationError, match="cannot be greater than max_model_len - "
                            "max_tokens = 48") as info:
-            proc.process("d", {"prompt_token_ids": ids}, SamplingParams(truncate_prompt_tokens=k))
+            proc.process("d", {"prompt_token_ids": ids}, SamplingParams(truncate_prompt_tokens=k),
+                         strict_max_tokens=True)
         assert info.value.parameter == "truncate_prompt_tokens"
+    # Offline (vLLM's LLM) only more than max_model_len is; max_tokens is capped to the rest.
+    req, _ = proc.process("d2", {"prompt_token_ids": ids}, SamplingParams(truncate_prompt_tokens=49))
+    assert req.prompt_token_ids == ids[-49:] and req.sampling_params.max_tokens == 64 - 49
+    with pytest.raises(InputValidationError, match="cannot be greater than max_model_len=64"
+                       ) as info:
+        proc.process("d3", {"prompt_token_ids": ids}, SamplingParams(truncate_prompt_tokens=65))
+    assert info.value.parameter == "truncate_prompt_tokens"
+    with pytest.raises(InputValidationError, match="maximum context length is 64") as info:
+        proc.process("d4", {"prompt_token_ids": ids}, SamplingParams(truncate_prompt_tokens=64))
+    assert info.value.parameter == "prompt"
+    req, _ = proc.process("d5", {"prompt_token_ids": ids[:10]},
+                          SamplingParams(max_tokens=100, truncate_prompt_tokens=30))
+    assert req.sampling_params.max_tokens == 64 - 10  # past the context: capped
     # max_tokens that fills the context leaves no room for a prompt.
     with pytest.raises(InputValidationError, match="no room") as info:
         proc.process("f", {"prompt_token_ids": ids},
