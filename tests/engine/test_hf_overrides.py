@@ -73,7 +73,8 @@ def test_rope_overrides_give_transformers_tokens(plain_llama, overrides, hf_fiel
     expected = hf_greedy(_same_weights_with(model, **hf_fields), prompts, new)
     plain = hf_greedy(model, prompts, new)
     assert expected != plain  # the override changes the model's tokens
-    llm = LLM(str(path), skip_tokenizer_init=True, hf_overrides=overrides,
+    # float32: transformers' reference is (a GPU would take bfloat16 by default).
+    llm = LLM(str(path), skip_tokenizer_init=True, hf_overrides=overrides, dtype="float32",
               max_num_batched_tokens=32)
     assert llm.engine_core.spec.max_model_len == max_len  # derived from the new config
     assert _generate(llm, prompts, new) == expected

@@ -16,6 +16,8 @@ from cadence.core_types import EngineCoreRequest
 from tests.hf_models import VOCAB, build_hf_model, hf_greedy
 
 NEW_TOKENS = 32
+# transformers' reference runs in float32 (on a GPU the engine would take bfloat16).
+F32 = "float32"
 
 
 def _prompts(seed: int = 0) -> list[list[int]]:
@@ -56,7 +58,7 @@ CONFIGS = {
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_greedy_matches_transformers(checkpoint, config, async_scheduling):
     path, prompts, expected = checkpoint
-    llm = LLM(str(path), skip_tokenizer_init=True, max_num_seqs=8, max_model_len=256,
+    llm = LLM(str(path), skip_tokenizer_init=True, dtype=F32, max_num_seqs=8, max_model_len=256,
               async_scheduling=async_scheduling, **CONFIGS[config])
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -95,7 +97,7 @@ def test_eos_stops_like_transformers(tmp_path, async_scheduling):
         expected.append(gen[0, len(p):].tolist())
     assert any(len(e) < 24 for e in expected)
 
-    llm = LLM(str(tmp_path), skip_tokenizer_init=True, max_num_seqs=8, max_model_len=256,
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype=F32, max_num_seqs=8, max_model_len=256,
               async_scheduling=async_scheduling)
     params = SamplingParams(temperature=0.0, max_tokens=24)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -114,7 +116,7 @@ def test_prefill_chunks_that_sample_nothing(tmp_path):
     prompt = _prompts()[3]
     assert len(prompt) == 50
     expected = hf_greedy(model, [prompt], 6)[0]
-    llm = LLM(str(tmp_path), skip_tokenizer_init=True, max_num_seqs=4, max_model_len=256,
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype=F32, max_num_seqs=4, max_model_len=256,
               max_num_batched_tokens=16, async_scheduling=False)
     core = llm.engine_core
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -140,7 +142,7 @@ def test_longrope_long_factors_like_transformers(tmp_path, async_scheduling):
     rng = random.Random(4)
     prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (33, 40, 57)]
     expected = hf_greedy(model, prompts, 24)
-    llm = LLM(str(tmp_path), skip_tokenizer_init=True, max_num_seqs=4, max_model_len=256,
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype=F32, max_num_seqs=4, max_model_len=256,
               async_scheduling=async_scheduling)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -175,7 +177,7 @@ def test_scaled_rope_runs_past_max_position_embeddings_like_transformers(tmp_pat
     prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (60, 90, 20)]
     expected = hf_greedy(model, prompts, 24)
     limit = 256 if scaling["rope_type"] == "linear" else 128
-    llm = LLM(str(tmp_path), skip_tokenizer_init=True, max_model_len=limit,
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype=F32, max_model_len=limit,
               max_num_batched_tokens=32)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -208,7 +210,7 @@ def test_longrope_sequences_growing_past_the_switch_like_transformers(
     there while decoding (recomputed at that step), in prefill chunks that end before it, or
     resumed after a preemption; the prefix cache never mixes the two rotations."""
     path, prompts, expected = longrope_checkpoint
-    llm = LLM(str(path), skip_tokenizer_init=True, max_num_seqs=8, max_model_len=256,
+    llm = LLM(str(path), skip_tokenizer_init=True, dtype=F32, max_num_seqs=8, max_model_len=256,
               async_scheduling=async_scheduling, **CONFIGS[config])
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
