@@ -31,7 +31,7 @@ def _log_softmax_after(model, ids: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_tracked_logprobs_match_transformers(hf, async_scheduling):
     path, model, prompts = hf
-    llm = LLM(str(path), skip_tokenizer_init=True, max_num_seqs=4, max_model_len=128,
+    llm = LLM(str(path), skip_tokenizer_init=True, dtype="float32", max_num_seqs=4, max_model_len=128,
               async_scheduling=async_scheduling)
     tracked = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
                              logprob_token_ids=TRACKED)

@@ -38,7 +38,7 @@ def hf(tmp_path_factory):
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_prompt_logprobs_match_transformers(hf, config, async_scheduling):
     path, prompts, expected = hf
-    llm = LLM(str(path), skip_tokenizer_init=True, max_num_seqs=4, max_model_len=256,
+    llm = LLM(str(path), skip_tokenizer_init=True, dtype="float32", max_num_seqs=4, max_model_len=256,
               async_scheduling=async_scheduling, **CONFIGS[config])
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, prompt_logprobs=K)
     for _ in range(2):  # the second round would hit the prefix cache
@@ -69,7 +69,7 @@ def test_prompt_logprobs_with_sample_logprobs_and_delta_outputs(hf):
     path, prompts, expected = hf
 
     async def run():
-        engine = AsyncLLM(EngineArgs(model=str(path), skip_tokenizer_init=True,
+        engine = AsyncLLM(EngineArgs(model=str(path), skip_tokenizer_init=True, dtype="float32",
                                      max_model_len=256, max_num_batched_tokens=16))
         try:
             params = SamplingParams(temperature=0.0, max_tokens=4, logprobs=2,
