@@ -39,12 +39,7 @@ def add_config_arg(parser: argparse.ArgumentParser) -> None:
 
 def json_string_list(text: str) -> list[str]:
     """An argparse ``type``: a JSON list of strings, e.g. ``'["https://a.example"]'``."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        raise argparse.ArgumentTypeError(
-            f"expected a JSON list of strings such as '[\"*\"]', got {text!r}"
-        ) from None
+    value = _json_arg(text, "a JSON list of strings", "'[\"*\"]'")
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {text!r}")
     return value
@@ -52,15 +47,18 @@ def json_string_list(text: str) -> list[str]:
 
 def json_object(text: str) -> dict[str, Any]:
     """An argparse ``type``: a JSON object, e.g. ``'{"max_position_embeddings": 4096}'``."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        raise argparse.ArgumentTypeError(
-            f"expected a JSON object such as '{{\"key\": 1}}', got {text!r}"
-        ) from None
+    value = _json_arg(text, "a JSON object", "'{\"key\": 1}'")
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
     return value
+
+
+def _json_arg(text: str, what: str, example: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(f"expected {what} such as {example}, got {text!r}"
+                                         ) from None
 
 
 def expand_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:

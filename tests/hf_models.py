@@ -175,6 +175,27 @@ def build_hf_model(arch: str, path: Path, tie: bool = False, seed: int = 0,
     return model
 
 
+def save_llama(path: Path, seed: int = 0, **fields: Any):
+    """A random two-layer Llama (eager attention, weights scaled up as ``build_hf_model``'s)
+    with ``fields`` set on its config, saved at ``path``; returns the model."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(**{
+        "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 64, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+        "architectures": ["LlamaForCausalLM"], **fields})
+    config._attn_implementation = "eager"
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.mul_(4.0)
+    model.float().eval().save_pretrained(path)
+    return model
+
+
 def hf_greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Greedy continuation of each prompt, one at a time (no padding), ignoring EOS."""
     out = []

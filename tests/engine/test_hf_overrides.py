@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 import transformers
 
 from cadence import LLM, SamplingParams
@@ -15,7 +14,7 @@ from cadence.cli import parse_args
 from cadence.engine.engine_args import EngineArgs
 from cadence.model.registry import apply_hf_overrides, resolve_model
 from cadence.server.cli import engine_args_from
-from tests.hf_models import VOCAB, hf_greedy
+from tests.hf_models import VOCAB, hf_greedy, save_llama
 
 THETA = 10000.0
 
@@ -24,19 +23,7 @@ THETA = 10000.0
 def plain_llama(tmp_path_factory):
     """A random Llama checkpoint without RoPE scaling (64 positions, base 10,000)."""
     path = tmp_path_factory.mktemp("plain-llama")
-    torch.manual_seed(3)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        rope_parameters={"rope_type": "default", "rope_theta": THETA}, bos_token_id=1,
-        eos_token_id=2, pad_token_id=0, architectures=["LlamaForCausalLM"])
-    config._attn_implementation = "eager"
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.mul_(4.0)
-    model.float().eval().save_pretrained(path)
+    model = save_llama(path, seed=3, rope_parameters={"rope_type": "default", "rope_theta": THETA})
     return path, model
 
 

@@ -13,7 +13,7 @@ import torch
 
 from cadence import LLM, SamplingParams
 from cadence.core_types import EngineCoreRequest
-from tests.hf_models import VOCAB, build_hf_model, hf_greedy
+from tests.hf_models import VOCAB, build_hf_model, hf_greedy, save_llama
 
 NEW_TOKENS = 32
 # transformers' reference runs in float32 (on a GPU the engine would take bfloat16).
@@ -80,7 +80,6 @@ def test_greedy_matches_transformers(checkpoint, config, async_scheduling):
 def test_eos_stops_like_transformers(tmp_path, async_scheduling):
     """EOS taken from the checkpoint's generation config ends requests exactly where transformers
     stops; with async scheduling the step already launched past EOS emits nothing."""
-    import torch
 
     model = build_hf_model("qwen3", tmp_path)
     prompts = _prompts()
@@ -158,21 +157,7 @@ def test_scaled_rope_runs_past_max_position_embeddings_like_transformers(tmp_pat
     """Linear and yarn scaling are made for max_position_embeddings x factor (yarn: the
     original length x factor; vLLM's derivation): max_model_len may reach it, and sequences
     past max_position_embeddings (64 here) keep transformers' tokens."""
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        rope_scaling=dict(scaling), bos_token_id=1, eos_token_id=2, pad_token_id=0,
-        architectures=["LlamaForCausalLM"])
-    config._attn_implementation = "eager"
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.mul_(4.0)
-    model.float().eval().save_pretrained(tmp_path)
+    model = save_llama(tmp_path, rope_scaling=dict(scaling))
     rng = random.Random(5)
     prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (60, 90, 20)]
     expected = hf_greedy(model, prompts, 24)
