@@ -143,3 +143,14 @@ def test_the_flag_and_a_config_file(tmp_path, capsys):
         with pytest.raises(SystemExit):
             parse_args(["serve", "--hf-overrides", bad])
         assert "expected a JSON object" in capsys.readouterr().err
+
+
+def test_the_overrides_reach_an_engine_process() -> None:
+    from cadence.engine.async_llm import AsyncLLM
+
+    engine = AsyncLLM(EngineArgs(model="tiny", engine_process=True,
+                                 hf_overrides={"max_position_embeddings": 100}))
+    try:
+        assert engine.max_model_len == 100  # the process's own config, overridden
+    finally:
+        engine.shutdown()
