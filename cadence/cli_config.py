@@ -152,10 +152,13 @@ def _option_args(
     if isinstance(action, argparse._AppendAction):
         items = value if isinstance(value, list) else [value]
         return [f"{option}={_checked(action, _text(item, where), where)}" for item in items]
-    if isinstance(value, list) and action.type is json_string_list:
-        return [f"{option}={_checked(action, json.dumps(value), where)}"]
-    if isinstance(value, dict) and action.type is json_object:
-        return [f"{option}={_checked(action, json.dumps(value), where)}"]
+    if (isinstance(value, list) and action.type is json_string_list
+            or isinstance(value, dict) and action.type is json_object):
+        try:
+            text = json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:  # a YAML date, .nan
+            raise ValueError(f"{where}: expected JSON values only ({exc}).") from None
+        return [f"{option}={_checked(action, text, where)}"]
     if isinstance(value, list) and action.nargs in ("+", "*"):
         if not value and action.nargs == "+":
             raise ValueError(f"{where}: expected at least one value, got [].")

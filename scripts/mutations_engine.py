@@ -17,14 +17,21 @@ _HFO = "tests/engine/test_hf_overrides.py"
 _TOKKW = "tests/engine/test_tokenization_kwargs.py"
 
 MUTATIONS = [
+    Mutation("eng-hf-overrides-rope-base-lost", "rope_parameters without a base lose the base",
+             "cadence/model/registry.py",
+             "        if base is not None:\n            overrides = ", "        if False:\n"
+             "            overrides = ", (_HFO,)),
     Mutation("eng-truncate-offline-strict", "offline truncation bound by max_model_len - max_tokens",
              "cadence/engine/input_processor.py",
              "        if not strict and k != -1:\n", "        if False:\n",
              ("tests/engine/test_input_processor.py",)),
-    Mutation("eng-tokkw-truncation-first", "truncation=True keeps max_length, ignoring it",
+    Mutation("eng-tokkw-minus-one-max-length", "-1 ignores max_length",
              "cadence/engine/tokenization_kwargs.py",
-             "truncate = -1 if max_length is None else max_length",
-             "truncate = -1", (_TOKKW,)),
+             "if k == -1 and self.max_length is not None:", "if False:", (_TOKKW,)),
+    Mutation("eng-tokkw-kwargs-win", "this dict's truncation wins over the parameters'",
+             "cadence/engine/tokenization_kwargs.py",
+             "        if k is None:\n            k = self.truncate\n",
+             "        if self.truncate is not None:\n            k = self.truncate\n", (_TOKKW,)),
     Mutation("eng-tokkw-no-length-check", "max_length alone bounds nothing",
              "cadence/engine/llm.py",
              "            tokenization.check_length(len(req.prompt_token_ids))\n", "",

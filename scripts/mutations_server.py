@@ -6,6 +6,15 @@ which defines ``Mutation`` here."""
 _RESP = "tests/server/test_responses_api.py"
 
 MUTATIONS = [
+    Mutation("resp-rename-quoted", "a client's quoted value is renamed as a chat field",
+             "cadence/server/responses_api.py",
+             '"".join(p if i % 2 else names(p) for i, p in enumerate(pieces))',
+             "names(text)", (_RESP,)),
+    Mutation("resp-request-id-unbounded", "request_id is not bounded",
+             "cadence/server/responses_api.py",
+             "request_id: str | None = Field(default=None, min_length=1, "
+             "max_length=MAX_REQUEST_ID_CHARS)",
+             "request_id: str | None = None", (_RESP,)),
     Mutation("resp-no-instructions", "instructions never reach the template",
              "cadence/server/responses_api.py",
              '            messages.append({"role": "system", "content": self.instructions})\n',

@@ -18,17 +18,16 @@ logger = logging.getLogger(__name__)
 # What vLLM's renderer reads; needs_detokenization only says whether prompt text is kept.
 KNOWN = ("add_special_tokens", "do_lower_case", "max_length", "truncation",
          "truncate_prompt_tokens", "needs_detokenization")
-_UNSET: Any = object()
 
 
 @dataclass(frozen=True)
 class TokenizationKwargs:
     add_special_tokens: bool | None = None  # None: the prompt's own (default: true)
     do_lower_case: bool = False
-    # The prompt's last this many tokens (-1: as many as leave room for max_tokens); _UNSET:
-    # the sampling parameters' own truncate_prompt_tokens.
-    truncate: Any = _UNSET
-    max_length: int | None = None  # without truncation: the longest prompt taken
+    # The prompt's last this many tokens (-1: max_length, else as many as leave room for
+    # max_tokens), where the sampling parameters set no truncate_prompt_tokens (theirs win).
+    truncate: int | None = None
+    max_length: int | None = None  # the longest prompt taken (after any truncation)
 
     @classmethod
     def parse(cls, kwargs: Mapping[str, Any] | None) -> TokenizationKwargs:
@@ -37,27 +36,28 @@ class TokenizationKwargs:
         if not isinstance(kwargs, Mapping):
             raise InputValidationError("tokenization_kwargs must be a dict, got "
                                        f"{type(kwargs).__name__}.", "tokenization_kwargs")
+        names = [k for k in kwargs if not isinstance(k, str)]
+        if names:
+            raise InputValidationError(f"tokenization_kwargs: keys are names, got {names[0]!r}.",
+                                       "tokenization_kwargs")
         rest = dict(kwargs)
         special = _flag(rest.pop("add_special_tokens", None), "add_special_tokens")
         lower = bool(_flag(rest.pop("do_lower_case", None), "do_lower_case"))
         max_length = _length(rest.pop("max_length", None), "max_length", 1)
-        truncate = rest.pop("truncate_prompt_tokens", _UNSET)
-        if truncate is not _UNSET and truncate is not None:
-            truncate = _length(truncate, "truncate_prompt_tokens", -1)
-            if truncate == 0:
-                raise InputValidationError("tokenization_kwargs: truncate_prompt_tokens must be "
-                                           "-1 or at least 1, got 0.", "tokenization_kwargs")
+        truncate = _length(rest.pop("truncate_prompt_tokens", None), "truncate_prompt_tokens", -1)
+        if truncate == 0:
+            raise InputValidationError("tokenization_kwargs: truncate_prompt_tokens must be -1 "
+                                       "or at least 1, got 0.", "tokenization_kwargs")
         rest.pop("needs_detokenization", None)
+        # vLLM's reading: a false value changes nothing; True / "longest_first" truncate to
+        # max_length, "do_not_truncate" drops this dict's truncate_prompt_tokens.
         truncation = rest.pop("truncation", None)
         if truncation in (True, "longest_first"):
-            truncate = -1 if max_length is None else max_length
-            max_length = None
-        elif truncation in (False, "do_not_truncate"):
+            truncate = -1
+        elif truncation == "do_not_truncate":
             truncate = None
-        elif truncation is not None:
-            raise InputValidationError(
-                f"tokenization_kwargs: truncation must be true, false, 'longest_first' or "
-                f"'do_not_truncate', got {truncation!r}.", "tokenization_kwargs")
+        elif truncation:
+            rest["truncation"] = truncation
         if rest:  # vLLM warns and goes on
             logger.warning("tokenization_kwargs not supported, ignored: %s", sorted(rest))
         return cls(special, lower, truncate, max_length)
@@ -77,10 +77,17 @@ class TokenizationKwargs:
         return out
 
     def params(self, params: SamplingParams) -> SamplingParams:
-        if self.truncate is _UNSET:
+        """``params`` with the truncation to apply: the parameters' own, else this dict's; -1
+        is ``max_length`` where one is given."""
+        k = params.truncate_prompt_tokens
+        if k is None:
+            k = self.truncate
+        if k == -1 and self.max_length is not None:
+            k = self.max_length
+        if k == params.truncate_prompt_tokens:
             return params
         out = params.clone()
-        out.truncate_prompt_tokens = self.truncate
+        out.truncate_prompt_tokens = k
         return out
 
     def check_length(self, num_tokens: int) -> None:

@@ -103,6 +103,17 @@ def _override_rope(config: PretrainedConfig, overrides: dict[str, Any]) -> dict[
     are returned. Per-layer-type parameters (Gemma 3) get them on the full-attention layers, as
     the older layout applied them."""
     params = getattr(config, "rope_parameters", None)
+    given = overrides.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(given, dict) and given and not any(
+            isinstance(v, dict) for v in given.values()) and "rope_theta" not in given:
+        # A flat rope_parameters without its base: the checkpoint's base stays (transformers
+        # would fail on the missing key; the engine would silently rotate by 10,000).
+        base = params.get("rope_theta")
+        if base is None and params and all(isinstance(v, dict) for v in params.values()):
+            base = (params.get("full_attention") or next(iter(params.values()))).get(
+                "rope_theta")
+        if base is not None:
+            overrides = {**overrides, "rope_parameters": {**given, "rope_theta": base}}
     if not isinstance(params, dict) or not ({"rope_scaling", "rope_theta"} & overrides.keys()):
         return overrides
     per_layer = bool(params) and all(isinstance(v, dict) for v in params.values())
@@ -111,27 +122,32 @@ def _override_rope(config: PretrainedConfig, overrides: dict[str, Any]) -> dict[
         key = next(iter(params))
     current = dict(params[key]) if key is not None else dict(params)
     rest = dict(overrides)
-    theta = rest.pop("rope_theta", current.get("rope_theta"))
+    theta = current.get("rope_theta")
     if "rope_scaling" in rest:
         scaling = rest.pop("rope_scaling")
         if scaling is not None and not isinstance(scaling, dict):
             raise ValueError(f"hf_overrides: rope_scaling must be an object or null, got "
                              f"{scaling!r}.")
         current = {"rope_type": "default"} if scaling is None else dict(scaling)
-    current["rope_theta"] = theta
+        theta = current.get("rope_theta", theta)  # a base given inside the scaling
+    current["rope_theta"] = rest.pop("rope_theta", theta)
     config.rope_parameters = {**params, key: current} if key is not None else current
     return rest
 
 
 def _update(target: PretrainedConfig, overrides: dict[str, Any], where: str) -> None:
     for key, value in overrides.items():
-        if not isinstance(key, str) or not key.isidentifier():
+        if not isinstance(key, str) or not key.isidentifier() or key.startswith("__"):
             raise ValueError(f"{where}: field names must be identifiers, got {key!r}.")
         nested = getattr(target, key, None)
         if isinstance(nested, PretrainedConfig) and isinstance(value, dict):
             _update(nested, value, f"{where}.{key}")
-        else:
+            continue
+        try:
             setattr(target, key, value)
+        except Exception as exc:  # noqa: BLE001 - transformers' typed fields raise their own
+            raise ValueError(f"{where}.{key}: {value!r} is refused by the config: "
+                             f"{first_line(exc)}") from None
 
 
 def _resolve(model: str, max_model_len: int | None, overrides: HfOverrides | None) -> ModelSpec:

@@ -173,10 +173,15 @@ class ResponsesRequest(OpenAIModel):
                 return calls[int(match.group(2))] + (".call_id" if match.group(3) else "")
             return origin
 
-        text = _MESSAGE_PATH.sub(item, text)
-        for pattern, name in _CHAT_NAMES:
-            text = pattern.sub(name, text)
-        return text
+        def names(part: str) -> str:
+            part = _MESSAGE_PATH.sub(item, part)
+            for pattern, name in _CHAT_NAMES:
+                part = pattern.sub(name, part)
+            return part
+
+        # NOTE: a quoted part is the client's own value (a tool's name, say): kept as sent.
+        pieces = _QUOTED.split(text)
+        return "".join(p if i % 2 else names(p) for i, p in enumerate(pieces))
 
     @property
     def chat(self) -> ChatCompletionRequest:
@@ -201,7 +206,7 @@ class ResponsesRequest(OpenAIModel):
         for i, item in enumerate(self.input):
             kind = item.get("type", "message" if "role" in item else None)
             if kind == "message":
-                if "content" not in item:
+                if item.get("content") is None:
                     raise ParamError(f"input.{i}.content", f"input.{i}: a message needs content.")
                 messages.append({"role": item.get("role"),
                                  "content": _text_of(item.get("content"), f"input.{i}")})
@@ -221,7 +226,7 @@ class ResponsesRequest(OpenAIModel):
                     origins.append((f"input.{i}", [f"input.{i}"]))
             elif kind == "function_call_output":
                 _need_string(item, ("call_id",), i)
-                if "output" not in item:
+                if item.get("output") is None:
                     raise ParamError(f"input.{i}.output", f"input.{i}: a function_call_output "
                                      "needs output.")
                 output = item.get("output")
@@ -275,7 +280,8 @@ _CHAT_NAMES = [(re.compile(r"\btools\.(\d+)\.function\."), r"tools.\1."),
                (re.compile(r"\breasoning_effort\b"), "reasoning.effort"),
                (re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),
                (re.compile(r"\bresponse_format\b"), "text.format"),
-               (re.compile(r"\bjson_schema\.schema\b"), "schema")]
+               (re.compile(r"\bjson_schema\.(schema|name|strict|description)\b"), r"\1")]
+_QUOTED = re.compile(r"""('[^']*'|"[^"]*")""")
 
 
 def param_of(where: str) -> str:

@@ -154,3 +154,32 @@ def test_the_overrides_reach_an_engine_process() -> None:
         assert engine.max_model_len == 100  # the process's own config, overridden
     finally:
         engine.shutdown()
+
+
+def test_values_the_config_refuses_are_value_errors_naming_the_field():
+    with pytest.raises(ValueError, match="hf_overrides.max_position_embeddings: '4096' is "
+                                         "refused by the config"):
+        resolve_model("qwen3-0.6b", hf_overrides={"max_position_embeddings": "4096"})
+    with pytest.raises(ValueError, match="field names must be identifiers"):
+        resolve_model("qwen3-0.6b", hf_overrides={"__class__": 1})
+
+
+def test_a_rope_base_is_kept_unless_given():
+    def params(overrides):
+        return resolve_model("qwen3-0.6b", hf_overrides=overrides).hf_config.rope_parameters
+
+    base = params(None)["rope_theta"]
+    assert base == 1000000.0
+    # transformers 5's own name, without a base: the checkpoint's stays.
+    assert params({"rope_parameters": {"rope_type": "linear", "factor": 2.0}}) == {
+        "rope_type": "linear", "factor": 2.0, "rope_theta": base}
+    linear = {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}
+    assert params({"rope_scaling": linear})["rope_theta"] == 5e5  # given inside
+    assert params({"rope_scaling": linear, "rope_theta": 7.0})["rope_theta"] == 7.0
+
+
+def test_a_config_file_value_that_is_not_json_is_one_line(tmp_path):
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("hf_overrides:\n  when: 2024-01-01\n")
+    with pytest.raises(ValueError, match="hf_overrides: expected JSON values only"):
+        parse_args(["serve", "--config", str(cfg)])

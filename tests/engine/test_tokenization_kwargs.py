@@ -33,10 +33,19 @@ def test_truncation_keeps_a_prompts_last_tokens(llm) -> None:
     assert _prompt_ids(llm, TEXT, {"truncation": True, "max_length": 10}) == ids[-10:]
     assert _prompt_ids(llm, TEXT, {"truncation": "longest_first"}) == ids[-(48 - 4):]
     assert _prompt_ids(llm, TEXT, {"truncate_prompt_tokens": 7}) == ids[-7:]
-    # truncation=False undoes the sampling parameters' truncation: too long again.
+    # -1 is max_length where one is given, from either side.
+    assert _prompt_ids(llm, TEXT, {"max_length": 10, "truncate_prompt_tokens": -1}) == ids[-10:]
+    assert _prompt_ids(llm, TEXT, {"max_length": 10}, truncate_prompt_tokens=-1) == ids[-10:]
+    # The sampling parameters' truncation wins over this dict's (vLLM merges them so).
+    assert _prompt_ids(llm, TEXT, {"truncate_prompt_tokens": 10},
+                       truncate_prompt_tokens=5) == ids[-5:]
+    # vLLM's reading of truncation: false changes nothing, "do_not_truncate" drops this dict's.
+    assert _prompt_ids(llm, TEXT, {"truncation": False}, truncate_prompt_tokens=5) == ids[-5:]
     with pytest.raises(ValueError, match="maximum context length"):
-        _prompt_ids(llm, TEXT, {"truncation": False}, truncate_prompt_tokens=5)
-    assert _prompt_ids(llm, TEXT, None, truncate_prompt_tokens=5) == ids[-5:]
+        _prompt_ids(llm, TEXT, {"truncation": "do_not_truncate", "truncate_prompt_tokens": 7})
+    # A truncation longer than max_length still leaves the prompt past it.
+    with pytest.raises(InputValidationError, match="more than tokenization_kwargs max_length"):
+        _prompt_ids(llm, TEXT, {"max_length": 10}, truncate_prompt_tokens=20)
 
 
 def test_max_length_alone_bounds_the_prompt(llm) -> None:
@@ -62,14 +71,14 @@ def test_lower_case_and_special_tokens(llm) -> None:
 
 def test_unknown_keys_are_ignored_with_a_warning(llm, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="cadence.engine.tokenization_kwargs"):
-        assert _prompt_ids(llm, "Hello", {"padding": True}) == llm.get_tokenizer().encode(
-            "Hello")
-    assert "padding" in caplog.text
+        assert _prompt_ids(llm, "Hello", {"padding": True, "truncation": "only_first"}
+                           ) == llm.get_tokenizer().encode("Hello")
+    assert "padding" in caplog.text and "truncation" in caplog.text
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
     ([("truncation", True)], "must be a dict"),
-    ({"truncation": "only_first"}, "truncation must be"),
+    ({1: 2, "padding": True}, "keys are names"),
     ({"add_special_tokens": 1}, "add_special_tokens must be true or false"),
     ({"max_length": 0}, "max_length must be an integer of at least 1"),
     ({"truncate_prompt_tokens": 0}, "-1 or at least 1"),

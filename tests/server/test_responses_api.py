@@ -306,6 +306,9 @@ def _tokens(text: str) -> int:
     ({"request_id": "x" * 257}, "request_id"),
     # OpenAI's required fields of input items.
     ({"input": [{"role": "user"}]}, "input.0.content"),
+    ({"input": [{"role": "user", "content": None}]}, "input.0.content"),
+    ({"input": [{"type": "function_call_output", "call_id": "c1", "output": None}]},
+     "input.0.output"),
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input.0.call_id"),
     ({"input": [{"type": "function_call_output", "call_id": "c1"}]}, "input.0.output"),
     ({"input": [{"role": "user", "content": "q"},
@@ -328,6 +331,12 @@ def test_what_is_not_done_is_a_400_naming_it(http: httpx.Client, body: dict, par
     ({"tools": [{"type": "function", "parameters": {}}]}, "tools.0.name", "function"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format json_schema needs "
      "schema", "json_schema.schema"),
+    ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name",
+     "json_schema"),
+    # A value the client sent, quoted in the message, is kept as sent.
+    ({"tools": [{"type": "function", "name": "f"}],
+      "tool_choice": {"type": "function", "name": "response_format"}}, "'response_format'",
+     "text.format"),
 ])
 def test_errors_name_fields_as_this_request_does(http: httpx.Client, body: dict, said: str,
                                                  chat_name: str) -> None:
