@@ -149,6 +149,7 @@ class LLM:
         mm_processor_kwargs: dict[str, Any] | None = None,
         *,
         priority: int | Sequence[int] | None = None,
+        tokenization_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """``generate`` for one conversation (a list of message dicts) or a list of them, each
         rendered through ``chat_template`` or the tokenizer's (ChatML without one), as vLLM's
@@ -185,7 +186,10 @@ class LLM:
             except (TypeError, UnicodeError) as exc:  # e.g. a lone surrogate
                 raise ValueError(f"messages: the text cannot be tokenized ({exc}).") from None
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_tqdm, priority)
+        # The rendered text is tokenized here: of tokenization_kwargs, truncation and
+        # max_length apply (the template chose its special tokens).
+        return self.generate(prompts, sampling_params, use_tqdm, priority,
+                             tokenization_kwargs=tokenization_kwargs)
 
     # vLLM's pooling calls: this engine serves generative models only.
     def encode(self, *args: Any, **kwargs: Any) -> NoReturn:

@@ -88,3 +88,14 @@ def test_bad_kwargs_are_refused_before_anything_runs(llm, kwargs, fragment) -> N
     with pytest.raises(InputValidationError, match=fragment):
         _prompt_ids(llm, "Hello", kwargs)
     assert not llm.engine_core.scheduler.has_unfinished_requests()
+
+
+def test_chat_takes_them_too(llm) -> None:
+    messages = [{"role": "user", "content": TEXT}]
+    sp = SamplingParams(max_tokens=2, temperature=0.0)
+    (whole,) = llm.chat(messages, sp, use_tqdm=False, tokenization_kwargs={"truncation": True,
+                                                                           "max_length": 12})
+    (out,) = llm.chat(messages, SamplingParams(max_tokens=2, temperature=0.0,
+                                               truncate_prompt_tokens=12), use_tqdm=False)
+    assert len(whole.prompt_token_ids) == 12
+    assert whole.prompt_token_ids == out.prompt_token_ids
