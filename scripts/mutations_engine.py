@@ -18,7 +18,7 @@ _TOKKW = "tests/engine/test_tokenization_kwargs.py"
 
 MUTATIONS = [
     Mutation("eng-hf-overrides-rope-base-lost", "rope_parameters without a base lose the base",
-             "cadence/model/registry.py",
+             "cadence/hf_overrides.py",
              "        if base is not None:\n            overrides = ", "        if False:\n"
              "            overrides = ", (_HFO,)),
     Mutation("eng-truncate-offline-strict", "offline truncation bound by max_model_len - max_tokens",
@@ -43,10 +43,10 @@ MUTATIONS = [
              "        if not text:\n            raise InputValidationError('empty', 'prompt')\n",
              ("tests/engine/test_input_processor.py",)),
     Mutation("eng-hf-overrides-rope-plain", "rope_theta / rope_scaling set as plain attributes",
-             "cadence/model/registry.py",
+             "cadence/hf_overrides.py",
              "    overrides = _override_rope(config, overrides)\n", "", (_HFO,)),
     Mutation("eng-hf-overrides-flat", "a nested config is replaced, not updated",
-             "cadence/model/registry.py",
+             "cadence/hf_overrides.py",
              "if isinstance(nested, PretrainedConfig) and isinstance(value, dict):",
              "if False:", (_HFO,)),
     Mutation("eng-hf-overrides-ignored", "the engine resolves the model without the overrides",

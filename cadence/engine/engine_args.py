@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import numbers
 import os
-import pickle
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -28,9 +26,10 @@ from cadence.config import (
     SchedulerConfig,
 )
 from cadence.envs import read_envs
+from cadence.hf_overrides import check_hf_overrides
 
 if TYPE_CHECKING:
-    from cadence.model.registry import HfOverrides
+    from cadence.hf_overrides import HfOverrides
 
 logger = logging.getLogger(__name__)
 
@@ -139,38 +138,12 @@ class EngineArgs:
         # What torch's generators take (an integer: _check_types).
         if not -(1 << 63) <= self.seed < 1 << 64:
             raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}.")
-        self._check_hf_overrides()
+        check_hf_overrides(self.hf_overrides, self.engine_process)
         if self.kv_cache_dtype not in _KV_CACHE_DTYPE_ALIASES:
             raise ValueError(
                 f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported; supported: "
                 f"{', '.join(_KV_CACHE_DTYPE_ALIASES)} (auto: the model dtype; fp8 = fp8_e4m3)."
             )
-
-    def _check_hf_overrides(self) -> None:
-        overrides = self.hf_overrides
-        if overrides is None:
-            return
-        if isinstance(overrides, dict):
-            names = [k for k in overrides if not isinstance(k, str)]
-            if names:
-                raise ValueError(f"hf_overrides: field names must be strings, got {names[0]!r}.")
-            # NOTE: the config travels to an engine process and TP workers as JSON-like data.
-            try:
-                json.dumps(overrides, allow_nan=False)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"hf_overrides must hold JSON values (numbers, strings, "
-                                 f"booleans, null, lists and objects): {exc}.") from None
-            return
-        if not callable(overrides):
-            raise ValueError("hf_overrides must be a dict of config fields or a function of "
-                             f"the config, got {type(overrides).__name__}.")
-        if self.engine_process:
-            try:
-                pickle.dumps(overrides)
-            except Exception as exc:  # noqa: BLE001 - pickling raises many kinds
-                raise ValueError(
-                    "hf_overrides: a function must be picklable (a module-level function) to "
-                    f"reach the engine process: {exc}.") from None
 
     def _check_types(self) -> None:
         """Each field of its declared type (from Python, not the CLI, anything can arrive:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
+from cadence.hf_overrides import HfOverrides, apply_hf_overrides
 from cadence.model.arch import DecoderArch
 from cadence.model.generation_config import generation_defaults
 from cadence.model.presets import PRESETS, preset_config
@@ -19,8 +19,6 @@ from cadence.model.rope import context_length
 from cadence.user_errors import first_line
 
 TINY_MODEL = "tiny"
-# vLLM's hf_overrides: fields set on the model's config, or a function of the config.
-HfOverrides = dict[str, Any] | Callable[[PretrainedConfig], PretrainedConfig]
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
@@ -76,78 +74,6 @@ def resolve_tokenizer(tokenizer: str) -> str:
             f"({', '.join(_TOKENIZER_FILES)})."
         )
     return str(path)
-
-
-def apply_hf_overrides(config: PretrainedConfig, overrides: HfOverrides | None
-                       ) -> PretrainedConfig:
-    """``config`` with vLLM's ``hf_overrides`` applied: a mapping sets each field (a nested
-    config, such as a multimodal model's ``text_config``, is updated field by field; any other
-    value, a dict included, replaces the field), a function returns the new config."""
-    if overrides is None:
-        return config
-    if callable(overrides):
-        result = overrides(config)
-        if not isinstance(result, PretrainedConfig):
-            raise ValueError("hf_overrides: the function must return the model's config (a "
-                             f"transformers PretrainedConfig), got {type(result).__name__}.")
-        return result
-    overrides = _override_rope(config, overrides)
-    _update(config, overrides, "hf_overrides")
-    return config
-
-
-def _override_rope(config: PretrainedConfig, overrides: dict[str, Any]) -> dict[str, Any]:
-    """Apply the older layout's ``rope_scaling`` / ``rope_theta`` (what vLLM users write) to a
-    transformers-5 config, which keeps both in ``rope_parameters`` (set as plain attributes,
-    they would be ignored, or replace the parameters and lose the base); the other overrides
-    are returned. Per-layer-type parameters (Gemma 3) get them on the full-attention layers, as
-    the older layout applied them."""
-    params = getattr(config, "rope_parameters", None)
-    given = overrides.get("rope_parameters")
-    if isinstance(params, dict) and isinstance(given, dict) and given and not any(
-            isinstance(v, dict) for v in given.values()) and "rope_theta" not in given:
-        # A flat rope_parameters without its base: the checkpoint's base stays (transformers
-        # would fail on the missing key; the engine would silently rotate by 10,000).
-        base = params.get("rope_theta")
-        if base is None and params and all(isinstance(v, dict) for v in params.values()):
-            base = (params.get("full_attention") or next(iter(params.values()))).get(
-                "rope_theta")
-        if base is not None:
-            overrides = {**overrides, "rope_parameters": {**given, "rope_theta": base}}
-    if not isinstance(params, dict) or not ({"rope_scaling", "rope_theta"} & overrides.keys()):
-        return overrides
-    per_layer = bool(params) and all(isinstance(v, dict) for v in params.values())
-    key = "full_attention" if per_layer and "full_attention" in params else None
-    if per_layer and key is None:
-        key = next(iter(params))
-    current = dict(params[key]) if key is not None else dict(params)
-    rest = dict(overrides)
-    theta = current.get("rope_theta")
-    if "rope_scaling" in rest:
-        scaling = rest.pop("rope_scaling")
-        if scaling is not None and not isinstance(scaling, dict):
-            raise ValueError(f"hf_overrides: rope_scaling must be an object or null, got "
-                             f"{scaling!r}.")
-        current = {"rope_type": "default"} if scaling is None else dict(scaling)
-        theta = current.get("rope_theta", theta)  # a base given inside the scaling
-    current["rope_theta"] = rest.pop("rope_theta", theta)
-    config.rope_parameters = {**params, key: current} if key is not None else current
-    return rest
-
-
-def _update(target: PretrainedConfig, overrides: dict[str, Any], where: str) -> None:
-    for key, value in overrides.items():
-        if not isinstance(key, str) or not key.isidentifier() or key.startswith("__"):
-            raise ValueError(f"{where}: field names must be identifiers, got {key!r}.")
-        nested = getattr(target, key, None)
-        if isinstance(nested, PretrainedConfig) and isinstance(value, dict):
-            _update(nested, value, f"{where}.{key}")
-            continue
-        try:
-            setattr(target, key, value)
-        except Exception as exc:  # noqa: BLE001 - transformers' typed fields raise their own
-            raise ValueError(f"{where}.{key}: {value!r} is refused by the config: "
-                             f"{first_line(exc)}") from None
 
 
 def _resolve(model: str, max_model_len: int | None, overrides: HfOverrides | None) -> ModelSpec:

@@ -12,7 +12,8 @@ import transformers
 from cadence import LLM, SamplingParams
 from cadence.cli import parse_args
 from cadence.engine.engine_args import EngineArgs
-from cadence.model.registry import apply_hf_overrides, resolve_model
+from cadence.hf_overrides import apply_hf_overrides
+from cadence.model.registry import resolve_model
 from cadence.server.cli import engine_args_from
 from tests.hf_models import VOCAB, hf_greedy, save_llama
 
