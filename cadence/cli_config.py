@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_config_arg", "expand_config", "json_object", "json_string_list"]
+__all__ = ["add_config_arg", "expand_config", "json_object", "json_object_or_int",
+           "json_string_list"]
 
 _CONFIG = "--config"
 
@@ -50,6 +51,14 @@ def json_object(text: str) -> dict[str, Any]:
     value = _json_arg(text, "a JSON object", "'{\"key\": 1}'")
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def json_object_or_int(text: str) -> dict[str, Any] | int:
+    """An argparse ``type``: a JSON object or an integer (vLLM's ``-O3``-style levels)."""
+    value = _json_arg(text, "a JSON object or an integer", "'{\"key\": 1}' or 3")
+    if isinstance(value, bool) or not isinstance(value, (dict, int)):
+        raise argparse.ArgumentTypeError(f"expected a JSON object or an integer, got {text!r}")
     return value
 
 
@@ -153,7 +162,7 @@ def _option_args(
         items = value if isinstance(value, list) else [value]
         return [f"{option}={_checked(action, _text(item, where), where)}" for item in items]
     if (isinstance(value, list) and action.type is json_string_list
-            or isinstance(value, dict) and action.type is json_object):
+            or isinstance(value, dict) and action.type in (json_object, json_object_or_int)):
         try:
             text = json.dumps(value, allow_nan=False)
         except (TypeError, ValueError) as exc:  # a YAML date, .nan

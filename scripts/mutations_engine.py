@@ -17,6 +17,15 @@ _HFO = "tests/engine/test_hf_overrides.py"
 _TOKKW = "tests/engine/test_tokenization_kwargs.py"
 
 MUTATIONS = [
+    Mutation("eng-cc-decode-only-ignored", "FULL_DECODE_ONLY still captures mixed steps",
+             "cadence/compilation_config.py",
+             'cap = 0 if name == "FULL_DECODE_ONLY" else None', "cap = None",
+             ("tests/test_compilation_config.py",)),
+    Mutation("eng-cc-not-applied", "EngineArgs ignores compilation_config",
+             "cadence/engine/engine_args.py",
+             "            self.compilation_config, self.enforce_eager, self.max_capture_tokens)",
+             "            None, self.enforce_eager, self.max_capture_tokens)",
+             ("tests/test_compilation_config.py",)),
     Mutation("eng-hf-overrides-rope-base-lost", "rope_parameters without a base lose the base",
              "cadence/hf_overrides.py",
              "        if base is not None:\n            overrides = ", "        if False:\n"

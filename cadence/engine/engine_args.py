@@ -10,8 +10,9 @@ import os
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from cadence.cli_config import json_object
+from cadence.cli_config import json_object, json_object_or_int
 from cadence.cli_types import human_readable_int, int_at_least
+from cadence.compilation_config import graph_settings
 from cadence.config import (
     DTYPE_ALIASES,
     DTYPES,
@@ -106,6 +107,9 @@ class EngineArgs:
     # vLLM's: fields set on the model's config.json as loaded (a dict; from Python also a
     # function of the config), e.g. {"max_position_embeddings": 4096} or a rope_scaling.
     hf_overrides: HfOverrides | None = None
+    # vLLM's: an optimization level or CompilationConfig fields; its CUDA-graph options map
+    # onto enforce_eager and max_capture_tokens (cadence.compilation_config).
+    compilation_config: int | dict | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -139,6 +143,8 @@ class EngineArgs:
         if not -(1 << 63) <= self.seed < 1 << 64:
             raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}.")
         check_hf_overrides(self.hf_overrides, self.engine_process)
+        self.enforce_eager, self.max_capture_tokens = graph_settings(
+            self.compilation_config, self.enforce_eager, self.max_capture_tokens)
         if self.kv_cache_dtype not in _KV_CACHE_DTYPE_ALIASES:
             raise ValueError(
                 f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported; supported: "
@@ -345,6 +351,13 @@ class EngineArgs:
                             help="fields to set on the model's config.json as loaded, as a "
                                  "JSON object, e.g. '{\"max_position_embeddings\": 4096}' "
                                  "(a nested config is updated field by field)")
+        parser.add_argument("--compilation-config", "-O", type=json_object_or_int,
+                            default=None, metavar="JSON",
+                            help="vLLM's compilation config, a level or a JSON object: its "
+                                 "cudagraph_mode (NONE = --enforce-eager, FULL_DECODE_ONLY = "
+                                 "--max-capture-tokens 0), max_cudagraph_capture_size and "
+                                 "cudagraph_capture_sizes (their largest caps the captured "
+                                 "steps) apply; levels and compiler options change nothing")
         parser.add_argument("--skip-tokenizer-init", action="store_true",
                             help="load no tokenizer: token-id prompts only, no text in outputs")
         parser.add_argument("--trust-remote-code", action="store_true",
