@@ -4,7 +4,7 @@ nothing; the CUDA-graph options map onto cadence's own: ``cudagraph_mode`` NONE 
 ``enforce_eager``, FULL_DECODE_ONLY captures decode graphs only (``max_capture_tokens=0``), the
 other modes keep cadence's full graphs of mixed steps; ``max_cudagraph_capture_size`` and the
 largest of ``cudagraph_capture_sizes`` cap the captured step sizes (``max_capture_tokens``;
-cadence picks its own buckets below the cap)."""
+cadence picks its own buckets below the cap), and an empty list captures nothing."""
 
 from __future__ import annotations
 
@@ -61,6 +61,8 @@ def read_compilation_config(value: Any) -> GraphChoice:
         if not isinstance(sizes, list) or not all(_is_int(s) and s > 0 for s in sizes):
             raise ValueError("compilation_config.cudagraph_capture_sizes must be a list of "
                              f"positive integers, got {sizes!r}.")
+        if not sizes:  # no size to capture: no graphs at all, as in vLLM
+            eager = True
         largest = max(sizes, default=0)
         if size is not None and size != largest:
             raise ValueError(
