@@ -77,10 +77,11 @@ class LLM:
         tokenization_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to the end; one output each, in the prompts' order. ``priority``:
-        one value per prompt, or one for all (vLLM's). ``tokenization_kwargs`` (vLLM's):
-        ``add_special_tokens``, ``do_lower_case``, ``truncation`` (with ``max_length``: keep a
-        prompt's last tokens), ``max_length`` alone (the longest prompt taken),
-        ``truncate_prompt_tokens``."""
+        one value per prompt, or one for all (vLLM's). ``tokenization_kwargs`` (vLLM's, merged
+        as its renderer merges them): ``add_special_tokens``, ``do_lower_case``, ``truncation``
+        (true: a prompt's last ``max_length`` tokens, or as many as leave room for
+        ``max_tokens``), ``max_length`` (the longest prompt taken), ``truncate_prompt_tokens``
+        (the sampling parameters' own wins)."""
         self._check_open()
         refuse_lora(lora_request)
         tokenization = TokenizationKwargs.parse(tokenization_kwargs)
