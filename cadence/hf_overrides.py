@@ -71,24 +71,20 @@ def _override_rope(config: PretrainedConfig, overrides: dict[str, Any]) -> dict[
     are returned. Per-layer-type parameters (Gemma 3) get them on the full-attention layers, as
     the older layout applied them."""
     params = getattr(config, "rope_parameters", None)
+    if not isinstance(params, dict):
+        return overrides
+    key = _full_attention_key(params)
+    current = dict(params[key]) if key is not None else dict(params)
     given = overrides.get("rope_parameters")
-    if isinstance(params, dict) and isinstance(given, dict) and given and not any(
-            isinstance(v, dict) for v in given.values()) and "rope_theta" not in given:
+    flat_without_base = (isinstance(given, dict) and bool(given) and "rope_theta" not in given
+                         and not any(isinstance(v, dict) for v in given.values()))
+    if flat_without_base and current.get("rope_theta") is not None:
         # A flat rope_parameters without its base: the checkpoint's base stays (transformers
         # would fail on the missing key; the engine would silently rotate by 10,000).
-        base = params.get("rope_theta")
-        if base is None and params and all(isinstance(v, dict) for v in params.values()):
-            base = (params.get("full_attention") or next(iter(params.values()))).get(
-                "rope_theta")
-        if base is not None:
-            overrides = {**overrides, "rope_parameters": {**given, "rope_theta": base}}
-    if not isinstance(params, dict) or not ({"rope_scaling", "rope_theta"} & overrides.keys()):
+        base = current["rope_theta"]
+        overrides = {**overrides, "rope_parameters": {**given, "rope_theta": base}}
+    if not {"rope_scaling", "rope_theta"} & overrides.keys():
         return overrides
-    per_layer = bool(params) and all(isinstance(v, dict) for v in params.values())
-    key = "full_attention" if per_layer and "full_attention" in params else None
-    if per_layer and key is None:
-        key = next(iter(params))
-    current = dict(params[key]) if key is not None else dict(params)
     rest = dict(overrides)
     theta = current.get("rope_theta")
     if "rope_scaling" in rest:
@@ -101,6 +97,14 @@ def _override_rope(config: PretrainedConfig, overrides: dict[str, Any]) -> dict[
     current["rope_theta"] = rest.pop("rope_theta", theta)
     config.rope_parameters = {**params, key: current} if key is not None else current
     return rest
+
+
+def _full_attention_key(params: dict[str, Any]) -> str | None:
+    """Where per-layer-type RoPE parameters (every value a dict) keep the full-attention
+    layers' (``full_attention``, else the first type); None for flat parameters."""
+    if not params or not all(isinstance(v, dict) for v in params.values()):
+        return None
+    return "full_attention" if "full_attention" in params else next(iter(params))
 
 
 def _update(target: PretrainedConfig, overrides: dict[str, Any], where: str) -> None:

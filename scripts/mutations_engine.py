@@ -28,8 +28,8 @@ MUTATIONS = [
              ("tests/test_compilation_config.py",)),
     Mutation("eng-hf-overrides-rope-base-lost", "rope_parameters without a base lose the base",
              "cadence/hf_overrides.py",
-             "        if base is not None:\n            overrides = ", "        if False:\n"
-             "            overrides = ", (_HFO,)),
+             "if flat_without_base and current.get(\"rope_theta\") is not None:",
+             "if False:", (_HFO,)),
     Mutation("eng-truncate-offline-strict", "offline truncation bound by max_model_len - max_tokens",
              "cadence/engine/input_processor.py",
              "        if not strict and k != -1:\n", "        if False:\n",
