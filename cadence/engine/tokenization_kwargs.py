@@ -15,10 +15,6 @@ from cadence.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-# What vLLM's renderer reads; needs_detokenization only says whether prompt text is kept.
-KNOWN = ("add_special_tokens", "do_lower_case", "max_length", "truncation",
-         "truncate_prompt_tokens", "needs_detokenization")
-
 
 @dataclass(frozen=True)
 class TokenizationKwargs:
@@ -48,7 +44,7 @@ class TokenizationKwargs:
         if truncate == 0:
             raise InputValidationError("tokenization_kwargs: truncate_prompt_tokens must be -1 "
                                        "or at least 1, got 0.", "tokenization_kwargs")
-        rest.pop("needs_detokenization", None)
+        rest.pop("needs_detokenization", None)  # vLLM's: whether prompt text is kept (always)
         # vLLM's reading: a false value changes nothing; True / "longest_first" truncate to
         # max_length, "do_not_truncate" drops this dict's truncate_prompt_tokens.
         truncation = rest.pop("truncation", None)
