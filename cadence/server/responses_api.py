@@ -304,8 +304,8 @@ def _need_string(item: dict[str, Any], names: tuple[str, ...], i: int) -> None:
 
 
 def _text_of(content: Any, where: str) -> str | list[dict[str, Any]]:
-    if content is None or isinstance(content, str):
-        return content or ""
+    if isinstance(content, str):  # None is refused before (a missing content or output)
+        return content
     if isinstance(content, list):
         parts = []
         for j, part in enumerate(content):
