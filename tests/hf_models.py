@@ -197,9 +197,18 @@ def save_llama(path: Path, seed: int = 0, **fields: Any):
 
 
 def hf_greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """Greedy continuation of each prompt, one at a time (no padding), ignoring EOS."""
+    """Greedy continuation of each prompt, one at a time (no padding), ignoring EOS.
+
+    A longrope model runs without transformers' cache: every step then attends over keys rotated
+    for the whole sequence's length, as when transformers recomputes its cache at the switch to
+    the long factors. Releases differ there (5.25 recomputes, 5.17 resets the cache and gives
+    other tokens a few steps past the switch); without the cache the reference is the same in
+    each."""
     out = []
     model.generation_config.eos_token_id = None
+    config = model.config
+    scaling = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    use_cache = scaling.get("rope_type") != "longrope"
     for p in prompts:
         ids = torch.tensor([p])
         with torch.no_grad():
@@ -211,6 +220,7 @@ def hf_greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list
                 min_new_tokens=max_new_tokens,
                 eos_token_id=None,
                 pad_token_id=0,
+                use_cache=use_cache,
             )
         out.append(gen[0, len(p) :].tolist())
     return out
