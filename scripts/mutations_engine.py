@@ -17,6 +17,14 @@ _HFO = "tests/engine/test_hf_overrides.py"
 _TOKKW = "tests/engine/test_tokenization_kwargs.py"
 
 MUTATIONS = [
+    Mutation("eng-tokkw-async-max-length-unchecked", "AsyncLLM lets a prompt past max_length in",
+             "cadence/engine/async_llm.py",
+             "            TokenizationKwargs(max_length=max_length).check_length("
+             "len(request.prompt_token_ids))\n", "", (_TOKKW,)),
+    Mutation("eng-tokkw-async-params-dropped", "AsyncLLM ignores the dict's truncation",
+             "cadence/engine/async_llm.py",
+             "            sampling_params = tokenization.params(sampling_params)\n", "",
+             (_TOKKW,)),
     Mutation("eng-cc-decode-only-ignored", "FULL_DECODE_ONLY still captures mixed steps",
              "cadence/compilation_config.py",
              'cap = 0 if name == "FULL_DECODE_ONLY" else None', "cap = None",

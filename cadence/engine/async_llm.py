@@ -31,6 +31,7 @@ from cadence.engine.output_processor import (
 )
 from cadence.engine.parent_request import child_request_id
 from cadence.engine.request_ledger import RequestLedger
+from cadence.engine.tokenization_kwargs import TokenizationKwargs
 from cadence.inputs import refuse_lora
 from cadence.metrics import StatLogger
 from cadence.sampling_params import SamplingParams
@@ -188,18 +189,27 @@ class AsyncLLM:
         priority: int = 0,
         sink: OutputSink | None = None,
         strict_max_tokens: bool = False,
+        tokenization_kwargs: dict[str, Any] | None = None,
     ) -> OutputSink:
         """Validate, tokenize and enqueue one request; return where its outputs go: ``sink``
         if given (e.g. a server's SSE frame stream), else a new ``RequestOutputCollector``.
         ``strict_max_tokens``: a ``max_tokens`` past the context is an error (the OpenAI
-        server's rule) instead of capped at it (the engine's, as vLLM's)."""
+        server's rule) instead of capped at it (the engine's, as vLLM's).
+        ``tokenization_kwargs``: as ``LLM.generate``'s."""
         if self.errored:
             raise self._dead_error()
+        max_length = None
+        if tokenization_kwargs is not None:
+            tokenization = TokenizationKwargs.parse(tokenization_kwargs)
+            prompt = tokenization.prompt(prompt)
+            sampling_params = tokenization.params(sampling_params)
+            max_length = tokenization.max_length
         # An abort that arrives while the request is being prepared is applied once it is in.
         self._ledger.begin_preparing(request_id)
         try:
             collector = await self._add_prepared(request_id, prompt, sampling_params,
-                                                 arrival_time, priority, sink, strict_max_tokens)
+                                                 arrival_time, priority, sink, strict_max_tokens,
+                                                 max_length)
         finally:
             aborted = self._ledger.end_preparing(request_id)
         if aborted:
@@ -215,12 +225,15 @@ class AsyncLLM:
         priority: int,
         sink: OutputSink | None,
         strict_max_tokens: bool,
+        max_length: int | None = None,
     ) -> OutputSink:
         request, prompt_text = await self.run_cpu(
             input_size(prompt) + params_size(sampling_params),
             self.process_input, request_id, prompt, sampling_params, arrival_time, priority,
             strict_max_tokens,
         )  # fmt: skip
+        if max_length is not None:
+            TokenizationKwargs(max_length=max_length).check_length(len(request.prompt_token_ids))
         if self.errored:
             raise self._dead_error()
         n = request.sampling_params.n
@@ -276,18 +289,21 @@ class AsyncLLM:
         priority: int = 0,
         lora_request: Any = None,
         data_parallel_rank: int | None = None,
+        tokenization_kwargs: dict[str, Any] | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the outputs of one request until it finishes.
 
         Invalid input raises ``ValueError`` before anything is scheduled. If the consumer
         cancels or closes the generator, the request is aborted in the engine.
         ``data_parallel_rank``: vLLM's; one engine serves here, rank 0 (or None).
+        ``tokenization_kwargs``: as ``LLM.generate``'s (vLLM's).
         """
         refuse_lora(lora_request)
         if data_parallel_rank not in (None, 0) or isinstance(data_parallel_rank, bool):
             raise ValueError(f"data_parallel_rank must be 0 or None (one engine), got "
                              f"{data_parallel_rank!r}.")
-        collector = await self.add_request(request_id, prompt, sampling_params, priority=priority)
+        collector = await self.add_request(request_id, prompt, sampling_params, priority=priority,
+                                           tokenization_kwargs=tokenization_kwargs)
         outputs = self.outputs(request_id, collector)
         try:
             async for out in outputs:

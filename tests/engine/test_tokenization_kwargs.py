@@ -1,4 +1,4 @@
-"""vLLM's ``tokenization_kwargs`` of ``LLM.generate``."""
+"""vLLM's ``tokenization_kwargs`` of ``LLM.generate``, ``LLM.chat`` and ``AsyncLLM.generate``."""
 
 from __future__ import annotations
 
@@ -99,3 +99,42 @@ def test_chat_takes_them_too(llm) -> None:
                                                truncate_prompt_tokens=12), use_tqdm=False)
     assert len(whole.prompt_token_ids) == 12
     assert whole.prompt_token_ids == out.prompt_token_ids
+
+
+async def test_async_llm_generate_takes_them_as_llm_does() -> None:
+    """``AsyncLLM.generate(tokenization_kwargs=)`` (vLLM's): the same prompts as ``LLM``'s for the
+    same dict, and a refused dict or a prompt past ``max_length`` leaves nothing in the engine."""
+    from cadence.engine import AsyncLLM
+    from tests.tiny import tiny_args
+
+    engine = AsyncLLM.from_engine_args(tiny_args(max_model_len=48))
+    try:
+        ids = (await engine.get_tokenizer()).encode(TEXT)
+        sp = SamplingParams(max_tokens=4, temperature=0.0)
+
+        async def prompt_ids(rid: str, kwargs: dict, params: SamplingParams = sp) -> list[int]:
+            outs = [o async for o in engine.generate(TEXT, params, rid,
+                                                     tokenization_kwargs=kwargs)]
+            return outs[-1].prompt_token_ids
+
+        assert await prompt_ids("a", {"truncation": True, "max_length": 10}) == ids[-10:]
+        assert await prompt_ids("b", {"truncation": True}) == ids[-(48 - 4):]
+        assert await prompt_ids("c", {"truncate_prompt_tokens": 10},
+                                SamplingParams(max_tokens=4, truncate_prompt_tokens=5)) == ids[-5:]
+        lower = [o async for o in engine.generate("Hello World", sp, "d",
+                                                  tokenization_kwargs={"do_lower_case": True})]
+        assert lower[-1].prompt_token_ids == (await engine.get_tokenizer()).encode("hello world")
+        for rid, kwargs, fragment in (
+            ("e", {"max_length": 10, "truncate_prompt_tokens": 20},
+             "more than tokenization_kwargs max_length=10"),
+            ("f", {"max_length": 0}, "max_length must be an integer of at least 1"),
+            ("g", [("truncation", True)], "must be a dict"),
+        ):
+            with pytest.raises(InputValidationError, match=fragment):
+                async for _ in engine.generate(TEXT, sp, rid, tokenization_kwargs=kwargs):
+                    pass
+        assert not engine.output_processor.has_unfinished_requests()
+        stats = await engine.get_scheduler_stats()
+        assert (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
+    finally:
+        engine.shutdown()
