@@ -17,6 +17,18 @@ _HFO = "tests/engine/test_hf_overrides.py"
 _TOKKW = "tests/engine/test_tokenization_kwargs.py"
 
 MUTATIONS = [
+    Mutation("eng-llmengine-stop-not-aborted", "a stop string's request stays in the core",
+             "cadence/engine/llm_engine.py",
+             "            self.engine_core.abort_requests(processed.reqs_to_abort)\n",
+             "            pass\n", ("tests/engine/test_llm_engine.py",)),
+    Mutation("eng-llmengine-abort-core-kept", "abort_request leaves the request in the core",
+             "cadence/engine/llm_engine.py",
+             "        self.engine_core.abort_requests(engine_ids)\n", "",
+             ("tests/engine/test_llm_engine.py",)),
+    Mutation("eng-llmengine-children-dropped", "n > 1 siblings never sent",
+             "cadence/engine/llm_engine.py",
+             "            self.engine_core.add_request(child)\n", "            pass\n",
+             ("tests/engine/test_llm_engine.py",)),
     Mutation("eng-tokkw-async-max-length-unchecked", "AsyncLLM lets a prompt past max_length in",
              "cadence/engine/async_llm.py",
              "            TokenizationKwargs(max_length=max_length).check_length("

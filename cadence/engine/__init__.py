@@ -1,15 +1,18 @@
-"""The engine: offline ``LLM``, asyncio ``AsyncLLM``, and the engine core behind both."""
+"""The engine: offline ``LLM`` (its step loop ``LLMEngine``), asyncio ``AsyncLLM``, and the engine
+core behind both."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-__all__ = ["AsyncLLM", "EngineDeadError", "LLM"]
+__all__ = ["AsyncLLM", "EngineArgs", "EngineDeadError", "LLM", "LLMEngine"]
 
 if TYPE_CHECKING:
     from cadence.engine.async_llm import AsyncLLM
     from cadence.engine.core_proc import EngineDeadError
+    from cadence.engine.engine_args import EngineArgs
     from cadence.engine.llm import LLM
+    from cadence.engine.llm_engine import LLMEngine
 
 
 def __getattr__(name: str):
@@ -26,4 +29,12 @@ def __getattr__(name: str):
         from cadence.engine.llm import LLM
 
         return LLM
+    if name == "LLMEngine":
+        from cadence.engine.llm_engine import LLMEngine
+
+        return LLMEngine
+    if name == "EngineArgs":
+        from cadence.engine.engine_args import EngineArgs
+
+        return EngineArgs
     raise AttributeError(name)

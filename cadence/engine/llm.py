@@ -18,10 +18,8 @@ from cadence.beam_search import (
 )
 from cadence.chat import content_format, conversation_of, render_conversation
 from cadence.core_types import EngineCoreRequest
-from cadence.engine.core import EngineCore
 from cadence.engine.engine_args import EngineArgs
-from cadence.engine.frontend import load_frontend
-from cadence.engine.output_processor import OutputProcessor
+from cadence.engine.llm_engine import LLMEngine
 from cadence.engine.tokenization_kwargs import TokenizationKwargs
 from cadence.inputs import refuse_lora
 from cadence.outputs import RequestOutput
@@ -37,10 +35,10 @@ class LLM:
 
     def __init__(self, model: str = "tiny", **kwargs: Any) -> None:
         self.args = EngineArgs(model=model, **kwargs)
-        self.engine_core = EngineCore(self.args)
-        self.frontend = load_frontend(self.engine_core)
-        self.output_processor = OutputProcessor(
-            self.frontend.tokenizer, self.engine_core.config.scheduler.stream_interval)
+        self.llm_engine = LLMEngine(self.args)  # vLLM's name for the step loop underneath
+        self.engine_core = self.llm_engine.engine_core
+        self.frontend = self.llm_engine.frontend
+        self.output_processor = self.llm_engine.output_processor
         self._counter = itertools.count()
         self._closed = False
 
@@ -129,8 +127,7 @@ class LLM:
                 for engine_req in self.output_processor.add_request(req, text):
                     self.engine_core.add_request(engine_req)
         except BaseException:  # leave none of this call's requests behind
-            self.engine_core.abort_requests(self.output_processor.engine_request_ids(list(order)))
-            self.output_processor.abort_requests(list(order))
+            self.llm_engine.abort_request(list(order))
             bar.close()
             raise
         return self._run_engine(order, bar)
@@ -271,27 +268,16 @@ class LLM:
 
     def _run_engine(self, order: dict[str, int], bar: Any) -> list[RequestOutput]:
         results: list[RequestOutput | None] = [None] * len(order)
-        core = self.engine_core
-        step = core.step_fn
+        engine = self.llm_engine
         try:
-            while self.output_processor.has_unfinished_requests():
-                outputs, _ = step()
-                if outputs is None or not outputs.outputs:
-                    continue
-                processed = self.output_processor.process_outputs(outputs.outputs)
-                if processed.reqs_to_abort:
-                    core.abort_requests(processed.reqs_to_abort)
-                for child in processed.reqs_to_add:
-                    core.add_request(child)
-                for out in processed.request_outputs:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
                     if out.finished and out.request_id in order:
                         results[order[out.request_id]] = out
                         bar.update(1)
         except BaseException:
             # Leave no request behind in the engine if generation is interrupted.
-            pending = [r for r in order if results[order[r]] is None]
-            core.abort_requests(self.output_processor.engine_request_ids(pending))
-            self.output_processor.abort_requests(pending)
+            engine.abort_request([r for r in order if results[order[r]] is None])
             raise
         finally:
             bar.close()

@@ -1,0 +1,107 @@
+"""LLMEngine: the synchronous step loop under ``LLM`` (vLLM's ``LLMEngine``). Add requests, then
+call ``step()`` while ``has_unfinished_requests()``: each step schedules and runs one batch and
+returns the outputs it produced (every running request's, or only finished ones, as each
+request's ``output_kind`` asks)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from cadence.config import EngineConfig
+from cadence.engine.core import EngineCore
+from cadence.engine.engine_args import EngineArgs
+from cadence.engine.frontend import load_frontend
+from cadence.engine.output_processor import OutputProcessor
+from cadence.engine.tokenization_kwargs import TokenizationKwargs
+from cadence.inputs import refuse_lora
+from cadence.outputs import RequestOutput
+from cadence.sampling_params import SamplingParams
+
+
+class LLMEngine:
+    """One engine core stepped by its caller, with the tokenizer and output processing around
+    it: requests in as prompts, ``RequestOutput``s out."""
+
+    def __init__(self, args: EngineArgs) -> None:
+        self.args = args
+        self.engine_core = EngineCore(args)
+        self.frontend = load_frontend(self.engine_core)
+        self.output_processor = OutputProcessor(
+            self.frontend.tokenizer, self.engine_core.config.scheduler.stream_interval)
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs, usage_context: Any = None,
+                         stat_loggers: Any = None, enable_multiprocessing: bool = False,
+                         ) -> LLMEngine:
+        """vLLM's constructor (its other arguments are accepted and change nothing here: the
+        core runs in this process and its statistics come from ``make_stats``)."""
+        return cls(engine_args)
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.engine_core.config
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.frontend.tokenizer
+
+    def get_tokenizer(self) -> Any:
+        return self.frontend.tokenizer
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: Any,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        lora_request: Any = None,
+        tokenization_kwargs: dict[str, Any] | None = None,
+        trace_headers: Any = None,
+        priority: int = 0,
+    ) -> str:
+        """Validate and tokenize one request and hand it to the core; returns its id. Bad input
+        raises ValueError (naming the field) before anything is queued."""
+        refuse_lora(lora_request)
+        tokenization = TokenizationKwargs.parse(tokenization_kwargs)
+        request, text = self.frontend.input_processor.process(
+            request_id, tokenization.prompt(prompt), tokenization.params(params), arrival_time,
+            priority)
+        tokenization.check_length(len(request.prompt_token_ids))
+        self.engine_core.validate_request(request)
+        for engine_request in self.output_processor.add_request(request, text):
+            self.engine_core.add_request(engine_request)
+        return request_id
+
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step; the outputs it produced (none while a step is in flight under
+        async scheduling)."""
+        outputs, _ = self.engine_core.step_fn()
+        if outputs is None or not outputs.outputs:
+            return []
+        processed = self.output_processor.process_outputs(outputs.outputs)
+        if processed.reqs_to_abort:  # ended by a stop string, which only the text shows
+            self.engine_core.abort_requests(processed.reqs_to_abort)
+        for child in processed.reqs_to_add:  # n > 1: siblings sent once the prompt is cached
+            self.engine_core.add_request(child)
+        return processed.request_outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.output_processor.get_num_unfinished_requests()
+
+    def abort_request(self, request_ids: str | Iterable[str], internal: bool = False) -> None:
+        """Stop the given requests (unknown or finished ids are ignored); no output follows."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        # Every engine id of an n > 1 request: a child not yet sent has nothing to drain.
+        engine_ids = self.output_processor.engine_request_ids(ids)
+        self.output_processor.abort_requests(ids)
+        self.engine_core.abort_requests(engine_ids)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        return self.engine_core.reset_prefix_cache(reset_running_requests)
+
+    def shutdown(self) -> None:
+        self.engine_core.shutdown()
