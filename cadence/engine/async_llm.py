@@ -183,21 +183,27 @@ class AsyncLLM:
         self,
         request_id: str,
         prompt: PromptType,
-        sampling_params: SamplingParams,
-        *,
+        params: SamplingParams,
         arrival_time: float | None = None,
+        lora_request: Any = None,
+        tokenization_kwargs: dict[str, Any] | None = None,
+        trace_headers: Any = None,
         priority: int = 0,
+        data_parallel_rank: int | None = None,
+        *,
         sink: OutputSink | None = None,
         strict_max_tokens: bool = False,
-        tokenization_kwargs: dict[str, Any] | None = None,
     ) -> OutputSink:
-        """Validate, tokenize and enqueue one request; return where its outputs go: ``sink``
-        if given (e.g. a server's SSE frame stream), else a new ``RequestOutputCollector``.
-        ``strict_max_tokens``: a ``max_tokens`` past the context is an error (the OpenAI
-        server's rule) instead of capped at it (the engine's, as vLLM's).
+        """Validate, tokenize and enqueue one request (vLLM's arguments, in its order); return
+        where its outputs go: ``sink`` if given (e.g. a server's SSE frame stream), else a new
+        ``RequestOutputCollector``. ``strict_max_tokens``: a ``max_tokens`` past the context is
+        an error (the OpenAI server's rule) instead of capped at it (the engine's, as vLLM's).
         ``tokenization_kwargs``: as ``LLM.generate``'s."""
         if self.errored:
             raise self._dead_error()
+        refuse_lora(lora_request)
+        _check_rank(data_parallel_rank)
+        sampling_params = params
         max_length = None
         if tokenization_kwargs is not None:
             tokenization = TokenizationKwargs.parse(tokenization_kwargs)
@@ -298,11 +304,9 @@ class AsyncLLM:
         ``data_parallel_rank``: vLLM's; one engine serves here, rank 0 (or None).
         ``tokenization_kwargs``: as ``LLM.generate``'s (vLLM's).
         """
-        refuse_lora(lora_request)
-        if data_parallel_rank not in (None, 0) or isinstance(data_parallel_rank, bool):
-            raise ValueError(f"data_parallel_rank must be 0 or None (one engine), got "
-                             f"{data_parallel_rank!r}.")
         collector = await self.add_request(request_id, prompt, sampling_params, priority=priority,
+                                           lora_request=lora_request,
+                                           data_parallel_rank=data_parallel_rank,
                                            tokenization_kwargs=tokenization_kwargs)
         outputs = self.outputs(request_id, collector)
         try:
@@ -486,3 +490,9 @@ class AsyncLLM:
                 else:
                     loop.call_soon_threadsafe(handler.cancel)
 
+
+def _check_rank(data_parallel_rank: Any) -> None:
+    """vLLM's ``data_parallel_rank``: one engine serves here, rank 0 (or None)."""
+    if data_parallel_rank not in (None, 0) or isinstance(data_parallel_rank, bool):
+        raise ValueError(f"data_parallel_rank must be 0 or None (one engine), got "
+                         f"{data_parallel_rank!r}.")

@@ -490,6 +490,18 @@ async def test_vllms_api_names(engine: AsyncLLM) -> None:
             pass
     await engine.abort("nothing-by-this-id", internal=True)
     assert cadence.AsyncLLM is AsyncLLM and cadence.TextPrompt is not None
+    # add_request in vLLM's order (request_id, prompt, params, arrival_time, lora_request,
+    # tokenization_kwargs, trace_headers, priority, data_parallel_rank) and by its names.
+    collector = await engine.add_request("pos", prompt, params, None, None,
+                                         {"truncate_prompt_tokens": 2}, None, 0, 0)
+    outs = [o async for o in engine.outputs("pos", collector)]
+    assert outs[-1].prompt_token_ids == [8, 9] and outs[-1].finished
+    collector = await engine.add_request(request_id="kw", prompt=prompt, params=params)
+    assert [o async for o in engine.outputs("kw", collector)][-1].finished
+    for bad in ({"lora_request": "adapter"}, {"data_parallel_rank": 1}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            await engine.add_request("bad", prompt, params, **bad)
+    assert not engine.output_processor.has_unfinished_requests()
 
 
 async def test_output_handler_failure_stops_the_core() -> None:
