@@ -1119,7 +1119,7 @@ MUTATIONS = [
     Mutation("batch-add-no-cleanup", "a call whose second request fails as it is added leaves "
              "its first queued",
              "cadence/engine/llm.py",
-             "            self.output_processor.abort_requests(list(order))\n",
+             "            self.llm_engine.abort_request(list(order))\n",
              "",
              ("tests/engine/test_llm_bad_input.py",)),
     Mutation("httptools-headers-unbounded", "the httptools protocol reads request headers and "

@@ -17,6 +17,14 @@ _HFO = "tests/engine/test_hf_overrides.py"
 _TOKKW = "tests/engine/test_tokenization_kwargs.py"
 
 MUTATIONS = [
+    Mutation("eng-llmengine-step-error-wedges", "a step's exception leaves its requests half-stepped",
+             "cadence/engine/llm_engine.py",
+             "            self.abort_request(self.output_processor.unfinished_request_ids())\n",
+             "            pass\n", ("tests/engine/test_llm_engine.py",)),
+    Mutation("eng-tokkw-params-type-unchecked", "a non-SamplingParams meets the truncation merge",
+             "cadence/engine/tokenization_kwargs.py",
+             "        if not isinstance(params, SamplingParams):\n            return params\n", "",
+             ("tests/engine/test_llm_engine.py",)),
     Mutation("eng-llmengine-stop-not-aborted", "a stop string's request stays in the core",
              "cadence/engine/llm_engine.py",
              "            self.engine_core.abort_requests(processed.reqs_to_abort)\n",

@@ -46,7 +46,7 @@ class LLM:
         """Wait for the device and free the engine's streams, buffers and graphs; the LLM
         takes no requests after it."""
         self._closed = True
-        self.engine_core.shutdown()
+        self.llm_engine.shutdown()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -5,6 +5,7 @@ request's ``output_kind`` asks)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,6 +19,8 @@ from cadence.inputs import refuse_lora
 from cadence.outputs import RequestOutput
 from cadence.sampling_params import SamplingParams
 
+logger = logging.getLogger(__name__)
+
 
 class LLMEngine:
     """One engine core stepped by its caller, with the tokenizer and output processing around
@@ -29,6 +32,7 @@ class LLMEngine:
         self.frontend = load_frontend(self.engine_core)
         self.output_processor = OutputProcessor(
             self.frontend.tokenizer, self.engine_core.config.scheduler.stream_interval)
+        self._closed = False
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, usage_context: Any = None,
@@ -61,7 +65,11 @@ class LLMEngine:
         priority: int = 0,
     ) -> str:
         """Validate and tokenize one request and hand it to the core; returns its id. Bad input
-        raises ValueError (naming the field) before anything is queued."""
+        raises ValueError (naming the field) before anything is queued; an id that is not a
+        string, TypeError (vLLM's)."""
+        self._check_open()
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a string, got {type(request_id).__name__}.")
         refuse_lora(lora_request)
         tokenization = TokenizationKwargs.parse(tokenization_kwargs)
         request, text = self.frontend.input_processor.process(
@@ -75,8 +83,15 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step; the outputs it produced (none while a step is in flight under
-        async scheduling)."""
-        outputs, _ = self.engine_core.step_fn()
+        async scheduling). An exception out of the step (a Ctrl-C among them) aborts every
+        unfinished request before it propagates: the step's progress is lost with it, and a
+        request left half-stepped would never be scheduled again."""
+        self._check_open()
+        try:
+            outputs, _ = self.engine_core.step_fn()
+        except BaseException:
+            self.abort_request(self.output_processor.unfinished_request_ids())
+            raise
         if outputs is None or not outputs.outputs:
             return []
         processed = self.output_processor.process_outputs(outputs.outputs)
@@ -103,5 +118,19 @@ class LLMEngine:
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return self.engine_core.reset_prefix_cache(reset_running_requests)
 
+    def do_log_stats(self) -> None:
+        """Log the scheduler's figures now (vLLM's)."""
+        stats = self.engine_core.make_stats()
+        logger.info("Running: %d reqs, waiting: %d reqs, KV cache usage: %.1f%%, prefix cache "
+                    "hits: %d of %d tokens, preemptions: %d", stats.num_running_reqs,
+                    stats.num_waiting_reqs, 100 * stats.kv_cache_usage, stats.prefix_cache_hits,
+                    stats.prefix_cache_queries, stats.num_preemptions)
+
     def shutdown(self) -> None:
+        """Free the engine's device state; no request is taken after it."""
+        self._closed = True
         self.engine_core.shutdown()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this engine has been shut down; create a new one to generate.")

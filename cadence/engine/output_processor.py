@@ -62,6 +62,10 @@ class OutputProcessor:
     def has_unfinished_requests(self) -> bool:
         return bool(self.request_states)
 
+    def unfinished_request_ids(self) -> list[str]:
+        """The engine ids of every tracked request (an n > 1 request's children)."""
+        return list(self.request_states)
+
     def is_request_active(self, request_id: str) -> bool:
         return request_id in self.request_states
 

@@ -74,7 +74,10 @@ class TokenizationKwargs:
 
     def params(self, params: SamplingParams) -> SamplingParams:
         """``params`` with the truncation to apply: the parameters' own, else this dict's; -1
-        is ``max_length`` where one is given."""
+        is ``max_length`` where one is given. Anything but a ``SamplingParams`` is returned as
+        it is, for the input processor to refuse."""
+        if not isinstance(params, SamplingParams):
+            return params
         k = params.truncate_prompt_tokens
         if k is None:
             k = self.truncate

@@ -161,3 +161,63 @@ def test_vllms_names() -> None:
         assert isinstance(llm.llm_engine.args, EngineArgs)
     finally:
         llm.shutdown()
+
+
+def test_wrong_params_and_ids_are_refused(engine: LLMEngine) -> None:
+    from cadence import BeamSearchParams
+
+    for params in (None, {"max_tokens": 3}, BeamSearchParams(beam_width=2, max_tokens=3)):
+        for kwargs in (None, {"truncation": True}):
+            with pytest.raises(InputValidationError, match="must be a SamplingParams"):
+                engine.add_request("p", PROMPTS[0], params, tokenization_kwargs=kwargs)
+    with pytest.raises(TypeError, match="request_id must be a string"):
+        engine.add_request(7, PROMPTS[0], _greedy(3))
+    assert not engine.has_unfinished_requests()
+
+
+def test_an_exception_out_of_a_step_aborts_what_was_unfinished(engine: LLMEngine) -> None:
+    """A Ctrl-C inside the model's forward pass: the requests it held are aborted (their blocks
+    back, nothing left to step forever), and the engine serves the next ones as before."""
+    core = engine.engine_core
+    engine.add_request("a", PROMPTS[0], _greedy(6))
+    engine.add_request("b", PROMPTS[1], _greedy(6))
+    engine.step()
+    run = core.runner.execute_model
+
+    def interrupted(scheduler_output):
+        core.runner.execute_model = run
+        raise KeyboardInterrupt
+
+    core.runner.execute_model = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        for _ in range(10):  # under async scheduling the next launch may come a step later
+            engine.step()
+    assert not engine.has_unfinished_requests()
+    _run(engine)  # whatever was in flight drains
+    assert core.num_free_kv_blocks == core.num_kv_blocks - 1
+    engine.add_request("c", PROMPTS[2], _greedy(5))
+    got = [o for outs in _run(engine) for o in outs][-1]
+    llm = LLM("tiny", async_scheduling=False)
+    try:
+        (want,) = llm.generate(PROMPTS[2], _greedy(5), use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert list(got.outputs[0].token_ids) == list(want.outputs[0].token_ids)
+
+
+def test_after_shutdown_nothing_is_taken(caplog) -> None:
+    import logging
+
+    engine = LLMEngine.from_engine_args(tiny_args())
+    with caplog.at_level(logging.INFO, logger="cadence.engine.llm_engine"):
+        engine.do_log_stats()
+    assert "Running: 0 reqs, waiting: 0 reqs" in caplog.text
+    engine.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.add_request("late", PROMPTS[0], _greedy(3))
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.step()
+    llm = LLM("tiny", async_scheduling=False)
+    llm.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.llm_engine.add_request("late", PROMPTS[0], _greedy(3))

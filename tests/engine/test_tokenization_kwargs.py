@@ -133,6 +133,8 @@ async def test_async_llm_generate_takes_them_as_llm_does() -> None:
             with pytest.raises(InputValidationError, match=fragment):
                 async for _ in engine.generate(TEXT, sp, rid, tokenization_kwargs=kwargs):
                     pass
+        with pytest.raises(InputValidationError, match="must be a SamplingParams"):
+            await engine.add_request("h", TEXT, None, tokenization_kwargs={"truncation": True})
         assert not engine.output_processor.has_unfinished_requests()
         stats = await engine.get_scheduler_stats()
         assert (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
