@@ -97,6 +97,9 @@ class Envs:
     # Run a prefill step's last layer for every token (not, past its qkv projection, for the
     # tokens the step samples from only; model/attention_metadata.py's ``OutputRows``).
     disable_output_rows: bool = False
+    # Where start_profile / stop_profile write torch-profiler traces (engine/profiler.py):
+    # CADENCE_TORCH_PROFILER_DIR, or VLLM_TORCH_PROFILER_DIR (vLLM's name); "" for off.
+    torch_profiler_dir: str = ""
 
     @property
     def logging_level(self) -> int:
@@ -140,4 +143,6 @@ def read_envs() -> Envs:
         disable_dense_prefill=bool(_flag("CADENCE_DISABLE_DENSE_PREFILL")),
         disable_split_k=bool(_flag("CADENCE_DISABLE_SPLIT_K")),
         disable_output_rows=bool(_flag("CADENCE_DISABLE_OUTPUT_ROWS")),
+        torch_profiler_dir=os.environ.get("CADENCE_TORCH_PROFILER_DIR")
+        or os.environ.get("VLLM_TORCH_PROFILER_DIR") or "",
     )

@@ -17,6 +17,9 @@ _HFO = "tests/engine/test_hf_overrides.py"
 _TOKKW = "tests/engine/test_tokenization_kwargs.py"
 
 MUTATIONS = [
+    Mutation("eng-profile-vllm-dir-ignored", "VLLM_TORCH_PROFILER_DIR is not read",
+             "cadence/envs.py", '        or os.environ.get("VLLM_TORCH_PROFILER_DIR") or "",',
+             '        or "",', ("tests/engine/test_profiler.py",)),
     Mutation("eng-llmengine-step-error-wedges", "a step's exception leaves its requests half-stepped",
              "cadence/engine/llm_engine.py",
              "            self.abort_request(self.output_processor.unfinished_request_ids())\n",

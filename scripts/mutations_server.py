@@ -6,6 +6,11 @@ which defines ``Mutation`` here."""
 _RESP = "tests/server/test_responses_api.py"
 
 MUTATIONS = [
+    Mutation("srv-profile-routes-open", "the profiling routes are not behind the API key",
+             "cadence/server/middleware.py",
+             'KEY_PROTECTED_PATHS = frozenset({"/stats", "/start_profile", "/stop_profile"})',
+             'KEY_PROTECTED_PATHS = frozenset({"/stats"})',
+             ("tests/server/test_profile_routes.py",)),
     Mutation("resp-rename-quoted", "a client's quoted value is renamed as a chat field",
              "cadence/server/responses_api.py",
              '"".join(p if i % 2 else names(p) for i, p in enumerate(pieces))',

@@ -465,6 +465,15 @@ class AsyncLLM:
         return await self.engine_core.call_utility_async("reset_prefix_cache",
                                                          reset_running_requests)
 
+    async def start_profile(self, profile_prefix: str | None = None) -> None:
+        """The torch profiler around what the engine core runs next (vLLM's; traces go to
+        ``CADENCE_TORCH_PROFILER_DIR``, read where the core starts)."""
+        await self.engine_core.call_utility_async("profile", True, profile_prefix)
+
+    async def stop_profile(self) -> str | None:
+        """Stop the profiler; the path of the trace the core wrote."""
+        return await self.engine_core.call_utility_async("profile", False)
+
     async def get_num_free_kv_blocks(self) -> int:
         return await self.engine_core.call_utility_async("num_free_kv_blocks")
 

@@ -12,7 +12,9 @@ import torch
 
 from cadence.core_types import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from cadence.engine.engine_args import EngineArgs
+from cadence.engine.profiler import TorchProfiler
 from cadence.engine.request_checks import check_request_fits
+from cadence.envs import read_envs
 from cadence.model.arch import DecoderArch
 from cadence.model.attention_backend import make_attention_backend
 from cadence.model.dtypes import approx_num_params, resolve_dtype
@@ -115,6 +117,7 @@ class EngineCore:
         self.batch_queue: deque[tuple[AsyncModelRunnerOutput, SchedulerOutput]] = deque()
         self.early_aborts = EarlyAborts()
         self._compiling: set[Future] = set()  # grammars of waiting requests, not yet compiled
+        self.profiler = TorchProfiler(read_envs().torch_profiler_dir, cfg.device == "cuda")
         logger.info(
             "Engine: model=%s arch=%s device=%s dtype=%s max_model_len=%d max_num_seqs=%d "
             "max_num_batched_tokens=%d kv_blocks=%d block_size=%d prefix_caching=%s policy=%s",
@@ -273,7 +276,16 @@ class EngineCore:
         if reason is not None:
             raise SchedulerStalledError(f"The engine cannot make progress: {reason}.")
 
+    def profile(self, is_start: bool = True, profile_prefix: str | None = None) -> str | None:
+        """vLLM's core utility: start the torch profiler, or stop it and write its trace (the
+        trace's path). RuntimeError when profiling is off or already in that state."""
+        if is_start:
+            self.profiler.start(profile_prefix)
+            return None
+        return self.profiler.stop()
+
     def shutdown(self) -> None:
+        self.profiler.close()
         self.batch_queue.clear()
         close = getattr(self.runner, "close", None)
         if close is not None:

@@ -59,6 +59,17 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.frontend.tokenizer
 
+    def start_profile(self, profile_prefix: str | None = None) -> None:
+        """The torch profiler around the generation that follows, until ``stop_profile`` (vLLM's;
+        traces go to ``CADENCE_TORCH_PROFILER_DIR``)."""
+        self._check_open()
+        self.llm_engine.start_profile(profile_prefix)
+
+    def stop_profile(self) -> str | None:
+        """Stop the profiler; the path of the trace it wrote."""
+        self._check_open()
+        return self.llm_engine.stop_profile()
+
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forget every cached prefix (vLLM's ``LLM.reset_prefix_cache``); False if requests
         still hold blocks (none do between ``generate`` calls)."""

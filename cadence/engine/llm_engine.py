@@ -118,6 +118,17 @@ class LLMEngine:
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return self.engine_core.reset_prefix_cache(reset_running_requests)
 
+    def start_profile(self, profile_prefix: str | None = None) -> None:
+        """Start the torch profiler around what the engine runs next (vLLM's; traces go to
+        ``CADENCE_TORCH_PROFILER_DIR``, engine/profiler.py)."""
+        self._check_open()
+        self.engine_core.profile(True, profile_prefix)
+
+    def stop_profile(self) -> str | None:
+        """Stop the profiler; the path of the trace it wrote."""
+        self._check_open()
+        return self.engine_core.profile(False)
+
     def do_log_stats(self) -> None:
         """Log the scheduler's figures now (vLLM's)."""
         stats = self.engine_core.make_stats()

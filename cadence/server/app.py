@@ -27,6 +27,7 @@ from cadence.server.lifecycle import InFlightMiddleware, RequestLifecycle, shutt
 from cadence.server.live_stats import SecondsRecorder, engine_config_summary, stats_document
 from cadence.server.middleware import ApiKeyMiddleware, RequestIdHeaderMiddleware, api_keys
 from cadence.server.openapi import openapi_document
+from cadence.server.profile_routes import profile_routes
 from cadence.server.protocol import SamplingRequest, response_and_engine_ids
 from cadence.server.protocol_chat import ChatCompletionRequest
 from cadence.server.protocol_completion import CompletionRequest
@@ -397,6 +398,7 @@ def build_app(
         Route("/metrics", server.metrics_endpoint, methods=["GET"]),
         Route("/stats", server.stats, methods=["GET"]),
     ]
+    routes += profile_routes(engine)
     if web_page:
         routes.append(Route("/", WebPage().serve, methods=["GET"]))
     app = Starlette(

@@ -19,8 +19,9 @@ __all__ = ["KEY_PROTECTED_PATHS", "ApiKeyMiddleware", "RequestIdHeaderMiddleware
            "RootPathMiddleware", "api_keys", "check_ssl_files", "route_path", "wrap_app"]
 
 
-# Besides every /v1 route, the routes that tell what the server runs and does.
-KEY_PROTECTED_PATHS = frozenset({"/stats"})
+# Besides every /v1 route, the routes that tell what the server runs and does, and those that
+# change how the engine runs.
+KEY_PROTECTED_PATHS = frozenset({"/stats", "/start_profile", "/stop_profile"})
 
 
 def api_keys(value: str | Sequence[str] | None) -> tuple[str, ...]:

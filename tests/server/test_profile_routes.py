@@ -1,0 +1,51 @@
+"""vLLM's POST /start_profile and /stop_profile on a real uvicorn server: served only where
+profiling is on, behind the API key, a trace of the requests between the two calls."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import httpx
+
+from cadence.engine import AsyncLLM
+from tests.server.conftest import start_server, tiny_args
+
+
+def test_the_routes_profile_the_requests_between_them(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("CADENCE_TORCH_PROFILER_DIR", str(tmp_path))
+    running = start_server(AsyncLLM(tiny_args()), api_key="k")
+    try:
+        with httpx.Client(base_url=running.base_url, timeout=60) as http:
+            assert http.post("/start_profile").status_code == 401  # behind the key
+            auth = {"Authorization": "Bearer k"}
+            assert http.post("/start_profile", headers=auth).status_code == 200
+            again = http.post("/start_profile", headers=auth)
+            assert again.status_code == 400 and "already running" in again.json()["error"][
+                "message"]
+            done = http.post("/v1/completions", headers=auth, json={
+                "model": "tiny", "prompt": "Hello", "max_tokens": 3})
+            assert done.status_code == 200
+            assert http.post("/stop_profile", headers=auth).status_code == 200
+            (trace,) = tmp_path.iterdir()
+            with gzip.open(trace, "rt") as f:
+                names = {e.get("name", "") for e in json.load(f)["traceEvents"]}
+            assert any(n.startswith("aten::") for n in names)
+            late = http.post("/stop_profile", headers=auth)
+            assert late.status_code == 400 and "not running" in late.json()["error"]["message"]
+            assert http.get("/health").status_code == 200
+    finally:
+        running.stop()
+
+
+def test_no_routes_where_profiling_is_off(monkeypatch) -> None:
+    monkeypatch.delenv("CADENCE_TORCH_PROFILER_DIR", raising=False)
+    monkeypatch.delenv("VLLM_TORCH_PROFILER_DIR", raising=False)
+    running = start_server(AsyncLLM(tiny_args()))
+    try:
+        with httpx.Client(base_url=running.base_url, timeout=60) as http:
+            assert http.post("/start_profile").status_code == 404
+            assert http.post("/stop_profile").status_code == 404
+    finally:
+        running.stop()
