@@ -99,3 +99,23 @@ async def test_async_llm_profiles_in_the_core(tmp_path: Path, monkeypatch) -> No
         assert any(e.get("name", "").startswith("aten::") for e in _events(path))
     finally:
         engine.shutdown()
+
+
+@pytest.mark.gpu
+def test_a_gpu_trace_holds_the_steps_kernels(tmp_path: Path, monkeypatch) -> None:
+    """On CUDA the window records the device's kernels too, those replayed in CUDA graphs
+    among them (decode steps of the tiny model run as graphs)."""
+    monkeypatch.setenv("CADENCE_TORCH_PROFILER_DIR", str(tmp_path))
+    llm = LLM("tiny", async_scheduling=False, device="cuda")
+    try:
+        llm.generate("Hello", PARAMS, use_tqdm=False)  # compiled and captured before the window
+        llm.start_profile()
+        out = llm.generate("Hello", SamplingParams(max_tokens=16, temperature=0.0,
+                                                   ignore_eos=True), use_tqdm=False)
+        events = _events(llm.stop_profile())
+    finally:
+        llm.shutdown()
+    assert len(out[0].outputs[0].token_ids) == 16
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    # At least one kernel per decode step (15 of them after the prompt's step).
+    assert len(kernels) >= 15
