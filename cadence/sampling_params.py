@@ -68,6 +68,9 @@ class SamplingParams:
     # tokens, and with the first and the last; it raises the engine's --stream-interval (1
     # unless set), never lowers it (None: the engine's).
     stream_interval: int | None = None
+    # vLLM's: this object is dedicated to one request, so ``clone`` may share its containers
+    # (a shallow copy); the engine may then change them.
+    skip_clone: bool = False
     structured_outputs: StructuredOutputsParams | None = None
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
@@ -271,7 +274,7 @@ class SamplingParams:
             raise ValueError("output_kind must be a RequestOutputKind, got "
                              f"{self.output_kind!r}.")
         for name in ("detokenize", "skip_special_tokens", "spaces_between_special_tokens",
-                     "ignore_eos", "include_stop_str_in_output", "flat_logprobs"):
+                     "ignore_eos", "include_stop_str_in_output", "flat_logprobs", "skip_clone"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
         if not self.detokenize and self.stop:
@@ -383,8 +386,11 @@ class SamplingParams:
 
     def clone(self) -> SamplingParams:
         """An independent copy: its containers are new objects (``copy.deepcopy``'s result,
-        at a fraction of its cost on the engine's per-request path)."""
+        at a fraction of its cost on the engine's per-request path); with ``skip_clone``, a
+        shallow copy (vLLM's)."""
         out = copy.copy(self)
+        if self.skip_clone:
+            return out
         for name in _FLAT_CONTAINERS:  # containers of immutable items (once validated)
             value = getattr(self, name)
             if isinstance(value, (list, dict, set)):

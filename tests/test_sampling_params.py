@@ -164,6 +164,27 @@ def test_clone_equals_a_deep_copy_and_shares_no_container() -> None:
     assert q.structured_outputs.json is not p.structured_outputs.json
 
 
+def test_skip_clone_makes_clone_shallow() -> None:
+    """vLLM's ``skip_clone``: the object is dedicated to one request, its clone shares its
+    containers; a bool only; the engine serves such a request as any other."""
+    p = SamplingParams(stop=["a"], stop_token_ids=[1], skip_clone=True)
+    q = p.clone()
+    assert q is not p and q == p and q.stop is p.stop
+    assert q.all_stop_token_ids is p.all_stop_token_ids
+    with pytest.raises(ValueError, match="skip_clone must be a bool"):
+        SamplingParams(skip_clone=1)
+    from cadence import LLM
+
+    llm = LLM("tiny", async_scheduling=False)
+    try:
+        greedy = dict(max_tokens=4, temperature=0.0, ignore_eos=True)
+        (a,) = llm.generate("Hello", SamplingParams(**greedy, skip_clone=True), use_tqdm=False)
+        (b,) = llm.generate("Hello", SamplingParams(**greedy), use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert a.outputs[0].token_ids == b.outputs[0].token_ids
+
+
 def test_greedy_also_turns_min_p_off() -> None:
     # vLLM normalises every sampling knob of a greedy request, min_p included.
     p = SamplingParams(temperature=0.0, min_p=0.5)
