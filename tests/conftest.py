@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 
 import pytest
@@ -38,6 +40,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Without pytest-asyncio (the GPU machines have none) an ``async def`` test runs here in a
+    fresh event loop, as the plugin's auto mode runs it (its fixtures are plain functions)."""
+    if (not inspect.iscoroutinefunction(pyfuncitem.obj)
+            or pyfuncitem.config.pluginmanager.has_plugin("asyncio")):
+        return None
+    names = pyfuncitem._fixtureinfo.argnames
+    asyncio.run(pyfuncitem.obj(**{name: pyfuncitem.funcargs[name] for name in names}))
+    return True
 
 
 @pytest.fixture(autouse=True, scope="session")
