@@ -17,6 +17,10 @@ _HFO = "tests/engine/test_hf_overrides.py"
 _TOKKW = "tests/engine/test_tokenization_kwargs.py"
 
 MUTATIONS = [
+    Mutation("eng-profile-ranks-skipped", "tensor-parallel ranks are not profiled",
+             "cadence/engine/core.py",
+             '        ranks = getattr(self.runner, "profile", None)',
+             "        ranks = None", ("tests/engine/test_profiler.py",)),
     Mutation("eng-profile-vllm-dir-ignored", "VLLM_TORCH_PROFILER_DIR is not read",
              "cadence/envs.py", '        or os.environ.get("VLLM_TORCH_PROFILER_DIR") or "",',
              '        or "",', ("tests/engine/test_profiler.py",)),

@@ -12,7 +12,6 @@ import torch
 
 from cadence.core_types import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from cadence.engine.engine_args import EngineArgs
-from cadence.engine.profiler import TorchProfiler
 from cadence.engine.request_checks import check_request_fits
 from cadence.envs import read_envs
 from cadence.model.arch import DecoderArch
@@ -29,6 +28,7 @@ from cadence.scheduler.output import SchedulerOutput
 from cadence.scheduler.request import Request, RequestStatus
 from cadence.scheduler.scheduler import Scheduler
 from cadence.scheduler.stall import SchedulerStalledError, stall_reason
+from cadence.torch_profiler import OFF, TorchProfiler
 from cadence.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -278,11 +278,18 @@ class EngineCore:
 
     def profile(self, is_start: bool = True, profile_prefix: str | None = None) -> str | None:
         """vLLM's core utility: start the torch profiler, or stop it and write its trace (the
-        trace's path). RuntimeError when profiling is off or already in that state."""
+        trace's path; with tensor parallelism each rank profiles itself and writes its own,
+        rank 0's path is returned). RuntimeError when profiling is off."""
+        profiler = self.profiler
+        if not profiler.enabled:
+            raise RuntimeError(OFF)
+        ranks = getattr(self.runner, "profile", None)  # TPExecutor: the model runs in the ranks
+        if ranks is not None:
+            return ranks(is_start, profile_prefix)
         if is_start:
-            self.profiler.start(profile_prefix)
+            profiler.start(profile_prefix)
             return None
-        return self.profiler.stop()
+        return profiler.stop()
 
     def shutdown(self) -> None:
         self.profiler.close()

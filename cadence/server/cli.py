@@ -43,8 +43,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="port to listen on; 0 = any free port (default: %(default)s)")
     parser.add_argument(
         "--api-key", nargs="+", default=None, metavar="KEY",
-        help="require 'Authorization: Bearer KEY' on /v1/* and /stats; several keys: any one "
-             "of them (for rotation); default: the CADENCE_API_KEY or VLLM_API_KEY variable",
+        help="require 'Authorization: Bearer KEY' on /v1/*, /stats and the profiling routes; "
+             "several keys: any one of them (for rotation); default: the CADENCE_API_KEY or "
+             "VLLM_API_KEY variable",
     )
     parser.add_argument(
         "--served-model-name", nargs="+", default=None, metavar="NAME",

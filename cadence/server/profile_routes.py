@@ -1,7 +1,7 @@
 """vLLM's ``POST /start_profile`` and ``POST /stop_profile``: the engine core's torch profiler
 (``cadence.engine.profiler``), served only where profiling is on (``CADENCE_TORCH_PROFILER_DIR``
 or ``VLLM_TORCH_PROFILER_DIR`` set for the server, as for its engine); behind the API key where
-the server has one."""
+the server has one. A start while running and a stop while not are no-ops (200), as vLLM's."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from starlette.routing import Route
 
 from cadence.engine.core_proc import EngineDeadError
 from cadence.envs import read_envs
-from cadence.server.errors import BadRequestError
+from cadence.server.errors import BadRequestError, InternalServerError
 from cadence.server.serving import engine_unavailable
 
 if TYPE_CHECKING:
@@ -40,6 +40,8 @@ async def _call(call) -> Response:  # type: ignore[no-untyped-def]
         await call
     except EngineDeadError as exc:
         return engine_unavailable(exc).response()
-    except RuntimeError as exc:  # already running, not running
+    except RuntimeError as exc:  # profiling off, another profiler, an unusable directory
         return BadRequestError(str(exc)).response()
+    except OSError as exc:  # the trace could not be written (a full disk)
+        return InternalServerError(str(exc)).response()
     return Response(status_code=200)

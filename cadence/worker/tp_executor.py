@@ -196,7 +196,10 @@ class TPExecutor:
         return replies
 
     def _call_all(self, method: str, *args: Any) -> list[Any]:
-        self._send(pickle.dumps(("call", method, args)), range(self.size))
+        return self._call_all_kind("call", method, args)
+
+    def _call_all_kind(self, kind: str, *payload: Any) -> list[Any]:
+        self._send(pickle.dumps((kind, *payload)), range(self.size))
         replies = self._collect(set(range(self.size)))
         return [replies[r] for r in range(self.size)]
 
@@ -212,6 +215,15 @@ class TPExecutor:
 
     def kernels_per_step(self, batch: int) -> int | None:
         return None
+
+    def profile(self, is_start: bool, prefix: str | None) -> str | None:
+        """Start or stop every rank's torch profiler (cadence.torch_profiler); rank 0's trace
+        path at a stop. A rank's refusal is a RuntimeError here, not a lost rank."""
+        results = self._call_all_kind("profile", is_start, prefix)
+        for rank, (ok, value) in enumerate(results):
+            if not ok:
+                raise RuntimeError(f"tensor-parallel rank {rank}: {value}")
+        return results[0][1]
 
     def prefetch_grammar(self, spec: StructuredOutputsParams) -> Future:
         """Have every rank start compiling ``spec`` on its compiler thread; the engine compiles

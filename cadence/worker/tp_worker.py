@@ -157,7 +157,12 @@ def _has_fp8(model: Any) -> bool:
 
 
 def _serve(conn: Connection, rank: int, runner: Any) -> None:
+    from cadence.envs import read_envs
+    from cadence.torch_profiler import TorchProfiler
+
     pending: collections.deque[AsyncModelRunnerOutput] = collections.deque()
+    profiler = TorchProfiler(read_envs().torch_profiler_dir,
+                             getattr(runner.device, "type", None) == "cuda", rank)
     while True:
         msg = pickle.loads(conn.recv_bytes())
         kind = msg[0]
@@ -176,9 +181,17 @@ def _serve(conn: Connection, rank: int, runner: Any) -> None:
             _, method, args = msg
             result = getattr(runner, method)(*args)
             conn.send(("ok", runner.capture_seconds if method == "capture_graphs" else result))
+        elif kind == "profile":  # a refusal goes back as a reply: the rank stays in service
+            _, is_start, prefix = msg
+            try:
+                conn.send(("ok", (True, profiler.stop() if not is_start
+                                  else profiler.start(prefix))))
+            except (RuntimeError, ValueError, OSError) as exc:
+                conn.send(("ok", (False, str(exc))))
         elif kind == "stop":
             from cadence.model.parallel import close_custom_all_reduce
 
+            profiler.close()
             runner.close()
             close_custom_all_reduce()  # every rank gets "stop"
             conn.send(("ok", None))

@@ -11,7 +11,7 @@ import pytest
 
 from cadence import LLM, SamplingParams
 from cadence.engine import AsyncLLM
-from cadence.engine.profiler import TorchProfiler
+from cadence.torch_profiler import TorchProfiler
 from tests.tiny import tiny_args
 
 PARAMS = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
@@ -23,29 +23,54 @@ def _events(path: str) -> list[dict]:
 
 
 def test_the_window_states_and_the_file(tmp_path: Path) -> None:
+    import torch
+
     off = TorchProfiler("", cuda=False)
     with pytest.raises(RuntimeError, match="CADENCE_TORCH_PROFILER_DIR"):
         off.start()
     prof = TorchProfiler(str(tmp_path / "traces"), cuda=False)
-    with pytest.raises(RuntimeError, match="not running"):
-        prof.stop()
+    assert prof.stop() is None  # nothing running: a no-op (vLLM's)
     prof.start("run 1/a")
-    with pytest.raises(RuntimeError, match="already running"):
-        prof.start()
-    import torch
-
+    prof.start()  # running already: a no-op too
+    with pytest.raises(ValueError, match="profile_prefix must be a string"):
+        TorchProfiler(str(tmp_path), cuda=False).start(7)
     torch.ones(64, 64) @ torch.ones(64, 64)
     path = Path(prof.stop())
-    # The prefix's unsafe characters are replaced; the file is in the directory, made for it.
-    assert path.parent == tmp_path / "traces" and path.name.startswith("run_1_a")
+    # The prefix's unsafe characters are replaced, then "_"; the directory is made for it.
+    assert path.parent == tmp_path / "traces" and path.name.startswith("run_1_a_")
     assert path.name.endswith(".pt.trace.json.gz")
     assert any(e.get("name") == "aten::mm" for e in _events(str(path)))
+    prof.start("..hidden")
+    second = Path(prof.stop())
+    assert second != path and second.exists() and second.name.startswith("hidden_")
+    # Two profilers of one process (two engines): the second cannot start while the first
+    # runs (torch has one), and traces of the same second never share a name.
+    other = TorchProfiler(str(tmp_path / "traces"), cuda=False, rank=1)
     prof.start()
-    second = prof.stop()
-    assert second != str(path) and Path(second).exists()
-    prof.start()
-    prof.close()  # a window left open at shutdown is dropped
-    assert not prof.running and len(list((tmp_path / "traces").iterdir())) == 2
+    with pytest.raises(RuntimeError, match="Another torch profiler"):
+        other.start()
+    first = prof.stop()
+    other.start()
+    by_rank = other.stop()
+    assert "_rank1." in by_rank and by_rank != first
+    with torch.profiler.profile():  # the caller's own profiler is left alone
+        with pytest.raises(RuntimeError, match="Another torch profiler"):
+            prof.start()
+    # A window open at shutdown is stopped and written (vLLM's).
+    prof.start("closing")
+    prof.close()
+    assert not prof.running
+    assert len([p for p in (tmp_path / "traces").iterdir() if p.name.startswith("closing_")]) == 1
+    assert len(list((tmp_path / "traces").iterdir())) == 5
+
+
+def test_an_unusable_directory_is_refused_at_the_start(tmp_path: Path) -> None:
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    prof = TorchProfiler(str(taken), cuda=False)
+    with pytest.raises(RuntimeError, match="cannot be made"):
+        prof.start()
+    assert not prof.running
 
 
 def test_llm_profiles_the_generation_between_the_calls(tmp_path: Path, monkeypatch) -> None:
@@ -59,8 +84,7 @@ def test_llm_profiles_the_generation_between_the_calls(tmp_path: Path, monkeypat
         # The model's forward ran inside the window: its matrix products are in the trace.
         assert any(n.startswith("aten::") for n in names)
         assert {"aten::linear", "aten::mm", "aten::addmm", "aten::matmul"} & names
-        with pytest.raises(RuntimeError, match="not running"):
-            llm.stop_profile()
+        assert llm.stop_profile() is None  # nothing running
     finally:
         llm.shutdown()
     monkeypatch.delenv("CADENCE_TORCH_PROFILER_DIR")
@@ -90,8 +114,7 @@ async def test_async_llm_profiles_in_the_core(tmp_path: Path, monkeypatch) -> No
     engine = AsyncLLM.from_engine_args(tiny_args())
     try:
         await engine.start_profile("async")
-        with pytest.raises(RuntimeError, match="already running"):
-            await engine.start_profile()
+        await engine.start_profile()  # running already: a no-op
         outs = [o async for o in engine.generate("Hello", PARAMS, "p")]
         assert outs[-1].finished
         path = await engine.stop_profile()
@@ -119,3 +142,21 @@ def test_a_gpu_trace_holds_the_steps_kernels(tmp_path: Path, monkeypatch) -> Non
     kernels = [e for e in events if e.get("cat") == "kernel"]
     # At least one kernel per decode step (15 of them after the prompt's step).
     assert len(kernels) >= 15
+
+
+def test_tensor_parallel_ranks_write_their_own_traces(tmp_path: Path, monkeypatch) -> None:
+    """With tensor parallelism the model runs in the ranks' processes: each profiles itself
+    and writes its trace (rank 0's path returned), every one holding the model's ops."""
+    monkeypatch.setenv("CADENCE_TORCH_PROFILER_DIR", str(tmp_path))
+    llm = LLM("tiny", async_scheduling=False, tensor_parallel_size=2)
+    try:
+        llm.start_profile("tp")
+        llm.generate(["Hello world"] * 2, PARAMS, use_tqdm=False)
+        path = llm.stop_profile()
+    finally:
+        llm.shutdown()
+    traces = sorted(tmp_path.iterdir())
+    assert len(traces) == 2 and Path(path).name.startswith("tp_") and "_rank0." in path
+    assert "_rank1." in traces[1].name or "_rank1." in traces[0].name
+    for trace in traces:
+        assert any(e.get("name", "").startswith("aten::") for e in _events(str(trace)))
