@@ -100,6 +100,10 @@ class Envs:
     # Where start_profile / stop_profile write torch-profiler traces (engine/profiler.py):
     # CADENCE_TORCH_PROFILER_DIR, or VLLM_TORCH_PROFILER_DIR (vLLM's name); "" for off.
     torch_profiler_dir: str = ""
+    # What the profiler records besides the ops (torch.profiler.profile's options; None: the
+    # default, shapes on and the rest off): CADENCE_TORCH_PROFILER_RECORD_SHAPES, _WITH_STACK,
+    # _WITH_FLOPS and _WITH_PROFILE_MEMORY, or vLLM's VLLM_TORCH_PROFILER_* of the same names.
+    torch_profiler_options: tuple[tuple[str, bool], ...] = ()
 
     @property
     def logging_level(self) -> int:
@@ -145,4 +149,21 @@ def read_envs() -> Envs:
         disable_output_rows=bool(_flag("CADENCE_DISABLE_OUTPUT_ROWS")),
         torch_profiler_dir=os.environ.get("CADENCE_TORCH_PROFILER_DIR")
         or os.environ.get("VLLM_TORCH_PROFILER_DIR") or "",
+        torch_profiler_options=_profiler_options(),
     )
+
+
+# torch.profiler.profile's option for each vLLM profiler switch (VLLM_TORCH_PROFILER_<NAME>).
+_PROFILER_OPTIONS = {"RECORD_SHAPES": "record_shapes", "WITH_STACK": "with_stack",
+                     "WITH_FLOPS": "with_flops", "WITH_PROFILE_MEMORY": "profile_memory"}
+
+
+def _profiler_options() -> tuple[tuple[str, bool], ...]:
+    found = []
+    for name, option in _PROFILER_OPTIONS.items():
+        value = _flag(f"CADENCE_TORCH_PROFILER_{name}")
+        if value is None:
+            value = _flag(f"VLLM_TORCH_PROFILER_{name}")
+        if value is not None:
+            found.append((option, value))
+    return tuple(found)

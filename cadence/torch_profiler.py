@@ -11,6 +11,7 @@ import os
 import re
 import socket
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -29,10 +30,13 @@ class TorchProfiler:
     """One profiling window at a time, started and stopped on the thread that runs the model.
     ``rank``: a tensor-parallel rank's, in its trace's file name."""
 
-    def __init__(self, directory: str, cuda: bool, rank: int | None = None) -> None:
+    def __init__(self, directory: str, cuda: bool, rank: int | None = None,
+                 options: Iterable[tuple[str, bool]] = ()) -> None:
         self.directory = os.path.abspath(os.path.expanduser(directory)) if directory else ""
         self.cuda = cuda
         self.rank = rank
+        # torch.profiler.profile's keywords: shapes by default, stacks, FLOPs, memory if asked.
+        self.options = {"record_shapes": True, **dict(options)}
         self._active: Any = None
         self._prefix = ""
 
@@ -70,7 +74,7 @@ class TorchProfiler:
         activities = [ProfilerActivity.CPU]
         if self.cuda:
             activities.append(ProfilerActivity.CUDA)
-        active = profile(activities=activities, record_shapes=True)
+        active = profile(activities=activities, **self.options)
         active.start()
         self._active = active
         # A file name's safe characters only, never a hidden file's leading dot.

@@ -117,7 +117,9 @@ class EngineCore:
         self.batch_queue: deque[tuple[AsyncModelRunnerOutput, SchedulerOutput]] = deque()
         self.early_aborts = EarlyAborts()
         self._compiling: set[Future] = set()  # grammars of waiting requests, not yet compiled
-        self.profiler = TorchProfiler(read_envs().torch_profiler_dir, cfg.device == "cuda")
+        envs = read_envs()
+        self.profiler = TorchProfiler(envs.torch_profiler_dir, cfg.device == "cuda",
+                                      options=envs.torch_profiler_options)
         logger.info(
             "Engine: model=%s arch=%s device=%s dtype=%s max_model_len=%d max_num_seqs=%d "
             "max_num_batched_tokens=%d kv_blocks=%d block_size=%d prefix_caching=%s policy=%s",

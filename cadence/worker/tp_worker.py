@@ -161,8 +161,10 @@ def _serve(conn: Connection, rank: int, runner: Any) -> None:
     from cadence.torch_profiler import TorchProfiler
 
     pending: collections.deque[AsyncModelRunnerOutput] = collections.deque()
-    profiler = TorchProfiler(read_envs().torch_profiler_dir,
-                             getattr(runner.device, "type", None) == "cuda", rank)
+    envs = read_envs()
+    profiler = TorchProfiler(envs.torch_profiler_dir,
+                             getattr(runner.device, "type", None) == "cuda", rank,
+                             envs.torch_profiler_options)
     while True:
         msg = pickle.loads(conn.recv_bytes())
         kind = msg[0]

@@ -160,3 +160,33 @@ def test_tensor_parallel_ranks_write_their_own_traces(tmp_path: Path, monkeypatc
     assert "_rank1." in traces[1].name or "_rank1." in traces[0].name
     for trace in traces:
         assert any(e.get("name", "").startswith("aten::") for e in _events(str(trace)))
+
+
+def test_vllms_recording_switches(tmp_path: Path, monkeypatch) -> None:
+    """VLLM_TORCH_PROFILER_RECORD_SHAPES / _WITH_STACK / _WITH_FLOPS / _WITH_PROFILE_MEMORY
+    (or CADENCE_ ones, which win) pass to torch's profiler; shapes are recorded by default."""
+    import torch
+
+    from cadence.envs import read_envs
+
+    for name in ("RECORD_SHAPES", "WITH_STACK", "WITH_FLOPS", "WITH_PROFILE_MEMORY"):
+        monkeypatch.delenv(f"CADENCE_TORCH_PROFILER_{name}", raising=False)
+        monkeypatch.delenv(f"VLLM_TORCH_PROFILER_{name}", raising=False)
+    assert read_envs().torch_profiler_options == ()
+    monkeypatch.setenv("VLLM_TORCH_PROFILER_RECORD_SHAPES", "1")
+    monkeypatch.setenv("CADENCE_TORCH_PROFILER_RECORD_SHAPES", "0")
+    monkeypatch.setenv("VLLM_TORCH_PROFILER_WITH_FLOPS", "1")
+    options = read_envs().torch_profiler_options
+    assert options == (("record_shapes", False), ("with_flops", True))
+
+    def mm_args(prof: TorchProfiler) -> dict:
+        prof.start()
+        torch.ones(32, 16) @ torch.ones(16, 8)
+        (mm,) = [e for e in _events(prof.stop()) if e.get("name") == "aten::mm"]
+        return mm.get("args", {})
+
+    assert "Input Dims" in mm_args(TorchProfiler(str(tmp_path), cuda=False))
+    no_shapes = TorchProfiler(str(tmp_path), cuda=False, options=options[:1])
+    assert "Input Dims" not in mm_args(no_shapes)
+    # FLOPs on: torch counts them from the shapes, so it records those again.
+    assert "Input Dims" in mm_args(TorchProfiler(str(tmp_path), cuda=False, options=options))
