@@ -1,5 +1,5 @@
-"""examples/ run as they are: the runtime demo on the CPU backend (Numba's simulator) here, and
-every example on a GPU."""
+"""examples/ run as they are: the runtime demo on the CPU backend (Numba's simulator) and the
+step-loop example here, and every example on a GPU."""
 
 from __future__ import annotations
 
@@ -30,6 +30,20 @@ def test_runtime_demo_on_the_cpu_backend() -> None:
     out = proc.stdout
     assert "combine and scatter: HostTokenKernels" in out
     assert out.count("row sums on the host") == 3 and out.rstrip().endswith("runtime demo ok")
+
+
+@pytest.mark.timeout(300)
+def test_llm_engine_example() -> None:
+    """The step loop example: every request but the aborted one finishes, both choices of the
+    n=2 request come in its one final output, and the aborted one never says finished."""
+    proc = _run("examples/llm_engine.py", timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    finished = [line.split(" (")[0] for line in proc.stdout.splitlines()
+                if line.startswith("request ") and " choice " in line]
+    assert sorted(finished) == ["request 0 choice 0", "request 1 choice 0",
+                                "request 2 choice 0", "request 2 choice 1"]
+    assert "request 3 aborted after 5 tokens" in proc.stdout
+    assert proc.stdout.rstrip().endswith("llm engine example ok")
 
 
 @pytest.mark.gpu
