@@ -204,18 +204,17 @@ class AsyncLLM:
         refuse_lora(lora_request)
         _check_rank(data_parallel_rank)
         sampling_params = params
-        max_length = None
+        tokenization = None
         if tokenization_kwargs is not None:
             tokenization = TokenizationKwargs.parse(tokenization_kwargs)
             prompt = tokenization.prompt(prompt)
             sampling_params = tokenization.params(sampling_params)
-            max_length = tokenization.max_length
         # An abort that arrives while the request is being prepared is applied once it is in.
         self._ledger.begin_preparing(request_id)
         try:
             collector = await self._add_prepared(request_id, prompt, sampling_params,
                                                  arrival_time, priority, sink, strict_max_tokens,
-                                                 max_length)
+                                                 tokenization)
         finally:
             aborted = self._ledger.end_preparing(request_id)
         if aborted:
@@ -231,15 +230,15 @@ class AsyncLLM:
         priority: int,
         sink: OutputSink | None,
         strict_max_tokens: bool,
-        max_length: int | None = None,
+        tokenization: TokenizationKwargs | None = None,
     ) -> OutputSink:
         request, prompt_text = await self.run_cpu(
             input_size(prompt) + params_size(sampling_params),
             self.process_input, request_id, prompt, sampling_params, arrival_time, priority,
             strict_max_tokens,
         )  # fmt: skip
-        if max_length is not None:
-            TokenizationKwargs(max_length=max_length).check_length(len(request.prompt_token_ids))
+        if tokenization is not None:  # its max_length bounds the tokenized prompt
+            tokenization.check_length(len(request.prompt_token_ids))
         if self.errored:
             raise self._dead_error()
         n = request.sampling_params.n

@@ -122,21 +122,17 @@ class LLM:
         # Validate everything before anything is scheduled.
         requests: list[tuple[EngineCoreRequest, str | None]] = []
         for prompt, p, prio in zip(prompts, params, priorities):
-            req_id = str(next(self._counter))
-            req, text = self.frontend.input_processor.process(
-                req_id, tokenization.prompt(prompt), tokenization.params(p), priority=prio)
-            tokenization.check_length(len(req.prompt_token_ids))
+            req, text = self.llm_engine.prepare_request(str(next(self._counter)), prompt, p,
+                                                        tokenization, priority=prio)
             # Only finished requests are returned: one output each, all choices in it (vLLM).
             req.sampling_params.output_kind = RequestOutputKind.FINAL_ONLY
-            self.engine_core.validate_request(req)
             requests.append((req, text))
         order = {req.request_id: i for i, (req, _) in enumerate(requests)}
         # Made before any request is in: a factory that fails leaves nothing behind.
         bar = _progress(use_tqdm, total=len(order), desc="Processed prompts")
         try:
             for req, text in requests:
-                for engine_req in self.output_processor.add_request(req, text):
-                    self.engine_core.add_request(engine_req)
+                self.llm_engine.submit(req, text)
         except BaseException:  # leave none of this call's requests behind
             self.llm_engine.abort_request(list(order))
             bar.close()

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from cadence.config import EngineConfig
+from cadence.core_types import EngineCoreRequest
 from cadence.engine.core import EngineCore
 from cadence.engine.engine_args import EngineArgs
 from cadence.engine.frontend import load_frontend
@@ -72,14 +73,26 @@ class LLMEngine:
             raise TypeError(f"request_id must be a string, got {type(request_id).__name__}.")
         refuse_lora(lora_request)
         tokenization = TokenizationKwargs.parse(tokenization_kwargs)
+        self.submit(*self.prepare_request(request_id, prompt, params, tokenization, arrival_time,
+                                          priority))
+        return request_id
+
+    def prepare_request(self, request_id: str, prompt: Any, params: SamplingParams,
+                        tokenization: TokenizationKwargs, arrival_time: float | None = None,
+                        priority: int = 0) -> tuple[EngineCoreRequest, str | None]:
+        """One request validated and tokenized (``tokenization`` applied) as the core will take
+        it, and its prompt text; nothing is queued (ValueError naming the field)."""
         request, text = self.frontend.input_processor.process(
             request_id, tokenization.prompt(prompt), tokenization.params(params), arrival_time,
             priority)
         tokenization.check_length(len(request.prompt_token_ids))
         self.engine_core.validate_request(request)
+        return request, text
+
+    def submit(self, request: EngineCoreRequest, text: str | None) -> None:
+        """Hand a prepared request to the core (an n > 1 request: the children sent now)."""
         for engine_request in self.output_processor.add_request(request, text):
             self.engine_core.add_request(engine_request)
-        return request_id
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step; the outputs it produced (none while a step is in flight under

@@ -186,10 +186,11 @@ def _serve(conn: Connection, rank: int, runner: Any) -> None:
         elif kind == "profile":  # a refusal goes back as a reply: the rank stays in service
             _, is_start, prefix = msg
             try:
-                conn.send(("ok", (True, profiler.stop() if not is_start
-                                  else profiler.start(prefix))))
+                result = profiler.start(prefix) if is_start else profiler.stop()
             except (RuntimeError, ValueError, OSError) as exc:
                 conn.send(("ok", (False, str(exc))))
+            else:
+                conn.send(("ok", (True, result)))
         elif kind == "stop":
             from cadence.model.parallel import close_custom_all_reduce
 
