@@ -97,10 +97,10 @@ class Envs:
     # Run a prefill step's last layer for every token (not, past its qkv projection, for the
     # tokens the step samples from only; model/attention_metadata.py's ``OutputRows``).
     disable_output_rows: bool = False
-    # Where start_profile / stop_profile write torch-profiler traces (engine/profiler.py):
+    # Where start_profile / stop_profile write torch-profiler traces (cadence/torch_profiler.py):
     # CADENCE_TORCH_PROFILER_DIR, or VLLM_TORCH_PROFILER_DIR (vLLM's name); "" for off.
     torch_profiler_dir: str = ""
-    # What the profiler records besides the ops (torch.profiler.profile's options; None: the
+    # What the profiler records besides the ops (torch.profiler.profile's options; unset: the
     # default, shapes on and the rest off): CADENCE_TORCH_PROFILER_RECORD_SHAPES, _WITH_STACK,
     # _WITH_FLOPS and _WITH_PROFILE_MEMORY, or vLLM's VLLM_TORCH_PROFILER_* of the same names.
     torch_profiler_options: tuple[tuple[str, bool], ...] = ()

@@ -133,7 +133,7 @@ class LLMEngine:
 
     def start_profile(self, profile_prefix: str | None = None) -> None:
         """Start the torch profiler around what the engine runs next (vLLM's; traces go to
-        ``CADENCE_TORCH_PROFILER_DIR``, engine/profiler.py)."""
+        ``CADENCE_TORCH_PROFILER_DIR``, cadence/torch_profiler.py)."""
         self._check_open()
         self.engine_core.profile(True, profile_prefix)
 

@@ -1,5 +1,5 @@
 """vLLM's ``POST /start_profile`` and ``POST /stop_profile``: the engine core's torch profiler
-(``cadence.engine.profiler``), served only where profiling is on (``CADENCE_TORCH_PROFILER_DIR``
+(``cadence.torch_profiler``), served only where profiling is on (``CADENCE_TORCH_PROFILER_DIR``
 or ``VLLM_TORCH_PROFILER_DIR`` set for the server, as for its engine); behind the API key where
 the server has one. A start while running and a stop while not are no-ops (200), as vLLM's."""
 
