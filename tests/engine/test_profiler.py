@@ -146,9 +146,10 @@ def test_a_gpu_trace_holds_the_steps_kernels(tmp_path: Path, monkeypatch) -> Non
 
 def test_tensor_parallel_ranks_write_their_own_traces(tmp_path: Path, monkeypatch) -> None:
     """With tensor parallelism the model runs in the ranks' processes: each profiles itself
-    and writes its trace (rank 0's path returned), every one holding the model's ops."""
+    and writes its trace (rank 0's path returned), every one holding the model's ops. The
+    ranks run on the CPU (two of them on any machine, one GPU or none)."""
     monkeypatch.setenv("CADENCE_TORCH_PROFILER_DIR", str(tmp_path))
-    llm = LLM("tiny", async_scheduling=False, tensor_parallel_size=2)
+    llm = LLM("tiny", async_scheduling=False, tensor_parallel_size=2, device="cpu")
     try:
         llm.start_profile("tp")
         llm.generate(["Hello world"] * 2, PARAMS, use_tqdm=False)

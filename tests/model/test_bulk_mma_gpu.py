@@ -98,6 +98,25 @@ def test_norm_against_float64(cfg: MmaConfig, n: int, k: int, m: int, residual: 
     _close(out, h, w, scale)
 
 
+@pytest.mark.parametrize("residual", [True, False])
+@pytest.mark.parametrize("m", [1, 2, 5, 8])
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3], CONFIGS[4]], ids=str)
+@pytest.mark.parametrize("k", [512, 1088, 2048])
+def test_norm_bits_through_an_identity_weight(cfg: MmaConfig, k: int, m: int,
+                                              residual: bool) -> None:
+    # Through W = I each output is one product plus zeros, exact in float32: the kernel's
+    # normalized rows themselves, which must be the RMSNorm kernel's bit for bit (its sum of
+    # squares' order), with one warp per row or several rows a warp (128 threads, 8 rows).
+    _, _, x, r, nw = _operands(k, k, m, 5 * k + m, False)
+    eye = torch.eye(k, device="cuda", dtype=torch.bfloat16)
+    res = r if residual else None
+    if not mma_applies(x, eye, cfg, "norm", None, res, nw):
+        pytest.skip("configuration does not fit")
+    out, _ = bulk_mma_norm(x, res, nw, EPS, eye, cfg)
+    h = add_rms_norm(x, r, nw, EPS)[0] if residual else rms_norm(x, nw, EPS)
+    assert torch.equal(out, h)
+
+
 def _table_cases() -> list[tuple]:
     from cadence.model.bulk_mma import MMA_CONFIGS
 
