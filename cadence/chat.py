@@ -145,7 +145,7 @@ def conversation_of(messages: Any, content_format: str = "string") -> list[dict[
     """One offline conversation as the templates read it: each message a mapping with a string
     ``role`` (any: the template decides what it shows) and ``content`` text, a list of text
     parts (``TEXT_PARTS``, joined by newlines), or None (an assistant's tool calls); other keys
-    pass through. ``content_format`` "openai": the content as text parts (``content_parts``;
+    pass through but for those set to None. ``content_format`` "openai": the content as text parts (``content_parts``;
     a tool message's stays a string, as templates read tool results). A ValueError names the
     bad message."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
@@ -173,7 +173,11 @@ def conversation_of(messages: Any, content_format: str = "string") -> list[dict[
                              f"got {type(content).__name__}.")
         if content_format == "openai" and message["role"] != "tool":
             content = content_parts(raw)
-        shaped = {**message, "content": content}
+        # Keys set to None are left out, as the server's messages leave them (a template's
+        # "is defined" test must not see a null reasoning or name; newer transformers releases
+        # drop them too, older ones rendered "None").
+        shaped = {key: value for key, value in message.items() if value is not None}
+        shaped["content"] = content
         if message["role"] == "assistant":
             add_reasoning(shaped, message.get("reasoning"), message.get("reasoning_content"))
             reasoning = shaped.get("reasoning")

@@ -33,3 +33,13 @@ def test_other_parts_are_refused_naming_the_message(part) -> None:
                 {"role": "user", "content": [{"type": "text", "text": "a"}, part]}]
     with pytest.raises(ValueError, match=r"^messages\.1\.content: only text parts"):
         conversation_of(messages)
+
+
+def test_keys_set_to_none_are_left_out() -> None:
+    # A template's "is defined" test must not see a null field (older transformers releases
+    # rendered it as "None"); a null content is empty text, as before.
+    messages = [{"role": "assistant", "content": None, "reasoning": None, "name": None,
+                 "tool_calls": None},
+                {"role": "user", "content": "hi", "name": "ann"}]
+    assert conversation_of(messages) == [{"role": "assistant", "content": ""},
+                                         {"role": "user", "content": "hi", "name": "ann"}]

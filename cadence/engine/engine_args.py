@@ -133,6 +133,8 @@ class EngineArgs:
             raise ValueError(
                 f"logprobs_mode={self.logprobs_mode!r} is not supported; supported: "
                 f"{', '.join(LOGPROBS_MODES)}.")
+        if self.cpu_threads is not None:  # refused on any device, not only where it is used
+            _checked_cpu_threads(self.cpu_threads)
         if self.tensor_parallel_size < 1:
             raise ValueError(
                 f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}."
@@ -181,9 +183,7 @@ class EngineArgs:
         read memory faster with every usable core."""
         threads = self.cpu_threads if self.cpu_threads is not None else read_envs().cpu_threads
         if threads is not None:
-            if not 1 <= threads <= MAX_CPU_THREADS:
-                raise ValueError(f"cpu_threads must be 1 to {MAX_CPU_THREADS}, got {threads}.")
-            return threads
+            return _checked_cpu_threads(threads)
         if num_params < SMALL_CPU_MODEL_PARAMS:
             return 1
         return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
@@ -416,3 +416,9 @@ class EngineArgs:
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in vars(ns).items() if k in names})
+
+
+def _checked_cpu_threads(threads: int) -> int:
+    if not 1 <= threads <= MAX_CPU_THREADS:
+        raise ValueError(f"cpu_threads must be 1 to {MAX_CPU_THREADS}, got {threads}.")
+    return threads

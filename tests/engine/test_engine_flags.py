@@ -289,3 +289,12 @@ def test_engine_args_take_numpy_numbers_and_paths(tmp_path: Path) -> None:
                       async_scheduling=None, max_model_len=None)
     assert args.model == str(tmp_path) and type(args.block_size) is int and args.block_size == 32
     assert type(args.gpu_memory_utilization) is float
+
+
+def test_cpu_threads_out_of_range_are_refused_on_any_device() -> None:
+    # Checked when the arguments are made, not only where the CPU backend reads them (a GPU
+    # engine used to start and ignore --cpu-threads 100000).
+    for bad in (0, 100000):
+        with pytest.raises(ValueError, match=f"cpu_threads must be 1 to 4096, got {bad}"):
+            EngineArgs(cpu_threads=bad, device="cuda")
+    assert EngineArgs(cpu_threads=4096).cpu_threads == 4096

@@ -49,8 +49,9 @@ def _reference(model, prompt: list[int], process: Callable[[list[int], list[int]
 
 
 def _engine(path, config: str, async_scheduling: bool) -> LLM:
+    # float32: transformers' reference runs in float32 (a GPU engine defaults to bfloat16).
     return LLM(str(path), skip_tokenizer_init=True, max_num_seqs=8, max_model_len=256,
-               async_scheduling=async_scheduling, **CONFIGS[config])
+               dtype="float32", async_scheduling=async_scheduling, **CONFIGS[config])
 
 
 def _generate(llm: LLM, prompts, params) -> list[list[int]]:
