@@ -189,3 +189,29 @@ def test_kernel_profile_exposed_times() -> None:
     # Order of the list does not matter, only start times: the same spans reversed.
     assert module.exposed_times(spans[::-1]) == [5.0, 5.0, 2.0, 0.0, 10.0]
     assert module.exposed_times([]) == []
+
+
+def test_bulk_mma_phases_splices_every_stamp() -> None:
+    """The phase script's stamps land in bulk_mma's current source: each anchor once (a kernel
+    change that moves one fails here, on the CPU, rather than on the next GPU run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bulk_mma_phases",
+                                                  ROOT / "scripts/bulk_mma_phases.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    src = module.stamped_source()
+    stamps = [src.index(f"T{i} = gt()") for i in range(4)]
+    assert stamps == sorted(stamps) and "unsigned long long* __restrict__ stamp)" in src
+    assert src.index("griddepcontrol.wait") < stamps[1] < src.index("mbar_wait(bars + 8u")
+
+
+@pytest.mark.gpu
+def test_bulk_mma_phases_script() -> None:
+    proc = _run("scripts/bulk_mma_phases.py", "--rows", "1,8", "--shapes", "qkv,o", "--calls",
+                "20", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()
+            if line.startswith(("qkv ", "o "))]
+    assert [(r[0], r[1]) for r in rows] == [("qkv", "1"), ("qkv", "8"), ("o", "1"), ("o", "8")]
+    assert "WRONG" not in proc.stdout

@@ -1,0 +1,182 @@
+"""Where a bulk-GEMM call's time goes, phase by phase (GPU): the kernel built with global-timer
+stamps in every block, run back to back in a CUDA graph as the decode step chains it.
+
+    python scripts/bulk_mma_phases.py [--rows 1,2,4,8] [--shapes qkv,o,gate_up,down]
+        [--calls 200] [--json FILE]
+
+The stamps (``%globaltimer``, ns) are taken by thread 0 of each block of the chain's last call:
+T0 at the kernel's start, T1 after the grid dependency wait (the call before has released it),
+T2 after the input prologue (the rows read, the norm or SwiGLU applied, in shared memory), T3
+when the first weight stage has landed, T4 at the end. Printed per shape and row count (median
+over the blocks, us): ``wait`` T1-T0 (the kernel resident before its input is ready: the
+overlap with the call before), ``prologue`` T2-T1, ``first stage`` T3-T1, ``loop`` T4-T2,
+``after wait`` T4-T1 (what the call adds to a chain once released), and ``us/call`` of the
+chain (weights rotated past L2). The stamps are spliced into the kernel's source here (each
+anchor must occur once, so a kernel change that moves one fails loudly); the engine's kernel
+is untouched. Qwen3-0.6B's projection shapes with the table's configuration for each row
+bucket (``MMA_CONFIGS``; the 8-row bucket's where a shape has none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from cadence.model import bulk_mma as bm  # noqa: E402
+from cadence.model.bulk_gemv import blocks_for, compiled, launch  # noqa: E402
+from cadence.model.bulk_mma_kernel import KERNEL, SOURCE, defines  # noqa: E402
+
+EPS = 1e-6
+SHAPES = {"qkv": (4096, 1024, "norm"), "o": (1024, 2048, "plain"),
+          "gate_up": (6144, 1024, "norm"), "down": (1024, 3072, "plain")}
+STAMPS = 5
+
+_CLOCK = ("__device__ __forceinline__ unsigned long long gt() { unsigned long long t; "
+          'asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }\n')
+_SPLICES = [
+    ("    u16* __restrict__ res_out, int m, int n, int k, float eps)",
+     "    u16* __restrict__ res_out, int m, int n, int k, float eps,\n"
+     "    unsigned long long* __restrict__ stamp)"),
+    ("    extern __shared__ __align__(128) u8 smem[];\n",
+     "    extern __shared__ __align__(128) u8 smem[];\n    const unsigned long long T0 = gt();\n"),
+    ('    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");\n',
+     '    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");\n'
+     "    const unsigned long long T1 = gt();\n"),
+    ("    const int g = lane >> 2, t = lane & 3;\n",
+     "    const unsigned long long T2 = gt();\n    unsigned long long T3 = 0;\n"
+     "    const int g = lane >> 2, t = lane & 3;\n"),
+    ("        mbar_wait(bars + 8u * slot, (u32)((i / BM_STAGES) & 1));\n",
+     "        mbar_wait(bars + 8u * slot, (u32)((i / BM_STAGES) & 1));\n"
+     "        if (i == 0) T3 = gt();\n"),
+    ("to_bf(sum);\n        }\n    }\n}\n",
+     "to_bf(sum);\n        }\n    }\n    if (threadIdx.x == 0) {\n"
+     "        unsigned long long* s = stamp + 5 * blockIdx.x;\n"
+     "        s[0] = T0; s[1] = T1; s[2] = T2; s[3] = T3; s[4] = gt();\n    }\n}\n"),
+]
+
+
+def stamped_source() -> str:
+    src = SOURCE
+    for old, new in _SPLICES:
+        if src.count(old) != 1:
+            raise SystemExit(f"anchor not found once in bulk_mma's source: {old!r}")
+        src = src.replace(old, new)
+    marker = 'extern "C" __global__'
+    return src.replace(marker, _CLOCK + marker, 1)
+
+
+class Chain:
+    """``copies`` weights of one shape and the inputs of ``m`` rows."""
+
+    def __init__(self, n: int, k: int, mode: str, m: int, l2: int) -> None:
+        self.n, self.k, self.mode, self.m = n, k, mode, m
+        copies = max(2, math.ceil(3 * l2 / (2 * n * k)))
+        first = (torch.randn(n, k, device="cuda") / k**0.5).bfloat16()
+        self.w = [first] + [first.clone() for _ in range(copies - 1)]
+        self.x = torch.randn(m, k, device="cuda").bfloat16()
+        self.r = torch.randn(m, k, device="cuda").bfloat16()
+        self.nw = (1 + 0.1 * torch.randn(k, device="cuda")).bfloat16()
+        self.out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        self.res_out = torch.empty_like(self.x)
+        bucket = bm.mma_bucket(m)
+        self.cfg = bm.MMA_CONFIGS.get((n, k, mode, "bf16", bucket)) or \
+            bm.MMA_CONFIGS.get((n, k, mode, "bf16", bm.MAX_M)) or bm.MmaConfig()
+        self.blocks = blocks_for(self.x.device, n)
+        self.stamp = torch.zeros(self.blocks * STAMPS, dtype=torch.int64, device="cuda")
+        options = defines(self.cfg.rows, self.cfg.kc, self.cfg.stages, self.cfg.threads,
+                          {"plain": 0, "norm": 1}[mode], mode == "norm", False, self.cfg.padded)
+        self.kernel = compiled(self.x.get_device(), stamped_source(), KERNEL,
+                               options + ["-DBM_PHASES=1"])
+        self.shared = self.cfg.shared_bytes(m, k, False)
+
+    def call(self, i: int) -> None:
+        norm = self.mode == "norm"
+        args = (self.w[i], self.x, self.x, self.r if norm else self.x,
+                self.nw if norm else self.x, self.out, self.res_out if norm else self.out,
+                ctypes.c_int32(self.m), ctypes.c_int32(self.n), ctypes.c_int32(self.k),
+                ctypes.c_float(EPS), self.stamp)
+        launch(self.kernel, self.blocks, self.cfg.threads, self.shared, self.x.device, args)
+
+    def check(self) -> float:
+        """Max error of one call against float64 (the stamps must not change the product)."""
+        self.call(0)
+        torch.cuda.synchronize()
+        h = self.x.double()
+        if self.mode == "norm":
+            s = (self.x.float() + self.r.float()).bfloat16().double()
+            h = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + EPS) * self.nw.double()
+        ref = h @ self.w[0].double().T
+        return float((self.out.double() - ref).abs().max() / ref.abs().max())
+
+    def run(self, total: int) -> tuple[float, dict[str, float]]:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for i in range(len(self.w)):
+                self.call(i)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(len(self.w)):
+                self.call(i)
+        graph.replay()
+        replays = max(2, math.ceil(total / len(self.w)))
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        us = start.elapsed_time(end) * 1e3 / (replays * len(self.w))
+        t = self.stamp.view(self.blocks, STAMPS).double().cpu()
+        med = {name: statistics.median((t[:, b] - t[:, a]).tolist()) / 1e3
+               for name, (a, b) in {"wait": (0, 1), "prologue": (1, 2), "first stage": (1, 3),
+                                    "loop": (2, 4), "after wait": (1, 4)}.items()}
+        med["span"] = float(t[:, 4].max() - t[:, 1].min()) / 1e3
+        del graph
+        return us, med
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rows", default="1,2,4,8")
+    p.add_argument("--shapes", default="qkv,o,gate_up,down")
+    p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--json")
+    a = p.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU (Hopper)", file=sys.stderr)
+        return 2
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    print(f"{torch.cuda.get_device_name(0)}; us (median over blocks of the chain's last call)")
+    print("shape    rows  us/call   wait  prologue  first stage   loop  after wait   span  "
+          "config")
+    rows_out = []
+    for name in a.shapes.split(","):
+        n, k, mode = SHAPES[name]
+        for m in (int(r) for r in a.rows.split(",")):
+            chain = Chain(n, k, mode, m, l2)
+            err = chain.check()
+            us, med = chain.run(a.calls)
+            flag = "" if err < 0.02 else f"  WRONG (max error {err:.3g})"
+            print(f"{name:8s} {m:4d} {us:8.2f} {med['wait']:6.2f} {med['prologue']:9.2f} "
+                  f"{med['first stage']:12.2f} {med['loop']:6.2f} {med['after wait']:11.2f} "
+                  f"{med['span']:6.2f}  {chain.cfg}{flag}", flush=True)
+            rows_out.append({"shape": name, "rows": m, "us_per_call": us, **med,
+                             "error": err})
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows_out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
