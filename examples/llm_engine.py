@@ -21,7 +21,9 @@ REQUESTS = [
     ("To be or not to be,", SamplingParams(temperature=0.8, top_k=5, seed=1, max_tokens=12)),
     ("What is the meaning of life?", SamplingParams(n=2, temperature=0.8, seed=2, max_tokens=12,
                                                     output_kind=RequestOutputKind.FINAL_ONLY)),
-    ("It is only with the heart", SamplingParams(temperature=0.0, max_tokens=200)),  # aborted
+    # A long answer (never cut short by an end-of-text token), aborted after 5 tokens.
+    ("It is only with the heart", SamplingParams(temperature=0.0, max_tokens=200,
+                                                 ignore_eos=True)),
 ]
 
 

@@ -68,14 +68,17 @@ def tiny_args(**kw: Any) -> EngineArgs:
     return shared_tiny_args(**{**dict(max_model_len=512, num_gpu_blocks_override=512), **kw})
 
 
+def shared_server(**engine_kwargs: Any) -> Iterator[RunningServer]:
+    """The shared server: tiny model, fcfs, synchronous scheduling, 1 MiB body limit."""
+    running = start_server(AsyncLLM(tiny_args(**engine_kwargs)), max_request_body_bytes=1 << 20)
+    yield running
+    running.stop()
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    """The shared server: tiny model, fcfs, synchronous scheduling, 1 MiB body limit."""
-    running = start_server(AsyncLLM(tiny_args()), max_request_body_bytes=1 << 20)
-    yield running
-    running.stop()
+    """The shared server (``shared_server``)."""
+    yield from shared_server()
 
 
 @pytest.fixture(scope="module")

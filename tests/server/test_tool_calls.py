@@ -17,6 +17,7 @@ from cadence.server.tool_calls import (
     tool_call_stream,
     tool_calls_finish,
 )
+from tests.server.conftest import shared_server
 from tests.server.tool_call_helpers import feed_in_pieces, streamed_calls
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
@@ -33,6 +34,13 @@ TEXTS = [
     ("<tool_call>{not json}</tool_call>", "<tool_call>{not json}</tool_call>", []),
     ('<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
 ]
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The shared server, on the CPU on any machine: these tests' seeded draws are the CPU
+    generator's, and on a GPU's a random model's JSON may run past max_tokens."""
+    yield from shared_server(device="cpu")
 
 
 def _shape(calls) -> list:
