@@ -28,8 +28,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from skinny_gemm_sweep import time_calls  # noqa: E402
 
 from cadence.model import bulk_mma as bm  # noqa: E402
 from cadence.model.bulk_gemv import blocks_for, compiled, launch  # noqa: E402
@@ -118,31 +120,13 @@ class Chain:
         return float((self.out.double() - ref).abs().max() / ref.abs().max())
 
     def run(self, total: int) -> tuple[float, dict[str, float]]:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for i in range(len(self.w)):
-                self.call(i)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(len(self.w)):
-                self.call(i)
-        graph.replay()
-        replays = max(2, math.ceil(total / len(self.w)))
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        us = start.elapsed_time(end) * 1e3 / (replays * len(self.w))
+        """us a call of the chain, and the phases of its last call (the stamps it left)."""
+        us = time_calls([lambda i=i: self.call(i) for i in range(len(self.w))], total)
         t = self.stamp.view(self.blocks, STAMPS).double().cpu()
         med = {name: statistics.median((t[:, b] - t[:, a]).tolist()) / 1e3
                for name, (a, b) in {"wait": (0, 1), "prologue": (1, 2), "first stage": (1, 3),
                                     "loop": (2, 4), "after wait": (1, 4)}.items()}
         med["span"] = float(t[:, 4].max() - t[:, 1].min()) / 1e3
-        del graph
         return us, med
 
 
