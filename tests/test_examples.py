@@ -204,6 +204,15 @@ def test_bulk_mma_phases_splices_every_stamp() -> None:
     stamps = [src.index(f"T{i} = gt()") for i in range(4)]
     assert stamps == sorted(stamps) and "unsigned long long* __restrict__ stamp)" in src
     assert src.index("griddepcontrol.wait") < stamps[1] < src.index("mbar_wait(bars + 8u")
+    from cadence.model.bulk_gemv import nvrtc_ok
+
+    if nvrtc_ok():  # and it compiles for Hopper (NVRTC needs no GPU)
+        from cadence.model.bulk_mma_kernel import KERNEL, defines
+        from cadence.runtime.module import compile_cuda
+
+        for mode in (0, 1):
+            options = defines(16, 1024, 2, 256, mode, mode == 1, False)
+            assert KERNEL.encode() in compile_cuda(src, "phases.cu", "sm_90", options)
 
 
 @pytest.mark.gpu
