@@ -145,9 +145,9 @@ def conversation_of(messages: Any, content_format: str = "string") -> list[dict[
     """One offline conversation as the templates read it: each message a mapping with a string
     ``role`` (any: the template decides what it shows) and ``content`` text, a list of text
     parts (``TEXT_PARTS``, joined by newlines), or None (an assistant's tool calls); other keys
-    pass through but for those set to None. ``content_format`` "openai": the content as text parts (``content_parts``;
-    a tool message's stays a string, as templates read tool results). A ValueError names the
-    bad message."""
+    pass through but for those set to None. ``content_format`` "openai": the content as text
+    parts (``content_parts``; a tool message's stays a string, as templates read tool results).
+    A ValueError names the bad message."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise ValueError("messages: a conversation is a non-empty list of message dicts.")
     out = []

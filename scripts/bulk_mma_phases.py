@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -31,13 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from bulk_mma_bench import EPS, Proj  # noqa: E402
 from skinny_gemm_sweep import time_calls  # noqa: E402
 
 from cadence.model import bulk_mma as bm  # noqa: E402
 from cadence.model.bulk_gemv import blocks_for, compiled, launch  # noqa: E402
 from cadence.model.bulk_mma_kernel import KERNEL, SOURCE, defines  # noqa: E402
 
-EPS = 1e-6
 SHAPES = {"qkv": (4096, 1024, "norm"), "o": (1024, 2048, "plain"),
           "gate_up": (6144, 1024, "norm"), "down": (1024, 3072, "plain")}
 STAMPS = 5
@@ -77,20 +77,16 @@ def stamped_source() -> str:
 
 
 class Chain:
-    """``copies`` weights of one shape and the inputs of ``m`` rows."""
+    """A projection's operands (``bulk_mma_bench.Proj``: weight copies past the L2, inputs,
+    the norm's weight) run through the stamped kernel with ``m`` input rows."""
 
     def __init__(self, n: int, k: int, mode: str, m: int, l2: int) -> None:
-        self.n, self.k, self.mode, self.m = n, k, mode, m
-        copies = max(2, math.ceil(3 * l2 / (2 * n * k)))
-        first = (torch.randn(n, k, device="cuda") / k**0.5).bfloat16()
-        self.w = [first] + [first.clone() for _ in range(copies - 1)]
-        self.x = torch.randn(m, k, device="cuda").bfloat16()
-        self.r = torch.randn(m, k, device="cuda").bfloat16()
-        self.nw = (1 + 0.1 * torch.randn(k, device="cuda")).bfloat16()
+        self.proj = Proj(n, k, mode, False, l2)
+        self.m = m
+        self.x, self.r = self.proj.x[:m], self.proj.r[:m]
         self.out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         self.res_out = torch.empty_like(self.x)
-        bucket = bm.mma_bucket(m)
-        self.cfg = bm.MMA_CONFIGS.get((n, k, mode, "bf16", bucket)) or \
+        self.cfg = bm.MMA_CONFIGS.get((n, k, mode, "bf16", bm.mma_bucket(m))) or \
             bm.MMA_CONFIGS.get((n, k, mode, "bf16", bm.MAX_M)) or bm.MmaConfig()
         self.blocks = blocks_for(self.x.device, n)
         self.stamp = torch.zeros(self.blocks * STAMPS, dtype=torch.int64, device="cuda")
@@ -101,27 +97,23 @@ class Chain:
         self.shared = self.cfg.shared_bytes(m, k, False)
 
     def call(self, i: int) -> None:
-        norm = self.mode == "norm"
-        args = (self.w[i], self.x, self.x, self.r if norm else self.x,
-                self.nw if norm else self.x, self.out, self.res_out if norm else self.out,
-                ctypes.c_int32(self.m), ctypes.c_int32(self.n), ctypes.c_int32(self.k),
-                ctypes.c_float(EPS), self.stamp)
+        p, norm = self.proj, self.proj.mode == "norm"
+        args = (p.w[i], self.x, self.x, self.r if norm else self.x, p.nw if norm else self.x,
+                self.out, self.res_out if norm else self.out, ctypes.c_int32(self.m),
+                ctypes.c_int32(p.n), ctypes.c_int32(p.k), ctypes.c_float(EPS), self.stamp)
         launch(self.kernel, self.blocks, self.cfg.threads, self.shared, self.x.device, args)
 
     def check(self) -> float:
-        """Max error of one call against float64 (the stamps must not change the product)."""
+        """Max error of one call against float64, relative to the largest output (the stamps
+        must not change the product); the reference input is the norm kernel's."""
         self.call(0)
         torch.cuda.synchronize()
-        h = self.x.double()
-        if self.mode == "norm":
-            s = (self.x.float() + self.r.float()).bfloat16().double()
-            h = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + EPS) * self.nw.double()
-        ref = h @ self.w[0].double().T
+        ref = F.linear(self.proj.h[:self.m].double(), self.proj.w[0].double())
         return float((self.out.double() - ref).abs().max() / ref.abs().max())
 
     def run(self, total: int) -> tuple[float, dict[str, float]]:
         """us a call of the chain, and the phases of its last call (the stamps it left)."""
-        us = time_calls([lambda i=i: self.call(i) for i in range(len(self.w))], total)
+        us = time_calls([lambda i=i: self.call(i) for i in range(len(self.proj.w))], total)
         t = self.stamp.view(self.blocks, STAMPS).double().cpu()
         med = {name: statistics.median((t[:, b] - t[:, a]).tolist()) / 1e3
                for name, (a, b) in {"wait": (0, 1), "prologue": (1, 2), "first stage": (1, 3),
