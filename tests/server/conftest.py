@@ -68,17 +68,16 @@ def tiny_args(**kw: Any) -> EngineArgs:
     return shared_tiny_args(**{**dict(max_model_len=512, num_gpu_blocks_override=512), **kw})
 
 
-def shared_server(**engine_kwargs: Any) -> Iterator[RunningServer]:
-    """The shared server: tiny model, fcfs, synchronous scheduling, 1 MiB body limit."""
-    running = start_server(AsyncLLM(tiny_args(**engine_kwargs)), max_request_body_bytes=1 << 20)
+@pytest.fixture(scope="module")
+def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    """The shared server: tiny model, fcfs, synchronous scheduling, 1 MiB body limit. In a
+    module marked ``cpu_engine``, on the CPU on any machine: seeded outputs that must end
+    within max_tokens hold for the CPU generator's draws (a GPU's draws others)."""
+    cpu = request.node.get_closest_marker("cpu_engine") is not None
+    args = tiny_args(device="cpu") if cpu else tiny_args()
+    running = start_server(AsyncLLM(args), max_request_body_bytes=1 << 20)
     yield running
     running.stop()
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    """The shared server (``shared_server``)."""
-    yield from shared_server()
 
 
 @pytest.fixture(scope="module")

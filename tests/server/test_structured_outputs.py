@@ -10,17 +10,12 @@ import pytest
 jsonschema = pytest.importorskip("jsonschema")
 
 from tests.engine.test_structured_outputs import CHOICES, REGEX, SCHEMA  # noqa: E402
-from tests.server.conftest import shared_server  # noqa: E402
 from tests.server.waiting import wait_released  # noqa: E402
 
 MSG = [{"role": "user", "content": "data please"}]
 
 
-@pytest.fixture(scope="module")
-def server():
-    """The shared server, on the CPU on any machine: these tests' seeded draws are the CPU
-    generator's, and on a GPU's a random model's JSON may run past max_tokens."""
-    yield from shared_server(device="cpu")
+pytestmark = pytest.mark.cpu_engine  # seeded JSON that must end within max_tokens
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])

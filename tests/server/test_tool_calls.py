@@ -17,7 +17,6 @@ from cadence.server.tool_calls import (
     tool_call_stream,
     tool_calls_finish,
 )
-from tests.server.conftest import shared_server
 from tests.server.tool_call_helpers import feed_in_pieces, streamed_calls
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
@@ -36,11 +35,11 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def server():
-    """The shared server, on the CPU on any machine: these tests' seeded draws are the CPU
-    generator's, and on a GPU's a random model's JSON may run past max_tokens."""
-    yield from shared_server(device="cpu")
+pytestmark = pytest.mark.cpu_engine  # seeded JSON that must end within max_tokens
+
+
+def test_the_modules_server_runs_on_the_cpu(server) -> None:
+    assert server.engine.config.device == "cpu"  # the cpu_engine mark, on a GPU machine too
 
 
 def _shape(calls) -> list:
