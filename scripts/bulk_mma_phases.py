@@ -129,6 +129,17 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--json")
     a = p.parse_args()
+    shapes = a.shapes.split(",")
+    if not set(shapes) <= SHAPES.keys():
+        p.error(f"--shapes: each one of {', '.join(SHAPES)}, got {a.shapes!r}")
+    try:
+        rows = [int(r) for r in a.rows.split(",")]
+    except ValueError:
+        rows = []
+    if not rows or not all(1 <= m <= bm.MAX_M for m in rows):
+        p.error(f"--rows: row counts 1 to {bm.MAX_M}, comma-separated, got {a.rows!r}")
+    if a.calls < 1:
+        p.error(f"--calls must be at least 1, got {a.calls}")
     if not torch.cuda.is_available():
         print("needs a CUDA GPU (Hopper)", file=sys.stderr)
         return 2
@@ -137,9 +148,9 @@ def main() -> int:
     print("shape    rows  us/call   wait  prologue  first stage   loop  after wait   span  "
           "config")
     rows_out = []
-    for name in a.shapes.split(","):
+    for name in shapes:
         n, k, mode = SHAPES[name]
-        for m in (int(r) for r in a.rows.split(",")):
+        for m in rows:
             chain = Chain(n, k, mode, m, l2)
             err = chain.check()
             us, med = chain.run(a.calls)

@@ -215,6 +215,13 @@ def test_bulk_mma_phases_splices_every_stamp() -> None:
             assert KERNEL.encode() in compile_cuda(src, "phases.cu", "sm_90", options)
 
 
+def test_bulk_mma_phases_refuses_bad_arguments_in_one_line() -> None:
+    for argv in (["--shapes", "qkv,bogus"], ["--rows", "0,9"], ["--rows", "x"], ["--calls", "0"]):
+        proc = _run("scripts/bulk_mma_phases.py", *argv, timeout=120)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, argv
+        assert proc.stderr.strip().splitlines()[-1].startswith("bulk_mma_phases.py: error: --")
+
+
 @pytest.mark.gpu
 def test_bulk_mma_phases_script() -> None:
     proc = _run("scripts/bulk_mma_phases.py", "--rows", "1,8", "--shapes", "qkv,o", "--calls",
