@@ -1351,9 +1351,9 @@ MUTATIONS = [
              "        return tail.rfind(end) > tail.rfind(start)", "        return False",
              ("tests/server/test_reasoning.py",)),
     Mutation("stats-per-slice", "a step's later output slices keep statistics of their own",
-             "cadence/engine/async_llm.py",
-             "                    self._process_engine_outputs(outputs, start, stats)",
-             "                    self._process_engine_outputs(outputs, start, IterationStats())",
+             "cadence/engine/output_pump.py",
+             "                self._process(outputs, start, stats)",
+             "                self._process(outputs, start, IterationStats())",
              ("tests/engine/test_async_llm.py::"
               "test_a_steps_statistics_are_recorded_once_however_many_slices_it_takes",)),
     Mutation("forced-cut-as-text", "a forced answer cut short goes out as text",

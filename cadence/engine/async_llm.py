@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from cadence.config import EngineConfig
-from cadence.core_types import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from cadence.core_types import EngineCoreRequest, SchedulerStats
 from cadence.engine.core_client import EngineCoreClient, EngineDeadError, InprocEngineCoreClient
 from cadence.engine.core_proc import EngineCoreLike
 from cadence.engine.engine_args import EngineArgs
@@ -29,6 +29,7 @@ from cadence.engine.output_processor import (
     OutputSink,
     RequestOutputCollector,
 )
+from cadence.engine.output_pump import OutputPump
 from cadence.engine.parent_request import child_request_id
 from cadence.engine.request_ledger import RequestLedger
 from cadence.engine.tokenization_kwargs import TokenizationKwargs
@@ -45,9 +46,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["AsyncLLM", "EngineDeadError", "PromptType"]
 
 PromptType = str | dict[str, Any]
-
-# Engine outputs processed between two yields to the event loop (vLLM's output chunk size).
-OUTPUT_CHUNK_SIZE = 128
 
 T = TypeVar("T")
 
@@ -113,8 +111,8 @@ class AsyncLLM:
 
         self._ledger = RequestLedger()  # ids being prepared, and ended ids still draining
 
-        self.stat_loggers: list[StatLogger] = []
-        self.last_scheduler_stats: SchedulerStats | None = None
+        self._pump = OutputPump(client, self.output_processor, self._ledger,
+                                lambda: self.errored)
         self.output_handler: asyncio.Task[None] | None = None
         self._handler_loop: asyncio.AbstractEventLoop | None = None
         # Set when the output handler fails: it may still be stopping the core (which runs on
@@ -176,7 +174,16 @@ class AsyncLLM:
         return await self._input_worker.run(size, fn, *args, **kwargs)
 
     def add_stat_logger(self, stat_logger: StatLogger) -> None:
-        self.stat_loggers.append(stat_logger)
+        self._pump.stat_loggers.append(stat_logger)
+
+    @property
+    def stat_loggers(self) -> list[StatLogger]:
+        return self._pump.stat_loggers
+
+    @property
+    def last_scheduler_stats(self) -> SchedulerStats | None:
+        """The latest scheduler statistics: of the last engine step, or a fresh query."""
+        return self._pump.last_scheduler_stats
 
     # -- requests ----------------------------------------------------------------------------
     async def add_request(
@@ -363,10 +370,10 @@ class AsyncLLM:
         stats = IterationStats()
         self._ledger.note_aborts(request_ids)
         engine_ids = self.output_processor.engine_request_ids(list(request_ids))
-        self._start_draining(self.output_processor.abort_requests(engine_ids, stats))
+        self._pump.start_draining(self.output_processor.abort_requests(engine_ids, stats))
         self.engine_core.abort_requests(engine_ids)
         if stats.finished_requests:
-            self._record_stats(None, stats)  # counted as finished, reason "abort" (docs/serving.md)
+            self._pump.record_stats(None, stats)  # counted as finished, reason "abort" (docs/serving.md)
 
     # -- output handler ----------------------------------------------------------------------
     def start_output_handler(self) -> None:
@@ -383,25 +390,14 @@ class AsyncLLM:
 
     async def _output_handler(self) -> None:
         try:
-            while True:
-                outputs = await self.engine_core.get_output_async()
-                # One step's statistics (vLLM's), however many slices its outputs take.
-                stats = IterationStats()
-                self._process_engine_outputs(outputs, 0, stats)
-                for start in range(OUTPUT_CHUNK_SIZE, len(outputs.outputs), OUTPUT_CHUNK_SIZE):
-                    await asyncio.sleep(0)  # let consumers run between large chunks
-                    self._process_engine_outputs(outputs, start, stats)
-                self._record_stats(outputs.scheduler_stats, stats)
-                # After every chunk: the ended requests' last tokens are behind us.
-                self._ledger.stop_draining(outputs.finished_requests)
+            await self._pump.run()
         except asyncio.CancelledError:
             # shutdown(), or the event loop closing: no loop collects outputs any more, so the
             # core stops too (its thread would otherwise run on for no one).
             self._handler_failed = self._shut_down = True
             self.output_processor.propagate_error(self._dead_error())
             self._finalizer()
-            self._record_engine_gone()
-            self._ledger.stop_all_draining()
+            self._pump.record_engine_gone()
             raise
         except Exception as exc:
             self._handler_failed = True
@@ -410,53 +406,22 @@ class AsyncLLM:
             self.output_processor.propagate_error(
                 exc if isinstance(exc, EngineDeadError) else EngineDeadError(repr(exc))
             )
-            self._record_engine_gone()
-            self._ledger.stop_all_draining()
+            self._pump.record_engine_gone()
             if not isinstance(exc, EngineDeadError):
                 # Nobody collects the core's outputs any more: stop it rather than let it run
                 # its requests for no one.
                 await asyncio.to_thread(self.engine_core.shutdown)
 
-    def _process_engine_outputs(self, outputs: EngineCoreOutputs, start: int,
-                                stats: IterationStats) -> None:
-        chunk = outputs.outputs[start : start + OUTPUT_CHUNK_SIZE]
-        processed = self.output_processor.process_outputs(chunk, outputs.timestamp, stats)
-        for child in processed.reqs_to_add:
-            self.engine_core.add_request(child)
-        if processed.reqs_to_abort:
-            finished = outputs.finished_requests
-            self._start_draining([r for r in processed.reqs_to_abort if r not in finished])
-            self.engine_core.abort_requests(processed.reqs_to_abort)
-
-    def _start_draining(self, request_ids: list[str]) -> None:
-        if not self.errored:  # else no report will come; add_request refuses every request
-            self._ledger.start_draining(request_ids)
-
-    def _record_stats(
-        self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None
-    ) -> None:
-        if scheduler_stats is not None:
-            self.last_scheduler_stats = scheduler_stats
-        for stat_logger in self.stat_loggers:
-            try:
-                stat_logger.record(scheduler_stats, iteration_stats)
-            except Exception:  # metrics must never take serving down
-                logger.exception("Stat logger %r failed.", stat_logger)
-
-    def _record_engine_gone(self) -> None:
-        # Nothing runs, waits or holds KV blocks any more: the gauges must not say otherwise.
-        self._record_stats(SchedulerStats(), None)
-
     # -- utilities ---------------------------------------------------------------------------
     async def get_scheduler_stats(self) -> SchedulerStats:
         """Fresh scheduler statistics, taken between two engine steps."""
         stats: SchedulerStats = await self.engine_core.call_utility_async("make_stats")
-        self.last_scheduler_stats = stats
+        self._pump.last_scheduler_stats = stats
         return stats
 
     async def do_log_stats(self) -> None:
         """Push fresh scheduler statistics to every stat logger (e.g. before a scrape)."""
-        self._record_stats(await self.get_scheduler_stats(), None)
+        self._pump.record_stats(await self.get_scheduler_stats(), None)
 
     async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forget every cached prefix, between two engine steps (vLLM's). False while requests

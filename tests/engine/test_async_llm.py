@@ -448,7 +448,7 @@ async def test_closing_a_stale_generator_spares_a_newer_request_with_its_id(
 async def test_a_steps_statistics_are_recorded_once_however_many_slices_it_takes() -> None:
     """A step of more outputs than one slice (OUTPUT_CHUNK_SIZE) is one iteration for the stat
     loggers (vLLM's iteration_tokens_total observes each step once)."""
-    from cadence.engine.async_llm import OUTPUT_CHUNK_SIZE
+    from cadence.engine.output_pump import OUTPUT_CHUNK_SIZE
 
     rows = OUTPUT_CHUNK_SIZE + 72
     llm = AsyncLLM.from_engine_args(tiny_args(max_num_seqs=rows, max_num_batched_tokens=4096))
