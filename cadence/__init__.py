@@ -8,13 +8,13 @@ from cadence.outputs import CompletionOutput, RequestOutput
 from cadence.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "AsyncLLM", "BeamSearchParams", "CompletionOutput", "EngineArgs", "LLMEngine",
+__all__ = ["LLM", "AsyncEngineArgs", "AsyncLLM", "BeamSearchParams", "CompletionOutput", "EngineArgs", "LLMEngine",
            "RequestOutput", "RequestOutputKind", "SamplingParams", "TextPrompt", "TokensPrompt",
            "__version__"]
 
 if TYPE_CHECKING:
     from cadence.engine.async_llm import AsyncLLM
-    from cadence.engine.engine_args import EngineArgs
+    from cadence.engine.engine_args import AsyncEngineArgs, EngineArgs
     from cadence.engine.llm import LLM
     from cadence.engine.llm_engine import LLMEngine
     from cadence.inputs import TextPrompt, TokensPrompt
@@ -30,7 +30,7 @@ def __getattr__(name: str):
         from cadence.engine.async_llm import AsyncLLM
 
         return AsyncLLM
-    if name in ("LLMEngine", "EngineArgs"):
+    if name in ("LLMEngine", "EngineArgs", "AsyncEngineArgs"):
         from cadence import engine
 
         return getattr(engine, name)

@@ -21,6 +21,20 @@ class TokensPrompt(TypedDict, total=False):
     cache_salt: str
 
 
+def given_prompt_text(parsed: str | None, prompt_text: Any) -> str | None:
+    """vLLM's ``prompt_text`` argument: the text of a prompt given as token ids (what outputs
+    report as their ``prompt``); ``parsed`` is the text the prompt itself carried, if any."""
+    if prompt_text is None:
+        return parsed
+    if not isinstance(prompt_text, str):
+        raise ValueError(f"prompt_text must be a string or None, got "
+                         f"{type(prompt_text).__name__}.")
+    if parsed is not None:
+        raise ValueError("prompt_text is only for a prompt given as token ids (this prompt has "
+                         "its text).")
+    return prompt_text
+
+
 def refuse_lora(lora_request: Any) -> None:
     """vLLM's ``lora_request`` argument: only None (or a list of None, one per prompt, as
     vLLM takes it), as no adapters are served here."""

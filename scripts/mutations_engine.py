@@ -337,4 +337,13 @@ MUTATIONS = [
     Mutation("bench-tp-warm-timed", "bench throughput warms up on prompts it then times",
              "cadence/bench/throughput.py", "core.vocab_size, seed=1)", "core.vocab_size, seed=0)",
              ("tests/bench/test_bench_args.py",)),
+    Mutation("eng-prompt-text-ignored", "vLLM's prompt_text does not reach the outputs",
+             "cadence/inputs.py", "    return prompt_text\n\n", "    return parsed\n\n",
+             ("tests/engine/test_llm_engine.py::test_prompt_text_names_a_token_prompt",
+              "tests/engine/test_async_llm.py::test_vllms_api_names")),
+    Mutation("eng-async-args-log-ignored", "AsyncEngineArgs' enable_log_requests is ignored",
+             "cadence/engine/async_llm.py",
+             'log_requests or getattr(self.args, "enable_log_requests", False)',
+             "log_requests", ("tests/engine/test_async_llm.py::"
+                              "test_async_engine_args_turn_on_request_logging",)),
 ]

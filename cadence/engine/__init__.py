@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-__all__ = ["AsyncLLM", "EngineArgs", "EngineDeadError", "LLM", "LLMEngine"]
+__all__ = ["AsyncEngineArgs", "AsyncLLM", "EngineArgs", "EngineDeadError", "LLM", "LLMEngine"]
 
 if TYPE_CHECKING:
     from cadence.engine.async_llm import AsyncLLM
     from cadence.engine.core_proc import EngineDeadError
-    from cadence.engine.engine_args import EngineArgs
+    from cadence.engine.engine_args import AsyncEngineArgs, EngineArgs
     from cadence.engine.llm import LLM
     from cadence.engine.llm_engine import LLMEngine
 
@@ -33,8 +33,8 @@ def __getattr__(name: str):
         from cadence.engine.llm_engine import LLMEngine
 
         return LLMEngine
-    if name == "EngineArgs":
-        from cadence.engine.engine_args import EngineArgs
+    if name in ("EngineArgs", "AsyncEngineArgs"):
+        from cadence.engine import engine_args
 
-        return EngineArgs
+        return getattr(engine_args, name)
     raise AttributeError(name)

@@ -33,7 +33,7 @@ from cadence.engine.output_pump import OutputPump
 from cadence.engine.parent_request import child_request_id
 from cadence.engine.request_ledger import RequestLedger
 from cadence.engine.tokenization_kwargs import TokenizationKwargs
-from cadence.inputs import refuse_lora
+from cadence.inputs import given_prompt_text, refuse_lora
 from cadence.metrics import StatLogger
 from cadence.sampling_params import SamplingParams
 
@@ -67,7 +67,7 @@ class AsyncLLM:
         from cadence.engine.core import EngineCore
 
         self.args = args if args is not None else EngineArgs()
-        self.log_requests = log_requests
+        self.log_requests = log_requests or getattr(self.args, "enable_log_requests", False)
         args_ = self.args
         core: Any
         if core_client is not None:
@@ -129,8 +129,10 @@ class AsyncLLM:
             pass
 
     @classmethod
-    def from_engine_args(cls, args: EngineArgs, *, log_requests: bool = False) -> AsyncLLM:
-        return cls(args, log_requests=log_requests)
+    def from_engine_args(cls, args: EngineArgs, *, log_requests: bool = False,
+                         enable_log_requests: bool = False) -> AsyncLLM:
+        """``enable_log_requests``: vLLM's name for ``log_requests``."""
+        return cls(args, log_requests=log_requests or enable_log_requests)
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -197,6 +199,7 @@ class AsyncLLM:
         trace_headers: Any = None,
         priority: int = 0,
         data_parallel_rank: int | None = None,
+        prompt_text: str | None = None,
         *,
         sink: OutputSink | None = None,
         strict_max_tokens: bool = False,
@@ -205,7 +208,8 @@ class AsyncLLM:
         where its outputs go: ``sink`` if given (e.g. a server's SSE frame stream), else a new
         ``RequestOutputCollector``. ``strict_max_tokens``: a ``max_tokens`` past the context is
         an error (the OpenAI server's rule) instead of capped at it (the engine's, as vLLM's).
-        ``tokenization_kwargs``: as ``LLM.generate``'s."""
+        ``tokenization_kwargs``: as ``LLM.generate``'s; ``prompt_text``: the text of a token-id
+        prompt, for its outputs' ``prompt`` (vLLM's)."""
         if self.errored:
             raise self._dead_error()
         refuse_lora(lora_request)
@@ -221,7 +225,7 @@ class AsyncLLM:
         try:
             collector = await self._add_prepared(request_id, prompt, sampling_params,
                                                  arrival_time, priority, sink, strict_max_tokens,
-                                                 tokenization)
+                                                 tokenization, prompt_text)
         finally:
             aborted = self._ledger.end_preparing(request_id)
         if aborted:
@@ -238,6 +242,7 @@ class AsyncLLM:
         sink: OutputSink | None,
         strict_max_tokens: bool,
         tokenization: TokenizationKwargs | None = None,
+        given_text: str | None = None,
     ) -> OutputSink:
         request, prompt_text = await self.run_cpu(
             input_size(prompt) + params_size(sampling_params),
@@ -246,6 +251,7 @@ class AsyncLLM:
         )  # fmt: skip
         if tokenization is not None:  # its max_length bounds the tokenized prompt
             tokenization.check_length(len(request.prompt_token_ids))
+        prompt_text = given_prompt_text(prompt_text, given_text)
         if self.errored:
             raise self._dead_error()
         n = request.sampling_params.n
@@ -298,22 +304,26 @@ class AsyncLLM:
         sampling_params: SamplingParams,
         request_id: str,
         *,
-        priority: int = 0,
+        prompt_text: str | None = None,
         lora_request: Any = None,
-        data_parallel_rank: int | None = None,
         tokenization_kwargs: dict[str, Any] | None = None,
+        trace_headers: Any = None,
+        priority: int = 0,
+        data_parallel_rank: int | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the outputs of one request until it finishes.
 
         Invalid input raises ``ValueError`` before anything is scheduled. If the consumer
         cancels or closes the generator, the request is aborted in the engine.
         ``data_parallel_rank``: vLLM's; one engine serves here, rank 0 (or None).
-        ``tokenization_kwargs``: as ``LLM.generate``'s (vLLM's).
+        ``tokenization_kwargs``: as ``LLM.generate``'s; ``prompt_text``, ``trace_headers``: as
+        ``add_request``'s (vLLM's).
         """
         collector = await self.add_request(request_id, prompt, sampling_params, priority=priority,
                                            lora_request=lora_request,
                                            data_parallel_rank=data_parallel_rank,
-                                           tokenization_kwargs=tokenization_kwargs)
+                                           tokenization_kwargs=tokenization_kwargs,
+                                           trace_headers=trace_headers, prompt_text=prompt_text)
         outputs = self.outputs(request_id, collector)
         try:
             async for out in outputs:

@@ -418,6 +418,13 @@ class EngineArgs:
         return cls(**{k: v for k, v in vars(ns).items() if k in names})
 
 
+@dataclass
+class AsyncEngineArgs(EngineArgs):
+    """``EngineArgs`` for ``AsyncLLM`` (vLLM's): also whether it logs each request."""
+
+    enable_log_requests: bool = False
+
+
 def _checked_cpu_threads(threads: int) -> int:
     if not 1 <= threads <= MAX_CPU_THREADS:
         raise ValueError(f"cpu_threads must be 1 to {MAX_CPU_THREADS}, got {threads}.")

@@ -16,7 +16,7 @@ from cadence.engine.engine_args import EngineArgs
 from cadence.engine.frontend import load_frontend
 from cadence.engine.output_processor import OutputProcessor
 from cadence.engine.tokenization_kwargs import TokenizationKwargs
-from cadence.inputs import refuse_lora
+from cadence.inputs import given_prompt_text, refuse_lora
 from cadence.outputs import RequestOutput
 from cadence.sampling_params import SamplingParams
 
@@ -64,17 +64,20 @@ class LLMEngine:
         tokenization_kwargs: dict[str, Any] | None = None,
         trace_headers: Any = None,
         priority: int = 0,
+        prompt_text: str | None = None,
     ) -> str:
         """Validate and tokenize one request and hand it to the core; returns its id. Bad input
         raises ValueError (naming the field) before anything is queued; an id that is not a
-        string, TypeError (vLLM's)."""
+        string, TypeError (vLLM's). ``prompt_text``: the text of a token-id prompt, for its
+        outputs' ``prompt``."""
         self._check_open()
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a string, got {type(request_id).__name__}.")
         refuse_lora(lora_request)
         tokenization = TokenizationKwargs.parse(tokenization_kwargs)
-        self.submit(*self.prepare_request(request_id, prompt, params, tokenization, arrival_time,
-                                          priority))
+        request, text = self.prepare_request(request_id, prompt, params, tokenization,
+                                             arrival_time, priority)
+        self.submit(request, given_prompt_text(text, prompt_text))
         return request_id
 
     def prepare_request(self, request_id: str, prompt: Any, params: SamplingParams,

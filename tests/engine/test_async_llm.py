@@ -498,10 +498,35 @@ async def test_vllms_api_names(engine: AsyncLLM) -> None:
     assert outs[-1].prompt_token_ids == [8, 9] and outs[-1].finished
     collector = await engine.add_request(request_id="kw", prompt=prompt, params=params)
     assert [o async for o in engine.outputs("kw", collector)][-1].finished
-    for bad in ({"lora_request": "adapter"}, {"data_parallel_rank": 1}):
+    for bad in ({"lora_request": "adapter"}, {"data_parallel_rank": 1}, {"prompt_text": 3}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             await engine.add_request("bad", prompt, params, **bad)
+    # generate's keywords in vLLM's set: trace_headers taken (no tracing here), prompt_text the
+    # text a token-id prompt's outputs report.
+    outs = [o async for o in engine.generate(prompt, params, "named", prompt_text="seven",
+                                             trace_headers={"traceparent": "00-x"})]
+    assert outs[-1].prompt == "seven" and outs[-1].finished
     assert not engine.output_processor.has_unfinished_requests()
+
+
+async def test_async_engine_args_turn_on_request_logging(caplog: pytest.LogCaptureFixture) -> None:
+    """``AsyncEngineArgs(enable_log_requests=True)`` (vLLM's) logs each request added."""
+    import cadence
+
+    args = cadence.AsyncEngineArgs(**vars(tiny_args()), enable_log_requests=True)
+    assert isinstance(args, EngineArgs)
+    for llm in (AsyncLLM.from_engine_args(args),
+                AsyncLLM.from_engine_args(tiny_args(), enable_log_requests=True)):
+        try:
+            assert llm.log_requests
+            caplog.clear()
+            with caplog.at_level("INFO", logger="cadence.engine.async_llm"):
+                params = SamplingParams(max_tokens=2, ignore_eos=True, temperature=0.0)
+                async for _ in llm.generate(TEXT_PROMPT, params, "logged"):
+                    pass
+            assert "Added request 'logged'" in caplog.text
+        finally:
+            llm.shutdown()
 
 
 async def test_output_handler_failure_stops_the_core() -> None:

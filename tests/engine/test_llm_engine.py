@@ -221,3 +221,20 @@ def test_after_shutdown_nothing_is_taken(caplog) -> None:
     llm.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         llm.llm_engine.add_request("late", PROMPTS[0], _greedy(3))
+
+
+def test_prompt_text_names_a_token_prompt(engine: LLMEngine) -> None:
+    """vLLM's ``prompt_text``: the text its outputs report for a prompt given as token ids; a
+    text prompt already has its own, and anything but a string is refused."""
+    tokens = {"prompt_token_ids": [5, 6, 7]}
+    engine.add_request("named", tokens, _greedy(2), prompt_text="five six seven")
+    engine.add_request("plain", tokens, _greedy(2))
+    for bad, match in ((dict(prompt_text=7), "prompt_text must be a string"),):
+        with pytest.raises(ValueError, match=match):
+            engine.add_request("bad", tokens, _greedy(2), **bad)
+    with pytest.raises(ValueError, match="prompt_text is only for a prompt given as token ids"):
+        engine.add_request("bad", PROMPTS[0], _greedy(2), prompt_text="other")
+    last = {o.request_id: o for step in _run(engine) for o in step}
+    assert last["named"].prompt == "five six seven" and last["named"].finished
+    assert last["plain"].prompt is None
+    assert last["named"].prompt_token_ids == [5, 6, 7]
