@@ -184,4 +184,17 @@ MUTATIONS = [
              "cadence/server/chat_template.py",
              "    if openai and message.role != \"tool\":", "    if openai:",
              ("tests/server/test_chat_template.py",)),
+    Mutation("srv-union-error-first-member", "a union's error is the first member's",
+             "cadence/server/errors.py",
+             "key=lambda i: (members.count(members[i]), -len(paths[i]), i))",
+             "key=lambda i: i)", ("tests/server/test_errors.py::test_bad_input",)),
+    Mutation("srv-forced-tool-schema-unnamed", "a forced tool's bad schema is not named",
+             "cadence/server/protocol_chat.py",
+             "            if named is None or tool.function.name == named:",
+             "            if False:", ("tests/server/test_tool_calls.py::"
+                                      "test_a_forced_tools_bad_schema_names_that_tool",)),
+    Mutation("srv-responses-message-chat-names", "a late Responses error keeps chat names",
+             "cadence/server/serving_responses.py",
+             "        raise ParamError(param, request.renamed(str(exc))) from None",
+             "        raise ParamError(param, str(exc)) from None", (_RESP,)),
 ]

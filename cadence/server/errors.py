@@ -105,11 +105,7 @@ class ServiceUnavailableError(APIError):
 
 def from_validation_error(exc: ValidationError) -> BadRequestError:
     """The first schema error, naming its field (dotted path, list indices included)."""
-    first = exc.errors()[0]
-    loc = [str(p) for p in first.get("loc", ())]
-    # Union members show up as extra path parts ("str", "list[int]"): keep the field path.
-    path = [p for p in loc if p.isidentifier() or p.isdigit()]
-    path = [p for p in path if p not in _PYDANTIC_TYPE_TAGS]
+    first, path = chosen_error(exc)
     param = ".".join(path) or None
     msg = first.get("msg", "invalid value")
     value = first.get("input")
@@ -119,7 +115,35 @@ def from_validation_error(exc: ValidationError) -> BadRequestError:
     return BadRequestError(detail, param)
 
 
+def chosen_error(exc: ValidationError) -> tuple[Any, list[str]]:
+    """The error to report of a schema's errors, and its field path."""
+    errors = exc.errors()
+    paths = [_field_path(e) for e in errors]
+    # A union reports once per member. Of the errors under the first one's field, the member
+    # the input was meant for is the one with the fewest errors, then the deepest (a list's bad
+    # element, not "should be a valid string").
+    members = [_member(e) for e in errors]
+    head = paths[0]
+    best = min((i for i, p in enumerate(paths) if p[: len(head)] == head),
+               key=lambda i: (members.count(members[i]), -len(paths[i]), i))
+    return errors[best], paths[best]
+
+
 _PYDANTIC_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "function-after"}
+
+
+def _is_field(part: str) -> bool:
+    return (part.isidentifier() or part.isdigit()) and part not in _PYDANTIC_TYPE_TAGS
+
+
+def _field_path(error: Any) -> list[str]:
+    # Union members show up as extra path parts ("str", "list[int]"): keep the field path.
+    return [p for p in map(str, error.get("loc", ())) if _is_field(p)]
+
+
+def _member(error: Any) -> tuple[tuple[int, str], ...]:
+    """Which union members (at which places of the path) an error was found under."""
+    return tuple((i, p) for i, p in enumerate(map(str, error.get("loc", ()))) if not _is_field(p))
 
 
 def _short(value: Any) -> bool:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Discriminator, Field, Tag, field_validator
 
 from cadence import chat
 from cadence.sampling_params import SamplingParams, StructuredOutputsParams
@@ -42,6 +42,23 @@ class RefusalContentPart(OpenAIModel):
 TEXT_PART_TYPES = tuple(chat.TEXT_PARTS)
 
 
+def _part_kind(part: Any) -> str | None:
+    if isinstance(part, dict):
+        return "refusal-part" if part.get("type") == "refusal" else "text-part"
+    if isinstance(part, (TextContentPart, RefusalContentPart)):
+        return "refusal-part" if part.type == "refusal" else "text-part"
+    return None
+
+
+# NOTE: the tags are not identifiers, so an error's parameter path leaves them out and names
+# the part's own field (messages.0.content.1.text), not the union member it was tried as.
+ContentPart = Annotated[
+    Annotated[TextContentPart, Tag("text-part")] | Annotated[RefusalContentPart, Tag("refusal-part")],
+    Discriminator(_part_kind, custom_error_type="content_part",
+                  custom_error_message='a content part is an object with a "type"'),
+]
+
+
 class FunctionCall(OpenAIModel):
     name: str
     arguments: str  # JSON text, as OpenAI sends it
@@ -56,7 +73,7 @@ class ToolCall(OpenAIModel):
 class ChatMessage(OpenAIModel):
     # OpenAI's roles (chat.ROLES) or any other: it reaches the template, which decides (vLLM).
     role: str
-    content: str | list[TextContentPart | RefusalContentPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message: the call it answers
@@ -207,6 +224,19 @@ class ChatCompletionRequest(SamplingRequest):
             return super()._structured_outputs()
         tools = {t.function.name: t.function.parameters or {"type": "object"}
                  for t in self.tools or []}
+        named = self.tool_choice.function.name if isinstance(self.tool_choice,
+                                                             NamedToolChoice) else None
+        for i, tool in enumerate(self.tools or []):
+            # Each tool in play alone first: an error names the tool whose schema it is.
+            if named is None or tool.function.name == named:
+                try:
+                    check_structured_outputs(StructuredOutputsParams(json=tools[tool.function.name]))
+                except ValueError as exc:
+                    where = f"tools.{i}.function.parameters"
+                    reason = str(exc).removeprefix("structured_outputs: ").removeprefix(
+                        "invalid json: ")
+                    raise ParamError(where, f"{where}: not a JSON schema this server can "
+                                     f"follow: {reason}") from None
         try:
             if isinstance(self.tool_choice, NamedToolChoice):
                 spec = StructuredOutputsParams(json=tools[self.tool_choice.function.name])

@@ -21,6 +21,7 @@ from pydantic import Field, PrivateAttr, ValidationError
 
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 from cadence.sampling_params import INT64_MAX, INT64_MIN, MAX_TEMPERATURE
+from cadence.server.errors import chosen_error
 from cadence.server.protocol import (
     MAX_REQUEST_ID_CHARS,
     NO_DEFAULTS,
@@ -145,21 +146,21 @@ class ResponsesRequest(OpenAIModel):
         try:
             chat = ChatCompletionRequest.model_validate(body)
         except ValidationError as exc:
-            err = exc.errors()[0]
-            where = self._renamed(".".join(str(p) for p in err["loc"]))
+            err, path = chosen_error(exc)
+            where = self.renamed(".".join(path))
             raise ParamError(param_of(where), f"{where}: {err['msg']}") from None
         try:
             chat.check()
         except ParamError as exc:
-            raise ParamError(self.param_named(exc.param or ""), self._renamed(str(exc))) from None
+            raise ParamError(self.param_named(exc.param or ""), self.renamed(str(exc))) from None
         self._chat = chat
 
     def param_named(self, chat_param: str) -> str:
         """A chat request's field (or message path) as this request names it: a message or
         call as the input item it came from, another field by its Responses name."""
-        return param_of(self._renamed(chat_param))
+        return param_of(self.renamed(chat_param))
 
-    def _renamed(self, text: str) -> str:
+    def renamed(self, text: str) -> str:
         """``text`` with each chat message path (``messages.N``, ``messages.N.tool_calls.J
         .function``) as the input item it came from (``instructions``, ``input``,
         ``input.K``), and the chat request's other names as this request's."""
@@ -240,6 +241,9 @@ class ResponsesRequest(OpenAIModel):
                 raise ParamError(f"input.{i}", f"input.{i}: items of type {kind!r} are not "
                                  "supported (message, function_call, function_call_output, "
                                  "reasoning).")
+        if not messages:
+            raise ParamError("input", "input: no message, call or call output to answer "
+                             "(reasoning items alone are not a conversation).")
         return messages
 
     @staticmethod
@@ -286,7 +290,7 @@ _QUOTED = re.compile(r"""('[^']*'|"[^"]*")""")
 
 def param_of(where: str) -> str:
     """A chat request's field as the Responses request names it (a path into ``input``, as
-    ``_renamed`` gives it, stays whole)."""
+    ``renamed`` gives it, stays whole)."""
     if where.startswith(("input.", "instructions")):
         return where
     head = where.split(".", 1)[0]
@@ -310,13 +314,14 @@ def _text_of(content: Any, where: str) -> str | list[dict[str, Any]]:
         parts = []
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
-                parts.append({"type": "text", "text": part["text"]})
-            elif kind == "refusal" and isinstance(part.get("refusal"), str):
-                parts.append({"type": "refusal", "refusal": part["refusal"]})
-            else:
+            field = "refusal" if kind == "refusal" else "text" if kind in _TEXT_PARTS else None
+            if field is None:
                 raise ParamError(f"{where}.content.{j}", f"{where}.content.{j}: only text parts "
                                  f"(input_text, output_text, refusal) are supported.")
+            if not isinstance(part.get(field), str):
+                at = f"{where}.content.{j}.{field}"
+                raise ParamError(at, f"{at}: must be a string (a {kind!r} part's {field}).")
+            parts.append({"type": "text" if field == "text" else kind, field: part[field]})
         return parts
     raise ParamError(where, f"{where}: content is a string or a list of text parts.")
 

@@ -211,17 +211,24 @@ class ResponseEvents:
         err = stream_error(exc, self.request.chat.grammar_param)
         if err.param:
             err.param = self.request.param_named(err.param)
-        return self._event("error", code=err.type, message=err.message, param=err.param)
+        message = self.request.renamed(err.message)
+        return self._event("error", code=err.type, message=message, param=err.param)
 
 
 @contextlib.contextmanager
 def _named_as_responses(request: ResponsesRequest) -> Iterator[None]:
-    """An error naming a chat request's field names the Responses request's instead."""
+    """An error naming a chat request's field names the Responses request's instead, in its
+    parameter and in its message."""
     try:
         yield
-    except (APIError, ParamError) as exc:
+    except ParamError as exc:
+        param = request.param_named(exc.param) if exc.param else exc.param
+        raise ParamError(param, request.renamed(str(exc))) from None
+    except APIError as exc:
         if exc.param:
             exc.param = request.param_named(exc.param)
+        exc.message = request.renamed(exc.message)
+        exc.args = (exc.message,)
         raise
 
 

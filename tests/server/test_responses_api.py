@@ -271,6 +271,9 @@ def _tokens(text: str) -> int:
     ({"input": []}, "input"),
     ({"input": [{"type": "input_image", "image_url": "x"}]}, "input.0"),
     ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input.0.content.0"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input.0.content.0.text"),
+    ({"input": [{"role": "assistant", "content": [{"type": "refusal", "refusal": 1}]}]},
+     "input.0.content.0.refusal"),
     ({"tools": [{"type": "web_search"}]}, "tools.0"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"text": {"format": {"type": "xml"}}}, "text"),
@@ -301,6 +304,7 @@ def _tokens(text: str) -> int:
         {"type": "function_call", "call_id": None, "name": "g", "arguments": "{}"}]},
      "input.2.call_id"),
     ({"input": [{"role": 5, "content": "q"}]}, "input.0.role"),
+    ({"input": [{"type": "reasoning"}]}, "input"),  # nothing to answer
     # vLLM's request_id as the chat and completions routes bound it.
     ({"request_id": ""}, "request_id"),
     ({"request_id": "x" * 257}, "request_id"),
@@ -333,6 +337,10 @@ def test_what_is_not_done_is_a_400_naming_it(http: httpx.Client, body: dict, par
      "schema", "json_schema.schema"),
     ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name",
      "json_schema"),
+    # A schema the grammar compiler refuses (found after the request's own checks).
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "zz"}}}},
+     "text.format", "response_format"),
+    ({"input": [{"type": "reasoning"}]}, "input: ", "messages"),
     # A value the client sent, quoted in the message, is kept as sent.
     ({"tools": [{"type": "function", "name": "f"}],
       "tool_choice": {"type": "function", "name": "response_format"}}, "'response_format'",

@@ -330,6 +330,23 @@ def test_tool_choice_errors_name_the_parameter(http, body, fragment) -> None:
     assert error["param"] == "tool_choice" and fragment in error["message"]
 
 
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "bad"}}])
+def test_a_forced_tools_bad_schema_names_that_tool(http, choice) -> None:
+    """The grammar of a forced choice is built from the tools' schemas: one that cannot be
+    followed is the error of that tool's parameters, not of a field the client never sent."""
+    tools = [TOOLS[0], {"type": "function", "function": {
+        "name": "bad", "parameters": {"type": "zz"}}}]
+    resp = http.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "tools": tools,
+        "tool_choice": choice})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == "tools.1.function.parameters"
+    assert error["message"].startswith("tools.1.function.parameters: ")
+    assert "structured_outputs" not in error["message"]
+
+
 WEATHER = {"type": "object", "properties": {
     "city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
     "required": ["city", "days"], "additionalProperties": False}
