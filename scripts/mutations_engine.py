@@ -346,4 +346,14 @@ MUTATIONS = [
              'log_requests or getattr(self.args, "enable_log_requests", False)',
              "log_requests", ("tests/engine/test_async_llm.py::"
                               "test_async_engine_args_turn_on_request_logging",)),
+    Mutation("eng-rpc-rank0-only", "collective_rpc returns rank 0's result alone",
+             "cadence/worker/tp_executor.py",
+             "        return [value for _, value in results]",
+             "        return [results[0][1]]",
+             ("tests/engine/test_collective_rpc.py::test_rpc_reaches_every_tensor_parallel_rank",)),
+    Mutation("eng-rpc-args-dropped", "collective_rpc calls a function without its arguments",
+             "cadence/worker/worker_rpc.py",
+             "        call = lambda: method(worker, *args, **kwargs)  # noqa: E731",
+             "        call = lambda: method(worker)  # noqa: E731",
+             ("tests/worker/test_worker_rpc.py", "tests/engine/test_collective_rpc.py")),
 ]

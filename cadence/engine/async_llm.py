@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pickle
 import time
 import weakref
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from cadence.config import EngineConfig
@@ -36,6 +37,7 @@ from cadence.engine.tokenization_kwargs import TokenizationKwargs
 from cadence.inputs import given_prompt_text, refuse_lora
 from cadence.metrics import StatLogger
 from cadence.sampling_params import SamplingParams
+from cadence.worker.worker_rpc import encode_call
 
 if TYPE_CHECKING:
     from cadence.engine.core_process import ProcessEngineCoreClient
@@ -447,6 +449,23 @@ class AsyncLLM:
     async def stop_profile(self) -> str | None:
         """Stop the profiler; the path of the trace the core wrote."""
         return await self.engine_core.call_utility_async("profile", False)
+
+    async def collective_rpc(self, method: str | Callable[..., Any],
+                             timeout: float | None = None, args: Sequence[Any] = (),
+                             kwargs: Mapping[str, Any] | None = None) -> list[Any]:
+        """vLLM's: ``method`` on every worker between two steps (``EngineCore.collective_rpc``);
+        TimeoutError after ``timeout`` seconds (the call itself runs on in the core)."""
+        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds or None, got "
+                             f"{timeout!r}.")
+        call_args = (method, tuple(args), dict(kwargs or {}))
+        if isinstance(self.engine_core, InprocEngineCoreClient):
+            call = self.engine_core.call_utility_async("collective_rpc", *call_args)
+            return await (call if timeout is None else asyncio.wait_for(call, timeout))
+        encoded = self.engine_core.call_utility_async("collective_rpc_encoded",
+                                                      encode_call(*call_args))
+        return pickle.loads(await (encoded if timeout is None
+                                   else asyncio.wait_for(encoded, timeout)))
 
     async def get_num_free_kv_blocks(self) -> int:
         return await self.engine_core.call_utility_async("num_free_kv_blocks")

@@ -6,7 +6,9 @@ import gc
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import Any
 
 import torch
 
@@ -30,6 +32,7 @@ from cadence.scheduler.scheduler import Scheduler
 from cadence.scheduler.stall import SchedulerStalledError, stall_reason
 from cadence.torch_profiler import OFF, TorchProfiler
 from cadence.worker.model_runner import ModelRunner
+from cadence.worker.worker_rpc import decode_call, encode_result, run_on_worker
 
 logger = logging.getLogger(__name__)
 
@@ -292,6 +295,22 @@ class EngineCore:
             profiler.start(profile_prefix)
             return None
         return profiler.stop()
+
+    def collective_rpc(self, method: str | Callable[..., Any], args: Sequence[Any] = (),
+                       kwargs: Mapping[str, Any] | None = None) -> list[Any]:
+        """vLLM's core utility: ``method`` on every worker between two steps (the model runner,
+        or each tensor-parallel rank's), their results in rank order (``worker_rpc``)."""
+        args, kwargs = tuple(args), dict(kwargs or {})
+        fan_out = getattr(self.runner, "collective_rpc", None)  # TPExecutor
+        if fan_out is not None:
+            return fan_out(method, args, kwargs)
+        return [run_on_worker(self.runner, method, args, kwargs)]
+
+    def collective_rpc_encoded(self, payload: bytes) -> bytes:
+        """``collective_rpc`` for a front end in another process: the call and its results
+        pickled apart from the pipe's messages, so that what one side cannot rebuild fails
+        this call only (``worker_rpc.encode_call``)."""
+        return encode_result(self.collective_rpc(*decode_call(payload)))
 
     def shutdown(self) -> None:
         self.profiler.close()

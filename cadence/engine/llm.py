@@ -70,6 +70,18 @@ class LLM:
         self._check_open()
         return self.llm_engine.stop_profile()
 
+    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
+                       args: Sequence[Any] = (),
+                       kwargs: Mapping[str, Any] | None = None) -> list[Any]:
+        """vLLM's: ``method`` on every worker (``LLMEngine.collective_rpc``)."""
+        self._check_open()
+        return self.llm_engine.collective_rpc(method, timeout, args, kwargs)
+
+    def apply_model(self, func: Callable[[Any], Any]) -> list[Any]:
+        """vLLM's: ``func(model)`` on every worker, e.g. to read or change weights in place."""
+        self._check_open()
+        return self.llm_engine.apply_model(func)
+
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forget every cached prefix (vLLM's ``LLM.reset_prefix_cache``); False if requests
         still hold blocks (none do between ``generate`` calls)."""

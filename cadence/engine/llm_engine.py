@@ -6,7 +6,7 @@ request's ``output_kind`` asks)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from cadence.config import EngineConfig
@@ -19,6 +19,7 @@ from cadence.engine.tokenization_kwargs import TokenizationKwargs
 from cadence.inputs import given_prompt_text, refuse_lora
 from cadence.outputs import RequestOutput
 from cadence.sampling_params import SamplingParams
+from cadence.worker.worker_rpc import ApplyModel
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +145,22 @@ class LLMEngine:
         """Stop the profiler; the path of the trace it wrote."""
         self._check_open()
         return self.engine_core.profile(False)
+
+    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
+                       args: Sequence[Any] = (),
+                       kwargs: Mapping[str, Any] | None = None) -> list[Any]:
+        """vLLM's: ``method`` (a model runner method's name, or a function called with the
+        runner first) on every worker between two steps; their results in rank order
+        (``worker/worker_rpc.py``). It runs in this thread: ``timeout`` must be None."""
+        self._check_open()
+        if timeout is not None:
+            raise ValueError("timeout: the offline engine runs the call in this thread, with "
+                             "nothing to wait for; pass None.")
+        return self.engine_core.collective_rpc(method, args, kwargs)
+
+    def apply_model(self, func: Callable[[Any], Any]) -> list[Any]:
+        """vLLM's: ``func(model)`` on every worker; its results in rank order."""
+        return self.collective_rpc(ApplyModel(func))
 
     def do_log_stats(self) -> None:
         """Log the scheduler's figures now (vLLM's)."""

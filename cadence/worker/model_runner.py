@@ -290,6 +290,10 @@ class ModelRunner:
             return t.pin_memory().to(self.device, non_blocking=True)
         return t
 
+    def get_model(self) -> torch.nn.Module:
+        """The model this runner steps (vLLM's worker ``get_model``: ``apply_model``'s)."""
+        return self.model
+
     def prefetch_grammar(self, spec: StructuredOutputsParams) -> Future:
         """Start compiling a request's grammar off the engine thread (done once compiled)."""
         return self.sampling.grammar.prefetch(spec)

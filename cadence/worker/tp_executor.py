@@ -225,6 +225,18 @@ class TPExecutor:
                 raise RuntimeError(f"tensor-parallel rank {rank}: {value}")
         return results[0][1]
 
+    def collective_rpc(self, method: Any, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> list[Any]:
+        """Run ``method`` on every rank (``worker_rpc.run_on_worker``); their results in rank
+        order. A rank's failure is a RuntimeError naming it; the ranks stay in service."""
+        from cadence.worker.worker_rpc import encode_call
+
+        results = self._call_all_kind("rpc", encode_call(method, args, kwargs))
+        for rank, (ok, value) in enumerate(results):
+            if not ok:
+                raise RuntimeError(f"collective_rpc: tensor-parallel rank {rank}: {value}")
+        return [value for _, value in results]
+
     def prefetch_grammar(self, spec: StructuredOutputsParams) -> Future:
         """Have every rank start compiling ``spec`` on its compiler thread; the engine compiles
         it too, and its future gates the request (the ranks do the same work, so theirs are

@@ -183,6 +183,8 @@ def _serve(conn: Connection, rank: int, runner: Any) -> None:
             _, method, args = msg
             result = getattr(runner, method)(*args)
             conn.send(("ok", runner.capture_seconds if method == "capture_graphs" else result))
+        elif kind == "rpc":  # collective_rpc: a failure goes back as a reply, the rank serves on
+            conn.send(("ok", _rpc(runner, msg[1])))
         elif kind == "profile":  # a refusal goes back as a reply: the rank stays in service
             _, is_start, prefix = msg
             try:
@@ -203,3 +205,17 @@ def _serve(conn: Connection, rank: int, runner: Any) -> None:
             os._exit(0)
         else:
             raise ValueError(f"unknown message {kind!r}")
+
+
+def _rpc(runner: Any, payload: bytes) -> tuple[bool, Any]:
+    """(True, result) of one collective_rpc call, or (False, why it failed): the call, its
+    arguments and its result each pickled apart from the message, so that none of them can
+    fail the rank."""
+    from cadence.worker.worker_rpc import decode_call, encode_result, run_on_worker
+
+    try:
+        result = run_on_worker(runner, *decode_call(payload))
+        encode_result(result)
+    except Exception as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+    return True, result

@@ -1,0 +1,83 @@
+"""vLLM's ``collective_rpc`` on one worker: a model runner's method by name, or a function
+called with the runner first (``apply_model``: with the runner's model).
+
+NOTE: the model runs inside CUDA graphs captured over its weights' memory: a function that
+changes weights must write into the tensors in place (``param.data.copy_(...)``); a new tensor
+put in a weight's place is never read by a captured step.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ApplyModel", "decode_call", "encode_call", "encode_result", "run_on_worker"]
+
+
+@dataclass(frozen=True)
+class ApplyModel:
+    """``func(model)`` on a worker (a callable object: it pickles where ``func`` does)."""
+
+    func: Callable[[Any], Any]
+
+    def __call__(self, worker: Any) -> Any:
+        return self.func(worker.get_model())
+
+
+def run_on_worker(worker: Any, method: str | Callable[..., Any], args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> Any:
+    """Run ``method`` on ``worker`` between two steps, the device idle before and after (a
+    deliberate sync: whatever it reads or writes is not in flight in a step)."""
+    if isinstance(method, str):
+        fn = getattr(worker, method, None)
+        if method.startswith("_") or not callable(fn):
+            raise ValueError(f"collective_rpc: the worker has no method {method!r}.")
+        call = lambda: fn(*args, **kwargs)  # noqa: E731
+    elif callable(method):
+        call = lambda: method(worker, *args, **kwargs)  # noqa: E731
+    else:
+        raise ValueError(f"collective_rpc: method must be a method name or a callable, got "
+                         f"{type(method).__name__}.")
+    _sync(worker)
+    try:
+        return call()
+    finally:
+        _sync(worker)
+
+
+def encode_call(method: str | Callable[..., Any], args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> bytes:
+    """A call that crosses a process boundary (tensor-parallel ranks, an engine process),
+    pickled apart from the message that carries it."""
+    return _dumps((method, args, kwargs), "the method and its arguments")
+
+
+def decode_call(payload: bytes) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    try:
+        method, args, kwargs = pickle.loads(payload)
+    except Exception as exc:  # e.g. a function of the caller's __main__
+        raise ValueError(f"collective_rpc: the call cannot be rebuilt where the model runs "
+                         f"(define the function in an importable module): {exc}") from None
+    return method, args, kwargs
+
+
+def encode_result(result: Any) -> bytes:
+    return _dumps(result, "the results")
+
+
+def _dumps(what: Any, name: str) -> bytes:
+    try:
+        return pickle.dumps(what)
+    except Exception as exc:  # pickle raises several kinds for what it cannot take
+        raise ValueError(f"collective_rpc: across processes {name} must be picklable (a "
+                         f"module-level function, not a lambda or closure): {exc}") from None
+
+
+def _sync(worker: Any) -> None:
+    device = getattr(worker, "device", None)
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
