@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-__all__ = ["TextPrompt", "TokensPrompt", "refuse_lora"]
+__all__ = ["TextPrompt", "TokensPrompt", "check_data_parallel_rank", "given_prompt_text", "refuse_lora"]
 
 
 class TextPrompt(TypedDict, total=False):
@@ -33,6 +33,13 @@ def given_prompt_text(parsed: str | None, prompt_text: Any) -> str | None:
         raise ValueError("prompt_text is only for a prompt given as token ids (this prompt has "
                          "its text).")
     return prompt_text
+
+
+def check_data_parallel_rank(data_parallel_rank: Any) -> None:
+    """vLLM's ``data_parallel_rank``: one engine serves here, rank 0 (or None)."""
+    if data_parallel_rank not in (None, 0) or isinstance(data_parallel_rank, bool):
+        raise ValueError(f"data_parallel_rank must be 0 or None (one engine), got "
+                         f"{data_parallel_rank!r}.")
 
 
 def refuse_lora(lora_request: Any) -> None:

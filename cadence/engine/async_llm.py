@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import pickle
 import time
 import weakref
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from cadence.config import EngineConfig
 from cadence.core_types import EngineCoreRequest, SchedulerStats
-from cadence.engine.core_client import EngineCoreClient, EngineDeadError, InprocEngineCoreClient
+from cadence.engine.core_client import EngineCoreClient, EngineDeadError, connect_core
 from cadence.engine.core_proc import EngineCoreLike
+from cadence.engine.core_utilities import CoreUtilities
 from cadence.engine.engine_args import EngineArgs
 from cadence.engine.frontend import load_frontend
 from cadence.engine.input_worker import InputWorker, input_size, params_size
@@ -34,10 +34,9 @@ from cadence.engine.output_pump import OutputPump
 from cadence.engine.parent_request import child_request_id
 from cadence.engine.request_ledger import RequestLedger
 from cadence.engine.tokenization_kwargs import TokenizationKwargs
-from cadence.inputs import given_prompt_text, refuse_lora
+from cadence.inputs import check_data_parallel_rank, given_prompt_text, refuse_lora
 from cadence.metrics import StatLogger
 from cadence.sampling_params import SamplingParams
-from cadence.worker.worker_rpc import encode_call
 
 if TYPE_CHECKING:
     from cadence.engine.core_process import ProcessEngineCoreClient
@@ -52,7 +51,7 @@ PromptType = str | dict[str, Any]
 T = TypeVar("T")
 
 
-class AsyncLLM:
+class AsyncLLM(CoreUtilities):
     """Serve requests from one engine core thread to many asyncio consumers."""
 
     def __init__(
@@ -66,27 +65,9 @@ class AsyncLLM:
         """Start the engine core thread (built there from ``args``, or by ``core_factory``),
         or its process (``args.engine_process``); or use ``core_client``, a client of an
         engine-core process that a launcher started (one of several front ends)."""
-        from cadence.engine.core import EngineCore
-
         self.args = args if args is not None else EngineArgs()
         self.log_requests = log_requests or getattr(self.args, "enable_log_requests", False)
-        args_ = self.args
-        core: Any
-        if core_client is not None:
-            client: EngineCoreClient = core_client
-            core = core_client.facts
-        elif args_.engine_process and core_factory is None:
-            from cadence.engine.core_process import ProcessEngineCoreClient
-
-            process_client = ProcessEngineCoreClient.spawn(args_)
-            client = process_client
-            core = process_client.facts  # what the core process reported of itself
-        else:
-            factory = core_factory if core_factory is not None else (lambda: EngineCore(args_))
-            inproc = InprocEngineCoreClient(factory)
-            client = inproc
-            # In process, the front end reads the core's read-only facts (model, sizes) directly.
-            core = inproc.proc.engine_core
+        client, core = connect_core(self.args, core_factory, core_client)
         self.engine_core: EngineCoreClient = client
         self._validate_in_core: Callable[[EngineCoreRequest], None] | None = getattr(
             core, "validate_request", None
@@ -215,7 +196,7 @@ class AsyncLLM:
         if self.errored:
             raise self._dead_error()
         refuse_lora(lora_request)
-        _check_rank(data_parallel_rank)
+        check_data_parallel_rank(data_parallel_rank)
         sampling_params = params
         tokenization = None
         if tokenization_kwargs is not None:
@@ -435,44 +416,6 @@ class AsyncLLM:
         """Push fresh scheduler statistics to every stat logger (e.g. before a scrape)."""
         self._pump.record_stats(await self.get_scheduler_stats(), None)
 
-    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        """Forget every cached prefix, between two engine steps (vLLM's). False while requests
-        hold blocks, unless ``reset_running_requests`` preempts them (they recompute)."""
-        return await self.engine_core.call_utility_async("reset_prefix_cache",
-                                                         reset_running_requests)
-
-    async def start_profile(self, profile_prefix: str | None = None) -> None:
-        """The torch profiler around what the engine core runs next (vLLM's; traces go to
-        ``CADENCE_TORCH_PROFILER_DIR``, read where the core starts)."""
-        await self.engine_core.call_utility_async("profile", True, profile_prefix)
-
-    async def stop_profile(self) -> str | None:
-        """Stop the profiler; the path of the trace the core wrote."""
-        return await self.engine_core.call_utility_async("profile", False)
-
-    async def collective_rpc(self, method: str | Callable[..., Any],
-                             timeout: float | None = None, args: Sequence[Any] = (),
-                             kwargs: Mapping[str, Any] | None = None) -> list[Any]:
-        """vLLM's: ``method`` on every worker between two steps (``EngineCore.collective_rpc``);
-        TimeoutError after ``timeout`` seconds (the call itself runs on in the core)."""
-        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
-            raise ValueError(f"timeout must be a positive number of seconds or None, got "
-                             f"{timeout!r}.")
-        call_args = (method, tuple(args), dict(kwargs or {}))
-        if isinstance(self.engine_core, InprocEngineCoreClient):
-            call = self.engine_core.call_utility_async("collective_rpc", *call_args)
-            return await (call if timeout is None else asyncio.wait_for(call, timeout))
-        encoded = self.engine_core.call_utility_async("collective_rpc_encoded",
-                                                      encode_call(*call_args))
-        return pickle.loads(await (encoded if timeout is None
-                                   else asyncio.wait_for(encoded, timeout)))
-
-    async def get_num_free_kv_blocks(self) -> int:
-        return await self.engine_core.call_utility_async("num_free_kv_blocks")
-
-    async def call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return await self.engine_core.call_utility_async(method, *args, **kwargs)
-
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop the engine core thread; consumers still waiting get ``EngineDeadError``."""
         self._shut_down = True
@@ -491,10 +434,3 @@ class AsyncLLM:
                     handler.cancel()
                 else:
                     loop.call_soon_threadsafe(handler.cancel)
-
-
-def _check_rank(data_parallel_rank: Any) -> None:
-    """vLLM's ``data_parallel_rank``: one engine serves here, rank 0 (or None)."""
-    if data_parallel_rank not in (None, 0) or isinstance(data_parallel_rank, bool):
-        raise ValueError(f"data_parallel_rank must be 0 or None (one engine), got "
-                         f"{data_parallel_rank!r}.")
