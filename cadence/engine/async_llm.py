@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from cadence.config import EngineConfig
 from cadence.core_types import EngineCoreRequest, SchedulerStats
-from cadence.engine.core_client import EngineCoreClient, EngineDeadError, connect_core
+from cadence.engine.core_client import EngineCoreClient, EngineDeadError
 from cadence.engine.core_proc import EngineCoreLike
 from cadence.engine.core_utilities import CoreUtilities
 from cadence.engine.engine_args import EngineArgs
-from cadence.engine.frontend import load_frontend
+from cadence.engine.frontend import connect_core, load_frontend
 from cadence.engine.input_worker import InputWorker, input_size, params_size
 from cadence.engine.output_processor import (
     IterationStats,

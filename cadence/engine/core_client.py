@@ -160,25 +160,3 @@ class InprocEngineCoreClient(EngineCoreClient):
             self._dead_error = EngineDeadError("The engine core was shut down.")
         self.proc.shutdown(timeout)
 
-
-def connect_core(args: Any, core_factory: Callable[[], EngineCoreLike] | None = None,
-                 core_client: Any = None) -> tuple[EngineCoreClient, Any]:
-    """A front end's engine core: ``core_client`` (a launcher's, of a core process serving
-    several front ends), a core process of its own (``args.engine_process``), or a core thread
-    (built from ``args``, or by ``core_factory``); with what the front end reads of the core
-    (its model, sizes and checks: the core itself in process, else the facts it reported)."""
-    if core_client is not None:
-        return core_client, core_client.facts
-    if args.engine_process and core_factory is None:
-        from cadence.engine.core_process import ProcessEngineCoreClient
-
-        process_client = ProcessEngineCoreClient.spawn(args)
-        return process_client, process_client.facts
-    if core_factory is None:
-        from cadence.engine.core import EngineCore
-
-        def core_factory() -> EngineCoreLike:
-            return EngineCore(args)
-
-    inproc = InprocEngineCoreClient(core_factory)
-    return inproc, inproc.proc.engine_core

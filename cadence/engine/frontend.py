@@ -1,12 +1,16 @@
-"""What the front ends (LLM, AsyncLLM, the server) share: tokenizer and input processing."""
+"""What the front ends (LLM, AsyncLLM, the server) share: their engine core (``connect_core``),
+tokenizer and input processing."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cadence.config import REASONING_TAGS
+from cadence.engine.core_client import EngineCoreClient, InprocEngineCoreClient
+from cadence.engine.core_proc import EngineCoreLike
 from cadence.engine.input_processor import InputProcessor
 from cadence.engine.prompt_bound import max_chars_per_token
 from cadence.user_errors import first_line
@@ -66,3 +70,26 @@ def load_frontend(core: EngineCore) -> Frontend:
         reasoning_tags=reasoning_tag_ids(tokenizer, core.config.model.reasoning_parser),
     )
     return Frontend(tokenizer, processor, core.max_model_len, core.config.model.model)
+
+
+def connect_core(args: Any, core_factory: Callable[[], EngineCoreLike] | None = None,
+                 core_client: Any = None) -> tuple[EngineCoreClient, Any]:
+    """A front end's engine core: ``core_client`` (a launcher's, of a core process serving
+    several front ends), a core process of its own (``args.engine_process``), or a core thread
+    (built from ``args``, or by ``core_factory``); with what the front end reads of the core
+    (its model, sizes and checks: the core itself in process, else the facts it reported)."""
+    if core_client is not None:
+        return core_client, core_client.facts
+    if args.engine_process and core_factory is None:
+        from cadence.engine.core_process import ProcessEngineCoreClient
+
+        process_client = ProcessEngineCoreClient.spawn(args)
+        return process_client, process_client.facts
+    if core_factory is None:
+        from cadence.engine.core import EngineCore
+
+        def core_factory() -> EngineCoreLike:
+            return EngineCore(args)
+
+    inproc = InprocEngineCoreClient(core_factory)
+    return inproc, inproc.proc.engine_core
