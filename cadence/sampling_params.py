@@ -28,6 +28,14 @@ class RequestOutputKind(enum.Enum):
     FINAL_ONLY = 2  # one output, when the request finishes
 
 
+class SamplingType(enum.IntEnum):
+    """vLLM's: how a request's tokens are drawn (``SamplingParams.sampling_type``)."""
+
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
 @dataclass
 class SamplingParams:
     """How to sample one request. Invalid values raise ``ValueError`` naming the parameter."""
@@ -383,6 +391,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        if self.greedy:
+            return SamplingType.GREEDY
+        return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
 
     def clone(self) -> SamplingParams:
         """An independent copy: its containers are new objects (``copy.deepcopy``'s result,

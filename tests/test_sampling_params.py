@@ -312,3 +312,14 @@ def test_from_optional_reads_logit_bias_keys_as_text_and_clips_biases() -> None:
         SamplingParams.from_optional(logit_bias={"-3": 1.0})  # converted, then checked
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams.from_optional(temperature=-1.0)  # the constructor's checks still hold
+
+
+def test_sampling_type_is_vllms() -> None:
+    from cadence.sampling_params import SamplingType
+
+    assert SamplingParams(temperature=0.0).sampling_type is SamplingType.GREEDY
+    assert SamplingParams(temperature=1e-9).sampling_type is SamplingType.RANDOM  # clamped up
+    assert SamplingParams(temperature=0.7).sampling_type is SamplingType.RANDOM
+    assert SamplingParams(temperature=0.7, seed=0).sampling_type is SamplingType.RANDOM_SEED
+    assert SamplingParams(temperature=0.0, seed=5).sampling_type is SamplingType.GREEDY
+    assert [t.value for t in SamplingType] == [0, 1, 2]
