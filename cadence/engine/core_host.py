@@ -9,7 +9,7 @@ added it; a step's outputs are split accordingly.
 Messages (tuples, pickled by the pipes): to the core ``("add", request)``, ``("abort", ids)``,
 ``("utility", call_id, method, args, kwargs)``, ``("shutdown",)``; from the core
 ``("ready", facts)``, ``("startup_error", exc)``, ``("out", outputs)``,
-``("reply", call_id, ok, value)``, ``("dead", message)``.
+``("reply", call_id, ok, pickled value)``, ``("dead", message)``.
 
 A front end whose pipe closes is gone: its requests are aborted. The process ends when one front
 end asks it to (``shutdown``, the single-front-end mode) or when every front end is gone.
@@ -17,6 +17,7 @@ end asks it to (``shutdown``, the single-front-end mode) or when every front end
 
 from __future__ import annotations
 
+import pickle
 import signal
 import threading
 from concurrent.futures import Future
@@ -69,13 +70,26 @@ class HostChannel:
 
 
 def picklable(exc: BaseException) -> BaseException:
-    import pickle
-
+    """``exc``, or its text in a RuntimeError where it cannot make the trip: pickled, then
+    rebuilt (an exception whose ``__init__`` takes other arguments than its ``args`` cannot)."""
     try:
-        pickle.dumps(exc)
+        pickle.loads(pickle.dumps(exc))
         return exc
     except Exception:
         return RuntimeError(repr(exc))
+
+
+def reply_payload(fut: Future[Any]) -> tuple[bool, bytes]:
+    """A utility call's outcome for its front end, pickled apart from the pipe's message: a
+    result that cannot be pickled fails that call alone (the front end likewise rebuilds it
+    apart, ``ProcessEngineCoreClient._read``)."""
+    exc = fut.exception()
+    if exc is None:
+        try:
+            return True, pickle.dumps(fut.result())
+        except Exception as err:  # pickle raises several kinds (RecursionError among them)
+            exc = RuntimeError(f"the utility's result cannot be sent to the front end: {err!r}")
+    return False, pickle.dumps(picklable(exc))
 
 
 class _Front:
@@ -194,8 +208,7 @@ def host_main(args: EngineArgs, channels: list[HostChannel]) -> None:
     threading.Thread(target=pump, name="cadence-core-outputs", daemon=True).start()
 
     def reply(front: _Front, call_id: int, fut: Future[Any]) -> None:
-        exc = fut.exception()
-        front.send(("reply", call_id, exc is None, fut.result() if exc is None else picklable(exc)))
+        front.send(("reply", call_id, *reply_payload(fut)))
 
     by_conn = {f.channel.requests: (i, f) for i, f in enumerate(fronts)}
     open_conns = list(by_conn)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing
+import pickle
 import threading
 import time
 from concurrent.futures import Future
@@ -177,6 +178,9 @@ class ProcessEngineCoreClient(EngineCoreClient):
                 code = self.process.exitcode if self.process is not None else "unknown"
                 self._die(f"The engine core process exited (code {code}).")
                 return
+            except Exception as exc:  # a message this process cannot rebuild: no one reads on
+                self._die(f"A message from the engine core could not be read: {exc!r}")
+                return
             kind = message[0]
             if kind == "out":
                 outputs: EngineCoreOutputs = message[1]
@@ -185,9 +189,14 @@ class ProcessEngineCoreClient(EngineCoreClient):
                     self._live.difference_update(outputs.finished_requests)
                 self.output_queue.put(outputs)
             elif kind == "reply":
-                _, call_id, ok, value = message
+                _, call_id, ok, data = message
                 fut = self._calls.pop(call_id, None)
                 if fut is not None:
+                    try:
+                        value = pickle.loads(data)
+                    except Exception as exc:  # e.g. a class this process cannot import
+                        ok, value = False, RuntimeError(
+                            f"the engine core's reply cannot be rebuilt here: {exc!r}")
                     # NOTE: the caller may cancel the future at any moment (a bounded wait).
                     resolve_future(fut, value) if ok else fail_future(fut, value)
             elif kind == "dead":

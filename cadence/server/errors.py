@@ -120,12 +120,16 @@ def chosen_error(exc: ValidationError) -> tuple[Any, list[str]]:
     errors = exc.errors()
     paths = [_field_path(e) for e in errors]
     # A union reports once per member. Of the errors under the first one's field, the member
-    # the input was meant for is the one with the fewest errors, then the deepest (a list's bad
-    # element, not "should be a valid string").
+    # the input was meant for is the one whose errors reach deepest (the input had its outer
+    # shape: a list's bad element, not "should be a valid string"), then the one with the
+    # fewest errors; its first error is reported.
     members = [_member(e) for e in errors]
     head = paths[0]
-    best = min((i for i, p in enumerate(paths) if p[: len(head)] == head),
-               key=lambda i: (members.count(members[i]), -len(paths[i]), i))
+    under = [i for i, p in enumerate(paths) if p[: len(head)] == head]
+    reach: dict[tuple[tuple[int, str], ...], int] = {}
+    for i in under:
+        reach[members[i]] = max(reach.get(members[i], 0), len(paths[i]))
+    best = min(under, key=lambda i: (-reach[members[i]], members.count(members[i]), i))
     return errors[best], paths[best]
 
 
@@ -133,7 +137,10 @@ _PYDANTIC_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "function-
 
 
 def _is_field(part: str) -> bool:
-    return (part.isidentifier() or part.isdigit()) and part not in _PYDANTIC_TYPE_TAGS
+    # A union member's tag is a type: a builtin's name, a model's CamelCase class name, or a
+    # parametrized type ("list[int]", "literal['a']"); fields and keys are snake_case or indices.
+    return ((part.isidentifier() and not part[:1].isupper()) or part.isdigit()) \
+        and part not in _PYDANTIC_TYPE_TAGS
 
 
 def _field_path(error: Any) -> list[str]:

@@ -232,10 +232,17 @@ class TPExecutor:
         from cadence.worker.worker_rpc import encode_call
 
         results = self._call_all_kind("rpc", encode_call(method, args, kwargs))
+        values = []
         for rank, (ok, value) in enumerate(results):
+            if ok:
+                try:
+                    value = pickle.loads(value)
+                except Exception as exc:  # e.g. an object of a class only the rank imports
+                    ok, value = False, f"its result cannot be rebuilt here: {exc!r}"
             if not ok:
                 raise RuntimeError(f"collective_rpc: tensor-parallel rank {rank}: {value}")
-        return [value for _, value in results]
+            values.append(value)
+        return values
 
     def prefetch_grammar(self, spec: StructuredOutputsParams) -> Future:
         """Have every rank start compiling ``spec`` on its compiler thread; the engine compiles

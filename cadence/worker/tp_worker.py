@@ -208,14 +208,12 @@ def _serve(conn: Connection, rank: int, runner: Any) -> None:
 
 
 def _rpc(runner: Any, payload: bytes) -> tuple[bool, Any]:
-    """(True, result) of one collective_rpc call, or (False, why it failed): the call, its
-    arguments and its result each pickled apart from the message, so that none of them can
-    fail the rank."""
+    """(True, the pickled result) of one collective_rpc call, or (False, why it failed): the
+    call and its result pickled apart from the messages (a tensor goes by value, not by a file
+    descriptor), so that neither can fail the rank or the engine."""
     from cadence.worker.worker_rpc import decode_call, encode_result, run_on_worker
 
     try:
-        result = run_on_worker(runner, *decode_call(payload))
-        encode_result(result)
+        return True, encode_result(run_on_worker(runner, *decode_call(payload)))
     except Exception as exc:
         return False, f"{type(exc).__name__}: {exc}"
-    return True, result

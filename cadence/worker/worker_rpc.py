@@ -43,6 +43,9 @@ def run_on_worker(worker: Any, method: str | Callable[..., Any], args: tuple[Any
     _sync(worker)
     try:
         return call()
+    except SystemExit as exc:  # the engine (or this rank) must not exit with the function
+        raise RuntimeError(f"collective_rpc: the function raised SystemExit({exc.code!r}).") \
+            from None
     finally:
         _sync(worker)
 

@@ -66,14 +66,23 @@ def test_async_rpc_in_a_thread_and_across_a_process(engine_process: bool) -> Non
         try:
             counts = await llm.collective_rpc(parameter_count_of_worker)
             assert len(counts) == 1 and counts[0] > 0
-            assert await llm.collective_rpc("get_model" if not engine_process
-                                            else parameter_count_of_worker,
-                                            timeout=60) is not None
+            assert await llm.collective_rpc(parameter_count_of_worker, timeout=60) == counts
+            row = await llm.collective_rpc(head_row, args=(40,))
+            doubled = await llm.collective_rpc(head_row, args=(40,), kwargs={"scale": 2.0})
+            assert isinstance(row[0], torch.Tensor) and row[0].abs().sum() > 0
+            assert torch.equal(doubled[0], 2 * row[0])
+            with pytest.raises(Exception, match="two-argument failure"):
+                await llm.collective_rpc(raise_two_arg_error)
+            with pytest.raises(RuntimeError, match="SystemExit"):
+                await llm.collective_rpc(exit_the_process)
             if engine_process:
                 with pytest.raises(ValueError, match="must be picklable"):
                     await llm.collective_rpc(lambda w: 0)
                 with pytest.raises(ValueError, match="the results must be picklable"):
                     await llm.collective_rpc(unpicklable_result)
+                # Any utility whose result cannot cross fails alone (it hung the caller).
+                with pytest.raises(RuntimeError, match="cannot be sent to the front end"):
+                    await asyncio.wait_for(llm.call_utility("early_aborts"), 60)
             else:
                 assert await llm.collective_rpc(lambda w, k: k + 1, args=(1,)) == [2]
             with pytest.raises(ValueError, match="no method"):
@@ -96,6 +105,24 @@ def unpicklable_result(worker):
     return lambda: 0
 
 
+def head_row(worker, index: int = 40, scale: float = 1.0) -> torch.Tensor:
+    """A tensor result: it comes back by value (across processes, not as a file descriptor)."""
+    return worker.get_model().lm_head.weight[index].detach().clone() * scale
+
+
+class TwoArgError(Exception):
+    def __init__(self, what: str, detail: str) -> None:
+        super().__init__(f"{what}: {detail}")  # pickled args do not rebuild it
+
+
+def raise_two_arg_error(worker) -> None:
+    raise TwoArgError("two-argument failure", "x")
+
+
+def exit_the_process(worker) -> None:
+    raise SystemExit(3)
+
+
 def test_rpc_reaches_every_tensor_parallel_rank(tmp_path) -> None:
     path = build_checkpoint(tmp_path / "ckpt", "llama", kv_heads=2, vocab=256, tie=False)
     llm = LLM(str(path), tensor_parallel_size=2, skip_tokenizer_init=True, device="cpu",
@@ -104,6 +131,13 @@ def test_rpc_reaches_every_tensor_parallel_rank(tmp_path) -> None:
         ranks = llm.collective_rpc(rank_and_heads)
         # 4 query heads and 2 KV heads of 16 dims, split in two: (2 + 1 + 1) * 16 rows a rank.
         assert ranks == [(0, 64), (1, 64)]
+        # Tensors come back by value; each rank holds its own rows of the vocabulary.
+        rows = llm.collective_rpc(head_row, args=(0,))
+        assert [r.shape for r in rows] == [(64,), (64,)] and not torch.equal(rows[0], rows[1])
+        with pytest.raises(RuntimeError, match="rank 0: TwoArgError: two-argument failure"):
+            llm.collective_rpc(raise_two_arg_error)
+        with pytest.raises(RuntimeError, match="rank 0: RuntimeError: .*SystemExit"):
+            llm.collective_rpc(exit_the_process)
         with pytest.raises(ValueError, match="must be picklable"):
             llm.collective_rpc(lambda w: 0)
         with pytest.raises(RuntimeError, match="rank 0: ValueError: .*no method 'absent'"):

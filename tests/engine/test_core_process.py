@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import pickle
 import signal
 from pathlib import Path
 
@@ -114,17 +115,23 @@ def test_the_client_fails_pending_calls_and_every_reader_when_the_core_is_gone()
     try:
         answered = client._submit_utility("max_model_len", (), {})
         failed = client._submit_utility("no_such_method", (), {})
+        unreadable = client._submit_utility("collective_rpc_encoded", (b"",), {})
         pending = client._submit_utility("make_stats", (), {})
-        calls = [req_recv.recv() for _ in range(3)]
+        calls = [req_recv.recv() for _ in range(4)]
         assert [c[:3] for c in calls] == [("utility", 0, "max_model_len"),
                                           ("utility", 1, "no_such_method"),
-                                          ("utility", 2, "make_stats")]
-        rep_send.send(("reply", 0, True, 128))
-        rep_send.send(("reply", 1, False, AttributeError("no_such_method")))
+                                          ("utility", 2, "collective_rpc_encoded"),
+                                          ("utility", 3, "make_stats")]
+        rep_send.send(("reply", 0, True, pickle.dumps(128)))
+        rep_send.send(("reply", 1, False, pickle.dumps(AttributeError("no_such_method"))))
+        # A reply this process cannot rebuild fails its call alone; the reader reads on.
+        rep_send.send(("reply", 2, True, b"not a pickle"))
         rep_send.send(("out", EngineCoreOutputs(finished_requests={"r"})))
         assert answered.result(timeout=30) == 128
         with pytest.raises(AttributeError):
             failed.result(timeout=30)
+        with pytest.raises(RuntimeError, match="cannot be rebuilt here"):
+            unreadable.result(timeout=30)
         assert client.get_output(timeout=30).finished_requests == {"r"}
         rep_send.close()  # the core process is gone before it answered the last call
         with pytest.raises(EngineDeadError):
@@ -157,11 +164,11 @@ def test_a_reply_to_a_call_given_up_meanwhile_leaves_the_reader_serving() -> Non
         given_up = CancelledInTheWindow()
         assert given_up.cancel()
         client._calls[99] = given_up
-        rep_send.send(("reply", 99, True, 1))
-        rep_send.send(("reply", 99, False, AttributeError("late")))  # (unknown by now)
+        rep_send.send(("reply", 99, True, pickle.dumps(1)))
+        rep_send.send(("reply", 99, False, pickle.dumps(AttributeError("late"))))  # (unknown by now)
         answered = client._submit_utility("max_model_len", (), {})
         call_id = req_recv.recv()[1]
-        rep_send.send(("reply", call_id, True, 128))
+        rep_send.send(("reply", call_id, True, pickle.dumps(128)))
         rep_send.send(("out", EngineCoreOutputs(finished_requests={"r"})))
         assert answered.result(timeout=30) == 128
         assert client.get_output(timeout=30).finished_requests == {"r"}

@@ -167,6 +167,15 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     (CHAT, {"messages": [{"role": "user", "content": [{"text": "x"}]}]},
      400, "messages.0.content.0.type", "Field required"),
     (COMPLETIONS, {"prompt": [1, 2.5]}, 400, "prompt.1", "integer"),
+    # The member the input has the shape of, however many of its elements are wrong.
+    (COMPLETIONS, {"prompt": [[1, 2], [3, "x"], [4, "y"]]}, 400, "prompt.1.1", "integer"),
+    (CHAT, {"messages": MSG, "stop": ["a", 2, 3]}, 400, "stop.1", "valid string"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text"}, {"type": "text"}]}]},
+     400, "messages.0.content.0.text", "Field required"),
+    # A model's class name is a union member's tag, never a parameter.
+    (CHAT, {"messages": MSG, "tool_choice": "any"}, 400, "tool_choice", "'auto'"),
+    (CHAT, {"messages": MSG, "tool_choice": {"type": "function", "name": "f"}}, 400,
+     "tool_choice.function", "Field required"),
     (COMPLETIONS, {"prompt": "x", "logit_bias": {"one": 1}}, 400, "logit_bias", "token ids"),
     (COMPLETIONS, {"prompt": "x", "logit_bias": {"-4": 1}}, 400, "logit_bias", "negative"),
     (CHAT, {"messages": MSG, "logit_bias": {"100000": 1}}, 400, "logit_bias",
