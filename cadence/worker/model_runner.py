@@ -294,6 +294,12 @@ class ModelRunner:
         """The model this runner steps (vLLM's worker ``get_model``: ``apply_model``'s)."""
         return self.model
 
+    @property
+    def model_runner(self) -> ModelRunner:
+        """Itself: collective_rpc's worker is the runner here, where vLLM's worker holds one
+        (so that ``lambda worker: worker.model_runner.model`` works as it does there)."""
+        return self
+
     def prefetch_grammar(self, spec: StructuredOutputsParams) -> Future:
         """Start compiling a request's grammar off the engine thread (done once compiled)."""
         return self.sampling.grammar.prefetch(spec)

@@ -44,6 +44,8 @@ def test_offline_rpc_reads_and_changes_the_model_between_steps() -> None:
         expected = sum(p.numel() for p in model[0].parameters())
         assert llm.apply_model(parameter_count) == [expected]
         assert llm.llm_engine.collective_rpc(lambda w, k: k * 2, args=(21,)) == [42]
+        # vLLM's workers hold their runner: code written for them reaches the same model.
+        assert llm.collective_rpc(lambda w: w.model_runner.model is w.get_model()) == [True]
         before = llm.generate(PROMPT, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
         assert llm.apply_model(silence_final_norm) == [None]
         after = llm.generate(PROMPT, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
