@@ -136,6 +136,15 @@ class EngineCore:
         gc.freeze()
         logger.info("Asynchronous scheduling is %s.",
                     "enabled" if cfg.scheduler.async_scheduling else "disabled")
+        held = (self.num_kv_blocks - 1) * cfg.cache.block_size  # block 0: the null block
+        if held < cfg.scheduler.max_model_len:
+            # vLLM refuses to start here; this engine serves what fits and refuses the rest
+            # per request, naming the bound (request_checks, the input processor).
+            logger.warning(
+                "The KV cache holds %d tokens, fewer than max_model_len=%d: a request needing "
+                "more is refused. Lower max_model_len, or give the cache more memory "
+                "(gpu_memory_utilization, num_gpu_blocks_override).",
+                held, cfg.scheduler.max_model_len)
 
     # Properties the front ends read ----------------------------------------------------------
     @property

@@ -4,6 +4,8 @@ gets alone."""
 
 from __future__ import annotations
 
+import pytest
+
 from cadence.core_types import EngineCoreRequest
 from cadence.engine.core import EngineCore
 from cadence.sampling_params import SamplingParams
@@ -52,3 +54,21 @@ def test_a_request_waits_for_free_blocks_then_finishes() -> None:
     assert tokens["b"] == run_alone(core, "b2", PROMPT_B, params)
     assert len(tokens["b"]) == 30
     core.shutdown()
+
+
+@pytest.mark.parametrize(("blocks", "warned"), [(8, True), (33, False)])
+def test_a_cache_smaller_than_the_context_is_said_at_start(caplog, blocks: int,
+                                                           warned: bool) -> None:
+    """With 16-token blocks and max_model_len 512, 32 usable blocks (block 0 is the null block)
+    hold the context: fewer is warned of at start, naming both figures."""
+    with caplog.at_level("WARNING", logger="cadence.engine.core"):
+        core = EngineCore(tiny_args(max_model_len=512, block_size=16,
+                                    num_gpu_blocks_override=blocks))
+        core.shutdown()
+    said = [r.getMessage() for r in caplog.records if "fewer than max_model_len" in r.getMessage()]
+    assert bool(said) == warned
+    if warned:
+        assert said == [f"The KV cache holds {(blocks - 1) * 16} tokens, fewer than "
+                        "max_model_len=512: a request needing more is refused. Lower "
+                        "max_model_len, or give the cache more memory (gpu_memory_utilization, "
+                        "num_gpu_blocks_override)."]
