@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from cadence.engine.core_client import EngineCoreClient, InprocEngineCoreClient
-from cadence.worker.worker_rpc import encode_call
+from cadence.worker.worker_rpc import check_timeout, encode_call
 
 __all__ = ["CoreUtilities"]
 
@@ -41,10 +41,7 @@ class CoreUtilities:
                              kwargs: Mapping[str, Any] | None = None) -> list[Any]:
         """vLLM's: ``method`` on every worker between two steps (``EngineCore.collective_rpc``);
         TimeoutError after ``timeout`` seconds (the call itself runs on in the core)."""
-        if timeout is not None and (isinstance(timeout, bool)
-                                    or not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"timeout must be a positive number of seconds or None, got "
-                             f"{timeout!r}.")
+        check_timeout(timeout)
         call_args = (method, tuple(args), dict(kwargs or {}))
         if isinstance(self.engine_core, InprocEngineCoreClient):
             return await _bounded(

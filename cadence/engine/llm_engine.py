@@ -19,7 +19,7 @@ from cadence.engine.tokenization_kwargs import TokenizationKwargs
 from cadence.inputs import given_prompt_text, refuse_lora
 from cadence.outputs import RequestOutput
 from cadence.sampling_params import SamplingParams
-from cadence.worker.worker_rpc import ApplyModel
+from cadence.worker.worker_rpc import ApplyModel, check_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -151,11 +151,10 @@ class LLMEngine:
                        kwargs: Mapping[str, Any] | None = None) -> list[Any]:
         """vLLM's: ``method`` (a model runner method's name, or a function called with the
         runner first) on every worker between two steps; their results in rank order
-        (``worker/worker_rpc.py``). It runs in this thread: ``timeout`` must be None."""
+        (``worker/worker_rpc.py``). The call runs in this thread: as in vLLM's single-process
+        executor, ``timeout`` (checked) bounds nothing here."""
         self._check_open()
-        if timeout is not None:
-            raise ValueError("timeout: the offline engine runs the call in this thread, with "
-                             "nothing to wait for; pass None.")
+        check_timeout(timeout)
         return self.engine_core.collective_rpc(method, args, kwargs)
 
     def apply_model(self, func: Callable[[Any], Any]) -> list[Any]:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ApplyModel", "decode_call", "encode_call", "encode_result", "run_on_worker"]
+__all__ = ["ApplyModel", "check_timeout", "decode_call", "encode_call", "encode_result", "run_on_worker"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,14 @@ def run_on_worker(worker: Any, method: str | Callable[..., Any], args: tuple[Any
             from None
     finally:
         _sync(worker)
+
+
+def check_timeout(timeout: Any) -> None:
+    """vLLM's ``timeout`` of a collective_rpc: seconds (a positive number) or None."""
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not timeout > 0 or timeout == float("inf")):
+        raise ValueError(f"timeout must be a positive number of seconds or None, got "
+                         f"{timeout!r}.")
 
 
 def encode_call(method: str | Callable[..., Any], args: tuple[Any, ...],

@@ -53,8 +53,11 @@ def test_offline_rpc_reads_and_changes_the_model_between_steps() -> None:
         assert list(after) == [0] * len(after) and list(before) != list(after)
         with pytest.raises(ValueError, match="no method 'no_such_method'"):
             llm.collective_rpc("no_such_method")
-        with pytest.raises(ValueError, match="timeout"):
-            llm.collective_rpc("get_model", timeout=5)
+        # vLLM's timeout is taken (the call runs in this thread) and checked.
+        assert llm.collective_rpc(parameter_count_of_worker, timeout=5) == [expected]
+        for bad in (0, -1, "5", True, float("nan")):
+            with pytest.raises(ValueError, match="timeout must be"):
+                llm.collective_rpc("get_model", timeout=bad)
         # The engine serves on after a refused call.
         assert len(llm.generate(PROMPT, GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 6
     finally:
