@@ -356,4 +356,10 @@ MUTATIONS = [
              "        call = lambda: method(worker, *args, **kwargs)  # noqa: E731",
              "        call = lambda: method(worker)  # noqa: E731",
              ("tests/worker/test_worker_rpc.py", "tests/engine/test_collective_rpc.py")),
+    Mutation("sched-victim-tie-by-running-order", "tied victims follow the running list's order",
+             "cadence/scheduler/scheduler.py",
+             "    return request.priority, request.arrival_time, request.request_id",
+             "    return request.priority, request.arrival_time",
+             ("tests/engine/test_priority_engine.py::"
+              "test_children_that_outgrow_the_cache_do_not_preempt_each_other_forever",)),
 ]

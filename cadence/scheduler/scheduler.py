@@ -28,8 +28,12 @@ _PREEMPTED = RequestStatus.PREEMPTED
 _NO_NEW_BLOCKS: list[KVCacheBlock] = []  # shared, never mutated
 
 
-def _victim_key(request: Request) -> tuple[int, float]:
-    return request.priority, request.arrival_time
+def _victim_key(request: Request) -> tuple[int, float, str]:
+    # NOTE: the waiting queue's order (Request.__lt__), ties included: the request it would
+    # admit first is never preempted for one after it. Ties broken by the running list's order
+    # instead (an n > 1 request's children share an arrival time) let two requests preempt
+    # each other for ever, each losing its progress.
+    return request.priority, request.arrival_time, request.request_id
 
 
 class Scheduler:

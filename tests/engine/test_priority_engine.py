@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cadence import LLM, SamplingParams
+from cadence import LLM, RequestOutputKind, SamplingParams
 
 PROMPTS = ["alpha beta", "gamma", "delta epsilon zeta", "eta theta", "iota", "kappa lambda mu"]
 PRIORITIES = [5, 3, 4, 0, 2, 1]
@@ -50,3 +50,35 @@ def test_fcfs_finishes_in_arrival_order():
     finished_at, _ = _run("fcfs", False, None)
     steps = [finished_at[i] for i in range(len(PROMPTS))]
     assert steps == sorted(steps)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_children_that_outgrow_the_cache_do_not_preempt_each_other_forever(async_scheduling):
+    """An n = 2 request whose children cannot both fit: under the priority policy the children
+    tie on (priority, arrival time); the victim follows the waiting queue's order (request id
+    last), so the first child always runs on. Broken by the running list's order instead, the
+    two preempted each other for ever (each re-prefilling 8 tokens a step, then preempted)."""
+    from cadence.engine.llm_engine import LLMEngine
+    from tests.tiny import tiny_args
+
+    engine = LLMEngine(tiny_args(device="cpu", max_model_len=256, scheduling_policy="priority",
+                                 num_gpu_blocks_override=18, max_num_batched_tokens=512,
+                                 long_prefill_token_threshold=8,
+                                 enable_prefix_caching=False, async_scheduling=async_scheduling))
+    try:
+        prompt = {"prompt_token_ids": [(7 * i) % 500 + 3 for i in range(40)]}
+        # 40 + 149 tokens need 12 of the 17 usable blocks: one child fits, two do not.
+        engine.add_request("r", prompt, SamplingParams(
+            max_tokens=150, temperature=1.0, seed=1, n=2, ignore_eos=True,
+            output_kind=RequestOutputKind.FINAL_ONLY))
+        final = None
+        # Far more steps than two children run one after the other take (~2 x 160).
+        for _ in range(2000):
+            if not engine.has_unfinished_requests():
+                break
+            final = next((o for o in engine.step() if o.finished), final)
+        assert not engine.has_unfinished_requests(), "the children never finished"
+        assert final is not None
+        assert [len(c.token_ids) for c in final.outputs] == [150, 150]
+    finally:
+        engine.shutdown()
