@@ -217,4 +217,9 @@ MUTATIONS = [
              "cadence/worker/schema_features.py",
              '            counted = optional_groups_counted(node["pattern"])',
              '            counted = node["pattern"]', ("tests/engine/test_structured_outputs.py",)),
+    Mutation("wk-reused-id-keeps-grammar", "a reused id inherits its old request's grammar",
+             "cadence/worker/request_sampling.py",
+             "            self.grammar.forget(new.req_id)\n", "",
+             ("tests/engine/test_request_isolation.py::"
+              "test_an_id_reused_the_step_after_its_request_ended_starts_clean",)),
 ]

@@ -106,6 +106,9 @@ class GrammarState:
         for req_id in [r for r in self._reqs if r not in live]:
             del self._reqs[req_id]
 
+    def forget(self, req_id: str) -> None:
+        self._reqs.pop(req_id, None)
+
     def wants(self, req_id: str) -> object | None:
         """The request's admission (its state) if it is constrained."""
         return self._reqs.get(req_id)

@@ -47,6 +47,12 @@ class RequestSampling:
         if self.prompt_logprob_reqs:
             self.prompt_logprob_reqs &= live.keys()
         for new in so.scheduled_new_reqs:
+            # NOTE: an id ended in this output may come back in it as a new request (ids are
+            # the client's, reused once a request has finished): the batch holds it, so the
+            # retains above kept the old one's state. None of it may carry over.
+            state.forget(new.req_id)
+            self.grammar.forget(new.req_id)
+            self.prompt_logprob_reqs.discard(new.req_id)
             params = new.sampling_params
             if params.prompt_logprobs is not None:
                 self.prompt_logprob_reqs.add(new.req_id)

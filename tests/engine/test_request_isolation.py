@@ -177,3 +177,54 @@ def test_output_processor_isolates_a_failing_request() -> None:
     )
     assert res.request_outputs[0].outputs[0].token_ids == [6, 7]
     assert [f.finish_reason for f in res.iteration_stats.finished_requests] == ["length"]
+
+
+def _reused_id_params() -> list[tuple[str, SamplingParams]]:
+    from cadence.structured_outputs_params import StructuredOutputsParams
+
+    # Each constrains the first request to a token the plain request's greedy answer avoids.
+    return [
+        ("grammar", SamplingParams(temperature=0.0, max_tokens=2, structured_outputs=
+                                   StructuredOutputsParams(choice=["yes", "no"]))),
+        ("allowed_token_ids", SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True,
+                                             allowed_token_ids=[33])),
+        ("logit_bias", SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True,
+                                      logit_bias={33: 100.0})),
+        ("prompt_logprobs", SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True,
+                                           prompt_logprobs=2)),
+    ]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize(("kind", "first"), _reused_id_params(), ids=lambda v: v
+                         if isinstance(v, str) else "")
+def test_an_id_reused_the_step_after_its_request_ended_starts_clean(
+        async_scheduling: bool, kind: str, first: SamplingParams) -> None:
+    """A request id may be reused once its request has finished; the new request's step is the
+    one that tells the worker the old one ended. Nothing of the old request's sampling state
+    (a grammar, allowed ids, biases, prompt logprobs) may constrain the new one: a plain greedy
+    request under the reused id answers as it does under a fresh id."""
+    from cadence.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(tiny_args(device="cpu", async_scheduling=async_scheduling))
+    try:
+        plain = _greedy(8)
+        prompt = {"prompt_token_ids": PROMPTS[0]}
+
+        def run(rid: str, params: SamplingParams) -> list:
+            engine.add_request(rid, prompt, params)
+            outs = []
+            for _ in range(100):
+                if not engine.has_unfinished_requests():
+                    break
+                outs += [o for o in engine.step() if o.finished]
+            assert [o.request_id for o in outs] == [rid]
+            return outs
+
+        reference = run("fresh", plain)[0]
+        run("x", first)  # ends: the worker hears of it with the next step's output
+        again = run("x", plain)[0]
+        assert list(again.outputs[0].token_ids) == list(reference.outputs[0].token_ids), kind
+        assert again.prompt_logprobs is None
+    finally:
+        engine.shutdown()
