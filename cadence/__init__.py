@@ -8,9 +8,9 @@ from cadence.outputs import CompletionOutput, RequestOutput
 from cadence.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "AsyncEngineArgs", "AsyncLLM", "BeamSearchParams", "CompletionOutput", "EngineArgs", "LLMEngine",
-           "RequestOutput", "RequestOutputKind", "SamplingParams", "TextPrompt", "TokensPrompt",
-           "__version__"]
+__all__ = ["LLM", "AsyncEngineArgs", "AsyncLLM", "BeamSearchParams", "CompletionOutput",
+           "EngineArgs", "LLMEngine", "RequestOutput", "RequestOutputKind", "SamplingParams",
+           "TextPrompt", "TokensPrompt", "__version__"]
 
 if TYPE_CHECKING:
     from cadence.engine.async_llm import AsyncLLM

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-__all__ = ["TextPrompt", "TokensPrompt", "check_data_parallel_rank", "given_prompt_text", "refuse_lora"]
+__all__ = ["TextPrompt", "TokensPrompt", "check_data_parallel_rank", "given_prompt_text",
+           "refuse_lora"]
 
 
 class TextPrompt(TypedDict, total=False):

@@ -366,7 +366,8 @@ class AsyncLLM(CoreUtilities):
         self._pump.start_draining(self.output_processor.abort_requests(engine_ids, stats))
         self.engine_core.abort_requests(engine_ids)
         if stats.finished_requests:
-            self._pump.record_stats(None, stats)  # counted as finished, reason "abort" (docs/serving.md)
+            # Counted as finished, reason "abort" (docs/serving.md).
+            self._pump.record_stats(None, stats)
 
     # -- output handler ----------------------------------------------------------------------
     def start_output_handler(self) -> None:

@@ -159,4 +159,3 @@ class InprocEngineCoreClient(EngineCoreClient):
         if self._dead_error is None:  # calls from now on say why they cannot run
             self._dead_error = EngineDeadError("The engine core was shut down.")
         self.proc.shutdown(timeout)
-

@@ -4,12 +4,11 @@ runs in the core between two steps, in its thread or its process."""
 from __future__ import annotations
 
 import asyncio
-import pickle
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from cadence.engine.core_client import EngineCoreClient, InprocEngineCoreClient
-from cadence.worker.worker_rpc import check_timeout, encode_call
+from cadence.worker.worker_rpc import check_timeout, decode_result, encode_call
 
 __all__ = ["CoreUtilities"]
 
@@ -46,13 +45,8 @@ class CoreUtilities:
         if isinstance(self.engine_core, InprocEngineCoreClient):
             return await _bounded(
                 self.engine_core.call_utility_async("collective_rpc", *call_args), timeout)
-        encoded = await _bounded(self.engine_core.call_utility_async(
-            "collective_rpc_encoded", encode_call(*call_args)), timeout)
-        try:
-            return pickle.loads(encoded)
-        except Exception as exc:  # a result of a class this process cannot import
-            raise ValueError(f"collective_rpc: the results cannot be rebuilt here: {exc}") \
-                from None
+        return decode_result(await _bounded(self.engine_core.call_utility_async(
+            "collective_rpc_encoded", encode_call(*call_args)), timeout))
 
     async def get_num_free_kv_blocks(self) -> int:
         return await self.engine_core.call_utility_async("num_free_kv_blocks")

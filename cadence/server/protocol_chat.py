@@ -53,7 +53,8 @@ def _part_kind(part: Any) -> str | None:
 # NOTE: the tags are not identifiers, so an error's parameter path leaves them out and names
 # the part's own field (messages.0.content.1.text), not the union member it was tried as.
 ContentPart = Annotated[
-    Annotated[TextContentPart, Tag("text-part")] | Annotated[RefusalContentPart, Tag("refusal-part")],
+    Annotated[TextContentPart, Tag("text-part")]
+    | Annotated[RefusalContentPart, Tag("refusal-part")],
     Discriminator(_part_kind, custom_error_type="content_part",
                   custom_error_message='a content part is an object with a "type"'),
 ]
@@ -230,23 +231,23 @@ class ChatCompletionRequest(SamplingRequest):
             # Each tool in play alone first: an error names the tool whose schema it is.
             if named is None or tool.function.name == named:
                 try:
-                    check_structured_outputs(StructuredOutputsParams(json=tools[tool.function.name]))
+                    spec = StructuredOutputsParams(json=tools[tool.function.name])
+                    check_structured_outputs(spec)
                 except ValueError as exc:
                     where = f"tools.{i}.function.parameters"
                     reason = str(exc).removeprefix("structured_outputs: ").removeprefix(
                         "invalid json: ")
                     raise ParamError(where, f"{where}: not a JSON schema this server can "
                                      f"follow: {reason}") from None
+        if named is not None:
+            return StructuredOutputsParams(json=tools[named])  # checked above
         try:
-            if isinstance(self.tool_choice, NamedToolChoice):
-                spec = StructuredOutputsParams(json=tools[self.tool_choice.function.name])
-            else:
-                spec = StructuredOutputsParams(json={"type": "array", "minItems": 1, "items": {
-                    "anyOf": [{"type": "object",
-                               "properties": {"name": {"type": "string", "enum": [name]},
-                                              "parameters": params},
-                               "required": ["name", "parameters"]}
-                              for name, params in tools.items()]}})
+            spec = StructuredOutputsParams(json={"type": "array", "minItems": 1, "items": {
+                "anyOf": [{"type": "object",
+                           "properties": {"name": {"type": "string", "enum": [name]},
+                                          "parameters": params},
+                           "required": ["name", "parameters"]}
+                          for name, params in tools.items()]}})
             check_structured_outputs(spec)
         except ValueError as exc:
             raise ParamError("tools", f"tools: a function's parameters are not a schema this "

@@ -229,16 +229,16 @@ class TPExecutor:
                        kwargs: dict[str, Any]) -> list[Any]:
         """Run ``method`` on every rank (``worker_rpc.run_on_worker``); their results in rank
         order. A rank's failure is a RuntimeError naming it; the ranks stay in service."""
-        from cadence.worker.worker_rpc import encode_call
+        from cadence.worker.worker_rpc import decode_result, encode_call
 
         results = self._call_all_kind("rpc", encode_call(method, args, kwargs))
         values = []
         for rank, (ok, value) in enumerate(results):
             if ok:
                 try:
-                    value = pickle.loads(value)
-                except Exception as exc:  # e.g. an object of a class only the rank imports
-                    ok, value = False, f"its result cannot be rebuilt here: {exc!r}"
+                    value = decode_result(value)
+                except ValueError as exc:
+                    ok, value = False, str(exc)
             if not ok:
                 raise RuntimeError(f"collective_rpc: tensor-parallel rank {rank}: {value}")
             values.append(value)

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ApplyModel", "check_timeout", "decode_call", "encode_call", "encode_result", "run_on_worker"]
+__all__ = ["ApplyModel", "check_timeout", "decode_call", "decode_result", "encode_call",
+           "encode_result", "run_on_worker"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,14 @@ def decode_call(payload: bytes) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
 
 def encode_result(result: Any) -> bytes:
     return _dumps(result, "the results")
+
+
+def decode_result(data: bytes) -> Any:
+    try:
+        return pickle.loads(data)
+    except Exception as exc:  # e.g. an object of a class only the other side imports
+        raise ValueError(f"collective_rpc: the results cannot be rebuilt here: {exc!r}") \
+            from None
 
 
 def _dumps(what: Any, name: str) -> bytes:
