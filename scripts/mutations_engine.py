@@ -362,4 +362,10 @@ MUTATIONS = [
              "    return request.priority, request.arrival_time",
              ("tests/engine/test_priority_engine.py::"
               "test_children_that_outgrow_the_cache_do_not_preempt_each_other_forever",)),
+    Mutation("eng-close-aborts-preparing-namesake", "a closed generator aborts a newcomer",
+             "cadence/engine/async_llm.py",
+             "self.abort_nowait([request_id], preparing_too=False)",
+             "self.abort_nowait([request_id])",
+             ("tests/engine/test_async_llm.py::"
+              "test_closing_a_generator_spares_a_request_with_its_id_still_being_prepared",)),
 ]

@@ -328,7 +328,7 @@ class AsyncLLM(CoreUtilities):
                 yield out
         except (asyncio.CancelledError, GeneratorExit):
             if self._still_names(request_id, collector):
-                self.abort_nowait([request_id])
+                self.abort_nowait([request_id], preparing_too=False)
                 if self.log_requests:
                     logger.info("Request %r aborted by its consumer.", request_id)
             raise
@@ -356,12 +356,16 @@ class AsyncLLM(CoreUtilities):
         if self.log_requests:
             logger.info("Aborted request(s) %s.", ",".join(ids))
 
-    def abort_nowait(self, request_ids: list[str]) -> None:
-        """``abort`` without awaiting: usable while an async generator is being closed."""
+    def abort_nowait(self, request_ids: list[str], *, preparing_too: bool = True) -> None:
+        """``abort`` without awaiting: usable while an async generator is being closed.
+        ``preparing_too``: a request under one of the ids that is still being prepared is
+        aborted once it is in (an abort by id); False where the abort is of one request only
+        (its consumer left), which a newer request reusing the id must outlive."""
         # Ids the output processor no longer tracks (finished by a stop string a moment ago)
         # may still be in the core: abort every given id there; the core ignores unknown ones.
         stats = IterationStats()
-        self._ledger.note_aborts(request_ids)
+        if preparing_too:
+            self._ledger.note_aborts(request_ids)
         engine_ids = self.output_processor.engine_request_ids(list(request_ids))
         self._pump.start_draining(self.output_processor.abort_requests(engine_ids, stats))
         self.engine_core.abort_requests(engine_ids)

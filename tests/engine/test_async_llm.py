@@ -445,6 +445,30 @@ async def test_closing_a_stale_generator_spares_a_newer_request_with_its_id(
     assert not engine.output_processor.is_request_active("job")
 
 
+async def test_closing_a_generator_spares_a_request_with_its_id_still_being_prepared(
+        engine: AsyncLLM) -> None:
+    """Request A's consumer closes its generator while request B, reusing A's id, is still
+    being prepared: only A is aborted. (The close once aborted by id, which also marks every
+    request under the id being prepared: B ended at once with "abort" and no tokens.)"""
+    params = SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.0)
+    first = engine.generate(TEXT_PROMPT, params, "x")
+    await first.__anext__()  # A runs
+
+    async def second() -> list:
+        return [o async for o in engine.generate(TEXT_PROMPT, params, "x")]
+
+    b = asyncio.create_task(second())
+    for _ in range(10_000):  # until B is being prepared (not a time bound: yields)
+        if "x" in engine._ledger.preparing:
+            break
+        await asyncio.sleep(0)
+    assert "x" in engine._ledger.preparing
+    await first.aclose()  # A's consumer leaves: A is aborted
+    outs = await b
+    assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "length"
+    assert len(outs[-1].outputs[0].token_ids) == 20
+
+
 async def test_a_steps_statistics_are_recorded_once_however_many_slices_it_takes() -> None:
     """A step of more outputs than one slice (OUTPUT_CHUNK_SIZE) is one iteration for the stat
     loggers (vLLM's iteration_tokens_total observes each step once)."""
