@@ -23,6 +23,11 @@ class ApplyModel:
 
     func: Callable[[Any], Any]
 
+    def __post_init__(self) -> None:
+        if not callable(self.func):
+            raise ValueError(f"apply_model: func must be callable (it gets the model), got "
+                             f"{type(self.func).__name__}.")
+
     def __call__(self, worker: Any) -> Any:
         return self.func(worker.get_model())
 

@@ -43,6 +43,8 @@ def test_a_method_by_name_and_a_function_take_the_arguments() -> None:
     assert run_on_worker(w, double_of, (4,), {}) == 8
     assert run_on_worker(w, lambda worker: worker.get_model(), (), {}) == "the model"
     assert run_on_worker(w, ApplyModel(len), (), {}) == len("the model")
+    with pytest.raises(ValueError, match="apply_model: func must be callable"):
+        ApplyModel(5)  # type: ignore[arg-type]
     assert w.calls == [(3, 5), (4, 2)]
 
 
