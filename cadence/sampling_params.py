@@ -3,37 +3,16 @@
 from __future__ import annotations
 
 import copy
-import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cadence.field_checks import (
-    INT64_MAX,
-    INT64_MIN,
-    as_list,
-    first_bad_id,
-    is_int,
-    is_real,
-    unique,
-)
+from cadence.field_checks import as_list, is_int, is_real, unique
 from cadence.repetition import RepetitionDetectionParams
+from cadence.sampling_checks import MIN_TEMPERATURE, check_sampling_params
+from cadence.sampling_types import RequestOutputKind, SamplingType
 from cadence.structured_outputs_params import StructuredOutputsParams
-
-
-class RequestOutputKind(enum.Enum):
-    CUMULATIVE = 0  # every output carries everything generated so far
-    DELTA = 1  # every output carries only what is new since the last one
-    FINAL_ONLY = 2  # one output, when the request finishes
-
-
-class SamplingType(enum.IntEnum):
-    """vLLM's: how a request's tokens are drawn (``SamplingParams.sampling_type``)."""
-
-    GREEDY = 0
-    RANDOM = 1
-    RANDOM_SEED = 2
 
 
 @dataclass
@@ -218,7 +197,7 @@ class SamplingParams:
             flag = getattr(self, name)
             if flag is True or flag is False:  # vLLM: True is 1; False, not None, acts as 0
                 setattr(self, name, int(flag))
-        self._verify()
+        check_sampling_params(self)
         # vLLM: repeated stop ids and bad words count once (first occurrences, in order);
         # after the checks, so that every given item was checked.
         self.stop_token_ids = unique(self.stop_token_ids)
@@ -244,120 +223,6 @@ class SamplingParams:
         self.all_stop_token_ids = set(self.all_stop_token_ids) | set(self.stop_token_ids)
         if self.skip_reading_prefix_cache is None:
             self.skip_reading_prefix_cache = self.prompt_logprobs is not None
-
-    def _verify(self) -> None:
-        if not is_int(self.n):
-            raise ValueError(f"n must be an int, got {self.n!r}.")
-        if self.n < 1:
-            raise ValueError(f"n must be at least 1, got {self.n}.")
-        if self.n > MAX_N_SEQUENCES:
-            raise ValueError(f"n must be at most {MAX_N_SEQUENCES}, got {self.n}.")
-        if is_real(self.temperature) and not math.isfinite(self.temperature):
-            raise ValueError(f"temperature must be a finite number, got {self.temperature!r}.")
-        if not is_real(self.temperature) or not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be non-negative, got {self.temperature!r}.")
-        if self.temperature > MAX_TEMPERATURE:  # OpenAI's and vLLM's bound
-            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], "
-                             f"got {self.temperature!r}.")
-        if not is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}.")
-        if not is_int(self.top_k) or self.top_k < -1:
-            raise ValueError(
-                f"top_k must be 0 (disable), or at least 1, got {self.top_k!r}."
-            )
-        if self.seed is not None and not (is_int(self.seed) and INT64_MIN <= self.seed <= INT64_MAX):
-            raise ValueError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}.")
-        if self.max_tokens is not None and (not is_int(self.max_tokens) or self.max_tokens < 1):
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens!r}.")
-        if not is_int(self.min_tokens) or self.min_tokens < 0:
-            raise ValueError(
-                f"min_tokens must be greater than or equal to 0, got {self.min_tokens!r}."
-            )
-        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
-                f"got {self.min_tokens}."
-            )
-        if not isinstance(self.output_kind, RequestOutputKind):
-            raise ValueError("output_kind must be a RequestOutputKind, got "
-                             f"{self.output_kind!r}.")
-        for name in ("detokenize", "skip_special_tokens", "spaces_between_special_tokens",
-                     "ignore_eos", "include_stop_str_in_output", "flat_logprobs", "skip_clone"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
-        if not self.detokenize and self.stop:
-            raise ValueError("stop strings are only supported when detokenize is True.")
-        if self.extra_args is not None and not isinstance(self.extra_args, dict):
-            raise ValueError(f"extra_args must be a dict, got {type(self.extra_args).__name__}.")
-        if self.stream_interval is not None and (not is_int(self.stream_interval)
-                                                 or self.stream_interval < 1):
-            raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval!r}.")
-        if self.skip_reading_prefix_cache is not None and not isinstance(
-                self.skip_reading_prefix_cache, bool):
-            raise ValueError("skip_reading_prefix_cache must be a boolean or None, got "
-                             f"{self.skip_reading_prefix_cache!r}.")
-        budget = self.thinking_token_budget
-        if budget is not None and (not is_int(budget) or not 0 <= budget <= INT64_MAX):
-            raise ValueError("thinking_token_budget must be a non-negative integer or -1 (no "
-                             f"limit), got {budget!r}.")
-        k = self.truncate_prompt_tokens
-        if k is not None and (not is_int(k) or k == 0 or k < -1):
-            raise ValueError(f"truncate_prompt_tokens must be an integer >= 1 or -1, got {k!r}.")
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
-            if value is not None and (not is_int(value) or value < -1):
-                raise ValueError(f"{name} must be non-negative or -1 (all), got {value!r}.")
-        ids = self.logprob_token_ids
-        if ids is not None:
-            bad = first_bad_id(ids)
-            if bad is not None:
-                raise ValueError(f"logprob_token_ids must be token ids, got {bad!r}.")
-            if len(ids) > MAX_LOGPROB_TOKEN_IDS:
-                raise ValueError(f"logprob_token_ids: at most {MAX_LOGPROB_TOKEN_IDS} ids are "
-                                 f"allowed, got {len(ids)}.")
-            if self.logprobs is not None and self.logprobs != len(ids):
-                raise ValueError("logprob_token_ids: with logprobs set too, logprobs must be "
-                                 f"their count ({len(ids)}), got {self.logprobs}.")
-        self._verify_logits_processors()
-        if any(not isinstance(s, str) for s in self.stop):
-            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}.")
-        if any(not s for s in self.stop):
-            raise ValueError("stop cannot contain an empty string.")
-        bad = first_bad_id(self.stop_token_ids)
-        if bad is not None:
-            raise ValueError(f"stop_token_ids must be non-negative 64-bit integers, got {bad!r}.")
-
-    def _verify_logits_processors(self) -> None:
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not is_real(value) or not -2.0 <= value <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2], got {value!r}.")
-        rp = self.repetition_penalty
-        # Applied to float32 logits: past these bounds the penalty (or a logit scaled by it)
-        # underflows to 0 or overflows to inf.
-        if not is_real(rp) or not REPETITION_PENALTY_MIN <= rp <= REPETITION_PENALTY_MAX:
-            raise ValueError(f"repetition_penalty must be in [{REPETITION_PENALTY_MIN:g}, "
-                             f"{REPETITION_PENALTY_MAX:g}] (greater than zero), got {rp!r}.")
-        if not is_real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}.")
-        if self.logit_bias is not None:
-            for tok, bias in self.logit_bias.items():
-                if not is_int(tok) or not 0 <= tok <= INT64_MAX:
-                    raise ValueError(f"logit_bias keys must be token ids, got {tok!r}.")
-                # float32 logits: a bias past the bound becomes inf, and its row NaN.
-                if not is_real(bias) or not -LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX:
-                    raise ValueError(f"logit_bias values must be in [-{LOGIT_BIAS_MAX:g}, "
-                                     f"{LOGIT_BIAS_MAX:g}], got {bias!r}.")
-        if self.allowed_token_ids is not None:
-            if not self.allowed_token_ids:
-                raise ValueError("allowed_token_ids must not be empty.")
-            bad = first_bad_id(self.allowed_token_ids)
-            if bad is not None:
-                raise ValueError(f"allowed_token_ids must be token ids, got {bad!r}.")
-        if self.bad_words is not None and any(
-            not isinstance(w, str) or not w.strip() for w in self.bad_words
-        ):
-            raise ValueError(f"bad_words must be non-empty strings, got {self.bad_words!r}.")
 
     @property
     def num_logprobs(self) -> int | None:
@@ -430,15 +295,6 @@ _NESTED = ("structured_outputs", "extra_args", "bad_words_token_ids", "repetitio
 _INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs",
                "truncate_prompt_tokens", "stream_interval", "thinking_token_budget")
 _SAMPLING_EPS = 1e-5
-REPETITION_PENALTY_MIN = 1e-30
-REPETITION_PENALTY_MAX = 1e30
-LOGIT_BIAS_MAX = 1e30
-MAX_N = 128  # choices per server request (OpenAI's bound; the server's schema holds it)
-MAX_N_SEQUENCES = 16384  # choices per SamplingParams (vLLM's VLLM_MAX_N_SEQUENCES default)
-MAX_TEMPERATURE = 2.0
-MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's bound on logprob_token_ids
-# Smallest non-greedy temperature; smaller ones are raised to it (vLLM's ``_MAX_TEMP``).
-MIN_TEMPERATURE = 1e-2
 
 
 @dataclass(frozen=True)

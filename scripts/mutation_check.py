@@ -1217,9 +1217,9 @@ MUTATIONS = [
              ("tests/server/test_cli_flags.py::"
               "test_the_key_is_checked_on_the_route_the_router_takes",)),
     Mutation("temperature-unbounded", "temperatures above 2 sample",
-             "cadence/sampling_params.py",
-             "        if self.temperature > MAX_TEMPERATURE:  # OpenAI's and vLLM's bound",
-             "        if self.temperature > 1e9 * MAX_TEMPERATURE:",
+             "cadence/sampling_checks.py",
+             "    if p.temperature > MAX_TEMPERATURE:  # OpenAI's and vLLM's bound",
+             "    if p.temperature > 1e9 * MAX_TEMPERATURE:",
              ("tests/test_sampling_params.py",)),
     Mutation("default-len-unscaled", "the default context ignores RoPE scaling",
              "cadence/model/registry.py",

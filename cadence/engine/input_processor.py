@@ -25,7 +25,8 @@ from cadence.engine.param_checks import (
     check_some_token_allowed,
     encode_plain,
 )
-from cadence.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
+from cadence.field_checks import INT64_MAX, INT64_MIN
+from cadence.sampling_params import SamplingParams
 
 __all__ = [
     "MAX_STOP_STRINGS",

@@ -11,17 +11,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from cadence.engine.param_checks import MAX_STOP_TOKEN_IDS
+from cadence.field_checks import INT64_MAX, INT64_MIN
 from cadence.repetition import MAX_MIN_COUNT, MAX_PATTERN_SIZE, RepetitionDetectionParams
-from cadence.sampling_params import (
-    INT64_MAX,
-    INT64_MIN,
-    MAX_LOGPROB_TOKEN_IDS,
-    MAX_N,
-    MAX_TEMPERATURE,
-    RequestOutputKind,
-    SamplingParams,
-    StructuredOutputsParams,
-)
+from cadence.sampling_checks import MAX_LOGPROB_TOKEN_IDS, MAX_N, MAX_TEMPERATURE
+from cadence.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from cadence.worker.grammar import check_structured_outputs
 
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]

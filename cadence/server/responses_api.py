@@ -19,8 +19,9 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError
 
+from cadence.field_checks import INT64_MAX, INT64_MIN
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
-from cadence.sampling_params import INT64_MAX, INT64_MIN, MAX_TEMPERATURE
+from cadence.sampling_checks import MAX_TEMPERATURE
 from cadence.server.errors import chosen_error
 from cadence.server.protocol import (
     MAX_REQUEST_ID_CHARS,
