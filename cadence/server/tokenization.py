@@ -6,9 +6,12 @@ chat-style one (``messages`` rendered through the chat template exactly as
 token ids, their count and the context length, and with ``return_token_strs`` each token's
 string. ``/detokenize`` turns ids back into text. Both need the model's tokenizer.
 
-Unlike vLLM's, ``/tokenize`` refuses a text that cannot fit in the context, as the generation
-routes do and before tokenizing it: tokenizing runs on the engine's one input thread, where a
-multi-megabyte text would hold every other request up for seconds.
+Unlike vLLM's, ``/tokenize`` refuses a text too long to fit in the context by its characters
+alone (more than the tokenizer's most characters a token times the context length), before
+tokenizing it, as the generation routes do: tokenizing runs on the engine's one input thread,
+where a multi-megabyte text would hold every other request up for seconds. A shorter text is
+tokenized and answered whole, its count and ``max_model_len`` side by side (vLLM's answer),
+even where the count is over the context: a client counting tokens wants the count.
 """
 
 from __future__ import annotations
