@@ -10,15 +10,11 @@ import os
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from cadence.cli_config import json_object, json_object_or_int
-from cadence.cli_types import human_readable_int, int_at_least
 from cadence.compilation_config import graph_settings
 from cadence.config import (
     DTYPE_ALIASES,
-    DTYPES,
     LOGPROBS_MODES,
     QUANTIZATION_METHODS,
-    SCHEDULING_POLICIES,
     CacheConfig,
     EngineConfig,
     GraphConfig,
@@ -26,6 +22,7 @@ from cadence.config import (
     ParallelConfig,
     SchedulerConfig,
 )
+from cadence.engine.engine_cli import add_engine_cli_args
 from cadence.envs import read_envs
 from cadence.hf_overrides import check_hf_overrides
 
@@ -265,152 +262,8 @@ class EngineArgs:
     # CLI ------------------------------------------------------------------------------------
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
-        """The engine flags, with vLLM's names and meanings."""
-        d = EngineArgs()
-        model_help = "HF model directory, a shape preset, or 'tiny' (default: %(default)s)"
-        if model_positional:
-            parser.add_argument("model", nargs="?", default=d.model, help=model_help)
-        else:
-            parser.add_argument("--model", default=d.model, help=model_help)
-        parser.add_argument("--tokenizer", default=None, metavar="DIR",
-                            help="tokenizer directory to use instead of the model's ('tiny': the "
-                                 "built-in model's); lets a shape preset take text prompts "
-                                 "(default: the model directory's)")
-        # No argparse choices: vLLM's other modes get the one-line error of __post_init__.
-        parser.add_argument("--tokenizer-mode", default=d.tokenizer_mode, metavar="{auto,hf}",
-                            help="vLLM's; transformers' tokenizer either way (default: "
-                                 "%(default)s)")
-        parser.add_argument("--swap-space", type=float, default=d.swap_space, metavar="GIB",
-                            help="vLLM's; accepted and unused: preemption recomputes, nothing "
-                                 "is swapped to the CPU (default: %(default)s)")
-        parser.add_argument("--dtype", default=d.dtype,
-                            choices=["auto", *DTYPE_ALIASES, *DTYPES[1:]],
-                            help="weights and activations; half = float16, float = float32, "
-                                 "auto = bfloat16 on CUDA, float32 on the CPU "
-                                 "(default: %(default)s)")
-        parser.add_argument("--max-model-len", type=human_readable_int, default=None,
-                            help="context length, prompt plus output; vLLM's suffixes: 1k = "
-                                 "1000, 1K = 1024, also m/M, g/G (default: the model's "
-                                 "max_position_embeddings, times the factor of linear or yarn RoPE "
-                                 "scaling, as vLLM derives it)")
-        parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
-                            help="most requests running in one step (default: %(default)s)")
-        parser.add_argument("--max-num-batched-tokens", type=human_readable_int, default=None,
-                            help="most tokens in one step (default: max(8192, max-model-len up "
-                                 "to 16384); without chunked prefill at least max-model-len)")
-        parser.add_argument("--enable-chunked-prefill", dest="enable_chunked_prefill",
-                            action="store_true", default=d.enable_chunked_prefill,
-                            help="split long prompts over several steps, beside decodes "
-                                 "(default: on)")
-        parser.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill",
-                            action="store_false",
-                            help="schedule each prompt whole in one step")
-        parser.add_argument("--long-prefill-token-threshold", type=int_at_least(0),
-                            default=d.long_prefill_token_threshold, metavar="N",
-                            help="schedule at most N tokens of one prompt a step, leaving the "
-                                 "rest of the budget to other requests; 0 = no cap "
-                                 "(default: %(default)s)")
-        parser.add_argument("--stream-interval", type=int_at_least(1),
-                            default=d.stream_interval, metavar="N",
-                            help="streamed outputs every N new tokens (and with the first and "
-                                 "the last) for requests that leave stream_interval unset: "
-                                 "fewer, larger stream chunks (default: %(default)s)")
-        parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching",
-                            action="store_true", default=d.enable_prefix_caching,
-                            help="reuse the KV blocks of earlier prompts' common prefixes "
-                                 "(default: on)")
-        parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
-                            action="store_false", help="turn prefix caching off")
-        parser.add_argument("--enforce-eager", action="store_true",
-                            help="run every step eagerly (no CUDA graphs; decode steps replay "
-                                 "their recorded kernel launches unless "
-                                 "CADENCE_DISABLE_LAUNCH_TAPES=1)")
-        parser.add_argument("--max-capture-tokens", type=int_at_least(0), default=None,
-                            help="capture mixed prefill/decode steps as CUDA graphs up to this "
-                                 "many tokens; 0 = decode graphs only (default: 8192)")
-        parser.add_argument("--async-scheduling", dest="async_scheduling",
-                            action="store_true", default=None,
-                            help="schedule step N+1 while step N runs (default: on, or "
-                                 "$CADENCE_ASYNC_SCHEDULING)")
-        parser.add_argument("--no-async-scheduling", dest="async_scheduling",
-                            action="store_false", help="schedule each step after the last one")
-        parser.add_argument("--scheduling-policy", default=d.scheduling_policy,
-                            choices=list(SCHEDULING_POLICIES),
-                            help="which waiting request runs first: arrival order, or the "
-                                 "request's priority (default: %(default)s)")
-        parser.add_argument("--load-format", default=d.load_format,
-                            choices=["auto", "dummy", "safetensors"],
-                            help="dummy = random weights of the model's shapes (needed for "
-                                 "shape presets) (default: %(default)s)")
-        parser.add_argument("--generation-config", default=d.generation_config, metavar="SRC",
-                            help="default temperature / top_p / top_k for requests that leave "
-                                 "them unset: 'auto' = the model's generation_config.json, "
-                                 "'vllm' = none, or a directory holding one "
-                                 "(default: %(default)s)")
-        parser.add_argument("--hf-overrides", type=json_object, default=None, metavar="JSON",
-                            help="fields to set on the model's config.json as loaded, as a "
-                                 "JSON object, e.g. '{\"max_position_embeddings\": 4096}' "
-                                 "(a nested config is updated field by field)")
-        parser.add_argument("--compilation-config", "-O", type=json_object_or_int,
-                            default=None, metavar="JSON",
-                            help="vLLM's compilation config, a level or a JSON object: its "
-                                 "cudagraph_mode (NONE = --enforce-eager, FULL_DECODE_ONLY = "
-                                 "--max-capture-tokens 0), max_cudagraph_capture_size and "
-                                 "cudagraph_capture_sizes (their largest caps the captured "
-                                 "steps) apply; levels and compiler options change nothing")
-        parser.add_argument("--skip-tokenizer-init", action="store_true",
-                            help="load no tokenizer: token-id prompts only, no text in outputs")
-        parser.add_argument("--trust-remote-code", action="store_true",
-                            help="accepted for vLLM compatibility and changes nothing: cadence "
-                                 "runs only its built-in architectures, never a model's own code")
-        parser.add_argument("--revision", default=None,
-                            help="not supported: cadence never downloads models, so giving it "
-                                 "is an error")
-        parser.add_argument("--quantization", "-q", default=None, metavar="METHOD",
-                            help="weight quantization: fp8 = e4m3 weights of the decoder "
-                                 "projections with per-channel scales and per-token activation "
-                                 "scales (CUDA compute capability 8.9+; emulated on the CPU); an "
-                                 "FP8 checkpoint on such a GPU runs in fp8 unless given "
-                                 "(default: weights in --dtype)")
-        parser.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, metavar="DTYPE",
-                            help="KV cache dtype: auto = the model dtype; fp8 (= fp8_e4m3) "
-                                 "stores keys and values in e4m3 with per-layer scales, twice the "
-                                 "tokens in the same memory (default: %(default)s)")
-        parser.add_argument("--seed", type=int, default=d.seed,
-                            help="random seed of dummy weights and unseeded sampling "
-                                 "(default: %(default)s)")
-        parser.add_argument("--num-gpu-blocks-override", type=int, default=None,
-                            help="KV cache blocks to allocate, instead of sizing the cache from "
-                                 "--gpu-memory-utilization")
-        parser.add_argument("--gpu-memory-utilization", type=float,
-                            default=d.gpu_memory_utilization,
-                            help="fraction of the GPU's memory for weights, activations and "
-                                 "KV cache (default: %(default)s; on the CPU the KV cache takes "
-                                 "at most 1 GiB, or --num-gpu-blocks-override blocks)")
-        parser.add_argument("--block-size", type=int, default=d.block_size,
-                            help="tokens per KV cache block (default: %(default)s)")
-        parser.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
-                            help="auto = cuda when available (default: %(default)s)")
-        parser.add_argument("--max-logprobs", type=int, default=d.max_logprobs,
-                            help="most logprobs (completions) / top_logprobs (chat) a request "
-                                 "may ask for per token; -1 = the vocabulary size "
-                                 "(default: %(default)s)")
-        parser.add_argument("--logprobs-mode", default=d.logprobs_mode, choices=LOGPROBS_MODES,
-                            help="what logprobs are of: the model's logits as they come (raw_) "
-                                 "or as sampled, after penalties, temperature, min-p, top-k "
-                                 "and top-p (processed_); as log-probabilities or logits "
-                                 "(default: %(default)s)")
-        parser.add_argument("--cpu-threads", type=int, default=None,
-                            help="torch threads on the CPU backend (default: "
-                                 "$CADENCE_CPU_THREADS, else 1 below 100M parameters, else "
-                                 "every usable core)")
-        parser.add_argument("--tensor-parallel-size", "-tp", type=int,
-                            default=d.tensor_parallel_size, metavar="N",
-                            help="split the model over N GPUs, one worker process each (on "
-                                 "the CPU: N processes over gloo) (default: %(default)s)")
-        parser.add_argument("--engine-process", action="store_true",
-                            help="run the engine core in a process of its own rather than a "
-                                 "thread beside the server's event loop")
+        """The engine flags, with vLLM's names and meanings (``engine_cli``)."""
+        add_engine_cli_args(parser, EngineArgs(), model_positional)
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
