@@ -278,7 +278,7 @@ class AsyncLLM(CoreUtilities):
             strict_max_tokens=strict_max_tokens,
         )
         if self._validate_in_core is not None:
-            self._validate_in_core(request)  # policy and whole-KV-cache fit (read-only)
+            self._validate_in_core(request)  # whole-KV-cache fit (read-only)
         return request, prompt_text
 
     async def generate(

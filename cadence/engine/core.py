@@ -175,8 +175,7 @@ class EngineCore:
             cache_tokens = (self.num_kv_blocks - 1) * self.block_size  # block 0 is the null one
             room = min(self.config.scheduler.max_model_len, cache_tokens + 1)
             params.max_tokens = max(room - len(req.prompt_token_ids), 1)
-        check_request_fits(req, self.config.scheduler.policy, self.num_kv_blocks,
-                           self.block_size)
+        check_request_fits(req, self.num_kv_blocks, self.block_size)
 
     def add_request(self, req: EngineCoreRequest) -> None:
         self.validate_request(req)

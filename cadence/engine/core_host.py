@@ -57,8 +57,7 @@ class CoreFacts:
                    core.num_kv_blocks, core.block_size)
 
     def validate_request(self, req: EngineCoreRequest) -> None:
-        check_request_fits(req, self.config.scheduler.policy, self.num_kv_blocks,
-                           self.block_size)
+        check_request_fits(req, self.num_kv_blocks, self.block_size)
 
 
 @dataclass

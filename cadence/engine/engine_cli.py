@@ -84,8 +84,9 @@ def add_engine_cli_args(parser: argparse.ArgumentParser, d: Any, model_positiona
                         action="store_false", help="schedule each step after the last one")
     parser.add_argument("--scheduling-policy", default=d.scheduling_policy,
                         choices=list(SCHEDULING_POLICIES),
-                        help="which waiting request runs first: arrival order, or the "
-                             "request's priority (default: %(default)s)")
+                        help="which waiting request runs first: arrival order (a request's "
+                             "priority is taken and ignored), or the request's priority "
+                             "(default: %(default)s)")
     parser.add_argument("--load-format", default=d.load_format,
                         choices=["auto", "dummy", "safetensors"],
                         help="dummy = random weights of the model's shapes (needed for "

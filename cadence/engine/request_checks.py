@@ -8,16 +8,10 @@ import math
 from cadence.core_types import EngineCoreRequest
 
 
-def check_request_fits(
-    req: EngineCoreRequest, policy: str, num_kv_blocks: int, block_size: int
-) -> None:
-    """Raise ValueError naming the parameter when the request cannot be served: a priority
-    under the fcfs policy, or more tokens than the whole KV cache holds."""
-    if policy == "fcfs" and req.priority != 0:
-        raise ValueError(
-            "priority: a non-default priority requires scheduling_policy='priority' "
-            f"(got priority={req.priority} with the fcfs policy)."
-        )
+def check_request_fits(req: EngineCoreRequest, num_kv_blocks: int, block_size: int) -> None:
+    """Raise ValueError naming the parameter when the request cannot be served: more tokens
+    than the whole KV cache holds. (A priority under the fcfs policy is taken and plays no
+    part in the order, as in vLLM v1.)"""
     max_tokens = req.sampling_params.max_tokens or 0
     # The last token sampled is never fed back: it needs no slot.
     total = len(req.prompt_token_ids) + max(max_tokens - 1, 0)

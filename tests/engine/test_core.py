@@ -92,8 +92,6 @@ def test_the_core_refuses_requests_its_configuration_cannot_serve() -> None:
     # caller) must not get a request scheduled that cannot be served.
     core = make_core()
     try:
-        with pytest.raises(ValueError, match="priority"):
-            core.add_request(request("p", priority=1))  # the fcfs policy takes no priority
         # (NUM_BLOCKS - 1) usable blocks of 16 tokens: 1008 tokens of KV cache in all, for the
         # prompt and every completion token but the last (never fed back).
         with pytest.raises(ValueError, match="max_tokens"):

@@ -61,16 +61,17 @@ def outputs_until_finished(client: InprocEngineCoreClient, rid: str) -> list[Eng
 
 
 def test_a_request_the_core_refuses_fails_alone(args: EngineArgs) -> None:
-    # A priority under the fcfs policy: the core refuses it. That request ends with an error
-    # output naming the cause (nobody waits for it forever); the engine serves on.
+    # More tokens than the whole KV cache holds (127 usable blocks of 16): the core refuses
+    # it. That request ends with an error output naming the cause (nobody waits for it
+    # forever); the engine serves on.
     client = InprocEngineCoreClient(lambda: EngineCore(args))
     try:
-        client.add_request(make_request("refused", priority=2))
+        client.add_request(make_request("refused", max_tokens=127 * 16))
         outs = client.get_output(timeout=WAIT_S)
         assert outs.finished_requests == {"refused"}
         [out] = outs.outputs
         assert out.request_id == "refused" and out.finish_reason == FinishReason.ERROR
-        assert out.new_token_ids == [] and "priority" in (out.error or "")
+        assert out.new_token_ids == [] and "max_tokens" in (out.error or "")
         client.add_request(make_request("fine", max_tokens=3))
         tokens = [t for o in outputs_until_finished(client, "fine") for x in o.outputs
                   for t in x.new_token_ids]

@@ -61,9 +61,10 @@ def test_bad_sampling_params(kwargs, name):
         SamplingParams(**kwargs)
 
 
-def test_priority_needs_the_priority_policy(llm):
+@pytest.mark.parametrize("priority", [[True], ["1"], [1 << 63], [1, 2]])
+def test_bad_priorities(llm, priority):
     with pytest.raises(ValueError, match="priority"):
-        llm.generate(["a"], GOOD, priority=[1], use_tqdm=False)
+        llm.generate(["a"], GOOD, priority=priority, use_tqdm=False)
 
 
 def test_bad_models(tmp_path):

@@ -108,9 +108,12 @@ def test_bad_conversations_are_value_errors_naming_the_field(llm, messages, kwar
 
 def test_chat_hands_priority_and_generate_counts_its_params(llm) -> None:
     conversation = [{"role": "user", "content": "Hi"}]
-    # The priority reaches the engine: under the fcfs policy a non-zero one is refused.
+    # The priority reaches the engine, which checks it (fcfs takes and ignores a valid one).
+    (plain,) = llm.chat(conversation, GREEDY, use_tqdm=False)
+    (given,) = llm.chat(conversation, GREEDY, use_tqdm=False, priority=[5])
+    assert given.outputs[0].token_ids == plain.outputs[0].token_ids
     with pytest.raises(ValueError, match="priority"):
-        llm.chat(conversation, GREEDY, use_tqdm=False, priority=[5])
+        llm.chat(conversation, GREEDY, use_tqdm=False, priority=[1 << 63])
     with pytest.raises(ValueError, match="sampling_params"):
         llm.generate(["a", "b"], [GREEDY], use_tqdm=False)  # one short: no prompt dropped
     with pytest.raises(ValueError, match="sampling_params"):
@@ -131,8 +134,7 @@ def test_vllms_other_arguments_are_taken(llm) -> None:
         llm.chat(conversation, GREEDY, use_tqdm=False, chat_template_content_format="xml")
     outs = llm.generate(["a", "b", "c"], GREEDY, use_tqdm=False, priority=0)
     assert len(outs) == 3
-    with pytest.raises(ValueError, match="priority"):  # fcfs: one non-zero value for all
-        llm.generate(["a", "b"], GREEDY, use_tqdm=False, priority=2)
+    assert len(llm.generate(["a", "b"], GREEDY, use_tqdm=False, priority=2)) == 2  # for all
     with pytest.raises(ValueError, match="priority"):
         llm.generate(["a"], GREEDY, use_tqdm=False, priority="high")
 

@@ -52,6 +52,27 @@ def test_fcfs_finishes_in_arrival_order():
     assert steps == sorted(steps)
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_fcfs_takes_priorities_and_keeps_arrival_order(async_scheduling):
+    # vLLM v1 (its test_generate.py's priority cases run under the default fcfs policy): a
+    # priority is accepted and plays no part; same order, same tokens as without one.
+    finished_at, tokens = _run("fcfs", async_scheduling, PRIORITIES)
+    plain_at, plain_tokens = _run("fcfs", async_scheduling, None)
+    assert finished_at == plain_at and tokens == plain_tokens
+
+
+def test_llm_generate_takes_priorities_under_fcfs():
+    llm = LLM("tiny", device="cpu", max_num_seqs=2)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    plain = llm.generate(PROMPTS, params, use_tqdm=False)
+    one = llm.generate(PROMPTS[0], params, use_tqdm=False, priority=[7])
+    many = llm.generate(PROMPTS, params, use_tqdm=False, priority=PRIORITIES)
+    assert [o.outputs[0].token_ids for o in many] == [o.outputs[0].token_ids for o in plain]
+    assert one[0].outputs[0].token_ids == plain[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match="priority"):  # one per prompt, or one for all
+        llm.generate(PROMPTS[:2], params, use_tqdm=False, priority=[1, 2, 3])
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_children_that_outgrow_the_cache_do_not_preempt_each_other_forever(async_scheduling):
     """An n = 2 request whose children cannot both fit: under the priority policy the children

@@ -99,7 +99,6 @@ def test_chat_gives_the_best_beams_with_logprobs(client, http, offline, server) 
     ({"n": 11}, "n"),  # 22 logprobs a step, past --max-logprobs 20
     ({"logprobs": 2, "echo": True}, "logprobs"),
     ({"length_penalty": "inf"}, "length_penalty"),
-    ({"priority": 1}, "priority"),  # the engine core's check (fcfs), before the search starts
 ])
 def test_fields_beam_search_does_not_apply_are_refused(http, body, param) -> None:
     r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4,

@@ -132,7 +132,6 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     (COMPLETIONS, {"prompt": "x", "prompt_logprobs": -1}, 400, "prompt_logprobs", "logprobs"),
     (CHAT, {"messages": MSG, "prompt_logprobs": -2}, 400, "prompt_logprobs", "greater than"),
     (COMPLETIONS, {"prompt": "x", "logprobs": 50}, 400, "logprobs", "max allowed: 20"),
-    (COMPLETIONS, {"prompt": "x", "priority": 5}, 400, "priority", "priority"),
     (COMPLETIONS, {"prompt": "x", "stop": [""]}, 400, "stop", "empty"),
     (
         COMPLETIONS,
@@ -221,7 +220,6 @@ CASES: list[tuple[str, Any, int, str | None, str]] = [
     (CHAT, {"messages": MSG, "temperature": 3}, 400, "temperature", "less than"),
     (CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools.0.function",
      "required"),
-    (CHAT, {"messages": MSG, "priority": -1}, 400, "priority", "priority"),
     (
         COMPLETIONS,
         {"prompt": "x", "max_tokens": 2, "min_tokens": 5},

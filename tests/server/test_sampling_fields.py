@@ -53,6 +53,8 @@ def test_each_field_reaches_the_sampler(server, client: openai.OpenAI, offline,
     got = _ids(client, stream, extra_body={"repetition_penalty": 2.0})
     assert got == _offline(offline, repetition_penalty=2.0) and got != plain
     assert _ids(client, stream, extra_body={"min_p": 0.2}) == plain  # greedy: min_p is moot
+    # priority under the server's fcfs policy: taken and ignored (vLLM v1), not a 400.
+    assert _ids(client, stream, extra_body={"priority": -3}) == plain
 
 
 def test_bad_words_and_min_p_in_chat(server, client: openai.OpenAI) -> None:
