@@ -261,9 +261,12 @@ class EngineArgs:
 
     # CLI ------------------------------------------------------------------------------------
     @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
-        """The engine flags, with vLLM's names and meanings (``engine_cli``)."""
+    def add_cli_args(parser: argparse.ArgumentParser, model_positional: bool = False
+                     ) -> argparse.ArgumentParser:
+        """Add the engine flags, with vLLM's names and meanings (``engine_cli``), and return
+        ``parser`` (vLLM's ``parser = EngineArgs.add_cli_args(parser)``)."""
         add_engine_cli_args(parser, EngineArgs(), model_positional)
+        return parser
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
@@ -276,6 +279,15 @@ class AsyncEngineArgs(EngineArgs):
     """``EngineArgs`` for ``AsyncLLM`` (vLLM's): also whether it logs each request."""
 
     enable_log_requests: bool = False
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser, model_positional: bool = False
+                     ) -> argparse.ArgumentParser:
+        """``EngineArgs``' flags and ``--enable-log-requests``; returns ``parser``."""
+        EngineArgs.add_cli_args(parser, model_positional)
+        parser.add_argument("--enable-log-requests", action="store_true",
+                            help="log each request's start and end")
+        return parser
 
 
 def _checked_cpu_threads(threads: int) -> int:

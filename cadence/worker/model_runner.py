@@ -56,9 +56,12 @@ _CPU_KV_CACHE_BYTES = 1 << 30
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, spec: ModelSpec, model: torch.nn.Module,
-                 dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, rank: int = 0) -> None:
         self.config = config
+        # vLLM's worker attributes, for functions run on it (collective_rpc): the
+        # tensor-parallel rank, on one host the local rank too; rank 0 drives.
+        self.rank = self.local_rank = rank
+        self.is_driver_worker = rank == 0
         self.spec = spec
         self.model = model
         self.dtype = dtype

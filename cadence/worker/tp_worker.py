@@ -147,7 +147,7 @@ def _start(init: WorkerInit) -> Any:
     backend = make_attention_backend(cfg.device)
     model = build_model(init.spec, dtype, device, cfg.model.load_format, backend, init.seed,
                         init.rank, init.size, quantization=cfg.model.quantization)
-    return ModelRunner(cfg, init.spec, model, dtype, device)
+    return ModelRunner(cfg, init.spec, model, dtype, device, rank=init.rank)
 
 
 def _has_fp8(model: Any) -> bool:

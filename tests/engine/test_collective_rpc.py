@@ -29,6 +29,11 @@ def silence_final_norm(model: torch.nn.Module) -> None:
             model.lm_head.bias.zero_()
 
 
+def echo_rank(worker) -> tuple[int, int, bool]:
+    """vLLM's test_collective_rpc.py reads the worker's rank."""
+    return worker.rank, worker.local_rank, worker.is_driver_worker
+
+
 def rank_and_heads(worker) -> tuple[int, int]:
     """The rank this worker is, and the q/k/v rows of its first layer (its shard)."""
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
@@ -46,6 +51,7 @@ def test_offline_rpc_reads_and_changes_the_model_between_steps() -> None:
         assert llm.llm_engine.collective_rpc(lambda w, k: k * 2, args=(21,)) == [42]
         # vLLM's workers hold their runner: code written for them reaches the same model.
         assert llm.collective_rpc(lambda w: w.model_runner.model is w.get_model()) == [True]
+        assert llm.collective_rpc(echo_rank) == [(0, 0, True)]
         before = llm.generate(PROMPT, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
         assert llm.apply_model(silence_final_norm) == [None]
         after = llm.generate(PROMPT, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
@@ -136,6 +142,7 @@ def test_rpc_reaches_every_tensor_parallel_rank(tmp_path) -> None:
         ranks = llm.collective_rpc(rank_and_heads)
         # 4 query heads and 2 KV heads of 16 dims, split in two: (2 + 1 + 1) * 16 rows a rank.
         assert ranks == [(0, 64), (1, 64)]
+        assert llm.collective_rpc(echo_rank) == [(0, 0, True), (1, 1, False)]
         # Tensors come back by value; each rank holds its own rows of the vocabulary.
         rows = llm.collective_rpc(head_row, args=(0,))
         assert [r.shape for r in rows] == [(64,), (64,)] and not torch.equal(rows[0], rows[1])

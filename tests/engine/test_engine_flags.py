@@ -298,3 +298,20 @@ def test_cpu_threads_out_of_range_are_refused_on_any_device() -> None:
         with pytest.raises(ValueError, match=f"cpu_threads must be 1 to 4096, got {bad}"):
             EngineArgs(cpu_threads=bad, device="cuda")
     assert EngineArgs(cpu_threads=4096).cpu_threads == 4096
+
+
+def test_add_cli_args_returns_the_parser_as_vllms_does() -> None:
+    # vLLM's examples write `parser = EngineArgs.add_cli_args(parser)`.
+    import argparse
+
+    from cadence.engine.engine_args import AsyncEngineArgs
+
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    args = EngineArgs.from_cli_args(parser.parse_args(["--model", "tiny", "--max-num-seqs", "3"]))
+    assert (args.model, args.max_num_seqs) == ("tiny", 3)
+    parser = AsyncEngineArgs.add_cli_args(argparse.ArgumentParser())
+    ns = parser.parse_args(["--enable-log-requests", "--max-num-seqs", "5"])
+    async_args = AsyncEngineArgs.from_cli_args(ns)
+    assert isinstance(async_args, AsyncEngineArgs)
+    assert async_args.enable_log_requests is True and async_args.max_num_seqs == 5
+    assert AsyncEngineArgs.from_cli_args(parser.parse_args([])).enable_log_requests is False
