@@ -2,12 +2,39 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableSequence
-from dataclasses import dataclass, field
-from typing import Any, overload
+import functools
+import logging
+from collections.abc import Callable, Iterator, MutableSequence
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar, overload
 
 __all__ = ["CompletionOutput", "FlatLogprobs", "Logprob", "PromptLogprobs", "RequestMetrics",
            "RequestOutput", "SampleLogprobs"]
+
+logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+
+def _forward_compatible(cls: type[_T]) -> type[_T]:
+    """vLLM's ``RequestOutput`` takes keyword arguments a newer version added and ignores them
+    with a warning (vLLM's tests/test_outputs.py): code written for a newer vLLM runs here."""
+    init: Callable[..., None] = cls.__init__  # type: ignore[misc]
+    names = frozenset(f.name for f in fields(cls))  # type: ignore[arg-type]
+    warned: set[str] = set()
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs and not names.issuperset(kwargs):
+            unknown = sorted(set(kwargs) - names)
+            if not warned.issuperset(unknown):
+                warned.update(unknown)
+                logger.warning("%s: ignoring arguments it does not know: %s", cls.__name__,
+                               ", ".join(unknown))
+            kwargs = {k: v for k, v in kwargs.items() if k in names}
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__  # type: ignore[misc]
+    return cls
 
 
 @dataclass(slots=True)
@@ -186,6 +213,7 @@ class RequestMetrics:
         return decode / (self.num_generation_tokens - 1)
 
 
+@_forward_compatible
 @dataclass
 class RequestOutput:
     # vLLM's order, so that positional construction means the same here.

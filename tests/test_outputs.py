@@ -99,3 +99,16 @@ def test_flat_logprobs_read_as_the_list_of_dicts_they_replace() -> None:
         with pytest.raises(TypeError):
             change()
     assert len(flat) == 4
+
+
+def test_request_output_takes_arguments_of_a_newer_vllm(caplog) -> None:
+    # vLLM's tests/test_outputs.py: an argument a newer version added is taken and ignored.
+    with caplog.at_level("WARNING", logger="cadence.outputs"):
+        out = RequestOutput(request_id="r", prompt="p", prompt_token_ids=[1, 2, 3],
+                            prompt_logprobs=None, outputs=[], finished=False,
+                            example_arg_added_in_new_version="some_value")
+    assert (out.request_id, out.prompt_token_ids, out.finished) == ("r", [1, 2, 3], False)
+    assert not hasattr(out, "example_arg_added_in_new_version")
+    assert "example_arg_added_in_new_version" in caplog.text
+    with pytest.raises(TypeError):  # a missing field is still an error
+        RequestOutput(request_id="r", prompt="p")
