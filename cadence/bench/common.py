@@ -121,4 +121,4 @@ def model_context(args) -> int:
     from cadence.model.registry import resolve_model
 
     return resolve_model(args.model, None, args.tokenizer, args.generation_config,
-                         args.hf_overrides).max_model_len
+                         args.hf_overrides, args.override_generation_config).max_model_len

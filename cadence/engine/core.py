@@ -76,7 +76,8 @@ class EngineCore:
 
         self.args = args
         self.spec = spec or resolve_model(args.model, args.max_model_len, args.tokenizer,
-                                          args.generation_config, args.hf_overrides)
+                                          args.generation_config, args.hf_overrides,
+                                          args.override_generation_config)
         self.config = args.create_engine_config(self.spec.max_model_len)
         cfg = self.config
         device = torch.device(cfg.device)

@@ -67,8 +67,10 @@ class EngineArgs:
     stream_interval: int = 1
     # A tokenizer directory other than the model's ("tiny": the built-in model's tokenizer).
     tokenizer: str | None = None
-    # Default sampling fields: "auto" (the model's generation_config.json), "vllm" (none), a DIR.
+    # Default sampling fields: "auto" (the model's generation_config.json), "vllm" (none), a DIR;
+    # vLLM's override_generation_config sets some of them ({"temperature": 0.5}).
     generation_config: str = "auto"
+    override_generation_config: dict | None = None
     skip_tokenizer_init: bool = False
     # Accepted as vLLM does; cadence runs only its built-in architectures, never remote code.
     trust_remote_code: bool = False

@@ -96,6 +96,11 @@ def add_engine_cli_args(parser: argparse.ArgumentParser, d: Any, model_positiona
                              "them unset: 'auto' = the model's generation_config.json, "
                              "'vllm' = none, or a directory holding one "
                              "(default: %(default)s)")
+    parser.add_argument("--override-generation-config", type=json_object, default=None,
+                        metavar="JSON",
+                        help="default sampling fields laid over --generation-config's, as a "
+                             "JSON object, e.g. '{\"temperature\": 0.5}': merged with the "
+                             "model's under 'auto', alone under 'vllm' (vLLM's)")
     parser.add_argument("--hf-overrides", type=json_object, default=None, metavar="JSON",
                         help="fields to set on the model's config.json as loaded, as a "
                              "JSON object, e.g. '{\"max_position_embeddings\": 4096}' "

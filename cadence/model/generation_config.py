@@ -8,6 +8,11 @@ the defaults of requests that leave those fields unset: ``LLM.generate`` without
 parameters, and server requests without ``temperature`` / ``top_p`` / ``top_k`` / ``min_p`` /
 ``repetition_penalty``. ``max_new_tokens`` becomes ``max_tokens``: the default of the offline
 API, and a cap on every server request (vLLM's rule).
+
+``override_generation_config`` (vLLM's ``--override-generation-config``) is a dict of the same
+fields laid over them: merged with the file's under ``auto`` or a directory, the only defaults
+under ``vllm``. An override applies even where it equals transformers' default, and ``None``
+drops the file's value (vLLM's merge); other keys apply to nothing here and are logged.
 """
 
 from __future__ import annotations
@@ -31,17 +36,52 @@ APPLIED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"
                   "max_new_tokens")
 
 
-def generation_defaults(source: str, model_dir: str | None) -> dict[str, Any]:
+def generation_defaults(source: str, model_dir: str | None,
+                        override: dict[str, Any] | None = None) -> dict[str, Any]:
     """The default sampling fields for ``--generation-config source`` (``model_dir``: the model's
-    directory, None for shape presets)."""
+    directory, None for shape presets) and ``--override-generation-config override``."""
+    if override is not None and not isinstance(override, dict):
+        raise ValueError("override_generation_config must be a dict of generation config "
+                         f"fields, got {type(override).__name__}.")
+    fields, where = _file_fields(source, model_dir)
+    if override:
+        ignored = sorted(str(k) for k in override if k not in _HF_DEFAULTS)
+        if ignored:
+            logger.warning("override_generation_config: %s set no sampling default (applied: "
+                           "%s).", ", ".join(ignored), ", ".join(APPLIED_FIELDS))
+        fields.update({k: v for k, v in override.items() if k in _HF_DEFAULTS})
+        where = (f"{where} with override_generation_config" if where
+                 else "override_generation_config")
+    defaults = {k: fields[k] for k in APPLIED_FIELDS if fields.get(k) is not None}
+    for k, v in defaults.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"{where}: {k} is {v!r}, not a number.")
+    if "max_new_tokens" in defaults:
+        n = defaults.pop("max_new_tokens")
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"{where}: max_new_tokens is {n!r}, not a positive integer.")
+        defaults["max_tokens"] = n
+    try:  # checked at start-up, as every request that leaves these fields unset would be
+        SamplingParams(**defaults)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    if defaults:
+        logger.info("Default sampling parameters (%s): %s", where, defaults)
+    return defaults
+
+
+def _file_fields(source: str, model_dir: str | None) -> tuple[dict[str, Any], str]:
+    """The sampling fields ``source``'s generation_config.json sets to something other than
+    transformers' defaults (none for ``vllm``, or where the model has no such file), and the
+    file's name for errors ("" without one)."""
     if source == "vllm":
-        return {}
+        return {}, ""
     if source == "auto":
         if model_dir is None:
-            return {}
+            return {}, ""
         path = Path(model_dir) / "generation_config.json"
         if not path.is_file():
-            return {}
+            return {}, ""
     else:
         path = Path(source).expanduser() / "generation_config.json"
         if not path.is_file():
@@ -56,20 +96,10 @@ def generation_defaults(source: str, model_dir: str | None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"generation_config: {path} does not hold a JSON object.")
     diff = {k: v for k, v in data.items() if k in _HF_DEFAULTS and v != _HF_DEFAULTS[k]}
-    defaults = {k: diff[k] for k in APPLIED_FIELDS if k in diff}
-    for k, v in defaults.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+    for k, v in diff.items():  # named with the file: an override may replace it later
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
             raise ValueError(f"generation_config: {path} sets {k} to {v!r}, not a number.")
-    if "max_new_tokens" in defaults:
-        n = defaults.pop("max_new_tokens")
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"generation_config: {path} sets max_new_tokens to {n!r}, not a "
-                             "positive integer.")
-        defaults["max_tokens"] = n
-    try:  # checked at start-up, as every request that leaves these fields unset would be
-        SamplingParams(**defaults)
-    except ValueError as exc:
-        raise ValueError(f"generation_config: {path}: {exc}") from None
-    if defaults:
-        logger.info("Default sampling parameters from %s: %s", path, defaults)
-    return defaults
+    if isinstance(n := diff.get("max_new_tokens"), int) and n < 1:
+        raise ValueError(f"generation_config: {path} sets max_new_tokens to {n!r}, not a "
+                         "positive integer.")
+    return diff, f"generation_config: {path}"

@@ -38,17 +38,19 @@ class ModelSpec:
 def resolve_model(
     model: str, max_model_len: int | None = None, tokenizer: str | None = None,
     generation_config: str = "auto", hf_overrides: HfOverrides | None = None,
+    override_generation_config: dict[str, Any] | None = None,
 ) -> ModelSpec:
     """Resolve ``model`` without any network access.
 
     ``"tiny"`` is the built-in model (generated on first use), a preset name gives a config
     without weights, anything else must be a local HF directory with a ``config.json``.
     ``tokenizer`` (``--tokenizer``) replaces the model's own tokenizer, if any;
-    ``generation_config`` says where default sampling fields come from (``generation_config``);
+    ``generation_config`` says where default sampling fields come from and
+    ``override_generation_config`` sets some of them (``generation_config``);
     ``hf_overrides`` changes the model's config before anything is derived from it.
     """
     spec = _resolve(model, max_model_len, hf_overrides)
-    defaults = generation_defaults(generation_config, spec.path)
+    defaults = generation_defaults(generation_config, spec.path, override_generation_config)
     if defaults:
         spec = dataclasses.replace(spec, generation_defaults=defaults)
     if tokenizer is None:

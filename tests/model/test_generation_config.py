@@ -83,3 +83,53 @@ def test_llm_generate_without_params_uses_the_defaults(greedy_by_default: Path) 
         assert ignored.get_default_sampling_params().temperature == 1.0
     finally:
         ignored.shutdown()
+
+
+def test_overrides_lay_over_the_file_as_vllms_merge(tmp_path: Path, caplog) -> None:
+    d = _dir(tmp_path, "g", {"temperature": 0.6, "top_p": 0.95, "top_k": 20})
+    # Merged under auto or a directory; an override equal to transformers' default still
+    # applies (top_p 1.0), None drops the file's value (top_k), max_new_tokens is max_tokens.
+    got = generation_defaults("auto", str(d), {"top_p": 1.0, "top_k": None, "min_p": 0.05,
+                                               "max_new_tokens": 9})
+    assert got == {"temperature": 0.6, "top_p": 1.0, "min_p": 0.05, "max_tokens": 9}
+    assert generation_defaults(str(d), None, {"temperature": 0.0})["temperature"] == 0.0
+    # Alone under vllm, and for a model without a file.
+    assert generation_defaults("vllm", str(d), {"temperature": 0.3}) == {"temperature": 0.3}
+    assert generation_defaults("auto", None, {"repetition_penalty": 1.2}) == {
+        "repetition_penalty": 1.2}
+    assert generation_defaults("auto", str(d), {}) == generation_defaults("auto", str(d))
+    # Keys that set no sampling default are logged, not applied.
+    with caplog.at_level("WARNING", logger="cadence.model.generation_config"):
+        assert generation_defaults("vllm", None, {"do_sample": True}) == {}
+    assert "do_sample" in caplog.text
+
+
+@pytest.mark.parametrize(("override", "match"), [
+    ({"temperature": "hot"}, "override_generation_config: temperature is 'hot', not a number"),
+    ({"temperature": True}, "not a number"),
+    ({"max_new_tokens": 0}, "max_new_tokens is 0, not a positive integer"),
+    ({"top_p": 1.5}, "override_generation_config: top_p must be in"),
+    ('{"temperature": 0.5}', "must be a dict"),
+])
+def test_bad_overrides_name_the_problem(override, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        generation_defaults("vllm", None, override)
+
+
+def test_llm_and_the_cli_take_the_override() -> None:
+    from cadence.cli import parse_args
+    from cadence.engine.engine_args import EngineArgs
+
+    llm = LLM("tiny", max_model_len=128, num_gpu_blocks_override=64,
+              override_generation_config={"temperature": 0.0, "max_new_tokens": 5})
+    try:
+        params = llm.get_default_sampling_params()
+        assert (params.temperature, params.max_tokens) == (0.0, 5)
+        out = llm.generate(["Once upon a time"], use_tqdm=False)[0].outputs[0]
+        greedy = llm.generate(["Once upon a time"], SamplingParams(temperature=0.0, max_tokens=5),
+                              use_tqdm=False)[0].outputs[0]
+        assert out.token_ids == greedy.token_ids and len(out.token_ids) <= 5
+    finally:
+        llm.shutdown()
+    ns = parse_args(["generate", "--override-generation-config", '{"temperature": 0.25}'])
+    assert EngineArgs.from_cli_args(ns).override_generation_config == {"temperature": 0.25}

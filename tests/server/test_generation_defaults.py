@@ -79,3 +79,19 @@ def test_completions_without_max_tokens_get_16(server_factory) -> None:
         frames = [line[6:] for line in stream.text.splitlines() if line.startswith("data: ")]
         assert frames[-1] == "[DONE]"
         assert json.loads(frames[-2])["usage"] == usage
+
+
+def test_the_override_reaches_server_requests(server_factory) -> None:
+    # vLLM's --override-generation-config: greedy by default without a generation_config.json.
+    srv = server_factory(override_generation_config={"temperature": 0.0})
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        def tokens(extra: dict) -> list[int]:
+            body = {"prompt": "Once upon a time", "max_tokens": 10, "ignore_eos": True,
+                    "return_token_ids": True, **extra}
+            resp = http.post("/v1/completions", json=body)
+            assert resp.status_code == 200, resp.text
+            return resp.json()["choices"][0]["token_ids"]
+
+        greedy = tokens({"temperature": 0.0})
+        assert tokens({}) == greedy and tokens({"seed": 3}) == greedy
+        assert len({tuple(tokens({"temperature": 1.5, "seed": s})) for s in range(4)}) > 1
