@@ -109,6 +109,16 @@ class EngineArgs:
     # vLLM's: an optimization level or CompilationConfig fields; its CUDA-graph options map
     # onto enforce_eager and max_capture_tokens (cadence.compilation_config).
     compilation_config: int | dict | None = None
+    # vLLM's, taken where they ask for what cadence does (code written for vLLM passes them):
+    # a generating model, one pipeline stage, worker processes of its own ("mp"; "uni": none),
+    # no adapters, no sleep mode; other values are a one-line error. served_model_name is the
+    # server's (--served-model-name); offline it names nothing.
+    task: str = "auto"
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+    enable_lora: bool = False
+    enable_sleep_mode: bool = False
+    served_model_name: str | list | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -144,6 +154,7 @@ class EngineArgs:
         if not -(1 << 63) <= self.seed < 1 << 64:
             raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}.")
         check_hf_overrides(self.hf_overrides, self.engine_process)
+        self._check_vllm_only_fields()
         self.enforce_eager, self.max_capture_tokens = graph_settings(
             self.compilation_config, self.enforce_eager, self.max_capture_tokens)
         if self.kv_cache_dtype not in _KV_CACHE_DTYPE_ALIASES:
@@ -151,6 +162,32 @@ class EngineArgs:
                 f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported; supported: "
                 f"{', '.join(_KV_CACHE_DTYPE_ALIASES)} (auto: the model dtype; fp8 = fp8_e4m3)."
             )
+
+    def _check_vllm_only_fields(self) -> None:
+        if self.task not in ("auto", "generate"):
+            raise ValueError(f"task={self.task!r} is not supported; cadence runs generative "
+                             "models only (auto, generate).")
+        if self.pipeline_parallel_size != 1:
+            raise ValueError(f"pipeline_parallel_size={self.pipeline_parallel_size} is not "
+                             "supported; split a model over GPUs with tensor_parallel_size.")
+        backend = self.distributed_executor_backend
+        if backend not in (None, "mp", "uni"):
+            raise ValueError(f"distributed_executor_backend={backend!r} is not supported; "
+                             "supported: mp (a process per tensor-parallel rank), uni (one "
+                             "process: tensor_parallel_size 1), or None (either, by size).")
+        if backend == "uni" and self.tensor_parallel_size > 1:
+            raise ValueError("distributed_executor_backend='uni' runs one process: it needs "
+                             f"tensor_parallel_size 1, got {self.tensor_parallel_size}.")
+        if self.enable_lora:
+            raise ValueError("enable_lora=True is not supported: cadence serves no adapters.")
+        if self.enable_sleep_mode:
+            raise ValueError("enable_sleep_mode=True is not supported: cadence has no sleep "
+                             "mode.")
+        names = self.served_model_name
+        if names is not None and not (isinstance(names, str) or (
+                isinstance(names, list) and all(isinstance(n, str) for n in names))):
+            raise ValueError("served_model_name must be a name or a list of names, got "
+                             f"{names!r}.")
 
     def _check_types(self) -> None:
         """Each field of its declared type (from Python, not the CLI, anything can arrive:

@@ -64,3 +64,33 @@ def test_cache_and_scheduler_values_reach_their_configs() -> None:
             cfg.scheduler.max_model_len) == (3, "priority", False, 4096, 2048)
     assert (cfg.model.seed, cfg.graphs.enforce_eager, cfg.graphs.emulate) == (11, True, True)
     assert cfg.use_graphs is False  # enforce_eager wins over emulation
+
+
+def test_vllms_arguments_for_what_cadence_does_are_taken() -> None:
+    # Code written for vLLM passes these (its test_collective_rpc.py passes
+    # distributed_executor_backend, its examples task= and served_model_name=).
+    from cadence import LLM
+
+    llm = LLM("tiny", max_model_len=64, num_gpu_blocks_override=16, task="generate",
+              pipeline_parallel_size=1, distributed_executor_backend="uni", enable_lora=False,
+              enable_sleep_mode=False, served_model_name="my-model")
+    try:
+        assert len(llm.generate(["hi"], use_tqdm=False)) == 1
+    finally:
+        llm.shutdown()
+    EngineArgs(distributed_executor_backend="mp", tensor_parallel_size=2, served_model_name=["a"])
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"task": "embed"}, "task='embed' is not supported"),
+    ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2 is not supported"),
+    ({"distributed_executor_backend": "ray"}, "distributed_executor_backend='ray'"),
+    ({"distributed_executor_backend": "uni", "tensor_parallel_size": 2}, "needs"),
+    ({"enable_lora": True}, "enable_lora=True is not supported"),
+    ({"enable_sleep_mode": True}, "enable_sleep_mode=True is not supported"),
+    ({"served_model_name": 3}, "served_model_name must be"),
+    ({"served_model_name": ["a", 1]}, "served_model_name must be"),
+])
+def test_vllms_arguments_for_what_cadence_does_not_are_one_line_errors(kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        EngineArgs(**kwargs)
