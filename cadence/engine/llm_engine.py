@@ -106,8 +106,12 @@ class LLMEngine:
         self._check_open()
         try:
             outputs, _ = self.engine_core.step_fn()
-        except BaseException:
+        except BaseException as exc:
             self.abort_request(self.output_processor.unfinished_request_ids())
+            if isinstance(exc, SystemError) and isinstance(exc.__cause__, KeyboardInterrupt):
+                # A Ctrl-C inside a compiled (numba) host pass reaches Python as a SystemError
+                # caused by it; the caller's `except KeyboardInterrupt` must see the Ctrl-C.
+                raise exc.__cause__ from None
             raise
         if outputs is None or not outputs.outputs:
             return []

@@ -85,3 +85,39 @@ def test_ctrl_c_with_n_choices_aborts_every_child(async_scheduling: bool,
     assert [[c.token_ids for c in o.outputs] for o in again] == reference
     assert core.num_free_kv_blocks == free
     llm.shutdown()
+
+
+def test_ctrl_c_inside_a_compiled_pass_reaches_the_caller_as_ctrl_c(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGINT that lands inside a numba-compiled host pass (the step's input layout) comes
+    out of the call as CPython's SystemError "returned a result with an exception set", caused
+    by the KeyboardInterrupt; the caller sees the KeyboardInterrupt, and the engine is clean."""
+    llm = LLM("tiny", device="cpu", max_model_len=128, max_num_seqs=2)
+    core = llm.engine_core
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    reference = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    inner, calls = core.runner.execute_model, [0]
+
+    def execute_model(so: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 3:
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt as interrupt:
+                raise SystemError("CPUDispatcher(<function layout_step>) returned a result "
+                                  "with an exception set") from interrupt
+        return inner(so)
+
+    monkeypatch.setattr(core.runner, "execute_model", execute_model)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(PROMPTS, params, use_tqdm=False)
+    monkeypatch.undo()
+    assert not llm.output_processor.has_unfinished_requests()
+    assert core.num_free_kv_blocks == core.num_kv_blocks - 1
+    assert [o.outputs[0].token_ids
+            for o in llm.generate(PROMPTS, params, use_tqdm=False)] == reference
+    with pytest.raises(SystemError):  # any other SystemError stays what it is
+        monkeypatch.setattr(core.runner, "execute_model",
+                            lambda so: (_ for _ in ()).throw(SystemError("x")))
+        llm.generate(PROMPTS[:1], params, use_tqdm=False)
+    llm.shutdown()
