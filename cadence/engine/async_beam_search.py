@@ -1,21 +1,42 @@
-"""Beam search over ``AsyncLLM`` (vLLM's served ``use_beam_search``): each step's beams run as
-one-token requests at once, and the search ends in one finished ``RequestOutput`` whose
-outputs are the best beams, best first (``cadence.beam_search`` has the rules)."""
+"""Beam search over ``AsyncLLM`` (vLLM's served ``use_beam_search`` and its
+``EngineClient.beam_search``): each step's beams run as one-token requests at once, and the
+search ends in one finished ``RequestOutput`` whose outputs are the best beams, best first
+(``cadence.beam_search`` has the rules)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from cadence.beam_search import BeamSearch, step_candidates
+from cadence.beam_search import BeamSearch, beam_width_problem, step_candidates
+from cadence.engine.input_worker import input_size
 from cadence.engine.request_state import TokenTextCache
 from cadence.outputs import CompletionOutput, Logprob, RequestOutput
+from cadence.sampling_params import BeamSearchParams
 
 if TYPE_CHECKING:
-    from cadence.engine.async_llm import AsyncLLM
-    from cadence.sampling_params import BeamSearchParams, SamplingParams
+    from cadence.sampling_params import SamplingParams
 
-__all__ = ["beam_search_output"]
+# NOTE: ``engine`` is an ``AsyncLLM`` (not imported here: AsyncLLM.beam_search calls this).
+AsyncLLM = Any
+
+__all__ = ["beam_search_output", "search_prompt"]
+
+
+async def search_prompt(engine: AsyncLLM, prompt: Any, request_id: str,
+                        params: BeamSearchParams) -> RequestOutput:
+    """vLLM's ``EngineClient.beam_search`` of one prompt: checked and tokenized as ``generate``
+    checks a prompt (its steps' parameters), then searched; a ValueError names what is wrong."""
+    if not isinstance(params, BeamSearchParams):
+        raise ValueError(f"params: a BeamSearchParams, got {type(params).__name__}.")
+    problem = beam_width_problem(params.beam_width, engine.input_processor.max_logprobs)
+    if problem is not None:
+        raise ValueError(f"beam_width: {problem}")
+    step = params.step_params()
+    request, prompt_text = await engine.run_cpu(
+        input_size(prompt), engine.process_input, request_id, prompt, step, None, 0, False)
+    return await beam_search_output(engine, request_id, request.prompt_token_ids, prompt_text,
+                                    params, step)
 
 
 async def _one_token(engine: AsyncLLM, prompt: dict[str, Any], params: SamplingParams,

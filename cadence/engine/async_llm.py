@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from cadence.config import EngineConfig
 from cadence.core_types import EngineCoreRequest, SchedulerStats
+from cadence.engine.async_beam_search import search_prompt
 from cadence.engine.core_client import EngineCoreClient, EngineDeadError
 from cadence.engine.core_proc import EngineCoreLike
 from cadence.engine.core_utilities import CoreUtilities
@@ -36,7 +37,7 @@ from cadence.engine.request_ledger import RequestLedger
 from cadence.engine.tokenization_kwargs import TokenizationKwargs
 from cadence.inputs import check_data_parallel_rank, given_prompt_text, refuse_lora
 from cadence.metrics import StatLogger
-from cadence.sampling_params import SamplingParams
+from cadence.sampling_params import BeamSearchParams, SamplingParams
 
 if TYPE_CHECKING:
     from cadence.engine.core_process import ProcessEngineCoreClient
@@ -313,6 +314,13 @@ class AsyncLLM(CoreUtilities):
                 yield out
         finally:
             await outputs.aclose()
+
+    async def beam_search(self, prompt: PromptType, request_id: str, params: BeamSearchParams,
+                          lora_request: Any = None) -> AsyncGenerator[RequestOutput, None]:
+        """vLLM's ``EngineClient.beam_search``: yields the search's one finished output, the
+        ``params.beam_width`` best sequences, best first (``async_beam_search``)."""
+        refuse_lora(lora_request)
+        yield await search_prompt(self, prompt, request_id, params)
 
     async def outputs(
         self, request_id: str, collector: RequestOutputCollector

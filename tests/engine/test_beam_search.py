@@ -130,3 +130,45 @@ def test_bad_calls_are_value_errors() -> None:
             llm.beam_search(bad, BeamSearchParams(beam_width=2, max_tokens=2))  # type: ignore
     with pytest.raises(ValueError, match="maximum context length"):
         llm.beam_search([[5] * 64], BeamSearchParams(beam_width=2, max_tokens=2))
+
+
+def test_async_llm_beam_search_matches_the_reference(checkpoint) -> None:
+    # vLLM's EngineClient.beam_search: one finished RequestOutput, the best beams first.
+    import asyncio
+
+    from cadence import AsyncLLM
+    from cadence.engine.engine_args import EngineArgs
+
+    path, model, prompts, eos = checkpoint
+    width, steps = 3, 5
+
+    async def run() -> list:
+        engine = AsyncLLM(EngineArgs(str(path), dtype="float32", skip_tokenizer_init=True,
+                                     max_model_len=128))
+        try:
+            params = BeamSearchParams(beam_width=width, max_tokens=steps)
+            outs = [o async for o in engine.beam_search({"prompt_token_ids": prompts[0]}, "b0",
+                                                        params)]
+            with pytest.raises(ValueError, match="beam_width"):
+                async for _ in engine.beam_search({"prompt_token_ids": prompts[0]}, "b1",
+                                                  BeamSearchParams(beam_width=11, max_tokens=2)):
+                    pass
+            with pytest.raises(ValueError, match="lora_request"):
+                async for _ in engine.beam_search(prompts[0], "b2", params,
+                                                  lora_request=object()):
+                    pass
+            assert not engine.has_unfinished_requests()
+            return outs
+        finally:
+            engine.shutdown()
+
+    (out,) = asyncio.run(run())
+    expected = reference(model, prompts[0], width, steps, eos, 1.0)
+    assert out.finished and out.request_id == "b0" and out.prompt_token_ids == prompts[0]
+    # The answer's tokens leave out a final end token (the served search's rule).
+    want = [t[len(prompts[0]):len(t) - (t[-1] == eos)] for t, _ in expected]
+    assert [c.token_ids for c in out.outputs] == want
+    assert [c.finish_reason for c in out.outputs] == [
+        "stop" if t[-1] == eos else "length" for t, _ in expected]
+    for choice, (_, cum) in zip(out.outputs, expected):
+        assert choice.cumulative_logprob == pytest.approx(cum, abs=1e-4)
