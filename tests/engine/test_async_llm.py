@@ -272,7 +272,7 @@ async def test_invalid_input_raises_before_scheduling(engine: AsyncLLM) -> None:
          "maximum context length"),
         ({"prompt_token_ids": [1, 10_000]}, SamplingParams(), {}, "out of vocabulary"),
         ("", SamplingParams(), {}, "empty"),
-        (TEXT_PROMPT, SamplingParams(), {"priority": 2}, "priority"),
+        (TEXT_PROMPT, SamplingParams(), {"priority": 1 << 63}, "priority"),  # past int64
     ]
     for i, (prompt, params, kw, match) in enumerate(bad):
         with pytest.raises(ValueError, match=match):
