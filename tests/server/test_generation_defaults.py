@@ -12,6 +12,15 @@ import pytest
 from tests.tiny import tiny_copy_with_generation_config
 
 
+def _token_ids(http: httpx.Client, fields: dict) -> list[int]:
+    """The token ids of a completion of the test prompt with ``fields``."""
+    body = {"prompt": "Once upon a time", "ignore_eos": True, "return_token_ids": True,
+            **fields}
+    resp = http.post("/v1/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["choices"][0]["token_ids"]
+
+
 @pytest.fixture
 def greedy_by_default(tmp_path: Path) -> Path:
     """The tiny model whose generation config makes it greedy unless a request says otherwise."""
@@ -24,11 +33,7 @@ def test_server_requests_without_sampling_fields_use_the_defaults(
     srv = server_factory(model=str(greedy_by_default))
     with httpx.Client(base_url=srv.base_url, timeout=30) as http:
         def tokens(extra: dict) -> list[int]:
-            body = {"prompt": "Once upon a time", "max_tokens": 12, "ignore_eos": True,
-                    "return_token_ids": True, **extra}
-            resp = http.post("/v1/completions", json=body)
-            assert resp.status_code == 200, resp.text
-            return resp.json()["choices"][0]["token_ids"]
+            return _token_ids(http, {"max_tokens": 12, **extra})
 
         greedy = tokens({"temperature": 0.0})
         assert tokens({}) == greedy and tokens({}) == greedy  # greedy by default
@@ -86,11 +91,7 @@ def test_the_override_reaches_server_requests(server_factory) -> None:
     srv = server_factory(override_generation_config={"temperature": 0.0})
     with httpx.Client(base_url=srv.base_url, timeout=30) as http:
         def tokens(extra: dict) -> list[int]:
-            body = {"prompt": "Once upon a time", "max_tokens": 10, "ignore_eos": True,
-                    "return_token_ids": True, **extra}
-            resp = http.post("/v1/completions", json=body)
-            assert resp.status_code == 200, resp.text
-            return resp.json()["choices"][0]["token_ids"]
+            return _token_ids(http, {"max_tokens": 10, **extra})
 
         greedy = tokens({"temperature": 0.0})
         assert tokens({}) == greedy and tokens({"seed": 3}) == greedy
