@@ -103,6 +103,7 @@ class AsyncLLM(CoreUtilities):
         # meanwhile), but nothing will collect outputs any more.
         self._handler_failed = False
         self._shut_down = False  # by shutdown(), or by the event loop it ran in closing
+        self._shut_down_by = "shutdown()"
         # NOTE: an engine never shut down is stopped at interpreter exit: a core thread still
         # running torch code while the interpreter tears down can abort the process.
         self._finalizer = weakref.finalize(self, client.shutdown)
@@ -135,7 +136,7 @@ class AsyncLLM(CoreUtilities):
 
     def _dead_error(self) -> EngineDeadError:
         if self._shut_down:
-            return EngineDeadError("The engine was shut down.")
+            return EngineDeadError(f"The engine was shut down (by {self._shut_down_by}).")
         return EngineDeadError()
 
     def has_unfinished_requests(self) -> bool:
@@ -400,6 +401,9 @@ class AsyncLLM(CoreUtilities):
         except asyncio.CancelledError:
             # shutdown(), or the event loop closing: no loop collects outputs any more, so the
             # core stops too (its thread would otherwise run on for no one).
+            if not self._shut_down:
+                self._shut_down_by = ("its event loop closing: an AsyncLLM serves the event "
+                                      "loop it first ran in")
             self._handler_failed = self._shut_down = True
             self.output_processor.propagate_error(self._dead_error())
             self._finalizer()

@@ -828,7 +828,7 @@ async def test_after_shutdown_every_call_says_the_engine_was_shut_down() -> None
     llm = AsyncLLM(tiny_args())
     llm.shutdown()
     params = SamplingParams(max_tokens=2)
-    with pytest.raises(EngineDeadError, match="shut down"):
+    with pytest.raises(EngineDeadError, match=r"shut down \(by shutdown\(\)\)"):
         async for _ in llm.generate(TEXT_PROMPT, params, "late"):
             pass
     with pytest.raises(EngineDeadError, match="shut down"):
@@ -855,7 +855,7 @@ def test_an_engine_whose_event_loop_closed_stops_its_core() -> None:
         assert not llm.engine_core.proc.thread.is_alive()
 
         async def second() -> None:
-            with pytest.raises(EngineDeadError, match="shut down"):
+            with pytest.raises(EngineDeadError, match="shut down .by its event loop closing"):
                 async for _ in llm.generate(TEXT_PROMPT, params, "b"):
                     pass
 
