@@ -168,8 +168,8 @@ class BeamSearch:
         return ranked[:self.params.beam_width]
 
     def generated(self, beam: BeamSearchSequence) -> list[int]:
-        """``beam``'s generated tokens as an answer shows them: the end token only with
-        ``include_stop_str_in_output`` (vLLM's served beam search)."""
+        """``beam``'s generated tokens as an answer's text shows them: the end token only with
+        ``include_stop_str_in_output`` (its token ids keep it, as vLLM's)."""
         tokens = beam.tokens[self.prompt_len:]
         if beam.finish_reason == "stop" and not self.params.include_stop_str_in_output:
             tokens = tokens[:-1]

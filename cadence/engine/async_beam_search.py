@@ -62,7 +62,8 @@ async def beam_search_output(
 ) -> RequestOutput:
     """The search for one prompt; ``step_params`` runs one token of a beam (one token,
     ``2 * beam_width`` logprobs, no text, FINAL_ONLY). Each answer's text leaves out a final end
-    token unless ``params.include_stop_str_in_output``; its logprobs match its tokens. A failed
+    token unless ``params.include_stop_str_in_output``; its token ids and logprobs keep it
+    (vLLM's). A failed
     step raises (``RequestFailedError``, ``EngineDeadError``); cancelling aborts the steps in
     flight (each ``generate`` aborts its own)."""
     search = BeamSearch(prompt_token_ids, params, engine.input_processor.eos_token_id,
@@ -87,8 +88,10 @@ async def beam_search_output(
     texts = TokenTextCache(tokenizer) if tokenizer is not None else None
     outputs = []
     for index, beam in enumerate(best):
-        tokens = search.generated(beam)
-        text = (tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
+        # vLLM's: the ids and logprobs keep a final end token, the text leaves it out (unless
+        # include_stop_str_in_output), as a sampled answer's do.
+        tokens = beam.tokens[search.prompt_len:]
+        text = (tokenizer.decode(search.generated(beam), skip_special_tokens=skip_special_tokens)
                 if tokenizer is not None else "")
         rows = beam.logprobs[:len(tokens)]
         if texts is not None:  # the steps ran without text: each token's, as an answer's

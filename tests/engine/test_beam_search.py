@@ -165,9 +165,13 @@ def test_async_llm_beam_search_matches_the_reference(checkpoint) -> None:
     (out,) = asyncio.run(run())
     expected = reference(model, prompts[0], width, steps, eos, 1.0)
     assert out.finished and out.request_id == "b0" and out.prompt_token_ids == prompts[0]
-    # The answer's tokens leave out a final end token (the served search's rule).
-    want = [t[len(prompts[0]):len(t) - (t[-1] == eos)] for t, _ in expected]
-    assert [c.token_ids for c in out.outputs] == want
+    # vLLM's: the token ids keep a final end token (the text leaves it out), the logprobs
+    # are one a token.
+    assert [c.token_ids for c in out.outputs] == [t[len(prompts[0]):] for t, _ in expected]
+    assert [len(c.logprobs) for c in out.outputs] == [len(c.token_ids) for c in out.outputs]
+    assert [c.finish_reason for c in out.outputs] == [
+        "stop" if t[-1] == eos else "length" for t, _ in expected]
+    assert any(c.finish_reason == "stop" for c in out.outputs)  # the end token's path ran
     assert [c.finish_reason for c in out.outputs] == [
         "stop" if t[-1] == eos else "length" for t, _ in expected]
     for choice, (_, cum) in zip(out.outputs, expected):

@@ -19,16 +19,15 @@ PROMPT = "Once upon a time"
 def expected(llm: LLM, prompt_ids: list[int], width: int, max_tokens: int,
              **kw) -> list[tuple[str, list[int], str]]:
     """(text, token ids, finish reason) of each best beam, as vLLM's served search shows it:
-    the answer alone, a final end token left out of text and ids."""
+    the answer alone, a final end token left out of the text (not of the ids)."""
     (out,) = llm.beam_search({"prompt_token_ids": prompt_ids},
                              BeamSearchParams(beam_width=width, max_tokens=max_tokens, **kw))
     tok = llm.get_tokenizer()
     rows = []
     for seq in out.sequences:
         ids = seq.tokens[len(prompt_ids):]
-        if seq.finish_reason == "stop":
-            ids = ids[:-1]
-        rows.append((tok.decode(ids), ids, seq.finish_reason))
+        shown = ids[:-1] if seq.finish_reason == "stop" else ids
+        rows.append((tok.decode(shown), ids, seq.finish_reason))
     return rows
 
 
