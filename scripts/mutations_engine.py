@@ -279,6 +279,11 @@ MUTATIONS = [
              "self.prompt_token_ids = prompt_token_ids",
              (_REQ,)),
     # -- beam search
+    Mutation("beam-ids-drop-eos", "a beam's token ids leave out its final end token",
+             "cadence/engine/async_beam_search.py",
+             "        tokens = beam.tokens[search.prompt_len:]\n",
+             "        tokens = search.generated(beam)\n",
+             ("tests/engine/test_beam_search.py",)),
     Mutation("beam-eos-not-finished", "a beam ending in the end token stays in the race",
              "cadence/beam_search.py",
              "stops = token_id == eos and not ignore_eos", "stops = False",
