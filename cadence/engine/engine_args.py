@@ -97,9 +97,10 @@ class EngineArgs:
     # vLLM's: the reasoning parser whose tags bound a thinking budget (thinking_token_budget);
     # `cadence serve --reasoning-parser` sets it too.
     reasoning_parser: str | None = None
-    # vLLM's, taken so that code written for it runs: periodic stats are never logged here
-    # (the server's /metrics is always served), and preemption recomputes (vLLM v1's), so no
-    # CPU swap space is used; the tokenizer is always transformers' ("auto").
+    # vLLM's, taken so that code written for it runs: disable_log_stats=False keeps the offline
+    # engine's statistics for LLM.get_metrics() (periodic stats are never logged; the server's
+    # /metrics is always served), and preemption recomputes (vLLM v1's), so no CPU swap space
+    # is used; the tokenizer is always transformers' ("auto").
     disable_log_stats: bool = True
     swap_space: float = 0.0
     tokenizer_mode: str = "auto"

@@ -22,6 +22,7 @@ from cadence.engine.engine_args import EngineArgs
 from cadence.engine.llm_engine import LLMEngine
 from cadence.engine.tokenization_kwargs import TokenizationKwargs
 from cadence.inputs import refuse_lora
+from cadence.metrics_reader import Metric
 from cadence.outputs import RequestOutput
 from cadence.sampling_params import RequestOutputKind, SamplingParams
 
@@ -58,6 +59,11 @@ class LLM:
 
     def get_tokenizer(self) -> Any:
         return self.frontend.tokenizer
+
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's: a snapshot of the engine's statistics (``LLMEngine.get_metrics``); needs
+        ``LLM(..., disable_log_stats=False)``."""
+        return self.llm_engine.get_metrics()
 
     def start_profile(self, profile_prefix: str | None = None) -> None:
         """The torch profiler around the generation that follows, until ``stop_profile`` (vLLM's;

@@ -14,9 +14,11 @@ from cadence.core_types import EngineCoreRequest
 from cadence.engine.core import EngineCore
 from cadence.engine.engine_args import EngineArgs
 from cadence.engine.frontend import load_frontend
-from cadence.engine.output_processor import OutputProcessor
+from cadence.engine.output_processor import IterationStats, OutputProcessor
 from cadence.engine.tokenization_kwargs import TokenizationKwargs
 from cadence.inputs import given_prompt_text, refuse_lora
+from cadence.metrics import PrometheusStatLogger
+from cadence.metrics_reader import Metric, metrics_snapshot
 from cadence.outputs import RequestOutput
 from cadence.sampling_params import SamplingParams
 from cadence.worker.worker_rpc import ApplyModel, check_timeout
@@ -35,6 +37,28 @@ class LLMEngine:
         self.output_processor = OutputProcessor(
             self.frontend.tokenizer, self.engine_core.config.scheduler.stream_interval)
         self._closed = False
+        # vLLM's: statistics kept where disable_log_stats is False (get_metrics reads them).
+        self.stat_logger = None if args.disable_log_stats else self._make_stat_logger()
+
+    def _make_stat_logger(self) -> PrometheusStatLogger:
+        core, args = self.engine_core, self.args
+        names = args.served_model_name
+        name = names if isinstance(names, str) else (names or [self.frontend.model_name])[0]
+        return PrometheusStatLogger(
+            name, max_model_len=core.config.scheduler.max_model_len,
+            cache_info={"block_size": str(core.block_size),
+                        "num_gpu_blocks": str(core.num_kv_blocks),
+                        "enable_prefix_caching": str(args.enable_prefix_caching),
+                        "gpu_memory_utilization": str(args.gpu_memory_utilization),
+                        "cache_dtype": args.kv_cache_dtype})
+
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's: a snapshot of this engine's statistics (``metrics_reader``; the names are the
+        server's, ``cadence:`` where vLLM's are ``vllm:``). Needs ``disable_log_stats=False``."""
+        if self.stat_logger is None:
+            raise RuntimeError("get_metrics: statistics are off; create the engine with "
+                               "disable_log_stats=False.")
+        return metrics_snapshot(self.stat_logger.registry)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, usage_context: Any = None,
@@ -113,9 +137,15 @@ class LLMEngine:
                 # caused by it; the caller's `except KeyboardInterrupt` must see the Ctrl-C.
                 raise exc.__cause__ from None
             raise
+        stats = None if self.stat_logger is None else IterationStats()
         if outputs is None or not outputs.outputs:
+            if outputs is not None and stats is not None:
+                self.stat_logger.record(outputs.scheduler_stats, None)
             return []
-        processed = self.output_processor.process_outputs(outputs.outputs)
+        processed = self.output_processor.process_outputs(outputs.outputs, outputs.timestamp,
+                                                          stats)
+        if stats is not None:
+            self.stat_logger.record(outputs.scheduler_stats, stats)
         if processed.reqs_to_abort:  # ended by a stop string, which only the text shows
             self.engine_core.abort_requests(processed.reqs_to_abort)
         for child in processed.reqs_to_add:  # n > 1: siblings sent once the prompt is cached
