@@ -2,9 +2,10 @@
 outcomes (one KV cache group: cadence has no hybrid groups, KV events, LoRA or multimodal
 hashes). The free-block-queue tests of test_kv_cache_utils.py are in test_block_pool.py.
 
-Free-queue order: these ports expect vLLM's LRU queue in which a freed block always joins the
-tail (what test_kv_cache_manager.py's test_prefill / test_evict already check). Newer vLLM
-revisions put freed blocks without a hash at the head instead; cadence does not."""
+Free-queue order: as in current vLLM, a freed block with a hash joins the tail of the LRU queue
+and one without a hash (prefix caching on) the head, where it is reused first, since it can
+never be hit (`BlockPool.free_blocks`; test_kv_cache_manager.py's test_prefill / test_evict
+check that order)."""
 
 from __future__ import annotations
 
