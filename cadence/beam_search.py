@@ -20,7 +20,8 @@ from cadence.outputs import Logprob, RequestOutput
 from cadence.sampling_params import BeamSearchParams
 
 __all__ = ["BeamSearch", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence",
-           "beam_score", "beam_width_problem", "penalized", "step_candidates"]
+           "beam_score", "beam_width_problem", "check_beam_search_params", "penalized",
+           "step_candidates"]
 
 
 @dataclass
@@ -73,6 +74,16 @@ def beam_width_problem(width: int, max_logprobs: int) -> str | None:
         return (f"each step asks 2 x {width} logprobs, past --max-logprobs "
                 f"({max_logprobs}); at most {max_logprobs // 2} beams.")
     return None
+
+
+def check_beam_search_params(params: object, max_logprobs: int) -> None:
+    """An offline or async search's ``params`` (ValueError naming them): a
+    ``BeamSearchParams`` whose width the engine can keep (``beam_width_problem``)."""
+    if not isinstance(params, BeamSearchParams):
+        raise ValueError(f"params: a BeamSearchParams, got {type(params).__name__}.")
+    problem = beam_width_problem(params.beam_width, max_logprobs)
+    if problem is not None:
+        raise ValueError(f"beam_width: {problem}")
 
 
 def step_candidates(output: RequestOutput) -> dict[int, Logprob] | None:

@@ -17,7 +17,7 @@ import threading
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import HistogramMetricFamily
@@ -25,7 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from cadence.core_types import FinishReason, SchedulerStats
 
-__all__ = ["CONTENT_TYPE_LATEST", "PrometheusStatLogger", "StatLogger"]
+__all__ = ["CONTENT_TYPE_LATEST", "PrometheusStatLogger", "StatLogger", "cache_config_info"]
 
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0]
 TTFT_BUCKETS += [7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
@@ -145,6 +145,14 @@ class _SharedHistogram:
     def observe_many(self, values: Iterable[float]) -> None:
         for v in values:
             self._child.observe(v)
+
+
+def cache_config_info(args: Any, block_size: int, num_gpu_blocks: int) -> dict[str, str]:
+    """vLLM's ``cache_config_info`` labels of an engine made from ``args`` (its EngineArgs)."""
+    return {"block_size": str(block_size), "num_gpu_blocks": str(num_gpu_blocks),
+            "enable_prefix_caching": str(args.enable_prefix_caching),
+            "gpu_memory_utilization": str(args.gpu_memory_utilization),
+            "cache_dtype": args.kv_cache_dtype}
 
 
 class StatLogger(Protocol):

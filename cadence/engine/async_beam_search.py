@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from cadence.beam_search import BeamSearch, beam_width_problem, step_candidates
+from cadence.beam_search import BeamSearch, check_beam_search_params, step_candidates
 from cadence.engine.input_worker import input_size
 from cadence.engine.request_state import TokenTextCache
 from cadence.outputs import CompletionOutput, Logprob, RequestOutput
@@ -27,11 +27,7 @@ async def search_prompt(engine: AsyncLLM, prompt: Any, request_id: str,
                         params: BeamSearchParams) -> RequestOutput:
     """vLLM's ``EngineClient.beam_search`` of one prompt: checked and tokenized as ``generate``
     checks a prompt (its steps' parameters), then searched; a ValueError names what is wrong."""
-    if not isinstance(params, BeamSearchParams):
-        raise ValueError(f"params: a BeamSearchParams, got {type(params).__name__}.")
-    problem = beam_width_problem(params.beam_width, engine.input_processor.max_logprobs)
-    if problem is not None:
-        raise ValueError(f"beam_width: {problem}")
+    check_beam_search_params(params, engine.input_processor.max_logprobs)
     step = params.step_params()
     request, prompt_text = await engine.run_cpu(
         input_size(prompt), engine.process_input, request_id, prompt, step, None, 0, False)

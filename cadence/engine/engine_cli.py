@@ -46,13 +46,9 @@ def add_engine_cli_args(parser: argparse.ArgumentParser, d: Any, model_positiona
     parser.add_argument("--max-num-batched-tokens", type=human_readable_int, default=None,
                         help="most tokens in one step (default: max(8192, max-model-len up "
                              "to 16384); without chunked prefill at least max-model-len)")
-    parser.add_argument("--enable-chunked-prefill", dest="enable_chunked_prefill",
-                        action="store_true", default=d.enable_chunked_prefill,
-                        help="split long prompts over several steps, beside decodes "
-                             "(default: on)")
-    parser.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill",
-                        action="store_false",
-                        help="schedule each prompt whole in one step")
+    _switch(parser, "enable-chunked-prefill", d.enable_chunked_prefill,
+            "split long prompts over several steps, beside decodes (default: on)",
+            "schedule each prompt whole in one step")
     parser.add_argument("--long-prefill-token-threshold", type=int_at_least(0),
                         default=d.long_prefill_token_threshold, metavar="N",
                         help="schedule at most N tokens of one prompt a step, leaving the "
@@ -63,12 +59,9 @@ def add_engine_cli_args(parser: argparse.ArgumentParser, d: Any, model_positiona
                         help="streamed outputs every N new tokens (and with the first and "
                              "the last) for requests that leave stream_interval unset: "
                              "fewer, larger stream chunks (default: %(default)s)")
-    parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching",
-                        action="store_true", default=d.enable_prefix_caching,
-                        help="reuse the KV blocks of earlier prompts' common prefixes "
-                             "(default: on)")
-    parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
-                        action="store_false", help="turn prefix caching off")
+    _switch(parser, "enable-prefix-caching", d.enable_prefix_caching,
+            "reuse the KV blocks of earlier prompts' common prefixes (default: on)",
+            "turn prefix caching off")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="run every step eagerly (no CUDA graphs; decode steps replay "
                              "their recorded kernel launches unless "
@@ -76,12 +69,9 @@ def add_engine_cli_args(parser: argparse.ArgumentParser, d: Any, model_positiona
     parser.add_argument("--max-capture-tokens", type=int_at_least(0), default=None,
                         help="capture mixed prefill/decode steps as CUDA graphs up to this "
                              "many tokens; 0 = decode graphs only (default: 8192)")
-    parser.add_argument("--async-scheduling", dest="async_scheduling",
-                        action="store_true", default=None,
-                        help="schedule step N+1 while step N runs (default: on, or "
-                             "$CADENCE_ASYNC_SCHEDULING)")
-    parser.add_argument("--no-async-scheduling", dest="async_scheduling",
-                        action="store_false", help="schedule each step after the last one")
+    _switch(parser, "async-scheduling", None,
+            "schedule step N+1 while step N runs (default: on, or $CADENCE_ASYNC_SCHEDULING)",
+            "schedule each step after the last one")
     parser.add_argument("--scheduling-policy", default=d.scheduling_policy,
                         choices=list(SCHEDULING_POLICIES),
                         help="which waiting request runs first: arrival order (a request's "
@@ -165,3 +155,11 @@ def add_engine_cli_args(parser: argparse.ArgumentParser, d: Any, model_positiona
     parser.add_argument("--engine-process", action="store_true",
                         help="run the engine core in a process of its own rather than a "
                              "thread beside the server's event loop")
+
+
+def _switch(parser: argparse.ArgumentParser, name: str, default: bool | None, on: str,
+            off: str) -> None:
+    """vLLM's flag pair ``--NAME`` / ``--no-NAME``, both setting one destination."""
+    dest = name.replace("-", "_")
+    parser.add_argument(f"--{name}", dest=dest, action="store_true", default=default, help=on)
+    parser.add_argument(f"--no-{name}", dest=dest, action="store_false", help=off)

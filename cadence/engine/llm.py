@@ -13,7 +13,7 @@ from cadence.beam_search import (
     BeamSearch,
     BeamSearchOutput,
     BeamSearchParams,
-    beam_width_problem,
+    check_beam_search_params,
     step_candidates,
 )
 from cadence.chat import content_format, conversation_of, render_conversation
@@ -243,17 +243,13 @@ class LLM:
         tokenizer. ``concurrency_limit``: prompts searched at once (all by default)."""
         self._check_open()
         refuse_lora(lora_request)
-        if not isinstance(params, BeamSearchParams):
-            raise ValueError(f"params: a BeamSearchParams, got {type(params).__name__}.")
+        processor = self.frontend.input_processor
+        check_beam_search_params(params, processor.max_logprobs)
         if concurrency_limit is not None and (
                 isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int)
                 or concurrency_limit < 1):
             raise ValueError(f"concurrency_limit: a positive integer or None, got "
                              f"{concurrency_limit!r}.")
-        processor = self.frontend.input_processor
-        problem = beam_width_problem(params.beam_width, processor.max_logprobs)
-        if problem is not None:
-            raise ValueError(f"beam_width: {problem}")
         prompts = _prompt_list(prompts, Iterable)  # any iterable of prompts, as vLLM's
         step_params = params.step_params()
         searches: list[BeamSearch] = []

@@ -17,7 +17,7 @@ from cadence.engine.frontend import load_frontend
 from cadence.engine.output_processor import IterationStats, OutputProcessor
 from cadence.engine.tokenization_kwargs import TokenizationKwargs
 from cadence.inputs import given_prompt_text, refuse_lora
-from cadence.metrics import PrometheusStatLogger
+from cadence.metrics import PrometheusStatLogger, cache_config_info
 from cadence.metrics_reader import Metric, metrics_snapshot
 from cadence.outputs import RequestOutput
 from cadence.sampling_params import SamplingParams
@@ -46,11 +46,7 @@ class LLMEngine:
         name = names if isinstance(names, str) else (names or [self.frontend.model_name])[0]
         return PrometheusStatLogger(
             name, max_model_len=core.config.scheduler.max_model_len,
-            cache_info={"block_size": str(core.block_size),
-                        "num_gpu_blocks": str(core.num_kv_blocks),
-                        "enable_prefix_caching": str(args.enable_prefix_caching),
-                        "gpu_memory_utilization": str(args.gpu_memory_utilization),
-                        "cache_dtype": args.kv_cache_dtype})
+            cache_info=cache_config_info(args, core.block_size, core.num_kv_blocks))
 
     def get_metrics(self) -> list[Metric]:
         """vLLM's: a snapshot of this engine's statistics (``metrics_reader``; the names are the

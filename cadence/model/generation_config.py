@@ -49,13 +49,11 @@ def generation_defaults(source: str, model_dir: str | None,
         if ignored:
             logger.warning("override_generation_config: %s set no sampling default (applied: "
                            "%s).", ", ".join(ignored), ", ".join(APPLIED_FIELDS))
-        fields.update({k: v for k, v in override.items() if k in _HF_DEFAULTS})
+        fields.update(_numbers({k: v for k, v in override.items() if k in _HF_DEFAULTS},
+                               "override_generation_config"))
         where = (f"{where} with override_generation_config" if where
                  else "override_generation_config")
     defaults = {k: fields[k] for k in APPLIED_FIELDS if fields.get(k) is not None}
-    for k, v in defaults.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ValueError(f"{where}: {k} is {v!r}, not a number.")
     if "max_new_tokens" in defaults:
         n = defaults.pop("max_new_tokens")
         if not isinstance(n, int) or n < 1:
@@ -95,11 +93,19 @@ def _file_fields(source: str, model_dir: str | None) -> tuple[dict[str, Any], st
         raise ValueError(f"generation_config: cannot read {path}: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"generation_config: {path} does not hold a JSON object.")
-    diff = {k: v for k, v in data.items() if k in _HF_DEFAULTS and v != _HF_DEFAULTS[k]}
-    for k, v in diff.items():  # named with the file: an override may replace it later
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise ValueError(f"generation_config: {path} sets {k} to {v!r}, not a number.")
+    where = f"generation_config: {path}"
+    # Checked with the file named: an override may replace a value later.
+    diff = _numbers({k: v for k, v in data.items() if k in _HF_DEFAULTS and v != _HF_DEFAULTS[k]},
+                    where)
     if isinstance(n := diff.get("max_new_tokens"), int) and n < 1:
         raise ValueError(f"generation_config: {path} sets max_new_tokens to {n!r}, not a "
                          "positive integer.")
-    return diff, f"generation_config: {path}"
+    return diff, where
+
+
+def _numbers(fields: dict[str, Any], where: str) -> dict[str, Any]:
+    """``fields``, each a number or None (ValueError naming ``where`` otherwise)."""
+    for k, v in fields.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ValueError(f"{where}: {k} is {v!r}, not a number.")
+    return fields

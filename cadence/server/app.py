@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from cadence.metrics import CONTENT_TYPE_LATEST, PrometheusStatLogger
+from cadence.metrics import CONTENT_TYPE_LATEST, PrometheusStatLogger, cache_config_info
 from cadence.server.api_operations import API_OPERATIONS
 from cadence.server.error_handlers import UnexpectedErrorMiddleware, exception_handlers
 from cadence.server.errors import (
@@ -113,15 +113,10 @@ class OpenAIServer:
         # One registry of beam searches: the stream's closing abort (any endpoint's) finds it.
         self.chat.beams = self.completions.beams
         # One of several API server processes: metrics in the shared multiprocess files.
-        args = engine.args
         self.metrics = PrometheusStatLogger(
             self.model_name, multiprocess=front_end_index is not None,
             engine_stats=front_end_index in (None, 0), max_model_len=engine.max_model_len,
-            cache_info={"block_size": str(engine.block_size),
-                        "num_gpu_blocks": str(engine.num_kv_blocks),
-                        "enable_prefix_caching": str(args.enable_prefix_caching),
-                        "gpu_memory_utilization": str(args.gpu_memory_utilization),
-                        "cache_dtype": args.kv_cache_dtype})
+            cache_info=cache_config_info(engine.args, engine.block_size, engine.num_kv_blocks))
         engine.add_stat_logger(self.metrics)
         self.seconds = SecondsRecorder()
         engine.add_stat_logger(self.seconds)
