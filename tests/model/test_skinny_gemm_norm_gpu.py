@@ -177,8 +177,12 @@ def test_forward_norm_plans_graphs_and_fallbacks(monkeypatch, bias, late_pass):
     two kernels at the fused configuration; with the rows counted as wide, one late-norm launch
     at one row, within float64's result; both on first calls, planned calls, a CUDA graph,
     aligned and misaligned inputs; past them the two calls; the two calls with the switch set."""
-    from cadence.model import skinny_gemm_kernels
+    from cadence.model import bulk_gemv, bulk_mma, skinny_gemm_kernels
 
+    # The bulk kernels take a bias-free call first where their tables list its shape (as
+    # here); this test is the skinny kernel's (the bulk kernels' own are test_bulk_*_gpu.py).
+    monkeypatch.setattr(bulk_gemv, "ENABLED", False)
+    monkeypatch.setattr(bulk_mma, "ENABLED", False)
     torch.manual_seed(0)
     n, k = 4096, 1024  # Qwen3-0.6B's qkv projection
     if late_pass:  # 1024 counts as wide: one row takes the late norm at a listed configuration
@@ -267,6 +271,15 @@ def test_decode_step_with_and_without_the_fusion(monkeypatch):
 
     num_layers = 4
     model, caches = _decode_model(num_layers)
+    # The late norm runs only at configurations its table lists (measured shapes): list the
+    # tiny model's norm-fed projections, at this device, for the late pass below.
+    late_cfg = SkinnyConfig(16, 64, 1, 4, 1, False)
+    layer = model.model.layers[0]
+    late_table = {(*p.weight.shape, row_bucket(3)): late_cfg
+                  for p in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj)}
+    monkeypatch.setattr(skinny_gemm, "LATE_NORM_CONFIGS", late_table)
+    monkeypatch.setattr(skinny_gemm, "TABLE_CAPABILITY", torch.cuda.get_device_capability())
+    monkeypatch.setattr(skinny_gemm, "_CHOSEN_NORM", {})
     tables = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
     prompts = [[3, 4, 5, 6, 7], [9, 10], [11, 12, 13, 14, 15, 16, 17, 18]]
     prefill = make_batch([Chunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)])
