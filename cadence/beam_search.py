@@ -179,8 +179,9 @@ class BeamSearch:
         return ranked[:self.params.beam_width]
 
     def generated(self, beam: BeamSearchSequence) -> list[int]:
-        """``beam``'s generated tokens as an answer's text shows them: the end token only with
-        ``include_stop_str_in_output`` (its token ids keep it, as vLLM's)."""
+        """``beam``'s generated tokens as a served answer's token ids hold them (vLLM's
+        ``EngineClient.beam_search``): a final end token only with
+        ``include_stop_str_in_output``."""
         tokens = beam.tokens[self.prompt_len:]
         if beam.finish_reason == "stop" and not self.params.include_stop_str_in_output:
             tokens = tokens[:-1]

@@ -289,10 +289,14 @@ MUTATIONS = [
              '    sums = {_key(s.labels): s.value for s in _samples(samples, name + "_sum")}\n',
              '    sums = {_key(s.labels): s.value for s in _samples(samples, name + "_count")}\n',
              ("tests/test_metrics_reader.py",)),
-    Mutation("beam-ids-drop-eos", "a beam's token ids leave out its final end token",
-             "cadence/engine/async_beam_search.py",
-             "        tokens = beam.tokens[search.prompt_len:]\n",
-             "        tokens = search.generated(beam)\n",
+    Mutation("beam-ids-keep-eos", "a served beam's token ids keep its final end token "
+             "without include_stop_str_in_output", "cadence/engine/async_beam_search.py",
+             "CompletionOutput(index, text, search.generated(beam),",
+             "CompletionOutput(index, text, tokens,",
+             ("tests/engine/test_beam_search.py",)),
+    Mutation("beam-step-ids-shared", "a search's step requests are named by its request id "
+             "alone", "cadence/engine/async_beam_search.py",
+             'step_id = f"{request_id}-{uuid.uuid4().hex}"', "step_id = request_id",
              ("tests/engine/test_beam_search.py",)),
     Mutation("beam-eos-not-finished", "a beam ending in the end token stays in the race",
              "cadence/beam_search.py",

@@ -6,6 +6,7 @@ search ends in one finished ``RequestOutput`` whose outputs are the best beams, 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from cadence.beam_search import BeamSearch, check_beam_search_params, step_candidates
@@ -57,17 +58,20 @@ async def beam_search_output(
     skip_special_tokens: bool = True,
 ) -> RequestOutput:
     """The search for one prompt; ``step_params`` runs one token of a beam (one token,
-    ``2 * beam_width`` logprobs, no text, FINAL_ONLY). Each answer's text leaves out a final end
-    token unless ``params.include_stop_str_in_output``; its token ids and logprobs keep it
-    (vLLM's). A failed
-    step raises (``RequestFailedError``, ``EngineDeadError``); cancelling aborts the steps in
-    flight (each ``generate`` aborts its own)."""
+    ``2 * beam_width`` logprobs, no text, FINAL_ONLY). An answer ended by the end token
+    (vLLM's served search) keeps it in its token ids only with
+    ``params.include_stop_str_in_output``, keeps that step's row in its logprobs either way,
+    and never shows it in its text. Each step's requests have ids of their own (a random part:
+    no other search or request can hold them). A failed step raises (``RequestFailedError``,
+    ``EngineDeadError``); cancelling aborts the steps in flight (each ``generate`` aborts its
+    own)."""
     search = BeamSearch(prompt_token_ids, params, engine.input_processor.eos_token_id,
                         engine.max_model_len)
     while beams := search.pending():
         prompts = [{"prompt_token_ids": b.tokens, "cache_salt": cache_salt} for b in beams]
+        step_id = f"{request_id}-{uuid.uuid4().hex}"
         tasks = [asyncio.ensure_future(_one_token(
-            engine, p, step_params, f"{request_id}-beam{search.steps}-{i}", priority))
+            engine, p, step_params, f"{step_id}-beam-{i}", priority))
             for i, p in enumerate(prompts)]
         try:
             outs = await asyncio.gather(*tasks)
@@ -84,16 +88,15 @@ async def beam_search_output(
     texts = TokenTextCache(tokenizer) if tokenizer is not None else None
     outputs = []
     for index, beam in enumerate(best):
-        # vLLM's: the ids and logprobs keep a final end token, the text leaves it out (unless
-        # include_stop_str_in_output), as a sampled answer's do.
         tokens = beam.tokens[search.prompt_len:]
-        text = (tokenizer.decode(search.generated(beam), skip_special_tokens=skip_special_tokens)
+        shown = tokens[:-1] if beam.finish_reason == "stop" else tokens
+        text = (tokenizer.decode(shown, skip_special_tokens=skip_special_tokens)
                 if tokenizer is not None else "")
         rows = beam.logprobs[:len(tokens)]
         if texts is not None:  # the steps ran without text: each token's, as an answer's
             rows = [_with_text(row, texts, tokens[max(0, i - 4):i]) for i, row in enumerate(rows)]
-        outputs.append(CompletionOutput(index, text, tokens, beam.cum_logprob, rows,
-                                        finish_reason=beam.finish_reason,
+        outputs.append(CompletionOutput(index, text, search.generated(beam), beam.cum_logprob,
+                                        rows, finish_reason=beam.finish_reason,
                                         stop_reason=beam.stop_reason))
     return RequestOutput(request_id, prompt_text, list(prompt_token_ids), None, outputs,
                          finished=True)

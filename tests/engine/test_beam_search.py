@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from cadence import LLM, BeamSearchParams
+from cadence import LLM, BeamSearchParams, SamplingParams
 from tests.hf_models import VOCAB, build_hf_model
 
 
@@ -149,6 +149,23 @@ def test_async_llm_beam_search_matches_the_reference(checkpoint) -> None:
             params = BeamSearchParams(beam_width=width, max_tokens=steps)
             outs = [o async for o in engine.beam_search({"prompt_token_ids": prompts[0]}, "b0",
                                                         params)]
+            kept = BeamSearchParams(beam_width=width, max_tokens=steps,
+                                    include_stop_str_in_output=True)
+            outs += [o async for o in engine.beam_search({"prompt_token_ids": prompts[0]},
+                                                         "b3", kept)]
+
+            async def search(request_id: str):
+                return [o async for o in engine.beam_search(
+                    {"prompt_token_ids": prompts[0]}, request_id, params)][-1]
+
+            async def plain():  # named as the first step of a search "same" could be named
+                return [o async for o in engine.generate(
+                    {"prompt_token_ids": prompts[1]},
+                    SamplingParams(max_tokens=4, ignore_eos=True), "same-beam0-0")][-1]
+
+            # The steps' requests have ids of their own: two searches under one id and a
+            # request named like a step run side by side.
+            outs += await asyncio.gather(search("same"), search("same"), plain())
             with pytest.raises(ValueError, match="beam_width"):
                 async for _ in engine.beam_search({"prompt_token_ids": prompts[0]}, "b1",
                                                   BeamSearchParams(beam_width=11, max_tokens=2)):
@@ -162,13 +179,20 @@ def test_async_llm_beam_search_matches_the_reference(checkpoint) -> None:
         finally:
             engine.shutdown()
 
-    (out,) = asyncio.run(run())
+    out, kept_out, twin_a, twin_b, plain_out = asyncio.run(run())
     expected = reference(model, prompts[0], width, steps, eos, 1.0)
     assert out.finished and out.request_id == "b0" and out.prompt_token_ids == prompts[0]
-    # vLLM's: the token ids keep a final end token (the text leaves it out), the logprobs
-    # are one a token.
-    assert [c.token_ids for c in out.outputs] == [t[len(prompts[0]):] for t, _ in expected]
-    assert [len(c.logprobs) for c in out.outputs] == [len(c.token_ids) for c in out.outputs]
+    # vLLM's served search: a final end token is left out of the token ids (it is no
+    # include_stop_str_in_output search), its step's logprobs row is kept.
+    generated = [t[len(prompts[0]):] for t, _ in expected]
+    assert [c.token_ids for c in out.outputs] == [
+        g[:-1] if g[-1] == eos else g for g in generated]
+    assert [len(c.logprobs) for c in out.outputs] == [len(g) for g in generated]
+    assert [c.token_ids for c in kept_out.outputs] == generated  # include_stop_str_in_output
+    assert [c.text for c in kept_out.outputs] == [c.text for c in out.outputs]
+    for twin in (twin_a, twin_b):
+        assert [c.token_ids for c in twin.outputs] == [c.token_ids for c in out.outputs]
+    assert plain_out.finished and len(plain_out.outputs[0].token_ids) == 4
     assert [c.finish_reason for c in out.outputs] == [
         "stop" if t[-1] == eos else "length" for t, _ in expected]
     assert any(c.finish_reason == "stop" for c in out.outputs)  # the end token's path ran

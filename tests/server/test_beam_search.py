@@ -19,7 +19,8 @@ PROMPT = "Once upon a time"
 def expected(llm: LLM, prompt_ids: list[int], width: int, max_tokens: int,
              **kw) -> list[tuple[str, list[int], str]]:
     """(text, token ids, finish reason) of each best beam, as vLLM's served search shows it:
-    the answer alone, a final end token left out of the text (not of the ids)."""
+    the answer alone, a final end token left out of the text, and of the ids unless
+    ``include_stop_str_in_output``."""
     (out,) = llm.beam_search({"prompt_token_ids": prompt_ids},
                              BeamSearchParams(beam_width=width, max_tokens=max_tokens, **kw))
     tok = llm.get_tokenizer()
@@ -27,7 +28,8 @@ def expected(llm: LLM, prompt_ids: list[int], width: int, max_tokens: int,
     for seq in out.sequences:
         ids = seq.tokens[len(prompt_ids):]
         shown = ids[:-1] if seq.finish_reason == "stop" else ids
-        rows.append((tok.decode(shown), ids, seq.finish_reason))
+        kept = ids if kw.get("include_stop_str_in_output") else shown
+        rows.append((tok.decode(shown), kept, seq.finish_reason))
     return rows
 
 
