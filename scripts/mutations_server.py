@@ -203,4 +203,14 @@ MUTATIONS = [
              "cadence/server/serving_responses.py",
              "        raise ParamError(param, request.renamed(str(exc))) from None",
              "        raise ParamError(param, str(exc)) from None", (_RESP,)),
+    Mutation("srv-include-reasoning-shown", "include_reasoning false streams the reasoning",
+             "cadence/server/chat_stream.py",
+             "self.hide_reasoning = reasoning is not None and not request.include_reasoning",
+             "self.hide_reasoning = False", ("tests/server/test_reasoning.py::"
+                                            "test_include_reasoning_false_leaves_the_reasoning_out",)),
+    Mutation("srv-required-length-as-calls", "a forced required call cut by max_tokens "
+             "finishes tool_calls", "cadence/server/serving_chat.py",
+             'request.tool_choice == "required" and finish == "stop":',
+             'request.tool_choice == "required":', ("tests/server/test_tool_calls.py::"
+                                                   "test_a_required_call_cut_at_max_tokens_finishes_by_length",)),
 ]

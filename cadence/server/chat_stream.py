@@ -93,6 +93,9 @@ class ChatStream:
         # One reasoning splitter per choice (text held back across pieces is per choice).
         self.reasoning = ([reasoning.stream() for _ in range(request.n)]
                           if reasoning is not None else None)
+        # include_reasoning false (vLLM's): the reasoning is split off and left out, with the
+        # chunks' logprobs and token ids (they would show it).
+        self.hide_reasoning = reasoning is not None and not request.include_reasoning
         self.frames = ChatFrames(request_id, model)
         self.stream = FrameStream(1)
         self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
@@ -151,8 +154,8 @@ class ChatStream:
                     if parsed is not None:
                         calls = [_delta_call(i, call)
                                  for i, call in enumerate(one_call_at_most(request, parsed))]
-                        if request.tool_choice == "required":
-                            finish = "tool_calls"
+                        if request.tool_choice == "required" and finish == "stop":
+                            finish = "tool_calls"  # vLLM's: not where max_tokens ended it
             if self.tools is not None and content is not None:
                 content, parsed = self.tools[c.index].feed(content, final=c.finished())
                 first = len(self.tools[c.index].calls) - len(parsed)
@@ -161,6 +164,8 @@ class ChatStream:
                 content = content or (None if reasoning or calls else "")
             if self.tools is not None:
                 finish = tool_calls_finish(finish, self.tools[c.index])
+            if self.hide_reasoning:
+                reasoning = lps = ids = None
             if (not content and not reasoning and not calls and not c.finished() and lps is None
                     and not ids):
                 return None  # nothing visible yet (held back for a possible stop string or tag)

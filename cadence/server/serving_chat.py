@@ -117,8 +117,10 @@ class OpenAIServingChat(OpenAIServing):
                 len(prompt_ids), truncation_length(k, self.engine.max_model_len,
                                                    params.max_tokens))
         ended = self.reasoning_ended(request, prompt_ids)
-        if params.structured_outputs is not None and self.reasoning_tags is None:
-            # Tags the tokenizer splits cannot gate a grammar: it applies from the first token,
+        if params.structured_outputs is not None and (
+                self.reasoning_tags is None or not request.include_reasoning):
+            # The grammar applies from the first token (tags the tokenizer splits cannot gate
+            # it; a request without reasoning asks for that, vLLM's resolve_reasoning_ended),
             # so the constrained output (a forced tool call, a JSON answer) is all content.
             ended = True
         if stream is not None and ended and stream.reasoning is not None:
@@ -148,12 +150,12 @@ class OpenAIServingChat(OpenAIServing):
 
     def reasoning_ended(self, request: ChatCompletionRequest, prompt_ids: list[int]) -> bool:
         """Whether the answer has no reasoning (vLLM's prompt_is_reasoning_end): the prompt's
-        last reasoning tag closes it (a template that turned thinking off), the parser's switch
-        (qwen3's enable_thinking) is off, or the request asked for no reasoning."""
+        last reasoning tag closes it (a template that turned thinking off), or the parser's
+        switch (qwen3's enable_thinking) is off."""
         parser = self.reasoning
         if parser is None:
             return False
-        if not request.include_reasoning or parser.thinking_off(request.template_kwargs()):
+        if parser.thinking_off(request.template_kwargs()):
             return True
         tags = self.reasoning_tags
         if tags is not None:  # by id, as the grammar reads the prompt
@@ -182,6 +184,7 @@ class OpenAIServingChat(OpenAIServing):
                 lps = chat_logprobs(c.token_ids, c.logprobs, request.shown_logprobs,
                                      request.return_tokens_as_token_ids, self.token_bytes)
             content, reasoning = c.text, None
+            hidden = self.reasoning is not None and not request.include_reasoning
             if self.reasoning is not None:
                 reasoning, content = self.reasoning.split(c.text, started.reasoning_ended)
             calls: list[ToolCall] = []
@@ -190,9 +193,8 @@ class OpenAIServingChat(OpenAIServing):
             if request.forced_tools:  # the calls are the content's JSON, after any reasoning
                 parsed = forced_calls(request, content or "")
                 content = "" if parsed or not reasoning else None  # as the stream's, above
-                if parsed is not None:
-                    if request.tool_choice == "required":
-                        finish = "tool_calls"
+                if parsed is not None and request.tool_choice == "required" and finish == "stop":
+                    finish = "tool_calls"  # vLLM's: not where max_tokens ended it ("length")
             elif tools and content is not None:
                 assert self.tool_call_parser is not None  # parses_tools said so
                 splitter = tool_call_stream(self.tool_call_parser)
@@ -203,6 +205,8 @@ class OpenAIServingChat(OpenAIServing):
                      for p in one_call_at_most(request, parsed or [])]
             if echoed:
                 content = echoed + (content or "")
+            if hidden:  # vLLM: split off, then left out with the per-token fields showing it
+                reasoning = lps = None
             choices.append(ChatCompletionResponseChoice(
                 index=c.index,
                 message=ChatResponseMessage(role=role, content=content, reasoning=reasoning,
@@ -210,7 +214,7 @@ class OpenAIServingChat(OpenAIServing):
                 logprobs=lps,
                 finish_reason=finish,
                 stop_reason=c.stop_reason,
-                token_ids=list(c.token_ids) if request.return_token_ids else None,
+                token_ids=list(c.token_ids) if request.return_token_ids and not hidden else None,
             ))
             completion_tokens += len(c.token_ids)
         prompt_tokens = len(final.prompt_token_ids or [])

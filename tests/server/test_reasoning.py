@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from cadence.server.reasoning import REASONING_PARSERS, reasoning_parser
+from tests.server.waiting import wait_released
 
 Q, D = REASONING_PARSERS["qwen3"], REASONING_PARSERS["deepseek_r1"]
 
@@ -109,14 +110,14 @@ THINKING_OFF_TEMPLATE = THINKING_TEMPLATE.replace("<think>\n", "<think>\n\n</thi
     ("deepseek_r1", THINKING_OFF_TEMPLATE, None, True),
     ("qwen3", THINKING_OFF_TEMPLATE, None, True),
     ("qwen3", THINKING_TEMPLATE, {"enable_thinking": False}, True),
-    ("deepseek_r1", THINKING_TEMPLATE, None, False)],
+    ("qwen3", THINKING_OFF_TEMPLATE, None, False)],
     ids=["prompt-closed-deepseek", "prompt-closed-qwen3", "qwen3-thinking-off",
-         "include-reasoning-false"])
+         "prompt-closed-include-reasoning-false"])
 def test_an_answer_after_a_closed_reasoning_is_all_content(server_factory, name, template,
                                                            kwargs, include) -> None:
     """vLLM's prompt_is_reasoning_end: a prompt whose last tag closes the reasoning (a template
-    that turned thinking off), qwen3 with enable_thinking false, or include_reasoning false,
-    makes the answer content."""
+    that turned thinking off), or qwen3 with enable_thinking false, makes the answer content
+    (include_reasoning false changes nothing there: there is no reasoning to leave out)."""
     srv = server_factory(app_kwargs={"reasoning_parser": name, "chat_template": template})
     client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
     kw = dict(model="tiny", messages=[{"role": "user", "content": "why?"}], max_tokens=12,
@@ -124,11 +125,54 @@ def test_an_answer_after_a_closed_reasoning_is_all_content(server_factory, name,
                                            "chat_template_kwargs": kwargs,
                                            "include_reasoning": include})
     out = client.chat.completions.create(**kw)
-    text = srv.engine.tokenizer.decode(out.choices[0].token_ids)
+    if include:
+        text = srv.engine.tokenizer.decode(out.choices[0].token_ids)
+    else:  # the ids are left out under include_reasoning false: the same answer's, shown
+        text = srv.engine.tokenizer.decode(client.chat.completions.create(**{
+            **kw, "extra_body": {**kw["extra_body"], "include_reasoning": True}}
+        ).choices[0].token_ids)
     msg = out.choices[0].message
     assert (getattr(msg, "reasoning", None), msg.content) == (None, text)
     streamed = _streamed_parts(client, kw)
     assert streamed == {"reasoning": "", "content": text}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_include_reasoning_false_leaves_the_reasoning_out(server_factory, stream) -> None:
+    """vLLM's include_reasoning false: the output is still split at its end tag, the reasoning
+    is left out (content is the answer after it), and so are the logprobs and token ids that
+    would show it; the same request with reasoning shows all three."""
+    from tests.server.tool_call_helpers import scripted_server
+
+    srv, n = scripted_server(server_factory, "secret plan</think>The answer.",
+                             reasoning_parser="qwen3", chat_template=THINKING_TEMPLATE)
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "q"}], max_tokens=n,
+              logprobs=True, top_logprobs=2,
+              extra_body={"ignore_eos": True, "return_token_ids": True})
+    for include, want in ((True, ("secret plan", "The answer.")), (False, (None, "The answer."))):
+        body = {**kw, "extra_body": {**kw["extra_body"], "include_reasoning": include}}
+        if not stream:
+            choice = client.chat.completions.create(**body).choices[0]
+            msg = choice.message
+            assert (getattr(msg, "reasoning", None), msg.content) == want
+            ids, lps = getattr(choice, "token_ids", None), choice.logprobs
+            assert (ids is not None and lps is not None) == include
+            continue
+        parts = {"reasoning": "", "content": ""}
+        ids, lps, chunks = [], 0, 0
+        for chunk in client.chat.completions.create(**body, stream=True):
+            if not chunk.choices:
+                continue
+            chunks += 1
+            delta = chunk.choices[0].delta
+            parts["reasoning"] += getattr(delta, "reasoning", None) or ""
+            parts["content"] += delta.content or ""
+            ids += getattr(chunk.choices[0], "token_ids", None) or []
+            lps += len(chunk.choices[0].logprobs.content) if chunk.choices[0].logprobs else 0
+        assert (parts["reasoning"] or None, parts["content"]) == want
+        assert (ids != [], lps == n) == (include, include)
+    wait_released(srv.engine)
 
 
 @pytest.mark.parametrize("name", ["qwen3", "deepseek_r1"])

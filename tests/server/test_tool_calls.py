@@ -18,6 +18,7 @@ from cadence.server.tool_calls import (
     tool_calls_finish,
 )
 from tests.server.tool_call_helpers import feed_in_pieces, streamed_calls
+from tests.server.waiting import wait_released
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
 TEXTS = [
@@ -531,3 +532,36 @@ def test_an_unknown_tool_call_parser_is_a_one_line_error() -> None:
         ServerSettings(tool_call_parser="granite")
     with pytest.raises(ValueError, match="unknown tool call parser"):
         tool_call_stream("granite")
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_required_call_cut_at_max_tokens_finishes_by_length(server_factory, stream) -> None:
+    """tool_choice "required": "tool_calls" only where the answer stopped by itself (vLLM's
+    `finish_reason == "stop"` condition); the same JSON ended by max_tokens on its last token
+    still parses into the call but finishes "length"."""
+    from transformers import AutoTokenizer
+
+    from cadence.model.tiny import ensure_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+    answer = '[{"name": "get_weather", "parameters": {"city": "Paris"}}]'
+    eos = tok.convert_tokens_to_ids("<|endoftext|>")
+    ScriptedCore.SCRIPT = tok.encode(answer, add_special_tokens=False) + [eos] * 4
+    n = len(ScriptedCore.SCRIPT) - 4
+    srv = server_factory(core_factory=ScriptedCore)
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS,
+              tool_choice="required")
+    for max_tokens, finish in ((n, "length"), (n + 4, "tool_calls")):
+        body = {**kw, "max_tokens": max_tokens}
+        if stream:
+            got, calls = None, []
+            for chunk in client.chat.completions.create(**body, stream=True):
+                if chunk.choices:
+                    calls.extend(chunk.choices[0].delta.tool_calls or [])
+                    got = chunk.choices[0].finish_reason or got
+        else:
+            choice = client.chat.completions.create(**body).choices[0]
+            got, calls = choice.finish_reason, choice.message.tool_calls or []
+        assert got == finish
+        assert [json.loads(c.function.arguments) for c in calls] == [{"city": "Paris"}]
+    wait_released(srv.engine)
