@@ -213,4 +213,21 @@ MUTATIONS = [
              'request.tool_choice == "required" and finish == "stop":',
              'request.tool_choice == "required":', ("tests/server/test_tool_calls.py::"
                                                    "test_a_required_call_cut_at_max_tokens_finishes_by_length",)),
+    Mutation("srv-resp-status-from-chat-finish", "a Responses status reads the chat finish "
+             "(tool_calls) instead of the engine's", "cadence/server/serving_responses.py",
+             "self.finish_reason = (source.last_finish if source is not None",
+             "self.finish_reason = (None if source is not None",
+             ("tests/server/test_responses_api.py::"
+              "test_max_output_tokens_after_a_call_is_incomplete",)),
+    Mutation("srv-resp-drops-first-bytes", "an answer's first byte tokens after reasoning lose "
+             "their logprobs", "cadence/server/serving_responses.py",
+             "            self._after_reasoning = True\n", "            pass\n",
+             ("tests/server/test_responses_api.py::"
+              "test_an_answers_first_bytes_after_reasoning_keep_their_logprobs",)),
+    Mutation("srv-resp-text-then-call-two-turns", "a turn's text and its calls are two "
+             "assistant messages", "cadence/server/responses_api.py",
+             'if last is not None and last["role"] == "assistant":',
+             'if last is not None and last["role"] == "assistant" and last.get("tool_calls"):',
+             ("tests/server/test_responses_api.py::"
+              "test_a_turns_text_and_its_calls_are_one_assistant_message",)),
 ]

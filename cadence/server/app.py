@@ -191,6 +191,7 @@ class OpenAIServer:
                                    request, response_id)
 
     async def retrieve_response(self, request: Request) -> Response:
+        """GET, DELETE and POST .../cancel of a stored response (vLLM's routes): none is."""
         raise NotFoundError("this server keeps no responses (there is no response store).",
                             param="response_id")
 
@@ -381,7 +382,10 @@ def build_app(
         Route("/v1/completions", server.create_completion, methods=["POST"]),
         Route("/v1/chat/completions", server.create_chat_completion, methods=["POST"]),
         Route("/v1/responses", server.create_response, methods=["POST"]),
-        Route("/v1/responses/{response_id:path}", server.retrieve_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}/cancel", server.retrieve_response,
+              methods=["POST"]),
+        Route("/v1/responses/{response_id:path}", server.retrieve_response,
+              methods=["GET", "DELETE"]),
         Route("/v1/models", server.show_models, methods=["GET"]),
         Route("/v1/models/{model:path}", server.show_model, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),

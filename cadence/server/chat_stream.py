@@ -111,6 +111,9 @@ class ChatStream:
         self.reasoning_tag_ids: tuple[int, int] | None = None
         self.reasoning_ended = False  # the prompt closed the reasoning: none in the output
         self._output_ids: list[list[int]] = [[] for _ in range(request.n)]
+        # The engine's finish reason of the output being rendered, before a tool call parser
+        # renames it (the Responses API's status reads it).
+        self.last_finish: str | None = None
         self._reasoning_pieces = [0] * request.n
 
     def sink(self) -> OutputSink:
@@ -118,6 +121,7 @@ class ChatStream:
 
         def render(out: RequestOutput) -> str | None:
             c = out.outputs[0]
+            self.last_finish = c.finish_reason
             self.prompt_tokens = len(out.prompt_token_ids or [])
             self.cached_tokens = out.num_cached_tokens or 0
             self.completion_tokens += len(c.token_ids)
@@ -185,6 +189,11 @@ class ChatStream:
             )
 
         return self.stream.sink(render)
+
+    def reasoning_done(self, index: int) -> bool:
+        """Whether choice ``index``'s output is past its reasoning (its end tag seen, or the
+        prompt ended it); True without a reasoning parser."""
+        return self.reasoning is None or self.reasoning[index].state == "content"
 
     def reasoning_tokens(self, index: int = 0) -> int:
         """Choice ``index``'s reasoning tokens so far. By the tags' ids, vLLM's count: the

@@ -56,7 +56,7 @@ class ResponsesRequest(OpenAIModel):
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    stream: bool = False
+    stream: bool | None = False  # null: false (OpenAI's schema, vLLM's)
     store: bool | None = True
     background: bool | None = False
     previous_response_id: str | None = None
@@ -199,7 +199,7 @@ class ResponsesRequest(OpenAIModel):
         of an assistant message's calls), for errors that name them."""
         messages: list[dict[str, Any]] = []
         origins = self._origins = []
-        if self.instructions is not None:
+        if self.instructions:  # vLLM's: an empty one adds no system turn
             messages.append({"role": "system", "content": self.instructions})
             origins.append(("instructions", []))
         if isinstance(self.input, str):
@@ -219,8 +219,10 @@ class ResponsesRequest(OpenAIModel):
                         "function": {"name": item.get("name"),
                                      "arguments": item.get("arguments", "{}")}}
                 last = messages[-1] if messages else None
-                if last is not None and last["role"] == "assistant" and last.get("tool_calls"):
-                    last["tool_calls"].append(call)  # calls made together, one message
+                if last is not None and last["role"] == "assistant":
+                    # Calls made together, and a turn's text before its calls (the order a
+                    # response's own output comes back in), are one message (vLLM's).
+                    last.setdefault("tool_calls", []).append(call)
                     origins[-1][1].append(f"input.{i}")
                 else:
                     messages.append({"role": "assistant", "content": None,
@@ -234,7 +236,8 @@ class ResponsesRequest(OpenAIModel):
                 output = item.get("output")
                 messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
                                  "content": output if isinstance(output, str)
-                                 else _text_of(output, f"input.{i}.output")})
+                                 else _text_of(output, f"input.{i}.output",
+                                               parts=f"input.{i}.output")})
                 origins.append((f"input.{i}", []))
             elif kind == "reasoning":
                 continue  # past reasoning: chat templates leave it out
@@ -308,22 +311,25 @@ def _need_string(item: dict[str, Any], names: tuple[str, ...], i: int) -> None:
                              f"{name} (a string).")
 
 
-def _text_of(content: Any, where: str) -> str | list[dict[str, Any]]:
+def _text_of(content: Any, where: str, parts: str | None = None) -> str | list[dict[str, Any]]:
+    """A message's content (``where``: the message; its parts at ``where``.content.j) or an
+    output (``parts``: the list itself, its parts at ``parts``.j) as chat content."""
     if isinstance(content, str):  # None is refused before (a missing content or output)
         return content
     if isinstance(content, list):
-        parts = []
+        at_parts = f"{where}.content" if parts is None else parts
+        out = []
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
             field = "refusal" if kind == "refusal" else "text" if kind in _TEXT_PARTS else None
             if field is None:
-                raise ParamError(f"{where}.content.{j}", f"{where}.content.{j}: only text parts "
+                raise ParamError(f"{at_parts}.{j}", f"{at_parts}.{j}: only text parts "
                                  f"(input_text, output_text, refusal) are supported.")
             if not isinstance(part.get(field), str):
-                at = f"{where}.content.{j}.{field}"
+                at = f"{at_parts}.{j}.{field}"
                 raise ParamError(at, f"{at}: must be a string (a {kind!r} part's {field}).")
-            parts.append({"type": "text" if field == "text" else kind, field: part[field]})
-        return parts
+            out.append({"type": "text" if field == "text" else kind, field: part[field]})
+        return out
     raise ParamError(where, f"{where}: content is a string or a list of text parts.")
 
 
@@ -364,8 +370,14 @@ def usage_object(prompt: int, completion: int, cached: int | None,
 
 
 def reasoning_item(item_id: str, text: str | None) -> dict[str, Any]:
-    content = [] if text is None else [{"type": "reasoning_text", "text": text}]
-    return {"type": "reasoning", "id": item_id, "summary": [], "content": content}
+    """A reasoning item: in progress (``text`` None: opened, nothing yet) or done."""
+    content = [] if text is None else [reasoning_part(text)]
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content,
+            "status": "in_progress" if text is None else "completed"}
+
+
+def reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
 
 
 def text_part(text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from cadence.server.responses_api import (
     message_item,
     new_item_id,
     reasoning_item,
+    reasoning_part,
     response_object,
     text_part,
     usage_object,
@@ -61,6 +62,10 @@ class ResponseEvents:
         self._text: list[str] = []
         self._logprobs: list[dict[str, Any]] = []
         self._held_logprobs: list[dict[str, Any]] = []  # before the text they belong to
+        self._after_reasoning = False  # the output's reasoning has ended (its end tag seen)
+        # The chat stream rendering into this (``new_stream``): the engine's own finish reason
+        # and where the reasoning stands, which the chat chunk's fields do not carry.
+        self.source: ChatStream | None = None
         self.finish_reason: str | None = None
         self.head = ""  # ``start()``'s events, once made
         self.final: dict[str, Any] = {}  # the whole response, once ``end`` made it
@@ -88,7 +93,8 @@ class ResponseEvents:
 
     @property
     def _status(self) -> str:
-        """The answer's (and its message's) status: a max_output_tokens cut is incomplete."""
+        """The answer's (and its message's) status: a max_output_tokens cut is incomplete
+        (the engine's finish reason: also where a tool call parser made it "tool_calls")."""
         return "incomplete" if self.finish_reason == "length" else "completed"
 
     def _open_item(self, item: dict[str, Any]) -> str:
@@ -107,6 +113,8 @@ class ResponseEvents:
             done = reasoning_item(item["id"], text)
             out.append(self._event("response.reasoning_text.done", **self._where(),
                                    content_index=0, text=text))
+            out.append(self._event("response.content_part.done", **self._where(),
+                                   content_index=0, part=reasoning_part(text)))
         elif item["type"] == "function_call":
             # Only a named function's call can be cut (its arguments are the whole answer);
             # other parsers give calls whole and drop a cut one.
@@ -130,6 +138,8 @@ class ResponseEvents:
         out = ""
         if self._open is None or self._open["type"] != "reasoning":
             out = self._close() + self._open_item(reasoning_item(new_item_id("rs"), None))
+            out += self._event("response.content_part.added", **self._where(),
+                               content_index=0, part=reasoning_part(""))
         self._text.append(text)
         return out + self._event("response.reasoning_text.delta", **self._where(),
                                  content_index=0, delta=text)
@@ -176,21 +186,25 @@ class ResponseEvents:
         out = []
         lps = ([c.model_dump(mode="json") for c in getattr(logprobs, "content", None) or []]
                if self.request.logprobs_wanted else [])
+        source = self.source
         if reasoning:
             self._held_logprobs = []  # they were the reasoning's
             out.append(self._reasoning(reasoning))
         if content or (lps and self._open is not None and self._open["type"] == "message"):
             out.append(self._message(content or "", self._held_logprobs + lps))
             self._held_logprobs = []
-        elif lps and not reasoning and (self._open is None
-                                         or self._open["type"] != "reasoning"):
-            # Tokens that showed nothing yet (a piece of a character) before any item; after
-            # reasoning they are its closing tag's, which no item shows.
+        elif lps and not reasoning and (self._open is None or self._open["type"] != "reasoning"
+                                        or self._after_reasoning):
+            # Tokens that show nothing yet (a piece of a character): the next text's. Those
+            # of the piece that ended the reasoning are its end tag's, which no item shows.
             self._held_logprobs.extend(lps)
+        if source is not None and source.reasoning_done(0):
+            self._after_reasoning = True
         for call in tool_calls or []:
             out.append(self._call(call))
         if finish_reason is not None:
-            self.finish_reason = finish_reason
+            self.finish_reason = (source.last_finish if source is not None
+                                  and source.last_finish is not None else finish_reason)
         return "".join(out)
 
     def end(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None,
@@ -272,6 +286,7 @@ class OpenAIServingResponses:
                                 self.chat.engine.generation_defaults)
         events.head = events.start()
         cs.frames = events  # type: ignore[assignment]  # the chat stream renders events
+        events.source = cs
         return cs, events
 
     async def stream(self, started: StartedRequest, cs: ChatStream,

@@ -367,5 +367,113 @@ def test_a_json_schema_format_gives_json(client) -> None:
 
 
 def test_no_response_is_kept(http: httpx.Client) -> None:
-    r = http.get("/v1/responses/resp_123")
-    assert r.status_code == 404 and r.json()["error"]["param"] == "response_id"
+    """GET, DELETE and POST .../cancel (vLLM's routes) of a response: none is kept, a 404."""
+    for r in (http.get("/v1/responses/resp_123"), http.delete("/v1/responses/resp_123"),
+              http.post("/v1/responses/resp_123/cancel")):
+        assert r.status_code == 404 and r.json()["error"]["param"] == "response_id"
+
+
+def test_null_stream_and_empty_instructions_are_their_defaults(client, http) -> None:
+    """OpenAI's schema (and vLLM) let stream be null: no stream. An empty instructions adds
+    no system turn (vLLM's): the same prompt as none."""
+    r = http.post("/v1/responses", json={"model": "tiny", "input": "Hi", "max_output_tokens": 2,
+                                          "stream": None})
+    assert r.status_code == 200 and r.json()["object"] == "response"
+    bare = client.responses.create(input="Hi", max_output_tokens=2, **GREEDY)
+    empty = client.responses.create(input="Hi", instructions="", max_output_tokens=2, **GREEDY)
+    assert empty.usage.input_tokens == bare.usage.input_tokens
+
+
+def test_a_bad_part_of_a_call_output_is_named_where_it_is(http: httpx.Client) -> None:
+    r = http.post("/v1/responses", json={"model": "tiny", "input": [
+        {"role": "user", "content": "w?"},
+        {"type": "function_call", "call_id": "c", "name": "w", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c",
+         "output": [{"type": "input_text", "text": "ok"}, {"type": "input_image"}]}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input.2.output.1"
+
+
+def test_a_turns_text_and_its_calls_are_one_assistant_message(client) -> None:
+    """A response's own output comes back as [message, function_call]: one assistant turn
+    with content and tool_calls, as the chat endpoint takes it (vLLM's)."""
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    want = client.chat.completions.create(messages=[
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "Let me check.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}], max_tokens=3, **GREEDY)
+    out = client.responses.create(input=[
+        {"role": "user", "content": "weather?"},
+        {"type": "message", "role": "assistant",
+         "content": [{"type": "output_text", "text": "Let me check."}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+         "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+    ], max_output_tokens=3, **GREEDY)
+    assert out.usage.input_tokens == want.usage.prompt_tokens
+    assert out.output_text == want.choices[0].message.content
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_max_output_tokens_after_a_call_is_incomplete(server_factory, stream: bool) -> None:
+    """The status follows the engine's finish: a max_output_tokens cut after a whole call
+    (chat would say "tool_calls") is incomplete (vLLM's)."""
+    srv, n = scripted_server(server_factory, "Sure." + CALL + " and then some more words",
+                             enable_auto_tool_choice=True, tool_call_parser="hermes")
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    kw = dict(model="tiny", input="weather?", max_output_tokens=n - 3,
+              tools=[{"type": "function", "name": "get_weather", "parameters": {
+                  "type": "object", "properties": {"city": {"type": "string"}}}}],
+              extra_body={"ignore_eos": True})
+    out = (list(client.responses.create(**kw, stream=True))[-1].response if stream
+           else client.responses.create(**kw))
+    assert out.usage.output_tokens == n - 3
+    assert [i.type for i in out.output] == ["message", "function_call"]
+    assert out.status == "incomplete" and out.incomplete_details.reason == "max_output_tokens"
+    wait_released(srv.engine)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answers_first_bytes_after_reasoning_keep_their_logprobs(server_factory,
+                                                                   stream: bool) -> None:
+    """Tokens that show no text yet (pieces of a character) right after the reasoning's end
+    tag are the answer's: one logprob a token of the answer; the tag's own are left out."""
+    from transformers import AutoTokenizer
+
+    from cadence.model.tiny import ensure_tiny_model
+
+    head, answer = "plan it</think>", "東京a"
+    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+    ids = tok.encode(head + answer, add_special_tokens=False)
+    head_ids = tok.encode(head, add_special_tokens=False)
+    assert ids[:len(head_ids)] == head_ids  # the answer's tokens are the rest
+    srv, n = scripted_server(server_factory, head + answer, reasoning_parser="deepseek_r1",
+                             chat_template=THINKING_TEMPLATE)
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    kw = dict(model="tiny", input="q?", max_output_tokens=n,
+              include=["message.output_text.logprobs"], extra_body={"ignore_eos": True})
+    out = (list(client.responses.create(**kw, stream=True))[-1].response if stream
+           else client.responses.create(**kw))
+    assert out.output_text == answer
+    lps = out.output[1].content[0].logprobs
+    assert len(lps) == len(ids) - len(head_ids) and lps[-1].token == "a"
+
+
+def test_a_streamed_reasoning_item_has_its_part_and_status(server_factory) -> None:
+    """As a message item's: the reasoning_text part added and done around its deltas, the
+    item in progress when added and completed when done (vLLM's)."""
+    srv, n = scripted_server(server_factory, "plan it</think>the answer",
+                             reasoning_parser="deepseek_r1", chat_template=THINKING_TEMPLATE)
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    events = list(client.responses.create(model="tiny", input="why?", max_output_tokens=n,
+                                          stream=True, extra_body={"ignore_eos": True}))
+    kinds = [e.type for e in events if getattr(e, "output_index", None) == 0]
+    assert kinds[:2] == ["response.output_item.added", "response.content_part.added"]
+    assert kinds[-3:] == ["response.reasoning_text.done", "response.content_part.done",
+                          "response.output_item.done"]
+    added = next(e for e in events if e.type == "response.output_item.added")
+    done = next(e for e in events if e.type == "response.output_item.done")
+    part_done = next(e for e in events if e.type == "response.content_part.done")
+    assert part_done.part.type == "reasoning_text" and part_done.part.text == "plan it"
+    assert added.item.status == "in_progress" and done.item.status == "completed"
+    assert events[-1].response.output[0].status == "completed"
