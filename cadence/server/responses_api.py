@@ -43,6 +43,7 @@ INCLUDABLE = Literal["code_interpreter_call.outputs", "computer_call_output.outp
                      "web_search_call.action.sources", "web_search_call.results"]
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 _TEXT_PARTS = ("input_text", "output_text", "text")
+_ROLES = ("user", "assistant", "system", "developer")
 
 
 def new_item_id(prefix: str) -> str:
@@ -210,14 +211,16 @@ class ResponsesRequest(OpenAIModel):
             if kind == "message":
                 if item.get("content") is None:
                     raise ParamError(f"input.{i}.content", f"input.{i}: a message needs content.")
+                if item.get("role") not in _ROLES:  # OpenAI's input message roles (vLLM's)
+                    raise ParamError(f"input.{i}.role", f"input.{i}: role must be one of "
+                                     f"{', '.join(_ROLES)}, got {item.get('role')!r}.")
                 messages.append({"role": item.get("role"),
                                  "content": _text_of(item.get("content"), f"input.{i}")})
                 origins.append((f"input.{i}", []))
             elif kind == "function_call":
-                _need_string(item, ("call_id", "name"), i)
+                _need_string(item, ("call_id", "name", "arguments"), i)
                 call = {"id": item.get("call_id"), "type": "function",
-                        "function": {"name": item.get("name"),
-                                     "arguments": item.get("arguments", "{}")}}
+                        "function": {"name": item.get("name"), "arguments": item["arguments"]}}
                 last = messages[-1] if messages else None
                 if last is not None and last["role"] == "assistant":
                     # Calls made together, and a turn's text before its calls (the order a

@@ -317,6 +317,12 @@ def _tokens(text: str) -> int:
     ({"input": [{"type": "function_call_output", "call_id": "c1"}]}, "input.0.output"),
     ({"input": [{"role": "user", "content": "q"},
                 {"type": "function_call", "call_id": "c1", "arguments": "{}"}]}, "input.1.name"),
+    ({"input": [{"role": "user", "content": "q"},
+                {"type": "function_call", "call_id": "c1", "name": "f"}]}, "input.1.arguments"),
+    # OpenAI's input message roles (vLLM's): no tool or other role.
+    ({"input": [{"role": "tool", "content": "q"}]}, "input.0.role"),
+    ({"input": [{"role": "user", "content": "q"}, {"role": "bogus", "content": "q"}]},
+     "input.1.role"),
     # NaN and Infinity are Python's, not JSON.
     ({"input": [{"role": "user", "content": "q"},
                 {"type": "function_call", "call_id": "c1", "name": "f",
