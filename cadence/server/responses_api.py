@@ -129,6 +129,8 @@ class ResponsesRequest(OpenAIModel):
             "parallel_tool_calls": self.parallel_tool_calls,
             "truncate_prompt_tokens": -1 if self.truncation == "auto" else None,
         }
+        if self._continues_final_message():
+            body["continue_final_message"], body["add_generation_prompt"] = True, False
         if self.structured_outputs is not None:
             body["structured_outputs"] = self.structured_outputs.model_dump(by_alias=True,
                                                                             exclude_none=True)
@@ -194,6 +196,15 @@ class ResponsesRequest(OpenAIModel):
     @property
     def logprobs_wanted(self) -> bool:
         return LOGPROBS_INCLUDE in (self.include or [])
+
+    def _continues_final_message(self) -> bool:
+        """An input ending in an assistant message still in progress or incomplete (a cut
+        answer sent back) is continued, not answered (vLLM's should_continue_final_message)."""
+        if isinstance(self.input, str) or not self.input:
+            return False
+        last = self.input[-1]
+        return (last.get("type", "message") == "message" and last.get("role") == "assistant"
+                and last.get("status") in ("in_progress", "incomplete"))
 
     def _messages(self) -> list[dict[str, Any]]:
         """The conversation as chat messages; ``_origins`` says where each came from (and each

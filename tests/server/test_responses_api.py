@@ -483,3 +483,23 @@ def test_a_streamed_reasoning_item_has_its_part_and_status(server_factory) -> No
     assert part_done.part.type == "reasoning_text" and part_done.part.text == "plan it"
     assert added.item.status == "in_progress" and done.item.status == "completed"
     assert events[-1].response.output[0].status == "completed"
+
+
+def test_an_incomplete_final_answer_is_continued(client) -> None:
+    """An input ending in an assistant message marked incomplete (a cut answer sent back) is
+    continued as chat's continue_final_message continues it (vLLM's); a completed one is
+    answered after."""
+    turns = [{"role": "user", "content": "Tell me"},
+             {"role": "assistant", "content": "Once upon"}]
+    want = client.chat.completions.create(
+        messages=turns, max_tokens=4, extra_body={"continue_final_message": True,
+                                                  "add_generation_prompt": False}, **GREEDY)
+    items = [turns[0], {"type": "message", "role": "assistant", "status": "incomplete",
+                        "content": [{"type": "output_text", "text": "Once upon"}]}]
+    out = client.responses.create(input=items, max_output_tokens=4, **GREEDY)
+    assert out.usage.input_tokens == want.usage.prompt_tokens
+    assert out.output_text == want.choices[0].message.content
+    answered = client.chat.completions.create(messages=turns, max_tokens=4, **GREEDY)
+    items[1]["status"] = "completed"
+    out = client.responses.create(input=items, max_output_tokens=4, **GREEDY)
+    assert out.usage.input_tokens == answered.usage.prompt_tokens
