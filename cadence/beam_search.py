@@ -178,11 +178,13 @@ class BeamSearch:
         ranked = sorted(self.completed + self.beams, key=self._score, reverse=True)
         return ranked[:self.params.beam_width]
 
-    def generated(self, beam: BeamSearchSequence) -> list[int]:
+    def generated(self, beam: BeamSearchSequence, keep_end: bool | None = None) -> list[int]:
         """``beam``'s generated tokens as a served answer's token ids hold them (vLLM's
-        ``EngineClient.beam_search``): a final end token only with
-        ``include_stop_str_in_output``."""
+        ``EngineClient.beam_search``): a final end token only with ``keep_end``, by default
+        ``include_stop_str_in_output`` (its text never shows it: ``keep_end=False``)."""
+        if keep_end is None:
+            keep_end = self.params.include_stop_str_in_output
         tokens = beam.tokens[self.prompt_len:]
-        if beam.finish_reason == "stop" and not self.params.include_stop_str_in_output:
+        if beam.finish_reason == "stop" and not keep_end:
             tokens = tokens[:-1]
         return tokens

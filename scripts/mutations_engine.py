@@ -328,7 +328,7 @@ MUTATIONS = [
              ("tests/server/test_beam_search.py",)),
     Mutation("beam-stop-token-shown", "the served answer keeps the end token it stopped on",
              "cadence/beam_search.py",
-             'if beam.finish_reason == "stop" and not self.params.include_stop_str_in_output:',
+             'if beam.finish_reason == "stop" and not keep_end:',
              "if False:",
              ("tests/test_beam_search.py", "tests/server/test_beam_search.py")),
     Mutation("beam-finished-unbounded", "every finished candidate is kept (memory grows)",

@@ -215,8 +215,8 @@ MUTATIONS = [
                                                    "test_a_required_call_cut_at_max_tokens_finishes_by_length",)),
     Mutation("srv-resp-status-from-chat-finish", "a Responses status reads the chat finish "
              "(tool_calls) instead of the engine's", "cadence/server/serving_responses.py",
-             "self.finish_reason = (source.last_finish if source is not None",
-             "self.finish_reason = (None if source is not None",
+             "            self.finish_reason = self.source.last_finish\n",
+             "            self.finish_reason = finish_reason\n",
              ("tests/server/test_responses_api.py::"
               "test_max_output_tokens_after_a_call_is_incomplete",)),
     Mutation("srv-resp-drops-first-bytes", "an answer's first byte tokens after reasoning lose "

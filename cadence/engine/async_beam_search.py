@@ -89,8 +89,8 @@ async def beam_search_output(
     outputs = []
     for index, beam in enumerate(best):
         tokens = beam.tokens[search.prompt_len:]
-        shown = tokens[:-1] if beam.finish_reason == "stop" else tokens
-        text = (tokenizer.decode(shown, skip_special_tokens=skip_special_tokens)
+        text = (tokenizer.decode(search.generated(beam, keep_end=False),
+                                 skip_special_tokens=skip_special_tokens)
                 if tokenizer is not None else "")
         rows = beam.logprobs[:len(tokens)]
         if texts is not None:  # the steps ran without text: each token's, as an answer's

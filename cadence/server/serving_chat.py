@@ -178,13 +178,13 @@ class OpenAIServingChat(OpenAIServing):
         echoed = request.echoed(role)
         choices = []
         completion_tokens = 0
+        hidden = self.reasoning is not None and not request.include_reasoning
         for c in final.outputs:
             lps = None
             if request.logprobs and c.logprobs is not None:
                 lps = chat_logprobs(c.token_ids, c.logprobs, request.shown_logprobs,
                                      request.return_tokens_as_token_ids, self.token_bytes)
             content, reasoning = c.text, None
-            hidden = self.reasoning is not None and not request.include_reasoning
             if self.reasoning is not None:
                 reasoning, content = self.reasoning.split(c.text, started.reasoning_ended)
             calls: list[ToolCall] = []

@@ -50,7 +50,7 @@ class ResponseEvents:
     of item starts or the answer ends."""
 
     def __init__(self, request: ResponsesRequest, response_id: str, model: str,
-                 defaults: Mapping[str, Any]) -> None:
+                 defaults: Mapping[str, Any], source: ChatStream) -> None:
         self.request = request
         self.defaults = defaults  # the model's sampling defaults, as the response shows them
         self.response_id = response_id
@@ -63,9 +63,9 @@ class ResponseEvents:
         self._logprobs: list[dict[str, Any]] = []
         self._held_logprobs: list[dict[str, Any]] = []  # before the text they belong to
         self._after_reasoning = False  # the output's reasoning has ended (its end tag seen)
-        # The chat stream rendering into this (``new_stream``): the engine's own finish reason
-        # and where the reasoning stands, which the chat chunk's fields do not carry.
-        self.source: ChatStream | None = None
+        # The chat stream rendering into this: the engine's own finish reason and where the
+        # reasoning stands, which the chat chunk's fields do not carry.
+        self.source = source
         self.finish_reason: str | None = None
         self.head = ""  # ``start()``'s events, once made
         self.final: dict[str, Any] = {}  # the whole response, once ``end`` made it
@@ -186,7 +186,6 @@ class ResponseEvents:
         out = []
         lps = ([c.model_dump(mode="json") for c in getattr(logprobs, "content", None) or []]
                if self.request.logprobs_wanted else [])
-        source = self.source
         if reasoning:
             self._held_logprobs = []  # they were the reasoning's
             out.append(self._reasoning(reasoning))
@@ -198,13 +197,12 @@ class ResponseEvents:
             # Tokens that show nothing yet (a piece of a character): the next text's. Those
             # of the piece that ended the reasoning are its end tag's, which no item shows.
             self._held_logprobs.extend(lps)
-        if source is not None and source.reasoning_done(0):
+        if self.source.reasoning_done(0):
             self._after_reasoning = True
         for call in tool_calls or []:
             out.append(self._call(call))
-        if finish_reason is not None:
-            self.finish_reason = (source.last_finish if source is not None
-                                  and source.last_finish is not None else finish_reason)
+        if finish_reason is not None:  # the engine's, where a tool parser renamed it
+            self.finish_reason = self.source.last_finish
         return "".join(out)
 
     def end(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None,
@@ -283,10 +281,9 @@ class OpenAIServingResponses:
             cs.counts_reasoning = True
             cs.reasoning_tag_ids = self.chat.reasoning_tags
         events = ResponseEvents(request, response_id, self.chat.served_model_name,
-                                self.chat.engine.generation_defaults)
+                                self.chat.engine.generation_defaults, cs)
         events.head = events.start()
         cs.frames = events  # type: ignore[assignment]  # the chat stream renders events
-        events.source = cs
         return cs, events
 
     async def stream(self, started: StartedRequest, cs: ChatStream,
