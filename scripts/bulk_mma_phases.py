@@ -2,7 +2,7 @@
 stamps in every block, run back to back in a CUDA graph as the decode step chains it.
 
     python scripts/bulk_mma_phases.py [--rows 1,2,4,8] [--shapes qkv,o,gate_up,down]
-        [--calls 200] [--json FILE]
+        [--variants engine,late,nores] [--calls 200] [--json FILE]
 
 The stamps (``%globaltimer``, ns) are taken by thread 0 of each block of the chain's last call:
 T0 at the kernel's start, T1 after the grid dependency wait (the call before has released it),
@@ -15,6 +15,11 @@ chain (weights rotated past L2). The stamps are spliced into the kernel's source
 anchor must occur once, so a kernel change that moves one fails loudly); the engine's kernel
 is untouched. Qwen3-0.6B's projection shapes with the table's configuration for each row
 bucket (``MMA_CONFIGS``; the 8-row bucket's where a shape has none).
+
+Variants of the kernel, to test what the prologue waits on: ``engine`` (as the engine builds
+it), ``late`` (no weight stage requested before the grid dependency wait: the stages are asked
+for after the prologue, so that its L2 reads queue behind none of this block's bulk copies),
+``nores`` (norm calls without the residual add: half the prologue's L2 reads).
 """
 
 from __future__ import annotations
@@ -66,9 +71,24 @@ _SPLICES = [
 ]
 
 
-def stamped_source() -> str:
+# The stages' first requests, moved from before the grid dependency wait to after the prologue.
+_EARLY_ISSUE = """    if (tid == 0) {
+        for (int i = 0; i < min(BM_STAGES, count); i++) {
+            issue(w, first, my_rows, k, nkc, wrow, i, stages, bars);
+        }
+    }
+"""
+_LATE_ANCHOR = "    const int g = lane >> 2, t = lane & 3;\n"
+VARIANTS = ("engine", "late", "nores")
+
+
+def stamped_source(variant: str = "engine") -> str:
     src = SOURCE
-    for old, new in _SPLICES:
+    splices = list(_SPLICES)
+    if variant == "late":
+        splices += [(_EARLY_ISSUE, ""), (_LATE_ANCHOR, _EARLY_ISSUE + "    __syncthreads();\n"
+                                          + _LATE_ANCHOR)]
+    for old, new in splices:
         if src.count(old) != 1:
             raise SystemExit(f"anchor not found once in bulk_mma's source: {old!r}")
         src = src.replace(old, new)
@@ -80,8 +100,10 @@ class Chain:
     """A projection's operands (``bulk_mma_bench.Proj``: weight copies past the L2, inputs,
     the norm's weight) run through the stamped kernel with ``m`` input rows."""
 
-    def __init__(self, n: int, k: int, mode: str, m: int, l2: int) -> None:
+    def __init__(self, n: int, k: int, mode: str, m: int, l2: int,
+                 variant: str = "engine") -> None:
         self.proj = Proj(n, k, mode, False, l2)
+        self.res = mode == "norm" and variant != "nores"
         self.m = m
         self.x, self.r = self.proj.x[:m], self.proj.r[:m]
         self.out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -91,8 +113,8 @@ class Chain:
         self.blocks = blocks_for(self.x.device, n)
         self.stamp = torch.zeros(self.blocks * STAMPS, dtype=torch.int64, device="cuda")
         options = defines(self.cfg.rows, self.cfg.kc, self.cfg.stages, self.cfg.threads,
-                          {"plain": 0, "norm": 1}[mode], mode == "norm", False, self.cfg.padded)
-        self.kernel = compiled(self.x.get_device(), stamped_source(), KERNEL,
+                          {"plain": 0, "norm": 1}[mode], self.res, False, self.cfg.padded)
+        self.kernel = compiled(self.x.get_device(), stamped_source(variant), KERNEL,
                                options + ["-DBM_PHASES=1"])
         self.shared = self.cfg.shared_bytes(m, k, False)
 
@@ -108,7 +130,10 @@ class Chain:
         must not change the product); the reference input is the norm kernel's."""
         self.call(0)
         torch.cuda.synchronize()
-        ref = F.linear(self.proj.h[:self.m].double(), self.proj.w[0].double())
+        h = self.proj.h[:self.m]
+        if self.proj.mode == "norm" and not self.res:
+            h = F.rms_norm(self.x.float(), (self.proj.k,), self.proj.nw.float(), EPS)
+        ref = F.linear(h.double(), self.proj.w[0].double())
         return float((self.out.double() - ref).abs().max() / ref.abs().max())
 
     def run(self, total: int) -> tuple[float, dict[str, float]]:
@@ -126,6 +151,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--rows", default="1,2,4,8")
     p.add_argument("--shapes", default="qkv,o,gate_up,down")
+    p.add_argument("--variants", default="engine")
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--json")
     a = p.parse_args()
@@ -138,6 +164,9 @@ def main() -> int:
         rows = []
     if not rows or not all(1 <= m <= bm.MAX_M for m in rows):
         p.error(f"--rows: row counts 1 to {bm.MAX_M}, comma-separated, got {a.rows!r}")
+    variants = a.variants.split(",")
+    if not set(variants) <= set(VARIANTS):
+        p.error(f"--variants: each one of {', '.join(VARIANTS)}, got {a.variants!r}")
     if a.calls < 1:
         p.error(f"--calls must be at least 1, got {a.calls}")
     if not torch.cuda.is_available():
@@ -145,21 +174,25 @@ def main() -> int:
         return 2
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     print(f"{torch.cuda.get_device_name(0)}; us (median over blocks of the chain's last call)")
-    print("shape    rows  us/call   wait  prologue  first stage   loop  after wait   span  "
-          "config")
+    print("shape    rows variant  us/call   wait  prologue  first stage   loop  after wait   span"
+          "  config")
     rows_out = []
     for name in shapes:
         n, k, mode = SHAPES[name]
         for m in rows:
-            chain = Chain(n, k, mode, m, l2)
-            err = chain.check()
-            us, med = chain.run(a.calls)
-            flag = "" if err < 0.02 else f"  WRONG (max error {err:.3g})"
-            print(f"{name:8s} {m:4d} {us:8.2f} {med['wait']:6.2f} {med['prologue']:9.2f} "
-                  f"{med['first stage']:12.2f} {med['loop']:6.2f} {med['after wait']:11.2f} "
-                  f"{med['span']:6.2f}  {chain.cfg}{flag}", flush=True)
-            rows_out.append({"shape": name, "rows": m, "us_per_call": us, **med,
-                             "error": err})
+            for variant in variants:
+                if variant == "nores" and mode != "norm":
+                    continue
+                chain = Chain(n, k, mode, m, l2, variant)
+                err = chain.check()
+                us, med = chain.run(a.calls)
+                flag = "" if err < 0.02 else f"  WRONG (max error {err:.3g})"
+                print(f"{name:8s} {m:4d} {variant:7s} {us:8.2f} {med['wait']:6.2f} "
+                      f"{med['prologue']:9.2f} {med['first stage']:12.2f} {med['loop']:6.2f} "
+                      f"{med['after wait']:11.2f} {med['span']:6.2f}  {chain.cfg}{flag}",
+                      flush=True)
+                rows_out.append({"shape": name, "rows": m, "variant": variant,
+                                 "us_per_call": us, **med, "error": err})
     if a.json:
         Path(a.json).write_text(json.dumps(rows_out, indent=1))
     return 0

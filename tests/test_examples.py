@@ -213,10 +213,20 @@ def test_bulk_mma_phases_splices_every_stamp() -> None:
         for mode in (0, 1):
             options = defines(16, 1024, 2, 256, mode, mode == 1, False)
             assert KERNEL.encode() in compile_cuda(src, "phases.cu", "sm_90", options)
+    # The late variant asks for the first stages once, after the prologue's last barrier.
+    late = module.stamped_source("late")
+    issue = "issue(w, first, my_rows, k, nkc, wrow, i, stages, bars);"
+    assert late.count(issue) == src.count(issue) == 1
+    assert src.index("griddepcontrol.wait") > src.index(issue)
+    assert late.index("T2 = gt()") < late.index(issue) < late.index("mbar_wait(bars + 8u")
+    if nvrtc_ok():
+        assert KERNEL.encode() in compile_cuda(late, "late.cu", "sm_90",
+                                               defines(32, 1024, 1, 256, 1, True, False))
 
 
 def test_bulk_mma_phases_refuses_bad_arguments_in_one_line() -> None:
-    for argv in (["--shapes", "qkv,bogus"], ["--rows", "0,9"], ["--rows", "x"], ["--calls", "0"]):
+    for argv in (["--shapes", "qkv,bogus"], ["--rows", "0,9"], ["--rows", "x"], ["--calls", "0"],
+                 ["--variants", "engine,early"]):
         proc = _run("scripts/bulk_mma_phases.py", *argv, timeout=120)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, argv
         assert proc.stderr.strip().splitlines()[-1].startswith("bulk_mma_phases.py: error: --")
