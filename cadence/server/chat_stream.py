@@ -11,7 +11,7 @@ from cadence.server.frame_stream import FrameStream
 from cadence.server.frames import ChatFrames
 from cadence.server.protocol_chat import ChatCompletionRequest, NamedToolChoice
 from cadence.server.protocol_responses import ChatLogProb, ChatLogProbs, ChatLogProbsContent
-from cadence.server.reasoning import ReasoningParser
+from cadence.server.reasoning import ReasoningCount, ReasoningParser
 from cadence.server.serving import clamp_logprob, token_text, top_by_rank
 from cadence.server.token_bytes import TokenBytes
 from cadence.server.tool_calls import (
@@ -82,8 +82,11 @@ class ChatStream:
 
     def __init__(self, request: ChatCompletionRequest, request_id: str, model: str,
                  reasoning: ReasoningParser | None = None, tools: str | None = None,
-                 token_bytes: TokenBytes | None = None) -> None:
-        """``tools``: the tool call parser that reads this request's answers, if any."""
+                 token_bytes: TokenBytes | None = None,
+                 reasoning_tag_ids: tuple[int, int] | None = None) -> None:
+        """``tools``: the tool call parser that reads this request's answers, if any;
+        ``reasoning_tag_ids``: the reasoning tags' ids where each is one token (the usage's
+        count of reasoning tokens goes by them)."""
         self.request = request
         self.token_bytes = token_bytes
         self.tools = ([tool_call_stream(tools) for _ in range(request.n)] if tools is not None
@@ -103,18 +106,13 @@ class ChatStream:
         self.finished = False
         self.prompt_token_ids: list[int] | None = None  # set when return_token_ids
         self.n = request.n  # choices, each streamed with its index
-        # Reasoning tokens (the Responses API's usage, which sets ``counts_reasoning``): with
-        # the tags as single tokens (``reasoning_tag_ids``), counted from each choice's output
-        # ids as vLLM's parsers count them; else the tokens of each piece that carried
-        # reasoning.
-        self.counts_reasoning = False
-        self.reasoning_tag_ids: tuple[int, int] | None = None
+        # Each choice's reasoning tokens, for the usage (under a reasoning parser).
+        self.reasoning_counts = ([ReasoningCount(reasoning_tag_ids) for _ in range(request.n)]
+                                 if reasoning is not None else None)
         self.reasoning_ended = False  # the prompt closed the reasoning: none in the output
-        self._output_ids: list[list[int]] = [[] for _ in range(request.n)]
         # The engine's finish reason of the output being rendered, before a tool call parser
         # renames it (the Responses API's status reads it).
         self.last_finish: str | None = None
-        self._reasoning_pieces = [0] * request.n
 
     def sink(self) -> OutputSink:
         request, frames = self.request, self.frames
@@ -137,11 +135,8 @@ class ChatStream:
             if self.reasoning is not None:
                 reasoning, content = self.reasoning[c.index].feed(c.text, final=c.finished())
                 reasoning, content = reasoning or None, content or None
-                if self.counts_reasoning:
-                    if self.reasoning_tag_ids is not None:
-                        self._output_ids[c.index].extend(c.token_ids)
-                    elif reasoning:
-                        self._reasoning_pieces[c.index] += len(c.token_ids)
+                assert self.reasoning_counts is not None  # made with the splitters
+                self.reasoning_counts[c.index].feed(c.token_ids, c.text)
                 if content is None and reasoning is None:
                     content = ""
             calls = None
@@ -173,9 +168,10 @@ class ChatStream:
             if (not content and not reasoning and not calls and not c.finished() and lps is None
                     and not ids):
                 return None  # nothing visible yet (held back for a possible stop string or tag)
-            usage = None
+            usage = reasoning_tokens = None
             if request.continuous_usage:
                 usage = (self.prompt_tokens, self.choice_tokens[c.index])
+                reasoning_tokens = self.reasoning_tokens(c.index)
             return frames.chunk(
                 content=content,
                 reasoning=reasoning,
@@ -184,6 +180,7 @@ class ChatStream:
                 finish_reason=finish,
                 stop_reason=c.stop_reason,
                 usage=usage,
+                reasoning_tokens=reasoning_tokens,
                 token_ids=ids,
                 index=c.index,
             )
@@ -195,21 +192,10 @@ class ChatStream:
         prompt ended it); True without a reasoning parser."""
         return self.reasoning is None or self.reasoning[index].state == "content"
 
-    def reasoning_tokens(self, index: int = 0) -> int:
-        """Choice ``index``'s reasoning tokens so far. By the tags' ids, vLLM's count: the
-        tokens after the output's first start tag (from its first token where the prompt
-        opened the reasoning) up to its first end tag, neither tag counted."""
-        if self.reasoning is None:
-            return 0
-        if self.reasoning_tag_ids is None:
-            return self._reasoning_pieces[index]
-        start_tag, end_tag = self.reasoning_tag_ids
-        ids = self._output_ids[index]
-        if start_tag in ids:
-            first = ids.index(start_tag) + 1
-        elif self.reasoning_ended:
-            return 0
-        else:
-            first = 0
-        last = ids.index(end_tag) if end_tag in ids else len(ids)
-        return max(0, last - first)
+    def reasoning_tokens(self, index: int | None = None) -> int | None:
+        """Choice ``index``'s reasoning tokens so far (``ReasoningCount``), or with no index
+        all choices' together; None without a reasoning parser (the usage shows no count)."""
+        if self.reasoning_counts is None:
+            return None
+        counts = self.reasoning_counts if index is None else [self.reasoning_counts[index]]
+        return sum(c.count(self.reasoning_ended) for c in counts)

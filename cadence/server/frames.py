@@ -30,10 +30,14 @@ def _lit(value: Any) -> str:
     return _dumps(value)
 
 
-def usage_json(prompt: int, completion: int, cached: int | None = None) -> str:
+def usage_json(prompt: int, completion: int, cached: int | None = None,
+               reasoning: int | None = None) -> str:
     """``cached``: the prompt tokens from the prefix cache, shown when some were (vLLM's
-    prompt_tokens_details)."""
+    prompt_tokens_details); ``reasoning``: the completion's reasoning tokens, shown where
+    counted (under a reasoning parser, vLLM's completion_tokens_details)."""
     details = f',"prompt_tokens_details":{{"cached_tokens":{cached}}}' if cached else ""
+    if reasoning is not None:
+        details += f',"completion_tokens_details":{{"reasoning_tokens":{reasoning}}}'
     return (
         f'{{"prompt_tokens":{prompt},"completion_tokens":{completion},'
         f'"total_tokens":{prompt + completion}{details}}}'
@@ -107,7 +111,10 @@ class ChatFrames(_Frames):
         index: int = 0,
         reasoning: str | None = None,
         tool_calls: list[dict] | None = None,
+        reasoning_tokens: int | None = None,
     ) -> str:
+        """``usage``: (prompt, completion) tokens, continuous usage; ``reasoning_tokens``: its
+        completion's reasoning tokens, where counted."""
         # A delta carries only what it sets (no "role": null on content chunks).
         delta = []
         if role is not None:
@@ -118,7 +125,7 @@ class ChatFrames(_Frames):
             delta.append(f'"reasoning":{encode_basestring(reasoning)}')
         if tool_calls:
             delta.append(f'"tool_calls":{_dumps(tool_calls)}')
-        use = "null" if usage is None else usage_json(*usage)
+        use = "null" if usage is None else usage_json(*usage, reasoning=reasoning_tokens)
         ids = "null" if token_ids is None else _dumps(token_ids)
         prompt_ids = "null" if prompt_token_ids is None else _dumps(prompt_token_ids)
         return (
@@ -128,6 +135,7 @@ class ChatFrames(_Frames):
             f'"prompt_token_ids":{prompt_ids}}}\n\n'
         )
 
-    def usage(self, prompt: int, completion: int, cached: int | None = None) -> str:
-        return (f'{self._head}[],"usage":{usage_json(prompt, completion, cached)},'
+    def usage(self, prompt: int, completion: int, cached: int | None = None,
+              reasoning: int | None = None) -> str:
+        return (f'{self._head}[],"usage":{usage_json(prompt, completion, cached, reasoning)},'
                 f'"prompt_token_ids":null}}\n\n')

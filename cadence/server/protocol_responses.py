@@ -16,27 +16,38 @@ class PromptTokenUsageInfo(OpenAIModel):
     cached_tokens: int | None = None
 
 
+class CompletionTokenUsageInfo(OpenAIModel):
+    reasoning_tokens: int = 0
+
+
 class UsageInfo(OpenAIModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     # With --enable-prompt-tokens-details and a prefix-cache hit (vLLM); absent otherwise.
     prompt_tokens_details: PromptTokenUsageInfo | None = None
+    # Chat under a reasoning parser (vLLM); absent otherwise.
+    completion_tokens_details: CompletionTokenUsageInfo | None = None
 
     @model_serializer(mode="wrap")
     def _details_when_shown(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data = handler(self)
-        if data.get("prompt_tokens_details") is None:
-            data.pop("prompt_tokens_details", None)
+        for key in ("prompt_tokens_details", "completion_tokens_details"):
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
     @classmethod
-    def of(cls, prompt: int, completion: int, cached: int | None = None) -> UsageInfo:
-        """``cached``: the prompt tokens the prefix cache supplied, shown when some were."""
+    def of(cls, prompt: int, completion: int, cached: int | None = None,
+           reasoning: int | None = None) -> UsageInfo:
+        """``cached``: the prompt tokens the prefix cache supplied, shown when some were;
+        ``reasoning``: the completion's reasoning tokens, shown where counted."""
         return cls(prompt_tokens=prompt, completion_tokens=completion,
                    total_tokens=prompt + completion,
                    prompt_tokens_details=PromptTokenUsageInfo(cached_tokens=cached)
-                   if cached else None)
+                   if cached else None,
+                   completion_tokens_details=None if reasoning is None
+                   else CompletionTokenUsageInfo(reasoning_tokens=reasoning))
 
 
 class CompletionLogProbs(OpenAIModel):

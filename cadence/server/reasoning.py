@@ -11,18 +11,24 @@ ran out of tokens thinking). When the prompt already closed the reasoning (its l
 ``</think>``: a template that turned thinking off), or ``qwen3`` with ``enable_thinking: false``,
 the whole output is content (``reasoning_ended``). The grammar of a structured output follows
 the same rule (``cadence.worker.grammar.reasoning_open``).
+
+Usage counts the reasoning's tokens (``ReasoningCount``, ``reasoning_tokens``): with the tags as
+single tokens, vLLM's count by their ids; where the tokenizer splits them, the tokens whose text
+holds some of the reasoning.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import bisect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cadence.config import REASONING_TAGS
 from cadence.server.held_text import tag_prefix_len
 
-__all__ = ["REASONING_PARSERS", "ReasoningParser", "ReasoningStream", "reasoning_parser"]
+__all__ = ["REASONING_PARSERS", "ReasoningCount", "ReasoningParser", "ReasoningStream",
+           "reasoning_parser", "reasoning_span", "reasoning_tokens"]
 
 START, END = REASONING_TAGS["qwen3"]  # every parser's (cadence.config)
 
@@ -121,3 +127,108 @@ class ReasoningStream:
             content.append(text)
             break
         return "".join(reasoning), "".join(content)
+
+
+def reasoning_span(text: str) -> tuple[int, int]:
+    """Where a whole output's reasoning lies, ``text[a:b]`` (the split's rule: after an
+    opening tag it starts with, past blanks, up to the first end tag)."""
+    stripped = text.lstrip()
+    a = len(text) - len(stripped) + len(START) if stripped.startswith(START) else 0
+    b = text.find(END, a)
+    return a, len(text) if b < 0 else b
+
+
+class ReasoningCount:
+    """One choice's reasoning tokens, kept as its output arrives.
+
+    With ``tag_ids`` (each tag one token), vLLM's count: the tokens after the output's first
+    start tag (from its first token where the prompt opened the reasoning) up to its first end
+    tag, neither tag counted; none where the prompt closed the reasoning and the output opens
+    none. Where the tokenizer splits the tags: the tokens of each piece whose text overlaps
+    the reasoning's span (``reasoning_span`` of the text so far); with pieces of one token, the
+    tokens whose text holds some of the reasoning (``reasoning_tokens``' rule)."""
+
+    def __init__(self, tag_ids: tuple[int, int] | None) -> None:
+        self.tag_ids = tag_ids
+        self._n = 0  # tokens seen
+        self._start = self._end = -1  # the first start and end tags' positions
+        # By text: the output so far, each piece's first and past-last characters, the tokens
+        # before each piece (one more entry: all of them), the span's start once the text
+        # settles it, and its end once an end tag is found.
+        self._text = ""
+        self._firsts: list[int] = []
+        self._pasts: list[int] = []
+        self._before = [0]
+        self._a: int | None = None
+        self._b: int | None = None
+
+    def feed(self, ids: Sequence[int], text: str = "") -> None:
+        """A piece's token ids and text."""
+        if self.tag_ids is not None:
+            start, end = self.tag_ids
+            if self._start < 0 and start in ids:
+                self._start = self._n + ids.index(start)
+            if self._end < 0 and end in ids:
+                self._end = self._n + ids.index(end)
+            self._n += len(ids)
+            return
+        first = len(self._text)
+        self._text += text
+        self._firsts.append(first)
+        self._pasts.append(len(self._text))
+        self._before.append(self._before[-1] + len(ids))
+        if self._a is None:
+            stripped = self._text.lstrip()
+            if stripped.startswith(START) or (stripped and not START.startswith(stripped)):
+                self._a = reasoning_span(self._text)[0]
+        if self._a is not None and self._b is None:
+            found = self._text.find(END, max(self._a, first - len(END) + 1))
+            self._b = found if found >= 0 else None
+
+    def count(self, ended: bool) -> int:
+        """``ended``: the prompt closed the reasoning."""
+        if self.tag_ids is not None:
+            if self._start >= 0:
+                first = self._start + 1
+            elif ended:
+                return 0
+            else:
+                first = 0
+            return max(0, (self._end if self._end >= 0 else self._n) - first)
+        if ended:
+            return 0
+        # Not settled yet (blanks, part of an opening tag): as if the output ended here.
+        a = self._a if self._a is not None else reasoning_span(self._text)[0]
+        b = self._b if self._b is not None else len(self._text)
+        if b <= a:
+            return 0
+        lo = bisect.bisect_right(self._pasts, a)  # the first piece past the span's start
+        hi = bisect.bisect_left(self._firsts, b)  # the first piece from its end on
+        return max(0, self._before[hi] - self._before[lo])
+
+
+def reasoning_tokens(ids: Sequence[int], text: str, tag_ids: tuple[int, int] | None,
+                     ended: bool, decode: Callable[[Sequence[int]], str]) -> int:
+    """A whole output's reasoning tokens (``ReasoningCount``'s). Where the tags span several
+    tokens: token ``i`` counts when its text, ``decode(ids[:i + 1])`` past ``decode(ids[:i])``,
+    overlaps the reasoning's span; found by bisection over the prefixes' decoded lengths."""
+    if tag_ids is not None:
+        count = ReasoningCount(tag_ids)
+        count.feed(ids)
+        return count.count(ended)
+    if ended or not ids:
+        return 0
+    a, b = reasoning_span(text)
+    if b <= a:
+        return 0
+    lengths: dict[int, int] = {}
+
+    def length(j: int) -> int:  # characters of the first j tokens' text
+        if j not in lengths:
+            lengths[j] = len(decode(ids[:j]))
+        return lengths[j]
+
+    n = len(ids)
+    first = bisect.bisect_left(range(n), True, key=lambda i: length(i + 1) > a)
+    past = bisect.bisect_left(range(n), True, key=lambda i: length(i) >= b)
+    return max(0, past - first)

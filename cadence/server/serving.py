@@ -56,6 +56,7 @@ class StartedRequest:
     collector: OutputSink
     index: int = 0
     reasoning_ended: bool = False  # chat under a reasoning parser: the answer is all content
+    skip_special_tokens: bool = True  # the sampling parameter, as the answer's text was made
     search: asyncio.Future[None] | None = None  # use_beam_search: the search's task
 
 

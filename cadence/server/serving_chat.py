@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncGenerator, Sequence
 
 from cadence.engine.frontend import reasoning_tag_ids
 from cadence.engine.input_processor import truncation_length
@@ -23,7 +22,7 @@ from cadence.server.protocol_responses import (
     ChatResponseMessage,
     UsageInfo,
 )
-from cadence.server.reasoning import ReasoningParser
+from cadence.server.reasoning import ReasoningParser, reasoning_tokens
 from cadence.server.serving import (
     DONE_FRAME,
     OpenAIServing,
@@ -39,9 +38,6 @@ from cadence.server.tool_calls import (
     tool_calls_finish,
 )
 from cadence.worker.grammar import reasoning_open
-
-if TYPE_CHECKING:
-    pass
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -69,7 +65,7 @@ class OpenAIServingChat(OpenAIServing):
     def new_stream(self, request: ChatCompletionRequest, request_id: str) -> ChatStream:
         parser = self.tool_call_parser if self.parses_tools(request) else None
         return ChatStream(request, request_id, self.served_model_name, self.reasoning, parser,
-                          self.token_bytes)
+                          self.token_bytes, self.reasoning_tags)
 
     @functools.cached_property
     def reasoning_tags(self) -> tuple[int, int] | None:  # type: ignore[override]
@@ -146,6 +142,7 @@ class OpenAIServingChat(OpenAIServing):
             length_penalty=request.length_penalty,
         )
         started.reasoning_ended = ended
+        started.skip_special_tokens = params.skip_special_tokens
         return started
 
     def reasoning_ended(self, request: ChatCompletionRequest, prompt_ids: list[int]) -> bool:
@@ -178,6 +175,9 @@ class OpenAIServingChat(OpenAIServing):
         echoed = request.echoed(role)
         choices = []
         completion_tokens = 0
+        # Under a reasoning parser the usage counts the reasoning's tokens, whether shown or
+        # not (vLLM's completion_tokens_details).
+        reasoning_tokens = 0 if self.reasoning is not None else None
         hidden = self.reasoning is not None and not request.include_reasoning
         for c in final.outputs:
             lps = None
@@ -217,6 +217,8 @@ class OpenAIServingChat(OpenAIServing):
                 token_ids=list(c.token_ids) if request.return_token_ids and not hidden else None,
             ))
             completion_tokens += len(c.token_ids)
+            if reasoning_tokens is not None:
+                reasoning_tokens += self.count_reasoning(c.token_ids, c.text, started)
         prompt_tokens = len(final.prompt_token_ids or [])
         return ChatCompletionResponse(
             id=response_id or request_id,
@@ -227,8 +229,19 @@ class OpenAIServingChat(OpenAIServing):
             prompt_logprobs=(prompt_logprobs_out(final.prompt_logprobs)
                              if request.prompt_logprobs is not None else None),
             usage=UsageInfo.of(prompt_tokens, completion_tokens,
-                               self.shown_cached_tokens(final.num_cached_tokens)),
+                               self.shown_cached_tokens(final.num_cached_tokens),
+                               reasoning_tokens),
         )
+
+    def count_reasoning(self, ids: list[int], text: str, started: StartedRequest) -> int:
+        """A whole answer's reasoning tokens (``cadence.server.reasoning.reasoning_tokens``:
+        by the tags' ids, or where the tokenizer splits them by the tokens' texts)."""
+        def decode(prefix: Sequence[int]) -> str:
+            return self.engine.tokenizer.decode(
+                list(prefix), skip_special_tokens=started.skip_special_tokens)
+
+        return reasoning_tokens(ids, text, self.reasoning_tags, started.reasoning_ended,
+                                decode)
 
     async def stream(self, started: StartedRequest, cs: ChatStream) -> AsyncGenerator[str, None]:
         """SSE frames of a streamed chat completion; always ends with ``[DONE]``."""
@@ -236,18 +249,22 @@ class OpenAIServingChat(OpenAIServing):
             role = cs.request.answer_role(self.options.response_role)
             echoed = cs.request.echoed(role)
             usage = (cs.prompt_tokens, 0) if cs.request.continuous_usage else None
+            none_yet = 0 if usage is not None and cs.reasoning_counts is not None else None
             for index in range(cs.n):
                 yield cs.frames.chunk(role=role, content="", index=index,
-                                      prompt_token_ids=cs.prompt_token_ids, usage=usage)
+                                      prompt_token_ids=cs.prompt_token_ids, usage=usage,
+                                      reasoning_tokens=none_yet)
                 if echoed:
-                    yield cs.frames.chunk(content=echoed, index=index, usage=usage)
+                    yield cs.frames.chunk(content=echoed, index=index, usage=usage,
+                                          reasoning_tokens=none_yet)
             while (frames := await cs.stream.next()) is not None:
                 yield frames
             if cs.stream.error is not None:
                 yield stream_error_frame(cs.stream.error, cs.request.grammar_param)
             elif cs.request.include_usage:
                 yield cs.frames.usage(cs.prompt_tokens, cs.completion_tokens,
-                                      self.shown_cached_tokens(cs.cached_tokens))
+                                      self.shown_cached_tokens(cs.cached_tokens),
+                                      cs.reasoning_tokens())
         except Exception as exc:
             yield stream_error_frame(exc)
         finally:

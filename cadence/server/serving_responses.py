@@ -266,7 +266,7 @@ class OpenAIServingResponses:
             with _named_as_responses(request):
                 raise stream_error(cs.stream.error, request.chat.grammar_param)
         events.end(cs.prompt_tokens, cs.completion_tokens,
-                   cs.cached_tokens, cs.reasoning_tokens())
+                   cs.cached_tokens, cs.reasoning_tokens() or 0)
         return ResponseBody(**events.final)
 
     async def start(self, request: ResponsesRequest, engine_id: str,
@@ -277,9 +277,6 @@ class OpenAIServingResponses:
     def new_stream(self, request: ResponsesRequest, response_id: str
                    ) -> tuple[ChatStream, ResponseEvents]:
         cs = self.chat.new_stream(request.chat, response_id)
-        if self.chat.reasoning is not None:  # usage counts the reasoning's tokens
-            cs.counts_reasoning = True
-            cs.reasoning_tag_ids = self.chat.reasoning_tags
         events = ResponseEvents(request, response_id, self.chat.served_model_name,
                                 self.chat.engine.generation_defaults, cs)
         events.head = events.start()
@@ -296,7 +293,7 @@ class OpenAIServingResponses:
                 yield events.error(cs.stream.error)
             else:
                 yield events.end(cs.prompt_tokens, cs.completion_tokens,
-                                 cs.cached_tokens, cs.reasoning_tokens())
+                                 cs.cached_tokens, cs.reasoning_tokens() or 0)
         except Exception as exc:
             yield events.error(exc)
         finally:
