@@ -242,4 +242,8 @@ MUTATIONS = [
              "found = self._text.find(END, max(self._a, first - len(END) + 1))",
              "found = self._text.find(END, max(self._a, first))",
              ("tests/server/test_reasoning_usage.py",)),
+    Mutation("srv-empty-logprob-token-ids", "an empty logprob_token_ids list is taken as none",
+             "cadence/server/protocol.py",
+             "        if self.logprob_token_ids is not None and not self.logprob_token_ids:",
+             "        if False:", ("tests/server/test_logprob_token_ids.py",)),
 ]

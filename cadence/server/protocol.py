@@ -215,6 +215,8 @@ class SamplingRequest(OpenAIModel):
         return cls.model_fields[info.field_name].default if value is None else value
 
     def _check_common(self) -> None:
+        if self.logprob_token_ids is not None and not self.logprob_token_ids:  # vLLM's too
+            raise ParamError("logprob_token_ids", "logprob_token_ids must not be empty.")
         if self.use_beam_search:
             self._check_beam_search()
         for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar"):

@@ -163,8 +163,6 @@ class ChatCompletionRequest(SamplingRequest):
                              "or leave the field out.")
         if self.top_logprobs and not self.logprobs:
             raise ParamError("top_logprobs", "when using top_logprobs, logprobs must be true.")
-        if self.logprob_token_ids is not None and not self.logprob_token_ids:
-            raise ParamError("logprob_token_ids", "logprob_token_ids must not be empty.")
         if self.logprob_token_ids and not self.logprobs:
             raise ParamError("logprob_token_ids",
                              "when using logprob_token_ids, logprobs must be true.")

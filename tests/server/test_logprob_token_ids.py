@@ -85,6 +85,9 @@ def test_chat_misuse_is_a_400_naming_the_field(client, body, param) -> None:
     ({"logprob_token_ids": [1, 2]}, "logprob_token_ids"),  # without logprobs
     ({"logprobs": 1, "logprob_token_ids": [1], "echo": True}, "logprob_token_ids"),
     ({"logprobs": 0, "logprob_token_ids": [-1]}, "logprob_token_ids"),
+    ({"logprobs": 2, "logprob_token_ids": []}, "logprob_token_ids"),  # vLLM: min_length 1
+    ({"logprobs": 2, "logprob_token_ids": [], "use_beam_search": True, "n": 2},
+     "logprob_token_ids"),
 ])
 def test_completions_misuse_is_a_400_naming_the_field(client, body, param) -> None:
     with pytest.raises(openai.BadRequestError) as err:
