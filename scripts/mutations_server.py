@@ -246,4 +246,13 @@ MUTATIONS = [
              "cadence/server/protocol.py",
              "        if self.logprob_token_ids is not None and not self.logprob_token_ids:",
              "        if False:", ("tests/server/test_logprob_token_ids.py",)),
+    Mutation("grammar-choice-re-escape", "a choice is escaped with Python's re.escape (escapes "
+             "xgrammar warns of)", "cadence/worker/grammar_compiler.py",
+             '"|".join(regex_literal(c) for c in spec.choice)',
+             '"|".join(re.escape(c) for c in spec.choice)',
+             ("tests/worker/test_grammar_compiler.py",)),
+    Mutation("grammar-choice-unescaped", "a choice's regex metacharacters are left unescaped",
+             "cadence/worker/grammar_compiler.py",
+             '"|".join(regex_literal(c) for c in spec.choice)', '"|".join(spec.choice)',
+             ("tests/worker/test_grammar_compiler.py",)),
 ]

@@ -21,7 +21,7 @@ from cadence.sampling_params import StructuredOutputsParams
 from cadence.structured_outputs_params import KINDS
 from cadence.worker.schema_features import enforceable_schema, unenforced_keyword
 
-__all__ = ["GrammarCompilerService", "grammar_of", "spec_key", "xgrammar_module"]
+__all__ = ["GrammarCompilerService", "grammar_of", "regex_literal", "spec_key", "xgrammar_module"]
 
 # The longest run of whitespace a JSON grammar allows between tokens of the JSON text.
 MAX_WHITESPACE_RUN = 4
@@ -37,6 +37,16 @@ def xgrammar_module() -> Any:
     except ImportError:
         raise ValueError("structured outputs need xgrammar (pip install xgrammar).") from None
     return xgrammar
+
+
+# The characters xgrammar's regex syntax gives a meaning; every other one stands for itself
+# (``re.escape`` also escapes blanks, '#', '~', '&', ..., which xgrammar warns of on each compile).
+_REGEX_META = frozenset(".^$*+?()[]{}|\\-/")
+
+
+def regex_literal(text: str) -> str:
+    """A regex (xgrammar's syntax) that matches ``text`` and nothing else."""
+    return "".join("\\" + c if c in _REGEX_META else c for c in text)
 
 
 def grammar_of(spec: StructuredOutputsParams) -> Any:
@@ -61,7 +71,7 @@ def grammar_of(spec: StructuredOutputsParams) -> Any:
         if spec.regex is not None:
             return xgr.Grammar.from_regex(spec.regex)
         if spec.choice is not None:
-            return xgr.Grammar.from_regex("|".join(re.escape(c) for c in spec.choice))
+            return xgr.Grammar.from_regex("|".join(regex_literal(c) for c in spec.choice))
         if _looks_like_lark(spec.grammar or ""):
             return xgr.Grammar.from_lark(spec.grammar)
         return xgr.Grammar.from_ebnf(spec.grammar or "")

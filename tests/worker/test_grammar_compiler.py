@@ -227,3 +227,19 @@ def test_a_structural_tags_own_nesting_is_bounded_by_the_spec() -> None:
     for given in ({"format": deep}, json.dumps({"format": deep})):
         with pytest.raises(ValueError, match="nests deeper"):
             StructuredOutputsParams(structural_tag=given)
+
+
+def test_a_choice_grammar_takes_each_choice_literally_without_warnings(capfd) -> None:
+    """Every printable ASCII character, blanks and newlines stand for themselves in a choice
+    (regex metacharacters included), and the grammar engine is given no escape it warns of."""
+    punct = [chr(i) for i in range(32, 127) if not chr(i).isalnum()]
+    choices = ["".join(punct), "beta gamma", "a.b", "a+", "x|y", "[z]", "\\d", "tab\there",
+               "two\nlines", "q#r~s&t"]
+    capfd.readouterr()
+    grammar = grammar_compiler.grammar_of(StructuredOutputsParams(choice=choices))
+    assert "Warning" not in capfd.readouterr().err
+    for choice in choices:
+        assert _takes(grammar, choice), choice
+    # What the characters would mean as regex syntax is not taken.
+    for other in ["axb", "aa", "x", "y", "z", "5", "beta", "a.b ", "tab here", ""]:
+        assert not _takes(grammar, other), other
