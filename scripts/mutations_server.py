@@ -255,4 +255,17 @@ MUTATIONS = [
              "cadence/worker/grammar_compiler.py",
              '"|".join(regex_literal(c) for c in spec.choice)', '"|".join(spec.choice)',
              ("tests/worker/test_grammar_compiler.py",)),
+    Mutation("srv-responses-not-drained", "/v1/responses is not a generation route (not "
+             "counted in flight, not refused while draining)", "cadence/server/lifecycle.py",
+             '"/v1/chat/completions", "/v1/responses"})', '"/v1/chat/completions"})',
+             ("tests/server/test_shutdown.py",)),
+    Mutation("srv-auth-scheme-case", "the Bearer scheme must be spelled with a capital B",
+             "cadence/server/middleware.py", 'return scheme.lower() == b"bearer" and any(matches)',
+             'return scheme == b"Bearer" and any(matches)',
+             ("tests/server/test_app.py::test_any_of_several_api_keys_is_accepted",)),
+    Mutation("srv-auth-last-header", "of two Authorization headers the last counts",
+             "cadence/server/middleware.py",
+             "        given = next((value for name, value in scope.get(\"headers\") or []\n",
+             "        given = next((value for name, value in reversed(scope.get(\"headers\") or [])\n",
+             ("tests/server/test_app.py::test_any_of_several_api_keys_is_accepted",)),
 ]

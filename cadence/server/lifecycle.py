@@ -19,7 +19,7 @@ from cadence.server.middleware import route_path
 
 __all__ = ["GENERATION_PATHS", "InFlightMiddleware", "RequestLifecycle", "shutting_down_error"]
 
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses"})
 
 
 def shutting_down_error(detail: str = "") -> ServiceUnavailableError:

@@ -4,6 +4,7 @@ and request-id headers (vLLM's ``--api-key``, ``--allowed-origins`` ... ``--allo
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ssl
 import uuid
@@ -44,17 +45,24 @@ class ApiKeyMiddleware:
         if not (checked := api_keys(keys)):
             raise ValueError("api_key: at least one key.")
         self.app = app
-        self.expected = tuple(f"Bearer {key}".encode() for key in checked)
+        self.expected = tuple(hashlib.sha256(key.encode()).digest() for key in checked)
+
+    def _authorized(self, scope: Scope) -> bool:
+        """The request's first ``Authorization`` header (the one Starlette and proxies read)
+        is ``Bearer <a key>``, the scheme in any case (RFC 9110's rule, vLLM's)."""
+        given = next((value for name, value in scope.get("headers") or []
+                      if name == b"authorization"), b"")
+        scheme, _, token = given.partition(b" ")
+        # NOTE: digests of equal length are compared, every key (no early exit), so the time
+        # tells neither a key's length nor which key a guess came close to.
+        digest = hashlib.sha256(token).digest()
+        matches = [hmac.compare_digest(digest, expected) for expected in self.expected]
+        return scheme.lower() == b"bearer" and any(matches)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = route_path(scope)
         if scope["type"] == "http" and (path.startswith("/v1") or path in KEY_PROTECTED_PATHS):
-            headers = dict(scope.get("headers") or [])
-            given = headers.get(b"authorization", b"")
-            # NOTE: every key is compared (no early exit), so the time does not tell which
-            # key a guess came close to.
-            matches = [hmac.compare_digest(given, expected) for expected in self.expected]
-            if not any(matches):
+            if not self._authorized(scope):
                 err = AuthenticationError("Unauthorized: a valid API key is required.", None)
                 response = err.response()
                 response.headers["www-authenticate"] = "Bearer"

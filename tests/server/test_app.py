@@ -313,6 +313,17 @@ def test_any_of_several_api_keys_is_accepted(server_factory) -> None:
                             ("old-keynew-key", 401), ("old-key new-key", 401)):
             resp = http.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
             assert resp.status_code == status, (key, resp.text)
+        # The scheme in any case (RFC 9110, vLLM); the token exactly.
+        for value, status in (("bearer new-key", 200), ("BEARER old-key", 200),
+                              ("Bearer NEW-KEY", 401), ("Bearer  new-key", 401),
+                              ("Basic new-key", 401), ("Bearernew-key", 401)):
+            resp = http.get("/v1/models", headers={"Authorization": value})
+            assert resp.status_code == status, (value, resp.text)
+        # Of two Authorization headers the first counts, as Starlette and proxies read it.
+        for values, status in ((["Bearer new-key", "Bearer wrong"], 200),
+                               (["Bearer wrong", "Bearer new-key"], 401)):
+            headers = [("Authorization", v) for v in values]
+            assert http.get("/v1/models", headers=headers).status_code == status, values
 
 def metric_values(text: str) -> dict[str, float]:
     values: dict[str, float] = {}

@@ -25,6 +25,7 @@ def test_a_draining_server_refuses_new_requests(server_factory) -> None:
         for route, body in (
             ("/v1/completions", {"prompt": PROMPT, "max_tokens": 2}),
             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+            ("/v1/responses", {"model": "tiny", "input": "hi"}),
         ):
             resp = http.post(route, json=body)
             assert resp.status_code == 503 and resp.headers["connection"] == "close"
@@ -58,6 +59,25 @@ def test_in_flight_requests_finish_within_the_timeout(server_factory) -> None:
     assert json.loads(frames[-2][6:])["choices"][0]["finish_reason"] == "length"
     assert result["resp"].status_code == 200
     assert result["resp"].json()["usage"]["completion_tokens"] == 40
+    srv.thread.join(30)
+    assert not srv.thread.is_alive() and srv.server.exit_code == 0
+
+
+def test_a_responses_stream_is_drained_then_ended_with_its_error_event(server_factory) -> None:
+    """/v1/responses is a generation route like the others: counted while in flight (the
+    drain waits for it) and, past the shutdown timeout, ended with its error event."""
+    srv = server_factory(app_kwargs={"shutdown_timeout": 0.0})
+    body = {"model": "tiny", "input": PROMPT, "max_output_tokens": 450, "stream": True,
+            "ignore_eos": True}
+    with httpx.Client(base_url=srv.base_url, timeout=60) as http:
+        with http.stream("POST", "/v1/responses", json=body) as r:
+            lines = r.iter_lines()
+            next(line for line in lines if "response.output_text.delta" in line)
+            assert srv.server.lifecycle.in_flight == 1
+            srv.server.should_exit = True  # what a signal does
+            events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+    assert events[-1]["type"] == "error" and "shutting down" in events[-1]["message"]
+    assert not any(e["type"] == "response.completed" for e in events)
     srv.thread.join(30)
     assert not srv.thread.is_alive() and srv.server.exit_code == 0
 
