@@ -15,8 +15,8 @@ from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 
 __all__ = ["CONTENT_FORMATS", "RESERVED_TEMPLATE_KWARGS", "TEXT_PARTS", "add_reasoning",
            "check_template_options", "content_format", "content_parts", "conversation_of",
-           "detect_content_format", "render_conversation", "reserved_template_kwargs",
-           "tool_arguments"]
+           "detect_content_format", "developer_as_system", "render_conversation",
+           "reserved_template_kwargs", "tool_arguments"]
 
 # OpenAI's roles ("function": its deprecated role of a function call's result). Any other role
 # string passes to the template as vLLM passes it (Llama 3.1's "ipython", a template's own).
@@ -91,9 +91,9 @@ def content_format(requested: str, tokenizer: Any, chat_template: str | None) ->
 @functools.lru_cache(maxsize=64)
 def detect_content_format(template: str) -> str:
     """"openai" where the template has a ``for`` loop over a message's ``content`` (a message
-    being a name bound by a loop over, or an assignment from, ``messages``), else "string"
-    (also for a template that does not parse: its error comes when it renders), as vLLM's
-    detection reads it."""
+    being a name bound by loops over, or assignments from, ``messages``, in any chain) or over
+    a name ``content``, else "string" (also for a template that does not parse: its error comes
+    when it renders), as vLLM's detection reads it."""
     import jinja2
     from jinja2 import nodes
 
@@ -113,16 +113,24 @@ def detect_content_format(template: str) -> str:
         return {n.name for n in target.find_all(nodes.Name)} | (
             {target.name} if isinstance(target, nodes.Name) else set())
 
-    messages: set[str] = set()
-    for node in tree.find_all((nodes.For, nodes.Assign)):
-        source = node.iter if isinstance(node, nodes.For) else node.node
-        root = base(source)
-        if isinstance(root, nodes.Name) and root.name == "messages":
-            messages |= names(node.target)
+    # The names bound, through any chain of assignments and loops, from ``messages``: lists of
+    # messages (``loop_messages = messages[1:]``) and messages alike.
+    messages = {"messages"}
+    grown = True
+    while grown:
+        grown = False
+        for node in tree.find_all((nodes.For, nodes.Assign)):
+            root = base(node.iter if isinstance(node, nodes.For) else node.node)
+            if isinstance(root, nodes.Name) and root.name in messages:
+                new = names(node.target) - messages
+                messages |= new
+                grown = grown or bool(new)
     for loop in tree.find_all(nodes.For):
         it = loop.iter
         while isinstance(it, (nodes.Filter, nodes.Test)) and it.node is not None:
             it = it.node
+        if isinstance(it, nodes.Name) and it.name == "content":
+            return "openai"  # a macro's loop over the content it was handed (Qwen3.5's)
         key = (it.arg.value if isinstance(it, nodes.Getitem) and isinstance(it.arg, nodes.Const)
                else it.attr if isinstance(it, nodes.Getattr) else None)
         holder = getattr(it, "node", None)
@@ -236,6 +244,39 @@ def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # Python's parser takes NaN and Infinity
 
 
+def developer_as_system(conversation: list[dict[str, Any]], template: Any
+                        ) -> list[dict[str, Any]]:
+    """vLLM's rule for a template that never names the ``developer`` role (most drop messages
+    of roles they do not know): developer messages become system ones (without their
+    ``tools``), and where a system message is then not the first, or not the only one, all are
+    merged into one at the front (their texts joined by a blank line), the others after it in
+    order. ``template``: the template's text (or a tokenizer's named templates); None for the
+    ChatML fallback, which names no developer role either."""
+    if not any(m.get("role") == "developer" for m in conversation):
+        return conversation
+    texts = [template] if isinstance(template, str) else list(
+        template.values() if isinstance(template, Mapping) else [])
+    if any("'developer'" in t or '"developer"' in t for t in texts if isinstance(t, str)):
+        return conversation
+    converted = [{**{k: v for k, v in m.items() if k != "tools"}, "role": "system"}
+                 if m.get("role") == "developer" else m for m in conversation]
+    systems = [i for i, m in enumerate(converted) if m["role"] == "system"]
+    if systems in ([], [0]):
+        return converted
+    parts = any(isinstance(converted[i]["content"], list) for i in systems)
+    texts = [_text_of(converted[i]["content"]) for i in systems]
+    merged = "\n\n".join(t for t in texts if t)
+    head = {"role": "system", "content": content_parts(merged) if parts else merged}
+    return [head, *(m for m in converted if m["role"] != "system")]
+
+
+def _text_of(content: Any) -> str:
+    """A message's text: its string, or its text parts joined by newlines."""
+    if isinstance(content, list):
+        return "\n".join(p["text"] for p in content if isinstance(p, Mapping) and "text" in p)
+    return content or ""
+
+
 def render_conversation(
     tokenizer: Any,
     conversation: list[dict[str, Any]],
@@ -256,6 +297,9 @@ def render_conversation(
     for i, tool in enumerate(tools or []):
         if nesting_depth(tool) > MAX_JSON_DEPTH:
             raise ValueError(f"tools: tool {i} nests deeper than {MAX_JSON_DEPTH} levels.")
+    template = chat_template if chat_template is not None else getattr(
+        tokenizer, "chat_template", None)
+    conversation = developer_as_system(conversation, template)
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         if tools:
             raise ValueError("tools: this model has no chat template, and the ChatML fallback "

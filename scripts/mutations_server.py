@@ -268,4 +268,18 @@ MUTATIONS = [
              "        given = next((value for name, value in scope.get(\"headers\") or []\n",
              "        given = next((value for name, value in reversed(scope.get(\"headers\") or [])\n",
              ("tests/server/test_app.py::test_any_of_several_api_keys_is_accepted",)),
+    Mutation("chat-developer-kept", "a developer message reaches a template that drops it",
+             "cadence/chat.py", "    conversation = developer_as_system(conversation, template)\n",
+             "", ("tests/server/test_chat_template.py", "tests/test_chat.py")),
+    Mutation("chat-system-not-merged", "converted system messages stay where they were",
+             "cadence/chat.py", "    if systems in ([], [0]):", "    if True:",
+             ("tests/test_chat.py",)),
+    Mutation("chat-format-no-chain", "content loops through assigned message lists are missed",
+             "cadence/chat.py", "            if isinstance(root, nodes.Name) and root.name in messages:",
+             '            if isinstance(root, nodes.Name) and root.name == "messages":',
+             ("tests/server/test_chat_template.py",)),
+    Mutation("srv-stream-prompt-ids-untruncated", "a streamed chat's prompt ids ignore "
+             "truncate_prompt_tokens", "cadence/server/serving_chat.py",
+             "stream.prompt_token_ids = list(prompt_ids[len(prompt_ids) - kept:])",
+             "stream.prompt_token_ids = list(prompt_ids)", ("tests/server/test_app.py",)),
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cadence.chat import conversation_of
+from cadence.chat import content_parts, conversation_of, developer_as_system
 
 
 def test_text_like_parts_are_joined_text() -> None:
@@ -43,3 +43,33 @@ def test_keys_set_to_none_are_left_out() -> None:
                 {"role": "user", "content": "hi", "name": "ann"}]
     assert conversation_of(messages) == [{"role": "assistant", "content": ""},
                                          {"role": "user", "content": "hi", "name": "ann"}]
+
+
+def test_developer_messages_become_one_front_system_message_unless_the_template_names_them(
+        ) -> None:
+    sys_a, dev_b = {"role": "system", "content": "A"}, {"role": "developer", "content": "B",
+                                                        "tools": [{"x": 1}], "name": "n"}
+    user = {"role": "user", "content": "u"}
+    plain = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    # Named (either quote, or in one of a tokenizer's named templates): unchanged.
+    for template in ("{% if m.role == 'developer' %}", '{{ "developer" }}',
+                     {"default": plain, "tool_use": "{% if r == 'developer' %}"}):
+        assert developer_as_system([sys_a, user, dev_b], template) == [sys_a, user, dev_b]
+    # Not named (or the ChatML fallback, None): system, without its tools; merged at the
+    # front with the others, the texts a blank line apart, empty ones left out.
+    for template in (plain, None, {"default": plain}):
+        assert developer_as_system([sys_a, user, dev_b], template) == [
+            {"role": "system", "content": "A\n\nB"}, user]
+    assert developer_as_system([dev_b, user], plain) == [
+        {"role": "system", "content": "B", "name": "n"}, user]  # first and only: as it is
+    assert developer_as_system([user, dev_b], plain) == [{"role": "system", "content": "B"},
+                                                         user]
+    empty = {"role": "system", "content": ""}
+    assert developer_as_system([empty, user, dev_b], plain) == [
+        {"role": "system", "content": "B"}, user]
+    # Content as parts ("openai" format) stays parts.
+    parts = [{**m, "content": content_parts(m["content"])} for m in (sys_a, user, dev_b)]
+    assert developer_as_system(parts, plain) == [
+        {"role": "system", "content": content_parts("A\nB".replace("\n", "\n\n"))},
+        parts[1]]
+    assert developer_as_system([sys_a, user], plain) == [sys_a, user]  # no developer: as it is

@@ -105,13 +105,15 @@ class OpenAIServingChat(OpenAIServing):
         if self.tool_call_parser in KEEPS_SPECIAL_TOKENS and self.parses_tools(request):
             params.skip_special_tokens = False  # the parser's tag is a special token (vLLM)
         if stream is not None:
-            if request.return_token_ids:
-                stream.prompt_token_ids = list(prompt_ids)
+            # The role chunks' prompt ids and continuous usage: the prompt as the engine keeps
+            # it (its last tokens under truncate_prompt_tokens, as the engine cuts it).
             k = request.truncate_prompt_tokens
-            # The role chunks' continuous usage: the prompt's tokens as the engine keeps them.
-            stream.prompt_tokens = len(prompt_ids) if k is None else min(
+            kept = len(prompt_ids) if k is None else min(
                 len(prompt_ids), truncation_length(k, self.engine.max_model_len,
                                                    params.max_tokens))
+            stream.prompt_tokens = kept
+            if request.return_token_ids:
+                stream.prompt_token_ids = list(prompt_ids[len(prompt_ids) - kept:])
         ended = self.reasoning_ended(request, prompt_ids)
         if params.structured_outputs is not None and (
                 self.reasoning_tags is None or not request.include_reasoning):

@@ -253,6 +253,28 @@ def test_continuous_usage_stats(server, route: str) -> None:
         assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"], u
 
 
+@pytest.mark.parametrize("truncate", [4, -1])
+def test_chat_prompt_ids_are_the_truncated_prompt_streamed_or_not(server, truncate) -> None:
+    """return_token_ids with truncate_prompt_tokens: the prompt ids shown are those the engine
+    ran (the rendered prompt's last tokens), in the stream's first chunk as in the whole
+    answer, and as many as the usage counts."""
+    body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": PROMPT}],
+            "return_token_ids": True}
+    full = httpx.post(server.base_url + "/v1/chat/completions", json=body).json()
+    whole = httpx.post(server.base_url + "/v1/chat/completions",
+                       json={**body, "truncate_prompt_tokens": truncate}).json()
+    kept = whole["usage"]["prompt_tokens"]
+    assert kept == (4 if truncate == 4 else len(full["prompt_token_ids"]))
+    assert whole["prompt_token_ids"] == full["prompt_token_ids"][-kept:]
+    with httpx.stream("POST", server.base_url + "/v1/chat/completions",
+                      json={**body, "truncate_prompt_tokens": truncate, "stream": True,
+                            "stream_options": {"include_usage": True}}) as r:
+        chunks = [json.loads(ln[6:]) for ln in r.iter_lines()
+                  if ln.startswith("data: ") and ln != "data: [DONE]"]
+    assert chunks[0]["prompt_token_ids"] == whole["prompt_token_ids"]
+    assert chunks[-1]["usage"]["prompt_tokens"] == kept
+
+
 @pytest.mark.parametrize("truncate", [None, 3])
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
 def test_continuous_usage_counts_each_choice_of_n(server, route: str, truncate) -> None:

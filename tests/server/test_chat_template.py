@@ -368,6 +368,13 @@ def test_documents_reach_the_template(templated, hf_tokenizer: Any) -> None:
      "openai"),
     ("{% for m in messages[1:] %}{% for p in m['content'] %}{{ p }}{% endfor %}{% endfor %}",
      "openai"),
+    # Through a chain of assignments (Mistral's loop_messages), and a macro's loop over the
+    # content it is handed (Qwen3.5's): vLLM reads both as parts.
+    ("{% set loop_messages = messages[1:] %}{% set rest = loop_messages %}"
+     "{% for message in rest %}{% for part in message['content'] %}{{ part.text }}{% endfor %}"
+     "{% endfor %}", "openai"),
+    ("{% macro show(content) %}{% for item in content %}{{ item.text }}{% endfor %}"
+     "{% endmacro %}{% for m in messages %}{{ show(m.content) }}{% endfor %}", "openai"),
     # A loop over some other object's content is not a message's.
     ("{% for t in tools %}{% for c in t.content %}{{ c }}{% endfor %}{% endfor %}", "string"),
     ("{% for m in messages %}{{ m.content }", "string"),  # does not parse: its error comes later
@@ -393,6 +400,28 @@ def test_the_server_hands_content_parts_to_a_template_that_loops_over_them(
         got = prompt_ids(http, messages, add_generation_prompt=False)
     # Each part its own item; a tool's result stays text (templates read it as a string).
     assert got == encode(hf_tokenizer, "<user>[Hi][there]<assistant>[ok]<tool>42")
+
+
+def test_a_developer_message_is_a_system_one_where_the_template_names_no_such_role(
+        templated, hf_tokenizer: Any) -> None:
+    """vLLM's: a template that never names "developer" (most drop roles they do not know)
+    gets it as a system message, merged with any other system message at the front; one that
+    names it gets it as it is. /tokenize renders the same."""
+    knows = ("{% for m in messages %}{% if m.role in ['system', 'user', 'assistant'] %}"
+             "<{{ m.role }}>{{ m.content }}{% endif %}{% endfor %}")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                {"role": "developer", "content": "Say BANANA."}]
+    with httpx.Client(base_url=templated.base_url, timeout=30) as http:
+        templated.engine.tokenizer.chat_template = knows
+        got = prompt_ids(http, messages, add_generation_prompt=False)
+        assert got == encode(hf_tokenizer, "<system>Be brief.\n\nSay BANANA.<user>Hi")
+        tokenized = http.post("/tokenize", json={"messages": messages,
+                                                 "add_generation_prompt": False})
+        assert tokenized.json()["tokens"] == got
+        templated.engine.tokenizer.chat_template = knows.replace("'assistant'",
+                                                                 "'assistant', 'developer'")
+        got = prompt_ids(http, messages, add_generation_prompt=False)
+        assert got == encode(hf_tokenizer, "<system>Be brief.<user>Hi<developer>Say BANANA.")
 
 
 def test_the_content_format_flag_is_checked() -> None:
