@@ -11,7 +11,10 @@ when the first weight stage has landed, T4 at the end. Printed per shape and row
 over the blocks, us): ``wait`` T1-T0 (the kernel resident before its input is ready: the
 overlap with the call before), ``prologue`` T2-T1, ``first stage`` T3-T1, ``loop`` T4-T2,
 ``after wait`` T4-T1 (what the call adds to a chain once released), and ``us/call`` of the
-chain (weights rotated past L2). The stamps are spliced into the kernel's source here (each
+chain (weights rotated past L2). Norm calls split their prologue with two more stamps, TA after
+the residual add pass and TB after the rows' sums of squares (and their scales): ``add``
+TA-T1, ``squares`` TB-TA, ``scale`` T2-TB, each a mean over the blocks (the timer's 256 ns
+ticks average out). The stamps are spliced into the kernel's source here (each
 anchor must occur once, so a kernel change that moves one fails loudly); the engine's kernel
 is untouched. Qwen3-0.6B's projection shapes with the table's configuration for each row
 bucket (``MMA_CONFIGS``; the 8-row bucket's where a shape has none).
@@ -45,7 +48,7 @@ from cadence.model.bulk_mma_kernel import KERNEL, SOURCE, defines  # noqa: E402
 
 SHAPES = {"qkv": (4096, 1024, "norm"), "o": (1024, 2048, "plain"),
           "gate_up": (6144, 1024, "norm"), "down": (1024, 3072, "plain")}
-STAMPS = 5
+STAMPS = 7
 
 _CLOCK = ("__device__ __forceinline__ unsigned long long gt() { unsigned long long t; "
           'asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }\n')
@@ -57,7 +60,16 @@ _SPLICES = [
      "    extern __shared__ __align__(128) u8 smem[];\n    const unsigned long long T0 = gt();\n"),
     ('    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");\n',
      '    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");\n'
-     "    const unsigned long long T1 = gt();\n"),
+     "    const unsigned long long T1 = gt();\n    unsigned long long TA = 0, TB = 0;\n"),
+    # Inside the norm prologue: after the residual add pass, after the rows' sums of squares.
+    ("        ((uint4*)(xs + r * xrow))[v] = a;\n    }\n    __syncthreads();\n"
+     "    for (int r = 0; r < m; r++) {\n",
+     "        ((uint4*)(xs + r * xrow))[v] = a;\n    }\n    __syncthreads();\n    TA = gt();\n"
+     "    for (int r = 0; r < m; r++) {\n"),
+    ("        rstd[tid] = rsqrtf(__fdiv_rn(fold_warps(v), (float)k) + eps);\n    }\n"
+     "    __syncthreads();\n",
+     "        rstd[tid] = rsqrtf(__fdiv_rn(fold_warps(v), (float)k) + eps);\n    }\n"
+     "    __syncthreads();\n    TB = gt();\n"),
     ("    const int g = lane >> 2, t = lane & 3;\n",
      "    const unsigned long long T2 = gt();\n    unsigned long long T3 = 0;\n"
      "    const int g = lane >> 2, t = lane & 3;\n"),
@@ -66,8 +78,9 @@ _SPLICES = [
      "        if (i == 0) T3 = gt();\n"),
     ("to_bf(sum);\n        }\n    }\n}\n",
      "to_bf(sum);\n        }\n    }\n    if (threadIdx.x == 0) {\n"
-     "        unsigned long long* s = stamp + 5 * blockIdx.x;\n"
-     "        s[0] = T0; s[1] = T1; s[2] = T2; s[3] = T3; s[4] = gt();\n    }\n}\n"),
+     "        unsigned long long* s = stamp + 7 * blockIdx.x;\n"
+     "        s[0] = T0; s[1] = T1; s[2] = T2; s[3] = T3; s[4] = gt(); s[5] = TA; s[6] = TB;\n"
+     "    }\n}\n"),
 ]
 
 
@@ -144,6 +157,9 @@ class Chain:
                for name, (a, b) in {"wait": (0, 1), "prologue": (1, 2), "first stage": (1, 3),
                                     "loop": (2, 4), "after wait": (1, 4)}.items()}
         med["span"] = float(t[:, 4].max() - t[:, 1].min()) / 1e3
+        if self.proj.mode == "norm":
+            for name, (a, b) in {"add": (1, 5), "squares": (5, 6), "scale": (6, 2)}.items():
+                med[name] = float((t[:, b] - t[:, a]).mean()) / 1e3
         return us, med
 
 
@@ -187,6 +203,9 @@ def main() -> int:
                 err = chain.check()
                 us, med = chain.run(a.calls)
                 flag = "" if err < 0.02 else f"  WRONG (max error {err:.3g})"
+                if "add" in med:
+                    flag = (f"  [add {med['add']:.2f} squares {med['squares']:.2f} scale "
+                            f"{med['scale']:.2f}]{flag}")
                 print(f"{name:8s} {m:4d} {variant:7s} {us:8.2f} {med['wait']:6.2f} "
                       f"{med['prologue']:9.2f} {med['first stage']:12.2f} {med['loop']:6.2f} "
                       f"{med['after wait']:11.2f} {med['span']:6.2f}  {chain.cfg}{flag}",

@@ -203,6 +203,9 @@ def test_bulk_mma_phases_splices_every_stamp() -> None:
     src = module.stamped_source()
     stamps = [src.index(f"T{i} = gt()") for i in range(4)]
     assert stamps == sorted(stamps) and "unsigned long long* __restrict__ stamp)" in src
+    # The norm prologue's two inner stamps, in order inside it.
+    inner = [src.index("TA = gt();"), src.index("TB = gt();")]
+    assert stamps[1] < inner[0] < inner[1] < stamps[2]
     assert src.index("griddepcontrol.wait") < stamps[1] < src.index("mbar_wait(bars + 8u")
     from cadence.model.bulk_gemv import nvrtc_ok
 
