@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from cadence.cli_config import add_config_arg, expand_config
+from cadence.cli_config import add_config_arg, dashed, expand_config
 from cadence.envs import read_envs
 from cadence.user_errors import one_line_errors
 
@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seen = interrupt.was_seen
         if args[:1] == ["trace"]:  # its own parser: argparse's REMAINDER drops leading options
             with one_line_errors("cadence trace", seen):
-                return _trace(argparse.Namespace(rest=args[1:]))
+                return _trace(argparse.Namespace(rest=dashed(args[1:])))
         with one_line_errors(prog.rstrip(), seen):  # a bad --config file
             ns = parse_args(args)
         prog = f"cadence {ns.command}" + (f" {ns.which}" if ns.command == "bench" else "")
@@ -204,6 +204,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = list(argv)
     if args and args[0] in ("generate", "serve"):
         args = [args[0], *expand_config(_subcommands(parser)[args[0]], args[1:])]
+    elif args:  # bench: underscores too (its engine options are serve's)
+        args = [args[0], *dashed(args[1:])]
     return parser.parse_args(args)
 
 

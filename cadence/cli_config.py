@@ -89,18 +89,33 @@ def expand_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[
     return [*args[:first], *_file_args(parser, paths[0], given), *args[first:]]
 
 
+def dashed(argv: Sequence[str]) -> list[str]:
+    """``argv`` with underscores in option names turned into dashes (vLLM's parser takes
+    ``--max_model_len`` for ``--max-model-len`` in every command); values, positionals and
+    whatever follows ``--`` as they are."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return out + list(argv[i:])
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            arg = name.replace("_", "-") + eq + value
+        out.append(arg)
+    return out
+
+
 def _normalized(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
     """``argv`` with underscores in option names turned into dashes, and an abbreviation of
     ``--config`` that argparse would take for it (a prefix of no other option) written out, so
     that its file is read rather than silently ignored."""
     options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
     out: list[str] = []
-    for i, arg in enumerate(argv):
+    args = dashed(argv)
+    for i, arg in enumerate(args):
         if arg == "--":  # everything after it is positional
-            return out + list(argv[i:])
+            return out + args[i:]
         if arg.startswith("--"):
             name, eq, value = arg.partition("=")
-            name = name.replace("_", "-")
             if (len(name) > 2 and name != _CONFIG and _CONFIG.startswith(name)
                     and [o for o in options if o.startswith(name)] == [_CONFIG]):
                 name = _CONFIG

@@ -282,4 +282,17 @@ MUTATIONS = [
              "truncate_prompt_tokens", "cadence/server/serving_chat.py",
              "stream.prompt_token_ids = list(prompt_ids[len(prompt_ids) - kept:])",
              "stream.prompt_token_ids = list(prompt_ids)", ("tests/server/test_app.py",)),
+    Mutation("cli-bench-underscores-kept", "bench options written with underscores are "
+             "refused", "cadence/cli.py", "    elif args:  # bench: underscores too",
+             "    elif False:  # bench: underscores too", ("tests/server/test_cli_flags.py",)),
+    Mutation("bench-serve-url-unchecked", "a malformed --base-url ends in a traceback",
+             "cadence/bench/serve.py", "        httpx.URL(args.base_url)  # its port too\n",
+             "        pass\n", ("tests/server/test_cli_flags.py",)),
+    Mutation("cli-served-name-swallows-model", "--served-model-name takes the model after it "
+             "unchecked", "cadence/server/cli.py",
+             '    check_no_model_taken(ns, "--served-model-name", names)\n',
+             "", ("tests/server/test_cli.py",)),
+    Mutation("bench-output-asked-not-tried", "an output file is asked about (os.access), not "
+             "tried", "cadence/bench/report.py", '            with open(text, "x"):\n                pass\n            os.unlink(text)\n',
+             "            pass\n", ("tests/server/test_cli_flags.py",)),
 ]

@@ -318,6 +318,12 @@ def run_from_args(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
+        httpx.URL(args.base_url)  # its port too
+    except httpx.InvalidURL as exc:
+        print(f"cadence bench serve: error: --base-url {args.base_url!r}: {exc}",
+              file=sys.stderr)
+        return 2
+    try:
         reports = run(args)
     except httpx.HTTPError as exc:
         print(f"cadence bench serve: error: {args.base_url}: {exc!r}", file=sys.stderr)

@@ -272,16 +272,37 @@ def api_keys_from(ns: argparse.Namespace) -> tuple[str, ...]:
     keys = tuple(ns.api_key or ())
     if any(not key.strip() for key in keys):
         raise ValueError("--api-key: a key cannot be empty.")
-    if ns.model_tag is None and any(os.path.exists(key) for key in keys):
-        # `serve --api-key K /models/x`: the flag took the model's path as a second key.
-        raise ValueError("--api-key takes every value up to the next option, and one is a "
-                         "path: put the model first (cadence serve MODEL --api-key KEY).")
+    check_no_model_taken(ns, "--api-key", keys)
     if keys:
         return keys
     key = read_envs().api_key
     if key and not key.strip():
         raise ValueError("CADENCE_API_KEY / VLLM_API_KEY is blank: unset it, or give a key.")
     return (key,) if key else ()
+
+
+def check_no_model_taken(ns: argparse.Namespace, flag: str, values: tuple[str, ...]) -> None:
+    """``serve --api-key K /models/x`` (or ``--served-model-name``): a flag of several values
+    took the model, given after it, as one of its own, and the default model would be served.
+    Refused where no model came otherwise and a value names one (a path, a preset)."""
+    from cadence.engine.engine_args import EngineArgs
+    from cadence.model.presets import PRESETS
+    from cadence.model.registry import TINY_MODEL
+
+    if ns.model_tag is not None or getattr(ns, "model", None) != EngineArgs.model:
+        return
+    taken = [v for v in values if os.path.exists(v) or v in PRESETS or v == TINY_MODEL]
+    if taken:
+        raise ValueError(f"{flag} takes every value up to the next option, and {taken[0]!r} "
+                         f"names a model: put the model first (cadence serve MODEL {flag} ...).")
+
+
+def check_served_names(ns: argparse.Namespace) -> None:
+    """``--served-model-name``'s values: none empty, none a model the flag took."""
+    names = tuple(ns.served_model_name or ())
+    if any(not name.strip() for name in names):
+        raise ValueError("--served-model-name: a model name cannot be empty.")
+    check_no_model_taken(ns, "--served-model-name", names)
 
 
 def run_serve(ns: argparse.Namespace) -> int:
@@ -293,8 +314,7 @@ def run_serve(ns: argparse.Namespace) -> int:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(ns.log_level.upper())
     settings = settings_from(ns)  # a ValueError is a one-line error (cadence.user_errors)
-    if any(not name.strip() for name in ns.served_model_name or ()):
-        raise ValueError("--served-model-name: a model name cannot be empty.")
+    check_served_names(ns)
     keys = api_keys_from(ns)
     chat_template = load_chat_template(ns.chat_template)
     args = engine_args_from(ns)

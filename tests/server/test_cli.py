@@ -88,6 +88,18 @@ def test_api_keys_come_from_the_flag_or_else_the_environment(monkeypatch, tmp_pa
     with pytest.raises(ValueError, match="put the model first"):
         api_keys_from(parse(["--api-key", "k", str(tmp_path)]))
     assert api_keys_from(parse([str(tmp_path), "--api-key", "k"])) == ("k",)
+    # A preset's name likewise; and --served-model-name's values the same way.
+    from cadence.server.cli import check_served_names
+
+    for flag, check in (("--api-key", api_keys_from), ("--served-model-name",
+                                                       check_served_names)):
+        for model in ("qwen3-0.6b", "tiny", str(tmp_path)):
+            with pytest.raises(ValueError, match=f"{flag} takes every value.*put the model"):
+                check(parse([flag, "x", model]))
+            other = "qwen3-0.6b" if model == "tiny" else model  # --model tiny is the default
+            check(parse([model, flag, "x", model]))  # no error: the model came first
+            check(parse(["--model", other, flag, "x", model]))
+        check(parse([flag, "x", "y"]))
     monkeypatch.setenv("CADENCE_API_KEY", "  ")
     with pytest.raises(ValueError, match="blank"):
         api_keys_from(parse([]))

@@ -429,3 +429,46 @@ def test_the_key_is_checked_on_the_route_the_router_takes() -> None:
     for bad in ((), ("",), (" ",)):
         with pytest.raises(ValueError, match="api_key"):
             ApiKeyMiddleware(app, bad)
+
+
+def test_bench_and_trace_options_may_be_written_with_underscores(monkeypatch) -> None:
+    """vLLM's parser takes --max_model_len for --max-model-len in every command, not only in
+    serve: bench and trace hand their options on dashed, values and what follows "--" as
+    given."""
+    ns = parse_args(["bench", "latency", "--max_model_len", "64", "--batch_sizes=1,2",
+                     "--model", "tiny_model", "--", "--keep_this"])
+    assert ns.rest == ["--max-model-len", "64", "--batch-sizes=1,2", "--model", "tiny_model",
+                       "--", "--keep_this"]
+    # trace reads its own arguments (main hands them on before argparse).
+    import cadence.cli as cli
+
+    seen: dict[str, list[str]] = {}
+    monkeypatch.setattr(cli, "_trace", lambda ns: len(seen.setdefault("rest", ns.rest)) * 0)
+    assert main(["trace", "--input_len", "8"]) == 0
+    assert seen["rest"] == ["--input-len", "8"]
+
+
+def test_bench_serve_refuses_a_malformed_base_url_in_one_line(capsys) -> None:
+    from cadence.bench import serve as bench_serve
+
+    for url in ("http://127.0.0.1:abc", "http://[::1"):
+        assert bench_serve.main(["--base-url", url, "--num-prompts", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("cadence bench serve: error: --base-url") and "Traceback" not in err
+
+
+def test_an_output_file_is_tried_not_asked(tmp_path, monkeypatch) -> None:
+    """Where os.access says yes (root on a read-only mount, /proc), writing may still fail:
+    the file is tried when the arguments are read; a new one is not left behind."""
+    import argparse
+    import os
+
+    from cadence.bench.report import output_file
+
+    monkeypatch.setattr(os, "access", lambda *a, **k: True)
+    with pytest.raises(argparse.ArgumentTypeError, match="cannot write '/proc/cadence-x.png'"):
+        output_file("/proc/cadence-x.png")
+    new = tmp_path / "out.json"
+    assert output_file(str(new)) == str(new) and not new.exists()
+    new.write_text("{}")
+    assert output_file(str(new)) == str(new) and new.read_text() == "{}"
