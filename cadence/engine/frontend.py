@@ -55,7 +55,8 @@ def load_frontend(core: EngineCore) -> Frontend:
     spec = core.spec
     skip = core.config.model.skip_tokenizer_init or spec.tokenizer_path is None
     if spec.tokenizer_path is None and not core.config.model.skip_tokenizer_init:
-        logger.info("Model %s ships no tokenizer: token-id prompts only.", core.config.model.model)
+        logger.warning("Model %s ships no tokenizer: token-id prompts only (text prompts and "
+                       "chat need --tokenizer DIR).", core.config.model.model)
     tokenizer = None if skip else load_tokenizer(spec.tokenizer_path)
     processor = InputProcessor(
         tokenizer,
