@@ -295,4 +295,8 @@ MUTATIONS = [
     Mutation("bench-output-asked-not-tried", "an output file is asked about (os.access), not "
              "tried", "cadence/bench/report.py", '            with open(text, "x"):\n                pass\n            os.unlink(text)\n',
              "            pass\n", ("tests/server/test_cli_flags.py",)),
+    Mutation("http10-chunked", "an HTTP/1.0 client gets a chunked stream (httptools)",
+             "cadence/server/http_protocol_httptools.py",
+             "            _end_by_close(self.cycle)\n", "            pass\n",
+             ("tests/server/test_connection_limits.py",)),
 ]

@@ -83,6 +83,8 @@ class TimedHttpToolsProtocol(ReadDeadlines, HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._partial = False
         super().on_headers_complete()
+        if self.parser.get_http_version() == "1.0" and self.cycle is not None:
+            _end_by_close(self.cycle)
         self._arm("body")  # cleared by on_message_complete: at once when there is no body
 
     def on_message_complete(self) -> None:
@@ -97,6 +99,32 @@ class TimedHttpToolsProtocol(ReadDeadlines, HttpToolsProtocol):
         if cycle is not None and not cycle.response_complete:
             return "rearm"
         return "close"
+
+
+_UNTIL_CLOSE = 1 << 62  # "bytes left" of a body that ends with the connection
+
+
+def _end_by_close(cycle: Any) -> None:
+    """An HTTP/1.0 request's response: a body of unknown length ends with the connection, as
+    RFC 9112 has it (uvicorn's httptools cycle would frame it chunked, which a 1.0 client does
+    not read; its h11 protocol does this itself). The cycle's own ``send`` is wrapped before
+    the application runs (its task starts on the loop's next turn)."""
+    send = cycle.send
+
+    async def send_unframed(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            names = {name.lower() for name, _ in message.get("headers", [])}
+            if not names & {b"content-length", b"transfer-encoding"}:
+                cycle.chunked_encoding = False  # NOTE: read by the cycle's send below
+                cycle.expected_content_length = _UNTIL_CLOSE
+        elif (cycle.chunked_encoding is False and not message.get("more_body", False)
+              and cycle.expected_content_length >= _UNTIL_CLOSE // 2):
+            # The last piece: what is left is exactly it (the cycle then closes, keep-alive
+            # being off for 1.0).
+            cycle.expected_content_length = len(message.get("body", b""))
+        await send(message)
+
+    cycle.send = send_unframed
 
 
 def timed_httptools_protocol(header_read_timeout: float, body_read_timeout: float) -> type:

@@ -311,3 +311,28 @@ def test_server_still_serves_after_slow_clients(strict) -> None:
         assert http.get("/health").status_code == 200
         resp = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3})
         assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3
+
+
+def test_an_http_1_0_stream_ends_with_the_connection_not_chunked(strict) -> None:
+    """RFC 9112: no chunked framing toward an HTTP/1.0 client; a streamed answer's body runs
+    until the server closes. HTTP/1.1 clients still get chunks, and 1.0 ones fixed-length
+    answers with their Content-Length."""
+    body = json.dumps({"prompt": "hi", "max_tokens": 3, "stream": True}).encode()
+    for version in ("1.0", "1.1"):
+        with connect(strict) as sock:
+            head = request_head(len(body), "Connection: close").replace(b"HTTP/1.1",
+                                                                       f"HTTP/{version}".encode())
+            sock.sendall(head + body)
+            status, headers, payload = split_response(read_until_closed(sock))
+        assert status == 200
+        chunked = headers.get("transfer-encoding") == "chunked"
+        assert chunked == (version == "1.1"), (version, headers)
+        if not chunked:  # the events themselves, unframed, to the end
+            events = [ln for ln in payload.decode().split("\n") if ln.startswith("data: ")]
+            assert events[-1] == "data: [DONE]" and len(events) >= 2
+            assert "content-length" not in headers and headers.get("connection") == "close"
+    with connect(strict) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.0\r\n\r\n")
+        status, headers, payload = split_response(read_until_closed(sock))
+    assert status == 200 and int(headers["content-length"]) == len(payload)
+    assert json.loads(payload)["data"][0]["id"] == "tiny"
