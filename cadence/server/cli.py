@@ -156,6 +156,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--enable-log-requests", action="store_true", help="log each request's start and end"
     )
     parser.add_argument(
+        "--disable-log-requests", dest="enable_log_requests", action="store_false",
+        help="vLLM's older flag, accepted: requests are not logged (the default; the last of "
+        "the two flags counts)",
+    )
+    parser.add_argument(
         "--disable-log-stats", action="store_true",
         help="accepted for vLLM compatibility and changes nothing: cadence logs no periodic "
         "stats (/metrics is always served)",

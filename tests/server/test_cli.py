@@ -301,3 +301,12 @@ def test_serve_server_settings_flags() -> None:
                 {"max_request_body_bytes": 0}, {"port": 70000}):
         with pytest.raises(ValueError):
             ServerSettings(**bad)
+
+
+def test_vllms_older_disable_log_requests_flag_is_accepted() -> None:
+    parse = add_serve_args(argparse.ArgumentParser()).parse_args
+    assert parse([]).enable_log_requests is False
+    assert parse(["--disable-log-requests"]).enable_log_requests is False
+    assert parse(["--enable-log-requests"]).enable_log_requests is True
+    assert parse(["--enable-log-requests", "--disable-log-requests"]).enable_log_requests is False
+    assert parse(["--disable-log-requests", "--enable-log-requests"]).enable_log_requests is True
