@@ -300,7 +300,7 @@ def render_conversation(
     template = chat_template if chat_template is not None else getattr(
         tokenizer, "chat_template", None)
     conversation = developer_as_system(conversation, template)
-    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+    if chat_template is None and not template:
         if tools:
             raise ValueError("tools: this model has no chat template, and the ChatML fallback "
                              "has no place for tools; pass a chat_template that shows them.")
