@@ -22,7 +22,10 @@ bucket (``MMA_CONFIGS``; the 8-row bucket's where a shape has none).
 Variants of the kernel, to test what the prologue waits on: ``engine`` (as the engine builds
 it), ``late`` (no weight stage requested before the grid dependency wait: the stages are asked
 for after the prologue, so that its L2 reads queue behind none of this block's bulk copies),
-``nores`` (norm calls without the residual add: half the prologue's L2 reads).
+``nores`` (norm calls without the residual add: half the prologue's L2 reads), ``rowsx`` (the
+rows' sums of squares in one pass over all rows of the bucket, unrolled, instead of row after
+row: each row's sum in the same order, so the same product; rows past ``m`` re-read row 0 and
+are dropped, so the loop has no branch that would keep the rows' loads and shuffles apart).
 """
 
 from __future__ import annotations
@@ -92,7 +95,37 @@ _EARLY_ISSUE = """    if (tid == 0) {
     }
 """
 _LATE_ANCHOR = "    const int g = lane >> 2, t = lane & 3;\n"
-VARIANTS = ("engine", "late", "nores")
+# The row-after-row sums of squares (from the loop's head to its partials' store) and their
+# replacement: every row of the bucket (BM_MR) at once.
+_ROWS_HEAD = "    for (int r = 0; r < m; r++) {\n        // Lane j of NORM_LANES"
+_ROWS_TAIL = "        if (lane == 0) part[r * WARPS + warp] = ss;\n    }\n"
+_ROWS_ALL = """    {
+        float lanes[BM_MR][LPT];
+        #pragma unroll
+        for (int r = 0; r < BM_MR; r++) {
+            #pragma unroll
+            for (int l = 0; l < LPT; l++) lanes[r][l] = 0.0f;
+        }
+        for (int c = 0; c < k; c += NORM_LANES) {
+            #pragma unroll
+            for (int r = 0; r < BM_MR; r++) {
+                const u16* sr = (const u16*)(xs + (r < m ? r : 0) * xrow);
+                #pragma unroll
+                for (int l = 0; l < LPT; l++) {
+                    int i = c + tid * LPT + l;
+                    float s = i < k ? bf(sr[i]) : 0.0f;
+                    lanes[r][l] = fmaf(s, s, lanes[r][l]);
+                }
+            }
+        }
+        #pragma unroll
+        for (int r = 0; r < BM_MR; r++) {
+            const float ss = fold_lanes(lanes[r]);
+            if (lane == 0 && r < m) part[r * WARPS + warp] = ss;
+        }
+    }
+"""
+VARIANTS = ("engine", "late", "nores", "rowsx")
 
 
 def stamped_source(variant: str = "engine") -> str:
@@ -105,6 +138,11 @@ def stamped_source(variant: str = "engine") -> str:
         if src.count(old) != 1:
             raise SystemExit(f"anchor not found once in bulk_mma's source: {old!r}")
         src = src.replace(old, new)
+    if variant == "rowsx":
+        head, tail = src.find(_ROWS_HEAD), src.find(_ROWS_TAIL)
+        if src.count(_ROWS_HEAD) != 1 or src.count(_ROWS_TAIL) != 1 or tail < head:
+            raise SystemExit("the sums of squares' loop not found once in bulk_mma's source")
+        src = src[:head] + _ROWS_ALL + src[tail + len(_ROWS_TAIL):]
     marker = 'extern "C" __global__'
     return src.replace(marker, _CLOCK + marker, 1)
 
@@ -128,7 +166,7 @@ class Chain:
         options = defines(self.cfg.rows, self.cfg.kc, self.cfg.stages, self.cfg.threads,
                           {"plain": 0, "norm": 1}[mode], self.res, False, self.cfg.padded)
         self.kernel = compiled(self.x.get_device(), stamped_source(variant), KERNEL,
-                               options + ["-DBM_PHASES=1"])
+                               options + ["-DBM_PHASES=1", f"-DBM_MR={bm.mma_bucket(m)}"])
         self.shared = self.cfg.shared_bytes(m, k, False)
 
     def call(self, i: int) -> None:

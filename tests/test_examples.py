@@ -225,6 +225,17 @@ def test_bulk_mma_phases_splices_every_stamp() -> None:
     if nvrtc_ok():
         assert KERNEL.encode() in compile_cuda(late, "late.cu", "sm_90",
                                                defines(32, 1024, 1, 256, 1, True, False))
+    # The all-rows variant replaces the row-after-row loop of squares, and only that.
+    rowsx = module.stamped_source("rowsx")
+    assert "for (int r = 0; r < m; r++) {\n        // Lane j" in src
+    assert "for (int r = 0; r < m; r++) {\n        // Lane j" not in rowsx
+    assert rowsx.count("float lanes[BM_MR][LPT];") == 1
+    assert rowsx.index("TA = gt();") < rowsx.index("lanes[BM_MR]") < rowsx.index("TB = gt();")
+    if nvrtc_ok():
+        for mr in (1, 8):
+            assert KERNEL.encode() in compile_cuda(
+                rowsx, "rowsx.cu", "sm_90",
+                defines(16, 1024, 2, 256, 1, True, False) + [f"-DBM_MR={mr}"])
 
 
 def test_bulk_mma_phases_refuses_bad_arguments_in_one_line() -> None:
