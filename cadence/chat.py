@@ -15,7 +15,7 @@ from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 
 __all__ = ["CONTENT_FORMATS", "RESERVED_TEMPLATE_KWARGS", "TEXT_PARTS", "add_reasoning",
            "check_template_options", "content_format", "content_parts", "conversation_of",
-           "detect_content_format", "developer_as_system", "render_conversation",
+           "detect_content_format", "developer_as_system", "part_texts", "render_conversation",
            "reserved_template_kwargs", "tool_arguments"]
 
 # OpenAI's roles ("function": its deprecated role of a function call's result). Any other role
@@ -139,20 +139,41 @@ def detect_content_format(template: str) -> str:
     return "string"
 
 
+def _is_text_part(part: Any) -> bool:
+    if isinstance(part, str):
+        return True
+    if not isinstance(part, Mapping) or part.get("type") not in TEXT_PARTS:
+        return False
+    text = part.get(TEXT_PARTS[part["type"]])
+    return text is None or isinstance(text, str)
+
+
+def part_texts(parts: Sequence[Any]) -> list[str]:
+    """The texts of a list of content parts, in order (vLLM's reading): a plain string is a text
+    part; a text-like part (``TEXT_PARTS``) gives its text; one whose text is null or missing
+    is skipped. Parts are assumed checked (``conversation_of``, the server's schema)."""
+    texts = []
+    for part in parts:
+        text = part if isinstance(part, str) else part.get(TEXT_PARTS[part["type"]])
+        if text is not None:
+            texts.append(text)
+    return texts
+
+
 def content_parts(content: Any) -> list[dict[str, str]]:
     """A message's content as OpenAI's text parts (the "openai" content format): a string is
-    one part, each text-like part (``TEXT_PARTS``) a text part of its text, None none."""
+    one part, each text-like part (``part_texts``) a text part of its text, None none."""
     if content is None:
         return []
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
-    return [{"type": "text", "text": part[TEXT_PARTS[part["type"]]]} for part in content]
+    return [{"type": "text", "text": text} for text in part_texts(content)]
 
 
 def conversation_of(messages: Any, content_format: str = "string") -> list[dict[str, Any]]:
     """One offline conversation as the templates read it: each message a mapping with a string
     ``role`` (any: the template decides what it shows) and ``content`` text, a list of text
-    parts (``TEXT_PARTS``, joined by newlines), or None (an assistant's tool calls); other keys
+    parts (``part_texts``, joined by newlines), or None (an assistant's tool calls); other keys
     pass through but for those set to None. ``content_format`` "openai": the content as text
     parts (``content_parts``; a tool message's stays a string, as templates read tool results).
     A ValueError names the bad message."""
@@ -168,12 +189,11 @@ def conversation_of(messages: Any, content_format: str = "string") -> list[dict[
                              f"{message.get('role')!r}.")
         content = raw = message.get("content")
         if isinstance(content, Sequence) and not isinstance(content, str):
-            if not all(isinstance(p, Mapping) and p.get("type") in TEXT_PARTS
-                       and isinstance(p.get(TEXT_PARTS[p["type"]]), str) for p in content):
+            if not all(_is_text_part(p) for p in content):
                 raise ValueError(f"messages.{i}.content: only text parts "
                                  "({'type': 'text', 'text': ...}, or refusal, input_text, "
-                                 "output_text) are supported.")
-            content = "\n".join(p[TEXT_PARTS[p["type"]]] for p in content)
+                                 "output_text, or plain strings) are supported.")
+            content = "\n".join(part_texts(content))
         elif content is None:
             content = ""
         elif not isinstance(content, str):

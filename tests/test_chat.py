@@ -21,12 +21,27 @@ def test_text_like_parts_are_joined_text() -> None:
     assert out[2]["name"] == "kept" and out[0]["role"] == "user"
 
 
+def test_plain_strings_are_text_and_null_texts_are_skipped() -> None:
+    # vLLM's reading: a string in a content list is a text part; a text-like part whose text
+    # is null or missing is left out (not an empty line).
+    messages = [{"role": "user", "content": ["a", {"type": "text", "text": None}, "b",
+                                             {"type": "text"}, {"type": "refusal"},
+                                             {"type": "refusal", "text": "not a refusal's key"}]},
+                {"role": "user", "content": [{"type": "text", "text": None}]}]
+    assert [m["content"] for m in conversation_of(messages)] == ["a\nb", ""]
+    openai = conversation_of(messages, "openai")
+    assert openai[0]["content"] == [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    assert openai[1]["content"] == []
+    assert content_parts(["x", {"type": "output_text", "text": None}]) == [
+        {"type": "text", "text": "x"}]
+
+
 @pytest.mark.parametrize("part", [
     {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}},
-    {"type": "refusal", "text": "the refusal's text is under 'refusal'"},
     {"type": "text", "text": 3},
-    {"type": "refusal", "refusal": None},
-    "text",
+    {"type": "refusal", "refusal": ["x"]},
+    {"text": "no type"},
+    5,
 ])
 def test_other_parts_are_refused_naming_the_message(part) -> None:
     messages = [{"role": "user", "content": "ok"},

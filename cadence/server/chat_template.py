@@ -19,8 +19,7 @@ def template_message(message: ChatMessage, index: int = 0, openai: bool = False
     message's ``tool_call_id`` and ``name``."""
     if openai and message.role != "tool":  # a tool's result stays text, as templates read it
         content: Any = content_parts(
-            message.content if not isinstance(message.content, list)
-            else [part.model_dump() for part in message.content])
+            message.content if not isinstance(message.content, list) else message.parts())
     else:
         content = message.text()
     out: dict[str, Any] = {"role": message.role, "content": content}

@@ -27,22 +27,25 @@ def check_template_options(
 
 
 class TextContentPart(OpenAIModel):
-    # vLLM reads the Responses API's input_text / output_text parts as text too.
+    # vLLM reads the Responses API's input_text / output_text parts as text too, and skips a
+    # part whose text is null or missing.
     type: Literal["text", "input_text", "output_text"]
-    text: str
+    text: str | None = None
 
 
 class RefusalContentPart(OpenAIModel):
     """An assistant's refusal, as OpenAI clients replay it; text to the template (vLLM)."""
 
     type: Literal["refusal"]
-    refusal: str
+    refusal: str | None = None
 
 
 TEXT_PART_TYPES = tuple(chat.TEXT_PARTS)
 
 
 def _part_kind(part: Any) -> str | None:
+    if isinstance(part, str):
+        return "string-part"
     if isinstance(part, dict):
         return "refusal-part" if part.get("type") == "refusal" else "text-part"
     if isinstance(part, (TextContentPart, RefusalContentPart)):
@@ -52,11 +55,13 @@ def _part_kind(part: Any) -> str | None:
 
 # NOTE: the tags are not identifiers, so an error's parameter path leaves them out and names
 # the part's own field (messages.0.content.1.text), not the union member it was tried as.
+# A plain string in a content list is a text part (vLLM reads it so).
 ContentPart = Annotated[
     Annotated[TextContentPart, Tag("text-part")]
-    | Annotated[RefusalContentPart, Tag("refusal-part")],
+    | Annotated[RefusalContentPart, Tag("refusal-part")]
+    | Annotated[str, Tag("string-part")],
     Discriminator(_part_kind, custom_error_type="content_part",
-                  custom_error_message='a content part is an object with a "type"'),
+                  custom_error_message='a content part is a string or an object with a "type"'),
 ]
 
 
@@ -94,13 +99,19 @@ class ChatMessage(OpenAIModel):
                     raise ValueError(f"only text content parts are supported, got {kind!r}")
         return value
 
+    def parts(self) -> list[str | dict[str, Any]]:
+        """The content list's parts as plain values (``chat.part_texts`` reads them)."""
+        assert isinstance(self.content, list)
+        return [part if isinstance(part, str) else part.model_dump() for part in self.content]
+
     def text(self) -> str:
-        """The content as one text; text parts are joined by newlines (vLLM)."""
+        """The content as one text; text parts are joined by newlines, null ones skipped
+        (vLLM)."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(getattr(part, chat.TEXT_PARTS[part.type]) for part in self.content)
+        return "\n".join(chat.part_texts(self.parts()))
 
 
 class FunctionDefinition(OpenAIModel):

@@ -78,6 +78,19 @@ def test_refusal_and_responses_text_parts_are_text(http: httpx.Client, hf_tokeni
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "messages.0.content"
 
 
+def test_plain_string_parts_are_text_and_null_parts_are_skipped(
+        http: httpx.Client, hf_tokenizer: Any) -> None:
+    # vLLM accepts both (each was a 400 here): a string in a content list is a text part; a
+    # text or refusal part whose text is null or missing is left out, not an empty line.
+    messages = [{"role": "user", "content": ["Hi", {"type": "text", "text": None}, "there",
+                                             {"type": "refusal"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": None}]},
+                {"role": "user", "content": ["ok"]}]
+    expected = ("<|im_start|>user\nHi\nthere<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n"
+                "<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n")
+    assert prompt_ids(http, messages) == encode(hf_tokenizer, expected)
+
+
 @pytest.fixture(scope="module")
 def templated() -> Iterator[Any]:
     """A server of its own: the tests change its tokenizer's chat template."""
@@ -391,8 +404,8 @@ def test_the_server_hands_content_parts_to_a_template_that_loops_over_them(
         "{% for m in messages %}<{{ m.role }}>{% if m.content is string %}{{ m.content }}"
         "{% else %}{% for c in m['content'] %}[{{ c['text'] }}]{% endfor %}{% endif %}"
         "{% endfor %}")
-    messages = [{"role": "user", "content": [{"type": "text", "text": "Hi"},
-                                             {"type": "text", "text": "there"}]},
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Hi"}, "there",
+                                             {"type": "text", "text": None}]},
                 {"role": "assistant", "content": "ok"},
                 {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text",
                                                                       "text": "42"}]}]
