@@ -299,4 +299,8 @@ MUTATIONS = [
              "cadence/server/http_protocol_httptools.py",
              "            _end_by_close(self.cycle)\n", "            pass\n",
              ("tests/server/test_connection_limits.py",)),
+    Mutation("chat-null-part-empty-line", "a content part whose text is null becomes an empty "
+             "line", "cadence/chat.py", "        if text is not None:\n            texts.append(text)",
+             '        texts.append(text or "")', ("tests/test_chat.py",
+                                                 "tests/server/test_chat_template.py")),
 ]
