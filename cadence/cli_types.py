@@ -33,6 +33,14 @@ def human_readable_int(text: str) -> int:
     return int(value)
 
 
+def human_readable_int_or_auto(text: str) -> int:
+    """``human_readable_int``, or -1 for "auto" / "-1" (vLLM's ``--max-model-len auto``: the
+    context the KV cache holds, at most the model's)."""
+    if text.strip().lower() in ("auto", "-1"):
+        return -1
+    return human_readable_int(text)
+
+
 def int_at_least(low: int, why: str = "") -> Callable[[str], int]:
     """An argparse type: an integer of at least ``low`` (``why`` says why, in the error)."""
     def parse(text: str) -> int:

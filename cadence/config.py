@@ -23,6 +23,9 @@ MAX_NUM_SEQS = 65536
 # A step's tokens: the step buffers are sized by it (a typo of many digits asked the allocator
 # for petabytes); 2**24 is past any model's context, which it must reach without chunking.
 MAX_NUM_BATCHED_TOKENS = 1 << 24
+# max_model_len -1 (vLLM's "auto"): the model's context, lowered at start-up to the tokens the
+# KV cache holds where it holds fewer.
+AUTO_MAX_MODEL_LEN = -1
 
 
 # The reasoning parsers' tags (vLLM's parsers of these names): a reasoning block is the text

@@ -1226,8 +1226,9 @@ MUTATIONS = [
              ("tests/test_sampling_params.py",)),
     Mutation("default-len-unscaled", "the default context ignores RoPE scaling",
              "cadence/model/registry.py",
-             "    if requested is None:\n        return limit\n",
-             "    if requested is None:\n        return max_position_embeddings\n",
+             "    if requested is None or requested == AUTO_MAX_MODEL_LEN:\n        return limit\n",
+             "    if requested is None or requested == AUTO_MAX_MODEL_LEN:\n"
+             "        return max_position_embeddings\n",
              ("tests/model/test_registry.py",)),
     Mutation("detok-skipped-run-context", "a long run of skipped special tokens drops the context",
              "cadence/engine/detokenizer.py",

@@ -408,4 +408,15 @@ MUTATIONS = [
              "model, dtype, device, rank=init.rank)",
              "model, dtype, device, rank=0)",
              ("tests/engine/test_collective_rpc.py",)),
+    Mutation("eng-auto-len-off-by-null-block", "auto max_model_len counts the null block",
+             "cadence/engine/core.py",
+             "        held = (self.num_kv_blocks - 1) * cfg.cache.block_size\n        derived",
+             "        held = self.num_kv_blocks * cfg.cache.block_size\n        derived",
+             ("tests/engine/test_kv_capacity.py",)),
+    Mutation("eng-auto-len-scheduler-only", "auto max_model_len leaves the front end's bound",
+             "cadence/engine/core.py",
+             "            cfg, model=dataclasses.replace(cfg.model, max_model_len=held),\n"
+             "            scheduler=dataclasses.replace(cfg.scheduler, max_model_len=held))",
+             "            cfg, model=dataclasses.replace(cfg.model, max_model_len=held))",
+             ("tests/engine/test_kv_capacity.py",)),
 ]

@@ -102,7 +102,10 @@ def fit_context(args, needed: int, what: str, limit: int | None = None) -> str |
     """Give ``args`` (EngineArgs) a context of ``needed`` tokens (a little more where the model
     has it) unless ``--max-model-len`` was given; the reason it cannot be (for the parser's
     one-line error) or None. ``what`` names the flags that ask for ``needed``; ``limit``: the
-    model's context where the caller has read it already (``model_context``)."""
+    model's context where the caller has read it already (``model_context``). "auto" (-1) is
+    left to the engine: it needs ``needed`` tokens of KV cache then."""
+    if args.max_model_len == -1:
+        return None
     if args.max_model_len is not None:
         if args.max_model_len < needed:
             return (f"--max-model-len {args.max_model_len} is below {what} ({needed}): a timed "

@@ -108,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     args = EngineArgs.from_cli_args(ns)
     lens, limit = ns.input_lens, None
     if lens is None:  # the defaults the model's context holds (a prompt and its one token)
-        limit = model_context(args) if args.max_model_len is None else None
-        room = args.max_model_len or limit
+        given = args.max_model_len not in (None, -1)  # -1: auto
+        limit = None if given else model_context(args)
+        room = args.max_model_len if given else limit
         lens = [n for n in DEFAULT_LENS if n + 1 <= room] or [room - 1]
     problem = fit_context(args, max(lens) + 1, "the longest --input-lens and its token", limit)
     if problem is not None:

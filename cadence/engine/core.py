@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import threading
@@ -12,6 +13,7 @@ from typing import Any
 
 import torch
 
+from cadence.config import AUTO_MAX_MODEL_LEN, EngineConfig
 from cadence.core_types import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from cadence.engine.engine_args import EngineArgs
 from cadence.engine.request_checks import check_request_fits
@@ -103,6 +105,8 @@ class EngineCore:
             self.runner = ModelRunner(cfg, self.spec, model, self.dtype, device)
         try:
             self.num_kv_blocks = self.runner.determine_num_kv_blocks()
+            if args.max_model_len == AUTO_MAX_MODEL_LEN:
+                self.config = cfg = self._fit_max_model_len(cfg)
             self.runner.initialize_kv_cache(self.num_kv_blocks)
             if cfg.use_graphs:
                 self.runner.capture_graphs()
@@ -146,6 +150,21 @@ class EngineCore:
                 "more is refused. Lower max_model_len, or give the cache more memory "
                 "(gpu_memory_utilization, num_gpu_blocks_override).",
                 held, cfg.scheduler.max_model_len)
+
+    def _fit_max_model_len(self, cfg: EngineConfig) -> EngineConfig:
+        """vLLM's ``max_model_len="auto"``: the model's context where one request of it fits the
+        KV cache, else the tokens the cache holds (block 0 is the null block). Before the
+        scheduler exists; the runner keeps the buffers it sized for the longer context."""
+        held = (self.num_kv_blocks - 1) * cfg.cache.block_size
+        derived = cfg.scheduler.max_model_len
+        if held >= derived:
+            return cfg
+        logger.warning("Auto-fit max_model_len: reduced from %d to %d, the tokens the KV cache "
+                       "holds (%d blocks of %d).", derived, held, self.num_kv_blocks - 1,
+                       cfg.cache.block_size)
+        return dataclasses.replace(
+            cfg, model=dataclasses.replace(cfg.model, max_model_len=held),
+            scheduler=dataclasses.replace(cfg.scheduler, max_model_len=held))
 
     # Properties the front ends read ----------------------------------------------------------
     @property

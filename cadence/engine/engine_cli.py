@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from cadence.cli_config import json_object, json_object_or_int
-from cadence.cli_types import human_readable_int, int_at_least
+from cadence.cli_types import human_readable_int, human_readable_int_or_auto, int_at_least
 from cadence.config import DTYPE_ALIASES, DTYPES, LOGPROBS_MODES, SCHEDULING_POLICIES
 
 
@@ -36,9 +36,10 @@ def add_engine_cli_args(parser: argparse.ArgumentParser, d: Any, model_positiona
                         help="weights and activations; half = float16, float = float32, "
                              "auto = bfloat16 on CUDA, float32 on the CPU "
                              "(default: %(default)s)")
-    parser.add_argument("--max-model-len", type=human_readable_int, default=None,
+    parser.add_argument("--max-model-len", type=human_readable_int_or_auto, default=None,
                         help="context length, prompt plus output; vLLM's suffixes: 1k = "
-                             "1000, 1K = 1024, also m/M, g/G (default: the model's "
+                             "1000, 1K = 1024, also m/M, g/G; auto (or -1): the model's, "
+                             "lowered to what the KV cache holds (default: the model's "
                              "max_position_embeddings, times the factor of linear or yarn RoPE "
                              "scaling, as vLLM derives it)")
     parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,

@@ -11,6 +11,7 @@ from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
+from cadence.config import AUTO_MAX_MODEL_LEN
 from cadence.hf_overrides import HfOverrides, apply_hf_overrides
 from cadence.model.arch import DecoderArch
 from cadence.model.generation_config import generation_defaults
@@ -133,11 +134,13 @@ def _resolve_max_model_len(requested: int | None, max_position_embeddings: int,
                            limit: int) -> int:
     """``requested``, or by default ``limit``: the longest sequence the model's RoPE scaling is
     made for (``rope.context_length``; max_position_embeddings without such scaling), as vLLM
-    derives its default; a request past it is refused."""
-    if requested is None:
+    derives its default; a request past it is refused. -1 (vLLM's "auto") is the default
+    here; the engine then lowers it to what the KV cache holds (``AUTO_MAX_MODEL_LEN``)."""
+    if requested is None or requested == AUTO_MAX_MODEL_LEN:
         return limit
     if requested < 1:
-        raise ValueError(f"max_model_len must be at least 1, got {requested}.")
+        raise ValueError(f"max_model_len must be at least 1, or -1 (auto: what the KV cache "
+                         f"holds, at most the model's context), got {requested}.")
     if requested > limit:
         scaled = f", {limit} with its RoPE scaling" if limit != max_position_embeddings else ""
         raise ValueError(

@@ -161,6 +161,18 @@ def test_ttft_defaults_run_the_lengths_the_models_context_holds(capsys) -> None:
     assert "--input-lens" in capsys.readouterr().err
 
 
+def test_benchmarks_take_max_model_len_auto(capsys) -> None:
+    """--max-model-len auto is left to the engine (a context of what the cache holds), not
+    compared with the timed requests' lengths as a number."""
+    import json
+
+    assert ttft.main(["--model", "tiny", "--max-model-len", "auto", "--input-lens", "16",
+                      "--num-gpu-blocks-override", "8", "--repeats", "1", "--json",
+                      "--no-progress"]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["figures"]["rows"]
+    assert [r["input_len"] for r in rows] == [16]
+
+
 def test_throughput_refuses_a_context_that_would_cut_the_outputs(capsys) -> None:
     with pytest.raises(SystemExit) as info:
         throughput.main(["--model", "tiny", "--num-prompts", "2", "--input-len", "16",

@@ -72,3 +72,51 @@ def test_a_cache_smaller_than_the_context_is_said_at_start(caplog, blocks: int,
                         "max_model_len=512: a request needing more is refused. Lower "
                         "max_model_len, or give the cache more memory (gpu_memory_utilization, "
                         "num_gpu_blocks_override)."]
+
+
+def _tiny_context() -> int:
+    """The tiny checkpoint's own context, read from its config (no RoPE scaling in it)."""
+    from transformers import AutoConfig
+
+    from cadence.model.tiny import ensure_tiny_model
+
+    config = AutoConfig.from_pretrained(ensure_tiny_model())
+    assert (getattr(config, "rope_scaling", None) or {}).get("rope_type", "default") == "default"
+    return int(config.max_position_embeddings)
+
+
+@pytest.mark.parametrize("blocks", [9, 40, None])
+def test_max_model_len_auto_fits_the_kv_cache(caplog, blocks: int | None) -> None:
+    """max_model_len -1 (vLLM's "auto"): the model's context where one request of it fits the
+    cache, else the tokens the cache holds ((blocks - 1) * 16: block 0 is the null block),
+    said at start; the front end then bounds prompts by it."""
+    from cadence.engine.llm import LLM
+
+    context = _tiny_context()
+    blocks = blocks or context // 16 + 1  # exactly the context: kept
+    expected = min(context, (blocks - 1) * 16)
+    with caplog.at_level("WARNING", logger="cadence.engine.core"):
+        llm = LLM(model="tiny", max_model_len=-1, block_size=16, num_gpu_blocks_override=blocks,
+                  async_scheduling=False)
+    try:
+        core = llm.llm_engine.engine_core
+        assert core.max_model_len == core.config.scheduler.max_model_len == expected
+        assert core.config.model.max_model_len == expected
+        said = [r.getMessage() for r in caplog.records if "Auto-fit" in r.getMessage()]
+        if expected < context:
+            assert said == [f"Auto-fit max_model_len: reduced from {context} to {expected}, the "
+                            f"tokens the KV cache holds ({blocks - 1} blocks of 16)."]
+        else:
+            assert said == []
+        assert not any("fewer than max_model_len" in r.getMessage() for r in caplog.records)
+        # A prompt of the whole context has no room for a token; one less runs to the end.
+        params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        with pytest.raises(ValueError, match=f"maximum context length is {expected} tokens"):
+            llm.generate({"prompt_token_ids": [7] * expected}, params, use_tqdm=False)
+        if expected < context:
+            out = llm.generate({"prompt_token_ids": [7] * (expected - 1)}, params,
+                               use_tqdm=False)
+            assert len(out[0].outputs[0].token_ids) == 1
+            assert core.num_free_kv_blocks == blocks - 1
+    finally:
+        llm.shutdown()

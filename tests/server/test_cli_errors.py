@@ -15,6 +15,7 @@ from cadence.cli import main
 MISTAKES = [
     (["serve", "/nonexistent/model"], "neither a local model directory"),
     (["serve", "tiny", "--max-model-len", "0"], "max_model_len must be at least 1"),
+    (["serve", "tiny", "--max-model-len", "-2"], "or -1 (auto"),
     (["serve", "tiny", "--max-num-seqs", "0"], "max_num_seqs must be 1 to 65536"),
     (["serve", "tiny", "--max-num-seqs", "3000000"],
      "max_num_seqs must be 1 to 65536, got 3000000"),
