@@ -218,9 +218,11 @@ class EngineArgs:
         """Threads for the CPU backend: a model's matrices below ~100M parameters are too small
         to split (one thread is fastest, and immune to spin-waits on a busy machine); larger ones
         read memory faster with every usable core."""
-        threads = self.cpu_threads if self.cpu_threads is not None else read_envs().cpu_threads
+        if self.cpu_threads is not None:
+            return _checked_cpu_threads(self.cpu_threads)
+        threads = read_envs().cpu_threads
         if threads is not None:
-            return _checked_cpu_threads(threads)
+            return _checked_cpu_threads(threads, "CADENCE_CPU_THREADS")
         if num_params < SMALL_CPU_MODEL_PARAMS:
             return 1
         return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
@@ -330,7 +332,7 @@ class AsyncEngineArgs(EngineArgs):
         return parser
 
 
-def _checked_cpu_threads(threads: int) -> int:
+def _checked_cpu_threads(threads: int, name: str = "cpu_threads") -> int:
     if not 1 <= threads <= MAX_CPU_THREADS:
-        raise ValueError(f"cpu_threads must be 1 to {MAX_CPU_THREADS}, got {threads}.")
+        raise ValueError(f"{name} must be 1 to {MAX_CPU_THREADS}, got {threads}.")
     return threads

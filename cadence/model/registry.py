@@ -136,6 +136,9 @@ def _resolve_max_model_len(requested: int | None, max_position_embeddings: int,
     made for (``rope.context_length``; max_position_embeddings without such scaling), as vLLM
     derives its default; a request past it is refused. -1 (vLLM's "auto") is the default
     here; the engine then lowers it to what the KV cache holds (``AUTO_MAX_MODEL_LEN``)."""
+    if limit < 1:
+        raise ValueError(f"the model's max_position_embeddings must be at least 1, got "
+                         f"{max_position_embeddings} (from its config.json or hf_overrides).")
     if requested is None or requested == AUTO_MAX_MODEL_LEN:
         return limit
     if requested < 1:

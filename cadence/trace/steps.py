@@ -97,21 +97,27 @@ class ParsedTrace:
 
 
 def load_events(trace: str | Path | dict | list) -> list[dict]:
-    """The complete ("X") events of a trace given as a path, a trace dict or an event list."""
+    """The complete ("X") events of a trace given as a path, a trace dict or an event list; a
+    file that is no such trace is a ValueError naming it."""
     if isinstance(trace, (str, Path)):
         path = Path(trace)
         if path.suffix in (".sqlite", ".db"):
             data: Any = load_nsys_sqlite(path)
-        elif path.suffix == ".gz":
-            with gzip.open(path, "rt") as f:
-                data = json.load(f)
         else:
-            with open(path) as f:
-                data = json.load(f)
+            try:
+                with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:
+                    data = json.load(f)
+            except (UnicodeDecodeError, json.JSONDecodeError, gzip.BadGzipFile, EOFError) as exc:
+                raise ValueError(f"{path} is not a trace in JSON (Chrome trace format): "
+                                 f"{exc}") from None
     else:
         data = trace
     events = data.get("traceEvents", []) if isinstance(data, dict) else data
-    return [e for e in events if e.get("ph") == "X" and "ts" in e and "dur" in e]
+    if not isinstance(events, list):
+        raise ValueError("a trace is a JSON object with a 'traceEvents' list, or a list of "
+                         f"events; got {type(events).__name__}")
+    return [e for e in events
+            if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e and "dur" in e]
 
 
 def category(event: dict) -> str:

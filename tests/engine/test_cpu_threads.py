@@ -31,8 +31,11 @@ def test_thread_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     assert EngineArgs(cpu_threads=MAX_CPU_THREADS).resolve_cpu_threads(1) == MAX_CPU_THREADS
     with pytest.raises(ValueError, match="cpu_threads must be 1 to"):  # torch would crash
         EngineArgs(cpu_threads=MAX_CPU_THREADS + 1).resolve_cpu_threads(1)
-    monkeypatch.setenv("CADENCE_CPU_THREADS", "100000")
-    with pytest.raises(ValueError, match="cpu_threads must be 1 to"):
+    monkeypatch.setenv("CADENCE_CPU_THREADS", "100000")  # the message names the variable
+    with pytest.raises(ValueError, match="^CADENCE_CPU_THREADS must be 1 to 4096, got 100000"):
+        args.resolve_cpu_threads(1)
+    monkeypatch.setenv("CADENCE_CPU_THREADS", "0")
+    with pytest.raises(ValueError, match="^CADENCE_CPU_THREADS must be 1 to"):
         args.resolve_cpu_threads(1)
     monkeypatch.setenv("CADENCE_CPU_THREADS", "5")
     monkeypatch.setenv("CADENCE_CPU_THREADS", "many")

@@ -16,6 +16,9 @@ MISTAKES = [
     (["serve", "/nonexistent/model"], "neither a local model directory"),
     (["serve", "tiny", "--max-model-len", "0"], "max_model_len must be at least 1"),
     (["serve", "tiny", "--max-model-len", "-2"], "or -1 (auto"),
+    (["serve", "tiny", "--hf-overrides", '{"max_position_embeddings": 0}'],
+     "the model's max_position_embeddings must be at least 1, got 0 (from its config.json or "
+     "hf_overrides)"),
     (["serve", "tiny", "--max-num-seqs", "0"], "max_num_seqs must be 1 to 65536"),
     (["serve", "tiny", "--max-num-seqs", "3000000"],
      "max_num_seqs must be 1 to 65536, got 3000000"),

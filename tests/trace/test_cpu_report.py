@@ -176,3 +176,20 @@ def test_bad_options_are_refused_before_the_run(tmp_path, monkeypatch, capsys, e
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("cadence trace: error: ") and needle in err, err
+
+
+@pytest.mark.parametrize(("content", "needle"), [
+    (b"{not json", "is not a trace in JSON"),
+    (b"\xff\xfe\x00", "is not a trace in JSON"),
+    (b'{"traceEvents": 5}', "a 'traceEvents' list"),
+    (b"[1, 2]", "no host ranges named"),
+])
+def test_a_from_trace_file_that_is_no_trace_is_one_line(tmp_path, capsys, content: bytes,
+                                                        needle: str) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(content)
+    with pytest.raises(SystemExit) as exit_info:
+        cadence_main(["trace", "--from-trace", str(bad), "--out", str(tmp_path / "r.html")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
