@@ -303,4 +303,9 @@ MUTATIONS = [
              "line", "cadence/chat.py", "        if text is not None:\n            texts.append(text)",
              '        texts.append(text or "")', ("tests/test_chat.py",
                                                  "tests/server/test_chat_template.py")),
+    Mutation("http-keepalive-closes-partial", "a partial pipelined request is closed by the "
+             "keep-alive timer without a 408 (httptools)",
+             "cadence/server/http_protocol_httptools.py",
+             "        if self._partial:\n            return\n        super().timeout_keep_alive",
+             "        super().timeout_keep_alive", ("tests/server/test_connection_limits.py",)),
 ]

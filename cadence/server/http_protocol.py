@@ -44,6 +44,13 @@ class TimedH11Protocol(ReadDeadlines, H11Protocol):
         super().on_response_complete()  # may start a pipelined request
         self._follow_state()
 
+    def timeout_keep_alive_handler(self) -> None:
+        # NOTE: a pipelined request partly received is not an idle connection: its header
+        # deadline answers it (408), rather than uvicorn's keep-alive timer closing silently.
+        if self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
+            return
+        super().timeout_keep_alive_handler()
+
     # -- deadlines ---------------------------------------------------------------------------
     def _follow_state(self) -> None:
         state = self.conn.their_state

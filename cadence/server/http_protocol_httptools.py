@@ -92,6 +92,13 @@ class TimedHttpToolsProtocol(ReadDeadlines, HttpToolsProtocol):
         if self._read_phase == "body":
             self._disarm()
 
+    def timeout_keep_alive_handler(self) -> None:
+        # NOTE: a pipelined request partly received is not an idle connection: its header
+        # deadline answers it (408), rather than uvicorn's keep-alive timer closing silently.
+        if self._partial:
+            return
+        super().timeout_keep_alive_handler()
+
     def timeout_action(self, phase: str) -> str:
         if phase == "headers":
             return "answer" if self._partial else "close"

@@ -336,3 +336,27 @@ def test_an_http_1_0_stream_ends_with_the_connection_not_chunked(strict) -> None
         status, headers, payload = split_response(read_until_closed(sock))
     assert status == 200 and int(headers["content-length"]) == len(payload)
     assert json.loads(payload)["data"][0]["id"] == "tiny"
+
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_a_partial_pipelined_request_gets_408_not_a_silent_close(http: str) -> None:
+    """A complete request and the start of another in one read: the first is answered, then
+    the second's header deadline answers it 408, though the keep-alive timer is shorter."""
+    from cadence.engine.async_llm import AsyncLLM
+
+    if http == "httptools":
+        pytest.importorskip("httptools")
+    running = start_server(AsyncLLM(tiny_args()), http=http, header_read_timeout=1.5,
+                           timeout_keep_alive=0.2)
+    try:
+        with connect(running) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n"
+                         b"POST /v1/completions HTTP/1.1\r\nHost: test\r\n")
+            raw = read_until_closed(sock)
+        first, _, rest = raw.partition(b"HTTP/1.1 408")
+        assert split_response(first)[0] == 200
+        status, headers, body = split_response(b"HTTP/1.1 408" + rest)
+        assert status == 408 and headers["connection"] == "close"
+        assert json.loads(body)["error"]["type"] == "RequestTimeoutError"
+    finally:
+        running.stop()
