@@ -235,8 +235,10 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
     if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
         raise ValueError(f"{where}: a tool call is {{'type': 'function', 'function': "
                          "{'name': str, 'arguments': str}}.")
-    arguments = fn.get("arguments", "{}")
-    if isinstance(arguments, str):
+    arguments = fn.get("arguments")
+    if arguments is None:
+        arguments = {}  # vLLM's: no arguments are an empty object
+    elif isinstance(arguments, str):
         try:
             arguments = tool_arguments(arguments)
         except ValueError as exc:
@@ -246,12 +248,16 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
 
 
 def tool_arguments(text: str) -> Any:
-    """A tool call's arguments (OpenAI's JSON text) as the object templates read; a ValueError
-    says what is wrong (nesting past MAX_JSON_DEPTH, checked without recursion; not JSON)."""
+    """A tool call's arguments (OpenAI's JSON text) as the object templates read: empty text and
+    JSON null are an empty object (vLLM's, for calls without arguments); a ValueError says what
+    is wrong (nesting past MAX_JSON_DEPTH, checked without recursion; not JSON)."""
+    if not text:
+        return {}
     if nesting_depth(text) > MAX_JSON_DEPTH:
         raise ValueError(f"nest deeper than {MAX_JSON_DEPTH} levels.")
     try:
-        return json.loads(text, parse_constant=_not_json)
+        value = json.loads(text, parse_constant=_not_json)
+        return {} if value is None else value
     except (ValueError, RecursionError) as exc:
         if "int_max_str_digits" in str(exc):  # valid JSON past Python's digit limit
             raise ValueError(f"hold an integer of more than {sys.get_int_max_str_digits()} "

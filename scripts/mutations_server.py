@@ -308,4 +308,11 @@ MUTATIONS = [
              "cadence/server/http_protocol_httptools.py",
              "        if self._partial:\n            return\n        super().timeout_keep_alive",
              "        super().timeout_keep_alive", ("tests/server/test_connection_limits.py",)),
+    Mutation("tools-defs-not-hoisted", "required tools' $defs stay nested under the list schema",
+             "cadence/server/protocol_chat.py",
+             "            tools, defs = _hoisted_definitions(tools)\n",
+             "            defs: dict[str, Any] = {}\n", ("tests/server/test_tool_calls.py",)),
+    Mutation("tool-args-empty-refused", "a call's empty arguments are a 400, not {}",
+             "cadence/chat.py", "    if not text:\n        return {}\n", "",
+             ("tests/server/test_chat_template.py", "tests/engine/test_llm_chat.py")),
 ]

@@ -134,6 +134,36 @@ class NamedToolChoice(OpenAIModel):
     function: NamedFunction
 
 
+_DEFINITION_KEYS = ("$defs", "definitions")  # JSON Schema's, and draft 7's older name
+
+
+def _hoisted_definitions(tools: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tools' parameter schemas without their definitions, and those definitions merged
+    (under the same keys) for the root of the schema that nests the parameters: their
+    ``#/$defs/...`` references are to the root (vLLM hoists ``$defs`` so). A name two tools
+    define differently is a ValueError. The request's own schemas are not changed."""
+    params: dict[str, Any] = {}
+    merged: dict[str, dict[str, Any]] = {}
+    for name, schema in tools.items():
+        if not isinstance(schema, dict) or not any(k in schema for k in _DEFINITION_KEYS):
+            params[name] = schema
+            continue
+        params[name] = {k: v for k, v in schema.items() if k not in _DEFINITION_KEYS}
+        for key in _DEFINITION_KEYS:
+            defs = schema.get(key)
+            if defs is None:
+                continue
+            if not isinstance(defs, dict):
+                raise ValueError(f"function {name!r}: its parameters' {key} is not an object")
+            into = merged.setdefault(key, {})
+            for def_name, definition in defs.items():
+                if def_name in into and into[def_name] != definition:
+                    raise ValueError(f"the definition {def_name!r} ({key}) differs between "
+                                     "tools; each name may have one schema")
+                into[def_name] = definition
+    return params, merged
+
+
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage]
     max_tokens: int | None = Field(default=None, ge=1)
@@ -251,12 +281,14 @@ class ChatCompletionRequest(SamplingRequest):
         if named is not None:
             return StructuredOutputsParams(json=tools[named])  # checked above
         try:
-            spec = StructuredOutputsParams(json={"type": "array", "minItems": 1, "items": {
+            tools, defs = _hoisted_definitions(tools)
+            schema = {"type": "array", "minItems": 1, "items": {
                 "anyOf": [{"type": "object",
                            "properties": {"name": {"type": "string", "enum": [name]},
                                           "parameters": params},
                            "required": ["name", "parameters"]}
-                          for name, params in tools.items()]}})
+                          for name, params in tools.items()]}}
+            spec = StructuredOutputsParams(json={**schema, **defs})
             check_structured_outputs(spec)
         except ValueError as exc:
             raise ParamError("tools", f"tools: a function's parameters are not a schema this "

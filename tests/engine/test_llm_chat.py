@@ -61,6 +61,13 @@ def test_tool_calls_reach_the_template_as_objects(llm) -> None:
                 "({{ c.function.arguments | tojson }})]{% endfor %};{% endfor %}")
     (out,) = llm.chat(conversation, GREEDY, use_tqdm=False, chat_template=template)
     assert out.prompt == 'user:Weather?;assistant:[get({"city": "Paris"})];tool:sunny;'
+    # No arguments ("", null, None or the key left out) are an empty object (vLLM's).
+    for function in ({"name": "get", "arguments": ""}, {"name": "get", "arguments": "null"},
+                     {"name": "get", "arguments": None}, {"name": "get"}):
+        calls = [{"id": "c1", "type": "function", "function": function}]
+        history = [conversation[0], {**conversation[1], "tool_calls": calls}]
+        (out,) = llm.chat(history, GREEDY, use_tqdm=False, chat_template=template)
+        assert out.prompt == "user:Weather?;assistant:[get({})];", function
 
 
 @pytest.mark.parametrize(("messages", "kwargs", "fragment"), [

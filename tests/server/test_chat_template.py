@@ -255,6 +255,24 @@ def test_tool_history_in_the_chatml_fallback(hf_tokenizer: Any) -> None:
     assert render_chat(bare, messages) == encode(hf_tokenizer, expected)
 
 
+def test_a_call_without_arguments_reaches_the_template_as_an_empty_object(
+        hf_tokenizer: Any) -> None:
+    """vLLM's: arguments "" (a call with none, as agent loops replay it) and JSON null are an
+    empty object to the template, not a 400."""
+    from cadence.server.chat_template import render_chat
+    from cadence.server.protocol_chat import ChatMessage
+
+    template = ("{% for m in messages %}{% for c in m.tool_calls or [] %}"
+                "<{{ c.function.name }} {{ c.function.arguments | tojson }}>{% endfor %}"
+                "{% endfor %}")
+    for arguments in ("", "null", " null ", "{}"):
+        history = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}]}]
+        messages = [ChatMessage.model_validate(m) for m in history]
+        ids = render_chat(hf_tokenizer, messages, chat_template=template)
+        assert ids == encode(hf_tokenizer, "<f {}>"), arguments
+
+
 def test_tool_call_arguments_that_are_not_json_are_a_400(http: httpx.Client) -> None:
     bad = [TOOL_HISTORY[0], {"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]

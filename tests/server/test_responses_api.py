@@ -399,6 +399,15 @@ def test_a_bad_part_of_a_call_output_is_named_where_it_is(http: httpx.Client) ->
     assert r.status_code == 400 and r.json()["error"]["param"] == "input.2.output.1"
 
 
+def test_a_call_item_without_arguments_is_taken(http: httpx.Client) -> None:
+    # vLLM's: arguments "" are an empty object (agent loops replay argument-less calls so).
+    r = http.post("/v1/responses", json={"model": "tiny", "max_output_tokens": 2, "input": [
+        {"role": "user", "content": "w?"},
+        {"type": "function_call", "call_id": "c", "name": "w", "arguments": ""},
+        {"type": "function_call_output", "call_id": "c", "output": "ok"}]})
+    assert r.status_code == 200, r.text
+
+
 def test_a_turns_text_and_its_calls_are_one_assistant_message(client) -> None:
     """A response's own output comes back as [message, function_call]: one assistant turn
     with content and tool_calls, as the chat endpoint takes it (vLLM's)."""

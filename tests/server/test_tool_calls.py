@@ -391,6 +391,45 @@ def test_named_and_required_tool_choice_give_valid_calls(server, stream) -> None
                 assert [c.function.name for c in calls] == ["get_time"] and finish == "stop"
 
 
+def test_required_takes_tools_whose_schemas_reference_their_definitions(server) -> None:
+    """openai.pydantic_function_tool's schemas keep nested models under $defs, referenced from
+    the root (#/$defs/...); under "required" each tool's schema is nested in one list schema,
+    so the definitions are lifted to its root (vLLM's), the request's own schemas untouched.
+    Draft 7's "definitions" likewise; one name with two schemas is a 400 naming tools."""
+    import jsonschema
+
+    loc = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
+           "required": ["city"], "additionalProperties": False}
+    weather = {"type": "object", "properties": {"loc": {"$ref": "#/$defs/Loc"}},
+               "required": ["loc"], "additionalProperties": False, "$defs": {"Loc": loc}}
+    when = {"type": "object", "properties": {"loc": {"$ref": "#/$defs/Loc"},
+                                             "at": {"$ref": "#/definitions/Hour"}},
+            "required": ["loc", "at"], "additionalProperties": False, "$defs": {"Loc": loc},
+            "definitions": {"Hour": {"type": "integer", "minimum": 0, "maximum": 23}}}
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": weather}},
+             {"type": "function", "function": {"name": "when", "parameters": when}}]
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+    for seed in range(3):
+        out = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "weather?"}], tools=tools,
+            tool_choice="required", max_tokens=150, temperature=1.0, seed=seed)
+        calls = out.choices[0].message.tool_calls
+        assert calls and out.choices[0].finish_reason == "tool_calls"
+        for call in calls:
+            schema = weather if call.function.name == "weather" else when
+            jsonschema.validate(json.loads(call.function.arguments), schema)
+    assert "$defs" in weather and "definitions" in when  # the request's schemas as they were
+    clash = [tools[0], {"type": "function", "function": {"name": "other", "parameters": {
+        "type": "object", "properties": {"loc": {"$ref": "#/$defs/Loc"}},
+        "$defs": {"Loc": {"type": "string"}}}}}]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "weather?"}], tools=clash,
+            tool_choice="required", max_tokens=5)
+    error = info.value.body
+    assert error["param"] == "tools" and "'Loc'" in error["message"], error
+
+
 def test_a_forced_tool_choice_overrules_a_response_format(server) -> None:
     """vLLM: beside a forced tool choice, a response_format (or, for "required",
     structured_outputs) gives way to the tools' grammar; only a named function with
