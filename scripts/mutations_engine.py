@@ -419,4 +419,8 @@ MUTATIONS = [
              "            scheduler=dataclasses.replace(cfg.scheduler, max_model_len=held))",
              "            cfg, model=dataclasses.replace(cfg.model, max_model_len=held))",
              ("tests/engine/test_kv_capacity.py",)),
+    Mutation("eng-stop-earliest-not-listed", "several stop strings in one step: the last "
+             "listed wins", "cadence/engine/detokenizer.py", "    for s in stop:\n        idx = text.find(",
+             "    for s in reversed(stop):\n        idx = text.find(",
+             ("tests/engine/test_detokenizer.py", "tests/engine/test_stop_window.py")),
 ]

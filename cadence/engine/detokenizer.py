@@ -156,23 +156,19 @@ def find_stop_string(
     """Find a stop string that overlaps the last ``new_char_count`` characters of ``text``.
 
     Returns (stop string, length to truncate the text to), with -1 for "no truncation". When
-    several stop strings match, the one that starts first wins (the first listed on a tie).
+    several stop strings match, the first listed wins, wherever it starts (vLLM's order).
     """
     if new_char_count <= 0 or not stop:
         return None
-    best: tuple[int, str] | None = None
     for s in stop:
-        start = max(0, len(text) - new_char_count - len(s) + 1)
-        idx = text.find(s, start)
-        if idx != -1 and (best is None or idx < best[0]):
-            best = (idx, s)
-    if best is None:
-        return None
-    idx, s = best
-    if include_in_output:
-        end = idx + len(s)
-        return s, (-1 if end >= len(text) else end)
-    return s, idx
+        idx = text.find(s, max(0, len(text) - new_char_count - len(s) + 1))
+        if idx == -1:
+            continue
+        if include_in_output:
+            end = idx + len(s)
+            return s, (-1 if end >= len(text) else end)
+        return s, idx
+    return None
 
 
 class IncrementalDetokenizer:

@@ -212,12 +212,18 @@ def test_include_stop_str_in_output(tokenizer: PreTrainedTokenizerFast) -> None:
     assert "".join(deltas) == "hello wor"
 
 
-def test_multiple_stop_strings_earliest_wins(tokenizer: PreTrainedTokenizerFast) -> None:
+def test_multiple_stop_strings_in_one_step_first_listed_wins(
+        tokenizer: PreTrainedTokenizerFast) -> None:
+    # vLLM's check_stop_strings: the stop list in order, each searched in the new text.
     ids = tokenizer.encode("the quick brown fox jumps")
     detok = IncrementalDetokenizer(tokenizer, _request([5], stop=["fox", "quick", "zzz"]))
     deltas, stop = _stream(detok, ids, chunks=len(ids))  # everything in one step
-    assert stop == "quick"
-    assert "".join(deltas) == "the "
+    assert stop == "fox"
+    assert "".join(deltas) == "the quick brown "
+    # Token by token "quick" comes first, and ends the request there.
+    detok = IncrementalDetokenizer(tokenizer, _request([5], stop=["fox", "quick", "zzz"]))
+    deltas, stop = _stream(detok, ids)
+    assert stop == "quick" and "".join(deltas) == "the "
 
 
 def test_streaming_never_takes_back_a_stop_string(tokenizer: PreTrainedTokenizerFast) -> None:
@@ -277,12 +283,14 @@ def test_without_tokenizer_only_ids_are_tracked() -> None:
         ("hello world", 3, ["world"], True, ("world", -1)),
         ("hello world", 2, ["hello"], False, None),  # entirely in old text: already checked
         ("hello world", 0, ["world"], False, None),
-        ("abcabc", 3, ["c", "bc"], False, ("bc", 4)),
-        # One token completes two stop strings: the one that starts first, in either order
-        # (vLLM takes the first listed: "ny", leaving "ma").
-        ("x many", 5, ["ny", "man"], False, ("man", 2)),
+        ("abcabc", 3, ["c", "bc"], False, ("c", 5)),
+        ("abcabc", 3, ["bc", "c"], False, ("bc", 4)),
+        # One token completes two stop strings: the first listed wins, wherever it starts
+        # (vLLM's order): "ny" leaves "x ma".
+        ("x many", 5, ["ny", "man"], False, ("ny", 4)),
         ("x many", 5, ["man", "ny"], False, ("man", 2)),
-        ("x many", 5, ["ny", "man"], True, ("man", 5)),
+        ("x many", 5, ["ny", "man"], True, ("ny", -1)),
+        ("x many", 5, ["man", "ny"], True, ("man", 5)),
     ],
 )
 def test_find_stop_string(
