@@ -122,10 +122,12 @@ def _check_logits_processors(p: Any) -> None:
         for tok, bias in p.logit_bias.items():
             if not is_int(tok) or not 0 <= tok <= INT64_MAX:
                 raise ValueError(f"logit_bias keys must be token ids, got {tok!r}.")
-            # float32 logits: a bias past the bound becomes inf, and its row NaN.
-            if not is_real(bias) or not -LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX:
+            # float32 logits: a finite bias past the bound becomes inf, and its row NaN; -inf
+            # bans the token (vLLM takes it; a row left with no token ends its request).
+            if not is_real(bias) or not (-LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX
+                                         or bias == float("-inf")):
                 raise ValueError(f"logit_bias values must be in [-{LOGIT_BIAS_MAX:g}, "
-                                 f"{LOGIT_BIAS_MAX:g}], got {bias!r}.")
+                                 f"{LOGIT_BIAS_MAX:g}] or -inf (a ban), got {bias!r}.")
     if p.allowed_token_ids is not None:
         if not p.allowed_token_ids:
             raise ValueError("allowed_token_ids must not be empty.")

@@ -423,4 +423,8 @@ MUTATIONS = [
              "listed wins", "cadence/engine/detokenizer.py", "    for s in stop:\n        idx = text.find(",
              "    for s in reversed(stop):\n        idx = text.find(",
              ("tests/engine/test_detokenizer.py", "tests/engine/test_stop_window.py")),
+    Mutation("eng-bias-minus-inf-refused", "logit_bias -inf (a ban) is refused",
+             "cadence/sampling_checks.py", '                                         or bias == float("-inf")):',
+             "                                         and False):",
+             ("tests/engine/test_logits_processors_engine.py",)),
 ]

@@ -33,6 +33,7 @@ from cadence.sampling_params import RequestOutputKind, SamplingParams
         ({"min_p": -0.1}, "min_p"),
         ({"logit_bias": {-1: 1.0}}, "logit_bias"),
         ({"logit_bias": {1: float("inf")}}, "logit_bias"),
+        ({"logit_bias": {1: float("nan")}}, "logit_bias"),
         ({"logit_bias": {1: 1e39}}, "logit_bias"),  # inf in float32
         ({"logit_bias": {1: -3.5e38}}, "logit_bias"),
         ({"allowed_token_ids": []}, "allowed_token_ids"),

@@ -188,6 +188,30 @@ def test_the_largest_biases_keep_their_meaning(temperature):
     llm.shutdown()
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_bias_of_minus_inf_bans_its_token(temperature):
+    """vLLM takes -inf as a ban: the request's tokens are those it makes with the token
+    masked out by allowed_token_ids (every other id allowed), greedy or seeded; a row whose
+    every token is banned so ends the request with "error", freeing its blocks."""
+    llm = LLM(**vars(tiny_args()))
+    kw = dict(max_tokens=12, temperature=temperature, seed=3, ignore_eos=True)
+    free = llm.generate(["Hello"], SamplingParams(**kw), use_tqdm=False)[0].outputs[0].token_ids
+    banned = free[0]
+    vocab = llm.engine_core.vocab_size
+    (ban,) = llm.generate(["Hello"], SamplingParams(logit_bias={banned: float("-inf")}, **kw),
+                          use_tqdm=False)
+    (mask,) = llm.generate(["Hello"], SamplingParams(
+        allowed_token_ids=[t for t in range(vocab) if t != banned], **kw), use_tqdm=False)
+    assert banned not in ban.outputs[0].token_ids
+    assert ban.outputs[0].token_ids == mask.outputs[0].token_ids
+    (none,) = llm.generate(["Hello"], SamplingParams(
+        allowed_token_ids=[5, 6], logit_bias={5: float("-inf"), 6: float("-inf")}, **kw),
+        use_tqdm=False)
+    assert none.outputs[0].finish_reason == "error" and none.outputs[0].token_ids == []
+    assert llm.engine_core.num_free_kv_blocks == llm.engine_core.num_kv_blocks - 1
+    llm.shutdown()
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_bad_words_survive_preemption(async_scheduling):
     """A request with bad_words, preempted after it has produced tokens and resumed, keeps its
