@@ -315,4 +315,8 @@ MUTATIONS = [
     Mutation("tool-args-empty-refused", "a call's empty arguments are a 400, not {}",
              "cadence/chat.py", "    if not text:\n        return {}\n", "",
              ("tests/server/test_chat_template.py", "tests/engine/test_llm_chat.py")),
+    Mutation("mistral-forced-ids-long", "forced calls under the mistral parser get chat ids",
+             "cadence/server/tool_calls.py", '    if parser == "mistral":\n        calls = [',
+             '    if parser == "mistral!":\n        calls = [',
+             ("tests/server/test_tool_calls_mistral.py",)),
 ]

@@ -64,11 +64,13 @@ def one_call_at_most(request: ChatCompletionRequest, calls: list[ParsedCall]
     return calls[:1] if request.parallel_tool_calls is False else calls
 
 
-def forced_calls(request: ChatCompletionRequest, text: str) -> list[ParsedCall] | None:
-    """The calls of a forced tool choice's answer (None when it is not the calls' JSON)."""
+def forced_calls(request: ChatCompletionRequest, text: str, parser: str | None = None
+                 ) -> list[ParsedCall] | None:
+    """The calls of a forced tool choice's answer (None when it is not the calls' JSON);
+    ``parser``: the server's tool-call parser (``parse_forced_calls``)."""
     choice = request.tool_choice
     return parse_forced_calls(
-        text, choice.function.name if isinstance(choice, NamedToolChoice) else None)
+        text, choice.function.name if isinstance(choice, NamedToolChoice) else None, parser)
 
 
 def _delta_call(index: int, call: ParsedCall) -> dict:
@@ -83,11 +85,14 @@ class ChatStream:
     def __init__(self, request: ChatCompletionRequest, request_id: str, model: str,
                  reasoning: ReasoningParser | None = None, tools: str | None = None,
                  token_bytes: TokenBytes | None = None,
-                 reasoning_tag_ids: tuple[int, int] | None = None) -> None:
+                 reasoning_tag_ids: tuple[int, int] | None = None,
+                 server_parser: str | None = None) -> None:
         """``tools``: the tool call parser that reads this request's answers, if any;
         ``reasoning_tag_ids``: the reasoning tags' ids where each is one token (the usage's
-        count of reasoning tokens goes by them)."""
+        count of reasoning tokens goes by them); ``server_parser``: the server's tool-call
+        parser, whose ids a forced choice's calls get (``parse_forced_calls``)."""
         self.request = request
+        self.server_parser = server_parser
         self.token_bytes = token_bytes
         self.tools = ([tool_call_stream(tools) for _ in range(request.n)] if tools is not None
                       else None)
@@ -146,7 +151,7 @@ class ChatStream:
                 self.forced[c.index] += content or ""
                 content = None if c.finished() else ""
                 if c.finished():
-                    parsed = forced_calls(request, self.forced[c.index])
+                    parsed = forced_calls(request, self.forced[c.index], self.server_parser)
                     # vLLM: a forced choice's answer is its calls, never text (a "required"
                     # list cut short gives none); content is "" but beside reasoning alone.
                     content = "" if parsed or not reasoning else None

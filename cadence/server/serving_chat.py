@@ -65,7 +65,7 @@ class OpenAIServingChat(OpenAIServing):
     def new_stream(self, request: ChatCompletionRequest, request_id: str) -> ChatStream:
         parser = self.tool_call_parser if self.parses_tools(request) else None
         return ChatStream(request, request_id, self.served_model_name, self.reasoning, parser,
-                          self.token_bytes, self.reasoning_tags)
+                          self.token_bytes, self.reasoning_tags, self.tool_call_parser)
 
     @functools.cached_property
     def reasoning_tags(self) -> tuple[int, int] | None:  # type: ignore[override]
@@ -193,7 +193,7 @@ class OpenAIServingChat(OpenAIServing):
             finish = c.finish_reason
             parsed: list[ParsedCall] | None = None
             if request.forced_tools:  # the calls are the content's JSON, after any reasoning
-                parsed = forced_calls(request, content or "")
+                parsed = forced_calls(request, content or "", self.tool_call_parser)
                 content = "" if parsed or not reasoning else None  # as the stream's, above
                 if parsed is not None and request.tool_choice == "required" and finish == "stop":
                     finish = "tool_calls"  # vLLM's: not where max_tokens ended it ("length")

@@ -32,7 +32,7 @@ from cadence.server.tool_call_json import (
     new_call,
     no_constant,
 )
-from cadence.server.tool_calls_mistral import MistralCallStream
+from cadence.server.tool_calls_mistral import MistralCallStream, mistral_call_id
 from cadence.server.tool_calls_pythonic import PythonicCallStream
 
 __all__ = ["KEEPS_SPECIAL_TOKENS", "TOOL_CALL_PARSERS", "CallStream", "ParsedCall",
@@ -45,23 +45,31 @@ TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
 KEEPS_SPECIAL_TOKENS = frozenset({"mistral"})
 
 
-def parse_forced_calls(text: str, named: str | None) -> list[ParsedCall] | None:
+def parse_forced_calls(text: str, named: str | None, parser: str | None = None
+                       ) -> list[ParsedCall] | None:
     """The calls of an answer that structured outputs held to the calls' JSON: the arguments of
     function ``named`` (as vLLM, whatever the text: cut short by max_tokens, the arguments are
     that prefix), or a list of {name, parameters} (tool_choice "required"; None when the text
-    is not that JSON). None for no text at all."""
+    is not that JSON). None for no text at all. ``parser``: the server's tool-call parser;
+    under ``mistral`` the calls get Mistral's ids (its templates refuse others in the history,
+    as vLLM gives them with a Mistral tokenizer)."""
     if not text:
         return None
+    calls: list[ParsedCall]
     if named is not None:
-        return [new_call(named, text)]
-    try:
-        value = loads_json(text)
-        if not isinstance(value, list) or not all(
-                isinstance(i, dict) and is_name(i.get("name")) for i in value):
+        calls = [new_call(named, text)]
+    else:
+        try:
+            value = loads_json(text)
+            if not isinstance(value, list) or not all(
+                    isinstance(i, dict) and is_name(i.get("name")) for i in value):
+                return None
+            calls = [new_call(i["name"], dumps_json(i.get("parameters", {}))) for i in value]
+        except NotJson:
             return None
-        return [new_call(i["name"], dumps_json(i.get("parameters", {}))) for i in value]
-    except NotJson:
-        return None
+    if parser == "mistral":
+        calls = [ParsedCall(mistral_call_id(), c.name, c.arguments) for c in calls]
+    return calls
 
 
 def parse_tool_calls(text: str, parser: str = "hermes") -> tuple[str | None, list[ParsedCall]]:

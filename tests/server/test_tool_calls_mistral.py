@@ -81,3 +81,23 @@ def test_mistral_tool_calls_through_the_openai_client(server_factory) -> None:
     # Without tools nothing is parsed and special tokens are skipped as usual.
     plain = client.chat.completions.create(**{k: v for k, v in kw.items() if k != "tools"})
     assert plain.choices[0].message.content.startswith("Sure.[TOOL_CALLS]")
+
+
+def test_forced_calls_get_mistral_ids_under_the_mistral_parser(server_factory) -> None:
+    """Mistral's templates refuse a history call whose id is not nine alphanumerics: under
+    --tool-call-parser mistral a forced choice's calls (named or "required", whole or streamed)
+    get such ids too, as the parser's own calls do (vLLM gives them with a Mistral tokenizer)."""
+    from tests.server.test_tool_calls import FORCED_TOOLS
+
+    srv = server_factory(app_kwargs={"enable_auto_tool_choice": True,
+                                     "tool_call_parser": "mistral"})
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    for choice in ({"type": "function", "function": {"name": "get_time"}}, "required"):
+        kw = dict(model="tiny", messages=[{"role": "user", "content": "weather?"}],
+                  tools=FORCED_TOOLS, tool_choice=choice, max_tokens=120, temperature=1.0,
+                  seed=0)
+        whole = client.chat.completions.create(**kw).choices[0].message.tool_calls
+        _, streamed = streamed_calls(client, kw)
+        for calls in (whole, streamed):
+            assert calls, choice
+            assert all(re.fullmatch(r"[A-Za-z0-9]{9}", c.id) for c in calls), calls
