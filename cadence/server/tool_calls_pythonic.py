@@ -4,7 +4,9 @@ for Python call syntax): an answer that is a Python list of calls with keyword a
     [get_weather(city="Paris", days=2), get_time(zone="CET")]
 
 (Llama 4's ``<|python_start|>`` / ``<|python_end|>`` around it allowed) is those calls, each
-argument a literal (string, number, boolean, None, list, dict) and the arguments JSON text; any
+argument a literal (string, number, boolean, None, list, dict; JSON's ``true``, ``false`` and
+``null`` too, which some models write) and the arguments JSON text, a dotted callee
+(``weather.get(...)``) named with its dots, as vLLM's parser reads them; any
 other answer (text after the list too, as vLLM's parser has it), or one that does not parse
 so, is content whole. Streamed, an answer that may be such a list is held to its end (the calls
 then go out whole, or it is content); one that cannot be (it does not open with ``[`` and a
@@ -22,8 +24,12 @@ from cadence.server.tool_call_json import NotJson, ParsedCall, dumps_json, is_na
 __all__ = ["PythonicCallStream", "parse_pythonic"]
 
 START, END = "<|python_start|>", "<|python_end|>"
-# The start of a list of calls: "[" then a name and "(" (a prefix of that while it grows).
-_OPENING = re.compile(r"\s*\[\s*[A-Za-z_]\w*\s*\(")
+# The start of a list of calls: "[" then a (dotted) name and "(" (a prefix of that while it
+# grows).
+_NAME = r"[A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)*"
+_OPENING = re.compile(rf"\s*\[\s*{_NAME}\s*\(")
+_OPENING_PREFIX = re.compile(r"\s*(?:\[\s*(?:[A-Za-z_]\w*(?:\s*\.\s*(?:[A-Za-z_]\w*)?)*\s*)?)?")
+_JSON_NAMES = {"true": True, "false": False, "null": None}
 _MAX_SOURCE = 1 << 20  # characters: the parser's input stays bounded
 
 
@@ -36,11 +42,32 @@ def _unwrapped(text: str) -> str:
     return body.strip()
 
 
+class _JsonNames(ast.NodeTransformer):
+    """JSON's true / false / null written as names: the constants they mean."""
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id in _JSON_NAMES:
+            return ast.copy_location(ast.Constant(_JSON_NAMES[node.id]), node)
+        return node
+
+
 def _literal(node: ast.AST) -> Any:
     try:
-        return ast.literal_eval(node)
+        return ast.literal_eval(_JsonNames().visit(node))
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         raise NotJson("not a literal") from None
+
+
+def _callee(node: ast.expr) -> str | None:
+    """A call's function name: a name, or names joined by dots (``weather.get``)."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
 
 
 def parse_pythonic(text: str) -> list[ParsedCall] | None:
@@ -57,12 +84,12 @@ def parse_pythonic(text: str) -> list[ParsedCall] | None:
     calls = []
     try:
         for node in tree.elts:
-            if (not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name)
-                    or node.args or any(k.arg is None for k in node.keywords)
-                    or not is_name(node.func.id)):
+            name = _callee(node.func) if isinstance(node, ast.Call) else None
+            if (name is None or node.args or any(k.arg is None for k in node.keywords)
+                    or not is_name(name)):
                 return None
             args = {k.arg: _literal(k.value) for k in node.keywords}
-            calls.append(new_call(node.func.id, dumps_json(args)))
+            calls.append(new_call(name, dumps_json(args)))
     except NotJson:
         return None
     return calls
@@ -77,8 +104,8 @@ def _may_open_calls(text: str) -> bool:
         return True  # blanks, or the start of Llama 4's tag
     if _OPENING.match(body):
         return True
-    # A prefix of the opening: "[", "[ get", "[get_weather" (no "(" yet).
-    return re.fullmatch(r"\s*(?:\[\s*(?:[A-Za-z_]\w*\s*)?)?", body) is not None
+    # A prefix of the opening: "[", "[ get", "[get_weather", "[weather." (no "(" yet).
+    return _OPENING_PREFIX.fullmatch(body) is not None
 
 
 class PythonicCallStream:

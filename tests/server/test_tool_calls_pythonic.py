@@ -23,13 +23,20 @@ TEXTS = [
     ('[f(xs=[1, 2.5, "a"], d={"k": [None]}, t=(1, 2))]', None,
      [("f", {"xs": [1, 2.5, "a"], "d": {"k": [None]}, "t": [1, 2]})]),
     ("[f()]", None, [("f", {})]),
+    # JSON's names for the constants, and dotted callees, as vLLM's parser reads them.
+    ("[get_weather(city=null, x=true, y=false)]", None,
+     [("get_weather", {"city": None, "x": True, "y": False})]),
+    ('[weather.get(city="x"), a . b.c(d=[true, {"k": null}])]', None,
+     [("weather.get", {"city": "x"}), ("a.b.c", {"d": [True, {"k": None}]})]),
+    ("[os.system(x='ls')]", None, [("os.system", {"x": "ls"})]),  # a name, never run
     # Not a list of keyword calls, or not Python at all: content, whole.
     ("The weather is fine.", "The weather is fine.", []),
     ("[1] First, the weather.", "[1] First, the weather.", []),
     ('[f("Paris")]', '[f("Paris")]', []),  # positional
     ("[f(x=g())]", "[f(x=g())]", []),  # not a literal
     ("[f(**kw)]", "[f(**kw)]", []),
-    ("[os.system(x='ls')]", "[os.system(x='ls')]", []),  # a dotted name
+    ("[f(x=true_value)]", "[f(x=true_value)]", []),  # other names are no literals
+    ("[f(x=1).g(y=2)]", "[f(x=1).g(y=2)]", []),  # a call's attribute is no callee
     ("[f(x=1e999)]", "[f(x=1e999)]", []),  # infinity: no JSON
     # Python literals with no JSON form: content, not a failed request.
     ("[f(a={1, 2})]", "[f(a={1, 2})]", []),
