@@ -13,10 +13,11 @@ from typing import Any
 
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 
-__all__ = ["CONTENT_FORMATS", "RESERVED_TEMPLATE_KWARGS", "TEXT_PARTS", "add_reasoning",
-           "check_template_options", "content_format", "content_parts", "conversation_of",
-           "detect_content_format", "developer_as_system", "part_texts", "render_conversation",
-           "reserved_template_kwargs", "tool_arguments"]
+__all__ = ["CONTENT_FORMATS", "RESERVED_TEMPLATE_KWARGS", "TEMPLATE_OVERRIDES", "TEXT_PARTS",
+           "add_reasoning", "check_template_options", "content_format", "content_parts",
+           "conversation_of", "detect_content_format", "developer_as_system", "part_texts",
+           "render_conversation", "reserved_template_kwargs", "split_overrides",
+           "tool_arguments"]
 
 # OpenAI's roles ("function": its deprecated role of a function call's result). Any other role
 # string passes to the template as vLLM passes it (Llama 3.1's "ipython", a template's own).
@@ -25,8 +26,11 @@ ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 # refusal as OpenAI clients replay it, and the Responses API's input_text / output_text.
 TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}
 
-# chat_template_kwargs may not override what the renderer passes to the template itself, nor
-# (``reserved_template_kwargs``) any other named argument of transformers' renderer.
+# The renderer's options chat_template_kwargs may set, over the named ones (vLLM merges the
+# kwargs over them); the other reserved names (``reserved_template_kwargs``: what the renderer
+# passes itself, other named arguments of transformers' renderer) are refused.
+TEMPLATE_OVERRIDES = ("chat_template", "add_generation_prompt", "continue_final_message",
+                      "tools", "documents")
 RESERVED_TEMPLATE_KWARGS = frozenset({
     "conversation", "messages", "chat_template", "tokenize", "tokenizer", "add_generation_prompt",
     "continue_final_message", "return_dict", "return_tensors", "return_assistant_tokens_mask",
@@ -52,13 +56,41 @@ _CHATML_START = "<|im_start|>"
 _CHATML_END = "<|im_end|>"
 
 
+def split_overrides(chat_template_kwargs: Mapping[str, Any] | None
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the renderer's options that ``chat_template_kwargs`` sets (``TEMPLATE_OVERRIDES``),
+    the template variables left)."""
+    kwargs = dict(chat_template_kwargs or {})
+    return {k: kwargs.pop(k) for k in TEMPLATE_OVERRIDES if k in kwargs}, kwargs
+
+
+_OVERRIDE_TYPES = {"chat_template": (str, "a string"), "add_generation_prompt": (bool, "a boolean"),
+                   "continue_final_message": (bool, "a boolean"), "tools": (list, "a list"),
+                   "documents": (list, "a list")}
+
+
 def check_template_options(chat_template_kwargs: Mapping[str, Any] | None,
                            add_generation_prompt: bool, continue_final_message: bool
                            ) -> tuple[str, str] | None:
-    """(parameter, message) of what is wrong with a conversation's template options, or None."""
-    reserved = sorted(reserved_template_kwargs() & set(chat_template_kwargs or {}))
+    """(parameter, message) of what is wrong with a conversation's template options, or None.
+    Options that ``chat_template_kwargs`` sets (``split_overrides``) are checked as they
+    count, over the named ones."""
+    overrides, rest = split_overrides(chat_template_kwargs)
+    reserved = sorted(reserved_template_kwargs() & set(rest))
     if reserved:
         return "chat_template_kwargs", f"chat_template_kwargs cannot set {', '.join(reserved)}."
+    for key, value in overrides.items():
+        kind, said = _OVERRIDE_TYPES[key]
+        if value is not None and (not isinstance(value, kind)
+                                  or (kind is list and not all(isinstance(v, Mapping)
+                                                               for v in value))):
+            what = f"{said} of objects" if kind is list else said
+            return ("chat_template_kwargs",
+                    f"chat_template_kwargs.{key} must be {what} (or null), got "
+                    f"{type(value).__name__}.")
+    add_generation_prompt = bool(overrides.get("add_generation_prompt", add_generation_prompt))
+    continue_final_message = bool(overrides.get("continue_final_message",
+                                                continue_final_message))
     if nesting_depth(chat_template_kwargs or {}) > MAX_JSON_DEPTH:
         # The template's renderer walks the values recursively: bounded before it does.
         return ("chat_template_kwargs",
@@ -315,11 +347,18 @@ def render_conversation(
     documents: list[dict[str, str]] | None = None,
 ) -> str:
     """The prompt text of ``conversation``: ``chat_template`` or the tokenizer's, else ChatML.
-    A template that fails is a ValueError naming ``messages``."""
+    The renderer's options that ``chat_template_kwargs`` sets count over the named ones
+    (vLLM's merge). A template that fails is a ValueError naming ``messages``."""
     problem = check_template_options(chat_template_kwargs, add_generation_prompt,
                                      continue_final_message)
     if problem is not None:
         raise ValueError(problem[1])
+    overrides, chat_template_kwargs = split_overrides(chat_template_kwargs)
+    add_generation_prompt = overrides.get("add_generation_prompt", add_generation_prompt)
+    continue_final_message = overrides.get("continue_final_message", continue_final_message)
+    chat_template = overrides.get("chat_template") or chat_template  # null: the one given
+    tools = overrides.get("tools", tools)
+    documents = overrides.get("documents", documents)
     for i, tool in enumerate(tools or []):
         if nesting_depth(tool) > MAX_JSON_DEPTH:
             raise ValueError(f"tools: tool {i} nests deeper than {MAX_JSON_DEPTH} levels.")

@@ -323,4 +323,9 @@ MUTATIONS = [
              "cadence/server/tool_calls_pythonic.py",
              "        return ast.literal_eval(_JsonNames().visit(node))",
              "        return ast.literal_eval(node)", ("tests/server/test_tool_calls_pythonic.py",)),
+    Mutation("chat-overrides-ignored", "chat_template_kwargs' renderer options are dropped",
+             "cadence/chat.py",
+             '    add_generation_prompt = overrides.get("add_generation_prompt", add_generation_prompt)\n'
+             '    continue_final_message = overrides.get("continue_final_message", continue_final_message)\n',
+             "", ("tests/engine/test_llm_chat.py", "tests/server/test_chat_template.py")),
 ]

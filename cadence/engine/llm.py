@@ -16,7 +16,13 @@ from cadence.beam_search import (
     check_beam_search_params,
     step_candidates,
 )
-from cadence.chat import content_format, conversation_of, render_conversation
+from cadence.chat import (
+    check_template_options,
+    content_format,
+    conversation_of,
+    render_conversation,
+    split_overrides,
+)
 from cadence.core_types import EngineCoreRequest
 from cadence.engine.engine_args import EngineArgs
 from cadence.engine.llm_engine import LLMEngine
@@ -187,7 +193,15 @@ class LLM:
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("messages: chat needs a tokenizer, and this engine has none.")
-        fmt = content_format(chat_template_content_format, tokenizer, chat_template)
+        problem = check_template_options(chat_template_kwargs, add_generation_prompt,
+                                         continue_final_message)
+        if problem is not None:
+            raise ValueError(problem[1])
+        # chat_template_kwargs may set the renderer's options (vLLM's merge): its template
+        # is the one whose content format counts.
+        fmt = content_format(chat_template_content_format, tokenizer,
+                             split_overrides(chat_template_kwargs)[0].get("chat_template",
+                                                                          chat_template))
         one = (isinstance(messages, Sequence) and bool(messages)
                and isinstance(messages[0], Mapping))
         conversations = [messages] if one else messages

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cadence.chat import add_reasoning, content_parts, render_conversation, tool_arguments
+from cadence.chat import (
+    add_reasoning,
+    content_parts,
+    render_conversation,
+    split_overrides,
+    tool_arguments,
+)
 from cadence.chat import content_format as content_format_of
 from cadence.server.protocol import ParamError
 from cadence.server.protocol_chat import ChatMessage
@@ -53,10 +59,13 @@ def check_template_syntax(template: str) -> None:
         raise ParamError("chat_template", f"the chat template does not parse: {exc}") from None
 
 
-def request_template(requested: str | None, server: str | None, trusted: bool) -> str | None:
-    """The template a chat request renders with: its own ``chat_template`` where the server
-    trusts request templates (``--trust-request-chat-template``; it must parse), else the
-    server's; a request template the server does not trust is refused."""
+def request_template(requested: str | None, server: str | None, trusted: bool,
+                     chat_template_kwargs: dict[str, Any] | None = None) -> str | None:
+    """The template a chat request renders with: its own ``chat_template`` (or the one its
+    ``chat_template_kwargs`` set, over it, as vLLM merges them) where the server trusts
+    request templates (``--trust-request-chat-template``; it must parse), else the server's;
+    a request template the server does not trust is refused."""
+    requested = split_overrides(chat_template_kwargs)[0].get("chat_template") or requested
     if requested is None:
         return server
     if not trusted:

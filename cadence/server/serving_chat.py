@@ -50,7 +50,7 @@ class OpenAIServingChat(OpenAIServing):
     def _template(self, request: ChatCompletionRequest) -> str | None:
         """The template to render ``request`` with: its own (where trusted), else the server's."""
         return request_template(request.chat_template, self.chat_template,
-                                self.trust_request_chat_template)
+                                self.trust_request_chat_template, request.chat_template_kwargs)
 
     def parses_tools(self, request: ChatCompletionRequest) -> bool:
         """Whether this request's answer is searched for tool calls (tool_choice "auto")."""

@@ -127,7 +127,8 @@ class Tokenization:
                 continue_final_message=request.continue_final_message,
                 chat_template_kwargs=request.chat_template_kwargs,
                 chat_template=request_template(request.chat_template, self.chat_template,
-                                               self.trust_request_chat_template),
+                                               self.trust_request_chat_template,
+                                               request.chat_template_kwargs),
                 # vLLM: the rendered text is tokenized with the tokenizer's own specials too.
                 add_special_tokens=request.add_special_tokens,
                 check_text=self._check_chat_text,

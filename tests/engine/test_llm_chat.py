@@ -93,8 +93,15 @@ def test_tool_calls_reach_the_template_as_objects(llm) -> None:
      "only text parts"),
     ([{"role": "user", "content": "a"}], {"continue_final_message": True},
      "cannot both be true"),
-    ([{"role": "user", "content": "a"}], {"chat_template_kwargs": {"tools": []}},
-     "cannot set tools"),
+    ([{"role": "user", "content": "a"}], {"chat_template_kwargs": {"tokenize": True}},
+     "cannot set tokenize"),
+    ([{"role": "user", "content": "a"}], {"chat_template_kwargs": {"tools": {"a": 1}}},
+     r"chat_template_kwargs.tools must be a list of objects"),
+    ([{"role": "user", "content": "a"}], {"chat_template_kwargs": {"chat_template": 5}},
+     r"chat_template_kwargs.chat_template must be a string"),
+    # The options as they count: the kwargs' over the named ones.
+    ([{"role": "user", "content": "a"}],
+     {"chat_template_kwargs": {"continue_final_message": True}}, "cannot both be true"),
     # JSON's "\ud800" escape in tool-call arguments: a lone surrogate, no text to tokenize.
     ([{"role": "user", "content": "a"},
       {"role": "assistant", "content": None, "tool_calls": [
@@ -253,3 +260,34 @@ def test_vllms_positional_chat_and_beam_search_arguments(llm) -> None:
 def test_pooling_calls_say_they_are_not_supported(llm, method: str) -> None:
     with pytest.raises(ValueError, match=f"LLM.{method}: pooling"):
         getattr(llm, method)(["a"])
+
+
+def test_chat_template_kwargs_set_the_renderers_options(llm) -> None:
+    """vLLM's LLM.chat merges chat_template_kwargs over its named options: the template, the
+    generation prompt, continuing the last message, tools and documents set there count
+    (the named ones are what the kwargs leave)."""
+    conversation = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    template = ("{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}"
+                "{% for d in documents or [] %}<{{ d.title }}>{% endfor %}"
+                "{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}"
+                "{% if add_generation_prompt %}assistant:{% endif %}")
+    other = "{% for m in messages %}{{ m.content }}|{% endfor %}"
+
+    def prompt(**kw) -> str:
+        (out,) = llm.chat(conversation, GREEDY, use_tqdm=False, **kw)
+        return out.prompt
+
+    tool = {"type": "function", "function": {"name": "f"}}
+    assert prompt(chat_template=template) == "user:Hi;assistant:Yo;assistant:"
+    assert prompt(chat_template=template,
+                  chat_template_kwargs={"add_generation_prompt": False}) == "user:Hi;assistant:Yo;"
+    assert prompt(chat_template=template, chat_template_kwargs={
+        "tools": [tool], "documents": [{"title": "D", "text": "t"}]}) == (
+        "[f]<D>user:Hi;assistant:Yo;assistant:")
+    assert prompt(chat_template=template, tools=[tool],
+                  chat_template_kwargs={"tools": None}) == "user:Hi;assistant:Yo;assistant:"
+    assert prompt(chat_template=template, chat_template_kwargs={"chat_template": other}) == (
+        "Hi|Yo|")
+    # continue_final_message from the kwargs: the last message left open (no end, no prompt).
+    assert prompt(chat_template_kwargs={"add_generation_prompt": False,
+                                        "continue_final_message": True}).endswith("Yo")

@@ -78,6 +78,29 @@ def test_refusal_and_responses_text_parts_are_text(http: httpx.Client, hf_tokeni
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "messages.0.content"
 
 
+def test_chat_template_kwargs_set_the_renderers_options(http: httpx.Client,
+                                                        hf_tokenizer: Any) -> None:
+    """vLLM merges a request's chat_template_kwargs over the renderer's options: the
+    generation prompt and continuing the last message set there count (/tokenize and the
+    chat endpoint alike); a template set there is a request template (refused without
+    --trust-request-chat-template); a wrong type is a 400 naming chat_template_kwargs."""
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    open_end = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nYo"
+    assert prompt_ids(http, messages, chat_template_kwargs={
+        "add_generation_prompt": False, "continue_final_message": True}) == encode(
+        hf_tokenizer, open_end)
+    assert prompt_ids(http, messages, chat_template_kwargs={"add_generation_prompt": False}) == (
+        encode(hf_tokenizer, open_end + "<|im_end|>\n"))
+    for body, fragment in (({"continue_final_message": True}, "cannot both be true"),
+                           ({"add_generation_prompt": "yes"}, "must be a boolean"),
+                           ({"chat_template": "{{ 1 }}"}, "--trust-request-chat-template")):
+        for path in (CHAT, "/tokenize"):
+            resp = http.post(path, json={"messages": messages, "max_tokens": 1,
+                                         "chat_template_kwargs": body})
+            assert resp.status_code == 400, (path, body, resp.text)
+            assert fragment in resp.json()["error"]["message"], resp.text
+
+
 def test_plain_string_parts_are_text_and_null_parts_are_skipped(
         http: httpx.Client, hf_tokenizer: Any) -> None:
     # vLLM accepts both (each was a 400 here): a string in a content list is a text part; a
@@ -330,6 +353,12 @@ def test_a_requests_own_template_needs_the_servers_trust(server, server_factory,
         # /tokenize renders with the same template, so its count is what generation uses.
         tokens = http.post("/tokenize", json={"messages": messages,
                                               "chat_template": REQUEST_TEMPLATE})
+        assert tokens.status_code == 200 and tokens.json()["tokens"] == want
+        # The template set in chat_template_kwargs (vLLM merges them over the field) counts.
+        kw = {"chat_template_kwargs": {"chat_template": REQUEST_TEMPLATE}}
+        ok = http.post("/v1/chat/completions", json={**body, "chat_template": None, **kw})
+        assert ok.status_code == 200 and ok.json()["usage"]["prompt_tokens"] == len(want)
+        tokens = http.post("/tokenize", json={"messages": messages, **kw})
         assert tokens.status_code == 200 and tokens.json()["tokens"] == want
         assert http.get("/health").status_code == 200
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
