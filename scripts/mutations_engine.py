@@ -427,4 +427,9 @@ MUTATIONS = [
              "cadence/sampling_checks.py", '                                         or bias == float("-inf")):',
              "                                         and False):",
              ("tests/engine/test_logits_processors_engine.py",)),
+    Mutation("eng-failed-siblings-uncounted", "an n request's failure leaves its other choices "
+             "out of the metrics", "cadence/engine/output_processor.py",
+             "                        stats.finished_requests.append(\n"
+             "                            self._finished_stats(sibling, FinishReason.ABORT, now))",
+             "                        pass", ("tests/server/test_disconnects.py",)),
 ]

@@ -282,14 +282,19 @@ class OutputProcessor:
                 state.queue.put(RequestFailedError(state.request_id, reason))
             else:
                 # The consumer of an n > 1 request gets the error once, for the whole request:
-                # the other children end here (the caller aborts them in the engine core).
+                # the other children end here (the caller aborts them in the engine core), each
+                # counted once as aborted (the last one counted records the parent's figures).
                 state.queue.put(RequestFailedError(parent.request_id, reason))
                 unsent = {c.request_id for c in parent.take_deferred()}
                 self.parents.pop(parent.request_id, None)
                 for child_id in parent.child_ids:
-                    if self.request_states.pop(child_id, None) is not None:
+                    sibling = self.request_states.pop(child_id, None)
+                    if sibling is not None:
                         if child_id not in unsent:
                             self.failed_siblings.append(child_id)
+                        sibling.metrics.finished_time = now
+                        stats.finished_requests.append(
+                            self._finished_stats(sibling, FinishReason.ABORT, now))
         else:
             if parent is not None:
                 # Offline, the other choices still run: the unsent ones go to the core now.

@@ -59,3 +59,29 @@ def test_body_cut_off_mid_upload_is_one_info_line(server_factory, caplog) -> Non
         assert http.get("/health").status_code == 200
         ok = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
         assert ok.status_code == 200
+
+
+def test_an_n_request_that_fails_counts_every_choice_once(server_factory) -> None:
+    """A choice of an n = 4 request fails at its first step (a grammar no allowed token can
+    follow): a 400, and every choice is counted once in request_success_total (the failed
+    one "error", its three siblings, ended unsent, "abort"), with the request's own figures
+    (request_params_n) recorded once."""
+    srv = server_factory()
+    body = {"prompt": "b", "n": 4, "temperature": 1.0, "max_tokens": 5,
+            "structured_outputs": {"regex": "[0-9]+"}, "allowed_token_ids": [5]}
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        before = scrape(http)
+        resp = http.post("/v1/completions", json=body)
+        assert resp.status_code == 400, resp.text
+
+        def counted(text: str, name: str, **labels: str) -> float:
+            return metric(text, name, **labels) - metric(before, name, **labels)
+
+        text = wait_until(lambda: (lambda t: t if counted(
+            t, "cadence:e2e_request_latency_seconds_count") == 4 else None)(scrape(http)),
+            "every choice counted")
+        assert counted(text, "cadence:request_success_total", finished_reason="error") == 1
+        assert counted(text, "cadence:request_success_total", finished_reason="abort") == 3
+        assert counted(text, "cadence:request_params_n_count") == 1
+        assert counted(text, "cadence:request_params_n_sum") == 4
+    wait_released(srv.engine)
