@@ -80,6 +80,8 @@ def check_sampling_params(p: Any) -> None:
     k = p.truncate_prompt_tokens
     if k is not None and (not is_int(k) or k == 0 or k < -1):
         raise ValueError(f"truncate_prompt_tokens must be an integer >= 1 or -1, got {k!r}.")
+    if p.truncation_side not in ("left", "right"):
+        raise ValueError(f"truncation_side must be 'left' or 'right', got {p.truncation_side!r}.")
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(p, name)
         if value is not None and (not is_int(value) or value < -1):

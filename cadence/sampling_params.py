@@ -78,6 +78,9 @@ class SamplingParams:
     repetition_detection: RepetitionDetectionParams | None = None
     # Keep only the prompt's last k tokens (left truncation); -1: the model's context length.
     truncate_prompt_tokens: int | None = None
+    # vLLM's request field (and tokenization_kwargs key): "right" keeps the prompt's first k
+    # tokens instead of its last.
+    truncation_side: str = "left"
     thinking_tags: tuple[int, int] | None = field(default=None, repr=False)
     # Filled in by the engine from the tokenizer / generation config; not user-facing.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)

@@ -280,7 +280,7 @@ MUTATIONS = [
              ("tests/server/test_chat_template.py",)),
     Mutation("srv-stream-prompt-ids-untruncated", "a streamed chat's prompt ids ignore "
              "truncate_prompt_tokens", "cadence/server/serving_chat.py",
-             "stream.prompt_token_ids = list(prompt_ids[len(prompt_ids) - kept:])",
+             "stream.prompt_token_ids = kept_tokens(prompt_ids, kept, params.truncation_side)",
              "stream.prompt_token_ids = list(prompt_ids)", ("tests/server/test_app.py",)),
     Mutation("cli-bench-underscores-kept", "bench options written with underscores are "
              "refused", "cadence/cli.py", "    elif args:  # bench: underscores too",
@@ -328,4 +328,7 @@ MUTATIONS = [
              '    add_generation_prompt = overrides.get("add_generation_prompt", add_generation_prompt)\n'
              '    continue_final_message = overrides.get("continue_final_message", continue_final_message)\n',
              "", ("tests/engine/test_llm_chat.py", "tests/server/test_chat_template.py")),
+    Mutation("srv-truncation-side-dropped", "the request's truncation_side is not passed on",
+             "cadence/server/protocol.py", '            truncation_side=self.truncation_side or "left",\n',
+             "", ("tests/server/test_app.py",)),
 ]

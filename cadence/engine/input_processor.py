@@ -35,6 +35,7 @@ __all__ = [
     "MAX_STOP_TOKEN_IDS",
     "InputProcessor",
     "InputValidationError",
+    "kept_tokens",
     "truncation_length",
     "PromptType",
     "bad_word_sequences",
@@ -49,9 +50,17 @@ def max_input_tokens(max_model_len: int, max_tokens: int | None) -> int:
 
 
 def truncation_length(k: int, max_model_len: int, max_tokens: int | None) -> int:
-    """How many of a prompt's last tokens ``truncate_prompt_tokens=k`` keeps: -1 is as many as
+    """How many of a prompt's tokens ``truncate_prompt_tokens=k`` keeps: -1 is as many as
     leave room for ``max_tokens`` (vLLM's renderer: max_model_len - max_tokens)."""
     return max_input_tokens(max_model_len, max_tokens) if k == -1 else k
+
+
+def kept_tokens(token_ids: Sequence[int], keep: int, side: str) -> list[int]:
+    """The ``keep`` tokens truncation leaves: the last ones (``side`` "left", vLLM's default)
+    or the first ones ("right")."""
+    if len(token_ids) <= keep:
+        return list(token_ids)
+    return list(token_ids[:keep] if side == "right" else token_ids[len(token_ids) - keep:])
 
 
 class InputProcessor:
@@ -132,7 +141,7 @@ class InputProcessor:
         truncating = params.truncate_prompt_tokens is not None
         prompt_text, token_ids = self._parse_prompt(prompt, bound=not truncating)
         token_ids = self._truncate(token_ids, params.truncate_prompt_tokens, params.max_tokens,
-                                   strict_max_tokens)
+                                   strict_max_tokens, params.truncation_side)
         cache_salt = self._cache_salt(prompt)
         self._validate_token_ids(token_ids)
         params.max_tokens = self._resolve_max_tokens(len(token_ids), params.max_tokens,
@@ -174,9 +183,9 @@ class InputProcessor:
         return request, prompt_text
 
     def _truncate(self, token_ids: list[int], k: int | None, max_tokens: int | None,
-                  strict: bool) -> list[int]:
-        """vLLM's truncate_prompt_tokens: the prompt's last ``k`` tokens (-1: as many as leave
-        room for ``max_tokens``). With ``strict`` (the server's rule) more than that room is an
+                  strict: bool, side: str = "left") -> list[int]:
+        """vLLM's truncate_prompt_tokens: the prompt's last ``k`` tokens (its first with
+        ``side`` "right"; -1: as many as leave room for ``max_tokens``). With ``strict`` (the server's rule) more than that room is an
         error; offline (vLLM's ``LLM``) only more than ``max_model_len`` is, and a longer
         ``max_tokens`` is capped as for any prompt. The prompt text, if any, is kept as given."""
         if k is None:
@@ -188,7 +197,7 @@ class InputProcessor:
                     f"truncate_prompt_tokens={k} cannot be greater than max_model_len="
                     f"{self.max_model_len}. Please request a smaller truncation size.",
                     "truncate_prompt_tokens", k)
-            return token_ids[-k:] if len(token_ids) > k else token_ids
+            return kept_tokens(token_ids, k, side)
         if room < 1:
             raise InputValidationError(
                 f"max_tokens={max_tokens} leaves no room for a prompt in this model's maximum "
@@ -199,7 +208,7 @@ class InputProcessor:
                 f"truncate_prompt_tokens={keep} cannot be greater than max_model_len - "
                 f"max_tokens = {room}. Please request a smaller truncation size.",
                 "truncate_prompt_tokens", keep)
-        return token_ids[-keep:] if len(token_ids) > keep else token_ids
+        return kept_tokens(token_ids, keep, side)
 
     @staticmethod
     def _cache_salt(prompt: PromptType) -> str | None:

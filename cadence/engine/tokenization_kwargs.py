@@ -1,6 +1,6 @@
 """vLLM's ``tokenization_kwargs`` of ``LLM.generate``: how text prompts are tokenized and
 truncated (``add_special_tokens``, ``do_lower_case``, ``truncation`` / ``max_length``,
-``truncate_prompt_tokens``), applied to each prompt and its sampling parameters before the
+``truncate_prompt_tokens``, ``truncation_side``), applied to each prompt and its sampling parameters before the
 input processor reads them."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class TokenizationKwargs:
     # max_tokens), where the sampling parameters set no truncate_prompt_tokens (theirs win).
     truncate: int | None = None
     max_length: int | None = None  # the longest prompt taken (after any truncation)
+    truncation_side: str | None = None  # "right": the first tokens kept (None: the params')
 
     @classmethod
     def parse(cls, kwargs: Mapping[str, Any] | None) -> TokenizationKwargs:
@@ -44,6 +45,10 @@ class TokenizationKwargs:
         if truncate == 0:
             raise InputValidationError("tokenization_kwargs: truncate_prompt_tokens must be -1 "
                                        "or at least 1, got 0.", "tokenization_kwargs")
+        side = rest.pop("truncation_side", None)
+        if side not in (None, "left", "right"):
+            raise InputValidationError("tokenization_kwargs: truncation_side must be 'left' or "
+                                       f"'right', got {side!r}.", "tokenization_kwargs")
         rest.pop("needs_detokenization", None)  # vLLM's: whether prompt text is kept (always)
         # vLLM's reading: a false value changes nothing; True / "longest_first" truncate to
         # max_length, "do_not_truncate" drops this dict's truncate_prompt_tokens.
@@ -56,7 +61,7 @@ class TokenizationKwargs:
             rest["truncation"] = truncation
         if rest:  # vLLM warns and goes on
             logger.warning("tokenization_kwargs not supported, ignored: %s", sorted(rest))
-        return cls(special, lower, truncate, max_length)
+        return cls(special, lower, truncate, max_length, side)
 
     def prompt(self, prompt: Any) -> Any:
         """``prompt`` with the text options applied (token prompts are left as they are)."""
@@ -83,10 +88,12 @@ class TokenizationKwargs:
             k = self.truncate
         if k == -1 and self.max_length is not None:
             k = self.max_length
-        if k == params.truncate_prompt_tokens:
+        side = self.truncation_side or params.truncation_side
+        if k == params.truncate_prompt_tokens and side == params.truncation_side:
             return params
         out = params.clone()
         out.truncate_prompt_tokens = k
+        out.truncation_side = side
         return out
 
     def check_length(self, num_tokens: int) -> None:

@@ -190,8 +190,10 @@ class SamplingRequest(OpenAIModel):
     cache_salt: str | None = None
     # vLLM: the response's id is "cmpl-<request_id>" / "chatcmpl-<request_id>" (tracing).
     request_id: str | None = Field(default=None, min_length=1, max_length=MAX_REQUEST_ID_CHARS)
-    # vLLM: keep the prompt's last k tokens (-1: the context length).
+    # vLLM: keep the prompt's last k tokens (-1: the context length); its first k with
+    # truncation_side "right".
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None
     # vLLM: logprobs show each token as "token_id:N" (for tokens that are not valid text alone);
     # unset: the server's --return-tokens-as-token-ids (``apply_server_defaults``).
     return_tokens_as_token_ids: bool | None = None
@@ -318,6 +320,7 @@ class SamplingRequest(OpenAIModel):
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             truncate_prompt_tokens=self.truncate_prompt_tokens,
+            truncation_side=self.truncation_side or "left",
             output_kind=kind,
             stream_interval=self.stream_interval,
         )

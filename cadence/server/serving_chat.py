@@ -7,7 +7,7 @@ import functools
 from collections.abc import AsyncGenerator, Sequence
 
 from cadence.engine.frontend import reasoning_tag_ids
-from cadence.engine.input_processor import truncation_length
+from cadence.engine.input_processor import kept_tokens, truncation_length
 from cadence.server.chat_stream import ChatStream, chat_logprobs, forced_calls, one_call_at_most
 from cadence.server.chat_template import render_chat, request_template
 from cadence.server.protocol import ParamError, random_id
@@ -106,14 +106,14 @@ class OpenAIServingChat(OpenAIServing):
             params.skip_special_tokens = False  # the parser's tag is a special token (vLLM)
         if stream is not None:
             # The role chunks' prompt ids and continuous usage: the prompt as the engine keeps
-            # it (its last tokens under truncate_prompt_tokens, as the engine cuts it).
+            # it (the tokens truncate_prompt_tokens leaves, as the engine cuts it).
             k = request.truncate_prompt_tokens
             kept = len(prompt_ids) if k is None else min(
                 len(prompt_ids), truncation_length(k, self.engine.max_model_len,
                                                    params.max_tokens))
             stream.prompt_tokens = kept
             if request.return_token_ids:
-                stream.prompt_token_ids = list(prompt_ids[len(prompt_ids) - kept:])
+                stream.prompt_token_ids = kept_tokens(prompt_ids, kept, params.truncation_side)
         ended = self.reasoning_ended(request, prompt_ids)
         if params.structured_outputs is not None and (
                 self.reasoning_tags is None or not request.include_reasoning):

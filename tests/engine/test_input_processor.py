@@ -371,6 +371,22 @@ def test_list_bounds_accept_the_limit_and_refuse_one_more(
     assert info.value.parameter == field
 
 
+def test_truncation_side_right_keeps_the_first_tokens(tokenizer: PreTrainedTokenizerFast) -> None:
+    # vLLM's truncation_side: "right" keeps the first k tokens, offline and strict alike.
+    proc = _proc(tokenizer)  # max_model_len 64
+    ids = list(range(3, 3 + 100))
+    for strict in (False, True):
+        req, _ = proc.process(f"a{strict}", {"prompt_token_ids": ids}, SamplingParams(
+            max_tokens=4, truncate_prompt_tokens=10, truncation_side="right"),
+            strict_max_tokens=strict)
+        assert req.prompt_token_ids == ids[:10]
+    req, _ = proc.process("b", {"prompt_token_ids": ids}, SamplingParams(
+        max_tokens=4, truncate_prompt_tokens=-1, truncation_side="right"))
+    assert req.prompt_token_ids == ids[:60]
+    with pytest.raises(ValueError, match="truncation_side must be 'left' or 'right'"):
+        SamplingParams(truncation_side="middle")
+
+
 def test_truncate_prompt_tokens_keeps_the_last_tokens(tokenizer: PreTrainedTokenizerFast) -> None:
     proc = _proc(tokenizer)  # max_model_len 64
     ids = list(range(3, 3 + 100))  # longer than the context

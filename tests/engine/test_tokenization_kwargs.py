@@ -43,6 +43,13 @@ def test_truncation_keeps_a_prompts_last_tokens(llm) -> None:
     assert _prompt_ids(llm, TEXT, {"truncation": False}, truncate_prompt_tokens=5) == ids[-5:]
     with pytest.raises(ValueError, match="maximum context length"):
         _prompt_ids(llm, TEXT, {"truncation": "do_not_truncate", "truncate_prompt_tokens": 7})
+    # vLLM's truncation_side: "right" keeps the first tokens (either dict may say it).
+    assert _prompt_ids(llm, TEXT, {"truncation": True, "max_length": 10,
+                                   "truncation_side": "right"}) == ids[:10]
+    assert _prompt_ids(llm, TEXT, {"truncation_side": "right"},
+                       truncate_prompt_tokens=5) == ids[:5]
+    with pytest.raises(ValueError, match="truncation_side must be 'left' or 'right'"):
+        _prompt_ids(llm, TEXT, {"truncation_side": "up", "truncate_prompt_tokens": 5})
     # A truncation longer than max_length still leaves the prompt past it.
     with pytest.raises(InputValidationError, match="more than tokenization_kwargs max_length"):
         _prompt_ids(llm, TEXT, {"max_length": 10}, truncate_prompt_tokens=20)

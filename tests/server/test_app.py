@@ -649,6 +649,27 @@ def test_chat_cache_salt_keeps_the_prefix_cache_apart(server) -> None:
         assert hits_of(None) >= 4 * server.engine.block_size
 
 
+def test_truncation_side_right_keeps_the_prompts_head(server) -> None:
+    """vLLM's truncation_side "right": the prompt's first k tokens (completions and a streamed
+    chat's prompt ids); any other side is a 400 naming the field."""
+    ids = list(range(10, 40))
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        out = http.post("/v1/completions", json={
+            "prompt": ids, "max_tokens": 1, "truncate_prompt_tokens": 2,
+            "truncation_side": "right", "return_token_ids": True}).json()
+        assert out["choices"][0]["prompt_token_ids"] == [10, 11]
+        body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1,
+                "return_token_ids": True}
+        full = http.post("/v1/chat/completions", json=body).json()["prompt_token_ids"]
+        cut = {**body, "truncate_prompt_tokens": 3, "truncation_side": "right"}
+        assert http.post("/v1/chat/completions", json=cut).json()["prompt_token_ids"] == full[:3]
+        with http.stream("POST", "/v1/chat/completions", json={**cut, "stream": True}) as r:
+            first = next(json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: "))
+        assert first["prompt_token_ids"] == full[:3]
+        bad = http.post("/v1/completions", json={"prompt": "x", "truncation_side": "middle"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "truncation_side"
+
+
 def test_truncate_prompt_tokens_serves_the_prompts_tail(server) -> None:
     """vLLM's truncate_prompt_tokens: only the prompt's last k tokens count (usage says k), and
     the answer is the one for that tail; on chat, the rendered conversation's tail."""
