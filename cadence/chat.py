@@ -26,8 +26,10 @@ ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 # refusal as OpenAI clients replay it, and the Responses API's input_text / output_text.
 TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}
 
-# The renderer's options chat_template_kwargs may set, over the named ones (vLLM merges the
-# kwargs over them); the other reserved names (``reserved_template_kwargs``: what the renderer
+# The renderer's options chat_template_kwargs may name: as vLLM merges them, the named option
+# wins unless it is unset (None): the kwargs' template, tools and documents count where none is
+# given; add_generation_prompt and continue_final_message are always given (booleans), so the
+# kwargs' are ignored. The other reserved names (``reserved_template_kwargs``: what the renderer
 # passes itself, other named arguments of transformers' renderer) are refused.
 TEMPLATE_OVERRIDES = ("chat_template", "add_generation_prompt", "continue_final_message",
                       "tools", "documents")
@@ -58,14 +60,13 @@ _CHATML_END = "<|im_end|>"
 
 def split_overrides(chat_template_kwargs: Mapping[str, Any] | None
                     ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the renderer's options that ``chat_template_kwargs`` sets (``TEMPLATE_OVERRIDES``),
+    """(the renderer's options that ``chat_template_kwargs`` names (``TEMPLATE_OVERRIDES``),
     the template variables left)."""
     kwargs = dict(chat_template_kwargs or {})
     return {k: kwargs.pop(k) for k in TEMPLATE_OVERRIDES if k in kwargs}, kwargs
 
 
-_OVERRIDE_TYPES = {"chat_template": (str, "a string"), "add_generation_prompt": (bool, "a boolean"),
-                   "continue_final_message": (bool, "a boolean"), "tools": (list, "a list"),
+_OVERRIDE_TYPES = {"chat_template": (str, "a string"), "tools": (list, "a list"),
                    "documents": (list, "a list")}
 
 
@@ -73,13 +74,15 @@ def check_template_options(chat_template_kwargs: Mapping[str, Any] | None,
                            add_generation_prompt: bool, continue_final_message: bool
                            ) -> tuple[str, str] | None:
     """(parameter, message) of what is wrong with a conversation's template options, or None.
-    Options that ``chat_template_kwargs`` sets (``split_overrides``) are checked as they
-    count, over the named ones."""
+    The options ``chat_template_kwargs`` may name (``split_overrides``) are checked where they
+    can count (a template, tools, documents)."""
     overrides, rest = split_overrides(chat_template_kwargs)
     reserved = sorted(reserved_template_kwargs() & set(rest))
     if reserved:
         return "chat_template_kwargs", f"chat_template_kwargs cannot set {', '.join(reserved)}."
     for key, value in overrides.items():
+        if key not in _OVERRIDE_TYPES:
+            continue
         kind, said = _OVERRIDE_TYPES[key]
         if value is not None and (not isinstance(value, kind)
                                   or (kind is list and not all(isinstance(v, Mapping)
@@ -88,9 +91,6 @@ def check_template_options(chat_template_kwargs: Mapping[str, Any] | None,
             return ("chat_template_kwargs",
                     f"chat_template_kwargs.{key} must be {what} (or null), got "
                     f"{type(value).__name__}.")
-    add_generation_prompt = bool(overrides.get("add_generation_prompt", add_generation_prompt))
-    continue_final_message = bool(overrides.get("continue_final_message",
-                                                continue_final_message))
     if nesting_depth(chat_template_kwargs or {}) > MAX_JSON_DEPTH:
         # The template's renderer walks the values recursively: bounded before it does.
         return ("chat_template_kwargs",
@@ -280,9 +280,10 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
 
 
 def tool_arguments(text: str) -> Any:
-    """A tool call's arguments (OpenAI's JSON text) as the object templates read: empty text and
-    JSON null are an empty object (vLLM's, for calls without arguments); a ValueError says what
-    is wrong (nesting past MAX_JSON_DEPTH, checked without recursion; not JSON)."""
+    """A tool call's arguments (OpenAI's JSON text) as the object templates read: empty text is
+    an empty object (vLLM's, for calls without arguments), and so is JSON null (templates read
+    the arguments as a mapping); a ValueError says what is wrong (nesting past MAX_JSON_DEPTH,
+    checked without recursion; not JSON)."""
     if not text:
         return {}
     if nesting_depth(text) > MAX_JSON_DEPTH:
@@ -347,18 +348,17 @@ def render_conversation(
     documents: list[dict[str, str]] | None = None,
 ) -> str:
     """The prompt text of ``conversation``: ``chat_template`` or the tokenizer's, else ChatML.
-    The renderer's options that ``chat_template_kwargs`` sets count over the named ones
-    (vLLM's merge). A template that fails is a ValueError naming ``messages``."""
+    The renderer's options that ``chat_template_kwargs`` names count where the named ones are
+    unset (vLLM's merge, ``TEMPLATE_OVERRIDES``). A template that fails is a ValueError naming
+    ``messages``."""
     problem = check_template_options(chat_template_kwargs, add_generation_prompt,
                                      continue_final_message)
     if problem is not None:
         raise ValueError(problem[1])
     overrides, chat_template_kwargs = split_overrides(chat_template_kwargs)
-    add_generation_prompt = overrides.get("add_generation_prompt", add_generation_prompt)
-    continue_final_message = overrides.get("continue_final_message", continue_final_message)
-    chat_template = overrides.get("chat_template") or chat_template  # null: the one given
-    tools = overrides.get("tools", tools)
-    documents = overrides.get("documents", documents)
+    chat_template = chat_template or overrides.get("chat_template") or None
+    tools = tools if tools is not None else overrides.get("tools")
+    documents = documents if documents is not None else overrides.get("documents")
     for i, tool in enumerate(tools or []):
         if nesting_depth(tool) > MAX_JSON_DEPTH:
             raise ValueError(f"tools: tool {i} nests deeper than {MAX_JSON_DEPTH} levels.")

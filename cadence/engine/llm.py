@@ -197,11 +197,11 @@ class LLM:
                                          continue_final_message)
         if problem is not None:
             raise ValueError(problem[1])
-        # chat_template_kwargs may set the renderer's options (vLLM's merge): its template
+        # The template that renders (chat_template_kwargs' where none is given, vLLM's merge)
         # is the one whose content format counts.
-        fmt = content_format(chat_template_content_format, tokenizer,
-                             split_overrides(chat_template_kwargs)[0].get("chat_template",
-                                                                          chat_template))
+        template = chat_template or split_overrides(chat_template_kwargs)[0].get(
+            "chat_template") or None
+        fmt = content_format(chat_template_content_format, tokenizer, template)
         one = (isinstance(messages, Sequence) and bool(messages)
                and isinstance(messages[0], Mapping))
         conversations = [messages] if one else messages

@@ -61,18 +61,22 @@ def check_template_syntax(template: str) -> None:
 
 def request_template(requested: str | None, server: str | None, trusted: bool,
                      chat_template_kwargs: dict[str, Any] | None = None) -> str | None:
-    """The template a chat request renders with: its own ``chat_template`` (or the one its
-    ``chat_template_kwargs`` set, over it, as vLLM merges them) where the server trusts
-    request templates (``--trust-request-chat-template``; it must parse), else the server's;
-    a request template the server does not trust is refused."""
-    requested = split_overrides(chat_template_kwargs)[0].get("chat_template") or requested
-    if requested is None:
+    """The template a chat request renders with: its own ``chat_template`` where the server
+    trusts request templates (``--trust-request-chat-template``; it must parse), else the
+    server's, else the one its ``chat_template_kwargs`` name (vLLM's merge: the named template
+    wins); a request template the server does not trust, in either field, is refused."""
+    named = split_overrides(chat_template_kwargs)[0].get("chat_template") or None
+    if requested is None and named is None:
         return server
     if not trusted:
         raise ParamError("chat_template", "Chat template is passed with the request, but "
                          "--trust-request-chat-template is not set: refused.")
-    check_template_syntax(requested)
-    return requested
+    if requested is None and server is not None:
+        return server
+    template = requested if requested is not None else named
+    assert template is not None
+    check_template_syntax(template)
+    return template
 
 
 def render_chat(

@@ -28,7 +28,9 @@ START, END = "<|python_start|>", "<|python_end|>"
 # grows).
 _NAME = r"[A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)*"
 _OPENING = re.compile(rf"\s*\[\s*{_NAME}\s*\(")
-_OPENING_PREFIX = re.compile(r"\s*(?:\[\s*(?:[A-Za-z_]\w*(?:\s*\.\s*(?:[A-Za-z_]\w*)?)*\s*)?)?")
+# NOTE: no two parts may match the same blanks (a dot-leader line would then backtrack
+# exponentially on the event loop): names joined by dots, then at most one trailing dot.
+_OPENING_PREFIX = re.compile(rf"\s*(?:\[\s*(?:{_NAME}(?:\s*\.)?\s*)?)?")
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 _MAX_SOURCE = 1 << 20  # characters: the parser's input stays bounded
 

@@ -99,8 +99,10 @@ class ParsedTrace:
 def load_events(trace: str | Path | dict | list) -> list[dict]:
     """The complete ("X") events of a trace given as a path, a trace dict or an event list; a
     file that is no such trace is a ValueError naming it."""
+    where = ""
     if isinstance(trace, (str, Path)):
         path = Path(trace)
+        where = f"{path}: "
         if path.suffix in (".sqlite", ".db"):
             data: Any = load_nsys_sqlite(path)
         else:
@@ -114,8 +116,8 @@ def load_events(trace: str | Path | dict | list) -> list[dict]:
         data = trace
     events = data.get("traceEvents", []) if isinstance(data, dict) else data
     if not isinstance(events, list):
-        raise ValueError("a trace is a JSON object with a 'traceEvents' list, or a list of "
-                         f"events; got {type(events).__name__}")
+        raise ValueError(f"{where}a trace is a JSON object with a 'traceEvents' list, or a list "
+                         f"of events; got {type(events).__name__}")
     return [e for e in events
             if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e and "dur" in e]
 

@@ -61,7 +61,7 @@ def test_tool_calls_reach_the_template_as_objects(llm) -> None:
                 "({{ c.function.arguments | tojson }})]{% endfor %};{% endfor %}")
     (out,) = llm.chat(conversation, GREEDY, use_tqdm=False, chat_template=template)
     assert out.prompt == 'user:Weather?;assistant:[get({"city": "Paris"})];tool:sunny;'
-    # No arguments ("", null, None or the key left out) are an empty object (vLLM's).
+    # No arguments ("", None or the key left out: vLLM's; JSON null too) are an empty object.
     for function in ({"name": "get", "arguments": ""}, {"name": "get", "arguments": "null"},
                      {"name": "get", "arguments": None}, {"name": "get"}):
         calls = [{"id": "c1", "type": "function", "function": function}]
@@ -99,9 +99,7 @@ def test_tool_calls_reach_the_template_as_objects(llm) -> None:
      r"chat_template_kwargs.tools must be a list of objects"),
     ([{"role": "user", "content": "a"}], {"chat_template_kwargs": {"chat_template": 5}},
      r"chat_template_kwargs.chat_template must be a string"),
-    # The options as they count: the kwargs' over the named ones.
-    ([{"role": "user", "content": "a"}],
-     {"chat_template_kwargs": {"continue_final_message": True}}, "cannot both be true"),
+
     # JSON's "\ud800" escape in tool-call arguments: a lone surrogate, no text to tokenize.
     ([{"role": "user", "content": "a"},
       {"role": "assistant", "content": None, "tool_calls": [
@@ -262,10 +260,10 @@ def test_pooling_calls_say_they_are_not_supported(llm, method: str) -> None:
         getattr(llm, method)(["a"])
 
 
-def test_chat_template_kwargs_set_the_renderers_options(llm) -> None:
-    """vLLM's LLM.chat merges chat_template_kwargs over its named options: the template, the
-    generation prompt, continuing the last message, tools and documents set there count
-    (the named ones are what the kwargs leave)."""
+def test_chat_template_kwargs_fill_the_renderers_unset_options(llm) -> None:
+    """vLLM's merge of chat_template_kwargs under LLM.chat's named options: a named option wins
+    unless unset, so the kwargs' template, tools and documents count where none is given, and
+    add_generation_prompt / continue_final_message there change nothing."""
     conversation = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
     template = ("{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}"
                 "{% for d in documents or [] %}<{{ d.title }}>{% endfor %}"
@@ -277,17 +275,17 @@ def test_chat_template_kwargs_set_the_renderers_options(llm) -> None:
         (out,) = llm.chat(conversation, GREEDY, use_tqdm=False, **kw)
         return out.prompt
 
-    tool = {"type": "function", "function": {"name": "f"}}
-    assert prompt(chat_template=template) == "user:Hi;assistant:Yo;assistant:"
-    assert prompt(chat_template=template,
-                  chat_template_kwargs={"add_generation_prompt": False}) == "user:Hi;assistant:Yo;"
+    tool, tool2 = ({"type": "function", "function": {"name": n}} for n in ("f", "g"))
+    plain = "user:Hi;assistant:Yo;assistant:"
+    assert prompt(chat_template=template) == plain
+    for ignored in ({"add_generation_prompt": False}, {"continue_final_message": True}):
+        assert prompt(chat_template=template, chat_template_kwargs=ignored) == plain
     assert prompt(chat_template=template, chat_template_kwargs={
-        "tools": [tool], "documents": [{"title": "D", "text": "t"}]}) == (
-        "[f]<D>user:Hi;assistant:Yo;assistant:")
+        "tools": [tool], "documents": [{"title": "D", "text": "t"}]}) == "[f]<D>" + plain
     assert prompt(chat_template=template, tools=[tool],
-                  chat_template_kwargs={"tools": None}) == "user:Hi;assistant:Yo;assistant:"
-    assert prompt(chat_template=template, chat_template_kwargs={"chat_template": other}) == (
-        "Hi|Yo|")
-    # continue_final_message from the kwargs: the last message left open (no end, no prompt).
-    assert prompt(chat_template_kwargs={"add_generation_prompt": False,
-                                        "continue_final_message": True}).endswith("Yo")
+                  chat_template_kwargs={"tools": [tool2]}) == "[f]" + plain
+    assert prompt(chat_template=template, tools=[tool],
+                  chat_template_kwargs={"tools": None}) == "[f]" + plain
+    # The kwargs' template where none is named; the named one wins over it.
+    assert prompt(chat_template_kwargs={"chat_template": other}) == "Hi|Yo|"
+    assert prompt(chat_template=template, chat_template_kwargs={"chat_template": other}) == plain

@@ -92,3 +92,21 @@ def test_pythonic_tool_calls_through_the_openai_client(server_factory) -> None:
     content, calls = streamed_calls(client, kw)
     assert content == "" and [c.index for c in calls] == [0, 1]
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == PY_CALLS
+
+
+def test_a_dot_leader_line_is_no_catastrophic_backtracking() -> None:
+    """A streamed answer like a table of contents ("[Introduction . . . . 1]") must be told
+    from a call list at once: a pattern whose parts could share the blanks between dots took
+    time doubling with each dot, on the event loop. Run apart, the timeout a safety bound
+    (the linear pattern takes microseconds, the old one ages for 60 dots)."""
+    import subprocess
+    import sys
+
+    code = ("from cadence.server.tool_calls_pythonic import PythonicCallStream as S\n"
+            "for text in ('[Introduction' + ' .' * 60 + ' 1]', '[a' + ' . ' * 60 + '!'):\n"
+            "    s = S()\n"
+            "    shown = ''.join(s.feed(c)[0] for c in text) + s.feed('', final=True)[0]\n"
+            "    assert shown == text, shown\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
