@@ -335,4 +335,9 @@ MUTATIONS = [
     Mutation("srv-truncation-side-dropped", "the request's truncation_side is not passed on",
              "cadence/server/protocol.py", '            truncation_side=self.truncation_side or "left",\n',
              "", ("tests/server/test_app.py",)),
+    Mutation("srv-calls-finish-same-chunk", "a streamed call shares its chunk with the finish "
+             "reason (the SDK never closes it)", "cadence/server/chat_stream.py",
+             "            if calls and finish is not None:\n                # NOTE: the finish",
+             "            if False:\n                # NOTE: the finish",
+             ("tests/server/test_tool_calls.py",)),
 ]

@@ -177,6 +177,16 @@ class ChatStream:
             if request.continuous_usage:
                 usage = (self.prompt_tokens, self.choice_tokens[c.index])
                 reasoning_tokens = self.reasoning_tokens(c.index)
+            if calls and finish is not None:
+                # NOTE: the finish reason in an empty chunk of its own after the calls, as
+                # OpenAI frames it: the SDK's stream helper closes a call (its
+                # "arguments.done") only at a chunk after the one that opened it.
+                return frames.chunk(
+                    content=content, reasoning=reasoning, tool_calls=calls, logprobs=lps,
+                    usage=usage, reasoning_tokens=reasoning_tokens, token_ids=ids,
+                    index=c.index,
+                ) + frames.chunk(finish_reason=finish, stop_reason=c.stop_reason, usage=usage,
+                                 reasoning_tokens=reasoning_tokens, index=c.index)
             return frames.chunk(
                 content=content,
                 reasoning=reasoning,

@@ -604,3 +604,30 @@ def test_a_required_call_cut_at_max_tokens_finishes_by_length(server_factory, st
         assert got == finish
         assert [json.loads(c.function.arguments) for c in calls] == [{"city": "Paris"}]
     wait_released(srv.engine)
+
+
+def test_the_sdk_stream_helper_closes_every_call(server) -> None:
+    """OpenAI frames a streamed answer's finish reason in an empty chunk after its calls; the
+    SDK's stream helper fires a call's "arguments.done" only at a later chunk, so a call sent
+    whole in the finishing chunk was never closed. Each call now comes first, the finish
+    reason after it (forced choices, one choice and several)."""
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+    for choice in ({"type": "function", "function": {"name": "get_time"}}, "required"):
+        for n in (1, 3):
+            with client.chat.completions.stream(
+                    model="tiny", messages=[{"role": "user", "content": "weather?"}],
+                    tools=FORCED_TOOLS, tool_choice=choice, max_tokens=480, temperature=1.0,
+                    seed=2, n=n) as stream:
+                events = list(stream)
+                final = stream.get_final_completion()
+            done = [(e.index, e.name) for e in events
+                    if e.type == "tool_calls.function.arguments.done"]
+            calls = [(i, call.function.name) for ch in final.choices
+                     for i, call in enumerate(ch.message.tool_calls or [])]
+            assert calls and sorted(done) == sorted(calls), (choice, n, done, calls)
+            # The finishing chunks carry no delta of their own.
+            finishing = [e.chunk.choices[0] for e in events
+                         if e.type == "chunk" and e.chunk.choices
+                         and e.chunk.choices[0].finish_reason is not None]
+            assert len(finishing) == n
+            assert all(not c.delta.tool_calls and not c.delta.content for c in finishing)
