@@ -16,8 +16,8 @@ from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 __all__ = ["CONTENT_FORMATS", "RESERVED_TEMPLATE_KWARGS", "TEMPLATE_OVERRIDES", "TEXT_PARTS",
            "add_reasoning", "check_template_options", "content_format", "content_parts",
            "conversation_of", "detect_content_format", "developer_as_system", "part_texts",
-           "render_conversation", "reserved_template_kwargs", "split_overrides",
-           "tool_arguments"]
+           "named_template", "render_conversation", "reserved_template_kwargs",
+           "split_overrides", "tool_arguments"]
 
 # OpenAI's roles ("function": its deprecated role of a function call's result). Any other role
 # string passes to the template as vLLM passes it (Llama 3.1's "ipython", a template's own).
@@ -66,6 +66,12 @@ def split_overrides(chat_template_kwargs: Mapping[str, Any] | None
     return {k: kwargs.pop(k) for k in TEMPLATE_OVERRIDES if k in kwargs}, kwargs
 
 
+def named_template(chat_template_kwargs: Mapping[str, Any] | None) -> str | None:
+    """The template ``chat_template_kwargs`` names (None for none, or an empty one): it counts
+    where no other is given (vLLM's merge)."""
+    return split_overrides(chat_template_kwargs)[0].get("chat_template") or None
+
+
 _OVERRIDE_TYPES = {"chat_template": (str, "a string"), "tools": (list, "a list"),
                    "documents": (list, "a list")}
 
@@ -80,10 +86,8 @@ def check_template_options(chat_template_kwargs: Mapping[str, Any] | None,
     reserved = sorted(reserved_template_kwargs() & set(rest))
     if reserved:
         return "chat_template_kwargs", f"chat_template_kwargs cannot set {', '.join(reserved)}."
-    for key, value in overrides.items():
-        if key not in _OVERRIDE_TYPES:
-            continue
-        kind, said = _OVERRIDE_TYPES[key]
+    for key, (kind, said) in _OVERRIDE_TYPES.items():
+        value = overrides.get(key)
         if value is not None and (not isinstance(value, kind)
                                   or (kind is list and not all(isinstance(v, Mapping)
                                                                for v in value))):
@@ -356,7 +360,7 @@ def render_conversation(
     if problem is not None:
         raise ValueError(problem[1])
     overrides, chat_template_kwargs = split_overrides(chat_template_kwargs)
-    chat_template = chat_template or overrides.get("chat_template") or None
+    chat_template = chat_template or named_template(overrides)
     tools = tools if tools is not None else overrides.get("tools")
     documents = documents if documents is not None else overrides.get("documents")
     for i, tool in enumerate(tools or []):

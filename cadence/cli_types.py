@@ -7,6 +7,8 @@ import argparse
 from collections.abc import Callable
 from fractions import Fraction
 
+from cadence.config import AUTO_MAX_MODEL_LEN
+
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9}
 _BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -36,8 +38,8 @@ def human_readable_int(text: str) -> int:
 def human_readable_int_or_auto(text: str) -> int:
     """``human_readable_int``, or -1 for "auto" / "-1" (vLLM's ``--max-model-len auto``: the
     context the KV cache holds, at most the model's)."""
-    if text.strip().lower() in ("auto", "-1"):
-        return -1
+    if text.strip().lower() in ("auto", str(AUTO_MAX_MODEL_LEN)):
+        return AUTO_MAX_MODEL_LEN
     return human_readable_int(text)
 
 

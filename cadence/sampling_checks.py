@@ -12,6 +12,8 @@ from cadence.sampling_types import RequestOutputKind
 REPETITION_PENALTY_MIN = 1e-30
 REPETITION_PENALTY_MAX = 1e30
 LOGIT_BIAS_MAX = 1e30
+# vLLM's truncation_side: "left" keeps a truncated prompt's last tokens, "right" its first.
+TRUNCATION_SIDES = ("left", "right")
 MAX_N = 128  # choices per server request (OpenAI's bound; the server's schema holds it)
 MAX_N_SEQUENCES = 16384  # choices per SamplingParams (vLLM's VLLM_MAX_N_SEQUENCES default)
 MAX_TEMPERATURE = 2.0
@@ -80,7 +82,7 @@ def check_sampling_params(p: Any) -> None:
     k = p.truncate_prompt_tokens
     if k is not None and (not is_int(k) or k == 0 or k < -1):
         raise ValueError(f"truncate_prompt_tokens must be an integer >= 1 or -1, got {k!r}.")
-    if p.truncation_side not in ("left", "right"):
+    if p.truncation_side not in TRUNCATION_SIDES:
         raise ValueError(f"truncation_side must be 'left' or 'right', got {p.truncation_side!r}.")
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(p, name)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from cadence.bench.report import MEASURED_BANDWIDTH
+from cadence.config import AUTO_MAX_MODEL_LEN
 
 # Measured on one H200 (sum-reduction read bandwidth); the roofline of a memory-bound step.
 H200_READ_BANDWIDTH = MEASURED_BANDWIDTH["H200"]
@@ -104,7 +105,7 @@ def fit_context(args, needed: int, what: str, limit: int | None = None) -> str |
     one-line error) or None. ``what`` names the flags that ask for ``needed``; ``limit``: the
     model's context where the caller has read it already (``model_context``). "auto" (-1) is
     left to the engine: it needs ``needed`` tokens of KV cache then."""
-    if args.max_model_len == -1:
+    if args.max_model_len == AUTO_MAX_MODEL_LEN:
         return None
     if args.max_model_len is not None:
         if args.max_model_len < needed:

@@ -31,6 +31,7 @@ from cadence.bench.report import (
     read_bandwidth,
 )
 from cadence.cli_types import int_at_least, int_list_at_least
+from cadence.config import AUTO_MAX_MODEL_LEN
 
 DEFAULT_LENS = (16, 128, 1024, 4096)
 # Dense bf16 tensor-core throughput measured on one H200 (matrix work), FLOP/s.
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = EngineArgs.from_cli_args(ns)
     lens, limit = ns.input_lens, None
     if lens is None:  # the defaults the model's context holds (a prompt and its one token)
-        given = args.max_model_len not in (None, -1)  # -1: auto
+        given = args.max_model_len not in (None, AUTO_MAX_MODEL_LEN)
         limit = None if given else model_context(args)
         room = args.max_model_len if given else limit
         lens = [n for n in DEFAULT_LENS if n + 1 <= room] or [room - 1]

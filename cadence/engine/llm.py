@@ -20,8 +20,8 @@ from cadence.chat import (
     check_template_options,
     content_format,
     conversation_of,
+    named_template,
     render_conversation,
-    split_overrides,
 )
 from cadence.core_types import EngineCoreRequest
 from cadence.engine.engine_args import EngineArgs
@@ -199,9 +199,8 @@ class LLM:
             raise ValueError(problem[1])
         # The template that renders (chat_template_kwargs' where none is given, vLLM's merge)
         # is the one whose content format counts.
-        template = chat_template or split_overrides(chat_template_kwargs)[0].get(
-            "chat_template") or None
-        fmt = content_format(chat_template_content_format, tokenizer, template)
+        fmt = content_format(chat_template_content_format, tokenizer,
+                             chat_template or named_template(chat_template_kwargs))
         one = (isinstance(messages, Sequence) and bool(messages)
                and isinstance(messages[0], Mapping))
         conversations = [messages] if one else messages

@@ -1,7 +1,7 @@
 """vLLM's ``tokenization_kwargs`` of ``LLM.generate``: how text prompts are tokenized and
 truncated (``add_special_tokens``, ``do_lower_case``, ``truncation`` / ``max_length``,
-``truncate_prompt_tokens``, ``truncation_side``), applied to each prompt and its sampling parameters before the
-input processor reads them."""
+``truncate_prompt_tokens``, ``truncation_side``), applied to each prompt and its sampling
+parameters before the input processor reads them."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cadence.engine.param_checks import InputValidationError
+from cadence.sampling_checks import TRUNCATION_SIDES
 from cadence.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class TokenizationKwargs:
             raise InputValidationError("tokenization_kwargs: truncate_prompt_tokens must be -1 "
                                        "or at least 1, got 0.", "tokenization_kwargs")
         side = rest.pop("truncation_side", None)
-        if side not in (None, "left", "right"):
+        if side is not None and side not in TRUNCATION_SIDES:
             raise InputValidationError("tokenization_kwargs: truncation_side must be 'left' or "
                                        f"'right', got {side!r}.", "tokenization_kwargs")
         rest.pop("needs_detokenization", None)  # vLLM's: whether prompt text is kept (always)

@@ -8,8 +8,8 @@ from typing import Any
 from cadence.chat import (
     add_reasoning,
     content_parts,
+    named_template,
     render_conversation,
-    split_overrides,
     tool_arguments,
 )
 from cadence.chat import content_format as content_format_of
@@ -65,18 +65,18 @@ def request_template(requested: str | None, server: str | None, trusted: bool,
     trusts request templates (``--trust-request-chat-template``; it must parse), else the
     server's, else the one its ``chat_template_kwargs`` name (vLLM's merge: the named template
     wins); a request template the server does not trust, in either field, is refused."""
-    named = split_overrides(chat_template_kwargs)[0].get("chat_template") or None
+    named = named_template(chat_template_kwargs)
     if requested is None and named is None:
         return server
     if not trusted:
         raise ParamError("chat_template", "Chat template is passed with the request, but "
                          "--trust-request-chat-template is not set: refused.")
-    if requested is None and server is not None:
-        return server
-    template = requested if requested is not None else named
-    assert template is not None
-    check_template_syntax(template)
-    return template
+    if requested is None:
+        if server is not None:
+            return server
+        requested = named
+    check_template_syntax(requested)
+    return requested
 
 
 def render_chat(
