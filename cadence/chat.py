@@ -88,13 +88,17 @@ def check_template_options(chat_template_kwargs: Mapping[str, Any] | None,
         return "chat_template_kwargs", f"chat_template_kwargs cannot set {', '.join(reserved)}."
     for key, (kind, said) in _OVERRIDE_TYPES.items():
         value = overrides.get(key)
-        if value is not None and (not isinstance(value, kind)
-                                  or (kind is list and not all(isinstance(v, Mapping)
-                                                               for v in value))):
-            what = f"{said} of objects" if kind is list else said
-            return ("chat_template_kwargs",
-                    f"chat_template_kwargs.{key} must be {what} (or null), got "
-                    f"{type(value).__name__}.")
+        if value is None:
+            continue
+        if not isinstance(value, kind):
+            got = type(value).__name__
+        elif kind is list and (odd := [v for v in value if not isinstance(v, Mapping)]):
+            got = f"an item of type {type(odd[0]).__name__}"
+        else:
+            continue
+        what = f"{said} of objects" if kind is list else said
+        return ("chat_template_kwargs",
+                f"chat_template_kwargs.{key} must be {what} (or null), got {got}.")
     if nesting_depth(chat_template_kwargs or {}) > MAX_JSON_DEPTH:
         # The template's renderer walks the values recursively: bounded before it does.
         return ("chat_template_kwargs",

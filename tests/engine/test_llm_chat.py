@@ -96,7 +96,10 @@ def test_tool_calls_reach_the_template_as_objects(llm) -> None:
     ([{"role": "user", "content": "a"}], {"chat_template_kwargs": {"tokenize": True}},
      "cannot set tokenize"),
     ([{"role": "user", "content": "a"}], {"chat_template_kwargs": {"tools": {"a": 1}}},
-     r"chat_template_kwargs.tools must be a list of objects"),
+     r"chat_template_kwargs.tools must be a list of objects \(or null\), got dict"),
+    ([{"role": "user", "content": "a"}], {"chat_template_kwargs": {"documents": [{}, None]}},
+     r"chat_template_kwargs.documents must be a list of objects \(or null\), got an item of "
+     r"type NoneType"),
     ([{"role": "user", "content": "a"}], {"chat_template_kwargs": {"chat_template": 5}},
      r"chat_template_kwargs.chat_template must be a string"),
 
