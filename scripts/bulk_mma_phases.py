@@ -2,7 +2,7 @@
 stamps in every block, run back to back in a CUDA graph as the decode step chains it.
 
     python scripts/bulk_mma_phases.py [--rows 1,2,4,8] [--shapes qkv,o,gate_up,down]
-        [--variants engine,late,nores] [--calls 200] [--json FILE]
+        [--variants engine,late,nores,serial] [--calls 200] [--json FILE]
 
 The stamps (``%globaltimer``, ns) are taken by thread 0 of each block of the chain's last call:
 T0 at the kernel's start, T1 after the grid dependency wait (the call before has released it),
@@ -22,10 +22,9 @@ bucket (``MMA_CONFIGS``; the 8-row bucket's where a shape has none).
 Variants of the kernel, to test what the prologue waits on: ``engine`` (as the engine builds
 it), ``late`` (no weight stage requested before the grid dependency wait: the stages are asked
 for after the prologue, so that its L2 reads queue behind none of this block's bulk copies),
-``nores`` (norm calls without the residual add: half the prologue's L2 reads), ``rowsx`` (the
-rows' sums of squares in one pass over all rows of the bucket, unrolled, instead of row after
-row: each row's sum in the same order, so the same product; rows past ``m`` re-read row 0 and
-are dropped, so the loop has no branch that would keep the rows' loads and shuffles apart).
+``nores`` (norm calls without the residual add: half the prologue's L2 reads), ``serial`` (the
+rows' sums of squares row after row, as before the engine took them all in one unrolled pass
+over the bucket's rows; each row's sum in the same order either way, so the same product).
 """
 
 from __future__ import annotations
@@ -66,9 +65,9 @@ _SPLICES = [
      "    const unsigned long long T1 = gt();\n    unsigned long long TA = 0, TB = 0;\n"),
     # Inside the norm prologue: after the residual add pass, after the rows' sums of squares.
     ("        ((uint4*)(xs + r * xrow))[v] = a;\n    }\n    __syncthreads();\n"
-     "    for (int r = 0; r < m; r++) {\n",
+     "    {\n        // Lane j",
      "        ((uint4*)(xs + r * xrow))[v] = a;\n    }\n    __syncthreads();\n    TA = gt();\n"
-     "    for (int r = 0; r < m; r++) {\n"),
+     "    {\n        // Lane j"),
     ("        rstd[tid] = rsqrtf(__fdiv_rn(fold_warps(v), (float)k) + eps);\n    }\n"
      "    __syncthreads();\n",
      "        rstd[tid] = rsqrtf(__fdiv_rn(fold_warps(v), (float)k) + eps);\n    }\n"
@@ -95,37 +94,30 @@ _EARLY_ISSUE = """    if (tid == 0) {
     }
 """
 _LATE_ANCHOR = "    const int g = lane >> 2, t = lane & 3;\n"
-# The row-after-row sums of squares (from the loop's head to its partials' store) and their
-# replacement: every row of the bucket (BM_MR) at once.
-_ROWS_HEAD = "    for (int r = 0; r < m; r++) {\n        // Lane j of NORM_LANES"
-_ROWS_TAIL = "        if (lane == 0) part[r * WARPS + warp] = ss;\n    }\n"
-_ROWS_ALL = """    {
-        float lanes[BM_MR][LPT];
+# The engine's sums of squares, every row of the bucket (BM_MR) in one pass (from the block's
+# head to its end), and the row-after-row loop it replaced (the ``serial`` variant).
+_ROWS_HEAD = "    {\n        // Lane j of NORM_LANES"
+_ROWS_TAIL = "            if (lane == 0 && r < m) part[r * WARPS + warp] = ss;\n        }\n    }\n"
+_ROWS_SERIAL = """    for (int r = 0; r < m; r++) {
+        const u16* sr = (const u16*)(xs + r * xrow);
+        float lanes[LPT];
         #pragma unroll
-        for (int r = 0; r < BM_MR; r++) {
-            #pragma unroll
-            for (int l = 0; l < LPT; l++) lanes[r][l] = 0.0f;
-        }
+        for (int l = 0; l < LPT; l++) lanes[l] = 0.0f;
         for (int c = 0; c < k; c += NORM_LANES) {
             #pragma unroll
-            for (int r = 0; r < BM_MR; r++) {
-                const u16* sr = (const u16*)(xs + (r < m ? r : 0) * xrow);
-                #pragma unroll
-                for (int l = 0; l < LPT; l++) {
-                    int i = c + tid * LPT + l;
-                    float s = i < k ? bf(sr[i]) : 0.0f;
-                    lanes[r][l] = fmaf(s, s, lanes[r][l]);
+            for (int l = 0; l < LPT; l++) {
+                int i = c + tid * LPT + l;
+                if (i < k) {
+                    float s = bf(sr[i]);
+                    lanes[l] = fmaf(s, s, lanes[l]);
                 }
             }
         }
-        #pragma unroll
-        for (int r = 0; r < BM_MR; r++) {
-            const float ss = fold_lanes(lanes[r]);
-            if (lane == 0 && r < m) part[r * WARPS + warp] = ss;
-        }
+        const float ss = fold_lanes(lanes);
+        if (lane == 0) part[r * WARPS + warp] = ss;
     }
 """
-VARIANTS = ("engine", "late", "nores", "rowsx")
+VARIANTS = ("engine", "late", "nores", "serial")
 
 
 def stamped_source(variant: str = "engine") -> str:
@@ -138,11 +130,11 @@ def stamped_source(variant: str = "engine") -> str:
         if src.count(old) != 1:
             raise SystemExit(f"anchor not found once in bulk_mma's source: {old!r}")
         src = src.replace(old, new)
-    if variant == "rowsx":
+    if variant == "serial":
         head, tail = src.find(_ROWS_HEAD), src.find(_ROWS_TAIL)
         if src.count(_ROWS_HEAD) != 1 or src.count(_ROWS_TAIL) != 1 or tail < head:
-            raise SystemExit("the sums of squares' loop not found once in bulk_mma's source")
-        src = src[:head] + _ROWS_ALL + src[tail + len(_ROWS_TAIL):]
+            raise SystemExit("the sums of squares' block not found once in bulk_mma's source")
+        src = src[:head] + _ROWS_SERIAL + src[tail + len(_ROWS_TAIL):]
     marker = 'extern "C" __global__'
     return src.replace(marker, _CLOCK + marker, 1)
 
@@ -164,9 +156,10 @@ class Chain:
         self.blocks = blocks_for(self.x.device, n)
         self.stamp = torch.zeros(self.blocks * STAMPS, dtype=torch.int64, device="cuda")
         options = defines(self.cfg.rows, self.cfg.kc, self.cfg.stages, self.cfg.threads,
-                          {"plain": 0, "norm": 1}[mode], self.res, False, self.cfg.padded)
+                          {"plain": 0, "norm": 1}[mode], self.res, False, self.cfg.padded,
+                          bm.mma_bucket(m))
         self.kernel = compiled(self.x.get_device(), stamped_source(variant), KERNEL,
-                               options + ["-DBM_PHASES=1", f"-DBM_MR={bm.mma_bucket(m)}"])
+                               options + ["-DBM_PHASES=1"])
         self.shared = self.cfg.shared_bytes(m, k, False)
 
     def call(self, i: int) -> None:

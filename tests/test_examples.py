@@ -225,17 +225,20 @@ def test_bulk_mma_phases_splices_every_stamp() -> None:
     if nvrtc_ok():
         assert KERNEL.encode() in compile_cuda(late, "late.cu", "sm_90",
                                                defines(32, 1024, 1, 256, 1, True, False))
-    # The all-rows variant replaces the row-after-row loop of squares, and only that.
-    rowsx = module.stamped_source("rowsx")
-    assert "for (int r = 0; r < m; r++) {\n        // Lane j" in src
-    assert "for (int r = 0; r < m; r++) {\n        // Lane j" not in rowsx
-    assert rowsx.count("float lanes[BM_MR][LPT];") == 1
-    assert rowsx.index("TA = gt();") < rowsx.index("lanes[BM_MR]") < rowsx.index("TB = gt();")
+    # The engine's sums of squares take the bucket's rows in one pass; the serial variant puts
+    # back the row-after-row loop, and only that.
+    serial = module.stamped_source("serial")
+    assert src.count("float lanes[BM_MR][LPT];") == 1
+    assert src.index("TA = gt();") < src.index("lanes[BM_MR]") < src.index("TB = gt();")
+    assert "lanes[BM_MR]" not in serial
+    assert serial.count("for (int r = 0; r < m; r++) {\n        const u16* sr") == 1
+    assert serial.index("TA = gt();") < serial.index("float lanes[LPT];") < serial.index("TB = gt();")
     if nvrtc_ok():
         for mr in (1, 8):
-            assert KERNEL.encode() in compile_cuda(
-                rowsx, "rowsx.cu", "sm_90",
-                defines(16, 1024, 2, 256, 1, True, False) + [f"-DBM_MR={mr}"])
+            for variant in (src, serial):
+                assert KERNEL.encode() in compile_cuda(
+                    variant, "rows.cu", "sm_90",
+                    defines(16, 1024, 2, 256, 1, True, False, max_rows=mr))
 
 
 def test_bulk_mma_phases_refuses_bad_arguments_in_one_line() -> None:

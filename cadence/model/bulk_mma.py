@@ -185,7 +185,7 @@ def _run(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, cfg:
     m = x.shape[0]
     fp8 = weight.dtype == FP8
     options = defines(cfg.rows, cfg.kc, cfg.stages, cfg.threads, _MODES[mode],
-                      residual is not None, fp8, cfg.padded)
+                      residual is not None, fp8, cfg.padded, mma_bucket(m))
     kernel = compiled(x.get_device(), SOURCE, KERNEL, options)
     args = (weight, x if scale is None else scale, x, x if residual is None else residual,
             x if norm_weight is None else norm_weight, out, out if res_out is None else res_out,

@@ -80,6 +80,18 @@ def test_the_source_compiles_for_hopper(cfg: MmaConfig, fp8: bool) -> None:
     for mode, res in itertools.product((0, 1, 2), (False, True)):
         if res and mode != 1:
             continue
-        options = defines(cfg.rows, cfg.kc, cfg.stages, cfg.threads, mode, res, fp8,
-                          cfg.padded)
-        assert KERNEL.encode() in compile_cuda(SOURCE, "bulk_mma.cu", "sm_90", options)
+        for bucket in ((1, 2, 4, MAX_M) if mode == 1 else (MAX_M,)):
+            options = defines(cfg.rows, cfg.kc, cfg.stages, cfg.threads, mode, res, fp8,
+                              cfg.padded, bucket)
+            assert KERNEL.encode() in compile_cuda(SOURCE, "bulk_mma.cu", "sm_90", options)
+
+
+def test_only_the_norm_prologue_is_built_per_row_bucket() -> None:
+    # The norm mode unrolls its sums of squares over the bucket's rows; the other modes share
+    # one build across buckets (the define stays at the largest).
+    assert "-DBM_MR=4" in defines(16, 1024, 2, 256, 1, True, False, max_rows=4)
+    for mode in (0, 2):
+        assert f"-DBM_MR={MAX_M}" in defines(16, 1024, 2, 256, mode, False, False, max_rows=2)
+    for bad in (0, MAX_M + 1):
+        with pytest.raises(ValueError, match="max_rows"):
+            defines(16, 1024, 2, 256, 1, True, False, max_rows=bad)
