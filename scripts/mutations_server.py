@@ -340,4 +340,12 @@ MUTATIONS = [
              "            if calls and finish is not None:\n                # NOTE: the finish",
              "            if False:\n                # NOTE: the finish",
              ("tests/server/test_tool_calls.py",)),
+    Mutation("responses-failed-event-dropped", "a failed Responses stream ends with its error "
+             "event alone", "cadence/server/serving_responses.py",
+             '                + self._event("response.failed", response=self.final))',
+             ")", ("tests/server/test_engine_failure.py", "tests/server/test_shutdown.py")),
+    Mutation("responses-failed-open-item-dropped", "response.failed leaves out the item cut "
+             "by the failure", "cadence/server/serving_responses.py",
+             '            self.final["output"].append(self._finished_item("incomplete"))',
+             "            pass", ("tests/server/test_engine_failure.py",)),
 ]

@@ -103,27 +103,36 @@ class ResponseEvents:
         return self._event("response.output_item.added", output_index=len(self.output),
                            item=item)
 
+    def _finished_item(self, status: str) -> dict[str, Any]:
+        """The open item with what it received, its status ``status`` (a call's: "completed"
+        unless it is a named function's, whose arguments are the whole answer; other parsers
+        give calls whole and drop a cut one)."""
+        item = self._open
+        assert item is not None
+        text = "".join(self._text)
+        if item["type"] == "reasoning":
+            return reasoning_item(item["id"], text)
+        if item["type"] == "function_call":
+            forced = isinstance(self.request.chat.tool_choice, NamedToolChoice)
+            return call_item(item["id"], item["call_id"], item["name"], text,
+                             status if forced else "completed")
+        lps = self._logprobs if self.request.logprobs_wanted else None
+        return message_item(item["id"], text, status, lps)
+
     def _close(self) -> str:
         item = self._open
         if item is None:
             return ""
         text = "".join(self._text)
+        done = self._finished_item(self._status)
         out = []
         if item["type"] == "reasoning":
-            done = reasoning_item(item["id"], text)
             out.append(self._event("response.reasoning_text.done", **self._where(),
                                    content_index=0, text=text))
             out.append(self._event("response.content_part.done", **self._where(),
                                    content_index=0, part=reasoning_part(text)))
-        elif item["type"] == "function_call":
-            # Only a named function's call can be cut (its arguments are the whole answer);
-            # other parsers give calls whole and drop a cut one.
-            forced = isinstance(self.request.chat.tool_choice, NamedToolChoice)
-            done = call_item(item["id"], item["call_id"], item["name"], text,
-                             self._status if forced else "completed")
-        else:
+        elif item["type"] == "message":
             lps = self._logprobs if self.request.logprobs_wanted else None
-            done = message_item(item["id"], text, self._status, lps)
             out.append(self._event("response.output_text.done", **self._where(),
                                    content_index=0, text=text, logprobs=lps or []))
             out.append(self._event("response.content_part.done", **self._where(),
@@ -220,11 +229,21 @@ class ResponseEvents:
         return out + self._event("response.completed", response=self.final)
 
     def error(self, exc: BaseException) -> str:
+        """The closing events of a stream that failed: the ``error`` event, then
+        ``response.failed`` with the response as it stood (its items, the open one cut; status
+        "failed", its ``error`` OpenAI's: ``server_error`` for a 5xx, ``invalid_prompt`` for
+        what the request's own content caused), kept as ``final``."""
         err = stream_error(exc, self.request.chat.grammar_param)
         if err.param:
             err.param = self.request.param_named(err.param)
         message = self.request.renamed(err.message)
-        return self._event("error", code=err.type, message=message, param=err.param)
+        self.final = self._response("failed")
+        if self._open is not None:  # what the open item had received, cut
+            self.final["output"].append(self._finished_item("incomplete"))
+        self.final["error"] = {"code": "server_error" if err.status_code >= 500
+                               else "invalid_prompt", "message": message}
+        return (self._event("error", code=err.type, message=message, param=err.param)
+                + self._event("response.failed", response=self.final))
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """Engine faults: a crash fails in-flight requests promptly with 503s, /health and /metrics say
 so, and the server exits with status 1 after a grace period; a stall turns /health 503 (with a
 log line) until the engine makes progress again; a request failing alone after its stream
-started ends with an error event."""
+started ends with an error event (on /v1/responses, then ``response.failed``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import logging
 import threading
 
 import httpx
+import openai
 import pytest
 
 from cadence.engine.core import EngineCore
@@ -259,3 +260,45 @@ def test_no_usage_chunk_follows_an_error_frame(server_factory, route: str) -> No
         wait_released(srv.engine)
     finally:
         core.open()
+
+
+def test_a_failing_responses_stream_ends_with_response_failed(server_factory) -> None:
+    """Through the openai client's stream helper: the deltas, the error event, then
+    ``response.failed`` whose response is failed, holds the message cut where the deltas
+    stopped, and carries OpenAI's error object; the engine serves on."""
+    srv = server_factory(core_factory=RequestFailingCore)
+    core: RequestFailingCore = srv.engine.engine_core.proc.engine_core
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    try:
+        with client.responses.stream(model="tiny", input=PROMPT, max_output_tokens=400,
+                                     temperature=0, extra_body={"ignore_eos": True}) as stream:
+            events = iter(stream)
+            core.allow(3)
+            seen = [next(events) for _ in range(4)]  # created, in_progress, item, part
+            assert [e.type for e in seen][:2] == ["response.created", "response.in_progress"]
+            core.wait_at_gate(3)
+            core.to_fail = set(core.scheduler.requests)
+            core.open()
+            rest = list(events)
+        kinds = [e.type for e in rest]
+        assert kinds[-2:] == ["error", "response.failed"] and "response.completed" not in kinds
+        assert "injected request failure" in rest[-2].message
+        failed = rest[-1].response
+        assert failed.status == "failed" and failed.error.code == "server_error"
+        assert "injected request failure" in failed.error.message and failed.usage is None
+        text = "".join(e.delta for e in rest if e.type == "response.output_text.delta")
+        assert text  # some of the answer came before the failure
+        (item,) = failed.output
+        assert item.type == "message" and item.status == "incomplete"
+        assert item.content[0].text == text
+        numbers = [e.sequence_number for e in seen + rest]
+        assert numbers == list(range(len(numbers)))
+        with pytest.raises(RuntimeError, match="response.completed"):
+            stream.get_final_response()  # the helper's own word for a stream that failed
+        core.to_fail = set()
+        answer = client.responses.create(model="tiny", input=PROMPT, max_output_tokens=4)
+        assert answer.status == "incomplete" and answer.usage.output_tokens == 4
+        wait_released(srv.engine)
+    finally:
+        core.open()
+

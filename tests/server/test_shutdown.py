@@ -76,7 +76,11 @@ def test_a_responses_stream_is_drained_then_ended_with_its_error_event(server_fa
             assert srv.server.lifecycle.in_flight == 1
             srv.server.should_exit = True  # what a signal does
             events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
-    assert events[-1]["type"] == "error" and "shutting down" in events[-1]["message"]
+    assert events[-2]["type"] == "error" and "shutting down" in events[-2]["message"]
+    failed = events[-1]
+    assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
+    assert failed["response"]["error"]["code"] == "server_error"
+    assert "shutting down" in failed["response"]["error"]["message"]
     assert not any(e["type"] == "response.completed" for e in events)
     srv.thread.join(30)
     assert not srv.thread.is_alive() and srv.server.exit_code == 0
