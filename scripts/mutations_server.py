@@ -34,7 +34,7 @@ MUTATIONS = [
              '            elif kind == "reasoning-x":\n                continue', (_RESP,)),
     Mutation("resp-call-always-completed", "a call cut by max_output_tokens is completed",
              "cadence/server/serving_responses.py",
-             'self._status if forced else "completed")',
+             'status if forced else "completed")',
              '"completed")',
              (_RESP,)),
     Mutation("resp-late-head", "the opening events are numbered when the stream first runs",
