@@ -432,4 +432,16 @@ MUTATIONS = [
              "                        stats.finished_requests.append(\n"
              "                            self._finished_stats(sibling, FinishReason.ABORT, now))",
              "                        pass", ("tests/server/test_disconnects.py",)),
+    Mutation("eng-prompt-partial-char-lost", "a character begun at the prompt's end is part "
+             "of the context, so the output completing it shows nothing",
+             "cadence/engine/detokenizer.py", "                return ids, len(ids) - held\n",
+             "                return ids, len(ids)\n", ("tests/engine/test_detokenizer.py",)),
+    Mutation("eng-delta-prompt-logprobs-none", "later delta outputs carry None prompt logprobs, "
+             "not vLLM's []", "cadence/engine/request_state.py",
+             "                prompt_logprobs = []\n", "                prompt_logprobs = None\n",
+             ("tests/engine/test_output_processor.py", "tests/engine/test_prompt_logprobs.py")),
+    Mutation("eng-prompt-stray-bytes-shown", "the prompt's stray bytes lead the output as "
+             "U+FFFD", "cadence/engine/detokenizer.py",
+             "            del self._ids[self._prefix_index:self._prefix_index + self._held]\n",
+             "            pass\n", ("tests/engine/test_detokenizer.py",)),
 ]

@@ -31,6 +31,8 @@ _MIN_CONTEXT, _MAX_CONTEXT = 4, 24
 # the window each step decodes. Pending tokens that decode to nothing (skipped special tokens)
 # leave the window instead, keeping the context before them.
 _MAX_PENDING = 16
+# Prompt tokens at most that a character begun at the prompt's end spans (its first 3 bytes).
+_MAX_HELD = 3
 
 DecodeFn = Callable[[list[int], bool], str]
 
@@ -87,22 +89,45 @@ class TextDecoder:
     ) -> None:
         self._decode = decode
         self._skip = skip_special_tokens
-        self._ids = self._prompt_context(prompt_token_ids)
-        self._prefix = self._decode(self._ids, self._skip) if self._ids else ""
-        self._prefix_index = len(self._ids)
+        self._ids, self._prefix_index = self._prompt_context(prompt_token_ids)
+        self._prefix = self._decode(self._ids[:self._prefix_index], self._skip)
+        # Prompt tokens pending in the window: a character the prompt's end leaves incomplete.
+        self._held = len(self._ids) - self._prefix_index
 
-    def _prompt_context(self, prompt: list[int]) -> list[int]:
+    def _prompt_context(self, prompt: list[int]) -> tuple[list[int], int]:
+        """The prompt's last tokens that seed the window, and how many of them are context:
+        the shortest suffix of 4-23 tokens that decodes cleanly (vLLM's search); else one whose
+        text is clean but for a character its last tokens leave incomplete, those tokens held
+        as pending, so that the output's first bytes complete it (as vLLM's fast detokenizer,
+        primed with the whole prompt, shows it); else the last four."""
         if len(prompt) <= _MIN_CONTEXT:
-            return list(prompt)
-        for n in range(_MIN_CONTEXT, min(len(prompt), _MAX_CONTEXT) + 1):
+            return self._held_back(list(prompt))
+        sizes = range(_MIN_CONTEXT, min(len(prompt) + 1, _MAX_CONTEXT))
+        for n in sizes:
             suffix = prompt[-n:]
             if REPLACEMENT_CHAR not in self._decode(suffix, self._skip):
-                return list(suffix)
-        return list(prompt[-_MIN_CONTEXT:])
+                return list(suffix), n
+        for n in sizes:
+            ids, clean = self._held_back(prompt[-n:])
+            if clean < n and REPLACEMENT_CHAR not in self._decode(ids[:clean], self._skip):
+                return ids, clean
+        return list(prompt[-_MIN_CONTEXT:]), _MIN_CONTEXT
+
+    def _held_back(self, ids: list[int]) -> tuple[list[int], int]:
+        """``ids`` and how many of them precede the tokens of a character left incomplete at
+        its end (at most three tokens: a character's first bytes), all of them if none."""
+        if not ids or not self._decode(ids, self._skip).endswith(REPLACEMENT_CHAR):
+            return ids, len(ids)
+        for held in range(1, min(_MAX_HELD, len(ids)) + 1):
+            if not self._decode(ids[:-held], self._skip).endswith(REPLACEMENT_CHAR):
+                return ids, len(ids) - held
+        return ids, len(ids)
 
     def step(self, token_id: int) -> str:
         """Add one token; return the text it completes ("" while a character is incomplete)."""
         self._ids.append(token_id)
+        if self._held:
+            self._settle_held()
         text = self._decode(self._ids, self._skip)
         pending = len(self._ids) - self._prefix_index
         grew = len(text) > len(self._prefix)
@@ -116,6 +141,18 @@ class TextDecoder:
             del self._ids[self._prefix_index:]
             return ""
         return self._flush(text)
+
+    def _settle_held(self) -> None:
+        """Whether the prompt's unfinished character is completed by the output: kept when
+        it is; dropped from the window when the output's bytes do not continue it (its stray
+        bytes are the prompt's: no U+FFFD of them leads the output, unlike vLLM's fast
+        detokenizer, whose stream releases them)."""
+        tail = self._decode(self._ids[self._prefix_index:], self._skip)
+        if not tail.startswith(REPLACEMENT_CHAR):
+            self._held = 0
+        elif len(tail) > 1:
+            del self._ids[self._prefix_index:self._prefix_index + self._held]
+            self._held = 0
 
     def _flush(self, text: str) -> str:
         """A window of _MAX_PENDING tokens whose text still ends in U+FFFD: emit all of it but

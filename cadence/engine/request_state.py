@@ -211,9 +211,10 @@ class RequestState:
         )
         prompt_logprobs = self.prompt_logprobs
         if prompt_logprobs is not None:
-            # Delta outputs carry them once, in the first output (vLLM).
+            # Delta outputs carry them once, in the first output; later ones an empty list
+            # (vLLM's: its pop leaves []).
             if delta and self.prompt_logprobs_sent:
-                prompt_logprobs = None
+                prompt_logprobs = []
             else:
                 prompt_logprobs = prompt_logprobs[:]
             self.prompt_logprobs_sent = True

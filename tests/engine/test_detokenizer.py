@@ -127,6 +127,63 @@ def test_an_incomplete_character_at_the_end_is_left_out(
     assert tokenizer.decode(ids) == "ok\ufffd"
 
 
+@pytest.mark.parametrize("lead", ["", "hello there, "], ids=["short", "long"])
+@pytest.mark.parametrize(("char", "given"), [("é", 1), ("😀", 1), ("😀", 2), ("😀", 3)])
+def test_a_character_begun_at_the_prompts_end_is_completed_by_the_output(
+    tokenizer: PreTrainedTokenizerFast, lead: str, char: str, given: int
+) -> None:
+    """A prompt may end inside a character (token ids cut mid-character): the output's first
+    bytes complete it and the character is the output's first text, as vLLM's detokenizer
+    (primed with the prompt) gives it."""
+    cut = byte_ids(tokenizer, char)
+    prompt = tokenizer.encode(lead) + cut[:given]
+    ids = cut[given:] + tokenizer.encode(" ok")
+    detok = IncrementalDetokenizer(tokenizer, _request(prompt))
+    deltas, _ = _stream(detok, ids)
+    assert "".join(deltas) == detok.output_text == char + " ok"
+    assert all("\ufffd" not in d for d in deltas)
+
+
+@pytest.mark.parametrize("lead", ["", "hello there, "], ids=["short", "long"])
+@pytest.mark.parametrize("then", ["ab", "é", "😀x"])
+def test_stray_bytes_at_the_prompts_end_stay_the_prompts(
+    tokenizer: PreTrainedTokenizerFast, lead: str, then: str
+) -> None:
+    """Output that does not continue the prompt's unfinished character: its stray bytes are
+    the prompt's and show nowhere; the output's text is its own tokens' (``decode``)."""
+    prompt = tokenizer.encode(lead) + byte_ids(tokenizer, "😀")[:2]
+    ids = byte_ids(tokenizer, then)
+    detok = IncrementalDetokenizer(tokenizer, _request(prompt))
+    deltas, _ = _stream(detok, ids)
+    assert "".join(deltas) == detok.output_text == tokenizer.decode(ids) == then
+
+
+def test_outputs_match_a_decode_stream_primed_with_the_prompt(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """Random prompts and outputs cut anywhere in their bytes, against the tokenizers library's
+    own ``DecodeStream`` primed with the whole prompt (what vLLM's fast detokenizer streams):
+    the same text, whole characters only in every delta but where a stray byte run is
+    followed by a complete character."""
+    from tokenizers.decoders import DecodeStream
+
+    rng = random.Random(7)
+    alphabet = "ab 你好😀é€ world"
+    for _ in range(60):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(6, 24)))
+        ids = byte_ids(tokenizer, text)
+        cut = rng.randint(1, len(ids) - 1)
+        prompt, out = ids[:cut], ids[cut:]
+        stream = DecodeStream(skip_special_tokens=True)
+        for tid in prompt:
+            stream.step(tokenizer.backend_tokenizer, tid)
+        expected = "".join(c for tid in out
+                           if (c := stream.step(tokenizer.backend_tokenizer, tid)) is not None)
+        detok = IncrementalDetokenizer(tokenizer, _request(prompt))
+        deltas, _ = _stream(detok, out, chunks=rng.randint(1, 3))
+        assert "".join(deltas) == detok.output_text == expected, (prompt, out)
+
+
 def test_skip_special_tokens(tokenizer: PreTrainedTokenizerFast) -> None:
     eos = tokenizer.convert_tokens_to_ids("<|eos|>")
     ids = tokenizer.encode("hello") + [eos] + tokenizer.encode(" world")
