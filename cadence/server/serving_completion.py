@@ -97,10 +97,10 @@ def completion_logprobs(
             out.tokens.append(shown)
             out.token_logprobs.append(
                 clamp_logprob(sampled.logprob) if sampled is not None else None)
-            top = {token_text(t, lp, as_ids): clamp_logprob(lp.logprob)
-                   for t, lp in top_by_rank(row, num)}
-            if sampled is not None:
-                top.setdefault(shown, clamp_logprob(sampled.logprob))
+            # The sampled token first, then the most likely (vLLM's order; one entry each).
+            top = {} if sampled is None else {shown: clamp_logprob(sampled.logprob)}
+            for t, lp in top_by_rank(row, num):
+                top.setdefault(token_text(t, lp, as_ids), clamp_logprob(lp.logprob))
             out.top_logprobs.append(top)
         out.text_offset.append(next_offset(cursor, tid, text, bytes_of, decode_ids))
     return out

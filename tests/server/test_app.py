@@ -123,6 +123,25 @@ def test_completion_stop_seed_and_logprobs(server, client: openai.OpenAI) -> Non
         assert tok_lp == pytest.approx(max(top.values()))
 
 
+def test_completion_top_logprobs_list_the_sampled_token_first(server, client) -> None:
+    """A sampled token outside the most likely ones (a bias picks it) leads each position's
+    top_logprobs, before the ``logprobs`` most likely, as vLLM orders them."""
+    tok = server.engine.tokenizer
+    favourite = tok.encode(" zebra", add_special_tokens=False)[0]
+    lp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0,
+                                   logprobs=2, logit_bias={str(favourite): 100},
+                                   extra_body={"ignore_eos": True})
+    logprobs = lp.choices[0].logprobs
+    for shown, shown_lp, top in zip(logprobs.tokens, logprobs.token_logprobs,
+                                    logprobs.top_logprobs, strict=True):
+        assert shown == tok.decode([favourite])
+        keys = list(top)
+        assert keys[0] == shown and top[shown] == pytest.approx(shown_lp)
+        others = list(top.values())[1:]
+        assert len(keys) == 3 and others == sorted(others, reverse=True)
+        assert shown_lp < others[-1]  # raw logprobs: the bias made it, not the model
+
+
 def test_chat_stream_equals_non_stream_with_logprobs(server, client: openai.OpenAI) -> None:
     messages = [
         {"role": "system", "content": "You are terse."},
