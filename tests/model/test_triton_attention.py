@@ -185,7 +185,8 @@ MIXED_SEQS = [(90, 1), (300, 1), (64, 64), (31, 1), (200, 100), (7, 7), (129, 1)
 
 def run_decode(device: str, dtype: torch.dtype, page: int, splits: int | None, fused: bool,
                window: int = 0, softcap: float = 0.0, fp8: bool = False,
-               tile: tuple | None = None) -> None:
+               tile: tuple | None = None, merge: bool = False) -> None:
+    """``merge``: the splits merged in the decode launch (tickets given; left zero after)."""
     from cadence.model.attention_tiles import DecodeConfig
     from cadence.model.triton_attention import paged_decode_attention, store_kv_cache
 
@@ -197,16 +198,21 @@ def run_decode(device: str, dtype: torch.dtype, page: int, splits: int | None, f
     md = case.metadata
     scales = {"k_scale": case.k_scale, "v_scale": case.v_scale}
     config = None if tile is None else DecodeConfig(*tile)
+    # Tickets past the ones the launch takes, to see that it touches only its own.
+    tickets = torch.zeros(md.seq_lens.shape[0] * 2 + 5, dtype=torch.int32, device=device)
+    given = {"tickets": tickets} if merge else {}
     if fused:
         paged_decode_attention(
             case.q, cache, md, case.scale, out, 132, splits, case.k, case.v,
-            sliding_window=window, softcap=softcap, config=config, **scales,
+            sliding_window=window, softcap=softcap, config=config, **scales, **given,
         )  # fmt: skip
     else:
         store_kv_cache(case.k, case.v, cache, md.slot_mapping, case.k_scale, case.v_scale)
         paged_decode_attention(case.q, cache, md, case.scale, out, 132, splits,
-                               sliding_window=window, softcap=softcap, config=config, **scales)
+                               sliding_window=window, softcap=softcap, config=config, **scales,
+                               **given)
     assert_matches(case, out, cache)
+    assert not tickets.any()  # every split counted, the last one set its ticket back
 
 
 def run_decode_rope(device: str, dtype: torch.dtype, norm: bool, splits: int | None,
@@ -509,6 +515,23 @@ def test_varlen_programs_cover_every_block_with_few_idle_programs() -> None:
         assert 1 <= p <= tokens // block_q + seqs
 
 
+def test_merge_tickets_are_zeroed_once_kept_and_outgrown_ones_kept_alive() -> None:
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("needs triton")
+    from cadence.model.triton_backend import TritonAttentionBackend
+
+    cpu = torch.device("cpu")
+    assert TritonAttentionBackend(num_sms=4).tickets(cpu, 8) is None  # off: a merge launch
+    backend = TritonAttentionBackend(num_sms=4, fused_merge=True)
+    first = backend.tickets(cpu, 8)
+    assert first is not None and first.dtype == torch.int32 and not first.any()
+    assert backend.tickets(cpu, 100) is first  # the same buffer while it is large enough
+    grown = backend.tickets(cpu, first.numel() + 1)
+    assert grown is not None and grown.numel() > first.numel() and not grown.any()
+    # A graph may have captured the old one: it stays referenced.
+    assert any(t is first for t in backend._retired)
+
+
 def test_split_choice_depends_on_shapes_only() -> None:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
@@ -557,6 +580,18 @@ def test_decode_matches_reference(
     dtype: torch.dtype, page: int, splits: int | None, fused: bool
 ) -> None:
     run_decode("cuda", dtype, page, splits, fused)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", [None, (64, 4, 2, True), (32, 2, 1, True)])
+@pytest.mark.parametrize(("splits", "window", "fp8"), [(None, 0, False), (3, 37, False),
+                                                       (None, 0, True), (1, 0, False)])
+def test_decode_with_the_merge_in_the_launch_matches_reference(
+    tile: tuple | None, splits: int | None, window: int, fp8: bool
+) -> None:
+    for _ in range(3):  # each launch leaves its tickets zero for the next
+        run_decode("cuda", torch.bfloat16, 16, splits, True, window, fp8=fp8, tile=tile,
+                   merge=True)
 
 
 @pytest.mark.gpu
@@ -723,6 +758,11 @@ if __name__ == "__main__":
         for splits, window, cap in ((None, 0, 0.0), (1, 0, 0.0), (3, 37, 0.0), (None, 5, 0.5)):
             run_decode("cpu", torch.float32, 16, splits, True, window, cap, tile=(32, 4, 2, True))
         run_decode("cpu", torch.float32, 8, 1, True, tile=(16, 2, 1, True))
+        # The splits merged in the decode launch (the last split of each head group merges).
+        for splits, window, tile in ((None, 0, None), (3, 37, None), (None, 5, (32, 4, 2, True)),
+                                     (1, 0, None)):
+            run_decode("cpu", torch.float32, 16, splits, True, window, tile=tile, merge=True)
+        run_decode("cpu", torch.float32, 8, 3, False, merge=True)
         for norm in (True, False):
             run_decode_rope("cpu", torch.float32, norm, None)
             run_decode_rope("cpu", torch.float32, norm, 1)
@@ -761,6 +801,8 @@ if __name__ == "__main__":
             run_fp8_reads("cpu", torch.float32, window, cap)
         for splits, fused, tile in ((None, True, None), (1, False, None), (3, True, (32, 4, 2, True))):
             run_decode("cpu", torch.float32, 16, splits, fused, fp8=True, tile=tile)
+        run_decode("cpu", torch.float32, 16, None, True, fp8=True, tile=(32, 4, 2, True),
+                   merge=True)
         run_prefill("cpu", torch.float32, 4, 2, 32, 37, fp8=True)
         # The last tokens alone (forward_rows), with windows, caps and the rope launch off.
         for window, cap, fuse in ((0, 0.0, True), (37, 0.5, True), (0, 0.0, False)):
