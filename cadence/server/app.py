@@ -98,7 +98,8 @@ class OpenAIServer:
     ) -> None:
         self.engine = engine
         self._stats_refresh: asyncio.Future[None] | None = None  # see _refresh_stats
-        # Several served names (vLLM): the first is the one responses carry; any is accepted.
+        # Several served names (vLLM): any is accepted, and a response carries the one its
+        # request named (the first where it named none).
         names = ([served_model_name] if isinstance(served_model_name, str)
                  else list(served_model_name or []))
         self.model_names: list[str] = list(dict.fromkeys(names)) or [engine.model_name]

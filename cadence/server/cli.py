@@ -49,8 +49,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--served-model-name", nargs="+", default=None, metavar="NAME",
-        help="model name(s) in the API: responses carry the first, requests may use any "
-             "(default: MODEL)",
+        help="model name(s) in the API: requests may use any, responses carry the one used "
+             "(the first where none is) (default: MODEL)",
     )
     parser.add_argument(
         "--chat-template", default=None, metavar="FILE|TEMPLATE",
@@ -382,7 +382,8 @@ def _run_api_servers(ns: argparse.Namespace, settings: ServerSettings, args: Eng
 
 
 def load_chat_template(value: str | None) -> str | None:
-    """``--chat-template``: a file's text, or the value itself when it is a template."""
+    """``--chat-template``: a file's text, or the value itself when it is a template, its
+    backslash escapes (``\\n``, ``\\t``, ``\\u....``) read as vLLM reads an inline template."""
     if value is None:
         return None
     path = Path(value).expanduser()
@@ -392,7 +393,12 @@ def load_chat_template(value: str | None) -> str | None:
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"--chat-template: cannot read {value!r}: {exc}") from None
     elif "{{" in value or "{%" in value:
-        text = value
+        # Characters past Latin-1 ride through the escape decoding as their own escapes.
+        try:
+            text = value.encode("latin-1", "backslashreplace").decode("unicode_escape")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"--chat-template: a bad escape in the template: {exc.reason} "
+                             f"at character {exc.start}.") from None
     else:
         raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template.")
     # A template that does not parse would fail every chat request: refuse it at start-up.

@@ -69,7 +69,7 @@ class OpenAIServing:
     def __init__(self, engine: AsyncLLM, served_model_name: str,
                  aliases: tuple[str, ...] = ()) -> None:
         self.engine = engine
-        self.served_model_name = served_model_name  # the name responses carry
+        self.served_model_name = served_model_name  # what a response naming none carries
         # vLLM's: only the served names (the model's path or name only when it is one of them)
         self.accepted_names = {served_model_name, *aliases}
         self.beams = BeamSearches(engine)
@@ -84,6 +84,11 @@ class OpenAIServing:
         """``cached`` prompt tokens as the usage shows them: only with
         --enable-prompt-tokens-details (``UsageInfo.of`` / ``usage_json`` leave out 0 too)."""
         return cached if self.options.enable_prompt_tokens_details else None
+
+    def shown_model(self, model: str | None) -> str:
+        """The model name a response carries: the served name the request asked for (vLLM's),
+        the first served name when it named none."""
+        return model if model and model in self.accepted_names else self.served_model_name
 
     def check_model(self, model: str | None) -> None:
         if model and model not in self.accepted_names:  # none or "": the served model

@@ -64,8 +64,8 @@ class OpenAIServingChat(OpenAIServing):
 
     def new_stream(self, request: ChatCompletionRequest, request_id: str) -> ChatStream:
         parser = self.tool_call_parser if self.parses_tools(request) else None
-        return ChatStream(request, request_id, self.served_model_name, self.reasoning, parser,
-                          self.token_bytes, self.reasoning_tags, self.tool_call_parser)
+        return ChatStream(request, request_id, self.shown_model(request.model), self.reasoning,
+                          parser, self.token_bytes, self.reasoning_tags, self.tool_call_parser)
 
     @functools.cached_property
     def reasoning_tags(self) -> tuple[int, int] | None:  # type: ignore[override]
@@ -224,7 +224,7 @@ class OpenAIServingChat(OpenAIServing):
         prompt_tokens = len(final.prompt_token_ids or [])
         return ChatCompletionResponse(
             id=response_id or request_id,
-            model=self.served_model_name,
+            model=self.shown_model(request.model),
             choices=choices,
             prompt_token_ids=(list(final.prompt_token_ids or [])
                               if request.return_token_ids else None),

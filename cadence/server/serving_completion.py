@@ -187,8 +187,8 @@ class CompletionStream:
 
 class OpenAIServingCompletion(OpenAIServing):
     def new_stream(self, request: CompletionRequest, base_id: str) -> CompletionStream:
-        return CompletionStream(request, base_id, self.served_model_name, self._with_ids(request),
-                                self._echo(request))
+        return CompletionStream(request, base_id, self.shown_model(request.model),
+                                self._with_ids(request), self._echo(request))
 
     async def start_all(
         self, request: CompletionRequest, base_id: str, stream: CompletionStream | None = None
@@ -245,7 +245,7 @@ class OpenAIServingCompletion(OpenAIServing):
             self.abort([s.request_id for s in started])  # the others of a multi-prompt request
             raise
         return CompletionResponse(
-            id=response_id or base_id, model=self.served_model_name, choices=choices,
+            id=response_id or base_id, model=self.shown_model(request.model), choices=choices,
             usage=UsageInfo.of(prompt_tokens, completion_tokens, self.shown_cached_tokens(cached)),
         )
 

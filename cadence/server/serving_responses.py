@@ -296,7 +296,7 @@ class OpenAIServingResponses:
     def new_stream(self, request: ResponsesRequest, response_id: str
                    ) -> tuple[ChatStream, ResponseEvents]:
         cs = self.chat.new_stream(request.chat, response_id)
-        events = ResponseEvents(request, response_id, self.chat.served_model_name,
+        events = ResponseEvents(request, response_id, self.chat.shown_model(request.model),
                                 self.chat.engine.generation_defaults, cs)
         events.head = events.start()
         cs.frames = events  # type: ignore[assignment]  # the chat stream renders events

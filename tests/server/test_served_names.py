@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -20,11 +21,29 @@ def test_every_served_name_is_accepted_and_listed(server_factory) -> None:
     with httpx.Client(base_url=srv.base_url, timeout=30) as http:
         listed = [m["id"] for m in http.get("/v1/models").json()["data"]]
         assert listed == ["main-name", "alias"]
-        for name in ("main-name", "alias", "", None):  # none or "": the served model (vLLM)
+        # Responses carry the name asked for; none or "": the first (vLLM's).
+        for name, shown in (("main-name", "main-name"), ("alias", "alias"), ("", "main-name"),
+                            (None, "main-name")):
             resp = http.post("/v1/completions", json={"model": name, "prompt": "Hi",
                                                       "max_tokens": 2})
             assert resp.status_code == 200, resp.text
-            assert resp.json()["model"] == "main-name"  # responses carry the first name
+            assert resp.json()["model"] == shown
+            chat = {"model": name, "messages": [{"role": "user", "content": "Hi"}],
+                    "max_tokens": 2}
+            assert http.post("/v1/chat/completions", json=chat).json()["model"] == shown
+            with http.stream("POST", "/v1/chat/completions", json={**chat, "stream": True}) as r:
+                frames = [json.loads(line[6:]) for line in r.iter_lines()
+                          if line.startswith("data: {")]
+            assert frames and {f["model"] for f in frames} == {shown}
+            with http.stream("POST", "/v1/completions",
+                             json={"model": name, "prompt": "Hi", "max_tokens": 2,
+                                   "stream": True}) as r:
+                frames = [json.loads(line[6:]) for line in r.iter_lines()
+                          if line.startswith("data: {")]
+            assert frames and {f["model"] for f in frames} == {shown}
+            answer = http.post("/v1/responses", json={"model": name, "input": "Hi",
+                                                      "max_output_tokens": 2})
+            assert answer.json()["model"] == shown
         # Only served names (vLLM): the model's own name is not one here.
         for name in ("other", "tiny"):
             resp = http.post("/v1/completions", json={"model": name, "prompt": "Hi"})
@@ -49,6 +68,12 @@ def test_chat_template_argument(tmp_path: Path) -> None:
     f.write_text(TEMPLATE)
     assert load_chat_template(str(f)) == TEMPLATE
     assert load_chat_template(TEMPLATE) == TEMPLATE
+    # An inline template's escapes are read as vLLM reads them (a shell passes \n as two
+    # characters); other characters stay as given.
+    inline = "{% for m in messages %}{{ m.content }}\\n\\t日é{% endfor %}"
+    assert load_chat_template(inline) == "{% for m in messages %}{{ m.content }}\n\t日é{% endfor %}"
+    with pytest.raises(ValueError, match="--chat-template: a bad escape"):
+        load_chat_template("{{ x }}\\x4")
     assert load_chat_template(None) is None
     with pytest.raises(ValueError, match="neither a file nor a Jinja template"):
         load_chat_template(str(tmp_path / "missing.jinja"))
