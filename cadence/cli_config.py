@@ -86,7 +86,26 @@ def expand_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[
     # A repeatable flag on the command line replaces the file's list instead of adding to it.
     given = {id(actions[name]) for a in args[first:]
              if (name := a.partition("=")[0]) in actions}
-    return [*args[:first], *_file_args(parser, paths[0], given), *args[first:]]
+    from_file = _file_args(parser, paths[0], given)
+    positional = [a.dest for a in parser._actions if not a.option_strings]
+    if first > 0 and positional[:1] == ["model_tag"]:
+        # serve's model given as its positional: the file's model gives way (vLLM's)
+        from_file = _without_option(from_file, "--model")
+    return [*args[:first], *from_file, *args[first:]]
+
+
+def _without_option(args: list[str], option: str) -> list[str]:
+    """``args`` without ``option`` (``--x V`` or ``--x=V``)."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == option:
+            skip = True
+        elif not arg.startswith(option + "="):
+            out.append(arg)
+    return out
 
 
 def dashed(argv: Sequence[str]) -> list[str]:

@@ -63,7 +63,7 @@ def add_engine_cli_args(parser: argparse.ArgumentParser, d: Any, model_positiona
     _switch(parser, "enable-prefix-caching", d.enable_prefix_caching,
             "reuse the KV blocks of earlier prompts' common prefixes (default: on)",
             "turn prefix caching off")
-    parser.add_argument("--enforce-eager", action="store_true",
+    parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=False,
                         help="run every step eagerly (no CUDA graphs; decode steps replay "
                              "their recorded kernel launches unless "
                              "CADENCE_DISABLE_LAUNCH_TAPES=1)")
@@ -103,9 +103,11 @@ def add_engine_cli_args(parser: argparse.ArgumentParser, d: Any, model_positiona
                              "--max-capture-tokens 0), max_cudagraph_capture_size and "
                              "cudagraph_capture_sizes (their largest caps the captured "
                              "steps) apply; levels and compiler options change nothing")
-    parser.add_argument("--skip-tokenizer-init", action="store_true",
+    parser.add_argument("--skip-tokenizer-init", action=argparse.BooleanOptionalAction,
+                        default=False,
                         help="load no tokenizer: token-id prompts only, no text in outputs")
-    parser.add_argument("--trust-remote-code", action="store_true",
+    parser.add_argument("--trust-remote-code", action=argparse.BooleanOptionalAction,
+                        default=False,
                         help="accepted for vLLM compatibility and changes nothing: cadence "
                              "runs only its built-in architectures, never a model's own code")
     parser.add_argument("--revision", default=None,

@@ -112,7 +112,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     _add_http_args(parser, defaults)
     _add_response_args(parser, defaults.responses)
     parser.add_argument(
-        "--enable-auto-tool-choice", action="store_true",
+        "--enable-auto-tool-choice", action=argparse.BooleanOptionalAction, default=False,
         help="let chat requests with tools use tool_choice 'auto': the model's tool calls are "
         "parsed out of its answer (needs --tool-call-parser)",
     )
@@ -129,7 +129,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "where the template loops over a message's content, else string (vLLM's)",
     )
     parser.add_argument(
-        "--trust-request-chat-template", action="store_true",
+        "--trust-request-chat-template", action=argparse.BooleanOptionalAction, default=False,
         help="let chat requests carry their own chat_template (a template runs on the server's "
         "CPU: trust the clients); without it such a request gets a 400",
     )
@@ -139,7 +139,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "field: qwen3 (the model opens the tag) or deepseek_r1 (the prompt opens it)",
     )
     parser.add_argument(
-        "--disable-web-page", action="store_true",
+        "--disable-web-page", action=argparse.BooleanOptionalAction, default=False,
         help="do not serve the browser page at / (a chat playground and a live view of the "
         "engine, which reads /stats; /stats itself stays)",
     )
@@ -153,7 +153,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "which is info unless given)",
     )
     parser.add_argument(
-        "--enable-log-requests", action="store_true", help="log each request's start and end"
+        "--enable-log-requests", action=argparse.BooleanOptionalAction, default=False,
+        help="log each request's start and end",
     )
     parser.add_argument(
         "--disable-log-requests", dest="enable_log_requests", action="store_false",
@@ -161,7 +162,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "the two flags counts)",
     )
     parser.add_argument(
-        "--disable-log-stats", action="store_true",
+        "--disable-log-stats", action=argparse.BooleanOptionalAction, default=False,
         help="accepted for vLLM compatibility and changes nothing: cadence logs no periodic "
         "stats (/metrics is always served)",
     )
@@ -182,7 +183,7 @@ def _add_http_args(parser: argparse.ArgumentParser, defaults: ServerSettings) ->
             help=f"CORS: allowed {name}, a JSON list such as '{example}' (default: [\"*\"])",
         )
     parser.add_argument(
-        "--allow-credentials", action="store_true",
+        "--allow-credentials", action=argparse.BooleanOptionalAction, default=False,
         help="CORS: allow credentials (cookies, Authorization) in cross-origin requests",
     )
     parser.add_argument("--ssl-keyfile", default=None, metavar="FILE",
@@ -203,18 +204,18 @@ def _add_response_args(parser: argparse.ArgumentParser, defaults: ResponseOption
         help="the role of a chat answer when the request adds the generation prompt "
         "(default: %(default)s)")
     parser.add_argument(
-        "--enable-prompt-tokens-details", action="store_true",
+        "--enable-prompt-tokens-details", action=argparse.BooleanOptionalAction, default=False,
         help="usage carries prompt_tokens_details.cached_tokens: the prompt tokens served from "
         "the prefix cache")
     parser.add_argument(
-        "--enable-force-include-usage", action="store_true",
+        "--enable-force-include-usage", action=argparse.BooleanOptionalAction, default=False,
         help="every streamed response ends with a usage chunk, asked for or not")
     parser.add_argument(
-        "--return-tokens-as-token-ids", action="store_true",
+        "--return-tokens-as-token-ids", action=argparse.BooleanOptionalAction, default=False,
         help="logprobs name each token 'token_id:N' unless the request sets "
         "return_tokens_as_token_ids false")
     parser.add_argument(
-        "--enable-request-id-headers", action="store_true",
+        "--enable-request-id-headers", action=argparse.BooleanOptionalAction, default=False,
         help="every response carries an X-Request-Id header: the request's, else a new one")
 
 
@@ -230,6 +231,10 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
     if ns.model_tag is not None:
+        if ns.model not in (EngineArgs.model, ns.model_tag):
+            # vLLM moves --model into the positional's place: two models are an error there.
+            raise ValueError(f"two models given: {ns.model_tag!r} and --model {ns.model!r}; "
+                             f"give one (cadence serve MODEL).")
         ns.model = ns.model_tag
     return EngineArgs.from_cli_args(ns)
 

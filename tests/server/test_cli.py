@@ -59,6 +59,32 @@ def test_serve_parses_vllm_flags_and_positional_model() -> None:
     assert (args.load_format, args.async_scheduling) == ("dummy", False)
 
 
+def test_serve_takes_the_model_as_positional_or_flag_once() -> None:
+    parse = add_serve_args(argparse.ArgumentParser()).parse_args
+    assert engine_args_from(parse(["--model", "/models/a"])).model == "/models/a"
+    assert engine_args_from(parse(["/models/a", "--model", "/models/a"])).model == "/models/a"
+    with pytest.raises(ValueError, match="two models given"):
+        engine_args_from(parse(["/models/a", "--model", "/models/b"]))
+
+
+def test_every_on_off_flag_has_its_no_form() -> None:
+    """vLLM gives each boolean flag a --no- form (BooleanOptionalAction); the last one wins."""
+    parse = add_serve_args(argparse.ArgumentParser()).parse_args
+    flags = ["enforce-eager", "skip-tokenizer-init", "trust-remote-code",
+             "enable-auto-tool-choice", "trust-request-chat-template", "disable-web-page",
+             "enable-log-requests", "disable-log-stats", "allow-credentials",
+             "enable-prompt-tokens-details", "enable-force-include-usage",
+             "return-tokens-as-token-ids", "enable-request-id-headers", "enable-prefix-caching",
+             "enable-chunked-prefill", "async-scheduling"]
+    for flag in flags:
+        dest = flag.replace("-", "_")
+        assert getattr(parse([f"--{flag}"]), dest) is True, flag
+        assert getattr(parse([f"--{flag}", f"--no-{flag}"]), dest) is False, flag
+        assert getattr(parse([f"--no-{flag}", f"--{flag}"]), dest) is True, flag
+    assert parse([]).enforce_eager is False and parse([]).enable_log_requests is False
+    assert parse(["--enable-log-requests", "--disable-log-requests"]).enable_log_requests is False
+
+
 def test_serve_defaults_to_the_tiny_model() -> None:
     ns = add_serve_args(argparse.ArgumentParser()).parse_args([])
     args = engine_args_from(ns)
