@@ -42,6 +42,11 @@ MAX_CPU_THREADS = 4096
 _KV_CACHE_DTYPE_ALIASES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8"}
 
 
+# Fields whose vLLM default is None ("choose for me"): None here is the field's default.
+_NONE_IS_DEFAULT = frozenset({"max_num_seqs", "block_size", "enable_prefix_caching",
+                              "enable_chunked_prefill"})
+
+
 @dataclass
 class EngineArgs:
     model: str = "tiny"
@@ -193,9 +198,15 @@ class EngineArgs:
     def _check_types(self) -> None:
         """Each field of its declared type (from Python, not the CLI, anything can arrive:
         ``enable_prefix_caching="no"`` read as true, ``block_size=16.5`` failed deep inside);
-        integers and reals of other kinds (numpy's) become Python ones."""
+        integers and reals of other kinds (numpy's) become Python ones; None where vLLM's
+        field defaults to None is the default, an empty reasoning parser (vLLM's default) none."""
+        if self.reasoning_parser == "":
+            self.reasoning_parser = None
         for f in fields(self):
             value, kind = getattr(self, f.name), str(f.type)
+            if value is None and f.name in _NONE_IS_DEFAULT:  # vLLM's None: "the default"
+                setattr(self, f.name, f.default)
+                continue
             if value is None and kind.endswith("| None"):
                 continue
             kind = kind.removesuffix(" | None")

@@ -94,3 +94,18 @@ def test_vllms_arguments_for_what_cadence_does_are_taken() -> None:
 def test_vllms_arguments_for_what_cadence_does_not_are_one_line_errors(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
         EngineArgs(**kwargs)
+
+
+def test_none_where_vllm_defaults_to_none_is_the_default() -> None:
+    """vLLM declares these ``... | None = None`` ("choose for me"); code passing None on to
+    the engine gets the defaults, and vLLM's empty reasoning parser is none."""
+    plain = EngineArgs()
+    args = EngineArgs(max_num_seqs=None, block_size=None, enable_prefix_caching=None,
+                      enable_chunked_prefill=None, reasoning_parser="")
+    assert (args.max_num_seqs, args.block_size, args.enable_prefix_caching,
+            args.enable_chunked_prefill) == (plain.max_num_seqs, plain.block_size,
+                                             plain.enable_prefix_caching,
+                                             plain.enable_chunked_prefill)
+    assert args.reasoning_parser is None
+    with pytest.raises(ValueError, match="max_model_len"):  # other fields keep their checks
+        EngineArgs(max_model_len="1024")
