@@ -14,7 +14,7 @@ from typing import Any
 
 from cadence.cli_config import add_config_arg, dashed, expand_config
 from cadence.envs import read_envs
-from cadence.user_errors import one_line_errors
+from cadence.user_errors import ArgumentParser, one_line_errors
 
 _BENCHES = {
     "latency": "cadence.bench.latency",
@@ -72,7 +72,7 @@ def cadence_version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     from cadence.engine.engine_args import EngineArgs
 
-    parser = argparse.ArgumentParser(prog="cadence", description=__doc__)
+    parser = ArgumentParser(prog="cadence", description=__doc__)
     parser.add_argument("--version", action="version", version=f"cadence {cadence_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 

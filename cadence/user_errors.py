@@ -9,19 +9,30 @@ with ``CADENCE_LOG_LEVEL=DEBUG``.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 from cadence.envs import read_envs
 
-__all__ = ["USAGE_EXIT_CODE", "USER_ERRORS", "first_line", "one_line_errors"]
+__all__ = ["USAGE_EXIT_CODE", "USER_ERRORS", "ArgumentParser", "first_line", "one_line_errors"]
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
     ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,
 )
 USAGE_EXIT_CODE = 2  # as argparse
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose own mistakes (an unknown flag, a bad value or choice) end in one
+    line too: argparse prints its whole usage first, for ``serve`` some sixty lines above the
+    one that says what is wrong."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_EXIT_CODE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def first_line(exc: BaseException) -> str:

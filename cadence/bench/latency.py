@@ -18,12 +18,13 @@ from cadence.bench.common import (
 )
 from cadence.bench.report import add_report_args, emit, progress, read_bandwidth
 from cadence.cli_types import int_at_least, int_list_at_least
+from cadence.user_errors import ArgumentParser
 
 
 def _parser() -> argparse.ArgumentParser:
     from cadence.engine.engine_args import EngineArgs
 
-    p = argparse.ArgumentParser(prog="cadence bench latency")
+    p = ArgumentParser(prog="cadence bench latency")
     EngineArgs.add_cli_args(p)
     p.add_argument("--batch-sizes", type=int_list_at_least(1), default=[1, 8, 32])
     p.add_argument("--input-len", type=int_at_least(1), default=128)

@@ -26,10 +26,11 @@ from cadence.scheduler.kv_cache_manager import make_block_hasher
 from cadence.scheduler.output import SchedulerOutput
 from cadence.scheduler.request import Request
 from cadence.scheduler.scheduler import Scheduler
+from cadence.user_errors import ArgumentParser
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cadence bench scheduler")
+    p = ArgumentParser(prog="cadence bench scheduler")
     p.add_argument("--num-requests", type=int_at_least(1), default=256,
                    help="running decode requests")
     p.add_argument("--prompt-len", type=int_at_least(1), default=128)

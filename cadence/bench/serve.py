@@ -28,6 +28,7 @@ from cadence.bench.common import git_commit, now
 from cadence.bench.report import output_file, plot_file, positive_float, table
 from cadence.bench.serve_client import RequestResult, Send, Target, run_in_processes, run_requests
 from cadence.cli_types import int_at_least
+from cadence.user_errors import ArgumentParser
 
 PERCENTILES = (50, 90, 99)
 
@@ -301,7 +302,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = add_cli_args(argparse.ArgumentParser(prog="cadence bench serve", description=__doc__))
+    parser = add_cli_args(ArgumentParser(prog="cadence bench serve", description=__doc__))
     args = parser.parse_args(argv)
     return run_from_args(args)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import time
 
 from cadence.bench.common import (
@@ -15,6 +14,7 @@ from cadence.bench.common import (
 )
 from cadence.bench.report import add_report_args, emit
 from cadence.cli_types import int_at_least
+from cadence.user_errors import ArgumentParser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     from cadence.engine.llm import LLM
     from cadence.sampling_params import SamplingParams
 
-    p = argparse.ArgumentParser(prog="cadence bench throughput")
+    p = ArgumentParser(prog="cadence bench throughput")
     EngineArgs.add_cli_args(p)
     p.add_argument("--num-prompts", type=int_at_least(1), default=64)
     p.add_argument("--input-len", type=int_at_least(1), default=128)

@@ -32,6 +32,7 @@ from cadence.bench.report import (
 )
 from cadence.cli_types import int_at_least, int_list_at_least
 from cadence.config import AUTO_MAX_MODEL_LEN
+from cadence.user_errors import ArgumentParser
 
 DEFAULT_LENS = (16, 128, 1024, 4096)
 # Dense bf16 tensor-core throughput measured on one H200 (matrix work), FLOP/s.
@@ -41,7 +42,7 @@ H200_BF16_FLOPS = 790e12
 def _parser() -> argparse.ArgumentParser:
     from cadence.engine.engine_args import EngineArgs
 
-    p = argparse.ArgumentParser(prog="cadence bench ttft")
+    p = ArgumentParser(prog="cadence bench ttft")
     EngineArgs.add_cli_args(p)
     p.add_argument("--input-lens", type=int_list_at_least(1), default=None,
                    help=f"prompt lengths (default: {','.join(map(str, DEFAULT_LENS))}, those the "

@@ -62,12 +62,16 @@ class AsyncLLM(CoreUtilities):
         log_requests: bool = False,
         core_factory: Callable[[], EngineCoreLike] | None = None,
         core_client: ProcessEngineCoreClient | None = None,
+        max_log_len: int | None = None,
     ) -> None:
         """Start the engine core thread (built there from ``args``, or by ``core_factory``),
         or its process (``args.engine_process``); or use ``core_client``, a client of an
-        engine-core process that a launcher started (one of several front ends)."""
+        engine-core process that a launcher started (one of several front ends).
+        ``log_requests``: log each request's prompt and parameters when it arrives and its end
+        (the prompt's characters and token ids cut to ``max_log_len``, vLLM's)."""
         self.args = args if args is not None else EngineArgs()
         self.log_requests = log_requests or getattr(self.args, "enable_log_requests", False)
+        self.max_log_len = max_log_len
         client, core = connect_core(self.args, core_factory, core_client)
         self.engine_core: EngineCoreClient = client
         self._validate_in_core: Callable[[EngineCoreRequest], None] | None = getattr(
@@ -261,6 +265,10 @@ class AsyncLLM(CoreUtilities):
             self.output_processor.abort_requests([request_id])
             raise
         if self.log_requests:
+            ids = request.prompt_token_ids
+            logger.info("Received request %r: prompt: %r, params: %s, prompt_token_ids: %s.",
+                        request_id, clipped(prompt_text, self.max_log_len), request.sampling_params,
+                        clipped(ids, self.max_log_len))
             logger.info("Added request %r.", request_id)
         return collector
 
@@ -334,6 +342,9 @@ class AsyncLLM(CoreUtilities):
                 # Take what is there without a task switch; wait only when the slot is empty.
                 out = collector.get_nowait() or await collector.get()
                 finished = out.finished
+                if finished and self.log_requests:
+                    logger.info("Finished request %r (finish reason %s).", request_id,
+                                ", ".join(str(c.finish_reason) for c in out.outputs))
                 yield out
         except (asyncio.CancelledError, GeneratorExit):
             if self._still_names(request_id, collector):
@@ -451,3 +462,10 @@ class AsyncLLM(CoreUtilities):
                     handler.cancel()
                 else:
                     loop.call_soon_threadsafe(handler.cancel)
+
+
+def clipped(value: Any, max_len: int | None) -> Any:
+    """A logged prompt's text or token ids, cut to ``max_len`` (None: whole)."""
+    if value is None or max_len is None:
+        return value
+    return value[:max_len]

@@ -68,6 +68,7 @@ class FrontEndOptions:
     log_level: str
     log_requests: bool
     chat_template: str | None = None
+    max_log_len: int | None = None
 
 
 def _stop_when_orphaned(launcher: int, stopping: Callable[[], bool],
@@ -114,7 +115,8 @@ def _front_end_main(
     logging.basicConfig(format=f"%(asctime)s %(levelname)s %(name)s[{index}]: %(message)s")
     logging.getLogger().setLevel(options.log_level.upper())
     engine = AsyncLLM(args, log_requests=options.log_requests,
-                      core_client=ProcessEngineCoreClient(channel, facts))
+                      core_client=ProcessEngineCoreClient(channel, facts),
+                      max_log_len=options.max_log_len)
     try:
         server = build_server(
             engine,

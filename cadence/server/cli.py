@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from cadence.cli_config import add_config_arg, expand_config, json_string_list
+from cadence.cli_types import int_at_least
 from cadence.engine.engine_args import EngineArgs
 from cadence.envs import read_envs
 from cadence.server.reasoning import REASONING_PARSERS
 from cadence.server.settings import UVICORN_LOG_LEVELS, ResponseOptions, ServerSettings
 from cadence.server.tool_calls import TOOL_CALL_PARSERS
-from cadence.user_errors import one_line_errors
+from cadence.user_errors import ArgumentParser, one_line_errors
 
 logger = logging.getLogger("cadence.serve")
 
@@ -155,6 +156,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--enable-log-requests", action=argparse.BooleanOptionalAction, default=False,
         help="log each request's start and end",
+    )
+    parser.add_argument(
+        "--max-log-len", type=int_at_least(0), default=None, metavar="N",
+        help="with --enable-log-requests: the most prompt characters and token ids a request's "
+        "log line shows (default: all)",
     )
     parser.add_argument(
         "--disable-log-requests", dest="enable_log_requests", action="store_false",
@@ -334,7 +340,8 @@ def run_serve(ns: argparse.Namespace) -> int:
     logger.info("Engine arguments: %s", args)
     sock = bind_socket(settings.host, settings.port)  # a taken port fails before the model loads
     try:
-        engine = AsyncLLM(args, log_requests=ns.enable_log_requests)
+        engine = AsyncLLM(args, log_requests=ns.enable_log_requests,
+                          max_log_len=ns.max_log_len)
     except BaseException:
         sock.close()
         raise
@@ -382,7 +389,7 @@ def _run_api_servers(ns: argparse.Namespace, settings: ServerSettings, args: Eng
     logger.info("Engine arguments: %s", args)
     logger.info("Server settings: %s", settings)
     options = FrontEndOptions(settings, ns.served_model_name, keys, ns.log_level,
-                              ns.enable_log_requests, chat_template)
+                              ns.enable_log_requests, chat_template, ns.max_log_len)
     return run_api_servers(args, options, settings.api_server_count)
 
 
@@ -420,7 +427,7 @@ def load_chat_template(value: str | None) -> str | None:
 def serve_main(argv: list[str] | None = None) -> int:
     import sys
 
-    parser = add_serve_args(argparse.ArgumentParser(prog="cadence serve", description=DESCRIPTION))
+    parser = add_serve_args(ArgumentParser(prog="cadence serve", description=DESCRIPTION))
     with one_line_errors(parser.prog):
         ns = parser.parse_args(expand_config(parser, sys.argv[1:] if argv is None else argv))
         return run_serve(ns)

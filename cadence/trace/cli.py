@@ -18,6 +18,7 @@ from cadence.trace.load import LOADS, Load
 from cadence.trace.report import build_figures, render_html
 from cadence.trace.steps import STEP_NAME, parse
 from cadence.trace.summary import format_summary
+from cadence.user_errors import ArgumentParser
 
 PROFILERS = ("torch", "nsys", "cuda-api")
 
@@ -25,7 +26,7 @@ PROFILERS = ("torch", "nsys", "cuda-api")
 def build_parser() -> argparse.ArgumentParser:
     from cadence.engine.engine_args import EngineArgs
 
-    p = argparse.ArgumentParser(prog="cadence trace", description=__doc__)
+    p = ArgumentParser(prog="cadence trace", description=__doc__)
     EngineArgs.add_cli_args(p)
     p.add_argument("--load", choices=LOADS, default="decode",
                    help="decode: a batch decodes; prefill: one prompt per step; mixed: the "

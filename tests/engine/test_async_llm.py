@@ -549,8 +549,28 @@ async def test_async_engine_args_turn_on_request_logging(caplog: pytest.LogCaptu
                 async for _ in llm.generate(TEXT_PROMPT, params, "logged"):
                     pass
             assert "Added request 'logged'" in caplog.text
+            assert f"prompt: {TEXT_PROMPT!r}" in caplog.text
+            assert "Finished request 'logged' (finish reason length)" in caplog.text
         finally:
             llm.shutdown()
+
+
+async def test_request_logs_cut_the_prompt_to_max_log_len(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM's --max-log-len: a request's log line shows at most that many prompt characters
+    and prompt token ids."""
+    llm = AsyncLLM(tiny_args(), log_requests=True, max_log_len=3)
+    try:
+        with caplog.at_level("INFO", logger="cadence.engine.async_llm"):
+            params = SamplingParams(max_tokens=1, temperature=0.0)
+            async for _ in llm.generate({"prompt_token_ids": [5, 6, 7, 8, 9]}, params, "cut"):
+                pass
+            async for _ in llm.generate("abcdefgh", params, "text"):
+                pass
+        assert "prompt_token_ids: [5, 6, 7]." in caplog.text
+        assert "prompt: 'abc'," in caplog.text and "abcd" not in caplog.text
+    finally:
+        llm.shutdown()
 
 
 async def test_output_handler_failure_stops_the_core() -> None:

@@ -37,6 +37,7 @@ MISTAKES = [
     # vLLM's other tokenizer modes: the engine's one line, not argparse's usage block.
     (["generate", "--tokenizer-mode", "slow"], "tokenizer_mode='slow' is not supported"),
     (["serve", "tiny", "--tokenizer-mode", "mistral"], "tokenizer_mode='mistral' is not supported"),
+    (["serve", "tiny", "--max-log-len", "-1"], "--max-log-len: expected an integer >= 0"),
     # Two models (vLLM puts --model in the positional's place: an error there too).
     (["serve", "tiny", "--model", "/nonexistent/model"], "two models given: 'tiny' and --model"),
 ]
