@@ -17,7 +17,7 @@ __all__ = ["CONTENT_FORMATS", "RESERVED_TEMPLATE_KWARGS", "TEMPLATE_OVERRIDES", 
            "add_reasoning", "check_template_options", "content_format", "content_parts",
            "conversation_of", "detect_content_format", "developer_as_system", "part_texts",
            "named_template", "render_conversation", "reserved_template_kwargs",
-           "split_overrides", "tool_arguments"]
+           "split_overrides", "template_kwargs_with_defaults", "tool_arguments"]
 
 # OpenAI's roles ("function": its deprecated role of a function call's result). Any other role
 # string passes to the template as vLLM passes it (Llama 3.1's "ipython", a template's own).
@@ -74,6 +74,15 @@ def named_template(chat_template_kwargs: Mapping[str, Any] | None) -> str | None
 
 _OVERRIDE_TYPES = {"chat_template": (str, "a string"), "tools": (list, "a list"),
                    "documents": (list, "a list")}
+
+
+def template_kwargs_with_defaults(defaults: Mapping[str, Any] | None,
+                                  given: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A request's ``chat_template_kwargs`` over the server's defaults (vLLM's merge: the
+    request's value wins)."""
+    if not defaults:
+        return given
+    return {**defaults, **(given or {})}
 
 
 def check_template_options(chat_template_kwargs: Mapping[str, Any] | None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from cadence.chat import template_kwargs_with_defaults
 from cadence.metrics import CONTENT_TYPE_LATEST, PrometheusStatLogger, cache_config_info
 from cadence.server.api_operations import API_OPERATIONS
 from cadence.server.error_handlers import UnexpectedErrorMiddleware, exception_handlers
@@ -200,6 +201,9 @@ class OpenAIServer:
         options = self.chat.options
         body.apply_server_defaults(options.return_tokens_as_token_ids,
                                    options.enable_force_include_usage)
+        if isinstance(body, ChatCompletionRequest):
+            body.chat_template_kwargs = template_kwargs_with_defaults(
+                self.chat.default_chat_template_kwargs, body.chat_template_kwargs)
 
     async def _stoppable(self, work: Awaitable[T]) -> T:
         """``work`` (before the response starts), cut short by the shutdown deadline."""
@@ -354,6 +358,7 @@ def build_app(
     trust_request_chat_template: bool = False,
     responses: ResponseOptions = ResponseOptions(),
     chat_template_content_format: str = "auto",
+    default_chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> Starlette:
     """The application serving ``engine``; the caller owns the engine's lifetime.
     ``front_end_index``: this is one of several API server processes (``--api-server-count``).
@@ -379,6 +384,8 @@ def build_app(
     server.tokenization.trust_request_chat_template = trust_request_chat_template
     server.chat.content_format = server.tokenization.content_format = (
         chat_template_content_format)
+    server.chat.default_chat_template_kwargs = default_chat_template_kwargs
+    server.tokenization.default_chat_template_kwargs = default_chat_template_kwargs
     routes = [
         Route("/v1/completions", server.create_completion, methods=["POST"]),
         Route("/v1/chat/completions", server.create_chat_completion, methods=["POST"]),

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cadence.cli_config import add_config_arg, expand_config, json_string_list
+from cadence.cli_config import add_config_arg, expand_config, json_object, json_string_list
 from cadence.cli_types import int_at_least
 from cadence.engine.engine_args import EngineArgs
 from cadence.envs import read_envs
@@ -128,6 +128,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="how message content reaches the chat template: openai = a list of "
         "{type: text, text} parts, string = the parts' text joined by newlines, auto = openai "
         "where the template loops over a message's content, else string (vLLM's)",
+    )
+    parser.add_argument(
+        "--default-chat-template-kwargs", type=json_object, default=None, metavar="JSON",
+        help="the chat template's variables for every request, under the request's own "
+        "chat_template_kwargs (vLLM's), e.g. '{\"enable_thinking\": false}'",
     )
     parser.add_argument(
         "--trust-request-chat-template", action=argparse.BooleanOptionalAction, default=False,
@@ -271,6 +276,7 @@ def settings_from(ns: argparse.Namespace) -> ServerSettings:
         tool_call_parser=ns.tool_call_parser,
         trust_request_chat_template=ns.trust_request_chat_template,
         chat_template_content_format=ns.chat_template_content_format,
+        default_chat_template_kwargs=ns.default_chat_template_kwargs,
         responses=ResponseOptions(
             response_role=ns.response_role,
             enable_prompt_tokens_details=ns.enable_prompt_tokens_details,

@@ -234,6 +234,7 @@ def build_server(
         trust_request_chat_template=settings.trust_request_chat_template,
         responses=settings.responses,
         chat_template_content_format=settings.chat_template_content_format,
+        default_chat_template_kwargs=settings.default_chat_template_kwargs,
     )
     config = uvicorn.Config(
         wrap_app(app, settings),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from typing import Any
 
 from cadence.engine.frontend import reasoning_tag_ids
 from cadence.engine.input_processor import kept_tokens, truncation_length
@@ -46,6 +47,7 @@ class OpenAIServingChat(OpenAIServing):
     content_format = "auto"  # --chat-template-content-format
     reasoning: ReasoningParser | None = None  # --reasoning-parser
     tool_call_parser: str | None = None  # with --enable-auto-tool-choice
+    default_chat_template_kwargs: Mapping[str, Any] | None = None  # the server's
 
     def _template(self, request: ChatCompletionRequest) -> str | None:
         """The template to render ``request`` with: its own (where trusted), else the server's."""

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from cadence.chat import CONTENT_FORMATS
+from cadence.chat import CONTENT_FORMATS, check_template_options
 
 __all__ = ["DEFAULT_MAX_REQUEST_BODY_BYTES", "UVICORN_LOG_LEVELS", "ResponseOptions",
            "ServerSettings"]
@@ -82,6 +84,8 @@ class ServerSettings:
     # How message content reaches the template (vLLM's): auto (read from the template),
     # string (text parts joined) or openai (a list of text parts).
     chat_template_content_format: str = "auto"
+    # The template's variables for every chat request, under the request's own (vLLM's).
+    default_chat_template_kwargs: Mapping[str, Any] | None = None
     responses: ResponseOptions = ResponseOptions()
 
     def __post_init__(self) -> None:
@@ -94,6 +98,14 @@ class ServerSettings:
             raise ValueError("--chat-template-content-format must be one of "
                              f"{', '.join(CONTENT_FORMATS)}, got "
                              f"{self.chat_template_content_format!r}.")
+        kwargs = self.default_chat_template_kwargs
+        if kwargs is not None:
+            if not isinstance(kwargs, Mapping):
+                raise ValueError("--default-chat-template-kwargs must be a JSON object, got "
+                                 f"{kwargs!r}.")
+            problem = check_template_options(kwargs, True, False)
+            if problem is not None:  # what a request's own kwargs would get: a 400
+                raise ValueError("--default-chat-template-kwargs: " + problem[1])
         if self.uvicorn_log_level not in UVICORN_LOG_LEVELS:
             raise ValueError(f"uvicorn_log_level must be one of {UVICORN_LOG_LEVELS}, "
                              f"got {self.uvicorn_log_level!r}.")

@@ -16,10 +16,12 @@ even where the count is over the context: a client counting tokens wants the cou
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
+from cadence.chat import template_kwargs_with_defaults
 from cadence.engine.param_checks import InputValidationError
 from cadence.server.chat_template import render_chat, request_template
 from cadence.server.protocol import OpenAIModel, ParamError
@@ -93,6 +95,7 @@ class Tokenization:
     # A request's own template, as the chat endpoint has it (--trust-request-chat-template).
     trust_request_chat_template = False
     content_format = "auto"  # --chat-template-content-format
+    default_chat_template_kwargs: Mapping[str, Any] | None = None  # the server's
 
     def __init__(self, engine: AsyncLLM, chat_template: str | None = None) -> None:
         self.engine = engine
@@ -120,6 +123,8 @@ class Tokenization:
         if "messages" in body:
             request = TokenizeChatRequest.model_validate(body)
             request.check()
+            request.chat_template_kwargs = template_kwargs_with_defaults(
+                self.default_chat_template_kwargs, request.chat_template_kwargs)
             ids = render_chat(
                 tokenizer,
                 request.messages,

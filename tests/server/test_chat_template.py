@@ -497,3 +497,42 @@ def test_the_content_format_flag_is_checked() -> None:
         assert settings_from(ns).chat_template_content_format == fmt
     with pytest.raises(ValueError, match="chat-template-content-format"):
         settings_from(parser.parse_args(["--chat-template-content-format", "xml"]))
+
+
+def test_default_chat_template_kwargs_sit_under_the_requests(server_factory) -> None:
+    """--default-chat-template-kwargs (vLLM's): every chat request's template sees them, the
+    request's own chat_template_kwargs win key by key; /tokenize and /v1/responses alike."""
+    template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                "[{{ flavour }}|{{ size | default('none') }}]")
+    srv = server_factory(app_kwargs={
+        "chat_template": template,
+        "default_chat_template_kwargs": {"flavour": "mint", "size": "big"}})
+    tok = srv.engine.tokenizer
+
+    def count(text: str) -> int:
+        return len(tok.encode(text, add_special_tokens=False))
+
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        def shown(**extra: object) -> str:
+            body = {"messages": [{"role": "user", "content": "hi"}], **extra}
+            r = http.post("/tokenize", json=body)
+            assert r.status_code == 200, r.text
+            return tok.decode(r.json()["tokens"])
+
+        assert shown() == "hi[mint|big]"
+        assert shown(chat_template_kwargs={"flavour": "lime"}) == "hi[lime|big]"
+        chat = http.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+            "chat_template_kwargs": {"size": "small"}})
+        assert chat.json()["usage"]["prompt_tokens"] == count("hi[mint|small]")
+        answer = http.post("/v1/responses", json={"input": "hi", "max_output_tokens": 1})
+        assert answer.json()["usage"]["input_tokens"] == count("hi[mint|big]")
+
+
+def test_default_chat_template_kwargs_are_checked_at_start_up() -> None:
+    from cadence.server.settings import ServerSettings
+
+    with pytest.raises(ValueError, match="--default-chat-template-kwargs must be a JSON object"):
+        ServerSettings(default_chat_template_kwargs=["x"])
+    with pytest.raises(ValueError, match="--default-chat-template-kwargs: .*tools"):
+        ServerSettings(default_chat_template_kwargs={"tools": 5})

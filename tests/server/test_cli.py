@@ -85,6 +85,15 @@ def test_every_on_off_flag_has_its_no_form() -> None:
     assert parse(["--enable-log-requests", "--disable-log-requests"]).enable_log_requests is False
 
 
+def test_default_chat_template_kwargs_reach_the_settings() -> None:
+    from cadence.server.cli import settings_from
+
+    parse = add_serve_args(argparse.ArgumentParser()).parse_args
+    ns = parse(["--default-chat-template-kwargs", '{"enable_thinking": false}'])
+    assert settings_from(ns).default_chat_template_kwargs == {"enable_thinking": False}
+    assert settings_from(parse([])).default_chat_template_kwargs is None
+
+
 def test_serve_defaults_to_the_tiny_model() -> None:
     ns = add_serve_args(argparse.ArgumentParser()).parse_args([])
     args = engine_args_from(ns)

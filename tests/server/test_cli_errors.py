@@ -38,6 +38,8 @@ MISTAKES = [
     (["generate", "--tokenizer-mode", "slow"], "tokenizer_mode='slow' is not supported"),
     (["serve", "tiny", "--tokenizer-mode", "mistral"], "tokenizer_mode='mistral' is not supported"),
     (["serve", "tiny", "--max-log-len", "-1"], "--max-log-len: expected an integer >= 0"),
+    (["serve", "tiny", "--default-chat-template-kwargs", "[1]"],
+     "--default-chat-template-kwargs: expected a JSON object"),
     # Two models (vLLM puts --model in the positional's place: an error there too).
     (["serve", "tiny", "--model", "/nonexistent/model"], "two models given: 'tiny' and --model"),
 ]
