@@ -77,6 +77,8 @@ class CacheConfig:
     block_size: int = 16
     enable_prefix_caching: bool = True
     num_gpu_blocks_override: int | None = None
+    # Bytes of KV cache (per device), instead of what gpu_memory_utilization leaves (vLLM's).
+    kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.9
     cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
 
@@ -92,6 +94,9 @@ class CacheConfig:
                 "num_gpu_blocks_override must be at least 2 (block 0 is reserved), got "
                 f"{self.num_gpu_blocks_override}."
             )
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
+            raise ValueError("kv_cache_memory_bytes must be at least 1, got "
+                             f"{self.kv_cache_memory_bytes}.")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}."

@@ -87,6 +87,7 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"
     seed: int | None = 0  # None: a random seed
     num_gpu_blocks_override: int | None = None
+    kv_cache_memory_bytes: int | None = None  # the KV cache's size, instead of the profile's
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
     device: str = "auto"
@@ -281,6 +282,7 @@ class EngineArgs:
             cache=CacheConfig(block_size=self.block_size,
                               enable_prefix_caching=self.enable_prefix_caching,
                               num_gpu_blocks_override=self.num_gpu_blocks_override,
+                              kv_cache_memory_bytes=self.kv_cache_memory_bytes,
                               gpu_memory_utilization=self.gpu_memory_utilization,
                               cache_dtype=_KV_CACHE_DTYPE_ALIASES[self.kv_cache_dtype]),
             scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs,

@@ -129,6 +129,11 @@ def add_engine_cli_args(parser: argparse.ArgumentParser, d: Any, model_positiona
     parser.add_argument("--num-gpu-blocks-override", type=int, default=None,
                         help="KV cache blocks to allocate, instead of sizing the cache from "
                              "--gpu-memory-utilization")
+    parser.add_argument("--kv-cache-memory-bytes", type=human_readable_int, default=None,
+                        metavar="BYTES",
+                        help="the KV cache's size in bytes per device (e.g. 4G), instead of "
+                             "what --gpu-memory-utilization leaves (vLLM's; "
+                             "--num-gpu-blocks-override wins over it)")
     parser.add_argument("--gpu-memory-utilization", type=float,
                         default=d.gpu_memory_utilization,
                         help="fraction of the GPU's memory for weights, activations and "
@@ -155,6 +160,16 @@ def add_engine_cli_args(parser: argparse.ArgumentParser, d: Any, model_positiona
                         default=d.tensor_parallel_size, metavar="N",
                         help="split the model over N GPUs, one worker process each (on "
                              "the CPU: N processes over gloo) (default: %(default)s)")
+    # vLLM's, taken at what cadence does (EngineArgs refuses other values in one line).
+    parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, metavar="N",
+                        help="vLLM's: 1 only (split a model with --tensor-parallel-size)")
+    parser.add_argument("--distributed-executor-backend", default=None, choices=["mp", "uni"],
+                        help="vLLM's: mp (a process per tensor-parallel rank) or uni (one "
+                             "process, tensor-parallel size 1) (default: by size)")
+    parser.add_argument("--enable-lora", action=argparse.BooleanOptionalAction, default=False,
+                        help="vLLM's: off only (cadence serves no adapters)")
+    parser.add_argument("--enable-sleep-mode", action=argparse.BooleanOptionalAction,
+                        default=False, help="vLLM's: off only (cadence has no sleep mode)")
     parser.add_argument("--engine-process", action="store_true",
                         help="run the engine core in a process of its own rather than a "
                              "thread beside the server's event loop")

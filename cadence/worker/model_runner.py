@@ -132,12 +132,22 @@ class ModelRunner:
         if override is not None:
             self._check_override(override)
             return override
+        size = self.config.cache.kv_cache_memory_bytes
+        if size is not None:
+            blocks = size // self.kv_block_bytes()
+            if blocks < 2:
+                raise ValueError(
+                    f"kv_cache_memory_bytes={size} holds {blocks} KV cache block(s) of "
+                    f"{self.kv_block_bytes()} bytes; at least 2 are needed (block 0 is reserved)."
+                )
+            self._check_override(blocks, f"kv_cache_memory_bytes={size}")
+            return blocks
         needed = self.max_num_reqs * self.max_blocks_per_req + 1
         if self.device.type == "cpu":
             return max(2, min(needed, _CPU_KV_CACHE_BYTES // self.kv_block_bytes()))
         return min(needed, self._profile_cuda_blocks())
 
-    def _check_override(self, blocks: int) -> None:
+    def _check_override(self, blocks: int, given: str | None = None) -> None:
         """A ``num_gpu_blocks_override`` whose cache cannot fit in the device's free memory (the
         machine's physical memory on the CPU) is a configuration error, not an allocator's."""
         need = blocks * self.kv_block_bytes()
@@ -147,7 +157,8 @@ class ModelRunner:
             free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         if need > free:
             raise ValueError(
-                f"num_gpu_blocks_override={blocks} needs {need / 2**30:.1f} GiB of KV cache "
+                f"{given or f'num_gpu_blocks_override={blocks}'} needs {need / 2**30:.1f} GiB "
+                f"of KV cache "
                 f"({self.kv_block_bytes()} bytes a block) but the {self.device.type} has "
                 f"{free / 2**30:.1f} GiB {'free' if self.device.type == 'cuda' else 'in all'}."
             )

@@ -216,3 +216,26 @@ def test_an_abort_handled_from_the_queue_is_not_applied_again() -> None:
             engine.shutdown()
 
     assert asyncio.run(asyncio.wait_for(body(), 120)) == [3, 3]
+
+
+def test_kv_cache_memory_bytes_sizes_the_cache() -> None:
+    """vLLM's kv_cache_memory_bytes: the cache holds that many bytes' whole blocks (block 0
+    reserved); too few bytes for two blocks is a one-line error naming the setting."""
+    probe = EngineCore(tiny_args(max_model_len=128, num_gpu_blocks_override=4))
+    block_bytes = probe.runner.kv_block_bytes()
+    probe.shutdown()
+    sized = dict(max_model_len=128, num_gpu_blocks_override=None)  # the tests' default off
+    core = EngineCore(tiny_args(**sized, kv_cache_memory_bytes=block_bytes * 12 + 5))
+    try:
+        assert core.num_free_kv_blocks == 12 - 1
+    finally:
+        core.shutdown()
+    with pytest.raises(ValueError, match="kv_cache_memory_bytes=.* holds 1 KV cache block"):
+        EngineCore(tiny_args(**sized, kv_cache_memory_bytes=block_bytes + 1))
+    # The override wins (vLLM's num_gpu_blocks_override over the memory sizes).
+    core = EngineCore(tiny_args(max_model_len=128, kv_cache_memory_bytes=block_bytes * 12,
+                                num_gpu_blocks_override=7))
+    try:
+        assert core.num_free_kv_blocks == 7 - 1
+    finally:
+        core.shutdown()

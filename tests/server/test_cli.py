@@ -94,6 +94,16 @@ def test_default_chat_template_kwargs_reach_the_settings() -> None:
     assert settings_from(parse([])).default_chat_template_kwargs is None
 
 
+def test_vllms_engine_flags_for_what_cadence_does_are_taken() -> None:
+    parse = add_serve_args(argparse.ArgumentParser()).parse_args
+    args = engine_args_from(parse(["-pp", "1", "--distributed-executor-backend", "uni",
+                                   "--no-enable-lora", "--no-enable-sleep-mode",
+                                   "--kv-cache-memory-bytes", "2G"]))
+    assert (args.pipeline_parallel_size, args.distributed_executor_backend) == (1, "uni")
+    assert not args.enable_lora and not args.enable_sleep_mode
+    assert args.kv_cache_memory_bytes == 2 * 1024**3
+
+
 def test_serve_defaults_to_the_tiny_model() -> None:
     ns = add_serve_args(argparse.ArgumentParser()).parse_args([])
     args = engine_args_from(ns)

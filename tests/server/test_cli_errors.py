@@ -38,6 +38,9 @@ MISTAKES = [
     (["generate", "--tokenizer-mode", "slow"], "tokenizer_mode='slow' is not supported"),
     (["serve", "tiny", "--tokenizer-mode", "mistral"], "tokenizer_mode='mistral' is not supported"),
     (["serve", "tiny", "--max-log-len", "-1"], "--max-log-len: expected an integer >= 0"),
+    (["serve", "tiny", "--pipeline-parallel-size", "2"], "pipeline_parallel_size=2 is not"),
+    (["serve", "tiny", "--enable-lora"], "enable_lora=True is not supported"),
+    (["serve", "tiny", "--kv-cache-memory-bytes", "0"], "kv_cache_memory_bytes must be at least 1"),
     (["serve", "tiny", "--default-chat-template-kwargs", "[1]"],
      "--default-chat-template-kwargs: expected a JSON object"),
     # Two models (vLLM puts --model in the positional's place: an error there too).
