@@ -120,7 +120,8 @@ class TritonAttentionBackend:
                 rope=rope if fuse else None, config=config,
                 # A rope launch of its own stands between the qkv projection and this one.
                 qkv_releases_early=qkv_releases_early and (fuse or rope is None),
-                tickets=self.tickets(q.device, metadata.seq_lens.shape[0] * kv_cache.shape[3]),
+                tickets=(self.tickets(q.device, metadata.seq_lens.shape[0] * kv_cache.shape[3])
+                         if self.fused_merge else None),
             )  # fmt: skip
         else:
             q, k = self._rope_and_store(q, k, v, kv_cache, metadata, k_scale, v_scale, rope)
@@ -152,8 +153,8 @@ class TritonAttentionBackend:
         paged_decode_attention(
             q_rows, kv_cache, rows.metadata, scale, out, self.num_sms(q.device),
             sliding_window=sliding_window, softcap=softcap, k_scale=k_scale, v_scale=v_scale,
-            tickets=self.tickets(q.device,
-                                 rows.metadata.seq_lens.shape[0] * kv_cache.shape[3]),
+            tickets=(self.tickets(q.device, rows.metadata.seq_lens.shape[0] * kv_cache.shape[3])
+                     if self.fused_merge else None),
         )
         return out
 
