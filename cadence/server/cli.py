@@ -163,6 +163,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="log each request's start and end",
     )
     parser.add_argument(
+        "--disable-uvicorn-access-log", action=argparse.BooleanOptionalAction, default=False,
+        help="no uvicorn access-log line per request (vLLM's)",
+    )
+    parser.add_argument(
         "--max-log-len", type=int_at_least(0), default=None, metavar="N",
         help="with --enable-log-requests: the most prompt characters and token ids a request's "
         "log line shows (default: all)",
@@ -277,6 +281,7 @@ def settings_from(ns: argparse.Namespace) -> ServerSettings:
         trust_request_chat_template=ns.trust_request_chat_template,
         chat_template_content_format=ns.chat_template_content_format,
         default_chat_template_kwargs=ns.default_chat_template_kwargs,
+        disable_uvicorn_access_log=ns.disable_uvicorn_access_log,
         responses=ResponseOptions(
             response_role=ns.response_role,
             enable_prompt_tokens_details=ns.enable_prompt_tokens_details,

@@ -246,6 +246,7 @@ def build_server(
         timeout_keep_alive=settings.timeout_keep_alive,  # type: ignore[arg-type]
         timeout_graceful_shutdown=settings.shutdown_timeout + _UVICORN_BACKSTOP_S,  # type: ignore[arg-type]
         log_level=settings.uvicorn_log_level,
+        access_log=not settings.disable_uvicorn_access_log,
         ssl_keyfile=settings.ssl_keyfile,
         ssl_certfile=settings.ssl_certfile,
         lifespan="off",

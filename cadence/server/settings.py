@@ -84,6 +84,7 @@ class ServerSettings:
     # How message content reaches the template (vLLM's): auto (read from the template),
     # string (text parts joined) or openai (a list of text parts).
     chat_template_content_format: str = "auto"
+    disable_uvicorn_access_log: bool = False  # uvicorn's line per request off (vLLM's)
     # The template's variables for every chat request, under the request's own (vLLM's).
     default_chat_template_kwargs: Mapping[str, Any] | None = None
     responses: ResponseOptions = ResponseOptions()

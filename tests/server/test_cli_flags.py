@@ -472,3 +472,19 @@ def test_an_output_file_is_tried_not_asked(tmp_path, monkeypatch) -> None:
     assert output_file(str(new)) == str(new) and not new.exists()
     new.write_text("{}")
     assert output_file(str(new)) == str(new) and new.read_text() == "{}"
+
+
+def test_the_uvicorn_access_log_can_be_turned_off(server_factory) -> None:
+    """--disable-uvicorn-access-log (vLLM's) reaches uvicorn's config (uvicorn then drops the
+    access logger's handlers: a process-wide switch, so one server per process shows it)."""
+    import argparse
+
+    from cadence.server.cli import add_serve_args, settings_from
+
+    parse = add_serve_args(argparse.ArgumentParser()).parse_args
+    assert settings_from(parse(["--disable-uvicorn-access-log"])).disable_uvicorn_access_log
+    assert not settings_from(parse([])).disable_uvicorn_access_log
+    quiet = server_factory(app_kwargs={"disable_uvicorn_access_log": True})
+    assert quiet.server.config.access_log is False
+    loud = server_factory()
+    assert loud.server.config.access_log is True
