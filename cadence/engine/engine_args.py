@@ -125,6 +125,7 @@ class EngineArgs:
     distributed_executor_backend: str | None = None
     enable_lora: bool = False
     enable_sleep_mode: bool = False
+    limit_mm_per_prompt: dict | None = None  # vLLM's: text only here (no items or all 0)
     served_model_name: str | list | None = None
 
     def __post_init__(self) -> None:
@@ -190,6 +191,11 @@ class EngineArgs:
         if self.enable_sleep_mode:
             raise ValueError("enable_sleep_mode=True is not supported: cadence has no sleep "
                              "mode.")
+        limits = self.limit_mm_per_prompt
+        if limits is not None and (not isinstance(limits, dict) or any(
+                v not in (0, None) and v != {} for v in limits.values())):
+            raise ValueError(f"limit_mm_per_prompt={limits!r}: cadence runs text-only models; "
+                             "multimodal inputs are not supported (give none, or 0 of each).")
         names = self.served_model_name
         if names is not None and not (isinstance(names, str) or (
                 isinstance(names, list) and all(isinstance(n, str) for n in names))):

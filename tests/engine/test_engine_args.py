@@ -109,3 +109,12 @@ def test_none_where_vllm_defaults_to_none_is_the_default() -> None:
     assert args.reasoning_parser is None
     with pytest.raises(ValueError, match="max_model_len"):  # other fields keep their checks
         EngineArgs(max_model_len="1024")
+
+
+def test_limit_mm_per_prompt_takes_text_only() -> None:
+    """vLLM's limit_mm_per_prompt: none or 0 of each modality is what a text-only engine
+    does; a positive limit is a one-line refusal naming it."""
+    for fine in (None, {}, {"image": 0, "video": 0}):
+        assert EngineArgs(limit_mm_per_prompt=fine).limit_mm_per_prompt == fine
+    with pytest.raises(ValueError, match="limit_mm_per_prompt=.*multimodal inputs are not"):
+        EngineArgs(limit_mm_per_prompt={"image": 1})

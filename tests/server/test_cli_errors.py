@@ -40,6 +40,7 @@ MISTAKES = [
     (["serve", "tiny", "--max-log-len", "-1"], "--max-log-len: expected an integer >= 0"),
     (["serve", "tiny", "--pipeline-parallel-size", "2"], "pipeline_parallel_size=2 is not"),
     (["serve", "tiny", "--enable-lora"], "enable_lora=True is not supported"),
+    (["serve", "tiny", "--limit-mm-per-prompt", '{"image": 2}'], "multimodal inputs are not"),
     (["serve", "tiny", "--kv-cache-memory-bytes", "0"], "kv_cache_memory_bytes must be at least 1"),
     (["serve", "tiny", "--default-chat-template-kwargs", "[1]"],
      "--default-chat-template-kwargs: expected a JSON object"),
