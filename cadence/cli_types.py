@@ -9,13 +9,14 @@ from fractions import Fraction
 
 from cadence.config import AUTO_MAX_MODEL_LEN
 
-_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9}
-_BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def human_readable_int(text: str) -> int:
-    """vLLM's token counts: an integer, or a number with a suffix (k / m / g: powers of 1000,
-    K / M / G: of 1024; ``25.6k`` = 25600); the result must be a whole number."""
+    """vLLM's token counts: an integer, or a number with a suffix (k / m / g / t: powers of
+    1000, K / M / G / T: of 1024, a whole number before those; ``25.6k`` = 25600); the result
+    must be a whole number."""
     text = text.strip()
     unit = text[-1:] if text[-1:] in _DECIMAL or text[-1:] in _BINARY else ""
     if not unit:
@@ -25,11 +26,16 @@ def human_readable_int(text: str) -> int:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     number = text[:-1]
     scale = _DECIMAL.get(unit) or _BINARY[unit]
+    if unit in _BINARY and not number.strip().isdigit():  # vLLM's: no 1.5K
+        raise argparse.ArgumentTypeError(
+            f"decimals are not taken with binary suffixes like {unit}, got {text!r}: did you "
+            f"mean {number}{unit.lower()}?")
     try:
         value = Fraction(number) * scale
     except (ValueError, ZeroDivisionError):
         raise argparse.ArgumentTypeError(
-            f"expected an integer or a number with a k/m/g/K/M/G suffix, got {text!r}") from None
+            f"expected an integer or a number with a k/m/g/t/K/M/G/T suffix, got {text!r}"
+        ) from None
     if value.denominator != 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens")
     return int(value)

@@ -52,13 +52,19 @@ def test_token_counts_take_vllms_suffixes(given: str, tokens: int) -> None:
     assert (args.max_model_len, args.max_num_batched_tokens) == (tokens, tokens)
 
 
+def test_byte_sizes_take_vllms_t_suffixes() -> None:
+    # vLLM's human_readable_int: t and T too (--kv-cache-memory-bytes).
+    assert _engine_args("--kv-cache-memory-bytes", "1T").kv_cache_memory_bytes == 1 << 40
+    assert _engine_args("--kv-cache-memory-bytes", "2t").kv_cache_memory_bytes == 2 * 10**12
+
+
 @pytest.mark.parametrize("given", ["auto", "AUTO", " Auto ", "-1"])
 def test_max_model_len_auto_is_minus_one(given: str) -> None:
     # vLLM's spelling of "what the KV cache holds, at most the model's context".
     assert _engine_args("--max-model-len", given).max_model_len == -1
 
 
-@pytest.mark.parametrize("given", ["lots", "1.5k5", "0.0001k", "k", "autoo"])
+@pytest.mark.parametrize("given", ["lots", "1.5k5", "0.0001k", "k", "autoo", "1.5K"])
 def test_token_counts_that_are_not_whole_are_usage_errors(given: str) -> None:
     with pytest.raises(SystemExit):
         _engine_args("--max-model-len", given)
