@@ -70,3 +70,14 @@ def int_list_at_least(low: int) -> Callable[[str], list[int]]:
     def parse(text: str) -> list[int]:
         return [one(part.strip()) for part in text.split(",")]
     return parse
+
+
+def int_or_none(text: str) -> int | None:
+    """An argparse ``type``: an integer, or None for "None" (vLLM's optional values, e.g.
+    ``--seed None``: a random seed)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or None, got {text!r}") from None

@@ -7,7 +7,12 @@ import argparse
 from typing import Any
 
 from cadence.cli_config import json_object, json_object_or_int
-from cadence.cli_types import human_readable_int, human_readable_int_or_auto, int_at_least
+from cadence.cli_types import (
+    human_readable_int,
+    human_readable_int_or_auto,
+    int_at_least,
+    int_or_none,
+)
 from cadence.config import DTYPE_ALIASES, DTYPES, LOGPROBS_MODES, SCHEDULING_POLICIES
 
 
@@ -123,10 +128,10 @@ def add_engine_cli_args(parser: argparse.ArgumentParser, d: Any, model_positiona
                         help="KV cache dtype: auto = the model dtype; fp8 (= fp8_e4m3) "
                              "stores keys and values in e4m3 with per-layer scales, twice the "
                              "tokens in the same memory (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=d.seed,
+    parser.add_argument("--seed", type=int_or_none, default=d.seed,
                         help="random seed of dummy weights and unseeded sampling "
                              "(default: %(default)s)")
-    parser.add_argument("--num-gpu-blocks-override", type=int, default=None,
+    parser.add_argument("--num-gpu-blocks-override", type=int_or_none, default=None,
                         help="KV cache blocks to allocate, instead of sizing the cache from "
                              "--gpu-memory-utilization")
     parser.add_argument("--kv-cache-memory-bytes", type=human_readable_int, default=None,

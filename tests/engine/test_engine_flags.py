@@ -327,3 +327,13 @@ def test_add_cli_args_returns_the_parser_as_vllms_does() -> None:
     assert isinstance(async_args, AsyncEngineArgs)
     assert async_args.enable_log_requests is True and async_args.max_num_seqs == 5
     assert AsyncEngineArgs.from_cli_args(parser.parse_args([])).enable_log_requests is False
+
+
+def test_seed_and_block_override_take_vllms_none() -> None:
+    # vLLM's optional values on the command line: "None" is no value (a random seed).
+    assert _engine_args("--seed", "7").seed == 7
+    assert _engine_args("--num-gpu-blocks-override", "None").num_gpu_blocks_override is None
+    first, second = _engine_args("--seed", "None").seed, _engine_args("--seed", "none").seed
+    assert isinstance(first, int) and first != second  # each drew its own
+    with pytest.raises(SystemExit):
+        _engine_args("--seed", "seven")
