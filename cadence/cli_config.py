@@ -1,4 +1,5 @@
-"""vLLM's ways of writing options: ``--config FILE.yaml`` and underscores in option names.
+"""vLLM's ways of writing options: ``--config FILE.yaml``, underscores in option names and
+dotted keys of JSON-object options (``--hf-overrides.rope_theta 1e6``).
 
 A config file is a YAML mapping of long option names (``max-model-len``, ``max_model_len`` or
 ``--max-model-len``) to values. Its options go in front of the command line's, so that a flag
@@ -74,7 +75,7 @@ def expand_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[
     """``argv`` (a subcommand's arguments) with underscores in option names turned into dashes
     and the options of its ``--config`` file, if any, after its leading positionals and before
     its own options. ``ValueError`` for a mistake in the file."""
-    args = _normalized(parser, argv)
+    args = _folded(parser, _normalized(parser, argv))
     paths = [a[len(_CONFIG) + 1:] for a in args if a.startswith(_CONFIG + "=")]
     paths += [args[i + 1] for i, a in enumerate(args[:-1]) if a == _CONFIG]
     if not paths:
@@ -118,9 +119,61 @@ def dashed(argv: Sequence[str]) -> list[str]:
             return out + list(argv[i:])
         if arg.startswith("--"):
             name, eq, value = arg.partition("=")
-            arg = name.replace("_", "-") + eq + value
+            option, dot, path = name.partition(".")  # a dotted key keeps its own spelling
+            arg = option.replace("_", "-") + dot + path + eq + value
         out.append(arg)
     return out
+
+
+def _folded(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
+    """vLLM's dotted options: ``--hf-overrides.rope_theta 1e6`` (or ``=1e6``) for
+    ``--hf-overrides '{"rope_theta": 1e6}'``, keys nesting at each dot, each value read as
+    JSON where it is JSON, else as a string; several of one option make one object, given
+    where its first one was. For the options that take a JSON object only."""
+    actions = parser._option_string_actions  # argparse has no public lookup
+    out: list[str] = []
+    objects: dict[str, dict[str, Any]] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            out += args[i:]
+            break
+        name, eq, value = arg.partition("=")
+        option, _, path = name.partition(".")
+        action = actions.get(option) if arg.startswith("--") and path else None
+        if action is None or action.type not in (json_object, json_object_or_int):
+            out.append(arg)
+            i += 1
+            continue
+        if not eq:
+            if i + 1 >= len(args):
+                raise ValueError(f"{name} needs a value.")
+            value, i = args[i + 1], i + 1
+        if option not in objects:
+            if any(a == option or a.startswith(option + "=") for a in args):
+                raise ValueError(f"{option} given both whole and with dotted keys ({name}); "
+                                 f"give one or the other.")
+            objects[option] = {}
+            out += [option, ""]  # its JSON, once every key is in
+        node = objects[option]
+        *parents, last = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"{name}: {key} is given a value and keys.")
+        node[last] = _json_or_text(value)
+        i += 1
+    for option, value in objects.items():
+        out[out.index(option) + 1] = json.dumps(value)
+    return out
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def _normalized(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:

@@ -149,6 +149,31 @@ def test_config_file_is_overridden_by_the_command_line(tmp_path: Path) -> None:
 
 
 
+def test_json_object_flags_take_vllms_dotted_keys(tmp_path: Path) -> None:
+    """``--hf-overrides.rope_scaling.factor 2.0`` (vLLM's): keys nest at each dot and keep
+    their underscores, values are JSON where they are JSON, several make one object; with a
+    config file too."""
+    ns = parse_args(["serve", "tiny", "--hf-overrides.max_position_embeddings", "1024",
+                     "--hf_overrides.rope_scaling.factor=2.0", "--hf-overrides.note", "plain",
+                     "--compilation-config.cudagraph_mode", "NONE",
+                     "--default-chat-template-kwargs.enable_thinking", "false"])
+    args = engine_args_from(ns)
+    assert args.hf_overrides == {"max_position_embeddings": 1024,
+                                 "rope_scaling": {"factor": 2.0}, "note": "plain"}
+    assert args.compilation_config == {"cudagraph_mode": "NONE"}
+    assert settings_from(ns).default_chat_template_kwargs == {"enable_thinking": False}
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("max_num_seqs: 3\n")
+    ns = parse_args(["serve", "--config", str(cfg), "--hf-overrides.max_position_embeddings=77"])
+    assert engine_args_from(ns).hf_overrides == {"max_position_embeddings": 77}
+    assert engine_args_from(ns).max_num_seqs == 3
+    for bad, said in ((["--hf-overrides", "{}", "--hf-overrides.x", "1"], "both whole and"),
+                      (["--hf-overrides.x"], "needs a value"),
+                      (["--hf-overrides.a", "1", "--hf-overrides.a.b", "2"], "a value and keys")):
+        with pytest.raises(ValueError, match=said):
+            parse_args(["serve", "tiny", *bad])
+
+
 def test_a_repeated_flag_on_the_command_line_replaces_the_files_list(tmp_path: Path) -> None:
     """generate's --prompt (given once per prompt): the command line's prompts, not the file's
     and the command line's together (its help: flags on the command line override them)."""
