@@ -14,7 +14,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from cadence.envs import read_envs
 
@@ -29,10 +29,37 @@ USAGE_EXIT_CODE = 2  # as argparse
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser whose own mistakes (an unknown flag, a bad value or choice) end in one
     line too: argparse prints its whole usage first, for ``serve`` some sixty lines above the
-    one that says what is wrong."""
+    one that says what is wrong. Also vLLM's ``--help=KEYWORD``: the help of the options whose
+    name holds the keyword (``--help=all``: all of it)."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(USAGE_EXIT_CODE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        given = list(sys.argv[1:] if args is None else args)
+        leaf = not any(isinstance(a, argparse._SubParsersAction) for a in self._actions)
+        for arg in given if leaf else ():  # a command's own parser: after the subcommand
+            if arg == "--":
+                break
+            if arg.startswith("--help="):
+                self._help_for(arg.partition("=")[2])
+        return super().parse_known_args(args, namespace)
+
+    def _help_for(self, keyword: str) -> NoReturn:
+        if keyword.lower() == "all":
+            self.print_help()
+            self.exit(0)
+        key = keyword.strip().lstrip("-").replace("_", "-").lower()
+        found = [a for a in self._actions if key and a.help is not argparse.SUPPRESS and any(
+            key in o.lstrip("-").lower() for o in a.option_strings)]
+        if not found:
+            self.error(f"no option's name holds {keyword!r} (--help=all lists every option)")
+        formatter = self._get_formatter()
+        formatter.start_section(f"options matching {keyword!r}")
+        formatter.add_arguments(found)
+        formatter.end_section()
+        self._print_message(formatter.format_help(), sys.stdout)
+        self.exit(0)
 
 
 def first_line(exc: BaseException) -> str:

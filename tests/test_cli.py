@@ -75,3 +75,22 @@ def test_generate_refuses_a_bad_flag_before_loading(capsys) -> None:
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "temperature" in err and "nonexistent" not in err
+
+
+def test_help_with_a_keyword_lists_the_options_holding_it(capsys) -> None:
+    """vLLM's --help=KEYWORD: the help of the options whose name holds it; all: everything;
+    a keyword no option holds is a one-line error."""
+    import pytest
+
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--help=max_model_len"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0 and "--max-model-len" in out and "--port" not in out
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "tiny", "--help=all"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0 and "--max-model-len" in out and "--port" in out
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "--help=nothing-like-this"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and "'nothing-like-this'" in err[0]

@@ -43,7 +43,7 @@ def add_engine_cli_args(parser: argparse.ArgumentParser, d: Any, model_positiona
                              "(default: %(default)s)")
     parser.add_argument("--max-model-len", type=human_readable_int_or_auto, default=None,
                         help="context length, prompt plus output; vLLM's suffixes: 1k = "
-                             "1000, 1K = 1024, also m/M, g/G; auto (or -1): the model's, "
+                             "1000, 1K = 1024, also m/M, g/G, t/T; auto (or -1): the model's, "
                              "lowered to what the KV cache holds (default: the model's "
                              "max_position_embeddings, times the factor of linear or yarn RoPE "
                              "scaling, as vLLM derives it)")
