@@ -707,13 +707,15 @@ def test_qwen3_decode_shapes_bf16() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("merge", [False, True], ids=["merge-launch", "merge-in-launch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("seqs", [[(20, 1), (47, 1), (16, 1)], [(47, 1)]])
-def test_decode_replays_inside_a_cuda_graph(dtype: torch.dtype, seqs: list) -> None:
-    """Three sequences and a padding row; one sequence alone (bf16: the early load order)."""
+def test_decode_replays_inside_a_cuda_graph(dtype: torch.dtype, seqs: list, merge: bool) -> None:
+    """Three sequences and a padding row; one sequence alone (bf16: the early load order).
+    With the merge in the launch, its tickets are left zero for every next replay."""
     from cadence.model.triton_backend import TritonAttentionBackend
 
-    backend = TritonAttentionBackend()
+    backend = TritonAttentionBackend(fused_merge=merge)
     padding = 1 if len(seqs) > 1 else 0
     shape = {"num_blocks": 24, "width": 16}  # 256-token tables: split-K in the graph
     static = make_case(seqs, 8, 2, 64, 16, dtype, "cuda", padding, seed=1, **shape)
@@ -739,6 +741,8 @@ def test_decode_replays_inside_a_cuda_graph(dtype: torch.dtype, seqs: list) -> N
         graph.replay()
         torch.cuda.synchronize()
         assert_matches(case, out, cache)
+    if merge:
+        assert not backend.tickets(out.device, 1).any()
 
 
 if __name__ == "__main__":
