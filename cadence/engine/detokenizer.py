@@ -137,8 +137,8 @@ class TextDecoder:
             return ""
         if not grew:
             # Tokens that add no text (skipped special tokens): dropped from the window, so the
-            # context that spaces the next word stays.
-            del self._ids[self._prefix_index:]
+            # context that spaces the next word stays (and the prompt's held bytes).
+            del self._ids[self._prefix_index + self._held:]
             return ""
         return self._flush(text)
 

@@ -144,6 +144,20 @@ def test_a_character_begun_at_the_prompts_end_is_completed_by_the_output(
     assert all("\ufffd" not in d for d in deltas)
 
 
+@pytest.mark.parametrize("pads", [1, 15, 16, 40])
+def test_skipped_special_tokens_after_the_prompts_unfinished_character_keep_it(
+    tokenizer: PreTrainedTokenizerFast, pads: int
+) -> None:
+    """Skipped special tokens between the prompt's first byte and the output's second: the
+    character still comes whole (a run of them leaves the window, the prompt's byte stays)."""
+    pad = tokenizer.convert_tokens_to_ids("<|pad|>")
+    cut = byte_ids(tokenizer, "é")
+    prompt = tokenizer.encode("hello there, ") + cut[:1]
+    detok = IncrementalDetokenizer(tokenizer, _request(prompt))
+    deltas, _ = _stream(detok, [pad] * pads + cut[1:] + tokenizer.encode(" ok"))
+    assert "".join(deltas) == detok.output_text == "é ok"
+
+
 @pytest.mark.parametrize("lead", ["", "hello there, "], ids=["short", "long"])
 @pytest.mark.parametrize("then", ["ab", "é", "😀x"])
 def test_stray_bytes_at_the_prompts_end_stay_the_prompts(
