@@ -168,9 +168,12 @@ class TextDecoder:
             return self._advance(head, cut)
         # The whole window is one unfinished character plus tokens that add no text (skipped
         # special tokens between its bytes): those leave the window, the character's bytes stay.
+        # NOTE: only tokens that decode to nothing alone: a byte of the character also leaves
+        # the text as it is (one U+FFFD for one, two or three of its bytes).
         for i in range(len(self._ids) - 1, self._prefix_index, -1):
             trial = self._ids[:i] + self._ids[i + 1:]
-            if self._decode(trial, self._skip) == text:
+            if (self._decode(self._ids[i:i + 1], self._skip) == ""
+                    and self._decode(trial, self._skip) == text):
                 self._ids = trial
         if len(self._ids) - self._prefix_index >= _MAX_PENDING:
             return self._advance(text, len(self._ids))

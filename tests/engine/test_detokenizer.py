@@ -145,17 +145,21 @@ def test_a_character_begun_at_the_prompts_end_is_completed_by_the_output(
 
 
 @pytest.mark.parametrize("pads", [1, 15, 16, 40])
-def test_skipped_special_tokens_after_the_prompts_unfinished_character_keep_it(
-    tokenizer: PreTrainedTokenizerFast, pads: int
+@pytest.mark.parametrize(("char", "given"), [("é", 1), ("😀", 1), ("😀", 2), ("😀", 3)])
+@pytest.mark.parametrize("where", ["prompt", "output"])
+def test_skipped_special_tokens_inside_a_character_keep_its_bytes(
+    tokenizer: PreTrainedTokenizerFast, pads: int, char: str, given: int, where: str
 ) -> None:
-    """Skipped special tokens between the prompt's first byte and the output's second: the
-    character still comes whole (a run of them leaves the window, the prompt's byte stays)."""
+    """Skipped special tokens after a character's first bytes (the prompt's or the output's):
+    it still comes whole; a run of them leaves the window, every byte of the character stays
+    (one, two or three bytes of it decode to the same one U+FFFD)."""
     pad = tokenizer.convert_tokens_to_ids("<|pad|>")
-    cut = byte_ids(tokenizer, "é")
-    prompt = tokenizer.encode("hello there, ") + cut[:1]
+    cut = byte_ids(tokenizer, char)
+    prompt = tokenizer.encode("hello there, ") + (cut[:given] if where == "prompt" else [])
+    out = ([] if where == "prompt" else cut[:given]) + [pad] * pads + cut[given:]
     detok = IncrementalDetokenizer(tokenizer, _request(prompt))
-    deltas, _ = _stream(detok, [pad] * pads + cut[1:] + tokenizer.encode(" ok"))
-    assert "".join(deltas) == detok.output_text == "é ok"
+    deltas, _ = _stream(detok, out + tokenizer.encode(" ok"))
+    assert "".join(deltas) == detok.output_text == char + " ok"
 
 
 @pytest.mark.parametrize("lead", ["", "hello there, "], ids=["short", "long"])
