@@ -23,10 +23,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_config_arg", "expand_config", "json_object", "json_object_or_int",
-           "json_string_list"]
+__all__ = ["FILE_MODEL", "add_config_arg", "expand_config", "json_object",
+           "json_object_or_int", "json_string_list"]
 
 _CONFIG = "--config"
+# The model a --config file names, where a command takes its model as a positional (serve).
+FILE_MODEL = "--file-model"
 
 
 def add_config_arg(parser: argparse.ArgumentParser) -> None:
@@ -88,25 +90,14 @@ def expand_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[
     given = {id(actions[name]) for a in args[first:]
              if (name := a.partition("=")[0]) in actions}
     from_file = _file_args(parser, paths[0], given)
-    positional = [a.dest for a in parser._actions if not a.option_strings]
-    if first > 0 and positional[:1] == ["model_tag"]:
-        # serve's model given as its positional: the file's model gives way (vLLM's)
-        from_file = _without_option(from_file, "--model")
+    if FILE_MODEL in actions:
+        # serve's file model is its own option: a positional model, wherever it stands, wins
+        # over it (vLLM's), a --model on the command line too.
+        from_file = [FILE_MODEL + a[len("--model"):] if a == "--model" or a.startswith(
+            "--model=") else a for a in from_file]
+        if "--model" in actions and id(actions["--model"]) in given:
+            from_file = _without_option(from_file, FILE_MODEL)
     return [*args[:first], *from_file, *args[first:]]
-
-
-def _without_option(args: list[str], option: str) -> list[str]:
-    """``args`` without ``option`` (``--x V`` or ``--x=V``)."""
-    out: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg == option:
-            skip = True
-        elif not arg.startswith(option + "="):
-            out.append(arg)
-    return out
 
 
 def dashed(argv: Sequence[str]) -> list[str]:
@@ -288,3 +279,17 @@ def _checked(action: argparse.Action, text: str, where: str) -> str:
         choices = ", ".join(map(str, action.choices))
         raise ValueError(f"{where}: invalid choice {text!r} (choose from {choices}).")
     return text
+
+
+def _without_option(args: list[str], option: str) -> list[str]:
+    """``args`` without ``option`` (``--x V`` or ``--x=V``)."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == option:
+            skip = True
+        elif not arg.startswith(option + "="):
+            out.append(arg)
+    return out

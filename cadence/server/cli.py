@@ -8,7 +8,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cadence.cli_config import add_config_arg, expand_config, json_object, json_string_list
+from cadence.cli_config import (
+    FILE_MODEL,
+    add_config_arg,
+    expand_config,
+    json_object,
+    json_string_list,
+)
 from cadence.cli_types import int_at_least
 from cadence.engine.engine_args import EngineArgs
 from cadence.envs import read_envs
@@ -37,6 +43,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="built-in model name, shape preset or HF checkpoint directory (default: tiny)",
     )
     add_config_arg(parser)
+    parser.add_argument(FILE_MODEL, dest="file_model", default=None, help=argparse.SUPPRESS)
     defaults = ServerSettings()
     parser.add_argument("--host", default=defaults.host,
                         help="address to listen on (default: %(default)s)")
@@ -245,12 +252,16 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
+    """The engine's arguments; the model: the positional, else --model, else a --config
+    file's."""
     if ns.model_tag is not None:
         if ns.model not in (EngineArgs.model, ns.model_tag):
             # vLLM moves --model into the positional's place: two models are an error there.
             raise ValueError(f"two models given: {ns.model_tag!r} and --model {ns.model!r}; "
                              f"give one (cadence serve MODEL).")
         ns.model = ns.model_tag
+    elif ns.model == EngineArgs.model and getattr(ns, "file_model", None) is not None:
+        ns.model = ns.file_model
     return EngineArgs.from_cli_args(ns)
 
 
@@ -316,7 +327,8 @@ def check_no_model_taken(ns: argparse.Namespace, flag: str, values: tuple[str, .
     from cadence.model.presets import PRESETS
     from cadence.model.registry import TINY_MODEL
 
-    if ns.model_tag is not None or getattr(ns, "model", None) != EngineArgs.model:
+    if (ns.model_tag is not None or getattr(ns, "model", None) != EngineArgs.model
+            or getattr(ns, "file_model", None) is not None):
         return
     taken = [v for v in values if os.path.exists(v) or v in PRESETS or v == TINY_MODEL]
     if taken:

@@ -140,10 +140,13 @@ def test_config_file_is_overridden_by_the_command_line(tmp_path: Path) -> None:
     assert args.max_num_batched_tokens is None
     assert settings.allowed_origins == ("https://a.example",) and settings.root_path == "/llm"
     assert ns.api_key == ["k"]
-    # The positional model wins over the file's; file values stand where nothing overrides.
-    ns = parse_args(["serve", "tiny", "--config", str(cfg)])
-    args = engine_args_from(ns)
-    assert (args.model, args.enable_prefix_caching, args.max_num_seqs) == ("tiny", False, 8)
+    # The positional model wins over the file's, before or after --config (and a --model on
+    # the command line too); file values stand where nothing overrides.
+    for argv in (["serve", "tiny", "--config", str(cfg)], ["serve", "--config", str(cfg), "tiny"],
+                 ["serve", f"--config={cfg}", "tiny"], ["serve", "--config", str(cfg), "--model",
+                                                        "tiny"]):
+        args = engine_args_from(parse_args(argv))
+        assert (args.model, args.enable_prefix_caching, args.max_num_seqs) == ("tiny", False, 8)
     # Underscores on the command line too, as vLLM accepts them.
     assert engine_args_from(parse_args(["serve", "--max_model_len", "77"])).max_model_len == 77
 
