@@ -153,6 +153,8 @@ def _folded(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
             node = node.setdefault(key, {})
             if not isinstance(node, dict):
                 raise ValueError(f"{name}: {key} is given a value and keys.")
+        if isinstance(node.get(last), dict):
+            raise ValueError(f"{name}: {last} is given keys and a value.")
         node[last] = _json_or_text(value)
         i += 1
     for option, value in objects.items():

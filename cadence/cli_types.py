@@ -26,16 +26,16 @@ def human_readable_int(text: str) -> int:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     number = text[:-1]
     scale = _DECIMAL.get(unit) or _BINARY[unit]
-    if unit in _BINARY and not number.strip().isdigit():  # vLLM's: no 1.5K
-        raise argparse.ArgumentTypeError(
-            f"decimals are not taken with binary suffixes like {unit}, got {text!r}: did you "
-            f"mean {number}{unit.lower()}?")
     try:
         value = Fraction(number) * scale
     except (ValueError, ZeroDivisionError):
         raise argparse.ArgumentTypeError(
             f"expected an integer or a number with a k/m/g/t/K/M/G/T suffix, got {text!r}"
         ) from None
+    if unit in _BINARY and "." in number:  # vLLM's: no 1.5K
+        raise argparse.ArgumentTypeError(
+            f"decimals are not taken with binary suffixes like {unit}, got {text!r}: did you "
+            f"mean {number}{unit.lower()}?")
     if value.denominator != 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens")
     return int(value)

@@ -37,7 +37,10 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         given = list(sys.argv[1:] if args is None else args)
-        leaf = not any(isinstance(a, argparse._SubParsersAction) for a in self._actions)
+        # A command's own parser only: not one handing its arguments on (subcommands, or a
+        # positional that takes the rest, as ``bench WHICH ...``).
+        leaf = not any(isinstance(a, argparse._SubParsersAction) or a.nargs == argparse.REMAINDER
+                       for a in self._actions)
         for arg in given if leaf else ():  # a command's own parser: after the subcommand
             if arg == "--":
                 break

@@ -90,6 +90,10 @@ def test_help_with_a_keyword_lists_the_options_holding_it(capsys) -> None:
         main(["serve", "tiny", "--help=all"])
     out = capsys.readouterr().out
     assert info.value.code == 0 and "--max-model-len" in out and "--port" in out
+    with pytest.raises(SystemExit) as info:  # a benchmark's own flags, past the dispatcher
+        main(["bench", "latency", "--help=max-model"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0 and "--max-model-len" in out and "--batch-sizes" not in out
     with pytest.raises(SystemExit) as info:
         main(["generate", "--help=nothing-like-this"])
     err = capsys.readouterr().err.strip().splitlines()

@@ -177,7 +177,7 @@ def add_engine_cli_args(parser: argparse.ArgumentParser, d: Any, model_positiona
                         default=False, help="vLLM's: off only (cadence has no sleep mode)")
     parser.add_argument("--limit-mm-per-prompt", type=json_object, default=None, metavar="JSON",
                         help="vLLM's: text only here ('{}' or 0 of each modality)")
-    parser.add_argument("--engine-process", action="store_true",
+    parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=False,
                         help="run the engine core in a process of its own rather than a "
                              "thread beside the server's event loop")
 

@@ -36,7 +36,7 @@ class TritonAttentionBackend:
         # Decode splits merged in the decode launch (its tickets, per device); off (the
         # default until measured on a GPU): a merge launch of its own.
         self.fused_merge = fused_merge
-        self._tickets: dict[str, torch.Tensor] = {}
+        self._tickets: dict[tuple[str, int | None], torch.Tensor] = {}
         self._retired: list[torch.Tensor] = []  # outgrown tickets that captured graphs hold
         self._fixed_sms = num_sms  # the device's SM count when None (tests pin it)
         # Decode steps apply the q/k norms and RoPE in the attention kernel's loads, and other
@@ -78,7 +78,7 @@ class TritonAttentionBackend:
         zero, and every graph that captured a buffer keeps it alive."""
         if not self.fused_merge:
             return None
-        key = str(device)
+        key = (device.type, device.index)
         found = self._tickets.get(key)
         if found is None or found.numel() < needed:
             if device.type == "cuda" and torch.cuda.is_current_stream_capturing():

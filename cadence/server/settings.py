@@ -104,6 +104,9 @@ class ServerSettings:
             if not isinstance(kwargs, Mapping):
                 raise ValueError("--default-chat-template-kwargs must be a JSON object, got "
                                  f"{kwargs!r}.")
+            if "chat_template" in kwargs:  # a request's own template must be trusted
+                raise ValueError("--default-chat-template-kwargs cannot set chat_template: give "
+                                 "the server's template with --chat-template.")
             problem = check_template_options(kwargs, True, False)
             if problem is not None:  # what a request's own kwargs would get: a 400
                 raise ValueError("--default-chat-template-kwargs: " + problem[1])

@@ -64,7 +64,7 @@ def test_max_model_len_auto_is_minus_one(given: str) -> None:
     assert _engine_args("--max-model-len", given).max_model_len == -1
 
 
-@pytest.mark.parametrize("given", ["lots", "1.5k5", "0.0001k", "k", "autoo", "1.5K"])
+@pytest.mark.parametrize("given", ["lots", "1.5k5", "0.0001k", "k", "K", "autoo", "1.5K"])
 def test_token_counts_that_are_not_whole_are_usage_errors(given: str) -> None:
     with pytest.raises(SystemExit):
         _engine_args("--max-model-len", given)

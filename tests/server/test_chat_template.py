@@ -536,3 +536,5 @@ def test_default_chat_template_kwargs_are_checked_at_start_up() -> None:
         ServerSettings(default_chat_template_kwargs=["x"])
     with pytest.raises(ValueError, match="--default-chat-template-kwargs: .*tools"):
         ServerSettings(default_chat_template_kwargs={"tools": 5})
+    with pytest.raises(ValueError, match="cannot set chat_template: give the server's"):
+        ServerSettings(default_chat_template_kwargs={"chat_template": "{{ x }}"})

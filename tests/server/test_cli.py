@@ -75,7 +75,7 @@ def test_every_on_off_flag_has_its_no_form() -> None:
              "enable-log-requests", "disable-log-stats", "allow-credentials",
              "enable-prompt-tokens-details", "enable-force-include-usage",
              "return-tokens-as-token-ids", "enable-request-id-headers", "enable-prefix-caching",
-             "enable-chunked-prefill", "async-scheduling"]
+             "enable-chunked-prefill", "async-scheduling", "engine-process"]
     for flag in flags:
         dest = flag.replace("-", "_")
         assert getattr(parse([f"--{flag}"]), dest) is True, flag
