@@ -1233,7 +1233,7 @@ MUTATIONS = [
              ("tests/model/test_registry.py",)),
     Mutation("detok-skipped-run-context", "a long run of skipped special tokens drops the context",
              "cadence/engine/detokenizer.py",
-             "            del self._ids[self._prefix_index:]\n",
+             "            del self._ids[self._prefix_index + self._held:]\n",
              "            return self._advance(text, len(self._ids))\n",
              ("tests/engine/test_detokenizer.py",)),
     Mutation("detok-spaces-between-ignored", "spaces_between_special_tokens=False changes nothing",
