@@ -93,10 +93,11 @@ def expand_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[
     if FILE_MODEL in actions:
         # serve's file model is its own option: a positional model, wherever it stands, wins
         # over it (vLLM's), a --model on the command line too.
-        from_file = [FILE_MODEL + a[len("--model"):] if a == "--model" or a.startswith(
-            "--model=") else a for a in from_file]
-        if "--model" in actions and id(actions["--model"]) in given:
-            from_file = _without_option(from_file, FILE_MODEL)
+        if id(actions["--model"]) in given:
+            from_file = _without_option(from_file, "--model")
+        else:
+            from_file = [FILE_MODEL + a[len("--model"):] if a == "--model" or a.startswith(
+                "--model=") else a for a in from_file]
     return [*args[:first], *from_file, *args[first:]]
 
 

@@ -186,8 +186,9 @@ class InputProcessor:
                   strict: bool, side: str = "left") -> list[int]:
         """vLLM's truncate_prompt_tokens: the prompt's last ``k`` tokens (its first with
         ``side`` "right"; -1: as many as leave room for ``max_tokens``). With ``strict`` (the
-        server's rule) more than that room is an error; offline (vLLM's ``LLM``) only more than ``max_model_len`` is, and a longer
-        ``max_tokens`` is capped as for any prompt. The prompt text, if any, is kept as given."""
+        server's rule) more than that room is an error; offline (vLLM's ``LLM``) only more than
+        ``max_model_len`` is, and a longer ``max_tokens`` is capped as for any prompt. The
+        prompt text, if any, is kept as given."""
         if k is None:
             return token_ids
         room = max_input_tokens(self.max_model_len, max_tokens)

@@ -71,13 +71,16 @@ class TritonAttentionBackend:
             self._num_sms[index] = found
         return found
 
-    def tickets(self, device: torch.device, needed: int) -> torch.Tensor | None:
-        """Zeroed int32 tickets for the decode launch's split merge (at least ``needed``), or
-        None: the merge off, or none allocated yet inside a graph capture (the merge launch
-        then). NOTE: allocated outside captures only, zeroed once: each launch leaves them
-        zero, and every graph that captured a buffer keeps it alive."""
+    def tickets(self, device: torch.device, metadata: AttentionMetadata,
+                kv_cache: torch.Tensor) -> torch.Tensor | None:
+        """Zeroed int32 tickets for the decode launch's split merge (one per sequence of
+        ``metadata`` and kv head of ``kv_cache``), or None: the merge off, or none allocated
+        yet inside a graph capture (the merge launch then). NOTE: allocated outside captures
+        only, zeroed once: each launch leaves them zero, and every graph that captured a
+        buffer keeps it alive."""
         if not self.fused_merge:
             return None
+        needed = metadata.seq_lens.shape[0] * kv_cache.shape[3]
         key = (device.type, device.index)
         found = self._tickets.get(key)
         if found is None or found.numel() < needed:
@@ -120,8 +123,7 @@ class TritonAttentionBackend:
                 rope=rope if fuse else None, config=config,
                 # A rope launch of its own stands between the qkv projection and this one.
                 qkv_releases_early=qkv_releases_early and (fuse or rope is None),
-                tickets=(self.tickets(q.device, metadata.seq_lens.shape[0] * kv_cache.shape[3])
-                         if self.fused_merge else None),
+                tickets=self.tickets(q.device, metadata, kv_cache),
             )  # fmt: skip
         else:
             q, k = self._rope_and_store(q, k, v, kv_cache, metadata, k_scale, v_scale, rope)
@@ -153,8 +155,7 @@ class TritonAttentionBackend:
         paged_decode_attention(
             q_rows, kv_cache, rows.metadata, scale, out, self.num_sms(q.device),
             sliding_window=sliding_window, softcap=softcap, k_scale=k_scale, v_scale=v_scale,
-            tickets=(self.tickets(q.device, rows.metadata.seq_lens.shape[0] * kv_cache.shape[3])
-                     if self.fused_merge else None),
+            tickets=self.tickets(q.device, rows.metadata, kv_cache),
         )
         return out
 

@@ -134,11 +134,12 @@ class ModelRunner:
             return override
         size = self.config.cache.kv_cache_memory_bytes
         if size is not None:
-            blocks = size // self.kv_block_bytes()
+            block_bytes = self.kv_block_bytes()
+            blocks = size // block_bytes
             if blocks < 2:
                 raise ValueError(
                     f"kv_cache_memory_bytes={size} holds {blocks} KV cache block(s) of "
-                    f"{self.kv_block_bytes()} bytes; at least 2 are needed (block 0 is reserved)."
+                    f"{block_bytes} bytes; at least 2 are needed (block 0 is reserved)."
                 )
             self._check_override(blocks, f"kv_cache_memory_bytes={size}")
             return blocks
@@ -148,8 +149,9 @@ class ModelRunner:
         return min(needed, self._profile_cuda_blocks())
 
     def _check_override(self, blocks: int, given: str | None = None) -> None:
-        """A ``num_gpu_blocks_override`` whose cache cannot fit in the device's free memory (the
-        machine's physical memory on the CPU) is a configuration error, not an allocator's."""
+        """A cache of ``blocks`` asked for (``given``: the setting that asked, the block
+        override by default) that cannot fit in the device's free memory (the machine's
+        physical memory on the CPU) is a configuration error, not an allocator's."""
         need = blocks * self.kv_block_bytes()
         if self.device.type == "cuda":
             free = torch.cuda.mem_get_info(self.device)[0]

@@ -13,6 +13,7 @@ import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 if __name__ == "__main__":  # the interpreter driver: before triton is imported
     os.environ["TRITON_INTERPRET"] = "1"
@@ -521,12 +522,18 @@ def test_merge_tickets_are_zeroed_once_kept_and_outgrown_ones_kept_alive() -> No
     from cadence.model.triton_backend import TritonAttentionBackend
 
     cpu = torch.device("cpu")
-    assert TritonAttentionBackend(num_sms=4).tickets(cpu, 8) is None  # off: a merge launch
+    cache = torch.empty(2, 1, 16, 4, 8)  # 4 kv heads
+
+    def rows(n: int) -> SimpleNamespace:  # a step's metadata: n sequences
+        return SimpleNamespace(seq_lens=torch.empty(n))
+
+    off = TritonAttentionBackend(num_sms=4)
+    assert off.tickets(cpu, object(), cache) is None  # off: a merge launch, nothing asked
     backend = TritonAttentionBackend(num_sms=4, fused_merge=True)
-    first = backend.tickets(cpu, 8)
+    first = backend.tickets(cpu, rows(2), cache)
     assert first is not None and first.dtype == torch.int32 and not first.any()
-    assert backend.tickets(cpu, 100) is first  # the same buffer while it is large enough
-    grown = backend.tickets(cpu, first.numel() + 1)
+    assert backend.tickets(cpu, rows(25), cache) is first  # the same while large enough
+    grown = backend.tickets(cpu, rows(first.numel() // 4 + 1), cache)
     assert grown is not None and grown.numel() > first.numel() and not grown.any()
     # A graph may have captured the old one: it stays referenced.
     assert any(t is first for t in backend._retired)
@@ -742,7 +749,7 @@ def test_decode_replays_inside_a_cuda_graph(dtype: torch.dtype, seqs: list, merg
         torch.cuda.synchronize()
         assert_matches(case, out, cache)
     if merge:
-        assert not backend.tickets(out.device, 1).any()
+        assert not backend.tickets(out.device, md, cache).any()
 
 
 if __name__ == "__main__":
