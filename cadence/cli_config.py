@@ -139,7 +139,7 @@ def _folded(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
             i += 1
             continue
         if not eq:
-            if i + 1 >= len(args):
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):  # the next option's
                 raise ValueError(f"{name} needs a value.")
             value, i = args[i + 1], i + 1
         if option not in objects:

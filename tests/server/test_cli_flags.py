@@ -172,6 +172,7 @@ def test_json_object_flags_take_vllms_dotted_keys(tmp_path: Path) -> None:
     assert engine_args_from(ns).max_num_seqs == 3
     for bad, said in ((["--hf-overrides", "{}", "--hf-overrides.x", "1"], "both whole and"),
                       (["--hf-overrides.x"], "needs a value"),
+                      (["--hf-overrides.x", "--port", "0"], "needs a value"),
                       (["--hf-overrides.a", "1", "--hf-overrides.a.b", "2"], "a value and keys"),
                       (["--hf-overrides.a.b", "1", "--hf-overrides.a", "2"], "keys and a value")):
         with pytest.raises(ValueError, match=said):
