@@ -153,7 +153,6 @@ def paged_decode_attention(
     rope: QKRope | None = None,
     config: DecodeConfig | None = None,
     qkv_releases_early: bool = False,
-    tickets: torch.Tensor | None = None,
 ) -> None:
     """Decode (one query token per sequence) attention into ``out`` [T, num_heads, head_dim].
     With ``sliding_window`` W > 0 each query sees its last W keys only; ``softcap`` c > 0 caps
@@ -165,9 +164,7 @@ def paged_decode_attention(
     new k get their norms and RoPE in the kernel's loads (``rope_fusable`` must hold).
     ``config`` overrides the tile (``decode_config``'s by default, told whether the kernel
     before releases early by ``qkv_releases_early``; its ``early`` load order applies only with
-    ``k`` and ``v``). ``tickets``: int32 zeros, at least one per (sequence, kv head), that the
-    launch leaves zero: with them split results are merged in the launch (the last split of
-    each merges), without them by a merge launch of its own."""
+    ``k`` and ``v``)."""
     _require_triton()
     _check_cache(kv_cache)
     store = k is not None and v is not None
@@ -205,7 +202,6 @@ def paged_decode_attention(
         )
     else:
         part_acc = part_ml = out  # unused
-    merge = split and tickets is not None and tickets.numel() >= num_seqs * num_kv_heads
     store_flag = {} if early else {"STORE": store}  # the early kernel always stores
     (_DECODE_EARLY if early else _DECODE)(
         (num_seqs, num_kv_heads, num_splits),
@@ -247,10 +243,8 @@ def paged_decode_attention(
             rope.q_weight if norm else q,
             rope.k_weight if norm else q,
             rope.eps if norm else 0.0,
-            tickets if merge else metadata.seq_lens,
         ),
         NUM_HEADS=num_heads,
-        NUM_KV=num_kv_heads,
         GROUP=group,
         HEAD_DIM=head_dim,
         PAGE=page,
@@ -258,8 +252,6 @@ def paged_decode_attention(
         BLOCK_D=next_pow2(head_dim, 16),
         BLOCK_N=cfg.block_n,
         SPLIT=split,
-        MERGE=merge,
-        BLOCK_S=next_pow2(num_splits) if merge else 1,
         **store_flag,
         SLIDING=sliding_window > 0,
         SOFTCAP=softcap > 0,
@@ -271,7 +263,7 @@ def paged_decode_attention(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if split and not merge:
+    if split:
         _MERGE_SPLITS(
             (num_seqs, num_heads),
             (

@@ -29,15 +29,9 @@ class TritonAttentionBackend:
     name = "triton"
 
     def __init__(self, fuse_rope: bool | None = None, num_sms: int | None = None,
-                 dense_prefill: DensePrefill | None = None, early_decode: bool = True,
-                 fused_merge: bool = False) -> None:
+                 dense_prefill: DensePrefill | None = None, early_decode: bool = True) -> None:
         _require_triton()
         self._num_sms: dict[int, int] = {}
-        # Decode splits merged in the decode launch (its tickets, per device); off (the
-        # default until measured on a GPU): a merge launch of its own.
-        self.fused_merge = fused_merge
-        self._tickets: dict[tuple[str, int | None], torch.Tensor] = {}
-        self._retired: list[torch.Tensor] = []  # outgrown tickets that captured graphs hold
         self._fixed_sms = num_sms  # the device's SM count when None (tests pin it)
         # Decode steps apply the q/k norms and RoPE in the attention kernel's loads, and other
         # steps' rope launch stores their K/V (one kernel fewer per layer either way); off:
@@ -71,27 +65,6 @@ class TritonAttentionBackend:
             self._num_sms[index] = found
         return found
 
-    def tickets(self, device: torch.device, metadata: AttentionMetadata,
-                kv_cache: torch.Tensor) -> torch.Tensor | None:
-        """Zeroed int32 tickets for the decode launch's split merge (one per sequence of
-        ``metadata`` and kv head of ``kv_cache``), or None: the merge off, or none allocated
-        yet inside a graph capture (the merge launch then). NOTE: allocated outside captures
-        only, zeroed once: each launch leaves them zero, and every graph that captured a
-        buffer keeps it alive."""
-        if not self.fused_merge:
-            return None
-        needed = metadata.seq_lens.shape[0] * kv_cache.shape[3]
-        key = (device.type, device.index)
-        found = self._tickets.get(key)
-        if found is None or found.numel() < needed:
-            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                return None
-            if found is not None:
-                self._retired.append(found)
-            found = torch.zeros(max(needed, 1 << 16), dtype=torch.int32, device=device)
-            self._tickets[key] = found
-        return found
-
     def forward(
         self,
         q: torch.Tensor,
@@ -123,7 +96,6 @@ class TritonAttentionBackend:
                 rope=rope if fuse else None, config=config,
                 # A rope launch of its own stands between the qkv projection and this one.
                 qkv_releases_early=qkv_releases_early and (fuse or rope is None),
-                tickets=self.tickets(q.device, metadata, kv_cache),
             )  # fmt: skip
         else:
             q, k = self._rope_and_store(q, k, v, kv_cache, metadata, k_scale, v_scale, rope)
@@ -155,7 +127,6 @@ class TritonAttentionBackend:
         paged_decode_attention(
             q_rows, kv_cache, rows.metadata, scale, out, self.num_sms(q.device),
             sliding_window=sliding_window, softcap=softcap, k_scale=k_scale, v_scale=v_scale,
-            tickets=self.tickets(q.device, rows.metadata, kv_cache),
         )
         return out
 

@@ -13,7 +13,7 @@ store-then-load stands before the first tile. Launched by ``cadence.model.triton
 
 from __future__ import annotations
 
-from cadence.model.triton_decode_kernels import _for_cache, _merge_if_last, _tanh
+from cadence.model.triton_decode_kernels import _for_cache, _tanh
 
 try:
     import triton
@@ -109,11 +109,10 @@ if triton is not None:
         seq_lens_ptr, qsl_ptr, bt_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
         stride_vh, stride_ot, stride_oh, stride_c0, stride_c1, stride_c2, stride_c3, stride_bt,
         qk_scale, num_splits, window, cap_scale, v_scale, k_inv, v_inv, pos_ptr, cs_ptr,
-        stride_cs, qw_ptr, kw_ptr, eps, ticket_ptr,
-        NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, GROUP: tl.constexpr,
-        HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr,
-        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-        MERGE: tl.constexpr, BLOCK_S: tl.constexpr, SLIDING: tl.constexpr,
+        stride_cs, qw_ptr, kw_ptr, eps,
+        NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+        PAGE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, SLIDING: tl.constexpr,
         SOFTCAP: tl.constexpr, IEEE: tl.constexpr, FP8: tl.constexpr, ROPE: tl.constexpr,
         QK_NORM: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
@@ -240,10 +239,6 @@ if triton is not None:
                      mask=gmask[:, None] & dmask[None, :])
             tl.store(part_ml_ptr + row * 2, m_i, mask=gmask)
             tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=gmask)
-            if MERGE:
-                _merge_if_last(part_acc_ptr, part_ml_ptr, out_ptr, ticket_ptr, b, kvh, heads,
-                               gmask, offs_d, qmask, q_tok, stride_ot, stride_oh, num_splits,
-                               NUM_HEADS, NUM_KV, HEAD_DIM, BLOCK_S)
         else:
             l_safe = tl.where(l_i > 0.0, l_i, 1.0)
             out = acc / l_safe[:, None]

@@ -14,7 +14,7 @@ except ImportError:  # pragma: no cover - CPU installs
     triton = None
     tl = None
 
-_decode_kernel = _merge_splits_kernel = _merge_if_last = _tanh = _for_cache = None
+_decode_kernel = _merge_splits_kernel = _tanh = _for_cache = None
 
 if triton is not None:
     try:
@@ -65,46 +65,6 @@ if triton is not None:
         return (x * cos + sign * xp * sin).to(dt)
 
     @triton.jit
-    def _merge_if_last(part_acc_ptr, part_ml_ptr, out_ptr, ticket_ptr, b, kvh, heads, gmask,
-                       offs_d, qmask, q_tok, stride_ot, stride_oh, num_splits,
-                       NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       BLOCK_S: tl.constexpr):
-        # The split merge in the decode launch: each split program, its partials stored, takes
-        # a ticket for its (sequence, kv head); the last to come merges the splits of the
-        # group's heads (``_merge_splits_kernel``'s sums) and sets the ticket back to 0 for the
-        # next launch. NOTE: the barrier puts every thread's partial stores before the ticket's
-        # release; the merge loads bypass L1 (other SMs wrote them).
-        tl.debug_barrier()
-        t = tl.atomic_add(ticket_ptr + b * NUM_KV + kvh, 1, sem="acq_rel", scope="gpu")
-        if t == num_splits - 1:
-            tl.debug_barrier()
-            offs_s = tl.arange(0, BLOCK_S)
-            smask = gmask[:, None] & (offs_s < num_splits)[None, :]
-            rows = (b * NUM_HEADS + heads).to(tl.int64)[:, None] * num_splits + offs_s[None, :]
-            m = tl.load(part_ml_ptr + rows * 2, mask=smask, other=float("-inf"),
-                        cache_modifier=".cg")
-            l_part = tl.load(part_ml_ptr + rows * 2 + 1, mask=smask, other=0.0,
-                             cache_modifier=".cg")
-            m_max = tl.max(m, 1)
-            m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-            w = tl.exp2(m - m_max[:, None])
-            denom = tl.sum(l_part * w, 1)
-            denom = tl.where(denom > 0.0, denom, 1.0)
-            # One split's rows at a time: the registers of one [group, head_dim] tile.
-            out = tl.zeros(qmask.shape, tl.float32)
-            first = (b * NUM_HEADS + heads).to(tl.int64) * num_splits
-            for j in range(0, num_splits):
-                w_j = tl.sum(tl.where(offs_s[None, :] == j, w, 0.0), 1)
-                part = tl.load(part_acc_ptr + (first + j)[:, None] * HEAD_DIM + offs_d[None, :],
-                               mask=gmask[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0,
-                               cache_modifier=".cg")
-                out += part * w_j[:, None]
-            out = out / denom[:, None]
-            tl.store(out_ptr + q_tok * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-                     out.to(out_ptr.dtype.element_ty), mask=qmask)
-            tl.store(ticket_ptr + b * NUM_KV + kvh, 0)
-
-    @triton.jit
     def _decode_kernel(
         q_ptr,
         cache_ptr,
@@ -143,9 +103,7 @@ if triton is not None:
         qw_ptr,
         kw_ptr,
         eps,
-        ticket_ptr,
         NUM_HEADS: tl.constexpr,
-        NUM_KV: tl.constexpr,
         GROUP: tl.constexpr,
         HEAD_DIM: tl.constexpr,
         PAGE: tl.constexpr,
@@ -153,8 +111,6 @@ if triton is not None:
         BLOCK_D: tl.constexpr,
         BLOCK_N: tl.constexpr,
         SPLIT: tl.constexpr,
-        MERGE: tl.constexpr,
-        BLOCK_S: tl.constexpr,
         STORE: tl.constexpr,
         SLIDING: tl.constexpr,
         SOFTCAP: tl.constexpr,
@@ -276,10 +232,6 @@ if triton is not None:
             )
             tl.store(part_ml_ptr + row * 2, m_i, mask=gmask)
             tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=gmask)
-            if MERGE:
-                _merge_if_last(part_acc_ptr, part_ml_ptr, out_ptr, ticket_ptr, b, kvh, heads,
-                               gmask, offs_d, qmask, q_tok, stride_ot, stride_oh, num_splits,
-                               NUM_HEADS, NUM_KV, HEAD_DIM, BLOCK_S)
         else:
             l_safe = tl.where(l_i > 0.0, l_i, 1.0)
             out = acc / l_safe[:, None]

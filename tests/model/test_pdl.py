@@ -127,23 +127,20 @@ def test_pdl_kernels_wait_before_they_touch_memory():
     # while attention runs.
     _wait_first(_ptx(_merge_splits_kernel, dict(NUM_HEADS=16, HEAD_DIM=128, BLOCK_S=4,
                                                 BLOCK_D=128, PDL=True), 2), released_first=True)
-    # With MERGE the splits are merged in the launch (an atomic ticket, after the wait).
-    for merge, block_s in ((False, 1), (True, 8)):
-        _wait_first(_ptx(_decode_kernel, dict(
-            NUM_HEADS=16, NUM_KV=8, GROUP=2, HEAD_DIM=128, PAGE=16, BLOCK_G=16, BLOCK_D=128,
-            BLOCK_N=64, SPLIT=True, MERGE=merge, BLOCK_S=block_s, STORE=True, SLIDING=False,
-            SOFTCAP=False, IEEE=False, FP8=False, ROPE=True, QK_NORM=True, PDL=True), 4),
-            released_first=True)
-        # The early-load kernel requests the step's metadata and the cached keys of earlier
-        # tokens before its wait (no kernel of the step writes them) and writes nothing before.
-        early = _ptx(_decode_early_kernel, dict(
-            NUM_HEADS=16, NUM_KV=8, GROUP=2, HEAD_DIM=128, PAGE=16, BLOCK_G=16, BLOCK_D=128,
-            BLOCK_N=64, SPLIT=True, MERGE=merge, BLOCK_S=block_s, SLIDING=False, SOFTCAP=False,
-            IEEE=False, FP8=False, ROPE=True, QK_NORM=True, PDL=True), 4)
-        wait = early.index("griddepcontrol.wait")
-        assert early[0] == "griddepcontrol.launch_dependents"
-        assert wait > 1 and set(early[1:wait]) == {"ld.global"}
-        assert early.count("griddepcontrol.launch_dependents") == 1
+    _wait_first(_ptx(_decode_kernel, dict(
+        NUM_HEADS=16, GROUP=2, HEAD_DIM=128, PAGE=16, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
+        SPLIT=True, STORE=True, SLIDING=False, SOFTCAP=False, IEEE=False, FP8=False, ROPE=True,
+        QK_NORM=True, PDL=True), 4), released_first=True)
+    # The early-load kernel requests the step's metadata and the cached keys of earlier tokens
+    # before its wait (no kernel of the step writes them) and writes nothing before it.
+    early = _ptx(_decode_early_kernel, dict(
+        NUM_HEADS=16, GROUP=2, HEAD_DIM=128, PAGE=16, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64,
+        SPLIT=True, SLIDING=False, SOFTCAP=False, IEEE=False, FP8=False, ROPE=True, QK_NORM=True,
+        PDL=True), 4)
+    wait = early.index("griddepcontrol.wait")
+    assert early[0] == "griddepcontrol.launch_dependents"
+    assert wait > 1 and set(early[1:wait]) == {"ld.global"}
+    assert early.count("griddepcontrol.launch_dependents") == 1
     for late in (False, True):  # the exact fused norm's and the late norm's launches
         _wait_first(_ptx(_skinny_gemm_kernel, dict(
             BLOCK_M=1, BLOCK_N=64, BLOCK_K=128, DOT=False, SPLIT=True, EVEN_K=True,

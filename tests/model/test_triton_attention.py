@@ -13,7 +13,6 @@ import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import SimpleNamespace
 
 if __name__ == "__main__":  # the interpreter driver: before triton is imported
     os.environ["TRITON_INTERPRET"] = "1"
@@ -186,8 +185,7 @@ MIXED_SEQS = [(90, 1), (300, 1), (64, 64), (31, 1), (200, 100), (7, 7), (129, 1)
 
 def run_decode(device: str, dtype: torch.dtype, page: int, splits: int | None, fused: bool,
                window: int = 0, softcap: float = 0.0, fp8: bool = False,
-               tile: tuple | None = None, merge: bool = False) -> None:
-    """``merge``: the splits merged in the decode launch (tickets given; left zero after)."""
+               tile: tuple | None = None) -> None:
     from cadence.model.attention_tiles import DecodeConfig
     from cadence.model.triton_attention import paged_decode_attention, store_kv_cache
 
@@ -199,21 +197,16 @@ def run_decode(device: str, dtype: torch.dtype, page: int, splits: int | None, f
     md = case.metadata
     scales = {"k_scale": case.k_scale, "v_scale": case.v_scale}
     config = None if tile is None else DecodeConfig(*tile)
-    # Tickets past the ones the launch takes, to see that it touches only its own.
-    tickets = torch.zeros(md.seq_lens.shape[0] * 2 + 5, dtype=torch.int32, device=device)
-    given = {"tickets": tickets} if merge else {}
     if fused:
         paged_decode_attention(
             case.q, cache, md, case.scale, out, 132, splits, case.k, case.v,
-            sliding_window=window, softcap=softcap, config=config, **scales, **given,
+            sliding_window=window, softcap=softcap, config=config, **scales,
         )  # fmt: skip
     else:
         store_kv_cache(case.k, case.v, cache, md.slot_mapping, case.k_scale, case.v_scale)
         paged_decode_attention(case.q, cache, md, case.scale, out, 132, splits,
-                               sliding_window=window, softcap=softcap, config=config, **scales,
-                               **given)
+                               sliding_window=window, softcap=softcap, config=config, **scales)
     assert_matches(case, out, cache)
-    assert not tickets.any()  # every split counted, the last one set its ticket back
 
 
 def run_decode_rope(device: str, dtype: torch.dtype, norm: bool, splits: int | None,
@@ -516,29 +509,6 @@ def test_varlen_programs_cover_every_block_with_few_idle_programs() -> None:
         assert 1 <= p <= tokens // block_q + seqs
 
 
-def test_merge_tickets_are_zeroed_once_kept_and_outgrown_ones_kept_alive() -> None:
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("needs triton")
-    from cadence.model.triton_backend import TritonAttentionBackend
-
-    cpu = torch.device("cpu")
-    cache = torch.empty(2, 1, 16, 4, 8)  # 4 kv heads
-
-    def rows(n: int) -> SimpleNamespace:  # a step's metadata: n sequences
-        return SimpleNamespace(seq_lens=torch.empty(n))
-
-    off = TritonAttentionBackend(num_sms=4)
-    assert off.tickets(cpu, object(), cache) is None  # off: a merge launch, nothing asked
-    backend = TritonAttentionBackend(num_sms=4, fused_merge=True)
-    first = backend.tickets(cpu, rows(2), cache)
-    assert first is not None and first.dtype == torch.int32 and not first.any()
-    assert backend.tickets(cpu, rows(25), cache) is first  # the same while large enough
-    grown = backend.tickets(cpu, rows(first.numel() // 4 + 1), cache)
-    assert grown is not None and grown.numel() > first.numel() and not grown.any()
-    # A graph may have captured the old one: it stays referenced.
-    assert any(t is first for t in backend._retired)
-
-
 def test_split_choice_depends_on_shapes_only() -> None:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
@@ -587,18 +557,6 @@ def test_decode_matches_reference(
     dtype: torch.dtype, page: int, splits: int | None, fused: bool
 ) -> None:
     run_decode("cuda", dtype, page, splits, fused)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("tile", [None, (64, 4, 2, True), (32, 2, 1, True)])
-@pytest.mark.parametrize(("splits", "window", "fp8"), [(None, 0, False), (3, 37, False),
-                                                       (None, 0, True), (1, 0, False)])
-def test_decode_with_the_merge_in_the_launch_matches_reference(
-    tile: tuple | None, splits: int | None, window: int, fp8: bool
-) -> None:
-    for _ in range(3):  # each launch leaves its tickets zero for the next
-        run_decode("cuda", torch.bfloat16, 16, splits, True, window, fp8=fp8, tile=tile,
-                   merge=True)
 
 
 @pytest.mark.gpu
@@ -714,15 +672,13 @@ def test_qwen3_decode_shapes_bf16() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("merge", [False, True], ids=["merge-launch", "merge-in-launch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("seqs", [[(20, 1), (47, 1), (16, 1)], [(47, 1)]])
-def test_decode_replays_inside_a_cuda_graph(dtype: torch.dtype, seqs: list, merge: bool) -> None:
-    """Three sequences and a padding row; one sequence alone (bf16: the early load order).
-    With the merge in the launch, its tickets are left zero for every next replay."""
+def test_decode_replays_inside_a_cuda_graph(dtype: torch.dtype, seqs: list) -> None:
+    """Three sequences and a padding row; one sequence alone (bf16: the early load order)."""
     from cadence.model.triton_backend import TritonAttentionBackend
 
-    backend = TritonAttentionBackend(fused_merge=merge)
+    backend = TritonAttentionBackend()
     padding = 1 if len(seqs) > 1 else 0
     shape = {"num_blocks": 24, "width": 16}  # 256-token tables: split-K in the graph
     static = make_case(seqs, 8, 2, 64, 16, dtype, "cuda", padding, seed=1, **shape)
@@ -748,8 +704,6 @@ def test_decode_replays_inside_a_cuda_graph(dtype: torch.dtype, seqs: list, merg
         graph.replay()
         torch.cuda.synchronize()
         assert_matches(case, out, cache)
-    if merge:
-        assert not backend.tickets(out.device, md, cache).any()
 
 
 if __name__ == "__main__":
@@ -769,11 +723,6 @@ if __name__ == "__main__":
         for splits, window, cap in ((None, 0, 0.0), (1, 0, 0.0), (3, 37, 0.0), (None, 5, 0.5)):
             run_decode("cpu", torch.float32, 16, splits, True, window, cap, tile=(32, 4, 2, True))
         run_decode("cpu", torch.float32, 8, 1, True, tile=(16, 2, 1, True))
-        # The splits merged in the decode launch (the last split of each head group merges).
-        for splits, window, tile in ((None, 0, None), (3, 37, None), (None, 5, (32, 4, 2, True)),
-                                     (1, 0, None)):
-            run_decode("cpu", torch.float32, 16, splits, True, window, tile=tile, merge=True)
-        run_decode("cpu", torch.float32, 8, 3, False, merge=True)
         for norm in (True, False):
             run_decode_rope("cpu", torch.float32, norm, None)
             run_decode_rope("cpu", torch.float32, norm, 1)
@@ -812,8 +761,6 @@ if __name__ == "__main__":
             run_fp8_reads("cpu", torch.float32, window, cap)
         for splits, fused, tile in ((None, True, None), (1, False, None), (3, True, (32, 4, 2, True))):
             run_decode("cpu", torch.float32, 16, splits, fused, fp8=True, tile=tile)
-        run_decode("cpu", torch.float32, 16, None, True, fp8=True, tile=(32, 4, 2, True),
-                   merge=True)
         run_prefill("cpu", torch.float32, 4, 2, 32, 37, fp8=True)
         # The last tokens alone (forward_rows), with windows, caps and the rope launch off.
         for window, cap, fuse in ((0, 0.0, True), (37, 0.5, True), (0, 0.0, False)):
