@@ -47,6 +47,15 @@ _NONE_IS_DEFAULT = frozenset({"max_num_seqs", "block_size", "enable_prefix_cachi
                               "enable_chunked_prefill"})
 
 
+
+def _no_mm_items(limit: object) -> bool:
+    """A ``limit_mm_per_prompt`` value that allows no items: 0, None, or vLLM's dict form with
+    a count of 0 (``{"count": 0, "width": 512}``); an empty dict sets nothing."""
+    if isinstance(limit, dict):
+        limit = limit.get("count", 0)
+    return limit is None or (type(limit) is int and limit == 0)
+
+
 @dataclass
 class EngineArgs:
     model: str = "tiny"
@@ -192,8 +201,8 @@ class EngineArgs:
             raise ValueError("enable_sleep_mode=True is not supported: cadence has no sleep "
                              "mode.")
         limits = self.limit_mm_per_prompt
-        if limits is not None and (not isinstance(limits, dict) or any(
-                v not in (0, None) and v != {} for v in limits.values())):
+        if limits is not None and (not isinstance(limits, dict)
+                                   or not all(map(_no_mm_items, limits.values()))):
             raise ValueError(f"limit_mm_per_prompt={limits!r}: cadence runs text-only models; "
                              "multimodal inputs are not supported (give none, or 0 of each).")
         names = self.served_model_name

@@ -114,7 +114,9 @@ def test_none_where_vllm_defaults_to_none_is_the_default() -> None:
 def test_limit_mm_per_prompt_takes_text_only() -> None:
     """vLLM's limit_mm_per_prompt: none or 0 of each modality is what a text-only engine
     does; a positive limit is a one-line refusal naming it."""
-    for fine in (None, {}, {"image": 0, "video": 0}):
+    for fine in (None, {}, {"image": 0, "video": 0},
+                 {"image": {"count": 0, "width": 512, "height": 512}, "video": {}}):
         assert EngineArgs(limit_mm_per_prompt=fine).limit_mm_per_prompt == fine
-    with pytest.raises(ValueError, match="limit_mm_per_prompt=.*multimodal inputs are not"):
-        EngineArgs(limit_mm_per_prompt={"image": 1})
+    for bad in ({"image": 1}, {"image": {"count": 2}}, {"audio": "0"}, [0]):
+        with pytest.raises(ValueError, match="limit_mm_per_prompt=.*multimodal inputs are not"):
+            EngineArgs(limit_mm_per_prompt=bad)
