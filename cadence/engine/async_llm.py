@@ -233,11 +233,18 @@ class AsyncLLM(CoreUtilities):
         tokenization: TokenizationKwargs | None = None,
         given_text: str | None = None,
     ) -> OutputSink:
-        request, prompt_text = await self.run_cpu(
-            input_size(prompt) + params_size(sampling_params),
-            self.process_input, request_id, prompt, sampling_params, arrival_time, priority,
-            strict_max_tokens,
-        )  # fmt: skip
+        try:
+            request, prompt_text = await self.run_cpu(
+                input_size(prompt) + params_size(sampling_params),
+                self.process_input, request_id, prompt, sampling_params, arrival_time,
+                priority, strict_max_tokens,
+            )  # fmt: skip
+        except ValueError as e:
+            if self.log_requests:  # vLLM logs a request before its checks: a refusal too
+                logger.info("Received request %r: prompt: %r, params: %s; refused: %s",
+                            request_id, clipped(_given_prompt(prompt), self.max_log_len),
+                            sampling_params, e)
+            raise
         if tokenization is not None:  # its max_length bounds the tokenized prompt
             tokenization.check_length(len(request.prompt_token_ids))
         prompt_text = given_prompt_text(prompt_text, given_text)
@@ -462,6 +469,13 @@ class AsyncLLM(CoreUtilities):
                     handler.cancel()
                 else:
                     loop.call_soon_threadsafe(handler.cancel)
+
+
+def _given_prompt(prompt: PromptType) -> Any:
+    """What a refused request's log shows of its prompt: the text, else the token ids."""
+    if isinstance(prompt, dict):
+        return prompt.get("prompt", prompt.get("prompt_token_ids"))
+    return prompt
 
 
 def clipped(value: Any, max_len: int | None) -> Any:

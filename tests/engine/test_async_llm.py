@@ -573,6 +573,24 @@ async def test_request_logs_cut_the_prompt_to_max_log_len(
         llm.shutdown()
 
 
+async def test_a_refused_request_is_logged_with_its_reason(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM logs a request before the engine checks it: a request the checks refuse (here a
+    token id past the vocabulary) still leaves its log line, with the reason; no "Added"."""
+    llm = AsyncLLM(tiny_args(), log_requests=True)
+    try:
+        bad = 10_000_000  # past any vocabulary of the built-in model
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+        with caplog.at_level("INFO", logger="cadence.engine.async_llm"):
+            with pytest.raises(ValueError):
+                async for _ in llm.generate({"prompt_token_ids": [5, bad]}, params, "bad"):
+                    pass
+        assert f"Received request 'bad': prompt: [5, {bad}]" in caplog.text
+        assert "refused:" in caplog.text and "Added request 'bad'" not in caplog.text
+    finally:
+        llm.shutdown()
+
+
 async def test_output_handler_failure_stops_the_core() -> None:
     llm = AsyncLLM(tiny_args())
     try:
