@@ -19,7 +19,8 @@ from cadence.chat import encodes_as_utf8
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 from cadence.sampling_params import StructuredOutputsParams
 from cadence.structured_outputs_params import KINDS
-from cadence.worker.schema_features import enforceable_schema, unenforced_keyword
+from cadence.worker.schema_features import unenforced_keyword
+from cadence.worker.schema_rewrite import enforceable_schema
 
 __all__ = ["GrammarCompilerService", "grammar_of", "regex_literal", "spec_key", "xgrammar_module"]
 

@@ -13,21 +13,20 @@ an empty text and a negative length bound allows nothing (neither is a valid sch
 other properties are closed, never even allowed). A ``oneOf`` compiles as an ``anyOf``: one whose
 branches this module cannot prove disjoint (by type, by const / enum values, by integer range,
 or by a property both require with disjoint values: a tagged union) is refused, as an output
-could match several. ``enforceable_schema`` swaps the ``date``, ``date-time`` and ``ipv4``
-formats, whose grammars let impossible values through (November 31st, February 29th of any year,
-leading zeros), for patterns that do not, and writes each pattern's optional group ``(...)?`` as
-``(...){0,1}``: a schema pattern's ``(yz+)?`` lets xgrammar skip the ``y`` (it takes "xzZ" for
-``^x(yz+)?Z$``), the counted form it follows.
+could match several. A ``$ref`` must be local (``#/...``) and stand alone (its target is all
+the grammar reads); an ``enum`` / ``const`` may stand beside ``type`` only (its values are all the
+grammar reads), and needs a value of that type; ``type: []`` allows nothing.
+``schema_rewrite.enforceable_schema`` rewrites what can be (formats, patterns, untyped bounds).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 from itertools import combinations
 from typing import Any
 
-__all__ = ["STRING_FORMATS", "enforceable_schema", "unenforced_keyword"]
+__all__ = ["MAX_DEPTH", "STRING_FORMATS", "implied_types", "json_type_matches", "subschemas",
+           "unenforced_keyword"]
 
 # String formats xgrammar writes a grammar for; others would pass any string.
 STRING_FORMATS = frozenset({
@@ -48,7 +47,7 @@ _ONE = ("additionalProperties", "items", "contains", "propertyNames", "not", "if
         "additionalItems", "unevaluatedItems", "unevaluatedProperties")
 _LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_MAX_DEPTH = 256  # deeper schemas are refused elsewhere; this walk never recurses further
+MAX_DEPTH = 256  # deeper schemas are refused elsewhere; this walk never recurses further
 
 
 def _types(schema: dict[str, Any]) -> set[str]:
@@ -58,6 +57,76 @@ def _types(schema: dict[str, Any]) -> set[str]:
     if isinstance(kind, list):
         return {k for k in kind if isinstance(k, str)}
     return set()
+
+
+# Keywords that constrain values of one JSON type; a node without ``type`` that has some gets
+# those types in the grammar (xgrammar drops untyped number and string keywords).
+_FAMILY_KEYWORDS = {
+    "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
+    "string": ("minLength", "maxLength", "pattern", "format"),
+    "array": ("items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems",
+              "contains", "minContains", "maxContains"),
+    "object": ("properties", "patternProperties", "additionalProperties", "required",
+               "minProperties", "maxProperties", "propertyNames"),
+}
+# Keywords beside which a node is no longer typed by its keywords alone.
+_OWN_GRAMMAR = ("type", "enum", "const", "$ref", "anyOf", "oneOf", "allOf")
+# What says something about a value (an enum or $ref beside these loses them).
+_CONSTRAINTS = frozenset({k for keys in _FAMILY_KEYWORDS.values() for k in keys}) | {
+    "type", "anyOf", "oneOf", "allOf", "not", "$ref", "enum", "const", "if", "then", "else",
+    "dependentSchemas", "dependentRequired", "dependencies", "unevaluatedItems",
+    "unevaluatedProperties"}
+
+
+def implied_types(schema: dict[str, Any]) -> set[str]:
+    """The JSON types the keywords of an untyped node constrain (empty where it has a ``type``,
+    values, a reference or branches of its own)."""
+    if any(k in schema for k in _OWN_GRAMMAR):
+        return set()
+    return {family for family, keys in _FAMILY_KEYWORDS.items() if any(k in schema for k in keys)}
+
+
+def json_type_matches(value: Any, kind: Any) -> bool:
+    """Whether ``value`` is of the JSON type(s) ``kind`` (a name or a list of names)."""
+    kinds = {kind} if isinstance(kind, str) else set(kind) if isinstance(kind, list) else set()
+    return _types_meet({_json_type(value)}, kinds) and not (
+        _json_type(value) == "number" and kinds & {"integer", "number"} == {"integer"})
+
+
+def _beside(schema: dict[str, Any], key: str) -> set[str]:
+    return (set(schema) & _CONSTRAINTS) - {key}
+
+
+def _reference_problem(schema: dict[str, Any], root: Any) -> str | None:
+    for key in ("$dynamicRef", "$recursiveRef"):
+        if key in schema:
+            return f"{key} (only local $ref is followed)"
+    ref = schema.get("$ref")
+    if ref is None:
+        return None
+    if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
+        return f"$ref {ref!r} (only local references, '#/...', are followed)"
+    beside = _beside(schema, "$ref")
+    target = _resolve({"$ref": ref}, root)
+    if beside == {"type"} and target is not None and _types(target) and _types(
+            target) <= _types(schema):
+        return None  # a type its target keeps to anyway
+    if beside:
+        return "$ref beside other constraints (the grammar keeps only the reference)"
+    return None
+
+
+def _values_problem(schema: dict[str, Any]) -> str | None:
+    key = "const" if "const" in schema else "enum" if "enum" in schema else None
+    if key is None:
+        return None
+    if _beside(schema, key) - {"type"}:
+        return f"{key} beside constraints other than type (the grammar keeps only its values)"
+    values = _values(schema)
+    if "type" in schema and values is not None and not any(
+            json_type_matches(v, schema["type"]) for v in values):
+        return f"{key} with no value of the node's type"
+    return None
 
 
 def _branches_drop_siblings(schema: dict[str, Any], key: str) -> bool:
@@ -83,6 +152,11 @@ def _own(schema: dict[str, Any], root: Any) -> str | None:
     for key in _IGNORED:
         if key in schema:
             return key
+    if schema.get("type") == []:
+        return "type [] (no value has no type)"
+    found = _reference_problem(schema, root) or _values_problem(schema)
+    if found is not None:
+        return found
     all_of = schema.get("allOf")
     if all_of is not None and (not isinstance(all_of, list) or len(all_of) != 1
                                or not set(schema) <= _ANNOTATIONS):
@@ -107,7 +181,7 @@ def _own(schema: dict[str, Any], root: Any) -> str | None:
         for name in required:
             if isinstance(name, str) and name not in declared:
                 return f"required property {name!r} not declared in properties"
-    types = _types(schema)
+    types = _types(schema) or implied_types(schema)
     if types & {"integer", "number"} and "multipleOf" in schema:
         return "multipleOf"
     if "array" in types:
@@ -135,7 +209,7 @@ def _own(schema: dict[str, Any], root: Any) -> str | None:
     return None
 
 
-def _subschemas(schema: dict[str, Any]) -> list[Any]:
+def subschemas(schema: dict[str, Any]) -> list[Any]:
     """The schemas ``schema`` holds (not its data: enum, const and default values, or the
     names of its properties, are never read as schemas)."""
     found: list[Any] = []
@@ -165,8 +239,8 @@ def unenforced_keyword(schema: Any) -> str | None:
         found = _own(node, schema)
         if found is not None:
             return found
-        if depth < _MAX_DEPTH:
-            stack.extend((child, depth + 1) for child in _subschemas(node))
+        if depth < MAX_DEPTH:
+            stack.extend((child, depth + 1) for child in subschemas(node))
     return None
 
 
@@ -198,7 +272,7 @@ def _value_key(value: Any) -> str:
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, (int, float)):
-        return f"n:{float(value)!r}"
+        return f"n:{float(value) + 0.0!r}"  # -0.0 is 0
     return json.dumps(value, sort_keys=True)
 
 
@@ -285,78 +359,3 @@ def _one_of_may_overlap(schema: dict[str, Any], root: Any) -> bool:
     if len(resolved) > _MAX_PAIRWISE_BRANCHES:
         return True
     return any(not _disjoint(a, b, root, 0) for a, b in combinations(resolved, 2))
-
-
-# Formats whose grammar lets impossible values through ---------------------------------------
-_DAY = ("(((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01]))|((0[469]|11)-(0[1-9]|[12][0-9]|30))"
-        "|(02-(0[1-9]|1[0-9]|2[0-8])))")
-_DATE = ("(([0-9]{4}-" + _DAY + ")|(([0-9]{2}(0[48]|[2468][048]|[13579][26])"
-         "|(([02468][048]|[13579][26])00))-02-29))")
-_TIME = ("([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)([.][0-9]+)?"
-         "(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])")
-_OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-EXACT_FORMATS = {
-    "date": f"^{_DATE}$",
-    "date-time": f"^{_DATE}T{_TIME}$",
-    "ipv4": f"^{_OCTET}([.]{_OCTET}){{3}}$",
-}
-
-
-def enforceable_schema(schema: Any) -> Any:
-    """``schema`` with each string ``format`` of ``EXACT_FORMATS`` (and no ``pattern``) swapped
-    for its pattern and each pattern's optional groups counted (``optional_groups_counted``);
-    the schema itself where nothing changes (a copy otherwise)."""
-    changed = False
-
-    def walk(node: Any, depth: int) -> None:
-        nonlocal changed
-        if not isinstance(node, dict) or depth > _MAX_DEPTH:
-            return
-        fmt = node.get("format")
-        if isinstance(fmt, str) and fmt in EXACT_FORMATS and "pattern" not in node:
-            node["pattern"] = EXACT_FORMATS[node.pop("format")]
-            changed = True
-        if isinstance(node.get("pattern"), str):
-            counted = optional_groups_counted(node["pattern"])
-            changed |= counted != node["pattern"]
-            node["pattern"] = counted
-        props = node.get("patternProperties")
-        if isinstance(props, dict):
-            counted_props = {optional_groups_counted(k): v for k, v in props.items()}
-            changed |= list(counted_props) != list(props)
-            node["patternProperties"] = counted_props
-        for child in _subschemas(node):
-            walk(child, depth + 1)
-
-    # NOTE: a deep copy per compiled schema (compiling costs far more); the caller's stays whole.
-    rewritten = copy.deepcopy(schema)
-    walk(rewritten, 0)
-    return rewritten if changed else schema
-
-
-def optional_groups_counted(pattern: str) -> str:
-    """``pattern`` with every greedy ``)?`` (a group made optional) written ``){0,1}``: the
-    same strings, outside character classes and escapes."""
-    out: list[str] = []
-    i, in_class = 0, False
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            out.append(pattern[i:i + 2])
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]" or (out and out[-1] in ("[", "[^"))
-        elif c == "[":
-            in_class = True
-            if pattern[i + 1:i + 2] == "^":
-                out.append("[^")
-                i += 2
-                continue
-        elif c == "?" and out and out[-1] == ")" and pattern[i + 1:i + 2] not in ("?", "+"):
-            out.append("{0,1}")
-            i += 1
-            continue
-        out.append(c)
-        i += 1
-    return "".join(out)

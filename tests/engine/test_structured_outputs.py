@@ -582,7 +582,7 @@ def test_counted_optional_groups_match_what_the_pattern_matches(pattern: str) ->
     over the patterns' alphabet up to four characters."""
     import itertools
 
-    from cadence.worker.schema_features import optional_groups_counted
+    from cadence.worker.schema_patterns import optional_groups_counted
 
     counted = optional_groups_counted(pattern)
     alphabet = "xyzZabcdefghi)?0"
