@@ -189,6 +189,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "stats (/metrics is always served)",
     )
     EngineArgs.add_cli_args(parser)
+    parser.set_defaults(model=_DEFAULT_MODEL)  # "tiny", told apart from a --model tiny
     return parser
 
 
@@ -255,14 +256,28 @@ def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
     """The engine's arguments; the model: the positional, else --model, else a --config
     file's."""
     if ns.model_tag is not None:
-        if ns.model not in (EngineArgs.model, ns.model_tag):
+        if model_given(ns) and ns.model != ns.model_tag:
             # vLLM moves --model into the positional's place: two models are an error there.
             raise ValueError(f"two models given: {ns.model_tag!r} and --model {ns.model!r}; "
                              f"give one (cadence serve MODEL).")
         ns.model = ns.model_tag
-    elif ns.model == EngineArgs.model and getattr(ns, "file_model", None) is not None:
+    elif not model_given(ns) and getattr(ns, "file_model", None) is not None:
         ns.model = ns.file_model
+    ns.model = str(ns.model)
     return EngineArgs.from_cli_args(ns)
+
+
+class _Default(str):
+    """The default model's name, as a value of its own: ``--model tiny`` is not it."""
+
+
+_DEFAULT_MODEL = _Default(EngineArgs.model)
+
+
+def model_given(ns: argparse.Namespace) -> bool:
+    """Whether ``--model`` was given (its value is not the parser's default object)."""
+    model = getattr(ns, "model", None)
+    return model is not None and model is not _DEFAULT_MODEL and not isinstance(model, _Default)
 
 
 def settings_from(ns: argparse.Namespace) -> ServerSettings:
@@ -323,11 +338,10 @@ def check_no_model_taken(ns: argparse.Namespace, flag: str, values: tuple[str, .
     """``serve --api-key K /models/x`` (or ``--served-model-name``): a flag of several values
     took the model, given after it, as one of its own, and the default model would be served.
     Refused where no model came otherwise and a value names one (a path, a preset)."""
-    from cadence.engine.engine_args import EngineArgs
     from cadence.model.presets import PRESETS
     from cadence.model.registry import TINY_MODEL
 
-    if (ns.model_tag is not None or getattr(ns, "model", None) != EngineArgs.model
+    if (ns.model_tag is not None or model_given(ns)
             or getattr(ns, "file_model", None) is not None):
         return
     taken = [v for v in values if os.path.exists(v) or v in PRESETS or v == TINY_MODEL]

@@ -65,6 +65,11 @@ def test_serve_takes_the_model_as_positional_or_flag_once() -> None:
     assert engine_args_from(parse(["/models/a", "--model", "/models/a"])).model == "/models/a"
     with pytest.raises(ValueError, match="two models given"):
         engine_args_from(parse(["/models/a", "--model", "/models/b"]))
+    # --model naming the default model is a model given too (vLLM refuses the pair alike).
+    with pytest.raises(ValueError, match="two models given: '/models/a' and --model 'tiny'"):
+        engine_args_from(parse(["/models/a", "--model", "tiny"]))
+    args = engine_args_from(parse([]))
+    assert args.model == "tiny" and type(args.model) is str
 
 
 def test_every_on_off_flag_has_its_no_form() -> None:
