@@ -38,6 +38,7 @@ __all__ = [
     "kept_tokens",
     "truncation_length",
     "PromptType",
+    "TRUNCATION_MARGIN_TOKENS",
     "bad_word_sequences",
 ]
 
@@ -47,6 +48,11 @@ PromptType = str | Mapping[str, Any]
 def max_input_tokens(max_model_len: int, max_tokens: int | None) -> int:
     """The longest prompt that leaves room for ``max_tokens`` (unset: for one token)."""
     return max_model_len - (1 if max_tokens is None else max_tokens)
+
+
+# Tokens between the cut of a long text to truncate and the tokens kept from it: the cut may
+# change how the text right after it tokenizes (a word split in two), never that far away.
+TRUNCATION_MARGIN_TOKENS = 1024
 
 
 def truncation_length(k: int, max_model_len: int, max_tokens: int | None) -> int:
@@ -137,9 +143,11 @@ class InputProcessor:
             prompt = {"prompt_token_ids": prompt}
         params = params.verified()
         check_params(params, self.tokenizer, self.vocab_size, self.max_logprobs)
-        # A prompt to truncate may be longer than the context: no bound on its text.
-        truncating = params.truncate_prompt_tokens is not None
-        prompt_text, token_ids = self._parse_prompt(prompt, bound=not truncating)
+        # A prompt to truncate may be longer than the context: no bound on its text, and only
+        # the end of it that truncation keeps is tokenized (_truncation_window).
+        truncating = ((params.truncation_side or "left")
+                      if params.truncate_prompt_tokens is not None else None)
+        prompt_text, token_ids = self._parse_prompt(prompt, truncating)
         token_ids = self._truncate(token_ids, params.truncate_prompt_tokens, params.max_tokens,
                                    strict_max_tokens, params.truncation_side)
         cache_salt = self._cache_salt(prompt)
@@ -247,10 +255,12 @@ class InputProcessor:
                 f"{self.vocab_size}).", "thinking_tags", bad[0])
 
     # Prompt ------------------------------------------------------------------------------------
-    def _parse_prompt(self, prompt: PromptType, bound: bool = True
+    def _parse_prompt(self, prompt: PromptType, truncating: str | None = None
                       ) -> tuple[str | None, list[int]]:
+        """The prompt's text and ids; ``truncating``: the side truncation cuts ("left",
+        "right"), or None (a text too long for the context is refused before tokenizing)."""
         if isinstance(prompt, str):
-            return prompt, self._tokenize(prompt, bound)
+            return prompt, self._tokenize(prompt, truncating)
         if not isinstance(prompt, Mapping):
             raise InputValidationError(
                 "prompt must be a string, a list of token ids, {'prompt': str} or"
@@ -279,14 +289,16 @@ class InputProcessor:
             if not isinstance(special, bool):
                 raise InputValidationError(
                     f"add_special_tokens must be a bool, got {special!r}.", "add_special_tokens")
-            return text, self._tokenize(text, bound, special)
+            return text, self._tokenize(text, truncating, special)
         raise InputValidationError(
             "A dict prompt needs a 'prompt' or a 'prompt_token_ids' key.", "prompt"
         )
 
-    def _tokenize(self, text: str, bound: bool = True, special: bool = True) -> list[int]:
+    def _tokenize(self, text: str, truncating: str | None = None, special: bool = True
+                  ) -> list[int]:
         """``text``'s ids, with the tokenizer's special tokens (e.g. BOS) unless ``special`` is
-        false; ``bound``: first refuse a text too long for the context."""
+        false; first refuse a text too long for the context, or (``truncating``) cut it to the
+        window truncation keeps."""
         if self.tokenizer is None:
             raise InputValidationError(
                 "Text prompts need a tokenizer, and this engine has none (skip_tokenizer_init, "
@@ -295,8 +307,10 @@ class InputProcessor:
                 "prompt",
             )
         # NOTE: an empty text is tokenized: a tokenizer that adds BOS makes it a prompt (vLLM).
-        if bound:
+        if truncating is None:
             self.check_prompt_text(text)
+        else:
+            text = self._truncation_window(text, truncating)
         try:
             if not special:
                 return encode_plain(self.tokenizer.encode, text)
@@ -304,6 +318,22 @@ class InputProcessor:
         except (TypeError, UnicodeError) as exc:  # e.g. a lone surrogate (no UTF-8 for it)
             raise InputValidationError(f"prompt: the text cannot be tokenized ({exc}).",
                                        "prompt") from None
+
+    def _truncation_window(self, text: str, side: str) -> str:
+        """The end of a text to truncate (its start, ``side`` "right") that the kept tokens
+        come from: the characters of a context's worth of tokens plus a margin of
+        ``TRUNCATION_MARGIN_TOKENS`` (no token stands for more than ``max_chars_per_token``
+        characters, so the kept tokens lie inside, that many tokens clear of the cut: they
+        tokenize as in the whole text). The whole text where it is shorter, or where the
+        tokenizer gives no bound. Tokenizing a text far past the context whole would hold the
+        one input thread, and every request behind it, for seconds."""
+        k = self.max_chars_per_token
+        if k is None:
+            return text
+        window = k * (self.max_model_len + TRUNCATION_MARGIN_TOKENS)
+        if len(text) <= window:
+            return text
+        return text[-window:] if side == "left" else text[:window]
 
     def check_prompt_text(self, text: str) -> None:
         """Refuse, without tokenizing it, a text that cannot fit in the context."""

@@ -439,6 +439,47 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(tokenizer: PreTrainedToken
             SamplingParams(truncate_prompt_tokens=bad)
 
 
+def test_a_long_text_to_truncate_is_tokenized_only_where_its_kept_tokens_lie(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """A text far past the context: only the window the kept tokens come from is tokenized (the
+    one input thread is not held for seconds), and the kept tokens are those of the whole text,
+    both sides, with and without special tokens."""
+    from cadence.engine.input_processor import TRUNCATION_MARGIN_TOKENS
+    from cadence.engine.prompt_bound import max_chars_per_token
+
+    k = max_chars_per_token(tokenizer)
+    assert k is not None
+    proc = _proc(tokenizer, max_chars_per_token=k)
+    window = k * (64 + TRUNCATION_MARGIN_TOKENS)
+    seen: list[int] = []
+    encode = tokenizer.encode
+
+    class Spy:
+        def __getattr__(self, name: str) -> object:
+            return getattr(tokenizer, name)
+
+        def encode(self, text: str, **kw: object) -> list[int]:
+            seen.append(len(text))
+            return encode(text, **kw)
+
+    proc.tokenizer = Spy()  # type: ignore[assignment]
+    text = "hello there, world! " * (3 * window // 20) + "the end"
+    whole = tokenizer.encode(text)
+    whole_plain = tokenizer.encode(text, add_special_tokens=False)
+    for side, kept in (("left", whole[-20:]), ("right", whole[:20])):
+        params = SamplingParams(max_tokens=4, truncate_prompt_tokens=20, truncation_side=side)
+        req, prompt_text = proc.process(side, text, params)
+        assert req.prompt_token_ids == kept and prompt_text == text
+        assert seen.pop() == window < len(text)
+    req, _ = proc.process("plain", {"prompt": text, "add_special_tokens": False},
+                          SamplingParams(max_tokens=4, truncate_prompt_tokens=-1))
+    assert req.prompt_token_ids == whole_plain[-60:] and seen.pop() == window
+    short = "hello world, " * 40  # past the context, shorter than the window: tokenized whole
+    req, _ = proc.process("short", short, SamplingParams(max_tokens=4, truncate_prompt_tokens=9))
+    assert req.prompt_token_ids == tokenizer.encode(short)[-9:] and seen.pop() == len(short)
+
+
 def test_booleans_are_not_integers_and_min_tokens_may_equal_max_tokens(
     tokenizer: PreTrainedTokenizerFast,
 ) -> None:
