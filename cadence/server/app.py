@@ -24,6 +24,7 @@ from cadence.server.errors import (
     ServiceUnavailableError,
     from_validation_error,
 )
+from cadence.server.json_body import json_response
 from cadence.server.lifecycle import InFlightMiddleware, RequestLifecycle, shutting_down_error
 from cadence.server.live_stats import SecondsRecorder, engine_config_summary, stats_document
 from cadence.server.middleware import ApiKeyMiddleware, RequestIdHeaderMiddleware, api_keys
@@ -222,7 +223,7 @@ class OpenAIServer:
             ) from None
         except ServerStopping:
             raise shutting_down_error("; the request was not completed") from None
-        return JSONResponse(result.model_dump(mode="json"))
+        return await json_response(result)
 
     def _event_stream(
         self, frames: AsyncIterator[str], request_ids: list[str], label: str,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 from collections.abc import AsyncGenerator, Mapping, Sequence
@@ -223,6 +224,7 @@ class OpenAIServingChat(OpenAIServing):
             completion_tokens += len(c.token_ids)
             if reasoning_tokens is not None:
                 reasoning_tokens += self.count_reasoning(c.token_ids, c.text, started)
+            await asyncio.sleep(0)  # NOTE: a turn for the loop between choices (n may be 128)
         prompt_tokens = len(final.prompt_token_ids or [])
         return ChatCompletionResponse(
             id=response_id or request_id,

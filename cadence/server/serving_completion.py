@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING
@@ -239,6 +240,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         c = generated_nothing(c)
                     choices.append(self._choice(request, final, c, s.index * request.n, echo))
                     completion_tokens += len(c.token_ids)
+                    await asyncio.sleep(0)  # NOTE: a turn for the loop between choices
                 prompt_tokens += len(final.prompt_token_ids or [])
                 cached += final.num_cached_tokens or 0
         except BaseException:
