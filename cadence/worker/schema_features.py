@@ -14,8 +14,8 @@ other properties are closed, never even allowed). A ``oneOf`` compiles as an ``a
 branches this module cannot prove disjoint (by type, by const / enum values, by integer range,
 or by a property both require with disjoint values: a tagged union) is refused, as an output
 could match several. A ``$ref`` must be local (``#/...``) and stand alone (its target is all
-the grammar reads); an ``enum`` / ``const`` may stand beside ``type`` only (its values are all the
-grammar reads), and needs a value of that type; ``type: []`` allows nothing.
+the grammar reads); an ``enum`` / ``const`` may stand beside ``type``, bounds and ``pattern`` only (its values
+are all the grammar reads: an enum keeps those that meet them), and needs a value that does; ``type: []`` allows nothing.
 ``schema_rewrite.enforceable_schema`` rewrites what can be (formats, patterns, untyped bounds).
 """
 
@@ -25,8 +25,14 @@ import json
 from itertools import combinations
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "STRING_FORMATS", "implied_types", "json_type_matches", "subschemas",
-           "unenforced_keyword"]
+from cadence.worker.schema_values import (
+    VALUE_CHECKED,
+    json_type,
+    types_meet,
+    value_meets,
+)
+
+__all__ = ["MAX_DEPTH", "STRING_FORMATS", "implied_types", "subschemas", "unenforced_keyword"]
 
 # String formats xgrammar writes a grammar for; others would pass any string.
 STRING_FORMATS = frozenset({
@@ -80,17 +86,12 @@ _CONSTRAINTS = frozenset({k for keys in _FAMILY_KEYWORDS.values() for k in keys}
 
 def implied_types(schema: dict[str, Any]) -> set[str]:
     """The JSON types the keywords of an untyped node constrain (empty where it has a ``type``,
-    values, a reference or branches of its own)."""
+    values, a reference or branches of its own). A ``format`` counts only as a string format
+    xgrammar knows (OpenAPI's ``int64`` and the like say nothing here)."""
     if any(k in schema for k in _OWN_GRAMMAR):
         return set()
-    return {family for family, keys in _FAMILY_KEYWORDS.items() if any(k in schema for k in keys)}
-
-
-def json_type_matches(value: Any, kind: Any) -> bool:
-    """Whether ``value`` is of the JSON type(s) ``kind`` (a name or a list of names)."""
-    kinds = {kind} if isinstance(kind, str) else set(kind) if isinstance(kind, list) else set()
-    return _types_meet({_json_type(value)}, kinds) and not (
-        _json_type(value) == "number" and kinds & {"integer", "number"} == {"integer"})
+    return {family for family, keys in _FAMILY_KEYWORDS.items()
+            if any(k in schema and (k != "format" or schema[k] in STRING_FORMATS) for k in keys)}
 
 
 def _beside(schema: dict[str, Any], key: str) -> set[str]:
@@ -108,8 +109,8 @@ def _reference_problem(schema: dict[str, Any], root: Any) -> str | None:
         return f"$ref {ref!r} (only local references, '#/...', are followed)"
     beside = _beside(schema, "$ref")
     target = _resolve({"$ref": ref}, root)
-    if beside == {"type"} and target is not None and _types(target) and _types(
-            target) <= _types(schema):
+    kept = (_types(target) or implied_types(target)) if target is not None else set()
+    if beside == {"type"} and kept and kept <= _types(schema):
         return None  # a type its target keeps to anyway
     if beside:
         return "$ref beside other constraints (the grammar keeps only the reference)"
@@ -120,12 +121,12 @@ def _values_problem(schema: dict[str, Any]) -> str | None:
     key = "const" if "const" in schema else "enum" if "enum" in schema else None
     if key is None:
         return None
-    if _beside(schema, key) - {"type"}:
-        return f"{key} beside constraints other than type (the grammar keeps only its values)"
+    if _beside(schema, key) - VALUE_CHECKED - {key}:
+        return (f"{key} beside constraints other than type, bounds and pattern (the grammar "
+                "keeps only its values)")
     values = _values(schema)
-    if "type" in schema and values is not None and not any(
-            json_type_matches(v, schema["type"]) for v in values):
-        return f"{key} with no value of the node's type"
+    if values is not None and not any(value_meets(v, schema) for v in values):
+        return f"{key} with no value that meets the type, bounds or pattern beside it"
     return None
 
 
@@ -155,8 +156,8 @@ def _own(schema: dict[str, Any], root: Any) -> str | None:
     if schema.get("type") == []:
         return "type [] (no value has no type)"
     found = _reference_problem(schema, root) or _values_problem(schema)
-    if found is not None:
-        return found
+    if found is not None or "enum" in schema or "const" in schema:
+        return found  # values the keywords beside them are checked against (schema_values)
     all_of = schema.get("allOf")
     if all_of is not None and (not isinstance(all_of, list) or len(all_of) != 1
                                or not set(schema) <= _ANNOTATIONS):
@@ -276,25 +277,11 @@ def _value_key(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "integer" if float(value).is_integer() else "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(value), "other")
-
-
 def _values(schema: dict[str, Any]) -> list[Any] | None:
     if "const" in schema:
         return [schema["const"]]
     enum = schema.get("enum")
     return enum if isinstance(enum, list) else None
-
-
-def _types_meet(a: set[str], b: set[str]) -> bool:
-    return bool(a & b) or ("integer" in a and "number" in b) or ("number" in a and "integer" in b)
 
 
 def _integer_range(schema: dict[str, Any]) -> tuple[float, float]:
@@ -320,9 +307,9 @@ def _disjoint(a: dict[str, Any] | None, b: dict[str, Any] | None, root: Any, dep
     ta, tb = _types(a), _types(b)
     for values, types in ((va, tb), (vb, ta)):
         if values is not None and types and not any(
-                _types_meet({_json_type(v)}, types) for v in values):
+                types_meet({json_type(v)}, types) for v in values):
             return True
-    if ta and tb and not _types_meet(ta, tb):
+    if ta and tb and not types_meet(ta, tb):
         return True
     if ta == tb == {"integer"}:
         (lo_a, hi_a), (lo_b, hi_b) = _integer_range(a), _integer_range(b)

@@ -30,12 +30,13 @@ _SHORT = {0x22: '"', 0x5C: "\\", 0x08: "b", 0x0C: "f", 0x0A: "n", 0x0D: "r", 0x0
 _ESCAPED = frozenset([*range(0x20), 0x22, 0x5C])  # what a JSON string never carries raw
 _NOT_RAW = '"\\\\\\x00-\\x1f'  # the same, inside a regex class
 _FLAGS = re.IGNORECASE | re.MULTILINE | re.DOTALL | re.VERBOSE
-# ECMAScript's \s (JSON Schema's regex dialect) less the control characters.
-_SPACES = " \\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff"
+# The spaces of both ECMAScript's \s (JSON Schema's regex dialect) and Python's, less the
+# control characters; \S leaves out the spaces of either.
+_SPACES = " \\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
 _CATEGORY = {_sre_c.CATEGORY_DIGIT: "\\d", _sre_c.CATEGORY_WORD: "\\w",
              _sre_c.CATEGORY_SPACE: _SPACES}
 _NOT_CATEGORY = {_sre_c.CATEGORY_NOT_DIGIT: "\\d", _sre_c.CATEGORY_NOT_WORD: "\\w",
-                 _sre_c.CATEGORY_NOT_SPACE: "\\s"}
+                 _sre_c.CATEGORY_NOT_SPACE: "\\s\\u0085\\ufeff"}
 _META = set("\\^$.|?*+()[]{}/-")
 
 
@@ -44,19 +45,29 @@ class _Unsupported(Exception):
 
 
 def json_string_pattern(pattern: str) -> str:
-    """``pattern`` with every character a JSON string must escape written escaped (see the
-    module's docstring); ``pattern`` itself where it holds none or cannot be rewritten (flags,
-    look-arounds, back-references: xgrammar refuses most of these itself)."""
+    """``pattern`` written for JSON text (see the module's docstring); ``pattern`` itself where
+    nothing in it can match a character JSON escapes, or where Python's parser cannot read it
+    (left to the grammar engine, which refuses most such). A ValueError where it can match one
+    through a construct this rewrite does not write back (inline flags, look-arounds,
+    back-references): the grammar could then write the character raw."""
     try:
         tree = _sre.parse(pattern)
     except (re.error, OverflowError, RecursionError):
         return pattern
-    if tree.state.flags & _FLAGS or not _needs_rewrite(tree):
+    # NOTE: "[\\^" too: xgrammar's regex-to-grammar path (a pattern with any non-ASCII
+    # character) reads it as a negated class; Python's parser keeps no trace of it.
+    if not (_needs_rewrite(tree) or "[\\^" in pattern):
         return pattern
     try:
+        if tree.state.flags & _FLAGS:
+            raise _Unsupported
         return _emit(tree)
     except _Unsupported:
-        return pattern
+        raise ValueError(
+            f"pattern {pattern!r} cannot be enforced by the grammar engine (xgrammar): it may "
+            "match a quote, backslash or control character, which JSON text must escape, "
+            "through flags, look-arounds or back-references this engine cannot write for it."
+        ) from None
 
 
 def _class_items(items: list) -> tuple[bool, list]:
@@ -66,13 +77,24 @@ def _class_items(items: list) -> tuple[bool, list]:
 
 
 def _needs_rewrite(tree: Any) -> bool:
+    """Whether anything in ``tree`` can match a character JSON escapes. NOTE: the dot and
+    negated classes count: xgrammar leaves such characters out of them only where its
+    JSON-string matcher takes the pattern (printable ASCII, constructs it supports); where it
+    falls back to its plain regex grammar (any non-ASCII character, lazy repeats, ...) they come
+    out raw."""
     for op, av in tree:
         if op is _sre_c.LITERAL and av in _ESCAPED:
             return True
+        if op in (_sre_c.ANY, _sre_c.NOT_LITERAL):
+            return True
         if op is _sre_c.IN:
             negated, items = _class_items(av)
-            if not negated and any(_item_escaped(op2, av2) for op2, av2 in items):
+            if negated or any(_item_escaped(op2, av2) for op2, av2 in items):
                 return True
+            if items and items[0] == (_sre_c.LITERAL, ord("^")):
+                return True  # "[\^...": xgrammar's regex-to-grammar path reads it negated
+        if op not in (_sre_c.LITERAL, _sre_c.IN, _sre_c.AT) and not _children(op, av):
+            return True  # a look-around, back-reference, ...: unknown ground
         for sub in _children(op, av):
             if _needs_rewrite(sub):
                 return True
@@ -143,7 +165,13 @@ def _ranges_without_escaped(lo: int, hi: int) -> list[tuple[int, int]]:
 
 
 def _emit_class(av: list) -> tuple[str, bool]:
+    """A class, and whether a quantifier after it repeats all of it. Positive: its characters
+    less those JSON escapes (a class of those alone: their escapes); negated: those left out
+    too."""
     negated, items = _class_items(av)
+    if negated:
+        parts = [_negated_item(op, arg) for op, arg in items]
+        return "[^" + "".join(_caret_not_first(parts)) + _NOT_RAW + "]", True
     plain: list[str] = []
     not_category: list[str] = []
     escaped: set[int] = set()
@@ -163,17 +191,39 @@ def _emit_class(av: list) -> tuple[str, bool]:
             not_category.append(_NOT_CATEGORY[arg])
         else:
             raise _Unsupported
-    if negated:
-        if not_category:  # [^\D...]: rare
-            raise _Unsupported
-        return "[^" + "".join(plain) + _NOT_RAW + "]", True
-    parts = (["[" + "".join(plain) + "]"] if plain else []) + [
+    if plain == ["\\^"] and not not_category:  # escaped characters beside it are left out
+        return "\\^", True
+    parts = (["[" + "".join(_caret_not_first(plain)) + "]"] if plain else []) + [
         f"[^{cat}{_NOT_RAW}]" for cat in not_category]
     if not parts:  # a class of escaped characters alone: their escapes
         return _escapes(sorted(escaped)), False
     # NOTE: the escaped characters beside others are left out: xgrammar drops an alternative
-    # that holds a backslash, and leaves them out of such a class itself.
+    # that holds a backslash.
     return (parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"), True
+
+
+# Inside a negated class: each category as written (\s with the spaces of either dialect).
+_IN_NEGATED = {_sre_c.CATEGORY_DIGIT: "\\d", _sre_c.CATEGORY_WORD: "\\w",
+               _sre_c.CATEGORY_SPACE: "\\s\\u0085\\ufeff", _sre_c.CATEGORY_NOT_DIGIT: "\\D",
+               _sre_c.CATEGORY_NOT_WORD: "\\W", _sre_c.CATEGORY_NOT_SPACE: "\\S"}
+
+
+def _negated_item(op: Any, arg: Any) -> str:
+    if op is _sre_c.LITERAL:
+        return "" if arg in _ESCAPED else _literal(arg, True)  # left out with the rest
+    if op is _sre_c.RANGE:
+        return f"{_literal(arg[0], True)}-{_literal(arg[1], True)}"
+    if op is _sre_c.CATEGORY and arg in _IN_NEGATED:
+        return _IN_NEGATED[arg]
+    raise _Unsupported
+
+
+def _caret_not_first(items: list[str]) -> list[str]:
+    # NOTE: xgrammar's regex-to-grammar path reads "[\^" as a negated class: ^ never first.
+    items = [i for i in items if i]
+    if len(items) > 1 and items[0].startswith("\\^"):
+        return items[1:] + items[:1]
+    return items
 
 
 def _emit(tree: Any) -> str:

@@ -8,7 +8,8 @@ outputs, each valid under the schema as the caller wrote it.
 - a node without ``type`` whose number or string keywords xgrammar would drop (it reads
   ``{"minimum": 1}`` as "any JSON") gets the types those keywords apply to: values of the other
   types would be valid too, so the outputs are a part of what the schema allows;
-- an ``enum`` keeps only the values of the node's ``type`` (xgrammar reads the values alone).
+- an ``enum`` keeps only the values that meet the ``type``, bounds and pattern beside it
+  (xgrammar reads the values alone).
 ``schema_features.unenforced_keyword`` refuses what cannot be rewritten so.
 """
 
@@ -17,13 +18,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from cadence.worker.schema_features import (
-    MAX_DEPTH,
-    implied_types,
-    json_type_matches,
-    subschemas,
-)
+from cadence.worker.schema_features import MAX_DEPTH, implied_types, subschemas
 from cadence.worker.schema_patterns import json_string_pattern, optional_groups_counted
+from cadence.worker.schema_values import value_meets
 
 __all__ = ["EXACT_FORMATS", "enforceable_schema"]
 
@@ -68,8 +65,8 @@ def _rewrite(node: dict[str, Any]) -> bool:
         node["type"] = implied.pop() if len(implied) == 1 else sorted(implied)
         changed = True
     enum = node.get("enum")
-    if "type" in node and isinstance(enum, list):
-        kept = [v for v in enum if json_type_matches(v, node["type"])]
+    if isinstance(enum, list):
+        kept = [v for v in enum if value_meets(v, node)]
         changed |= len(kept) != len(enum)
         node["enum"] = kept
     return changed
@@ -81,11 +78,13 @@ def enforceable_schema(schema: Any) -> Any:
     # NOTE: a deep copy per compiled schema (compiling costs far more); the caller's stays whole.
     rewritten = copy.deepcopy(schema)
     changed = False
+    done: set[int] = set()  # NOTE: a subschema dict used in several places is rewritten once
     stack: list[tuple[Any, int]] = [(rewritten, 0)]
     while stack:
         node, depth = stack.pop()
-        if not isinstance(node, dict) or depth > MAX_DEPTH:
+        if not isinstance(node, dict) or depth > MAX_DEPTH or id(node) in done:
             continue
+        done.add(id(node))
         changed |= _rewrite(node)
         stack.extend((child, depth + 1) for child in subschemas(node))
     return rewritten if changed else schema

@@ -53,6 +53,8 @@ def _check_taken(grammar, pattern: str, value: str) -> bool:
     (r'^["\\]{2}$', '"\\'),
     (r"^[\t\n]{1,3}$", "\n\t"),
     (r'^x\"{2,3}y$', 'x"""y'),
+    (r'^"[^\W_]+"$', '"ab"'),
+    (r"^\\n é$", "\\n é"),
 ])
 def test_a_pattern_that_needs_escapes_takes_its_values_as_valid_json(pattern: str,
                                                                      value: str) -> None:
@@ -66,6 +68,14 @@ def test_a_pattern_that_needs_escapes_takes_its_values_as_valid_json(pattern: st
     (r"^[ -~]+$", "a b~", 'a"b'),
     (r"^[^@]+@[^@]+$", "me@x", 'm"e@x'),
     (r"^[\w\s]+$", "a b", "a\tb"),
+    # With a character past ASCII xgrammar no longer keeps them out of the dot and negated
+    # classes itself (its JSON-string matcher takes printable ASCII only): written out here.
+    (r"^.+ €$", "ab €", 'a" €'),
+    (r"^[^<>]+ – [^<>]+$", "a – b", 'a"b – c'),
+    (r"^[^é]$", "a", '"'),
+    (r"^[\^\s\u00e9]+$", "^ é", "a"),
+    (r"^[\^a]é$", "^é", "xé"),
+    (r"^[\^]é$", "^é", "xé"),
 ])
 def test_classes_never_give_a_character_json_escapes(pattern: str, value: str,
                                                      refused: str) -> None:
@@ -76,17 +86,28 @@ def test_classes_never_give_a_character_json_escapes(pattern: str, value: str,
     _check_taken(grammar, pattern, refused)
 
 
-@pytest.mark.parametrize("pattern", [r"^[a-z]+$", r"^\d{3}-\d{4}$", r"^(ab)?c$", r"^.{2}$",
-                                     r"^[^@]+@[^@]+\.[a-z]{2,}$", r"(?i)^ab$", r"^(?=a)a$",
+@pytest.mark.parametrize("pattern", [r"^[a-z]+$", r"^\d{3}-\d{4}$", r"^(ab)?c$",
+                                     r"^[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{2,}$", r"(?i)^ab$",
                                      r"^[a-", r"^\p{L}+$"])
 def test_patterns_without_escaped_characters_stay_as_written(pattern: str) -> None:
-    """Only a pattern that holds a character JSON escapes is rewritten; one this rewrite cannot
-    write back (flags, look-arounds) or that Python cannot parse stays as it is."""
+    """Only a pattern that can match a character JSON escapes is rewritten (the dot, negated
+    classes, such characters); one Python cannot parse stays as it is."""
     assert json_string_pattern(pattern) == pattern
 
 
+@pytest.mark.parametrize("pattern", [r'(?i)^a"$', r'^(?=a)"$', r"(?s)^é.$", r"^(?=a)a$",
+                                     r"^(?!\d)\w+$"])
+def test_look_arounds_and_escapes_beside_flags_are_refused(
+        pattern: str) -> None:
+    with pytest.raises(ValueError, match="cannot be enforced"):
+        json_string_pattern(pattern)
+    with pytest.raises(ValueError, match="cannot be enforced"):
+        _grammar(pattern)
+
+
 _PIECES = ["a", "b", '"', "\\\\", "\\n", "\\t", "\\x01", ".", '[a"]', "[\\t\\n]", "[ -~]",
-           "[^a]", "\\d", "\\s", '(a|")', '(x\\")', "[\\\\b]"]
+           "[^a]", "\\d", "\\s", '(a|")', '(x\\")', "[\\\\b]", "é", "[^é]", "[\\^a]", "\\S",
+           "[\\W_]"]
 _QUANTIFIERS = ["", "", "?", "*", "{1,2}", "+"]
 
 

@@ -41,10 +41,31 @@ def test_untyped_bounds_apply_to_the_values_they_constrain() -> None:
         jsonschema.validate(value, {"minimum": 1, "maxLength": 2})
 
 
-def test_an_enum_keeps_the_values_of_its_type() -> None:
+def test_an_enum_keeps_the_values_that_meet_the_keywords_beside_it() -> None:
     assert _taken({"type": "integer", "enum": [1.5, 2, "2"]}, [1.5, 2, "2"]) == [2]
     assert _taken({"type": ["string", "null"], "enum": ["a", 1, None]}, ["a", 1, None]) == [
         "a", None]
+    values = ["ok", "too-long", "no", 7]
+    assert _taken({"type": "string", "enum": values, "maxLength": 3}, values) == ["ok", "no"]
+    values = [1, 3, 6, 9, 12, 13, "x"]
+    schema = {"enum": values, "minimum": 2, "exclusiveMaximum": 12, "multipleOf": 3}
+    assert _taken(schema, values) == [3, 6, 9, "x"]  # bounds apply to numbers only
+    for value in _taken(schema, values):
+        jsonschema.validate(value, schema)
+    schema = {"enum": ["ab", "b9", "zz"], "pattern": "^[a-z]+$", "minLength": 2}
+    assert _taken(schema, ["ab", "b9", "zz"]) == ["ab", "zz"]
+
+
+def test_a_subschema_used_in_several_places_is_rewritten_once() -> None:
+    """The same dict under two properties (usual in Python): its pattern is written for JSON
+    text once, not escaped twice."""
+    path = {"type": "string", "pattern": r"^C:\\[a-z]{1,3}$"}
+    schema = {"type": "object", "properties": {"a": path, "b": path}, "required": ["a", "b"],
+              "additionalProperties": False}
+    value = {"a": "C:\\ab", "b": "C:\\x"}
+    assert _taken(schema, [value, {"a": "C:\\\\ab", "b": "C:\\x"}]) == [value]
+    jsonschema.validate(value, schema)
+    assert path["pattern"] == r"^C:\\[a-z]{1,3}$"  # the caller's schema untouched
 
 
 def test_hostnames_keep_to_the_label_length() -> None:
@@ -54,10 +75,11 @@ def test_hostnames_keep_to_the_label_length() -> None:
 
 
 @pytest.mark.parametrize(("schema", "keyword"), [
-    ({"type": "string", "enum": ["ok", "too-long"], "maxLength": 3}, "enum beside"),
-    ({"type": "integer", "const": 0, "minimum": 1}, "const beside"),
-    ({"type": "string", "const": 5}, "const with no value of the node's type"),
+    ({"type": "string", "enum": ["ok", "x"], "format": "email"}, "enum beside constraints"),
+    ({"type": "integer", "const": 0, "minimum": 1}, "const with no value that meets"),
+    ({"type": "string", "const": 5}, "const with no value that meets"),
     ({"type": "integer", "enum": ["a"]}, "enum with no value"),
+    ({"type": "string", "enum": ["too-long"], "maxLength": 3}, "enum with no value"),
     ({"$defs": {"i": {"type": "integer"}}, "$ref": "#/$defs/i", "minimum": 1}, "$ref beside"),
     ({"$defs": {"b": {"type": "object", "properties": {"id": {"type": "integer"}}}},
       "$ref": "#/$defs/b", "properties": {"name": {"type": "string"}}, "required": ["name"]},
@@ -68,7 +90,7 @@ def test_hostnames_keep_to_the_label_length() -> None:
     ({"type": []}, "type []"),
     ({"multipleOf": 5}, "multipleOf"),
     ({"uniqueItems": True}, "uniqueItems"),
-    ({"format": "made-up"}, "format 'made-up'"),
+    ({"type": "string", "format": "made-up"}, "format 'made-up'"),
     ({"maxLength": 3, "pattern": "^a+$"}, "minLength/maxLength beside"),
     ({"oneOf": [{"const": 0}, {"const": -0.0}]}, "oneOf whose branches may overlap"),
 ])
@@ -85,6 +107,11 @@ def test_what_the_grammar_would_drop_is_refused_naming_it(schema: dict, keyword:
     {"type": "string", "enum": ["a", "b"], "title": "t", "default": "a"},
     {"const": "x"},
     {"type": "object", "properties": {"a": {"$ref": "#"}}},
+    {"type": "object", "$ref": "#/$defs/A", "$defs": {"A": {
+        "properties": {"a": {"type": "integer"}}, "required": ["a"]}}},
+    {"format": "int64"},  # OpenAPI's: no string format, no type implied
+    {"type": "integer", "format": "int32", "minimum": 0},
+    {"type": "integer", "enum": [1, 2, 3], "minimum": 2},
 ])
 def test_references_and_values_that_stand_alone_are_taken(schema: dict) -> None:
     assert unenforced_keyword(schema) is None, schema
