@@ -14,8 +14,9 @@ other properties are closed, never even allowed). A ``oneOf`` compiles as an ``a
 branches this module cannot prove disjoint (by type, by const / enum values, by integer range,
 or by a property both require with disjoint values: a tagged union) is refused, as an output
 could match several. A ``$ref`` must be local (``#/...``) and stand alone (its target is all
-the grammar reads); an ``enum`` / ``const`` may stand beside ``type``, bounds and ``pattern`` only (its values
-are all the grammar reads: an enum keeps those that meet them), and needs a value that does; ``type: []`` allows nothing.
+the grammar reads); an ``enum`` / ``const`` may stand beside ``type``, bounds and ``pattern``
+only (its values are all the grammar reads: an enum keeps those that meet them), and needs a
+value that does; ``type: []`` allows nothing.
 ``schema_rewrite.enforceable_schema`` rewrites what can be (formats, patterns, untyped bounds).
 """
 
