@@ -206,7 +206,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         args = [args[0], *expand_config(_subcommands(parser)[args[0]], args[1:])]
     elif args:  # bench: underscores too (its engine options are serve's)
         args = [args[0], *dashed(args[1:])]
-    return parser.parse_args(args)
+    ns, extra = parser.parse_known_args(args)
+    if extra:  # named by the command's own parser ("cadence serve: error: ...")
+        command = _subcommands(parser).get(args[0]) if args else None
+        (command or parser).error("unrecognized arguments: " + " ".join(extra))
+    return ns
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

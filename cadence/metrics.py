@@ -19,9 +19,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
 
 from cadence.core_types import FinishReason, SchedulerStats
 
@@ -202,6 +202,12 @@ class PrometheusStatLogger:
         self.kv_cache_usage = gauge(
             "cadence:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
         ).labels(*lv)
+        if multiprocess and engine_stats:
+            # NOTE: a "mostrecent" gauge never set is left out of the scrape: shown at 0 from
+            # the start, as one process's are.
+            for idle in (self.num_requests_running, self.num_requests_waiting,
+                         self.kv_cache_usage):
+                idle.set(0)
         self.num_preemptions = counter(
             "cadence:num_preemptions", "Cumulative number of preemptions from the engine."
         ).labels(*lv)
@@ -326,12 +332,14 @@ class PrometheusStatLogger:
                 if value is not None:
                     hist.observe(value)
 
-    def exposition(self) -> bytes:
-        """The registry in Prometheus text format (every API server process's, summed)."""
+    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
+        """The registry (every API server process's, summed) and its content type: Prometheus
+        text, or OpenMetrics where ``accept`` (the scrape's Accept header) asks for it."""
+        encode, content_type = choose_encoder(accept or "")
         if self.multiprocess:
             from prometheus_client import multiprocess
 
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
-            return generate_latest(registry)
-        return generate_latest(self.registry)
+            return encode(registry), content_type
+        return encode(self.registry), content_type

@@ -75,7 +75,7 @@ def test_iteration_stats_feed_counters_and_histograms() -> None:
     # Every finish reason's series is there from the start, at 0 (vLLM's).
     for reason in ("length", "abort", "error"):
         assert sample(logger, "cadence:request_success_total", {"finished_reason": reason}) == 0
-    text = logger.exposition().decode()
+    text = logger.exposition()[0].decode()
     for name in (
         "cadence:num_requests_running",
         "cadence:num_requests_waiting",
@@ -126,7 +126,7 @@ def test_the_vllm_metric_set_with_its_labels() -> None:
         max_num_generation_tokens=3))
     logger.record(SchedulerStats(1, 0, 0.5), it)
     families = {f.name: f for f in text_string_to_metric_families(
-        logger.exposition().decode())}
+        logger.exposition()[0].decode())}
     for name, kind in VLLM_METRICS.items():
         family = families.get(f"cadence:{name}")
         assert family is not None and family.type == kind, name

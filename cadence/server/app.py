@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from importlib import metadata
@@ -15,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from cadence.chat import template_kwargs_with_defaults
-from cadence.metrics import CONTENT_TYPE_LATEST, PrometheusStatLogger, cache_config_info
+from cadence.metrics import PrometheusStatLogger, cache_config_info
 from cadence.server.api_operations import API_OPERATIONS
 from cadence.server.error_handlers import UnexpectedErrorMiddleware, exception_handlers
 from cadence.server.errors import (
@@ -305,8 +306,15 @@ class OpenAIServer:
         await asyncio.wait({task}, timeout=STATS_WAIT_S)
 
     async def metrics_endpoint(self, request: Request) -> Response:
+        """Prometheus text (OpenMetrics where the scrape's Accept asks), gzipped where its
+        Accept-Encoding takes gzip: prometheus_client's own exposition rules."""
         await self._refresh_stats()
-        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+        body, content_type = self.metrics.exposition(request.headers.get("accept"))
+        headers = {}
+        if "gzip" in request.headers.get("accept-encoding", ""):
+            body = gzip.compress(body)
+            headers["content-encoding"] = "gzip"
+        return Response(body, headers=headers, media_type=content_type)
 
     async def stats(self, request: Request) -> Response:
         raw_since = request.query_params.get("since", "-1")

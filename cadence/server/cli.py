@@ -374,7 +374,6 @@ def run_serve(ns: argparse.Namespace) -> int:
     check_ssl_files(settings)
     if settings.api_server_count > 1:
         return _run_api_servers(ns, settings, args, chat_template, keys)
-    logger.info("Engine arguments: %s", args)
     sock = bind_socket(settings.host, settings.port)  # a taken port fails before the model loads
     try:
         engine = AsyncLLM(args, log_requests=ns.enable_log_requests,
@@ -382,6 +381,8 @@ def run_serve(ns: argparse.Namespace) -> int:
     except BaseException:
         sock.close()
         raise
+    # NOTE: after the engine starts: a mistake it finds (no such model) stays one line.
+    logger.info("Engine arguments: %s", args)
     try:
         config = engine.engine_core.call_utility("config")
         logger.info(

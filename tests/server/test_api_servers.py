@@ -189,6 +189,13 @@ def test_cadence_serve_with_two_api_servers(tmp_path: Path) -> None:
         # /health answers once one front end serves; the test is about both.
         wait_until(lambda: srv.log.read_text().count("Started server process") == 2,
                    "both API servers", timeout=120)
+        # The engine-wide gauges show 0 before any request (a gauge of the shared files never
+        # set was left out of the scrape).
+        idle = httpx.get(srv.base + "/metrics", timeout=30).text
+        for name in ("cadence:num_requests_running", "cadence:num_requests_waiting",
+                     "cadence:kv_cache_usage_perc"):
+            shown = [line for line in idle.splitlines() if line.startswith(name + "{")]
+            assert shown and metric(idle, name, model_name="tiny") == 0, (name, shown)
 
         async def run() -> list[list[int]]:
             async with httpx.AsyncClient(base_url=srv.base, timeout=60) as client:

@@ -375,6 +375,25 @@ def metric_values(text: str) -> dict[str, float]:
     return values
 
 
+def test_metrics_speak_openmetrics_and_gzip_when_asked(server) -> None:
+    """prometheus_client's exposition rules (vLLM mounts its ASGI app): OpenMetrics for an
+    Accept that asks for it, gzip for an Accept-Encoding that takes it, plain text otherwise."""
+    import gzip
+
+    url = server.base_url + "/metrics"
+    plain = httpx.get(url, headers={"accept-encoding": "identity"})
+    assert plain.headers["content-type"].startswith("text/plain")
+    assert "content-encoding" not in plain.headers
+    om = httpx.get(url, headers={"accept": "application/openmetrics-text; version=1.0.0",
+                                 "accept-encoding": "identity"})
+    assert om.headers["content-type"].startswith("application/openmetrics-text")
+    assert om.text.rstrip().endswith("# EOF") and "cadence:num_requests_running" in om.text
+    with httpx.stream("GET", url, headers={"accept-encoding": "gzip"}) as zipped:
+        assert zipped.headers["content-encoding"] == "gzip"
+        raw = b"".join(zipped.iter_raw())
+    assert gzip.decompress(raw).decode().startswith("# HELP")
+
+
 def test_metrics_count_exactly(server, client: openai.OpenAI) -> None:
     before = metric_values(httpx.get(server.base_url + "/metrics").text)
     outs = [

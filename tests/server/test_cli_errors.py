@@ -98,7 +98,17 @@ def test_the_real_command_prints_no_traceback(extra: list[str]) -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
-    assert proc.stderr.strip().splitlines()[-1].startswith("cadence serve: error: model ")
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("cadence serve: error: model ")
+    if not extra:  # one line (the engine's arguments are logged once it has started)
+        assert len(lines) == 1, lines
+
+
+def test_an_unknown_option_is_named_by_its_command(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["serve", "tiny", "--bogus"], ["generate", "--bogus", "x"]):
+        line = _one_line_exit_2(argv, capsys)
+        assert line == (f"cadence {argv[0]}: error: unrecognized arguments: "
+                        f"{' '.join(argv[argv.index('--bogus'):])} (see cadence {argv[0]} --help)")
 
 
 BROKEN_FILES = {
