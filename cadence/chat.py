@@ -124,16 +124,26 @@ def check_template_options(chat_template_kwargs: Mapping[str, Any] | None,
 CONTENT_FORMATS = ("auto", "string", "openai")
 
 
-def content_format(requested: str, tokenizer: Any, chat_template: str | None) -> str:
+def content_format(requested: str, tokenizer: Any, chat_template: str | None,
+                   tools: Any = None) -> str:
     """"string" or "openai": ``requested``, or for "auto" what the template that renders (the
-    given one, else the tokenizer's; ChatML without one takes strings) iterates over."""
+    given one, else the tokenizer's; ChatML without one takes strings) iterates over. Where the
+    tokenizer has several named templates, the one its ``get_chat_template`` picks for these
+    ``tools`` (``tool_use`` with tools, else ``default``), as transformers renders with it."""
     if requested not in CONTENT_FORMATS:
         raise ValueError(f"chat_template_content_format must be one of "
                          f"{', '.join(CONTENT_FORMATS)}, got {requested!r}.")
     if requested != "auto":
         return requested
-    template = chat_template if chat_template is not None else getattr(
-        tokenizer, "chat_template", None)
+    template: Any = chat_template
+    getter = getattr(tokenizer, "get_chat_template", None)
+    if getter is not None:
+        try:
+            template = getter(chat_template, tools=tools)
+        except Exception:  # no template at all (ChatML renders it): strings
+            template = chat_template
+    elif template is None:
+        template = getattr(tokenizer, "chat_template", None)
     return detect_content_format(template) if isinstance(template, str) else "string"
 
 
@@ -264,6 +274,8 @@ def conversation_of(messages: Any, content_format: str = "string") -> list[dict[
         if message.get("tool_calls"):
             shaped["tool_calls"] = [_tool_call(call, f"messages.{i}.tool_calls.{j}")
                                     for j, call in enumerate(message["tool_calls"])]
+        else:  # an empty list is no calls (vLLM drops it; templates test "is defined")
+            shaped.pop("tool_calls", None)
         out.append(shaped)
     return out
 

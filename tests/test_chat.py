@@ -58,6 +58,10 @@ def test_keys_set_to_none_are_left_out() -> None:
                 {"role": "user", "content": "hi", "name": "ann"}]
     assert conversation_of(messages) == [{"role": "assistant", "content": ""},
                                          {"role": "user", "content": "hi", "name": "ann"}]
+    # An empty list of calls is none (vLLM drops it on both paths, as the server's messages):
+    # Llama-3.1's template would otherwise render "No tool calls found." for the content.
+    assert conversation_of([{"role": "assistant", "content": "ok", "tool_calls": []}]) == [
+        {"role": "assistant", "content": "ok"}]
 
 
 def test_developer_messages_become_one_front_system_message_unless_the_template_names_them(
@@ -88,3 +92,30 @@ def test_developer_messages_become_one_front_system_message_unless_the_template_
         {"role": "system", "content": content_parts("A\nB".replace("\n", "\n\n"))},
         parts[1]]
     assert developer_as_system([sys_a, user], plain) == [sys_a, user]  # no developer: as it is
+
+
+def test_named_templates_take_the_content_format_of_the_one_that_renders() -> None:
+    """A tokenizer with several named templates (Command-R's, Hermes'): the one transformers
+    picks (tool_use with tools, else default) sets the content format, and the rendering with
+    text parts equals transformers' own."""
+    from transformers import AutoTokenizer
+
+    from cadence.chat import content_format
+    from cadence.model.tiny import ensure_tiny_model
+    from cadence.server.chat_template import render_chat
+    from cadence.server.protocol_chat import ChatMessage
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+    parts = "{% for m in messages %}{% for p in m.content %}{{ p.text }}{% endfor %};{% endfor %}"
+    text = "{% for m in messages %}{{ m.content }};{% endfor %}"
+    tok.chat_template = {"default": parts, "tool_use": text}
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert content_format("auto", tok, None) == "openai"
+    assert content_format("auto", tok, None, tools) == "string"
+    assert content_format("auto", tok, "tool_use") == "string"
+    content = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]
+    messages = [{"role": "user", "content": content}]
+    want = tok.encode(tok.apply_chat_template(messages, tokenize=False),
+                      add_special_tokens=False)
+    assert tok.decode(want) == "Helloworld;"
+    assert render_chat(tok, [ChatMessage.model_validate(m) for m in messages]) == want

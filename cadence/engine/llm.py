@@ -200,7 +200,7 @@ class LLM:
         # The template that renders (chat_template_kwargs' where none is given, vLLM's merge)
         # is the one whose content format counts.
         fmt = content_format(chat_template_content_format, tokenizer,
-                             chat_template or named_template(chat_template_kwargs))
+                             chat_template or named_template(chat_template_kwargs), tools)
         one = (isinstance(messages, Sequence) and bool(messages)
                and isinstance(messages[0], Mapping))
         conversations = [messages] if one else messages

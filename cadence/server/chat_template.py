@@ -102,7 +102,7 @@ def render_chat(
     (vLLM's /tokenize option; the chat endpoint never adds them)."""
     if tokenizer is None:
         raise ParamError("messages", "chat requires a tokenizer; the server runs without one.")
-    openai = content_format_of(content_format, tokenizer, chat_template) == "openai"
+    openai = content_format_of(content_format, tokenizer, chat_template, tools) == "openai"
     conversation = [template_message(m, i, openai) for i, m in enumerate(messages)]
     try:
         text = render_conversation(

@@ -431,13 +431,22 @@ def _run_api_servers(ns: argparse.Namespace, settings: ServerSettings, args: Eng
     return run_api_servers(args, options, settings.api_server_count)
 
 
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False where the name cannot be one (an inline template past the
+    system's name length: ENAMETOOLONG is raised, not answered False, before Python 3.12)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def load_chat_template(value: str | None) -> str | None:
     """``--chat-template``: a file's text, or the value itself when it is a template, its
     backslash escapes (``\\n``, ``\\t``, ``\\u....``) read as vLLM reads an inline template."""
     if value is None:
         return None
     path = Path(value).expanduser()
-    if path.is_file():
+    if _is_file(path):
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
 from cadence import chat
 from cadence.sampling_params import SamplingParams, StructuredOutputsParams
@@ -115,12 +115,16 @@ class ChatMessage(OpenAIModel):
 
 
 class FunctionDefinition(OpenAIModel):
+    # Other fields (OpenAI's strict, a template's own) reach the chat template, as vLLM's and
+    # transformers' rendering keeps them.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
 
 
 class ChatTool(OpenAIModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     type: Literal["function"] = "function"
     function: FunctionDefinition
 

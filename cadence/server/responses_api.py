@@ -4,8 +4,10 @@ parsers and engine path do the work), and the ``Response`` object built from the
 
 Input: a string (one user message) or a list of items: messages (``role`` and text content or
 ``input_text`` / ``output_text`` parts), an earlier ``function_call`` and its
-``function_call_output``; ``instructions`` come first as a system message. Earlier
-``reasoning`` items are left out, as chat templates drop past reasoning. Nothing is stored:
+``function_call_output``, and ``reasoning`` items (vLLM's merge: a reasoning item, the calls
+and text after it are one assistant message, its ``reasoning`` for templates that show the
+thinking of the turn in progress); ``instructions`` come first as a system message. Nothing is
+stored:
 ``previous_response_id`` and ``background`` are 400s, and the answer says ``"store": false``.
 """
 
@@ -225,8 +227,13 @@ class ResponsesRequest(OpenAIModel):
                 if item.get("role") not in _ROLES:  # OpenAI's input message roles (vLLM's)
                     raise ParamError(f"input.{i}.role", f"input.{i}: role must be one of "
                                      f"{', '.join(_ROLES)}, got {item.get('role')!r}.")
-                messages.append({"role": item.get("role"),
-                                 "content": _text_of(item.get("content"), f"input.{i}")})
+                content = _text_of(item.get("content"), f"input.{i}")
+                last = messages[-1] if messages else None
+                if (item.get("role") == "assistant" and last is not None
+                        and last["role"] == "assistant" and last.get("content") is None):
+                    last["content"] = content  # the text of a turn its reasoning opened (vLLM)
+                    continue
+                messages.append({"role": item.get("role"), "content": content})
                 origins.append((f"input.{i}", []))
             elif kind == "function_call":
                 _need_string(item, ("call_id", "name", "arguments"), i)
@@ -254,12 +261,21 @@ class ResponsesRequest(OpenAIModel):
                                                parts=f"input.{i}.output")})
                 origins.append((f"input.{i}", []))
             elif kind == "reasoning":
-                continue  # past reasoning: chat templates leave it out
+                reasoning = _reasoning_text(item, i)
+                last = messages[-1] if messages else None
+                if (last is not None and last["role"] == "assistant"
+                        and last.get("reasoning") is None):
+                    last["reasoning"] = reasoning
+                else:
+                    messages.append({"role": "assistant", "content": None,
+                                     "reasoning": reasoning})
+                    origins.append((f"input.{i}", []))
             else:
                 raise ParamError(f"input.{i}", f"input.{i}: items of type {kind!r} are not "
                                  "supported (message, function_call, function_call_output, "
                                  "reasoning).")
-        if not messages:
+        if all(m["role"] == "assistant" and m.get("content") is None
+               and not m.get("tool_calls") for m in messages):
             raise ParamError("input", "input: no message, call or call output to answer "
                              "(reasoning items alone are not a conversation).")
         return messages
@@ -269,8 +285,8 @@ class ResponsesRequest(OpenAIModel):
         if tool.get("type") != "function":
             raise ParamError(f"tools.{i}", f"tools.{i}: only function tools are supported, got "
                              f"{tool.get('type')!r}.")
-        fn = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
-        return {"type": "function", "function": fn}
+        # Every field but the type (strict among them) is the function's, as vLLM reads it.
+        return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
 
     def _tool_choice(self) -> Any:
         choice = self.tool_choice
@@ -316,6 +332,22 @@ def param_of(where: str) -> str:
             "response_format": "text", "reasoning_effort": "reasoning",
             "top_logprobs": "top_logprobs", "truncate_prompt_tokens": "truncation"
             }.get(head, head)
+
+
+def _reasoning_text(item: dict[str, Any], i: int) -> str:
+    """A reasoning item's text: its first content part's, else its first summary's (vLLM's
+    order), else empty."""
+    for key in ("content", "summary"):
+        parts = item.get(key)
+        if parts is None or parts == []:
+            continue
+        first = parts[0] if isinstance(parts, list) else None
+        text = first.get("text") if isinstance(first, dict) else None
+        if not isinstance(text, str):
+            raise ParamError(f"input.{i}.{key}", f"input.{i}: a reasoning item's {key} is a "
+                             "list of parts with text.")
+        return text
+    return ""
 
 
 def _need_string(item: dict[str, Any], names: tuple[str, ...], i: int) -> None:

@@ -326,6 +326,37 @@ def test_tools_reach_the_template(hf_tokenizer: Any) -> None:
     assert ids == encode(hf_tokenizer, "[tool get_weather: city,days]hi")
 
 
+def test_a_tools_other_fields_reach_the_template_as_given(server_factory,
+                                                          hf_tokenizer: Any) -> None:
+    """OpenAI's function.strict (the SDK's pydantic_function_tool always sends it) and other
+    fields are the template's to show, as transformers renders the tools given (vLLM keeps
+    them); the chat endpoint, /tokenize and the Responses API alike."""
+    import openai
+
+    template = ("{{ tools | tojson }}{% for m in messages %}{{ m.content }}{% endfor %}"
+                "{% if add_generation_prompt %}>{% endif %}")
+    srv = server_factory(app_kwargs={"chat_template": template})
+    params = {"type": "object", "properties": {"city": {"type": "string"}}}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": params,
+                                               "strict": True}, "cache_control": "x"}]
+    messages = [{"role": "user", "content": "weather?"}]
+    want = encode(hf_tokenizer, hf_tokenizer.apply_chat_template(
+        messages, tools=tools, chat_template=template, add_generation_prompt=True,
+        tokenize=False))
+    assert '"strict": true' in hf_tokenizer.decode(want)
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        assert prompt_ids(http, messages, tools=tools, tool_choice="none") == want
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    flat = [{"type": "function", "name": "get_weather", "parameters": params, "strict": True}]
+    out = client.responses.create(model="tiny", input="weather?", tools=flat,
+                                  tool_choice="none", max_output_tokens=1)
+    nested = [{"type": "function", "function": {"name": "get_weather", "parameters": params,
+                                                "strict": True}}]
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        assert out.usage.input_tokens == len(prompt_ids(http, messages, tools=nested,
+                                                        tool_choice="none"))
+
+
 REQUEST_TEMPLATE = ("{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}\n{% endfor %}"
                     "{% if add_generation_prompt %}<<assistant>>{% endif %}")
 

@@ -121,10 +121,56 @@ def test_earlier_calls_and_their_outputs_reach_the_template(client) -> None:
         {"type": "function_call", "call_id": "call_1", "name": "get_weather",
          "arguments": '{"city": "Paris"}'},
         {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
-        {"type": "reasoning", "id": "rs_1", "summary": []},  # left out, as templates do
     ], max_output_tokens=5, **GREEDY)
     assert out.output_text == want.choices[0].message.content
     assert out.usage.input_tokens == want.usage.prompt_tokens
+
+
+# Shows an assistant turn's reasoning and calls (as Qwen3's template does for the turn in
+# progress), so that what reaches the template can be counted.
+REASONING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+    "{{ m.content or '' }}{% for c in m.tool_calls or [] %}<call>{{ c.function.name }}</call>"
+    "{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_reasoning_item_is_the_reasoning_of_the_assistant_turn_it_opens(
+        server_factory) -> None:
+    """vLLM's merge: a reasoning item, the calls and the text after it are one assistant
+    message whose reasoning the template sees (an agent's tool loop keeps its thinking)."""
+    srv = server_factory(app_kwargs={"chat_template": REASONING_TEMPLATE})
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    chat = [{"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": None, "reasoning": "I should call the tool.",
+             "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+            {"role": "assistant", "content": "It is sunny.", "reasoning": "Done."}]
+    tokens = httpx.post(srv.base_url + "/tokenize", json={
+        "messages": chat, "add_generation_prompt": True}).json()["count"]
+    without = httpx.post(srv.base_url + "/tokenize", json={
+        "messages": [{k: v for k, v in m.items() if k != "reasoning"} for m in chat],
+        "add_generation_prompt": True}).json()["count"]
+    assert tokens > without  # the template shows the reasoning
+    out = client.responses.create(input=[
+        {"role": "user", "content": "weather?"},
+        {"type": "reasoning", "id": "rs_1", "summary": [],
+         "content": [{"type": "reasoning_text", "text": "I should call the tool."}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+         "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        {"type": "reasoning", "id": "rs_2", "summary": [{"type": "summary_text",
+                                                         "text": "Done."}]},
+        {"role": "assistant", "content": "It is sunny."},
+    ], max_output_tokens=2, **GREEDY)
+    assert out.usage.input_tokens == tokens
+    with pytest.raises(openai.BadRequestError, match="reasoning items alone"):
+        client.responses.create(input=[{"type": "reasoning", "id": "rs", "summary": []}],
+                                max_output_tokens=2)
 
 
 def test_logprobs_when_included(client) -> None:

@@ -77,6 +77,9 @@ def test_chat_template_argument(tmp_path: Path) -> None:
     assert load_chat_template(None) is None
     with pytest.raises(ValueError, match="neither a file nor a Jinja template"):
         load_chat_template(str(tmp_path / "missing.jinja"))
+    # A real template is longer than a file name may be (the check for a file raised there).
+    long = "{% for m in messages %}{{ m.content }}{% endfor %}" + "{# padding #}" * 400
+    assert load_chat_template(long) == long
 
 
 def test_cadence_serve_reads_a_chat_template_file_before_loading(tmp_path: Path, capsys) -> None:
