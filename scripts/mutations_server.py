@@ -348,4 +348,13 @@ MUTATIONS = [
              "by the failure", "cadence/server/serving_responses.py",
              '            self.final["output"].append(self._finished_item("incomplete"))',
              "            pass", ("tests/server/test_engine_failure.py",)),
+    Mutation("responses-reasoning-dropped", "a Responses reasoning item is left out of the "
+             "prompt", "cadence/server/responses_api.py",
+             "                reasoning = _reasoning_text(item, i)\n",
+             "                continue\n", ("tests/server/test_responses_api.py",)),
+    Mutation("tool-extras-dropped", "a tool's strict and other fields never reach the template",
+             "cadence/server/protocol_chat.py",
+             "class ChatTool(OpenAIModel):\n    model_config = ConfigDict(extra=\"allow\", "
+             "allow_inf_nan=False)\n",
+             "class ChatTool(OpenAIModel):\n", ("tests/server/test_chat_template.py",)),
 ]
