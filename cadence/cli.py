@@ -100,9 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default: none)")
     gen.add_argument("--stop", action="append",
                      help="a stop string, not included in the output (repeat for several)")
-    gen.add_argument("--show-prompt", action="store_true",
+    gen.add_argument("--show-prompt", action=argparse.BooleanOptionalAction, default=False,
                      help="print each prompt before its completion")
-    gen.add_argument("-v", "--verbose", action="store_true",
+    gen.add_argument("-v", "--verbose", action=argparse.BooleanOptionalAction, default=False,
                      help="print each completion's token count and finish reason")
     gen.set_defaults(func=_generate)
 

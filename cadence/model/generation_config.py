@@ -34,6 +34,10 @@ _HF_DEFAULTS: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "top_k": 50,
                                 "max_new_tokens": None}
 APPLIED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                   "max_new_tokens")
+# A generation_config.json's fields that say nothing about sampling (or are read elsewhere).
+_NOT_SAMPLING = frozenset({"bos_token_id", "eos_token_id", "pad_token_id",
+                           "decoder_start_token_id", "transformers_version", "_from_model_config",
+                           "use_cache"})
 
 
 def generation_defaults(source: str, model_dir: str | None,
@@ -94,6 +98,10 @@ def _file_fields(source: str, model_dir: str | None) -> tuple[dict[str, Any], st
     if not isinstance(data, dict):
         raise ValueError(f"generation_config: {path} does not hold a JSON object.")
     where = f"generation_config: {path}"
+    unused = sorted(str(k) for k in data if k not in _HF_DEFAULTS and k not in _NOT_SAMPLING)
+    if unused:
+        logger.info("%s: %s not applied (cadence applies %s; the end ids are read apart).",
+                    where, ", ".join(unused), ", ".join(APPLIED_FIELDS))
     # Checked with the file named: an override may replace a value later.
     diff = _numbers({k: v for k, v in data.items() if k in _HF_DEFAULTS and v != _HF_DEFAULTS[k]},
                     where)

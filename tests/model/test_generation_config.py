@@ -133,3 +133,15 @@ def test_llm_and_the_cli_take_the_override() -> None:
         llm.shutdown()
     ns = parse_args(["generate", "--override-generation-config", '{"temperature": 0.25}'])
     assert EngineArgs.from_cli_args(ns).override_generation_config == {"temperature": 0.25}
+
+
+def test_fields_that_are_not_applied_are_logged(tmp_path: Path,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    d = _dir(tmp_path, "g", {"eos_token_id": 2, "bos_token_id": 1, "temperature": 0.3,
+                             "do_sample": True, "num_beams": 3, "typical_p": 0.5,
+                             "transformers_version": "5.0"})
+    with caplog.at_level("INFO", logger="cadence.model.generation_config"):
+        assert generation_defaults("auto", str(d)) == {"temperature": 0.3}
+    (line,) = [r.getMessage() for r in caplog.records if "not applied" in r.getMessage()]
+    assert "do_sample, num_beams, typical_p not applied" in line
+    assert "eos_token_id" not in line and "transformers_version" not in line

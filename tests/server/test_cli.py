@@ -88,6 +88,12 @@ def test_every_on_off_flag_has_its_no_form() -> None:
         assert getattr(parse([f"--no-{flag}", f"--{flag}"]), dest) is True, flag
     assert parse([]).enforce_eager is False and parse([]).enable_log_requests is False
     assert parse(["--enable-log-requests", "--disable-log-requests"]).enable_log_requests is False
+    from cadence.cli import parse_args  # generate's own on/off flags too
+
+    for flag in ("show-prompt", "verbose"):
+        dest = flag.replace("-", "_")
+        assert getattr(parse_args(["generate", f"--{flag}", f"--no-{flag}"]), dest) is False
+        assert getattr(parse_args(["generate", f"--{flag}"]), dest) is True
 
 
 def test_default_chat_template_kwargs_reach_the_settings() -> None:
