@@ -47,6 +47,11 @@ def _written(pattern: str) -> str:
 def _rewrite(node: dict[str, Any]) -> bool:
     """Rewrite one node in place; whether anything changed."""
     changed = False
+    enum = node.get("enum")
+    if isinstance(enum, list):  # NOTE: first, against the pattern as the caller wrote it
+        kept = [v for v in enum if value_meets(v, node)]
+        changed |= len(kept) != len(enum)
+        node["enum"] = kept
     fmt = node.get("format")
     if isinstance(fmt, str) and fmt in EXACT_FORMATS and "pattern" not in node:
         node["pattern"] = EXACT_FORMATS[node.pop("format")]
@@ -64,11 +69,6 @@ def _rewrite(node: dict[str, Any]) -> bool:
     if implied & {"number", "string"}:
         node["type"] = implied.pop() if len(implied) == 1 else sorted(implied)
         changed = True
-    enum = node.get("enum")
-    if isinstance(enum, list):
-        kept = [v for v in enum if value_meets(v, node)]
-        changed |= len(kept) != len(enum)
-        node["enum"] = kept
     return changed
 
 

@@ -54,6 +54,10 @@ def test_an_enum_keeps_the_values_that_meet_the_keywords_beside_it() -> None:
         jsonschema.validate(value, schema)
     schema = {"enum": ["ab", "b9", "zz"], "pattern": "^[a-z]+$", "minLength": 2}
     assert _taken(schema, ["ab", "b9", "zz"]) == ["ab", "zz"]
+    # Checked against the pattern as written, not as rewritten for JSON text (it was emptied).
+    values = ["C:\\x", "D:\\y", 'a"b']
+    schema = {"type": "string", "enum": values, "pattern": r'^(C:\\x|a"b)$'}
+    assert _taken(schema, values) == ["C:\\x", 'a"b']
 
 
 def test_a_subschema_used_in_several_places_is_rewritten_once() -> None:
