@@ -225,8 +225,9 @@ MUTATIONS = [
               "test_an_answers_first_bytes_after_reasoning_keep_their_logprobs",)),
     Mutation("srv-resp-text-then-call-two-turns", "a turn's text and its calls are two "
              "assistant messages", "cadence/server/responses_api.py",
-             'if last is not None and last["role"] == "assistant":',
-             'if last is not None and last["role"] == "assistant" and last.get("tool_calls"):',
+             "                if turn is not None:\n                    # Calls made together",
+             "                if turn is not None and turn.get(\"tool_calls\"):\n"
+             "                    # Calls made together",
              ("tests/server/test_responses_api.py::"
               "test_a_turns_text_and_its_calls_are_one_assistant_message",)),
     Mutation("srv-reasoning-count-ignores-prompt-close", "reasoning tokens are counted past a "

@@ -47,7 +47,6 @@ _NONE_IS_DEFAULT = frozenset({"max_num_seqs", "block_size", "enable_prefix_cachi
                               "enable_chunked_prefill"})
 
 
-
 def _no_mm_items(limit: object) -> bool:
     """A ``limit_mm_per_prompt`` value that allows no items: 0, None, or vLLM's dict form with
     a count of 0 (``{"count": 0, "width": 512}``); an empty dict sets nothing."""

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from prometheus_client.exposition import gzip_accepted
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -311,7 +312,7 @@ class OpenAIServer:
         await self._refresh_stats()
         body, content_type = self.metrics.exposition(request.headers.get("accept"))
         headers = {}
-        if "gzip" in request.headers.get("accept-encoding", ""):
+        if gzip_accepted(request.headers.get("accept-encoding", "")):
             body = gzip.compress(body)
             headers["content-encoding"] = "gzip"
         return Response(body, headers=headers, media_type=content_type)

@@ -277,7 +277,7 @@ _DEFAULT_MODEL = _Default(EngineArgs.model)
 def model_given(ns: argparse.Namespace) -> bool:
     """Whether ``--model`` was given (its value is not the parser's default object)."""
     model = getattr(ns, "model", None)
-    return model is not None and model is not _DEFAULT_MODEL and not isinstance(model, _Default)
+    return model is not None and not isinstance(model, _Default)
 
 
 def settings_from(ns: argparse.Namespace) -> ServerSettings:

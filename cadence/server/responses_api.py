@@ -221,6 +221,8 @@ class ResponsesRequest(OpenAIModel):
             return [*messages, {"role": "user", "content": self.input}]
         for i, item in enumerate(self.input):
             kind = item.get("type", "message" if "role" in item else None)
+            # The assistant turn the item may join (vLLM merges an item into one before it).
+            turn = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
             if kind == "message":
                 if item.get("content") is None:
                     raise ParamError(f"input.{i}.content", f"input.{i}: a message needs content.")
@@ -228,10 +230,9 @@ class ResponsesRequest(OpenAIModel):
                     raise ParamError(f"input.{i}.role", f"input.{i}: role must be one of "
                                      f"{', '.join(_ROLES)}, got {item.get('role')!r}.")
                 content = _text_of(item.get("content"), f"input.{i}")
-                last = messages[-1] if messages else None
-                if (item.get("role") == "assistant" and last is not None
-                        and last["role"] == "assistant" and last.get("content") is None):
-                    last["content"] = content  # the text of a turn its reasoning opened (vLLM)
+                if (item.get("role") == "assistant" and turn is not None
+                        and turn.get("content") is None):
+                    turn["content"] = content  # the text of a turn its reasoning opened (vLLM)
                     continue
                 messages.append({"role": item.get("role"), "content": content})
                 origins.append((f"input.{i}", []))
@@ -239,11 +240,10 @@ class ResponsesRequest(OpenAIModel):
                 _need_string(item, ("call_id", "name", "arguments"), i)
                 call = {"id": item.get("call_id"), "type": "function",
                         "function": {"name": item.get("name"), "arguments": item["arguments"]}}
-                last = messages[-1] if messages else None
-                if last is not None and last["role"] == "assistant":
+                if turn is not None:
                     # Calls made together, and a turn's text before its calls (the order a
                     # response's own output comes back in), are one message (vLLM's).
-                    last.setdefault("tool_calls", []).append(call)
+                    turn.setdefault("tool_calls", []).append(call)
                     origins[-1][1].append(f"input.{i}")
                 else:
                     messages.append({"role": "assistant", "content": None,
@@ -262,10 +262,8 @@ class ResponsesRequest(OpenAIModel):
                 origins.append((f"input.{i}", []))
             elif kind == "reasoning":
                 reasoning = _reasoning_text(item, i)
-                last = messages[-1] if messages else None
-                if (last is not None and last["role"] == "assistant"
-                        and last.get("reasoning") is None):
-                    last["reasoning"] = reasoning
+                if turn is not None and turn.get("reasoning") is None:
+                    turn["reasoning"] = reasoning
                 else:
                     messages.append({"role": "assistant", "content": None,
                                      "reasoning": reasoning})

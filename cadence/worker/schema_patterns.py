@@ -3,11 +3,12 @@
 A schema pattern constrains a string's *decoded* characters, while xgrammar matches the pattern
 against the JSON text between the quotes: a literal ``"``, ``\\`` or control character in the
 pattern (``^[A-Z]:\\\\[a-z]+$``, ``^a\\nb$``) comes out raw, and the output is no JSON at all
-(``"C:\\dir"``), and a class made of such characters alone (``[\\t]``) likewise. Classes of
-other characters already leave them out there. ``json_string_pattern`` rewrites a pattern that
-holds any: a required character becomes its JSON escape (``\\\\``, ``\\"``, ``\\n``,
-``\\u0001``), and a class keeps only the characters a JSON string may carry raw, so every output
-is valid JSON whose decoded text matches the pattern. Patterns without them stay as written.
+(``"C:\\dir"``); so does a class of such characters alone (``[\\t]``), and the dot and other
+classes too wherever xgrammar's JSON-string matcher does not take the pattern (one with a
+character past ASCII, a lazy repeat). ``json_string_pattern`` rewrites a pattern that can match
+any: a required character becomes its JSON escape (``\\\\``, ``\\"``, ``\\n``, ``\\u0001``),
+and the dot and every class keep only the characters a JSON string may carry raw, so every
+output is valid JSON whose decoded text matches the pattern. Other patterns stay as written.
 ``optional_groups_counted`` writes ``(...)?`` as ``(...){0,1}`` (xgrammar lets ``(yz+)?`` skip
 the ``y``; it follows the counted form).
 """
@@ -33,15 +34,20 @@ _FLAGS = re.IGNORECASE | re.MULTILINE | re.DOTALL | re.VERBOSE
 # The spaces of both ECMAScript's \s (JSON Schema's regex dialect) and Python's, less the
 # control characters; \S leaves out the spaces of either.
 _SPACES = " \\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
+_ANY_SPACE = "\\s\\u0085\\ufeff"  # inside a class: the spaces of either
 _CATEGORY = {_sre_c.CATEGORY_DIGIT: "\\d", _sre_c.CATEGORY_WORD: "\\w",
              _sre_c.CATEGORY_SPACE: _SPACES}
 _NOT_CATEGORY = {_sre_c.CATEGORY_NOT_DIGIT: "\\d", _sre_c.CATEGORY_NOT_WORD: "\\w",
-                 _sre_c.CATEGORY_NOT_SPACE: "\\s\\u0085\\ufeff"}
+                 _sre_c.CATEGORY_NOT_SPACE: _ANY_SPACE}
+# Inside a negated class: each category as written (\s with the spaces of either dialect).
+_IN_NEGATED = {_sre_c.CATEGORY_DIGIT: "\\d", _sre_c.CATEGORY_WORD: "\\w",
+               _sre_c.CATEGORY_SPACE: _ANY_SPACE, _sre_c.CATEGORY_NOT_DIGIT: "\\D",
+               _sre_c.CATEGORY_NOT_WORD: "\\W", _sre_c.CATEGORY_NOT_SPACE: "\\S"}
 _META = set("\\^$.|?*+()[]{}/-")
 
 
 class _Unsupported(Exception):
-    """A construct this rewrite does not write back (the pattern is left as it is)."""
+    """A construct this rewrite does not write back (the pattern is refused)."""
 
 
 def json_string_pattern(pattern: str) -> str:
@@ -200,12 +206,6 @@ def _emit_class(av: list) -> tuple[str, bool]:
     # NOTE: the escaped characters beside others are left out: xgrammar drops an alternative
     # that holds a backslash.
     return (parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"), True
-
-
-# Inside a negated class: each category as written (\s with the spaces of either dialect).
-_IN_NEGATED = {_sre_c.CATEGORY_DIGIT: "\\d", _sre_c.CATEGORY_WORD: "\\w",
-               _sre_c.CATEGORY_SPACE: "\\s\\u0085\\ufeff", _sre_c.CATEGORY_NOT_DIGIT: "\\D",
-               _sre_c.CATEGORY_NOT_WORD: "\\W", _sre_c.CATEGORY_NOT_SPACE: "\\S"}
 
 
 def _negated_item(op: Any, arg: Any) -> str:
