@@ -94,7 +94,7 @@ MUTATIONS = [
              "        elif lps and not reasoning and (True or self._open is None",
              ("tests/server/test_responses_api.py",)),
     Mutation("resp-temperature-null", "an unset temperature shows as null",
-             "cadence/server/responses_api.py",
+             "cadence/server/responses_objects.py",
              '"temperature": temperature, "text":', '"temperature": chat.temperature, "text":',
              ("tests/server/test_responses_api.py",)),
     Mutation("resp-echo-unbounded", "deeply nested echoed fields reach the serializer (a 500)",
@@ -106,7 +106,7 @@ MUTATIONS = [
              "                or any(len(k) > MAX_METADATA_KEY or len(v) > MAX_METADATA_VALUE",
              "                or any(False", (_RESP,)),
     Mutation("resp-usage-schema", "usage lacks a field the client's schema requires",
-             "cadence/server/responses_api.py",
+             "cadence/server/responses_objects.py",
              '"cache_write_tokens": 0},', "},", (_RESP,)),
     Mutation("beam-penalty-overflow", "an extreme length_penalty raises from the score",
              "cadence/beam_search.py",
@@ -290,7 +290,7 @@ MUTATIONS = [
              "cadence/bench/serve.py", "        httpx.URL(args.base_url)  # its port too\n",
              "        pass\n", ("tests/server/test_cli_flags.py",)),
     Mutation("cli-served-name-swallows-model", "--served-model-name takes the model after it "
-             "unchecked", "cadence/server/cli.py",
+             "unchecked", "cadence/server/serve_options.py",
              '    check_no_model_taken(ns, "--served-model-name", names)\n',
              "", ("tests/server/test_cli.py",)),
     Mutation("bench-output-asked-not-tried", "an output file is asked about (os.access), not "

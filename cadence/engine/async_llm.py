@@ -34,6 +34,7 @@ from cadence.engine.output_processor import (
 from cadence.engine.output_pump import OutputPump
 from cadence.engine.parent_request import child_request_id
 from cadence.engine.request_ledger import RequestLedger
+from cadence.engine.request_logger import RequestLogger
 from cadence.engine.tokenization_kwargs import TokenizationKwargs
 from cadence.inputs import check_data_parallel_rank, given_prompt_text, refuse_lora
 from cadence.metrics import StatLogger
@@ -72,6 +73,7 @@ class AsyncLLM(CoreUtilities):
         self.args = args if args is not None else EngineArgs()
         self.log_requests = log_requests or getattr(self.args, "enable_log_requests", False)
         self.max_log_len = max_log_len
+        self._log = RequestLogger(logger, max_log_len) if self.log_requests else None
         client, core = connect_core(self.args, core_factory, core_client)
         self.engine_core: EngineCoreClient = client
         self._validate_in_core: Callable[[EngineCoreRequest], None] | None = getattr(
@@ -240,10 +242,8 @@ class AsyncLLM(CoreUtilities):
                 priority, strict_max_tokens,
             )  # fmt: skip
         except ValueError as e:
-            if self.log_requests:  # vLLM logs a request before its checks: a refusal too
-                logger.info("Received request %r: prompt: %r, params: %s; refused: %s",
-                            request_id, clipped(_given_prompt(prompt), self.max_log_len),
-                            sampling_params, e)
+            if self._log is not None:
+                self._log.refused(request_id, prompt, sampling_params, e)
             raise
         if tokenization is not None:  # its max_length bounds the tokenized prompt
             tokenization.check_length(len(request.prompt_token_ids))
@@ -271,12 +271,9 @@ class AsyncLLM(CoreUtilities):
         except EngineDeadError:
             self.output_processor.abort_requests([request_id])
             raise
-        if self.log_requests:
-            ids = request.prompt_token_ids
-            logger.info("Received request %r: prompt: %r, params: %s, prompt_token_ids: %s.",
-                        request_id, clipped(prompt_text, self.max_log_len), request.sampling_params,
-                        clipped(ids, self.max_log_len))
-            logger.info("Added request %r.", request_id)
+        if self._log is not None:
+            self._log.received(request_id, prompt_text, request.sampling_params,
+                               request.prompt_token_ids)
         return collector
 
     def process_input(
@@ -349,15 +346,14 @@ class AsyncLLM(CoreUtilities):
                 # Take what is there without a task switch; wait only when the slot is empty.
                 out = collector.get_nowait() or await collector.get()
                 finished = out.finished
-                if finished and self.log_requests:
-                    logger.info("Finished request %r (finish reason %s).", request_id,
-                                ", ".join(str(c.finish_reason) for c in out.outputs))
+                if finished and self._log is not None:
+                    self._log.finished(request_id, out)
                 yield out
         except (asyncio.CancelledError, GeneratorExit):
             if self._still_names(request_id, collector):
                 self.abort_nowait([request_id], preparing_too=False)
-                if self.log_requests:
-                    logger.info("Request %r aborted by its consumer.", request_id)
+                if self._log is not None:
+                    self._log.left(request_id)
             raise
 
     def _still_names(self, request_id: str, collector: OutputSink) -> bool:
@@ -380,8 +376,8 @@ class AsyncLLM(CoreUtilities):
         ``internal`` (vLLM's) changes nothing here: request ids are the engine's own."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         self.abort_nowait(ids)
-        if self.log_requests:
-            logger.info("Aborted request(s) %s.", ",".join(ids))
+        if self._log is not None:
+            self._log.aborted(ids)
 
     def abort_nowait(self, request_ids: list[str], *, preparing_too: bool = True) -> None:
         """``abort`` without awaiting: usable while an async generator is being closed.
@@ -470,16 +466,3 @@ class AsyncLLM(CoreUtilities):
                 else:
                     loop.call_soon_threadsafe(handler.cancel)
 
-
-def _given_prompt(prompt: PromptType) -> Any:
-    """What a refused request's log shows of its prompt: the text, else the token ids."""
-    if isinstance(prompt, dict):
-        return prompt.get("prompt", prompt.get("prompt_token_ids"))
-    return prompt
-
-
-def clipped(value: Any, max_len: int | None) -> Any:
-    """A logged prompt's text or token ids, cut to ``max_len`` (None: whole)."""
-    if value is None or max_len is None:
-        return value
-    return value[:max_len]

@@ -25,6 +25,7 @@ from cadence.engine.param_checks import (
     check_some_token_allowed,
     encode_plain,
 )
+from cadence.engine.truncation import truncate_token_ids, truncation_window
 from cadence.field_checks import INT64_MAX, INT64_MIN
 from cadence.sampling_params import SamplingParams
 
@@ -35,38 +36,11 @@ __all__ = [
     "MAX_STOP_TOKEN_IDS",
     "InputProcessor",
     "InputValidationError",
-    "kept_tokens",
-    "truncation_length",
     "PromptType",
-    "TRUNCATION_MARGIN_TOKENS",
     "bad_word_sequences",
 ]
 
 PromptType = str | Mapping[str, Any]
-
-
-def max_input_tokens(max_model_len: int, max_tokens: int | None) -> int:
-    """The longest prompt that leaves room for ``max_tokens`` (unset: for one token)."""
-    return max_model_len - (1 if max_tokens is None else max_tokens)
-
-
-# Tokens between the cut of a long text to truncate and the tokens kept from it: the cut may
-# change how the text right after it tokenizes (a word split in two), never that far away.
-TRUNCATION_MARGIN_TOKENS = 1024
-
-
-def truncation_length(k: int, max_model_len: int, max_tokens: int | None) -> int:
-    """How many of a prompt's tokens ``truncate_prompt_tokens=k`` keeps: -1 is as many as
-    leave room for ``max_tokens`` (vLLM's renderer: max_model_len - max_tokens)."""
-    return max_input_tokens(max_model_len, max_tokens) if k == -1 else k
-
-
-def kept_tokens(token_ids: Sequence[int], keep: int, side: str) -> list[int]:
-    """The ``keep`` tokens truncation leaves: the last ones (``side`` "left", vLLM's default)
-    or the first ones ("right")."""
-    if len(token_ids) <= keep:
-        return list(token_ids)
-    return list(token_ids[:keep] if side == "right" else token_ids[len(token_ids) - keep:])
 
 
 class InputProcessor:
@@ -144,12 +118,14 @@ class InputProcessor:
         params = params.verified()
         check_params(params, self.tokenizer, self.vocab_size, self.max_logprobs)
         # A prompt to truncate may be longer than the context: no bound on its text, and only
-        # the end of it that truncation keeps is tokenized (_truncation_window).
+        # the end of it that truncation keeps is tokenized (truncation.truncation_window).
         truncating = ((params.truncation_side or "left")
                       if params.truncate_prompt_tokens is not None else None)
         prompt_text, token_ids = self._parse_prompt(prompt, truncating)
-        token_ids = self._truncate(token_ids, params.truncate_prompt_tokens, params.max_tokens,
-                                   strict_max_tokens, params.truncation_side)
+        if params.truncate_prompt_tokens is not None:  # the prompt text stays as given
+            token_ids = truncate_token_ids(token_ids, params.truncate_prompt_tokens,
+                                           self.max_model_len, params.max_tokens,
+                                           strict_max_tokens, params.truncation_side)
         cache_salt = self._cache_salt(prompt)
         self._validate_token_ids(token_ids)
         params.max_tokens = self._resolve_max_tokens(len(token_ids), params.max_tokens,
@@ -189,35 +165,6 @@ class InputProcessor:
             cache_salt=cache_salt,
         )
         return request, prompt_text
-
-    def _truncate(self, token_ids: list[int], k: int | None, max_tokens: int | None,
-                  strict: bool, side: str = "left") -> list[int]:
-        """vLLM's truncate_prompt_tokens: the prompt's last ``k`` tokens (its first with
-        ``side`` "right"; -1: as many as leave room for ``max_tokens``). With ``strict`` (the
-        server's rule) more than that room is an error; offline (vLLM's ``LLM``) only more than
-        ``max_model_len`` is, and a longer ``max_tokens`` is capped as for any prompt. The
-        prompt text, if any, is kept as given."""
-        if k is None:
-            return token_ids
-        room = max_input_tokens(self.max_model_len, max_tokens)
-        if not strict and k != -1:
-            if k > self.max_model_len:
-                raise InputValidationError(
-                    f"truncate_prompt_tokens={k} cannot be greater than max_model_len="
-                    f"{self.max_model_len}. Please request a smaller truncation size.",
-                    "truncate_prompt_tokens", k)
-            return kept_tokens(token_ids, k, side)
-        if room < 1:
-            raise InputValidationError(
-                f"max_tokens={max_tokens} leaves no room for a prompt in this model's maximum "
-                f"context length of {self.max_model_len} tokens.", "max_tokens", max_tokens)
-        keep = truncation_length(k, self.max_model_len, max_tokens)
-        if keep > room:
-            raise InputValidationError(
-                f"truncate_prompt_tokens={keep} cannot be greater than max_model_len - "
-                f"max_tokens = {room}. Please request a smaller truncation size.",
-                "truncate_prompt_tokens", keep)
-        return kept_tokens(token_ids, keep, side)
 
     @staticmethod
     def _cache_salt(prompt: PromptType) -> str | None:
@@ -310,7 +257,8 @@ class InputProcessor:
         if truncating is None:
             self.check_prompt_text(text)
         else:
-            text = self._truncation_window(text, truncating)
+            text = truncation_window(text, truncating, self.max_model_len,
+                                     self.max_chars_per_token)
         try:
             if not special:
                 return encode_plain(self.tokenizer.encode, text)
@@ -318,22 +266,6 @@ class InputProcessor:
         except (TypeError, UnicodeError) as exc:  # e.g. a lone surrogate (no UTF-8 for it)
             raise InputValidationError(f"prompt: the text cannot be tokenized ({exc}).",
                                        "prompt") from None
-
-    def _truncation_window(self, text: str, side: str) -> str:
-        """The end of a text to truncate (its start, ``side`` "right") that the kept tokens
-        come from: the characters of a context's worth of tokens plus a margin of
-        ``TRUNCATION_MARGIN_TOKENS`` (no token stands for more than ``max_chars_per_token``
-        characters, so the kept tokens lie inside, that many tokens clear of the cut: they
-        tokenize as in the whole text). The whole text where it is shorter, or where the
-        tokenizer gives no bound. Tokenizing a text far past the context whole would hold the
-        one input thread, and every request behind it, for seconds."""
-        k = self.max_chars_per_token
-        if k is None:
-            return text
-        window = k * (self.max_model_len + TRUNCATION_MARGIN_TOKENS)
-        if len(text) <= window:
-            return text
-        return text[-window:] if side == "left" else text[:window]
 
     def check_prompt_text(self, text: str) -> None:
         """Refuse, without tokenizing it, a text that cannot fit in the context."""

@@ -16,13 +16,8 @@ from cadence.beam_search import (
     check_beam_search_params,
     step_candidates,
 )
-from cadence.chat import (
-    check_template_options,
-    content_format,
-    conversation_of,
-    named_template,
-    render_conversation,
-)
+from cadence.chat import content_format, conversation_of, render_conversation
+from cadence.chat_options import check_template_options, named_template
 from cadence.core_types import EngineCoreRequest
 from cadence.engine.engine_args import EngineArgs
 from cadence.engine.llm_engine import LLMEngine

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from cadence.chat import template_kwargs_with_defaults
+from cadence.chat_options import template_kwargs_with_defaults
 from cadence.metrics import PrometheusStatLogger, cache_config_info
 from cadence.server.api_operations import API_OPERATIONS
 from cadence.server.error_handlers import UnexpectedErrorMiddleware, exception_handlers

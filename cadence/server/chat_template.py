@@ -5,14 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cadence.chat import (
-    add_reasoning,
-    content_parts,
-    named_template,
-    render_conversation,
-    tool_arguments,
-)
+from cadence.chat import add_reasoning, content_parts, render_conversation, tool_arguments
 from cadence.chat import content_format as content_format_of
+from cadence.chat_options import named_template
 from cadence.server.protocol import ParamError
 from cadence.server.protocol_chat import ChatMessage
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
-from cadence import chat
+from cadence import chat, chat_options
 from cadence.sampling_params import SamplingParams, StructuredOutputsParams
 from cadence.server.protocol import NO_DEFAULTS, OpenAIModel, ParamError, SamplingRequest
 from cadence.worker.grammar import check_structured_outputs
@@ -20,7 +20,7 @@ def check_template_options(
     continue_final_message: bool,
 ) -> None:
     """The chat-template options of a conversation (chat completions, /tokenize)."""
-    problem = chat.check_template_options(chat_template_kwargs, add_generation_prompt,
+    problem = chat_options.check_template_options(chat_template_kwargs, add_generation_prompt,
                                           continue_final_message)
     if problem is not None:
         raise ParamError(*problem)

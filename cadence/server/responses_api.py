@@ -1,6 +1,7 @@
 """POST /v1/responses (OpenAI's Responses API, as vLLM serves it without a response store): the
 request's schema, its translation into a chat completion request (the chat endpoint's template,
-parsers and engine path do the work), and the ``Response`` object built from the answer.
+parsers and engine path do the work); the objects of the answer are in
+``responses_objects``.
 
 Input: a string (one user message) or a list of items: messages (``role`` and text content or
 ``input_text`` / ``output_text`` parts), an earlier ``function_call`` and its
@@ -14,9 +15,6 @@ stored:
 from __future__ import annotations
 
 import re
-import time
-import uuid
-from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError
@@ -27,14 +25,13 @@ from cadence.sampling_checks import MAX_TEMPERATURE
 from cadence.server.errors import chosen_error
 from cadence.server.protocol import (
     MAX_REQUEST_ID_CHARS,
-    NO_DEFAULTS,
     OpenAIModel,
     ParamError,
     StructuredOutputsField,
 )
 from cadence.server.protocol_chat import ChatCompletionRequest
 
-__all__ = ["ResponsesRequest", "new_item_id", "param_of", "response_object"]
+__all__ = ["ResponsesRequest", "param_of"]
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # OpenAI's include values; only the logprobs one has something to show here (no hosted tools,
@@ -46,10 +43,6 @@ INCLUDABLE = Literal["code_interpreter_call.outputs", "computer_call_output.outp
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _ROLES = ("user", "assistant", "system", "developer")
-
-
-def new_item_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
 
 
 class ResponsesRequest(OpenAIModel):
@@ -375,74 +368,3 @@ def _text_of(content: Any, where: str, parts: str | None = None) -> str | list[d
             out.append({"type": "text" if field == "text" else kind, field: part[field]})
         return out
     raise ParamError(where, f"{where}: content is a string or a list of text parts.")
-
-
-def response_object(request: ResponsesRequest, response_id: str, model: str, created_at: int,
-                    output: list[dict[str, Any]], usage: dict[str, Any] | None,
-                    status: str = "completed",
-                    defaults: Mapping[str, Any] = NO_DEFAULTS) -> dict[str, Any]:
-    """The ``Response`` object: the request's settings echoed (``temperature`` and ``top_p``
-    as applied: the model's ``defaults`` where the request left them out), ``output`` and
-    ``usage``."""
-    chat = request.chat
-    temperature = chat.temperature if chat.temperature is not None else defaults.get(
-        "temperature", 1.0)
-    top_p = chat.top_p if chat.top_p is not None else defaults.get("top_p", 1.0)
-    return {
-        "id": response_id, "object": "response", "created_at": created_at, "status": status,
-        "background": False, "error": None,
-        "incomplete_details": ({"reason": "max_output_tokens"} if status == "incomplete"
-                               else None),
-        "instructions": request.instructions, "max_output_tokens": request.max_output_tokens,
-        "metadata": request.metadata or {}, "model": model, "output": output,
-        "parallel_tool_calls": request.parallel_tool_calls is not False,
-        "previous_response_id": None, "reasoning": request.reasoning,
-        "service_tier": request.service_tier or "auto", "store": False,
-        "temperature": temperature, "text": request.text or {"format": {"type": "text"}},
-        "tool_choice": request.tool_choice, "tools": request.tools,
-        "top_logprobs": request.top_logprobs, "top_p": top_p,
-        "truncation": request.truncation or "disabled", "usage": usage, "user": request.user,
-    }
-
-
-def usage_object(prompt: int, completion: int, cached: int | None,
-                 reasoning: int = 0) -> dict[str, Any]:
-    return {"input_tokens": prompt,
-            "input_tokens_details": {"cached_tokens": cached or 0, "cache_write_tokens": 0},
-            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": reasoning},
-            "total_tokens": prompt + completion}
-
-
-def reasoning_item(item_id: str, text: str | None) -> dict[str, Any]:
-    """A reasoning item: in progress (``text`` None: opened, nothing yet) or done."""
-    content = [] if text is None else [reasoning_part(text)]
-    return {"type": "reasoning", "id": item_id, "summary": [], "content": content,
-            "status": "in_progress" if text is None else "completed"}
-
-
-def reasoning_part(text: str) -> dict[str, Any]:
-    return {"type": "reasoning_text", "text": text}
-
-
-def text_part(text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
-    part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
-    if logprobs is not None:
-        part["logprobs"] = logprobs
-    return part
-
-
-def message_item(item_id: str, text: str | None, status: str,
-                 logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    content = [] if text is None else [text_part(text, logprobs)]
-    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": content}
-
-
-def call_item(item_id: str, call_id: str, name: str, arguments: str,
-              status: str) -> dict[str, Any]:
-    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name,
-            "arguments": arguments, "status": status}
-
-
-def created_now() -> int:
-    return int(time.time())

@@ -9,7 +9,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 from cadence.engine.frontend import reasoning_tag_ids
-from cadence.engine.input_processor import kept_tokens, truncation_length
+from cadence.engine.truncation import kept_tokens, truncation_length
 from cadence.server.chat_stream import ChatStream, chat_logprobs, forced_calls, one_call_at_most
 from cadence.server.chat_template import render_chat, request_template
 from cadence.server.protocol import ParamError, random_id

@@ -16,8 +16,8 @@ from cadence.server.chat_stream import ChatStream
 from cadence.server.errors import APIError
 from cadence.server.protocol import ParamError
 from cadence.server.protocol_chat import NamedToolChoice
-from cadence.server.responses_api import (
-    ResponsesRequest,
+from cadence.server.responses_api import ResponsesRequest
+from cadence.server.responses_objects import (
     call_item,
     created_now,
     message_item,

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cadence.chat import CONTENT_FORMATS, check_template_options
+from cadence.chat import CONTENT_FORMATS
+from cadence.chat_options import check_template_options
 
 __all__ = ["DEFAULT_MAX_REQUEST_BODY_BYTES", "UVICORN_LOG_LEVELS", "ResponseOptions",
            "ServerSettings"]

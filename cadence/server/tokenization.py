@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from cadence.chat import template_kwargs_with_defaults
+from cadence.chat_options import template_kwargs_with_defaults
 from cadence.engine.param_checks import InputValidationError
 from cadence.server.chat_template import render_chat, request_template
 from cadence.server.protocol import OpenAIModel, ParamError

@@ -445,8 +445,8 @@ def test_a_long_text_to_truncate_is_tokenized_only_where_its_kept_tokens_lie(
     """A text far past the context: only the window the kept tokens come from is tokenized (the
     one input thread is not held for seconds), and the kept tokens are those of the whole text,
     both sides, with and without special tokens."""
-    from cadence.engine.input_processor import TRUNCATION_MARGIN_TOKENS
     from cadence.engine.prompt_bound import max_chars_per_token
+    from cadence.engine.truncation import TRUNCATION_MARGIN_TOKENS
 
     k = max_chars_per_token(tokenizer)
     assert k is not None
