@@ -147,7 +147,7 @@ class EngineArgs:
         if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(
                 f"quantization={self.quantization!r} is not supported; supported: "
-                f"{', '.join(QUANTIZATION_METHODS)} (or none: weights in --dtype)."
+                f"{', '.join(QUANTIZATION_METHODS)}; leave it unset for weights in --dtype."
             )
         if self.tokenizer_mode not in ("auto", "hf"):
             raise ValueError(f"tokenizer_mode={self.tokenizer_mode!r} is not supported; "

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from transformers import PretrainedConfig
+
+if TYPE_CHECKING:
+    from cadence.model.fp8_checkpoint import Fp8Checkpoint
 
 SUPPORTED_ARCHITECTURES = (
     "Gemma2ForCausalLM",
@@ -51,10 +55,10 @@ def quantization_of(config: PretrainedConfig) -> str | None:
     )
 
 
-def _fp8_block(config: PretrainedConfig) -> tuple[int, ...]:
+def _fp8(config: PretrainedConfig) -> Fp8Checkpoint:
     from cadence.model.fp8_checkpoint import Fp8Checkpoint
 
-    return Fp8Checkpoint.from_config(config.quantization_config).block or ()
+    return Fp8Checkpoint.from_config(config.quantization_config)
 
 
 def architecture_of(config: PretrainedConfig) -> str:
@@ -117,6 +121,8 @@ class DecoderArch:
     quantization: str | None = None
     # fp8 with block-wise scales: (rows, columns) of a block; (): per tensor or channel.
     quant_block: tuple[int, ...] = ()
+    # fp8: the modules the checkpoint keeps in a float dtype (``Fp8Checkpoint.ignored``).
+    quant_ignored: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.sliding_window < 0:
@@ -241,7 +247,8 @@ class DecoderArch:
             else 0,
             norm_topk_prob=bool(getattr(config, "norm_topk_prob", False)),
             quantization=quantization,
-            quant_block=_fp8_block(config) if quantization == "fp8" else (),
+            quant_block=(_fp8(config).block or ()) if quantization == "fp8" else (),
+            quant_ignored=_fp8(config).ignored if quantization == "fp8" else (),
         )
 
     @property

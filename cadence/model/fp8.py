@@ -26,7 +26,7 @@ from cadence.model.bulk_mma import MmaConfig, bulk_mma, bulk_mma_norm, bulk_plan
 from cadence.model.fused_ops import norm_and_project, silu_and_mul
 from cadence.model.moe import Experts
 
-__all__ = ["FP8_MAX", "Fp8Linear", "quantize_model_fp8", "quantize_rows"]
+__all__ = ["FP8_MAX", "Fp8Linear", "kept_unquantized", "quantize_model_fp8", "quantize_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -179,16 +179,56 @@ def _quantize_experts(w: nn.Parameter) -> tuple[nn.Parameter, nn.Parameter]:
             nn.Parameter(scale.view(e, rows), requires_grad=False))
 
 
+# A fused projection's parts as checkpoints name them (Phi-3's store the fused one itself).
+_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+_EXPERT_PARTS = ("gate_proj", "up_proj", "down_proj")
+
+
+def _named(name: str, entry: str) -> bool:
+    """Whether ``entry`` names module ``name``: it is a run of whole dotted parts of it
+    ("lm_head", "down_proj", "model.layers.0.mlp", the whole name)."""
+    return f".{entry}." in f".{name}."
+
+
+def kept_unquantized(name: str, ignored: tuple[str, ...], num_experts: int = 0) -> bool:
+    """Whether the checkpoint keeps module ``name`` (an FP8 projection here) in a float dtype.
+    A fused projection (or a layer's experts, ``num_experts``) is kept when all its parts
+    are; some but not all is a ValueError: they are one weight here."""
+    if not ignored:
+        return False
+    if any(_named(name, entry) for entry in ignored):
+        return True
+    parent, _, leaf = name.rpartition(".")
+    if num_experts:
+        parts = [f"{name}.{i}.{p}" for i in range(num_experts) for p in _EXPERT_PARTS]
+    else:
+        parts = [f"{parent}.{p}" for p in _PARTS.get(leaf, ())]
+    hits = [any(_named(part, entry) for entry in ignored) for part in parts]
+    if hits and all(hits):
+        return True
+    if any(hits):
+        raise ValueError(f"the FP8 checkpoint keeps some parts of {name} unquantized "
+                         f"(modules_to_not_convert / ignored_layers) but not all; here they "
+                         "are one weight: list all of them or none.")
+    return False
+
+
 @torch.no_grad()
 def quantize_model_fp8(model: nn.Module) -> int:
     """Replace every decoder projection of ``model`` by its ``Fp8Linear`` and turn MoE experts
     into e4m3 with row scales; the number of modules changed.
 
     On CUDA a projection whose sizes are not multiples of 16 (the FP8 GEMM's granularity)
-    stays in the model dtype."""
+    stays in the model dtype, as do the modules an FP8 checkpoint keeps unquantized
+    (``model.arch.quant_ignored``)."""
     replaced = kept = 0
-    for module in list(model.modules()):
+    ignored: tuple[str, ...] = getattr(getattr(model, "arch", None), "quant_ignored", ())
+    skipped = 0
+    for path, module in list(model.named_modules()):
         if isinstance(module, Experts):
+            if kept_unquantized(path, ignored, module.gate_up_proj.shape[0]):
+                skipped += 1
+                continue
             module.gate_up_proj, module.gate_up_scale = _quantize_experts(module.gate_up_proj)
             module.down_proj, module.down_scale = _quantize_experts(module.down_proj)
             replaced += 1
@@ -196,12 +236,18 @@ def quantize_model_fp8(model: nn.Module) -> int:
         for child_name, child in list(module.named_children()):
             if child_name not in _PROJECTIONS or not isinstance(child, nn.Linear):
                 continue
+            if kept_unquantized(f"{path}.{child_name}" if path else child_name, ignored):
+                skipped += 1
+                continue
             n, k = child.weight.shape
             if child.weight.is_cuda and (n % 16 or k % 16):
                 kept += 1
                 continue
             setattr(module, child_name, Fp8Linear.from_linear(child))
             replaced += 1
+    if skipped:
+        logger.info("fp8: %d projections the checkpoint keeps unquantized stay in the model "
+                    "dtype", skipped)
     if kept:
         logger.warning("fp8: %d projections whose sizes are not multiples of 16 stay in the "
                        "model dtype", kept)

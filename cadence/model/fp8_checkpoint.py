@@ -1,7 +1,11 @@
 """FP8 checkpoints (``quantization_config.quant_method == "fp8"``): e4m3 weights with block-wise
 scales (``<name>_scale_inv``, as transformers and DeepSeek/Qwen write them) or per-tensor /
 per-output-channel scales (``<name>_scale``, vLLM's serialized form), dequantized into the
-model dtype at load. The engine then runs in that dtype: no FP8 compute."""
+model dtype at load. The engine then runs in that dtype, or where the GPU has FP8 tensor cores
+requantizes the projections, all but those the config keeps unquantized (``modules_to_not_convert``
+as transformers writes it, ``ignored_layers`` as vLLM's; their weights are stored in a float
+dtype). A static scheme's ``input_scale`` is read and checked but not used: activations are
+quantized per token at run time."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["FP8_DTYPE", "Fp8Checkpoint", "dequantize"]
+__all__ = ["FP8_DTYPE", "Fp8Checkpoint", "Fp8Scales", "check_scale", "dequantize", "scale_owner"]
 
 FP8_DTYPE = "F8_E4M3"  # safetensors' name of torch.float8_e4m3fn
 _SCALE_SUFFIXES = ("weight_scale_inv", "weight_scale", "input_scale")
@@ -22,6 +26,9 @@ class Fp8Checkpoint:
     """What an FP8 checkpoint's quantization_config says about its weights."""
 
     block: tuple[int, int] | None  # (rows, columns) of a scale block; None: per tensor/channel
+    # Modules kept in a float dtype (names or dotted parts of names, HF's: "lm_head",
+    # "model.layers.0.mlp.down_proj", "down_proj").
+    ignored: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, quant: Any) -> Fp8Checkpoint:
@@ -35,11 +42,35 @@ class Fp8Checkpoint:
             if len(sizes) != 2 or not all(type(n) is int and n >= 1 for n in sizes):
                 raise ValueError(f"weight_block_size must be two positive sizes, got {block!r}.")
             block = (sizes[0], sizes[1])
-        return cls(block)
+        scheme = get("activation_scheme", None)
+        if scheme is not None and scheme not in ("dynamic", "static"):
+            raise ValueError(f"activation_scheme {scheme!r} is not an FP8 activation scheme; "
+                             "supported: dynamic, static.")
+        ignored: list[str] = []
+        for key in ("modules_to_not_convert", "ignored_layers"):
+            names = get(key, None)
+            if names is None:
+                continue
+            if not isinstance(names, list | tuple) or not all(
+                    isinstance(n, str) and n for n in names):
+                raise ValueError(f"quantization_config.{key} must be a list of module names, "
+                                 f"got {names!r}.")
+            ignored.extend(names)
+        return cls(block, tuple(dict.fromkeys(ignored)))
 
     @staticmethod
     def is_scale(name: str) -> bool:
         return name.endswith(_SCALE_SUFFIXES)
+
+
+def check_scale(name: str, scale: torch.Tensor) -> torch.Tensor:
+    """``scale`` in float32, refused unless it is floating point, finite and positive."""
+    if not scale.is_floating_point():
+        raise ValueError(f"tensor {name!r} has dtype {scale.dtype}; a scale is floating point.")
+    scale = scale.to(torch.float32)
+    if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
+        raise ValueError(f"tensor {name!r}: a scale must be positive and finite.")
+    return scale
 
 
 def dequantize(weight: torch.Tensor, name: str,
@@ -50,8 +81,11 @@ def dequantize(weight: torch.Tensor, name: str,
     weight_block_size, for block-wise scales)."""
     weight = weight.to(torch.float32)
     scale = read_scale(name + "_scale_inv")
+    if scale is not None and read_scale(name + "_scale") is not None:
+        raise ValueError(f"FP8 tensor {name!r} has two scales ({name}_scale_inv and "
+                         f"{name}_scale); a checkpoint stores one.")
     if scale is not None:  # block-wise: one scale per block of the weight
-        scale = scale.to(torch.float32)
+        scale = check_scale(name + "_scale_inv", scale)
         rows, cols = weight.shape
         if len(block) != 2:
             raise ValueError(f"tensor {name + '_scale_inv'!r} is a block-wise scale, but the "
@@ -65,7 +99,7 @@ def dequantize(weight: torch.Tensor, name: str,
         return weight * full
     scale = read_scale(name + "_scale")
     if scale is not None:  # per tensor or per output channel
-        scale = scale.to(torch.float32)
+        scale = check_scale(name + "_scale", scale)
         if scale.numel() == 1:
             return weight * scale.reshape(())
         if scale.numel() == weight.shape[0]:
@@ -73,3 +107,50 @@ def dequantize(weight: torch.Tensor, name: str,
         raise ValueError(f"tensor {name + '_scale'!r} has {scale.numel()} values; expected 1 or "
                          f"{weight.shape[0]} (one per output channel) for {name!r}.")
     raise ValueError(f"FP8 tensor {name!r} has no scale ({name}_scale_inv or {name}_scale).")
+
+
+def scale_owner(name: str) -> str:
+    """The weight a scale tensor belongs to (``...o_proj.weight_scale_inv`` and
+    ``...o_proj.input_scale``: ``...o_proj.weight``)."""
+    for suffix in _SCALE_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)] + "weight"
+    raise ValueError(f"{name!r} is not a scale tensor.")
+
+
+class Fp8Scales:
+    """An fp8 checkpoint's scale tensors (in any of its open files ``handles``): each weight's
+    read as it is dequantized, and after the load every one accounted for."""
+
+    def __init__(self, handles: list, block: tuple[int, ...]) -> None:
+        self.block = block
+        self.where = {n: f for f in handles for n in f.keys() if Fp8Checkpoint.is_scale(n)}
+        self.fp8_weights = {n for f in handles for n in f.keys()
+                            if not Fp8Checkpoint.is_scale(n)
+                            and f.get_slice(n).get_dtype() == FP8_DTYPE}
+        self.taken: set[str] = set()
+
+    def read(self, name: str) -> torch.Tensor | None:
+        f = self.where.get(name)
+        if f is None:
+            return None
+        self.taken.add(name)
+        return f.get_tensor(name)
+
+    def dequantize(self, name: str, weight: torch.Tensor) -> torch.Tensor:
+        return dequantize(weight, name, self.read, self.block)
+
+    def check_all_taken(self, loaded: set[str]) -> None:
+        """Every scale belongs to an FP8 weight that was loaded: a scale of a float weight, of
+        no weight, or a static scheme's ``input_scale`` that is not one positive number is a
+        mistake in the checkpoint (its weights would come out other than written)."""
+        for name in sorted(self.where):
+            owner = scale_owner(name)
+            if owner not in self.fp8_weights or owner not in loaded:
+                raise ValueError(f"unexpected tensor {name!r}: a scale of {owner!r}, which is "
+                                 "not an FP8 weight of this checkpoint.")
+            if name.endswith("input_scale") and name not in self.taken:
+                scale = check_scale(name, self.where[name].get_tensor(name))
+                if scale.numel() != 1:
+                    raise ValueError(f"tensor {name!r}: an input scale is one number, got "
+                                     f"shape {list(scale.shape)}.")

@@ -18,7 +18,7 @@ from cadence.model.arch import DecoderArch
 from cadence.model.attention_metadata import AttentionBackend
 from cadence.model.decoder import CausalLM
 from cadence.model.fp8 import fp8_supported, quantize_model_fp8
-from cadence.model.fp8_checkpoint import FP8_DTYPE, Fp8Checkpoint, dequantize
+from cadence.model.fp8_checkpoint import FP8_DTYPE, Fp8Checkpoint, Fp8Scales
 from cadence.model.parallel import TPShard
 from cadence.model.registry import ModelSpec
 
@@ -130,16 +130,32 @@ def checkpoint_files(path: str) -> list[str]:
     """The safetensors files of a checkpoint directory (sharded index or single file)."""
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            weight_map: dict[str, str] = json.load(f)["weight_map"]
-        return [os.path.join(path, name) for name in sorted(set(weight_map.values()))]
+        return [os.path.join(path, name) for name in _indexed_files(index)]
     single = os.path.join(path, "model.safetensors")
     if os.path.isfile(single):
         return [single]
     found = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if not found:
-        raise ValueError(f"no safetensors weights (*.safetensors) found in {path!r}.")
+        pickled = any(f.endswith((".bin", ".pt", ".pth")) for f in os.listdir(path))
+        raise ValueError(f"no safetensors weights (*.safetensors) found in {path!r}" + (
+            "; PyTorch pickle checkpoints (.bin, .pt) are not loaded: convert them to "
+            "safetensors." if pickled else "."))
     return [os.path.join(path, name) for name in found]
+
+
+def _indexed_files(index: str) -> list[str]:
+    """The shard files a ``model.safetensors.index.json`` maps tensors to."""
+    try:
+        with open(index, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{index} is not a readable JSON index: {exc}") from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) and v and os.path.basename(v) == v for v in weight_map.values()):
+        raise ValueError(f"{index}: its weight_map must map tensor names to shard file names "
+                         "in the checkpoint's directory.")
+    return sorted(set(weight_map.values()))
 
 
 def checkpoint_names(arch: DecoderArch, shard: TPShard | None = None
@@ -276,7 +292,8 @@ def load_safetensors(model: CausalLM, path: str) -> None:
     loaded: set[str] = set()
     with ExitStack() as stack:  # every file opened once (memory-mapped: nothing read yet)
         handles = [stack.enter_context(_open_checkpoint(file)) for file in files]
-        read_scale = _scale_reader(handles, model.arch.quant_block) if fp8 else None
+        scales = Fp8Scales(handles, model.arch.quant_block) if fp8 else None
+        read_scale = scales.dequantize if scales is not None else None
         for file, f in zip(files, handles, strict=True):
             for name in f.keys():
                 if name.endswith(_SKIPPED_SUFFIXES) or (fp8 and Fp8Checkpoint.is_scale(name)):
@@ -296,6 +313,10 @@ def load_safetensors(model: CausalLM, path: str) -> None:
                 for part in target if isinstance(target, list) else [target]:
                     if not part.skip:
                         _load_one(f, name, part, params[part.param], read_scale)
+        if scales is not None:
+            # A tied head the checkpoint still stores counts as loaded: its scale is no stray.
+            tied = {"lm_head.weight"} if model.arch.tie_word_embeddings else set()
+            scales.check_all_taken(loaded | tied)
     missing = [name for name in expected if name not in loaded]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -315,29 +336,20 @@ def _load_kv_scale(model: CausalLM, f, name: str) -> bool:
     if found is None:
         return False
     layer, which = int(found.group(1)), found.group(2) or found.group(3)
+    if layer >= model.arch.num_layers:
+        raise ValueError(f"tensor {name!r}: a KV-cache scale of layer {layer}, but the model "
+                         f"has {model.arch.num_layers} layers.")
     scale = f.get_tensor(name).float()
-    if (layer >= model.arch.num_layers or scale.numel() != 1
-            or not (math.isfinite(float(scale)) and float(scale) > 0)):
-        raise ValueError(f"tensor {name!r}: a KV-cache scale must be one positive finite number "
-                         f"of one of the {model.arch.num_layers} layers, got shape "
+    if scale.numel() != 1:
+        raise ValueError(f"tensor {name!r}: a KV-cache scale is one number, got shape "
                          f"{list(scale.shape)}.")
+    if not (math.isfinite(float(scale)) and float(scale) > 0):
+        raise ValueError(f"tensor {name!r}: a KV-cache scale must be positive and finite, got "
+                         f"{float(scale)}.")
     # The older single ``kv_scale`` serves keys and values alike.
     for kv in ("k", "v") if which == "kv" else (which,):
         setattr(model.model.layers[layer].self_attn, f"{kv}_scale", float(scale))
     return True
-
-
-def _scale_reader(handles: list, block: tuple[int, ...]
-                  ) -> Callable[[str, torch.Tensor], torch.Tensor]:
-    """``dequantize(name, weight)`` for an fp8 checkpoint (its open files ``handles``): its
-    scales may sit in any file."""
-    where = {n: f for f in handles for n in f.keys() if Fp8Checkpoint.is_scale(n)}
-
-    def read(name: str) -> torch.Tensor | None:
-        f = where.get(name)
-        return None if f is None else f.get_tensor(name)
-
-    return lambda name, weight: dequantize(weight, name, read, block)
 
 
 def _load_one(f, name: str, target: _Target, param: torch.Tensor,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 
 import pytest
 import torch
@@ -132,6 +133,10 @@ def test_non_float_tensor_is_named_with_its_dtype(qwen2, tmp_path):
     ({"quant_method": "fp8", "weight_block_size": 128}, "weight_block_size must be two"),
     ({"quant_method": "fp8", "weight_block_size": ["a", 2]}, "weight_block_size must be two"),
     ({"quant_method": "fp8", "weight_block_size": [0, 128]}, "weight_block_size must be two"),
+    ({"quant_method": "fp8", "activation_scheme": "bogus"}, "activation_scheme 'bogus'"),
+    ({"quant_method": "fp8", "modules_to_not_convert": "lm_head"},
+     "modules_to_not_convert must be a list"),
+    ({"quant_method": "fp8", "ignored_layers": [3]}, "ignored_layers must be a list"),
 ])
 def test_unsupported_quantization_is_a_one_line_error(qwen2, tmp_path, quant, fragment):
     _copy_checkpoint(qwen2[1], tmp_path)
@@ -147,18 +152,22 @@ def test_unsupported_quantization_is_a_one_line_error(qwen2, tmp_path, quant, fr
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def _fp8_checkpoint(src, dst, block: list[int] | None) -> dict[str, torch.Tensor]:
+def _fp8_checkpoint(src, dst, block: list[int] | None, keep: tuple[str, ...] = (),
+                    keep_key: str = "modules_to_not_convert") -> dict[str, torch.Tensor]:
     """``src``'s linear weights stored as e4m3 with block-wise scales (``block``) or one scale
-    per output channel; returns the weights they stand for (the dequantized values)."""
+    per output channel, but those of the modules ``keep`` names (as ``keep_key`` lists them:
+    stored as they were); returns the weights they stand for (the dequantized values)."""
     _copy_checkpoint(src, dst)
     config = json.loads((dst / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
                                      "activation_scheme": "dynamic",
-                                     **({"weight_block_size": block} if block else {})}
+                                     **({"weight_block_size": block} if block else {}),
+                                     **({keep_key: list(keep)} if keep else {})}
     (dst / "config.json").write_text(json.dumps(config))
     tensors = load_file(str(dst / "model.safetensors"))
     meant = {}
-    for name in [n for n in tensors if n.endswith(".weight") and n.split(".")[-2] in _LINEAR]:
+    for name in [n for n in tensors if n.endswith(".weight") and n.split(".")[-2] in _LINEAR
+                 and n.removesuffix(".weight") not in keep]:
         w = tensors[name].float()
         rows, cols = w.shape
         if block:
@@ -344,14 +353,111 @@ def test_fp8_checkpoint_shards_slice_the_dequantized_weights(qwen2, tmp_path):
         assert torch.equal(part[down], whole[down][:, rank * cols:(rank + 1) * cols])
 
 
+def _dequantized(t: dict, n: str) -> None:
+    """Weight ``n`` stored in float32 again, its scale left behind."""
+    t[n] = t[n].float()
+
+
 @pytest.mark.parametrize(("edit", "fragment"), [
     (lambda t, n: t.pop(n + "_scale_inv"), "has no scale"),
     (lambda t, n: t.update({n + "_scale_inv": t[n + "_scale_inv"][:1]}), "does not tile"),
+    (lambda t, n: t[n + "_scale_inv"].fill_(float("nan")), "positive and finite"),
+    (lambda t, n: t[n + "_scale_inv"].neg_(), "positive and finite"),
+    (lambda t, n: t.update({n + "_scale_inv": t[n + "_scale_inv"].int()}), "floating point"),
+    (lambda t, n: t.update({n + "_scale": torch.ones(t[n].shape[0])}), "two scales"),
+    (_dequantized, "not an FP8 weight"),
+    (lambda t, n: t.update({n.replace("weight", "input_scale"): torch.ones(5)}), "one number"),
+    (lambda t, n: t.update({n.replace("weight", "input_scale"): torch.tensor(-1.0)}),
+     "positive and finite"),
 ])
 def test_fp8_scale_mistakes_are_named(qwen2, tmp_path, edit, fragment):
+    """A scale that would make a weight other than written (missing, misshaped, not a positive
+    float, a second one, one left on a float weight, a static input scale of several values)
+    is an error naming its weight."""
     _fp8_checkpoint(qwen2[1], tmp_path, [16, 16])
     name = "model.layers.1.mlp.up_proj.weight"
     _rewrite(tmp_path, lambda t: edit(t, name))
     with pytest.raises(ValueError, match=fragment) as err:
         load_ours(tmp_path)
-    assert name in str(err.value)
+    assert name.removesuffix("weight") in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_scale_of_no_weight_is_an_unexpected_tensor(qwen2, tmp_path):
+    _fp8_checkpoint(qwen2[1], tmp_path, None)
+    stray = "model.layers.9.mlp.up_proj.weight_scale"  # the model has two layers
+    _rewrite(tmp_path, lambda t: t.update({stray: torch.ones(3)}))
+    with pytest.raises(ValueError, match=f"unexpected tensor '{re.escape(stray)}'"):
+        load_ours(tmp_path)
+
+
+@pytest.mark.parametrize("keep_key", ["modules_to_not_convert", "ignored_layers"])
+def test_modules_an_fp8_checkpoint_keeps_in_float_stay_unquantized(qwen2, tmp_path, keep_key):
+    """The modules the config lists (transformers' modules_to_not_convert, vLLM's
+    ignored_layers) keep their float weights when the model runs in FP8; a fused projection
+    is kept when all its parts are listed; the others turn FP8."""
+    from cadence.model.fp8 import Fp8Linear
+
+    keep = ("model.layers.0.mlp.down_proj", "model.layers.1.self_attn.q_proj",
+            "model.layers.1.self_attn.k_proj", "model.layers.1.self_attn.v_proj")
+    _fp8_checkpoint(qwen2[1], tmp_path, [16, 16], keep, keep_key)
+    stored = load_file(str(tmp_path / "model.safetensors"))
+    spec = resolve_model(str(tmp_path))
+    model = build_model(spec, torch.float32, "cpu", "auto", TorchAttentionBackend(), 0,
+                        quantization="fp8")
+    modules = dict(model.named_modules())
+    down = modules["model.layers.0.mlp.down_proj"]
+    assert not isinstance(down, Fp8Linear)
+    assert torch.equal(down.weight, stored["model.layers.0.mlp.down_proj.weight"])
+    assert not isinstance(modules["model.layers.1.self_attn.qkv_proj"], Fp8Linear)
+    fp8 = {n for n, m in modules.items() if isinstance(m, Fp8Linear)}
+    assert fp8 == {"model.layers.0.self_attn.qkv_proj", "model.layers.0.self_attn.o_proj",
+                   "model.layers.0.mlp.gate_up_proj", "model.layers.1.self_attn.o_proj",
+                   "model.layers.1.mlp.gate_up_proj", "model.layers.1.mlp.down_proj"}
+
+
+def test_a_fused_projection_kept_in_part_is_refused(qwen2, tmp_path):
+    _fp8_checkpoint(qwen2[1], tmp_path, None, ("model.layers.0.mlp.gate_proj",))
+    spec = resolve_model(str(tmp_path))
+    with pytest.raises(ValueError, match="some parts of model.layers.0.mlp.gate_up_proj"):
+        build_model(spec, torch.float32, "cpu", "auto", TorchAttentionBackend(), 0,
+                    quantization="fp8")
+
+
+def test_kept_unquantized_reads_whole_dotted_parts():
+    from cadence.model.fp8 import kept_unquantized
+
+    name = "model.layers.10.mlp.down_proj"
+    assert kept_unquantized(name, ("down_proj",))
+    assert kept_unquantized(name, ("model.layers.10",))
+    assert kept_unquantized(name, ("model.layers.10.mlp.down_proj",))
+    assert not kept_unquantized(name, ("model.layers.1",))
+    assert not kept_unquantized(name, ("down",))
+    assert not kept_unquantized(name, ())
+    experts = "model.layers.0.mlp.experts"
+    every = tuple(f"{experts}.{i}.{p}" for i in range(2) for p in ("gate_proj", "up_proj",
+                                                                  "down_proj"))
+    assert kept_unquantized(experts, every, num_experts=2)
+    assert kept_unquantized(experts, ("mlp.experts",), num_experts=2)
+    assert not kept_unquantized(experts, ("model.layers.1.mlp.experts",), num_experts=2)
+    with pytest.raises(ValueError, match="some parts"):
+        kept_unquantized(experts, every[:3], num_experts=2)
+
+
+@pytest.mark.parametrize("index", [
+    "{}", '{"weight_map": []}', "[1, 2]", '{"weight_map": {"a": 1}}', "{not json",
+    '{"weight_map": {"a": "../elsewhere.safetensors"}}', '{"weight_map": null}',
+])
+def test_a_malformed_index_is_a_one_line_error_naming_it(qwen2, tmp_path, index):
+    _copy_checkpoint(qwen2[1], tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(ValueError, match="model.safetensors.index.json") as err:
+        checkpoint_files(str(tmp_path))
+    assert "\n" not in str(err.value)
+
+
+def test_pickle_checkpoints_are_named_as_not_loaded(qwen2, tmp_path):
+    with open(os.path.join(qwen2[1], "config.json")) as f:
+        (tmp_path / "config.json").write_text(f.read())
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"no safetensors.*pickle checkpoints \(\.bin"):
+        load_ours(tmp_path)

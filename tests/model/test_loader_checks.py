@@ -49,17 +49,19 @@ def test_kv_cache_scales_land_in_their_layers(qwen2_dir, tmp_path) -> None:
     assert (_attn(model, 1).k_scale, _attn(model, 1).v_scale) == (2.0, 2.0)
 
 
-@pytest.mark.parametrize(("name", "value"), [
-    ("model.layers.2.self_attn.k_scale", 1.0),  # the model has layers 0 and 1
-    ("model.layers.0.self_attn.v_scale", 0.0),
-    ("model.layers.0.self_attn.k_scale", -1.0),
-    ("model.layers.0.self_attn.kv_scale", float("inf")),
+@pytest.mark.parametrize(("name", "value", "says"), [
+    ("model.layers.2.self_attn.k_scale", 1.0, "of layer 2, but the model has 2 layers"),
+    ("model.layers.0.self_attn.v_scale", 0.0, "must be positive and finite, got 0.0"),
+    ("model.layers.0.self_attn.k_scale", -1.0, "must be positive and finite, got -1.0"),
+    ("model.layers.0.self_attn.kv_scale", float("inf"), "must be positive and finite, got inf"),
+    ("model.layers.0.self_attn.k_scale", [1.0, 2.0], "is one number, got shape [2]"),
 ])
-def test_bad_kv_cache_scales_are_named(qwen2_dir, tmp_path, name, value) -> None:
+def test_bad_kv_cache_scales_are_named(qwen2_dir, tmp_path, name, value, says) -> None:
+    """Each mistake in a KV-cache scale is told as itself: the layer, the value or the shape."""
     _copy_with(qwen2_dir, tmp_path, lambda t: t.update({name: torch.tensor(value)}))
     with pytest.raises(ValueError, match="KV-cache scale") as err:
         load_ours(tmp_path)
-    assert name in str(err.value) and "2 layers" in str(err.value)
+    assert name in str(err.value) and says in str(err.value)
 
 
 def test_unindexed_checkpoint_files_are_all_read(qwen2_dir, tmp_path) -> None:
