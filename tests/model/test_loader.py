@@ -415,6 +415,29 @@ def test_modules_an_fp8_checkpoint_keeps_in_float_stay_unquantized(qwen2, tmp_pa
                    "model.layers.1.mlp.gate_up_proj", "model.layers.1.mlp.down_proj"}
 
 
+@pytest.mark.gpu
+def test_an_fp8_checkpoint_on_an_fp8_gpu_keeps_its_float_modules(qwen2, tmp_path):
+    """Where the GPU has FP8 tensor cores an FP8 checkpoint runs in FP8 unasked, all but the
+    modules its config keeps in float; their weights are the stored ones, in the model
+    dtype."""
+    from cadence.model.fp8 import Fp8Linear, fp8_supported
+
+    if not fp8_supported(torch.device("cuda")):
+        pytest.skip("needs FP8 tensor cores")
+    keep = ("model.layers.0.mlp.down_proj", "lm_head")
+    _fp8_checkpoint(qwen2[1], tmp_path, [16, 16], keep)
+    stored = load_file(str(tmp_path / "model.safetensors"))
+    model = build_model(resolve_model(str(tmp_path)), torch.bfloat16, "cuda", "auto",
+                        TorchAttentionBackend(), 0)
+    modules = dict(model.named_modules())
+    down = modules["model.layers.0.mlp.down_proj"]
+    assert not isinstance(down, Fp8Linear) and down.weight.dtype == torch.bfloat16
+    assert torch.equal(down.weight.cpu(),
+                       stored["model.layers.0.mlp.down_proj.weight"].bfloat16())
+    assert isinstance(modules["model.layers.1.mlp.down_proj"], Fp8Linear)
+    assert isinstance(modules["model.layers.0.self_attn.qkv_proj"], Fp8Linear)
+
+
 def test_a_fused_projection_kept_in_part_is_refused(qwen2, tmp_path):
     _fp8_checkpoint(qwen2[1], tmp_path, None, ("model.layers.0.mlp.gate_proj",))
     spec = resolve_model(str(tmp_path))
