@@ -289,8 +289,8 @@ def render_conversation(
 ) -> str:
     """The prompt text of ``conversation``: ``chat_template`` or the tokenizer's, else ChatML.
     The renderer's options that ``chat_template_kwargs`` names count where the named ones are
-    unset (vLLM's merge, ``chat_options.TEMPLATE_OVERRIDES``). A template that fails is a ValueError naming
-    ``messages``."""
+    unset (vLLM's merge, ``chat_options.TEMPLATE_OVERRIDES``). A template that fails is a
+    ValueError naming ``messages``."""
     problem = check_template_options(chat_template_kwargs, add_generation_prompt,
                                      continue_final_message)
     if problem is not None:

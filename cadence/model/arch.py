@@ -154,6 +154,7 @@ class DecoderArch:
     def from_hf_config(cls, config: PretrainedConfig) -> DecoderArch:
         arch = architecture_of(config)
         quantization = quantization_of(config)
+        fp8 = _fp8(config) if quantization == "fp8" else None
         gemma = arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
         if gemma:
             act = getattr(config, "hidden_activation", None) or "gelu_pytorch_tanh"
@@ -247,8 +248,8 @@ class DecoderArch:
             else 0,
             norm_topk_prob=bool(getattr(config, "norm_topk_prob", False)),
             quantization=quantization,
-            quant_block=(_fp8(config).block or ()) if quantization == "fp8" else (),
-            quant_ignored=_fp8(config).ignored if quantization == "fp8" else (),
+            quant_block=(fp8.block or ()) if fp8 is not None else (),
+            quant_ignored=fp8.ignored if fp8 is not None else (),
         )
 
     @property

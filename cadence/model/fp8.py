@@ -1,8 +1,9 @@
 """FP8 (e4m3) weights and activations: ``--quantization fp8``.
 
 At load every projection of the decoder layers (qkv, o, gate_up, down) and every MoE expert is
-quantized to e4m3 with one scale per output channel (``amax / 448``); the embedding, the LM head
-and MoE routers stay in the model dtype. (The experts run weight-only at every batch size: the
+quantized to e4m3 with one scale per output channel (``amax / 448``), but those an FP8
+checkpoint keeps in float (``KeepList``); the embedding, the LM head and MoE routers stay in the
+model dtype. (The experts run weight-only at every batch size: the
 grouped GEMMs convert their tiles and apply the row scales to the sums.) At run time a GEMM of
 few rows (decode) streams the FP8 weight into a Triton kernel that multiplies it with the
 activations in the model dtype and applies the channel scales at the end (weights in FP8,
@@ -16,6 +17,7 @@ is emulated in float32.
 from __future__ import annotations
 
 import logging
+import re
 
 import torch
 from torch import nn
@@ -26,7 +28,8 @@ from cadence.model.bulk_mma import MmaConfig, bulk_mma, bulk_mma_norm, bulk_plan
 from cadence.model.fused_ops import norm_and_project, silu_and_mul
 from cadence.model.moe import Experts
 
-__all__ = ["FP8_MAX", "Fp8Linear", "kept_unquantized", "quantize_model_fp8", "quantize_rows"]
+__all__ = ["FP8_MAX", "Fp8Linear", "KeepList", "kept_unquantized", "quantize_model_fp8",
+           "quantize_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -184,49 +187,64 @@ _PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_pro
 _EXPERT_PARTS = ("gate_proj", "up_proj", "down_proj")
 
 
-def _named(name: str, entry: str) -> bool:
-    """Whether ``entry`` names module ``name``: it is a run of whole dotted parts of it
-    ("lm_head", "down_proj", "model.layers.0.mlp", the whole name)."""
-    return f".{entry}." in f".{name}."
+class KeepList:
+    """The modules an FP8 checkpoint keeps in a float dtype: entries that name a module by a run
+    of whole dotted parts of its name ("lm_head", "down_proj", "model.layers.0.mlp", the whole
+    name), or ``re:PATTERN`` entries matched at its start (transformers' and compressed-tensors'
+    form)."""
+
+    def __init__(self, entries: tuple[str, ...]) -> None:
+        self.names = frozenset(e for e in entries if not e.startswith("re:"))
+        self.patterns = [re.compile(e[3:]) for e in entries if e.startswith("re:")]
+        self.experts_listed = any("experts." in e for e in entries)
+
+    def __bool__(self) -> bool:
+        return bool(self.names or self.patterns)
+
+    def names_module(self, name: str) -> bool:
+        parts = name.split(".")
+        runs = {".".join(parts[i:j]) for i in range(len(parts))
+                for j in range(i + 1, len(parts) + 1)}
+        return bool(runs & self.names) or any(p.match(name) for p in self.patterns)
 
 
-def kept_unquantized(name: str, ignored: tuple[str, ...], num_experts: int = 0) -> bool:
-    """Whether the checkpoint keeps module ``name`` (an FP8 projection here) in a float dtype.
-    A fused projection (or a layer's experts, ``num_experts``) is kept when all its parts
-    are; some but not all is a ValueError: they are one weight here."""
-    if not ignored:
+def kept_unquantized(name: str, keep: KeepList, num_experts: int = 0) -> bool:
+    """Whether the checkpoint keeps module ``name`` (an FP8 projection here) in a float dtype:
+    it is listed, or a part of it is (a fused projection's q / k / v or gate / up, one of a
+    layer's ``num_experts`` experts). NOTE: a part listed keeps the whole weight in float (it
+    is one weight here), the closest to what the checkpoint holds."""
+    if not keep:
         return False
-    if any(_named(name, entry) for entry in ignored):
+    if keep.names_module(name):
         return True
     parent, _, leaf = name.rpartition(".")
     if num_experts:
+        if not keep.experts_listed and not keep.patterns:
+            return False
         parts = [f"{name}.{i}.{p}" for i in range(num_experts) for p in _EXPERT_PARTS]
     else:
         parts = [f"{parent}.{p}" for p in _PARTS.get(leaf, ())]
-    hits = [any(_named(part, entry) for entry in ignored) for part in parts]
-    if hits and all(hits):
-        return True
-    if any(hits):
-        raise ValueError(f"the FP8 checkpoint keeps some parts of {name} unquantized "
-                         f"(modules_to_not_convert / ignored_layers) but not all; here they "
-                         "are one weight: list all of them or none.")
-    return False
+    hits = [keep.names_module(part) for part in parts]
+    if hits and not all(hits) and any(hits):
+        logger.warning("fp8: the checkpoint keeps some parts of %s in float (%d of %d): the "
+                       "whole weight stays in the model dtype", name, sum(hits), len(hits))
+    return any(hits)
 
 
 @torch.no_grad()
 def quantize_model_fp8(model: nn.Module) -> int:
-    """Replace every decoder projection of ``model`` by its ``Fp8Linear`` and turn MoE experts
+    """Replace the decoder projections of ``model`` by their ``Fp8Linear`` and turn MoE experts
     into e4m3 with row scales; the number of modules changed.
 
     On CUDA a projection whose sizes are not multiples of 16 (the FP8 GEMM's granularity)
     stays in the model dtype, as do the modules an FP8 checkpoint keeps unquantized
     (``model.arch.quant_ignored``)."""
     replaced = kept = 0
-    ignored: tuple[str, ...] = getattr(getattr(model, "arch", None), "quant_ignored", ())
+    keep = KeepList(getattr(getattr(model, "arch", None), "quant_ignored", ()))
     skipped = 0
     for path, module in list(model.named_modules()):
         if isinstance(module, Experts):
-            if kept_unquantized(path, ignored, module.gate_up_proj.shape[0]):
+            if kept_unquantized(path, keep, module.gate_up_proj.shape[0]):
                 skipped += 1
                 continue
             module.gate_up_proj, module.gate_up_scale = _quantize_experts(module.gate_up_proj)
@@ -236,7 +254,7 @@ def quantize_model_fp8(model: nn.Module) -> int:
         for child_name, child in list(module.named_children()):
             if child_name not in _PROJECTIONS or not isinstance(child, nn.Linear):
                 continue
-            if kept_unquantized(f"{path}.{child_name}" if path else child_name, ignored):
+            if kept_unquantized(f"{path}.{child_name}" if path else child_name, keep):
                 skipped += 1
                 continue
             n, k = child.weight.shape
@@ -246,8 +264,8 @@ def quantize_model_fp8(model: nn.Module) -> int:
             setattr(module, child_name, Fp8Linear.from_linear(child))
             replaced += 1
     if skipped:
-        logger.info("fp8: %d projections the checkpoint keeps unquantized stay in the model "
-                    "dtype", skipped)
+        logger.info("fp8: %d projections or expert layers the checkpoint keeps unquantized stay "
+                    "in the model dtype", skipped)
     if kept:
         logger.warning("fp8: %d projections whose sizes are not multiples of 16 stay in the "
                        "model dtype", kept)

@@ -9,6 +9,7 @@ quantized per token at run time."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,13 @@ class Fp8Checkpoint:
                     isinstance(n, str) and n for n in names):
                 raise ValueError(f"quantization_config.{key} must be a list of module names, "
                                  f"got {names!r}.")
+            for entry in names:
+                if entry.startswith("re:"):
+                    try:
+                        re.compile(entry[3:])
+                    except re.error as exc:
+                        raise ValueError(f"quantization_config.{key}: {entry!r} is not a "
+                                         f"regular expression ({exc}).") from None
             ignored.extend(names)
         return cls(block, tuple(dict.fromkeys(ignored)))
 
@@ -68,8 +76,10 @@ def check_scale(name: str, scale: torch.Tensor) -> torch.Tensor:
     if not scale.is_floating_point():
         raise ValueError(f"tensor {name!r} has dtype {scale.dtype}; a scale is floating point.")
     scale = scale.to(torch.float32)
-    if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
-        raise ValueError(f"tensor {name!r}: a scale must be positive and finite.")
+    bad = scale[~(torch.isfinite(scale) & (scale > 0))]
+    if bad.numel():
+        raise ValueError(f"tensor {name!r}: a scale must be positive and finite, got "
+                         f"{float(bad[0])}.")
     return scale
 
 
@@ -119,38 +129,32 @@ def scale_owner(name: str) -> str:
 
 
 class Fp8Scales:
-    """An fp8 checkpoint's scale tensors (in any of its open files ``handles``): each weight's
-    read as it is dequantized, and after the load every one accounted for."""
+    """An fp8 checkpoint's scale tensors (in any of its open files ``handles``), checked before
+    any weight is read: each belongs to an FP8 weight of the checkpoint, and a static scheme's
+    ``input_scale`` is one positive number. Each weight's scale is read as it is dequantized."""
 
-    def __init__(self, handles: list, block: tuple[int, ...]) -> None:
+    def __init__(self, handles: list[Any], block: tuple[int, ...]) -> None:
         self.block = block
         self.where = {n: f for f in handles for n in f.keys() if Fp8Checkpoint.is_scale(n)}
-        self.fp8_weights = {n for f in handles for n in f.keys()
-                            if not Fp8Checkpoint.is_scale(n)
-                            and f.get_slice(n).get_dtype() == FP8_DTYPE}
-        self.taken: set[str] = set()
-
-    def read(self, name: str) -> torch.Tensor | None:
-        f = self.where.get(name)
-        if f is None:
-            return None
-        self.taken.add(name)
-        return f.get_tensor(name)
-
-    def dequantize(self, name: str, weight: torch.Tensor) -> torch.Tensor:
-        return dequantize(weight, name, self.read, self.block)
-
-    def check_all_taken(self, loaded: set[str]) -> None:
-        """Every scale belongs to an FP8 weight that was loaded: a scale of a float weight, of
-        no weight, or a static scheme's ``input_scale`` that is not one positive number is a
-        mistake in the checkpoint (its weights would come out other than written)."""
+        dtypes = {n: f.get_slice(n).get_dtype() for f in handles for n in f.keys()
+                  if not Fp8Checkpoint.is_scale(n)}
         for name in sorted(self.where):
             owner = scale_owner(name)
-            if owner not in self.fp8_weights or owner not in loaded:
+            if owner not in dtypes:
+                raise ValueError(f"unexpected tensor {name!r}: a scale of {owner!r}, which the "
+                                 "checkpoint does not hold.")
+            if dtypes[owner] != FP8_DTYPE:
                 raise ValueError(f"unexpected tensor {name!r}: a scale of {owner!r}, which is "
-                                 "not an FP8 weight of this checkpoint.")
-            if name.endswith("input_scale") and name not in self.taken:
+                                 f"stored in {dtypes[owner]}, not {FP8_DTYPE}.")
+            if name.endswith("input_scale"):
                 scale = check_scale(name, self.where[name].get_tensor(name))
                 if scale.numel() != 1:
                     raise ValueError(f"tensor {name!r}: an input scale is one number, got "
                                      f"shape {list(scale.shape)}.")
+
+    def read(self, name: str) -> torch.Tensor | None:
+        f = self.where.get(name)
+        return None if f is None else f.get_tensor(name)
+
+    def dequantize(self, name: str, weight: torch.Tensor) -> torch.Tensor:
+        return dequantize(weight, name, self.read, self.block)

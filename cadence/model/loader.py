@@ -136,9 +136,10 @@ def checkpoint_files(path: str) -> list[str]:
         return [single]
     found = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if not found:
-        pickled = any(f.endswith((".bin", ".pt", ".pth")) for f in os.listdir(path))
+        pickled = any(f.endswith((".pt", ".pth")) or (f.endswith(".bin") and "model" in f)
+                      for f in os.listdir(path))
         raise ValueError(f"no safetensors weights (*.safetensors) found in {path!r}" + (
-            "; PyTorch pickle checkpoints (.bin, .pt) are not loaded: convert them to "
+            "; PyTorch pickle checkpoints (.bin, .pt, .pth) are not loaded: convert them to "
             "safetensors." if pickled else "."))
     return [os.path.join(path, name) for name in found]
 
@@ -313,10 +314,6 @@ def load_safetensors(model: CausalLM, path: str) -> None:
                 for part in target if isinstance(target, list) else [target]:
                     if not part.skip:
                         _load_one(f, name, part, params[part.param], read_scale)
-        if scales is not None:
-            # A tied head the checkpoint still stores counts as loaded: its scale is no stray.
-            tied = {"lm_head.weight"} if model.arch.tie_word_embeddings else set()
-            scales.check_all_taken(loaded | tied)
     missing = [name for name in expected if name not in loaded]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

@@ -192,7 +192,8 @@ def test_checkpoint_kv_scales_reach_the_attention_layers(tmp_path) -> None:
     # With an FP8 cache the scales apply: the stored keys are k / 0.25 (4x the bf16 values).
     weights["model.layers.0.self_attn.k_scale"] = torch.tensor([0.5, 0.5])
     save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(ValueError, match=r"'model.layers.0.self_attn.k_scale'.*is one number, got shape \[2\]"):
+    with pytest.raises(ValueError,
+                       match=r"'model.layers.0.self_attn.k_scale'.*is one number, got shape \[2\]"):
         _load(path)
 
 

@@ -137,6 +137,7 @@ def test_non_float_tensor_is_named_with_its_dtype(qwen2, tmp_path):
     ({"quant_method": "fp8", "modules_to_not_convert": "lm_head"},
      "modules_to_not_convert must be a list"),
     ({"quant_method": "fp8", "ignored_layers": [3]}, "ignored_layers must be a list"),
+    ({"quant_method": "fp8", "ignored_layers": ["re:(unclosed"]}, "is not a regular expression"),
 ])
 def test_unsupported_quantization_is_a_one_line_error(qwen2, tmp_path, quant, fragment):
     _copy_checkpoint(qwen2[1], tmp_path)
@@ -365,7 +366,7 @@ def _dequantized(t: dict, n: str) -> None:
     (lambda t, n: t[n + "_scale_inv"].neg_(), "positive and finite"),
     (lambda t, n: t.update({n + "_scale_inv": t[n + "_scale_inv"].int()}), "floating point"),
     (lambda t, n: t.update({n + "_scale": torch.ones(t[n].shape[0])}), "two scales"),
-    (_dequantized, "not an FP8 weight"),
+    (_dequantized, "stored in F32, not F8_E4M3"),
     (lambda t, n: t.update({n.replace("weight", "input_scale"): torch.ones(5)}), "one number"),
     (lambda t, n: t.update({n.replace("weight", "input_scale"): torch.tensor(-1.0)}),
      "positive and finite"),
@@ -386,7 +387,8 @@ def test_a_scale_of_no_weight_is_an_unexpected_tensor(qwen2, tmp_path):
     _fp8_checkpoint(qwen2[1], tmp_path, None)
     stray = "model.layers.9.mlp.up_proj.weight_scale"  # the model has two layers
     _rewrite(tmp_path, lambda t: t.update({stray: torch.ones(3)}))
-    with pytest.raises(ValueError, match=f"unexpected tensor '{re.escape(stray)}'"):
+    with pytest.raises(ValueError,
+                       match=f"unexpected tensor '{re.escape(stray)}'.*does not hold"):
         load_ours(tmp_path)
 
 
@@ -438,32 +440,81 @@ def test_an_fp8_checkpoint_on_an_fp8_gpu_keeps_its_float_modules(qwen2, tmp_path
     assert isinstance(modules["model.layers.0.self_attn.qkv_proj"], Fp8Linear)
 
 
-def test_a_fused_projection_kept_in_part_is_refused(qwen2, tmp_path):
+def test_a_fused_projection_kept_in_part_stays_whole_in_float(qwen2, tmp_path, caplog):
+    """gate_proj listed, up_proj not: they are one weight here, kept in float (the stored
+    gate rows exactly), with a warning."""
+    from cadence.model.fp8 import Fp8Linear
+
     _fp8_checkpoint(qwen2[1], tmp_path, None, ("model.layers.0.mlp.gate_proj",))
+    stored = load_file(str(tmp_path / "model.safetensors"))
     spec = resolve_model(str(tmp_path))
-    with pytest.raises(ValueError, match="some parts of model.layers.0.mlp.gate_up_proj"):
-        build_model(spec, torch.float32, "cpu", "auto", TorchAttentionBackend(), 0,
-                    quantization="fp8")
+    with caplog.at_level("WARNING", logger="cadence.model.fp8"):
+        model = build_model(spec, torch.float32, "cpu", "auto", TorchAttentionBackend(), 0,
+                            quantization="fp8")
+    gate_up = dict(model.named_modules())["model.layers.0.mlp.gate_up_proj"]
+    assert not isinstance(gate_up, Fp8Linear)
+    gate = stored["model.layers.0.mlp.gate_proj.weight"]
+    assert torch.equal(gate_up.weight[: gate.shape[0]], gate)
+    assert "some parts of model.layers.0.mlp.gate_up_proj" in caplog.text
 
 
-def test_kept_unquantized_reads_whole_dotted_parts():
-    from cadence.model.fp8 import kept_unquantized
+def test_a_tied_checkpoint_may_store_its_head_in_fp8(qwen2, tmp_path):
+    """A tied checkpoint that still stores an FP8 lm_head with its scale loads (the head is
+    the embedding's)."""
+    _fp8_checkpoint(qwen2[1], tmp_path, None)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["tie_word_embeddings"] = True
+    (tmp_path / "config.json").write_text(json.dumps(config))
+
+    def head_in_fp8(t: dict) -> None:
+        w = t["model.embed_tokens.weight"].float()
+        scale = (w.abs().amax(dim=1) / 448.0).clamp(min=1e-6)
+        t["lm_head.weight"] = (w / scale[:, None]).to(torch.float8_e4m3fn)
+        t["lm_head.weight_scale"] = scale
+
+    _rewrite(tmp_path, head_in_fp8)
+    ours = load_ours(tmp_path)
+    assert ours.lm_head is None
+
+
+def test_a_static_scheme_loads_with_its_input_scales(qwen2, tmp_path):
+    """activation_scheme static with one input_scale per projection (AutoFP8's form): the
+    weights load as the dynamic checkpoint's (the input scales are checked, not applied)."""
+    meant = _fp8_checkpoint(qwen2[1], tmp_path, None)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"]["activation_scheme"] = "static"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    _rewrite(tmp_path, lambda t: t.update({n.replace("weight", "input_scale"): torch.tensor(0.02)
+                                           for n in meant}))
+    params = dict(load_ours(tmp_path).named_parameters())
+    assert torch.equal(params["model.layers.1.mlp.down_proj.weight"],
+                       meant["model.layers.1.mlp.down_proj.weight"])
+
+
+def test_kept_unquantized_reads_whole_dotted_parts_and_patterns():
+    from cadence.model.fp8 import KeepList, kept_unquantized
+
+    def kept(name: str, *entries: str, experts: int = 0) -> bool:
+        return kept_unquantized(name, KeepList(entries), experts)
 
     name = "model.layers.10.mlp.down_proj"
-    assert kept_unquantized(name, ("down_proj",))
-    assert kept_unquantized(name, ("model.layers.10",))
-    assert kept_unquantized(name, ("model.layers.10.mlp.down_proj",))
-    assert not kept_unquantized(name, ("model.layers.1",))
-    assert not kept_unquantized(name, ("down",))
-    assert not kept_unquantized(name, ())
+    assert kept(name, "down_proj")
+    assert kept(name, "model.layers.10")
+    assert kept(name, "model.layers.10.mlp.down_proj")
+    assert kept(name, "re:.*layers\\.10\\.mlp")
+    assert not kept(name, "model.layers.1")
+    assert not kept(name, "down")
+    assert not kept(name, "re:.*self_attn")
+    assert not kept(name)
+    assert kept("model.layers.3.self_attn.qkv_proj", "model.layers.3.self_attn.k_proj")
     experts = "model.layers.0.mlp.experts"
     every = tuple(f"{experts}.{i}.{p}" for i in range(2) for p in ("gate_proj", "up_proj",
                                                                   "down_proj"))
-    assert kept_unquantized(experts, every, num_experts=2)
-    assert kept_unquantized(experts, ("mlp.experts",), num_experts=2)
-    assert not kept_unquantized(experts, ("model.layers.1.mlp.experts",), num_experts=2)
-    with pytest.raises(ValueError, match="some parts"):
-        kept_unquantized(experts, every[:3], num_experts=2)
+    assert kept(experts, *every, experts=2)
+    assert kept(experts, every[0], experts=2)  # one expert's part: the layer's one weight
+    assert kept(experts, "mlp.experts", experts=2)
+    assert not kept(experts, "model.layers.1.mlp.experts", experts=2)
+    assert not kept(experts, "model.layers.0.mlp.gate", experts=2)
 
 
 @pytest.mark.parametrize("index", [
