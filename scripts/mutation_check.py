@@ -1542,6 +1542,10 @@ MUTATIONS = [
              "cadence/model/loader.py",
              "    weight_map = data.get(\"weight_map\") if isinstance(data, dict) else None\n",
              "    weight_map = data[\"weight_map\"]\n", ("tests/model/test_loader.py",)),
+    Mutation("trace-compare-unchecked", "trace --compare takes any JSON and fails after the run",
+             "cadence/trace/cli.py", "        if not is_report(other):", "        if False:",
+             ("tests/trace/test_cpu_report.py::"
+              "test_a_compare_file_that_is_no_report_is_refused_before_the_run",)),
 ]
 
 

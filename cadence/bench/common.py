@@ -48,6 +48,18 @@ def device_name() -> str:
     return f"cpu ({platform.processor() or platform.machine()})"
 
 
+# The most prompt tokens a benchmark builds up front (a list of Python ints: ~30 GB at 10^9).
+MAX_WORKLOAD_TOKENS = 100_000_000
+
+
+def workload_problem(num_prompts: int, input_len: int) -> str | None:
+    """Why ``num_prompts`` prompts of ``input_len`` tokens are too many to build, or None."""
+    if num_prompts * input_len <= MAX_WORKLOAD_TOKENS:
+        return None
+    return (f"--num-prompts {num_prompts} x --input-len {input_len} is more than "
+            f"{MAX_WORKLOAD_TOKENS:,} prompt tokens to build.")
+
+
 def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return rng.integers(10, max(11, vocab - 1), size=(n, length)).tolist()

@@ -63,12 +63,22 @@ def _fake_output(so: SchedulerOutput, step: int) -> ModelRunnerOutput:
     )
 
 
+STEP_TOKENS = 8192  # the scheduler's token budget a step
+
+
+def prefill_steps(ns: argparse.Namespace) -> int:
+    """Steps until every prompt is in (the first requests decode meanwhile)."""
+    return -(-ns.num_requests * ns.prompt_len // STEP_TOKENS) + 1
+
+
 def build_scheduler(ns: argparse.Namespace) -> Scheduler:
-    max_len = ns.prompt_len + ns.warmup + ns.steps + 64
+    # NOTE: room for the prefill's steps as well: a request that finished before the last
+    # prompt is in would keep the batch from ever being all decode.
+    max_len = ns.prompt_len + prefill_steps(ns) + ns.warmup + ns.steps + 64
     blocks_per_req = -(-max_len // ns.block_size)
     sched_cfg = SchedulerConfig(
         max_num_seqs=ns.num_requests,
-        max_num_batched_tokens=8192,
+        max_num_batched_tokens=STEP_TOKENS,
         max_model_len=max_len,
         policy=ns.policy,
         async_scheduling=ns.async_scheduling,
@@ -99,11 +109,16 @@ def _run_once(ns: argparse.Namespace) -> tuple[list[float], list[float]]:
     update_ms: list[float] = []
     step = 0
     decode_steps = 0
+    # Every step past this is one the workload's shape cannot need.
+    max_step = prefill_steps(ns) + ns.warmup + ns.steps + depth + 16
     gc.collect()
     if not ns.no_gc_freeze:
         gc.freeze()
     try:
         while len(sched_ms) < ns.steps:
+            if step > max_step:
+                raise RuntimeError(f"the scheduler did not reach {ns.num_requests} requests "
+                                   f"decoding together within {max_step} steps.")
             t0 = time.perf_counter_ns()
             so = scheduler.schedule()
             t1 = time.perf_counter_ns()

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from cadence.bench.common import git_commit, now
+from cadence.bench.common import git_commit, now, workload_problem
 from cadence.bench.report import output_file, plot_file, positive_float, table
 from cadence.bench.serve_client import RequestResult, Send, Target, run_in_processes, run_requests
 from cadence.cli_types import int_at_least
@@ -317,6 +317,10 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.clients < 1:
         print(f"cadence bench serve: error: --clients must be at least 1, got {args.clients}",
               file=sys.stderr)
+        return 2
+    problem = workload_problem(args.num_prompts, args.input_len)
+    if problem is not None:
+        print(f"cadence bench serve: error: {problem}", file=sys.stderr)
         return 2
     try:
         httpx.URL(args.base_url)  # its port too

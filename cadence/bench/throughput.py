@@ -11,6 +11,7 @@ from cadence.bench.common import (
     git_commit,
     now,
     random_prompts,
+    workload_problem,
 )
 from cadence.bench.report import add_report_args, emit
 from cadence.cli_types import int_at_least
@@ -31,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     args = EngineArgs.from_cli_args(ns)
     args.skip_tokenizer_init = True
-    problem = fit_context(args, ns.input_len + ns.output_len, "--input-len + --output-len")
+    problem = (fit_context(args, ns.input_len + ns.output_len, "--input-len + --output-len")
+               or workload_problem(ns.num_prompts, ns.input_len))
     if problem is not None:
         p.error(problem)
     llm = LLM(**vars(args))

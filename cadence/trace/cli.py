@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cadence.trace.compare import compare
+from cadence.trace.compare import compare, is_report
 from cadence.trace.floors import default_bandwidth
 from cadence.trace.load import LOADS, Load
 from cadence.trace.report import build_figures, render_html
@@ -105,6 +105,9 @@ def report(ns: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             other = json.loads(Path(ns.compare).read_text())
         except (OSError, ValueError) as exc:
             raise ValueError(f"--compare {ns.compare}: {exc}") from None
+        if not is_report(other):
+            raise ValueError(f"--compare {ns.compare}: not the --json-out of a cadence trace "
+                             "(a 'summary' and a 'kernels' list are needed).")
     if ns.from_trace and not Path(ns.from_trace).is_file():
         raise ValueError(f"--from-trace: no file {ns.from_trace!r}")
     for flag, path in (("--out", ns.out), ("--json-out", ns.json_out),

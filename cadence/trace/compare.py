@@ -16,6 +16,20 @@ def _delta(a: float | None, b: float | None) -> float | None:
     return a - b if a is not None and b is not None else None
 
 
+def is_report(figures: Any) -> bool:
+    """Whether ``figures`` (a JSON document) has what ``compare`` reads of a run."""
+    if not isinstance(figures, dict) or not isinstance(figures.get("summary"), dict):
+        return False
+    if not all(value is None or (isinstance(value, dict) and isinstance(
+            value.get("p50"), int | float | None)) for key, value in figures["summary"].items()
+            if key in _STEP_FIGURES):
+        return False
+    kernels = figures.get("kernels")
+    return isinstance(kernels, list) and all(
+        isinstance(r, dict) and isinstance(r.get("name"), str) and isinstance(r.get("op"), str)
+        and isinstance(r.get("us_per_step"), int | float) for r in kernels)
+
+
 def compare(this: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     """Deltas are this minus other: p50 step figures, and us per step of every kernel row
     (matched by name and op; a row in one run only counts 0 in the other)."""

@@ -54,6 +54,17 @@ def test_values_that_time_nothing_are_usage_errors(module, argv, flag, capsys) -
     assert f"argument {flag}" in capsys.readouterr().err
 
 
+def test_a_workload_too_large_to_build_is_refused_before_the_run(capsys) -> None:
+    """10^9 prompts were built as a list before anything was said (a MemoryError traceback
+    after the model loaded)."""
+    with pytest.raises(SystemExit) as info:
+        throughput.main(["--model", "tiny", "--num-prompts", "1000000000"])
+    assert info.value.code == 2
+    assert "--num-prompts 1000000000 x --input-len" in capsys.readouterr().err
+    assert serve.main(["--num-prompts", "1000000000", "--base-url", "http://127.0.0.1:9"]) == 2
+    assert "more than 100,000,000 prompt tokens" in capsys.readouterr().err
+
+
 def test_a_context_too_short_for_the_timed_requests_is_named(capsys) -> None:
     """bench latency with --max-model-len below --input-len + --output-len: a usage error
     naming the flags (the engine's refusal spoke of the KV cache instead)."""

@@ -32,3 +32,12 @@ def test_bench_scheduler_without_json_says_what_it_timed(capsys):
                        "--warmup", "1", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("schedule()+update_from_output(), 4 running decode requests")
+
+
+def test_bench_scheduler_with_a_long_prefill_reaches_steady_decode(capsys):
+    """200 prompts of 3,000 tokens take 74 steps of 8,192 tokens to get in, longer than the
+    timed steps and their margin: the first requests must still be decoding then."""
+    assert bench.main(["--num-requests", "200", "--prompt-len", "3000", "--steps", "1",
+                       "--warmup", "0", "--repeats", "1", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["figures"]["steps"] == 1

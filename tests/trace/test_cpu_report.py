@@ -178,6 +178,27 @@ def test_bad_options_are_refused_before_the_run(tmp_path, monkeypatch, capsys, e
     assert err.startswith("cadence trace: error: ") and needle in err, err
 
 
+@pytest.mark.parametrize("content", [
+    "{}", "[]", '{"summary": {}, "kernels": 3}', '{"summary": {}, "kernels": [{"name": 1}]}',
+    '{"summary": {"host_us": 5}, "kernels": []}',
+])
+def test_a_compare_file_that_is_no_report_is_refused_before_the_run(
+        tmp_path, monkeypatch, capsys, content: str) -> None:
+    from cadence.trace import cli as trace_cli
+
+    def never(*args, **kwargs):
+        raise AssertionError("the engine ran before the options were checked")
+
+    monkeypatch.setattr(trace_cli, "_run", never)
+    other = tmp_path / "other.json"
+    other.write_text(content)
+    with pytest.raises(SystemExit) as exit_info:
+        cadence_main(["trace", *TINY, "--out", str(tmp_path / "r.html"), "--compare", str(other)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--compare" in err and "not the --json-out of a cadence trace" in err, err
+
+
 @pytest.mark.parametrize(("content", "needle"), [
     (b"{not json", "is not a trace in JSON"),
     (b"\xff\xfe\x00", "is not a trace in JSON"),
