@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         given = args.max_model_len not in (None, AUTO_MAX_MODEL_LEN)
         limit = None if given else model_context(args)
         room = args.max_model_len if given else limit
+        if room < 2:
+            parser.error(f"--max-model-len {room} leaves no room for a prompt and its token.")
         lens = [n for n in DEFAULT_LENS if n + 1 <= room] or [room - 1]
     problem = fit_context(args, max(lens) + 1, "the longest --input-lens and its token", limit)
     if problem is not None:

@@ -65,6 +65,13 @@ def test_a_workload_too_large_to_build_is_refused_before_the_run(capsys) -> None
     assert "more than 100,000,000 prompt tokens" in capsys.readouterr().err
 
 
+def test_bench_ttft_with_no_room_for_a_prompt_says_so(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        ttft.main(["--model", "tiny", "--max-model-len", "1"])
+    assert info.value.code == 2
+    assert "--max-model-len 1 leaves no room for a prompt" in capsys.readouterr().err
+
+
 def test_a_context_too_short_for_the_timed_requests_is_named(capsys) -> None:
     """bench latency with --max-model-len below --input-len + --output-len: a usage error
     naming the flags (the engine's refusal spoke of the KV cache instead)."""
