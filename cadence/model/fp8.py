@@ -225,7 +225,7 @@ def kept_unquantized(name: str, keep: KeepList, num_experts: int = 0) -> bool:
     else:
         parts = [f"{parent}.{p}" for p in _PARTS.get(leaf, ())]
     hits = [keep.names_module(part) for part in parts]
-    if hits and not all(hits) and any(hits):
+    if any(hits) and not all(hits):
         logger.warning("fp8: the checkpoint keeps some parts of %s in float (%d of %d): the "
                        "whole weight stays in the model dtype", name, sum(hits), len(hits))
     return any(hits)
@@ -239,9 +239,8 @@ def quantize_model_fp8(model: nn.Module) -> int:
     On CUDA a projection whose sizes are not multiples of 16 (the FP8 GEMM's granularity)
     stays in the model dtype, as do the modules an FP8 checkpoint keeps unquantized
     (``model.arch.quant_ignored``)."""
-    replaced = kept = 0
+    replaced = kept = skipped = 0
     keep = KeepList(getattr(getattr(model, "arch", None), "quant_ignored", ()))
-    skipped = 0
     for path, module in list(model.named_modules()):
         if isinstance(module, Experts):
             if kept_unquantized(path, keep, module.gate_up_proj.shape[0]):

@@ -28,7 +28,7 @@ class Fp8Checkpoint:
 
     block: tuple[int, int] | None  # (rows, columns) of a scale block; None: per tensor/channel
     # Modules kept in a float dtype (names or dotted parts of names, HF's: "lm_head",
-    # "model.layers.0.mlp.down_proj", "down_proj").
+    # "model.layers.0.mlp.down_proj", "down_proj"; or "re:PATTERN"): read by fp8.KeepList.
     ignored: tuple[str, ...] = ()
 
     @classmethod
