@@ -28,12 +28,16 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cadence.bench.report import output_file  # noqa: E402
+from cadence.cli_types import int_at_least  # noqa: E402
 from cadence.profiling import make_nvtx_range, nvtx_range  # noqa: E402
+from cadence.user_errors import ArgumentParser, one_line_errors  # noqa: E402
 from nsys.gaps import format_summary, summarize  # noqa: E402
 
 logger = logging.getLogger("nsys.torch_trace")
 
 PROFILERS = ("torch", "cuda-api", "none")
+PROG = "nsys/torch_trace.py"
 
 
 @dataclass
@@ -62,21 +66,21 @@ class Window:
 def build_parser() -> argparse.ArgumentParser:
     from cadence.engine.engine_args import EngineArgs
 
-    p = argparse.ArgumentParser(prog="nsys/torch_trace.py", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     EngineArgs.add_cli_args(p)
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--batch-size", type=int_at_least(1), default=1)
+    p.add_argument("--input-len", type=int_at_least(1), default=128)
     p.add_argument(
         "--output-len",
-        type=int,
+        type=int_at_least(1),
         default=None,
         help="tokens per request (default: warmup + steps + 1, so every measured "
         "step is a full decode step)",
     )
-    p.add_argument("--steps", type=int, default=20, help="measured engine steps")
+    p.add_argument("--steps", type=int_at_least(1), default=20, help="measured engine steps")
     p.add_argument(
         "--warmup-steps",
-        type=int,
+        type=int_at_least(0),
         default=5,
         help="unrecorded steps first; they include the prefill",
     )
@@ -87,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "a tokenizer, e.g. --tokenizer tiny)")
     p.add_argument("--profiler", choices=PROFILERS, default="torch")
     p.add_argument("--out", default="trace.json", help="Chrome trace path (.json or .json.gz)")
-    p.add_argument("--summary-out", default=None, help="also write the summary JSON here")
+    p.add_argument("--summary-out", type=output_file, default=None,
+                   help="also write the summary JSON here")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     return p
 
@@ -193,8 +198,22 @@ def _drain(core, ids: list[str]) -> None:
         step()
 
 
+def _check_out(out: Path) -> None:
+    """The trace file, checked (its folder made) before the engine is built, not after the run."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--out {str(out)!r}: {exc.strerror or exc}") from None
+    try:
+        output_file(str(out))
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"--out: {exc}") from None
+
+
 def trace(ns: argparse.Namespace) -> dict[str, Any]:
     """Build the engine, trace the load, and return the summary (with ``load`` and ``run``)."""
+    if ns.profiler == "torch":
+        _check_out(Path(ns.out))
     load = _load(ns)
     core = make_engine(ns, load)
     cuda = core.config.device == "cuda"
@@ -239,7 +258,10 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
-    summary = trace(ns)
+    # A mistake in the flags (an unknown model, a bad sampling value, a model length past the
+    # model's) is one line, as the cadence commands' (user_errors).
+    with one_line_errors(PROG):
+        summary = trace(ns)
     if ns.json:
         print(json.dumps(summary, indent=1))
         return 0

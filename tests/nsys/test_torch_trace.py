@@ -46,3 +46,27 @@ def test_sync_scheduling_without_profiler(tmp_path, capsys) -> None:
     assert summary["load"]["async_scheduling"] is False
     assert summary["load"]["trace"] is None and not out.exists()
     assert summary["run"]["tokens"] == 2 * 2 and summary["run"]["ms_per_step"] > 0
+
+
+def test_bad_flags_are_one_line_errors(tmp_path, capsys) -> None:
+    import pytest
+
+    out = str(tmp_path / "t.json")
+    cases = [
+        (["--batch-size", "0"], "--batch-size"),
+        (["--warmup-steps", "-1"], "--warmup-steps"),
+        (["--output-len", "0"], "--output-len"),
+        (["--model", "no-such-model"], "no-such-model"),
+        (["--temperature", "-1"], "temperature"),
+        (["--input-len", "100000"], "max_position_embeddings"),
+        (["--out", str(tmp_path)], "is a directory"),
+        (["--summary-out", str(tmp_path / "none" / "s.json")], "--summary-out"),
+    ]
+    for extra, named in cases:
+        with pytest.raises(SystemExit) as exc:
+            main([*TINY, "--steps", "1", "--out", out, *extra])
+        assert exc.value.code == 2, extra
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and named in err, (extra, err)
+        assert err.count("\n") == 1, err
+    assert not (tmp_path / "t.json").exists()
