@@ -12,8 +12,10 @@ request and per chunk, which matters at 256+ concurrent streams (vLLM's benchmar
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import multiprocessing
+import signal
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -128,6 +130,12 @@ async def run_requests(
     return list(results), start, end
 
 
+def _ignore_interrupts() -> None:
+    # NOTE: Ctrl-C reaches the whole foreground process group; the parent alone answers it (it
+    # ends the pool), so a worker's interrupted event loop does not print its own traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _worker(args: tuple[Target, list[Send], int, float]) -> tuple[list[dict], float, float]:
     target, sends, cap, start_at = args
     results, start, end = asyncio.run(run_requests(target, sends, cap, start_at))
@@ -143,12 +151,26 @@ def run_in_processes(
     processes = max(1, min(processes, cap, len(sends)))  # each process keeps >= 1 in flight
     caps = [cap // processes + (1 if i < cap % processes else 0) for i in range(processes)]
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(processes) as pool:
+    pool = ctx.Pool(processes, initializer=_ignore_interrupts)
+    interrupted = False
+    try:
         # Workers import aiohttp and build their loop first; the shared start leaves them time.
         start_at = time.monotonic() + 1.0 + 0.2 * processes
         jobs = [(target, sends[i::processes], caps[i], start_at)
                 for i in range(processes)]
         parts = pool.map(_worker, jobs)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        pool.terminate()
+        pool.join()
+    if interrupted:
+        # NOTE: an interrupted command ends by os._exit (cli.main), which runs no finalizers:
+        # the pool's semaphores are released here, outside the handler (whose traceback holds
+        # the pool), or the resource tracker reports them as leaked after the last line.
+        del pool
+        gc.collect()
+        raise KeyboardInterrupt
     results: list[RequestResult | None] = [None] * len(sends)
     for i, (rows, _, _) in enumerate(parts):
         for j, row in enumerate(rows):
