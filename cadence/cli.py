@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -147,12 +147,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         seen = interrupt.was_seen
         if args[:1] == ["trace"]:  # its own parser: argparse's REMAINDER drops leading options
-            with one_line_errors("cadence trace", seen):
+            with one_line_errors("cadence trace", seen, engine_flags(args)):
                 return _trace(argparse.Namespace(rest=dashed(args[1:])))
         with one_line_errors(prog.rstrip(), seen):  # a bad --config file
             ns = parse_args(args)
         prog = f"cadence {ns.command}" + (f" {ns.which}" if ns.command == "bench" else "")
-        with one_line_errors(prog, seen):
+        with one_line_errors(prog, seen, engine_flags(args)):
             return int(ns.func(ns) or 0)
     except BaseException as exc:
         # Ctrl-C while the command starts or runs (a server serving takes SIGINT over).
@@ -166,6 +166,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         os._exit(130)
     finally:
         interrupt.uninstall(previous)
+
+
+def engine_flags(argv: Sequence[str]) -> Callable[[], dict[str, str]]:
+    """The engine's field -> flag map of the flags in ``argv``, made on an error (a one-line
+    error that names a config field names the flag too)."""
+    def flags() -> dict[str, str]:
+        from cadence.engine.engine_args import EngineArgs
+
+        return EngineArgs.cli_flags(argv)
+    return flags
 
 
 class _Interrupt:

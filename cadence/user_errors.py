@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from cadence.envs import read_envs
 
-__all__ = ["USAGE_EXIT_CODE", "USER_ERRORS", "ArgumentParser", "first_line", "one_line_errors"]
+__all__ = ["USAGE_EXIT_CODE", "USER_ERRORS", "ArgumentParser", "first_line", "name_the_flag",
+           "one_line_errors"]
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
     ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,
@@ -78,17 +80,29 @@ def first_line(exc: BaseException) -> str:
     return lines[0]
 
 
+def name_the_flag(message: str, flags: Mapping[str, str]) -> str:
+    """A configuration's error names its field (``max_num_seqs must be ...``, as the Python API
+    is given it); on a command line the flag that set it is put first (``--max-num-seqs:``).
+    ``flags``: field -> flag."""
+    field = re.match(r"[A-Za-z_]\w*", message)
+    flag = flags.get(field.group()) if field else None
+    return f"{flag}: {message}" if flag and not message.startswith("-") else message
+
+
 @contextmanager
-def one_line_errors(prog: str, interrupted: Callable[[], bool] | None = None
-                    ) -> Iterator[None]:
+def one_line_errors(prog: str, interrupted: Callable[[], bool] | None = None,
+                    flags: Callable[[], Mapping[str, str]] | None = None) -> Iterator[None]:
     """Turn a user mistake raised inside into ``prog: error: MESSAGE`` and exit status 2.
     ``interrupted``: whether Ctrl-C came first, which makes the error its consequence (a
-    library's half-made state), left to the caller's one line for the interruption."""
+    library's half-made state), left to the caller's one line for the interruption.
+    ``flags``: the command's config field -> flag map (``name_the_flag``), made on an error."""
     try:
         yield
     except USER_ERRORS as exc:
         if read_envs().logging_level <= logging.DEBUG or (interrupted and interrupted()):
             raise
         message = str(exc) or type(exc).__name__
+        if flags is not None:
+            message = name_the_flag(message, flags())
         print(f"{prog}: error: {message}", file=sys.stderr)
         raise SystemExit(USAGE_EXIT_CODE) from None

@@ -114,11 +114,13 @@ def make_engine(ns: argparse.Namespace, load: Load):
 
     args = EngineArgs.from_cli_args(ns)
     args.max_num_seqs = max(load.batch_size, 1)
-    args.max_model_len = args.max_model_len or load.input_len + load.output_len + 16
+    if args.max_model_len is None:
+        args.max_model_len = load.input_len + load.output_len + 16
     # The whole batch prefills in one step, so the measured steps are decode only.
-    args.max_num_batched_tokens = args.max_num_batched_tokens or max(
-        8192, load.batch_size * load.input_len
-    )
+    if args.max_num_batched_tokens is None:
+        args.max_num_batched_tokens = max(
+            8192, load.batch_size * load.input_len
+        )
     args.skip_tokenizer_init = True
     return EngineCore(args)
 

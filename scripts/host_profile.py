@@ -39,7 +39,8 @@ def main() -> int:
     ns = p.parse_args()
     args = EngineArgs.from_cli_args(ns)
     args.skip_tokenizer_init = True
-    args.max_model_len = args.max_model_len or 2048
+    if args.max_model_len is None:
+        args.max_model_len = 2048
     core = EngineCore(args)
     step = core.step_fn
     long = SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)

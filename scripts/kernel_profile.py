@@ -63,8 +63,10 @@ def main() -> int:
     lens = [int(x) for x in ns.prefill_lens.split(",")]
     args = EngineArgs.from_cli_args(ns)
     args.skip_tokenizer_init = True
-    args.max_model_len = args.max_model_len or max(max(lens) + 16, 1024)
-    args.max_num_batched_tokens = args.max_num_batched_tokens or max(8192, max(lens))
+    if args.max_model_len is None:
+        args.max_model_len = max(max(lens) + 16, 1024)
+    if args.max_num_batched_tokens is None:
+        args.max_num_batched_tokens = max(8192, max(lens))
     core = EngineCore(args)
     step = core.step_fn
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)

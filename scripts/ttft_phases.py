@@ -192,8 +192,10 @@ def main() -> int:
     args = EngineArgs.from_cli_args(ns)
     args.skip_tokenizer_init = True
     args.max_num_seqs = min(args.max_num_seqs, 8)  # as bench ttft runs
-    args.max_model_len = args.max_model_len or ns.input_len + 16
-    args.max_num_batched_tokens = args.max_num_batched_tokens or max(8192, ns.input_len)
+    if args.max_model_len is None:
+        args.max_model_len = ns.input_len + 16
+    if args.max_num_batched_tokens is None:
+        args.max_num_batched_tokens = max(8192, ns.input_len)
     core = EngineCore(args)
     runner = core.runner
     prompts = random_prompts(ns.repeats + 4, ns.input_len, core.vocab_size, seed=5)

@@ -18,6 +18,7 @@ from cadence.bench.common import (
 )
 from cadence.bench.report import add_report_args, emit, progress, read_bandwidth
 from cadence.cli_types import int_at_least, int_list_at_least
+from cadence.config import MAX_NUM_SEQS
 from cadence.user_errors import ArgumentParser
 
 
@@ -88,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     ns = parser.parse_args(argv)
     batches = ns.batch_sizes
+    if max(batches) > MAX_NUM_SEQS:
+        parser.error(f"--batch-sizes: at most {MAX_NUM_SEQS} requests run in one step, got "
+                     f"{max(batches)}")
     if ns.max_num_seqs is None:
         ns.max_num_seqs = max(batches)
     elif ns.max_num_seqs < max(batches):
@@ -97,8 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     problem = fit_context(args, ns.input_len + ns.output_len, "--input-len + --output-len")
     if problem is not None:
         parser.error(problem)
-    args.max_num_batched_tokens = args.max_num_batched_tokens or max(
-        8192, max(batches) * ns.input_len)
+    if args.max_num_batched_tokens is None:
+        args.max_num_batched_tokens = max(
+            8192, max(batches) * ns.input_len)
     args.skip_tokenizer_init = True
     started = time.perf_counter()
     core = EngineCore(args)

@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         parser.error(problem)
     args.max_num_seqs = min(args.max_num_seqs, 8)
-    args.max_num_batched_tokens = args.max_num_batched_tokens or max(8192, max(lens))
+    if args.max_num_batched_tokens is None:
+        args.max_num_batched_tokens = max(8192, max(lens))
     args.skip_tokenizer_init = True
     start = time.perf_counter()
     core = EngineCore(args)

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import numbers
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -336,6 +337,24 @@ class EngineArgs:
         ``parser`` (vLLM's ``parser = EngineArgs.add_cli_args(parser)``)."""
         add_engine_cli_args(parser, EngineArgs(), model_positional)
         return parser
+
+    @staticmethod
+    def cli_flags(argv: Sequence[str]) -> dict[str, str]:
+        """Field -> the flag in ``argv`` that set it (``max_num_seqs``: ``--max-num-seqs``),
+        for an error that names the field; the configs' names where they differ
+        (``cache_dtype``). A field set by no flag given (derived, or a default) is left out:
+        its error is not the flag's."""
+        parser = argparse.ArgumentParser(add_help=False)
+        EngineArgs.add_cli_args(parser)
+        given = {a.partition("=")[0] for a in argv if a.startswith("-")}
+        flags = {}
+        for action in parser._actions:
+            used = [o for o in action.option_strings if o in given]
+            if used:
+                flags[action.dest] = used[0]
+        if "kv_cache_dtype" in flags:
+            flags["cache_dtype"] = flags["kv_cache_dtype"]
+        return flags
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:

@@ -340,6 +340,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     import sys
 
     parser = add_serve_args(ArgumentParser(prog="cadence serve", description=DESCRIPTION))
-    with one_line_errors(parser.prog):
-        ns = parser.parse_args(expand_config(parser, sys.argv[1:] if argv is None else argv))
+    given = sys.argv[1:] if argv is None else argv
+    with one_line_errors(parser.prog, flags=lambda: EngineArgs.cli_flags(given)):
+        ns = parser.parse_args(expand_config(parser, given))
         return run_serve(ns)

@@ -62,11 +62,13 @@ def make_engine(engine_args: Any, load: Load):
     args = engine_args
     # With async scheduling a finished prompt holds its slot one step longer: room for two.
     args.max_num_seqs = load.decoders + 2
-    args.max_model_len = args.max_model_len or load.input_len + load.output_len + 16
+    if args.max_model_len is None:
+        args.max_model_len = load.input_len + load.output_len + 16
     if load.kind == "prefill":
         args.max_num_batched_tokens = load.input_len
-    else:  # the decode batch prefills in one warm-up step; a mixed step fits batch + a prompt
-        args.max_num_batched_tokens = args.max_num_batched_tokens or max(
+    elif args.max_num_batched_tokens is None:
+        # The decode batch prefills in one warm-up step; a mixed step fits batch + a prompt.
+        args.max_num_batched_tokens = max(
             8192, load.batch * load.input_len, load.batch + load.input_len)
     args.skip_tokenizer_init = True
     return EngineCore(args)

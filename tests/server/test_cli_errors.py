@@ -68,6 +68,38 @@ def test_configuration_mistakes_are_one_line(argv: list[str], message: str,
     assert line.startswith(f"{prog}: error: ") and message in line
 
 
+# A config field's error names the flag the user gave for it; a field the command derived
+# (bench latency's max_num_seqs from --batch-sizes, a context from --input-len) names no flag.
+NAMED = [
+    (["serve", "tiny", "--max-num-seqs", "0"], "--max-num-seqs: max_num_seqs must be"),
+    (["serve", "tiny", "--max-num-seqs=0"], "--max-num-seqs: max_num_seqs must be"),
+    (["serve", "tiny", "-tp", "0"], "-tp: tensor_parallel_size must be"),
+    (["serve", "tiny", "--kv-cache-dtype", "fp9"], "--kv-cache-dtype: kv_cache_dtype='fp9'"),
+    (["generate", "--max-model-len", "100000"], "--max-model-len: max_model_len (100000)"),
+    (["bench", "throughput", "--model", "tiny", "--max-num-seqs", "0"],
+     "--max-num-seqs: max_num_seqs must be"),
+    (["trace", "--model", "tiny", "--max-num-batched-tokens", "0"],
+     "--max-num-batched-tokens: max_num_batched_tokens must be"),
+    # 0 is a value, not "unset": the benchmarks' own defaults are for flags not given.
+    (["bench", "ttft", "--model", "tiny", "--max-num-batched-tokens", "0"],
+     "--max-num-batched-tokens: max_num_batched_tokens must be"),
+    (["generate", "--model", "tiny", "--max-model-len", "0"],
+     "--max-model-len: max_model_len must be at least 1"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), NAMED, ids=[" ".join(a) for a, _ in NAMED])
+def test_a_config_error_names_the_flag_given(argv: list[str], message: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert message in _one_line_exit_2(argv, capsys)
+
+
+def test_a_derived_value_names_no_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _one_line_exit_2(["bench", "latency", "--model", "tiny", "--batch-sizes", "100000"],
+                            capsys)
+    assert "--batch-sizes" in line and "--max-num-seqs" not in line, line
+
+
 def test_a_model_directory_without_config_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
