@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["FILE_MODEL", "add_config_arg", "expand_config", "json_object",
-           "json_object_or_int", "json_string_list"]
+           "json_object_or_int", "json_string_list", "parse_with_config"]
 
 _CONFIG = "--config"
 # The model a --config file names, where a command takes its model as a positional (serve).
@@ -39,6 +39,16 @@ def add_config_arg(parser: argparse.ArgumentParser) -> None:
         help="read options from a YAML mapping of long option names to values (as vLLM's "
         "--config); flags on the command line override them",
     )
+
+
+def parse_with_config(parser: argparse.ArgumentParser, argv: Sequence[str] | None
+                      ) -> argparse.Namespace:
+    """``parser.parse_args`` of ``argv`` (``sys.argv[1:]`` if None) as ``expand_config`` reads
+    it: a ``--config`` file's options, dotted keys, underscores in names. The parser has
+    ``add_config_arg``'s option."""
+    import sys
+
+    return parser.parse_args(expand_config(parser, sys.argv[1:] if argv is None else argv))
 
 
 def json_string_list(text: str) -> list[str]:

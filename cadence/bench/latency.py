@@ -17,6 +17,7 @@ from cadence.bench.common import (
     weight_bytes,
 )
 from cadence.bench.report import add_report_args, emit, progress, read_bandwidth
+from cadence.cli_config import add_config_arg, parse_with_config
 from cadence.cli_types import int_at_least, int_list_at_least
 from cadence.config import MAX_NUM_SEQS
 from cadence.user_errors import ArgumentParser
@@ -34,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
                                                      "decode step"), default=256)
     p.add_argument("--repeats", type=int_at_least(1), default=3)
     add_report_args(p, bandwidth=True)
+    add_config_arg(p)
     p.set_defaults(max_num_seqs=None)  # the largest batch size unless given
     # argparse has no public lookup (as in cli_config)
     p._option_string_actions["--max-num-seqs"].help = (
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     from cadence.engine.engine_args import EngineArgs
 
     parser = _parser()
-    ns = parser.parse_args(argv)
+    ns = parse_with_config(parser, argv)
     batches = ns.batch_sizes
     if max(batches) > MAX_NUM_SEQS:
         parser.error(f"--batch-sizes: at most {MAX_NUM_SEQS} requests run in one step, got "

@@ -17,6 +17,7 @@ from collections import deque
 
 from cadence.bench.common import Record, git_commit, now
 from cadence.bench.report import add_report_args, emit
+from cadence.cli_config import add_config_arg, parse_with_config
 from cadence.cli_types import int_at_least
 from cadence.config import SCHEDULING_POLICIES, CacheConfig, SchedulerConfig
 from cadence.runner_output import ModelRunnerOutput
@@ -50,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
         "freezes it after start-up)",
     )
     add_report_args(p)
+    add_config_arg(p)
     return p
 
 
@@ -168,7 +170,7 @@ def run(ns: argparse.Namespace) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = _parser().parse_args(argv)
+    ns = parse_with_config(_parser(), argv)
     figures = run(ns)
     mode = "async" if ns.async_scheduling else "sync"
     if not ns.json:  # --json: the record's line alone

@@ -27,6 +27,7 @@ import httpx
 from cadence.bench.common import git_commit, now, workload_problem
 from cadence.bench.report import output_file, plot_file, positive_float, table
 from cadence.bench.serve_client import RequestResult, Send, Target, run_in_processes, run_requests
+from cadence.cli_config import add_config_arg, parse_with_config
 from cadence.cli_types import int_at_least
 from cadence.user_errors import ArgumentParser
 
@@ -303,7 +304,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = add_cli_args(ArgumentParser(prog="cadence bench serve", description=__doc__))
-    args = parser.parse_args(argv)
+    add_config_arg(parser)
+    args = parse_with_config(parser, argv)
     return run_from_args(args)
 
 

@@ -14,6 +14,7 @@ from cadence.bench.common import (
     workload_problem,
 )
 from cadence.bench.report import add_report_args, emit
+from cadence.cli_config import add_config_arg, parse_with_config
 from cadence.cli_types import int_at_least
 from cadence.user_errors import ArgumentParser
 
@@ -29,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--input-len", type=int_at_least(1), default=128)
     p.add_argument("--output-len", type=int_at_least(1), default=128)
     add_report_args(p)
-    ns = p.parse_args(argv)
+    add_config_arg(p)
+    ns = parse_with_config(p, argv)
     args = EngineArgs.from_cli_args(ns)
     args.skip_tokenizer_init = True
     problem = (fit_context(args, ns.input_len + ns.output_len, "--input-len + --output-len")

@@ -30,6 +30,7 @@ from cadence.bench.report import (
     progress,
     read_bandwidth,
 )
+from cadence.cli_config import add_config_arg, parse_with_config
 from cadence.cli_types import int_at_least, int_list_at_least
 from cadence.config import AUTO_MAX_MODEL_LEN
 from cadence.user_errors import ArgumentParser
@@ -52,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="matmul FLOP/s for the floor (default: the measured H200 bf16 figure "
                    "on an H200; none elsewhere)")
     add_report_args(p, bandwidth=True)
+    add_config_arg(p)
     return p
 
 
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     from cadence.engine.engine_args import EngineArgs
 
     parser = _parser()
-    ns = parser.parse_args(argv)
+    ns = parse_with_config(parser, argv)
     args = EngineArgs.from_cli_args(ns)
     lens, limit = ns.input_lens, None
     if lens is None:  # the defaults the model's context holds (a prompt and its one token)

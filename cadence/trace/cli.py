@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cadence.cli_config import add_config_arg, parse_with_config
 from cadence.trace.compare import compare, is_report
 from cadence.trace.floors import default_bandwidth
 from cadence.trace.load import LOADS, Load
@@ -143,7 +144,10 @@ def report(ns: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    add_config_arg(parser)
+    # NOTE: argv stays as given: the nsys child re-reads the same --config file.
+    ns = parse_with_config(parser, argv)
     if ns.profiler == "nsys" and ns.dry_run:
         from cadence.trace.nsight import commands
 

@@ -247,3 +247,38 @@ def test_serve_sends_every_level_and_warm_up_prompts_of_its_own(monkeypatch, tmp
     assert len(set(prompts)) == len(prompts)
     saved = out.read_text()
     assert "topsecret" not in saved and json.loads(saved)["args"]["api_key"] == "<set>"
+
+
+def test_benchmarks_read_a_config_file_as_serve_does(tmp_path, capsys) -> None:
+    import json
+
+    # vLLM's --config: long option names (dashes or underscores) to values; the command line
+    # wins over the file.
+    config = tmp_path / "bench.yaml"
+    config.write_text("model: tiny\nbatch_sizes: 3\ninput-len: 8\noutput-len: 5\nrepeats: 1\n")
+    assert latency.main(["--config", str(config), "--output-len", "4", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["model"] == "tiny"
+    assert [r["batch"] for r in record["figures"]["results"]] == [3]
+    assert record["figures"]["input_len"] == 8 and record["figures"]["output_len"] == 4
+
+    config.write_text("num-requests: 4\nprompt-len: 8\nsteps: 3\nrepeats: 1\nwarmup: 1\n")
+    assert scheduler.main(["--config", str(config), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["figures"]["num_requests"] == 4
+
+
+def test_a_dotted_option_reaches_the_engine(capsys) -> None:
+    # --hf-overrides.KEY VALUE: the model's context cut to 10 tokens, so 8 + 4 does not fit.
+    with pytest.raises(SystemExit) as exc:
+        latency.main(["--model", "tiny", "--input-len", "8", "--output-len", "4",
+                      "--hf-overrides.max_position_embeddings", "10"])
+    assert exc.value.code == 2
+    assert "context (10 tokens)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", [latency, throughput, ttft, scheduler, serve])
+def test_a_config_files_unknown_option_names_the_file_and_the_key(module, tmp_path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("not-an-option: 1\n")
+    with pytest.raises(ValueError, match=r"c\.yaml: unknown option 'not-an-option'"):
+        module.main(["--config", str(config)])

@@ -122,6 +122,18 @@ def test_mixed_steps_hold_the_batch_and_one_prompt(tmp_path) -> None:
     assert figures["run"]["tokens"] == 3 * 3
 
 
+def test_a_config_file_gives_the_options(tmp_path) -> None:
+    # vLLM's --config, as serve and the benchmarks take it; the command line wins.
+    config = tmp_path / "trace.yaml"
+    config.write_text("model: tiny\ndevice: cpu\ninput_len: 8\nload: mixed\nbatch-size: 2\n"
+                      "steps: 5\nwarmup-steps: 2\n")
+    argv = ["trace", "--config", str(config), "--steps", "3", "--out", str(tmp_path / "c.html"),
+            "--json-out", str(tmp_path / "c.json")]
+    assert cadence_main(argv) == 0
+    figures = json.loads((tmp_path / "c.json").read_text())
+    assert figures["run"]["tokens"] == 3 * 3  # three steps of two decodes and a prompt
+
+
 def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
