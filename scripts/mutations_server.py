@@ -358,4 +358,26 @@ MUTATIONS = [
              "class ChatTool(OpenAIModel):\n    model_config = ConfigDict(extra=\"allow\", "
              "allow_inf_nan=False)\n",
              "class ChatTool(OpenAIModel):\n", ("tests/server/test_chat_template.py",)),
+    Mutation("cli-flag-unnamed", "a config field's error names no flag on the command line",
+             "cadence/user_errors.py",
+             'return f"{flag}: {message}" if flag and not message.startswith("-") else message',
+             "return message", ("tests/server/test_cli_errors.py",)),
+    Mutation("cli-flag-derived", "a field's error names its flag though the flag was not given",
+             "cadence/engine/engine_args.py",
+             "            used = [o for o in action.option_strings if o in given]",
+             "            used = action.option_strings", ("tests/server/test_cli_errors.py",)),
+    Mutation("bench-config-ignored", "a benchmark reads no --config file",
+             "cadence/cli_config.py",
+             "    return parser.parse_args(expand_config(parser, sys.argv[1:] if argv is None "
+             "else argv))",
+             "    return parser.parse_args(sys.argv[1:] if argv is None else argv)",
+             ("tests/bench/test_bench_args.py",)),
+    Mutation("bench-clients-sigint", "bench serve's client processes take Ctrl-C themselves",
+             "cadence/bench/serve_client.py",
+             "    signal.signal(signal.SIGINT, signal.SIG_IGN)", "    pass",
+             ("tests/bench/test_serve_client.py",)),
+    Mutation("trace-script-tracebacks", "nsys/torch_trace.py lets a user mistake out as a "
+             "traceback", "nsys/torch_trace.py",
+             "    with one_line_errors(PROG):\n        summary = trace(ns)",
+             "    if True:\n        summary = trace(ns)", ("tests/nsys/test_torch_trace.py",)),
 ]
