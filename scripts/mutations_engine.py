@@ -444,4 +444,14 @@ MUTATIONS = [
              "U+FFFD", "cadence/engine/detokenizer.py",
              "            del self._ids[self._prefix_index:self._prefix_index + self._held]\n",
              "            pass\n", ("tests/engine/test_detokenizer.py",)),
+    Mutation("async-other-loop-waits", "a request from a loop that is not the output "
+             "handler's waits for ever instead of being refused", "cadence/engine/async_llm.py",
+             "        if loop is None or loop is asyncio.get_running_loop() or loop.is_running():",
+             "        if True:", ("tests/engine/test_async_llm_loops.py",)),
+    Mutation("n-clash-names-parent", "an n > 1 request clashing with a running request names "
+             "its own id", "cadence/engine/output_processor.py",
+             "        taken = next((c for c in parent.child_ids if c in self.request_states), "
+             "None)",
+             "        taken = next((request_id for c in parent.child_ids if c in "
+             "self.request_states), None)", ("tests/engine/test_output_processor.py",)),
 ]

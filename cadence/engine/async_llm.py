@@ -203,6 +203,7 @@ class AsyncLLM(CoreUtilities):
         prompt, for its outputs' ``prompt`` (vLLM's)."""
         if self.errored:
             raise self._dead_error()
+        self._check_loop()
         refuse_lora(lora_request)
         check_data_parallel_rank(data_parallel_rank)
         sampling_params = params
@@ -402,6 +403,18 @@ class AsyncLLM(CoreUtilities):
         first request: a server's front end 0 records the engine-wide metrics from every
         step's outputs, also when no request of its own ever comes."""
         self._run_output_handler()
+
+    def _check_loop(self) -> None:
+        """Outputs are collected in the event loop the engine first ran in: a request from
+        another loop gets them only while that one runs (in another thread). Where it does not
+        run, the request would wait for ever: refused instead."""
+        loop = self._handler_loop
+        if loop is None or loop is asyncio.get_running_loop() or loop.is_running():
+            return
+        raise RuntimeError(
+            "this AsyncLLM collects its outputs in the event loop it first ran in, which is "
+            + ("closed" if loop.is_closed() else "not running")
+            + ": make requests in that loop, or make the AsyncLLM in this one")
 
     def _run_output_handler(self) -> None:
         if self.output_handler is not None:

@@ -86,8 +86,11 @@ class OutputProcessor:
             self._add_state(request, prompt, queue, None)
             return [request]
         parent = ParentRequest(request)
-        if any(c in self.request_states for c in parent.child_ids):
-            raise InputValidationError(f"Request id {request_id} already running.", "request_id")
+        taken = next((c for c in parent.child_ids if c in self.request_states), None)
+        if taken is not None:  # a running request has one of the choices' engine ids
+            raise InputValidationError(
+                f"Request id {request_id} clashes with running request {taken} (the id of its "
+                f"choice {parent.child_ids.index(taken)}).", "request_id")
         self.parents[request_id] = parent
         for child in parent.children:
             self._add_state(child, prompt, queue, parent)

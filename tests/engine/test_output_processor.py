@@ -265,6 +265,13 @@ def test_outputs_for_unknown_or_finished_requests_are_ignored(
     proc.add_request(_req("y", [5]), None)
     with pytest.raises(ValueError, match="already running"):
         proc.add_request(_req("y", [5]), None)
+    # An n > 1 request whose choice would take a running request's id ("1_z", vLLM's child
+    # ids "{index}_{parent}") names that request, not its own id (which is not running).
+    proc.add_request(_req("1_z", [5]), None)
+    with pytest.raises(ValueError, match="z clashes with running request 1_z .the id of its "
+                                         "choice 1"):
+        proc.add_request(_req("z", [5], n=2, temperature=1.0), None)
+    assert "z" not in proc.parents and "0_z" not in proc.request_states
 
 
 @pytest.mark.parametrize("kind", [DELTA, CUMULATIVE])
