@@ -19,6 +19,7 @@ from cadence.chat import encodes_as_utf8
 from cadence.json_nesting import MAX_JSON_DEPTH, nesting_depth
 from cadence.sampling_params import StructuredOutputsParams
 from cadence.structured_outputs_params import KINDS
+from cadence.worker.regex_rewrite import xgrammar_regex
 from cadence.worker.schema_features import unenforced_keyword
 from cadence.worker.schema_rewrite import enforceable_schema
 
@@ -70,7 +71,7 @@ def grammar_of(spec: StructuredOutputsParams) -> Any:
             tag = structural_tag_of(spec.structural_tag)
             return json_text_only(xgr, xgr.Grammar.from_structural_tag(json.dumps(tag)))
         if spec.regex is not None:
-            return xgr.Grammar.from_regex(spec.regex)
+            return xgr.Grammar.from_regex(xgrammar_regex(spec.regex))
         if spec.choice is not None:
             return xgr.Grammar.from_regex("|".join(regex_literal(c) for c in spec.choice))
         if _looks_like_lark(spec.grammar or ""):
@@ -163,6 +164,8 @@ def structural_tag_of(given: str | dict) -> dict[str, Any]:
                     node["json_schema"] = checked_schema(node["json_schema"])
                 if kind == "json_schema" and node.get("max_whitespace_cnt") is None:
                     node["max_whitespace_cnt"] = MAX_WHITESPACE_RUN
+            if kind == "regex" and isinstance(node.get("pattern"), str):
+                node["pattern"] = xgrammar_regex(node["pattern"])
             stack.extend(v for k, v in node.items() if k != "json_schema")
     return tree
 
