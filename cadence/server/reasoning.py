@@ -175,7 +175,9 @@ class ReasoningCount:
         first = len(self._text)
         self._text += text
         self._firsts.append(first)
-        self._pasts.append(len(self._text))
+        # A piece with no text (a character's leading bytes, held back) stands for the
+        # character it leads to: [first, first + 1), as reasoning_tokens reads a token.
+        self._pasts.append(max(len(self._text), first + 1))
         self._before.append(self._before[-1] + len(ids))
         if self._a is None:
             stripped = self._text.lstrip()
@@ -210,8 +212,9 @@ class ReasoningCount:
 def reasoning_tokens(ids: Sequence[int], text: str, tag_ids: tuple[int, int] | None,
                      ended: bool, decode: Callable[[Sequence[int]], str]) -> int:
     """A whole output's reasoning tokens (``ReasoningCount``'s). Where the tags span several
-    tokens: token ``i`` counts when its text, ``decode(ids[:i + 1])`` past ``decode(ids[:i])``,
-    overlaps the reasoning's span; found by bisection over the prefixes' decoded lengths."""
+    tokens: token ``i`` counts when the characters it completes (``decode(ids[:i + 1])`` past
+    ``decode(ids[:i])``; for a character's leading bytes, that character) overlap the
+    reasoning's span; found by bisection over the prefixes' decoded lengths."""
     if tag_ids is not None:
         count = ReasoningCount(tag_ids)
         count.feed(ids)
@@ -223,12 +226,18 @@ def reasoning_tokens(ids: Sequence[int], text: str, tag_ids: tuple[int, int] | N
         return 0
     lengths: dict[int, int] = {}
 
-    def length(j: int) -> int:  # characters of the first j tokens' text
+    def length(j: int) -> int:
+        # Characters the first j tokens complete: a prefix that ends inside a character
+        # decodes it as U+FFFD (one or more), not yet a character of the text (so the lengths
+        # grow with j, as the bisection needs).
         if j not in lengths:
-            lengths[j] = len(decode(ids[:j]))
+            lengths[j] = len(decode(ids[:j]).rstrip("\ufffd"))
         return lengths[j]
 
+    # Token i holds the characters it completes, [length(i), length(i + 1)); one that completes
+    # none (a character's leading bytes), the one it leads to, [length(i), length(i) + 1).
     n = len(ids)
-    first = bisect.bisect_left(range(n), True, key=lambda i: length(i + 1) > a)
+    first = bisect.bisect_left(range(n), True,
+                               key=lambda i: max(length(i + 1), length(i) + 1) > a)
     past = bisect.bisect_left(range(n), True, key=lambda i: length(i) >= b)
     return max(0, past - first)

@@ -71,7 +71,8 @@ TEXTS = ["<think>", "</think>", "<thi", "nk>", "</th", "ink>", "<", "/", ">", " 
 
 def _brute_force(texts: list[str]) -> int:
     """Tokens whose text overlaps the reasoning that the whole-output split returns, found by
-    locating that reasoning in the text (independent of the counters' bookkeeping)."""
+    locating that reasoning in the text (independent of the counters' bookkeeping); a token
+    with no text (a character's leading bytes) stands for the character after it."""
     text = "".join(texts)
     reasoning, _ = REASONING_PARSERS["qwen3"].split(text)
     if not reasoning:
@@ -82,7 +83,7 @@ def _brute_force(texts: list[str]) -> int:
     b = a + len(reasoning)
     count, pos = 0, 0
     for t in texts:
-        count += pos < b and pos + len(t) > a
+        count += pos < b and pos + max(len(t), 1) > a
         pos += len(t)
     return count
 
@@ -114,6 +115,36 @@ def test_any_output_counts_the_same_whole_streamed_and_by_brute_force(seed) -> N
         for ended in (False, True):
             assert grouped.count(ended) == whole.count(ended)
             assert reasoning_tokens(tagged, "", (START, END), ended, decode) == whole.count(ended)
+
+
+@pytest.mark.parametrize(("before", "reasoning", "after"), [
+    ("<think>", "ab\U0001f642", "</think>"), ("<think>", "\U0001f642", "</think>ok"),
+    ("<think>", "x\U0001f642", "</think>\U0001f642"), ("<think>", "日本語\U0001f642", "</think>ответ"),
+    ("", "é\U0001f600", "</think>a"), ("<think>", "\U0001f642", ""),
+])
+def test_characters_of_several_tokens_count_every_token(before, reasoning, after) -> None:
+    """A byte-level tokenizer writes a character past ASCII as several tokens, whose leading
+    ones decode to no character yet: every token of the reasoning's text counts, whole and
+    streamed (the text held back until its character completes). Expected: the tokens of the
+    reasoning encoded on its own, the output being the three parts' tokens."""
+    from transformers import AutoTokenizer
+
+    from cadence.model.tiny import ensure_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+    parts = [tok.encode(t, add_special_tokens=False) for t in (before, reasoning, after)]
+    ids = [i for part in parts for i in part]
+    text = tok.decode(ids)
+    assert text == before + reasoning + after
+    want = len(parts[1])
+    assert want > len(reasoning)  # some character took several tokens
+    assert reasoning_tokens(ids, text, None, False, tok.decode) == want
+    pieces, shown = [], ""
+    for i in range(len(ids)):  # one token a step; a character's leading bytes held back
+        now = tok.decode(ids[:i + 1]).rstrip("\ufffd")
+        pieces.append(([ids[i]], now[len(shown):]))
+        shown = now
+    assert _stream_pieces(pieces, None) == want
 
 
 # Through the server ------------------------------------------------------------------------
