@@ -397,4 +397,8 @@ MUTATIONS = [
              "cadence/worker/regex_rewrite.py",
              "    if where is not None:\n        raise ValueError(",
              "    if False:\n        raise ValueError(", ("tests/worker/test_regex_rewrite.py",)),
+    Mutation("json-comma-double-run", "objects of patternProperties allow 8 blanks after a "
+             "comma", "cadence/worker/grammar_compiler.py",
+             '        return f"{m.group(1)} {prop}))"', "        return m.group(0)",
+             ("tests/worker/test_grammar_compiler.py",)),
 ]

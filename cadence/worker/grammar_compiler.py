@@ -206,12 +206,33 @@ def _looks_like_lark(grammar: str) -> bool:
     return bool(grammar.strip()) and not any("::=" in line for line in lines)
 
 
+# xgrammar (0.2.x) writes an object of patternProperties / propertyNames as "{" PROP
+# PROPS* ... "}" with PROPS ::= ws{0,N} "," ws{0,N} PROP, and PROP itself starts with ws{0,N}:
+# 2N blanks in a row after each comma. The comma's own trailing run is dropped (PROP's stays).
+_COMMA_RUN = re.compile(r'^(\S+ ::= \(\(\S+\{0, \d+\} ",") (\S+)\{0, \d+\} (\S+)\)\)$',
+                        re.MULTILINE)
+_BLANK_RULE = "(([ \\n\\r\\t]))"
+
+
 def json_text_only(xgr: Any, grammar: Any) -> Any:
     """``grammar`` with every length-bounded string's characters limited to those JSON text
-    allows unescaped (the grammar itself where it has none)."""
+    allows unescaped, and no run of blanks longer than the one asked for (the grammar itself
+    where nothing changes)."""
     ebnf = str(grammar)
     fixed, count = _BOUNDED_CHARS.subn(lambda m: f"{m.group(1)} ::= {_JSON_CHARS}", ebnf)
-    return xgr.Grammar.from_ebnf(fixed) if count else grammar
+    rules = dict(line.split(" ::= ", 1) for line in fixed.splitlines() if " ::= " in line)
+
+    def one_run(m: re.Match) -> str:
+        blank, prop = m.group(2), m.group(3)
+        leads = re.match(r"\(\((\S+)\{0, \d+\} ", rules.get(prop, ""))
+        if rules.get(blank) != _BLANK_RULE or not leads or rules.get(leads.group(1)) != (
+                _BLANK_RULE):
+            return m.group(0)
+        return f"{m.group(1)} {prop}))"
+
+    fixed = _COMMA_RUN.sub(one_run, fixed)
+    changed = count or fixed != ebnf
+    return xgr.Grammar.from_ebnf(fixed) if changed else grammar
 
 
 def spec_key(spec: StructuredOutputsParams) -> str:

@@ -243,3 +243,23 @@ def test_a_choice_grammar_takes_each_choice_literally_without_warnings(capfd) ->
     # What the characters would mean as regex syntax is not taken.
     for other in ["axb", "aa", "x", "y", "z", "5", "beta", "a.b ", "tab here", ""]:
         assert not _takes(grammar, other), other
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "patternProperties": {"^[ab]{2}$": {"type": "integer"}},
+     "additionalProperties": False, "minProperties": 1},
+    {"type": "object", "propertyNames": {"pattern": "^[ab]{2}$"}},
+    {"type": "object", "properties": {"aa": {"type": "integer"}, "ab": {"type": "integer"}}},
+    {"type": "object"},
+])
+def test_no_run_of_blanks_is_longer_than_four(schema) -> None:
+    """docs/serving.md: JSON grammars allow at most 4 blanks in a row, between any two tokens
+    of the JSON (xgrammar's patternProperties objects allowed 8 after a comma)."""
+    grammar = grammar_compiler.grammar_of(StructuredOutputsParams(json=schema))
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    for blank in (" ", "\n", "\t"):
+        for runs in ((4, 4, 4), (5, 0, 0), (0, 5, 0), (0, 0, 5)):
+            before, after, colon = (blank * n for n in runs)
+            text = "{" + before + '"aa": 1,' + after + '"ab"' + colon + ": 2}"
+            assert accepts(grammar, text) == (max(runs) <= 4), (schema, text)
