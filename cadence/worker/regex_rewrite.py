@@ -81,9 +81,15 @@ def _inner_anchor(seq: Any, at_start: bool, at_end: bool) -> str | None:
     end anchor) in a whole match, named; None where there is none. ``at_start`` / ``at_end``:
     whether nothing can come before / after ``seq`` itself."""
     items = list(seq)
-    for i, (op, av) in enumerate(items):
-        start = at_start and all(_width_zero(n) for n in items[:i])
-        end = at_end and all(_width_zero(n) for n in items[i + 1:])
+    zero = [_width_zero(n) for n in items]
+    starts, ends = [], [False] * len(items)  # nothing can stand before / after item i
+    for z in zero:
+        starts.append(at_start)
+        at_start = at_start and z
+    for i in range(len(items) - 1, -1, -1):
+        ends[i] = at_end
+        at_end = at_end and zero[i]
+    for (op, av), start, end in zip(items, starts, ends, strict=True):
         if op is _sre_c.AT:
             if av in _STARTS and not start:
                 return "'^'" if av is _sre_c.AT_BEGINNING else "'\\A'"
