@@ -112,3 +112,18 @@ def test_request_output_takes_arguments_of_a_newer_vllm(caplog) -> None:
     assert "example_arg_added_in_new_version" in caplog.text
     with pytest.raises(TypeError):  # a missing field is still an error
         RequestOutput(request_id="r", prompt="p")
+
+
+def test_adding_a_later_delta_keeps_the_prompt_logprobs_and_takes_its_stop_reason() -> None:
+    """vLLM's RequestOutput.add (aggregate): text appended, ids extended; the prompt logprobs
+    arrive with the first output only and stay; the later finish and stop reasons win."""
+    first = RequestOutput("r", "p", [1, 2], [None, {2: None}],
+                          [CompletionOutput(0, "a", [3])], False)
+    later = RequestOutput("r", "p", [1, 2], [],
+                          [CompletionOutput(0, "b", [4], finish_reason="stop", stop_reason="END")],
+                          True)
+    first.add(later, aggregate=True)
+    (merged,) = first.outputs
+    assert (merged.text, list(merged.token_ids)) == ("ab", [3, 4])
+    assert (merged.finish_reason, merged.stop_reason) == ("stop", "END")
+    assert first.prompt_logprobs == [None, {2: None}] and first.finished

@@ -136,6 +136,15 @@ def test_valid_edge_values() -> None:
     r = SamplingParams(temperature=0.01, top_p=5e-324, stop_token_ids=[0, (1 << 63) - 1])
     assert (r.temperature, r.top_p, r.greedy) == (0.01, 5e-324, False)
     assert r.all_stop_token_ids == {0, (1 << 63) - 1}
+    # vLLM's closed penalty range [-2, 2] at its low end; -1 logprobs: all of them.
+    s = SamplingParams(presence_penalty=-2.0, frequency_penalty=-2.0, logprobs=-1,
+                       prompt_logprobs=-1)
+    assert (s.presence_penalty, s.frequency_penalty) == (-2.0, -2.0)
+    assert (s.logprobs, s.prompt_logprobs) == (-1, -1)
+    # vLLM clamps a positive temperature below 0.01 up to it (not to greedy).
+    for tiny in (0.005, 0.009, 1e-6):
+        t = SamplingParams(temperature=tiny)
+        assert (t.temperature, t.greedy) == (0.01, False)
 
 
 def test_clone_is_independent() -> None:

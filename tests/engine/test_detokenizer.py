@@ -322,6 +322,12 @@ def test_cumulative_text_holds_back_the_stop_buffer(tokenizer: PreTrainedTokeniz
     detok.update(tokenizer.encode("hello world"), False)
     assert detok.get_next_output_text(False, delta=False) == "hello wo"
     assert detok.get_next_output_text(True, delta=False) == "hello world"
+    # Text shorter than the hold shows nothing yet (vLLM's output_text[:-buffer_length]).
+    short = IncrementalDetokenizer(tokenizer, _request([5], stop=["xyz!"]))
+    short.update(tokenizer.encode("ab"), False)
+    assert short.get_next_output_text(False, delta=False) == ""
+    assert short.get_next_output_text(False, delta=True) == ""
+    assert short.get_next_output_text(True, delta=False) == "ab"
 
 
 def test_stop_token_text_is_left_out(tokenizer: PreTrainedTokenizerFast) -> None:

@@ -268,3 +268,52 @@ def test_skip_reading_prefix_cache_reads_no_cached_block() -> None:
     assert manager.prefix_cache_stats.requests == 0
     reading = make_request("read", list(range(40)))
     assert manager.get_computed_blocks(reading)[1] == 32  # the cache still holds the prompt
+
+
+def _small(num_blocks: int) -> tuple[KVCacheManager, object]:
+    manager = KVCacheManager(num_blocks, 4, True, max_model_len=64)
+
+    def request(request_id: str, prompt: list[int]) -> Request:
+        return Request(request_id, prompt, SamplingParams(max_tokens=4), eos_token_id=100,
+                       block_hasher=make_block_hasher(4))
+    return manager, request
+
+
+def test_unwritten_blocks_leave_the_cache_from_the_first_one_not_written_whole() -> None:
+    """A priority victim or refused request with 6 of its 10 prompt tokens written (blocks of
+    4): block 0 (tokens 0-3) holds written KV, block 1 (4-7) only half; a later request with
+    the same prompt may hit block 0 alone."""
+    manager, request = _small(16)
+    a = request("a", list(range(10)))
+    manager.allocate_slots(a, 10)
+    manager.uncache_unwritten(a, 6)
+    hits, num_hits = manager.get_computed_blocks(request("b", list(range(10))))
+    assert num_hits == 4 and len(hits) == 1
+
+
+def test_blocks_another_request_holds_stay_cached_when_one_is_refused() -> None:
+    """B hit A's two written blocks; B is refused (none of its own KV written): the blocks A
+    wrote and still holds stay in the cache for C."""
+    manager, request = _small(16)
+    a = request("a", list(range(10)))
+    manager.allocate_slots(a, 10)
+    b = request("b", list(range(10)))
+    hits, num_hits = manager.get_computed_blocks(b)
+    assert num_hits == 8
+    manager.allocate_slots(b, 2, num_hits, hits)
+    manager.uncache_unwritten(b, 0)
+    manager.free(b)
+    assert manager.get_computed_blocks(request("c", list(range(10))))[1] == 8
+
+
+def test_hits_a_running_request_holds_take_no_free_block() -> None:
+    """Three usable blocks: A holds two (8 tokens); B shares A's first two blocks and needs one
+    more, with one free. Hits that a running request holds are not in the free queue, so B's
+    allocation fits (counting them as taken from the free queue refused it)."""
+    manager, request = _small(4)
+    a = request("a", list(range(8)) + [50])
+    manager.allocate_slots(a, 8)
+    b = request("b", list(range(8)) + [60, 61])
+    hits, num_hits = manager.get_computed_blocks(b)
+    assert num_hits == 8 and manager.block_pool.get_num_free_blocks() == 1
+    assert manager.allocate_slots(b, 2, num_hits, hits) is not None

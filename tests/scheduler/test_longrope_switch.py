@@ -124,3 +124,17 @@ def test_async_the_switch_waits_for_the_token_in_flight():
     scheduler.update_from_output(done, output_for(done, 77))
     out = scheduler.schedule()
     assert out.num_scheduled_tokens == {request.request_id: SWITCH + 1} and request.rope_long
+
+
+def test_requests_crossing_the_switch_in_one_step_are_readmitted_in_their_order():
+    scheduler = create_scheduler(block_size=BLOCK, max_model_len=64, rope_switch_len=SWITCH)
+    a, b = create_requests(2, num_tokens=SWITCH, max_tokens=20, block_size=BLOCK,
+                           req_ids=["a", "b"])
+    for request in (a, b):
+        scheduler.add_request(request)
+    out = scheduler.schedule()  # both prefill their 8 tokens (<= L)
+    assert out.num_scheduled_tokens == {"a": SWITCH, "b": SWITCH}
+    scheduler.update_from_output(out, output_for(out, 77))
+    out = scheduler.schedule()  # position 8 for both: both released for recomputation
+    assert out.preempted_req_ids == {"a", "b"}
+    assert [r.request_id for r in scheduler.waiting] == ["a", "b"]

@@ -536,6 +536,22 @@ def test_a_request_waits_for_its_grammar_while_others_run() -> None:
     assert stall_reason(alone) is None  # compiling, not stalled
 
 
+def test_requests_waiting_for_their_grammars_keep_their_order() -> None:
+    """Two requests skipped while their grammars compile go back to the queue's front in
+    their own order: once both are ready, one seat admits the first (FCFS)."""
+    scheduler = create_scheduler(max_num_seqs=1)
+    first, second = create_requests(2)
+    ready = {"flag": False}
+    for request in (first, second):
+        request._grammar_ready = lambda: ready["flag"]
+        scheduler.add_request(request)
+    assert scheduler.schedule().total_num_scheduled_tokens == 0
+    assert [r.request_id for r in scheduler.waiting] == [first.request_id, second.request_id]
+    ready["flag"] = True
+    out = scheduler.schedule()
+    assert [r.req_id for r in out.scheduled_new_reqs] == [first.request_id]
+
+
 def test_queue_timing_goes_out_with_a_requests_first_output_only():
     """The (queued, first scheduled) times do not change after the first schedule, so they
     cross the process boundary once, not with every step's output."""
@@ -550,3 +566,20 @@ def test_queue_timing_goes_out_with_a_requests_first_output_only():
     assert len(timings) == 3
     assert timings[0] == (request.queued_time, request.scheduled_time)
     assert timings[0][1] is not None and timings[1:] == [None, None]
+
+
+def test_a_request_without_max_tokens_fills_the_context() -> None:
+    """vLLM: max_tokens None means what the context leaves, max_model_len - prompt tokens (a
+    5-token prompt in a 12-token context: 7 tokens, finished by length)."""
+    scheduler = create_scheduler(max_model_len=12, max_num_batched_tokens=64, block_size=4)
+    (request,) = create_requests(1, num_tokens=5, max_tokens=None, block_size=4, ignore_eos=True)
+    scheduler.add_request(request)
+    tokens, finish = 0, None
+    for _ in range(20):
+        so = scheduler.schedule()
+        for out in scheduler.update_from_output(so, output_for(so, 3)).outputs:
+            tokens += len(out.new_token_ids)
+            finish = out.finish_reason or finish
+        if finish is not None:
+            break
+    assert (tokens, finish) == (7, FinishReason.LENGTH)

@@ -90,6 +90,16 @@ def test_counts_move_with_their_rows():
     assert counts.counts[0, 6] == 2 and bool(counts.prompt_mask[0, 5])
 
 
+def test_a_reused_slot_forgets_the_previous_requests_tokens():
+    """A slot a new request takes holds only its own prompt and outputs: the repetition
+    penalty reads the prompt mask, so an old prompt's tokens left in it would be penalised."""
+    counts = TokenCounts(2, V, torch.device("cpu"))
+    counts.reset(0, [1, 2], [3, 3])
+    counts.reset(0, [4], [])
+    assert torch.nonzero(counts.prompt_mask[0]).flatten().tolist() == [4]
+    assert int(counts.counts[0].sum()) == 0
+
+
 @pytest.mark.parametrize("min_p", [0.05, 0.3, 1.0])
 def test_min_p_matches_transformers(min_p):
     from transformers import MinPLogitsWarper
@@ -174,6 +184,21 @@ def test_conditional_bans_read_the_in_flight_token():
     state.record("r0", 0, 1, admission)  # recorded once
     _, bans = state.step_inputs(np.arange(1), ["r0"], np.arange(1), params[:1], [1], last_sampled)
     assert bans == {0: [2]}
+
+
+def test_conditional_bans_read_the_slot_of_their_row():
+    """A request's row in the step and its slot in the state differ (row 0, slot 1): its ban
+    on 2 after 1 reads the token its slot has in flight, and lands on its row."""
+    p = SamplingParams()
+    p.bad_words_token_ids = [[1, 2]]
+    state = LogitsState(2, V, torch.device("cpu"))
+    state.admit(1, "r", [9], [], p)
+    last_sampled = torch.tensor([3, 1])  # slot 1 has 1 in flight; slot 0 (another) has 3
+    inputs, bans = state.step_inputs(np.arange(1), ["r"], np.array([1]), [p], [1],
+                                     last_sampled)
+    got = _logits(1, seed=6)
+    apply_logits_processors(got, inputs, bans)
+    assert torch.isinf(got[0, 2]) and int(torch.isinf(got[0]).sum()) == 1
 
 
 def test_sampler_order_penalties_before_greedy_and_min_p_after_temperature():

@@ -204,6 +204,11 @@ def test_top_p_keeps_at_least_one_token() -> None:
     logits = torch.tensor([[0.0, 0.0, 10.0, 0.0]])
     out = apply_top_k_top_p(logits.clone(), None, torch.tensor([1e-6]))
     assert torch.isfinite(out).tolist() == [[False, False, True, False]]
+    # A top_p so small that 1 - p rounds to 1 in float32: every token's mass before it is
+    # below p only for none; the most likely token still survives (vLLM keeps it).
+    close = torch.tensor([[0.0, 1.0, 5.0, 2.0]])
+    out = apply_top_k_top_p(close.clone(), None, torch.tensor([1e-9]))
+    assert torch.isfinite(out).tolist() == [[False, False, True, False]]
 
 
 def test_top_k_minus_one_and_large_k_disable_top_k() -> None:
@@ -332,6 +337,13 @@ def test_metadata_from_params() -> None:
     assert md.max_num_logprobs == 4
     # Row 0 is below min_tokens: its stop ids are banned; row 2 has reached min_tokens.
     assert md.banned_token_ids == {0: [2, 9]}
+    # Under a grammar min_tokens bans nothing (docs/serving.md): the grammar may allow only
+    # the end of sequence, and a row with no token left would fail.
+    from cadence.sampling_params import StructuredOutputsParams
+
+    guided = SamplingParams(temperature=1.0, min_tokens=3, stop_token_ids=[5],
+                            structured_outputs=StructuredOutputsParams(regex="ab"))
+    assert SamplingMetadata.from_params([guided], [0]).banned_token_ids == {}
 
     topk = [SamplingParams(temperature=0.0), SamplingParams(top_k=7), SamplingParams(top_k=3)]
     assert SamplingMetadata.from_params(topk, [0, 0, 0]).max_top_k == 7
