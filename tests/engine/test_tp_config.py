@@ -34,7 +34,7 @@ def test_the_cli_exits_2_with_one_line(capsys):
         main(["generate", "--model", "tiny", "--device", "cpu", "-tp", "3"])
     assert info.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("cadence generate: error: tensor_parallel_size=3")
+    assert err.startswith("cadence generate: error: -tp: tensor_parallel_size=3")
     assert "\n" not in err
 
 
