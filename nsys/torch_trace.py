@@ -28,7 +28,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cadence.bench.report import output_file  # noqa: E402
+from cadence.bench.report import made_output_file, output_file  # noqa: E402
 from cadence.cli_types import int_at_least  # noqa: E402
 from cadence.profiling import make_nvtx_range, nvtx_range  # noqa: E402
 from cadence.user_errors import ArgumentParser, one_line_errors  # noqa: E402
@@ -200,22 +200,10 @@ def _drain(core, ids: list[str]) -> None:
         step()
 
 
-def _check_out(out: Path) -> None:
-    """The trace file, checked (its folder made) before the engine is built, not after the run."""
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"--out {str(out)!r}: {exc.strerror or exc}") from None
-    try:
-        output_file(str(out))
-    except argparse.ArgumentTypeError as exc:
-        raise ValueError(f"--out: {exc}") from None
-
-
 def trace(ns: argparse.Namespace) -> dict[str, Any]:
     """Build the engine, trace the load, and return the summary (with ``load`` and ``run``)."""
-    if ns.profiler == "torch":
-        _check_out(Path(ns.out))
+    if ns.profiler == "torch":  # the trace file, checked (its folder made) before the run
+        made_output_file("--out", ns.out)
     load = _load(ns)
     core = make_engine(ns, load)
     cuda = core.config.device == "cuda"

@@ -53,6 +53,20 @@ def output_file(text: str) -> str:
     return text
 
 
+def made_output_file(flag: str, path: str) -> None:
+    """``output_file``'s check for a file whose folder the command makes (a trace's): the
+    folder is made now, before the run; a ValueError names ``flag``."""
+    if not os.path.isdir(path):
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"{flag} {path!r}: {exc.strerror or exc}") from None
+    try:
+        output_file(path)
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
+
+
 # What matplotlib's Agg, PDF, SVG and PS backends write (checked before a run, not after it).
 PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".eps", ".ps", ".jpg", ".jpeg", ".tif",
                  ".tiff", ".webp", ".avif", ".gif", ".pgf", ".raw", ".rgba")

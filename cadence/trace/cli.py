@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cadence.bench.report import made_output_file
 from cadence.cli_config import add_config_arg, parse_with_config
 from cadence.trace.compare import compare, is_report
 from cadence.trace.floors import default_bandwidth
@@ -77,22 +78,6 @@ def _run(ns: argparse.Namespace, trace_path: Path | None) -> dict[str, Any]:
     return trace_load(EngineArgs.from_cli_args(ns), load, trace_path, profiler)
 
 
-def _writable(flag: str, path: Path) -> None:
-    """A file the report writes, checked (its folder made) before the run, not after it:
-    the benchmarks' check of their output files (``output_file``)."""
-    from cadence.bench.report import output_file
-
-    if not path.is_dir():
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ValueError(f"{flag} {str(path)!r}: {exc.strerror or exc}") from None
-    try:
-        output_file(str(path))
-    except argparse.ArgumentTypeError as exc:
-        raise ValueError(f"{flag}: {exc}") from None
-
-
 def report(ns: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     """Run (or read) the trace, write the report files and return the figures."""
     # Every check that needs no trace comes before the run (which may take minutes).
@@ -114,7 +99,7 @@ def report(ns: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     for flag, path in (("--out", ns.out), ("--json-out", ns.json_out),
                        ("--trace-out", None if ns.from_trace else ns.trace_out)):
         if path is not None:
-            _writable(flag, Path(path))
+            made_output_file(flag, str(path))
     out = Path(ns.out)
     run: dict[str, Any] = {}
     if ns.from_trace:
