@@ -24,6 +24,8 @@ from cadence.server.cli import engine_args_from
      GraphChoice(max_capture_tokens=256)),
     ({"cudagraph_capture_sizes": [1, 2, 4, 512, 8]}, GraphChoice(max_capture_tokens=512)),
     ({"cudagraph_capture_sizes": []}, GraphChoice(enforce_eager=True, max_capture_tokens=0)),
+    # A capture size of 0 (">= 0"): no mixed-step graphs, decode graphs kept.
+    ({"max_cudagraph_capture_size": 0}, GraphChoice(max_capture_tokens=0)),
     # Decode graphs only: the cap of mixed steps is 0 whatever the sizes say.
     ({"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2]},
      GraphChoice(max_capture_tokens=0)),

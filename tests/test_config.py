@@ -96,3 +96,15 @@ def test_a_block_larger_than_any_cache_is_refused() -> None:
     for bad in (0, MAX_BLOCK_SIZE + 1, 10_000_000):
         with pytest.raises(ValueError, match=f"block_size must be 1 to {MAX_BLOCK_SIZE}"):
             CacheConfig(block_size=bad)
+
+
+def test_scheduler_bounds_at_their_edges() -> None:
+    """max_num_seqs 1 to 65536 inclusive (the message says so); stream_interval at least 1
+    (vLLM's ge=1)."""
+    top = SchedulerConfig(max_num_seqs=65536, max_num_batched_tokens=65536, max_model_len=2048)
+    assert top.max_num_seqs == 65536
+    with pytest.raises(ValueError, match="max_num_seqs must be 1 to 65536"):
+        SchedulerConfig(max_num_seqs=65537, max_num_batched_tokens=65537, max_model_len=2048)
+    with pytest.raises(ValueError, match="stream_interval must be at least 1"):
+        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=2048, max_model_len=2048,
+                        stream_interval=0)

@@ -75,3 +75,14 @@ def test_seeded_top_k_tokens_do_not_depend_on_the_sampling_path(llm: LLM) -> Non
     # Top-k 3 at temperature 2: all three candidates are likely, so a path that kept a wrong set
     # would soon sample a different token. The draws really vary (about 28 distinct tokens).
     assert all(len(set(tokens)) >= 16 for tokens in candidates)
+
+
+def test_min_p_one_keeps_only_the_most_likely_token(llm: LLM) -> None:
+    """min_p = 1 keeps the tokens at least as likely as the most likely one: sampling at any
+    temperature and seed is then the greedy answer (and min_p reaches the sampler at all)."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=N_TOKENS, ignore_eos=True)
+    (want,) = _generate(llm, [(PROMPT, greedy)])
+    got = _generate(llm, [(PROMPT, _seeded(seed, min_p=1.0)) for seed in (1, 2, 3)])
+    assert got == [want] * 3
+    # Without it the same seeds wander off the greedy answer.
+    assert _generate(llm, [(PROMPT, _seeded(1))])[0] != want

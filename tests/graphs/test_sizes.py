@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from cadence.graphs.sizes import capture_sizes, padded_batch_size
+from cadence.graphs.sizes import capture_sizes, padded_batch_size, token_capture_sizes
 
 
 def test_capture_sizes_follow_the_pattern_and_end_at_max() -> None:
@@ -56,3 +56,13 @@ def test_dense_padding_ok(tokens, size, ok):
     from cadence.graphs.sizes import dense_padding_ok
 
     assert dense_padding_ok(tokens, size) is ok
+
+
+def test_token_capture_sizes_step_16_up_to_256_then_8_a_doubling() -> None:
+    """The docstring's pattern, written out: 16, 32, ..., 256 (256 included), then 32 apart
+    up to 512, 64 apart up to 1024; the largest given exactly."""
+    assert token_capture_sizes(512) == [*range(16, 257, 16), *range(288, 513, 32)]
+    assert token_capture_sizes(1000) == [*range(16, 257, 16), *range(288, 513, 32),
+                                         *range(576, 961, 64), 1000]
+    assert token_capture_sizes(256)[-2:] == [240, 256]
+    assert token_capture_sizes(15) == []

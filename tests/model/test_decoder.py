@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from cadence.model.attention import TorchAttentionBackend
 from cadence.model.decoder import CausalLM
@@ -278,3 +279,44 @@ def test_logits_keep_the_models_dtype_unless_a_soft_cap_follows(models):
     assert full.dtype == torch.float32
     assert own.dtype == (torch.float32 if model.arch.final_softcap else torch.bfloat16)
     assert torch.equal(own.float(), full)
+
+
+def test_gemma3_ignores_an_attention_soft_cap_in_its_config(tmp_path):
+    """transformers' Gemma 3 attention passes no soft cap whatever the config holds (Gemma 2's
+    does): a Gemma 3 checkpoint whose config carries attn_logit_softcapping gives the same
+    logits as transformers', uncapped."""
+    hf = make_hf_model("gemma3", True)
+    hf.config.attn_logit_softcapping = 5.0
+    path = save_hf_model(hf, tmp_path / "gemma3-cap")
+    model = load_ours(path)
+    prompt = _prompts(3)[2]
+    batch = make_batch([Chunk(prompt, 0, _block_tables(3, 1, 6)[0])])
+    _assert_close(run_ours(model, batch), hf_logits(hf, prompt))
+
+
+def test_gemma_scales_embeddings_by_the_normalizer_rounded_to_the_dtype(tmp_path):
+    """transformers multiplies Gemma's embeddings by sqrt(hidden_size) rounded to the model's
+    dtype (in bf16 sqrt(72) = 8.485 becomes 8.5): the first layer's input equals
+    transformers' bit for bit."""
+    config = hf_config("gemma2", True)
+    config.hidden_size = 72
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    path = save_hf_model(hf, tmp_path / "gemma2-72")
+    hf = hf.to(torch.bfloat16)
+    model = load_ours(path, torch.bfloat16)
+    seen: dict[str, torch.Tensor] = {}
+
+    def theirs(_module, args, kwargs) -> None:
+        seen["hf"] = (args[0] if args else kwargs["hidden_states"])[0]
+
+    def ours(_module, args) -> None:
+        seen["ours"] = args[0]
+
+    hf.model.layers[0].register_forward_pre_hook(theirs, with_kwargs=True)
+    model.model.layers[0].register_forward_pre_hook(ours)
+    prompt = _prompts(4)[1]
+    hf(torch.tensor([prompt]))
+    run_ours(model, make_batch([Chunk(prompt, 0, _block_tables(4, 1, 6)[0])]))
+    assert seen["ours"].dtype == torch.bfloat16
+    assert torch.equal(seen["ours"], seen["hf"])

@@ -100,6 +100,31 @@ def test_directory_with_generation_config(tmp_path):
     assert resolve_model(str(tmp_path)).tokenizer_path == str(tmp_path)
 
 
+def test_edge_values_a_checkpoint_may_hold(tmp_path):
+    """An end-of-sequence id of 0 is a token id like any other; --max-model-len may be the
+    model's whole context (not one less)."""
+    config = hf_config("qwen3", tie=False)
+    config.save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 0}))
+    limit = config.max_position_embeddings
+    spec = resolve_model(str(tmp_path), max_model_len=limit)
+    assert spec.eos_token_ids == [0] and spec.max_model_len == limit
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        resolve_model(str(tmp_path), max_model_len=limit + 1)
+
+
+def test_gemma3s_context_is_its_max_position_embeddings(tmp_path):
+    """vLLM's exception: Gemma 3's max_position_embeddings already is its scaled length, so
+    the linear RoPE factor of its full-attention layers does not multiply it (Gemma 3 text
+    configs are of model type gemma3_text)."""
+    config = hf_config("gemma3", tie=True)
+    assert config.model_type == "gemma3_text"
+    config.rope_parameters["full_attention"] = {
+        **config.rope_parameters["full_attention"], "rope_type": "linear", "factor": 8.0}
+    config.save_pretrained(tmp_path)
+    assert resolve_model(str(tmp_path)).max_model_len == config.max_position_embeddings
+
+
 @pytest.mark.parametrize(("text", "fragment"), [
     ("[]", "expected a JSON object, got list"),
     ('{"eos_token_id": [null]}', "eos_token_id: expected a token id or a list of them"),

@@ -105,6 +105,8 @@ YARN_VARIANTS = [
      "mscale": 0.707, "mscale_all_dim": 1.0},
     {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 256,
      "attention_factor": 1.5},
+    # A long original length: the ramp's high end passes head_dim / 2 (clamped at head_dim - 1).
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 65536},
 ]  # fmt: skip
 
 

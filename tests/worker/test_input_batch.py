@@ -27,6 +27,18 @@ def test_rows_stay_condensed_and_moves_are_reported():
     assert batch.take_moves() == ([], [])
 
 
+def test_a_rows_sampling_fields_are_its_requests_and_move_with_it():
+    batch = _batch_with(2)
+    params = SamplingParams(temperature=0.7, top_p=0.9, top_k=5, min_p=0.25)
+    slot = batch.add("s", [1, 2, 3], [], params, [7])
+    got = (batch.temperature[slot], batch.top_p[slot], batch.top_k[slot], batch.min_p[slot])
+    assert got == pytest.approx((0.7, 0.9, 5, 0.25))
+    batch.remove("r0")  # the last row ("s") moves into row 0
+    batch.take_moves()
+    assert batch.req_id_to_slot["s"] == 0 and batch.min_p[0] == pytest.approx(0.25)
+    assert batch.top_k[0] == 5
+
+
 def test_chained_moves_compose_into_one_gather():
     batch = _batch_with(4)
     batch.remove("r0")  # r3: 3 -> 0

@@ -66,3 +66,14 @@ def test_forced_rows_keep_only_their_token() -> None:
         assert torch.isinf(logits[row]).sum() == 7 and torch.isfinite(logits[row, token])
     assert logits[0, 4] == before[0, 4] and logits[2, 5] == 0.0
     torch.testing.assert_close(logits[1], before[1])
+
+
+def test_a_row_not_forced_this_step_keeps_its_bans() -> None:
+    """The end tag (1) that another processor banned stays banned on a row whose rule does
+    not fire (WHEN the in-flight token is 3; it is 2): only a forced row lifts the ban."""
+    logits = torch.tensor([[1.0, float("-inf"), 2.0, 0.5]])
+    forced = ForcedTokens(rows=torch.tensor([0]), slots=torch.tensor([0]),
+                          mode=torch.tensor([2]), a=torch.tensor([3]), b=torch.tensor([3]),
+                          token=torch.tensor([1]))
+    apply_forced(logits, forced, torch.tensor([2]))
+    assert logits.tolist() == [[1.0, float("-inf"), 2.0, 0.5]]
