@@ -612,3 +612,24 @@ def test_a_thinking_budget_takes_the_engines_tags_and_yields_to_an_ungated_gramm
     req, _ = proc.process("r", [5, 3, 6], SamplingParams(thinking_token_budget=2,
                                                          structured_outputs=gated))
     assert req.sampling_params.thinking_token_budget == 2
+
+
+def test_priority_takes_the_whole_int64_range(tokenizer: PreTrainedTokenizerFast) -> None:
+    proc = _proc(tokenizer)
+    for edge in (2**63 - 1, -(2**63)):
+        req, _ = proc.process(f"p{edge}", "hi", SamplingParams(max_tokens=2), priority=edge)
+        assert req.priority == edge
+    with pytest.raises(InputValidationError) as info:
+        proc.process("past", "hi", SamplingParams(max_tokens=2), priority=2**63)
+    assert info.value.parameter == "priority"
+
+
+def test_a_requests_own_thinking_tags_are_kept(tokenizer: PreTrainedTokenizerFast) -> None:
+    """The engine's reasoning tags fill in a request's tags only where it gives none."""
+    proc = _proc(tokenizer, reasoning_tags=(7, 8))
+    params = SamplingParams(max_tokens=8, thinking_token_budget=4)
+    params.thinking_tags = (10, 11)
+    req, _ = proc.process("own", "hi", params)
+    assert req.sampling_params.thinking_tags == (10, 11)
+    req, _ = proc.process("engine", "hi", SamplingParams(max_tokens=8, thinking_token_budget=4))
+    assert req.sampling_params.thinking_tags == (7, 8)

@@ -329,6 +329,7 @@ def test_api_key_protects_v1_routes(server_factory) -> None:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}):
             resp = http.get("/v1/models", headers=headers)
             assert resp.status_code == 401
+            assert resp.headers["www-authenticate"] == "Bearer"  # RFC 9110: a 401 names it
             err = resp.json()["error"]
             assert err["code"] == 401 and err["type"] == "AuthenticationError"
             resp = http.post("/v1/completions", json={"prompt": "x"}, headers=headers)
@@ -847,6 +848,19 @@ def test_add_special_tokens_false_leaves_the_bos_out(tmp_path, server_factory) -
         alone = http.post("/v1/completions", json={**body, "add_special_tokens": False}).json()
         ids = http.post("/v1/completions", json={**body, "prompt": [5, 6],
                                                  "add_special_tokens": False}).json()
+        salted = http.post("/v1/completions", json={**body, "cache_salt": "s"}).json()
+        tokenized = http.post("/tokenize", json={"prompt": "hello"}).json()["tokens"]
+        chat = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 1,
+                "return_token_ids": True}
+        chat_ids = http.post("/v1/chat/completions", json=chat).json()["prompt_token_ids"]
+        chat_tokenized = http.post("/tokenize", json={"messages": chat["messages"]}).json()
+    # A prompt that goes to the engine as a dict (a salt) gets the default special tokens too;
+    # /tokenize reads a prompt as completions do, and a chat as the chat endpoint (whose
+    # template writes its own specials: none added, vLLM's default there).
+    assert salted["choices"][0]["prompt_token_ids"] == with_bos["choices"][0]["prompt_token_ids"]
+    assert tokenized == with_bos["choices"][0]["prompt_token_ids"]
+    assert chat_ids[:2] != [bos["id"], bos["id"]]
+    assert chat_tokenized["tokens"] == chat_ids
     assert with_bos["choices"][0]["prompt_token_ids"][0] == bos["id"]
     assert alone["choices"][0]["prompt_token_ids"] == with_bos["choices"][0]["prompt_token_ids"][1:]
     assert alone["usage"]["prompt_tokens"] == with_bos["usage"]["prompt_tokens"] - 1
