@@ -142,3 +142,14 @@ def test_a_streamed_request_of_several_prompts_ends_with_the_last(server_factory
                         if choice["finish_reason"]:
                             finish[choice["index"]] = choice["finish_reason"]
     assert finish == {0: "length", 1: "length"}
+
+
+def test_responses_truncation_auto_fits_a_long_input(http: httpx.Client) -> None:
+    """OpenAI's truncation "auto": an input past the context is cut (its oldest part) to fit,
+    not refused; "disabled" (the default) refuses it."""
+    body = {"model": "tiny", "input": "word " * 700, "max_output_tokens": 4}
+    refused = http.post("/v1/responses", json=body)
+    assert refused.status_code == 400
+    resp = http.post("/v1/responses", json={**body, "truncation": "auto"})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["usage"]["input_tokens"] <= 512 - 4

@@ -249,3 +249,22 @@ def test_requests_sharing_a_client_id_run_side_by_side(server) -> None:
 
     for status, ids, last in asyncio.run(run()):
         assert (status, ids, last) == (200, {"cmpl-fan-out"}, "data: [DONE]")
+
+
+def test_cached_token_details_in_streams_as_in_whole_answers(shaped) -> None:
+    """vLLM shows prompt_tokens_details only where some tokens were cached, streamed or not;
+    a streamed request of several prompts adds their cached tokens up, as its whole answer."""
+    auth = {"Authorization": "Bearer k"}
+    fresh = "A prompt seen once only, for the streamed usage of nothing cached. " * 2
+    warm = "Another long prompt that the second request finds in the prefix cache. " * 3
+    with httpx.Client(base_url=shaped.base_url, timeout=60, headers=auth) as http:
+        chunks = _chunks(http, COMPLETIONS, {"prompt": fresh, "max_tokens": 2,
+                                             "stream_options": {"include_usage": True}})
+        assert "prompt_tokens_details" not in chunks[-1]["usage"]
+        http.post(COMPLETIONS, json={"prompt": warm, "max_tokens": 1})
+        body = {"prompt": [warm, "A fresh second prompt."], "max_tokens": 2}
+        whole = http.post(COMPLETIONS, json=body).json()["usage"]
+        streamed = _chunks(http, COMPLETIONS, {**body, "stream_options": {
+            "include_usage": True}})[-1]["usage"]
+    assert whole["prompt_tokens_details"]["cached_tokens"] > 0
+    assert streamed["prompt_tokens_details"] == whole["prompt_tokens_details"]
