@@ -541,4 +541,9 @@ MUTATIONS = [
              '"truncate_prompt_tokens": -1 if self.truncation == "auto" else None,',
              '"truncate_prompt_tokens": None,',
              ('tests/server/test_request_edges.py',)),
+    Mutation('srv-fail-keeps-stream-open', 'a failed request of a multi-prompt stream waits for the others',
+             'cadence/server/frame_stream.py',
+             '        self.error = exc\n        self._open = 0\n',
+             '        self.error = exc\n        self._open -= 1\n',
+             ('tests/server/test_frames.py',)),
 ]

@@ -92,3 +92,19 @@ def test_chat_chunks_match_the_model(text: str) -> None:
         # A delta carries only what it sets.
         data["choices"][0]["delta"] = delta.model_dump(mode="json", exclude_none=True)
         assert got == data
+
+
+def test_a_failed_request_ends_a_stream_of_several() -> None:
+    """One request of a multi-prompt stream fails: the stream ends at once with the error (the
+    handler then aborts the others), not when the healthy ones finish."""
+    import asyncio
+
+    from cadence.server.frame_stream import FrameStream
+
+    async def main() -> None:
+        stream = FrameStream(2)
+        stream.sink(lambda out: "x").put(RuntimeError("boom"))  # the other never finishes
+        assert stream.finished and isinstance(stream.error, RuntimeError)
+        assert await stream.next() is None
+
+    asyncio.run(main())
