@@ -10,18 +10,23 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from cadence.model.layers import RMSNorm, silu_and_mul
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rmsnorm_is_identical_to_transformers(dtype):
-    gen = torch.Generator().manual_seed(0)
-    x = (torch.randn(7, 3, 48, generator=gen) * 5).to(dtype)
-    ours, theirs = RMSNorm(48, 1e-5).to(dtype), LlamaRMSNorm(48, eps=1e-5).to(dtype)
-    weight = 1 + torch.randn(48, generator=gen)
+def _assert_identical(ours, theirs, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """Both norms with ``weight``, in x's dtype, give the same bits."""
+    ours, theirs = ours.to(x.dtype), theirs.to(x.dtype)
     with torch.no_grad():
         ours.weight.copy_(weight)
         theirs.weight.copy_(weight)
     out = ours(x)
-    assert out.dtype == dtype
+    assert out.dtype == x.dtype
     assert torch.equal(out, theirs(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_is_identical_to_transformers(dtype):
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(7, 3, 48, generator=gen) * 5).to(dtype)
+    weight = 1 + torch.randn(48, generator=gen)
+    _assert_identical(RMSNorm(48, 1e-5), LlamaRMSNorm(48, eps=1e-5), x, weight)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -34,14 +39,8 @@ def test_gemma_rmsnorm_is_identical_to_transformers(dtype):
 
     gen = torch.Generator().manual_seed(1)
     x = (torch.randn(64, 256, generator=gen) * 3).to(dtype)
-    ours, theirs = GemmaRMSNorm(256, 1e-6).to(dtype), Gemma2RMSNorm(256, eps=1e-6).to(dtype)
     weight = torch.randn(256, generator=gen) * 0.5
-    with torch.no_grad():
-        ours.weight.copy_(weight)
-        theirs.weight.copy_(weight)
-    out = ours(x)
-    assert out.dtype == dtype
-    assert torch.equal(out, theirs(x))
+    _assert_identical(GemmaRMSNorm(256, 1e-6), Gemma2RMSNorm(256, eps=1e-6), x, weight)
 
 
 def test_silu_and_mul_uses_first_half_as_gate():
