@@ -546,4 +546,9 @@ MUTATIONS = [
              '        self.error = exc\n        self._open = 0\n',
              '        self.error = exc\n        self._open -= 1\n',
              ('tests/server/test_frames.py',)),
+    Mutation('srv-responses-no-abort', 'a non-streamed /v1/responses request runs on after its client left',
+             'cadence/server/serving_responses.py',
+             '        finally:\n            if not cs.finished:\n                self.chat.abort([started.request_id])  # the client',
+             '        finally:\n            if cs.finished:\n                self.chat.abort([started.request_id])  # the client',
+             ('tests/server/test_disconnects.py',)),
 ]

@@ -85,3 +85,20 @@ def test_an_n_request_that_fails_counts_every_choice_once(server_factory) -> Non
         assert counted(text, "cadence:request_params_n_count") == 1
         assert counted(text, "cadence:request_params_n_sum") == 4
     wait_released(srv.engine)
+
+
+def test_a_responses_request_whose_client_left_is_aborted(server_factory) -> None:
+    """A non-streamed /v1/responses request stops generating when its client disconnects:
+    counted as aborted, not as finished by length."""
+    srv = server_factory()
+    body = json.dumps({"model": "tiny", "input": "Hello my name is", "max_output_tokens": 400,
+                       "ignore_eos": True}).encode()
+    head = _head(len(body)).replace(b"/v1/completions", b"/v1/responses")
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+        sock.sendall(head + body)
+        wait_until(lambda: srv.engine.output_processor.has_unfinished_requests(), "a request")
+    wait_released(srv.engine)
+    with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+        text = scrape(http)
+        assert metric(text, "cadence:request_success_total", finished_reason="abort") == 1
+        assert metric(text, "cadence:request_success_total", finished_reason="length") == 0
