@@ -551,4 +551,9 @@ MUTATIONS = [
              '        finally:\n            if not cs.finished:\n                self.chat.abort([started.request_id])  # the client',
              '        finally:\n            if cs.finished:\n                self.chat.abort([started.request_id])  # the client',
              ('tests/server/test_disconnects.py',)),
+    Mutation('srv-reasoning-ended-no-tags', 'a prompt with neither tag counts as a closed reasoning (split tags)',
+             'cadence/server/serving_chat.py',
+             '        return tail.rfind(end) > tail.rfind(start)',
+             '        return tail.rfind(end) >= tail.rfind(start)',
+             ('tests/server/test_reasoning.py',)),
 ]

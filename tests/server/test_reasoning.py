@@ -85,17 +85,19 @@ THINKING_TEMPLATE = (
 )
 
 
+@pytest.mark.parametrize("template", [THINKING_TEMPLATE, None], ids=["opens-think", "no-tags"])
 @pytest.mark.parametrize("name", ["deepseek_r1", "qwen3"])
-def test_reasoning_through_the_openai_client(server_factory, name) -> None:
-    srv = server_factory(app_kwargs={"reasoning_parser": name,
-                                     "chat_template": THINKING_TEMPLATE})
+def test_reasoning_through_the_openai_client(server_factory, name, template) -> None:
+    """Without a closing tag the answer is reasoning, whether the prompt opened <think> or
+    holds neither tag (vLLM's: only a prompt whose last tag closes it makes content)."""
+    srv = server_factory(app_kwargs={"reasoning_parser": name, "chat_template": template})
     client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
     kw = dict(model="tiny", messages=[{"role": "user", "content": "why?"}], max_tokens=12,
               temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
     out = client.chat.completions.create(**kw)
     msg = out.choices[0].message
     text = srv.engine.tokenizer.decode(out.choices[0].token_ids)
-    # The prompt opened <think>; the random model never closes it: all of it is reasoning.
+    # The random model never closes it: all of it is reasoning.
     want = REASONING_PARSERS[name].split(text)
     assert want == (text, None)
     assert (getattr(msg, "reasoning", None), msg.content) == want
