@@ -521,4 +521,9 @@ MUTATIONS = [
              "cadence/engine/detokenizer.py",
              "end = max(len(self.output_text) - hold, 0)", "end = len(self.output_text) - hold",
              ("tests/engine/test_detokenizer.py",)),
+    Mutation('core-wake-no-progress', 'waking from idle with new inputs is no progress (the stall clock counts idle time)',
+             'cadence/engine/core_proc.py',
+             '                    return\n                self._progress_time = time.monotonic()\n',
+             '                    return\n',
+             ('tests/engine/test_core_proc_edges.py',)),
 ]

@@ -174,3 +174,22 @@ def test_every_completed_step_counts_as_progress(args: EngineArgs) -> None:
         core.open()
         client.shutdown()
 
+
+
+def test_waking_up_to_new_work_counts_as_progress(args: EngineArgs) -> None:
+    """The stall watchdog's clock restarts when the idle loop wakes up with new inputs: while
+    the first step after an idle spell runs, the time since progress is that step's alone,
+    not the idle spell's (/health would otherwise report a stall after a quiet minute)."""
+    import time
+
+    client = InprocEngineCoreClient(lambda: GatedCore(args))
+    core: GatedCore = client.proc.engine_core  # type: ignore[assignment]
+    try:
+        core.wait_idle()
+        before_add = time.monotonic()
+        client.add_request(make_request("x", max_tokens=2))
+        core.wait_at_gate(steps=0)  # woken up, the inputs handled, the first step at its gate
+        assert client.proc.last_progress_time >= before_add
+    finally:
+        core.open()
+        client.shutdown()
