@@ -24,6 +24,8 @@ except ImportError:  # pragma: no cover - Python 3.10
 import re
 from typing import Any
 
+from cadence.worker.schema_patterns import regex_char, regex_quantifier
+
 __all__ = ["xgrammar_regex"]
 
 _CARET = ord("^")
@@ -35,7 +37,6 @@ _ATOMIC = getattr(_sre_c, "ATOMIC_GROUP", None)
 _FLAGS = re.IGNORECASE | re.MULTILINE | re.DOTALL | re.VERBOSE
 _STARTS = (_sre_c.AT_BEGINNING, _sre_c.AT_BEGINNING_STRING)
 _ENDS = (_sre_c.AT_END, _sre_c.AT_END_STRING)
-_META = set("\\^$.|?*+()[]{}/-")
 _CATEGORY = {_sre_c.CATEGORY_DIGIT: "\\d", _sre_c.CATEGORY_NOT_DIGIT: "\\D",
              _sre_c.CATEGORY_WORD: "\\w", _sre_c.CATEGORY_NOT_WORD: "\\W",
              _sre_c.CATEGORY_SPACE: "\\s", _sre_c.CATEGORY_NOT_SPACE: "\\S"}
@@ -130,24 +131,15 @@ def _needs_rewrite(seq: Any) -> bool:
     return False
 
 
-def _literal(c: int, in_class: bool = False) -> str:
-    ch = chr(c)
-    if ch in ("\\]^-[" if in_class else _META):
-        return "\\" + ch
-    if ch.isprintable():
-        return ch
-    return f"\\u{c:04x}" if c <= 0xFFFF else f"\\U{c:08x}"
-
-
 def _emit(seq: Any) -> str:
     return "".join(_emit_node(op, av) for op, av in seq)
 
 
 def _emit_node(op: Any, av: Any) -> str:
     if op is _sre_c.LITERAL:
-        return _literal(av)
+        return regex_char(av)
     if op is _sre_c.NOT_LITERAL:
-        return f"[^{_literal(av, True)}]"
+        return f"[^{regex_char(av, True)}]"
     if op is _sre_c.ANY:
         return "."
     if op is _sre_c.AT:
@@ -166,16 +158,8 @@ def _emit_node(op: Any, av: Any) -> str:
         if len(sub) != 1 or sub[0][0] in (_sre_c.MAX_REPEAT, _sre_c.MIN_REPEAT):
             body = "(" + body + ")"
         lazy = "?" if op is _sre_c.MIN_REPEAT else ""
-        return body + _quantifier(lo, hi) + lazy
+        return body + regex_quantifier(lo, hi) + lazy
     raise _Unsupported  # look-arounds, back-references, ...: xgrammar has none
-
-
-def _quantifier(lo: int, hi: int) -> str:
-    if hi is _sre_c.MAXREPEAT:
-        return {0: "*", 1: "+"}.get(lo, f"{{{lo},}}")
-    if (lo, hi) == (0, 1):
-        return "?"
-    return f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}"
 
 
 def _emit_class(av: list) -> str:
@@ -187,7 +171,7 @@ def _emit_class(av: list) -> str:
             if arg == _CARET:
                 caret = True
             else:
-                parts.append(_literal(arg, True))
+                parts.append(regex_char(arg, True))
         elif op is _sre_c.RANGE:
             lo, hi = arg
             if lo <= _CARET <= hi:  # the caret alone, after the rest
@@ -197,9 +181,9 @@ def _emit_class(av: list) -> str:
                 pieces = [(lo, hi)]
             for a, b in pieces:
                 if a < b:
-                    parts.append(f"{_literal(a, True)}-{_literal(b, True)}")
+                    parts.append(f"{regex_char(a, True)}-{regex_char(b, True)}")
                 elif a == b:
-                    parts.append(_literal(a, True))
+                    parts.append(regex_char(a, True))
         elif op is _sre_c.CATEGORY and arg in _CATEGORY:
             parts.append(_CATEGORY[arg])
         else:

@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - Python 3.10
 import re
 from typing import Any
 
-__all__ = ["json_string_pattern", "optional_groups_counted"]
+__all__ = ["json_string_pattern", "optional_groups_counted", "regex_char", "regex_quantifier"]
 
 _SHORT = {0x22: '"', 0x5C: "\\", 0x08: "b", 0x0C: "f", 0x0A: "n", 0x0D: "r", 0x09: "t"}
 _ESCAPED = frozenset([*range(0x20), 0x22, 0x5C])  # what a JSON string never carries raw
@@ -133,7 +133,9 @@ def _escape(c: int) -> str:
     return "\\\\" + (("\\" + short) if short in ('"', "\\") else (short or f"u{c:04x}"))
 
 
-def _literal(c: int, in_class: bool = False) -> str:
+def regex_char(c: int, in_class: bool = False) -> str:
+    """Code point ``c`` as a regex matches it (escaped where it has a meaning there; in a
+    class with ``in_class``)."""
     ch = chr(c)
     if in_class:
         return "\\" + ch if ch in "\\]^-[" else _printable(c)
@@ -186,10 +188,11 @@ def _emit_class(av: list) -> tuple[str, bool]:
             if arg in _ESCAPED:
                 escaped.add(arg)
             else:
-                plain.append(_literal(arg, True))
+                plain.append(regex_char(arg, True))
         elif op is _sre_c.RANGE:
             escaped.update(c for c in _ESCAPED if arg[0] <= c <= arg[1])
-            plain.extend(_literal(a, True) if a == b else f"{_literal(a, True)}-{_literal(b, True)}"
+            plain.extend(regex_char(a, True) if a == b
+                         else f"{regex_char(a, True)}-{regex_char(b, True)}"
                          for a, b in _ranges_without_escaped(*arg))
         elif op is _sre_c.CATEGORY and arg in _CATEGORY:
             plain.append(_CATEGORY[arg])
@@ -210,9 +213,9 @@ def _emit_class(av: list) -> tuple[str, bool]:
 
 def _negated_item(op: Any, arg: Any) -> str:
     if op is _sre_c.LITERAL:
-        return "" if arg in _ESCAPED else _literal(arg, True)  # left out with the rest
+        return "" if arg in _ESCAPED else regex_char(arg, True)  # left out with the rest
     if op is _sre_c.RANGE:
-        return f"{_literal(arg[0], True)}-{_literal(arg[1], True)}"
+        return f"{regex_char(arg[0], True)}-{regex_char(arg[1], True)}"
     if op is _sre_c.CATEGORY and arg in _IN_NEGATED:
         return _IN_NEGATED[arg]
     raise _Unsupported
@@ -233,9 +236,9 @@ def _emit(tree: Any) -> str:
 def _emit_node(op: Any, av: Any) -> tuple[str, bool]:
     """One node's regex, and whether a quantifier after it repeats all of it."""
     if op is _sre_c.LITERAL:
-        return (_escape(av), False) if av in _ESCAPED else (_literal(av), True)
+        return (_escape(av), False) if av in _ESCAPED else (regex_char(av), True)
     if op is _sre_c.NOT_LITERAL:
-        return f"[^{_literal(av, True)}{_NOT_RAW}]", True
+        return f"[^{regex_char(av, True)}{_NOT_RAW}]", True
     if op is _sre_c.ANY:
         return f"[^{_NOT_RAW}]", True
     if op is _sre_c.IN:
@@ -249,7 +252,7 @@ def _emit_node(op: Any, av: Any) -> tuple[str, bool]:
     if op in (_sre_c.MAX_REPEAT, _sre_c.MIN_REPEAT):
         lo, hi, sub = av
         body, atom = _emit_node(*sub[0]) if len(sub) == 1 else (_emit(sub), False)
-        return (body if atom else "(?:" + body + ")") + _quantifier(lo, hi), False
+        return (body if atom else "(?:" + body + ")") + regex_quantifier(lo, hi), False
     if op is _sre_c.AT and av in (_sre_c.AT_BEGINNING, _sre_c.AT_BEGINNING_STRING):
         return "^", False
     if op is _sre_c.AT and av in (_sre_c.AT_END, _sre_c.AT_END_STRING):
@@ -257,7 +260,9 @@ def _emit_node(op: Any, av: Any) -> tuple[str, bool]:
     raise _Unsupported
 
 
-def _quantifier(lo: int, hi: int) -> str:
+def regex_quantifier(lo: int, hi: int) -> str:
+    """The quantifier of ``lo`` to ``hi`` repeats (``{0,1}`` counted: see
+    ``optional_groups_counted``)."""
     if hi is _sre_c.MAXREPEAT:
         return {0: "*", 1: "+"}.get(lo, f"{{{lo},}}")
     return f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}"
