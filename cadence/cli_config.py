@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,6 @@ def parse_with_config(parser: argparse.ArgumentParser, argv: Sequence[str] | Non
     """``parser.parse_args`` of ``argv`` (``sys.argv[1:]`` if None) as ``expand_config`` reads
     it: a ``--config`` file's options, dotted keys, underscores in names. The parser has
     ``add_config_arg``'s option."""
-    import sys
-
     return parser.parse_args(expand_config(parser, sys.argv[1:] if argv is None else argv))
 
 

@@ -86,7 +86,7 @@ def name_the_flag(message: str, flags: Mapping[str, str]) -> str:
     ``flags``: field -> flag."""
     field = re.match(r"[A-Za-z_]\w*", message)
     flag = flags.get(field.group()) if field else None
-    return f"{flag}: {message}" if flag and not message.startswith("-") else message
+    return f"{flag}: {message}" if flag else message
 
 
 @contextmanager

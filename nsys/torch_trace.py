@@ -118,9 +118,7 @@ def make_engine(ns: argparse.Namespace, load: Load):
         args.max_model_len = load.input_len + load.output_len + 16
     # The whole batch prefills in one step, so the measured steps are decode only.
     if args.max_num_batched_tokens is None:
-        args.max_num_batched_tokens = max(
-            8192, load.batch_size * load.input_len
-        )
+        args.max_num_batched_tokens = max(8192, load.batch_size * load.input_len)
     args.skip_tokenizer_init = True
     return EngineCore(args)
 

@@ -360,7 +360,7 @@ MUTATIONS = [
              "class ChatTool(OpenAIModel):\n", ("tests/server/test_chat_template.py",)),
     Mutation("cli-flag-unnamed", "a config field's error names no flag on the command line",
              "cadence/user_errors.py",
-             'return f"{flag}: {message}" if flag and not message.startswith("-") else message',
+             'return f"{flag}: {message}" if flag else message',
              "return message", ("tests/server/test_cli_errors.py",)),
     Mutation("cli-flag-derived", "a field's error names its flag though the flag was not given",
              "cadence/engine/engine_args.py",

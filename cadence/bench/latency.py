@@ -104,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         parser.error(problem)
     if args.max_num_batched_tokens is None:
-        args.max_num_batched_tokens = max(
-            8192, max(batches) * ns.input_len)
+        args.max_num_batched_tokens = max(8192, max(batches) * ns.input_len)
     args.skip_tokenizer_init = True
     started = time.perf_counter()
     core = EngineCore(args)

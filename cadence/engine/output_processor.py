@@ -90,7 +90,7 @@ class OutputProcessor:
         if taken is not None:  # a running request has one of the choices' engine ids
             raise InputValidationError(
                 f"Request id {request_id} clashes with running request {taken} (the id of its "
-                f"choice {parent.child_ids.index(taken)}).", "request_id")
+                f"choice {parent.index_of(taken)}).", "request_id")
         self.parents[request_id] = parent
         for child in parent.children:
             self._add_state(child, prompt, queue, parent)

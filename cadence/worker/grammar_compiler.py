@@ -219,7 +219,7 @@ def json_text_only(xgr: Any, grammar: Any) -> Any:
     allows unescaped, and no run of blanks longer than the one asked for (the grammar itself
     where nothing changes)."""
     ebnf = str(grammar)
-    fixed, count = _BOUNDED_CHARS.subn(lambda m: f"{m.group(1)} ::= {_JSON_CHARS}", ebnf)
+    fixed = _BOUNDED_CHARS.sub(lambda m: f"{m.group(1)} ::= {_JSON_CHARS}", ebnf)
     rules = dict(line.split(" ::= ", 1) for line in fixed.splitlines() if " ::= " in line)
 
     def one_run(m: re.Match) -> str:
@@ -231,8 +231,7 @@ def json_text_only(xgr: Any, grammar: Any) -> Any:
         return f"{m.group(1)} {prop}))"
 
     fixed = _COMMA_RUN.sub(one_run, fixed)
-    changed = count or fixed != ebnf
-    return xgr.Grammar.from_ebnf(fixed) if changed else grammar
+    return xgr.Grammar.from_ebnf(fixed) if fixed != ebnf else grammar
 
 
 def spec_key(spec: StructuredOutputsParams) -> str:
