@@ -70,6 +70,9 @@ def check_template_options(chat_template_kwargs: Mapping[str, Any] | None,
     """(parameter, message) of what is wrong with a conversation's template options, or None.
     The options ``chat_template_kwargs`` may name (``split_overrides``) are checked where they
     can count (a template, tools, documents)."""
+    if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
+        return ("chat_template_kwargs", "chat_template_kwargs must be a mapping of template "
+                f"variables (or None), got {type(chat_template_kwargs).__name__}.")
     overrides, rest = split_overrides(chat_template_kwargs)
     reserved = sorted(reserved_template_kwargs() & set(rest))
     if reserved:

@@ -526,4 +526,18 @@ MUTATIONS = [
              '                    return\n                self._progress_time = time.monotonic()\n',
              '                    return\n',
              ('tests/engine/test_core_proc_edges.py',)),
+    Mutation("input-queued-cancelled-at-shutdown", "input work queued at shutdown is cancelled "
+             "(its callers see CancelledError, not EngineDeadError)",
+             "cadence/engine/input_worker.py",
+             "        self._shut = True\n        self._executor.shutdown(wait=False)",
+             "        self._shut = True\n        self._executor.shutdown(wait=False, "
+             "cancel_futures=True)",
+             ("tests/engine/test_async_llm.py",)),
+    Mutation("input-inflight-by-caller", "a cancelled caller's work stops counting while it "
+             "still runs in the input thread", "cadence/engine/input_worker.py",
+             "        work.add_done_callback(lambda _: self._finished(loop))\n"
+             "        return await asyncio.wrap_future(work, loop=loop)",
+             "        waiter = asyncio.wrap_future(work, loop=loop)\n"
+             "        waiter.add_done_callback(lambda _: self._done())\n        return await waiter",
+             ("tests/engine/test_async_llm.py",)),
 ]

@@ -9,7 +9,6 @@ use the tokenizer one at a time and in order.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -32,7 +31,10 @@ class InputWorker:
     def __init__(self, stopped: Callable[[], bool],
                  on_stopped: Callable[..., Exception]) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cadence-input")
-        self._inflight = 0  # calls handed to the input thread and not yet collected
+        # Calls handed to the input thread that have not finished there (a caller that stops
+        # waiting does not end the thread's work: inline work waits for that too).
+        self._inflight = 0
+        self._shut = False
         self._stopped = stopped
         self._on_stopped = on_stopped
 
@@ -40,14 +42,28 @@ class InputWorker:
         """``fn(*args, **kwargs)`` in the input thread."""
         loop = asyncio.get_running_loop()
         try:
-            future = loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+            work = self._executor.submit(self._call, fn, args, kwargs)
         except RuntimeError as exc:  # the executor is shut down with the engine
             raise self._on_stopped("The engine was shut down.") from exc
         self._inflight += 1
-        future.add_done_callback(self._done)  # called on the loop
-        return await future
+        work.add_done_callback(lambda _: self._finished(loop))
+        return await asyncio.wrap_future(work, loop=loop)
 
-    def _done(self, _: object) -> None:
+    def _call(self, fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
+        # Work still queued when the engine shuts down fails as the engine does: its caller
+        # was not cancelled.
+        if self._shut:
+            raise self._on_stopped("The engine was shut down.")
+        return fn(*args, **kwargs)
+
+    def _finished(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Called in the input thread (or here, if already done): the count lives on the loop.
+        try:
+            loop.call_soon_threadsafe(self._done)
+        except RuntimeError:  # the loop is closed: nothing runs inline any more
+            pass
+
+    def _done(self) -> None:
         self._inflight -= 1
 
     async def run(self, size: int, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -60,7 +76,8 @@ class InputWorker:
         return await self.run_in_thread(fn, *args, **kwargs)
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._shut = True
+        self._executor.shutdown(wait=False)
 
 
 def params_size(params: SamplingParams) -> int:

@@ -712,6 +712,68 @@ async def test_small_inputs_are_processed_inline_unless_the_input_thread_is_busy
     assert small[-1].outputs[0].token_ids == big[-1].outputs[0].token_ids
 
 
+async def _until(cond: Any, what: str) -> None:
+    """Yield to the loop until ``cond()`` holds (bounded)."""
+    for _ in range(10_000):
+        if cond():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"never: {what}")
+
+
+async def test_inline_work_waits_for_thread_work_whose_caller_was_cancelled(
+    engine: AsyncLLM,
+) -> None:
+    """A caller that stops waiting (its task cancelled) does not stop its work in the input
+    thread: small work after it must still queue behind that work, not run beside it."""
+    import threading
+
+    here = threading.current_thread()
+    gate = threading.Event()
+    running = threading.Event()
+
+    def busy() -> bool:
+        running.set()
+        return gate.wait(30)
+
+    waiting = asyncio.ensure_future(engine.run_in_executor(busy))
+    await _until(running.is_set, "the thread runs the work")
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    small = asyncio.ensure_future(engine.run_cpu(1, threading.current_thread))
+    await asyncio.sleep(0)
+    assert not small.done()  # behind the cancelled caller's work, in the thread
+    gate.set()
+    assert await small is not here
+    assert await engine.run_cpu(1, threading.current_thread) is here  # idle again
+
+
+async def test_requests_queued_for_the_input_thread_at_shutdown_get_engine_dead() -> None:
+    """Requests whose input work still waits for the input thread when the engine shuts down
+    fail with ``EngineDeadError`` like those already in the engine; nobody cancelled them."""
+    import threading
+
+    engine = AsyncLLM.from_engine_args(tiny_args())
+    gate = threading.Event()
+    try:
+        busy = asyncio.ensure_future(engine.run_in_executor(gate.wait, 30))
+        tasks = [asyncio.ensure_future(generate(engine, f"q{i}", f"{TEXT_PROMPT} {i}",
+                                                RequestOutputKind.DELTA, 5)) for i in range(3)]
+        worker = engine._input_worker
+        await _until(lambda: worker._inflight == 4, "three requests queue behind the work")
+        engine.shutdown()
+        gate.set()
+        assert await busy is True
+        for task in tasks:
+            with pytest.raises(EngineDeadError):
+                await task
+            assert not task.cancelled()
+    finally:
+        gate.set()
+        engine.shutdown()
+
+
 @pytest.mark.parametrize("ended_by", ["abort", "stop string"])
 async def test_a_reused_id_never_receives_the_ended_requests_tokens(ended_by: str) -> None:
     """Ending a request here (abort, stop string) while the engine already runs a step for it:

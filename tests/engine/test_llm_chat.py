@@ -102,6 +102,8 @@ def test_tool_calls_reach_the_template_as_objects(llm) -> None:
      r"type NoneType"),
     ([{"role": "user", "content": "a"}], {"chat_template_kwargs": {"chat_template": 5}},
      r"chat_template_kwargs.chat_template must be a string"),
+    ([{"role": "user", "content": "a"}], {"chat_template_kwargs": [1]},
+     r"chat_template_kwargs must be a mapping of template variables \(or None\), got list"),
 
     # JSON's "\ud800" escape in tool-call arguments: a lone surrogate, no text to tokenize.
     ([{"role": "user", "content": "a"},
