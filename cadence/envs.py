@@ -91,6 +91,9 @@ class Envs:
     # Attend every prefill through the paged varlen kernel, also a lone prompt from position
     # 0 (no dense cuDNN attention over the pass's own keys, model/dense_prefill.py).
     disable_dense_prefill: bool = False
+    # Attend such a prompt through cuDNN alone (not the Triton kernel of short query blocks
+    # while its causal work is small, model/causal_attention.py).
+    disable_triton_dense_prefill: bool = False
     # Keep the narrow projections of 5-256 row steps whole cuBLAS products instead of K-split
     # partial sums that the next RMSNorm adds up (model/split_k.py).
     disable_split_k: bool = False
@@ -145,6 +148,7 @@ def read_envs() -> Envs:
         disable_pdl=bool(_flag("CADENCE_DISABLE_PDL")),
         disable_launch_tapes=bool(_flag("CADENCE_DISABLE_LAUNCH_TAPES")),
         disable_dense_prefill=bool(_flag("CADENCE_DISABLE_DENSE_PREFILL")),
+        disable_triton_dense_prefill=bool(_flag("CADENCE_DISABLE_TRITON_DENSE_PREFILL")),
         disable_split_k=bool(_flag("CADENCE_DISABLE_SPLIT_K")),
         disable_output_rows=bool(_flag("CADENCE_DISABLE_OUTPUT_ROWS")),
         torch_profiler_dir=os.environ.get("CADENCE_TORCH_PROFILER_DIR")

@@ -1047,7 +1047,7 @@ MUTATIONS = [
              ("tests/engine/test_fresh_prompt_graphs.py",)),
     Mutation("dense-refusal-retried", "a refused dense call stays on (every later pass tries "
              "cuDNN again)", "cadence/model/dense_prefill.py",
-             "            self.enabled = False\n", "            pass\n",
+             "            self.cudnn = False\n", "            pass\n",
              ("tests/model/test_dense_prefill.py",)),
     Mutation("dense-fp8-cache", "an FP8 cache's layer attends densely over unrounded K/V",
              "cadence/model/dense_prefill.py", "and cache_dtype == dtype and head_dim % 8 == 0",
@@ -1071,8 +1071,8 @@ MUTATIONS = [
              "inp.fresh_prompt)", ("tests/engine/test_fresh_prompt_graphs.py",)),
     Mutation("dense-oom-refusal", "out of memory in a dense call turns the path off as if "
              "cuDNN refused", "cadence/model/dense_prefill.py",
-             "            if (isinstance(exc, (torch.OutOfMemoryError, _ACCELERATOR_ERROR))",
-             "            if (False", ("tests/model/test_dense_prefill.py",)),
+             "        if (isinstance(exc, (torch.OutOfMemoryError, _ACCELERATOR_ERROR))",
+             "        if (False", ("tests/model/test_dense_prefill.py",)),
     Mutation("stage-warm-up-types", "the staging pass is warmed with another signature than "
              "a step's (the first request compiles it)", "cadence/worker/step_buffers.py",
              "                   none64, np.zeros(1, np.int32), none32,",

@@ -37,7 +37,9 @@ class TritonAttentionBackend:
         # steps' rope launch stores their K/V (one kernel fewer per layer either way); off:
         # fused_ops.qk_norm_rope first, and a store launch of its own.
         self.fuse_rope = not read_envs().disable_fused_rope if fuse_rope is None else fuse_rope
-        self.dense_prefill = dense_prefill or DensePrefill(not read_envs().disable_dense_prefill)
+        envs = read_envs()
+        self.dense_prefill = dense_prefill or DensePrefill(
+            not envs.disable_dense_prefill, use_triton=not envs.disable_triton_dense_prefill)
         # Whether decode may take decode_config's early load order; off: the plain order (a
         # switch for measurements).
         self.early_decode = early_decode
@@ -45,8 +47,8 @@ class TritonAttentionBackend:
     def dense_prefill_min_tokens(self, dtype: torch.dtype, num_heads: int, num_kv_heads: int,
                                  head_dim: int, cache_dtype: torch.dtype, sliding_window: int,
                                  softcap: float, device: torch.device) -> int | None:
-        """The fewest tokens of a lone fresh prompt that this layer attends densely (cuDNN),
-        None where it never does (a first small call tells whether cuDNN runs the shape)."""
+        """The fewest tokens of a lone fresh prompt that this layer attends densely, None where
+        it never does (a first small call of each kernel tells whether it runs the shape)."""
         dense = self.dense_prefill
         if (dense.supports(dtype, head_dim, cache_dtype, sliding_window, softcap, device)
                 and dense.probe(dtype, num_heads, num_kv_heads, head_dim, device)):

@@ -163,8 +163,9 @@ def _check_within_bf16_rounding(model, tmp_path, prompts, outs, max_positions=51
 
 
 def test_fresh_prompt_graphs_agree_with_transformers_within_bf16_rounding(tmp_path):
-    """Lone prompts of 800-1024 tokens replay the graphs of a fresh prompt (dense cuDNN
-    attention over the pass's own keys); their greedy tokens pass the same bf16 check."""
+    """Lone prompts of 150-1024 tokens replay the graphs of a fresh prompt (dense attention
+    over the pass's own keys: the Triton kernel at this model's heads); their greedy tokens
+    pass the same bf16 check."""
     from cadence import SamplingParams
     from tests.hf_models import VOCAB, build_hf_model
 
@@ -173,7 +174,7 @@ def test_fresh_prompt_graphs_agree_with_transformers_within_bf16_rounding(tmp_pa
         model.model.embed_tokens.weight.mul_(0.05)
     model.save_pretrained(tmp_path)
     rng = random.Random(5)
-    prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (800, 900, 1024)]
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (150, 500, 900, 1024)]
     llm = _llm(model=str(tmp_path), dtype="bfloat16", skip_tokenizer_init=True,
                max_model_len=1100, max_num_seqs=4, async_scheduling=True)
     runner = llm.engine_core.runner
@@ -181,10 +182,11 @@ def test_fresh_prompt_graphs_agree_with_transformers_within_bf16_rounding(tmp_pa
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     outs = [llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0]
             .outputs[0].token_ids for p in prompts]  # one at a time: each a lone prompt
-    assert runner.fresh_graphs.num_replays == 3
+    assert runner.fresh_graphs.num_replays == 4
+    assert runner.fresh_graphs.sizes[0] == 128  # the Triton kernel's minimum
     dense = runner.model.attn_backend.dense_prefill
-    # cuDNN ran in the captures (each layer's call counts once per capture and warm-up).
-    assert dense.enabled and dense.calls >= 2 * len(runner.fresh_graphs.sizes)
+    # The kernel ran in the captures (each layer's call counts once per capture and warm-up).
+    assert dense.triton and dense.triton_calls >= 2 * len(runner.fresh_graphs.sizes)
     _free(llm)
     _check_within_bf16_rounding(model, tmp_path, prompts, outs, max_positions=2048)
 

@@ -50,28 +50,123 @@ def test_applies_needs_a_fresh_prompt_of_enough_tokens():
 
 
 def test_a_refused_call_turns_it_off_for_good(caplog):
-    """Where cuDNN cannot run the call (here: CPU tensors), attend gives None, says so once,
-    and the pass goes through the varlen kernel; later passes never try again."""
-    dense = DensePrefill()
+    """Where neither kernel can run the call (here: CPU tensors), attend gives None, says so
+    once per kernel, and the pass goes through the varlen kernel; later passes never try
+    again."""
+    dense = DensePrefill(use_triton=False)
     q, k = torch.randn(8, 4, 16), torch.randn(8, 2, 16)
     with caplog.at_level(logging.WARNING, logger="cadence.model.dense_prefill"):
         assert dense.attend(q, k, k, 0.25) is None
     assert not dense.enabled
-    assert "unavailable" in caplog.text
+    assert caplog.text.count("unavailable") == 1
     assert not dense.supports(BF16, 128, BF16, 0, 0.0, CUDA)
 
 
-def test_probe_asks_once_per_shape_and_a_refusal_turns_it_off():
+def _fake_triton(monkeypatch, log: list, error: Exception | None = None) -> None:
+    """The Triton kernel replaced: records its calls, fills ``out`` with 1, or raises."""
+    from cadence.model import causal_attention
+
+    def fake(q, k, v, out, scale, num_sms=0, tile=None):
+        log.append(("triton", q.shape[0]))
+        if error is not None:
+            raise error
+        return out.fill_(1.0)
+
+    monkeypatch.setattr(causal_attention, "causal_attention", fake)
+    monkeypatch.setattr(causal_attention, "triton", object())  # "installed"
+
+
+def _fake_cudnn(dense: DensePrefill, log: list, refuse: bool = False) -> None:
+    def fake(q, k, v, scale):
+        log.append(("cudnn", q.shape[0]))
+        if refuse:
+            dense._refused(RuntimeError("no plan"), q, "cuDNN")
+            return None
+        return torch.full_like(q, 2.0)
+
+    dense._cudnn = fake
+
+
+def test_the_triton_kernel_takes_small_passes_and_cudnn_large_ones(monkeypatch):
+    log: list = []
+    _fake_triton(monkeypatch, log)
+    dense = DensePrefill(max_triton_work=16 * 1024 * 1024)
+    _fake_cudnn(dense, log)
+    assert dense.min_tokens == 128  # the Triton kernel's minimum while it is on
+    small, large = torch.zeros(1024, 16, 8), torch.zeros(1025, 16, 8)
+    kv_small, kv_large = torch.zeros(1024, 8, 8), torch.zeros(1025, 8, 8)
+    assert dense.prefers_triton(1024, 16) and not dense.prefers_triton(1025, 16)
+    assert not dense.prefers_triton(1024, 17)  # the work counts every query head
+    assert dense.attend(small, kv_small, kv_small, 0.1).eq(1.0).all()
+    assert dense.attend(large, kv_large, kv_large, 0.1).eq(2.0).all()
+    assert log == [("triton", 1024), ("cudnn", 1025)]
+    assert dense.calls == 2 and dense.triton_calls == 1
+    off = DensePrefill(use_triton=False)
+    assert off.min_tokens == 768 and not off.prefers_triton(16, 1)
+    assert DensePrefill(min_tokens=300).min_tokens == 300
+    with pytest.raises(ValueError, match="max_triton_work"):
+        DensePrefill(max_triton_work=-1)
+
+
+@pytest.mark.parametrize("refused", ["triton", "cudnn"])
+def test_one_kernels_refusal_leaves_the_other_every_pass(monkeypatch, caplog, refused):
+    """A refused call turns that kernel off for good and the same pass goes to the other one,
+    as does every later pass whatever its size; the path stays on."""
+    log: list = []
+    _fake_triton(monkeypatch, log, RuntimeError("no kernel image") if refused == "triton"
+                 else None)
+    dense = DensePrefill(max_triton_work=16 * 64 * 64)
+    _fake_cudnn(dense, log, refuse=refused == "cudnn")
+    small, kv = torch.zeros(64, 16, 8), torch.zeros(64, 8, 8)
+    large, kv_large = torch.zeros(65, 16, 8), torch.zeros(65, 8, 8)
+    with caplog.at_level(logging.WARNING, logger="cadence.model.dense_prefill"):
+        first = dense.attend(small if refused == "triton" else large,
+                             kv if refused == "triton" else kv_large, kv, 0.1)
+    assert first is not None and dense.enabled and dense.calls == 1
+    assert caplog.text.count("unavailable") == 1
+    if refused == "triton":
+        assert not dense.triton and dense.cudnn and dense.min_tokens == 768
+        assert log == [("triton", 64), ("cudnn", 64)]
+        assert dense.attend(small, kv, kv, 0.1).eq(2.0).all()  # small passes: cuDNN now
+        assert log[-1] == ("cudnn", 64)
+    else:
+        assert dense.triton and not dense.cudnn and dense.min_tokens == 128
+        assert log == [("cudnn", 65), ("triton", 65)]
+        assert dense.attend(large, kv_large, kv_large, 0.1).eq(1.0).all()  # large: Triton
+        assert log[-1] == ("triton", 65)
+
+
+def test_bad_calls_of_the_triton_kernel_are_raised_not_taken_for_refusals(monkeypatch):
+    log: list = []
+    _fake_triton(monkeypatch, log, ValueError("shapes do not match"))
     dense = DensePrefill()
+    with pytest.raises(ValueError, match="shapes"):
+        dense.attend(torch.zeros(8, 4, 8), torch.zeros(8, 2, 8), torch.zeros(8, 2, 8), 0.1)
+    assert dense.triton and dense.cudnn
+
+
+def test_probe_asks_once_per_shape_and_a_refusal_turns_it_off():
+    dense = DensePrefill(use_triton=False)
     cpu = torch.device("cpu")  # no cuDNN attention on CPU tensors: refused
     assert dense.probe(BF16, 4, 2, 16, cpu) is False
     assert not dense.enabled and dense.calls == 0
     calls = []
-    dense2 = DensePrefill()
-    dense2._attend = lambda *a: calls.append(a) or torch.zeros(1)
+    dense2 = DensePrefill(use_triton=False)
+    dense2._cudnn = lambda *a: calls.append(a) or torch.zeros(1)
     assert dense2.probe(BF16, 4, 2, 16, cpu) and dense2.probe(BF16, 4, 2, 16, cpu)
     assert dense2.probe(BF16, 8, 2, 16, cpu) and len(calls) == 2  # two shapes, two calls
     assert dense2.calls == 0  # a probe is not a pass
+
+
+def test_probe_tries_both_kernels_and_passes_with_either(monkeypatch):
+    log: list = []
+    _fake_triton(monkeypatch, log)
+    dense = DensePrefill()
+    _fake_cudnn(dense, log, refuse=True)
+    cpu = torch.device("cpu")
+    assert dense.probe(BF16, 4, 2, 16, cpu) is True
+    assert log == [("triton", 16), ("cudnn", 16)] and dense.triton and not dense.cudnn
+    assert dense.calls == 0 and dense.triton_calls == 0
 
 
 @pytest.mark.parametrize("error", [torch.OutOfMemoryError("out of memory"),
@@ -82,7 +177,7 @@ def test_memory_and_cuda_errors_are_raised_not_taken_for_refusals(monkeypatch, e
         raise error
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", fail)
-    dense = DensePrefill()
+    dense = DensePrefill(use_triton=False)
     q, k = torch.randn(8, 4, 16), torch.randn(8, 2, 16)
     with pytest.raises(type(error)):
         dense.attend(q, k, k, 0.25)
@@ -151,9 +246,11 @@ def _pass(t_real: int, t_pad: int, heads: int, kv_heads: int, dim: int, seed: in
     [(600, 640, 16, 8, 128), (1024, 1024, 16, 8, 128), (700, 704, 8, 8, 64),
      (520, 576, 12, 4, 128)],
 )
-def test_dense_equals_varlen_and_stores_the_same_kv(t_real, t_pad, heads, kv_heads, dim):
-    """The backend with ``fresh_prompt`` (dense, cuDNN) against the same backend told nothing
-    (the paged varlen kernel): real rows within bf16 rounding of each other and of a float32
+@pytest.mark.parametrize("kernel", ["triton", "cudnn"])
+def test_dense_equals_varlen_and_stores_the_same_kv(t_real, t_pad, heads, kv_heads, dim,
+                                                    kernel):
+    """The backend with ``fresh_prompt`` (dense: the Triton kernel or cuDNN) against the same
+    backend told nothing (the paged varlen kernel): real rows within bf16 rounding of each other and of a float32
     reference, padding rows ignored, and the same K/V bytes in the cache (stored either way,
     through the rope launch)."""
     _gpu()
@@ -170,10 +267,12 @@ def test_dense_equals_varlen_and_stores_the_same_kv(t_real, t_pad, heads, kv_hea
     w = torch.rand(dim, device="cuda", dtype=BF16) + 0.5
     rope = QKRope(positions, cos_sin, w, w, 1e-6)
     scale = dim**-0.5
-    backend = TritonAttentionBackend(num_sms=132, dense_prefill=DensePrefill(min_tokens=512))
+    backend = TritonAttentionBackend(num_sms=132, dense_prefill=DensePrefill(
+        min_tokens=512, use_triton=kernel == "triton"))
     cache_dense, cache_varlen = cache.clone(), cache.clone()
     dense = backend.forward(q, k, v, cache_dense, md, scale, rope=rope)
-    assert backend.dense_prefill.calls == 1  # cuDNN ran, not the refusal path
+    assert backend.dense_prefill.calls == 1  # a kernel ran, not the refusal path
+    assert backend.dense_prefill.triton_calls == (kernel == "triton")
     varlen = backend.forward(q, k, v, cache_varlen, replace(md, fresh_prompt=False), scale,
                              rope=rope)
     assert backend.dense_prefill.calls == 1 and backend.dense_prefill.enabled

@@ -1,0 +1,118 @@
+"""The dense causal attention kernel (model/causal_attention.py) against a float64 reference:
+lengths that are not a multiple of the block, grouped-query heads, packed heads, padded head
+dims, strided views of one qkv projection, both launch orders. On the CPU through Triton's
+interpreter (float16 and float32: its bfloat16 dot is not the GPU's), on the GPU in bf16."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # the interpreter driver: before triton is imported
+    os.environ["TRITON_INTERPRET"] = "1"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from cadence.model.causal_attention import CausalTile, causal_attention  # noqa: E402
+from tests.model.triton_interpreter import DONE, patch_interpreter, run_interpreted  # noqa: E402
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal softmax attention in float64, written out (no torch attention call)."""
+    t, h, _ = q.shape
+    group = h // k.shape[1]
+    kk = k.double().repeat_interleave(group, 1).transpose(0, 1)  # [H, T, D]
+    vv = v.double().repeat_interleave(group, 1).transpose(0, 1)
+    s = q.double().transpose(0, 1) @ kk.transpose(1, 2) * scale  # [H, T, T]
+    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    return (s.softmax(-1) @ vv).transpose(0, 1)
+
+
+def qkv_views(t: int, h: int, hk: int, d: int, dtype: torch.dtype, device: str, seed: int):
+    """q, k, v as strided views of one projection's output, as the model hands them over."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    qkv = torch.randn(t, (h + 2 * hk) * d, generator=g, device=device).to(dtype)
+    q, k, v = qkv.split([h * d, hk * d, hk * d], dim=-1)
+    return q.view(t, h, d), k.view(t, hk, d), v.view(t, hk, d)
+
+
+def check(t: int, h: int, hk: int, d: int, dtype: torch.dtype, device: str, tile: CausalTile,
+          sms: int, tol: float) -> None:
+    q, k, v = qkv_views(t, h, hk, d, dtype, device, seed=t * 7 + h + d)
+    out = torch.full((t, h, d), float("nan"), dtype=dtype, device=device)
+    scale = d**-0.5
+    assert causal_attention(q, k, v, out, scale, num_sms=sms, tile=tile) is out
+    err = (out.double() - reference(q, k, v, scale)).abs().max().item()
+    assert err < tol, (t, h, hk, d, dtype, tile, sms, err)
+
+
+INTERPRETED = [
+    # (tokens, heads, kv heads, head dim, tile, SMs)
+    (37, 4, 2, 32, CausalTile(16, 1, 16, 4, 2), 0),
+    (64, 4, 2, 32, CausalTile(32, 1, 16, 4, 2), 3),
+    (70, 4, 2, 32, CausalTile(16, 2, 16, 4, 2), 2),
+    (50, 4, 1, 16, CausalTile(16, 4, 16, 4, 2), 1),
+    (33, 2, 2, 40, CausalTile(16, 1, 16, 4, 2), 100),  # head dim padded to 64
+    (1, 2, 1, 16, CausalTile(16, 1, 16, 4, 2), 4),
+]
+
+
+def run_interpreter_cases() -> None:
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 4e-3)):
+        for t, h, hk, d, tile, sms in INTERPRETED:
+            check(t, h, hk, d, dtype, "cpu", tile, sms, tol)
+
+
+# --- CPU ----------------------------------------------------------------------------------------
+
+
+def test_the_kernel_in_the_interpreter() -> None:
+    run_interpreted(__file__)
+
+
+def test_tiles_are_checked() -> None:
+    with pytest.raises(ValueError, match="block_m must be a power of two"):
+        CausalTile(block_m=48)
+    with pytest.raises(ValueError, match="multiple of block_n"):
+        CausalTile(block_m=32, block_n=64)
+    with pytest.raises(ValueError, match="pack must be"):
+        CausalTile(pack=3)
+    with pytest.raises(ValueError, match="bad launch options"):
+        CausalTile(num_warps=3)
+
+
+def test_bad_shapes_are_value_errors() -> None:
+    q, k, v = qkv_views(8, 4, 2, 16, torch.float32, "cpu", 0)
+    out = torch.empty(8, 4, 16)
+    with pytest.raises(ValueError, match="shapes do not match"):
+        causal_attention(q, k[:4], v, out, 0.25)
+    with pytest.raises(ValueError, match="shapes do not match"):
+        causal_attention(q[:, :3], k, v, out[:, :3], 0.25)  # 3 heads over 2 kv heads
+    with pytest.raises(ValueError, match="contiguous last dim"):
+        causal_attention(q, k, v, torch.empty(8, 4, 32)[:, :, ::2], 0.25)
+    with pytest.raises(ValueError, match="pack 4 does not divide"):
+        causal_attention(q, k, v, out, 0.25, tile=CausalTile(pack=4))
+
+
+# --- GPU ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("t", "h", "hk", "d"), [(1, 16, 8, 128), (100, 16, 8, 128),
+                                                 (1000, 16, 8, 128), (1024, 32, 8, 128),
+                                                 (777, 12, 4, 64), (300, 8, 8, 96),
+                                                 (2048, 16, 8, 128)])
+@pytest.mark.parametrize("sms", [0, 132])
+def test_the_kernel_on_the_gpu(t: int, h: int, hk: int, d: int, sms: int) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    check(t, h, hk, d, torch.bfloat16, "cuda", CausalTile(), sms, 2e-2)
+
+
+if __name__ == "__main__":
+    patch_interpreter()
+    run_interpreter_cases()
+    print(DONE)
