@@ -4,9 +4,9 @@ query blocks, for the dense prefill path (``dense_prefill``).
 A lone prompt prefilled from position 0 has one long chain of work per query block: its last
 block walks every key. cuDNN's 128-query tiles make that chain long; this kernel's 64-query
 blocks (one query head each) halve it, and its programs run heaviest first, the second round of
-programs lightest first so each SM's pair of programs carries about equal work. Measured faster
-than cuDNN up to a causal work of about ``TRITON_MAX_WORK`` and than the paged varlen kernel at
-every length (docs/perf.md, the causal tile sweep).
+programs lightest first so each SM's pair of programs carries about equal work. On an H100
+(docs/perf.md, runs ZZN-ZZQ) it beats the paged varlen kernel at every length and cuDNN up to a
+causal work of about ``dense_prefill.TRITON_MAX_WORK`` (ties it at 1,024 tokens of 16 heads).
 
 Importing this module without Triton installed defines nothing; ``causal_attention`` then
 raises.

@@ -30,9 +30,11 @@ __all__ = ["DensePrefill"]
 # cuDNN: 15 against 29 us at 256 tokens, 21.5 against 47.5 at 512); at 768 cuDNN leads.
 CUDNN_MIN_TOKENS = 768
 # The Triton kernel beats the varlen kernel from here (H100, Qwen3-0.6B heads: 6.4 against
-# 9.7 us at 128 tokens, 8.4 against 12.9 at 256; the causal tile sweep in docs/perf.md).
+# 9.7 us at 128 tokens, 8.4 against 12.9 at 256; docs/perf.md, runs ZZN-ZZQ).
 TRITON_MIN_TOKENS = 128
-# Causal work (query heads x tokens^2) up to which the Triton kernel leads cuDNN.
+# Causal work (query heads x tokens^2) up to which the Triton kernel leads or ties cuDNN
+# (same runs: 16 heads 2048 tokens 48.9 against 53.2 us, 3072 103 against 92; 32 heads 1024
+# tokens 29.1 against 32.2, 2048 90.7 against 83.4).
 TRITON_MAX_WORK = 16 * 2048 * 2048
 _DTYPES = (torch.float16, torch.bfloat16)
 # torch's CUDA error type (torch.AcceleratorError, newer torch; a RuntimeError subclass).

@@ -27,7 +27,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
     kk = k.double().repeat_interleave(group, 1).transpose(0, 1)  # [H, T, D]
     vv = v.double().repeat_interleave(group, 1).transpose(0, 1)
     s = q.double().transpose(0, 1) @ kk.transpose(1, 2) * scale  # [H, T, T]
-    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
     return (s.softmax(-1) @ vv).transpose(0, 1)
 
 
