@@ -15,11 +15,17 @@ and each variant's largest difference from the whole call.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts.causal_tile_sweep import time_graph  # noqa: E402
 
 
 @triton.jit
@@ -128,28 +134,9 @@ def main() -> None:
         for name, fn in variants.items():
             try:
                 err = (fn(*layers[0]).float() - ref).abs().max().item()
-                for _ in range(2):
-                    for lay in layers:
-                        fn(*lay)
-                torch.cuda.synchronize()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    for lay in layers:
-                        fn(*lay)
-                g.replay()
-                torch.cuda.synchronize()
-                start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-                times = []
-                for _ in range(args.replays):
-                    start.record()
-                    g.replay()
-                    end.record()
-                    end.synchronize()
-                    times.append(start.elapsed_time(end) * 1000 / args.layers)
-                times.sort()
-                print(f"T={t:5d} {name:22s} p50 {times[len(times) // 2]:8.2f} us a layer "
-                      f"(min {times[0]:8.2f})  max |diff| {err:.3g}", flush=True)
-                del g
+                p50, low = time_graph(fn, layers, args.replays)
+                print(f"T={t:5d} {name:22s} p50 {p50:8.2f} us a layer "
+                      f"(min {low:8.2f})  max |diff| {err:.3g}", flush=True)
             except Exception as exc:  # noqa: BLE001 - a scratch measurement: report, go on
                 print(f"T={t:5d} {name:22s} failed: {type(exc).__name__}: "
                       f"{str(exc).splitlines()[0][:200]}", flush=True)
