@@ -540,4 +540,35 @@ MUTATIONS = [
              "        waiter = asyncio.wrap_future(work, loop=loop)\n"
              "        waiter.add_done_callback(lambda _: self._done())\n        return await waiter",
              ("tests/engine/test_async_llm.py",)),
+    Mutation("pb-no-pre-tokenizer-unbounded", "a pipeline without a pre-tokenizer (Llama-2, "
+             "Mistral) gets no prompt bound", "cadence/engine/prompt_bound.py",
+             "    if pre_tokenizer is None:\n        return True",
+             "    if pre_tokenizer is None:\n        return False",
+             ("tests/engine/test_prompt_bound.py",)),
+    Mutation("pb-rstrip-token-bounded", "an rstrip added token still gives a prompt bound",
+             "cadence/engine/prompt_bound.py",
+             'if added.get("lstrip") or added.get("rstrip"):', 'if added.get("lstrip"):',
+             ("tests/engine/test_prompt_bound.py",)),
+    Mutation("pb-replace-empty-divides", "a Replace normalizer to empty content divides by zero",
+             "cadence/engine/prompt_bound.py", "        if not content:\n            return None\n",
+             "", ("tests/engine/test_prompt_bound.py",)),
+    Mutation("pb-replace-ratio-floor", "a shrinking Replace's ratio is rounded down",
+             "cadence/engine/prompt_bound.py", "max(1, -(-len(pattern) // len(content)))",
+             "max(1, len(pattern) // len(content))", ("tests/engine/test_prompt_bound.py",)),
+    Mutation("pb-pre-sequence-any", "a pre-tokenizer Sequence keeps characters if any member does",
+             "cadence/engine/prompt_bound.py", "return all(_keeps_characters(p)",
+             "return any(_keeps_characters(p)", ("tests/engine/test_prompt_bound.py",)),
+    Mutation("tb-added-token-mixed-chars", "an added token partly in the byte table raises "
+             "KeyError", "cadence/server/token_bytes.py",
+             "            if all(ch in table for ch in piece):",
+             "            if any(ch in table for ch in piece):", ("tests/server/test_token_bytes.py",)),
+    Mutation("to-empty-bytes-in-open-char", "a token without bytes inside an unfinished character "
+             "raises IndexError", "cadence/server/text_offsets.py",
+             "    if not data:\n        return cursor.offset\n", "",
+             ("tests/server/test_text_offsets.py",)),
+    Mutation("dt-stop-hold-first-listed", "the stop hold covers the first listed stop string, "
+             "not the longest", "cadence/engine/detokenizer.py",
+             "self.stop_buffer_length = max(len(s) for s in self.stop) - 1",
+             "self.stop_buffer_length = len(self.stop[0]) - 1",
+             ("tests/engine/test_detokenizer.py",)),
 ]

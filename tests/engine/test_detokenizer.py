@@ -317,6 +317,26 @@ def test_streaming_never_takes_back_a_stop_string(tokenizer: PreTrainedTokenizer
     assert streamed == detok.output_text == "hel"
 
 
+@pytest.mark.parametrize("stop", [["\n", "STOP"], ["STOP", "\n"]])
+def test_the_hold_covers_the_longest_stop_string_wherever_it_is_listed(
+    tokenizer: PreTrainedTokenizerFast, stop: list[str]
+) -> None:
+    """The held-back text is as long as the longest stop string less one, not the first listed:
+    with a one-character stop string first, "STOP" forming byte by byte is never streamed, so
+    the deltas join into the final (truncated) text."""
+    detok = IncrementalDetokenizer(tokenizer, _request([5], stop=stop))
+    streamed = ""
+    found = None
+    for tok in byte_ids(tokenizer, "hello STOP there"):
+        found = detok.update([tok], False)
+        streamed += detok.get_next_output_text(found is not None, delta=True)
+        assert "S" not in streamed  # nothing of the forming stop string went out
+        if found:
+            break
+    assert found == "STOP"
+    assert streamed == detok.output_text == "hello "
+
+
 def test_cumulative_text_holds_back_the_stop_buffer(tokenizer: PreTrainedTokenizerFast) -> None:
     detok = IncrementalDetokenizer(tokenizer, _request([5], stop=["xyz!"]))
     detok.update(tokenizer.encode("hello world"), False)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from cadence.engine.input_processor import InputProcessor, InputValidationError
@@ -88,6 +88,15 @@ def _spec(**kw: Any) -> dict[str, Any]:
         ({"model": {"type": "BPE", "unk_token": "<unk>", "vocab": {"a": 0}}}, None),
         ({"model": {"type": "BPE", "unk_token": "<unk>", "byte_fallback": True, "vocab": {"<0x41>": 0}}}, 12),
         ({"added_tokens": [{"content": "<x>", "lstrip": True, "rstrip": False}]}, None),
+        ({"added_tokens": [{"content": "<x>", "lstrip": False, "rstrip": True}]}, None),
+        ({"pre_tokenizer": None}, 12),
+        ({"normalizer": {"type": "Replace", "pattern": {"String": "\u200b"}, "content": ""}}, None),
+        # "abc" -> "xy": 3 characters become 2, so 12 * ceil(3 / 2).
+        ({"normalizer": {"type": "Replace", "pattern": {"String": "abc"}, "content": "xy"}}, 24),
+        ({"pre_tokenizer": {"type": "Sequence",
+                            "pretokenizers": [{"type": "Whitespace"}, {"type": "ByteLevel"}]}}, None),
+        ({"pre_tokenizer": {"type": "Sequence",
+                            "pretokenizers": [{"type": "Digits"}, {"type": "ByteLevel"}]}}, 12),
         ({"truncation": {"max_length": 8}}, None),
     ],
 )
@@ -136,3 +145,82 @@ def test_input_processor_refuses_before_tokenizing(tiny_tokenizer) -> None:
 def test_byte_level_helper_tokenizer_is_bounded() -> None:
     tok = byte_level_tokenizer(CORPUS, 300, ["<|end|>"])
     assert max_chars_per_token(tok) == max(len(t) for t in tok.get_vocab())
+
+
+def _byte_fallback_bpe(
+    normalizer: Any, pre_tokenizer: Any, corpus: list[str], vocab_size: int = 400
+) -> PreTrainedTokenizerFast:
+    """A SentencePiece-style BPE (byte fallback, so every text encodes) behind the given
+    normalizer and pre-tokenizer (None: the stage is left out of the pipeline)."""
+    tk = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    if normalizer is not None:
+        tk.normalizer = normalizer
+    if pre_tokenizer is not None:
+        tk.pre_tokenizer = pre_tokenizer
+    alphabet = [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<unk>", *alphabet], show_progress=False
+    )
+    tk.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>")
+
+
+def _assert_sound(tokenizer: Any, k: int, text: str) -> None:
+    n = len(tokenizer.encode(text, add_special_tokens=False))
+    assert n * k >= len(text), (text[:40], n, k)
+
+
+def test_a_llama2_style_pipeline_without_a_pre_tokenizer_is_bounded() -> None:
+    """Llama-2 and Mistral have no pre-tokenizer: their normalizer only prepends and swaps a
+    space for one "▁", so no text shrinks and the bound is the longest vocabulary entry."""
+    llama = _byte_fallback_bpe(
+        normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]),
+        None, CORPUS,
+    )
+    assert llama.backend_tokenizer.pre_tokenizer is None
+    k = max_chars_per_token(llama)
+    assert k == max(len(t) for t in llama.get_vocab())
+    for text in ["the quick brown fox jumps", " " * 300, "日本語🙂" * 40, CORPUS[0] * 5]:
+        _assert_sound(llama, k, text)
+
+
+def test_an_added_token_that_strips_whitespace_on_its_right_gives_no_bound() -> None:
+    """An ``rstrip`` added token (Phi-3's ``<|end|>``) swallows the whitespace after it, however
+    long: the token count does not grow with it, so no characters-per-token bound holds."""
+    tok = byte_level_tokenizer(CORPUS, 300, ["<|eos|>"])
+    tok.add_tokens([AddedToken("<|end|>", rstrip=True, special=False)])
+    counts = {len(tok.encode("hi<|end|>" + " " * m, add_special_tokens=False))
+              for m in (1, 100, 5000)}
+    assert len(counts) == 1  # the tokenizer's own behaviour: the spaces cost no tokens
+    assert max_chars_per_token(tok) is None
+
+
+def test_a_replace_normalizer_that_deletes_gives_no_bound() -> None:
+    """Replacing a character with nothing (a zero-width space) lets a text of any length
+    normalize to nothing: no bound, and reading the pipeline does not fail."""
+    tok = _byte_fallback_bpe(normalizers.Replace("\u200b", ""), pre_tokenizers.Metaspace(), CORPUS)
+    assert len(tok.encode("a" + "\u200b" * 5000, add_special_tokens=False)) <= 2
+    assert max_chars_per_token(tok) is None
+
+
+def test_a_shrinking_replace_rounds_its_ratio_up() -> None:
+    """Replace("abc" -> "xy") makes a text 3/2 times shorter: the bound must allow for the
+    whole 1.5, not round it down to 1, or a long run of "abc" is refused though it fits."""
+    tok = _byte_fallback_bpe(normalizers.Replace("abc", "xy"), None, ["xy" * 64] * 10, 300)
+    k = max_chars_per_token(tok)
+    assert k is not None
+    longest = max(len(t) for t in tok.get_vocab())
+    assert k >= longest * 3 / 2
+    for m in (1, 64, 640, 6400):
+        _assert_sound(tok, k, "abc" * m)
+
+
+def test_a_pre_tokenizer_sequence_needs_every_member_to_keep_characters() -> None:
+    """A Sequence with a whitespace splitter (which drops the spaces) deletes characters even
+    when its other member keeps them: a run of spaces costs no tokens, so no bound."""
+    tok = _byte_fallback_bpe(
+        None, pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace()]),
+        CORPUS,
+    )
+    assert len(tok.encode("a" + " " * 5000 + "b", add_special_tokens=False)) < 10
+    assert max_chars_per_token(tok) is None

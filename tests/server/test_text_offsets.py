@@ -15,7 +15,7 @@ from cadence.engine.request_state import TokenTextCache
 from cadence.model.tiny import ensure_tiny_model
 from cadence.outputs import Logprob
 from cadence.server.serving_completion import completion_logprobs
-from cadence.server.text_offsets import MAX_PENDING, TextCursor
+from cadence.server.text_offsets import MAX_PENDING, TextCursor, next_offset
 from cadence.server.token_bytes import TokenBytes
 from tests.server.test_token_bytes import byte_fallback_tokenizer
 
@@ -178,3 +178,23 @@ def test_other_tokenizers_wait_for_a_characters_last_token() -> None:
     rows = [{t: Logprob(-1.0, 1, "\ufffd")} for t in ids]
     out = completion_logprobs(ids, rows, 0, decode_ids=lambda seq: "\ufffd")
     assert out.text_offset == [0] * MAX_PENDING + [1]
+
+
+def test_a_token_without_bytes_inside_an_unfinished_character(tiny) -> None:
+    """A skipped special token (shown "", no bytes of its own) between an emoji's byte tokens
+    adds no character: the emoji's bytes all start at 0, the text after it at 1, and the special
+    token sits after the open emoji (which counts from its first byte on)."""
+    emoji = tiny.encode("😀", add_special_tokens=False)
+    assert len(emoji) >= 2 and tiny.decode(emoji[:1]) == "\ufffd"  # its first token is a piece
+    (a,) = tiny.encode("a", add_special_tokens=False)
+    eos = tiny.eos_token_id
+    bytes_of = TokenBytes(tiny).bytes_of
+    assert bytes_of(eos, "") == []
+    stream = [emoji[0], eos, *emoji[1:], a]
+    # As the output processor shows them: the pieces "", the token completing the emoji all of
+    # it, the skipped special token "".
+    shown = ["", "", *[""] * (len(emoji) - 2), "😀", "a"]
+    cursor = TextCursor()
+    offsets = [next_offset(cursor, t, text, bytes_of)
+               for t, text in zip(stream, shown, strict=True)]
+    assert offsets == [0, 1, *[0] * (len(emoji) - 1), 1]

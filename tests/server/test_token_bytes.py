@@ -98,3 +98,19 @@ def test_a_token_ending_in_a_real_replacement_character_keeps_its_bytes() -> Non
     assert real  # the multibyte corpus holds U+FFFD itself
     for t in real:
         assert token_bytes.bytes_of(t, "") == list(token_bytes._own(t))
+
+
+def test_an_added_token_partly_outside_the_byte_table_keeps_its_texts_bytes() -> None:
+    """DeepSeek's ``<｜end▁of▁sentence｜>`` is written as itself, and some of its characters
+    ("<", "e") are in GPT-2's byte table while others ("｜", "▁") are not: it has no byte-level
+    bytes of its own, so it shows its text's UTF-8 (and nothing when shown as "")."""
+    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))  # not the shared fixture
+    special = "<｜end▁of▁sentence｜>"
+    tok.add_special_tokens({"additional_special_tokens": [special]})
+    tid = tok.convert_tokens_to_ids(special)
+    table = byte_level_table()
+    assert "<" in table and "｜" not in table  # it mixes both kinds of characters
+    token_bytes = TokenBytes(tok)
+    assert token_bytes.kind == "byte_level"
+    assert token_bytes.bytes_of(tid, tok.decode([tid])) == list(special.encode("utf-8"))
+    assert token_bytes.bytes_of(tid, "") == []
