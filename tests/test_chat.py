@@ -119,3 +119,29 @@ def test_named_templates_take_the_content_format_of_the_one_that_renders() -> No
                       add_special_tokens=False)
     assert tok.decode(want) == "Helloworld;"
     assert render_chat(tok, [ChatMessage.model_validate(m) for m in messages]) == want
+
+
+def test_a_tool_messages_content_stays_text_in_the_openai_format() -> None:
+    """Templates read a tool result as a string: under the "openai" content format the other
+    messages' content becomes text parts, a tool message's stays text (its parts joined)."""
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "tool", "content": "42", "tool_call_id": "c1"},
+                {"role": "tool", "content": [{"type": "text", "text": "a"}, "b"],
+                 "tool_call_id": "c2"}]
+    out = conversation_of(messages, "openai")
+    assert [m["content"] for m in out] == [[{"type": "text", "text": "hi"}], "42", "a\nb"]
+    assert out[1]["tool_call_id"] == "c1"
+
+
+def test_a_merged_system_messages_parts_keep_their_line_breaks() -> None:
+    """Merging a developer message into a system message given as several text parts: the
+    parts' texts are joined by a newline (as everywhere parts become text), the messages' by a
+    blank line."""
+    system = {"role": "system", "content": [{"type": "text", "text": "Be brief."},
+                                            {"type": "text", "text": "Use French."}]}
+    conversation = [system, {"role": "developer", "content": "No emojis."},
+                    {"role": "user", "content": "hi"}]
+    merged = developer_as_system(conversation, "{{ messages }}")
+    assert merged == [{"role": "system", "content": [
+        {"type": "text", "text": "Be brief.\nUse French.\n\nNo emojis."}]},
+        {"role": "user", "content": "hi"}]

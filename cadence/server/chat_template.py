@@ -58,8 +58,9 @@ def request_template(requested: str | None, server: str | None, trusted: bool,
                      chat_template_kwargs: dict[str, Any] | None = None) -> str | None:
     """The template a chat request renders with: its own ``chat_template`` where the server
     trusts request templates (``--trust-request-chat-template``; it must parse), else the
-    server's, else the one its ``chat_template_kwargs`` name (vLLM's merge: the named template
-    wins); a request template the server does not trust, in either field, is refused."""
+    server's, else the one its ``chat_template_kwargs`` name (vLLM's merge: the request's
+    ``chat_template`` field wins over the kwargs' one, the server's over the kwargs' too); a
+    request template the server does not trust, in either field, is refused."""
     named = named_template(chat_template_kwargs)
     if requested is None and named is None:
         return server

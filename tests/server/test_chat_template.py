@@ -400,6 +400,30 @@ def test_a_requests_own_template_needs_the_servers_trust(server, server_factory,
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template"
 
 
+def test_an_empty_template_in_chat_template_kwargs_names_none() -> None:
+    """chat_template_kwargs' chat_template of "" names no template (vLLM's merge skips a falsy
+    one): the server's template (or the tokenizer's, None) renders, with no trust needed."""
+    from cadence.chat_options import named_template
+    from cadence.server.chat_template import request_template
+
+    assert named_template({"chat_template": ""}) is None
+    assert named_template({"chat_template": "{{ 'x' }}"}) == "{{ 'x' }}"
+    assert request_template(None, "SERVER", False, {"chat_template": ""}) == "SERVER"
+    assert request_template(None, None, False, {"chat_template": "", "x": 1}) is None
+
+
+def test_a_trusting_servers_own_template_wins_over_one_named_in_the_kwargs() -> None:
+    """Under --trust-request-chat-template the request's chat_template field wins; else the
+    server's --chat-template comes before a template named in chat_template_kwargs, which counts
+    only where the server has none."""
+    from cadence.server.chat_template import request_template
+
+    named = {"chat_template": "{{ 'named' }}"}
+    assert request_template(None, "{{ 'server' }}", True, named) == "{{ 'server' }}"
+    assert request_template(None, None, True, named) == "{{ 'named' }}"
+    assert request_template("{{ 'own' }}", "{{ 'server' }}", True, named) == "{{ 'own' }}"
+
+
 REASONING_TEMPLATE = (
     "{% for m in messages %}[{{ m.role }}]{{ m.content }}"
     "{% if m.reasoning_content is defined %}<rc {{ m.reasoning_content }}>{% endif %}"

@@ -68,6 +68,15 @@ def test_unknown_parser_names_the_choices() -> None:
         reasoning_parser("nope")
 
 
+def test_only_an_explicit_false_switch_turns_thinking_off() -> None:
+    """Qwen3's enable_thinking turns thinking off only when it is False (as its template
+    tests it): a null or missing switch leaves thinking on, and deepseek_r1 has no switch."""
+    assert Q.thinking_off({"enable_thinking": False})
+    for kwargs in ({"enable_thinking": None}, {"enable_thinking": True}, {}, None):
+        assert not Q.thinking_off(kwargs), kwargs
+    assert not D.thinking_off({"enable_thinking": False})
+
+
 def _streamed_parts(client: openai.OpenAI, kw: dict) -> dict[str, str]:
     """The reasoning and content a streamed chat answer's deltas add up to."""
     streamed = {"reasoning": "", "content": ""}

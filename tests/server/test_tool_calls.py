@@ -510,6 +510,8 @@ L3_TEXTS = [
     ("<|python_tag|>" + L3 + "; " + L3.replace("Paris", "Rome"), None,
      [("get_weather", {"city": "Paris", "days": 2}), ("get_weather", {"city": "Rome", "days": 2})]),
     ('  \n{"name": "f", "arguments": {"x": [1, {"y": null}]}}', None, [("f", {"x": [1, {"y": None}]})]),
+    # Blanks before the tag are no content either: the call after it is read.
+    ("\n <|python_tag|>" + L3, None, [("get_weather", {"city": "Paris", "days": 2})]),
     ('{"name": "f", "parameters": "text"}', None, [("f", "text")]),
     # Text first, or JSON that is not a call (no name, no parameters, not JSON, cut off): content.
     ("It is sunny. " + L3, "It is sunny. " + L3, []),

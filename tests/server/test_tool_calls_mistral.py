@@ -36,6 +36,15 @@ TEXTS = [
     ('[TOOL_CALLS][{"name": "f"}, 3]', '[TOOL_CALLS][{"name": "f"}, 3]', []),
     ('[TOOL_CALLS]f{"x": ' + "[" * 300 + "]" * 300 + "}",
      '[TOOL_CALLS]f{"x": ' + "[" * 300 + "]" * 300 + "}", []),
+    # A "name" with blanks is prose before some JSON, no call.
+    ('[TOOL_CALLS]I will call {"a": 1}', '[TOOL_CALLS]I will call {"a": 1}', []),
+    # A call's arguments are an object, never a list.
+    ("[TOOL_CALLS]get_weather[ARGS][1, 2]", "[TOOL_CALLS]get_weather[ARGS][1, 2]", []),
+    # An empty list names no call: the answer stays what it was.
+    ("[TOOL_CALLS][]", "[TOOL_CALLS][]", []),
+    # The JSON form comes once: a second tag after it makes the whole answer content.
+    ('[TOOL_CALLS][{"name": "f", "arguments": {}}][TOOL_CALLS]g{}',
+     '[TOOL_CALLS][{"name": "f", "arguments": {}}][TOOL_CALLS]g{}', []),
 ]
 
 

@@ -44,11 +44,14 @@ TEXTS = [
     ('[f(a=b"x")]', '[f(a=b"x")]', []),
     ("[f(a=...)]", "[f(a=...)]", []),
     ("[f(a={(1, 2): 3})]", "[f(a={(1, 2): 3})]", []),
+    ("[f(a={[1]: 2})]", "[f(a={[1]: 2})]", []),  # an unhashable key: no literal at all
     ('[get_weather(city="Par', '[get_weather(city="Par', []),  # cut by max_tokens
     ("[]", "[]", []),
     ("[f(x=" + "[" * 300 + "]" * 300 + ")]", "[f(x=" + "[" * 300 + "]" * 300 + ")]", []),
     # The list must be the whole answer (vLLM's parser takes the whole output as Python).
     (PY + " Anything else?", PY + " Anything else?", []),
+    # A long argument (a file's text, well under the 1 MiB bound on the source) is a call.
+    ('[write(text="' + "x" * 2000 + '")]', None, [("write", {"text": "x" * 2000})]),
 ]
 
 
