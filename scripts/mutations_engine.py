@@ -571,4 +571,15 @@ MUTATIONS = [
              "self.stop_buffer_length = max(len(s) for s in self.stop) - 1",
              "self.stop_buffer_length = len(self.stop[0]) - 1",
              ("tests/engine/test_detokenizer.py",)),
+    Mutation("pb-unspellable-chars-bounded", "a BPE that drops characters it cannot spell "
+             "keeps a bound (a run of them would be refused though it costs no token)",
+             "cadence/engine/prompt_bound.py",
+             "    elif not (byte_level and all(ch in vocab for ch in byte_level_table())):\n"
+             "        return None\n", "",
+             ("tests/engine/test_prompt_bound.py",)),
+    Mutation("pb-partial-byte-fallback-bounded", "byte fallback short of a byte's token keeps "
+             "a bound", "cadence/engine/prompt_bound.py",
+             "        if any(f\"<0x{b:02X}>\" not in vocab for b in range(256)):\n"
+             "            return None\n", "        pass\n",
+             ("tests/engine/test_prompt_bound.py",)),
 ]

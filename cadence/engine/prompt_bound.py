@@ -6,8 +6,9 @@ Tokenizing a multi-megabyte prompt costs seconds; a text of ``n`` characters nee
 read from the tokenizer's own description (``tokenizer.json``): the longest vocabulary entry or
 added token, times how much the normalizer may shrink the text. Where a stage of the pipeline can
 make one token stand for an unbounded run of text (an unknown-word token, a normalizer or
-pre-tokenizer that deletes characters, an added token that swallows whitespace) there is no such
-``K`` and no early refusal: the text is tokenized and measured as usual.
+pre-tokenizer that deletes characters, an added token that swallows whitespace, a vocabulary
+that can spell some character neither whole nor in bytes, so drops it) there is no such ``K``
+and no early refusal: the text is tokenized and measured as usual.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import json
 import logging
 from typing import Any
+
+from cadence.byte_level import byte_level_table
 
 __all__ = ["MAX_CANONICAL_DECOMPOSITION", "max_chars_per_token"]
 
@@ -56,7 +59,7 @@ def _bound_from_spec(spec: dict[str, Any]) -> int | None:
     if shrink is None or not _keeps_characters(spec.get("pre_tokenizer")):
         return None
     model = spec.get("model") or {}
-    longest = _longest_model_token(model)
+    longest = _longest_model_token(model, _byte_level(spec.get("pre_tokenizer")))
     if longest is None:
         return None
     for added in spec.get("added_tokens") or []:
@@ -66,17 +69,33 @@ def _bound_from_spec(spec: dict[str, Any]) -> int | None:
     return max(longest, 1) * shrink
 
 
-def _longest_model_token(model: dict[str, Any]) -> int | None:
+def _longest_model_token(model: dict[str, Any], byte_level: bool) -> int | None:
     # Only BPE maps every piece of text to tokens whose strings spell it out. Its unknown token
-    # (without byte fallback) can stand for a whole run of unknown characters.
+    # (without byte fallback) can stand for a whole run of unknown characters, and a character
+    # it can spell in no way, neither through an unknown token nor through bytes, is dropped:
+    # a run of such characters costs no token at all.
     if model.get("type") != "BPE":
-        return None
-    if model.get("unk_token") is not None and not model.get("byte_fallback"):
         return None
     vocab = model.get("vocab")
     if not isinstance(vocab, dict) or not vocab:
         return None
+    if model.get("byte_fallback"):
+        if any(f"<0x{b:02X}>" not in vocab for b in range(256)):
+            return None
+    elif model.get("unk_token") is not None:
+        return None
+    elif not (byte_level and all(ch in vocab for ch in byte_level_table())):
+        return None
     return max(len(token) for token in vocab)
+
+
+def _byte_level(pre_tokenizer: dict[str, Any] | None) -> bool:
+    """Whether the pre-tokenizer maps the text to GPT-2's byte characters."""
+    if pre_tokenizer is None:
+        return False
+    if pre_tokenizer.get("type") == "Sequence":
+        return any(_byte_level(p) for p in pre_tokenizer.get("pretokenizers") or [])
+    return pre_tokenizer.get("type") == "ByteLevel"
 
 
 def _normalizer_shrink(normalizer: dict[str, Any] | None) -> int | None:

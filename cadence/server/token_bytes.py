@@ -10,29 +10,15 @@ byte-level token's characters through GPT-2's byte-to-character table, a byte-fa
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from typing import Any
 
-__all__ = ["TokenBytes"]
+from cadence.byte_level import byte_level_table
+
+__all__ = ["TokenBytes", "byte_level_table"]
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
-
-
-@functools.cache
-def byte_level_table() -> dict[str, int]:
-    """GPT-2's character for each byte, inverted: the printable Latin-1 bytes stand for
-    themselves, the other 68 take the characters from U+0100 on, in byte order."""
-    printable = {*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
-                 *range(ord("\xae"), ord("\xff") + 1)}
-    table = {chr(b): b for b in printable}
-    shifted = 0
-    for b in range(256):
-        if b not in printable:
-            table[chr(256 + shifted)] = b
-            shifted += 1
-    return table
 
 
 def _decoder_kind(tokenizer: Any) -> str | None:

@@ -59,12 +59,20 @@ def test_bounds_of_real_pipelines(tiny_tokenizer, nfc_tokenizer) -> None:
     assert max_chars_per_token(object()) is None  # not a fast tokenizer: no early check
 
 
+# A byte-level vocabulary spells every byte (GPT-2's 256 characters), a byte-fallback one has
+# every <0xNN> token: written out here, not taken from the code under test.
+_GPT2_BYTES = [chr(c) for c in [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100),
+                                *range(0x100, 0x144)]]
+_BYTE_LEVEL_VOCAB = {**{ch: i for i, ch in enumerate(_GPT2_BYTES)}, "a": 256, "abcd": 257}
+_FALLBACK_VOCAB = {**{f"<0x{b:02X}>": b for b in range(256)}, "a": 256, "abcd": 257}
+
+
 def _spec(**kw: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "truncation": None,
         "normalizer": None,
         "pre_tokenizer": {"type": "ByteLevel"},
-        "model": {"type": "BPE", "unk_token": None, "vocab": {"a": 0, "abcd": 1}},
+        "model": {"type": "BPE", "unk_token": None, "vocab": _BYTE_LEVEL_VOCAB},
         "added_tokens": [{"content": "<|im_start|>", "lstrip": False, "rstrip": False}],
     }
     base.update(kw)
@@ -83,13 +91,24 @@ def _spec(**kw: Any) -> dict[str, Any]:
         ({"normalizer": {"type": "BertNormalizer"}}, None),
         ({"pre_tokenizer": {"type": "Whitespace"}}, None),
         ({"pre_tokenizer": {"type": "Split", "behavior": "Removed"}}, None),
-        ({"pre_tokenizer": {"type": "Split", "behavior": "Isolated"}}, 12),
+        ({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "behavior": "Isolated"}, {"type": "ByteLevel"}]}}, 12),
         ({"model": {"type": "WordPiece", "vocab": {"a": 0}}}, None),
         ({"model": {"type": "BPE", "unk_token": "<unk>", "vocab": {"a": 0}}}, None),
-        ({"model": {"type": "BPE", "unk_token": "<unk>", "byte_fallback": True, "vocab": {"<0x41>": 0}}}, 12),
+        ({"model": {"type": "BPE", "unk_token": "<unk>", "byte_fallback": True,
+                    "vocab": _FALLBACK_VOCAB}}, 12),
+        # Byte fallback short of a byte's token: that byte is dropped, whatever its run.
+        ({"model": {"type": "BPE", "unk_token": "<unk>", "byte_fallback": True,
+                    "vocab": {"<0x41>": 0}}}, None),
+        # No unknown token, no byte fallback: a character the vocabulary cannot spell is
+        # dropped (a run of them costs no token), unless byte-level text spells every byte.
+        ({"model": {"type": "BPE", "unk_token": None, "vocab": {"a": 0, "abcd": 1}}}, None),
+        ({"pre_tokenizer": {"type": "Metaspace"}}, None),
         ({"added_tokens": [{"content": "<x>", "lstrip": True, "rstrip": False}]}, None),
         ({"added_tokens": [{"content": "<x>", "lstrip": False, "rstrip": True}]}, None),
-        ({"pre_tokenizer": None}, 12),
+        ({"pre_tokenizer": None,  # Llama-2's: no pre-tokenizer, byte fallback
+          "model": {"type": "BPE", "unk_token": "<unk>", "byte_fallback": True,
+                    "vocab": _FALLBACK_VOCAB}}, 12),
         ({"normalizer": {"type": "Replace", "pattern": {"String": "\u200b"}, "content": ""}}, None),
         # "abc" -> "xy": 3 characters become 2, so 12 * ceil(3 / 2).
         ({"normalizer": {"type": "Replace", "pattern": {"String": "abc"}, "content": "xy"}}, 24),
@@ -224,3 +243,21 @@ def test_a_pre_tokenizer_sequence_needs_every_member_to_keep_characters() -> Non
     )
     assert len(tok.encode("a" + " " * 5000 + "b", add_special_tokens=False)) < 10
     assert max_chars_per_token(tok) is None
+
+
+def test_a_vocabulary_that_cannot_spell_a_character_gives_no_bound() -> None:
+    """A BPE with neither an unknown token nor byte fallback drops each character it cannot
+    spell: a run of them costs no token at all, so no bound (and no early refusal); the same
+    vocabulary behind a byte-level pre-tokenizer that spells every byte keeps one."""
+    tk = Tokenizer(models.BPE(vocab={"a": 0, "b": 1, "ab": 2}, merges=[("a", "b")]))
+    tk.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk)
+    assert tok.encode("日" * 10_000, add_special_tokens=False) == []
+    assert max_chars_per_token(tok) is None
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tk = Tokenizer(models.BPE(vocab={**{ch: i for i, ch in enumerate(sorted(alphabet))},
+                                     "ab": len(alphabet)}, merges=[("a", "b")]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk)
+    assert len(tok.encode("日" * 100, add_special_tokens=False)) == 300  # three bytes each
+    assert max_chars_per_token(tok) == 2
