@@ -45,8 +45,8 @@ def token_capture_sizes(max_tokens: int, min_tokens: int = 16) -> list[int]:
 
 
 # A dense attention pass over a graph bucket attends its padding rows too (work ~ rows^2); the
-# varlen kernel attends the prompt's tokens only. Dense wins by 1.2-1.5x from 1024 tokens
-# (docs/perf.md, run BV): padding may add this much work.
+# varlen kernel attends the prompt's tokens only. Dense wins by 1.2-1.5x (cuDNN from 1024 tokens,
+# docs/perf.md run BV; the Triton kernel from 128, runs ZZN-ZZP): padding may add this much work.
 DENSE_PADDING_WORK = 1.15
 
 

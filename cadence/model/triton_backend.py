@@ -2,7 +2,8 @@
 steps through the paged decode kernel (which stores the new K/V, and applies the q/k norms and
 RoPE in its loads where it can), every other step through the q/k norm + RoPE launch (which
 stores the K/V, except into an FP8 cache; a store launch of its own otherwise) and the varlen
-kernel, or, for a lone prompt from position 0, cuDNN's dense attention (``dense_prefill``)."""
+kernel, or, for a lone prompt from position 0, dense attention over its own keys (the Triton
+kernel of short query blocks or cuDNN, ``dense_prefill``)."""
 
 from __future__ import annotations
 
