@@ -174,3 +174,43 @@ def test_batch_histogram_buckets_are_less_or_equal() -> None:
         assert ours_registry.get_sample_value("lat_bucket", labels) == \
             ref_registry.get_sample_value("lat_bucket", labels), le
     assert ours_registry.get_sample_value("lat_bucket", {"model_name": "m", "le": "0.5"}) == 3
+
+
+def test_an_engine_step_without_tokens_is_no_iteration_observation() -> None:
+    """iteration_tokens_total observes the steps that scheduled tokens: a record that only
+    finished (aborted) requests is not a step of 0 tokens."""
+    logger = PrometheusStatLogger("m")
+    logger.record(None, IterationStats(finished_requests=[
+        FinishedRequestStats("a", "abort", 0.1, 5, 0)]))
+    assert sample(logger, "cadence:iteration_tokens_total_count") == 0
+    assert sample(logger, "cadence:request_success_total", {"finished_reason": "abort"}) == 1
+    logger.record(None, IterationStats(num_prompt_tokens=5, num_generation_tokens=2))
+    assert sample(logger, "cadence:iteration_tokens_total_count") == 1
+    assert sample(logger, "cadence:iteration_tokens_total_sum") == 7
+
+
+def test_time_per_output_token_is_the_requests_mean_not_its_decode_time() -> None:
+    logger = PrometheusStatLogger("m")
+    logger.record(None, IterationStats(num_generation_tokens=1, finished_requests=[
+        FinishedRequestStats("b", "stop", 2.0, 5, 5, decode_time=1.0,
+                             mean_time_per_output_token=0.25)]))
+    assert sample(logger, "cadence:request_time_per_output_token_seconds_count") == 1
+    assert sample(logger, "cadence:request_time_per_output_token_seconds_sum") == 0.25
+    # 0.25 s lands in the 0.3 bucket, not the 0.2 one (TPOT buckets 0.2, 0.3, ...).
+    bucket = "cadence:request_time_per_output_token_seconds_bucket"
+    assert sample(logger, bucket, {"le": "0.2"}) == 0
+    assert sample(logger, bucket, {"le": "0.3"}) == 1
+    assert sample(logger, "cadence:request_decode_time_seconds_sum") == 1.0
+
+
+def test_inter_token_latency_has_vllms_itl_buckets() -> None:
+    """vLLM's ITL bounds (0.001, 0.0025, 0.005, 0.01, 0.025, ...), not the TTFT ones."""
+    logger = PrometheusStatLogger("m")
+    logger.record(None, IterationStats(num_generation_tokens=2,
+                                       inter_token_latencies=[0.002, 0.02]))
+    bucket = "cadence:inter_token_latency_seconds_bucket"
+    assert sample(logger, bucket, {"le": "0.001"}) == 0
+    assert sample(logger, bucket, {"le": "0.0025"}) == 1
+    assert sample(logger, bucket, {"le": "0.01"}) == 1
+    assert sample(logger, bucket, {"le": "0.025"}) == 2
+    assert sample(logger, bucket, {"le": "0.15"}) == 2

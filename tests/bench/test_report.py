@@ -149,3 +149,22 @@ def test_latency_says_so_when_no_step_decodes_the_whole_batch(capsys) -> None:
         latency.main([*TINY, "--batch-sizes", "3", "--input-len", "8", "--output-len", "4",
                       "--repeats", "1", "--max-num-batched-tokens", "8",
                       "--enable-chunked-prefill"])
+
+
+def test_a_thousand_is_written_with_its_separator() -> None:
+    """From 1,000 up a float is whole with separators; below, 4 significant digits."""
+    assert [fmt(v) for v in (1000.0, -1000.0, 999.94, 1000.4)] == [
+        "1,000", "-1,000", "999.9", "1,000"]
+
+
+def test_no_progress_bar_with_json_or_no_progress() -> None:
+    """--json keeps stderr free of the bar as --no-progress does (a script reads the line)."""
+    from cadence.bench.report import progress
+
+    p = argparse.ArgumentParser()
+    add_report_args(p)
+    for argv, disabled in ((["--json"], True), (["--no-progress"], True),
+                           (["--json", "--no-progress"], True), ([], False)):
+        bar = progress(range(2), p.parse_args(argv), "x")
+        assert bar.disable is disabled, argv  # type: ignore[attr-defined]
+        assert list(bar) == [0, 1]

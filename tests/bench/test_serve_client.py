@@ -83,3 +83,41 @@ def test_ctrl_c_with_client_processes_is_one_line() -> None:
     assert child.returncode == 130, (child.returncode, err)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_client_processes_share_the_whole_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--max-concurrency 5`` over 3 client processes: caps 2, 2 and 1 (all 5 in flight),
+    the sends dealt round-robin and their results put back in order. The pool is a stand-in
+    that records each process's job."""
+    from dataclasses import asdict
+    from types import SimpleNamespace
+
+    from cadence.bench import serve_client
+    from cadence.bench.serve_client import RequestResult, Send, Target
+
+    jobs: list[tuple] = []
+
+    class Pool:
+        def __init__(self, processes: int, initializer=None) -> None:
+            self.processes = processes
+
+        def map(self, fn, args):  # noqa: ANN001
+            jobs.extend(args)
+            return [([asdict(RequestResult(True, s.prompt_len)) for s in job[1]], 1.0 + i, 3.0)
+                    for i, job in enumerate(args)]
+
+        def terminate(self) -> None:
+            pass
+
+        def join(self) -> None:
+            pass
+
+    fake = SimpleNamespace(get_context=lambda method: SimpleNamespace(Pool=Pool))
+    monkeypatch.setattr(serve_client, "multiprocessing", fake)
+    sends = [Send({"prompt": str(i)}, prompt_len=i) for i in range(7)]
+    results, duration = serve_client.run_in_processes(Target("http://x", {}, 1.0), sends,
+                                                      cap=5, processes=3)
+    assert [job[2] for job in jobs] == [2, 2, 1]
+    assert [[s.prompt_len for s in job[1]] for job in jobs] == [[0, 3, 6], [1, 4], [2, 5]]
+    assert [r.prompt_len for r in results] == list(range(7))
+    assert duration == 2.0  # first start (1.0) to last end (3.0)

@@ -107,6 +107,20 @@ def test_bad_flag_values_are_one_line(argv: list[str], message: str,
     assert line.startswith(f"cadence {argv[0]}: error: ") and message in line
 
 
+def test_port_and_api_server_count_ranges_include_their_ends() -> None:
+    """Ports 0 to 65535 and 1 to 64 API servers, both ends included."""
+    for port in (0, 65535):
+        assert ServerSettings(port=port).port == port
+    for count in (1, 64):
+        assert ServerSettings(api_server_count=count).api_server_count == count
+    assert settings_from(parse_args(["serve", "--port", "65535", "--api-server-count", "64"])
+                         ) == ServerSettings(port=65535, api_server_count=64)
+    for bad in ({"port": -1}, {"port": 65536}, {"api_server_count": 0},
+                {"api_server_count": 65}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ServerSettings(**bad)
+
+
 def test_cors_lists_must_be_json(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["serve", "--allowed-origins", "https://a.example"])

@@ -87,6 +87,7 @@ def test_the_configuration_summary_lists_graph_sizes() -> None:
                            "mixed_token_sizes": [16, 32, 48, 64], "emulated": False}
     assert (s["dtype"], s["policy"], s["async_scheduling"], s["has_tokenizer"]) == (
         "bfloat16", "priority", True, False)
+    assert (s["max_num_seqs"], s["max_num_batched_tokens"]) == (8, 8192)  # 8192: the default
     eager = EngineConfig(graphs=GraphConfig(enforce_eager=True))
     s = engine_config_summary(SimpleNamespace(**{**vars(engine), "config": eager}), "x")  # type: ignore[arg-type]
     assert s["graphs"] == {"enabled": False} and s["dtype"] == "float32"
@@ -208,3 +209,25 @@ def test_the_oldest_row_carries_the_gauges_from_before_the_window() -> None:
     assert rows[-1]["itl_max"] == pytest.approx(0.3)
     assert rows[-1]["itl_mean"] == pytest.approx(0.55 / 3, abs=1e-6)  # rounded to 6 places
     assert len(rec._seconds) <= rec.window_s + 1  # still bounded
+
+
+def test_stats_document_now_and_a_second_with_token_latencies_only() -> None:
+    """``now`` carries the latest scheduler totals as they are (hits apart from queries); a
+    second whose only latencies are inter-token ones (no first token in it) shows their max."""
+    from cadence.server.live_stats import stats_document
+
+    clock = Clock()
+    rec = SecondsRecorder(window_s=60, clock=clock)
+    clock.t = 100.5  # second 0
+    rec.record(SchedulerStats(1, 0, 0.1, prefix_cache_queries=10, prefix_cache_hits=4,
+                              num_preemptions=3),
+               IterationStats(num_generation_tokens=2, inter_token_latencies=[0.02, 0.03]))
+    clock.t = 101.2
+    doc = stats_document(rec, "serving", "v", -1, None)
+    assert doc["now"] == {"running": 1, "waiting": 0, "kv_cache_usage": 0.1,
+                          "num_preemptions": 3, "prefix_cache_queries": 10,
+                          "prefix_cache_hits": 4}
+    (row,) = doc["history"]
+    assert row["ttft_max"] is None and row["ttft_mean"] is None
+    assert row["itl_max"] == 0.03 and row["itl_mean"] == pytest.approx(0.025)
+    assert "config" not in doc and doc["second"] == 1
