@@ -25,7 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.causal_tile_sweep import time_graph  # noqa: E402
+from scripts.causal_tile_sweep import shape_args, time_graph  # noqa: E402
 
 
 @triton.jit
@@ -107,12 +107,7 @@ def split(q, k, v, scale, side: torch.cuda.Stream | None, b_first: bool):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--lens", default="1024,2048,4096")
-    p.add_argument("--layers", type=int, default=28)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--replays", type=int, default=20)
+    shape_args(p)
     args = p.parse_args()
     torch.manual_seed(0)
     h, hk, d = args.heads, args.kv_heads, args.head_dim

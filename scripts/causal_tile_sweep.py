@@ -109,14 +109,19 @@ def time_graph(fn, layers, replays):
     return times[len(times) // 2], times[0]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def shape_args(p: argparse.ArgumentParser) -> None:
+    """The prompt lengths, layer count, head shape and replays of a causal attention timing."""
     p.add_argument("--lens", default="1024,2048,4096")
     p.add_argument("--layers", type=int, default=28)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--replays", type=int, default=20)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    shape_args(p)
     p.add_argument("--quick", action="store_true", help="four configurations only")
     p.add_argument("--configs", default="",
                    help="configurations to time, e.g. 64x1x64x4x3,32x1x32x4x3x132 (block_m x pack "
