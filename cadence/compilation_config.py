@@ -4,10 +4,12 @@ nothing; the CUDA-graph options map onto cadence's own: ``cudagraph_mode`` NONE 
 ``enforce_eager``, FULL_DECODE_ONLY captures decode graphs only (``max_capture_tokens=0``), the
 other modes keep cadence's full graphs of mixed steps; ``max_cudagraph_capture_size`` and the
 largest of ``cudagraph_capture_sizes`` cap the captured step sizes (``max_capture_tokens``;
-cadence picks its own buckets below the cap), and an empty list captures nothing."""
+cadence picks its own buckets below the cap), and an empty list captures nothing. A field
+vLLM's CompilationConfig does not have is refused, as vLLM refuses it."""
 
 from __future__ import annotations
 
+import difflib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +19,16 @@ logger = logging.getLogger(__name__)
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 COMPILATION_MODES = ("NONE", "STOCK_TORCH_COMPILE", "DYNAMO_TRACE_ONCE", "VLLM_COMPILE")
 _GRAPH_KEYS = ("cudagraph_mode", "max_cudagraph_capture_size", "cudagraph_capture_sizes")
+# vLLM's CompilationConfig fields (it forbids any other), with those of earlier releases that
+# configurations still carry (use_inductor, use_cudagraph, full_cuda_graph).
+VLLM_FIELDS = frozenset({
+    *_GRAPH_KEYS, "level", "mode", "debug_dump_path", "cache_dir", "compile_cache_save_format",
+    "backend", "custom_ops", "splitting_ops", "compile_mm_encoder", "compile_sizes",
+    "compile_ranges_split_points", "inductor_compile_config", "inductor_passes",
+    "cudagraph_num_of_warmups", "cudagraph_copy_inputs", "cudagraph_specialize_lora",
+    "use_inductor_graph_partition", "pass_config", "dynamic_shapes_config", "use_inductor",
+    "use_cudagraph", "full_cuda_graph",
+})
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,12 @@ def read_compilation_config(value: Any) -> GraphChoice:
     bad = [k for k in value if not isinstance(k, str)]
     if bad:
         raise ValueError(f"compilation_config: field names are strings, got {bad[0]!r}.")
+    unknown = sorted(k for k in value if k not in VLLM_FIELDS)
+    if unknown:  # a typo would otherwise pass unnoticed (vLLM refuses it too)
+        near = difflib.get_close_matches(unknown[0], sorted(VLLM_FIELDS), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ValueError(f"compilation_config: unknown field {unknown[0]!r}{hint}; vLLM's "
+                         "CompilationConfig has no such field.")
     for key in ("mode", "level"):
         if value.get(key) is not None:
             _mode(value[key], f"compilation_config.{key}")

@@ -582,4 +582,8 @@ MUTATIONS = [
              "        if any(f\"<0x{b:02X}>\" not in vocab for b in range(256)):\n"
              "            return None\n", "        pass\n",
              ("tests/engine/test_prompt_bound.py",)),
+    Mutation("cc-unknown-field-ignored", "a compilation_config field vLLM does not have is "
+             "ignored (a typo passes unnoticed)", "cadence/compilation_config.py",
+             "    unknown = sorted(k for k in value if k not in VLLM_FIELDS)",
+             "    unknown = []", ("tests/test_compilation_config.py",)),
 ]

@@ -46,6 +46,10 @@ def test_graph_options_map_onto_cadences(value, choice) -> None:
     ({"cudagraph_capture_sizes": [4, 0]}, "list of positive integers"),
     ({"cudagraph_capture_sizes": 8}, "list of positive integers"),
     ({"max_cudagraph_capture_size": 8, "cudagraph_capture_sizes": [4]}, "must be the largest"),
+    # A typo is refused (vLLM's CompilationConfig forbids unknown fields), not ignored.
+    ({"cudagraph_mod": "NONE"},
+     r"unknown field 'cudagraph_mod' \(did you mean 'cudagraph_mode'\?\)"),
+    ({"graphs": False}, r"unknown field 'graphs'; vLLM's CompilationConfig has no such field"),
 ])
 def test_bad_values_name_the_field(value, fragment) -> None:
     with pytest.raises(ValueError, match=fragment):
@@ -54,8 +58,9 @@ def test_bad_values_name_the_field(value, fragment) -> None:
 
 def test_compiler_options_are_logged_as_changing_nothing(caplog) -> None:
     with caplog.at_level(logging.INFO, logger="cadence.compilation_config"):
-        read_compilation_config({"custom_ops": ["none"], "use_inductor": False})
-    assert "custom_ops, use_inductor change nothing" in caplog.text
+        read_compilation_config({"custom_ops": ["none"], "use_inductor": False,
+                                 "pass_config": {}, "full_cuda_graph": True})
+    assert "custom_ops, full_cuda_graph, pass_config, use_inductor change nothing" in caplog.text
 
 
 def test_engine_args_take_them_and_refuse_a_disagreeing_cap() -> None:
