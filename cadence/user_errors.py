@@ -32,10 +32,19 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser whose own mistakes (an unknown flag, a bad value or choice) end in one
     line too: argparse prints its whole usage first, for ``serve`` some sixty lines above the
     one that says what is wrong. Also vLLM's ``--help=KEYWORD``: the help of the options whose
-    name holds the keyword (``--help=all``: all of it)."""
+    name holds the keyword (``--help=all``: all of it), and its optional values: ``None`` or
+    ``""`` for an option whose default is None."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(USAGE_EXIT_CODE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # vLLM's optional values: "None" or "" given to an option whose default is None is
+        # that default (command lines written for vLLM, e.g. by templates, pass them).
+        if (action.option_strings and action.default is None and action.nargs is None
+                and arg_strings in (["None"], [""])):
+            return None
+        return super()._get_values(action, arg_strings)
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         given = list(sys.argv[1:] if args is None else args)

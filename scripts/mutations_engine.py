@@ -586,4 +586,9 @@ MUTATIONS = [
              "ignored (a typo passes unnoticed)", "cadence/compilation_config.py",
              "    unknown = sorted(k for k in value if k not in VLLM_FIELDS)",
              "    unknown = []", ("tests/test_compilation_config.py",)),
+    Mutation("cli-none-not-unset", "\"None\" for an option whose default is None is taken "
+             "as a value", "cadence/user_errors.py",
+             "                and arg_strings in ([\"None\"], [\"\"])):",
+             "                and arg_strings in ([\"<never>\"],)):",
+             ("tests/server/test_cli_flags.py",)),
 ]

@@ -74,6 +74,20 @@ def test_server_flags_reach_the_settings() -> None:
     assert ns.disable_log_stats  # accepted; cadence logs no periodic stats
 
 
+def test_none_or_empty_for_an_unset_option_means_unset() -> None:
+    """vLLM reads "None" and "" given to an option whose default is None as that default
+    (command lines written for vLLM pass them); an option with another default still checks
+    its value."""
+    given = ["--quantization", "None", "--max-model-len", "None", "--tokenizer", "",
+             "--reasoning-parser", "None", "--tool-call-parser", "", "--chat-template", "None"]
+    plain, with_none = parse_args(["serve"]), parse_args(["serve", *given])
+    assert vars(with_none) == vars(plain)
+    for flag in ("--quantization", "--reasoning-parser", "--max-model-len"):
+        assert getattr(parse_args(["serve", flag, "None"]), flag[2:].replace("-", "_")) is None
+    with pytest.raises(SystemExit):  # --max-num-seqs defaults to a number: "None" is no count
+        parse_args(["serve", "--max-num-seqs", "None"])
+
+
 def test_server_flag_defaults_are_vllms() -> None:
     settings = settings_from(parse_args(["serve"]))
     assert settings.allowed_origins == settings.allowed_methods == settings.allowed_headers
