@@ -14,7 +14,7 @@ from typing import Any
 
 from cadence.cli_config import add_config_arg, dashed, expand_config
 from cadence.envs import read_envs
-from cadence.user_errors import ArgumentParser, one_line_errors
+from cadence.user_errors import ArgumentParser, flags_given, one_line_errors
 
 _BENCHES = {
     "latency": "cadence.bench.latency",
@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with one_line_errors(prog.rstrip(), seen):  # a bad --config file
             ns = parse_args(args)
         prog = f"cadence {ns.command}" + (f" {ns.which}" if ns.command == "bench" else "")
-        with one_line_errors(prog, seen, engine_flags(args)):
+        with one_line_errors(prog, seen, engine_flags(args, ns.command)):
             return int(ns.func(ns) or 0)
     except BaseException as exc:
         # Ctrl-C while the command starts or runs (a server serving takes SIGINT over).
@@ -168,13 +168,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         interrupt.uninstall(previous)
 
 
-def engine_flags(argv: Sequence[str]) -> Callable[[], dict[str, str]]:
-    """The engine's field -> flag map of the flags in ``argv``, made on an error (a one-line
-    error that names a config field names the flag too)."""
+def engine_flags(argv: Sequence[str], command: str | None = None
+                 ) -> Callable[[], dict[str, str]]:
+    """The field -> flag map of the flags in ``argv`` (the engine's, and ``command``'s own, as
+    ``serve``'s ``port``), made on an error: a one-line error that names a field names the flag
+    too."""
     def flags() -> dict[str, str]:
         from cadence.engine.engine_args import EngineArgs
 
-        return EngineArgs.cli_flags(argv)
+        found: dict[str, str] = {}
+        if command is not None:
+            sub = next(a for a in build_parser()._actions
+                       if isinstance(a, argparse._SubParsersAction))
+            if command in sub.choices:
+                found.update(flags_given(sub.choices[command], argv))
+        return {**found, **EngineArgs.cli_flags(argv)}
     return flags
 
 

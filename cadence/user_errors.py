@@ -13,7 +13,7 @@ import argparse
 import logging
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
@@ -87,6 +87,19 @@ def first_line(exc: BaseException) -> str:
     if lines[0].endswith(":") and len(lines) > 1:
         return f"{lines[0]} {lines[1]}"
     return lines[0]
+
+
+def flags_given(parser: argparse.ArgumentParser, argv: Sequence[str]) -> dict[str, str]:
+    """Each of ``parser``'s destinations that ``argv`` sets -> the flag spelling used there
+    (``port``: ``--port``), for ``name_the_flag``. Destinations no given flag set are left out:
+    their errors are not a flag's."""
+    given = {a.partition("=")[0] for a in argv if a.startswith("-")}
+    flags: dict[str, str] = {}
+    for action in parser._actions:
+        used = [o for o in action.option_strings if o in given]
+        if used:
+            flags[action.dest] = used[0]
+    return flags
 
 
 def name_the_flag(message: str, flags: Mapping[str, str]) -> str:

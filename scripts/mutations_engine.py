@@ -591,4 +591,7 @@ MUTATIONS = [
              "                and arg_strings in ([\"None\"], [\"\"])):",
              "                and arg_strings in ([\"<never>\"],)):",
              ("tests/server/test_cli_flags.py",)),
+    Mutation("cli-command-flags-unnamed", "a serve setting's error does not name its flag",
+             "cadence/cli.py", "                found.update(flags_given(sub.choices[command], argv))",
+             "                pass", ("tests/server/test_cli_flags.py",)),
 ]

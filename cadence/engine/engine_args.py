@@ -26,6 +26,7 @@ from cadence.config import (
 from cadence.engine.engine_cli import add_engine_cli_args
 from cadence.envs import read_envs
 from cadence.hf_overrides import check_hf_overrides
+from cadence.user_errors import flags_given
 
 if TYPE_CHECKING:
     from cadence.hf_overrides import HfOverrides
@@ -346,12 +347,7 @@ class EngineArgs:
         its error is not the flag's."""
         parser = argparse.ArgumentParser(add_help=False)
         EngineArgs.add_cli_args(parser)
-        given = {a.partition("=")[0] for a in argv if a.startswith("-")}
-        flags = {}
-        for action in parser._actions:
-            used = [o for o in action.option_strings if o in given]
-            if used:
-                flags[action.dest] = used[0]
+        flags = flags_given(parser, argv)
         if "kv_cache_dtype" in flags:
             flags["cache_dtype"] = flags["kv_cache_dtype"]
         return flags

@@ -27,7 +27,7 @@ from cadence.server.serve_options import (
 )
 from cadence.server.settings import UVICORN_LOG_LEVELS, ResponseOptions, ServerSettings
 from cadence.server.tool_calls import TOOL_CALL_PARSERS
-from cadence.user_errors import ArgumentParser, one_line_errors
+from cadence.user_errors import ArgumentParser, flags_given, one_line_errors
 
 # The command line's meanings live in serve_options; named here too, where callers found them.
 __all__ = ["add_serve_args", "add_serve_parser", "api_keys_from", "check_served_names",
@@ -341,6 +341,7 @@ def serve_main(argv: list[str] | None = None) -> int:
 
     parser = add_serve_args(ArgumentParser(prog="cadence serve", description=DESCRIPTION))
     given = sys.argv[1:] if argv is None else argv
-    with one_line_errors(parser.prog, flags=lambda: EngineArgs.cli_flags(given)):
+    with one_line_errors(parser.prog, flags=lambda: {**flags_given(parser, given),
+                                                     **EngineArgs.cli_flags(given)}):
         ns = parser.parse_args(expand_config(parser, given))
         return run_serve(ns)

@@ -103,7 +103,11 @@ def test_server_flag_defaults_are_vllms() -> None:
 
 
 BAD_FLAGS = [
-    (["serve", "--root-path", "llm"], "root_path must start with '/'"),
+    # A server setting's error names the flag that set it, as an engine field's does.
+    (["serve", "--root-path", "llm"], "error: --root-path: root_path must start with '/'"),
+    (["serve", "--port", "70000"], "error: --port: port must be in [0, 65535], got 70000."),
+    (["serve", "--api-server-count", "0"], "error: --api-server-count: api_server_count must"),
+    (["serve", "--response-role="], "error: --response-role: response_role must be"),
     (["serve", "--ssl-keyfile", "key.pem"], "--ssl-keyfile needs --ssl-certfile"),
     (["serve", "--ssl-certfile", "/nonexistent/cert.pem", "--port", "0"],
      "cannot load /nonexistent/cert.pem"),
