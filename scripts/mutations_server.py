@@ -363,9 +363,9 @@ MUTATIONS = [
              'return f"{flag}: {message}" if flag else message',
              "return message", ("tests/server/test_cli_errors.py",)),
     Mutation("cli-flag-derived", "a field's error names its flag though the flag was not given",
-             "cadence/engine/engine_args.py",
-             "            used = [o for o in action.option_strings if o in given]",
-             "            used = action.option_strings", ("tests/server/test_cli_errors.py",)),
+             "cadence/user_errors.py",
+             "        used = [o for o in action.option_strings if o in given]",
+             "        used = action.option_strings", ("tests/server/test_cli_errors.py",)),
     Mutation("bench-config-ignored", "a benchmark reads no --config file",
              "cadence/cli_config.py",
              "    return parser.parse_args(expand_config(parser, sys.argv[1:] if argv is None "
