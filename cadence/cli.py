@@ -176,14 +176,34 @@ def engine_flags(argv: Sequence[str], command: str | None = None
     def flags() -> dict[str, str]:
         from cadence.engine.engine_args import EngineArgs
 
-        found: dict[str, str] = {}
-        if command is not None:
-            sub = next(a for a in build_parser()._actions
-                       if isinstance(a, argparse._SubParsersAction))
-            if command in sub.choices:
-                found.update(flags_given(sub.choices[command], argv))
-        return {**found, **EngineArgs.cli_flags(argv)}
+        sub = _subcommands(build_parser()).get(command) if command is not None else None
+
+        def found(args: list[str]) -> dict[str, str]:
+            own = flags_given(sub, args) if sub is not None else {}
+            return {**own, **EngineArgs.cli_flags(args)}
+
+        typed = dashed(argv)
+        on_line = found(typed)
+        path = _config_path(typed)
+        if sub is None or path is None or command not in ("generate", "serve"):
+            return on_line
+        try:
+            expanded = [typed[0], *expand_config(sub, typed[1:])]
+        except ValueError:  # the file's own mistake was named already
+            return on_line
+        # A field the --config file set: its key, named with the file.
+        return {field: flag if field in on_line else f"{flag} in {path}"
+                for field, flag in found(expanded).items()}
     return flags
+
+
+def _config_path(argv: Sequence[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            return arg.partition("=")[2]
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
 
 
 class _Interrupt:

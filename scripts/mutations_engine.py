@@ -592,6 +592,10 @@ MUTATIONS = [
              "                and arg_strings in ([\"<never>\"],)):",
              ("tests/server/test_cli_flags.py",)),
     Mutation("cli-command-flags-unnamed", "a serve setting's error does not name its flag",
-             "cadence/cli.py", "                found.update(flags_given(sub.choices[command], argv))",
-             "                pass", ("tests/server/test_cli_flags.py",)),
+             "cadence/cli.py", "            own = flags_given(sub, args) if sub is not None else {}",
+             "            own = {}", ("tests/server/test_cli_flags.py",)),
+    Mutation("cli-config-flag-unlabelled", "a --config file's bad value is named as if the "
+             "command line had set it", "cadence/cli.py",
+             "        return {field: flag if field in on_line else f\"{flag} in {path}\"",
+             "        return {field: flag", ("tests/server/test_cli_flags.py",)),
 ]

@@ -125,6 +125,24 @@ def test_bad_flag_values_are_one_line(argv: list[str], message: str,
     assert line.startswith(f"cadence {argv[0]}: error: ") and message in line
 
 
+def test_a_config_files_bad_value_names_its_key_and_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A value the --config file set is named by its flag and the file; the same flag given on
+    the command line (which wins) is named alone."""
+    path = tmp_path / "serve.yaml"
+    path.write_text("max-num-seqs: 0\nport: 70000\n")
+    line = _one_line_exit_2(["serve", "--config", str(path), "--port", "0"], capsys)
+    assert line == (f"cadence serve: error: --max-num-seqs in {path}: max_num_seqs must be 1 to "
+                    "65536, got 0.")
+    path.write_text("max-num-seqs: 0\n")
+    line = _one_line_exit_2(["serve", f"--config={path}", "--max_num_seqs", "0"], capsys)
+    assert "error: --max-num-seqs: max_num_seqs must be" in line  # the command line's
+    path.write_text("port: 70000\n")
+    line = _one_line_exit_2(["serve", "--config", str(path)], capsys)
+    assert f"error: --port in {path}: port must be in [0, 65535], got 70000." in line
+
+
 def test_port_and_api_server_count_ranges_include_their_ends() -> None:
     """Ports 0 to 65535 and 1 to 64 API servers, both ends included."""
     for port in (0, 65535):
