@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
-from cadence.cli_config import add_config_arg, dashed, expand_config
+from cadence.cli_config import add_config_arg, dashed, expand_config, flags_with_config
 from cadence.envs import read_envs
 from cadence.user_errors import ArgumentParser, flags_given, one_line_errors
 
@@ -182,28 +182,10 @@ def engine_flags(argv: Sequence[str], command: str | None = None
             own = flags_given(sub, args) if sub is not None else {}
             return {**own, **EngineArgs.cli_flags(args)}
 
-        typed = dashed(argv)
-        on_line = found(typed)
-        path = _config_path(typed)
-        if sub is None or path is None or command not in ("generate", "serve"):
-            return on_line
-        try:
-            expanded = [typed[0], *expand_config(sub, typed[1:])]
-        except ValueError:  # the file's own mistake was named already
-            return on_line
-        # A field the --config file set: its key, named with the file.
-        return {field: flag if field in on_line else f"{flag} in {path}"
-                for field, flag in found(expanded).items()}
+        if sub is None or command not in ("generate", "serve"):  # those that read --config
+            return found(dashed(argv))
+        return flags_with_config(sub, argv[1:], found)
     return flags
-
-
-def _config_path(argv: Sequence[str]) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg.startswith("--config="):
-            return arg.partition("=")[2]
-        if arg == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
-    return None
 
 
 class _Interrupt:

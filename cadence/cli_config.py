@@ -20,11 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FILE_MODEL", "add_config_arg", "expand_config", "json_object",
+__all__ = ["FILE_MODEL", "add_config_arg", "config_paths", "expand_config", "flags_with_config",
+           "json_object",
            "json_object_or_int", "json_string_list", "parse_with_config"]
 
 _CONFIG = "--config"
@@ -87,8 +88,7 @@ def expand_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[
     and the options of its ``--config`` file, if any, after its leading positionals and before
     its own options. ``ValueError`` for a mistake in the file."""
     args = _folded(parser, _normalized(parser, argv))
-    paths = [a[len(_CONFIG) + 1:] for a in args if a.startswith(_CONFIG + "=")]
-    paths += [args[i + 1] for i, a in enumerate(args[:-1]) if a == _CONFIG]
+    paths = config_paths(args)
     if not paths:
         return args
     if len(paths) > 1:
@@ -108,6 +108,30 @@ def expand_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[
             from_file = [FILE_MODEL + a[len("--model"):] if a == "--model" or a.startswith(
                 "--model=") else a for a in from_file]
     return [*args[:first], *from_file, *args[first:]]
+
+
+def config_paths(args: Sequence[str]) -> list[str]:
+    """The files ``args`` names with ``--config FILE`` or ``--config=FILE``."""
+    paths = [a[len(_CONFIG) + 1:] for a in args if a.startswith(_CONFIG + "=")]
+    return paths + [args[i + 1] for i, a in enumerate(args[:-1]) if a == _CONFIG]
+
+
+def flags_with_config(parser: argparse.ArgumentParser, argv: Sequence[str],
+                      flags_of: Callable[[list[str]], dict[str, str]]) -> dict[str, str]:
+    """``flags_of``'s field -> flag map for a subcommand's ``argv``, with its ``--config``
+    file's options too: a field only the file set is named with the file (``--max-num-seqs in
+    serve.yaml``), for a one-line error that names the field."""
+    typed = dashed(argv)
+    on_line = flags_of(typed)
+    paths = config_paths(typed)
+    if not paths:
+        return on_line
+    try:
+        expanded = expand_config(parser, typed)
+    except ValueError:  # the file's own mistake was named already
+        return on_line
+    return {field: flag if field in on_line else f"{flag} in {paths[0]}"
+            for field, flag in flags_of(expanded).items()}
 
 
 def dashed(argv: Sequence[str]) -> list[str]:

@@ -595,7 +595,7 @@ MUTATIONS = [
              "cadence/cli.py", "            own = flags_given(sub, args) if sub is not None else {}",
              "            own = {}", ("tests/server/test_cli_flags.py",)),
     Mutation("cli-config-flag-unlabelled", "a --config file's bad value is named as if the "
-             "command line had set it", "cadence/cli.py",
-             "        return {field: flag if field in on_line else f\"{flag} in {path}\"",
-             "        return {field: flag", ("tests/server/test_cli_flags.py",)),
+             "command line had set it", "cadence/cli_config.py",
+             "    return {field: flag if field in on_line else f\"{flag} in {paths[0]}\"",
+             "    return {field: flag", ("tests/server/test_cli_flags.py",)),
 ]

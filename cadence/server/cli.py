@@ -10,6 +10,7 @@ from cadence.cli_config import (
     FILE_MODEL,
     add_config_arg,
     expand_config,
+    flags_with_config,
     json_object,
     json_string_list,
 )
@@ -341,7 +342,7 @@ def serve_main(argv: list[str] | None = None) -> int:
 
     parser = add_serve_args(ArgumentParser(prog="cadence serve", description=DESCRIPTION))
     given = sys.argv[1:] if argv is None else argv
-    with one_line_errors(parser.prog, flags=lambda: {**flags_given(parser, given),
-                                                     **EngineArgs.cli_flags(given)}):
+    with one_line_errors(parser.prog, flags=lambda: flags_with_config(
+            parser, given, lambda a: {**flags_given(parser, a), **EngineArgs.cli_flags(a)})):
         ns = parser.parse_args(expand_config(parser, given))
         return run_serve(ns)
