@@ -355,7 +355,7 @@ MUTATIONS = [
              ("tests/model/test_dense_prefill.py",)),
     Mutation("dense-cudnn-refusal-no-fallback", "a pass cuDNN refuses is not handed to the "
              "Triton kernel", "cadence/model/dense_prefill.py",
-             "        if out is None and self.triton:  # cuDNN refused this call: the other kernel",
-             "        if False:  # cuDNN refused this call: the other kernel",
+             "        for triton in (prefer, not prefer):  # the other kernel where the first refuses",
+             "        for triton in (prefer,):  # the other kernel where the first refuses",
              ("tests/model/test_dense_prefill.py",)),
 ]

@@ -118,20 +118,19 @@ class DensePrefill:
         """Causal attention of ``q`` ``[T, H, D]`` over ``k``, ``v`` ``[T, Hkv, D]`` (any
         strides with a contiguous last dim) as one sequence: ``[T, H, D]``, or None where
         both kernels refuse (the path is then off for good)."""
-        out = None
-        if self.prefers_triton(q.shape[0], q.shape[1]):
-            out = self._triton(q, k, v, scale)
+        prefer = self.prefers_triton(q.shape[0], q.shape[1])
+        for triton in (prefer, not prefer):  # the other kernel where the first refuses
+            if triton and self.triton:
+                out = self._triton(q, k, v, scale)
+            elif not triton and self.cudnn:
+                out = self._cudnn(q, k, v, scale)
+            else:
+                continue
             if out is not None:
-                self.triton_calls += 1
-        if out is None and self.cudnn:
-            out = self._cudnn(q, k, v, scale)
-        if out is None and self.triton:  # cuDNN refused this call: the other kernel
-            out = self._triton(q, k, v, scale)
-            if out is not None:
-                self.triton_calls += 1
-        if out is not None:
-            self.calls += 1
-        return out
+                self.calls += 1
+                self.triton_calls += triton
+                return out
+        return None
 
     def _refused(self, exc: Exception, q: torch.Tensor, kernel: str) -> None:
         # NOTE: out of memory, a CUDA error or a failure inside a capture is not a refusal.
