@@ -22,9 +22,10 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cadence.model.dense_prefill import DensePrefill  # noqa: E402
 
 
 def causal_packed(q, k, v, out, scale, block_m=64, pack=1, block_n=64, num_warps=4,
@@ -35,14 +36,6 @@ def causal_packed(q, k, v, out, scale, block_m=64, pack=1, block_n=64, num_warps
 
     tile = CausalTile(block_m, pack, block_n, num_warps, num_stages, balanced=sms > 0)
     return causal_attention(q, k, v, out, scale, num_sms=sms, tile=tile)
-
-
-def cudnn_whole(q, k, v, scale):
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-            is_causal=True, scale=scale, enable_gqa=True)  # fmt: skip
-    return out[0].transpose(0, 1)
 
 
 def reference(q, k, v, scale):
@@ -138,6 +131,7 @@ def main() -> None:
     if args.configs:
         cands = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
         args.best = len(cands)
+    cudnn = DensePrefill(use_triton=False)  # the engine's cuDNN call
     for i, t in enumerate(int(x) for x in args.lens.split(",")):
         layers = []
         for _ in range(args.layers):
@@ -147,7 +141,7 @@ def main() -> None:
             layers.append((q.view(t, h, d), k.view(t, hk, d), v.view(t, hk, d), out))
         ref = reference(*layers[0][:3], scale)
         flops = 4 * h * d * t * (t + 1) / 2
-        variants = {"cudnn whole": lambda q, k, v, o: cudnn_whole(q, k, v, scale)}
+        variants = {"cudnn whole": lambda q, k, v, o: cudnn.attend(q, k, v, scale)}
         if args.varlen:
             variants["engine varlen"] = varlen_variant(t, h, hk, d)
         for c in cands:
