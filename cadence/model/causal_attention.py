@@ -34,19 +34,43 @@ causal_attention_kernel = None
 if triton is not None:
 
     @triton.jit
+    def _tanh(x):
+        # Saturates to +-1 without NaN (exp2 overflows to inf for large x); near 0 the series.
+        big = 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
+        x2 = x * x
+        small = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333
+                                                               + x2 * -0.05396825396825397)))
+        return tl.where(tl.abs(x) < 0.25, small, big)
+
+    @triton.jit
     def _causal_tile(q, acc, m_i, l_i, k_base, v_base, stride_kt, stride_vt, n0, tok,
-                     num_tokens, offs_d, dmask, BLOCK_N: tl.constexpr, MASK: tl.constexpr):
-        """One key/value tile of the online softmax (q carries the scale, in log2 units)."""
+                     num_tokens, offs_d, dmask, window, cap_scale, BLOCK_N: tl.constexpr,
+                     MASK: tl.constexpr, SLIDING: tl.constexpr, SOFTCAP: tl.constexpr):
+        """One key/value tile of the online softmax (q carries the scale, in log2 units, or
+        with ``SOFTCAP`` the scale over the cap; ``cap_scale`` is the cap in log2 units)."""
         offs_n = n0 + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n < num_tokens)[:, None] & dmask[None, :]
         k = tl.load(k_base + offs_n[:, None].to(tl.int64) * stride_kt + offs_d[None, :],
                     mask=kv_mask, other=0.0)
         s = tl.dot(q, k.T)
+        if SOFTCAP:
+            s = cap_scale * _tanh(s)
         if MASK:
-            s = tl.where(offs_n[None, :] <= tok[:, None], s, float("-inf"))
+            keep = offs_n[None, :] <= tok[:, None]
+            if SLIDING:
+                keep = keep & (offs_n[None, :] > tok[:, None] - window)
+            s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
+        if MASK and SLIDING:
+            # A row may see no key of a tile before its window starts: m_new stays -inf, and
+            # the exponentials use 0 in its place (alpha and p are then 0 for that row).
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            # Key 0 is in the first tile and visible to every row (no window), and a tile
+            # without a mask is visible to every row: m_new is finite.
+            m_use = m_new
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + offs_n[:, None].to(tl.int64) * stride_vt + offs_d[None, :],
                     mask=kv_mask, other=0.0)
@@ -56,9 +80,10 @@ if triton is not None:
     @triton.jit
     def causal_attention_kernel(
         q_ptr, k_ptr, v_ptr, o_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
-        stride_vh, stride_ot, stride_oh, num_tokens, num_blocks, qk_scale, sms,
-        GROUP: tl.constexpr, PACK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        stride_vh, stride_ot, stride_oh, num_tokens, num_blocks, qk_scale, sms, window,
+        cap_scale, GROUP: tl.constexpr, PACK: tl.constexpr, HEAD_DIM: tl.constexpr,
+        BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        SLIDING: tl.constexpr, SOFTCAP: tl.constexpr,
     ):  # fmt: skip
         """Program (head pack, launch round): rows are PACK query heads x BLOCK_M tokens,
         head-major; the PACK heads share one kv head. Programs take query blocks heaviest
@@ -90,13 +115,27 @@ if triton is not None:
         m_i = tl.full([PACK * BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([PACK * BLOCK_M], tl.float32)
         acc = tl.zeros([PACK * BLOCK_M, BLOCK_D], tl.float32)
-        # Keys before the block's first query are seen by every row: no mask.
-        for n0 in range(0, start_m, BLOCK_N):
-            acc, m_i, l_i = _causal_tile(q, acc, m_i, l_i, k_base, v_base, stride_kt, stride_vt,
-                                         n0, tok, num_tokens, offs_d, dmask, BLOCK_N, False)
+        # Keys before the block's first query are seen by every row (no mask), except, with a
+        # window, those before the last row's window starts: the block's first row sees keys
+        # from start_m - window + 1 on, its last from start_m + BLOCK_M - window on.
+        if SLIDING:
+            kv_start = tl.maximum(start_m - window + 1, 0) // BLOCK_N * BLOCK_N
+            full_start = tl.minimum(
+                tl.cdiv(tl.maximum(start_m + BLOCK_M - window, 0), BLOCK_N) * BLOCK_N, start_m)
+            for n0 in range(kv_start, full_start, BLOCK_N):
+                acc, m_i, l_i = _causal_tile(
+                    q, acc, m_i, l_i, k_base, v_base, stride_kt, stride_vt, n0, tok, num_tokens,
+                    offs_d, dmask, window, cap_scale, BLOCK_N, True, SLIDING, SOFTCAP)
+        else:
+            full_start = 0
+        for n0 in range(full_start, start_m, BLOCK_N):
+            acc, m_i, l_i = _causal_tile(
+                q, acc, m_i, l_i, k_base, v_base, stride_kt, stride_vt, n0, tok, num_tokens,
+                offs_d, dmask, window, cap_scale, BLOCK_N, False, SLIDING, SOFTCAP)
         for n0 in range(start_m, start_m + BLOCK_M, BLOCK_N):
-            acc, m_i, l_i = _causal_tile(q, acc, m_i, l_i, k_base, v_base, stride_kt, stride_vt,
-                                         n0, tok, num_tokens, offs_d, dmask, BLOCK_N, True)
+            acc, m_i, l_i = _causal_tile(
+                q, acc, m_i, l_i, k_base, v_base, stride_kt, stride_vt, n0, tok, num_tokens,
+                offs_d, dmask, window, cap_scale, BLOCK_N, True, SLIDING, SOFTCAP)
         out = acc / l_i[:, None]
         tl.store(o_ptr + tok[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh
                  + offs_d[None, :], out.to(o_ptr.dtype.element_ty), mask=row_mask)
@@ -131,12 +170,14 @@ class CausalTile:
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                     scale: float, num_sms: int = 0, tile: CausalTile | None = None
-                     ) -> torch.Tensor:
+                     scale: float, num_sms: int = 0, tile: CausalTile | None = None,
+                     sliding_window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """Causal attention of ``q`` ``[T, H, D]`` over ``k``, ``v`` ``[T, Hkv, D]`` as one sequence
     from position 0, into ``out`` ``[T, H, D]`` (each with a contiguous last dim; any row and
     head strides). ``num_sms``: the device's SM count, for the balanced order (0: heaviest
-    first throughout)."""
+    first throughout). ``sliding_window`` > 0: the query at position t sees keys t - window + 1
+    to t; ``softcap`` > 0: scores become ``softcap * tanh(score / softcap)`` (as the paged
+    kernels)."""
     if triton is None:
         raise ImportError("causal_attention needs triton (shipped with torch's CUDA builds)")
     tile = tile or CausalTile()
@@ -150,14 +191,23 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
     group = h // hk
     if group % tile.pack:
         raise ValueError(f"pack {tile.pack} does not divide the {group} query heads per kv head")
+    if sliding_window < 0 or softcap < 0:
+        raise ValueError(f"sliding_window and softcap must be >= 0, got {sliding_window}, "
+                         f"{softcap}")
     if t == 0:
         return out
     blocks = triton.cdiv(t, tile.block_m)
+    # Scores in log2 units: q * scale * log2(e), or with a cap tanh(q * scale / cap) times
+    # cap * log2(e).
+    qk_scale, cap_scale = (scale / softcap, softcap * _LOG2E) if softcap > 0 else (
+        scale * _LOG2E, 0.0)
+    sliding = 0 < sliding_window < t  # a window of at least T keys hides nothing
     causal_attention_kernel[(h // tile.pack, blocks)](
         q, k, v, out, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
-        v.stride(1), out.stride(0), out.stride(1), t, blocks, scale * _LOG2E,
-        num_sms if tile.balanced else 0, GROUP=group, PACK=tile.pack, HEAD_DIM=d,
-        BLOCK_D=triton.next_power_of_2(d), BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+        v.stride(1), out.stride(0), out.stride(1), t, blocks, qk_scale,
+        num_sms if tile.balanced else 0, sliding_window if sliding else 0, cap_scale,
+        GROUP=group, PACK=tile.pack, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, SLIDING=sliding, SOFTCAP=softcap > 0,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
     return out

@@ -10,7 +10,8 @@ still go to the cache first, for later steps.
 
 Only CUDA graphs of a lone fresh prompt take this path (the runner's fresh graphs, one per
 token bucket): cuDNN plans once per shape (~0.1 s) and keeps every plan, so eager passes, whose
-lengths are any, stay on the varlen kernel.
+lengths are any, stay on the varlen kernel. Layers with a sliding window or soft-capped scores
+(Mistral, Phi-3, Gemma 2) take the Triton kernel only: cuDNN's causal call has neither.
 """
 
 from __future__ import annotations
@@ -78,27 +79,33 @@ class DensePrefill:
         return TRITON_MIN_TOKENS if self.triton else CUDNN_MIN_TOKENS
 
     def probe(self, dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int,
-              device: torch.device) -> bool:
+              device: torch.device, sliding_window: int = 0, softcap: float = 0.0) -> bool:
         """Whether a kernel runs this layer shape: one small call of each per shape, before
-        any graph is captured with the path (a refusal turns that kernel off for good)."""
-        key = (dtype, num_heads, num_kv_heads, head_dim, device)
+        any graph is captured with the path (a refusal turns that kernel off for good). A
+        windowed or capped layer asks the Triton kernel only, with a window it applies."""
+        only_triton = sliding_window > 0 or softcap > 0
+        key = (dtype, num_heads, num_kv_heads, head_dim, device, sliding_window > 0,
+               softcap > 0)
         if key not in self._probed:
             q = torch.zeros(16, num_heads, head_dim, dtype=dtype, device=device)
             kv = torch.zeros(16, num_kv_heads, head_dim, dtype=dtype, device=device)
             scale = head_dim**-0.5
-            ran = self.triton and self._triton(q, kv, kv, scale) is not None
-            ran = (self.cudnn and self._cudnn(q, kv, kv, scale) is not None) or ran
+            window = min(sliding_window, 8)  # under the probe's 16 tokens: the window variant
+            ran = self.triton and self._triton(q, kv, kv, scale, window, softcap) is not None
+            if not only_triton:
+                ran = (self.cudnn and self._cudnn(q, kv, kv, scale) is not None) or ran
             self._probed[key] = ran
-        return self._probed[key] and self.enabled
+        return self._probed[key] and (self.triton if only_triton else self.enabled)
 
     def supports(self, dtype: torch.dtype, head_dim: int, cache_dtype: torch.dtype,
                  sliding_window: int, softcap: float, device: torch.device) -> bool:
         """The layer's static side: a CUDA half-precision model, head dim a multiple of 8 up
-        to 128, no window or soft cap, a cache in the model's dtype (an FP8 cache's rounding is
-        what the other paths attend over)."""
-        return (self.enabled and device.type == "cuda" and dtype in _DTYPES
-                and cache_dtype == dtype and head_dim % 8 == 0 and head_dim <= 128
-                and sliding_window == 0 and softcap == 0.0)
+        to 128, a cache in the model's dtype (an FP8 cache's rounding is what the other paths
+        attend over); a window or soft cap only while the Triton kernel is on."""
+        plain = sliding_window <= 0 and softcap <= 0.0
+        return ((self.enabled if plain else self.triton) and device.type == "cuda"
+                and dtype in _DTYPES and cache_dtype == dtype and head_dim % 8 == 0
+                and head_dim <= 128)
 
     def applies(self, q: torch.Tensor, kv_cache: torch.Tensor, fresh_prompt: bool,
                 sliding_window: int, softcap: float) -> bool:
@@ -113,16 +120,18 @@ class DensePrefill:
         return self.triton and (not self.cudnn
                                 or num_heads * num_tokens * num_tokens <= self.max_triton_work)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               scale: float) -> torch.Tensor | None:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+               sliding_window: int = 0, softcap: float = 0.0) -> torch.Tensor | None:
         """Causal attention of ``q`` ``[T, H, D]`` over ``k``, ``v`` ``[T, Hkv, D]`` (any
         strides with a contiguous last dim) as one sequence: ``[T, H, D]``, or None where
-        both kernels refuse (the path is then off for good)."""
-        prefer = self.prefers_triton(q.shape[0], q.shape[1])
+        both kernels refuse (the path is then off for good; a windowed or capped pass asks
+        the Triton kernel only)."""
+        plain = sliding_window <= 0 and softcap <= 0.0
+        prefer = not plain or self.prefers_triton(q.shape[0], q.shape[1])
         for triton in (prefer, not prefer):  # the other kernel where the first refuses
             if triton and self.triton:
-                out = self._triton(q, k, v, scale)
-            elif not triton and self.cudnn:
+                out = self._triton(q, k, v, scale, sliding_window, softcap)
+            elif not triton and self.cudnn and plain:
                 out = self._cudnn(q, k, v, scale)
             else:
                 continue
@@ -147,11 +156,12 @@ class DensePrefill:
         logger.warning("Dense prefill attention through %s is unavailable (%s); %s.", kernel,
                        (str(exc).splitlines() or [type(exc).__name__])[0], rest)
 
-    def _triton(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                scale: float) -> torch.Tensor | None:
+    def _triton(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                sliding_window: int = 0, softcap: float = 0.0) -> torch.Tensor | None:
         out = torch.empty_like(q)
         try:
-            _causal.causal_attention(q, k, v, out, scale, num_sms=self._num_sms(q.device))
+            _causal.causal_attention(q, k, v, out, scale, num_sms=self._num_sms(q.device),
+                                     sliding_window=sliding_window, softcap=softcap)
         except (ValueError, TypeError):  # a bad call, not a refusal
             raise
         except Exception as exc:  # noqa: BLE001 - compile / load failures have many types

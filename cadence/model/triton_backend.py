@@ -52,7 +52,8 @@ class TritonAttentionBackend:
         it never does (a first small call of each kernel tells whether it runs the shape)."""
         dense = self.dense_prefill
         if (dense.supports(dtype, head_dim, cache_dtype, sliding_window, softcap, device)
-                and dense.probe(dtype, num_heads, num_kv_heads, head_dim, device)):
+                and dense.probe(dtype, num_heads, num_kv_heads, head_dim, device,
+                                sliding_window, softcap)):
             return dense.min_tokens
         return None
 
@@ -104,7 +105,7 @@ class TritonAttentionBackend:
             q, k = self._rope_and_store(q, k, v, kv_cache, metadata, k_scale, v_scale, rope)
             dense = self.dense_prefill
             if dense.applies(q, kv_cache, metadata.fresh_prompt, sliding_window, softcap):
-                found = dense.attend(q, k, v, scale)
+                found = dense.attend(q, k, v, scale, sliding_window, softcap)
                 if found is not None:
                     return found
             out = torch.empty_like(q)

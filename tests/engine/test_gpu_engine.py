@@ -135,13 +135,14 @@ def test_bf16_greedy_agrees_with_transformers_within_bf16_rounding(tmp_path):
     _check_within_bf16_rounding(model, tmp_path, prompts, outs)
 
 
-def _check_within_bf16_rounding(model, tmp_path, prompts, outs, max_positions=512) -> None:
+def _check_within_bf16_rounding(model, tmp_path, prompts, outs, max_positions=512,
+                                arch="qwen3") -> None:
     """Per step, teacher-forced on cadence's own sequences: cadence's token is the float32
     reference's argmax or within twice transformers' own bf16 noise of it (see below)."""
     from tests.hf_models import build_hf_model
 
     ref32 = model.float().cuda().eval()
-    ref16 = build_hf_model("qwen3", tmp_path / "copy", max_positions=max_positions)  # same weights
+    ref16 = build_hf_model(arch, tmp_path / "copy", max_positions=max_positions)  # same weights
     with torch.no_grad():
         ref16.model.embed_tokens.weight.mul_(0.05)
     ref16 = ref16.to(device="cuda", dtype=torch.bfloat16).eval()
@@ -194,6 +195,35 @@ def test_fresh_prompt_graphs_agree_with_transformers_within_bf16_rounding(tmp_pa
     assert dense.calls - dense.triton_calls >= 2 * (len(runner.fresh_graphs.sizes) - len(small))
     _free(llm)
     _check_within_bf16_rounding(model, tmp_path, prompts, outs, max_positions=2048)
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_fresh_prompt_graphs_with_windows_and_caps(family, tmp_path):
+    """A family with sliding windows (and Gemma 2's soft caps): lone prompts far past the window
+    replay the fresh-prompt graphs, every layer through the Triton kernel with its window and
+    cap, and pass the bf16 check against transformers."""
+    from cadence import SamplingParams
+    from tests.hf_models import MISTRAL_WINDOW, VOCAB, build_hf_model
+
+    model = build_hf_model(family, tmp_path, max_positions=2048)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(0.05)
+    model.save_pretrained(tmp_path)
+    rng = random.Random(7)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (150, 700)]
+    assert min(map(len, prompts)) > 4 * MISTRAL_WINDOW
+    llm = _llm(model=str(tmp_path), dtype="bfloat16", skip_tokenizer_init=True,
+               max_model_len=800, max_num_seqs=4)
+    runner = llm.engine_core.runner
+    assert runner.fresh_graphs is not None and runner.fresh_graphs.sizes[0] == 128
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    outs = [llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0]
+            .outputs[0].token_ids for p in prompts]
+    assert runner.fresh_graphs.num_replays == 2
+    dense = runner.model.attn_backend.dense_prefill
+    assert dense.triton and dense.triton_calls > 0
+    _free(llm)
+    _check_within_bf16_rounding(model, tmp_path, prompts, outs, max_positions=2048, arch=family)
 
 
 FAMILIES = ["mistral", "phi3", "phi3-long", "phi4-mini", "gemma2", "gemma3", "llama-yarn",

@@ -20,14 +20,23 @@ from cadence.model.causal_attention import CausalTile, causal_attention  # noqa:
 from tests.model.triton_interpreter import DONE, patch_interpreter, run_interpreted  # noqa: E402
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal softmax attention in float64, written out (no torch attention call)."""
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+              window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+    """Causal softmax attention in float64, written out (no torch attention call): with a
+    window, query t sees keys t - window + 1 to t (transformers' sliding window); with a cap,
+    scores are cap * tanh(score / cap) (Gemma 2's soft-capping)."""
     t, h, _ = q.shape
     group = h // k.shape[1]
     kk = k.double().repeat_interleave(group, 1).transpose(0, 1)  # [H, T, D]
     vv = v.double().repeat_interleave(group, 1).transpose(0, 1)
     s = q.double().transpose(0, 1) @ kk.transpose(1, 2) * scale  # [H, T, T]
-    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    pos = torch.arange(t, device=q.device)
+    hidden = pos[None, :] > pos[:, None]  # [query, key]
+    if window > 0:
+        hidden |= pos[None, :] <= pos[:, None] - window
+    s = s.masked_fill(hidden, float("-inf"))
     return (s.softmax(-1) @ vv).transpose(0, 1)
 
 
@@ -40,13 +49,16 @@ def qkv_views(t: int, h: int, hk: int, d: int, dtype: torch.dtype, device: str, 
 
 
 def check(t: int, h: int, hk: int, d: int, dtype: torch.dtype, device: str, tile: CausalTile,
-          sms: int, tol: float) -> None:
+          sms: int, tol: float, window: int = 0, softcap: float = 0.0) -> None:
     q, k, v = qkv_views(t, h, hk, d, dtype, device, seed=t * 7 + h + d)
+    if softcap > 0:  # scores past the cap, so that it bites
+        q = q * 4
     out = torch.full((t, h, d), float("nan"), dtype=dtype, device=device)
     scale = d**-0.5
-    assert causal_attention(q, k, v, out, scale, num_sms=sms, tile=tile) is out
-    err = (out.double() - reference(q, k, v, scale)).abs().max().item()
-    assert err < tol, (t, h, hk, d, dtype, tile, sms, err)
+    assert causal_attention(q, k, v, out, scale, num_sms=sms, tile=tile,
+                            sliding_window=window, softcap=softcap) is out
+    err = (out.double() - reference(q, k, v, scale, window, softcap)).abs().max().item()
+    assert err < tol, (t, h, hk, d, dtype, tile, sms, window, softcap, err)
 
 
 INTERPRETED = [
@@ -58,12 +70,25 @@ INTERPRETED = [
     (33, 2, 2, 40, CausalTile(16, 1, 16, 4, 2), 100),  # head dim padded to 64
     (1, 2, 1, 16, CausalTile(16, 1, 16, 4, 2), 4),
 ]
+WINDOWED = [
+    # (tokens, heads, kv heads, head dim, tile, SMs, window, cap): windows shorter than a
+    # block, of a block and a half, ending mid-tile, as long as the prompt; caps with and
+    # without a window.
+    (70, 4, 2, 32, CausalTile(32, 1, 16, 4, 2), 2, 5, 0.0),
+    (70, 4, 2, 32, CausalTile(16, 1, 16, 4, 2), 0, 24, 0.0),
+    (67, 2, 1, 16, CausalTile(32, 2, 16, 4, 2), 3, 37, 0.0),
+    (40, 2, 2, 16, CausalTile(16, 1, 16, 4, 2), 0, 40, 0.0),
+    (45, 4, 2, 32, CausalTile(16, 1, 16, 4, 2), 2, 0, 1.5),
+    (60, 2, 1, 16, CausalTile(32, 1, 16, 4, 2), 1, 19, 2.0),
+]
 
 
 def run_interpreter_cases() -> None:
     for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 4e-3)):
         for t, h, hk, d, tile, sms in INTERPRETED:
             check(t, h, hk, d, dtype, "cpu", tile, sms, tol)
+        for t, h, hk, d, tile, sms, window, cap in WINDOWED:
+            check(t, h, hk, d, dtype, "cpu", tile, sms, tol, window, cap)
 
 
 # --- CPU ----------------------------------------------------------------------------------------
@@ -95,6 +120,10 @@ def test_bad_shapes_are_value_errors() -> None:
         causal_attention(q, k, v, torch.empty(8, 4, 32)[:, :, ::2], 0.25)
     with pytest.raises(ValueError, match="pack 4 does not divide"):
         causal_attention(q, k, v, out, 0.25, tile=CausalTile(pack=4))
+    with pytest.raises(ValueError, match="sliding_window and softcap"):
+        causal_attention(q, k, v, out, 0.25, sliding_window=-1)
+    with pytest.raises(ValueError, match="sliding_window and softcap"):
+        causal_attention(q, k, v, out, 0.25, softcap=-2.0)
 
 
 # --- GPU ----------------------------------------------------------------------------------------
@@ -110,6 +139,17 @@ def test_the_kernel_on_the_gpu(t: int, h: int, hk: int, d: int, sms: int) -> Non
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     check(t, h, hk, d, torch.bfloat16, "cuda", CausalTile(), sms, 2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("t", "h", "hk", "d", "window", "cap"), [
+    (1000, 16, 8, 128, 100, 0.0), (2048, 16, 8, 128, 1024, 0.0), (777, 32, 8, 96, 2047, 0.0),
+    (500, 8, 4, 128, 0, 50.0), (1500, 8, 4, 128, 512, 30.0), (300, 16, 8, 64, 4096, 0.0)])
+def test_windows_and_caps_on_the_gpu(t: int, h: int, hk: int, d: int, window: int,
+                                     cap: float) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    check(t, h, hk, d, torch.bfloat16, "cuda", CausalTile(), 132, 2e-2, window, cap)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,9 @@ BF16 = torch.bfloat16
         ({"cache_dtype": torch.float8_e4m3fn}, False),  # the cache's rounding is attended
         ({"head_dim": 256}, False),
         ({"head_dim": 60}, False),
-        ({"sliding_window": 4096}, False),
-        ({"softcap": 50.0}, False),
+        ({"sliding_window": 4096}, True),  # the Triton kernel's windows
+        ({"softcap": 50.0}, True),
+        ({"sliding_window": 4096, "head_dim": 256}, False),
         ({"device": torch.device("cpu")}, False),
     ],
 )
@@ -34,6 +35,9 @@ def test_supports(change, ok):
     args.update(change)
     assert DensePrefill().supports(**args) is ok
     assert DensePrefill(enabled=False).supports(**args) is False
+    # cuDNN alone takes no window or cap.
+    plain = not change.get("sliding_window") and not change.get("softcap")
+    assert DensePrefill(use_triton=False).supports(**args) is (ok and plain)
 
 
 def test_applies_needs_a_fresh_prompt_of_enough_tokens():
@@ -66,8 +70,9 @@ def _fake_triton(monkeypatch, log: list, error: Exception | None = None) -> None
     """The Triton kernel replaced: records its calls, fills ``out`` with 1, or raises."""
     from cadence.model import causal_attention
 
-    def fake(q, k, v, out, scale, num_sms=0, tile=None):
-        log.append(("triton", q.shape[0]))
+    def fake(q, k, v, out, scale, num_sms=0, tile=None, sliding_window=0, softcap=0.0):
+        log.append(("triton", q.shape[0]) if not (sliding_window or softcap)
+                   else ("triton", q.shape[0], sliding_window, softcap))
         if error is not None:
             raise error
         return out.fill_(1.0)
@@ -134,6 +139,57 @@ def test_one_kernels_refusal_leaves_the_other_every_pass(monkeypatch, caplog, re
         assert log == [("cudnn", 65), ("triton", 65)]
         assert dense.attend(large, kv_large, kv_large, 0.1).eq(1.0).all()  # large: Triton
         assert log[-1] == ("triton", 65)
+
+
+def test_windowed_and_capped_passes_take_the_triton_kernel_only(monkeypatch, caplog):
+    """cuDNN's causal call has no window or cap: such a pass goes to the Triton kernel at any
+    size (with its window and cap), and where that kernel refuses, to none (None: the varlen
+    kernel), while plain passes still reach cuDNN."""
+    log: list = []
+    _fake_triton(monkeypatch, log)
+    dense = DensePrefill(max_triton_work=16 * 64 * 64)
+    _fake_cudnn(dense, log)
+    large, kv = torch.zeros(65, 16, 8), torch.zeros(65, 8, 8)
+    assert dense.attend(large, kv, kv, 0.1, 32, 0.0).eq(1.0).all()
+    assert dense.attend(large, kv, kv, 0.1, 0, 50.0).eq(1.0).all()
+    assert dense.attend(large, kv, kv, 0.1).eq(2.0).all()  # plain and large: cuDNN
+    assert log == [("triton", 65, 32, 0.0), ("triton", 65, 0, 50.0), ("cudnn", 65)]
+    assert dense.calls == 3 and dense.triton_calls == 2
+
+    log.clear()
+    _fake_triton(monkeypatch, log, RuntimeError("no kernel image"))
+    refused = DensePrefill()
+    _fake_cudnn(refused, log)
+    with caplog.at_level(logging.WARNING, logger="cadence.model.dense_prefill"):
+        assert refused.attend(large, kv, kv, 0.1, 32, 0.0) is None
+    assert log == [("triton", 65, 32, 0.0)]  # cuDNN is never asked for a window
+    assert not refused.triton and refused.cudnn and refused.enabled
+    assert not refused.supports(BF16, 128, BF16, 32, 0.0, CUDA)
+    assert refused.supports(BF16, 128, BF16, 0, 0.0, CUDA)
+
+
+def test_a_windowed_probe_compiles_the_window_variant(monkeypatch):
+    """The probe of a windowed layer asks the Triton kernel alone, with a window under its
+    16 tokens (the variant the layer's passes run); a refusal there leaves the layer without
+    the path, plain layers on cuDNN."""
+    log: list = []
+    _fake_triton(monkeypatch, log)
+    dense = DensePrefill()
+    _fake_cudnn(dense, log)
+    cpu = torch.device("cpu")
+    assert dense.probe(BF16, 4, 2, 16, cpu, 4096, 0.0) is True
+    assert dense.probe(BF16, 4, 2, 16, cpu, 1024, 0.0) is True  # asked once per kind
+    assert log == [("triton", 16, 8, 0.0)]
+    assert dense.probe(BF16, 4, 2, 16, cpu, 0, 30.0) is True
+    assert log[-1] == ("triton", 16, 0, 30.0)
+    log.clear()
+    _fake_triton(monkeypatch, log, RuntimeError("no kernel image"))
+    other = DensePrefill()
+    _fake_cudnn(other, log)
+    assert other.probe(BF16, 4, 2, 16, cpu, 4096, 0.0) is False
+    assert log == [("triton", 16, 8, 0.0)] and not other.triton
+    assert other.probe(BF16, 4, 2, 16, cpu) is True  # a plain layer: cuDNN
+    assert log[-1] == ("cudnn", 16)
 
 
 def test_bad_calls_of_the_triton_kernel_are_raised_not_taken_for_refusals(monkeypatch):
@@ -288,3 +344,28 @@ def test_dense_equals_varlen_and_stores_the_same_kv(t_real, t_pad, heads, kv_hea
     for got in (dense[:t_real].float(), varlen[:t_real].float()):
         assert (got - ref).abs().max().item() < 2e-2
     assert dense.shape == (t_pad, heads, dim) and torch.isfinite(dense).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("t_real", "t_pad", "window", "cap"),
+                         [(600, 640, 100, 0.0), (1024, 1024, 700, 0.0), (520, 576, 0, 30.0),
+                          (700, 704, 256, 50.0)])
+def test_windowed_and_capped_dense_equals_varlen(t_real, t_pad, window, cap):
+    """A layer with a sliding window or soft cap: the Triton kernel's dense pass against the
+    backend's varlen pass with the same window and cap, real rows within bf16 rounding."""
+    _gpu()
+    from dataclasses import replace
+
+    from cadence.model.triton_backend import TritonAttentionBackend
+
+    q, k, v, cache, md = _pass(t_real, t_pad, 16, 8, 128, seed=t_real + window)
+    q = q * 4 if cap else q  # scores past the cap
+    backend = TritonAttentionBackend(num_sms=132, dense_prefill=DensePrefill(min_tokens=512))
+    scale = 128**-0.5
+    dense = backend.forward(q, k, v, cache.clone(), md, scale, sliding_window=window,
+                            softcap=cap)
+    assert backend.dense_prefill.triton_calls == 1
+    varlen = backend.forward(q, k, v, cache.clone(), replace(md, fresh_prompt=False), scale,
+                             sliding_window=window, softcap=cap)
+    assert backend.dense_prefill.triton_calls == 1
+    assert (dense[:t_real].float() - varlen[:t_real].float()).abs().max().item() < 2e-2
