@@ -598,4 +598,27 @@ MUTATIONS = [
              "command line had set it", "cadence/cli_config.py",
              "    return {field: flag if field in on_line else f\"{flag} in {paths[0]}\"",
              "    return {field: flag", ("tests/server/test_cli_flags.py",)),
+    # output_collector / request_queue / frontend
+    Mutation("eng-oc-put-on-closed-loop", "a put after the consumer's loop closed raises",
+             "cadence/engine/output_collector.py",
+             "            if not loop.is_closed():\n"
+             "                loop.call_soon_threadsafe(self.ready.set)\n",
+             "            loop.call_soon_threadsafe(self.ready.set)\n",
+             ("tests/engine/test_output_processor.py",)),
+    Mutation("eng-rq-priority-prepend-front", "a request put back in the priority queue goes "
+             "to the heap's front", "cadence/scheduler/request_queue.py",
+             "    def prepend_request(self, request: Request) -> None:\n"
+             "        self.add_request(request)\n",
+             "    def prepend_request(self, request: Request) -> None:\n"
+             "        self._heap.insert(0, request)\n",
+             ("tests/scheduler/test_request_queue.py",)),
+    Mutation("eng-fe-one-reasoning-tag", "a tokenizer with one reasoning tag gives a half pair",
+             "cadence/engine/frontend.py",
+             "return None if start is None or end is None else (start, end)",
+             "return None if start is None and end is None else (start, end)",
+             ("tests/engine/test_frontend.py",)),
+    Mutation("eng-fe-skip-tokenizer-init-ignored", "skip_tokenizer_init still loads the tokenizer",
+             "cadence/engine/frontend.py",
+             "skip = core.config.model.skip_tokenizer_init or spec.tokenizer_path is None",
+             "skip = spec.tokenizer_path is None", ("tests/engine/test_frontend.py",)),
 ]

@@ -66,3 +66,15 @@ def test_min_tokens_holds_every_end_id_back(llm: LLM, ignore_eos: bool) -> None:
     else:
         assert len(out.token_ids) == 3 and out.token_ids[2] in ends
         assert out.finish_reason == "stop"
+
+
+def test_min_tokens_holds_the_end_ids_back_beside_a_banned_word(llm: LLM) -> None:
+    """A one-token bad word is banned outright in the same rows as min_tokens' end ids: both
+    bans hold (neither replaces the other)."""
+    ends = set(llm.ids.values())  # type: ignore[attr-defined]
+    (word,) = llm.get_tokenizer().encode("x", add_special_tokens=False)
+    bias = {t: 100.0 for t in ends} | {word: 50.0}
+    out = _run(llm, logit_bias=bias, min_tokens=2, bad_words=["x"])
+    assert not ends & set(out.token_ids[:2]) and word not in out.token_ids
+    assert len(out.token_ids) == 3 and out.token_ids[2] in ends
+    assert out.finish_reason == "stop"

@@ -152,6 +152,31 @@ async def test_put_from_another_thread_wakes_the_consumer() -> None:
     assert out.outputs[0].token_ids == [0]
 
 
+
+def test_a_put_after_the_consumers_loop_closed_is_kept_not_raised() -> None:
+    """A request's consumer may be gone with its loop (``asyncio.run`` returned) while the
+    engine still produces: the output processor's put must not fail on the closed loop."""
+
+    async def made_in_a_loop() -> RequestOutputCollector:
+        return RequestOutputCollector(DELTA, "r")
+
+    collector = asyncio.run(made_in_a_loop())  # bound to that loop, now closed
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            collector.put(_ro(0, 2))
+        except BaseException as exc:  # noqa: BLE001 - the test reports whatever it raised
+            errors.append(exc)
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    thread.join()
+    assert errors == []
+    out = collector.get_nowait()
+    assert out is not None and out.outputs[0].token_ids == [0]
+
+
 # OutputProcessor ---------------------------------------------------------------------------------
 
 

@@ -108,12 +108,30 @@ def test_overrides_lay_over_the_file_as_vllms_merge(tmp_path: Path, caplog) -> N
     ({"temperature": "hot"}, "override_generation_config: temperature is 'hot', not a number"),
     ({"temperature": True}, "not a number"),
     ({"max_new_tokens": 0}, "max_new_tokens is 0, not a positive integer"),
+    ({"max_new_tokens": 7.5}, "max_new_tokens is 7.5, not a positive integer"),
     ({"top_p": 1.5}, "override_generation_config: top_p must be in"),
     ('{"temperature": 0.5}', "must be a dict"),
 ])
 def test_bad_overrides_name_the_problem(override, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         generation_defaults("vllm", None, override)
+
+
+
+def test_a_files_bad_max_new_tokens_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """Checked as the file is read (an override may replace the value later): 0 is refused
+    with the file named, even where an override sets max_new_tokens."""
+    d = _dir(tmp_path, "g", {"max_new_tokens": 0})
+    for override in (None, {"max_new_tokens": 5}):
+        with pytest.raises(ValueError, match=r"generation_config\.json sets max_new_tokens to 0"):
+            generation_defaults("auto", str(d), override)
+
+
+def test_a_directory_source_may_start_at_the_home_directory(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _dir(tmp_path, "configs", {"top_k": 20})
+    assert generation_defaults("~/configs", None) == {"top_k": 20}
 
 
 def test_llm_and_the_cli_take_the_override() -> None:

@@ -153,6 +153,20 @@ def test_route_renormalizes_the_top_k():
     torch.testing.assert_close(raw[0], probs[[3, 2]])
 
 
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_route_weights_come_in_the_logits_dtype(renormalize: bool) -> None:
+    """As transformers' MoE blocks: softmax and renormalization in float32, then the weights
+    cast to the model's dtype before they scale the experts' outputs."""
+    logits = torch.tensor([[0.1, 1.3, 2.7, 0.4, 3.1]], dtype=torch.bfloat16)
+    weights, ids = route(logits, 2, renormalize)
+    assert ids.tolist() == [[4, 2]]
+    want = torch.softmax(logits.float(), dim=-1)[0, [4, 2]]
+    if renormalize:
+        want = want / want.sum()
+    assert weights.dtype == torch.bfloat16
+    assert torch.equal(weights[0], want.to(torch.bfloat16))
+
+
 @pytest.mark.parametrize("skew", [False, True])
 def test_group_by_expert_lays_out_every_pair_once(skew):
     _, _, ids = _routed(37, 8, 8, 3, seed=1, skew=skew)

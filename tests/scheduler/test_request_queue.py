@@ -65,6 +65,19 @@ def test_priority_order_is_priority_then_arrival_then_id():
         queue.peek_request()
 
 
+
+def test_priority_prepend_of_a_less_urgent_request_keeps_the_order() -> None:
+    """A preempted request put back into the priority queue goes to its priority's place: the
+    queue still serves the most urgent first."""
+    reqs = create_requests(4, priorities=[0, 1, 2, 3], arrival_times=[0.0, 1.0, 2.0, 3.0])
+    queue = PriorityRequestQueue()
+    for r in reqs[:3]:
+        queue.add_request(r)
+    queue.prepend_request(reqs[3])
+    assert queue.peek_request() is reqs[0]
+    assert [queue.pop_request().request_id for _ in range(4)] == ["0", "1", "2", "3"]
+
+
 def test_unknown_policy_is_an_error():
     with pytest.raises(ValueError, match="scheduling_policy"):
         create_request_queue("sjf")
