@@ -25,6 +25,8 @@ except ImportError:  # pragma: no cover - CPU installs
     triton = None
     tl = None
 
+from cadence.model.triton_decode_kernels import _tanh  # the paged kernels' soft cap
+
 __all__ = ["CausalTile", "causal_attention", "causal_attention_kernel"]
 
 _LOG2E = 1.4426950408889634
@@ -32,15 +34,6 @@ _LOG2E = 1.4426950408889634
 causal_attention_kernel = None
 
 if triton is not None:
-
-    @triton.jit
-    def _tanh(x):
-        # Saturates to +-1 without NaN (exp2 overflows to inf for large x); near 0 the series.
-        big = 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
-        x2 = x * x
-        small = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333
-                                                               + x2 * -0.05396825396825397)))
-        return tl.where(tl.abs(x) < 0.25, small, big)
 
     @triton.jit
     def _causal_tile(q, acc, m_i, l_i, k_base, v_base, stride_kt, stride_vt, n0, tok,
