@@ -455,4 +455,8 @@ MUTATIONS = [
              'if isinstance(n := diff.get("max_new_tokens"), int) and n < 1:',
              'if isinstance(n := diff.get("max_new_tokens"), int) and n < 0:',
              ("tests/model/test_generation_config.py",)),
+    Mutation("md-two-token-queries-decode", "a step of two-token queries is taken for a decode "
+             "step (the decode kernel attends one query a sequence)",
+             "cadence/model/attention_metadata.py", "        return self.max_query_len == 1",
+             "        return self.max_query_len <= 2", ("tests/model/test_attention_metadata.py",)),
 ]
