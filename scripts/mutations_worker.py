@@ -459,4 +459,8 @@ MUTATIONS = [
              "step (the decode kernel attends one query a sequence)",
              "cadence/model/attention_metadata.py", "        return self.max_query_len == 1",
              "        return self.max_query_len <= 2", ("tests/model/test_attention_metadata.py",)),
+    Mutation("dense-window-refusal-mixes", "a windowed layer's refusal leaves cuDNN on for the "
+             "plain layers of the same pass", "cadence/model/dense_prefill.py",
+             "        if not plain and self.cudnn:\n", "        if False:\n",
+             ("tests/model/test_dense_prefill.py",)),
 ]

@@ -139,6 +139,12 @@ class DensePrefill:
                 self.calls += 1
                 self.triton_calls += triton
                 return out
+        if not plain and self.cudnn:
+            # NOTE: a windowed layer without a kernel turns the path off for every layer: one
+            # pass must not mix dense and varlen layers (``CausalLM.dense_prefill_min_tokens``).
+            self.cudnn = False
+            logger.warning("Dense prefill attention is off: no kernel takes windowed or capped "
+                           "layers; every prefill goes through the varlen kernel.")
         return None
 
     def _refused(self, exc: Exception, q: torch.Tensor, kernel: str) -> None:

@@ -163,9 +163,12 @@ def test_windowed_and_capped_passes_take_the_triton_kernel_only(monkeypatch, cap
     with caplog.at_level(logging.WARNING, logger="cadence.model.dense_prefill"):
         assert refused.attend(large, kv, kv, 0.1, 32, 0.0) is None
     assert log == [("triton", 65, 32, 0.0)]  # cuDNN is never asked for a window
-    assert not refused.triton and refused.cudnn and refused.enabled
+    # No kernel for that layer: none for any (one pass never mixes dense and varlen layers).
+    assert not refused.triton and not refused.cudnn and not refused.enabled
+    assert caplog.text.count("Dense prefill attention is off") == 1
     assert not refused.supports(BF16, 128, BF16, 32, 0.0, CUDA)
-    assert refused.supports(BF16, 128, BF16, 0, 0.0, CUDA)
+    assert not refused.supports(BF16, 128, BF16, 0, 0.0, CUDA)
+    assert refused.attend(large, kv, kv, 0.1) is None and log == [("triton", 65, 32, 0.0)]
 
 
 def test_a_windowed_probe_compiles_the_window_variant(monkeypatch):
