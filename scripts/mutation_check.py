@@ -1047,7 +1047,8 @@ MUTATIONS = [
              ("tests/engine/test_fresh_prompt_graphs.py",)),
     Mutation("dense-refusal-retried", "a refused dense call stays on (every later pass tries "
              "cuDNN again)", "cadence/model/dense_prefill.py",
-             "            self.cudnn = False\n", "            pass\n",
+             "        if kernel == \"cuDNN\":\n            self.cudnn = False\n",
+             "        if kernel == \"cuDNN\":\n            pass\n",
              ("tests/model/test_dense_prefill.py",)),
     Mutation("dense-fp8-cache", "an FP8 cache's layer attends densely over unrounded K/V",
              "cadence/model/dense_prefill.py", "and cache_dtype == dtype and head_dim % 8 == 0",

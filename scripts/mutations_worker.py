@@ -463,4 +463,9 @@ MUTATIONS = [
              "plain layers of the same pass", "cadence/model/dense_prefill.py",
              "        if not plain and self.cudnn:\n", "        if False:\n",
              ("tests/model/test_dense_prefill.py",)),
+    Mutation("att-v-read-k-scale", "the torch backend dequantizes FP8 values with k_scale",
+             "cadence/model/attention.py",
+             "values = read_kv_cache(kv_cache, 1, blocks, v_scale)",
+             "values = read_kv_cache(kv_cache, 1, blocks, k_scale)",
+             ("tests/model/test_attention.py",)),
 ]

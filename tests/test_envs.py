@@ -110,3 +110,47 @@ def test_no_module_but_envs_reads_a_cadence_switch() -> None:
     offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
                  if p.name != "envs.py" and read.search(p.read_text())]
     assert offenders == []
+
+
+_SWITCHES = ["disable_custom_all_reduce", "disable_skinny_gemm", "disable_skinny_glu",
+             "disable_fused_norm", "disable_fused_rope", "disable_mlp_block",
+             "disable_bulk_gemv", "disable_pdl", "disable_launch_tapes", "disable_dense_prefill",
+             "disable_triton_dense_prefill", "disable_split_k", "disable_output_rows"]
+
+
+@pytest.mark.parametrize("field", _SWITCHES)
+def test_each_disable_switch_turns_off_its_own_path_alone(monkeypatch, field: str) -> None:
+    """CADENCE_DISABLE_X sets ``disable_x`` and nothing else."""
+    for other in _SWITCHES:
+        monkeypatch.delenv(f"CADENCE_{other.upper()}", raising=False)
+    monkeypatch.setenv(f"CADENCE_{field.upper()}", "1")
+    envs = read_envs()
+    assert {f for f in _SWITCHES if getattr(envs, f)} == {field}
+
+
+def test_cadences_api_key_variable_wins_over_vllms(monkeypatch) -> None:
+    monkeypatch.setenv("CADENCE_API_KEY", "ours")
+    monkeypatch.setenv("VLLM_API_KEY", "vllms")
+    assert read_envs().api_key == "ours"
+    monkeypatch.delenv("CADENCE_API_KEY")
+    assert read_envs().api_key == "vllms"
+    monkeypatch.delenv("VLLM_API_KEY")
+    assert read_envs().api_key == ""
+
+
+def test_the_cache_folder_defaults_to_the_users_cache(monkeypatch, tmp_path) -> None:
+    """Unset (or empty), CADENCE_CACHE_DIR is ~/.cache/cadence (README)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("CADENCE_CACHE_DIR", raising=False)
+    assert read_envs().cache_dir == str(tmp_path / ".cache" / "cadence")
+    monkeypatch.setenv("CADENCE_CACHE_DIR", "")
+    assert read_envs().cache_dir == str(tmp_path / ".cache" / "cadence")
+
+
+def test_cpu_threads_takes_a_whole_number_only(monkeypatch) -> None:
+    monkeypatch.setenv("CADENCE_CPU_THREADS", " 3 ")
+    assert read_envs().cpu_threads == 3
+    for bad in ("2.5", "4.0", "four"):
+        monkeypatch.setenv("CADENCE_CPU_THREADS", bad)
+        with pytest.raises(ValueError, match="CADENCE_CPU_THREADS must be an integer"):
+            read_envs().cpu_threads  # noqa: B018

@@ -106,3 +106,56 @@ def test_environment_switch(monkeypatch, tmp_path) -> None:
             torch.ones(2).add_(1)
 
     assert len(_named(_trace(body, tmp_path), "forward")) == 1
+
+
+@pytest.mark.parametrize("user_annotation", [False, True])
+def test_a_decorated_function_calling_itself_nests_its_ranges(tmp_path,
+                                                              user_annotation: bool) -> None:
+    """Each call of a decorated function is a range of its own: a recursive call's range lies
+    inside its caller's, which stays open until the caller returns."""
+    on = make_nvtx_range(True, nvtx=False, user_annotation=user_annotation)
+
+    @on("prepare")
+    def depth(n: int) -> int:
+        torch.ones(2).add_(1)
+        inner = depth(n - 1) if n else 0
+        torch.ones(2).add_(1)  # after the inner call returned: still in this call's range
+        return inner + 1
+
+    def body() -> None:
+        assert depth(1) == 2
+
+    events = sorted(_named(_trace(body, tmp_path), "prepare"), key=lambda e: e["ts"])
+    assert len(events) == 2
+    outer, inner = events
+    assert outer["ts"] <= inner["ts"]
+    assert inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"]
+    assert inner["dur"] < outer["dur"]
+
+
+def test_nvtx_push_and_pop_pair_around_each_range(monkeypatch) -> None:
+    """``nvtx=True`` pushes a range of the name on entry and pops it on exit (also when the
+    block raises); ``nvtx=False`` touches NVTX never, whatever torch has."""
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: calls.append(("push", name)))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: calls.append(("pop",)))
+    on = make_nvtx_range(True, nvtx=True)
+
+    @on("sample")
+    def sample() -> None:
+        calls.append(("body",))
+
+    with on("forward"):
+        sample()
+    with pytest.raises(RuntimeError), on("update"):
+        raise RuntimeError("boom")
+    assert calls == [("push", "forward"), ("push", "sample"), ("body",), ("pop",), ("pop",),
+                     ("push", "update"), ("pop",)]
+    calls.clear()
+    monkeypatch.setattr(profiling, "_nvtx_available", lambda: True)
+    with make_nvtx_range(True, nvtx=False)("copy"):
+        pass
+    assert calls == []
+    with make_nvtx_range(True)("copy"):  # default: NVTX where torch has it
+        pass
+    assert calls == [("push", "copy"), ("pop",)]

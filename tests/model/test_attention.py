@@ -113,3 +113,21 @@ def test_device_metadata_is_enough_without_host_copies():
     v = torch.randn(5, KV_HEADS, HEAD_DIM, generator=gen)
     out = TorchAttentionBackend().forward(q, k, v, _cache(), md, SCALE)
     torch.testing.assert_close(out, _dense_causal(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+def test_fp8_cache_dequantizes_keys_and_values_with_their_own_scales():
+    """An e4m3 cache holds k / k_scale and v / v_scale; attention reads each back times its
+    own scale."""
+    fp8 = torch.float8_e4m3fn
+    k_scale, v_scale = 0.5, 2.0
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(6, HEADS, HEAD_DIM, generator=gen)
+    k = torch.randn(6, KV_HEADS, HEAD_DIM, generator=gen)
+    v = torch.randn(6, KV_HEADS, HEAD_DIM, generator=gen) * 4
+    md = make_batch([Chunk(list(range(6)), 0, [2, 6])]).metadata
+    cache = torch.zeros(2, NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM, dtype=fp8)
+    out = TorchAttentionBackend().forward(q, k, v, cache, md, SCALE, k_scale=k_scale,
+                                          v_scale=v_scale)
+    k_read = (k / k_scale).to(fp8).float() * k_scale
+    v_read = (v / v_scale).to(fp8).float() * v_scale
+    torch.testing.assert_close(out, _dense_causal(q, k_read, v_read), atol=1e-4, rtol=1e-4)

@@ -140,6 +140,16 @@ def test_reset_prefix_cache_only_when_nothing_is_held():
     assert all(b.block_hash is None for b in pool.blocks)
 
 
+def test_reset_prefix_cache_refused_while_a_single_block_is_held():
+    pool = BlockPool(num_blocks=4, enable_caching=True)
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(blocks, [b"x" * 32, b"y" * 32], 0, 2)
+    pool.free_blocks(blocks[1:])  # block 0 of the two is still held
+    assert not pool.reset_prefix_cache()
+    assert pool.get_cached_block(b"x" * 32) is blocks[0]
+    assert pool.get_cached_block(b"y" * 32) is blocks[1]
+
+
 # Ported from vLLM's tests/v1/core/test_kv_cache_utils.py (same inputs, same outcomes) -------
 def test_free_kv_cache_block_queue_initialization():
     block = KVCacheBlock(block_id=0)
@@ -252,3 +262,26 @@ def test_free_kv_cache_block_queue_get_all_free_blocks():
     assert queue.get_all_free_blocks() == blocks[1:2] + blocks[3:]
     queue.append(block_to_remove)
     assert queue.get_all_free_blocks() == blocks[1:2] + blocks[3:] + [block_to_remove]
+
+
+def test_touch_passes_over_the_null_block():
+    """A hit list may hold the null block (sliding-window tables pad with it): touching it
+    takes nothing off the free queue."""
+    pool = BlockPool(num_blocks=4, enable_caching=True)
+    (block,) = pool.get_new_blocks(1)
+    pool.free_blocks([block])
+    free = pool.get_num_free_blocks()
+    pool.touch([pool.null_block, block])
+    assert block.ref_cnt == 1
+    assert pool.get_num_free_blocks() == free - 1
+
+
+def test_the_null_block_is_never_registered_under_a_hash():
+    """A block table padded with the null block (a sliding window's dropped blocks) caches
+    its real blocks only: no later prompt may hit the null block."""
+    pool = BlockPool(num_blocks=4, enable_caching=True)
+    (block,) = pool.get_new_blocks(1)
+    pool.cache_full_blocks([pool.null_block, block], [b"n" * 32, b"b" * 32], 0, 2)
+    assert pool.get_cached_block(b"n" * 32) is None
+    assert pool.null_block.block_hash is None
+    assert pool.get_cached_block(b"b" * 32) is block

@@ -366,3 +366,82 @@ def test_vllms_older_disable_log_requests_flag_is_accepted() -> None:
     assert parse(["--enable-log-requests"]).enable_log_requests is True
     assert parse(["--enable-log-requests", "--disable-log-requests"]).enable_log_requests is False
     assert parse(["--disable-log-requests", "--enable-log-requests"]).enable_log_requests is True
+
+
+def _serve_ns(*argv: str) -> argparse.Namespace:
+    return add_serve_args(argparse.ArgumentParser()).parse_args(list(argv))
+
+
+def test_run_serve_hands_the_flags_to_the_engine_and_the_server(monkeypatch) -> None:
+    """``cadence serve``'s request logging, log length, served names and API keys reach the
+    engine and the app it builds (no model loads: both are stand-ins)."""
+    import logging
+
+    from cadence.engine import async_llm
+    from cadence.server import launcher
+    from cadence.server.cli import run_serve
+
+    seen: dict[str, object] = {}
+
+    class Engine:
+        model_name, max_model_len, num_kv_blocks, block_size = "tiny", 256, 64, 16
+
+        def __init__(self, args, log_requests: bool = False, max_log_len: int | None = None):
+            seen.update(model=args.model, log_requests=log_requests, max_log_len=max_log_len)
+            self.engine_core = self
+
+        def call_utility(self, method: str) -> dict:
+            return {}
+
+        def shutdown(self) -> None:
+            seen["shut_down"] = True
+
+    class Server:
+        exit_code = 0
+
+        def run(self, sockets: list) -> None:
+            seen["ran"] = True
+
+    class Sock:
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", 1)
+
+    def build_server(engine, settings, **kwargs):
+        seen.update(kwargs)
+        return Server()
+
+    monkeypatch.setattr(async_llm, "AsyncLLM", Engine)
+    monkeypatch.setattr(launcher, "bind_socket", lambda host, port: Sock())
+    monkeypatch.setattr(launcher, "build_server", build_server)
+    monkeypatch.setattr(logging.getLogger(), "level", logging.getLogger().level)
+    ns = _serve_ns("tiny", "--enable-log-requests", "--max-log-len", "0", "--served-model-name",
+                   "a", "b", "--api-key", "k1", "k2", "--log-level", "warning")
+    assert run_serve(ns) == 0
+    assert seen["log_requests"] is True and seen["max_log_len"] == 0
+    assert seen["served_model_name"] == ["a", "b"] and tuple(seen["api_key"]) == ("k1", "k2")
+    assert seen["ran"] and seen["shut_down"]
+    assert logging.getLogger().level == logging.WARNING
+    seen.clear()
+    assert run_serve(_serve_ns("tiny")) == 0
+    assert seen["log_requests"] is False and seen["max_log_len"] is None
+    assert seen["served_model_name"] is None
+
+
+def test_several_api_servers_run_over_an_engine_process(monkeypatch) -> None:
+    from cadence.server import api_servers
+    from cadence.server.cli import run_serve
+
+    seen: dict[str, object] = {}
+
+    def run_api_servers(args, options, count: int) -> int:
+        seen.update(args=args, options=options, count=count)
+        return 0
+
+    monkeypatch.setattr(api_servers, "run_api_servers", run_api_servers)
+    ns = _serve_ns("tiny", "--api-server-count", "2", "--enable-log-requests",
+                   "--max-log-len", "7", "--served-model-name", "m")
+    assert run_serve(ns) == 0
+    options = seen["options"]
+    assert seen["count"] == 2 and seen["args"].engine_process is True  # type: ignore[union-attr]
+    assert (options.log_requests, options.max_log_len) == (True, 7)  # type: ignore[union-attr]
+    assert options.served_model_name == ["m"]  # type: ignore[union-attr]
