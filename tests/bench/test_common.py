@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
-from cadence.bench.common import weight_bytes
+from cadence.bench.common import (
+    MAX_WORKLOAD_TOKENS,
+    fit_context,
+    kv_bytes_per_token,
+    weight_bytes,
+    workload_problem,
+)
 from cadence.model.attention import TorchAttentionBackend
 from cadence.model.decoder import CausalLM
 from cadence.model.registry import resolve_model
@@ -60,3 +68,37 @@ def test_weight_bytes_of_a_mixture_of_experts_counts_the_experts_its_tokens_reac
     want = 2 * (dense + experts * (1 - (120 / 128) ** 32))
     assert abs(weight_bytes(model, 32) - want) <= 2
     assert weight_bytes(model, 100_000) == 2 * (dense + experts)
+
+
+def test_kv_bytes_per_token_counts_keys_and_values_of_every_layer():
+    # Llama-3-8B: 32 layers, 8 KV heads of 128; a key and a value per head and layer, bf16:
+    # 2 * 32 * 8 * 128 * 2 = 131_072 bytes (its published 128 KiB a token); fp8: half that.
+    model = _meta_model("llama3-8b")
+    assert kv_bytes_per_token(model, 2) == 131_072
+    assert kv_bytes_per_token(model, 1) == 65_536
+
+
+def test_a_workload_of_exactly_the_limit_is_built():
+    assert MAX_WORKLOAD_TOKENS == 100_000_000
+    assert workload_problem(1000, 100_000) is None
+    assert workload_problem(100_000_000, 1) is None
+    problem = workload_problem(1000, 100_001)
+    assert problem is not None and "--num-prompts 1000 x --input-len 100001" in problem
+
+
+def test_fit_context_takes_a_context_of_exactly_what_is_needed():
+    """--max-model-len equal to the timed requests' length fits; without it the context is the
+    length needed and 16 tokens more, at most the model's own (which may be exactly enough)."""
+    given = SimpleNamespace(max_model_len=72)
+    assert fit_context(given, 72, "--input-len + --output-len") is None
+    assert given.max_model_len == 72
+    below = fit_context(SimpleNamespace(max_model_len=71), 72, "--input-len + --output-len")
+    assert below is not None and "--max-model-len 71 is below" in below
+    for needed, want in ((100, 116), (2040, 2048), (2048, 2048)):
+        args = SimpleNamespace(max_model_len=None)
+        assert fit_context(args, needed, "the longest --input-lens", limit=2048) is None
+        assert args.max_model_len == want
+    args = SimpleNamespace(max_model_len=None)
+    problem = fit_context(args, 2049, "the longest --input-lens", limit=2048)
+    assert problem == "the longest --input-lens (2049) is more than the model's context (2048 tokens)"
+    assert args.max_model_len is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -56,8 +57,9 @@ def test_emit_prints_a_table_or_json_and_writes_json(tmp_path, capsys) -> None:
 def test_commit_of_a_checkout_or_an_installed_package(monkeypatch) -> None:
     import subprocess
 
-    commit = git_commit()
-    assert commit != "unknown" and len(commit) >= 7  # the tests run from a checkout
+    if (Path(__file__).resolve().parents[2] / ".git").exists():  # a checkout (CI's clone)
+        commit = git_commit()
+        assert commit != "unknown" and len(commit) >= 7
 
     def no_git(*args, **kwargs):
         raise FileNotFoundError("git")

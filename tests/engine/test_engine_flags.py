@@ -337,3 +337,39 @@ def test_seed_and_block_override_take_vllms_none() -> None:
     assert isinstance(first, int) and first != second  # each drew its own
     with pytest.raises(SystemExit):
         _engine_args("--seed", "seven")
+
+
+def test_flags_left_out_give_the_python_apis_defaults() -> None:
+    """A command line that sets nothing is EngineArgs() (LLM's defaults), field for field, and
+    those are vLLM's where cadence has the setting: one stream of requests in arrival order
+    on one GPU, CUDA graphs on, 90% of the GPU's memory, 16-token blocks, up to 20 logprobs,
+    raw logprobs, seed 0, asynchronous scheduling left to its own default."""
+    import dataclasses
+
+    args, api = _engine_args(), EngineArgs()
+    differ = [f.name for f in dataclasses.fields(EngineArgs)
+              if getattr(args, f.name) != getattr(api, f.name)]
+    assert differ == []
+    assert (args.tensor_parallel_size, args.pipeline_parallel_size) == (1, 1)
+    assert (args.scheduling_policy, args.enforce_eager, args.async_scheduling) == (
+        "fcfs", False, None)
+    assert (args.gpu_memory_utilization, args.block_size, args.max_logprobs) == (0.9, 16, 20)
+    assert (args.logprobs_mode, args.seed, args.kv_cache_dtype) == ("raw_logprobs", 0, "auto")
+    assert (args.device, args.dtype, args.load_format, args.generation_config) == (
+        "auto", "auto", "auto", "auto")
+    assert (args.skip_tokenizer_init, args.engine_process) == (False, False)
+
+
+def test_values_vllm_takes_are_taken() -> None:
+    args = _engine_args("--distributed-executor-backend", "uni", "--dtype", "bfloat16",
+                        "--max-capture-tokens", "0", "--num-gpu-blocks-override", "None",
+                        "--load-format", "dummy", "--async-scheduling")
+    assert (args.distributed_executor_backend, args.dtype, args.max_capture_tokens) == (
+        "uni", "bfloat16", 0)
+    assert (args.num_gpu_blocks_override, args.load_format, args.async_scheduling) == (
+        None, "dummy", True)
+    assert _engine_args("--distributed-executor-backend", "mp").distributed_executor_backend \
+        == "mp"
+    assert _engine_args("--no-async-scheduling").async_scheduling is False
+    assert [_engine_args("--dtype", d).dtype for d in ("float32", "float16", "bfloat16")] == [
+        "float32", "float16", "bfloat16"]

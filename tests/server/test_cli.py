@@ -70,6 +70,11 @@ def test_serve_takes_the_model_as_positional_or_flag_once() -> None:
         engine_args_from(parse(["/models/a", "--model", "tiny"]))
     args = engine_args_from(parse([]))
     assert args.model == "tiny" and type(args.model) is str
+    # A --config file's model (--file-model) serves where the command line names none; the
+    # command line's --model wins over it, as any flag wins over the file's value.
+    assert engine_args_from(parse(["--file-model", "/models/f"])).model == "/models/f"
+    assert engine_args_from(parse(["--model", "/models/a", "--file-model", "/models/f"])).model \
+        == "/models/a"
 
 
 def test_every_on_off_flag_has_its_no_form() -> None:

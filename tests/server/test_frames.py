@@ -108,3 +108,34 @@ def test_a_failed_request_ends_a_stream_of_several() -> None:
         assert await stream.next() is None
 
     asyncio.run(main())
+
+
+def test_usage_frames_carry_vllms_token_details() -> None:
+    """vLLM's streamed usage: total = prompt + completion; prompt_tokens_details.cached_tokens
+    where the prefix cache served some of the prompt; completion_tokens_details.reasoning_tokens
+    under a reasoning parser (in the final usage and in a continuous usage chunk)."""
+    completion = _frame_json(CompletionFrames("cmpl-1", "m", created=1).usage(10, 5, 4))
+    assert completion["usage"] == {"prompt_tokens": 10, "completion_tokens": 5,
+                                   "total_tokens": 15,
+                                   "prompt_tokens_details": {"cached_tokens": 4}}
+    chat = ChatFrames("chatcmpl-1", "m", created=1)
+    final = _frame_json(chat.usage(10, 5, 4, reasoning=3))
+    assert final["choices"] == [] and final["usage"] == {
+        "prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15,
+        "prompt_tokens_details": {"cached_tokens": 4},
+        "completion_tokens_details": {"reasoning_tokens": 3}}
+    continuous = _frame_json(chat.chunk(content="x", usage=(10, 5), reasoning_tokens=3))
+    assert continuous["usage"] == {"prompt_tokens": 10, "completion_tokens": 5,
+                                   "total_tokens": 15,
+                                   "completion_tokens_details": {"reasoning_tokens": 3}}
+
+
+def test_chat_chunks_of_a_later_choice_with_tool_calls() -> None:
+    """A chunk of choice 2 (n > 1) is index 2; a tool call's delta rides in the delta as the
+    OpenAI stream shows it."""
+    call = {"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "f", "arguments": "{\"a\": 1}"}}
+    got = _frame_json(ChatFrames("chatcmpl-1", "m", created=1).chunk(index=2, tool_calls=[call]))
+    (choice,) = got["choices"]
+    assert choice["index"] == 2
+    assert choice["delta"] == {"tool_calls": [call]}

@@ -224,6 +224,12 @@ def test_the_flags_reach_the_settings() -> None:
         enable_force_include_usage=True, return_tokens_as_token_ids=True,
         enable_request_id_headers=True)
     assert settings_from(parser.parse_args([])).responses == ResponseOptions()
+    for flag in ("prompt-tokens-details", "force-include-usage", "request-id-headers"):
+        alone = settings_from(parser.parse_args([f"--enable-{flag}"])).responses
+        field = f"enable_{flag.replace('-', '_')}"
+        assert alone == ResponseOptions(**{field: True}), flag  # that one, no other
+    alone = settings_from(parser.parse_args(["--return-tokens-as-token-ids"])).responses
+    assert alone == ResponseOptions(return_tokens_as_token_ids=True)
     with pytest.raises(ValueError, match="response_role"):
         ResponseOptions(response_role=" ")
 

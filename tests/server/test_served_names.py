@@ -75,6 +75,11 @@ def test_chat_template_argument(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--chat-template: a bad escape"):
         load_chat_template("{{ x }}\\x4")
     assert load_chat_template(None) is None
+    blocks = "{% for m in messages %}{% if m.role == 'user' %}Q{% endif %}{% endfor %}"
+    assert load_chat_template(blocks) == blocks  # a template of statements only is one too
+    # One that does not parse would fail every chat request: refused at start-up.
+    with pytest.raises(ValueError, match="--chat-template"):
+        load_chat_template("{% for m in messages %}{{ m.content }}")
     with pytest.raises(ValueError, match="neither a file nor a Jinja template"):
         load_chat_template(str(tmp_path / "missing.jinja"))
     # A real template is longer than a file name may be (the check for a file raised there).
