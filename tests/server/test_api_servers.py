@@ -409,3 +409,39 @@ def test_a_stop_flag_is_set_from_a_signal_handler_without_a_lock() -> None:
     finally:
         signal.signal(signal.SIGUSR2, previous)
     assert not hasattr(flag, "__dict__")  # no room for anything but the flag
+
+
+def test_a_front_ends_death_is_the_first_stop(monkeypatch) -> None:
+    """An API server died and the launcher stopped the others, as a first signal would: a
+    SIGTERM at once after (a supervisor stopping the failed service) is that same stop, not a
+    second one that would end the others' drains at once; a later signal is a second stop."""
+    from types import SimpleNamespace
+
+    from cadence.server import api_servers
+
+    clock = [80.0]
+    monkeypatch.setattr(api_servers, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    forwarded: list[int] = []
+    handler = api_servers._Signals([])
+    monkeypatch.setattr(handler, "forward", lambda: forwarded.append(handler.count))
+    handler.stop_all()
+    handler(signal.SIGTERM, None)
+    assert (handler.count, forwarded) == (1, [1])
+    clock[0] += 2 * api_servers.SAME_STOP_S
+    handler(signal.SIGTERM, None)
+    assert (handler.count, forwarded) == (2, [1, 2])
+
+
+def test_the_stop_is_forwarded_to_the_living_api_servers_only(monkeypatch) -> None:
+    """Each running API server gets STOP_SIGNAL (it ignores SIGINT and SIGTERM); an exited one
+    gets nothing: its pid may already be another process's."""
+    from types import SimpleNamespace
+
+    from cadence.server import api_servers
+
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(api_servers.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    fronts = [SimpleNamespace(pid=pid, is_alive=lambda alive=alive: alive)
+              for pid, alive in ((101, True), (102, False), (103, True))]
+    api_servers._Signals(fronts).forward()
+    assert sent == [(101, api_servers.STOP_SIGNAL), (103, api_servers.STOP_SIGNAL)]

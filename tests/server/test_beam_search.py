@@ -165,3 +165,48 @@ def test_one_registry_of_searches_serves_every_endpoint(server) -> None:
     assert openai_server.chat.beams is openai_server.completions.beams
     assert openai_server.responses.chat is openai_server.chat
 
+
+
+def test_ignore_eos_and_include_stop_str_reach_the_search(client, offline) -> None:
+    """At width 8 one of this prompt's best beams ends on the end token: it keeps the token in
+    its ids only with include_stop_str_in_output; with ignore_eos no beam ends before
+    max_tokens (vLLM's served search passes both fields on)."""
+    prompt = "Hello my name is Robert and"
+    ids = offline.get_tokenizer().encode(prompt)
+    eos = offline.get_tokenizer().eos_token_id
+    kw = dict(model="tiny", prompt=prompt, n=8, max_tokens=6, temperature=0.0)
+    body = {"use_beam_search": True, "return_token_ids": True}
+    want = expected(offline, ids, 8, 6, include_stop_str_in_output=True)
+    assert [w[2] for w in want].count("stop") >= 1  # the case under test
+    out = client.completions.create(**kw, extra_body={**body, "include_stop_str_in_output": True})
+    assert [(c.text, c.token_ids, c.finish_reason) for c in out.choices] == want
+    assert all(c.token_ids[-1] == eos for c in out.choices if c.finish_reason == "stop")
+    out = client.completions.create(**kw, extra_body={**body, "ignore_eos": True})
+    assert [(len(c.token_ids), c.finish_reason) for c in out.choices] == [(6, "length")] * 8
+
+
+def test_length_penalty_ranks_the_served_beams(client, offline) -> None:
+    """length_penalty divides a beam's logprob by its length to that power: at 0.5 this
+    prompt's two-token beam (ended by the end token) outranks the longer one it trails at the
+    default 1.0, served as offline."""
+    prompt = "Hello my name is Robert and"
+    ids = offline.get_tokenizer().encode(prompt)
+    want = expected(offline, ids, 8, 6, length_penalty=0.5)
+    assert want != expected(offline, ids, 8, 6)  # the case under test: the ranking moves
+    out = client.completions.create(model="tiny", prompt=prompt, n=8, max_tokens=6,
+                                    temperature=0.0,
+                                    extra_body={"use_beam_search": True, "length_penalty": 0.5,
+                                                "return_token_ids": True})
+    assert [(c.text, c.token_ids, c.finish_reason) for c in out.choices] == want
+
+
+def test_a_streamed_search_sends_each_beam_whole_best_first(http) -> None:
+    """The search's answer comes at its end: one chunk a beam, in rank order (choice 0, the
+    best, first), then [DONE]."""
+    body = {"prompt": PROMPT, "n": 3, "max_tokens": 4, "temperature": 0.0,
+            "use_beam_search": True, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        frames = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert frames[-1] == "[DONE]"
+    chunks = [json.loads(f)["choices"] for f in frames[:-1]]
+    assert [[c["index"] for c in choices] for choices in chunks] == [[0], [1], [2]]

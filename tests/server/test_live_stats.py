@@ -151,6 +151,18 @@ def test_stats_answers_while_the_engine_is_mid_step(server_factory) -> None:
         core.open()
 
 
+def test_stats_say_shutting_down_while_the_server_drains(server_factory) -> None:
+    """A draining server (its /health a 503) still answers /stats, with the status the page
+    shows: not "serving"."""
+    srv = server_factory()
+    with httpx.Client(base_url=srv.base_url, timeout=20) as http:
+        assert http.get("/stats").json()["status"] == "serving"
+        srv.server.lifecycle.stop_accepting()
+        assert http.get("/health").status_code == 503
+        resp = http.get("/stats")
+        assert resp.status_code == 200 and resp.json()["status"] == "shutting down"
+
+
 def test_api_key_guards_stats_and_the_page_reveals_nothing(server_factory) -> None:
     srv = server_factory(app_kwargs={"api_key": "k1", "served_model_name": "house-model"})
     with httpx.Client(base_url=srv.base_url, timeout=20) as http:

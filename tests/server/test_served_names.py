@@ -17,10 +17,13 @@ TEMPLATE = ("{% for m in messages %}<<{{ m['role'] }}:{{ m['content'] }}>>{% end
 
 
 def test_every_served_name_is_accepted_and_listed(server_factory) -> None:
-    srv = server_factory(app_kwargs={"served_model_name": ["main-name", "alias"]})
+    # A name given twice is one served name: a model list's ids are unique.
+    srv = server_factory(app_kwargs={"served_model_name": ["main-name", "alias", "main-name"]})
     with httpx.Client(base_url=srv.base_url, timeout=30) as http:
-        listed = [m["id"] for m in http.get("/v1/models").json()["data"]]
-        assert listed == ["main-name", "alias"]
+        cards = http.get("/v1/models").json()["data"]
+        assert [m["id"] for m in cards] == ["main-name", "alias"]
+        # Each name's card roots at the model it serves (vLLM's: the model path), here "tiny".
+        assert [m["root"] for m in cards] == ["tiny", "tiny"]
         # Responses carry the name asked for; none or "": the first (vLLM's).
         for name, shown in (("main-name", "main-name"), ("alias", "alias"), ("", "main-name"),
                             (None, "main-name")):

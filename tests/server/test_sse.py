@@ -173,7 +173,9 @@ def test_sse_frames_format(server) -> None:
     }
     with httpx.stream("POST", server.base_url + "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200
-        assert r.headers["content-type"].startswith("text/event-stream")
+        # UTF-8 named, as OpenAI's and vLLM's: a client that takes a text/* type without a
+        # charset for Latin-1 (requests does) would garble the non-ASCII text of the events.
+        assert r.headers["content-type"] == "text/event-stream; charset=utf-8"
         # As OpenAI's streams: no cache between the client and the server may hold the events.
         assert r.headers["cache-control"] == "no-cache"
         raw = r.read().decode()
@@ -230,3 +232,40 @@ def test_the_servers_stream_interval_sends_fewer_larger_chunks(server_factory) -
     with httpx.Client(base_url=plain.base_url, timeout=60) as http:
         bad = http.post("/v1/completions", json={**body, "stream_interval": 0})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "stream_interval"
+
+
+# -- run_until_disconnect alone (no server) ------------------------------------------------
+
+
+async def test_cancelling_the_waiter_cancels_the_work() -> None:
+    """A handler cancelled while it waits (its connection's task ended) must not leave the work
+    it waited for running on: that work holds engine requests."""
+    from cadence.server.sse import run_until_disconnect
+
+    started = asyncio.Event()
+
+    async def work() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    task = asyncio.ensure_future(work())
+    waiter = asyncio.ensure_future(run_until_disconnect(task, None, asyncio.Event()))
+    await started.wait()
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    for _ in range(3):  # the work's cancellation is delivered at its next step
+        await asyncio.sleep(0)
+    assert task.cancelled()
+
+
+async def test_work_done_when_the_stop_comes_is_still_answered() -> None:
+    """The stop and the answer in the same turn of the loop: the answer is complete, so it is
+    returned (a 503 would throw a finished answer away)."""
+    from cadence.server.sse import run_until_disconnect
+
+    stop = asyncio.Event()
+    stop.set()
+    answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    answer.set_result("complete")
+    assert await run_until_disconnect(answer, None, stop) == "complete"
