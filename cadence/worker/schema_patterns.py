@@ -9,8 +9,8 @@ character past ASCII, a lazy repeat). ``json_string_pattern`` rewrites a pattern
 any: a required character becomes its JSON escape (``\\\\``, ``\\"``, ``\\n``, ``\\u0001``),
 and the dot and every class keep only the characters a JSON string may carry raw, so every
 output is valid JSON whose decoded text matches the pattern. Other patterns stay as written.
-``optional_groups_counted`` writes ``(...)?`` as ``(...){0,1}`` (xgrammar lets ``(yz+)?`` skip
-the ``y``; it follows the counted form).
+``optional_groups_counted`` writes ``(...)?`` as ``(...){0,1}`` (xgrammar lets ``(yz+)?``, and
+the lazy ``(yz+)??``, skip the ``y``; it follows the counted form).
 """
 
 from __future__ import annotations
@@ -269,8 +269,8 @@ def regex_quantifier(lo: int, hi: int) -> str:
 
 
 def optional_groups_counted(pattern: str) -> str:
-    """``pattern`` with every greedy ``)?`` (a group made optional) written ``){0,1}``: the
-    same strings, outside character classes and escapes."""
+    """``pattern`` with every ``)?`` (a group made optional; lazy ``)??`` too) written
+    ``){0,1}``: the same strings, outside character classes and escapes."""
     out: list[str] = []
     i, in_class = 0, False
     while i < len(pattern):
@@ -287,7 +287,7 @@ def optional_groups_counted(pattern: str) -> str:
                 out.append("[^")
                 i += 2
                 continue
-        elif c == "?" and out and out[-1] == ")" and pattern[i + 1:i + 2] not in ("?", "+"):
+        elif c == "?" and out and out[-1] == ")" and pattern[i + 1:i + 2] != "+":
             out.append("{0,1}")
             i += 1
             continue

@@ -18,7 +18,8 @@ from cadence.worker.grammar_compiler import grammar_of  # noqa: E402
 from cadence.worker.regex_rewrite import xgrammar_regex  # noqa: E402
 
 _TEXTS = ["", "^", "^^", "^^^", "a", "aa", "aaa", "^a", "a^", "b", "ab", "ba", "x^y", "xay",
-          "x^^y", "xy", "_", "`", "-", "5", "]", "\\", "abc", "^c", "bc", "ac", "[^", "abab"]
+          "x^^y", "xy", "_", "`", "-", "5", "]", "\\", "abc", "^c", "bc", "ac", "[^", "abab",
+          " ", "^ ", "x^x^", "^^^^", "^^^^^^", "b^"]
 
 
 def _regex(pattern: str):
@@ -29,6 +30,10 @@ def _regex(pattern: str):
     r"x[\^]y", r"[\^a]{3}", r"^[\^]$", r"[\^-a]+", r"[\^a-c]", r"[\^\d]", r"[\x5e]b?",
     r"[\u005Eb]", r"[\136]", r"(a|[\^b])c", r"(?:[\^]|ab){2}", r"[\^\]]", r"[\^\\]",
     r"x[\^]*?y", r"[^\^]+", r"\Aab\Z", r"\A[\^a]+\Z", r"(^a|b)c", r"b(a$)?", r"(a$|b)",
+    # A repeat of several items, or of a repeat, stays one group; classes keep their categories;
+    # a character left out stays left out.
+    r"(?:x[\^]){2}", r"(?:[\^]{2}){3}", r"(?:[\^]{2})*", r"[\^\s]+", r"[\^\S]", r"[\^\w]+",
+    r"[\^\W]", r"[^a][\^b]", r"[\^][^\^b]", r"[\^]{2,}", r"[\^a]{2,3}",
 ])
 def test_carets_first_in_a_class_and_edge_anchors_mean_what_re_means(pattern: str) -> None:
     grammar = _regex(pattern)

@@ -55,6 +55,8 @@ def _check_taken(grammar, pattern: str, value: str) -> bool:
     (r'^x\"{2,3}y$', 'x"""y'),
     (r'^"[^\W_]+"$', '"ab"'),
     (r"^\\n é$", "\\n é"),
+    (r"^a\x08b\x0c$", "a\bb\f"),  # JSON's short escapes: \b backspace, \f form feed
+    (r'^x\"{2,}y$', 'x"""y'),  # at least two, not exactly two
 ])
 def test_a_pattern_that_needs_escapes_takes_its_values_as_valid_json(pattern: str,
                                                                      value: str) -> None:
@@ -76,6 +78,7 @@ def test_a_pattern_that_needs_escapes_takes_its_values_as_valid_json(pattern: st
     (r"^[\^\s\u00e9]+$", "^ é", "a"),
     (r"^[\^a]é$", "^é", "xé"),
     (r"^[\^]é$", "^é", "xé"),
+    (r"^[ -~]+ é$", "a b~ é", 'a"b\\ é'),  # a range around the quote and the backslash
 ])
 def test_classes_never_give_a_character_json_escapes(pattern: str, value: str,
                                                      refused: str) -> None:
@@ -84,6 +87,20 @@ def test_classes_never_give_a_character_json_escapes(pattern: str, value: str,
     grammar = _grammar(pattern)
     assert _check_taken(grammar, pattern, value)
     _check_taken(grammar, pattern, refused)
+
+
+@pytest.mark.parametrize(("pattern", "taken", "refused"), [
+    (r"^x(yz+)?$", "xyzz", "xz"),
+    (r"^x(yz+)??$", "xyz", "xz"),  # lazy: the same strings
+    (r"^\[(yz+)?$", "[yz", "[z"),  # after an escaped bracket, which opens no class
+    (r"^(y[)]z)?$", "y)z", "z"),
+])
+def test_an_optional_group_is_all_or_nothing(pattern: str, taken: str, refused: str) -> None:
+    """xgrammar's regex reading of ``(yz+)?`` can skip the ``y`` alone: the grammar takes what
+    Python's re takes of the pattern, and refuses the rest."""
+    assert re.search(pattern, taken) and not re.search(pattern, refused)
+    grammar = _grammar(pattern)
+    assert accepts(grammar, json.dumps(taken)) and not accepts(grammar, json.dumps(refused))
 
 
 @pytest.mark.parametrize("pattern", [r"^[a-z]+$", r"^\d{3}-\d{4}$", r"^(ab)?c$",
