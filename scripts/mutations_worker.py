@@ -504,4 +504,10 @@ MUTATIONS = [
              '        elif c == "?" and out and out[-1] == ")" and pattern[i + 1:i + 2] != "+":',
              '        elif c == "?" and out and out[-1] == ")" and pattern[i + 1:i + 2] not in ("?", "+"):',
              ("tests/worker/test_schema_patterns.py",)),
+    Mutation("spat-class-leading-bracket", "a class's leading ] is taken for its end, so an "
+             "optional group is rewritten inside the class", "cadence/worker/schema_patterns.py",
+             "            in_class = c != \"]\" or (out and out[-1] in (\"[\", \"[^\"))",
+             "            in_class = c != \"]\"",
+             ("tests/engine/test_structured_outputs.py::"
+              "test_counted_optional_groups_match_what_the_pattern_matches",)),
 ]
