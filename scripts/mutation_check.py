@@ -1,7 +1,7 @@
 """Plant realistic bugs one at a time and report which the test suite catches.
 
     python scripts/mutation_check.py [--only ID[,ID...]] [--gpu] [--list] [--keep]
-        [--extra FILE.py]
+        [--extra FILE.py] [--baseline]
 
 Each mutation replaces one exact snippet of one source file (it must occur exactly once, so a
 refactor that moves the code makes the check fail loudly rather than silently test nothing) in a
@@ -11,6 +11,9 @@ runs the ``gpu``-marked tests (on a machine with CUDA); without it the Triton ke
 under Triton's interpreter, as in CPU CI. ``--extra`` adds the ``MUTATIONS`` list of another
 file (``Mutation`` is in its namespace) to try candidates before they join this list; the
 engine and worker layers' planted bugs live in such files beside this one (``mutations_*.py``).
+``--baseline`` runs each distinct test list once in an unmutated copy instead: a list that
+fails there (a test that needs the checkout's ``.git``, say) would count every planted bug it
+checks as caught.
 """
 
 from __future__ import annotations
@@ -1568,6 +1571,23 @@ def _copy_tree(dest: Path) -> None:
     shutil.copytree(ROOT, dest, ignore=ignore, symlinks=True)
 
 
+def _pytest(tree: Path, tests: tuple[str, ...], gpu: bool) -> tuple[int, float, str]:
+    """Run ``tests`` in the copied ``tree``: pytest's exit status, seconds, first failure."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+           "-m", "gpu or not gpu" if gpu else "not gpu", *tests]
+    paths = [str(tree), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p != str(ROOT))}
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+    seconds = time.monotonic() - start
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("FAILED", "ERROR"))]
+    return proc.returncode, seconds, lines[0] if lines else ""
+
+
+def _tests_of(m: Mutation, gpu: bool) -> tuple[str, ...]:
+    return (*m.tests, *(m.gpu_tests if gpu else ()))
+
+
 def _run(m: Mutation, gpu: bool, keep: bool) -> tuple[bool, float, str]:
     tmp = Path(tempfile.mkdtemp(prefix=f"mutation-{m.id}-"))
     tree = tmp / "tree"
@@ -1579,21 +1599,35 @@ def _run(m: Mutation, gpu: bool, keep: bool) -> tuple[bool, float, str]:
             raise SystemExit(f"{m.id}: the snippet occurs {text.count(m.old)} times in {m.path}; "
                              "update the mutation")
         path.write_text(text.replace(m.old, m.new))
-        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-               "-m", "gpu or not gpu" if gpu else "not gpu", *m.tests,
-               *(m.gpu_tests if gpu else ())]
-        paths = [str(tree), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p != str(ROOT))}
-        start = time.monotonic()
-        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
-        seconds = time.monotonic() - start
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("FAILED", "ERROR"))]
-        if proc.returncode == 5:
+        status, seconds, first = _pytest(tree, _tests_of(m, gpu), gpu)
+        if status == 5:
             raise SystemExit(f"{m.id}: no test ran ({' '.join(m.tests)})")
-        return proc.returncode != 0, seconds, lines[0] if lines else ""
+        return status != 0, seconds, first
     finally:
         if not keep:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _baseline(chosen: list[Mutation], gpu: bool) -> int:
+    """Run each distinct test list of ``chosen`` in one unmutated copy: a list that fails there
+    would count every planted bug it checks as caught. Prints the failing lists; 1 if any."""
+    tmp = Path(tempfile.mkdtemp(prefix="mutation-baseline-"))
+    tree = tmp / "tree"
+    failing = 0
+    try:
+        _copy_tree(tree)
+        lists = dict.fromkeys(_tests_of(m, gpu) for m in chosen)
+        print("| tests | passes unmutated | s | first failure |")
+        print("| --- | --- | ---: | --- |")
+        for tests in lists:
+            status, seconds, first = _pytest(tree, tests, gpu)
+            failing += status != 0
+            print(f"| {' '.join(tests)[:90]} | {'yes' if status == 0 else '**NO**'} | "
+                  f"{seconds:.0f} | {first[:90]} |", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"\n{len(lists) - failing} of {len(lists)} test lists pass without a planted bug")
+    return 1 if failing else 0
 
 
 def main() -> int:
@@ -1603,6 +1637,9 @@ def main() -> int:
     p.add_argument("--list", action="store_true", help="list the mutations and exit")
     p.add_argument("--keep", action="store_true", help="keep the mutated copies (debugging)")
     p.add_argument("--extra", default=None, help="a file whose MUTATIONS list is added")
+    p.add_argument("--baseline", action="store_true",
+                   help="run each distinct test list in an unmutated copy instead (each must "
+                   "pass there, or its 'caught' means nothing)")
     ns = p.parse_args()
     chosen = list(MUTATIONS)
     if ns.extra:
@@ -1619,6 +1656,8 @@ def main() -> int:
         for m in chosen:
             print(f"{m.id:20s} {m.what}  ({m.path})")
         return 0
+    if ns.baseline:
+        return _baseline(chosen, ns.gpu)
     print("| mutation | what | caught | s | first failure |")
     print("| --- | --- | --- | ---: | --- |")
     missed = 0
