@@ -25,3 +25,23 @@ def tiny_copy_with_generation_config(dest: Path, **fields: object) -> Path:
     path = dest / "generation_config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
     return dest
+
+
+def tiny_copy_adding_a_bos(dest: Path) -> tuple[Path, int]:
+    """A copy of the tiny model at ``dest`` whose tokenizer's post-processor puts a BOS
+    (``<|im_start|>``) before every text it encodes with special tokens; and that BOS's id."""
+    from cadence.model.tiny import ensure_tiny_model
+
+    shutil.copytree(ensure_tiny_model(), dest)
+    spec = json.loads((dest / "tokenizer.json").read_text())
+    bos = next(t for t in spec["added_tokens"] if t["content"] == "<|im_start|>")
+    spec["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+                   {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [bos["id"]],
+                                             "tokens": ["<|im_start|>"]}},
+    }
+    (dest / "tokenizer.json").write_text(json.dumps(spec))
+    return dest, bos["id"]

@@ -5,14 +5,12 @@ chat_template_kwargs, a positive integer concurrency limit."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from cadence import LLM, BeamSearchParams, SamplingParams
-from tests.tiny import tiny_args
+from tests.tiny import tiny_args, tiny_copy_adding_a_bos
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
 
@@ -49,23 +47,9 @@ def test_a_chat_prompt_gets_no_second_bos(tmp_path: Path) -> None:
     ``encode(text, add_special_tokens=False)`` does."""
     from transformers import AutoTokenizer
 
-    from cadence.model.tiny import ensure_tiny_model
-
-    model = tmp_path / "tiny-bos"
-    shutil.copytree(ensure_tiny_model(), model)
-    spec = json.loads((model / "tokenizer.json").read_text())
-    bos = next(t for t in spec["added_tokens"] if t["content"] == "<|im_start|>")
-    spec["post_processor"] = {
-        "type": "TemplateProcessing",
-        "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
-                   {"Sequence": {"id": "A", "type_id": 0}}],
-        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [bos["id"]],
-                                             "tokens": ["<|im_start|>"]}},
-    }
-    (model / "tokenizer.json").write_text(json.dumps(spec))
+    model, bos_id = tiny_copy_adding_a_bos(tmp_path / "tiny-bos")
     hf = AutoTokenizer.from_pretrained(model)
-    assert hf.encode("x")[0] == bos["id"]  # the tokenizer does add one
+    assert hf.encode("x")[0] == bos_id  # the tokenizer does add one
     text = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"  # ChatML (no template)
     engine = LLM(**vars(tiny_args(model=str(model), max_model_len=128,
                                   num_gpu_blocks_override=16)))
@@ -75,7 +59,7 @@ def test_a_chat_prompt_gets_no_second_bos(tmp_path: Path) -> None:
         engine.shutdown()
     assert out.prompt == text
     assert out.prompt_token_ids == hf.encode(text, add_special_tokens=False)
-    assert out.prompt_token_ids[:2] != [bos["id"], bos["id"]]
+    assert out.prompt_token_ids[:2] != [bos_id, bos_id]
 
 
 def test_a_template_given_in_chat_template_kwargs_chooses_the_content_format(llm) -> None:

@@ -823,23 +823,9 @@ def test_add_special_tokens_false_leaves_the_bos_out(tmp_path, server_factory) -
     """vLLM's add_special_tokens on completions: by default a text prompt gets the tokenizer's
     special tokens (here a BOS its post-processor adds); false tokenizes the text alone.
     Token-id prompts are never changed."""
-    import shutil
+    from tests.tiny import tiny_copy_adding_a_bos
 
-    from cadence.model.tiny import ensure_tiny_model
-
-    model = tmp_path / "tiny-bos"
-    shutil.copytree(ensure_tiny_model(), model)
-    spec = json.loads((model / "tokenizer.json").read_text())
-    bos = next(t for t in spec["added_tokens"] if t["content"] == "<|im_start|>")
-    spec["post_processor"] = {
-        "type": "TemplateProcessing",
-        "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
-                   {"Sequence": {"id": "A", "type_id": 0}}],
-        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [bos["id"]],
-                                             "tokens": ["<|im_start|>"]}},
-    }
-    (model / "tokenizer.json").write_text(json.dumps(spec))
+    model, bos_id = tiny_copy_adding_a_bos(tmp_path / "tiny-bos")
     srv = server_factory(model=str(model))
     body = {"prompt": "hello", "max_tokens": 2, "temperature": 0, "ignore_eos": True,
             "echo": True, "logprobs": 0, "return_token_ids": True}
@@ -859,9 +845,9 @@ def test_add_special_tokens_false_leaves_the_bos_out(tmp_path, server_factory) -
     # template writes its own specials: none added, vLLM's default there).
     assert salted["choices"][0]["prompt_token_ids"] == with_bos["choices"][0]["prompt_token_ids"]
     assert tokenized == with_bos["choices"][0]["prompt_token_ids"]
-    assert chat_ids[:2] != [bos["id"], bos["id"]]
+    assert chat_ids[:2] != [bos_id, bos_id]
     assert chat_tokenized["tokens"] == chat_ids
-    assert with_bos["choices"][0]["prompt_token_ids"][0] == bos["id"]
+    assert with_bos["choices"][0]["prompt_token_ids"][0] == bos_id
     assert alone["choices"][0]["prompt_token_ids"] == with_bos["choices"][0]["prompt_token_ids"][1:]
     assert alone["usage"]["prompt_tokens"] == with_bos["usage"]["prompt_tokens"] - 1
     assert alone["choices"][0]["text"].startswith("hello")  # echo: the prompt's text

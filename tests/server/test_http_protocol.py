@@ -8,34 +8,9 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from tests.server.fake_transport import FakeTransport
+
 HEADER_S, BODY_S = 5.0, 7.0
-
-
-class _Transport(asyncio.Transport):
-    """What the protocol writes, and whether it closed the connection."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.out = bytearray()
-        self.closed = False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 1)}.get(name, default)
-
-    def write(self, data: bytes) -> None:
-        self.out += data
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
 
 
 async def _answer_without_reading(scope: dict, receive: Any, send: Any) -> None:
@@ -63,7 +38,7 @@ def _run(app: Callable[..., Awaitable[None]], check: Callable[..., Awaitable[Non
         config = uvicorn.Config(app, http=cls, lifespan="off", log_config=None)
         loop = asyncio.get_running_loop()
         proto = cls(config, ServerState(), {}, loop)
-        transport = _Transport()
+        transport = FakeTransport()
         before = loop.time()
         proto.connection_made(transport)
         await check(proto, transport, loop, before)
@@ -93,7 +68,7 @@ async def _until(condition: Callable[[], bool]) -> None:
 
 
 def test_an_idle_new_connection_is_closed_without_an_answer() -> None:
-    async def check(proto: Any, transport: _Transport, loop: Any, since: float) -> None:
+    async def check(proto: Any, transport: FakeTransport, loop: Any, since: float) -> None:
         _armed(proto, "headers", HEADER_S, since, loop)
         _expire(proto)
         assert transport.closed and transport.out == b""
@@ -102,7 +77,7 @@ def test_an_idle_new_connection_is_closed_without_an_answer() -> None:
 
 
 def test_headers_incomplete_at_the_deadline_get_a_408_that_closes() -> None:
-    async def check(proto: Any, transport: _Transport, loop: Any, since: float) -> None:
+    async def check(proto: Any, transport: FakeTransport, loop: Any, since: float) -> None:
         proto.data_received(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\n")
         _armed(proto, "headers", HEADER_S, since, loop)  # from the opening, not the bytes
         _expire(proto)
@@ -120,7 +95,7 @@ def test_headers_incomplete_at_the_deadline_get_a_408_that_closes() -> None:
 def test_a_body_the_application_does_not_read_must_end_within_the_body_deadline() -> None:
     """Answered before its body came (as a 413 is): the body deadline, not the header one,
     and at its expiry the connection closes with nothing more written."""
-    async def check(proto: Any, transport: _Transport, loop: Any, since: float) -> None:
+    async def check(proto: Any, transport: FakeTransport, loop: Any, since: float) -> None:
         proto.data_received(b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\nabc")
         await _until(lambda: b"ok" in transport.out)
         _armed(proto, "body", BODY_S, since, loop)
@@ -134,7 +109,7 @@ def test_a_body_the_application_does_not_read_must_end_within_the_body_deadline(
 def test_a_body_the_application_is_reading_is_left_to_the_application() -> None:
     """The application reads the body (its own deadline answers it): the protocol's body
     deadline is armed again, the connection stays open, and a body that then ends is served."""
-    async def check(proto: Any, transport: _Transport, loop: Any, since: float) -> None:
+    async def check(proto: Any, transport: FakeTransport, loop: Any, since: float) -> None:
         proto.data_received(b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 6\r\n\r\nabc")
         await asyncio.sleep(0)
         _armed(proto, "body", BODY_S, since, loop)
@@ -151,7 +126,7 @@ def test_a_body_the_application_is_reading_is_left_to_the_application() -> None:
 
 
 def test_a_kept_alive_requests_header_deadline_starts_at_its_first_byte() -> None:
-    async def check(proto: Any, transport: _Transport, loop: Any, since: float) -> None:
+    async def check(proto: Any, transport: FakeTransport, loop: Any, since: float) -> None:
         proto.data_received(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n")
         await _until(lambda: b"ok" in transport.out)
         assert proto._read_phase is None  # kept alive: uvicorn's keep-alive timer runs

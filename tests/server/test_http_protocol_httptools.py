@@ -9,32 +9,7 @@ import pytest
 
 pytest.importorskip("httptools")
 
-
-class _Transport(asyncio.Transport):
-    """What the protocol writes, and whether it closed the connection."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.out = bytearray()
-        self.closed = False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 1)}.get(name, default)
-
-    def write(self, data: bytes) -> None:
-        self.out += data
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
+from tests.server.fake_transport import FakeTransport  # noqa: E402
 
 
 async def _ok(scope: dict, receive: Any, send: Any) -> None:
@@ -59,7 +34,7 @@ def test_the_header_bound_is_per_request_on_a_kept_alive_connection() -> None:
         cls = timed_httptools_protocol(60.0, 60.0)
         config = uvicorn.Config(_ok, http=cls, lifespan="off", log_config=None)
         proto = cls(config, ServerState(), {}, asyncio.get_running_loop())
-        transport = _Transport()
+        transport = FakeTransport()
         proto.connection_made(transport)
         near = request(MAX_HEADER_BYTES * 3 // 5)  # 60% of the bound: two together exceed it
         for n in (1, 2, 3):
@@ -71,7 +46,7 @@ def test_the_header_bound_is_per_request_on_a_kept_alive_connection() -> None:
         proto.connection_lost(None)
 
         proto = cls(config, ServerState(), {}, asyncio.get_running_loop())
-        transport = _Transport()
+        transport = FakeTransport()
         proto.connection_made(transport)
         proto.data_received(request(MAX_HEADER_BYTES + 1))
         assert transport.closed and transport.out.startswith(b"HTTP/1.1 431 ")
