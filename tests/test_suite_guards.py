@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
 import pytest
 
 from tests.conftest import UNIT_TEST_TIMEOUT_S
@@ -14,13 +19,8 @@ def test_every_test_has_a_time_limit(request: pytest.FixtureRequest) -> None:
     assert marker is not None and marker.args[0] == UNIT_TEST_TIMEOUT_S
 
 
-def test_every_planted_bug_still_finds_its_code() -> None:
-    """scripts/mutation_check.py plants each bug by replacing one exact snippet: a refactor that
-    moves the code must update the snippet, or the check would test nothing."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
+def _mutation_check() -> ModuleType:
+    """scripts/mutation_check.py loaded as a module (with its registries)."""
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("mutation_check",
                                                   root / "scripts" / "mutation_check.py")
@@ -31,6 +31,14 @@ def test_every_planted_bug_still_finds_its_code() -> None:
         spec.loader.exec_module(module)
     finally:
         del sys.modules[spec.name]
+    return module
+
+
+def test_every_planted_bug_still_finds_its_code() -> None:
+    """scripts/mutation_check.py plants each bug by replacing one exact snippet: a refactor that
+    moves the code must update the snippet, or the check would test nothing."""
+    module = _mutation_check()
+    root = Path(__file__).resolve().parents[1]
     stale = [m.id for m in module.MUTATIONS if (root / m.path).read_text().count(m.old) != 1]
     assert not stale, f"snippets not found exactly once: {stale}"
     assert len({m.id for m in module.MUTATIONS}) == len(module.MUTATIONS)
@@ -40,20 +48,7 @@ def test_the_baseline_flags_a_test_list_that_fails_without_a_planted_bug(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """``mutation_check.py --baseline`` runs each distinct test list once in an unmutated copy
     and names a list that fails there (whose 'caught' would mean nothing)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("mutation_check",
-                                                  root / "scripts" / "mutation_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
+    module = _mutation_check()
     ran: list[tuple[str, ...]] = []
 
     def fake_pytest(tree: Path, tests: tuple[str, ...], gpu: bool) -> tuple[int, float, str]:

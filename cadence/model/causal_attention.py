@@ -25,11 +25,10 @@ except ImportError:  # pragma: no cover - CPU installs
     triton = None
     tl = None
 
-from cadence.model.triton_decode_kernels import _tanh  # the paged kernels' soft cap
+from cadence.model.triton_attention import _score_scales  # the paged kernels' scales
+from cadence.model.triton_decode_kernels import _tanh  # and their soft cap
 
 __all__ = ["CausalTile", "causal_attention", "causal_attention_kernel"]
-
-_LOG2E = 1.4426950408889634
 
 causal_attention_kernel = None
 
@@ -190,10 +189,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
     if t == 0:
         return out
     blocks = triton.cdiv(t, tile.block_m)
-    # Scores in log2 units: q * scale * log2(e), or with a cap tanh(q * scale / cap) times
-    # cap * log2(e).
-    qk_scale, cap_scale = (scale / softcap, softcap * _LOG2E) if softcap > 0 else (
-        scale * _LOG2E, 0.0)
+    qk_scale, cap_scale = _score_scales(scale, softcap)  # q carries qk_scale
     sliding = 0 < sliding_window < t  # a window of at least T keys hides nothing
     causal_attention_kernel[(h // tile.pack, blocks)](
         q, k, v, out, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),

@@ -42,6 +42,11 @@ _DTYPES = (torch.float16, torch.bfloat16)
 _ACCELERATOR_ERROR = getattr(torch, "AcceleratorError", torch.OutOfMemoryError)
 
 
+def _plain(sliding_window: int, softcap: float) -> bool:
+    """A layer without a window or soft cap (one cuDNN's causal call can take)."""
+    return sliding_window <= 0 and softcap <= 0.0
+
+
 class DensePrefill:
     """Whether a prefill pass may attend densely, and that attention.
 
@@ -83,7 +88,7 @@ class DensePrefill:
         """Whether a kernel runs this layer shape: one small call of each per shape, before
         any graph is captured with the path (a refusal turns that kernel off for good). A
         windowed or capped layer asks the Triton kernel only, with a window it applies."""
-        only_triton = sliding_window > 0 or softcap > 0
+        only_triton = not _plain(sliding_window, softcap)
         key = (dtype, num_heads, num_kv_heads, head_dim, device, sliding_window > 0,
                softcap > 0)
         if key not in self._probed:
@@ -102,8 +107,7 @@ class DensePrefill:
         """The layer's static side: a CUDA half-precision model, head dim a multiple of 8 up
         to 128, a cache in the model's dtype (an FP8 cache's rounding is what the other paths
         attend over); a window or soft cap only while the Triton kernel is on."""
-        plain = sliding_window <= 0 and softcap <= 0.0
-        return ((self.enabled if plain else self.triton) and device.type == "cuda"
+        return ((self.enabled if _plain(sliding_window, softcap) else self.triton) and device.type == "cuda"
                 and dtype in _DTYPES and cache_dtype == dtype and head_dim % 8 == 0
                 and head_dim <= 128)
 
@@ -126,7 +130,7 @@ class DensePrefill:
         strides with a contiguous last dim) as one sequence: ``[T, H, D]``, or None where
         both kernels refuse (the path is then off for good; a windowed or capped pass asks
         the Triton kernel only)."""
-        plain = sliding_window <= 0 and softcap <= 0.0
+        plain = _plain(sliding_window, softcap)
         prefer = not plain or self.prefers_triton(q.shape[0], q.shape[1])
         for triton in (prefer, not prefer):  # the other kernel where the first refuses
             if triton and self.triton:
