@@ -44,6 +44,7 @@ class Mutation:
 
 _BF16_ENGINE = ("tests/engine/test_gpu_engine.py::"
                 "test_bf16_greedy_agrees_with_transformers_within_bf16_rounding")
+_SA_TESTS = "tests/model/test_attention_layer.py"
 
 MUTATIONS = [
     Mutation("rmsnorm-eps-kernel", "RMSNorm eps x100 in the Triton kernels",
@@ -1550,6 +1551,43 @@ MUTATIONS = [
              "cadence/trace/cli.py", "        if not is_report(other):", "        if False:",
              ("tests/trace/test_cpu_report.py::"
               "test_a_compare_file_that_is_no_report_is_refused_before_the_run",)),
+    Mutation("sa-kv-scales-swapped", "the attention layer hands its v_scale over as k_scale",
+             "cadence/model/attention_layer.py",
+             "self.softcap, self.k_scale, self.v_scale,",
+             "self.softcap, self.v_scale, self.k_scale,", (_SA_TESTS,)),
+    Mutation("sa-perm-k-unpermuted", "permute_qk_dims leaves the k rows in place",
+             "cadence/model/attention_layer.py",
+             "        k_rows = (torch.arange(self.kv_size // d)[:, None] * d + perm).flatten()"
+             " + self.q_size\n",
+             "        k_rows = torch.arange(self.q_size, self.q_size + self.kv_size)\n",
+             (_SA_TESTS,)),
+    Mutation("sa-perm-k-inverse", "permute_qk_dims takes the inverse permutation for k",
+             "cadence/model/attention_layer.py", "* d + perm).flatten() + self.q_size",
+             "* d + perm.argsort()).flatten() + self.q_size", (_SA_TESTS,)),
+    Mutation("sa-perm-k-head-stride", "permute_qk_dims strides the k rows by dimension, not head",
+             "cadence/model/attention_layer.py",
+             "k_rows = (torch.arange(self.kv_size // d)[:, None] * d + perm)",
+             "k_rows = (torch.arange(self.kv_size // d)[:, None] + perm * d)", (_SA_TESTS,)),
+    Mutation("sa-perm-v-rows", "permute_qk_dims permutes the v rows like the k rows",
+             "cadence/model/attention_layer.py",
+             "rows = torch.cat([q_rows, k_rows, torch.arange(",
+             "rows = torch.cat([q_rows, k_rows, k_rows + self.kv_size + 0 * torch.arange(",
+             (_SA_TESTS,)),
+    Mutation("sa-perm-bias-kept", "permute_qk_dims leaves the qkv bias in place",
+             "cadence/model/attention_layer.py",
+             "            self.qkv_proj.bias.copy_(self.qkv_proj.bias[rows])\n",
+             "            pass\n", (_SA_TESTS,)),
+    Mutation("sa-perm-norms-kept", "permute_qk_dims leaves the q/k norm weights in place",
+             "cadence/model/attention_layer.py",
+             "                norm.weight.copy_(norm.weight[perm.to(norm.weight.device)])",
+             "                pass", (_SA_TESTS,)),
+    Mutation("sa-qk-norm-eps-dropped", "the backend's q/k norms get eps 0",
+             "cadence/model/attention_layer.py",
+             "self.q_norm.weight, self.k_norm.weight, self.q_norm.eps",
+             "self.q_norm.weight, self.k_norm.weight, 0.0", (_SA_TESTS,)),
+    Mutation("sa-rows-first-tokens", "a backend without forward_rows keeps the pass's first "
+             "rows, not the rows asked for", "cadence/model/attention_layer.py",
+             ".index_select(0, rows.index)", "[: rows.count]", (_SA_TESTS,)),
 ]
 
 

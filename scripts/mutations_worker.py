@@ -373,7 +373,7 @@ MUTATIONS = [
              "            m_use = tl.where(m_new == float(\"-inf\"), 0.0, m_new)",
              "            m_use = m_new", ("tests/model/test_causal_attention.py",)),
     Mutation("causal-cap-dropped", "the soft cap is not applied", "cadence/model/causal_attention.py",
-             "            s = cap_scale * _tanh(s)", "            s = cap_scale * s",
+             "            s = cap_scale * _tanh(s * qk_scale)", "            s = cap_scale * s * qk_scale",
              ("tests/model/test_causal_attention.py",)),
     Mutation("dense-window-to-cudnn", "a windowed pass falls back to cuDNN's plain causal call",
              "cadence/model/dense_prefill.py", "elif not triton and self.cudnn and plain:",

@@ -36,17 +36,19 @@ if triton is not None:
 
     @triton.jit
     def _causal_tile(q, acc, m_i, l_i, k_base, v_base, stride_kt, stride_vt, n0, tok,
-                     num_tokens, offs_d, dmask, window, cap_scale, BLOCK_N: tl.constexpr,
+                     num_tokens, offs_d, dmask, window, qk_scale, cap_scale,
+                     BLOCK_N: tl.constexpr,
                      MASK: tl.constexpr, SLIDING: tl.constexpr, SOFTCAP: tl.constexpr):
-        """One key/value tile of the online softmax (q carries the scale, in log2 units, or
-        with ``SOFTCAP`` the scale over the cap; ``cap_scale`` is the cap in log2 units)."""
+        """One key/value tile of the online softmax (q carries the scale, in log2 units;
+        with ``SOFTCAP`` the scores take ``qk_scale``, the scale over the cap, in float32, and
+        ``cap_scale`` is the cap in log2 units)."""
         offs_n = n0 + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n < num_tokens)[:, None] & dmask[None, :]
         k = tl.load(k_base + offs_n[:, None].to(tl.int64) * stride_kt + offs_d[None, :],
                     mask=kv_mask, other=0.0)
         s = tl.dot(q, k.T)
         if SOFTCAP:
-            s = cap_scale * _tanh(s)
+            s = cap_scale * _tanh(s * qk_scale)
         if MASK:
             keep = offs_n[None, :] <= tok[:, None]
             if SLIDING:
@@ -101,7 +103,10 @@ if triton is not None:
         row_mask = (tok < num_tokens)[:, None] & dmask[None, :]
         q = tl.load(q_ptr + tok[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh
                     + offs_d[None, :], mask=row_mask, other=0.0)
-        q = (q.to(tl.float32) * qk_scale).to(q.dtype)
+        if not SOFTCAP:
+            q = (q.to(tl.float32) * qk_scale).to(q.dtype)
+        # NOTE: a capped layer's q is not scaled in its own dtype: rounding the scaled q moves
+        # scores past the cap by more than bf16 output rounding (the paged kernels scale s).
         k_base = k_ptr + kvh * stride_kh
         v_base = v_ptr + kvh * stride_vh
         m_i = tl.full([PACK * BLOCK_M], float("-inf"), tl.float32)
@@ -117,17 +122,17 @@ if triton is not None:
             for n0 in range(kv_start, full_start, BLOCK_N):
                 acc, m_i, l_i = _causal_tile(
                     q, acc, m_i, l_i, k_base, v_base, stride_kt, stride_vt, n0, tok, num_tokens,
-                    offs_d, dmask, window, cap_scale, BLOCK_N, True, SLIDING, SOFTCAP)
+                    offs_d, dmask, window, qk_scale, cap_scale, BLOCK_N, True, SLIDING, SOFTCAP)
         else:
             full_start = 0
         for n0 in range(full_start, start_m, BLOCK_N):
             acc, m_i, l_i = _causal_tile(
                 q, acc, m_i, l_i, k_base, v_base, stride_kt, stride_vt, n0, tok, num_tokens,
-                offs_d, dmask, window, cap_scale, BLOCK_N, False, SLIDING, SOFTCAP)
+                offs_d, dmask, window, qk_scale, cap_scale, BLOCK_N, False, SLIDING, SOFTCAP)
         for n0 in range(start_m, start_m + BLOCK_M, BLOCK_N):
             acc, m_i, l_i = _causal_tile(
                 q, acc, m_i, l_i, k_base, v_base, stride_kt, stride_vt, n0, tok, num_tokens,
-                offs_d, dmask, window, cap_scale, BLOCK_N, True, SLIDING, SOFTCAP)
+                offs_d, dmask, window, qk_scale, cap_scale, BLOCK_N, True, SLIDING, SOFTCAP)
         out = acc / l_i[:, None]
         tl.store(o_ptr + tok[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh
                  + offs_d[None, :], out.to(o_ptr.dtype.element_ty), mask=row_mask)
@@ -189,7 +194,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
     if t == 0:
         return out
     blocks = triton.cdiv(t, tile.block_m)
-    qk_scale, cap_scale = _score_scales(scale, softcap)  # q carries qk_scale
+    qk_scale, cap_scale = _score_scales(scale, softcap)  # q carries qk_scale without a cap
     sliding = 0 < sliding_window < t  # a window of at least T keys hides nothing
     causal_attention_kernel[(h // tile.pack, blocks)](
         q, k, v, out, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
