@@ -4,6 +4,15 @@ which defines ``Mutation`` here."""
 # ruff: noqa: F821
 
 _RESP = "tests/server/test_responses_api.py"
+_API = "tests/server/test_api_servers.py::"
+_API_STOP = _API + "test_the_launcher_forwards_a_stop_and_cleans_up_after_the_api_servers"
+_API_STUCK = _API + "test_api_servers_that_outlive_the_stops_deadline_are_killed_and_exit_1"
+_API_EARLY = _API + "test_an_api_server_takes_a_stop_that_came_while_it_started"
+_API_DRAIN = _API + "test_an_api_servers_drain_is_not_cut_by_the_launcher_watch"
+_OPENAPI = ("tests/server/test_tokenization.py::"
+            "test_openapi_request_bodies_name_each_model_a_route_takes")
+_PROFILE = ("tests/server/test_profile_routes.py::"
+            "test_each_outcome_of_a_profiler_call_has_its_status")
 
 MUTATIONS = [
     Mutation("srv-profile-routes-open", "the profiling routes are not behind the API key",
@@ -1058,4 +1067,149 @@ MUTATIONS = [
              "if p.pid is not None:",
              ("tests/server/test_api_servers.py::"
               "test_the_stop_is_forwarded_to_the_living_api_servers_only",)),
+    # The launcher of several API servers, over stand-in processes (its loop, its signals,
+    # what it leaves behind) and one API server's main over stand-ins.
+    Mutation("api-forward-gone-raises", "a stop to an API server gone meanwhile raises and "
+             "reaches none after it", "cadence/server/api_servers.py",
+             "                try:\n                    os.kill(p.pid, STOP_SIGNAL)\n"
+             "                except ProcessLookupError:\n                    pass\n",
+             "                os.kill(p.pid, STOP_SIGNAL)\n",
+             (_API + "test_the_stop_reaches_the_others_when_one_api_server_exited_meanwhile",)),
+    Mutation("api-death-stops-no-other", "an API server's death leaves the others serving",
+             "cadence/server/api_servers.py",
+             "                                     p.name, p.exitcode)\n"
+             "                        handler.stop_all()\n",
+             "                                     p.name, p.exitcode)\n",
+             (_API + "test_an_api_servers_death_stops_the_others_and_exits_1",)),
+    Mutation("api-core-end-looked-at-last", "an API server ending with the core is blamed and "
+             "the others are stopped", "cadence/server/api_servers.py",
+             "key=lambda s: s != core.sentinel", "key=lambda s: s == core.sentinel",
+             (_API + "test_the_engine_cores_death_is_no_api_servers_failure",)),
+    Mutation("api-core-end-in-stop-fails", "the core ending with the last API server after a "
+             "stop exits 1", "cadence/server/api_servers.py",
+             "if not core_reported and handler.count == 0:", "if not core_reported:",
+             (_API_STOP,)),
+    Mutation("api-start-sigterm-fails", "an API server killed by the group's SIGTERM while "
+             "starting makes the stop exit 1", "cadence/server/api_servers.py",
+             "(-STOP_SIGNAL, -signal.SIGTERM)", "(-STOP_SIGNAL,)",
+             (_API + "test_an_api_server_killed_by_the_groups_sigterm_while_starting_stopped_"
+              "cleanly",)),
+    Mutation("api-unasked-sigterm-is-stop", "an API server's SIGTERM death with no stop asked "
+             "counts as a stop", "cadence/server/api_servers.py",
+             "if handler.count and p.exitcode in", "if p.exitcode in",
+             (_API + "test_an_api_servers_death_stops_the_others_and_exits_1",)),
+    Mutation("api-death-exits-0", "an API server's death ends the launcher with status 0",
+             "cadence/server/api_servers.py",
+             "elif p.exitcode != 0:\n                    status = 1\n",
+             "elif p.exitcode != 0:\n                    status = status\n",
+             (_API + "test_an_api_servers_death_stops_the_others_and_exits_1",)),
+    Mutation("api-stuck-exits-0", "API servers killed at the stop's deadline: status 0",
+             "cadence/server/api_servers.py",
+             "                status = 1\n                break  # the finally",
+             "                status = 0\n                break  # the finally", (_API_STUCK,)),
+    Mutation("api-drain-no-margin", "the stop's deadline leaves out the API servers' exit "
+             "margin", "cadence/server/api_servers.py",
+             "+ _FRONT_END_EXIT_MARGIN_S - time.monotonic())", "- time.monotonic())",
+             (_API_STOP,)),
+    Mutation("api-stuck-left-running", "API servers past the stop's deadline are left running",
+             "cadence/server/api_servers.py",
+             "            if p.is_alive():\n                p.kill()\n",
+             "            if False:\n                p.kill()\n", (_API_STUCK,)),
+    Mutation("api-core-left-running", "an engine core that does not stop is left running",
+             "cadence/server/api_servers.py",
+             "        if core.is_alive():\n            logger.warning",
+             "        if False:\n            logger.warning", (_API_STUCK,)),
+    Mutation("api-metrics-dir-left", "the launcher leaves its metrics directory behind",
+             "cadence/server/api_servers.py",
+             "shutil.rmtree(metrics_dir, ignore_errors=True)", "pass", (_API_STOP,)),
+    Mutation("api-metrics-env-left", "the launcher leaves PROMETHEUS_MULTIPROC_DIR set",
+             "cadence/server/api_servers.py",
+             "os.environ.pop(_METRICS_DIR_ENV, None)", "pass", (_API_STOP,)),
+    Mutation("api-handlers-left", "the launcher's signal handlers stay installed after it",
+             "cadence/server/api_servers.py",
+             "            signal.signal(sig, prev)\n", "            pass\n", (_API_STOP,)),
+    Mutation("api-sock-left-on-core-failure", "the listening socket stays open when the core "
+             "fails to start", "cadence/server/api_servers.py",
+             "    except BaseException:\n        sock.close()\n        raise",
+             "    except BaseException:\n        raise",
+             (_API + "test_a_core_that_fails_to_start_leaves_no_socket_open",)),
+    Mutation("api-channels-left-open", "the launcher keeps its ends of the API servers' "
+             "channels (the core never sees them leave)", "cadence/server/api_servers.py",
+             "            ch.requests.close()\n            ch.replies.close()\n",
+             "            pass\n", (_API_STOP,)),
+    Mutation("api-early-stop-lost", "a stop that came while an API server started is lost",
+             "cadence/server/api_servers.py", "        server.stop_requested = early\n", "",
+             (_API_EARLY,)),
+    Mutation("api-watch-cuts-drain", "the launcher watch of a draining API server sends a "
+             "second stop", "cadence/server/api_servers.py",
+             "lambda: early.requested\n                        or any(getattr(s, \"should_exit\", "
+             "False) for s in servers))",
+             "lambda: early.requested)", (_API_DRAIN,)),
+    Mutation("api-engine-client-left", "an API server whose server fails keeps its engine "
+             "client", "cadence/server/api_servers.py",
+             "    finally:\n        engine.shutdown()",
+             "    finally:\n        pass\n    engine.shutdown()", (_API_DRAIN,)),
+    Mutation("api-front-exit-0", "an API server exits 0 whatever its server's status",
+             "cadence/server/api_servers.py", "raise SystemExit(code)", "raise SystemExit(0)",
+             (_API_EARLY,)),
+    Mutation("api-sigint-taken", "API servers take Ctrl-C themselves (a second stop)",
+             "cadence/server/api_servers.py",
+             "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n", "", (_API_EARLY,)),
+    # The engine watchdog, read deadlines, JSON bodies, /openapi.json, the profiler routes and
+    # streamed frames.
+    Mutation("srv-watchdog-zero-timeout", "an engine stall timeout of 0 is accepted",
+             "cadence/server/watchdog.py", "if not stall_timeout > 0:", "if stall_timeout < 0:",
+             ("tests/server/test_watchdog.py",)),
+    Mutation("srv-watchdog-stall-kept", "a recovery does not end the stall (logged at every "
+             "check; the next stall is not)", "cadence/server/watchdog.py",
+             "            self._stalled = False\n            logger.warning",
+             "            logger.warning", ("tests/server/test_watchdog.py",)),
+    Mutation("srv-watchdog-death-relogged", "the engine's death is logged at every check",
+             "cadence/server/watchdog.py", "if not self._dead_logged:", "if True:",
+             ("tests/server/test_watchdog.py",)),
+    Mutation("srv-body-deadline-restarted", "each chunk of a body restarts the body deadline",
+             "cadence/server/http_protocol.py",
+             "            if self._read_phase != \"body\":\n                self._arm(\"body\")",
+             "            if True:\n                self._arm(\"body\")",
+             ("tests/server/test_http_protocol.py::"
+              "test_more_of_a_body_does_not_restart_its_deadline",)),
+    Mutation("srv-body-deadline-left-armed", "a body that ends with a pipelined request's start "
+             "leaves that request no header deadline", "cadence/server/http_protocol.py",
+             "            if self._read_phase == \"body\":\n                self._disarm()\n",
+             "", ("tests/server/test_http_protocol.py::"
+                  "test_a_body_that_ends_with_the_next_requests_start_arms_its_header_deadline",)),
+    Mutation("srv-json-list-last-dropped", "a JSON body's list that is the last field is lost",
+             "cadence/server/json_body.py",
+             "    if not listed:\n        pieces.append(await _list_piece(parts, items))\n", "",
+             ("tests/server/test_json_body.py",)),
+    Mutation("srv-openapi-one-in-anyof", "/openapi.json wraps a route's one request model in "
+             "anyOf", "cadence/server/openapi.py",
+             "ref(requests[0]) if len(requests) == 1 else",
+             "ref(requests[0]) if len(requests) == 0 else", (_OPENAPI,)),
+    Mutation("srv-openapi-second-model-dropped", "/openapi.json lists /tokenize's first "
+             "request model only", "cadence/server/openapi.py",
+             "\"anyOf\": [ref(m) for m in requests]}",
+             "\"anyOf\": [ref(m) for m in requests[:1]]}", (_OPENAPI,)),
+    Mutation("srv-profile-oserror-400", "a profiler trace that cannot be written is a 400",
+             "cadence/server/profile_routes.py",
+             "        return InternalServerError(str(exc)).response()",
+             "        return BadRequestError(str(exc)).response()", (_PROFILE,)),
+    Mutation("srv-profile-dead-400", "a profiler call to a dead engine is a 400, not a 503",
+             "cadence/server/profile_routes.py",
+             "    except EngineDeadError as exc:\n"
+             "        return engine_unavailable(exc).response()\n", "", (_PROFILE,)),
+    Mutation("srv-frames-last-only", "frames that accumulated go out as the last one alone",
+             "cadence/server/frame_stream.py",
+             'return frames[0] if len(frames) == 1 else "".join(frames)', "return frames[-1]",
+             ("tests/server/test_frames.py",)),
+    Mutation("srv-frames-stream-ends-first", "a stream of several requests ends when the first "
+             "finishes", "cadence/server/frame_stream.py", "            self._open -= 1\n",
+             "            self._open = 0\n", ("tests/server/test_frames.py",)),
+    Mutation("srv-frames-none-queued", "an output that shows nothing is queued as a frame",
+             "cadence/server/frame_stream.py", "        if frame:\n            self._frames",
+             "        if True:\n            self._frames", ("tests/server/test_frames.py",)),
+    Mutation("srv-usage-cached-zero", "streamed usage shows cached_tokens 0 (a whole answer "
+             "leaves it out)", "cadence/server/frames.py",
+             "if cached else \"\"", "if cached is not None else \"\"",
+             ("tests/server/test_frames.py",)),
 ]

@@ -237,8 +237,9 @@ def run_api_servers(args: EngineArgs, options: FrontEndOptions, count: int) -> i
                 p = running.pop(sentinel)
                 p.join()
                 if handler.count and p.exitcode in (-STOP_SIGNAL, -signal.SIGTERM):
-                    # Our stop signal (or the group's SIGTERM) came before the process took the signal over (still starting)
-                    # or after it let it go (already ending). Asked to stop, it stopped.
+                    # Our stop signal (or the group's SIGTERM) came before the process took the
+                    # signal over (still starting) or after it let it go (already ending).
+                    # Asked to stop, it stopped.
                     logger.info("API server %s stopped on the stop signal.", p.name)
                 elif p.exitcode != 0:
                     status = 1

@@ -9,7 +9,9 @@ import os
 import re
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -445,3 +447,354 @@ def test_the_stop_is_forwarded_to_the_living_api_servers_only(monkeypatch) -> No
               for pid, alive in ((101, True), (102, False), (103, True))]
     api_servers._Signals(fronts).forward()
     assert sent == [(101, api_servers.STOP_SIGNAL), (103, api_servers.STOP_SIGNAL)]
+
+
+def test_the_stop_reaches_the_others_when_one_api_server_exited_meanwhile(monkeypatch) -> None:
+    """An API server may exit between the liveness check and the signal: the stop still
+    reaches every other one, and the launcher's handler raises nothing."""
+    from types import SimpleNamespace
+
+    from cadence.server import api_servers
+
+    sent: list[int] = []
+
+    def kill(pid: int, sig: int) -> None:
+        if pid == 102:
+            raise ProcessLookupError(pid)
+        sent.append(pid)
+
+    monkeypatch.setattr(api_servers.os, "kill", kill)
+    fronts = [SimpleNamespace(pid=pid, is_alive=lambda: True) for pid in (101, 102, 103)]
+    api_servers._Signals(fronts).forward()
+    assert sent == [101, 103]
+
+
+# -- the launcher's loop over stand-in processes: each test scripts what every wait sees -----
+
+_SHUTDOWN_S = 20.0
+
+
+class _FakeProcess:
+    """A spawned process as the launcher sees it: the test sets its exit code."""
+
+    def __init__(self, name: str, pid: int) -> None:
+        self.name, self.pid = name, pid
+        self.sentinel = object()
+        self.exitcode: int | None = None
+        self.killed = False
+        self.env_at_start: str | None = None
+
+    def start(self) -> None:
+        self.env_at_start = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+    def kill(self) -> None:
+        self.killed, self.exitcode = True, -signal.SIGKILL
+
+
+class _Closable:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Launch:
+    """``run_api_servers`` with two API servers over stand-ins: no process, socket or real wait.
+    Each entry of ``steps`` plays one ``wait`` (it returns the processes that ended); the
+    clock moves only when a step moves it."""
+
+    def __init__(self, monkeypatch, tmp_path: Path) -> None:
+        from cadence.server import api_servers
+
+        self.api = api_servers
+        self.clock = [100.0]
+        self.core = _FakeProcess("core", 500)
+        self.fronts: list[_FakeProcess] = []
+        self.channels = [SimpleNamespace(requests=_Closable(), replies=_Closable())
+                         for _ in range(2)]
+        self.sock = SimpleNamespace(closed=False, getsockname=lambda: ("127.0.0.1", 8123))
+        self.sock.close = lambda: setattr(self.sock, "closed", True)
+        self.sent: list[tuple[int, int]] = []
+        self.waits: list[tuple[list, float | None]] = []
+        self.steps: list[Callable[[], list[_FakeProcess]]] = []
+        self.metrics_dir = tmp_path / "metrics"
+
+        def process(target, args, name):
+            self.fronts.append(_FakeProcess(name, 1001 + len(self.fronts)))
+            return self.fronts[-1]
+
+        def mkdtemp(prefix: str) -> str:
+            self.metrics_dir.mkdir()
+            return str(self.metrics_dir)
+
+        def wait(objects, timeout):
+            self.waits.append((list(objects), timeout))
+            assert self.steps, "the launcher waited past the script"
+            return [p.sentinel for p in self.steps.pop(0)()]
+
+        monkeypatch.setattr(api_servers, "bind_socket", lambda host, port: self.sock)
+        monkeypatch.setattr(api_servers, "start_core_process",
+                            lambda args, n: (self.core, self.channels[:n], None))
+        monkeypatch.setattr(api_servers, "multiprocessing", SimpleNamespace(
+            get_context=lambda method: SimpleNamespace(Process=process)))
+        monkeypatch.setattr(api_servers, "tempfile", SimpleNamespace(mkdtemp=mkdtemp))
+        monkeypatch.setattr(api_servers, "time", SimpleNamespace(monotonic=lambda: self.clock[0]))
+        monkeypatch.setattr(api_servers, "wait", wait)
+        monkeypatch.setattr(api_servers.os, "kill", lambda pid, sig: self.sent.append((pid, sig)))
+        monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        """A signal to the launcher, as its installed handler gets it."""
+        signal.getsignal(sig)(sig, None)
+
+    def run(self) -> int:
+        from cadence.server.settings import ServerSettings
+
+        options = self.api.FrontEndOptions(settings=ServerSettings(shutdown_timeout=_SHUTDOWN_S),
+                                           served_model_name=None, api_key=(), log_level="info",
+                                           log_requests=False)
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            status = self.api.run_api_servers(None, options, 2)
+            assert {sig: signal.getsignal(sig) for sig in previous} == previous
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        assert not self.steps, "the launcher returned before the script's end"
+        return status
+
+
+def test_the_launcher_forwards_a_stop_and_cleans_up_after_the_api_servers(
+        monkeypatch, tmp_path: Path) -> None:
+    """SIGTERM: each API server gets the stop; the drain's deadline runs from the stop, plus
+    the exit margin; every one ending (the core with the last) is a clean exit 0, and the
+    launcher leaves nothing behind: no channel or socket of its own open, its handlers, the
+    metrics directory and its environment variable gone."""
+    launch = _Launch(monkeypatch, tmp_path)
+    a, b = None, None
+
+    def stop_then_a_ends() -> list[_FakeProcess]:
+        nonlocal a, b
+        a, b = launch.fronts
+        # the front ends hold the channels now, the launcher no end of them
+        assert all(c.requests.closed and c.replies.closed for c in launch.channels)
+        assert launch.sock.closed
+        launch.signal()
+        assert launch.sent == [(a.pid, launch.api.STOP_SIGNAL), (b.pid, launch.api.STOP_SIGNAL)]
+        launch.clock[0] += 5
+        a.exitcode = 0
+        return [a]
+
+    def the_rest_end() -> list[_FakeProcess]:
+        b.exitcode = launch.core.exitcode = 0
+        return [b, launch.core]
+
+    launch.steps = [stop_then_a_ends, the_rest_end]
+    assert launch.run() == 0
+    margin = launch.api._FRONT_END_EXIT_MARGIN_S
+    assert [timeout for _, timeout in launch.waits] == [None, _SHUTDOWN_S + margin - 5]
+    assert [p.env_at_start for p in launch.fronts] == [str(launch.metrics_dir)] * 2
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+    assert not launch.metrics_dir.exists()
+    assert not any(p.killed for p in [*launch.fronts, launch.core])
+    assert len(launch.sent) == 2
+
+
+def test_an_api_server_killed_by_the_groups_sigterm_while_starting_stopped_cleanly(
+        monkeypatch, tmp_path: Path) -> None:
+    """A SIGTERM to the whole process group reaches an API server still starting (before it
+    ignores SIGTERM): it dies of it, which after that stop is its stop, not a failure."""
+    launch = _Launch(monkeypatch, tmp_path)
+
+    def group_sigterm() -> list[_FakeProcess]:
+        launch.signal()
+        a, b = launch.fronts
+        a.exitcode, b.exitcode = -signal.SIGTERM, -launch.api.STOP_SIGNAL
+        launch.core.exitcode = 0
+        return [a, b, launch.core]
+
+    launch.steps = [group_sigterm]
+    assert launch.run() == 0
+
+
+@pytest.mark.parametrize("code", [1, -signal.SIGKILL, -signal.SIGTERM])
+def test_an_api_servers_death_stops_the_others_and_exits_1(
+        monkeypatch, tmp_path: Path, code: int) -> None:
+    """One API server ended by itself (a SIGTERM too: unasked, it is no stop): the launcher
+    stops the others as a first signal would, with the drain's deadline, and exits 1 though
+    they then stop cleanly."""
+    launch = _Launch(monkeypatch, tmp_path)
+
+    def a_dies() -> list[_FakeProcess]:
+        launch.fronts[0].exitcode = code
+        return [launch.fronts[0]]
+
+    def the_rest_end() -> list[_FakeProcess]:
+        assert launch.sent == [(launch.fronts[1].pid, launch.api.STOP_SIGNAL)]
+        launch.fronts[1].exitcode = launch.core.exitcode = 0
+        return [launch.fronts[1], launch.core]
+
+    launch.steps = [a_dies, the_rest_end]
+    assert launch.run() == 1
+    assert launch.waits[1][1] == _SHUTDOWN_S + launch.api._FRONT_END_EXIT_MARGIN_S
+
+
+def test_the_engine_cores_death_is_no_api_servers_failure(monkeypatch, tmp_path: Path,
+                                                          caplog) -> None:
+    """The core and an API server (which ends with it) are seen ending in one wait: the core's
+    end is looked at first, so the launcher exits 1 for it and sends no stop to the other API
+    server, which ends by itself too."""
+    launch = _Launch(monkeypatch, tmp_path)
+
+    def core_dies() -> list[_FakeProcess]:
+        launch.core.exitcode, launch.fronts[0].exitcode = -signal.SIGKILL, 1
+        return [launch.fronts[0], launch.core]
+
+    def b_ends() -> list[_FakeProcess]:
+        launch.fronts[1].exitcode = 1
+        return [launch.fronts[1]]
+
+    launch.steps = [core_dies, b_ends]
+    with caplog.at_level("INFO", logger="cadence.serve"):
+        assert launch.run() == 1
+    assert launch.sent == []
+    assert "The engine core process exited (signal 9)" in caplog.text
+    assert "stopping the others" not in caplog.text
+    assert launch.core.sentinel not in launch.waits[1][0]  # an ended core is waited on no more
+
+
+def test_api_servers_that_outlive_the_stops_deadline_are_killed_and_exit_1(
+        monkeypatch, tmp_path: Path) -> None:
+    """An API server still running at the drain's deadline (and past the margin) is killed,
+    and so is the core that then has not stopped; the launcher exits 1."""
+    launch = _Launch(monkeypatch, tmp_path)
+
+    def stop_then_a_ends() -> list[_FakeProcess]:
+        launch.signal()
+        launch.clock[0] += 1
+        launch.fronts[0].exitcode = 0
+        return [launch.fronts[0]]
+
+    def deadline() -> list[_FakeProcess]:
+        launch.clock[0] += launch.waits[-1][1]
+        return []
+
+    launch.steps = [stop_then_a_ends, deadline]
+    assert launch.run() == 1
+    assert [p.killed for p in launch.fronts] == [False, True]
+    assert launch.core.killed
+
+
+def test_a_core_that_fails_to_start_leaves_no_socket_open(monkeypatch, tmp_path: Path) -> None:
+    launch = _Launch(monkeypatch, tmp_path)
+
+    def fails(args, n):
+        raise RuntimeError("the core failed to start")
+
+    monkeypatch.setattr(launch.api, "start_core_process", fails)
+    with pytest.raises(RuntimeError, match="failed to start"):
+        launch.run()
+    assert launch.sock.closed
+
+
+# -- one API server process's main, in this process over stand-ins ------------------------
+
+
+def _front_end_main(monkeypatch, on_build: Callable, play: Callable) -> tuple[
+        BaseException, SimpleNamespace]:
+    """Run ``api_servers._front_end_main`` as API server 1 over stand-ins for its engine
+    client and server: ``on_build(seen)`` runs while the server is built, ``play(seen,
+    sockets)`` is its ``run``. Returns how it ended (its SystemExit, or what ``play`` raised)
+    and what was seen (``seen.stopping``: the launcher watch's "a stop is under way")."""
+    import logging
+
+    import cadence.engine.async_llm as async_llm
+    import cadence.engine.core_process as core_process
+    import cadence.server.launcher as launcher
+    from cadence.server import api_servers
+
+    seen = SimpleNamespace(shutdowns=0, server=None)
+
+    class Engine:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def shutdown(self) -> None:
+            seen.shutdowns += 1
+
+    def build_server(engine, settings, **kwargs):
+        seen.built = kwargs
+        seen.ignored = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
+        on_build(seen)
+        seen.server = SimpleNamespace(exit_code=3, should_exit=False,
+                                      run=lambda sockets: play(seen, sockets))
+        return seen.server
+
+    def watch(launcher_pid: int, stopping: Callable[[], bool]) -> None:
+        seen.launcher, seen.stopping = launcher_pid, stopping
+
+    monkeypatch.setattr(async_llm, "AsyncLLM", Engine)
+    monkeypatch.setattr(core_process, "ProcessEngineCoreClient", lambda ch, facts: None)
+    monkeypatch.setattr(launcher, "build_server", build_server)
+    monkeypatch.setattr(api_servers, "_stop_when_orphaned", watch)
+    options = api_servers.FrontEndOptions(settings=None, served_model_name=None, api_key=(),
+                                          log_level="info", log_requests=False)
+    sigs = (signal.SIGINT, signal.SIGTERM, api_servers.STOP_SIGNAL)
+    previous = {sig: signal.getsignal(sig) for sig in sigs}
+    level = logging.getLogger().level
+    try:
+        api_servers._front_end_main(1, None, None, None, options, "the-socket", 4242)
+    except (SystemExit, RuntimeError) as exc:
+        return exc, seen
+    finally:
+        logging.getLogger().setLevel(level)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    raise AssertionError("an API server's main returned")
+
+
+def test_an_api_server_takes_a_stop_that_came_while_it_started(monkeypatch) -> None:
+    """The launcher's stop arrives while the server is built (before it takes its signals
+    over): the server finds it when it runs, and the launcher watch counts it as under way.
+    The API server runs as front end 1 on the launcher's socket with the stop signal its own,
+    Ctrl-C and SIGTERM ignored, and exits with its server's status."""
+    from cadence.server import api_servers
+
+    def on_build(seen) -> None:
+        assert not seen.stopping()
+        signal.getsignal(api_servers.STOP_SIGNAL)(api_servers.STOP_SIGNAL, None)
+        assert seen.stopping()
+
+    def play(seen, sockets) -> None:
+        seen.sockets = sockets
+        seen.early = seen.server.stop_requested.requested
+
+    end, seen = _front_end_main(monkeypatch, on_build, play)
+    assert isinstance(end, SystemExit) and end.code == 3
+    assert seen.early and seen.shutdowns == 1
+    assert seen.sockets == ["the-socket"] and seen.launcher == 4242
+    assert seen.built["front_end_index"] == 1
+    assert seen.built["signals"] == (api_servers.STOP_SIGNAL,)
+    assert seen.ignored == [signal.SIG_IGN, signal.SIG_IGN]
+
+
+def test_an_api_servers_drain_is_not_cut_by_the_launcher_watch(monkeypatch) -> None:
+    """Draining (its server's should_exit), an API server's launcher watch counts a stop as
+    under way and sends none; a server that fails still leaves its engine client."""
+
+    def play(seen, sockets) -> None:
+        assert not seen.stopping()
+        seen.server.should_exit = True
+        assert seen.stopping()
+        raise RuntimeError("the server failed")
+
+    end, seen = _front_end_main(monkeypatch, lambda seen: None, play)
+    assert isinstance(end, RuntimeError), end
+    assert seen.shutdowns == 1

@@ -139,3 +139,64 @@ def test_chat_chunks_of_a_later_choice_with_tool_calls() -> None:
     (choice,) = got["choices"]
     assert choice["index"] == 2
     assert choice["delta"] == {"tool_calls": [call]}
+
+
+def _outputs_of(stream, *outputs):  # type: ignore[no-untyped-def]
+    """Feed ``(request, text or None, finished)`` outputs to ``stream``'s sinks (one per
+    request), as the output processor does; a None text renders as nothing to show."""
+    from types import SimpleNamespace
+
+    sinks: dict[int, object] = {}
+    for request, text, finished in outputs:
+        sink = sinks.setdefault(request, stream.sink(lambda out: out.text))
+        sink.put(SimpleNamespace(text=text, finished=finished))
+
+
+def test_frames_that_accumulated_go_out_together_in_order() -> None:
+    """The response task fell behind: every frame since its last write goes out, in order, in
+    one piece; an output that shows nothing (held-back text) adds none."""
+    import asyncio
+
+    from cadence.server.frame_stream import FrameStream
+
+    async def main() -> None:
+        stream = FrameStream()
+        _outputs_of(stream, (0, "data: a\n\n", False), (0, None, False), (0, "data: b\n\n", False),
+                    (0, "data: c\n\n", False))
+        assert await stream.next() == "data: a\n\ndata: b\n\ndata: c\n\n"
+        _outputs_of(stream, (0, None, True))
+        assert stream.finished and await stream.next() is None
+
+    asyncio.run(main())
+
+
+def test_a_stream_of_several_requests_ends_when_the_last_finishes() -> None:
+    import asyncio
+
+    from cadence.server.frame_stream import FrameStream
+
+    async def main() -> None:
+        stream = FrameStream(2)
+        _outputs_of(stream, (0, "data: 0\n\n", False), (1, "data: 1\n\n", False),
+                    (0, "data: 0 end\n\n", True))
+        assert not stream.finished
+        assert await stream.next() == "data: 0\n\ndata: 1\n\ndata: 0 end\n\n"
+        later = asyncio.ensure_future(stream.next())  # waits for the other request
+        await asyncio.sleep(0)
+        assert not later.done()
+        _outputs_of(stream, (1, "data: 1 end\n\n", True))
+        assert await later == "data: 1 end\n\n"
+        assert stream.finished and await stream.next() is None
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("cached", [None, 0, 4])
+def test_streamed_usage_shows_cached_tokens_as_the_whole_answers_usage_does(cached) -> None:
+    """--enable-prompt-tokens-details with nothing from the prefix cache: neither the streamed
+    usage nor a whole answer's shows prompt_tokens_details (0 is left out as None is)."""
+    from cadence.server.protocol_responses import UsageInfo
+
+    whole = UsageInfo.of(10, 5, cached).model_dump(mode="json")
+    for frames in (CompletionFrames("cmpl-1", "m", created=1), ChatFrames("c-1", "m", created=1)):
+        assert _frame_json(frames.usage(10, 5, cached))["usage"] == whole

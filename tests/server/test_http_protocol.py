@@ -142,3 +142,37 @@ def test_a_kept_alive_requests_header_deadline_starts_at_its_first_byte() -> Non
         assert bytes(transport.out).count(b"HTTP/1.1 408 Request Timeout") == 1
 
     _run(_answer_without_reading, check)
+
+
+def test_more_of_a_body_does_not_restart_its_deadline() -> None:
+    """A body dripped a byte at a time must still end within the body deadline of its headers'
+    end: each chunk leaves the deadline where it was."""
+    async def check(proto: Any, transport: FakeTransport, loop: Any, since: float) -> None:
+        proto.data_received(b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\na")
+        await _until(lambda: b"ok" in transport.out)
+        timer = proto._read_timer
+        _armed(proto, "body", BODY_S, since, loop)
+        for byte in (b"b", b"c", b"d"):
+            proto.data_received(byte)
+            assert proto._read_timer is timer and not timer.cancelled()
+
+    _run(_answer_without_reading, check)
+
+
+def test_a_body_that_ends_with_the_next_requests_start_arms_its_header_deadline() -> None:
+    """The rest of an unread body and the start of a pipelined request in one read: the body
+    deadline ends and the new request's header deadline runs (it answers 408 at expiry)."""
+    async def check(proto: Any, transport: FakeTransport, loop: Any, since: float) -> None:
+        proto.data_received(b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\nab")
+        await _until(lambda: b"ok" in transport.out)
+        body_timer = proto._read_timer
+        _armed(proto, "body", BODY_S, since, loop)
+        second = loop.time()
+        proto.data_received(b"cPOST /v1/completions HTTP/1.1\r\nHo")
+        assert body_timer.cancelled()
+        _armed(proto, "headers", HEADER_S, second, loop)
+        _expire(proto)
+        assert transport.closed
+        assert bytes(transport.out).count(b"HTTP/1.1 408 Request Timeout") == 1
+
+    _run(_answer_without_reading, check)

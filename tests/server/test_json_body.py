@@ -75,3 +75,21 @@ def test_the_loop_runs_other_tasks_between_choices() -> None:
 
     before, after = asyncio.run(main())
     assert after - before >= 50
+
+
+def test_a_list_that_is_the_models_last_field_is_rendered_last() -> None:
+    from pydantic import BaseModel
+
+    class Item(BaseModel):
+        name: str
+        score: float
+
+    class Listing(BaseModel):
+        id: str
+        total: int
+        items: list[Item]
+
+    items = [Item(name=f"i{k}", score=k / 4) for k in range(3)]
+    model = Listing(id="l\u00e9", total=3, items=items)
+    got = asyncio.run(json_response(model, parts="items"))
+    assert got.body == JSONResponse(model.model_dump(mode="json")).body

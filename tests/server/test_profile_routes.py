@@ -3,13 +3,16 @@ profiling is on, behind the API key, a trace of the requests between the two cal
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 from pathlib import Path
 
 import httpx
+import pytest
 
 from cadence.engine import AsyncLLM
+from cadence.engine.core_proc import EngineDeadError
 from tests.server.conftest import start_server, tiny_args
 
 
@@ -62,3 +65,23 @@ def test_no_routes_where_profiling_is_off(monkeypatch) -> None:
             assert http.post("/stop_profile").status_code == 404
     finally:
         running.stop()
+
+
+@pytest.mark.parametrize(("error", "status"), [
+    (None, 200),
+    (RuntimeError("profiling is off"), 400),
+    (OSError(28, "No space left on device"), 500),
+    (EngineDeadError(), 503),  # a RuntimeError too, yet no fault of the request
+])
+def test_each_outcome_of_a_profiler_call_has_its_status(error: Exception | None,
+                                                        status: int) -> None:
+    from cadence.server.profile_routes import _call
+
+    async def call() -> None:
+        if error is not None:
+            raise error
+
+    resp = asyncio.run(_call(call()))
+    assert resp.status_code == status
+    if error is not None:
+        assert str(error) in json.loads(resp.body)["error"]["message"]

@@ -268,3 +268,22 @@ def test_a_text_that_cannot_fit_the_context_is_refused_before_tokenizing(
     assert f"maximum context length is {server.engine.max_model_len} tokens" in err["message"]
     assert "at least" in err["message"]
     assert http.post("/tokenize", json={"prompt": TEXT}).status_code == 200
+
+
+def test_openapi_request_bodies_name_each_model_a_route_takes() -> None:
+    """One model: a reference to it; several (/tokenize takes a prompt or a conversation):
+    anyOf a reference to each."""
+    from cadence.server.api_operations import API_OPERATIONS
+    from cadence.server.openapi import openapi_document
+
+    doc = openapi_document("cadence", "0", API_OPERATIONS)
+
+    def body(path: str) -> dict:
+        return doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+
+    ref = "#/components/schemas/"
+    assert body("/v1/completions") == {"$ref": ref + "CompletionRequest"}
+    assert body("/tokenize") == {"anyOf": [{"$ref": ref + "TokenizeCompletionRequest"},
+                                           {"$ref": ref + "TokenizeChatRequest"}]}
+    assert {"TokenizeCompletionRequest", "TokenizeChatRequest"} <= set(
+        doc["components"]["schemas"])
