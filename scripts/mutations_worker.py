@@ -16,6 +16,12 @@ CPU = "cadence/runtime/cpu.py"
 SP = "cadence/runtime/slot_pool.py"
 GA = "cadence/worker/greedy_argmax.py"
 SM = "cadence/worker/sampler.py"
+TA = "cadence/model/triton_attention.py"
+GM = "cadence/worker/grammar_mask.py"
+PLP = "cadence/worker/prompt_logprobs.py"
+BPE = "cadence/model/bpe.py"
+GBK = "cadence/graphs/backends.py"
+GRN = "cadence/graphs/runner.py"
 
 T_MR = ("tests/worker/test_model_runner.py",)
 T_GR = ("tests/worker/test_grammar.py",)
@@ -30,6 +36,14 @@ T_CPU = ("tests/runtime/test_cpu.py",)
 T_SP = ("tests/runtime/test_slot_pool.py",)
 T_GA = ("tests/worker/test_greedy_argmax.py",)
 T_SM = ("tests/worker/test_sampler.py", "tests/worker/test_logits_processors.py")
+_TTA = "tests/model/test_triton_attention.py::"
+T_TA_HOST = (_TTA + "test_kernels_in_triton_interpreter[host_args]",)  # Triton's interpreter
+T_TA_FAST = (_TTA + "test_launches_check_the_cache_and_the_rope",
+             _TTA + "test_split_count_sees_the_context_a_query_can_reach")
+T_GM = ("tests/worker/test_grammar_mask.py",)
+T_PLP = ("tests/worker/test_prompt_logprobs.py",)
+T_BPE = ("tests/model/test_bpe.py",)
+T_GRN = ("tests/graphs/test_runner.py",)
 
 MUTATIONS = [
     # model_runner
@@ -510,4 +524,126 @@ MUTATIONS = [
              "            in_class = c != \"]\"",
              ("tests/engine/test_structured_outputs.py::"
               "test_counted_optional_groups_match_what_the_pattern_matches",)),
+    # triton_attention (host wrappers of the paged kernels)
+    Mutation("ta-decode-kscale-any-cache", "decode scales the scores by k_scale on a 16/32-bit "
+             "cache too", TA,
+             "qk_scale, cap_scale = _score_scales(scale * k_scale if fp8 else scale, softcap)\n"
+             "    split",
+             "qk_scale, cap_scale = _score_scales(scale * k_scale, softcap)\n    split", T_TA_HOST),
+    Mutation("ta-varlen-kscale-any-cache", "varlen scales the scores by k_scale on a 16/32-bit "
+             "cache too", TA,
+             "qk_scale, cap_scale = _score_scales(scale * k_scale if fp8 else scale, softcap)\n"
+             "    _VARLEN",
+             "qk_scale, cap_scale = _score_scales(scale * k_scale, softcap)\n    _VARLEN",
+             T_TA_HOST),
+    Mutation("ta-early-without-store", "a decode read with the early load order stores q as "
+             "the new K/V", TA, "    early = store and cfg.early\n", "    early = cfg.early\n",
+             T_TA_HOST),
+    Mutation("ta-store-strided-kv", "the store launch reads k/v with a strided last dimension "
+             "as contiguous", TA,
+             "    k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)\n    num_tokens",
+             "    num_tokens", T_TA_HOST),
+    Mutation("ta-decode-strided-kv", "decode's store reads k/v with a strided last dimension "
+             "as contiguous", TA,
+             "        k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)\n    else:",
+             "        pass\n    else:", T_TA_HOST),
+    Mutation("ta-splits-ignore-window", "the split count sizes a windowed sequence's context by "
+             "its block table", TA,
+             "            max_context = min(max_context, sliding_window)\n", "            pass\n",
+             T_TA_FAST),
+    Mutation("ta-splits-context-blocks", "the split count takes the table's blocks for tokens",
+             TA, "max_context = block_tables.shape[1] * page",
+             "max_context = block_tables.shape[1]", T_TA_FAST),
+    Mutation("ta-cache-stride-unchecked", "a cache with a strided last dimension is accepted",
+             TA, "kv_cache.shape[0] != 2 or kv_cache.stride(-1) != 1:",
+             "kv_cache.shape[0] != 2:", T_TA_FAST),
+    Mutation("ta-fusable-odd-head", "rope_fusable accepts an odd head size", TA,
+             "return (head_dim % 2 == 0 and rope.cos_sin", "return (rope.cos_sin", T_TA_FAST),
+    Mutation("ta-fusable-table-dtype", "rope_fusable accepts a table in another dtype", TA,
+             "all(t.dtype == q.dtype for t in (k, rope.cos_sin, *weights))",
+             "all(t.dtype == q.dtype for t in (k, *weights))", T_TA_FAST),
+    Mutation("ta-fusable-weight-size", "rope_fusable accepts norm weights of another size", TA,
+             "all(w.is_contiguous() and w.shape == (head_dim,) for w in weights)",
+             "all(w.is_contiguous() for w in weights)", T_TA_FAST),
+    Mutation("ta-fusable-strided-table", "rope_fusable accepts a strided cos/sin table", TA,
+             "and rope.cos_sin.stride(-1) == 1 and rope.positions.is_contiguous()",
+             "and rope.positions.is_contiguous()", T_TA_FAST),
+    Mutation("ta-rope-without-store", "decode takes rope without the new k and v", TA,
+             "if rope is not None and not (store and rope_fusable(q, k, rope)):",
+             "if rope is not None and not rope_fusable(q, k, rope):", T_TA_FAST),
+    # grammar_mask
+    Mutation("gm-words-per-row-extra", "a bitmask row takes an extra word at multiples of 32",
+             GM, "return -(-vocab_size // 32)", "return vocab_size // 32 + 1", T_GM),
+    Mutation("gm-known-uncapped", "the torch form reads bits past the logits' vocabulary", GM,
+             "known = mask.vocab_size, min(mask.mask_vocab, mask.vocab_size)",
+             "known = mask.vocab_size, mask.mask_vocab", T_GM),
+    # prompt_logprobs
+    Mutation("pl-softmax-in-logits-dtype", "prompt logprobs of bf16 logits are taken in bf16",
+             PLP, "lp = torch.log_softmax(logits, dim=-1, dtype=torch.float32)",
+             "lp = torch.log_softmax(logits, dim=-1)", T_PLP),
+    Mutation("pl-no-wait", "prompt logprobs are read without waiting on the scoring", PLP,
+             "        if self.wait is not None:\n            self.wait()\n", "", T_PLP),
+    Mutation("pl-wait-after-read", "prompt logprobs are read before the wait on the scoring",
+             PLP,
+             "        if self.wait is not None:\n            self.wait()\n"
+             "        # NOTE: a deliberate sync, only on steps that score prompt tokens (a rare "
+             "option).\n"
+             "        for req_id, (first, tensors) in self.scored.items():\n"
+             "            out.prompt_logprobs[req_id] = (first, tensors.tolists())\n",
+             "        for req_id, (first, tensors) in self.scored.items():\n"
+             "            out.prompt_logprobs[req_id] = (first, tensors.tolists())\n"
+             "        if self.wait is not None:\n            self.wait()\n", T_PLP),
+    Mutation("pl-first-index", "prompt logprobs land one prompt index early", PLP,
+             "out.prompt_logprobs[req_id] = (first, tensors.tolists())",
+             "out.prompt_logprobs[req_id] = (first - 1, tensors.tolists())", T_PLP),
+    # bpe
+    Mutation("bpe-uncount-once", "a merged word's old pairs lose one count, not the word's",
+             BPE, "pair_counts[pair] -= counts[index]", "pair_counts[pair] -= 1", T_BPE),
+    Mutation("bpe-prefix-space", "the merge learner splits the text with a prefix space", BPE,
+             "ByteLevel(add_prefix_space=False, use_regex=True)",
+             "ByteLevel(add_prefix_space=True, use_regex=True)", T_BPE),
+    Mutation("bpe-merge-once-per-word", "a merge joins only a word's first occurrence of the "
+             "pair", BPE,
+             "if i + 1 < len(word) and word[i] == pair[0] and word[i + 1] == pair[1]:",
+             "if i + 1 < len(word) and word[i] == pair[0] and word[i + 1] == pair[1] "
+             "and merged not in out:", T_BPE),
+    # graphs backends and runner
+    Mutation("graphs-eager-output-stale", "an eager replay keeps the capture's output", GBK,
+             "        self.output = self._step(self.size)\n", "        self._step(self.size)\n",
+             T_GRN),
+    Mutation("graphs-eager-off-stream", "the eager capture runs off the backend's stream", GBK,
+             "        with self.stream.context():\n            return EagerStep(step, size)",
+             "        return EagerStep(step, size)", T_GRN),
+    Mutation("graphs-step-keeps-output", "a closed graph step keeps its captured output", GBK,
+             "        self.graph.close()\n        self.output = None\n",
+             "        self.graph.close()\n", T_GRN),
+    Mutation("graphs-warmup-off-stream", "warm-ups run off the capture stream", GRN,
+             "            with stream.context():\n"
+             "                for _ in range(self.warmup_iters):\n"
+             "                    self.step(size)\n",
+             "            for _ in range(self.warmup_iters):\n                self.step(size)\n",
+             T_GRN),
+    Mutation("graphs-no-sync", "capture returns before the stream's work is done", GRN,
+             "        stream.synchronize()\n", "", T_GRN),
+    Mutation("graphs-counts-anyway", "capture counts kernels when told not to", GRN,
+             "        if count_kernels:\n", "        if True:\n", T_GRN),
+    Mutation("graphs-max-size-first", "max_size is the smallest size", GRN,
+             "        return self.sizes[-1]", "        return self.sizes[0]", T_GRN),
+    Mutation("graphs-replays-uncounted", "replays are not counted", GRN,
+             "        self.num_replays += 1\n", "", T_GRN),
+    Mutation("graphs-close-keeps-graphs", "close leaves the graphs unclosed", GRN,
+             "        for graph in self._graphs.values():\n            graph.close()\n", "",
+             T_GRN),
+    Mutation("graphs-close-keeps-backend", "close leaves the backend (its pool) open", GRN,
+             "        self._graphs.clear()\n        self.backend.close()\n",
+             "        self._graphs.clear()\n", T_GRN),
+    Mutation("graphs-exit-no-close", "leaving a with block forgets the graphs unclosed", GRN,
+             "    def __exit__(self, *exc: object) -> None:\n        self.close()",
+             "    def __exit__(self, *exc: object) -> None:\n        self._graphs.clear()", T_GRN),
+    Mutation("graphs-captured-partial", "a capture that failed part-way counts as captured",
+             GRN, "return len(self._graphs) == len(self.sizes)", "return bool(self._graphs)",
+             T_GRN),
+    Mutation("graphs-kernels-all-nodes", "kernel_count counts every node", GRN,
+             'return self.node_counts(size).get("kernel", 0)',
+             "return sum(self.node_counts(size).values())", T_GRN),
 ]

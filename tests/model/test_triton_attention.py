@@ -436,10 +436,54 @@ def run_fp8_store_rounding(device: str, dtype: torch.dtype) -> None:
             assert torch.equal(stored.signbit(), want.signbit()), (name, which, stored.tolist())
 
 
+def _strided(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s values in a tensor whose last dimension is not contiguous."""
+    return x.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def run_host_arguments(device: str, dtype: torch.dtype) -> None:
+    """What the launches take from their host arguments: a 16/32-bit cache ignores k_scale and
+    v_scale (a checkpoint's FP8 scales, loaded whatever the cache's dtype); keys and values whose
+    last dimension is not contiguous are stored as their values; a decode launch given the early
+    load order but no k and v stores nothing."""
+    from cadence.model.attention_tiles import DecodeConfig
+    from cadence.model.triton_attention import (
+        paged_decode_attention,
+        paged_varlen_attention,
+        store_kv_cache,
+    )
+
+    scales = {"k_scale": 4.0, "v_scale": 0.25}
+    case = make_case([(5, 1), (20, 1), (9, 1)], 4, 2, 16, 8, dtype, device, num_padding=1)
+    md = case.metadata
+    assert case.k.stride(-1) == 1 and _strided(case.k).stride(-1) != 1
+    for splits in (1, 3):
+        cache = case.cache.clone()
+        out = torch.full_like(case.q, float("nan"))
+        paged_decode_attention(case.q, cache, md, case.scale, out, 132, splits,
+                               _strided(case.k), _strided(case.v), **scales)
+        assert_matches(case, out, cache)
+        for config in (None, DecodeConfig(16, early=True)):  # reads only
+            cache = case.cache.clone()
+            store_kv_cache(case.k, case.v, cache, md.slot_mapping)
+            out = torch.full_like(case.q, float("nan"))
+            paged_decode_attention(case.q, cache, md, case.scale, out, 132, splits,
+                                   config=config, **scales)
+            assert_matches(case, out, cache)
+    case = make_case([(9, 4), (3, 3), (20, 20)], 4, 2, 16, 8, dtype, device, num_padding=1,
+                     padding_slot=-1, seed=2)
+    cache = case.cache.clone()
+    store_kv_cache(_strided(case.k), _strided(case.v), cache, case.metadata.slot_mapping,
+                   **scales)
+    out = torch.full_like(case.q, float("nan"))
+    paged_varlen_attention(case.q, cache, case.metadata, case.scale, out, **scales)
+    assert_matches(case, out, cache)
+
+
 # ---- CPU: Triton's interpreter, in a subprocess (the interpreter mode is process-wide) ----
 
 # The interpreted cases in parts, a subprocess each, so that each stays well inside its limit.
-INTERPRETED_PARTS = ("decode_caps", "prefill_windows", "fp8_rows")
+INTERPRETED_PARTS = ("decode_caps", "prefill_windows", "fp8_rows", "host_args")
 
 
 def run_rows(device: str, dtype: torch.dtype, window: int = 0, softcap: float = 0.0,
@@ -523,6 +567,81 @@ def test_split_choice_depends_on_shapes_only() -> None:
     for b in range(1, 40):
         s = choose_num_splits(b, 2, 8192, 132)
         assert s & (s - 1) == 0 and 1 <= s <= 64
+
+
+def test_launches_check_the_cache_and_the_rope() -> None:
+    """A cache whose last dimension is not contiguous is refused; ``rope_fusable`` holds only
+    for the arithmetic the decode kernel does (an even head size, a contiguous table of that
+    width and positions, q's dtype throughout, contiguous weights of one head's size), and rope
+    in a decode launch needs its new k and v."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    from cadence.model.attention_metadata import QKRope
+    from cadence.model.triton_attention import (
+        paged_decode_attention,
+        rope_fusable,
+        store_kv_cache,
+    )
+
+    case = make_case([(5, 1), (9, 1)], 4, 2, 16, 8, torch.float32, "cpu")
+    md = case.metadata
+    strided = torch.zeros(2, case.cache.shape[1], 8, 2, 32)[..., ::2]
+    assert strided.shape == case.cache.shape
+    with pytest.raises(ValueError, match="contiguous last dimension"):
+        store_kv_cache(case.k, case.v, strided, md.slot_mapping)
+    with pytest.raises(ValueError, match="contiguous last dimension"):
+        paged_decode_attention(case.q, strided, md, case.scale, torch.empty_like(case.q), 132)
+
+    q, k = case.q, case.k
+    gen = torch.Generator().manual_seed(0)
+    positions = torch.tensor([4, 8])
+    table = torch.randn(16, 16, generator=gen)
+    w = torch.rand(16, generator=gen) + 0.5
+    assert rope_fusable(q, k, QKRope(positions, table, w, w, 1e-6))
+    assert rope_fusable(q, k, QKRope(positions, table))
+    odd = torch.randn(2, 4, 15, generator=gen)
+    refused = {
+        "odd head size": (odd, odd[:, :2].contiguous(), QKRope(positions, table[:, :15])),
+        "table width": (q, k, QKRope(positions, torch.randn(16, 32, generator=gen))),
+        "strided table": (q, k, QKRope(positions, torch.randn(16, 32, generator=gen)[:, ::2])),
+        "strided positions": (q, k, QKRope(torch.tensor([4, 0, 8, 0])[::2], table)),
+        "table dtype": (q, k, QKRope(positions, table.to(torch.bfloat16))),
+        "k dtype": (q, k.to(torch.bfloat16), QKRope(positions, table)),
+        "weight dtype": (q, k, QKRope(positions, table, w, w.to(torch.bfloat16), 1e-6)),
+        "weight size": (q, k, QKRope(positions, table, torch.rand(32), w, 1e-6)),
+        "strided weight": (q, k, QKRope(positions, table, w, torch.rand(32)[::2], 1e-6)),
+    }
+    for name, (q_, k_, rope) in refused.items():
+        assert not rope_fusable(q_, k_, rope), name
+    with pytest.raises(ValueError, match="rope"):
+        paged_decode_attention(q, case.cache.clone(), md, case.scale, torch.empty_like(q), 132,
+                               rope=QKRope(positions, table))
+
+
+def test_split_count_sees_the_context_a_query_can_reach(monkeypatch) -> None:
+    """Without a split count given, decode splits by the shapes: the sequences, kv heads, the
+    SMs, the tile's keys and the longest context (the block table's width in tokens, or the
+    window when shorter)."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    from cadence.model import triton_attention
+    from cadence.model.attention_tiles import DecodeConfig
+
+    class Chosen(Exception):
+        pass
+
+    def choose(*args: int) -> int:
+        raise Chosen(args)
+
+    monkeypatch.setattr(triton_attention, "choose_num_splits", choose)
+    case = make_case([(5, 1), (9, 1), (30, 1)], 4, 2, 16, 8, torch.float32, "cpu", width=40)
+    out = torch.empty_like(case.q)
+    for window, context in ((0, 320), (37, 37), (500, 320)):
+        with pytest.raises(Chosen) as chosen:
+            triton_attention.paged_decode_attention(
+                case.q, case.cache, case.metadata, case.scale, out, 132, sliding_window=window,
+                config=DecodeConfig(16))
+        assert chosen.value.args[0] == (3, 2, context, 132, 16)
 
 
 def test_decode_config_checks_its_tile() -> None:
@@ -660,6 +779,12 @@ def test_rows_of_a_fresh_prompt_match_dense_attention() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_host_arguments(dtype: torch.dtype) -> None:
+    run_host_arguments("cuda", dtype)
+
+
+@pytest.mark.gpu
 def test_qwen3_decode_shapes_bf16() -> None:
     from cadence.model.triton_backend import TritonAttentionBackend
 
@@ -765,4 +890,6 @@ if __name__ == "__main__":
         # The last tokens alone (forward_rows), with windows, caps and the rope launch off.
         for window, cap, fuse in ((0, 0.0, True), (37, 0.5, True), (0, 0.0, False)):
             run_rows("cpu", torch.float32, window, cap, fuse_rope=fuse)
+    if "host_args" in parts:
+        run_host_arguments("cpu", torch.float32)
     print(DONE)

@@ -50,7 +50,7 @@ def _case(vocab: int, batch: int, rows: list[int], seed: int, known: int | None 
 def check_kernel(device: str, launch) -> None:
     for vocab, known, batch, rows in ((100, 100, 4, [2, 0]), (4096 + 33, 4096 + 33, 3, [1]),
                                       (70, 70, 6, [5, 3, 4, 0]), (5000, 45, 3, [2, 1]),
-                                      (300, 64, 2, [1])):
+                                      (300, 64, 2, [1]), (64, 70, 2, [0])):
         logits, words, want = _case(vocab, batch, rows, seed=vocab, known=known)
         logits, words = logits.to(device), words.to(device)
         rows_t = torch.tensor(rows, dtype=torch.int32, device=device)
@@ -60,13 +60,19 @@ def check_kernel(device: str, launch) -> None:
 
 @pytest.mark.parametrize(("vocab", "known", "batch", "rows"), [
     (64, 64, 3, [0, 2]), (95, 95, 5, [4, 1, 3]), (1000, 1000, 2, [1]), (1000, 40, 3, [2, 0]),
-    (96, 70, 2, [1, 0]),
+    (96, 70, 2, [1, 0]), (64, 70, 3, [2, 0]),  # a tokenizer that knows more ids than the logits
 ])
 def test_torch_form_matches_the_bits(vocab, known, batch, rows) -> None:
     logits, words, want = _case(vocab, batch, rows, seed=batch, known=known)
     mask = GrammarMask(torch.tensor(rows, dtype=torch.int32), words, vocab, known)
     apply_grammar_mask_reference(logits, mask)
     assert torch.equal(logits, want)
+
+
+def test_words_per_row_holds_each_id_once() -> None:
+    # 32 ids a word: 1-32 ids fill one word, 33 a second; 151669 ids take 4740 words.
+    assert [words_per_row(n) for n in (1, 31, 32, 33, 64, 65)] == [1, 1, 1, 2, 2, 3]
+    assert words_per_row(151669) == 4740
 
 
 def test_untouched_rows_and_an_empty_mask() -> None:
