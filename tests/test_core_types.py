@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import time
 from dataclasses import fields
 
 from cadence.core_types import EngineCoreOutput, EngineCoreOutputs, FinishReason, SchedulerStats
@@ -23,3 +24,20 @@ def test_engine_core_output_pickles_every_field() -> None:
     again = pickle.loads(pickle.dumps(step))
     assert again.outputs == step.outputs and again.finished_requests == {"r"}
     assert again.scheduler_stats == step.scheduler_stats and again.timestamp == step.timestamp
+
+
+def test_defaults_and_clocks() -> None:
+    """A request's arrival is wall-clock time (the input processor's clock); a step's
+    timestamp is monotonic (the front end's latency clock); a request's priority is 0."""
+    from cadence.core_types import EngineCoreRequest
+    from cadence.sampling_params import SamplingParams
+
+    wall, mono = time.time(), time.monotonic()
+    req = EngineCoreRequest("r", [1], SamplingParams())
+    outs = EngineCoreOutputs()
+    assert wall <= req.arrival_time <= time.time()
+    assert mono <= outs.timestamp <= time.monotonic()
+    assert req.priority == 0 and req.eos_token_id is None and req.cache_salt is None
+    assert outs.outputs == [] and outs.finished_requests == set()
+    assert SchedulerStats() == SchedulerStats(0, 0, 0.0, 0, 0, 0)
+    assert [str(r) for r in FinishReason] == ["stop", "length", "abort", "error", "repetition"]
