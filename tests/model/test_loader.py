@@ -535,3 +535,87 @@ def test_pickle_checkpoints_are_named_as_not_loaded(qwen2, tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(ValueError, match=r"no safetensors.*pickle checkpoints \(\.bin"):
         load_ours(tmp_path)
+
+
+def test_a_per_tensor_scale_multiplies_the_whole_weight(qwen2, tmp_path):
+    """vLLM's per-tensor form: one scale for a whole weight (shape [] or [1]); the loaded
+    weight is its e4m3 value times that scale."""
+    _fp8_checkpoint(qwen2[1], tmp_path, None)
+    names = ("model.layers.1.mlp.down_proj.weight", "model.layers.0.mlp.down_proj.weight")
+    meant = {}
+
+    def per_tensor(t: dict) -> None:
+        for name, shape in zip(names, ([], [1]), strict=True):
+            w = t[name].float() * t.pop(name + "_scale")[:, None]
+            scale = (w.abs().max() / 448.0) * 3.0  # not the per-channel values
+            q = (w / scale).to(torch.float8_e4m3fn)
+            t[name], t[name + "_scale"] = q, scale.reshape(shape)
+            meant[name] = q.double() * scale.double()
+
+    _rewrite(tmp_path, per_tensor)
+    params = dict(load_ours(tmp_path).named_parameters())
+    for name in names:
+        assert meant[name].abs().max() > 0.01
+        torch.testing.assert_close(params[name].double(), meant[name], atol=0, rtol=1e-6)
+
+
+def test_kept_patterns_match_at_the_start_and_reach_the_experts():
+    """A ``re:`` entry matches a module's name from its start (re.match, as transformers and
+    compressed-tensors read it), and one that names experts' parts keeps the experts."""
+    from cadence.model.fp8 import KeepList, kept_unquantized
+
+    name = "model.layers.10.mlp.down_proj"
+    assert not kept_unquantized(name, KeepList(("re:mlp\\.down_proj",)))
+    assert not kept_unquantized(name, KeepList(("re:layers\\.10",)))
+    assert kept_unquantized(name, KeepList(("re:model\\.layers\\.10\\.mlp",)))
+    experts = "model.layers.0.mlp.experts"
+    parts = KeepList(("re:.*\\.experts\\.[0-9]+\\.down_proj",))
+    assert not parts.experts_listed
+    assert kept_unquantized(experts, parts, 4)
+    assert not kept_unquantized(experts, KeepList(("re:.*\\.self_attn\\.",)), 4)
+
+
+def test_an_fp8_config_without_a_format_is_e4m3():
+    from cadence.model.fp8_checkpoint import Fp8Checkpoint
+
+    for fmt in ({}, {"fmt": None}, {"fmt": "e4m3"}):
+        quant = {"quant_method": "fp8", "weight_block_size": [128, 64], **fmt}
+        assert Fp8Checkpoint.from_config(quant) == Fp8Checkpoint((128, 64))
+
+
+def test_a_block_scale_without_a_block_size_is_named():
+    from cadence.model.fp8_checkpoint import dequantize
+
+    weight = torch.ones(4, 4).to(torch.float8_e4m3fn)
+    scales = {"w_scale_inv": torch.ones(1, 1)}
+    with pytest.raises(ValueError, match="'w_scale_inv'.*has no weight_block_size"):
+        dequantize(weight, "w", scales.get, ())
+
+
+def test_experts_a_checkpoint_keeps_in_part_stay_in_float():
+    """An expert's part listed keeps its layer's experts (one weight each) in the model dtype;
+    the other layer's experts turn e4m3 with row scales."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from cadence.model.fp8 import quantize_model_fp8
+    from cadence.model.moe import Experts
+
+    arch = SimpleNamespace(num_experts=3, hidden_size=16, moe_intermediate_size=8)
+    root = nn.Module()
+    root.arch = SimpleNamespace(quant_ignored=("model.layers.0.mlp.experts.2.down_proj",))
+    root.model = nn.Module()
+    root.model.layers = nn.ModuleList(nn.Module() for _ in range(2))
+    for layer in root.model.layers:
+        layer.mlp = nn.Module()
+        layer.mlp.experts = Experts(arch)
+        for p in layer.mlp.experts.parameters():
+            nn.init.normal_(p)
+    kept = root.model.layers[0].mlp.experts
+    before = kept.down_proj.detach().clone()
+    assert quantize_model_fp8(root) == 1
+    assert kept.down_proj.dtype == torch.float32 and kept.scales is None
+    assert torch.equal(kept.down_proj, before)
+    turned = root.model.layers[1].mlp.experts
+    assert turned.down_proj.dtype == torch.float8_e4m3fn and turned.scales is not None

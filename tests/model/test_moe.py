@@ -188,6 +188,16 @@ def test_group_by_expert_lays_out_every_pair_once(skew):
     assert used == sorted(used)
 
 
+def test_group_by_expert_keeps_pair_order_within_a_run():
+    """Runs in expert order and, within a run, pairs in pair order (the one-launch grouping
+    on CUDA must lay them out alike)."""
+    ids = torch.tensor([[2, 0], [0, 2], [1, 0], [2, 1]])
+    groups = group_by_expert(ids, 4, 4)
+    placed = [p for p in groups.sorted_pairs.tolist() if p < ids.numel()]
+    assert placed == [1, 2, 5, 4, 7, 0, 3, 6]
+    assert groups.block_expert.tolist()[:3] == [0, 1, 2]
+
+
 @pytest.mark.parametrize(("tokens", "experts", "top_k", "block_m"),
                          [(1, 128, 8, 16), (32, 128, 8, 16), (37, 8, 3, 16), (5, 60, 4, 64),
                           (300, 16, 2, 64)])

@@ -290,3 +290,64 @@ def test_the_default_max_model_len_is_the_length_rope_scaling_is_made_for(
     config.save_pretrained(tmp_path)
     assert resolve_model(str(tmp_path)).max_model_len == expected
     assert resolve_model(str(tmp_path), max_model_len=100).max_model_len == 100
+
+
+# Published in each model's config.json: (bos, eos, pad) ids, None where it names no pad.
+PRESET_TOKEN_IDS = {
+    "qwen3-0.6b": (151643, 151645, None),
+    "qwen2.5-0.5b": (151643, 151643, None),
+    "llama3.2-1b": (128000, 128001, None),
+    "llama3-8b": (128000, 128001, None),
+    "mistral-7b": (1, 2, None),
+    "phi3-mini-4k": (1, 32000, 32000),
+    "gemma2-2b": (2, 1, 0),
+    "gemma3-1b": (2, 1, 0),
+    "qwen3-30b-a3b": (151643, 151645, None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRESET_TOKEN_IDS))
+def test_presets_have_the_published_token_ids(name):
+    bos, eos, pad = PRESET_TOKEN_IDS[name]
+    spec = resolve_model(name)
+    assert spec.eos_token_ids == [eos]
+    assert spec.hf_config.bos_token_id == bos
+    if pad is not None:
+        assert spec.hf_config.pad_token_id == pad
+
+
+def test_presets_have_the_published_rope_scaling_and_attention_scale():
+    """Llama 3.2 1B's llama3 RoPE scaling (factor 32 from 8192 positions) and Gemma's
+    query_pre_attn_scalar (256: a scale of 1/16) as their config.json files give them."""
+    from cadence.model.rope import RopeParams
+
+    rope = RopeParams.from_hf_config(resolve_model("llama3.2-1b").hf_config)
+    assert (rope.rope_type, rope.theta, rope.factor, rope.low_freq_factor,
+            rope.high_freq_factor, rope.original_max_position_embeddings) == (
+        "llama3", 500000.0, 32.0, 1.0, 4.0, 8192)
+    for name in ("gemma2-2b", "gemma3-1b"):
+        assert DecoderArch.from_hf_config(resolve_model(name).hf_config).scale == 1 / 16
+
+
+def test_hf_overrides_reach_a_preset():
+    """A preset's config takes hf_overrides before anything is derived from it."""
+    spec = resolve_model("qwen3-0.6b", hf_overrides={"max_position_embeddings": 1024,
+                                                     "eos_token_id": 7})
+    assert spec.hf_config.max_position_embeddings == 1024
+    assert spec.max_model_len == 1024 and spec.eos_token_ids == [7]
+
+
+def test_a_tokenizer_directory_needs_tokenizer_files(tmp_path):
+    from cadence.model.registry import resolve_tokenizer
+
+    with pytest.raises(ValueError, match="has no tokenizer files"):
+        resolve_tokenizer(str(tmp_path))
+    with pytest.raises(ValueError, match="is not a directory"):
+        resolve_tokenizer(str(tmp_path / "nope"))
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert resolve_tokenizer(str(tmp_path)) == str(tmp_path)
+
+
+def test_a_model_of_no_positions_is_refused():
+    with pytest.raises(ValueError, match="max_position_embeddings must be at least 1"):
+        resolve_model("qwen3-0.6b", hf_overrides={"max_position_embeddings": 0})
