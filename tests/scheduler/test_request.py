@@ -26,6 +26,7 @@ def make(rid: str, prompt: list[int] | None = None, **kw: object) -> Request:
     # vLLM: an ignored request (a prompt too long to ever run) reports "length".
     (RequestStatus.FINISHED_IGNORED, FinishReason.LENGTH),
     (RequestStatus.FINISHED_ERROR, FinishReason.ERROR),
+    (RequestStatus.FINISHED_REPETITION, FinishReason.REPETITION),
 ])
 def test_finished_states_and_their_reasons(status: RequestStatus,
                                            reason: FinishReason | None) -> None:
@@ -57,3 +58,55 @@ def test_token_lists_belong_to_the_request() -> None:
     assert req.output_token_ids == [7, 8, 9]
     assert req.all_token_ids == [1, 2, 3, 7, 8, 9] and req.num_tokens == 6
     assert prompt == [1, 2, 3, 99]
+
+
+def test_an_arrival_time_of_zero_is_kept() -> None:
+    # 0.0 is a time like any other (a trace's first request): not "no time given".
+    first = make("b", arrival_time=0.0)
+    later = make("a", arrival_time=1.0)
+    assert first.arrival_time == 0.0
+    assert first < later and not later < first
+
+
+def test_a_new_request_has_no_prefix_cache_count_yet() -> None:
+    # vLLM: num_cached_tokens is -1 until the request is first scheduled.
+    req = make("r")
+    assert req.num_cached_tokens == -1
+    assert req.num_computed_tokens == 0 and req.num_output_tokens == 0
+
+
+def test_waiting_for_grammar_until_it_compiles_then_never_asks_again() -> None:
+    ready = [False]
+    calls = []
+
+    def grammar_ready() -> bool:
+        calls.append(ready[0])
+        return ready[0]
+
+    req = make("r", grammar_ready=grammar_ready)
+    assert req.waiting_for_grammar and req.waiting_for_grammar  # still compiling
+    ready[0] = True
+    assert not req.waiting_for_grammar
+    assert not req.waiting_for_grammar  # remembered: no further call
+    assert calls == [False, False, True]
+    assert not make("plain").waiting_for_grammar
+
+
+def test_hash_blocks_extends_the_list_to_the_blocks_asked_for() -> None:
+    asked: list[int | None] = []
+
+    def hasher(req: Request, known: list[bytes], num_blocks: int | None) -> list[bytes]:
+        asked.append(num_blocks)
+        # One hash per block of 2 tokens, up to num_blocks (every full block when None).
+        full = req.num_tokens // 2
+        upto = full if num_blocks is None else min(num_blocks, full)
+        return [bytes([i]) for i in range(len(known), upto)]
+
+    req = make("r", [1, 2, 3, 4, 5, 6, 7], block_hasher=hasher)
+    assert req.hash_blocks(2) == [b"\x00", b"\x01"]
+    assert req.hash_blocks(1) == [b"\x00", b"\x01"]  # already there: no call
+    assert asked == [2]
+    assert req.hash_blocks(3) == [b"\x00", b"\x01", b"\x02"]
+    req.append_output_token_ids(8)
+    assert req.block_hashes == [b"\x00", b"\x01", b"\x02", b"\x03"]
+    assert asked == [2, 3, None]

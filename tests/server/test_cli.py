@@ -450,3 +450,27 @@ def test_several_api_servers_run_over_an_engine_process(monkeypatch) -> None:
     assert seen["count"] == 2 and seen["args"].engine_process is True  # type: ignore[union-attr]
     assert (options.log_requests, options.max_log_len) == (True, 7)  # type: ignore[union-attr]
     assert options.served_model_name == ["m"]  # type: ignore[union-attr]
+
+
+def test_cors_tls_and_response_flags_reach_the_settings() -> None:
+    from cadence.server.cli import settings_from
+
+    settings = settings_from(_serve_ns(
+        "--allowed-origins", '["https://app.example"]', "--allowed-methods", '["GET"]',
+        "--allowed-headers", '["Authorization", "Content-Type"]', "--allow-credentials",
+        "--root-path", "/llm", "--disable-web-page", "--return-tokens-as-token-ids"))
+    assert settings.allowed_origins == ("https://app.example",)
+    assert settings.allowed_methods == ("GET",)
+    assert settings.allowed_headers == ("Authorization", "Content-Type")
+    assert settings.allow_credentials is True and settings.root_path == "/llm"
+    assert settings.web_page is False
+    assert settings.responses.return_tokens_as_token_ids is True
+
+
+def test_a_blank_served_model_name_is_refused() -> None:
+    from cadence.server.cli import check_served_names
+
+    check_served_names(_serve_ns("m", "--served-model-name", "a", "b"))
+    for blank in ("", "  "):
+        with pytest.raises(ValueError, match="cannot be empty"):
+            check_served_names(_serve_ns("m", "--served-model-name", "a", blank))

@@ -97,3 +97,10 @@ def test_cadence_serve_reads_a_chat_template_file_before_loading(tmp_path: Path,
         main(["serve", "tiny", "--chat-template", str(tmp_path / "missing.jinja")])
     assert info.value.code == 2
     assert "--chat-template" in capsys.readouterr().err
+
+
+def test_a_chat_template_path_under_the_home_directory(tmp_path: Path, monkeypatch) -> None:
+    # As a shell leaves it when the path is quoted: "~/template.jinja".
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "template.jinja").write_text(TEMPLATE)
+    assert load_chat_template("~/template.jinja") == TEMPLATE

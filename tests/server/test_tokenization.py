@@ -287,3 +287,40 @@ def test_openapi_request_bodies_name_each_model_a_route_takes() -> None:
                                            {"$ref": ref + "TokenizeChatRequest"}]}
     assert {"TokenizeCompletionRequest", "TokenizeChatRequest"} <= set(
         doc["components"]["schemas"])
+
+
+def _tokenization(hf_tokenizer, chat_template: str | None = None):
+    """The routes' work over a stand-in engine holding the tiny model's tokenizer."""
+    from types import SimpleNamespace
+
+    from cadence.server.tokenization import Tokenization
+
+    engine = SimpleNamespace(tokenizer=hf_tokenizer, max_model_len=64,
+                             input_processor=SimpleNamespace(check_prompt_text=lambda t: None))
+    return Tokenization(engine, chat_template=chat_template)
+
+
+def test_tokenize_continues_the_final_message_when_asked(hf_tokenizer) -> None:
+    partial = [*CHAT, {"role": "assistant", "content": "Hello, I am"}]
+    text = hf_tokenizer.apply_chat_template(partial, tokenize=False, add_generation_prompt=False,
+                                            continue_final_message=True)
+    assert text.endswith("Hello, I am")
+    got = _tokenization(hf_tokenizer).tokenize({"messages": partial,
+                                                "add_generation_prompt": False,
+                                                "continue_final_message": True})
+    assert got.tokens == hf_tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_tokenize_renders_the_tools_and_the_servers_template_kwargs(hf_tokenizer) -> None:
+    template = ("{{ greeting }}|{% for t in tools or [] %}{{ t.function.name }};{% endfor %}|"
+                "{% for m in messages %}{{ m.content }}{% endfor %}")
+    tok = _tokenization(hf_tokenizer, chat_template=template)
+    tok.default_chat_template_kwargs = {"greeting": "Howdy"}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    got = tok.tokenize({"messages": CHAT, "tools": tools})
+    expected = hf_tokenizer.encode("Howdy|get_weather;|Be brief.Hi there!",
+                                   add_special_tokens=False)
+    assert got.tokens == expected and got.count == len(expected) and got.max_model_len == 64
+    # The request's own kwargs win over the server's.
+    mine = tok.tokenize({"messages": CHAT, "chat_template_kwargs": {"greeting": "Hi"}})
+    assert mine.tokens == hf_tokenizer.encode("Hi||Be brief.Hi there!", add_special_tokens=False)
