@@ -107,9 +107,9 @@ class DensePrefill:
         """The layer's static side: a CUDA half-precision model, head dim a multiple of 8 up
         to 128, a cache in the model's dtype (an FP8 cache's rounding is what the other paths
         attend over); a window or soft cap only while the Triton kernel is on."""
-        return ((self.enabled if _plain(sliding_window, softcap) else self.triton) and device.type == "cuda"
-                and dtype in _DTYPES and cache_dtype == dtype and head_dim % 8 == 0
-                and head_dim <= 128)
+        on = self.enabled if _plain(sliding_window, softcap) else self.triton
+        return (on and device.type == "cuda" and dtype in _DTYPES and cache_dtype == dtype
+                and head_dim % 8 == 0 and head_dim <= 128)
 
     def applies(self, q: torch.Tensor, kv_cache: torch.Tensor, fresh_prompt: bool,
                 sliding_window: int, softcap: float) -> bool:
