@@ -13,6 +13,7 @@ import torch
 from cadence.model.arch import DecoderArch
 from cadence.model.attention import TorchAttentionBackend
 from cadence.model.attention_layer import SelfAttention
+from tests.model.causal_reference import causal_reference
 from tests.model.helpers import BLOCK_SIZE, NUM_BLOCKS, Chunk, last_rows, make_batch
 
 FP8 = torch.float8_e4m3fn
@@ -127,16 +128,7 @@ def _reference(sa: SelfAttention, x: torch.Tensor, cos_sin: torch.Tensor, case: 
         vs = v[start : start + n]
         if kv is not None:
             ks, vs = kv[0][start : start + n], kv[1][start : start + n]
-        group = HEADS // KV_HEADS
-        ks, vs = ks.repeat_interleave(group, dim=1), vs.repeat_interleave(group, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", qs, ks) * scale
-        if softcap > 0:
-            scores = softcap * torch.tanh(scores / softcap)
-        seen = pos[None, :] <= pos[:, None]
-        if window > 0:
-            seen &= pos[None, :] > pos[:, None] - window
-        scores = scores.masked_fill(~seen, float("-inf"))
-        outs.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), vs).reshape(n, -1))
+        outs.append(causal_reference(qs, ks, vs, scale, window, softcap).reshape(n, -1))
         start += n
     return torch.cat(outs)
 

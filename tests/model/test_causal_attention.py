@@ -17,27 +17,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from cadence.model.causal_attention import CausalTile, causal_attention  # noqa: E402
+from tests.model.causal_reference import causal_reference  # noqa: E402
 from tests.model.triton_interpreter import DONE, patch_interpreter, run_interpreted  # noqa: E402
-
-
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-              window: int = 0, softcap: float = 0.0) -> torch.Tensor:
-    """Causal softmax attention in float64, written out (no torch attention call): with a
-    window, query t sees keys t - window + 1 to t (transformers' sliding window); with a cap,
-    scores are cap * tanh(score / cap) (Gemma 2's soft-capping)."""
-    t, h, _ = q.shape
-    group = h // k.shape[1]
-    kk = k.double().repeat_interleave(group, 1).transpose(0, 1)  # [H, T, D]
-    vv = v.double().repeat_interleave(group, 1).transpose(0, 1)
-    s = q.double().transpose(0, 1) @ kk.transpose(1, 2) * scale  # [H, T, T]
-    if softcap > 0:
-        s = softcap * torch.tanh(s / softcap)
-    pos = torch.arange(t, device=q.device)
-    hidden = pos[None, :] > pos[:, None]  # [query, key]
-    if window > 0:
-        hidden |= pos[None, :] <= pos[:, None] - window
-    s = s.masked_fill(hidden, float("-inf"))
-    return (s.softmax(-1) @ vv).transpose(0, 1)
 
 
 def qkv_views(t: int, h: int, hk: int, d: int, dtype: torch.dtype, device: str, seed: int):
@@ -57,7 +38,7 @@ def check(t: int, h: int, hk: int, d: int, dtype: torch.dtype, device: str, tile
     scale = d**-0.5
     assert causal_attention(q, k, v, out, scale, num_sms=sms, tile=tile,
                             sliding_window=window, softcap=softcap) is out
-    err = (out.double() - reference(q, k, v, scale, window, softcap)).abs().max().item()
+    err = (out.double() - causal_reference(q, k, v, scale, window, softcap)).abs().max().item()
     assert err < tol, (t, h, hk, d, dtype, tile, sms, window, softcap, err)
 
 
