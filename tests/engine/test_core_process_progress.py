@@ -28,7 +28,8 @@ def _client(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(core_process, "time", clock)
     req_recv, req_send = multiprocessing.Pipe(duplex=False)
     rep_recv, rep_send = multiprocessing.Pipe(duplex=False)
-    client = ProcessEngineCoreClient(CoreChannel(req_send, rep_recv), None)  # type: ignore[arg-type]
+    channel = CoreChannel(req_send, rep_recv)
+    client = ProcessEngineCoreClient(channel, None)  # type: ignore[arg-type]
     return client, clock, req_recv, rep_send
 
 
